@@ -1,0 +1,51 @@
+"""Errors that carry everything a user needs to fix the input: where, what was seen, what works."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with an input. `where` is a field path, file, host or step name."""
+
+    where: str
+    message: str
+    value: object = None
+    accepted: str | None = None
+    show_value: bool = True
+
+    def __str__(self) -> str:
+        text = f"{self.where}: {self.message}"
+        if self.show_value:
+            text += f" (got {self.value!r})"
+        if self.accepted:
+            text += f"; accepted: {self.accepted}"
+        return text
+
+
+class SlimeforgeError(Exception):
+    """Base class: every error slimeforge raises on purpose is one of these."""
+
+
+class ConfigError(SlimeforgeError):
+    """An input (recipe, stack, inventory, option) was refused; lists every problem found."""
+
+    def __init__(self, source: str, problems: list[Problem]):
+        self.source = source
+        self.problems = list(problems)
+        lines = [f"{source}: {len(self.problems)} problem(s):"]
+        lines += [f"  - {p}" for p in self.problems]
+        super().__init__("\n".join(lines))
+
+
+class CommandError(SlimeforgeError):
+    """An external command failed; names the step so the user knows where to look."""
+
+    def __init__(self, step: str, argv: list[str], returncode: int, output: str = ""):
+        self.step, self.argv, self.returncode, self.output = step, argv, returncode, output
+        tail = "\n".join(output.strip().splitlines()[-20:])
+        msg = f"{step}: command exited with {returncode}: {' '.join(argv)}"
+        if tail:
+            msg += f"\n--- last lines ---\n{tail}"
+        super().__init__(msg)

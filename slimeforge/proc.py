@@ -1,0 +1,79 @@
+"""The one way slimeforge runs an external program: an argv list, never an interpolated shell string.
+
+Tests inject a different `Runner` (or read `Runner.history`) to compare exact argv lists.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .errors import CommandError
+
+
+@dataclass
+class Result:
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+@dataclass
+class Runner:
+    """Runs argv lists; `dry_run` records and prints instead of running."""
+
+    dry_run: bool = False
+    echo: Callable[[str], None] | None = None
+    history: list[list[str]] = field(default_factory=list)
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        step: str = "",
+        check: bool = True,
+        capture: bool = True,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike | None = None,
+        input: str | None = None,
+        timeout: float | None = None,
+    ) -> Result:
+        argv = [str(a) for a in argv]
+        self.history.append(argv)
+        if self.echo:
+            self.echo(shlex.join(argv))
+        if self.dry_run:
+            return Result(argv, 0, "", "")
+        full_env = None if env is None else {**os.environ, **env}
+        try:
+            proc = subprocess.run(
+                argv,
+                env=full_env,
+                cwd=cwd,
+                input=input,
+                text=True,
+                capture_output=capture,
+                timeout=timeout,
+                check=False,
+            )
+        except FileNotFoundError as exc:
+            raise CommandError(step or argv[0], argv, 127, f"{argv[0]}: not found on PATH") from exc
+        except subprocess.TimeoutExpired as exc:
+            raise CommandError(step or argv[0], argv, 124, f"timed out after {timeout}s") from exc
+        result = Result(argv, proc.returncode, proc.stdout or "", proc.stderr or "")
+        if check and proc.returncode != 0:
+            raise CommandError(step or argv[0], argv, proc.returncode, result.stdout + result.stderr)
+        return result
+
+
+def run(argv: Sequence[str], **kwargs) -> Result:
+    """Run with a default runner."""
+    return Runner().run(argv, **kwargs)

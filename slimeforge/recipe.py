@@ -1,0 +1,281 @@
+"""Recipes: SlimeRunner's constructor fields plus run options, loaded from YAML and validated.
+
+A YAML dump of SlimeRunner's keyword arguments is a recipe; the run options have defaults, so the
+seed's examples work unchanged. Every check runs before anything is written, and all problems are
+reported together, each naming the field, the value and what is accepted.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from .errors import ConfigError, Problem
+from .schema import Model, did_you_mean, validate
+from .slime_facts import load_facts, model_types_in
+from .stack import Stack, load_stack
+from .yamlio import deep_merge, load_with_extends
+
+# Names and defaults exactly as the seed's SlimeRunner (shared/reference/seeds/slimerunner-api.txt).
+RUNNER_FIELDS: dict[str, Any] = {
+    "exp_id": ...,
+    "agent_runtime_arn": ...,
+    "s3_bucket": ...,
+    "model_dir": ...,
+    "data_path": ...,
+    "model_type": ...,
+    "num_gpus": 8,
+    "tp_size": 2,
+    "rollout_gpus_per_engine": 2,
+    "slime_dir": "/root/slime",
+    "megatron_dir": "/root/Megatron-LM",
+    "model_id": "default",
+    "acr_timeout": 900,
+    "acr_tps_limit": 25,
+    "max_concurrent": 100,
+    "gateway_port": 9090,
+    "reward_postprocessing": "grpo",
+    "rollout_batch_size": 32,
+    "n_samples_per_prompt": 8,
+    "rollout_max_response_len": 1024,
+    "rollout_temperature": 1.0,
+    "lr": 1e-06,
+    "eps_clip": 0.2,
+    "eps_clip_high": 0.28,
+    "weight_decay": 0.1,
+    "adam_beta2": 0.98,
+    "sglang_mem_fraction_static": 0.7,
+    "max_tokens_per_gpu": 9216,
+    "wandb_project": None,
+    "wandb_group": None,
+    "extra_flags": [],
+}
+
+EXP_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# arn:aws:bedrock-agentcore:<region>:<12-digit account>:runtime/<runtime id>
+ARN_RE = re.compile(r"^arn:aws(-[a-z]+)*:bedrock-agentcore:[a-z]{2}(-[a-z]+)+-\d:\d{12}:runtime/[A-Za-z][A-Za-z0-9_]{0,99}-[A-Za-z0-9]{10}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SECRET_ENV = re.compile(r"(^WANDB_API_KEY$|^AWS_SECRET_ACCESS_KEY$|^AWS_SESSION_TOKEN$|_TOKEN$|_PASSWORD$|_SECRET)")
+REWARD_POSTPROCESSING = ("grpo", "none")
+
+
+class Recipe(Model):
+    # --- SlimeRunner: required ---
+    exp_id: str
+    agent_runtime_arn: str
+    s3_bucket: str
+    model_dir: str
+    data_path: str
+    model_type: str
+    # --- SlimeRunner: cluster ---
+    num_gpus: int = 8
+    tp_size: int = 2
+    rollout_gpus_per_engine: int = 2
+    slime_dir: str = "/root/slime"
+    megatron_dir: str = "/root/Megatron-LM"
+    # --- SlimeRunner: AgentCore / toolkit ---
+    model_id: str = "default"
+    acr_timeout: int = 900
+    acr_tps_limit: int = 25
+    max_concurrent: int = 100
+    gateway_port: int = 9090
+    reward_postprocessing: str = "grpo"
+    # --- SlimeRunner: training hyperparameters ---
+    rollout_batch_size: int = 32
+    n_samples_per_prompt: int = 8
+    rollout_max_response_len: int = 1024
+    rollout_temperature: float = 1.0
+    lr: float = 1e-06
+    eps_clip: float = 0.2
+    eps_clip_high: float = 0.28
+    weight_decay: float = 0.1
+    adam_beta2: float = 0.98
+    sglang_mem_fraction_static: float = 0.7
+    max_tokens_per_gpu: int = 9216
+    # --- SlimeRunner: wandb ---
+    wandb_project: str | None = None
+    wandb_group: str | None = None
+    # --- SlimeRunner: escape hatch ---
+    extra_flags: list[str] = Field(default_factory=list)
+
+    # --- run options (slimeforge) ---
+    num_rollout: int = 1  # SlimeRunner.train(num_rollout=1) is the seed's smoke test
+    num_nodes: int = 1  # hosts; num_gpus is per host, as SlimeRunner's --actor-num-gpus-per-node
+    num_steps_per_rollout: int = 1  # global batch = rollout_batch_size * n_samples / this
+    stack: str = "cu13"  # images/<stack>.yaml, or a path
+    image: str | None = None  # container image, ideally REG/repo@sha256:...
+    mode: Literal["container", "host"] = "container"
+    install_prefix: str | None = None  # host mode: the prefix of `invoke install`
+    checkpoint_dir: str | None = None  # default: /root/checkpoints/<exp_id>
+    save: bool = True
+    save_interval: int = 20
+    resume: bool = True  # pass --load <checkpoint_dir>; slime starts from ref-load when it is empty
+    eval_data: dict[str, str] = Field(default_factory=dict)  # name -> JSONL path
+    eval_interval: int | None = None
+    n_samples_per_eval_prompt: int = 1
+    cluster: str | None = None  # inventory file (recipes/clusters/*.yaml)
+    env: dict[str, str] = Field(default_factory=dict)  # extra environment for the job
+    ray_dashboard_port: int = 8265
+    ray_port: int = 6379
+
+    # --- derived ---
+    @property
+    def total_gpus(self) -> int:
+        return self.num_gpus * self.num_nodes
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.rollout_batch_size * self.n_samples_per_prompt // max(self.num_steps_per_rollout, 1)
+
+    @property
+    def resolved_checkpoint_dir(self) -> str:
+        return self.checkpoint_dir or f"/root/checkpoints/{self.exp_id}"
+
+    def runner_kwargs(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in RUNNER_FIELDS}
+
+
+def _bucket_problems(value: str) -> list[str]:
+    """AWS S3 general-purpose bucket naming rules; `s3://bucket/prefix` is accepted too."""
+    bucket = value[5:].split("/", 1)[0] if value.startswith("s3://") else value
+    why = []
+    if not 3 <= len(bucket) <= 63:
+        why.append("must be 3 to 63 characters long")
+    if not re.fullmatch(r"[a-z0-9.-]*", bucket):
+        why.append("may hold only lowercase letters, digits, dots and hyphens")
+    if bucket and not (bucket[0].isalnum() and bucket[-1].isalnum()):
+        why.append("must begin and end with a letter or digit")
+    if ".." in bucket:
+        why.append("must not hold two adjacent dots")
+    if re.fullmatch(r"\d+\.\d+\.\d+\.\d+", bucket):
+        why.append("must not look like an IP address")
+    for prefix in ("xn--", "sthree-", "amzn-s3-demo-"):
+        if bucket.startswith(prefix):
+            why.append(f"must not start with {prefix!r}")
+    for suffix in ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3"):
+        if bucket.endswith(suffix):
+            why.append(f"must not end with {suffix!r}")
+    return why
+
+
+def check(recipe: Recipe, stack: Stack, rendered_flags: set[str]) -> list[Problem]:
+    """Every cross-field rule; returns all problems (empty when the recipe is good)."""
+    p: list[Problem] = []
+    r = recipe
+
+    if not EXP_ID_RE.match(r.exp_id):
+        p.append(Problem("exp_id", "is used as a directory and experiment name", r.exp_id, "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128"))
+    if not ARN_RE.match(r.agent_runtime_arn):
+        p.append(Problem("agent_runtime_arn", "is not an AgentCore runtime ARN", r.agent_runtime_arn, "arn:aws:bedrock-agentcore:<region>:<12-digit account>:runtime/<name>-<10-character id>"))
+    for why in _bucket_problems(r.s3_bucket):
+        p.append(Problem("s3_bucket", f"breaks S3 bucket naming rules: {why}", r.s3_bucket, "a bucket name such as my-rollouts-1, or s3://bucket/prefix"))
+    for name in ("model_dir", "data_path", "slime_dir", "megatron_dir"):
+        value = getattr(r, name)
+        if not value.startswith("/"):
+            p.append(Problem(name, "must be an absolute path (it is read on every cluster host)", value, "/path/on/the/hosts"))
+    if r.checkpoint_dir is not None and not r.checkpoint_dir.startswith("/"):
+        p.append(Problem("checkpoint_dir", "must be an absolute path", r.checkpoint_dir, "/path/on/the/hosts"))
+    for name, path in r.eval_data.items():
+        if not path.startswith("/"):
+            p.append(Problem(f"eval_data.{name}", "must be an absolute path", path, "/path/on/the/hosts"))
+
+    # model_type: a local checkout of slime (when present here) wins over the recorded facts.
+    local = model_types_in(r.slime_dir)
+    facts = load_facts(stack.sources["slime"].commit) if "slime" in stack.sources else None
+    known = local if local is not None else (list(facts.model_types) if facts else None)
+    if known is not None and r.model_type not in known:
+        hint = did_you_mean(r.model_type, known)
+        where = f"{r.slime_dir}/scripts/models" if local is not None else f"slime {stack.sources['slime'].commit[:12]}"
+        p.append(Problem("model_type", f"has no model script in {where}" + (f"; did you mean {hint!r}?" if hint else ""), r.model_type, ", ".join(known)))
+
+    positive = ["num_gpus", "tp_size", "rollout_gpus_per_engine", "rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len", "max_tokens_per_gpu", "num_rollout", "num_nodes", "num_steps_per_rollout", "acr_timeout", "acr_tps_limit", "max_concurrent", "save_interval", "n_samples_per_eval_prompt"]
+    bad_int = False
+    for name in positive:
+        if getattr(r, name) < 1:
+            p.append(Problem(name, "must be a positive integer", getattr(r, name), ">= 1"))
+            bad_int = True
+    for name in ("gateway_port", "ray_dashboard_port", "ray_port"):
+        if not 0 <= getattr(r, name) <= 65535:
+            p.append(Problem(name, "is not a TCP port", getattr(r, name), "0..65535 (0 lets the toolkit choose, for gateway_port)"))
+    if not r.rollout_temperature > 0:
+        p.append(Problem("rollout_temperature", "must be greater than 0", r.rollout_temperature, "> 0"))
+    if not r.lr > 0:
+        p.append(Problem("lr", "must be greater than 0", r.lr, "> 0"))
+    if not 0 < r.sglang_mem_fraction_static < 1:
+        p.append(Problem("sglang_mem_fraction_static", "is a fraction of GPU memory", r.sglang_mem_fraction_static, "a number between 0 and 1, exclusive"))
+    for name in ("eps_clip", "eps_clip_high", "weight_decay"):
+        if getattr(r, name) < 0:
+            p.append(Problem(name, "must not be negative", getattr(r, name), ">= 0"))
+    if not 0 < r.adam_beta2 < 1:
+        p.append(Problem("adam_beta2", "must be between 0 and 1", r.adam_beta2, "0 < adam_beta2 < 1"))
+    if r.reward_postprocessing not in REWARD_POSTPROCESSING:
+        p.append(Problem("reward_postprocessing", "is not a known reward post-processing", r.reward_postprocessing, "grpo (normalize_episode_rewards of the toolkit) or none"))
+
+    if not bad_int:
+        # GPU arithmetic: Megatron shards each layer over tp GPUs of one host; SGLang engines are
+        # colocated on the same GPUs and must tile them exactly.
+        if r.num_gpus % r.tp_size:
+            p.append(Problem("tp_size", f"must divide num_gpus ({r.num_gpus})", r.tp_size, "a divisor of num_gpus: " + ", ".join(str(d) for d in range(1, r.num_gpus + 1) if r.num_gpus % d == 0)))
+        if r.total_gpus % r.rollout_gpus_per_engine:
+            p.append(Problem("rollout_gpus_per_engine", f"must divide the GPU count ({r.total_gpus} = num_gpus x num_nodes)", r.rollout_gpus_per_engine, "a divisor of " + str(r.total_gpus)))
+        # Batch arithmetic: rollout_batch_size * n_samples_per_prompt == global_batch_size * num_steps_per_rollout.
+        samples = r.rollout_batch_size * r.n_samples_per_prompt
+        if samples % r.num_steps_per_rollout:
+            p.append(Problem("num_steps_per_rollout", f"must divide rollout_batch_size x n_samples_per_prompt ({r.rollout_batch_size} x {r.n_samples_per_prompt} = {samples})", r.num_steps_per_rollout, "a divisor of " + str(samples)))
+        elif r.num_gpus % r.tp_size == 0:
+            dp = r.total_gpus // r.tp_size
+            if r.global_batch_size % dp:
+                p.append(Problem("rollout_batch_size", f"gives a global batch of {r.global_batch_size} samples (rollout_batch_size x n_samples_per_prompt / num_steps_per_rollout), which the {dp} data-parallel ranks (GPUs / tp_size) cannot split evenly", r.rollout_batch_size, f"values that make the global batch a multiple of {dp}"))
+
+    if r.mode == "host" and not r.install_prefix and r.slime_dir == RUNNER_FIELDS["slime_dir"]:
+        p.append(Problem("install_prefix", "is needed in host mode unless slime_dir and megatron_dir name the checkouts", None, "the --prefix given to `invoke install`", show_value=False))
+    if r.image and "@" not in r.image and ":" not in r.image.rsplit("/", 1)[-1]:
+        p.append(Problem("image", "has no tag or digest", r.image, "REG/repo@sha256:<digest> (best) or REG/repo:tag"))
+
+    for key in r.env:
+        if not ENV_NAME_RE.match(key):
+            p.append(Problem(f"env.{key}", "is not an environment variable name", key, "letters, digits and '_', not starting with a digit"))
+        elif SECRET_ENV.search(key):
+            p.append(Problem(f"env.{key}", "looks like a secret, and secrets are never written into the run directory", None, "export it in the shell that runs `invoke run`; it is passed to the job from there", show_value=False))
+
+    # extra_flags: each must be a string, and must not set again what the recipe already sets.
+    for i, flag in enumerate(r.extra_flags):
+        if flag.startswith("--"):
+            name = flag.split("=", 1)[0]
+            if name in rendered_flags:
+                p.append(Problem(f"extra_flags[{i}]", "repeats a flag that the recipe already sets (argparse keeps the last one, so one of them is silently lost)", flag, "set the recipe field instead, or remove it from extra_flags"))
+    facts = load_facts(stack.sources["slime"].commit) if "slime" in stack.sources else None
+    if facts:
+        for i, flag in enumerate(r.extra_flags):
+            name = flag.split("=", 1)[0]
+            if name in facts.removed_flags:
+                p.append(Problem(f"extra_flags[{i}]", f"is not accepted by slime {facts.commit[:12]}: {facts.removed_flags[name]}", flag, "remove it"))
+    return p
+
+
+def load_recipe_data(path: str | Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(str(path), [Problem("recipe", "file does not exist", str(path), "a path such as recipes/gsm8k.yaml", show_value=False)])
+    data = load_with_extends(path)
+    return deep_merge(data, overrides or {})
+
+
+def parse_recipe(data: dict[str, Any], source: str) -> tuple[Recipe, Stack]:
+    """Schema validation, then the cross-field rules; raises ConfigError listing every problem."""
+    from .flags import render_flags  # the rendered flags are needed to spot repeats in extra_flags
+
+    recipe = validate(Recipe, data, source)
+    stack = load_stack(recipe.stack)
+    rendered = {a for a in render_flags(recipe, stack, config_path="agentcore.yaml", env_json="{}", wandb=True) if a.startswith("--")}
+    problems = check(recipe, stack, rendered)
+    if problems:
+        raise ConfigError(source, problems)
+    return recipe, stack
+
+
+def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> tuple[Recipe, Stack]:
+    return parse_recipe(load_recipe_data(path, overrides), str(path))

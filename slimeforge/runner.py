@@ -1,0 +1,78 @@
+"""`SlimeRunner`: the seed's Python API, on the same validation and rendering as the tasks.
+
+    from slimeforge import SlimeRunner
+    SlimeRunner(exp_id="gsm8k-3b-smoke", agent_runtime_arn="arn:aws:bedrock-agentcore:...",
+                s3_bucket="my-bucket", model_dir="/models/Qwen2.5-3B-Instruct",
+                data_path="/data/gsm8k.jsonl", model_type="qwen2.5-3B").train(num_rollout=1)
+
+The constructor takes exactly the seed's fields and defaults, plus slimeforge's run options
+(num_rollout, stack, mode, checkpoint_dir, ...), all keyword-only. A YAML dump of the keyword
+arguments is a recipe, and `from_yaml` reads any recipe (with `extends:`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .recipe import RUNNER_FIELDS, Recipe, load_recipe_data, parse_recipe
+from .render import RunDir, build_run_dir, write_run_dir
+from .stack import Stack
+
+
+class SlimeRunner:
+    def __init__(self, **kwargs: Any):
+        self._kwargs = dict(kwargs)
+        self._source = "SlimeRunner(...)"
+        self.recipe, self.stack = parse_recipe(self._kwargs, self._source)
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike, **overrides: Any) -> SlimeRunner:
+        data = load_recipe_data(path, overrides)
+        obj = cls.__new__(cls)
+        obj._kwargs, obj._source = data, str(path)
+        obj.recipe, obj.stack = parse_recipe(data, str(path))
+        return obj
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name in ("recipe", "stack"):
+            raise AttributeError(name)
+        return getattr(self.recipe, name)
+
+    def __repr__(self) -> str:
+        return f"SlimeRunner(exp_id={self.recipe.exp_id!r}, model_type={self.recipe.model_type!r}, stack={self.stack.id!r})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keyword arguments: the seed's fields always, run options where they were given."""
+        out = {k: getattr(self.recipe, k) for k in RUNNER_FIELDS}
+        out.update({k: v for k, v in self._kwargs.items() if k not in RUNNER_FIELDS})
+        return out
+
+    def to_yaml(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        return path
+
+    def _with(self, num_rollout: int | None) -> tuple[Recipe, Stack]:
+        if num_rollout is None or num_rollout == self.recipe.num_rollout:
+            return self.recipe, self.stack
+        return parse_recipe({**self._kwargs, "num_rollout": num_rollout}, self._source)
+
+    def render(self, out: str | os.PathLike | None = None, num_rollout: int | None = None) -> RunDir:
+        """Validate and write the run directory (default runs/<exp_id>); starts nothing."""
+        recipe, stack = self._with(num_rollout)
+        run = build_run_dir(recipe, stack, out or Path("runs") / recipe.exp_id, self._source)
+        write_run_dir(run)
+        return run
+
+    dry_run = render
+
+    def train(self, num_rollout: int = 1, out: str | os.PathLike | None = None, **launch_options: Any) -> int:
+        """Render, preflight, start Ray, submit, stream logs; returns the job's exit code."""
+        from .launch import launch
+
+        recipe, stack = self._with(num_rollout)
+        return launch(recipe, stack, out=out, recipe_path=self._source, **launch_options)

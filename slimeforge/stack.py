@@ -1,0 +1,281 @@
+"""Stacks: every pin of an environment and its ordered install steps, as data (images/*.yaml).
+
+The Dockerfile and the bare-metal install script are both rendered from `Stack.plan()`, a flat
+list of resolved steps, so the two paths cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from . import paths
+from .errors import ConfigError, Problem
+from .schema import Model, validate
+from .yamlio import deep_merge, load_with_extends
+
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+SPEC_OPERATORS = ("<", ">", "=", "!", "~")
+
+
+class Source(Model):
+    git: str
+    commit: str
+    dir: str
+
+    @field_validator("commit")
+    @classmethod
+    def _full_commit(cls, v: str) -> str:
+        if not COMMIT_RE.match(v):
+            raise ValueError("must be a full 40-character lowercase commit id (a branch or tag can move)")
+        return v
+
+
+class PatchFile(Model):
+    file: str
+    target: str  # a source name, or "site-packages"
+    method: Literal["git", "patch"]
+    strip: int = 1
+
+
+class Patches(Model):
+    from_source: str
+    dir: str
+    files: list[PatchFile]
+
+
+class Base(Model):
+    image: str
+    digest: str | None = None
+
+    @field_validator("digest")
+    @classmethod
+    def _digest(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^sha256:[0-9a-f]{64}$", v):
+            raise ValueError("must be sha256:<64 hex digits> or null (resolved at build time)")
+        return v
+
+
+class Step(Model):
+    name: str
+    apt: list[str] | None = None
+    pip: list[str] | None = None
+    source: str | None = None
+    wheel_url: str | None = None  # dotted key of the stack holding the URL, e.g. router.wheel
+    index: str | None = None  # key of the stack holding an extra index URL
+    from_source: bool = False  # build a PyPI package from its sdist
+    compiles: bool = False  # gets MAX_JOBS / NVCC threads / arch list
+    exclude: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    editable: bool = False
+    no_deps: bool = False
+    requirements: str | None = None  # key of the stack holding a name -> version map
+    patches: list[str] = Field(default_factory=list)
+    constrain_later: bool = False
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Step:
+        kinds = [k for k in ("apt", "pip", "source", "wheel_url") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError(f"step {self.name!r} must have exactly one of apt, pip, source, wheel_url (has {kinds or 'none'})")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in ("apt", "pip", "source", "wheel_url") if getattr(self, k) is not None)
+
+
+class Runtime(Model):
+    nvidia_lib_dirs: list[str]
+    cudart_decoy: str | None = None
+    cudart_name: str
+
+
+class Router(Model):
+    wheel: str
+
+
+class Smoke(Model):
+    imports: list[str]
+    router_fork_marker: str | None = None
+
+
+class Stack(Model):
+    schema_version: int = Field(alias="schema")
+    name: str
+    version: str
+    cuda: str
+    driver_min: int
+    python: str
+    base: Base
+    torch_index: str | None = None
+    image_root: str
+    venv: str
+    arch_list: list[str]
+    cuda_home: str
+    sources: dict[str, Source]
+    versions: dict[str, str]
+    slime_requirements: dict[str, str] = Field(default_factory=dict)
+    router: Router | None = None
+    patches: Patches | None = None
+    steps: list[Step]
+    runtime: Runtime | None = None
+    smoke: Smoke
+
+    # --- derived -------------------------------------------------------------------------------
+
+    @cached_property
+    def data(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+    @cached_property
+    def hash(self) -> str:
+        """sha256 of the canonical form of every pin and step: equal stacks hash equal."""
+        canon = json.dumps(self.data, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canon.encode()).hexdigest()
+
+    @property
+    def id(self) -> str:
+        return f"{self.name}-{self.hash[:12]}"
+
+    @property
+    def cuda_major(self) -> str:
+        return self.cuda.split(".")[0]
+
+    @property
+    def site_packages(self) -> str:
+        return f"{self.venv}/lib/python{self.python}/site-packages"
+
+    def source_dir(self, name: str, root: str | None = None) -> str:
+        return f"{root or self.image_root}/{self.sources[name].dir}"
+
+    def lookup(self, dotted: str) -> Any:
+        node: Any = self.data
+        for part in dotted.split("."):
+            node = node[part]
+        return node
+
+    def requirement(self, name: str, pins: dict[str, str] | None = None) -> str:
+        spec = (pins if pins is not None else self.versions)[name]
+        return f"{name}{spec}" if spec.startswith(SPEC_OPERATORS) else f"{name}=={spec}"
+
+    def plan(self) -> list[dict[str, Any]]:
+        """The ordered steps with every pin resolved: the one input of both renderers."""
+        out = []
+        patch_files = {p.file: p for p in (self.patches.files if self.patches else [])}
+        for step in self.steps:
+            item: dict[str, Any] = {
+                "name": step.name,
+                "kind": step.kind,
+                "env": dict(step.env),
+                "compiles": step.compiles,
+                "no_deps": step.no_deps,
+                "constrain_later": step.constrain_later,
+                "patches": [patch_files[p].model_dump() for p in step.patches],
+            }
+            if step.apt is not None:
+                item["packages"] = list(step.apt)
+            if step.pip is not None:
+                item["requirements"] = [self.requirement(p) for p in step.pip]
+                item["index_url"] = self.lookup(step.index) if step.index else None
+                item["no_binary"] = [p.split("[")[0] for p in step.pip] if step.from_source else []
+                item["exclude"] = list(step.exclude)
+            if step.wheel_url is not None:
+                item["requirements"] = [self.lookup(step.wheel_url)]
+            if step.source is not None:
+                src = self.sources[step.source]
+                item.update(
+                    source=step.source,
+                    git=src.git,
+                    commit=src.commit,
+                    dir=src.dir,
+                    editable=step.editable,
+                    requirements=[self.requirement(n, self.slime_requirements) for n in self.lookup(step.requirements)]
+                    if step.requirements
+                    else [],
+                )
+            out.append(item)
+        return out
+
+    def pins(self) -> dict[str, str]:
+        """Flat name -> pin map: what `stack.show` prints and the image labels carry."""
+        out = {"base.image": self.base.image, "base.digest": self.base.digest or "(resolved at build)", "python": self.python, "cuda": self.cuda}
+        out.update({f"source.{n}": s.commit for n, s in self.sources.items()})
+        out.update({f"pip.{n}": s for n, s in self.versions.items()})
+        out.update({f"slime-req.{n}": s for n, s in self.slime_requirements.items()})
+        if self.router:
+            out["router.wheel"] = self.router.wheel
+        if self.patches:
+            out["patches.dir"] = f"{self.patches.from_source}@{self.sources[self.patches.from_source].commit[:12]}:{self.patches.dir}"
+        return out
+
+    # --- cross-field checks ------------------------------------------------------------------
+
+    @model_validator(mode="after")
+    def _references(self) -> Stack:
+        errs = []
+        names = [s.name for s in self.steps]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            errs.append(f"steps: names must be unique, repeated: {dupes}")
+        patch_names = {p.file for p in (self.patches.files if self.patches else [])}
+        for i, step in enumerate(self.steps):
+            where = f"steps[{i}] ({step.name})"
+            if step.source and step.source not in self.sources:
+                errs.append(f"{where}.source: {step.source!r} is not in sources {sorted(self.sources)}")
+            for pkg in step.pip or []:
+                if pkg not in self.versions:
+                    errs.append(f"{where}.pip: {pkg!r} has no pin in versions (every package must be pinned)")
+            for key in (step.index, step.wheel_url, step.requirements):
+                if key:
+                    try:
+                        self.lookup(key)
+                    except (KeyError, TypeError):
+                        errs.append(f"{where}: {key!r} names no value of this stack")
+            for p in step.patches:
+                if p not in patch_names:
+                    errs.append(f"{where}.patches: {p!r} is not in patches.files {sorted(patch_names)}")
+        if self.patches:
+            if self.patches.from_source not in self.sources:
+                errs.append(f"patches.from_source: {self.patches.from_source!r} is not in sources {sorted(self.sources)}")
+            for p in self.patches.files:
+                if p.target != "site-packages" and p.target not in self.sources:
+                    errs.append(f"patches.files ({p.file}).target: {p.target!r} is neither site-packages nor a source")
+        if errs:
+            raise ValueError("; ".join(errs))
+        return self
+
+
+def stack_path(ref: str | Path) -> Path:
+    """A flavor name (cu13) means images/<name>.yaml; anything else is a path."""
+    p = Path(ref)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        return p
+    return paths.IMAGES / f"{ref}.yaml"
+
+
+def available_flavors() -> list[str]:
+    return sorted(p.stem for p in paths.IMAGES.glob("*.yaml") if p.stem != "common")
+
+
+def load_stack(ref: str | Path) -> Stack:
+    path = stack_path(ref)
+    if not path.exists():
+        raise ConfigError(
+            "stack", [Problem("--cuda/--stack", "names no stack file", str(ref), ", ".join(available_flavors()) + " or a path to a stack YAML")]
+        )
+    data = load_with_extends(path)
+    overrides = data.pop("step_overrides", {}) or {}
+    steps = data.get("steps") or []
+    known = {s.get("name") for s in steps if isinstance(s, dict)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ConfigError(str(path), [Problem("step_overrides", "names steps that do not exist", unknown, ", ".join(sorted(known)))])
+    data["steps"] = [deep_merge(s, overrides.get(s.get("name"), {})) if isinstance(s, dict) else s for s in steps]
+    return validate(Stack, data, str(path))

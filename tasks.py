@@ -1,0 +1,102 @@
+"""slimeforge's command line: thin invoke tasks over the `slimeforge` package.
+
+Each task parses its options, calls one library function and prints the outcome; the functions
+work without invoke (the SlimeRunner API uses the same ones). Heavy libraries (ray, boto3, docker)
+are imported inside the functions that need them, so `invoke --list` and dry runs start fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+from invoke import Collection, Exit, task
+
+from slimeforge.errors import SlimeforgeError
+
+
+def clean_errors(fn):
+    """Print our errors as messages, not tracebacks, and exit 2 (1 is a failed job or build)."""
+
+    @functools.wraps(fn)
+    def wrapper(c, *args, **kwargs):
+        try:
+            return fn(c, *args, **kwargs)
+        except SlimeforgeError as exc:
+            raise Exit(f"error: {exc}", code=2) from None
+
+    return wrapper
+
+
+# --- stack -----------------------------------------------------------------------------------
+
+
+@task(help={"cuda": "stack flavor (cu13, cu129) or a stack YAML path", "as_json": "print JSON"})
+@clean_errors
+def stack_show(c, cuda="cu13", as_json=False):
+    """Print a stack's resolved pins and ordered install steps."""
+    from slimeforge.stack import load_stack
+
+    stack = load_stack(cuda)
+    if as_json:
+        print(json.dumps({"id": stack.id, "hash": stack.hash, "pins": stack.pins(), "steps": stack.plan()}, indent=2))
+        return
+    print(f"stack {stack.id}  (version {stack.version}, CUDA {stack.cuda}, Python {stack.python}, driver >= R{stack.driver_min})")
+    width = max(len(k) for k in stack.pins())
+    for key, value in stack.pins().items():
+        print(f"  {key:<{width}}  {value}")
+    print("steps:")
+    for i, step in enumerate(stack.plan(), 1):
+        what = step.get("requirements") or step.get("packages") or []
+        extra = f" @ {step['commit'][:12]}" if step["kind"] == "source" else ""
+        print(f"  {i:2}. {step['name']:<20} {step['kind']:<9}{extra} {' '.join(what)}")
+
+
+# --- run -------------------------------------------------------------------------------------
+
+
+@task(
+    positional=["recipe"],
+    iterable=["set_"],
+    help={
+        "recipe": "recipe YAML, e.g. recipes/gsm8k.yaml",
+        "dry_run": "validate and render the run directory, print the plan, start nothing",
+        "out": "run directory (default runs/<exp_id>)",
+        "set_": "override a recipe key, key=value (repeatable)",
+    },
+    default=True,
+)
+@clean_errors
+def run_start(c, recipe, dry_run=False, out=None, set_=None):
+    """Validate a recipe, render its run directory and launch it (--dry-run: render only)."""
+    from pathlib import Path
+
+    from slimeforge.recipe import load_recipe
+    from slimeforge.render import build_run_dir, write_run_dir
+    from slimeforge.yamlio import parse_set
+
+    rec, stack = load_recipe(recipe, parse_set(set_ or []))
+    target = Path(out) if out else Path("runs") / rec.exp_id
+    if not dry_run:
+        from slimeforge.launch import launch
+
+        code = launch(rec, stack, out=target, recipe_path=recipe)
+        if code:
+            raise Exit(code=code)
+        return
+    run = build_run_dir(rec, stack, target, recipe)
+    write_run_dir(run)
+    print(f"recipe {recipe}: valid ({rec.exp_id}, stack {stack.id})")
+    print(f"run directory {run.path}:")
+    for name in run.files:
+        print(f"  {name}")
+    print("would run:")
+    for argv in run.plan["commands"]:
+        print("  " + " ".join(argv))
+    print(f"  (train.py and {len(run.args)} arguments; see {run.path / 'slime.args'})", file=sys.stderr)
+
+
+ns = Collection()
+ns.add_collection(Collection("stack", show=stack_show))
+ns.add_collection(Collection("run", start=run_start))
