@@ -270,7 +270,8 @@ def parse_recipe(data: dict[str, Any], source: str) -> tuple[Recipe, Stack]:
 
     recipe = validate(Recipe, data, source)
     stack = load_stack(recipe.stack)
-    rendered = {a for a in render_flags(recipe, stack, config_path="agentcore.yaml", env_json="{}", wandb=True) if a.startswith("--")}
+    own = recipe.model_copy(update={"extra_flags": []})
+    rendered = {a for a in render_flags(own, stack, config_path="agentcore.yaml", env_json="{}", wandb=True) if a.startswith("--")}
     problems = check(recipe, stack, rendered)
     if problems:
         raise ConfigError(source, problems)

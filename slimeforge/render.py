@@ -52,7 +52,6 @@ def build_run_dir(recipe: Recipe, stack: Stack, out: str | Path, recipe_path: st
         "launch.sh.j2",
         {
             "version": __version__,
-            "recipe_path": recipe_path,
             "stack_id": stack.id,
             "exp_id": recipe.exp_id,
             "slime_dir": recipe.slime_dir,

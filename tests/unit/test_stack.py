@@ -1,0 +1,109 @@
+import pytest
+
+from slimeforge.errors import ConfigError
+from slimeforge.stack import load_stack
+
+
+@pytest.mark.parametrize("flavor", ["cu13", "cu129"])
+def test_stack_loads_and_every_package_is_pinned(flavor):
+    stack = load_stack(flavor)
+    assert stack.name == flavor
+    plan = stack.plan()
+    assert [s["name"] for s in plan][:2] == ["system", "torch"]
+    for step in plan:
+        for req in step.get("requirements", []):
+            # every PyPI requirement carries a version or a specifier; wheels are URLs
+            assert req.startswith("https://") or any(op in req for op in ("==", "<", ">")), (step["name"], req)
+    assert len(stack.hash) == 64 and stack.id == f"{flavor}-{stack.hash[:12]}"
+
+
+def test_flavors_differ_only_where_they_should():
+    cu13, cu129 = load_stack("cu13"), load_stack("cu129")
+    assert cu13.hash != cu129.hash
+    assert cu13.sources == cu129.sources  # shared pins live once, in common.yaml
+    te13 = next(s for s in cu13.plan() if s["name"] == "transformer-engine")
+    te129 = next(s for s in cu129.plan() if s["name"] == "transformer-engine")
+    assert te13["requirements"] == ["transformer_engine[pytorch,core-cu13]==2.11.0"]
+    assert te13["exclude"] == ["transformer-engine-cu12"]
+    assert "transformer_engine[pytorch]==2.16.1" in te129["requirements"]
+    tms = {s["name"]: s for s in cu13.plan()}["torch-memory-saver"]
+    assert tms["env"]["TMS_CUDA_MAJOR"] == cu13.cuda_major == "13"
+    assert cu13.driver_min == 580 and cu129.driver_min == 575
+
+
+def test_slime_is_the_last_source_step_before_fast_layers():
+    names = [s["name"] for s in load_stack("cu13").plan()]
+    assert names.index("megatron") < names.index("slime") < names.index("toolkit") == len(names) - 1
+    assert names.index("sglang") < names.index("megatron")
+
+
+def test_hash_is_stable_and_sensitive(tmp_path):
+    import yaml
+
+    a = load_stack("cu13").hash
+    assert load_stack("cu13").hash == a
+    data = dict(load_stack("cu13").data)
+    data["versions"] = {**data["versions"], "sglang": "0.5.15.post2"}
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(yaml.safe_dump(data))
+    assert load_stack(changed).hash != a
+
+
+def _write(tmp_path, body):
+    import shutil
+
+    from slimeforge import paths
+
+    shutil.copy(paths.IMAGES / "common.yaml", tmp_path / "common.yaml")
+    p = tmp_path / "bad.yaml"
+    p.write_text(body)
+    return p
+
+
+def test_stack_errors_name_the_field(tmp_path):
+    p = _write(tmp_path, """extends: common.yaml
+name: bad
+cuda: "13.0"
+driver_min: 580
+base: {image: x}
+step_overrides:
+  no-such-step: {env: {}}
+""")
+    with pytest.raises(ConfigError) as e:
+        load_stack(p)
+    assert "step_overrides" in str(e.value) and "no-such-step" in str(e.value)
+
+
+def test_short_commit_is_refused(tmp_path):
+    p = _write(tmp_path, """extends: common.yaml
+name: bad
+cuda: "13.0"
+driver_min: 580
+base: {image: x}
+sources:
+  slime: {commit: a74ae3a}
+""")
+    with pytest.raises(ConfigError) as e:
+        load_stack(p)
+    msg = str(e.value)
+    assert "sources.slime.commit" in msg and "40-character" in msg
+
+
+def test_unpinned_package_is_refused(tmp_path):
+    p = _write(tmp_path, """extends: common.yaml
+name: bad
+cuda: "13.0"
+driver_min: 580
+base: {image: x}
+step_overrides:
+  toolkit: {pip: [requests]}
+""")
+    with pytest.raises(ConfigError) as e:
+        load_stack(p)
+    assert "'requests' has no pin in versions" in str(e.value) and "toolkit" in str(e.value)
+
+
+def test_unknown_flavor_lists_the_available_ones():
+    with pytest.raises(ConfigError) as e:
+        load_stack("cu11")
+    assert "cu13" in str(e.value) and "cu129" in str(e.value)
