@@ -46,6 +46,7 @@ from .registry import (
 REPORT, LOCK, RECORD = "report.json", "stack.lock.json", "publish.json"
 REPORT_KEYS = {"tag": str, "human_tags": list, "image_id": str}
 _FLAVOR_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_IMAGE_ID_RE = re.compile(r"^(?:sha256:[0-9a-f]{64}|[0-9a-f]{12,64})$")
 
 
 class PublishError(SlimeforgeError):
@@ -104,10 +105,6 @@ class Plan:
     password_from: str | None = None  # "stdin" or "env:NAME"; the password itself is read later
     username: str | None = None
 
-    @property
-    def refs(self) -> list[ImageRef]:
-        return [ImageRef(self.registry, self.repository, t) for t in self.source.tags]
-
 
 def plan(opts: PublishOptions, environ: Mapping[str, str] = os.environ, build_root: Path = Path("build")) -> Plan:
     """Validate every option together, read the build report; raise ConfigError listing all problems."""
@@ -158,6 +155,9 @@ def plan(opts: PublishOptions, environ: Mapping[str, str] = os.environ, build_ro
         source = _build_source(opts.cuda, Path(opts.build_dir) if opts.build_dir else None, build_root, problems)
     elif opts.image:
         source = _image_source(opts.image, opts.tags, problems)
+    if source and registry and not (repository or source.repository):
+        problems.append(Problem("--registry", "needs a repository when --image is an image ID", opts.registry,
+                                "REGISTRY/REPOSITORY"))
     if problems:
         raise ConfigError("invoke publish", problems)
     assert source is not None and registry is not None
@@ -251,6 +251,10 @@ def _build_source(flavor: str, build_dir: Path | None, build_root: Path, problem
 
 
 def _image_source(text: str, extra_tags: list[str], problems: list[Problem]) -> Source | None:
+    if _IMAGE_ID_RE.match(text):  # an image ID names no repository and no tag
+        if not extra_tags:
+            problems.append(Problem("--tag", "is required when --image is an image ID (give at least one tag to push)", text))
+        return Source(text, "", list(extra_tags))
     found = image_ref_problems(text, "--image")
     if found:
         problems.extend(found)
@@ -370,7 +374,7 @@ def publish(
             raise PublishError(f"{push_host}/{p.repository}:{tag}: pushed {digest} but the registry reports "
                                f"{seen.digest + ' (image ' + str(seen.config_digest) + ')' if seen else 'no manifest'}; "
                                "nothing was recorded")
-        if p.ecr and ecr_client and push_host == p.ecr.registry.host:
+        if ecr_client and push_host == p.ecr.registry.host:  # a test's split setup pushes elsewhere
             ecr_api.confirm_digest(ecr_client, p.ecr.registry, p.repository, tag, digest)
         confirmed[tag] = digest
 
@@ -382,7 +386,7 @@ def publish(
         "repository": p.repository,
         "tags": p.source.tags,
         "digest": digest,
-        "reference": f"{p.registry}/{p.repository}@{digest}",
+        "reference": str(ImageRef(p.registry, p.repository).with_digest(digest)),
         "image_id": image_id,
         "source": p.source.image,
         "pushed": list(pushed),

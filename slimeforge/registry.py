@@ -59,10 +59,8 @@ class ImageRef:
         """True when the reference names content (a digest), not a tag that can move."""
         return self.digest is not None
 
-    def with_tag(self, tag: str) -> ImageRef:
-        return replace(self, tag=tag, digest=None)
-
     def with_digest(self, digest: str) -> ImageRef:
+        """The pinned form, `registry/repository@digest`, that a recipe or host should use."""
         return replace(self, tag=None, digest=digest)
 
     def __str__(self) -> str:
