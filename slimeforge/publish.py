@@ -350,7 +350,7 @@ def publish(
         remote = {t: m for t in p.source.tags if (m := api.manifest(p.repository, t))}
     current = {t: m for t, m in remote.items() if m.config_digest == image_id}
     moving = {t: m for t, m in remote.items() if t not in current}
-    if p.ecr and repo_info is not None:
+    if repo_info is not None:
         refused = [t for t in moving if ecr_api.tag_is_immutable(repo_info, t)]
         if refused:
             raise PublishError(_immutable_message(p, refused, moving, image_id))
@@ -371,9 +371,9 @@ def publish(
     for tag, digest in pushed.items():
         seen = api.manifest(p.repository, tag)
         if seen is None or seen.digest != digest or seen.config_digest != image_id:
-            raise PublishError(f"{push_host}/{p.repository}:{tag}: pushed {digest} but the registry reports "
-                               f"{seen.digest + ' (image ' + str(seen.config_digest) + ')' if seen else 'no manifest'}; "
-                               "nothing was recorded")
+            reported = f"{seen.digest} (image {seen.config_digest})" if seen else "no manifest"
+            raise PublishError(f"{push_host}/{p.repository}:{tag}: pushed {digest} (image {image_id}) but the registry "
+                               f"reports {reported}; nothing was recorded")
         if ecr_client and push_host == p.ecr.registry.host:  # a test's split setup pushes elsewhere
             ecr_api.confirm_digest(ecr_client, p.ecr.registry, p.repository, tag, digest)
         confirmed[tag] = digest

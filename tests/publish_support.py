@@ -14,14 +14,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from conftest import free_port  # tests/ is on sys.path in pytest runs and in benchmarks/publish_noop.py
+
 REGISTRY_BIN = "/usr/bin/docker-registry"  # Debian's docker-registry: the CNCF distribution registry 2.8
 DOCKER_CERTS_DIR = Path("/etc/docker/certs.d")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_tls(directory: Path) -> tuple[Path, Path, Path]:

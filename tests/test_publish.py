@@ -15,7 +15,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from publish_support import LocalRegistry, ResetProxy, free_port
+from conftest import free_port
+from publish_support import LocalRegistry, ResetProxy
 
 from slimeforge import ecr
 from slimeforge.publish import PublishError, PublishOptions, plan, publish, read_credentials
