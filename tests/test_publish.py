@@ -20,7 +20,7 @@ from publish_support import LocalRegistry, ResetProxy
 
 from slimeforge import ecr
 from slimeforge.publish import PublishError, PublishOptions, plan, publish, read_credentials
-from slimeforge.registry import Credentials, RegistryAPI, Retry
+from slimeforge.registry import Credentials, RegistryAPI, RegistryError, Retry
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -208,6 +208,10 @@ def test_ecr_publish_creates_repository_and_keeps_tags_immutable(registry, moto_
     other_digest = "sha256:" + hashlib.sha256(other.encode()).hexdigest()
     aws.put_image(repositoryName=name, imageManifest=other, imageTag=built_image["tag"], imageDigest=other_digest)
     aws.put_image(repositoryName=name, imageManifest=ours.raw.decode(), imageTag=built_image["human"], imageDigest=ours.digest)
+    # The post-push check (describe_images) that runs when ECR itself is the push host:
+    ecr.confirm_digest(aws, ecr.parse_ecr_host(ECR_HOST), name, built_image["human"], ours.digest)
+    with pytest.raises(RegistryError, match="describe_images reports"):
+        ecr.confirm_digest(aws, ecr.parse_ecr_host(ECR_HOST), name, built_image["tag"], ours.digest)
 
     lines.clear()
     with pytest.raises(PublishError) as err:
