@@ -97,6 +97,49 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None):
     print(f"  (train.py and {len(run.args)} arguments; see {run.path / 'slime.args'})", file=sys.stderr)
 
 
+# --- publish ---------------------------------------------------------------------------------
+
+
+@task(
+    iterable=["tag"],
+    auto_shortflags=False,  # 15 options: generated one-letter flags would be arbitrary (and one comes out empty)
+    help={
+        "cuda": "publish the newest build of this flavor (build/<flavor>-<hash>/report.json)",
+        "image": "publish any local image instead (REF); its record goes to --record or stdout",
+        "registry": "destination REGISTRY[/REPOSITORY]; an ECR host (<account>.dkr.ecr.<region>.amazonaws.com) uses ECR",
+        "build_dir": "a build directory, or a directory holding <flavor>-* builds (default build/)",
+        "tag": "with --image: a tag to push (repeatable; the image's own tag is pushed too)",
+        "record": "with --image: write the publish record (JSON) to this file",
+        "username": "registry user; the password comes from --password-stdin or --password-env",
+        "password_stdin": "read the password from standard input",
+        "password_env": "read the password from this environment variable",
+        "ecr_endpoint": "ECR API endpoint URL (default: AWS's, or AWS_ENDPOINT_URL_ECR)",
+        "ecr_push_host": "push to this registry host instead of ECR's own (a test registry)",
+        "tag_immutability": "ECR: create a missing repository with immutable tags (--no-tag-immutability: mutable)",
+        "scan_on_push": "ECR: create a missing repository with scan on push (--no-scan-on-push: off)",
+        "dry_run": "print what would be pushed where, push nothing",
+    },
+)
+@clean_errors
+def publish(c, cuda=None, image=None, registry=None, build_dir=None, tag=None, record=None, username=None,
+            password_stdin=False, password_env=None, ecr_endpoint=None, ecr_push_host=None,
+            tag_immutability=True, scan_on_push=True, dry_run=False):
+    """Push an image to a registry or ECR by digest, verify it there, and record the digest."""
+    from slimeforge import publish as pub
+
+    opts = pub.PublishOptions(cuda=cuda, image=image, registry=registry, build_dir=build_dir, tags=tag or [],
+                              record=record, username=username, password_stdin=password_stdin,
+                              password_env=password_env, ecr_endpoint=ecr_endpoint, ecr_push_host=ecr_push_host,
+                              tag_immutability=tag_immutability, scan_on_push=scan_on_push)
+    plan = pub.plan(opts)
+    if dry_run:
+        print("\n".join(pub.describe(plan)))
+        print("nothing was pushed (dry run)")
+        return
+    pub.publish(plan, pub.read_credentials(plan, sys.stdin))
+
+
 ns = Collection()
 ns.add_collection(Collection("stack", show=stack_show))
 ns.add_collection(Collection("run", start=run_start))
+ns.add_task(publish)

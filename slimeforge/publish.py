@@ -1,0 +1,568 @@
+"""Publishing: push a built image to a registry or Amazon ECR, verify it by digest, record it.
+
+Users run one image on many hosts and pin it by digest, so a publish is only recorded once the
+registry itself reports, for every tag, a manifest whose config is the image that was built
+(the config digest is the local image ID). The same check before pushing makes re-publishing an
+unchanged image a no-op, and lets ECR refuse to move an immutable tag before anything is sent.
+
+    plan(PublishOptions(...))  validates every option and reads the build report; no side effects
+    describe(plan)             the dry run's lines
+    publish(plan, credentials) tags, pushes, verifies and records; returns the record
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO
+
+from . import ecr as ecr_api
+from .atomic import write_dir
+from .errors import ConfigError, Problem, SlimeforgeError
+from .registry import (
+    DOCKER_CERTS_DIR,
+    DOCKER_HUB,
+    DOMAIN_RE,
+    TAG_RE,
+    Credentials,
+    ImageRef,
+    RegistryAPI,
+    RegistryAuthError,
+    RegistryError,
+    RemoteManifest,
+    Retry,
+    TransientError,
+    auth_advice,
+    image_ref_problems,
+    parse_image_ref,
+    split_registry,
+)
+
+REPORT, LOCK, RECORD = "report.json", "stack.lock.json", "publish.json"
+REPORT_KEYS = {"tag": str, "human_tags": list, "image_id": str}
+_FLAVOR_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_IMAGE_ID_RE = re.compile(r"^(?:sha256:[0-9a-f]{64}|[0-9a-f]{12,64})$")
+
+
+class PublishError(SlimeforgeError):
+    """Publishing stopped; the message says at which step and what to do."""
+
+
+# --- what to publish, and where ---------------------------------------------------------------
+
+
+@dataclass
+class PublishOptions:
+    """The command line's options, as given (validated by `plan`)."""
+
+    cuda: str | None = None
+    image: str | None = None
+    registry: str | None = None
+    build_dir: str | None = None
+    tags: list[str] = field(default_factory=list)
+    record: str | None = None
+    username: str | None = None
+    password_stdin: bool = False
+    password_env: str | None = None
+    ecr_endpoint: str | None = None
+    ecr_push_host: str | None = None
+    tag_immutability: bool = True
+    scan_on_push: bool = True
+
+
+@dataclass(frozen=True)
+class Source:
+    """The local image: `image` is the reference pushed from; `image_id` what the build recorded."""
+
+    image: str
+    repository: str
+    tags: list[str]
+    image_id: str | None = None
+    build_dir: Path | None = None
+    flavor: str | None = None
+
+
+@dataclass(frozen=True)
+class EcrTarget:
+    registry: ecr_api.EcrRegistry
+    endpoint: str | None  # None: boto3's default, or AWS_ENDPOINT_URL_ECR, which boto3 reads itself
+    push_host: str | None  # None: the proxy endpoint ECR's login token names
+    settings: ecr_api.RepositorySettings
+
+
+@dataclass(frozen=True)
+class Plan:
+    source: Source
+    registry: str
+    repository: str
+    record: Path | None = None  # for --image; a build's record goes into its directory
+    ecr: EcrTarget | None = None
+    password_from: str | None = None  # "stdin" or "env:NAME"; the password itself is read later
+    username: str | None = None
+
+
+def plan(opts: PublishOptions, environ: Mapping[str, str] = os.environ, build_root: Path = Path("build")) -> Plan:
+    """Validate every option together, read the build report; raise ConfigError listing all problems."""
+    problems: list[Problem] = []
+    if bool(opts.cuda) == bool(opts.image):
+        problems.append(Problem("--cuda/--image", "give exactly one: --cuda FLAVOR (a build of this checkout) "
+                                "or --image REF (any local image)", {"cuda": opts.cuda, "image": opts.image}))
+    if opts.image and opts.build_dir:
+        problems.append(Problem("--build-dir", "only applies with --cuda", opts.build_dir))
+    if opts.cuda and opts.record:
+        problems.append(Problem("--record", "only applies with --image; a build's record goes into its build directory "
+                                "(publish.json)", opts.record))
+    if opts.cuda and opts.tags:
+        problems.append(Problem("--tag", "only applies with --image; a build is pushed with its content-addressed "
+                                "and human tags", opts.tags))
+    for tag in opts.tags:
+        if not TAG_RE.match(tag):
+            problems.append(Problem("--tag", "is not a valid tag", tag, "letters, digits, _ . -, at most 128 characters"))
+
+    registry, repository = None, None
+    if not opts.registry:
+        problems.append(Problem("--registry", "is required", None, "REGISTRY[/REPOSITORY], e.g. registry.example.com:5000/team/slime "
+                                "or 123456789012.dkr.ecr.us-east-1.amazonaws.com/slime"))
+    else:
+        registry, repository = _destination(opts.registry, problems)
+    ecr = _ecr_target(opts, registry, problems)
+
+    password_from = None
+    if opts.password_stdin and opts.password_env:
+        problems.append(Problem("--password-stdin/--password-env", "give one password source, not both", None, show_value=False))
+    elif opts.password_stdin:
+        password_from = "stdin"
+    elif opts.password_env:
+        password_from = f"env:{opts.password_env}"
+        if not environ.get(opts.password_env):
+            problems.append(Problem("--password-env", "names an environment variable that is not set or empty", opts.password_env))
+    if opts.username and not password_from:
+        problems.append(Problem("--username", "needs a password: --password-stdin (piped in) or --password-env NAME "
+                                "(never on the command line)", opts.username))
+    if password_from and not opts.username:
+        problems.append(Problem("--username", "is required with --password-stdin/--password-env", None))
+    if ecr and opts.username:
+        problems.append(Problem("--username", "does not apply to ECR: the login comes from your AWS credentials "
+                                "(get_authorization_token)", opts.username))
+
+    source = None
+    if opts.cuda:
+        source = _build_source(opts.cuda, Path(opts.build_dir) if opts.build_dir else None, build_root, problems)
+    elif opts.image:
+        source = _image_source(opts.image, opts.tags, problems)
+    if source and registry and not (repository or source.repository):
+        problems.append(Problem("--registry", "needs a repository when --image is an image ID", opts.registry,
+                                "REGISTRY/REPOSITORY"))
+    if problems:
+        raise ConfigError("invoke publish", problems)
+    assert source is not None and registry is not None
+    return Plan(source, registry, repository or source.repository, Path(opts.record) if opts.record else None,
+                ecr, password_from, opts.username)
+
+
+def _destination(text: str, problems: list[Problem]) -> tuple[str | None, str | None]:
+    """`REGISTRY` or `REGISTRY/REPOSITORY`; a bare registry takes the source's repository name."""
+    where, accepted = "--registry", "REGISTRY[/REPOSITORY] without a tag or digest, e.g. registry.example.com:5000/team/slime"
+    if "://" in text:
+        problems.append(Problem(where, "give a host, not a URL", text, accepted))
+        return None, None
+    if "/" not in text:
+        if not (("." in text or ":" in text or text == "localhost") and DOMAIN_RE.match(text)):
+            problems.append(Problem(where, "is not a registry host (a host has a dot or a port, or is localhost)", text, accepted))
+            return None, None
+        return text, None
+    host, _ = split_registry(text)
+    name = text if host else f"docker.io/{text}"
+    found = image_ref_problems(name, where)
+    if found:
+        problems.extend(found)
+        return None, None
+    ref = parse_image_ref(name, where)
+    if ref.tag or ref.digest:
+        problems.append(Problem(where, "names a tag or digest; tags come from the build (or --tag with --image)", text, accepted))
+        return None, None
+    return ref.registry, ref.repository
+
+
+def _ecr_target(opts: PublishOptions, registry: str | None, problems: list[Problem]) -> EcrTarget | None:
+    ecr_registry = ecr_api.parse_ecr_host(registry) if registry else None
+    if not ecr_registry:
+        for name, value in (("--ecr-endpoint", opts.ecr_endpoint), ("--ecr-push-host", opts.ecr_push_host)):
+            if value:
+                problems.append(Problem(name, "only applies to an ECR registry (<account>.dkr.ecr.<region>.amazonaws.com)", value))
+        return None
+    if opts.ecr_endpoint and not re.match(r"^https?://[^/\s]+", opts.ecr_endpoint):
+        problems.append(Problem("--ecr-endpoint", "is not an http(s) URL", opts.ecr_endpoint, "e.g. http://127.0.0.1:5000"))
+    if opts.ecr_push_host and not DOMAIN_RE.match(opts.ecr_push_host):
+        problems.append(Problem("--ecr-push-host", "is not a registry host[:port]", opts.ecr_push_host))
+    return EcrTarget(ecr_registry, opts.ecr_endpoint, opts.ecr_push_host,
+                     ecr_api.RepositorySettings(opts.tag_immutability, opts.scan_on_push))
+
+
+def find_build_dir(flavor: str, build_dir: Path | None = None, build_root: Path = Path("build")) -> Path | None:
+    """`build_dir` itself if it holds a report, else the newest `<flavor>-*` build under it (or build/)."""
+    if build_dir and (build_dir / REPORT).is_file():
+        return build_dir
+    root = build_dir or build_root
+    reports = [p for p in root.glob(f"{flavor}-*/{REPORT}") if p.is_file()]
+    return max(reports, key=lambda p: p.stat().st_mtime).parent if reports else None
+
+
+def _build_source(flavor: str, build_dir: Path | None, build_root: Path, problems: list[Problem]) -> Source | None:
+    if not _FLAVOR_RE.match(flavor):
+        problems.append(Problem("--cuda", "is not a stack flavor name", flavor, "cu13, cu129"))
+        return None
+    found = find_build_dir(flavor, build_dir, build_root)
+    if found is None:
+        problems.append(Problem("--cuda", f"no build of this flavor under {build_dir or build_root}/: "
+                                f"run invoke build --cuda {flavor} first", flavor))
+        return None
+    report_path = found / REPORT
+    try:
+        report = json.loads(report_path.read_text())
+    except (OSError, ValueError) as exc:
+        problems.append(Problem(str(report_path), f"cannot be read as JSON ({exc})", None, show_value=False))
+        return None
+    bad = [k for k, kind in REPORT_KEYS.items() if not isinstance(report.get(k), kind)]
+    if bad:
+        problems.append(Problem(str(report_path), f"lacks {', '.join(bad)} (a build report has tag, human_tags, image_id)",
+                                {k: report.get(k) for k in bad}))
+        return None
+    if not (found / LOCK).is_file():
+        problems.append(Problem(str(found / LOCK), f"is missing: a complete build writes it beside {REPORT}", None, show_value=False))
+    tags = []
+    for key, ref_text in [("tag", report["tag"])] + [("human_tags", h) for h in report["human_tags"]]:
+        found_problems = image_ref_problems(ref_text, f"{report_path}: {key}")
+        problems.extend(found_problems)
+        if not found_problems:
+            ref = parse_image_ref(ref_text)
+            if not ref.tag:
+                problems.append(Problem(f"{report_path}: {key}", "has no tag", ref_text))
+            elif ref.tag not in tags:
+                tags.append(ref.tag)
+    if problems:
+        return None
+    return Source(report["tag"], _local_repository(parse_image_ref(report["tag"])), tags, report["image_id"], found, flavor)
+
+
+def _image_source(text: str, extra_tags: list[str], problems: list[Problem]) -> Source | None:
+    if _IMAGE_ID_RE.match(text):  # an image ID names no repository and no tag
+        if not extra_tags:
+            problems.append(Problem("--tag", "is required when --image is an image ID (give at least one tag to push)", text))
+        return Source(text, "", list(extra_tags))
+    found = image_ref_problems(text, "--image")
+    if found:
+        problems.extend(found)
+        return None
+    ref = parse_image_ref(text)
+    tags = ([ref.tag] if ref.tag else []) + [t for t in extra_tags if t != ref.tag]
+    if not tags:
+        problems.append(Problem("--tag", "is required when --image has no tag (give at least one tag to push)", text))
+        return None
+    return Source(text, _local_repository(ref), tags)
+
+
+def _local_repository(ref: ImageRef) -> str:
+    """The repository path as the user would write it (no host), the default at the destination."""
+    return ref.repository.removeprefix("library/") if ref.registry == DOCKER_HUB else ref.repository
+
+
+def describe(p: Plan) -> list[str]:
+    """What a publish would do, in the order it would do it (the dry run's output)."""
+    src = p.source
+    origin = f" (build {src.build_dir}, image {src.image_id})" if src.build_dir else ""
+    lines = [f"would publish {src.image}{origin}",
+             f"  to {p.registry}/{p.repository} as tags: {', '.join(src.tags)}"]
+    if p.ecr:
+        endpoint = p.ecr.endpoint or os.environ.get("AWS_ENDPOINT_URL_ECR") or "the AWS default"
+        mut = "immutable" if p.ecr.settings.tag_immutability else "mutable"
+        lines += [f"  ECR account {p.ecr.registry.account}, region {p.ecr.registry.region}, API {endpoint}",
+                  f"  create the repository if missing: tags {mut}, scan on push {'on' if p.ecr.settings.scan_on_push else 'off'}",
+                  f"  credentials: an ECR authorization token; push to {p.ecr.push_host or 'its proxy endpoint'}"]
+    elif p.username:
+        lines.append(f"  credentials: user {p.username!r}, password from {p.password_from}")
+    else:
+        lines.append(f"  credentials: the docker config (and its credential helpers) for {p.registry}")
+    lines.append("  skip tags that already point at this image; push the others; verify each tag's digest at the registry")
+    if src.build_dir:
+        lines.append(f"  record: {src.build_dir / RECORD}; digest and published in {REPORT} and {LOCK}")
+    else:
+        lines.append(f"  record: {p.record or 'printed as JSON'}")
+    return lines
+
+
+def read_credentials(p: Plan, stdin: IO[str], environ: Mapping[str, str] = os.environ) -> Credentials | None:
+    """The password from stdin or an environment variable, held in memory only."""
+    if not p.username or not p.password_from:
+        return None
+    if p.password_from == "stdin":
+        if stdin.isatty():
+            import getpass
+
+            password = getpass.getpass(f"password for {p.username} at {p.registry}: ")
+        else:
+            password = stdin.read().rstrip("\r\n")
+        if not password:
+            raise ConfigError("invoke publish", [Problem("--password-stdin", "read an empty password from stdin", None, show_value=False)])
+        return Credentials(p.username, password, "--password-stdin")
+    name = p.password_from.removeprefix("env:")
+    return Credentials(p.username, environ[name], f"--password-env {name}")
+
+
+# --- doing it -----------------------------------------------------------------------------------
+
+
+def publish(
+    p: Plan,
+    credentials: Credentials | None = None,
+    *,
+    docker_client=None,
+    echo: Callable[[str], None] = print,
+    retry: Retry | None = None,
+    certs_dir: Path = DOCKER_CERTS_DIR,
+) -> dict:
+    """Push `p.source` to every tag of the destination unless the registry already holds it there,
+    verify the digest each tag reports, and record the publish. Returns the record."""
+    retry = retry or Retry()
+    docker = docker_client or _docker_client()
+    image_id = _local_image_id(docker, p.source)
+
+    ecr_client = repo_info = None
+    if p.ecr:
+        ecr_client = ecr_api.client(p.ecr.registry.region, p.ecr.endpoint)
+        credentials, proxy_host = ecr_api.login(ecr_client, p.ecr.registry)
+        push_host = p.ecr.push_host or proxy_host
+        repo_info = ecr_api.ensure_repository(ecr_client, p.ecr.registry, p.repository, p.ecr.settings, echo)
+    else:
+        push_host = p.registry
+        credentials = credentials or docker_config_credentials(p.registry)
+    api = RegistryAPI(push_host, credentials, certs_dir=certs_dir, retry=retry, echo=echo)
+
+    # Before any push: where does each tag point now?
+    if ecr_client:
+        remote = ecr_api.manifests(ecr_client, p.ecr.registry, p.repository, p.source.tags)
+    else:
+        remote = {t: m for t in p.source.tags if (m := api.manifest(p.repository, t))}
+    current = {t: m for t, m in remote.items() if m.config_digest == image_id}
+    moving = {t: m for t, m in remote.items() if t not in current}
+    if repo_info is not None:
+        refused = [t for t in moving if ecr_api.tag_is_immutable(repo_info, t)]
+        if refused:
+            raise PublishError(_immutable_message(p, refused, moving, image_id))
+    for tag, m in moving.items():
+        echo(f"tag {tag} moves from {m.digest} (image {m.config_digest}) to this image {image_id}")
+
+    to_push = [t for t in p.source.tags if t not in current]
+    pushed: dict[str, str] = {}
+    if not to_push:
+        echo(f"{p.registry}/{p.repository}: tags {', '.join(p.source.tags)} already hold image {image_id}; nothing to push")
+    for tag in to_push:
+        target = ImageRef(push_host, p.repository, tag)
+        docker.api.tag(image_id, target.name, tag)
+        pushed[tag] = _push(docker, target, credentials, echo, retry)
+
+    # After: the registry itself must report, for every tag, the digest of a manifest of this image.
+    confirmed = {t: m.digest for t, m in current.items()}
+    for tag, digest in pushed.items():
+        seen = api.manifest(p.repository, tag)
+        if seen is None or seen.digest != digest or seen.config_digest != image_id:
+            reported = f"{seen.digest} (image {seen.config_digest})" if seen else "no manifest"
+            raise PublishError(f"{push_host}/{p.repository}:{tag}: pushed {digest} (image {image_id}) but the registry "
+                               f"reports {reported}; nothing was recorded")
+        if ecr_client and push_host == p.ecr.registry.host:  # a test's split setup pushes elsewhere
+            ecr_api.confirm_digest(ecr_client, p.ecr.registry, p.repository, tag, digest)
+        confirmed[tag] = digest
+
+    digest = confirmed[p.source.tags[0]]
+    if len(set(confirmed.values())) > 1:
+        echo(f"note: the tags hold this image under different manifests: {confirmed}; recording {digest}")
+    record = {
+        "registry": p.registry,
+        "repository": p.repository,
+        "tags": p.source.tags,
+        "digest": digest,
+        "reference": str(ImageRef(p.registry, p.repository).with_digest(digest)),
+        "image_id": image_id,
+        "source": p.source.image,
+        "pushed": list(pushed),
+        "time": datetime.now(UTC).isoformat(timespec="seconds"),
+        "verified": True,
+    }
+    if push_host != p.registry:
+        record["push_host"] = push_host
+    _record(p, record, echo)
+    echo(f"digest {digest}")
+    echo(f"image  {record['reference']}")
+    return record
+
+
+def docker_config_credentials(registry: str) -> Credentials | None:
+    """The login `docker login` stored for `registry` (config file or credential helper), if any."""
+    from docker import auth
+    from docker.errors import DockerException
+
+    try:
+        found = auth.load_config().resolve_authconfig(registry)
+    except DockerException as exc:
+        raise RegistryAuthError(f"registry {registry}: the docker credential helper failed: {exc}") from None
+    if not found:
+        return None
+    username = found.get("username") or found.get("Username")
+    password = found.get("password") or found.get("Password")
+    return Credentials(username, password, "the docker config") if username and password else None
+
+
+def _docker_client():
+    import docker
+    from docker.errors import DockerException
+
+    try:
+        return docker.from_env(timeout=600)
+    except DockerException as exc:
+        raise PublishError(f"docker engine: {exc}; is dockerd running, and DOCKER_HOST right?") from None
+
+
+def _local_image_id(docker, source: Source) -> str:
+    from docker.errors import ImageNotFound
+
+    try:
+        image_id = docker.api.inspect_image(source.image)["Id"]
+    except ImageNotFound:
+        hint = f"run invoke build --cuda {source.flavor} first" if source.flavor else "see `docker images`"
+        raise PublishError(f"{source.image}: no such local image; {hint}") from None
+    if source.image_id and image_id != source.image_id:
+        raise PublishError(f"{source.image} is now image {image_id}, but {source.build_dir / REPORT} says "
+                           f"{source.image_id}: the tag moved after that build; rebuild (invoke build --cuda {source.flavor}) "
+                           "or publish the image you mean with --image")
+    return image_id
+
+
+def _push(docker, target: ImageRef, credentials: Credentials | None, echo: Callable[[str], None], retry: Retry) -> str:
+    """Push one tag through the Docker Engine, streaming per-layer progress; return its digest."""
+    from docker.errors import APIError
+    from requests.exceptions import ConnectionError as DaemonConnectionError
+
+    # None lets the docker SDK read the user's docker config and credential helpers, as `docker push` does.
+    auth = credentials.auth_config(target.registry) if credentials else None
+
+    def once() -> str:
+        echo(f"pushing {target}")
+        progress, digest = LayerProgress(echo), None
+        try:
+            for event in docker.api.push(target.name, tag=target.tag, stream=True, decode=True, auth_config=auth):
+                if "error" in event or "errorDetail" in event:
+                    message = (event.get("errorDetail") or {}).get("message") or event.get("error", "")
+                    raise _push_failure(target, message, credentials)
+                digest = (event.get("aux") or {}).get("Digest") or digest
+                progress.update(event)
+        except APIError as exc:
+            raise _push_failure(target, str(exc.explanation or exc), credentials) from None
+        except DaemonConnectionError as exc:
+            raise PublishError(f"push {target}: lost the connection to the Docker Engine: {exc}") from None
+        if not digest:
+            raise PublishError(f"push {target}: the Docker Engine finished without reporting a digest; nothing was recorded")
+        return digest
+
+    return retry.call(f"push {target}", once, echo)
+
+
+_AUTH_WORDS = ("unauthorized", "authentication required", "denied", "no basic auth credentials", "forbidden")
+_TRANSIENT_WORDS = ("connection reset", "connection refused", "broken pipe", "eof", "timeout", "i/o timeout",
+                    "tls handshake", "500 internal", "502 bad gateway", "503 service", "504 gateway",
+                    "unexpected http status: 5", "toomanyrequests", "too many requests",
+                    # For an "insecure" registry (loopback, or listed in daemon.json) the Engine falls back
+                    # to plain HTTP when its HTTPS request fails, so a dropped connection surfaces as this.
+                    "client sent an http request to an https server")
+
+
+def _push_failure(target: ImageRef, message: str, credentials: Credentials | None) -> Exception:
+    """The Engine reports registry failures as text; sort them into auth, retryable, and final."""
+    low = message.lower()
+    if any(w in low for w in _AUTH_WORDS):
+        return RegistryAuthError(auth_advice(target.registry, target.repository, credentials, f"push: {message.strip()}"))
+    if any(w in low for w in _TRANSIENT_WORDS):
+        return TransientError(message.strip())
+    return RegistryError(f"push {target}: {message.strip()}")
+
+
+class LayerProgress:
+    """A compact line per layer: each quarter of an upload, then how it ended."""
+
+    DONE = ("Pushed", "Layer already exists", "Mounted from")
+
+    def __init__(self, echo: Callable[[str], None]):
+        self.echo = echo
+        self.quarters: dict[str, int] = {}
+
+    def update(self, event: dict) -> None:
+        layer, status = event.get("id"), event.get("status", "")
+        if not layer or not status:
+            return
+        if status == "Pushing":
+            detail = event.get("progressDetail") or {}
+            current, total = detail.get("current") or 0, detail.get("total") or 0
+            quarter = 4 * current // total if total else 0
+            if quarter > self.quarters.get(layer, 0) and quarter < 4:
+                self.quarters[layer] = quarter
+                self.echo(f"  {layer}  pushing {25 * quarter:3d}% of {_size(total)}")
+        elif status.startswith(self.DONE):
+            self.echo(f"  {layer}  {status[0].lower()}{status[1:]}")
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+def _immutable_message(p: Plan, refused: list[str], moving: dict[str, RemoteManifest], image_id: str) -> str:
+    where = f"ECR repository {p.ecr.registry.host}/{p.repository}"
+    lines = [f"{where}: refusing to move immutable tag(s); nothing was pushed:"]
+    lines += [f"  - {t} already points at {moving[t].digest} (image {moving[t].config_digest}), not at this image {image_id}"
+              for t in refused]
+    lines.append("  publish under a new tag (a changed build gets a new content-addressed tag; --tag with --image), "
+                 "or, if moving it is intended, make the repository's tags mutable: "
+                 f"aws ecr put-image-tag-mutability --repository-name {p.repository} --image-tag-mutability MUTABLE")
+    return "\n".join(lines)
+
+
+def _record(p: Plan, record: dict, echo: Callable[[str], None]) -> None:
+    """publish.json plus digest/published in the report and lock (each file replaced atomically,
+    the report last), or --record PATH, or stdout."""
+    src = p.source
+    if src.build_dir is None:
+        text = json.dumps(record, indent=2) + "\n"
+        if p.record:
+            write_dir(p.record.parent, {p.record.name: text})
+            echo(f"recorded {p.record}")
+        else:
+            echo(text.rstrip())
+        return
+    files = {}
+    for name in (LOCK, REPORT):
+        doc = json.loads((src.build_dir / name).read_text())
+        published = doc.get("published") if isinstance(doc.get("published"), list) else []
+        if doc.get("digest") != record["digest"] or record["reference"] not in published:
+            doc["digest"] = record["digest"]
+            doc["published"] = [r for r in published if r != record["reference"]] + [record["reference"]]
+            files[name] = json.dumps(doc, indent=2) + "\n"
+    old = _read_json(src.build_dir / RECORD)
+    same = {k: v for k, v in record.items() if k not in ("time", "pushed")}
+    if files or {k: old.get(k) for k in same} != same:
+        files = {RECORD: json.dumps(record, indent=2) + "\n", **files}
+        write_dir(src.build_dir, files, last=REPORT if REPORT in files else None)
+        echo(f"recorded {src.build_dir / RECORD}" + (f" (and {', '.join(n for n in files if n != RECORD)})" if len(files) > 1 else ""))
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}

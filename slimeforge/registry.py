@@ -1,0 +1,366 @@
+"""OCI image references and the registry HTTP API (v2), as much of it as publishing needs.
+
+`parse_image_ref` / `is_pinned` are what a recipe or a cluster bootstrap uses to refuse an image
+that is not pinned by digest. `RegistryAPI.manifest` asks a registry what a tag points at; publish
+uses it before pushing (is the tag already ours?) and after (does the registry hold what we
+pushed?), independently of the Docker daemon that did the push. Only the standard library is used
+here, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.client
+import json
+import re
+import socket
+import ssl
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from email.message import Message
+from pathlib import Path
+from typing import TypeVar
+
+from .errors import ConfigError, Problem, SlimeforgeError
+
+# --- references ------------------------------------------------------------------------------
+# The grammar of github.com/distribution/reference (what Docker accepts), written out.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REPOSITORY_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
+_DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+DOMAIN_RE = re.compile(rf"^(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?$")
+TAG_RE = re.compile(r"^[\w][\w.-]{0,127}$")
+# Content addresses we accept for pinning: the OCI image spec's registered algorithms.
+_DIGEST_RE = re.compile(r"^(?:sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128})$")
+DOCKER_HUB = "docker.io"
+_ACCEPTED = "[registry[:port]/]name[:tag][@sha256:<64 hex>], name in lowercase letters, digits and . _ - /"
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """A parsed image reference; `registry` is always explicit (docker.io when none was given)."""
+
+    registry: str
+    repository: str
+    tag: str | None = None
+    digest: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.registry}/{self.repository}"
+
+    @property
+    def pinned(self) -> bool:
+        """True when the reference names content (a digest), not a tag that can move."""
+        return self.digest is not None
+
+    def with_digest(self, digest: str) -> ImageRef:
+        """The pinned form, `registry/repository@digest`, that a recipe or host should use."""
+        return replace(self, tag=None, digest=digest)
+
+    def __str__(self) -> str:
+        return self.name + (f":{self.tag}" if self.tag else "") + (f"@{self.digest}" if self.digest else "")
+
+
+def image_ref_problems(text: object, where: str = "image", require_digest: bool = False) -> list[Problem]:
+    """Everything wrong with `text` as an image reference (empty when it is valid)."""
+    if not isinstance(text, str) or not text.strip():
+        return [Problem(where, "must be an image reference", text, _ACCEPTED)]
+    try:
+        ref = _parse(text)
+    except ValueError as exc:
+        return [Problem(where, str(exc), text, _ACCEPTED)]
+    if require_digest and not ref.pinned:
+        return [Problem(where, "must be pinned by digest (a tag can be moved to other content)", text,
+                        f"{ref.name}@sha256:<64 hex>, e.g. the `digest` that `invoke publish` printed")]
+    return []
+
+
+def parse_image_ref(text: str, where: str = "image", require_digest: bool = False) -> ImageRef:
+    """Parse and validate an image reference, or raise ConfigError naming `where`."""
+    problems = image_ref_problems(text, where, require_digest)
+    if problems:
+        raise ConfigError(where, problems)
+    return _parse(text)
+
+
+def is_pinned(text: str) -> bool:
+    """Whether a (valid) image reference names its content by digest; ConfigError if invalid."""
+    return parse_image_ref(text).pinned
+
+
+def split_registry(text: str) -> tuple[str | None, str]:
+    """Split `host[:port]/path` into host and path the way Docker does: the first of several
+    components is a registry host only if it has a dot or a port, or is localhost."""
+    first, sep, rest = text.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost" or first != first.lower()):
+        return first, rest
+    return None, text
+
+
+def _parse(text: str) -> ImageRef:
+    rest, digest = text, None
+    if "@" in rest:
+        rest, digest = rest.rsplit("@", 1)
+        if not _DIGEST_RE.match(digest):
+            raise ValueError(f"digest {digest!r} is not sha256:<64 lowercase hex> (or sha512:<128>)")
+    name, tag = rest, None
+    last = rest.rsplit("/", 1)[-1]
+    if ":" in last:
+        name, tag = rest.rsplit(":", 1)
+        if not TAG_RE.match(tag):
+            raise ValueError(f"tag {tag!r} is not valid (letters, digits, _ . -, at most 128, not starting with . or -)")
+    registry, repository = split_registry(name)
+    if registry is None:
+        registry = DOCKER_HUB
+        if "/" not in repository:
+            repository = f"library/{repository}"
+    elif not DOMAIN_RE.match(registry):
+        raise ValueError(f"registry host {registry!r} is not a valid host[:port]")
+    if not repository:
+        raise ValueError("names a registry but no repository")
+    if not _REPOSITORY_RE.match(repository):
+        hint = " (repository names must be lowercase)" if repository != repository.lower() else ""
+        raise ValueError(f"repository {repository!r} is not valid{hint}")
+    if len(f"{registry}/{repository}") > 255:
+        raise ValueError("name is longer than 255 characters")
+    return ImageRef(registry, repository, tag, digest)
+
+
+# --- credentials and errors ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """A username and password held in memory only; `source` says where they came from (for
+    messages), the password is never shown."""
+
+    username: str
+    password: str = field(repr=False)
+    source: str = ""
+
+    def auth_config(self, registry: str) -> dict[str, str]:
+        """The form the Docker Engine API takes (X-Registry-Auth), built in memory."""
+        return {"username": self.username, "password": self.password, "serveraddress": registry}
+
+
+class RegistryError(SlimeforgeError):
+    """A registry refused or failed a request in a way retrying will not fix."""
+
+
+class RegistryAuthError(RegistryError):
+    """The registry refused our credentials (HTTP 401/403) or none were found."""
+
+
+class TransientError(Exception):
+    """A failure worth retrying (connection reset, timeout, HTTP 5xx/429)."""
+
+
+T = TypeVar("T")
+
+
+@dataclass
+class Retry:
+    """Retries with exponential backoff: 1 s, 2 s, 4 s, ... between `attempts` tries."""
+
+    attempts: int = 4
+    first_delay: float = 1.0
+    sleep: Callable[[float], None] = time.sleep
+
+    def call(self, what: str, fn: Callable[[], T], echo: Callable[[str], None]) -> T:
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return fn()
+            except TransientError as exc:
+                if attempt == self.attempts:
+                    raise RegistryError(f"{what}: still failing after {self.attempts} attempts: {exc}") from None
+                delay = self.first_delay * 2 ** (attempt - 1)
+                echo(f"  {what}: {exc}; retrying in {delay:g}s (attempt {attempt + 1} of {self.attempts})")
+                self.sleep(delay)
+        raise AssertionError("unreachable")
+
+
+# --- the registry HTTP API -------------------------------------------------------------------
+
+DOCKER_CERTS_DIR = Path("/etc/docker/certs.d")
+MANIFEST_TYPES = (
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+)
+
+
+@dataclass(frozen=True)
+class RemoteManifest:
+    """What a registry holds for a tag: the manifest's digest and, for an image manifest, the
+    digest of its config blob, which is the image ID the Docker Engine shows locally."""
+
+    digest: str
+    media_type: str
+    config_digest: str | None
+    raw: bytes = field(repr=False)
+
+    @classmethod
+    def parse(cls, body: bytes, digest: str, where: str, media_type: str = "") -> RemoteManifest:
+        try:
+            doc = json.loads(body)
+        except ValueError as exc:
+            raise RegistryError(f"{where}: manifest is not JSON ({exc})") from None
+        config = doc.get("config") or {}
+        return cls(digest, doc.get("mediaType") or media_type, config.get("digest"), body)
+
+
+def tls_context(registry: str, certs_dir: Path = DOCKER_CERTS_DIR) -> ssl.SSLContext:
+    """The system's CAs plus the registry's own from `<certs_dir>/<host:port>/`, where the Docker
+    daemon reads them too, so we trust exactly what the daemon that pushes trusts."""
+    ctx = ssl.create_default_context()
+    host_dir = certs_dir / registry
+    if host_dir.is_dir():
+        for ca in sorted(host_dir.glob("*.crt")):
+            ctx.load_verify_locations(cafile=str(ca))
+        for cert in sorted(host_dir.glob("*.cert")):
+            ctx.load_cert_chain(str(cert), str(cert.with_suffix(".key")))
+    return ctx
+
+
+def api_host(registry: str) -> str:
+    return "registry-1.docker.io" if registry == DOCKER_HUB else registry
+
+
+class RegistryAPI:
+    """Reads manifests from one registry over HTTPS, answering its auth challenge (Basic, or a
+    Bearer token from its token service) with `credentials`."""
+
+    def __init__(
+        self,
+        registry: str,
+        credentials: Credentials | None = None,
+        *,
+        certs_dir: Path = DOCKER_CERTS_DIR,
+        timeout: float = 30.0,
+        retry: Retry | None = None,
+        echo: Callable[[str], None] = print,
+    ):
+        self.registry = registry
+        self.credentials = credentials
+        self.timeout = timeout
+        self.retry = retry or Retry()
+        self.echo = echo
+        self._base = f"https://{api_host(registry)}"
+        self._ctx = tls_context(registry, certs_dir)
+        self._authorization: dict[str, str] = {}  # scope -> Authorization header value
+
+    def manifest(self, repository: str, reference: str) -> RemoteManifest | None:
+        """The manifest `reference` (a tag or digest) names, or None if the registry has none."""
+        what = f"{self.registry}: manifest {repository}:{reference}"
+        return self.retry.call(what, lambda: self._manifest_once(repository, reference), self.echo)
+
+    def _manifest_once(self, repository: str, reference: str) -> RemoteManifest | None:
+        path = f"/v2/{repository}/manifests/{urllib.parse.quote(reference, safe=':')}"
+        status, headers, body = self._request("GET", path, repository, {"Accept": ", ".join(MANIFEST_TYPES)})
+        if status == 404:
+            return None
+        if status != 200:
+            raise RegistryError(f"{self.registry}: GET {path} answered HTTP {status}: {_short(body)}")
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        claimed = headers.get("Docker-Content-Digest")
+        # A registry that answers with content other than what it names is not to be trusted.
+        if claimed and claimed.startswith("sha256:") and claimed != digest:
+            raise RegistryError(f"{self.registry}: {repository}:{reference}: Docker-Content-Digest {claimed} "
+                                f"does not match the manifest's sha256 {digest}")
+        return RemoteManifest.parse(body, digest, f"{self.registry}: {repository}:{reference}",
+                                    headers.get("Content-Type", "").split(";")[0])
+
+    # -- plumbing --
+
+    def _request(self, method: str, path: str, repository: str, headers: dict[str, str]) -> tuple[int, Message, bytes]:
+        scope = f"repository:{repository}:pull"
+        status, resp_headers, body = self._send(method, self._base + path, {**headers, **self._auth_header(scope)})
+        if status == 401 and scope not in self._authorization:
+            challenge = resp_headers.get("WWW-Authenticate", "")
+            self._authorization[scope] = self._answer(challenge, scope)
+            status, resp_headers, body = self._send(method, self._base + path, {**headers, **self._auth_header(scope)})
+        if status in (401, 403):
+            raise self._auth_error(status, repository)
+        if status == 429 or status >= 500:
+            raise TransientError(f"HTTP {status} from {self.registry}")
+        return status, resp_headers, body
+
+    def _auth_header(self, scope: str) -> dict[str, str]:
+        value = self._authorization.get(scope)
+        return {"Authorization": value} if value else {}
+
+    def _answer(self, challenge: str, scope: str) -> str:
+        scheme, _, params_text = challenge.partition(" ")
+        params = dict(re.findall(r'(\w+)="([^"]*)"', params_text))
+        if scheme.lower() == "basic":
+            if not self.credentials:
+                raise self._auth_error(401, scope.split(":")[1])
+            return "Basic " + _basic(self.credentials)
+        if scheme.lower() == "bearer" and params.get("realm"):
+            query = {"service": params.get("service", ""), "scope": scope}
+            url = params["realm"] + "?" + urllib.parse.urlencode({k: v for k, v in query.items() if v})
+            auth = {"Authorization": "Basic " + _basic(self.credentials)} if self.credentials else {}
+            status, _, body = self._send("GET", url, auth)
+            if status in (401, 403):
+                raise self._auth_error(status, scope.split(":")[1])
+            if status == 429 or status >= 500:
+                raise TransientError(f"HTTP {status} from the token service {params['realm']}")
+            if status != 200:
+                raise RegistryError(f"{self.registry}: token service {params['realm']} answered HTTP {status}: {_short(body)}")
+            token = json.loads(body)
+            return "Bearer " + (token.get("token") or token.get("access_token") or "")
+        raise RegistryError(f"{self.registry}: unsupported auth challenge {challenge!r} (Basic and Bearer are supported)")
+
+    def _auth_error(self, status: int, repository: str) -> RegistryAuthError:
+        return RegistryAuthError(auth_advice(self.registry, repository, self.credentials, f"HTTP {status}"))
+
+    def _send(self, method: str, url: str, headers: dict[str, str]) -> tuple[int, Message, bytes]:
+        request = urllib.request.Request(url, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout, context=self._ctx) as resp:
+                return resp.status, resp.headers, resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.headers, exc.read()
+        except urllib.error.URLError as exc:
+            raise _connection_error(self.registry, exc.reason) from None
+        except (ConnectionError, TimeoutError, http.client.HTTPException) as exc:
+            raise TransientError(f"{type(exc).__name__}: {exc}") from None
+
+
+def auth_advice(registry: str, repository: str, credentials: Credentials | None, seen: str) -> str:
+    """The message for a refused login: which registry, which credentials, what to check."""
+    if credentials is None:
+        who = "no credentials were found for it"
+        check = (f"pass --username with --password-stdin or --password-env NAME, or run "
+                 f"`docker login {registry}` so the docker config (or its credential helper) has them")
+    else:
+        who = f"user {credentials.username!r} from {credentials.source or 'the given credentials'}"
+        check = ("check the username and password (or token, and that it has not expired), and that this user "
+                 f"may push to {repository!r} on {registry}")
+    return f"registry {registry} refused access to {repository!r} ({seen}; {who}): {check}"
+
+
+def _connection_error(registry: str, reason: object) -> Exception:
+    if isinstance(reason, ssl.SSLCertVerificationError):
+        return RegistryError(
+            f"{registry}: TLS certificate not trusted ({reason.verify_message}): put the registry's CA certificate "
+            f"at {DOCKER_CERTS_DIR / registry / 'ca.crt'} (the Docker daemon reads it there too)")
+    if isinstance(reason, socket.gaierror):
+        return RegistryError(f"{registry}: host name does not resolve ({reason}); check the registry host")
+    # Refused, reset, timed out, TLS handshake cut: the registry may be restarting or a proxy flaky.
+    return TransientError(f"{type(reason).__name__}: {reason}")
+
+
+def _basic(credentials: Credentials) -> str:
+    return base64.b64encode(f"{credentials.username}:{credentials.password}".encode()).decode()
+
+
+def _short(body: bytes) -> str:
+    return body[:300].decode(errors="replace").strip()
