@@ -24,7 +24,7 @@ from slimeforge.registry import Credentials, RegistryAPI, RegistryError, Retry
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = f"publish-{uuid.uuid4().hex}"
 ENV = {"SF_PUBLISH_PASSWORD": PASSWORD}
 REGION = "us-east-1"
