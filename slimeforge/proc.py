@@ -74,6 +74,37 @@ class Runner:
         return result
 
 
+    def start(
+        self,
+        argv: Sequence[str],
+        *,
+        step: str = "",
+        log: str | os.PathLike | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike | None = None,
+        new_session: bool = False,
+    ) -> subprocess.Popen | None:
+        """Start a long-running program in the background (a Ray head, a container) and return it;
+        output goes to `log` (else it is inherited). `new_session` keeps a terminal's Ctrl-C away
+        from it. A dry run records the argv and returns None."""
+        argv = [str(a) for a in argv]
+        self.history.append(argv)
+        if self.echo:
+            self.echo(shlex.join(argv))
+        if self.dry_run:
+            return None
+        full_env = None if env is None else {**os.environ, **env}
+        out = open(log, "ab") if log is not None else None  # noqa: SIM115 - the child owns it from here
+        try:
+            return subprocess.Popen(argv, env=full_env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT if out else None,
+                                    stdin=subprocess.DEVNULL, start_new_session=new_session)
+        except FileNotFoundError as exc:
+            raise CommandError(step or argv[0], argv, 127, f"{argv[0]}: not found on PATH") from exc
+        finally:
+            if out is not None:
+                out.close()
+
+
 def run(argv: Sequence[str], **kwargs) -> Result:
     """Run with a default runner."""
     return Runner().run(argv, **kwargs)

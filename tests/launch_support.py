@@ -1,0 +1,163 @@
+"""Helpers for the launch and doctor tests: a fake nvidia-smi fed with real captures, a recipe
+around the stand-in slime_dir, a flag catalog, and a real Ray head on free ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from conftest import free_port
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+VENV_BIN = Path(sys.executable).parent
+ARN = "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/gsm8k_agent-a1B2c3D4e5"
+
+
+def fake_nvidia_smi(bin_dir: Path, capture: str) -> Path:
+    """An `nvidia-smi` that prints what the real one printed on `capture` (tests/fixtures/gpu/)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    csv = FIXTURES / "gpu" / capture / "query-gpu.csv"
+    script = bin_dir / "nvidia-smi"
+    script.write_text(
+        "#!/bin/sh\n"
+        "# Fake nvidia-smi: answers the --query-gpu call with a capture from a real host.\n"
+        'case "$*" in\n'
+        f"  *--query-gpu=index,name,uuid,driver_version,memory.total,compute_cap*--format=csv,noheader*) exec cat '{csv}' ;;\n"
+        "esac\n"
+        'echo "fake nvidia-smi: unsupported arguments: $*" >&2\nexit 2\n'
+    )
+    script.chmod(0o755)
+    return bin_dir
+
+
+def write_data(path: Path, rows: int = 3) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as fh:
+        for i in range(rows):
+            fh.write(json.dumps({"prompt": f"What is {i} + {i}?", "metadata": {"answer": str(2 * i)}}) + "\n")
+    return path
+
+
+def make_recipe(tmp: Path, model: str = "Qwen2.5-3B-Instruct", model_type: str = "qwen2.5-3B", **over) -> dict:
+    """Recipe data for the stand-in slime_dir (train.py records argv/env) and a copied config.json."""
+    slime = tmp / "slime"
+    if not slime.exists():
+        shutil.copytree(FIXTURES / "slime", slime)
+    model_dir = tmp / "models" / model
+    model_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(FIXTURES / "models" / model / "config.json", model_dir / "config.json")
+    data = write_data(tmp / "data" / "train.jsonl")
+    data_dict = {
+        "exp_id": "sf-launch-test",
+        "agent_runtime_arn": ARN,
+        "s3_bucket": "sf-launch-test-bucket",
+        "model_dir": str(model_dir),
+        "data_path": str(data),
+        "model_type": model_type,
+        "num_gpus": 1,
+        "tp_size": 1,
+        "rollout_gpus_per_engine": 1,
+        "slime_dir": str(slime),
+        "megatron_dir": str(tmp / "Megatron-LM"),
+        "mode": "host",
+        "checkpoint_dir": str(tmp / "checkpoints"),
+        "ray_port": free_port(),
+        "ray_dashboard_port": free_port(),
+        "gateway_port": free_port(),
+        "env": {"STANDIN_RECORD": str(tmp / "record.json"), "STANDIN_EXIT": "0"},
+    }
+    data_dict.update(over)
+    return data_dict
+
+
+def write_catalog(path: Path, recipe, stack, drop: tuple[str, ...] = ()) -> Path:
+    """A flag catalog holding every flag this recipe renders plus the model script's (minus `drop`):
+    what a build writes for the stand-in slime."""
+    from slimeforge import doctor
+    from slimeforge.flags import env_json, render_flags
+
+    own = recipe.model_copy(update={"extra_flags": []})  # a user's extra flags are what is checked
+    args = render_flags(own, stack, config_path="x", env_json=env_json({}), wandb=True)
+    margs = doctor.eval_model_script(doctor.model_script(own), own.slime_dir)
+    flags = sorted(set(doctor.flags_in([*args, *margs, "--use-wandb", "--wandb-project", "--wandb-group"])) - set(drop))
+    path.write_text(json.dumps({"slime_commit": "0" * 40, "flags": flags}))
+    return path
+
+
+def short_tmp(prefix: str = "sf-") -> Path:
+    """Ray's socket paths must stay under ~107 bytes: a short dir under /tmp."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+def head_extra_args(temp_dir: Path) -> list[str]:
+    """Options that keep a test head off every fixed default port and out of /tmp/ray."""
+    return ["--temp-dir", str(temp_dir), "--ray-client-server-port", str(free_port()),
+            "--dashboard-agent-listen-port", str(free_port()), "--num-cpus", "2",
+            "--object-store-memory", str(200 * 2**20)]
+
+
+class RayHead:
+    """`ray start --head --block` on free ports; stopped by SIGTERM to its own pid."""
+
+    def __init__(self, num_gpus: int = 1):
+        self.temp_dir = short_tmp()
+        self.port, self.dashboard_port = free_port(), free_port()
+        self.address = f"http://127.0.0.1:{self.dashboard_port}"
+        self.argv = [str(VENV_BIN / "ray"), "start", "--head", "--block", "--port", str(self.port),
+                     "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port),
+                     "--num-gpus", str(num_gpus), "--disable-usage-stats", *head_extra_args(self.temp_dir)]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 180) -> RayHead:
+        from ray.job_submission import JobSubmissionClient
+
+        self.log = open(self.temp_dir / "head.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ray head exited: {(self.temp_dir / 'head.log').read_text()[-3000:]}")
+            try:
+                JobSubmissionClient(self.address).list_jobs()
+                return self
+            except Exception:  # noqa: BLE001 - not up yet
+                time.sleep(0.5)
+        raise RuntimeError("ray head did not come up")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.log.close()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.3):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
