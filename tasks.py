@@ -58,18 +58,26 @@ def stack_show(c, cuda="cu13", as_json=False):
 
 @task(
     positional=["recipe"],
-    iterable=["set_"],
+    iterable=["set_", "skip_check"],
     help={
         "recipe": "recipe YAML, e.g. recipes/gsm8k.yaml",
         "dry_run": "validate and render the run directory, print the plan, start nothing",
         "out": "run directory (default runs/<exp_id>)",
         "set_": "override a recipe key, key=value (repeatable)",
+        "address": "submit to a running Ray cluster (its dashboard, http://HOST:8265) instead of starting a head",
+        "mode": "host (an `invoke install` prefix or checkouts) or container (the recipe's image); default: the recipe's",
+        "image": "container mode: the image to run (default: the recipe's image)",
+        "prefix": "host mode: the install prefix (slime, Megatron-LM and the venv come from there)",
+        "catalog": "the flag catalog (flags.json) to check flags against (default: from the image or install)",
+        "skip_check": "turn this preflight check's errors into warnings (repeatable; see `invoke doctor --list`)",
+        "no_network": "leave out the checks that need the network (AWS, the cluster)",
     },
     default=True,
 )
 @clean_errors
-def run_start(c, recipe, dry_run=False, out=None, set_=None):
-    """Validate a recipe, render its run directory and launch it (--dry-run: render only)."""
+def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=None, image=None, prefix=None, catalog=None,
+              skip_check=None, no_network=False):
+    """Validate a recipe, preflight, start Ray, submit, stream the logs (--dry-run: render only)."""
     from pathlib import Path
 
     from slimeforge.recipe import load_recipe
@@ -81,7 +89,8 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None):
     if not dry_run:
         from slimeforge.launch import launch
 
-        code = launch(rec, stack, out=target, recipe_path=recipe)
+        code = launch(rec, stack, out=target, recipe_path=recipe, address=address, mode=mode, image=image, install_prefix=prefix,
+                      catalog=catalog, skip_checks=skip_check or [], network_checks=not no_network)
         if code:
             raise Exit(code=code)
         return
@@ -95,6 +104,105 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None):
     for argv in run.plan["commands"]:
         print("  " + " ".join(argv))
     print(f"  (train.py and {len(run.args)} arguments; see {run.path / 'slime.args'})", file=sys.stderr)
+
+
+# --- launch ----------------------------------------------------------------------------------
+
+
+def _run_dir(recipe, run_dir):
+    """A recorded run: its directory, or the default one (runs/<exp_id>) of a recipe."""
+    from pathlib import Path
+
+    if run_dir:
+        return Path(run_dir)
+    if not recipe:
+        raise SlimeforgeError("name the run: a recipe (runs/<exp_id>) or --run-dir")
+    from slimeforge.recipe import load_recipe_data
+
+    data = load_recipe_data(recipe)
+    return Path("runs") / str(data.get("exp_id"))
+
+
+RUN_HELP = {"recipe": "the recipe that was launched (its run directory is runs/<exp_id>)", "run_dir": "the run directory instead"}
+
+
+@task(positional=["recipe"], help={**RUN_HELP, "as_json": "print JSON"})
+@clean_errors
+def run_status(c, recipe=None, run_dir=None, as_json=False):
+    """Status of a launched run's job (and whether the Ray head slimeforge started is up)."""
+    from slimeforge import launch
+
+    st = launch.status(_run_dir(recipe, run_dir))
+    if as_json:
+        print(json.dumps(st, indent=2, default=str))
+        return
+    print(f"{st['submission_id']}: {st['status']}" + (f" ({st['message']})" if st["message"] else ""))
+    print(f"  cluster {st['address']}; " + (f"Ray head pid {st['head_pid']} (started by slimeforge)" if st["head_pid"] else "no Ray head recorded by slimeforge here"))
+    print(f"  run directory {st['run_dir']} (job.log)")
+
+
+@task(positional=["recipe"], help={**RUN_HELP, "follow": "keep streaming until the job ends"})
+@clean_errors
+def run_logs(c, recipe=None, run_dir=None, follow=False):
+    """Print a launched run's job logs (from the cluster; job.log keeps them too)."""
+    from slimeforge import launch
+
+    launch.logs(_run_dir(recipe, run_dir), follow_logs=follow)
+
+
+@task(positional=["recipe"], help={**RUN_HELP, "head": "also stop the Ray head (and container) that slimeforge started for it"})
+@clean_errors
+def run_stop(c, recipe=None, run_dir=None, head=False):
+    """Stop a launched run's job; --head also stops the Ray head slimeforge recorded (nothing else)."""
+    from slimeforge import launch
+
+    launch.stop(_run_dir(recipe, run_dir), head=head)
+
+
+@task(
+    iterable=["skip_check", "set_"],
+    help={
+        "recipe": "check this recipe too (model vs config.json, data, checkpoint dir, flags, AWS); without: host checks only",
+        "set_": "override a recipe key, key=value (repeatable)",
+        "cuda": "without a recipe: the stack whose driver and architectures to check (default cu13)",
+        "address": "the running cluster to compare Ray and Python versions with",
+        "mode": "host or container (default: the recipe's)",
+        "image": "container mode: the image (its flag catalog and model scripts)",
+        "prefix": "host mode: the install prefix",
+        "catalog": "the flag catalog (flags.json)",
+        "skip_check": "turn this check's errors into warnings (repeatable)",
+        "no_network": "leave out the checks that need the network",
+        "list_checks": "list the checks and exit",
+    },
+)
+@clean_errors
+def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=None, prefix=None, catalog=None, skip_check=None,
+           no_network=False, list_checks=False):
+    """Preflight: report every problem (with its fix) that would stop a launch, before anything starts."""
+    from slimeforge import doctor as doc
+
+    if list_checks:
+        for chk in doc.CHECKS.values():
+            print(f"  {chk.name:<16} {chk.scope:<8} {chk.doc}")
+        return
+    rec = stack = None
+    if recipe:
+        from slimeforge.launch import resolve_mode, state_dir
+        from slimeforge.recipe import load_recipe
+        from slimeforge.yamlio import parse_set
+
+        rec, stack = load_recipe(recipe, parse_set(set_ or []))
+        rec = resolve_mode(rec, mode, prefix, image, require_image=False)
+        sdir = state_dir(rec.ray_port)
+    else:
+        from slimeforge.stack import load_stack
+
+        stack, sdir = load_stack(cuda or "cu13"), None
+    report = doc.run_checks(rec, stack, mode=mode, address=address, catalog=catalog, skip=skip_check or [],
+                            network=not no_network, state_dir=sdir)
+    print(report.table())
+    if report.errors:
+        raise Exit(code=1)
 
 
 # --- publish ---------------------------------------------------------------------------------
@@ -141,5 +249,6 @@ def publish(c, cuda=None, image=None, registry=None, build_dir=None, tag=None, r
 
 ns = Collection()
 ns.add_collection(Collection("stack", show=stack_show))
-ns.add_collection(Collection("run", start=run_start))
+ns.add_collection(Collection("run", start=run_start, status=run_status, logs=run_logs, stop=run_stop))
+ns.add_task(doctor)
 ns.add_task(publish)

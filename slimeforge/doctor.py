@@ -337,7 +337,7 @@ def host_versions(run: Run, python: str = "python3") -> tuple[str, str]:
 def local_versions() -> tuple[str, str]:
     import importlib.metadata
 
-    return importlib.metadata.version("ray"), "%d.%d.%d" % sys.version_info[:3]
+    return importlib.metadata.version("ray"), ".".join(str(x) for x in sys.version_info[:3])
 
 
 def version_findings(theirs: tuple[str, str] | Exception, mine: tuple[str, str], where: str) -> list[Finding]:
@@ -665,6 +665,25 @@ def check_checkpoint(ctx: Context) -> list[Finding]:
     if marker.is_file():
         resume = f"; resumes from iteration {marker.read_text().strip()}" if r.resume else "; resume is off: existing checkpoints are kept, not loaded"
     return out or [ok("checkpoint", f"{ckpt} writable, {free / 2**30:.0f} GiB free{resume}")]
+
+
+# What Ray's runtime env expands in env_vars values (os.path.expandvars, then unknown ${X} -> "").
+RAY_EXPANDS = re.compile(r"\$(\{[A-Za-z0-9_]+\}|[A-Za-z_][A-Za-z0-9_]*)")
+
+
+@check("runtime-env", "recipe", needs_recipe=True)
+def check_runtime_env(ctx: Context) -> list[Finding]:
+    """The job's env values reach it unchanged (Ray expands $NAME and ${NAME} in them)."""
+    r = ctx.recipe
+    assert r is not None
+    out = []
+    for key, value in r.env.items():
+        m = RAY_EXPANDS.search(value)
+        if m:
+            out.append(error("runtime-env", f"env.{key} holds {m.group(0)!r}, which Ray replaces with the value of that variable "
+                             "on the cluster (or with nothing); it has no escape for '$'",
+                             f"write the value of env.{key} without '$NAME' / '${{NAME}}' (e.g. spell out the path)"))
+    return out or [ok("runtime-env", f"{len(r.env)} recipe env value(s) reach the job unchanged")]
 
 
 def load_catalog(path: str | Path) -> tuple[set[str], str]:

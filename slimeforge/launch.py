@@ -67,7 +67,8 @@ def new_submission_id(exp_id: str) -> str:
 # --- mode -------------------------------------------------------------------------------------------
 
 
-def resolve_mode(recipe: Recipe, mode: str | None = None, install_prefix: str | None = None, image: str | None = None) -> Recipe:
+def resolve_mode(recipe: Recipe, mode: str | None = None, install_prefix: str | None = None, image: str | None = None,
+                 require_image: bool = True) -> Recipe:
     """Apply the command line's mode options; host mode with an install prefix takes slime and
     Megatron from the install (<prefix>/src/slime, <prefix>/src/Megatron-LM) unless the recipe names them."""
     update: dict[str, Any] = {}
@@ -86,7 +87,7 @@ def resolve_mode(recipe: Recipe, mode: str | None = None, install_prefix: str | 
         if r.megatron_dir == RUNNER_FIELDS["megatron_dir"]:
             more["megatron_dir"] = f"{r.install_prefix}/src/Megatron-LM"
         r = r.model_copy(update=more)
-    if r.mode == "container" and not r.image:
+    if require_image and r.mode == "container" and not r.image:
         problems.append(Problem("image", "container mode needs an image", None, "image: REG/repo@sha256:... in the recipe, or --image", show_value=False))
     if problems:
         raise ConfigError("launch", problems)

@@ -56,7 +56,8 @@ def make_recipe(tmp: Path, model: str = "Qwen2.5-3B-Instruct", model_type: str =
     data = write_data(tmp / "data" / "train.jsonl")
     data_dict = {
         "exp_id": "sf-launch-test",
-        "agent_runtime_arn": ARN,
+        # A runtime the test's moto server holds, when a fixture made one (else a made-up ARN).
+        "agent_runtime_arn": os.environ.get("SF_TEST_RUNTIME_ARN", ARN),
         "s3_bucket": "sf-launch-test-bucket",
         "model_dir": str(model_dir),
         "data_path": str(data),

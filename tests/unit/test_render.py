@@ -216,8 +216,9 @@ def test_hostile_values_arrive_byte_for_byte(hostile_run, tmp_path):
     record = tmp_path / "entrypoint.txt"
     (bin_dir / "ray").write_text(f"""#!/bin/bash
 case "$1 $2" in
-  "job submit") for last; do :; done; printf '%s' "$last" > {shlex.quote(str(record))} ;;
-  "job status") echo "Status for job: SUCCEEDED" ;;
+  "job submit") shift 2; while [[ $# -gt 0 && "$1" != "--" ]]; do shift; done; shift
+                printf '%s\\0' "$@" > {shlex.quote(str(record))} ;;  # the entrypoint words, as `ray job submit` gets them
+  "job status") echo "Job 'x' succeeded" ;;
 esac
 exit 0
 """)
@@ -226,6 +227,6 @@ exit 0
            "SLIMEFORGE_PYTHON": sys.executable, "SLIMEFORGE_STATE_DIR": str(tmp_path / "state")}
     proc = subprocess.run(["bash", str(run.path / "launch.sh")], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    argv = shlex.split(record.read_text())
+    argv = record.read_text().split("\0")[:-1]
     assert argv == [sys.executable, f"{slime_dir}/train.py", "--num-layers", "36", "--normalization", "RMSNorm", *run.args]
     assert HOSTILE in argv and not Path("/tmp/pwned").exists()

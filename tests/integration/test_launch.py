@@ -1,0 +1,237 @@
+"""The launch against a real Ray on CPU, with a stand-in train.py that records its argv and env,
+S3 and AgentCore through moto's server, and GPUs from a fake nvidia-smi fed with real captures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from launch_support import (
+    ARN,
+    VENV_BIN,
+    RayHead,
+    fake_nvidia_smi,
+    head_extra_args,
+    make_recipe,
+    pid_alive,
+    short_tmp,
+    wait_for,
+    write_catalog,
+)
+
+from slimeforge import doctor
+from slimeforge import launch as launcher
+from slimeforge.recipe import parse_recipe
+from slimeforge.render import read_args
+
+ROOT = Path(__file__).resolve().parents[2]
+REGION = "us-west-2"
+HOSTILE = "it's \"quoted\" $(touch /tmp/sf-pwned) `id` $HOME\n\tnew line; rm -rf / &"
+# Ray expands $NAME in runtime env values and has no escape (preflight refuses them: runtime-env);
+# every other byte must arrive.
+HOSTILE_ENV = HOSTILE.replace("$HOME", "$ HOME $5 $(")
+
+
+@pytest.fixture(scope="session")
+def ray_head():
+    head = RayHead(num_gpus=1).start()
+    yield head
+    head.stop()
+
+
+@pytest.fixture(scope="session")
+def moto_s3():
+    import boto3
+    from conftest import free_port
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION, "AWS_ENDPOINT_URL": url}
+    boto3.client("s3", region_name=REGION, endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing").create_bucket(
+        Bucket="sf-launch-test-bucket", CreateBucketConfiguration={"LocationConstraint": REGION})
+    env["SF_TEST_RUNTIME_ARN"] = agentcore_runtime(url)
+    yield env
+    server.stop()
+
+
+def agentcore_runtime(url: str) -> str:
+    """Deploy an AgentCore runtime in moto; moto's runtime ids are random hex, and real ones are
+    <name>-<10 characters> with a letter first, so create until one has that shape."""
+    import boto3
+
+    from slimeforge.recipe import ARN_RE
+
+    client = boto3.client("bedrock-agentcore-control", region_name=REGION, endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing")
+    for _ in range(40):
+        rid = client.create_agent_runtime(
+            agentRuntimeName="sf_launch_agent", roleArn="arn:aws:iam::123456789012:role/sf-launch",
+            agentRuntimeArtifact={"containerConfiguration": {"containerUri": "123456789012.dkr.ecr.us-west-2.amazonaws.com/agent:1"}},
+            networkConfiguration={"networkMode": "PUBLIC"})["agentRuntimeId"]
+        arn = f"arn:aws:bedrock-agentcore:{REGION}:123456789012:runtime/{rid}"
+        if ARN_RE.match(arn):
+            return arn
+    raise RuntimeError("moto never made a runtime id of AWS's shape")
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch, moto_s3):
+    """A GPU host as far as preflight can tell (an H100 capture), AWS through moto."""
+    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "RAY_ADDRESS"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in moto_s3.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("PATH", f"{fake_nvidia_smi(tmp_path / 'bin', 'h100-x1')}:{VENV_BIN}:/usr/bin:/bin")
+    monkeypatch.setenv("SLIMEFORGE_STATE_DIR", str(tmp_path / "state"))
+    return tmp_path
+
+
+def recipe_for(tmp: Path, **over):
+    recipe, stack = parse_recipe(make_recipe(tmp, **over), "test")
+    catalog = write_catalog(tmp / "flags.json", recipe, stack)
+    return recipe, stack, str(catalog)
+
+
+def recorded_call(recipe) -> dict:
+    return json.loads(Path(recipe.env["STANDIN_RECORD"]).read_text())
+
+
+def expected_argv(recipe, run_dir: Path) -> list[str]:
+    margs = doctor.eval_model_script(doctor.model_script(recipe), recipe.slime_dir)
+    return [f"{recipe.slime_dir}/train.py", *margs, *read_args(run_dir / "slime.args")]
+
+
+def test_run_on_a_running_cluster_args_env_exit_codes_and_rerun(env, ray_head, capsys):
+    hostile_dir = env / f"data {HOSTILE.replace('/', '_')}"
+    hostile_data = hostile_dir / "train.jsonl"
+    hostile_dir.mkdir()
+    hostile_data.write_text('{"prompt": "1+1?", "metadata": {"answer": "2"}}\n')
+    recipe, stack, catalog = recipe_for(env, data_path=str(hostile_data), checkpoint_dir=str(env / f"ckpt {HOSTILE.replace('/', '_')}"),
+                                        env={"STANDIN_RECORD": str(env / "record.json"), "STANDIN_EXIT": "3", "STANDIN_NOTE": HOSTILE_ENV})
+    run_dir = env / "run"
+    code = launcher.launch(recipe, stack, out=run_dir, address=ray_head.address, catalog=catalog)
+    out = capsys.readouterr().out
+    assert code == 3, out
+    call = recorded_call(recipe)
+    assert call["argv"] == expected_argv(recipe, run_dir)  # MODEL_ARGS first, then slime.args, byte for byte
+    assert str(hostile_data) in call["argv"] and recipe.resolved_checkpoint_dir in call["argv"]
+    assert call["env"]["STANDIN_NOTE"] == HOSTILE_ENV
+    runtime_env = json.loads((run_dir / "runtime_env.json").read_text())["env_vars"]
+    assert {k: call["env"][k] for k in runtime_env} == runtime_env
+    assert not Path("/tmp/sf-pwned").exists()
+    sid = (run_dir / "submission_id").read_text().strip()
+    assert (run_dir / "ray_address").read_text().strip() == ray_head.address
+    assert "standin: exiting with 3" in (run_dir / "job.log").read_text()
+    assert "standin: exiting with 3" in out and "left running" in out
+    assert "ERROR" not in out.split("error(s)")[0]  # the preflight table passed
+    assert launcher.status(run_dir)["status"] == "FAILED"
+
+    # A second run of the same recipe after a finished one: a new submission, exit 0, the log appended.
+    recipe2 = recipe.model_copy(update={"env": {**recipe.env, "STANDIN_EXIT": "0"}})
+    assert launcher.launch(recipe2, stack, out=run_dir, address=ray_head.address, catalog=catalog) == 0
+    sid2 = (run_dir / "submission_id").read_text().strip()
+    assert sid2 != sid
+    st = launcher.status(run_dir)
+    assert st["status"] == "SUCCEEDED" and st["submission_id"] == sid2
+    log = (run_dir / "job.log").read_text()
+    assert log.count("--- slimeforge: submission") == 2 and "standin: exiting with 0" in log
+
+
+def test_sigint_stops_the_job_and_says_what_is_left(env, ray_head):
+    recipe_data = make_recipe(env, env={"STANDIN_RECORD": str(env / "record.json"), "STANDIN_SLEEP": "600"})
+    recipe, stack = parse_recipe(recipe_data, "test")
+    catalog = write_catalog(env / "flags.json", recipe, stack)
+    (env / "recipe.yaml").write_text(yaml.safe_dump(recipe_data))
+    run_dir = env / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "run", str(env / "recipe.yaml"), "--out", str(run_dir),
+                             "--address", ray_head.address, "--catalog", catalog],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ.copy())
+    try:
+        wait_for(lambda: (run_dir / "job.log").exists() and "standin: waiting" in (run_dir / "job.log").read_text(), 180, "the job to run")
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out
+    assert "interrupted: stopping job" in out and "left running" in out
+    assert launcher.status(run_dir)["status"] == "STOPPED"
+
+
+def test_start_head_submit_replace_and_stop(env):
+    """The whole path: start our own head (pid recorded), submit, a second launch replaces that
+    head, and run.stop --head stops only the recorded one."""
+    temp = short_tmp()
+    try:
+        recipe, stack, catalog = recipe_for(env)
+        run_dir = env / "run"
+        args = head_extra_args(temp)
+        assert launcher.launch(recipe, stack, out=run_dir, catalog=catalog, head_args=args) == 0
+        sdir = launcher.state_dir(recipe.ray_port)
+        first = int((sdir / "head.pid").read_text())
+        assert pid_alive(first)
+        assert recorded_call(recipe)["argv"] == expected_argv(recipe, run_dir)
+
+        assert launcher.launch(recipe, stack, out=run_dir, catalog=catalog, head_args=head_extra_args(temp)) == 0
+        second = int((sdir / "head.pid").read_text())
+        assert second != first and not pid_alive(first) and pid_alive(second)
+
+        launcher.stop(run_dir, head=True)
+        wait_for(lambda: not pid_alive(second), 90, "the head to stop")
+        assert not (sdir / "head.pid").exists()
+    finally:
+        pid_file = launcher.state_dir(recipe.ray_port) / "head.pid"
+        if pid_file.exists() and pid_alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        subprocess.run(["rm", "-rf", str(temp)], check=False)
+
+
+def test_launch_sh_runs_for_real(env):
+    """The rendered launch.sh, by bash, starts its own head, submits, propagates the exit code."""
+    from slimeforge.render import build_run_dir, write_run_dir
+
+    temp = short_tmp()
+    recipe, stack, _ = recipe_for(env, env={"STANDIN_RECORD": str(env / "record.json"), "STANDIN_EXIT": "4", "STANDIN_NOTE": HOSTILE_ENV})
+    run = build_run_dir(recipe, stack, env / "run", "test")
+    write_run_dir(run)
+    sh_env = {**os.environ, "SLIMEFORGE_RAY_HEAD_ARGS": " ".join(head_extra_args(temp))}
+    sdir = launcher.state_dir(recipe.ray_port)
+    try:
+        proc = subprocess.run(["bash", str(run.path / "launch.sh")], env=sh_env, capture_output=True, text=True, timeout=500)
+        assert proc.returncode == 4, proc.stdout + proc.stderr
+        call = recorded_call(recipe)
+        assert call["argv"] == expected_argv(recipe, run.path)
+        assert call["env"]["STANDIN_NOTE"] == HOSTILE_ENV
+        assert (run.path / "submission_id").exists() and "standin: exiting with 4" in (run.path / "job.log").read_text()
+        assert pid_alive(int((sdir / "head.pid").read_text()))
+    finally:
+        launcher.stop_recorded_head(sdir, say=lambda _: None)
+        subprocess.run(["rm", "-rf", str(temp)], check=False)
+
+
+def test_s3_and_agentcore_checks_against_moto(env):
+    recipe, stack, _ = recipe_for(env)
+    found = {f.check: f for f in doctor.run_checks(recipe, stack, only=["aws-credentials", "s3", "agentcore"]).findings}
+    assert found["aws-credentials"].level == doctor.OK and found["s3"].level == doctor.OK
+    # moto's runtime stays CREATING (a real one turns READY): described, and reported as not ready yet.
+    assert found["agentcore"].level == doctor.WARNING and "is CREATING, not READY" in found["agentcore"].message
+    gone, _ = parse_recipe(make_recipe(env, agent_runtime_arn=ARN), "test")
+    err = doctor.run_checks(gone, stack, only=["agentcore"]).errors[0]
+    assert "does not exist in us-west-2" in err.message and "deploy the agent" in err.fix
+    missing, _ = parse_recipe(make_recipe(env, s3_bucket="sf-no-such-bucket"), "test")
+    err = doctor.run_checks(missing, stack, only=["s3"]).errors[0]
+    assert "sf-no-such-bucket does not exist" in err.message and "aws s3 mb" in err.fix
+
+
+def test_versions_match_the_cluster(env, ray_head):
+    report = doctor.run_checks(only=["versions"], address=ray_head.address)
+    assert report.errors == [], report.table()
+    assert "match this client" in report.findings[0].message
