@@ -278,7 +278,7 @@ def limits_findings(run: Run, mode: str = "host", where: str = "") -> list[Findi
                                "`ulimit -l unlimited` (root), or `* - memlock unlimited` in /etc/security/limits.conf"))
     if nofile != "unlimited" and int(nofile) < NOFILE_GOOD:
         if mode == "container":
-            out.append(ok("limits", f"open files {nofile}{at}; the container runs with --ulimit nofile=1048576"))
+            out.append(ok("limits", f"open files {nofile}{at}; the container gets dockerd's limit for containers"))
         else:
             out.append(warning("limits", f"open files limit{at} is {nofile}; Ray wants {NOFILE_GOOD} or more",
                                "`ulimit -n 1048576` before launching, or `* - nofile 1048576` in /etc/security/limits.conf"))

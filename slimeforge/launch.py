@@ -279,7 +279,7 @@ def launch(recipe: Recipe, stack: Stack, out: str | os.PathLike | None = None, r
         return launch_container(recipe, run.path, runner=runner, address=address, environ=environ, docker=docker, shm_size=shm_size, say=say)
     py, ray = host_tools(recipe)
     return launch_host(recipe, run.path, run.args, json.loads(run.files["runtime_env.json"]), runner=runner, address=address,
-                       sdir=sdir, python=python or py, ray=ray, extra=list(head_args) if head_args is not None else extra_head_args(environ),
+                       sdir=sdir, python=python or environ.get("SLIMEFORGE_PYTHON") or py, ray=ray, extra=list(head_args) if head_args is not None else extra_head_args(environ),
                        stream=stream, say=say, head_timeout=head_timeout)
 
 
@@ -331,8 +331,14 @@ def cluster_state(address: str | None, started_pid: int | None, sdir: Path, reci
 
 
 def container_argv(recipe: Recipe, run_dir: Path, *, docker: str = "docker", name: str, cidfile: Path, address: str | None = None,
-                   environ: dict[str, str] | None = None, shm_size: str = "64g", gpus: bool = True) -> list[str]:
-    """`docker run` of the image with launch.sh inside; every path at the same place as on the host."""
+                   environ: dict[str, str] | None = None, shm_size: str = "64g", gpus: bool = True,
+                   ulimits: Iterable[str] = ("memlock=-1",)) -> list[str]:
+    """`docker run` of the image with launch.sh inside; every path at the same place as on the host.
+
+    `ulimits`: memlock=-1 because NCCL over InfiniBand/EFA pins memory (a daemon that may not raise
+    rlimits, e.g. Docker inside a container, refuses it: pass ()). Open files: dockerd's default
+    for containers (1048576 on usual installs) is kept, since asking for more than the daemon's
+    hard limit fails the start."""
     env = os.environ if environ is None else environ
     argv = [docker, "run", "--rm", "--init",  # --init: Ctrl-C reaches launch.sh's trap through a real PID 1
             "--name", name, "--cidfile", str(cidfile)]
@@ -340,9 +346,9 @@ def container_argv(recipe: Recipe, run_dir: Path, *, docker: str = "docker", nam
         argv += ["--gpus", "all"]
     argv += ["--ipc=host",  # NCCL and SGLang share memory between processes
              "--network", "host",  # Ray, SGLang and the gateway bind ports other hosts reach
-             "--shm-size", shm_size,
-             "--ulimit", "memlock=-1",  # NCCL over InfiniBand/EFA pins memory
-             "--ulimit", "nofile=1048576:1048576"]
+             "--shm-size", shm_size]
+    for limit in ulimits:
+        argv += ["--ulimit", limit]
     mounts = [(recipe.model_dir, "ro"), (str(Path(recipe.data_path).parent), "ro"),
               *((str(Path(p).parent), "ro") for p in recipe.eval_data.values()),
               (recipe.resolved_checkpoint_dir, "rw"), (str(run_dir), "rw")]

@@ -43,7 +43,7 @@ def test_container_mode_runs_the_image_with_launch_sh(gpu_host, monkeypatch):
     assert argv == [
         "docker", "run", "--rm", "--init", "--name", name, "--cidfile", str(run_dir.resolve() / "container.id"),
         "--gpus", "all", "--ipc=host", "--network", "host", "--shm-size", "64g",
-        "--ulimit", "memlock=-1", "--ulimit", "nofile=1048576:1048576",
+        "--ulimit", "memlock=-1",
         "-v", f"{model}:{model}:ro", "-v", f"{data_dir}:{data_dir}:ro", "-v", f"{ckpt}:{ckpt}:rw",
         "-v", f"{run_dir.resolve()}:{run_dir.resolve()}:rw",
         "-e", "SLIMEFORGE_STATE_DIR=/tmp/slimeforge", "-e", "WANDB_API_KEY",  # by name: the value stays out of argv
