@@ -79,7 +79,7 @@ def one_launch(work: Path, env: dict[str, str]) -> dict[str, float]:
     if proc.returncode != 0 or "running" not in marks:
         raise SystemExit(f"launch failed (exit {proc.returncode}): {marks}")
     return {"to_running": marks["running"], "ray_head": marks["submit"] - marks["head_start"],
-            "before_head": marks["head_start"]}
+            "before_head": marks["head_start"], "submit_to_running": marks["running"] - marks["submit"]}
 
 
 def doctor_time(work: Path, repeat: int) -> tuple[float, float]:
@@ -112,7 +112,8 @@ def main() -> None:
               f"{cli:.2f} s for `invoke doctor --recipe R --no-network` (whole CLI, incl. the fake nvidia-smi checks)")
         runs = [one_launch(tmp / f"launch{i}", env) for i in range(opts.repeat)]
         for key, label in (("to_running", "invoke run -> job RUNNING"), ("ray_head", "  of which Ray head start (to Jobs API up)"),
-                           ("before_head", "  of which before the head (CLI, render, preflight)")):
+                           ("before_head", "  of which before the head (CLI, render, preflight)"),
+                           ("submit_to_running", "  of which submit -> RUNNING (Ray's job supervisor)")):
             vals = [r[key] for r in runs]
             print(f"{label:<52} median {statistics.median(vals):6.2f} s  (min {min(vals):.2f}, max {max(vals):.2f}, n={len(vals)})")
 

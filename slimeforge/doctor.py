@@ -873,9 +873,14 @@ def check_versions(ctx: Context) -> list[Finding]:
         return [error("versions", f"cannot reach the Ray dashboard at {ctx.address}: {exc}",
                       "start the cluster (`invoke cluster.up`) or fix --address (the dashboard's http://HOST:PORT)")]
     mine = local_versions()
+    where = f"the cluster at {ctx.address}"
     if isinstance(theirs, tuple) and theirs[1] == "?":
-        return [f for f in version_findings((theirs[0], mine[1]), mine, f"the cluster at {ctx.address}")]
-    return version_findings(theirs, mine, f"the cluster at {ctx.address}")
+        # The dashboard does not report Python; the cluster bootstrap checks it on each host
+        # (check_host(..., compare_versions=...)).
+        if theirs[0] != mine[0]:
+            return version_findings((theirs[0], mine[1]), mine, where)
+        return [ok("versions", f"Ray {theirs[0]} on {where} matches this client (its Python is not reported by the dashboard)")]
+    return version_findings(theirs, mine, where)
 
 
 # --- running them ---------------------------------------------------------------------------------
