@@ -34,7 +34,6 @@ from typing import Any
 from .atomic import write_dir
 from .errors import ConfigError, Problem, SlimeforgeError
 from .patches import PatchContent, read_patches
-from .proc import Runner
 from .sources import GIT, LocalSource, parse_sources
 from .stack import Stack, load_stack
 from .steps import (

@@ -8,9 +8,12 @@ or a shallow fetch of slime's git URL).
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import subprocess
+import sys
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,11 +72,11 @@ def _git_blob(repo: Path, spec: str) -> bytes | None:
 
 def check_patches(stack: Stack, local: dict[str, LocalSource], cache: Path, echo=print, runner: Runner | None = None) -> list[dict]:
     """Apply every patch of the stack to temporary checkouts of the pinned sources (never to the
-    user's checkouts), with the same step library the build uses. Site-packages patches need the
-    installed wheel and are checked in the image build; here they are listed as such.
+    user's checkouts), with the same step library the build uses. A site-packages patch is applied
+    to the unpacked wheels of the step that installs its target (downloaded from the index).
 
-    Returns one row per patch: file, target, sha256, status ("applies", "already applied",
-    "checked at build"). Raises PatchError naming every patch that does not apply."""
+    Returns one row per patch: file, target, sha256, status ("applies", "already applied").
+    Raises PatchError naming every patch that does not apply."""
     runner = runner or Runner()
     contents = read_patches(stack, local, cache, runner)
     rows, failures = [], []
@@ -82,11 +85,13 @@ def check_patches(stack: Stack, local: dict[str, LocalSource], cache: Path, echo
         for pc in contents:
             row = {"file": pc.file, "target": pc.target, "sha256": pc.sha256}
             if pc.target == "site-packages":
-                row["status"] = "checked at build (applies to the installed wheel)"
-                rows.append(row)
-                echo(f"  {pc.file:<32} {row['status']}")
-                continue
-            tree = work / pc.target
+                # Patches of one step apply in order to one tree, as they do in the build.
+                step = next(s for s in stack.plan() if any(x["file"] == pc.file for x in s["patches"]))
+                tree = work / f"site-packages-{step['name']}"
+                if not tree.exists():
+                    _unpacked_wheels(stack, step, tree, cache.parent / "wheels", runner)
+            else:
+                tree = work / pc.target
             if not tree.exists():
                 repo = source_repo(stack, pc.target, local, cache, runner)
                 runner.run([*GIT, "clone", "-q", "--no-checkout", str(repo), str(tree)], step=f"patches.check {pc.target}")
@@ -109,6 +114,27 @@ def check_patches(stack: Stack, local: dict[str, LocalSource], cache: Path, echo
     if failures:
         raise PatchError("patches.check failed:\n" + "\n".join(f"  - {f}" for f in failures))
     return rows
+
+
+def _unpacked_wheels(stack: Stack, step: dict, target: Path, cache: Path, runner: Runner) -> None:
+    """The wheels a step installs, unpacked as they would be in site-packages."""
+    reqs = step.get("requirements") or []
+    cache.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", stack.python,
+            "--platform", "manylinux_2_28_x86_64", "--platform", "any", "-d", str(cache), *reqs]
+    if step.get("index_url"):
+        argv += ["--extra-index-url", step["index_url"]]
+    runner.run(argv, step=f"patches.check: download {' '.join(reqs)}", timeout=1800)
+    target.mkdir(parents=True)
+    for req in reqs:
+        name = re.split(r"[<>=!~\[ @]", req, maxsplit=1)[0].replace("-", "_").lower()
+        version = req.split("==", 1)[1] if "==" in req else ""
+        for whl in sorted(cache.glob("*.whl")):
+            stem = whl.name.lower()
+            if stem.startswith(f"{name}-{version}".lower()):
+                with zipfile.ZipFile(whl) as zf:
+                    zf.extractall(target)
+                break
 
 
 def _error_line(output: str) -> str | None:
