@@ -173,6 +173,7 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
         "arch_list": " ".join(stack.arch_list),
         "local_sources": sorted(local_sources or {}),
         "patch_files": [p["file"] for p in used_patches(stack)],
+        "patches_from": stack.pins().get("patches.dir", ""),
         "finalize_argv": finalize_argv(stack, layout, f"{layout.state}/stack.input.json"),
     })
 
@@ -241,8 +242,7 @@ def prepare(opts: BuildOptions) -> Prepared:
     build_hash = digest.hexdigest()
 
     out = Path(opts.out) if opts.out else opts.build_root / f"{stack.name}-{build_hash[:12]}"
-    write_dir(out, {"Dockerfile": dockerfile, **{f"context/{k}": v for k, v in context.items()}},
-              modes={"context/sf": 0o755, "context/steps.sh": 0o644})
+    _write_tree(out, {"Dockerfile": dockerfile, **{f"context/{k}": v for k, v in context.items()}}, {"context/sf": 0o755})
     for name in from_sources:
         target = out / "context" / "sources" / f"{name}.git"
         if not target.exists():
@@ -285,6 +285,17 @@ def prepare(opts: BuildOptions) -> Prepared:
     argv.append(str(out / "context"))
     return Prepared(stack, local, base, patches, dockerfile, lock, build_args, build_hash, out, repository, argv,
                     {"DOCKER_BUILDKIT": "1"}, labels)
+
+
+def _write_tree(root: Path, files: dict[str, str | bytes], modes: dict[str, int]) -> None:
+    """Write nested files, each replaced atomically (write_dir works one directory at a time)."""
+    by_dir: dict[str, dict[str, str | bytes]] = {}
+    for name, content in files.items():
+        parent, _, base = name.rpartition("/")
+        by_dir.setdefault(parent, {})[base] = content
+    for parent, group in sorted(by_dir.items()):
+        prefix = f"{parent}/" if parent else ""
+        write_dir(root / parent if parent else root, group, modes={b: modes[prefix + b] for b in group if prefix + b in modes})
 
 
 # --- building ---------------------------------------------------------------------------------
@@ -381,6 +392,18 @@ def smoke_test(client, image_id: str, stack: Stack) -> str:
     return out.decode(errors="replace")
 
 
+def _built_image(client, p: Prepared) -> str | None:
+    """The id of an image that passed its smoke test for this content hash: only those get the
+    content tag (a failed one stays untagged), and its label must carry the same hash."""
+    import docker
+
+    try:
+        img = client.images.get(p.tag)
+    except docker.errors.ImageNotFound:
+        return None
+    return img.id if (img.labels or {}).get(HASH_LABEL) == p.hash else None
+
+
 def _apply_tags(client, image_id: str, refs: list[str]) -> None:
     img = client.images.get(image_id)
     for ref in refs:
@@ -408,10 +431,10 @@ def build(opts: BuildOptions) -> dict[str, Any]:
 
     client = _docker_client()
     tags = [p.tag, *p.human_tags, *_extra_tags(p, opts.tags)]
-    existing = [] if opts.force else client.images.list(filters={"label": f"{HASH_LABEL}={p.hash}"})
+    existing = None if opts.force else _built_image(client, p)
     previous = _read_json(p.dir / REPORT)
     if existing:
-        image_id = existing[0].id
+        image_id = existing
         echo(f"image {p.tag} ({image_id[:19]}) is up to date: nothing to build (--force rebuilds)")
         steps, duration, skipped = previous.get("steps", []), previous.get("build_duration_s"), True
     else:

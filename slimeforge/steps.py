@@ -88,6 +88,9 @@ def step_commands(stack: Stack, layout: Layout) -> list[dict[str, Any]]:
                 argv.append("--no-deps")
             if step["constrain_later"]:
                 argv.append("--constrain-later")
+            if step["compiles"]:
+                # Extensions compile against the torch already installed, not a fresh isolated one.
+                argv.append("--no-build-isolation")
         else:
             src = step["source"]
             argv = ["source_step", "--venv", layout.venv, "--name", src, "--url", layout.source_urls.get(src, step["git"]),

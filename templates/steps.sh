@@ -60,9 +60,9 @@ sf_uv() {
 }
 
 # sf_pip_step --venv V --req R... [--index-url U] [--no-binary P]... [--exclude P]... [--no-deps]
-#             [--constrain-later]: one `pip` step of the stack.
+#             [--constrain-later] [--no-build-isolation]: one `pip` step of the stack.
 sf_pip_step() {
-  local venv="" index="" no_deps=0 constrain=0
+  local venv="" index="" no_deps=0 constrain=0 isolation=1
   local reqs=() no_binary=() exclude=()
   while (($#)); do
     case $1 in
@@ -73,6 +73,7 @@ sf_pip_step() {
       --exclude) exclude+=("$2"); shift 2 ;;
       --no-deps) no_deps=1; shift ;;
       --constrain-later) constrain=1; shift ;;
+      --no-build-isolation) isolation=0; shift ;;
       *) sf_die "sf_pip_step: unknown option $1" ;;
     esac
   done
@@ -83,6 +84,7 @@ sf_pip_step() {
   local p
   for p in "${no_binary[@]}"; do args+=(--no-binary "$p"); done
   if ((no_deps)); then args+=(--no-deps); fi
+  if ((!isolation)); then args+=(--no-build-isolation); fi
   sf_uv "$venv" "${args[@]}" "${reqs[@]}"
   # uv has no "install but never this dependency": remove the excluded ones right after.
   for p in "${exclude[@]}"; do
@@ -139,6 +141,7 @@ _sf_record_patch() {
 # sf_apply_patch NAME METHOD STRIP FILE DIR: applies, or recognises as already applied, or stops.
 #   git:   `git apply --check` then `git apply --3way`; any `<<<<<<< ` marker left is a failure.
 #   patch: `patch -p<STRIP> --dry-run` then apply (SGLang's wheel: paths a/python/sglang/...).
+#          --fuzz=0: a hunk whose context differs is a failure, never a guess.
 #   Already applied: the reverse check passes.
 sf_apply_patch() {
   local name=$1 method=$2 strip=$3 file=$4 dir=$5 out files
@@ -167,12 +170,12 @@ sf_apply_patch() {
       ((${#marked[@]} == 0)) || sf_die "patch $name left conflict markers in $dir: ${marked[*]}"
       ;;
     patch)
-      if out=$(patch -d "$dir" -p"$strip" --forward --batch --dry-run -i "$file" 2>&1); then
-        out=$(patch -d "$dir" -p"$strip" --forward --batch -i "$file" 2>&1) || {
+      if out=$(patch -d "$dir" -p"$strip" --fuzz=0 --forward --batch --dry-run -i "$file" 2>&1); then
+        out=$(patch -d "$dir" -p"$strip" --fuzz=0 --forward --batch -i "$file" 2>&1) || {
           files=$(printf '%s\n' "$out" | _sf_patch_failed_files | paste -sd' ')
           sf_die "patch $name does not apply to $dir (files: ${files:-see output}): $out"
         }
-      elif patch -d "$dir" -p"$strip" --reverse --batch --dry-run -i "$file" >/dev/null 2>&1; then
+      elif patch -d "$dir" -p"$strip" --fuzz=0 --reverse --batch --dry-run -i "$file" >/dev/null 2>&1; then
         sf_log "patch $name: already applied to $dir"
         _sf_record_patch "$name" "$file" "$dir" already-applied
         return 0
@@ -192,7 +195,7 @@ sf_patch_applied() {
   local name=$1 method=$2 strip=$3 file=$4 dir=$5
   case $method in
     git) sf_git -C "$dir" apply -p"$strip" --reverse --check "$file" >/dev/null 2>&1 ;;
-    patch) patch -d "$dir" -p"$strip" --reverse --batch --dry-run -i "$file" >/dev/null 2>&1 ;;
+    patch) patch -d "$dir" -p"$strip" --fuzz=0 --reverse --batch --dry-run -i "$file" >/dev/null 2>&1 ;;
     *) return 1 ;;
   esac || sf_die "patch $name is not present in $dir (reverse check failed)"
 }

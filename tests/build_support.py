@@ -3,13 +3,15 @@
 Commits are made with fixed names and dates, so their ids are the same on every machine and the
 test stack can pin them. `slime` holds a real argparse `train.py` and the patches under
 docker/patch/test/ (exactly where slime keeps its own); `libdemo` is the source they patch.
-Commits of slime: S1 (first), S2 (only slime's package changes), S3 (libdemo.patch broken).
+Commits of slime: S1 (first), S2 (only slime's package changes), S3 (libdemo.patch broken), and
+`fresh` (a new id every time: only slime changes).
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,15 +118,20 @@ def make_repos(root: Path) -> dict[str, object]:
     }, "slime 0.0.1", "2026-01-02T00:00:00Z")
     s2 = _commit(slime, {"slime/__init__.py": '__version__ = "0.0.2"\n'}, "slime 0.0.2", "2026-01-03T00:00:00Z")
     s3 = _commit(slime, {"docker/patch/test/libdemo.patch": BROKEN_LIBDEMO_PATCH}, "break libdemo.patch", "2026-01-04T00:00:00Z")
+    # A commit no earlier test session built (BuildKit's cache outlives the images): on a branch from
+    # S1, only slime's own package changes.
+    _git(slime, "checkout", "-q", "-b", "fresh", s1)
+    fresh = _commit(slime, {"slime/fresh.py": f"NONCE = {time.time_ns()}\n"}, "fresh slime commit", "2026-01-05T00:00:00Z")
+    _git(slime, "checkout", "-q", "main")
     got = (lib_c, s1, s2, s3)
     want = (LIBDEMO_COMMIT, SLIME_S1, SLIME_S2, SLIME_S3)
     assert got == want, f"fixture commits {got} differ from the ids tests/stacks/test.yaml pins {want}"
-    return {"libdemo": lib, "slime": slime, "libdemo_commit": lib_c, "s1": s1, "s2": s2, "s3": s3}
+    return {"libdemo": lib, "slime": slime, "libdemo_commit": lib_c, "s1": s1, "s2": s2, "s3": s3, "fresh": fresh}
 
 
 def derived_stack(path: Path, slime_commit: str, **extra: str) -> Path:
     """A stack file that extends the test stack and pins slime at another commit."""
-    lines = [f"extends: {os.path.relpath(TEST_STACK, path.parent)}", "sources:", "  slime:", f"    commit: {slime_commit}"]
+    lines = [f"extends: {os.path.relpath(TEST_STACK, path.parent)}", "sources:", "  slime:", f"    commit: '{slime_commit}'"]
     for key, value in extra.items():
         lines.append(f"{key}: {value}")
     path.write_text("\n".join(lines) + "\n")
