@@ -200,9 +200,39 @@ def patches_check(c, cuda="cu13", stack=None, source=None):
     print(f"patches of {st.id}: {len(rows)} checked, all apply")
 
 
+@task(
+    iterable=["source"],
+    help={
+        "cuda": "stack flavor (cu13, cu129)",
+        "stack": "any stack file instead (a YAML path)",
+        "prefix": "install directory (checkouts, venv, records, stack.lock.json, flags.json)",
+        "venv": "reuse this venv instead of <prefix>/venv",
+        "source": "NAME=PATH: a local checkout instead of the source's git URL (repeatable)",
+        "out": "where to write install.sh (default <prefix>/.slimeforge/install/)",
+        "dry_run": "render the script, print its path, run nothing",
+    },
+)
+@clean_errors
+def install(c, cuda="cu13", stack=None, prefix="", venv=None, source=None, out=None, dry_run=False):
+    """Install a stack on this host (bare metal), resumably, with the image's steps and checks."""
+    from pathlib import Path
+
+    from slimeforge.errors import CommandError
+    from slimeforge.install import InstallOptions
+    from slimeforge.install import install as run_install
+
+    opts = InstallOptions(stack=stack or cuda, prefix=prefix, venv=venv, sources=list(source or []),
+                          out=Path(out) if out else None, dry_run=dry_run)
+    try:
+        run_install(opts)
+    except CommandError as exc:
+        raise Exit(f"error: install failed (exit {exc.returncode}); see the step log named above", code=1) from None
+
+
 ns = Collection()
 ns.add_collection(Collection("stack", show=stack_show))
 ns.add_collection(Collection("run", start=run_start))
 ns.add_task(publish)
 ns.add_collection(Collection("patches", check=patches_check))
 ns.add_task(build)
+ns.add_task(install)

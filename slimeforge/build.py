@@ -111,6 +111,15 @@ def docker_cli() -> str:
     return os.environ.get("SLIMEFORGE_DOCKER") or ("/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker")
 
 
+def default_ca_bundle() -> str:
+    """The host's trust store: $SSL_CERT_FILE, else Debian's bundle (which holds the CAs installed
+    under /usr/local/share/ca-certificates, e.g. an egress proxy's)."""
+    for candidate in (os.environ.get("SSL_CERT_FILE", ""), "/etc/ssl/certs/ca-certificates.crt"):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    return ""
+
+
 def _docker_client():
     import docker  # heavy: imported only when Docker is really used
 
@@ -275,7 +284,7 @@ def prepare(opts: BuildOptions) -> Prepared:
         argv += ["--build-arg", f"{k}={v}"]
     for k, v in labels.items():
         argv += ["--label", f"{k}={v}"]
-    ca = opts.ca_bundle if opts.ca_bundle is not None else os.environ.get("SSL_CERT_FILE", "")
+    ca = opts.ca_bundle if opts.ca_bundle is not None else default_ca_bundle()
     if ca and Path(ca).is_file():
         argv += ["--secret", f"id=ca-bundle,src={ca}"]
     elif opts.ca_bundle:

@@ -133,8 +133,8 @@ def slime_source(stack: Stack) -> str | None:
     return "slime" if "slime" in stack.sources else None
 
 
-def finalize_argv(stack: Stack, layout: Layout, lock_in: str) -> list[str]:
-    argv = ["finalize", layout.venv, lock_in, f"{layout.state}/stack.lock.json", f"{layout.state}/flags.json"]
+def finalize_argv(stack: Stack, layout: Layout, lock_in: str, lock_out: str | None = None, flags_out: str | None = None) -> list[str]:
+    argv = ["finalize", layout.venv, lock_in, lock_out or f"{layout.state}/stack.lock.json", flags_out or f"{layout.state}/flags.json"]
     for name in stack.sources:
         if any(s.get("source") == name for s in stack.plan()):
             argv += ["--checkout", f"{name}={layout.source_dir(stack, name)}"]
@@ -144,7 +144,7 @@ def finalize_argv(stack: Stack, layout: Layout, lock_in: str) -> list[str]:
     return argv
 
 
-def smoke_argv(stack: Stack, layout: Layout) -> list[str]:
+def smoke_argv(stack: Stack, layout: Layout, flags: str | None = None) -> list[str]:
     argv = ["smoke", "--venv", layout.venv]
     for m in stack.smoke.imports:
         argv += ["--import", m]
@@ -158,5 +158,5 @@ def smoke_argv(stack: Stack, layout: Layout) -> list[str]:
         argv += ["--patch", f"{p['file']}:{p['method']}:{p['strip']}:{layout.state}/patches/{p['file']}:{target}"]
     slime = slime_source(stack)
     if slime:
-        argv += ["--flags", f"{layout.state}/flags.json", "--slime", layout.source_dir(stack, slime)]
+        argv += ["--flags", flags or f"{layout.state}/flags.json", "--slime", layout.source_dir(stack, slime)]
     return argv

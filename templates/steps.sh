@@ -26,13 +26,22 @@ sf_git() { git -c safe.directory='*' -c advice.detachedHead=false "$@"; }
 
 # --- system packages ------------------------------------------------------------------------
 
-# sf_apt_install PKG...: installs with the apt cache kept (the image build mounts it as a cache).
+# sf_apt_install PKG...: installs the missing ones, with the apt cache kept (the image build mounts
+# it as a cache). On a host that already has them nothing runs; without root, missing ones stop here.
 sf_apt_install() {
   (($#)) || return 0
+  local p missing=()
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]} == 0)); then sf_log "apt: all present: $*"; return 0; fi
+  if [[ $(id -u) -ne 0 ]]; then
+    sf_die "apt packages missing: ${missing[*]} (as root: apt-get install -y ${missing[*]})"
+  fi
   if [[ -f /etc/apt/apt.conf.d/docker-clean ]]; then rm -f /etc/apt/apt.conf.d/docker-clean; fi
   echo 'Binary::apt::APT::Keep-Downloaded-Packages "true";' >/etc/apt/apt.conf.d/99slimeforge-keep
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
 # --- the venv -------------------------------------------------------------------------------
@@ -46,16 +55,17 @@ sf_venv() {
   if [[ $have != "$uv_version" ]]; then
     "$venv/bin/python" -m pip install --disable-pip-version-check -q "uv==$uv_version"
   fi
-  mkdir -p "$SF_STATE"
-  touch "$SF_STATE/constraints.txt"
+  mkdir -p "$SF_STATE/constraints"
 }
 
 # sf_uv VENV ARGS...: `uv pip install` into VENV, honouring the constraints recorded so far.
 sf_uv() {
   local venv=$1
   shift
-  local extra=()
-  if [[ -s $SF_STATE/constraints.txt ]]; then extra+=(--constraint "$SF_STATE/constraints.txt"); fi
+  local extra=() c
+  for c in "$SF_STATE"/constraints/*.txt; do
+    if [[ -s $c ]]; then extra+=(--constraint "$c"); fi
+  done
   "$venv/bin/uv" pip install --python "$venv/bin/python" "${extra[@]}" "$@"
 }
 
@@ -85,6 +95,8 @@ sf_pip_step() {
   for p in "${no_binary[@]}"; do args+=(--no-binary "$p"); done
   if ((no_deps)); then args+=(--no-deps); fi
   if ((!isolation)); then args+=(--no-build-isolation); fi
+  local own="$SF_STATE/constraints/${reqs[0]//[^A-Za-z0-9._-]/_}.txt"
+  if ((constrain)); then rm -f "$own"; fi # a re-done step is not held to its own old pins
   sf_uv "$venv" "${args[@]}" "${reqs[@]}"
   # uv has no "install but never this dependency": remove the excluded ones right after.
   for p in "${exclude[@]}"; do
@@ -93,7 +105,9 @@ sf_pip_step() {
     fi
   done
   if ((constrain)); then
-    printf '%s\n' "${reqs[@]}" >>"$SF_STATE/constraints.txt"
+    # One file per step (named by its first requirement): a re-done step replaces its own pins.
+    mkdir -p "$SF_STATE/constraints"
+    printf '%s\n' "${reqs[@]}" >"$own"
   fi
 }
 
