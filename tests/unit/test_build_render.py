@@ -84,3 +84,13 @@ def test_progress_parser_reads_cache_hits_and_durations():
     ]
     steps = parse_progress(lines)
     assert [(s["name"], s["cached"], s["duration_s"]) for s in steps] == [("venv", True, None), ("six", False, 1.5), ("copy", False, 0.0)]
+
+
+def test_base_given_by_digest_needs_no_docker():
+    from slimeforge.build import resolve_base
+
+    ref = "registry.example/cuda@sha256:" + "a" * 64
+    base = resolve_base(load_stack("cu13"), ref, dry_run=False)
+    assert base == {"image": ref, "from": ref, "digest": "sha256:" + "a" * 64, "image_id": None}
+    text = render_dockerfile(load_stack("cu13"), base["from"])
+    assert f"FROM {ref}\n" in text
