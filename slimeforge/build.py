@@ -251,6 +251,8 @@ def prepare(opts: BuildOptions) -> Prepared:
     build_hash = digest.hexdigest()
 
     out = Path(opts.out) if opts.out else opts.build_root / f"{stack.name}-{build_hash[:12]}"
+    # `COPY patches/` takes the whole folder: a reused --out must not carry another stack's patches.
+    shutil.rmtree(out / "context" / "patches", ignore_errors=True)
     _write_tree(out, {"Dockerfile": dockerfile, **{f"context/{k}": v for k, v in context.items()}}, {"context/sf": 0o755})
     for name in from_sources:
         target = out / "context" / "sources" / f"{name}.git"

@@ -11,7 +11,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConfigError, Problem
+from .errors import CommandError, ConfigError, Problem, SlimeforgeError
 from .proc import Runner
 from .stack import Stack
 
@@ -93,4 +93,9 @@ def source_repo(stack: Stack, name: str, local: dict[str, LocalSource], cache: P
     fetched from the stack's git URL (network)."""
     commit = stack.sources[name].commit
     origin = str(local[name].path) if name in local else stack.sources[name].git
-    return bare_copy(origin, commit, cache, name, runner)
+    try:
+        return bare_copy(origin, commit, cache, name, runner)
+    except CommandError as exc:
+        last = (exc.output.strip().splitlines() or [""])[-1]
+        raise SlimeforgeError(f"source {name}: cannot fetch commit {commit} from {origin}: {last}\n"
+                              f"  offline? pass --source {name}=PATH (a checkout that contains the commit)") from None
