@@ -180,7 +180,8 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
         "steps": steps,
         "first_compile": first_compile,
         "arch_list": " ".join(stack.arch_list),
-        "local_sources": sorted(local_sources or {}),
+        "local_sources": sorted(n for n, s in (local_sources or {}).items() if getattr(s, "kind", "git") == "git"),
+        "wheel_steps": sorted(layout.wheel_dirs),
         "patch_files": [p["file"] for p in used_patches(stack)],
         "patches_from": stack.pins().get("patches.dir", ""),
         "finalize_argv": finalize_argv(stack, layout, f"{layout.state}/stack.input.json"),
@@ -221,7 +222,8 @@ def prepare(opts: BuildOptions) -> Prepared:
     cache = opts.build_root / ".cache" / "sources"
     base = resolve_base(stack, opts.base_image, opts.dry_run)
     patches = read_patches(stack, local, cache)
-    from_sources = {n: s for n, s in local.items() if any(st.get("source") == n for st in stack.plan())}
+    from_sources = {n: s for n, s in local.items() if s.kind == "git" and any(st.get("source") == n for st in stack.plan())}
+    from_sources.update({n: s for n, s in local.items() if s.kind == "wheels"})
     dockerfile = render_dockerfile(stack, base["from"], from_sources)
 
     pins = stack.pins()
@@ -234,6 +236,7 @@ def prepare(opts: BuildOptions) -> Prepared:
         "base": base,
         "pins": pins,
         "sources": {n: {"git": s.git, "commit": s.commit, "local": n in local} for n, s in stack.sources.items()},
+        "wheel_dirs": {n: s.commit for n, s in local.items() if s.kind == "wheels"},  # step -> sha256 of its wheels
         "patches": [{"file": p.file, "target": p.target, "method": p.method, "strip": p.strip, "sha256": p.sha256} for p in patches],
         "build_args": build_args,
     }
@@ -254,7 +257,10 @@ def prepare(opts: BuildOptions) -> Prepared:
     # `COPY patches/` takes the whole folder: a reused --out must not carry another stack's patches.
     shutil.rmtree(out / "context" / "patches", ignore_errors=True)
     _write_tree(out, {"Dockerfile": dockerfile, **{f"context/{k}": v for k, v in context.items()}}, {"context/sf": 0o755})
-    for name in from_sources:
+    for name, src in from_sources.items():
+        if src.kind == "wheels":
+            _copy_wheels(src.path, out / "context" / "wheels" / name)
+            continue
         target = out / "context" / "sources" / f"{name}.git"
         if not target.exists():
             from .sources import source_repo
@@ -296,6 +302,18 @@ def prepare(opts: BuildOptions) -> Prepared:
     argv.append(str(out / "context"))
     return Prepared(stack, local, base, patches, dockerfile, lock, build_args, build_hash, out, repository, argv,
                     {"DOCKER_BUILDKIT": "1"}, labels)
+
+
+def _copy_wheels(src: Path, target: Path) -> None:
+    """The wheels of a --source wheel directory into the context (hard links where possible: wheels
+    can be gigabytes). Their content is in the hash through the lock's wheel_dirs digest."""
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    for whl in sorted(src.glob("*.whl")):
+        try:
+            os.link(whl, target / whl.name)
+        except OSError:
+            shutil.copy2(whl, target / whl.name)
 
 
 def _write_tree(root: Path, files: dict[str, str | bytes], modes: dict[str, int]) -> None:

@@ -32,10 +32,12 @@ SCRIPT = "install.sh"
 def host_layout(stack: Stack, prefix: str, venv: str | None, sources: dict[str, LocalSource] | None) -> Layout:
     """On a host: checkouts under the prefix, records in <prefix>/.slimeforge, local sources fetched
     straight from the given checkouts (only read)."""
+    local = sources or {}
     urls = {n: s.git for n, s in stack.sources.items()}
-    urls.update({n: str(s.path) for n, s in (sources or {}).items()})
+    urls.update({n: str(s.path) for n, s in local.items() if s.kind == "git"})
+    wheels = {n: str(s.path) for n, s in local.items() if s.kind == "wheels"}
     state = f"{prefix}/.slimeforge"
-    return Layout(prefix, venv or f"{prefix}/venv", f"{state}/patches", state, urls)
+    return Layout(prefix, venv or f"{prefix}/venv", f"{state}/patches", state, urls, wheels)
 
 
 def render_install_script(stack: Stack, prefix: str, venv: str | None = None, sources: dict[str, LocalSource] | None = None,

@@ -1,12 +1,15 @@
-"""`--source NAME=PATH`: a local checkout used instead of a stack source's git URL (air-gapped builds).
+"""`--source NAME=PATH`: a local checkout used instead of a stack source's git URL, or a wheel
+directory used instead of the index for a pip step (air-gapped builds).
 
-The checkout is only read: the pinned commit is fetched from it (shallow) into a cache of bare
+NAME is a source of the stack (PATH a git checkout holding the pinned commit) or the name of a pip
+step (PATH a directory of wheels: that step installs from it with --no-index). The checkout is only read: the pinned commit is fetched from it (shallow) into a cache of bare
 repositories, from which the build context and temporary worktrees are made. The user's branch,
 index and working tree are never touched.
 """
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +25,18 @@ GIT = ["git", "-c", "safe.directory=*", "-c", "advice.detachedHead=false"]
 class LocalSource:
     name: str
     path: Path
-    commit: str
+    commit: str  # for a wheel directory: sha256 over its wheels' names and contents
+    kind: str = "git"  # "git" (a source checkout) or "wheels" (a pip step's wheel directory)
+
+
+def wheels_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    for whl in sorted(path.glob("*.whl")):
+        digest.update(whl.name.encode() + b"\0")
+        with whl.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
 
 
 def parse_sources(stack: Stack, values: list[str] | None, runner: Runner | None = None) -> dict[str, LocalSource]:
@@ -35,13 +49,21 @@ def parse_sources(stack: Stack, values: list[str] | None, runner: Runner | None 
         if not sep or not name or not raw:
             problems.append(Problem("--source", "must be NAME=PATH", text, "e.g. slime=/src/slime"))
             continue
-        if name not in stack.sources:
-            problems.append(Problem(f"--source {name}", "is not a source of this stack", name, ", ".join(sorted(stack.sources))))
-            continue
+        pip_steps = [st["name"] for st in stack.plan() if st["kind"] in ("pip", "wheel_url")]
         if name in out:
             problems.append(Problem(f"--source {name}", "is given twice", text))
             continue
         path = Path(raw).expanduser().resolve()
+        if name not in stack.sources and name in pip_steps:
+            if not path.is_dir() or not any(path.glob("*.whl")):
+                problems.append(Problem(f"--source {name}", "is not a directory of wheels (*.whl)", raw, f"wheels for step {name}"))
+                continue
+            out[name] = LocalSource(name, path, wheels_digest(path), "wheels")
+            continue
+        if name not in stack.sources:
+            problems.append(Problem(f"--source {name}", "is neither a source nor a pip step of this stack", name,
+                                    f"sources: {', '.join(sorted(stack.sources))}; pip steps (wheel directories): {', '.join(pip_steps)}"))
+            continue
         commit = stack.sources[name].commit
         if not path.is_dir():
             problems.append(Problem(f"--source {name}", "is not a directory", raw))

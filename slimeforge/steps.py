@@ -30,6 +30,7 @@ class Layout:
     patches_dir: str  # where the patch files lie when a step runs
     state: str  # SF_STATE: records, constraints, lock, flags
     source_urls: dict[str, str] = field(default_factory=dict)  # name -> where to fetch it from
+    wheel_dirs: dict[str, str] = field(default_factory=dict)  # pip step -> wheel directory (--no-index)
 
     def source_dir(self, stack: Stack, name: str) -> str:
         return f"{self.root}/{stack.sources[name].dir}"
@@ -37,9 +38,11 @@ class Layout:
 
 def image_layout(stack: Stack, local_sources: dict[str, Any] | None = None) -> Layout:
     """In images, a local source is bind-mounted from the build context at /tmp/sf-src/<name>.git."""
+    local = local_sources or {}
     urls = {n: s.git for n, s in stack.sources.items()}
-    urls.update({n: f"/tmp/sf-src/{n}.git" for n in (local_sources or {})})
-    return Layout(stack.image_root, stack.venv, "/tmp/sf-patches", "/opt/slimeforge", urls)
+    urls.update({n: f"/tmp/sf-src/{n}.git" for n, s in local.items() if getattr(s, "kind", "git") == "git"})
+    wheels = {n: f"/tmp/sf-wheels/{n}" for n, s in local.items() if getattr(s, "kind", "git") == "wheels"}
+    return Layout(stack.image_root, stack.venv, "/tmp/sf-patches", "/opt/slimeforge", urls, wheels)
 
 
 def compile_jobs(mem_bytes: int | None = None, cores: int | None = None) -> tuple[int, int]:
@@ -78,7 +81,9 @@ def step_commands(stack: Stack, layout: Layout) -> list[dict[str, Any]]:
             argv = ["pip_step", "--venv", layout.venv]
             for r in step["requirements"]:
                 argv += ["--req", r]
-            if step.get("index_url"):
+            if name in layout.wheel_dirs:
+                argv += ["--find-links", layout.wheel_dirs[name], "--no-index"]
+            elif step.get("index_url"):
                 argv += ["--index-url", step["index_url"]]
             for p in step.get("no_binary", []):
                 argv += ["--no-binary", p]

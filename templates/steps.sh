@@ -70,15 +70,18 @@ sf_uv() {
 }
 
 # sf_pip_step --venv V --req R... [--index-url U] [--no-binary P]... [--exclude P]... [--no-deps]
-#             [--constrain-later] [--no-build-isolation]: one `pip` step of the stack.
+#             [--constrain-later] [--no-build-isolation] [--find-links DIR --no-index]: one `pip`
+#             step of the stack (a wheel directory instead of the index for air-gapped installs).
 sf_pip_step() {
   local venv="" index="" no_deps=0 constrain=0 isolation=1
-  local reqs=() no_binary=() exclude=()
+  local reqs=() no_binary=() exclude=() args=()
   while (($#)); do
     case $1 in
       --venv) venv=$2; shift 2 ;;
       --req) reqs+=("$2"); shift 2 ;;
       --index-url) index=$2; shift 2 ;;
+      --find-links) args+=(--find-links "$2"); shift 2 ;;
+      --no-index) args+=(--no-index); shift ;;
       --no-binary) no_binary+=("$2"); shift 2 ;;
       --exclude) exclude+=("$2"); shift 2 ;;
       --no-deps) no_deps=1; shift ;;
@@ -89,7 +92,6 @@ sf_pip_step() {
   done
   [[ -n $venv ]] || sf_die "sf_pip_step: --venv is required"
   ((${#reqs[@]})) || { sf_log "no packages in this step"; return 0; }
-  local args=()
   if [[ -n $index ]]; then args+=(--extra-index-url "$index" --index-strategy unsafe-best-match); fi
   local p
   for p in "${no_binary[@]}"; do args+=(--no-binary "$p"); done

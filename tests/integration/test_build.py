@@ -128,7 +128,7 @@ def test_bad_sources_are_refused_before_anything_runs(env, tmp_path):
     with pytest.raises(ConfigError) as exc:
         build(o)
     text = str(exc.value)
-    assert "--source nosuch: is not a source of this stack" in text and "--source slime: is not a git checkout" in text
+    assert "--source nosuch: is neither a source nor a pip step of this stack" in text and "--source slime: is not a git checkout" in text
     assert "must be NAME=PATH" in text
     assert not (tmp_path / "never").exists()
     stack = bs.derived_stack(tmp_path / "other.yaml", "2" * 40)
@@ -146,3 +146,23 @@ def test_cli_dry_run_prints_the_command(env, tmp_path):
     assert "would run: DOCKER_BUILDKIT=1" in res.stdout and "--progress=plain" in res.stdout
     assert (tmp_path / "b" / "Dockerfile").is_file() and (tmp_path / "b" / "context" / "sources" / "slime.git").is_dir()
     assert not (tmp_path / "b" / "report.json").exists()
+
+
+def test_wheel_directory_source_installs_without_the_index(first, env, tmp_path):
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "six==1.17.0", "-d", str(wheels)],
+                   check=True, capture_output=True)
+    o = opts(env)
+    o.sources.append(f"six={wheels}")
+    report = build(o)
+    env["made"].append(report["image_id"])
+    dockerfile = (Path(report["dir"]) / "Dockerfile").read_text()
+    assert "--find-links /tmp/sf-wheels/six --no-index" in dockerfile
+    lock = json.loads((Path(report["dir"]) / "stack.lock.json").read_text())
+    assert set(lock["wheel_dirs"]) == {"six"} and lock["installed"]["six"] == "1.17.0"
+    assert report["build_hash"] != first["build_hash"]
+    # A directory without wheels is refused up front.
+    o2 = opts(env)
+    o2.sources.append(f"six={tmp_path}")
+    with pytest.raises(ConfigError, match=r"--source six: is not a directory of wheels"):
+        build(o2)
