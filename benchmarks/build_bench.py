@@ -71,8 +71,8 @@ def main() -> None:
                                   "without_cache_mounts": round((size_without - base_size) / 1e6, 1)},
         }, indent=2))
     finally:
-        for image_id in dict.fromkeys(made):
-            subprocess.run(["docker", "rmi", "-f", image_id], capture_output=True)
+        refs = subprocess.run(["docker", "images", REPO, "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True).stdout.split()
+        subprocess.run(["docker", "rmi", *refs, *made[-1:]], capture_output=True)  # our tags, and the untagged no-cache-mounts image
 
 
 def _fresh_commit(slime: Path) -> str:

@@ -422,15 +422,12 @@ def smoke_test(client, image_id: str, stack: Stack) -> str:
 
 
 def _built_image(client, p: Prepared) -> str | None:
-    """The id of an image that passed its smoke test for this content hash: only those get the
-    content tag (a failed one stays untagged), and its label must carry the same hash."""
-    import docker
-
-    try:
-        img = client.images.get(p.tag)
-    except docker.errors.ImageNotFound:
-        return None
-    return img.id if (img.labels or {}).get(HASH_LABEL) == p.hash else None
+    """The id of an image of this content hash that passed its smoke test: those, and only those,
+    carry a content tag (`<any repository>:<hash16>`); a failed one stays untagged."""
+    for img in client.images.list(filters={"label": f"{HASH_LABEL}={p.hash}"}):
+        if (img.labels or {}).get(HASH_LABEL) == p.hash and any(t.endswith(":" + p.hash[:16]) for t in img.tags):
+            return img.id
+    return None
 
 
 def _apply_tags(client, image_id: str, refs: list[str]) -> None:

@@ -28,8 +28,10 @@ def env(base_image, tmp_path_factory):
     repos = bs.make_repos(root / "repos")
     made: list[str] = []
     yield {"root": root, "repos": repos, "made": made}
-    for image_id in dict.fromkeys(made):  # only the images these tests built, by id
-        subprocess.run(["docker", "rmi", "-f", image_id], capture_output=True)
+    # Only this session's tags: an image shared with other tags (same content hash) stays for them.
+    refs = subprocess.run(["docker", "images", REPO, "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True).stdout.split()
+    if refs:
+        subprocess.run(["docker", "rmi", *refs], capture_output=True)
 
 
 def opts(env, stack=bs.TEST_STACK, **kw) -> BuildOptions:
@@ -46,7 +48,8 @@ def run_build(env, **kw) -> dict:
 
 @pytest.fixture(scope="module")
 def first(env):
-    return run_build(env)
+    # --force: an image of this content may exist from an earlier session (it would be a skip).
+    return run_build(env, force=True)
 
 
 def inspect(ref: str) -> dict:
