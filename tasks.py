@@ -247,8 +247,101 @@ def publish(c, cuda=None, image=None, registry=None, build_dir=None, tag=None, r
     pub.publish(plan, pub.read_credentials(plan, sys.stdin))
 
 
+# --- build -----------------------------------------------------------------------------------
+
+
+@task(
+    iterable=["source", "build_arg", "tag"],
+    help={
+        "cuda": "stack flavor (cu13, cu129)",
+        "stack": "build any stack file instead (a YAML path)",
+        "out": "build directory (default build/<flavor>-<hash>/)",
+        "dry_run": "render the build directory, print the exact command, build nothing",
+        "base_image": "base image REF instead of the stack's (resolved to a digest or image id)",
+        "source": "NAME=PATH: a local checkout instead of the source's git URL (repeatable)",
+        "build_arg": "KEY=VALUE for docker build, e.g. MAX_JOBS=4 (repeatable)",
+        "no_cache": "build without BuildKit's layer cache",
+        "force": "build even when an image with this content hash exists",
+        "tag": "an extra tag: a full REF, or a tag for the repository (repeatable)",
+        "repository": "image repository (default slimeforge/<flavor>)",
+        "ca_bundle": "CA bundle for downloads during the build (default: $SSL_CERT_FILE)",
+    },
+)
+@clean_errors
+def build(c, cuda="cu13", stack=None, out=None, dry_run=False, base_image=None, source=None, build_arg=None, no_cache=False,
+          force=False, tag=None, repository=None, ca_bundle=None):
+    """Build the image of a stack with BuildKit: content-addressed, patched, smoke-tested, reported."""
+    from pathlib import Path
+
+    from slimeforge.build import BuildOptions
+    from slimeforge.build import build as run_build
+
+    opts = BuildOptions(stack=stack or cuda, out=Path(out) if out else None, dry_run=dry_run, base_image=base_image,
+                        sources=list(source or []), build_args=list(build_arg or []), no_cache=no_cache, force=force,
+                        tags=list(tag or []), repository=repository, ca_bundle=ca_bundle, echo=lambda s: print(s, flush=True))
+    try:
+        run_build(opts)
+    except SlimeforgeError as exc:
+        from slimeforge.build import BuildError
+
+        if isinstance(exc, BuildError):
+            raise Exit(f"error: {exc}", code=1) from None
+        raise
+
+
+@task(
+    iterable=["source"],
+    help={"cuda": "stack flavor (cu13, cu129)", "stack": "any stack file instead (a YAML path)",
+          "source": "NAME=PATH: a local checkout of a source (repeatable); others are fetched by their git URL"},
+)
+@clean_errors
+def patches_check(c, cuda="cu13", stack=None, source=None):
+    """Check, without Docker and without touching the given checkouts, that every patch applies."""
+    from pathlib import Path
+
+    from slimeforge.patches import check_patches
+    from slimeforge.sources import parse_sources
+    from slimeforge.stack import load_stack
+
+    st = load_stack(stack or cuda)
+    rows = check_patches(st, parse_sources(st, list(source or [])), Path("build") / ".cache" / "sources")
+    print(f"patches of {st.id}: {len(rows)} checked, all apply")
+
+
+@task(
+    iterable=["source"],
+    help={
+        "cuda": "stack flavor (cu13, cu129)",
+        "stack": "any stack file instead (a YAML path)",
+        "prefix": "install directory (checkouts, venv, records, stack.lock.json, flags.json)",
+        "venv": "reuse this venv instead of <prefix>/venv",
+        "source": "NAME=PATH: a local checkout instead of the source's git URL (repeatable)",
+        "out": "where to write install.sh (default <prefix>/.slimeforge/install/)",
+        "dry_run": "render the script, print its path, run nothing",
+    },
+)
+@clean_errors
+def install(c, cuda="cu13", stack=None, prefix="", venv=None, source=None, out=None, dry_run=False):
+    """Install a stack on this host (bare metal), resumably, with the image's steps and checks."""
+    from pathlib import Path
+
+    from slimeforge.errors import CommandError
+    from slimeforge.install import InstallOptions
+    from slimeforge.install import install as run_install
+
+    opts = InstallOptions(stack=stack or cuda, prefix=prefix, venv=venv, sources=list(source or []),
+                          out=Path(out) if out else None, dry_run=dry_run)
+    try:
+        run_install(opts)
+    except CommandError as exc:
+        raise Exit(f"error: install failed (exit {exc.returncode}); see the step log named above", code=1) from None
+
+
 ns = Collection()
 ns.add_collection(Collection("stack", show=stack_show))
 ns.add_collection(Collection("run", start=run_start, status=run_status, logs=run_logs, stop=run_stop))
 ns.add_task(doctor)
 ns.add_task(publish)
+ns.add_collection(Collection("patches", check=patches_check))
+ns.add_task(build)
+ns.add_task(install)

@@ -110,15 +110,15 @@ class Stack(Model):
     schema_version: int = Field(alias="schema")
     name: str
     version: str
-    cuda: str
-    driver_min: int
+    cuda: str | None = None  # None: a stack without CUDA (the small test stack)
+    driver_min: int | None = None
     python: str
     base: Base
     torch_index: str | None = None
     image_root: str
     venv: str
-    arch_list: list[str]
-    cuda_home: str
+    arch_list: list[str] = Field(default_factory=list)
+    cuda_home: str | None = None
     sources: dict[str, Source]
     versions: dict[str, str]
     slime_requirements: dict[str, str] = Field(default_factory=dict)
@@ -145,8 +145,8 @@ class Stack(Model):
         return f"{self.name}-{self.hash[:12]}"
 
     @property
-    def cuda_major(self) -> str:
-        return self.cuda.split(".")[0]
+    def cuda_major(self) -> str | None:
+        return self.cuda.split(".")[0] if self.cuda else None
 
     @property
     def site_packages(self) -> str:
@@ -205,7 +205,7 @@ class Stack(Model):
 
     def pins(self) -> dict[str, str]:
         """Flat name -> pin map: what `stack.show` prints and the image labels carry."""
-        out = {"base.image": self.base.image, "base.digest": self.base.digest or "(resolved at build)", "python": self.python, "cuda": self.cuda}
+        out = {"base.image": self.base.image, "base.digest": self.base.digest or "(resolved at build)", "python": self.python, "cuda": self.cuda or "none"}
         out.update({f"source.{n}": s.commit for n, s in self.sources.items()})
         out.update({f"pip.{n}": s for n, s in self.versions.items()})
         out.update({f"slime-req.{n}": s for n, s in self.slime_requirements.items()})

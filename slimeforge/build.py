@@ -1,0 +1,531 @@
+"""`invoke build`: render the Dockerfile of a stack, build it with BuildKit, smoke-test it, report.
+
+    prepare(opts) -> Prepared    load + validate everything, render the build directory (no Docker build)
+    build(opts) -> dict          prepare, then skip (image with this content hash exists) or build,
+                                 smoke-test, tag, and write report.json / stack.lock.json / flags.json
+
+Build directory (`--out`, default build/<flavor>-<hash12>/):
+    Dockerfile, context/ (steps.sh, sf, stack.lock.json as input, patches/, sources/<name>.git),
+    build.log, report.json, stack.lock.json (read back from the image), flags.json (ditto).
+
+The content hash covers everything that determines the image: the rendered Dockerfile, every
+context file, the input lock (every pin, the base digest or image id, each patch's sha256, the
+commit of each local source) and the user's build args. BuildKit runs through the docker CLI
+(`DOCKER_BUILDKIT=1 docker build`; the Python SDK has no BuildKit); inspect, tag and run use the SDK.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+from .atomic import write_dir
+from .errors import ConfigError, Problem, SlimeforgeError
+from .patches import PatchContent, read_patches
+from .sources import GIT, LocalSource, parse_sources
+from .stack import Stack, load_stack
+from .steps import (
+    STEP_LIBRARY,
+    STEP_RUNNER,
+    compile_jobs,
+    finalize_argv,
+    image_layout,
+    slime_source,
+    smoke_argv,
+    step_commands,
+    used_patches,
+)
+from .templating import render
+
+LABEL_NS = "ai.slimeforge"
+REPORT, LOCK, FLAGS, LOG = "report.json", "stack.lock.json", "flags.json", "build.log"
+HASH_LABEL = f"{LABEL_NS}.build-hash"
+
+
+class BuildError(SlimeforgeError):
+    """The image build, or its smoke test, failed; the message names the step/patch/check."""
+
+
+@dataclass
+class BuildOptions:
+    stack: str = "cu13"  # flavor name or a stack YAML path
+    out: Path | None = None
+    dry_run: bool = False
+    base_image: str | None = None
+    sources: list[str] = field(default_factory=list)  # NAME=PATH
+    build_args: list[str] = field(default_factory=list)  # KEY=VALUE
+    no_cache: bool = False
+    force: bool = False
+    tags: list[str] = field(default_factory=list)  # extra tags: REF or a bare tag for the repository
+    repository: str | None = None  # default slimeforge/<stack name>
+    # CA bundle mounted (as a BuildKit secret) into steps that download: needed behind a
+    # TLS-intercepting proxy. Default: the host's SSL_CERT_FILE. Not part of the content hash.
+    ca_bundle: str | None = None
+    build_root: Path = Path("build")
+    echo: Callable[[str], None] = print
+
+
+@dataclass
+class Prepared:
+    stack: Stack
+    local: dict[str, LocalSource]
+    base: dict[str, Any]
+    patches: list[PatchContent]
+    dockerfile: str
+    lock: dict[str, Any]
+    build_args: dict[str, str]
+    hash: str
+    dir: Path
+    repository: str
+    argv: list[str]
+    env: dict[str, str]
+    labels: dict[str, str]
+
+    @property
+    def tag(self) -> str:
+        return f"{self.repository}:{self.hash[:16]}"
+
+    @property
+    def human_tags(self) -> list[str]:
+        return [f"{self.repository}:{self.stack.version}-{self.stack.name}"]
+
+
+# --- preparing: everything but the build ------------------------------------------------------
+
+
+def docker_cli() -> str:
+    """A docker client with BuildKit's `RUN --mount`: SLIMEFORGE_DOCKER, else Debian's /usr/bin/docker
+    (the newer one first on PATH here lacks buildx), else `docker`."""
+    return os.environ.get("SLIMEFORGE_DOCKER") or ("/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker")
+
+
+def default_ca_bundle() -> str:
+    """The host's trust store: $SSL_CERT_FILE, else Debian's bundle (which holds the CAs installed
+    under /usr/local/share/ca-certificates, e.g. an egress proxy's)."""
+    for candidate in (os.environ.get("SSL_CERT_FILE", ""), "/etc/ssl/certs/ca-certificates.crt"):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    return ""
+
+
+def _docker_client():
+    import docker  # heavy: imported only when Docker is really used
+
+    return docker.from_env(timeout=600)
+
+
+def parse_build_args(values: list[str]) -> tuple[dict[str, str], list[Problem]]:
+    out, problems = {}, []
+    for text in values:
+        key, sep, value = text.partition("=")
+        if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            problems.append(Problem("--build-arg", "must be KEY=VALUE with KEY a variable name", text))
+        else:
+            out[key] = value
+    return out, problems
+
+
+def resolve_base(stack: Stack, override: str | None, dry_run: bool) -> dict[str, Any]:
+    """The base as FROM will name it, with its digest (RepoDigests) or, for a locally imported image
+    without one, its image id: either goes into the lock, so a changed base changes the hash."""
+    image = override or stack.base.image
+    if "@sha256:" in image:
+        return {"image": image, "from": image, "digest": image.split("@", 1)[1], "image_id": None}
+    if stack.base.digest and not override:
+        ref = f"{image}@{stack.base.digest}"
+        return {"image": image, "from": ref, "digest": stack.base.digest, "image_id": None}
+    import docker
+
+    try:
+        img = _docker_client().images.get(image)
+    except docker.errors.ImageNotFound:
+        if dry_run:
+            return {"image": image, "from": image, "digest": None, "image_id": None}
+        raise ConfigError("base image", [Problem("--base-image" if override else "base.image", "is not present locally (pull it, "
+                                                 "or pin base.digest in the stack)", image)]) from None
+    except docker.errors.DockerException as exc:
+        raise BuildError(f"cannot reach the Docker Engine to inspect the base image {image}: {exc}") from None
+    repo = image.rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
+    for rd in img.attrs.get("RepoDigests") or []:
+        name, _, digest = rd.partition("@")
+        if name == repo or name.endswith("/" + repo):
+            return {"image": image, "from": f"{repo}@{digest}", "digest": digest, "image_id": img.id}
+    # A locally imported base has no registry digest: FROM keeps the tag, the lock records the id.
+    return {"image": image, "from": image, "digest": None, "image_id": img.id}
+
+
+def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources: dict | None = None) -> str:
+    """The Dockerfile of a stack (pure: no Docker, no network)."""
+    layout = image_layout(stack, local_sources)
+    steps = step_commands(stack, layout)
+    first_compile = next((i for i, s in enumerate(steps) if s["compiles"]), -1)
+    return render("Dockerfile.j2", {
+        "stack_id": stack.id,
+        "base_ref": base_from or (f"{stack.base.image}@{stack.base.digest}" if stack.base.digest else stack.base.image),
+        "state": layout.state,
+        "venv": layout.venv,
+        "patches_dir": layout.patches_dir,
+        "steps": steps,
+        "first_compile": first_compile,
+        "arch_list": " ".join(stack.arch_list),
+        "local_sources": sorted(n for n, s in (local_sources or {}).items() if getattr(s, "kind", "git") == "git"),
+        "wheel_steps": sorted(layout.wheel_dirs),
+        "patch_files": [p["file"] for p in used_patches(stack)],
+        "patches_from": stack.pins().get("patches.dir", ""),
+        "finalize_argv": finalize_argv(stack, layout, f"{layout.state}/stack.input.json"),
+    })
+
+
+def _source_date_epoch(stack: Stack, cache: Path) -> int:
+    """The commit time of slime's pinned commit (the newest thing in the image that has a date)."""
+    src = slime_source(stack) or (stack.patches.from_source if stack.patches else None)
+    if src:
+        repo = cache / f"{src}-{stack.sources[src].commit}.git"
+        if repo.exists():
+            res = subprocess.run([*GIT, "--git-dir", str(repo), "show", "-s", "--format=%ct", stack.sources[src].commit],
+                                 capture_output=True, text=True)
+            if res.returncode == 0 and res.stdout.strip().isdigit():
+                return int(res.stdout.strip())
+    return 0
+
+
+def _label_key(text: str) -> str:
+    return re.sub(r"[^a-z0-9.-]+", "-", text.lower()).strip("-")
+
+
+def prepare(opts: BuildOptions) -> Prepared:
+    """Validate every input, fetch patches, render and write the build directory. No image is built."""
+    stack = load_stack(opts.stack)
+    problems: list[Problem] = []
+    build_args, problems = parse_build_args(opts.build_args)
+    local: dict[str, LocalSource] = {}
+    try:
+        local = parse_sources(stack, opts.sources)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    if opts.repository and not re.match(r"^[a-z0-9]+(?:[._/-][a-z0-9]+)*(?::[0-9]+/[a-z0-9._/-]+)?$", opts.repository):
+        problems.append(Problem("--repository", "is not a repository name", opts.repository, "e.g. slimeforge/cu13"))
+    if problems:
+        raise ConfigError("invoke build", problems)
+    cache = opts.build_root / ".cache" / "sources"
+    base = resolve_base(stack, opts.base_image, opts.dry_run)
+    patches = read_patches(stack, local, cache)
+    from_sources = {n: s for n, s in local.items() if s.kind == "git" and any(st.get("source") == n for st in stack.plan())}
+    from_sources.update({n: s for n, s in local.items() if s.kind == "wheels"})
+    dockerfile = render_dockerfile(stack, base["from"], from_sources)
+
+    pins = stack.pins()
+    pins["base.image"] = base["image"]
+    pins["base.digest"] = base["digest"] or f"(local image {base['image_id']})"
+    lock = {
+        "schema": 1,
+        "stack": {"name": stack.name, "version": stack.version, "id": stack.id, "hash": stack.hash, "cuda": stack.cuda,
+                  "python": stack.python},
+        "base": base,
+        "pins": pins,
+        "sources": {n: {"git": s.git, "commit": s.commit, "local": n in local} for n, s in stack.sources.items()},
+        "wheel_dirs": {n: s.commit for n, s in local.items() if s.kind == "wheels"},  # step -> sha256 of its wheels
+        "patches": [{"file": p.file, "target": p.target, "method": p.method, "strip": p.strip, "sha256": p.sha256} for p in patches],
+        "build_args": build_args,
+    }
+    lock_text = json.dumps(lock, indent=2, sort_keys=True) + "\n"
+    context: dict[str, str | bytes] = {
+        "steps.sh": STEP_LIBRARY.read_bytes(),
+        "sf": STEP_RUNNER.read_bytes(),
+        "stack.lock.json": lock_text,
+    }
+    context.update({f"patches/{p.file}": p.data for p in patches})
+    digest = hashlib.sha256()
+    for name, content in sorted({"Dockerfile": dockerfile, **{f"context/{k}": v for k, v in context.items()}}.items()):
+        data = content.encode() if isinstance(content, str) else content
+        digest.update(f"{name}\0{len(data)}\0".encode() + data)
+    build_hash = digest.hexdigest()
+
+    out = Path(opts.out) if opts.out else opts.build_root / f"{stack.name}-{build_hash[:12]}"
+    # `COPY patches/` takes the whole folder: a reused --out must not carry another stack's patches.
+    shutil.rmtree(out / "context" / "patches", ignore_errors=True)
+    _write_tree(out, {"Dockerfile": dockerfile, **{f"context/{k}": v for k, v in context.items()}}, {"context/sf": 0o755})
+    for name, src in from_sources.items():
+        if src.kind == "wheels":
+            _copy_wheels(src.path, out / "context" / "wheels" / name)
+            continue
+        target = out / "context" / "sources" / f"{name}.git"
+        if not target.exists():
+            from .sources import source_repo
+
+            shutil.copytree(source_repo(stack, name, local, cache), target, symlinks=True)
+
+    epoch = _source_date_epoch(stack, cache)
+    repository = opts.repository or f"slimeforge/{stack.name}"
+    jobs, threads = compile_jobs()
+    cli_args = {"MAX_JOBS": str(jobs), "NVCC_THREADS": str(threads), **build_args, "SOURCE_DATE_EPOCH": str(epoch)}
+    slime = slime_source(stack)
+    labels = {
+        "org.opencontainers.image.title": f"slimeforge {stack.name}",
+        "org.opencontainers.image.version": stack.version,
+        "org.opencontainers.image.created": datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "org.opencontainers.image.revision": stack.sources[slime].commit if slime else "",
+        "org.opencontainers.image.source": stack.sources[slime].git if slime else "",
+        "org.opencontainers.image.base.name": base["image"],
+        "org.opencontainers.image.base.digest": base["digest"] or "",
+        f"{LABEL_NS}.stack": stack.id,
+        f"{LABEL_NS}.stack-hash": stack.hash,
+        HASH_LABEL: build_hash,
+        f"{LABEL_NS}.base-digest": base["digest"] or base["image_id"] or "",
+        **{f"{LABEL_NS}.pin.{_label_key(k)}": str(v) for k, v in pins.items()},
+        **{f"{LABEL_NS}.patch.{_label_key(p.file)}": f"sha256:{p.sha256}" for p in patches},
+    }
+    argv = [docker_cli(), "build", "--progress=plain", "--iidfile", str(out / "image.id"), "-f", str(out / "Dockerfile")]
+    for k, v in cli_args.items():
+        argv += ["--build-arg", f"{k}={v}"]
+    for k, v in labels.items():
+        argv += ["--label", f"{k}={v}"]
+    ca = opts.ca_bundle if opts.ca_bundle is not None else default_ca_bundle()
+    if ca and Path(ca).is_file():
+        argv += ["--secret", f"id=ca-bundle,src={ca}"]
+    elif opts.ca_bundle:
+        raise ConfigError("invoke build", [Problem("--ca-bundle", "is not a file", opts.ca_bundle)])
+    if opts.no_cache:
+        argv.append("--no-cache")
+    argv.append(str(out / "context"))
+    return Prepared(stack, local, base, patches, dockerfile, lock, build_args, build_hash, out, repository, argv,
+                    {"DOCKER_BUILDKIT": "1"}, labels)
+
+
+def _copy_wheels(src: Path, target: Path) -> None:
+    """The wheels of a --source wheel directory into the context (hard links where possible: wheels
+    can be gigabytes). Their content is in the hash through the lock's wheel_dirs digest."""
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    for whl in sorted(src.glob("*.whl")):
+        try:
+            os.link(whl, target / whl.name)
+        except OSError:
+            shutil.copy2(whl, target / whl.name)
+
+
+def _write_tree(root: Path, files: dict[str, str | bytes], modes: dict[str, int]) -> None:
+    """Write nested files, each replaced atomically (write_dir works one directory at a time)."""
+    by_dir: dict[str, dict[str, str | bytes]] = {}
+    for name, content in files.items():
+        parent, _, base = name.rpartition("/")
+        by_dir.setdefault(parent, {})[base] = content
+    for parent, group in sorted(by_dir.items()):
+        prefix = f"{parent}/" if parent else ""
+        write_dir(root / parent if parent else root, group, modes={b: modes[prefix + b] for b in group if prefix + b in modes})
+
+
+# --- building ---------------------------------------------------------------------------------
+
+VERTEX_RE = re.compile(r"^#(\d+) \[(?:[^\]]*? )?(\d+)/(\d+)\] (.+)$")
+STATUS_RE = re.compile(r"^#(\d+) (CACHED|DONE (\d+(?:\.\d+)?)s|ERROR\b.*)$")
+STEP_RE = re.compile(r"/opt/slimeforge/sf (\S+)")
+
+
+def parse_progress(lines: list[str]) -> list[dict[str, Any]]:
+    """Per Dockerfile instruction: its stack step, whether BuildKit took it from cache, its time."""
+    steps: dict[str, dict[str, Any]] = {}
+    for line in lines:
+        m = VERTEX_RE.match(line)
+        if m:
+            vid, idx, total, text = m.groups()
+            step = STEP_RE.search(text)
+            steps.setdefault(vid, {"index": int(idx), "of": int(total), "name": step.group(1).strip("'") if step else text.split(" ", 1)[0].lower(),
+                                   "instruction": text[:160], "cached": False, "duration_s": None})
+            continue
+        m = STATUS_RE.match(line)
+        if m and m.group(1) in steps:
+            item = steps[m.group(1)]
+            if m.group(2) == "CACHED":
+                item["cached"] = True
+            elif m.group(3):
+                item["duration_s"] = float(m.group(3))
+            else:
+                item["error"] = True
+    return sorted(steps.values(), key=lambda s: s["index"])
+
+
+def _stream(argv: list[str], env: dict[str, str], log: Path, echo: Callable[[str], None]) -> tuple[int, list[str]]:
+    """Run the build, keep every line in build.log, and show progress: one line per instruction."""
+    lines: list[str] = []
+    seen: dict[str, str] = {}
+    with log.open("w") as fh, subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                               text=True, bufsize=1) as proc:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.rstrip("\n")
+            fh.write(raw)
+            lines.append(line)
+            m = VERTEX_RE.match(line)
+            if m and m.group(1) not in seen:
+                step = STEP_RE.search(m.group(4))
+                seen[m.group(1)] = f"[{m.group(2)}/{m.group(3)}] {step.group(1) if step else m.group(4)[:60]}"
+                continue
+            m = STATUS_RE.match(line)
+            if m and m.group(1) in seen:
+                echo(f"  {seen[m.group(1)]:<48} {m.group(2)}")
+            elif "slimeforge: ERROR:" in line:
+                echo("  " + line)
+        rc = proc.wait()
+    return rc, lines
+
+
+def _failure(lines: list[str]) -> str:
+    errors = [line.split("slimeforge: ERROR:", 1)[1].strip() for line in lines if "slimeforge: ERROR:" in line]
+    if errors:
+        return "\n".join(dict.fromkeys(errors))
+    return "\n".join(lines[-15:])
+
+
+def _read_from_image(client, image_id: str, paths: list[str]) -> dict[str, bytes]:
+    """Files copied out of an image without starting it (a created, never-run container)."""
+    out = {}
+    container = client.containers.create(image_id, command=["true"])
+    try:
+        for p in paths:
+            chunks, _ = container.get_archive(p)
+            with tarfile.open(fileobj=BytesIO(b"".join(chunks))) as tar:
+                member = tar.next()
+                assert member is not None
+                fh = tar.extractfile(member)
+                assert fh is not None
+                out[p] = fh.read()
+    finally:
+        container.remove(force=True)
+    return out
+
+
+def smoke_test(client, image_id: str, stack: Stack) -> str:
+    """Run the stack's smoke checks inside the image; raise BuildError listing the failures."""
+    import docker
+
+    layout = image_layout(stack)
+    try:
+        out = client.containers.run(image_id, [f"{layout.state}/sf", "smoke", *smoke_argv(stack, layout)], remove=True,
+                                    stdout=True, stderr=True, network_disabled=True)
+    except docker.errors.ContainerError as exc:
+        text = (exc.stderr or b"").decode(errors="replace")
+        raise BuildError(f"smoke test of image {image_id[:19]} failed (image left untagged):\n{_failure(text.splitlines())}") from None
+    return out.decode(errors="replace")
+
+
+def _built_image(client, p: Prepared) -> str | None:
+    """The id of an image of this content hash that passed its smoke test: those, and only those,
+    carry a content tag (`<any repository>:<hash16>`); a failed one stays untagged."""
+    for img in client.images.list(filters={"label": f"{HASH_LABEL}={p.hash}"}):
+        if (img.labels or {}).get(HASH_LABEL) == p.hash and any(t.endswith(":" + p.hash[:16]) for t in img.tags):
+            return img.id
+    return None
+
+
+def _apply_tags(client, image_id: str, refs: list[str]) -> None:
+    img = client.images.get(image_id)
+    for ref in refs:
+        repo, _, tag = ref.rpartition(":")
+        if "/" in tag or not repo:
+            repo, tag = ref, "latest"
+        img.tag(repo, tag)
+
+
+def _extra_tags(p: Prepared, tags: list[str]) -> list[str]:
+    return [t if (":" in t.rsplit("/", 1)[-1] or "/" in t) else f"{p.repository}:{t}" for t in tags]
+
+
+def build(opts: BuildOptions) -> dict[str, Any]:
+    """Build (or recognise as built) the image of a stack. Returns the report (also report.json)."""
+    started = time.monotonic()
+    echo = opts.echo
+    p = prepare(opts)
+    echo(f"stack {p.stack.id}: build {p.hash[:12]} in {p.dir}")
+    if opts.dry_run:
+        import shlex
+
+        echo("would run: " + " ".join(f"{k}={v}" for k, v in p.env.items()) + " " + shlex.join(p.argv))
+        return {"dry_run": True, "build_hash": p.hash, "dir": str(p.dir), "tag": p.tag, "human_tags": p.human_tags, "command": p.argv}
+
+    client = _docker_client()
+    tags = [p.tag, *p.human_tags, *_extra_tags(p, opts.tags)]
+    existing = None if opts.force else _built_image(client, p)
+    previous = _read_json(p.dir / REPORT)
+    if existing:
+        image_id = existing
+        echo(f"image {p.tag} ({image_id[:19]}) is up to date: nothing to build (--force rebuilds)")
+        steps, duration, skipped = previous.get("steps", []), previous.get("build_duration_s"), True
+    else:
+        rc, lines = _stream(p.argv, p.env, p.dir / LOG, echo)
+        if rc != 0:
+            raise BuildError(f"docker build of {p.stack.id} failed (log: {p.dir / LOG}):\n{_failure(lines)}")
+        image_id = (p.dir / "image.id").read_text().strip()
+        steps, duration, skipped = parse_progress(lines), round(time.monotonic() - started, 2), False
+        echo("smoke test ...")
+        smoke_test(client, image_id, p.stack)
+    files = _read_from_image(client, image_id, ["/opt/slimeforge/stack.lock.json", "/opt/slimeforge/flags.json"]
+                             if slime_source(p.stack) else ["/opt/slimeforge/stack.lock.json"])
+    _apply_tags(client, image_id, tags)
+    image = client.images.get(image_id)
+    lock = json.loads(files["/opt/slimeforge/stack.lock.json"])
+    lock.update({"build_hash": p.hash, "image_id": image_id, "tag": p.tag, "digest": previous.get("digest"),
+                 "published": previous.get("published", [])})
+    report = {
+        "tag": p.tag,
+        "human_tags": p.human_tags + _extra_tags(p, opts.tags),
+        "image_id": image_id,
+        "digest": previous.get("digest"),
+        "published": previous.get("published", []),
+        "size": image.attrs.get("Size"),
+        "build_hash": p.hash,
+        "stack": p.stack.id,
+        "flavor": p.stack.name,
+        "base": p.base,
+        "skipped": skipped,
+        "build_duration_s": duration,
+        "duration_s": round(time.monotonic() - started, 2),
+        "steps": steps,
+        "cache": {"hits": sum(1 for s in steps if s.get("cached")), "steps": len(steps)},
+        "patches": {x.file: x.sha256 for x in p.patches},
+        "dir": str(p.dir),
+        "dockerfile": str(p.dir / "Dockerfile"),
+        "lock": str(p.dir / LOCK),
+        "flags": str(p.dir / FLAGS) if slime_source(p.stack) else None,
+        "log": str(p.dir / LOG),
+        "command": p.argv,
+    }
+    out_files: dict[str, str | bytes] = {LOCK: json.dumps(lock, indent=2, sort_keys=True) + "\n"}
+    if slime_source(p.stack):
+        out_files[FLAGS] = files["/opt/slimeforge/flags.json"]
+    out_files[REPORT] = json.dumps(report, indent=2) + "\n"
+    write_dir(p.dir, out_files, last=REPORT)
+    echo(summary_table(report))
+    return report
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def summary_table(report: dict[str, Any]) -> str:
+    rows = [f"{'step':<24} {'cached':<7} {'seconds':>8}"]
+    for s in report["steps"]:
+        dur = "" if s.get("duration_s") is None else f"{s['duration_s']:.1f}"
+        rows.append(f"{s['name'][:24]:<24} {'yes' if s.get('cached') else 'no':<7} {dur:>8}")
+    size = report["size"] or 0
+    rows.append(f"image {report['tag']}  id {report['image_id'][:19]}  size {size / 1e6:.1f} MB  "
+                f"cache {report['cache']['hits']}/{report['cache']['steps']}" + ("  (skipped: up to date)" if report["skipped"] else ""))
+    rows.append(f"report {report['dir']}/{REPORT}  flags {report['flags']}")
+    return "\n".join(rows)
+

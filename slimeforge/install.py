@@ -1,0 +1,138 @@
+"""`invoke install`: the bare-metal install script of a stack, rendered from the same steps as its
+Dockerfile (`steps.step_commands`), with the same step library (templates/steps.sh) included.
+
+    render_install_script(stack, prefix, venv=None, sources=None) -> str   (cluster bootstrap uses it)
+    install(opts) -> Path   render to --out (default <prefix>/.slimeforge/install/), run unless dry run
+
+The script is a deliverable on its own: it carries the patch files (base64, checked by sha256) and
+the input lock, so it can be copied to a host and run there (cluster bootstrap runs it over SSH).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import CommandError, ConfigError, Problem
+from .patches import PatchContent, read_patches
+from .sources import LocalSource, parse_sources
+from .stack import Stack, load_stack
+from .steps import FINALIZE_STEP, STEP_LIBRARY, Layout, finalize_argv, smoke_argv, step_commands
+from .templating import render
+
+SCRIPT = "install.sh"
+
+
+def host_layout(stack: Stack, prefix: str, venv: str | None, sources: dict[str, LocalSource] | None) -> Layout:
+    """On a host: checkouts under the prefix, records in <prefix>/.slimeforge, local sources fetched
+    straight from the given checkouts (only read)."""
+    local = sources or {}
+    urls = {n: s.git for n, s in stack.sources.items()}
+    urls.update({n: str(s.path) for n, s in local.items() if s.kind == "git"})
+    wheels = {n: str(s.path) for n, s in local.items() if s.kind == "wheels"}
+    state = f"{prefix}/.slimeforge"
+    return Layout(prefix, venv or f"{prefix}/venv", f"{state}/patches", state, urls, wheels)
+
+
+def render_install_script(stack: Stack, prefix: str, venv: str | None = None, sources: dict[str, LocalSource] | None = None,
+                          cache: Path = Path("build") / ".cache" / "sources", patches: list[PatchContent] | None = None) -> str:
+    """The install script (text). `sources` maps a source name to a LocalSource (see
+    sources.parse_sources); patches are read from the pinned slime commit (local or fetched)
+    unless given (`patches.read_patches` output)."""
+    if not prefix.startswith("/"):
+        raise ConfigError("install", [Problem("--prefix", "must be an absolute path", prefix)])
+    if venv is not None and not venv.startswith("/"):
+        raise ConfigError("install", [Problem("--venv", "must be an absolute path", venv)])
+    layout = host_layout(stack, prefix, venv, sources)
+    if patches is None:
+        patches = read_patches(stack, sources or {}, cache)
+    patch_sha = {p.file: p.sha256 for p in patches}
+    lock = {
+        "schema": 1,
+        "stack": {"name": stack.name, "version": stack.version, "id": stack.id, "hash": stack.hash, "cuda": stack.cuda, "python": stack.python},
+        "pins": stack.pins(),
+        "sources": {n: {"git": s.git, "commit": s.commit, "local": n in (sources or {})} for n, s in stack.sources.items()},
+        "patches": [{"file": p.file, "target": p.target, "method": p.method, "strip": p.strip, "sha256": p.sha256} for p in patches],
+        "install": {"prefix": prefix, "venv": layout.venv},
+    }
+    lock_text = json.dumps(lock, indent=2, sort_keys=True) + "\n"
+    steps = []
+    chain = hashlib.sha256(STEP_LIBRARY.read_bytes()).hexdigest()  # a changed library re-does every step
+    for step in step_commands(stack, layout):
+        commands = [step["argv"], *step["post"]]
+        steps.append({"name": step["name"], "env": step["env"], "commands": commands})
+    steps.append({"name": FINALIZE_STEP, "env": {}, "commands": [finalize_argv(stack, layout, f"{layout.state}/stack.input.json",
+                                                                             f"{prefix}/stack.lock.json", f"{prefix}/flags.json")]})
+    for step in steps:
+        inputs = {"step": step, "patches": {f: patch_sha[f] for f in sorted(patch_sha) if any(f in " ".join(c) for c in step["commands"])}}
+        if step["name"] == FINALIZE_STEP:
+            inputs["lock"] = hashlib.sha256(lock_text.encode()).hexdigest()
+        chain = hashlib.sha256((chain + json.dumps(inputs, sort_keys=True)).encode()).hexdigest()
+        step["hash"] = chain
+        step["fn"] = step["name"].replace("-", "_")
+    return render("install.sh.j2", {
+        "stack_id": stack.id,
+        "state": layout.state,
+        "prefix": prefix,
+        "venv": layout.venv,
+        "library": STEP_LIBRARY.read_text().rstrip("\n"),
+        "python": stack.python,
+        "cuda": stack.cuda,
+        "cuda_home": stack.cuda_home or "/usr/local/cuda",
+        "driver_min": stack.driver_min or 0,
+        "compiles": any(s.compiles for s in stack.steps),
+        "disk_gb": 80 if stack.cuda else 1,
+        "patches": [{"file": p.file, "sha256": p.sha256, "b64": base64.encodebytes(p.data).decode().rstrip("\n")} for p in patches],
+        "lock_b64": base64.encodebytes(lock_text.encode()).decode().rstrip("\n"),
+        "steps": steps,
+        "smoke": smoke_argv(stack, layout, flags=f"{prefix}/flags.json")[1:],
+    })
+
+
+@dataclass
+class InstallOptions:
+    stack: str = "cu13"
+    prefix: str = ""
+    venv: str | None = None
+    sources: list[str] = field(default_factory=list)
+    out: Path | None = None
+    dry_run: bool = False
+    build_root: Path = Path("build")
+    echo: Callable[[str], None] = print
+
+
+def install(opts: InstallOptions) -> Path:
+    """Render the script to --out (default <prefix>/.slimeforge/install/) and run it (not on a dry run)."""
+    stack = load_stack(opts.stack)
+    problems = []
+    if not opts.prefix:
+        problems.append(Problem("--prefix", "is required", opts.prefix, "an absolute directory, e.g. /opt/slime"))
+    local = {}
+    try:
+        local = parse_sources(stack, opts.sources)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    if problems:
+        raise ConfigError("invoke install", problems)
+    prefix = str(Path(opts.prefix).absolute())
+    text = render_install_script(stack, prefix, str(Path(opts.venv).absolute()) if opts.venv else None, local,
+                                 opts.build_root / ".cache" / "sources")
+    out = Path(opts.out) if opts.out else Path(prefix) / ".slimeforge" / "install"
+    out.mkdir(parents=True, exist_ok=True)
+    script = out / SCRIPT
+    script.write_text(text)
+    script.chmod(0o755)
+    if opts.dry_run:
+        opts.echo(str(script))
+        return script
+    opts.echo(f"running {script}")
+    rc = subprocess.run(["bash", str(script)], stdout=sys.stdout, stderr=sys.stderr).returncode
+    if rc != 0:
+        raise CommandError("install", ["bash", str(script)], rc, "")
+    return script

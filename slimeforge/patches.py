@@ -1,0 +1,145 @@
+"""Patches from slime's own tree at the pinned commit: extraction, hashing, and `patches.check`.
+
+The patch files are never copied into this repository: they are read with `git show
+<commit>:<patches.dir>/<file>` from the pinned slime commit (a local checkout given with --source,
+or a shallow fetch of slime's git URL).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ConfigError, Problem, SlimeforgeError
+from .proc import Runner
+from .sources import GIT, LocalSource, source_repo
+from .stack import Stack
+from .steps import STEP_LIBRARY, used_patches
+
+
+@dataclass(frozen=True)
+class PatchContent:
+    file: str
+    target: str
+    method: str
+    strip: int
+    data: bytes
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+
+class PatchError(SlimeforgeError):
+    """A patch does not apply; the message names the patch and the files."""
+
+
+def read_patches(stack: Stack, local: dict[str, LocalSource], cache: Path, runner: Runner | None = None) -> list[PatchContent]:
+    """Every patch the steps apply, read from the patch source at its pinned commit."""
+    wanted = used_patches(stack)
+    if not wanted or stack.patches is None:
+        return []
+    runner = runner or Runner()
+    src = stack.patches.from_source
+    commit = stack.sources[src].commit
+    repo = source_repo(stack, src, local, cache, runner)
+    out, problems = [], []
+    for p in wanted:
+        path = f"{stack.patches.dir}/{p['file']}"
+        data = _git_blob(repo, f"{commit}:{path}")
+        if data is None:
+            problems.append(Problem(f"patches.files ({p['file']})", f"is not in {src} at {commit[:12]}", path,
+                                    f"a file under {stack.patches.dir}/ of that commit"))
+            continue
+        out.append(PatchContent(p["file"], p["target"], p["method"], p["strip"], data))
+    if problems:
+        raise ConfigError(f"patches of stack {stack.name}", problems)
+    return out
+
+
+def _git_blob(repo: Path, spec: str) -> bytes | None:
+    # Bytes, not text (proc.Runner decodes): the hash must be of the file exactly as slime has it.
+    res = subprocess.run([*GIT, "--git-dir", str(repo), "cat-file", "blob", spec], capture_output=True)
+    return res.stdout if res.returncode == 0 else None
+
+
+def check_patches(stack: Stack, local: dict[str, LocalSource], cache: Path, echo=print, runner: Runner | None = None) -> list[dict]:
+    """Apply every patch of the stack to temporary checkouts of the pinned sources (never to the
+    user's checkouts), with the same step library the build uses. A site-packages patch is applied
+    to the unpacked wheels of the step that installs its target (downloaded from the index).
+
+    Returns one row per patch: file, target, sha256, status ("applies", "already applied").
+    Raises PatchError naming every patch that does not apply."""
+    runner = runner or Runner()
+    contents = read_patches(stack, local, cache, runner)
+    rows, failures = [], []
+    work = Path(tempfile.mkdtemp(prefix="slimeforge-patches-"))
+    try:
+        for pc in contents:
+            row = {"file": pc.file, "target": pc.target, "sha256": pc.sha256}
+            if pc.target == "site-packages":
+                # Patches of one step apply in order to one tree, as they do in the build.
+                step = next(s for s in stack.plan() if any(x["file"] == pc.file for x in s["patches"]))
+                tree = work / f"site-packages-{step['name']}"
+                if not tree.exists():
+                    _unpacked_wheels(stack, step, tree, cache.parent / "wheels", runner)
+            else:
+                tree = work / pc.target
+            if not tree.exists():
+                repo = source_repo(stack, pc.target, local, cache, runner)
+                runner.run([*GIT, "clone", "-q", "--no-checkout", str(repo), str(tree)], step=f"patches.check {pc.target}")
+                runner.run([*GIT, "-C", str(tree), "checkout", "-q", stack.sources[pc.target].commit], step=f"patches.check {pc.target}")
+            pfile = work / "patches" / pc.file
+            pfile.parent.mkdir(parents=True, exist_ok=True)
+            pfile.write_bytes(pc.data)
+            res = runner.run(["bash", "-c", 'source "$1"; shift; sf_apply_patch "$@"', "sf", str(STEP_LIBRARY),
+                              pc.file, pc.method, str(pc.strip), str(pfile), str(tree)],
+                             check=False, env={"SF_STATE": str(work / "state")})
+            if res.ok:
+                row["status"] = "already applied" if "already applied" in res.stderr else "applies"
+            else:
+                row["status"] = "does not apply"
+                failures.append(_error_line(res.stdout + res.stderr) or f"patch {pc.file} does not apply to {pc.target}")
+            rows.append(row)
+            echo(f"  {pc.file:<32} {row['status']}  (sha256 {pc.sha256[:12]})")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if failures:
+        raise PatchError("patches.check failed:\n" + "\n".join(f"  - {f}" for f in failures))
+    return rows
+
+
+def _unpacked_wheels(stack: Stack, step: dict, target: Path, cache: Path, runner: Runner) -> None:
+    """The wheels a step installs, unpacked as they would be in site-packages."""
+    reqs = step.get("requirements") or []
+    cache.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", stack.python,
+            "--platform", "manylinux_2_28_x86_64", "--platform", "any", "-d", str(cache), *reqs]
+    if step.get("index_url"):
+        argv += ["--extra-index-url", step["index_url"]]
+    runner.run(argv, step=f"patches.check: download {' '.join(reqs)}", timeout=1800)
+    target.mkdir(parents=True)
+    for req in reqs:
+        name = re.split(r"[<>=!~\[ @]", req, maxsplit=1)[0].replace("-", "_").lower()
+        version = req.split("==", 1)[1] if "==" in req else ""
+        for whl in sorted(cache.glob("*.whl")):
+            stem = whl.name.lower()
+            if stem.startswith(f"{name}-{version}".lower()):
+                with zipfile.ZipFile(whl) as zf:
+                    zf.extractall(target)
+                break
+
+
+def _error_line(output: str) -> str | None:
+    for line in output.splitlines():
+        if "slimeforge: ERROR:" in line:
+            return line.split("slimeforge: ERROR:", 1)[1].strip()
+    return None
+

@@ -1,0 +1,167 @@
+"""The stack's ordered steps as calls of the shared step library (templates/steps.sh).
+
+`step_commands()` turns `Stack.plan()` into one argv per step (`sf <step> <function> args...`).
+The Dockerfile renders each as a RUN, the bare-metal install script as a resumable step; both get
+their commands from here, so the two paths run the same functions with the same pins in the same
+order. Only the locations differ (`Layout`): where checkouts, the venv and patch files live, and
+where each source is fetched from.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import paths
+from .stack import Stack
+
+STEP_LIBRARY = paths.TEMPLATES / "steps.sh"
+STEP_RUNNER = paths.TEMPLATES / "sf"
+# Steps that are not in the stack's list but that both paths run: the venv with the pinned uv
+# comes right after the system packages; finalize (lock + flag catalog) comes last.
+VENV_STEP, FINALIZE_STEP = "venv", "finalize"
+
+
+@dataclass
+class Layout:
+    root: str  # checkouts land at <root>/<source dir>
+    venv: str
+    patches_dir: str  # where the patch files lie when a step runs
+    state: str  # SF_STATE: records, constraints, lock, flags
+    source_urls: dict[str, str] = field(default_factory=dict)  # name -> where to fetch it from
+    wheel_dirs: dict[str, str] = field(default_factory=dict)  # pip step -> wheel directory (--no-index)
+
+    def source_dir(self, stack: Stack, name: str) -> str:
+        return f"{self.root}/{stack.sources[name].dir}"
+
+
+def image_layout(stack: Stack, local_sources: dict[str, Any] | None = None) -> Layout:
+    """In images, a local source is bind-mounted from the build context at /tmp/sf-src/<name>.git."""
+    local = local_sources or {}
+    urls = {n: s.git for n, s in stack.sources.items()}
+    urls.update({n: f"/tmp/sf-src/{n}.git" for n, s in local.items() if getattr(s, "kind", "git") == "git"})
+    wheels = {n: f"/tmp/sf-wheels/{n}" for n, s in local.items() if getattr(s, "kind", "git") == "wheels"}
+    return Layout(stack.image_root, stack.venv, "/tmp/sf-patches", "/opt/slimeforge", urls, wheels)
+
+
+def compile_jobs(mem_bytes: int | None = None, cores: int | None = None) -> tuple[int, int]:
+    """MAX_JOBS and NVCC threads that fit the build host: about 6 GiB per nvcc job (flash-attn's
+    kernels peak there), never more jobs than cores; the spare cores go to NVCC threads."""
+    cores = cores or os.cpu_count() or 1
+    if mem_bytes is None:
+        try:
+            mem_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            mem_bytes = 8 << 30
+    jobs = max(1, min(cores, mem_bytes // (6 << 30)))
+    threads = max(1, min(4, cores // jobs))
+    return int(jobs), int(threads)
+
+
+def patch_spec(p: dict[str, Any], layout: Layout) -> str:
+    return f"{p['file']}:{p['method']}:{p['strip']}:{layout.patches_dir}/{p['file']}"
+
+
+def step_commands(stack: Stack, layout: Layout) -> list[dict[str, Any]]:
+    """Each step: name, kind, env, compiles, patch files it needs, the sf argv, and (for Docker)
+    whether it uses apt. The first non-apt step is preceded by the venv step."""
+    out: list[dict[str, Any]] = []
+    venv_done = False
+    versions = stack.versions
+    for step in stack.plan():
+        if step["kind"] != "apt" and not venv_done:
+            out.append(_step(VENV_STEP, "venv", ["venv", layout.venv, versions["uv"]]))
+            venv_done = True
+        name, kind = step["name"], step["kind"]
+        patch_files = [p["file"] for p in step["patches"]]
+        if kind == "apt":
+            argv = ["apt_install", *step["packages"]]
+        elif kind in ("pip", "wheel_url"):
+            argv = ["pip_step", "--venv", layout.venv]
+            for r in step["requirements"]:
+                argv += ["--req", r]
+            if name in layout.wheel_dirs:
+                argv += ["--find-links", layout.wheel_dirs[name], "--no-index"]
+            elif step.get("index_url"):
+                argv += ["--index-url", step["index_url"]]
+            for p in step.get("no_binary", []):
+                argv += ["--no-binary", p]
+            for p in step.get("exclude", []):
+                argv += ["--exclude", p]
+            if step["no_deps"]:
+                argv.append("--no-deps")
+            if step["constrain_later"]:
+                argv.append("--constrain-later")
+            if step["compiles"]:
+                # Extensions compile against the torch already installed, not a fresh isolated one.
+                argv.append("--no-build-isolation")
+        else:
+            src = step["source"]
+            argv = ["source_step", "--venv", layout.venv, "--name", src, "--url", layout.source_urls.get(src, step["git"]),
+                    "--commit", step["commit"], "--dest", layout.source_dir(stack, src)]
+            for p in step["patches"]:
+                if p["target"] == src:
+                    argv += ["--patch", patch_spec(p, layout)]
+            for r in step["requirements"]:
+                argv += ["--req", r]
+            if step["editable"]:
+                argv.append("--editable")
+                # Megatron's editable install must be a plain path entry (`megatron.training` is
+                # not found through setuptools' import hooks otherwise); harmless for the others.
+                argv += ["--config-setting", "editable_mode=compat"]
+            if step["no_deps"]:
+                argv.append("--no-deps")
+        item = _step(name, kind, argv, env=step["env"], compiles=step["compiles"], patch_files=patch_files)
+        item["source"] = step.get("source")
+        # Patches of installed packages are applied right after the step that installed them.
+        item["post"] = [["apply_patch", p["file"], p["method"], str(p["strip"]),
+                         f"{layout.patches_dir}/{p['file']}", stack.site_packages.replace(stack.venv, layout.venv, 1)]
+                        for p in step["patches"] if p["target"] == "site-packages"]
+        out.append(item)
+    return out
+
+
+def _step(name: str, kind: str, argv: list[str], *, env: dict[str, str] | None = None, compiles: bool = False,
+          patch_files: list[str] | None = None) -> dict[str, Any]:
+    return {"name": name, "kind": kind, "env": dict(env or {}), "compiles": compiles, "patch_files": list(patch_files or []),
+            "argv": argv, "post": [], "source": None}
+
+
+def used_patches(stack: Stack) -> list[dict[str, Any]]:
+    """The patch files the steps apply, in step order."""
+    return [p for step in stack.plan() for p in step["patches"]]
+
+
+def slime_source(stack: Stack) -> str | None:
+    """The source whose train.py defines the flag catalog (the one named slime)."""
+    return "slime" if "slime" in stack.sources else None
+
+
+def finalize_argv(stack: Stack, layout: Layout, lock_in: str, lock_out: str | None = None, flags_out: str | None = None) -> list[str]:
+    argv = ["finalize", layout.venv, lock_in, lock_out or f"{layout.state}/stack.lock.json", flags_out or f"{layout.state}/flags.json"]
+    for name in stack.sources:
+        if any(s.get("source") == name for s in stack.plan()):
+            argv += ["--checkout", f"{name}={layout.source_dir(stack, name)}"]
+    slime = slime_source(stack)
+    if slime:
+        argv += ["--slime", layout.source_dir(stack, slime)]
+    return argv
+
+
+def smoke_argv(stack: Stack, layout: Layout, flags: str | None = None) -> list[str]:
+    argv = ["smoke", "--venv", layout.venv]
+    for m in stack.smoke.imports:
+        argv += ["--import", m]
+    if stack.smoke.router_fork_marker and stack.router:
+        argv += ["--router-marker", stack.smoke.router_fork_marker]
+    if stack.cuda and "torch" in stack.versions:
+        argv += ["--torch-cuda", stack.cuda]
+    site = stack.site_packages.replace(stack.venv, layout.venv, 1)
+    for p in used_patches(stack):
+        target = site if p["target"] == "site-packages" else layout.source_dir(stack, p["target"])
+        argv += ["--patch", f"{p['file']}:{p['method']}:{p['strip']}:{layout.state}/patches/{p['file']}:{target}"]
+    slime = slime_source(stack)
+    if slime:
+        argv += ["--flags", flags or f"{layout.state}/flags.json", "--slime", layout.source_dir(stack, slime)]
+    return argv

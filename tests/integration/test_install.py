@@ -1,0 +1,113 @@
+"""The rendered install script of the test stack, run with real bash inside a container from the
+local Debian base (real pip/uv from PyPI, real git sources and patches): fresh install, no-op
+re-run, a failing step resumed, an already-patched tree recognised."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import build_support as bs
+import pytest
+
+from slimeforge.build import default_ca_bundle
+from slimeforge.install import render_install_script
+from slimeforge.sources import parse_sources
+from slimeforge.stack import load_stack
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+PREFIX = "/opt/sf"
+
+
+@pytest.fixture(scope="module")
+def host(base_image, tmp_path_factory):
+    """A container from the base image standing in for a host; the fixture repos are mounted read-only."""
+    root = tmp_path_factory.mktemp("install")
+    repos = bs.make_repos(root / "repos")
+    argv = ["docker", "run", "-d", "--name", f"slimeforge-build-install-{os.getpid()}", "-v", f"{root}:{root}:ro"]
+    ca = default_ca_bundle()
+    if ca:
+        argv += ["-v", f"{ca}:/etc/slimeforge-ca.crt:ro", "-e", "SF_CA_BUNDLE=/etc/slimeforge-ca.crt"]
+    cid = subprocess.run([*argv, base_image, "sleep", "infinity"], capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        yield {"root": root, "repos": repos, "cid": cid}
+    finally:
+        subprocess.run(["docker", "rm", "-f", cid], capture_output=True)
+
+
+def script_for(host, stack_path=bs.TEST_STACK, name="install.sh") -> Path:
+    stack = load_stack(str(stack_path))
+    local = parse_sources(stack, [f"slime={host['repos']['slime']}", f"libdemo={host['repos']['libdemo']}"])
+    path = host["root"] / name
+    path.write_text(render_install_script(stack, PREFIX, None, local, host["root"] / "cache"))
+    return path
+
+
+def run(host, script: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", "exec", host["cid"], "bash", str(script)], capture_output=True, text=True, timeout=900)
+
+
+def cat(host, path: str) -> str:
+    return subprocess.run(["docker", "exec", host["cid"], "cat", path], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture(scope="module")
+def installed(host):
+    script = script_for(host)
+    res = run(host, script)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return script, res
+
+
+def test_script_passes_bash_n_and_shellcheck(host):
+    script = script_for(host, name="lint.sh")
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    res = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout
+
+
+def test_fresh_install(installed, host):
+    _, res = installed
+    for step in ("venv", "build-tools", "six", "libdemo", "idna", "slime", "finalize"):
+        assert f"step {step}: running (log: {PREFIX}/.slimeforge/logs/{step}.log)" in res.stderr
+    assert "smoke test passed" in res.stderr
+    flags = json.loads(cat(host, f"{PREFIX}/flags.json"))
+    assert flags["slime_commit"] == bs.SLIME_S1 and "--lr" in flags["flags"]
+    lock = json.loads(cat(host, f"{PREFIX}/stack.lock.json"))
+    assert lock["installed"]["six"] == "1.17.0" and lock["checkouts"]["libdemo"] == bs.LIBDEMO_COMMIT
+    assert "PATCHED = True" in cat(host, f"{PREFIX}/libdemo/libdemo/__init__.py")
+
+
+def test_rerun_is_a_noop(installed, host):
+    script, _ = installed
+    res = run(host, script)
+    assert res.returncode == 0, res.stderr
+    assert "running" not in res.stderr
+    assert res.stderr.count(": done\n") == 7
+
+
+def test_failing_step_stops_and_the_next_run_resumes_there(installed, host):
+    script, _ = installed
+    broken = script_for(host, bs.derived_stack(host["root"] / "badpin.yaml", bs.SLIME_S1, versions="{idna: '99.99.99'}"), "broken.sh")
+    res = run(host, broken)
+    assert res.returncode != 0
+    assert f"step idna failed (log: {PREFIX}/.slimeforge/logs/idna.log)" in res.stderr
+    assert "it resumes at idna" in res.stderr
+    for step in ("venv", "build-tools", "six", "libdemo"):
+        assert f"step {step}: done\n" in res.stderr  # earlier steps kept, not re-run
+    assert "step slime" not in res.stderr
+    assert "99.99.99" in cat(host, f"{PREFIX}/.slimeforge/logs/idna.log")
+    fixed = run(host, script)
+    assert fixed.returncode == 0, fixed.stderr
+    assert "step libdemo: done\n" in fixed.stderr and "step idna: running" in fixed.stderr
+
+
+def test_already_patched_tree_is_recognised(installed, host):
+    script, _ = installed
+    subprocess.run(["docker", "exec", host["cid"], "rm", f"{PREFIX}/.slimeforge/steps/libdemo.done"], check=True)
+    res = run(host, script)
+    assert res.returncode == 0, res.stderr
+    assert "patch libdemo.patch: already applied" in cat(host, f"{PREFIX}/.slimeforge/logs/libdemo.log")
+    assert cat(host, f"{PREFIX}/libdemo/libdemo/__init__.py").count("PATCHED") == 1

@@ -1,0 +1,109 @@
+"""The install script: rendered from the same steps as the Dockerfile (drift guard), valid bash,
+shellcheck-clean, prerequisites in front, and the CLI's dry run."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slimeforge.build import render_dockerfile
+from slimeforge.install import host_layout, render_install_script
+from slimeforge.patches import PatchContent
+from slimeforge.stack import load_stack
+from slimeforge.steps import image_layout, used_patches
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+import build_support as bs  # noqa: E402
+
+
+def placeholder_patches(stack):
+    # The real patch files live in slime's tree (no network here); the drift guard is about steps.
+    return [PatchContent(p["file"], p["target"], p["method"], p["strip"], f"placeholder {p['file']}\n".encode()) for p in used_patches(stack)]
+
+
+def normalise(argv: list[str], layout) -> list[str]:
+    subs = sorted([(layout.venv, "<venv>"), (layout.patches_dir, "<patches>"), (layout.state, "<state>"), (layout.root + "/", "<root>/")]
+                  + [(u, "<url>") for u in layout.source_urls.values()], key=lambda x: -len(x[0]))
+    out = []
+    for a in argv:
+        for old, new in subs:
+            a = a.replace(old, new)
+        out.append(a)
+    return out
+
+
+def dockerfile_steps(text: str, layout) -> list[tuple[str, list[list[str]]]]:
+    joined = text.replace("\\\n", " ")
+    steps = []
+    for line in joined.splitlines():
+        if not line.startswith("RUN ") or "/opt/slimeforge/sf " not in line or " finalize finalize " in line:
+            continue
+        cmds = [shlex.split(part.split("/opt/slimeforge/sf ", 1)[1]) for part in line.split(" && ")]
+        steps.append((cmds[0][0], [normalise(c[1:], layout) for c in cmds]))
+    return steps
+
+
+def script_steps(text: str, layout) -> list[tuple[str, list[list[str]]]]:
+    bodies = {m.group(1): m.group(2) for m in re.finditer(r"^sf_step_(\w+)\(\) \{\n(.*?)^\}", text, re.S | re.M)}
+    order = re.findall(r"^sf_run_step (\S+) \S+ .*-- sf_step_(\w+)$", text, re.M)
+    steps = []
+    for name, fn in order:
+        if name == "finalize":
+            continue
+        cmds = [shlex.split(line.strip()) for line in bodies[fn].strip().splitlines()]
+        steps.append((name, [normalise([c[0].removeprefix("sf_"), *c[1:]], layout) for c in cmds]))
+    return steps
+
+
+@pytest.mark.parametrize("flavor", ["cu13", "cu129", str(bs.TEST_STACK)])
+def test_dockerfile_and_install_script_hold_the_same_steps(flavor):
+    stack = load_stack(flavor)
+    docker = dockerfile_steps(render_dockerfile(stack), image_layout(stack))
+    script_text = render_install_script(stack, "/opt/slime", patches=placeholder_patches(stack))
+    script = script_steps(script_text, host_layout(stack, "/opt/slime", None, None))
+    assert docker == script
+    assert len(script) == len(stack.plan()) + 1  # + venv
+    for value in (v for k, v in stack.pins().items() if k.startswith(("pip.", "source.", "slime-req.")) or k == "router.wheel"):
+        assert value in script_text
+
+
+@pytest.mark.parametrize("flavor", ["cu13", str(bs.TEST_STACK)])
+def test_install_script_is_valid_bash_and_checks_prerequisites_first(flavor, tmp_path):
+    stack = load_stack(flavor)
+    text = render_install_script(stack, "/opt/slime it's", patches=placeholder_patches(stack))
+    path = tmp_path / "install.sh"
+    path.write_text(text)
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    res = subprocess.run(["shellcheck", str(path)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout
+    assert text.index("\nsf_prereqs\n") < text.index("\nsf_run_step ")
+    if stack.cuda:
+        assert "nvcc" in text and f"-ge {stack.driver_min}" not in text and f">= {stack.driver_min}" in text
+        assert "release $release, the stack needs 13.0" in text
+
+
+def test_cli_dry_run_renders_and_prints_the_path(tmp_path):
+    repos = bs.make_repos(tmp_path / "repos")
+    res = subprocess.run([sys.executable, "-m", "invoke", "install", "--stack", str(bs.TEST_STACK), "--prefix", str(tmp_path / "p"),
+                          "--dry-run", "--source", f"slime={repos['slime']}", "--source", f"libdemo={repos['libdemo']}"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    script = Path(res.stdout.strip())
+    assert script == tmp_path / "p" / ".slimeforge" / "install" / "install.sh" and script.is_file()
+    assert not (tmp_path / "p" / "venv").exists()
+
+
+def test_prerequisite_failure_lists_every_problem_before_step_one(tmp_path):
+    stack = load_stack("cu13")
+    path = tmp_path / "install.sh"
+    path.write_text(render_install_script(stack, str(tmp_path / "p"), patches=placeholder_patches(stack)))
+    res = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "CUDA_HOME": str(tmp_path / "nocuda")})
+    assert res.returncode == 1
+    assert "prerequisite: CUDA: no nvcc at" in res.stderr and "nvidia-smi not found" in res.stderr
+    assert "step " not in res.stderr

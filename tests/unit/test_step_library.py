@@ -1,0 +1,118 @@
+"""templates/steps.sh with real bash, git and patch: fetch at a commit, patches fail closed,
+already-applied trees recognised, the flag catalog format."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import build_support as bs  # noqa: E402
+
+LIB = Path(__file__).resolve().parents[2] / "templates" / "steps.sh"
+
+
+def sf(*args: str, state: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", 'source "$1"; shift; "$@"', "sf", str(LIB), *args], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "SF_STATE": str(state), "HOME": str(state)})
+
+
+@pytest.fixture(scope="module")
+def repos(tmp_path_factory):
+    return bs.make_repos(tmp_path_factory.mktemp("repos"))
+
+
+@pytest.fixture
+def patch_files(repos, tmp_path):
+    out = {}
+    for commit, tag in ((bs.SLIME_S1, "good"), (bs.SLIME_S3, "broken")):
+        data = subprocess.run(["git", "-C", str(repos["slime"]), "show", f"{commit}:docker/patch/test/libdemo.patch"],
+                              capture_output=True, check=True).stdout
+        (tmp_path / f"{tag}.patch").write_bytes(data)
+        out[tag] = tmp_path / f"{tag}.patch"
+    return out
+
+
+def test_fetch_source_pins_commit_and_leaves_origin_alone(repos, tmp_path):
+    dest = tmp_path / "co"
+    head_before = subprocess.run(["git", "-C", str(repos["slime"]), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    res = sf("sf_fetch_source", "slime", str(repos["slime"]), bs.SLIME_S1, str(dest), state=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert subprocess.run(["git", "-C", str(dest), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() == bs.SLIME_S1
+    again = sf("sf_fetch_source", "slime", str(repos["slime"]), bs.SLIME_S1, str(dest), state=tmp_path)
+    assert "already at" in again.stderr
+    assert subprocess.run(["git", "-C", str(repos["slime"]), "rev-parse", "HEAD"], capture_output=True, text=True).stdout == head_before
+    bad = sf("sf_fetch_source", "slime", str(repos["slime"]), "1" * 40, str(tmp_path / "co2"), state=tmp_path)
+    assert bad.returncode != 0 and "cannot fetch commit 1111" in bad.stderr
+
+
+def test_git_patch_applies_then_is_recognised(repos, patch_files, tmp_path):
+    dest = tmp_path / "lib"
+    assert sf("sf_fetch_source", "libdemo", str(repos["libdemo"]), bs.LIBDEMO_COMMIT, str(dest), state=tmp_path).returncode == 0
+    first = sf("sf_apply_patch", "libdemo.patch", "git", "1", str(patch_files["good"]), str(dest), state=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "PATCHED = True" in (dest / "libdemo" / "__init__.py").read_text()
+    second = sf("sf_apply_patch", "libdemo.patch", "git", "1", str(patch_files["good"]), str(dest), state=tmp_path)
+    assert second.returncode == 0 and "already applied" in second.stderr
+    assert (dest / "libdemo" / "__init__.py").read_text().count("PATCHED") == 1
+    rows = (tmp_path / "patches.applied").read_text().splitlines()
+    assert [r.split("\t")[3] for r in rows] == ["applied", "already-applied"]
+    assert sf("sf_patch_applied", "libdemo.patch", "git", "1", str(patch_files["good"]), str(dest), state=tmp_path).returncode == 0
+
+
+def test_broken_patch_fails_naming_patch_and_file(repos, patch_files, tmp_path):
+    dest = tmp_path / "lib"
+    sf("sf_fetch_source", "libdemo", str(repos["libdemo"]), bs.LIBDEMO_COMMIT, str(dest), state=tmp_path)
+    res = sf("sf_apply_patch", "libdemo.patch", "git", "1", str(patch_files["broken"]), str(dest), state=tmp_path)
+    assert res.returncode != 0
+    assert "ERROR: patch libdemo.patch does not apply" in res.stderr and "libdemo/__init__.py" in res.stderr
+
+
+def test_a_failing_patch_in_the_middle_stops_the_step(repos, patch_files, tmp_path):
+    """The loop over a step's patches fails on the first bad one, not only on the last one's status."""
+    res = sf("sf_source_step", "--venv", str(tmp_path / "no-venv"), "--name", "libdemo", "--url", str(repos["libdemo"]),
+             "--commit", bs.LIBDEMO_COMMIT, "--dest", str(tmp_path / "lib"),
+             "--patch", f"bad.patch:git:1:{patch_files['broken']}", "--patch", f"good.patch:git:1:{patch_files['good']}",
+             state=tmp_path)
+    assert res.returncode != 0 and "patch bad.patch does not apply" in res.stderr
+    assert "good.patch" not in res.stderr
+
+
+def test_patch_method_strip_two_and_recognised(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "six.py").write_text("# Copyright (c) 2010-2024 Benjamin Peterson\n#\n# Permission is hereby granted, free of charge, "
+                                 "to any person obtaining a copy\n")
+    patch = tmp_path / "six.patch"
+    patch.write_text(bs.SIX_PATCH)
+    assert sf("sf_apply_patch", "six.patch", "patch", "2", str(patch), str(site), state=tmp_path).returncode == 0
+    assert "patched by slimeforge" in (site / "six.py").read_text()
+    again = sf("sf_apply_patch", "six.patch", "patch", "2", str(patch), str(site), state=tmp_path)
+    assert again.returncode == 0 and "already applied" in again.stderr
+    (site / "six.py").write_text("something else entirely\n")
+    bad = sf("sf_apply_patch", "six.patch", "patch", "2", str(patch), str(site), state=tmp_path)
+    assert bad.returncode != 0 and "six.patch does not apply" in bad.stderr and "six.py" in bad.stderr
+
+
+def test_flag_catalog_format(repos, tmp_path):
+    dest = tmp_path / "slime"
+    sf("sf_fetch_source", "slime", str(repos["slime"]), bs.SLIME_S1, str(dest), state=tmp_path)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    res = sf("sf_flag_catalog", str(venv), str(dest), state=tmp_path)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["slime_commit"] == bs.SLIME_S1
+    assert doc["flags"] == sorted(doc["flags"])
+    assert {"--hf-checkpoint", "--lr", "--num-rollout", "--colocate", "--train-env-vars"} <= set(doc["flags"])
+
+
+def test_shell_files_pass_shellcheck():
+    root = LIB.parent
+    res = subprocess.run(["shellcheck", "-x", "-P", "SCRIPTDIR", "steps.sh", "sf"], cwd=root, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout
