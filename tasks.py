@@ -64,11 +64,12 @@ def stack_show(c, cuda="cu13", as_json=False):
         "dry_run": "validate and render the run directory, print the plan, start nothing",
         "out": "run directory (default runs/<exp_id>)",
         "set_": "override a recipe key, key=value (repeatable)",
+        "cluster": "launch on the cluster of this inventory (brought up with cluster.up; default: the recipe's cluster)",
     },
     default=True,
 )
 @clean_errors
-def run_start(c, recipe, dry_run=False, out=None, set_=None):
+def run_start(c, recipe, dry_run=False, out=None, set_=None, cluster=None):
     """Validate a recipe, render its run directory and launch it (--dry-run: render only)."""
     from pathlib import Path
 
@@ -81,7 +82,12 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None):
     if not dry_run:
         from slimeforge.launch import launch
 
-        code = launch(rec, stack, out=target, recipe_path=recipe)
+        options = {}
+        if cluster or rec.cluster:
+            from slimeforge.cluster import address
+
+            options["address"] = address(cluster or rec.cluster).dashboard  # the head's Jobs API
+        code = launch(rec, stack, out=target, recipe_path=recipe, **options)
         if code:
             raise Exit(code=code)
         return
@@ -97,6 +103,62 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None):
     print(f"  (train.py and {len(run.args)} arguments; see {run.path / 'slime.args'})", file=sys.stderr)
 
 
+# --- cluster ---------------------------------------------------------------------------------
+
+
+@task(
+    positional=["inventory"],
+    help={
+        "inventory": "cluster inventory YAML, e.g. recipes/clusters/example.yaml",
+        "dry_run": "print the per-host plan; connect to nothing, start nothing",
+        "nccl_check": "also run an NCCL all-reduce across each host's GPUs and report bus bandwidth",
+    },
+)
+@clean_errors
+def cluster_up(c, inventory, dry_run=False, nccl_check=False):
+    """Bring up a Ray cluster on the inventory's hosts over SSH: checks on every host first, then Ray."""
+    from slimeforge import cluster
+
+    if dry_run:
+        print("\n".join(cluster.up(inventory, dry_run=True, nccl_check=nccl_check)))
+        return
+    addr = cluster.up(inventory, nccl_check=nccl_check)
+    print(f"cluster is up: GCS {addr.gcs}, dashboard and Jobs API {addr.dashboard}")
+    print(f"launch on it: invoke run RECIPE --cluster {inventory}")
+
+
+@task(positional=["inventory"], help={"inventory": "cluster inventory YAML", "as_json": "print JSON"})
+@clean_errors
+def cluster_status(c, inventory, as_json=False):
+    """Show each host of a cluster: our Ray process, its node, GPUs (Ray / nvidia-smi), Python and Ray versions."""
+    from slimeforge import cluster
+
+    rows = cluster.status(inventory)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"cluster {inventory}", title_justify="left")
+    columns = ["host", "role", "address", "node_ip", "ray_process", "node", "gpus_ray", "gpus_seen", "python", "ray", "error"]
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*("" if row.get(col) is None else str(row[col]) for col in columns))
+    Console().print(table)
+
+
+@task(positional=["inventory"], help={"inventory": "cluster inventory YAML"})
+@clean_errors
+def cluster_down(c, inventory):
+    """Stop the Ray processes that cluster.up started on the inventory's hosts, and nothing else."""
+    from slimeforge import cluster
+
+    cluster.down(inventory)
+
+
 ns = Collection()
 ns.add_collection(Collection("stack", show=stack_show))
 ns.add_collection(Collection("run", start=run_start))
+ns.add_collection(Collection("cluster", up=cluster_up, status=cluster_status, down=cluster_down))

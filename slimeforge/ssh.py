@@ -57,10 +57,14 @@ class SSHOptions:
     extra: Mapping[str, str] = field(default_factory=dict)
 
 
-def control_dir(path: str | None = None) -> Path:
-    """A private directory for ControlMaster sockets, with a SHORT path: a Unix socket path is
-    limited to 108 bytes and ssh's %C token alone is 40 characters."""
-    d = Path(path or f"/tmp/sf-ssh-{os.getuid()}")
+def default_control_dir() -> str:
+    # SHORT on purpose: a Unix socket path is limited to 108 bytes and ssh's %C token alone is 40.
+    return f"/tmp/sf-ssh-{os.getuid()}"
+
+
+def ensure_control_dir(path: str) -> Path:
+    """Create the private directory for ControlMaster sockets (mode 0700, ours)."""
+    d = Path(path)
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = d.stat()
     if st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
@@ -77,7 +81,8 @@ class SSH:
         self.target = target
         self.options = options or SSHOptions()
         self.runner = runner or Runner()
-        self._control_dir = self.options.control_dir
+        self._control_dir = self.options.control_dir or default_control_dir()
+        self._control_dir_ready = False
 
     @property
     def name(self) -> str:
@@ -86,8 +91,6 @@ class SSH:
     def base_argv(self) -> list[str]:
         """`ssh` and its options, without destination and command."""
         o = self.options
-        if self._control_dir is None:
-            self._control_dir = str(control_dir())
         argv = ["ssh"]
         if o.config_file:
             # An ssh config made for this cluster, in place of ~/.ssh/config (ssh reads one or the other).
@@ -154,6 +157,9 @@ class SSH:
             argv = ["sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", cwd, *argv]
         local = self.command(argv, env)
         step = f"{self.target.name}: {step or argv[0]}"
+        if not self.runner.dry_run and not self._control_dir_ready:
+            ensure_control_dir(self._control_dir)
+            self._control_dir_ready = True
         # An empty stdin, not ours: ssh forwards stdin, and with parallel hosts a terminal's
         # input must never go to one of them.
         result = self.runner.run(local, step=step, check=False, capture=capture, input=input if input is not None else "", timeout=timeout)
@@ -166,6 +172,8 @@ class SSH:
     def close(self) -> None:
         """Ask the master connection (if any) to exit now rather than after ControlPersist."""
         if self.runner.dry_run:
+            return
+        if not Path(self._control_dir).is_dir():
             return
         argv = [*self.base_argv(), "-O", "exit", "--", self.target.address]
         self.runner.run(argv, step=f"{self.target.name}: close", check=False, input="", timeout=10)

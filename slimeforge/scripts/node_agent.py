@@ -41,7 +41,7 @@ NVIDIA_QUERY = "index,name,uuid,driver_version,memory.total,compute_cap,pci.bus_
 def _stat(pid):
     """(state, ppid, starttime) from /proc/<pid>/stat, or None when there is no such process."""
     try:
-        with open("/proc/%d/stat" % pid) as f:
+        with open(f"/proc/{pid}/stat") as f:
             data = f.read()
     except OSError:
         return None
@@ -181,7 +181,7 @@ def gpus():
     except subprocess.TimeoutExpired:
         return {"error": "nvidia-smi did not answer within 60 s"}
     if r.returncode != 0:
-        return {"error": "nvidia-smi exited %d: %s" % (r.returncode, (r.stdout + r.stderr).strip()[-300:])}
+        return {"error": f"nvidia-smi exited {r.returncode}: {(r.stdout + r.stderr).strip()[-300:]}"}
     rows = [[c.strip() for c in line.split(",")] for line in r.stdout.strip().splitlines()[1:] if line.strip()]
     return {"list": [{"index": row[0], "name": row[1], "uuid": row[2], "driver": row[3], "memory": row[4]} for row in rows if len(row) >= 5]}
 
@@ -190,9 +190,11 @@ def cmd_facts(p):
     state_dir = os.path.expanduser(p["state_dir"])
     conn = os.environ.get("SSH_CONNECTION", "").split()
     out = {
+        "state_dir": state_dir,
         "hostname": socket.gethostname(),
         "user": getpass.getuser(),
         "ssh_server_ip": conn[2] if len(conn) == 4 else None,
+        "ssh_server_port": int(conn[3]) if len(conn) == 4 else None,
         "python3": platform.python_version(),
         "kernel": platform.release(),
         "path": os.environ.get("PATH", ""),
@@ -213,7 +215,7 @@ def cmd_facts(p):
         busy = listening_ports()
         out["ports_busy"] = sorted(port for port in p["ports"] if port in busy)
     if p.get("reach"):
-        out["reach"] = {"%s:%d" % (ip, port): tcp_reach(ip, port) for ip, port in p["reach"]}
+        out["reach"] = {f"{ip}:{port}": tcp_reach(ip, port) for ip, port in p["reach"]}
     if p.get("docker"):
         r = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True) if shutil.which("docker") else None
         out["docker"] = {"version": r.stdout.strip()} if r is not None and r.returncode == 0 else {"error": (r.stderr.strip() if r else "docker not found on PATH")}
@@ -230,7 +232,7 @@ def cmd_start(p):
         ip, port = p["reach_first"]
         why = tcp_reach(ip, port)
         if why:
-            return {"ok": False, "error": "cannot open a TCP connection to %s:%d from this host: %s" % (ip, port, why)}
+            return {"ok": False, "error": f"cannot open a TCP connection to {ip}:{port} from this host: {why}"}
     if record and "container" in record:
         # Ours and stopped: remove it, so its name is free for the new one.
         subprocess.run(["docker", "rm", "-f", record["container"]], capture_output=True)
@@ -242,7 +244,7 @@ def cmd_start(p):
     if p.get("container"):
         r = subprocess.run(argv, capture_output=True, text=True, env=env)
         if r.returncode != 0:
-            return {"ok": False, "error": "docker run exited %d: %s" % (r.returncode, (r.stdout + r.stderr).strip()[-2000:])}
+            return {"ok": False, "error": f"docker run exited {r.returncode}: {(r.stdout + r.stderr).strip()[-2000:]}"}
         record = {"container": r.stdout.strip().splitlines()[-1], "argv": argv, "started_at": time.time()}
         write_record(state_dir, record)
         return _wait_ready(p, record, log_path)
@@ -275,7 +277,7 @@ def _wait_ready(p, record, log_path, proc=None):
         if (not marker or marker in text) and (not wait_tcp or tcp_reach(wait_tcp[0], wait_tcp[1], 1.0) is None):
             return {"ok": True, "record": record}
         time.sleep(0.25)
-    return {"ok": False, "record": record, "error": "not ready after %ss" % p.get("timeout", 120), "log_tail": tail(log_path)}
+    return {"ok": False, "record": record, "error": f"not ready after {p.get('timeout', 120)}s", "log_tail": tail(log_path)}
 
 
 def cmd_stop(p):
@@ -294,7 +296,7 @@ def cmd_stop(p):
     pid, start = record["pid"], record["starttime"]
     if not alive(pid, start):
         os.remove(os.path.join(state_dir, RECORD))
-        return {"ok": True, "stopped": False, "reason": "recorded pid %d is no longer running" % pid}
+        return {"ok": True, "stopped": False, "reason": f"recorded pid {pid} is no longer running"}
     # Taken before the signal: if `ray start --block` cannot finish its own cleanup in time,
     # these (and only these) get SIGKILL.
     tree = descendants(pid)
@@ -312,8 +314,13 @@ def cmd_stop(p):
 
 
 def cmd_nodes(p):
-    with urllib.request.urlopen(p["url"], timeout=p.get("timeout", 10)) as r:
-        body = json.load(r)
+    try:
+        # No proxy: this is the head asking its own dashboard, and http_proxy may be set for the internet.
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(p["url"], timeout=p.get("timeout", 10)) as r:
+            body = json.load(r)
+    except (OSError, ValueError) as exc:  # not up yet, or not answering: the caller polls again
+        return {"error": f"{p['url']}: {exc}"}
     nodes = body["data"]["result"]["result"]
     keep = ("node_id", "node_ip", "is_head_node", "state", "resources_total")
     return {"nodes": [{k: n.get(k) for k in keep} for n in nodes]}
@@ -324,7 +331,7 @@ COMMANDS = {"facts": cmd_facts, "start": cmd_start, "stop": cmd_stop, "nodes": c
 
 def main(argv):
     if len(argv) != 3 or argv[1] not in COMMANDS:
-        sys.stderr.write("usage: node_agent.py {%s} JSON\n" % ",".join(COMMANDS))
+        sys.stderr.write("usage: node_agent.py {" + ",".join(COMMANDS) + "} JSON\n")
         return 2
     result = COMMANDS[argv[1]](json.loads(argv[2]))
     sys.stdout.write(json.dumps(result) + "\n")
