@@ -184,14 +184,14 @@ def check(data: dict[str, Any], base: Path) -> list[Problem]:
     seen_names: dict[str, int] = {}
     seen_addr: dict[str, int] = {}
     for i, h in enumerate(hosts):
-        where = f"hosts[{i}]"
+        where = f"hosts.{i}"
         name = h.get("name")
         if isinstance(name, str):
-            where = f"hosts[{i}] ({name})"
+            where = f"hosts.{i} ({name})"
             if not NAME_RE.match(name):
                 p.append(Problem(f"{where}.name", "is used in paths and container names", name, "letters, digits, '.', '_', '-', starting with a letter or digit, at most 63"))
             if name in seen_names:
-                p.append(Problem(f"{where}.name", f"is the same as hosts[{seen_names[name]}]'s; names must be unique", name))
+                p.append(Problem(f"{where}.name", f"is the same as hosts.{seen_names[name]}'s; names must be unique", name))
             seen_names.setdefault(name, i)
         address = h.get("address")
         if isinstance(address, str):
@@ -200,7 +200,7 @@ def check(data: dict[str, Any], base: Path) -> list[Problem]:
             port = h.get("port", ssh.get("port"))
             key = f"{address}:{port}" if port else address
             if key in seen_addr:
-                p.append(Problem(f"{where}.address", f"is the same host as hosts[{seen_addr[key]}]'s; addresses must be unique", key))
+                p.append(Problem(f"{where}.address", f"is the same host as hosts.{seen_addr[key]}'s; addresses must be unique", key))
             seen_addr.setdefault(key, i)
         for field in ("user",):
             value = h.get(field, ssh.get(field))
