@@ -364,7 +364,6 @@ def up(
     nodes = make_nodes(inv, runner, control_dir)
     by_name = {n.name: n for n in nodes}
     head = by_name[inv.head.name]
-    workers = [n for n in nodes if not n.host.is_head]
     table = HostTable(f"cluster {inv.name}", [(h.name, h.role) for h in inv.hosts], PHASES, stream=stream, live=live)
 
     def stop_if_failed(phase: str, failures: dict[str, str], started: bool = False) -> None:
@@ -439,6 +438,8 @@ def up(
         stop_if_failed("environment", failures)
 
         # ray -----------------------------------------------------------------------------------
+        # The head first, until its GCS port answers; then the workers join while the head
+        # finishes starting (raylet, dashboard): the two overlap instead of adding up.
         def start(node: Node) -> str:
             h = node.host
             env = ray_env(h, node.interface or "", node.facts.get("path"))
@@ -448,27 +449,40 @@ def up(
                 # host mode: in the process's environment; container mode: already in `docker run -e`.
                 "env": env if h.mode == "host" else {},
                 "container": h.mode == "container",
-                "marker": READY_MARKER,
+                "marker": None if h.is_head else READY_MARKER,
                 "timeout": inv.ray.start_timeout,
                 "wait_tcp": [head_ip, inv.ray.port] if h.is_head else None,
                 "reach_first": None if h.is_head else [head_ip, inv.ray.port],
             }
             result = agent(node, h, "start", params, timeout=inv.ray.start_timeout + 60)
-            if not result.get("ok"):
-                tail = (result.get("log_tail") or "").strip().splitlines()[-6:]
-                raise CheckFailed([result.get("error", "did not start"), *(["log: " + " | ".join(tail)] if tail else [])])
+            check_started(result)
             node.facts["record"] = {**result["record"], "running": True}
             rec = result["record"]
             what = f"pid {rec['pid']}" if "pid" in rec else f"container {rec['container'][:12]}"
+            if h.is_head:
+                return ("already running, " if result.get("already") else "GCS up, ") + what
             return ("already running, " if result.get("already") else "started, ") + what + ", registering"
 
+        def finish_head(node: Node) -> str:
+            params = {"state_dir": node.host.state_dir, "marker": READY_MARKER, "timeout": inv.ray.start_timeout}
+            check_started(agent(node, node.host, "wait", params, timeout=inv.ray.start_timeout + 60))
+            rec = node.record or {}
+            return f"started, pid {rec['pid']}" if "pid" in rec else f"started, container {rec.get('container', '')[:12]}"
+
         stop_if_failed("ray", parallel([head], start, table, "ray"), started=True)
-        stop_if_failed("ray", parallel(workers, start, table, "ray"), started=True)
+        stop_if_failed("ray", parallel(nodes, lambda n: finish_head(n) if n.host.is_head else start(n), table, "ray"), started=True)
         stop_if_failed("ray", wait_for_nodes(inv, nodes, head, head_ip, table), started=True)
 
     address = ClusterAddress(f"{head_ip}:{inv.ray.port}", f"http://{head_ip}:{inv.ray.dashboard_port}")
     write_state(inv, nodes, address)
     return address
+
+
+def check_started(result: dict[str, Any]) -> None:
+    """Raise with the agent's reason and the last lines of Ray's output when a start failed."""
+    if not result.get("ok"):
+        tail = (result.get("log_tail") or "").strip().splitlines()[-6:]
+        raise CheckFailed([result.get("error", "did not start"), *(["log: " + " | ".join(tail)] if tail else [])])
 
 
 def compare_environments(nodes: Sequence[Node], head: Node, table: HostTable) -> dict[str, str]:
@@ -650,7 +664,9 @@ def status(inventory: Inventory | str | Path, *, runner: Runner | None = None, c
     if dashboard and head.facts:
         try:
             answer = agent(head, head.host, "nodes", {"url": f"{dashboard}/api/v0/nodes?limit=10000&detail=false", "timeout": 10}, timeout=60)
-            cluster_nodes = {n["node_ip"]: n for n in answer.get("nodes", [])}
+            # A host whose Ray was restarted has a DEAD entry beside the ALIVE one: ALIVE wins.
+            for n in sorted(answer.get("nodes", []), key=lambda n: n.get("state") == "ALIVE"):
+                cluster_nodes[n["node_ip"]] = n
         except SlimeforgeError:
             pass
     for node in nodes:

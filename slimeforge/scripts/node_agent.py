@@ -9,6 +9,8 @@ Commands:
          what we started earlier (from the state directory)
   start  start a long-running command (`ray start --block`) detached from the ssh session, record
          its pid (or container id) in the state directory, wait until it prints its ready marker
+         (or, with wait_tcp alone, until a port opens)
+  wait   wait for the marker of what `start` started
   stop   SIGTERM exactly the recorded process (`ray start --block` then stops every process it
          started) or `docker stop` the recorded container; nothing else
   nodes  GET a Ray dashboard's node list (run on the head, so the dashboard need not be exposed)
@@ -254,10 +256,10 @@ def cmd_start(p):
     st = _stat(proc.pid)
     record = {"pid": proc.pid, "starttime": st[2] if st else None, "argv": argv, "started_at": time.time()}
     write_record(state_dir, record)
-    return _wait_ready(p, record, log_path, proc)
+    return _wait_ready(p, record, log_path)
 
 
-def _wait_ready(p, record, log_path, proc=None):
+def _wait_ready(p, record, log_path):
     """Health gate: the marker in the output (and the port, if given) or the process's exit, by the deadline."""
     deadline = time.time() + p.get("timeout", 120)
     marker, wait_tcp = p.get("marker"), p.get("wait_tcp")
@@ -267,17 +269,24 @@ def _wait_ready(p, record, log_path, proc=None):
             text = logs.stdout + logs.stderr
             with open(log_path, "w") as f:
                 f.write(text)
-            exited = not container_running(record["container"])
         else:
             with open(log_path, errors="replace") as f:
                 text = f.read()
-            exited = proc.poll() is not None
-        if exited:
+        if not record_running(record):
             return {"ok": False, "record": record, "error": "exited before it was ready", "log_tail": tail(log_path)}
         if (not marker or marker in text) and (not wait_tcp or tcp_reach(wait_tcp[0], wait_tcp[1], 1.0) is None):
             return {"ok": True, "record": record}
-        time.sleep(0.25)
+        time.sleep(0.1)
     return {"ok": False, "record": record, "error": f"not ready after {p.get('timeout', 120)}s", "log_tail": tail(log_path)}
+
+
+def cmd_wait(p):
+    """Wait for what `start` started (and returned early from) to become ready."""
+    state_dir = os.path.expanduser(p["state_dir"])
+    record = read_record(state_dir)
+    if record is None:
+        return {"ok": False, "error": "nothing recorded in " + state_dir}
+    return _wait_ready(p, record, os.path.join(state_dir, LOG))
 
 
 def cmd_stop(p):
@@ -326,7 +335,7 @@ def cmd_nodes(p):
     return {"nodes": [{k: n.get(k) for k in keep} for n in nodes]}
 
 
-COMMANDS = {"facts": cmd_facts, "start": cmd_start, "stop": cmd_stop, "nodes": cmd_nodes}
+COMMANDS = {"facts": cmd_facts, "start": cmd_start, "wait": cmd_wait, "stop": cmd_stop, "nodes": cmd_nodes}
 
 
 def main(argv):

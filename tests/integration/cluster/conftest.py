@@ -74,6 +74,7 @@ def inventory_data(lab: NetLab, name: str, *, gpus: int = 2, overrides: dict[str
         "prefix": str(prefix),
         "python": environment_python(),
         "state_dir": str(w / "state"),
+        "system_python": "/usr/bin/python3",  # the system's, as on a real host (no pyenv shim)
         "ssh": {"config": str(lab.ssh_config), "connect_timeout": 5},
         # One CPU per node keeps three Ray nodes light on a 2-core machine; GPUs are declared
         # (the fake nvidia-smi shows 2 per host) so GPU accounting is exercised.
