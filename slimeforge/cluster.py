@@ -41,7 +41,7 @@ from .errors import CommandError, Problem, SlimeforgeError
 from .hosttable import FAILED, OK, RUNNING, HostTable
 from .inventory import Host, Inventory, load_inventory
 from .proc import Runner
-from .ssh import SSH
+from .ssh import SSH, HostUnreachable
 
 PHASES = ("connect", "preflight", "environment", "ray")
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -76,7 +76,7 @@ class ClusterError(SlimeforgeError):
         parts = [message]
         if table is not None:
             parts += ["", table.text()]
-        if self.failures:
+        elif self.failures:
             parts += ["", *(f"{host}: {why}" for host, why in self.failures.items())]
         super().__init__("\n".join(parts))
 
@@ -167,6 +167,9 @@ def put_file(ssh: SSH, path: str, text: str) -> None:
 
 
 def first_line(exc: BaseException) -> str:
+    if isinstance(exc, HostUnreachable):  # ssh's own words say it all: host, port, reason
+        lines = [line for line in exc.output.strip().splitlines() if line.strip()]
+        return lines[-1] if lines else f"ssh failed (exit {exc.returncode})"
     if isinstance(exc, CommandError):
         tail = [line for line in exc.output.strip().splitlines() if line.strip()]
         return f"{exc.step.split(': ', 1)[-1]}: " + (tail[-1] if tail else f"exit {exc.returncode}")

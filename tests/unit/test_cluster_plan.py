@@ -138,3 +138,39 @@ def test_nccl_check_is_standalone():
     if r.returncode != 0:  # no torch here: a clear message, not a traceback
         r = subprocess.run([sys.executable, str(script), "--size-mb", "1"], capture_output=True, text=True)
         assert r.returncode == 1 and "torch is not installed" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_host_table_live_mode_renders_with_rich():
+    out = io.StringIO()
+    with HostTable("cluster lab", [("gpu-a", "head")], ["connect"], stream=out, live=True) as table:
+        table.set("gpu-a", "connect", OK, "ubuntu@a")
+    assert "gpu-a" in out.getvalue() and "ubuntu@a" in out.getvalue()
+    assert "[cluster lab] gpu-a" not in out.getvalue()  # no plain lines in live mode
+
+
+def test_run_task_resolves_the_cluster_head_and_passes_it_on(tmp_path, monkeypatch):
+    """`invoke run RECIPE --cluster INVENTORY` hands launch() the head's Jobs API address."""
+    import json
+
+    from invoke import Exit, MockContext
+
+    import slimeforge.launch
+
+    monkeypatch.syspath_prepend(str(ROOT))  # tasks.py is not a package; `pytest` alone may not have ROOT on sys.path
+    import tasks
+
+    monkeypatch.setenv("SLIMEFORGE_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.chdir(ROOT)
+    # No bring-up recorded: a clear error before anything is launched.
+    with pytest.raises(Exit) as err:
+        tasks.run_start.body(MockContext(), "recipes/gsm8k.yaml", out=str(tmp_path / "run"), cluster=str(EXAMPLE))
+    assert err.value.code == 2 and "run `invoke cluster.up" in str(err.value.message)
+
+    inv = load_inventory(EXAMPLE)
+    path = cluster.state_file(inv)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"gcs": "10.0.0.11:6379", "dashboard": "http://10.0.0.11:8265"}))
+    seen = {}
+    monkeypatch.setattr(slimeforge.launch, "launch", lambda recipe, stack, **kw: seen.update(kw) or 0)
+    tasks.run_start.body(MockContext(), "recipes/gsm8k.yaml", out=str(tmp_path / "run"), cluster=str(EXAMPLE))
+    assert seen["address"] == "http://10.0.0.11:8265"
