@@ -45,7 +45,7 @@ def inventory(lab: NetLab, n: int, path: Path) -> Path:
         "prefix": str(w / "prefix"),
         "python": str(Path(sys.prefix) / "bin" / "python"),
         "state_dir": str(w / "state"),
-        "system_python": "/usr/bin/python3",  # the system's, as on a real host (no pyenv shim)
+        "system_python": str(Path(sys.prefix) / "bin" / "python"),  # runs the node agent (any python >= 3.8)
         "ssh": {"config": str(lab.ssh_config), "connect_timeout": 5},
         "ray": {"num_cpus": 1, "object_store_memory": 100 * 1024 * 1024, "start_timeout": 300},
         "hosts": [

@@ -263,6 +263,9 @@ def start_argv(inv: Inventory, host: Host, node_ip: str, head_ip: str, env: dict
     argv = ["docker", "run", "--detach", "--name", container_name(inv, host), "--label", f"slimeforge.cluster={inv.name}"]
     # Host networking: Ray and NCCL use the host's addresses and interfaces, as on bare metal.
     argv += ["--network", "host", "--ipc", "host", "--shm-size", c.shm_size]
+    # An init process as PID 1: it passes `docker stop`'s SIGTERM on to `ray start --block` and
+    # reaps the processes Ray's workers leave behind.
+    argv += ["--init"]
     if host.gpus:
         argv += ["--gpus", "all"]
     for key, value in env.items():

@@ -66,6 +66,8 @@ def inventory_data(lab: NetLab, name: str, *, gpus: int = 2, overrides: dict[str
             "gpus": gpus,
             "temp_dir": f"{w}/{name[-6:]}{h.name}",  # short: Ray's socket paths live below it
         }
+        if h.name == "h3":
+            entry["system_python"] = "python3"  # the default: whatever python3 the login's PATH finds
         entry.update(overrides.get(h.name, {}))
         hosts.append(entry)
     return {
@@ -74,7 +76,7 @@ def inventory_data(lab: NetLab, name: str, *, gpus: int = 2, overrides: dict[str
         "prefix": str(prefix),
         "python": environment_python(),
         "state_dir": str(w / "state"),
-        "system_python": "/usr/bin/python3",  # the system's, as on a real host (no pyenv shim)
+        "system_python": environment_python(),  # runs the node agent (any python >= 3.8; not a pyenv shim)
         "ssh": {"config": str(lab.ssh_config), "connect_timeout": 5},
         # One CPU per node keeps three Ray nodes light on a 2-core machine; GPUs are declared
         # (the fake nvidia-smi shows 2 per host) so GPU accounting is exercised.
