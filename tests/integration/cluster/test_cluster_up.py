@@ -5,6 +5,7 @@ The tests in this file run in order: the last one takes the cluster down.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -97,6 +98,16 @@ def test_failed_checks_stop_before_ray_and_name_the_host(lab, tmp_path):
     with pytest.raises(cluster.ClusterError) as err:
         cluster.up(inv, control_dir=lab.control_dir, stream=io.StringIO(), host_checks=shm_check)
     assert list(err.value.failures) == ["h2"] and err.value.failures["h2"].startswith("/dev/shm: is smaller than the check requires (got '")
+
+    # --nccl-check copies nccl_check.py to every host and runs it with the environment's python;
+    # this environment has no torch (and there is no GPU here), which every host must report.
+    if importlib.util.find_spec("torch") is None:
+        with pytest.raises(cluster.ClusterError) as err:
+            cluster.up(inv, control_dir=lab.control_dir, stream=io.StringIO(), nccl_check=True)
+        assert "stopped at environment" in str(err.value)
+        assert set(err.value.failures) == {"h1", "h2", "h3"}
+        assert all(why.startswith("NCCL all-reduce failed: nccl_check: torch is not installed") for why in err.value.failures.values())
+        assert (lab.workdir / "state" / name / "h1" / "nccl_check.py").read_text() == (cluster.SCRIPTS / "nccl_check.py").read_text()
 
     assert records(lab, name) == {}
     assert lab.ray_processes() == {}
