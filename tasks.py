@@ -71,12 +71,13 @@ def stack_show(c, cuda="cu13", as_json=False):
         "catalog": "the flag catalog (flags.json) to check flags against (default: from the image or install)",
         "skip_check": "turn this preflight check's errors into warnings (repeatable; see `invoke doctor --list`)",
         "no_network": "leave out the checks that need the network (AWS, the cluster)",
+        "cluster": "launch on the cluster of this inventory (brought up with cluster.up; default: the recipe's cluster)",
     },
     default=True,
 )
 @clean_errors
 def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=None, image=None, prefix=None, catalog=None,
-              skip_check=None, no_network=False):
+              skip_check=None, no_network=False, cluster=None):
     """Validate a recipe, preflight, start Ray, submit, stream the logs (--dry-run: render only)."""
     from pathlib import Path
 
@@ -89,6 +90,12 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
     if not dry_run:
         from slimeforge.launch import launch
 
+        if cluster or rec.cluster:
+            if address:
+                raise Exit("error: --address and --cluster both name a cluster; give one", code=2)
+            from slimeforge.cluster import address as cluster_address
+
+            address = cluster_address(cluster or rec.cluster).dashboard  # the head's Jobs API
         code = launch(rec, stack, out=target, recipe_path=recipe, address=address, mode=mode, image=image, install_prefix=prefix,
                       catalog=catalog, skip_checks=skip_check or [], network_checks=not no_network)
         if code:
@@ -337,6 +344,61 @@ def install(c, cuda="cu13", stack=None, prefix="", venv=None, source=None, out=N
         raise Exit(f"error: install failed (exit {exc.returncode}); see the step log named above", code=1) from None
 
 
+# --- cluster ---------------------------------------------------------------------------------
+
+
+@task(
+    positional=["inventory"],
+    help={
+        "inventory": "cluster inventory YAML, e.g. recipes/clusters/example.yaml",
+        "dry_run": "print the per-host plan; connect to nothing, start nothing",
+        "nccl_check": "also run an NCCL all-reduce across each host's GPUs and report bus bandwidth",
+    },
+)
+@clean_errors
+def cluster_up(c, inventory, dry_run=False, nccl_check=False):
+    """Bring up a Ray cluster on the inventory's hosts over SSH: checks on every host first, then Ray."""
+    from slimeforge import cluster
+
+    if dry_run:
+        print("\n".join(cluster.up(inventory, dry_run=True, nccl_check=nccl_check)))
+        return
+    addr = cluster.up(inventory, nccl_check=nccl_check)
+    print(f"cluster is up: GCS {addr.gcs}, dashboard and Jobs API {addr.dashboard}")
+    print(f"launch on it: invoke run RECIPE --cluster {inventory}")
+
+
+@task(positional=["inventory"], help={"inventory": "cluster inventory YAML", "as_json": "print JSON"})
+@clean_errors
+def cluster_status(c, inventory, as_json=False):
+    """Show each host of a cluster: our Ray process, its node, GPUs (Ray / nvidia-smi), Python and Ray versions."""
+    from slimeforge import cluster
+
+    rows = cluster.status(inventory)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"cluster {inventory}", title_justify="left")
+    columns = ["host", "role", "address", "node_ip", "ray_process", "node", "gpus_ray", "gpus_seen", "python", "ray", "error"]
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*("" if row.get(col) is None else str(row[col]) for col in columns))
+    Console().print(table)
+
+
+@task(positional=["inventory"], help={"inventory": "cluster inventory YAML"})
+@clean_errors
+def cluster_down(c, inventory):
+    """Stop the Ray processes that cluster.up started on the inventory's hosts, and nothing else."""
+    from slimeforge import cluster
+
+    cluster.down(inventory)
+
+
 ns = Collection()
 ns.add_collection(Collection("stack", show=stack_show))
 ns.add_collection(Collection("run", start=run_start, status=run_status, logs=run_logs, stop=run_stop))
@@ -345,3 +407,4 @@ ns.add_task(publish)
 ns.add_collection(Collection("patches", check=patches_check))
 ns.add_task(build)
 ns.add_task(install)
+ns.add_collection(Collection("cluster", up=cluster_up, status=cluster_status, down=cluster_down))

@@ -1,0 +1,332 @@
+"""Cluster inventories (recipes/clusters/*.yaml): which hosts, how to reach them, how they run Ray.
+
+`load_inventory(path)` validates everything before anything is touched and reports every problem
+at once (pydantic for types and unknown keys, then the rules between fields: exactly one head,
+unique names and addresses, an image pinned by digest, ...). The result is an `Inventory` whose
+`hosts` carry their effective settings (cluster defaults with per-host overrides applied), so the
+code that acts on a host never has to merge settings again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+import pydantic
+from pydantic import Field
+
+from .errors import ConfigError, Problem
+from .schema import Model, problems_from
+from .ssh import SSHOptions, SSHTarget
+from .yamlio import load_with_extends
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")  # used in paths and container names
+ADDRESS_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:%-]*$")  # IP, DNS name or ssh config alias
+USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+IFACE_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")  # Linux IFNAMSIZ - 1
+ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+DIGEST_RE = re.compile(r"@sha256:[0-9a-f]{64}$")
+
+
+class SSHSettings(Model):
+    config: str | None = None  # an ssh config file for this cluster (ssh -F); default: ~/.ssh/config
+    user: str | None = None  # default: the ssh config's, else your login name
+    port: int | None = None
+    key: str | None = None  # an identity file; default: the agent and the ssh config
+    connect_timeout: int = Field(10, ge=1, le=600)
+    options: dict[str, str] = Field(default_factory=dict)  # extra `-o Key=Value`
+
+
+class RaySettings(Model):
+    port: int = 6379  # GCS, on the head
+    dashboard_port: int = 8265  # dashboard and Jobs API, on the head
+    client_port: int = 10001  # Ray Client server, on the head
+    dashboard_agent_port: int = 52365  # on every node
+    num_cpus: int | None = Field(None, ge=0)  # default: Ray counts the host's cores
+    object_store_memory: int | None = Field(None, ge=78643200)  # bytes; Ray's minimum is 75 MiB
+    temp_dir: str | None = None  # default: /tmp/sfr-<8 hex digits of cluster and host name>
+    start_timeout: float = Field(180, gt=0)  # seconds for each node to start and for all to register
+    env: dict[str, str] = Field(default_factory=dict)  # extra environment for `ray start` everywhere
+
+
+class ContainerSettings(Model):
+    volumes: list[str] = Field(default_factory=list)  # `-v` for model, data and checkpoint paths
+    shm_size: str = "16g"
+    docker_args: list[str] = Field(default_factory=list)  # appended to `docker run`, as given
+
+
+class HostSpec(Model):
+    name: str
+    address: str
+    role: Literal["head", "worker"] = "worker"
+    gpus: int = Field(ge=0)
+    interface: str = "auto"  # or a name; auto: the interface that routes to the head
+    node_ip: str | None = None  # default: the head's is the address ssh reached; a worker's, its route's source
+    user: str | None = None
+    port: int | None = None
+    key: str | None = None
+    prefix: str | None = None
+    python: str | None = None
+    system_python: str | None = None
+    num_cpus: int | None = Field(None, ge=0)
+    temp_dir: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class InventoryFile(Model):
+    name: str | None = None  # default: the file name without .yaml
+    mode: Literal["container", "host"]
+    image: str | None = None  # container mode: REGISTRY/REPO@sha256:DIGEST
+    prefix: str | None = None  # host mode: the prefix of `invoke install` (holds stack.lock.json)
+    python: str | None = None  # host mode: default <prefix>/venv/bin/python
+    install_script: str | None = None  # host mode: a local script run on each host (idempotent)
+    system_python: str = "python3"  # runs slimeforge's node agent on each host (stdlib only)
+    state_dir: str = "~/.slimeforge/clusters"  # on each host: pids and logs of what we started
+    ssh: SSHSettings = Field(default_factory=SSHSettings)
+    ray: RaySettings = Field(default_factory=RaySettings)
+    container: ContainerSettings = Field(default_factory=ContainerSettings)
+    hosts: list[HostSpec]
+
+
+@dataclass(frozen=True)
+class Host:
+    """One host with its effective settings."""
+
+    name: str
+    address: str
+    role: str
+    gpus: int
+    interface: str
+    node_ip: str | None
+    ssh: SSHTarget
+    mode: str
+    image: str | None
+    prefix: str | None
+    python: str | None  # host mode: the environment's python
+    system_python: str
+    num_cpus: int | None
+    temp_dir: str
+    state_dir: str  # this host's own directory (hosts may share a home directory over NFS)
+    env: dict[str, str]
+
+    @property
+    def is_head(self) -> bool:
+        return self.role == "head"
+
+    @property
+    def ray(self) -> str:
+        """host mode: `ray` beside the environment's python (a venv's bin directory)."""
+        return str(PurePosixPath(self.python or "python").parent / "ray")
+
+    @property
+    def lock_path(self) -> str | None:
+        return f"{self.prefix}/stack.lock.json" if self.prefix else None
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: Path
+    name: str
+    mode: str
+    image: str | None
+    install_script: Path | None
+    ssh_options: SSHOptions
+    ray: RaySettings
+    container: ContainerSettings
+    hosts: tuple[Host, ...]
+
+    @property
+    def head(self) -> Host:
+        return next(h for h in self.hosts if h.is_head)
+
+    @property
+    def workers(self) -> tuple[Host, ...]:
+        return tuple(h for h in self.hosts if not h.is_head)
+
+    def host(self, name: str) -> Host:
+        return next(h for h in self.hosts if h.name == name)
+
+
+def default_temp_dir(cluster: str, host: str) -> str:
+    # Short on purpose: Ray puts Unix sockets under <temp>/session_<date>_<pid>/sockets/, and a
+    # socket path must fit in 107 bytes. One per host, as hosts may share /tmp (and do in tests).
+    return "/tmp/sfr-" + hashlib.sha256(f"{cluster}\0{host}".encode()).hexdigest()[:8]
+
+
+def _resolve(base: Path, value: str | None) -> Path | None:
+    """A local file named in the inventory: `~` expanded, relative to the inventory's directory."""
+    if value is None:
+        return None
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else base / p
+
+
+def check(data: dict[str, Any], base: Path) -> list[Problem]:
+    """The rules between fields, on the raw mapping, so they are reported together with the
+    type errors pydantic found (every problem at once, not one per run)."""
+    p: list[Problem] = []
+    hosts = data.get("hosts")
+    if not isinstance(hosts, list) or not hosts:
+        return [Problem("hosts", "must list at least one host", hosts, "a list of {name, address, role, gpus}")]
+    hosts = [h if isinstance(h, dict) else {} for h in hosts]
+    mode = data.get("mode")
+    ssh = data.get("ssh") if isinstance(data.get("ssh"), dict) else {}
+
+    heads = [str(h.get("name", f"#{i}")) for i, h in enumerate(hosts) if h.get("role") == "head"]
+    if len(heads) != 1:
+        what = "no host has" if not heads else f"{len(heads)} hosts have"
+        p.append(Problem("hosts", f"{what} role: head; exactly one must", heads, "role: head on one host, worker (the default) on the others"))
+
+    seen_names: dict[str, int] = {}
+    seen_addr: dict[str, int] = {}
+    for i, h in enumerate(hosts):
+        where = f"hosts.{i}"
+        name = h.get("name")
+        if isinstance(name, str):
+            where = f"hosts.{i} ({name})"
+            if not NAME_RE.match(name):
+                p.append(Problem(f"{where}.name", "is used in paths and container names", name, "letters, digits, '.', '_', '-', starting with a letter or digit, at most 63"))
+            if name in seen_names:
+                p.append(Problem(f"{where}.name", f"is the same as hosts.{seen_names[name]}'s; names must be unique", name))
+            seen_names.setdefault(name, i)
+        address = h.get("address")
+        if isinstance(address, str):
+            if not ADDRESS_RE.match(address):
+                p.append(Problem(f"{where}.address", "is not an IP address, host name or ssh config alias", address, "e.g. 10.0.0.11, gpu-a.example.com, or a Host alias from your ssh config"))
+            port = h.get("port", ssh.get("port"))
+            key = f"{address}:{port}" if port else address
+            if key in seen_addr:
+                p.append(Problem(f"{where}.address", f"is the same host as hosts.{seen_addr[key]}'s; addresses must be unique", key))
+            seen_addr.setdefault(key, i)
+        for field in ("user",):
+            value = h.get(field, ssh.get(field))
+            if isinstance(value, str) and not USER_RE.match(value):
+                p.append(Problem(f"{where}.{field}", "is not a user name", value, "letters, digits, '_', '.', '-'"))
+        iface = h.get("interface", "auto")
+        if isinstance(iface, str) and iface != "auto" and not IFACE_RE.match(iface):
+            p.append(Problem(f"{where}.interface", "is not a network interface name", iface, "auto, or a name such as eth0, ens5, bond0 (at most 15 characters)"))
+        node_ip = h.get("node_ip")
+        if isinstance(node_ip, str):
+            try:
+                ipaddress.ip_address(node_ip)
+            except ValueError:
+                p.append(Problem(f"{where}.node_ip", "is not an IP address", node_ip, "an address of this host on the cluster network, e.g. 10.0.0.11"))
+        for key_field in ("key",):
+            value = h.get(key_field, ssh.get(key_field))
+            if isinstance(value, str) and not _resolve(base, value).is_file():
+                p.append(Problem(f"{where}.{key_field}" if key_field in h else f"ssh.{key_field}", "names no file on this machine", value, "a private key file (or leave it out: the ssh agent and ssh config apply)"))
+        for env_key in (h.get("env") or {}) if isinstance(h.get("env"), dict) else {}:
+            if not ENV_RE.match(str(env_key)):
+                p.append(Problem(f"{where}.env", "is not an environment variable name", env_key, "letters, digits and '_', not starting with a digit"))
+        if mode == "container":
+            for field in ("prefix", "python"):
+                if field in h:
+                    p.append(Problem(f"{where}.{field}", "is used in host mode only; this inventory has mode: container", h[field]))
+        if mode == "host" and not (h.get("prefix") or h.get("python") or data.get("prefix") or data.get("python")):
+            p.append(Problem(where, "host mode needs the environment to run Ray from: prefix (with python at <prefix>/venv/bin/python) or python", show_value=False, accepted="prefix: /opt/slimeforge, or python: /path/to/venv/bin/python"))
+        for field in ("python", "prefix", "temp_dir"):
+            value = h.get(field, data.get(field) if field != "temp_dir" else None)
+            if isinstance(value, str) and not value.startswith("/"):
+                p.append(Problem(f"{where}.{field}" if field in h else field, "must be an absolute path on the hosts", value, "/path/on/the/hosts"))
+
+    if mode == "container":
+        image = data.get("image")
+        if not image:
+            p.append(Problem("image", "is required in container mode", image, "REGISTRY/REPO@sha256:<64 hex digits> (invoke publish prints it)"))
+        elif isinstance(image, str) and not DIGEST_RE.search(image):
+            p.append(Problem("image", "must be pinned by digest: a tag can point at another image on each host", image, "REGISTRY/REPO@sha256:<64 hex digits>"))
+        for field in ("prefix", "python", "install_script"):
+            if data.get(field) is not None:
+                p.append(Problem(field, "is used in host mode only; this inventory has mode: container", data[field]))
+    if mode == "host" and data.get("image") is not None:
+        p.append(Problem("image", "is used in container mode only; this inventory has mode: host", data["image"]))
+
+    script = data.get("install_script")
+    if isinstance(script, str) and not _resolve(base, script).is_file():
+        p.append(Problem("install_script", "names no file on this machine", script, "a local script (e.g. the one `invoke install --render` writes); it is sent to each host"))
+    config = ssh.get("config")
+    if isinstance(config, str) and not _resolve(base, config).is_file():
+        p.append(Problem("ssh.config", "names no file on this machine", config, "an ssh config file, or leave it out to use ~/.ssh/config"))
+    for key in (ssh.get("options") or {}) if isinstance(ssh.get("options"), dict) else {}:
+        if not re.match(r"^[A-Za-z]+$", str(key)):
+            p.append(Problem("ssh.options", "is not an ssh option name", key, "e.g. StrictHostKeyChecking, ProxyJump"))
+
+    ray = data.get("ray") if isinstance(data.get("ray"), dict) else {}
+    ports = {k: ray.get(k, RaySettings.model_fields[k].default) for k in ("port", "dashboard_port", "client_port", "dashboard_agent_port")}
+    for key, value in ports.items():
+        if isinstance(value, int) and not 1 <= value <= 65535:
+            p.append(Problem(f"ray.{key}", "is not a TCP port", value, "1..65535"))
+    values = [v for v in ports.values() if isinstance(v, int)]
+    if len(set(values)) != len(values):
+        p.append(Problem("ray", "the Ray ports must differ from each other", ports))
+    name = data.get("name")
+    if isinstance(name, str) and not NAME_RE.match(name):
+        p.append(Problem("name", "is used in paths and container names", name, "letters, digits, '.', '_', '-', starting with a letter or digit"))
+    return p
+
+
+def load_inventory(path: str | Path) -> Inventory:
+    path = Path(path)
+    data = load_with_extends(path)
+    base = path.resolve().parent
+    problems: list[Problem] = []
+    spec = None
+    try:
+        spec = InventoryFile.model_validate(data)
+    except pydantic.ValidationError as exc:
+        problems += problems_from(InventoryFile, exc)
+    problems += check(data, base)
+    if problems or spec is None:
+        raise ConfigError(str(path), problems)
+
+    name = spec.name or path.stem.replace("_", "-")
+    if not NAME_RE.match(name):
+        raise ConfigError(str(path), [Problem("name", "the file name is not a usable cluster name: set name:", name, "letters, digits, '.', '_', '-'")])
+    ssh_config = _resolve(base, spec.ssh.config)
+    options = SSHOptions(config_file=str(ssh_config) if ssh_config else None, connect_timeout=spec.ssh.connect_timeout, extra=dict(spec.ssh.options))
+    hosts = []
+    for h in spec.hosts:
+        prefix = h.prefix or spec.prefix
+        python = h.python or spec.python or (f"{prefix}/venv/bin/python" if prefix else None)
+        key = h.key or spec.ssh.key
+        hosts.append(
+            Host(
+                name=h.name,
+                address=h.address,
+                role=h.role,
+                gpus=h.gpus,
+                interface=h.interface,
+                node_ip=h.node_ip,
+                ssh=SSHTarget(
+                    name=h.name,
+                    address=h.address,
+                    user=h.user or spec.ssh.user,
+                    port=h.port or spec.ssh.port,
+                    key=str(_resolve(base, key)) if key else None,
+                ),
+                mode=spec.mode,
+                image=spec.image,
+                prefix=prefix if spec.mode == "host" else None,
+                python=python if spec.mode == "host" else None,
+                system_python=h.system_python or spec.system_python,
+                num_cpus=h.num_cpus if h.num_cpus is not None else spec.ray.num_cpus,
+                temp_dir=h.temp_dir or spec.ray.temp_dir or default_temp_dir(name, h.name),
+                state_dir=f"{spec.state_dir.rstrip('/')}/{name}/{h.name}",
+                env={**spec.ray.env, **h.env},
+            )
+        )
+    return Inventory(
+        path=path,
+        name=name,
+        mode=spec.mode,
+        image=spec.image,
+        install_script=_resolve(base, spec.install_script),
+        ssh_options=options,
+        ray=spec.ray,
+        container=spec.container,
+        hosts=tuple(hosts),
+    )

@@ -1,0 +1,351 @@
+"""slimeforge's node agent: the few things `cluster.up/status/down` need done ON a host.
+
+It is sent over ssh on stdin (`python3 - COMMAND 'JSON'`), so nothing has to be installed on a
+host beforehand, and it uses only the standard library of Python >= 3.8 (the hosts' python3, not
+slimeforge's). Every command prints exactly one JSON object on stdout.
+
+Commands:
+  facts  hostname, addresses, GPUs (nvidia-smi), the route to the head, busy ports, TCP reachability,
+         what we started earlier (from the state directory)
+  start  start a long-running command (`ray start --block`) detached from the ssh session, record
+         its pid (or container id) in the state directory, wait until it prints its ready marker
+         (or, with wait_tcp alone, until a port opens)
+  wait   wait for the marker of what `start` started
+  stop   SIGTERM exactly the recorded process (`ray start --block` then stops every process it
+         started) or `docker stop` the recorded container; nothing else
+  nodes  GET a Ray dashboard's node list (run on the head, so the dashboard need not be exposed)
+"""
+
+from __future__ import annotations
+
+import fcntl
+import getpass
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+
+RECORD = "ray.json"  # what `start` started: {"pid", "starttime", "argv"} or {"container"}
+LOG = "ray.log"
+NVIDIA_QUERY = "index,name,uuid,driver_version,memory.total,compute_cap,pci.bus_id"
+
+
+# --- processes -------------------------------------------------------------------------------
+
+
+def _stat(pid):
+    """(state, ppid, starttime) from /proc/<pid>/stat, or None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # The command name is in parentheses and may hold spaces: split after its closing one.
+    rest = data[data.rindex(")") + 2 :].split()
+    return rest[0], int(rest[1]), int(rest[19])
+
+
+def alive(pid, starttime):
+    """True when `pid` still is the process we recorded: same start time (pids are reused), not a zombie."""
+    st = _stat(pid)
+    return st is not None and st[2] == starttime and st[0] != "Z"
+
+
+def descendants(root):
+    """[(pid, starttime)] of every process below `root`, found through /proc parent links."""
+    children = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = _stat(int(name))
+            if st is not None:
+                children.setdefault(st[1], []).append((int(name), st[2]))
+    out, todo = [], [root]
+    while todo:
+        for pid, start in children.get(todo.pop(), []):
+            out.append((pid, start))
+            todo.append(pid)
+    return out
+
+
+def read_record(state_dir):
+    try:
+        with open(os.path.join(state_dir, RECORD)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_record(state_dir, record):
+    tmp = os.path.join(state_dir, RECORD + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, os.path.join(state_dir, RECORD))
+
+
+def container_running(cid):
+    r = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", cid], capture_output=True, text=True)
+    return r.returncode == 0 and r.stdout.strip() == "true"
+
+
+def record_running(record):
+    if not record:
+        return False
+    if "container" in record:
+        return container_running(record["container"])
+    return alive(record["pid"], record["starttime"])
+
+
+def tail(path, lines=25):
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+# --- network ---------------------------------------------------------------------------------
+
+
+def iface_addresses():
+    """{interface: IPv4 address} through SIOCGIFADDR (no `ip` needed: some GPU hosts lack iproute2)."""
+    out = {}
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
+            except OSError:
+                continue
+        out[name] = socket.inet_ntoa(packed[20:24])
+    return out
+
+
+def route_to(ip):
+    """{"dev", "src"}: the interface and source address this host uses to reach `ip`."""
+    if shutil.which("ip"):
+        r = subprocess.run(["ip", "-o", "route", "get", ip], capture_output=True, text=True)
+        if r.returncode == 0:
+            words = r.stdout.split()
+            info = {k: words[words.index(k) + 1] for k in ("dev", "src") if k in words}
+            if words and words[0] == "local":
+                # `ip` names `lo` for one of our own addresses; Ray traffic uses the interface holding it.
+                info["dev"] = next((d for d, a in iface_addresses().items() if a == ip), info.get("dev"))
+                info["src"] = ip
+            if "dev" in info and "src" in info:
+                return info
+    # Without iproute2: a UDP "connect" picks the route (no packet is sent).
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((ip, 9))
+        src = s.getsockname()[0]
+    dev = next((d for d, a in iface_addresses().items() if a == src), None)
+    return {"dev": dev, "src": src}
+
+
+def listening_ports():
+    """TCP ports with a listening socket in this network namespace (/proc/net/tcp, tcp6)."""
+    ports = set()
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as f:
+                next(f)
+                for line in f:
+                    fields = line.split()
+                    if fields[3] == "0A":  # TCP_LISTEN
+                        ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+        except OSError:
+            pass
+    return ports
+
+
+def tcp_reach(ip, port, timeout=3.0):
+    """None when a TCP connection to ip:port opens, else the reason."""
+    try:
+        with socket.create_connection((ip, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return str(exc) or type(exc).__name__
+
+
+# --- commands --------------------------------------------------------------------------------
+
+
+def gpus():
+    if not shutil.which("nvidia-smi"):
+        return {"error": "nvidia-smi not found on PATH"}
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=" + NVIDIA_QUERY, "--format=csv"], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return {"error": "nvidia-smi did not answer within 60 s"}
+    if r.returncode != 0:
+        return {"error": f"nvidia-smi exited {r.returncode}: {(r.stdout + r.stderr).strip()[-300:]}"}
+    rows = [[c.strip() for c in line.split(",")] for line in r.stdout.strip().splitlines()[1:] if line.strip()]
+    return {"list": [{"index": row[0], "name": row[1], "uuid": row[2], "driver": row[3], "memory": row[4]} for row in rows if len(row) >= 5]}
+
+
+def cmd_facts(p):
+    state_dir = os.path.expanduser(p["state_dir"])
+    conn = os.environ.get("SSH_CONNECTION", "").split()
+    out = {
+        "state_dir": state_dir,
+        "hostname": socket.gethostname(),
+        "user": getpass.getuser(),
+        "ssh_server_ip": conn[2] if len(conn) == 4 else None,
+        "ssh_server_port": int(conn[3]) if len(conn) == 4 else None,
+        "python3": platform.python_version(),
+        "kernel": platform.release(),
+        "path": os.environ.get("PATH", ""),
+        "addresses": iface_addresses(),
+        "gpus": gpus(),
+    }
+    record = read_record(state_dir)
+    if record is not None:
+        record["running"] = record_running(record)
+        record["log_tail"] = tail(os.path.join(state_dir, LOG), 8)
+    out["record"] = record
+    if p.get("head_ip"):
+        try:
+            out["route"] = route_to(p["head_ip"])
+        except OSError as exc:
+            out["route"] = {"error": str(exc)}
+    if p.get("ports"):
+        busy = listening_ports()
+        out["ports_busy"] = sorted(port for port in p["ports"] if port in busy)
+    if p.get("reach"):
+        out["reach"] = {f"{ip}:{port}": tcp_reach(ip, port) for ip, port in p["reach"]}
+    if p.get("docker"):
+        r = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True) if shutil.which("docker") else None
+        out["docker"] = {"version": r.stdout.strip()} if r is not None and r.returncode == 0 else {"error": (r.stderr.strip() if r else "docker not found on PATH")}
+    return out
+
+
+def cmd_start(p):
+    state_dir = os.path.expanduser(p["state_dir"])
+    os.makedirs(state_dir, exist_ok=True)
+    record = read_record(state_dir)
+    if record_running(record):
+        return {"ok": True, "already": True, "record": record}
+    if p.get("reach_first"):
+        ip, port = p["reach_first"]
+        why = tcp_reach(ip, port)
+        if why:
+            return {"ok": False, "error": f"cannot open a TCP connection to {ip}:{port} from this host: {why}"}
+    if record and "container" in record:
+        # Ours and stopped: remove it, so its name is free for the new one.
+        subprocess.run(["docker", "rm", "-f", record["container"]], capture_output=True)
+    log_path = os.path.join(state_dir, LOG)
+    if os.path.exists(log_path):
+        os.replace(log_path, log_path + ".1")
+    env = dict(os.environ, **p.get("env", {}))
+    argv = p["argv"]
+    if p.get("container"):
+        r = subprocess.run(argv, capture_output=True, text=True, env=env)
+        if r.returncode != 0:
+            return {"ok": False, "error": f"docker run exited {r.returncode}: {(r.stdout + r.stderr).strip()[-2000:]}"}
+        record = {"container": r.stdout.strip().splitlines()[-1], "argv": argv, "started_at": time.time()}
+        write_record(state_dir, record)
+        return _wait_ready(p, record, log_path)
+    with open(log_path, "ab") as log, open(os.devnull, "rb") as devnull:
+        # A new session: no SIGHUP when the ssh connection ends, and not in ssh's process group.
+        proc = subprocess.Popen(argv, stdin=devnull, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=state_dir, start_new_session=True)
+    st = _stat(proc.pid)
+    record = {"pid": proc.pid, "starttime": st[2] if st else None, "argv": argv, "started_at": time.time()}
+    write_record(state_dir, record)
+    return _wait_ready(p, record, log_path)
+
+
+def _wait_ready(p, record, log_path):
+    """Health gate: the marker in the output (and the port, if given) or the process's exit, by the deadline."""
+    deadline = time.time() + p.get("timeout", 120)
+    marker, wait_tcp = p.get("marker"), p.get("wait_tcp")
+    while time.time() < deadline:
+        if "container" in record:
+            logs = subprocess.run(["docker", "logs", record["container"]], capture_output=True, text=True)
+            text = logs.stdout + logs.stderr
+            with open(log_path, "w") as f:
+                f.write(text)
+        else:
+            with open(log_path, errors="replace") as f:
+                text = f.read()
+        if not record_running(record):
+            return {"ok": False, "record": record, "error": "exited before it was ready", "log_tail": tail(log_path)}
+        if (not marker or marker in text) and (not wait_tcp or tcp_reach(wait_tcp[0], wait_tcp[1], 1.0) is None):
+            return {"ok": True, "record": record}
+        time.sleep(0.1)
+    return {"ok": False, "record": record, "error": f"not ready after {p.get('timeout', 120)}s", "log_tail": tail(log_path)}
+
+
+def cmd_wait(p):
+    """Wait for what `start` started (and returned early from) to become ready."""
+    state_dir = os.path.expanduser(p["state_dir"])
+    record = read_record(state_dir)
+    if record is None:
+        return {"ok": False, "error": "nothing recorded in " + state_dir}
+    return _wait_ready(p, record, os.path.join(state_dir, LOG))
+
+
+def cmd_stop(p):
+    state_dir = os.path.expanduser(p["state_dir"])
+    record = read_record(state_dir)
+    if record is None:
+        return {"ok": True, "stopped": False, "reason": "nothing recorded"}
+    if "container" in record:
+        cid = record["container"]
+        running = container_running(cid)
+        if running:
+            subprocess.run(["docker", "stop", "-t", str(int(p.get("timeout", 60))), cid], capture_output=True, text=True)
+        subprocess.run(["docker", "rm", "-f", cid], capture_output=True, text=True)
+        os.remove(os.path.join(state_dir, RECORD))
+        return {"ok": True, "stopped": running, "container": cid}
+    pid, start = record["pid"], record["starttime"]
+    if not alive(pid, start):
+        os.remove(os.path.join(state_dir, RECORD))
+        return {"ok": True, "stopped": False, "reason": f"recorded pid {pid} is no longer running"}
+    # Taken before the signal: if `ray start --block` cannot finish its own cleanup in time,
+    # these (and only these) get SIGKILL.
+    tree = descendants(pid)
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.time() + p.get("timeout", 60)
+    while time.time() < deadline and (alive(pid, start) or any(alive(c, s) for c, s in tree)):
+        time.sleep(0.2)
+    forced = []
+    for c, s in [(pid, start), *tree]:
+        if alive(c, s):
+            os.kill(c, signal.SIGKILL)
+            forced.append(c)
+    os.remove(os.path.join(state_dir, RECORD))
+    return {"ok": True, "stopped": True, "pid": pid, "processes": 1 + len(tree), "forced": forced}
+
+
+def cmd_nodes(p):
+    try:
+        # No proxy: this is the head asking its own dashboard, and http_proxy may be set for the internet.
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(p["url"], timeout=p.get("timeout", 10)) as r:
+            body = json.load(r)
+    except (OSError, ValueError) as exc:  # not up yet, or not answering: the caller polls again
+        return {"error": f"{p['url']}: {exc}"}
+    nodes = body["data"]["result"]["result"]
+    keep = ("node_id", "node_ip", "is_head_node", "state", "resources_total")
+    return {"nodes": [{k: n.get(k) for k in keep} for n in nodes]}
+
+
+COMMANDS = {"facts": cmd_facts, "start": cmd_start, "wait": cmd_wait, "stop": cmd_stop, "nodes": cmd_nodes}
+
+
+def main(argv):
+    if len(argv) != 3 or argv[1] not in COMMANDS:
+        sys.stderr.write("usage: node_agent.py {" + ",".join(COMMANDS) + "} JSON\n")
+        return 2
+    result = COMMANDS[argv[1]](json.loads(argv[2]))
+    sys.stdout.write(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,295 @@
+"""A lab of SSH hosts on this machine: network namespaces with their own IP addresses and sshd.
+
+    switch namespace:   bridge br0 ── veth ── host namespace 1 (eth0 10.213.X.1, sshd)
+                                  ├── veth ── host namespace 2 (eth0 10.213.X.2, sshd)
+                                  ├── ...
+                                  └── veth ── root namespace (10.213.X.254: tests reach every host)
+
+The bridge lives in a namespace of its own, not in the root namespace, because Docker sets the
+root namespace's iptables FORWARD policy to DROP and br_netfilter makes bridged traffic go through
+it; a fresh namespace has empty iptables. Only addresses in 10.213.X.0/24 (X chosen free) are
+created and used. Everything created is recorded and removed by `stop()`, processes by pid.
+
+Used by tests/integration/cluster/conftest.py and benchmarks/cluster_bench.py.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parent / "data"
+SSHD = "/usr/sbin/sshd"
+
+
+def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), check=check, capture_output=True, text=True)
+
+
+def can_create_namespaces() -> str | None:
+    """None when this machine can run the lab, else why not."""
+    if os.geteuid() != 0:
+        return "needs root (ip netns, sshd as root)"
+    for tool in ("ip", SSHD, "ssh", "ssh-keygen"):
+        if not shutil.which(tool):
+            return f"{tool} not found (apt-get install iproute2 openssh-server openssh-client)"
+    name = f"sfcprobe{os.getpid()}"
+    r = sh("ip", "netns", "add", name, check=False)
+    if r.returncode != 0:
+        return f"ip netns add failed: {r.stderr.strip()}"
+    sh("ip", "netns", "del", name, check=False)
+    return None
+
+
+@dataclass
+class LabHost:
+    name: str
+    netns: str
+    ip: str
+    sshd_pid: int | None = None
+
+
+@dataclass
+class NetLab:
+    size: int
+    tag: str = field(default_factory=lambda: f"sfc{os.getpid() % 10000:04d}{random.randrange(16**2):02x}")
+    hosts: list[LabHost] = field(default_factory=list)
+    subnet: str = ""
+    _namespaces: list[str] = field(default_factory=list)
+    _root_link: str | None = None
+    _procs: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def workdir(self) -> Path:
+        # Short: Ray temp dirs and ssh control sockets live under it (Unix socket path limits).
+        return Path("/tmp") / self.tag
+
+    @property
+    def switch(self) -> str:
+        return f"{self.tag}-sw"
+
+    @property
+    def gateway(self) -> str:
+        return f"{self.subnet}.254"
+
+    @property
+    def ssh_config(self) -> Path:
+        return self.workdir / "ssh_config"
+
+    @property
+    def control_dir(self) -> str:
+        return str(self.workdir / "cm")
+
+    def unused_ip(self) -> str:
+        """An address in the lab's subnet that no host holds: ssh to it fails."""
+        return f"{self.subnet}.99"
+
+    # --- setup -----------------------------------------------------------------------------------
+
+    def _pick_subnet(self) -> str:
+        used = sh("ip", "-o", "-4", "addr").stdout + sh("ip", "-4", "route").stdout
+        for _ in range(200):
+            x = random.randrange(1, 255)
+            if f"10.213.{x}." not in used:
+                return f"10.213.{x}"
+        raise RuntimeError("no free 10.213.X.0/24 subnet")
+
+    def start(self) -> NetLab:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        self.subnet = self._pick_subnet()
+        self.workdir.mkdir(mode=0o700)
+        (self.workdir / "cm").mkdir(mode=0o700)
+        self._netns_add(self.switch)
+        sh("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
+        sh("ip", "-n", self.switch, "link", "set", "br0", "up")
+        sh("ip", "-n", self.switch, "link", "set", "lo", "up")
+        # The root namespace's leg, so tests (the Jobs SDK, ssh) reach every host.
+        self._root_link = f"{self.tag}r"
+        sh("ip", "link", "add", self._root_link, "type", "veth", "peer", "name", "up0", "netns", self.switch)
+        sh("ip", "-n", self.switch, "link", "set", "up0", "master", "br0", "up")
+        sh("ip", "addr", "add", f"{self.gateway}/24", "dev", self._root_link)
+        sh("ip", "link", "set", self._root_link, "up")
+
+        self._keys()
+        for i in range(1, self.size + 1):
+            host = LabHost(name=f"h{i}", netns=f"{self.tag}-h{i}", ip=f"{self.subnet}.{i}")
+            self._netns_add(host.netns)
+            # Created directly in the two namespaces: nothing new appears in the root namespace.
+            sh("ip", "-n", self.switch, "link", "add", f"h{i}", "type", "veth", "peer", "name", "eth0", "netns", host.netns)
+            sh("ip", "-n", self.switch, "link", "set", f"h{i}", "master", "br0", "up")
+            sh("ip", "-n", host.netns, "addr", "add", f"{host.ip}/24", "dev", "eth0")
+            sh("ip", "-n", host.netns, "link", "set", "eth0", "up")
+            sh("ip", "-n", host.netns, "link", "set", "lo", "up")
+            self.hosts.append(host)
+        self._fake_gpu_tools()
+        self._client_config()
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
+        for host in self.hosts:
+            self._sshd(host)
+        deadline = time.monotonic() + 60
+        for host in self.hosts:
+            while True:
+                try:
+                    socket.create_connection((host.ip, 22), timeout=2).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"sshd in {host.netns} did not listen on {host.ip}:22; log: {(self.workdir / f'sshd-{host.name}.log').read_text()}") from None
+                    time.sleep(0.1)
+
+    def _netns_add(self, name: str) -> None:
+        sh("ip", "netns", "add", name)
+        self._namespaces.append(name)
+
+    def _keys(self) -> None:
+        w = self.workdir
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "slimeforge-test-client", "-f", str(w / "id_ed25519"))
+        shutil.copy(w / "id_ed25519.pub", w / "authorized_keys")
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "slimeforge-test-host", "-f", str(w / "host_ed25519"))
+
+    def _fake_gpu_tools(self) -> None:
+        """nvidia-smi that prints outputs captured on a real 2 x H200 host (there is no GPU here)."""
+        bindir = self.workdir / "bin"
+        bindir.mkdir()
+        data = DATA / "h200-x2"
+        script = bindir / "nvidia-smi"
+        script.write_text(
+            "#!/bin/sh\n"
+            "# Outputs captured on a real 2 x H200 host (tests/integration/cluster/data/h200-x2).\n"
+            'case "$*" in\n'
+            f"  *--query-gpu=index,name,uuid,driver_version,memory.total,compute_cap,pci.bus_id*--format=csv*) exec cat {data / 'query-gpu.csv'} ;;\n"
+            f"  *-L*) exec cat {data / 'list.txt'} ;;\n"
+            f"  '') exec cat {data / 'nvidia-smi.txt'} ;;\n"
+            '  *) echo "fake nvidia-smi: no captured output for: $*" >&2; exit 2 ;;\n'
+            "esac\n"
+        )
+        script.chmod(0o755)
+
+    def _client_config(self) -> None:
+        w = self.workdir
+        pub = (w / "host_ed25519.pub").read_text().split()
+        (w / "known_hosts").write_text("".join(f"{h.ip} {pub[0]} {pub[1]}\n" for h in self.hosts))
+        lines = [
+            "Host *",
+            f"  UserKnownHostsFile {w / 'known_hosts'}",
+            "  StrictHostKeyChecking yes",
+            f"  IdentityFile {w / 'id_ed25519'}",
+            "  IdentitiesOnly yes",
+            "  User root",
+        ]
+        for h in self.hosts:  # aliases, as users write them in ~/.ssh/config
+            lines += [f"Host {self.tag}-{h.name}", f"  HostName {h.ip}"]
+        self.ssh_config.write_text("\n".join(lines) + "\n")
+
+    def _sshd(self, host: LabHost) -> None:
+        w = self.workdir
+        config = w / f"sshd-{host.name}.conf"
+        config.write_text(
+            "\n".join(
+                [
+                    f"ListenAddress {host.ip}",
+                    "Port 22",
+                    f"HostKey {w / 'host_ed25519'}",
+                    "PidFile none",
+                    f"AuthorizedKeysFile {w / 'authorized_keys'}",
+                    "UsePAM no",
+                    "StrictModes no",
+                    "PermitRootLogin prohibit-password",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "MaxStartups 100",
+                    "MaxSessions 100",
+                    f"SetEnv PATH={w / 'bin'}:/usr/local/bin:/usr/bin:/bin",
+                ]
+            )
+            + "\n"
+        )
+        sh(SSHD, "-t", "-f", str(config))
+        log = open(w / f"sshd-{host.name}.log", "w")
+        proc = subprocess.Popen(["ip", "netns", "exec", host.netns, SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        self._procs.append(proc)
+        host.sshd_pid = proc.pid
+
+    # --- inspection ------------------------------------------------------------------------------
+
+    def netns_processes(self, host: LabHost) -> dict[int, str]:
+        """{pid: command line} of every process in the host's network namespace."""
+        out = {}
+        for pid in sh("ip", "netns", "pids", host.netns, check=False).stdout.split():
+            try:
+                out[int(pid)] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                pass
+        return out
+
+    def ray_processes(self) -> dict[str, dict[int, str]]:
+        """Ray's processes per host namespace (gcs_server, raylet, dashboard, workers...)."""
+        found = {}
+        for host in self.hosts:
+            procs = {pid: cmd for pid, cmd in self.netns_processes(host).items() if "ray" in cmd}
+            if procs:
+                found[host.name] = procs
+        return found
+
+    # --- teardown --------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        # ssh master connections we opened (ControlPersist) would outlive us for a minute.
+        cm = self.workdir / "cm"
+        if cm.is_dir():
+            for sock in cm.iterdir():
+                sh("ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x", check=False)
+        # Anything still running inside our namespaces was started by this lab (sshd, or Ray left by
+        # a failed test): end those processes, by pid.
+        for host in self.hosts:
+            pids = list(self.netns_processes(host))
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() and _not_zombie(p) for p in pids):
+                time.sleep(0.1)
+            for pid in pids:
+                if Path(f"/proc/{pid}").exists() and _not_zombie(pid):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for name in reversed(self._namespaces):
+            sh("ip", "netns", "del", name, check=False)
+        self._namespaces.clear()
+        if self._root_link:
+            sh("ip", "link", "del", self._root_link, check=False)  # gone with its peer already, normally
+            self._root_link = None
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
