@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
@@ -13,12 +12,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE_IMAGE = "slimeforge-test/base:bookworm"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def docker_available() -> bool:

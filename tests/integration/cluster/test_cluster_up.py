@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import environment_python, inventory_data, write_inventory, write_lock
+from cluster_helpers import environment_python, inventory_data, write_inventory, write_lock
 
 from slimeforge import cluster
 from slimeforge.errors import Problem, SlimeforgeError
