@@ -84,8 +84,8 @@ def test_install_script_is_valid_bash_and_checks_prerequisites_first(flavor, tmp
     assert res.returncode == 0, res.stdout
     assert text.index("\nsf_prereqs\n") < text.index("\nsf_run_step ")
     if stack.cuda:
-        assert "nvcc" in text and f"-ge {stack.driver_min}" not in text and f">= {stack.driver_min}" in text
-        assert "release $release, the stack needs 13.0" in text
+        assert "nvcc" in text and f"-ge {stack.driver_min}" not in text and f"driver_min={stack.driver_min}" in text
+        assert "want_cuda=13.0" in text and "release $release, the stack needs $want_cuda" in text
 
 
 def test_cli_dry_run_renders_and_prints_the_path(tmp_path):
