@@ -21,6 +21,16 @@ from .schema import Model, validate
 from .yamlio import deep_merge, load_with_extends
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+# Names that become file names, Dockerfile mount paths and environment variables: kept to a safe
+# alphabet so that no template has to quote them in a context where quoting is not possible.
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _safe_name(v: str) -> str:
+    if not NAME_RE.match(v):
+        raise ValueError("may hold only letters, digits, '.', '_' and '-', starting with a letter or digit")
+    return v
 SPEC_OPERATORS = ("<", ">", "=", "!", "~")
 
 
@@ -42,6 +52,11 @@ class PatchFile(Model):
     target: str  # a source name, or "site-packages"
     method: Literal["git", "patch"]
     strip: int = 1
+
+    @field_validator("file")
+    @classmethod
+    def _file(cls, v: str) -> str:
+        return _safe_name(v)
 
 
 class Patches(Model):
@@ -78,6 +93,19 @@ class Step(Model):
     requirements: str | None = None  # key of the stack holding a name -> version map
     patches: list[str] = Field(default_factory=list)
     constrain_later: bool = False
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return _safe_name(v)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in v if not ENV_RE.match(k)]
+        if bad:
+            raise ValueError(f"environment variable names expected, got {bad}")
+        return v
 
     @model_validator(mode="after")
     def _one_kind(self) -> Step:

@@ -107,3 +107,17 @@ def test_unknown_flavor_lists_the_available_ones():
     with pytest.raises(ConfigError) as e:
         load_stack("cu11")
     assert "cu13" in str(e.value) and "cu129" in str(e.value)
+
+
+def test_names_that_reach_templates_unquoted_are_restricted(tmp_path):
+    p = _write(tmp_path, """extends: common.yaml
+name: bad
+cuda: "13.0"
+driver_min: 580
+base: {image: x}
+step_overrides:
+  toolkit: {env: {"BAD-NAME": "1"}}
+""")
+    with pytest.raises(ConfigError) as e:
+        load_stack(p)
+    assert "environment variable names expected" in str(e.value) and "BAD-NAME" in str(e.value)
