@@ -49,6 +49,14 @@ def test_hash_is_stable_and_sensitive(tmp_path):
     assert load_stack(changed).hash != a
 
 
+HEADER = """extends: common.yaml
+name: bad
+cuda: "13.0"
+driver_min: 580
+base: {image: x}
+"""
+
+
 def _write(tmp_path, body):
     import shutil
 
@@ -61,12 +69,7 @@ def _write(tmp_path, body):
 
 
 def test_stack_errors_name_the_field(tmp_path):
-    p = _write(tmp_path, """extends: common.yaml
-name: bad
-cuda: "13.0"
-driver_min: 580
-base: {image: x}
-step_overrides:
+    p = _write(tmp_path, HEADER + """step_overrides:
   no-such-step: {env: {}}
 """)
     with pytest.raises(ConfigError) as e:
@@ -75,12 +78,7 @@ step_overrides:
 
 
 def test_short_commit_is_refused(tmp_path):
-    p = _write(tmp_path, """extends: common.yaml
-name: bad
-cuda: "13.0"
-driver_min: 580
-base: {image: x}
-sources:
+    p = _write(tmp_path, HEADER + """sources:
   slime: {commit: a74ae3a}
 """)
     with pytest.raises(ConfigError) as e:
@@ -90,12 +88,7 @@ sources:
 
 
 def test_unpinned_package_is_refused(tmp_path):
-    p = _write(tmp_path, """extends: common.yaml
-name: bad
-cuda: "13.0"
-driver_min: 580
-base: {image: x}
-step_overrides:
+    p = _write(tmp_path, HEADER + """step_overrides:
   toolkit: {pip: [requests]}
 """)
     with pytest.raises(ConfigError) as e:
@@ -110,12 +103,7 @@ def test_unknown_flavor_lists_the_available_ones():
 
 
 def test_names_that_reach_templates_unquoted_are_restricted(tmp_path):
-    p = _write(tmp_path, """extends: common.yaml
-name: bad
-cuda: "13.0"
-driver_min: 580
-base: {image: x}
-step_overrides:
+    p = _write(tmp_path, HEADER + """step_overrides:
   toolkit: {env: {"BAD-NAME": "1"}}
 """)
     with pytest.raises(ConfigError) as e:
