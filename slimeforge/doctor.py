@@ -886,10 +886,6 @@ def check_versions(ctx: Context) -> list[Finding]:
 # --- running them ---------------------------------------------------------------------------------
 
 
-def check_names() -> list[str]:
-    return list(CHECKS)
-
-
 def run_checks(recipe: Recipe | None = None, stack: Stack | None = None, *, args: Sequence[str] | None = None, mode: str | None = None,
                address: str | None = None, catalog: str | None = None, image: str | None = None, install_prefix: str | None = None,
                skip: Iterable[str] = (), only: Iterable[str] | None = None, network: bool = True, run: Run = local_run,

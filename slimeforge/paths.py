@@ -5,4 +5,3 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ROOT / "images"
 TEMPLATES = ROOT / "templates"
-RECIPES = ROOT / "recipes"

@@ -134,9 +134,6 @@ class Recipe(Model):
     def resolved_checkpoint_dir(self) -> str:
         return self.checkpoint_dir or f"/root/checkpoints/{self.exp_id}"
 
-    def runner_kwargs(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in RUNNER_FIELDS}
-
 
 def _bucket_problems(value: str) -> list[str]:
     """AWS S3 general-purpose bucket naming rules; `s3://bucket/prefix` is accepted too."""

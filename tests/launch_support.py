@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from net import free_port
+from helpers import free_port
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 VENV_BIN = Path(sys.executable).parent

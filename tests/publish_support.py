@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from net import free_port  # tests/ is on sys.path in pytest runs and in benchmarks/publish_noop.py
+from helpers import free_port  # tests/ is on sys.path in pytest runs and in benchmarks/publish_noop.py
 
 REGISTRY_BIN = "/usr/bin/docker-registry"  # Debian's docker-registry: the CNCF distribution registry 2.8
 DOCKER_CERTS_DIR = Path("/etc/docker/certs.d")

@@ -50,8 +50,8 @@ def ray_head():
 @pytest.fixture(scope="session")
 def moto_s3():
     import boto3
+    from helpers import free_port
     from moto.server import ThreadedMotoServer
-    from net import free_port
 
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)

@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from net import free_port
+from helpers import free_port
 from publish_support import LocalRegistry, ResetProxy
 
 from slimeforge import ecr

@@ -2,19 +2,13 @@
 
 import pytest
 import yaml
+from helpers import SEED_RECIPE
 
 from slimeforge.errors import ConfigError
 from slimeforge.recipe import RUNNER_FIELDS, load_recipe, parse_recipe
 from slimeforge.yamlio import parse_set
 
-GOOD = {
-    "exp_id": "gsm8k-3b-smoke",
-    "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/gsm8k_agent-a1B2c3D4e5",
-    "s3_bucket": "my-rollouts",
-    "model_dir": "/models/Qwen2.5-3B-Instruct",
-    "data_path": "/data/gsm8k.jsonl",
-    "model_type": "qwen2.5-3B",
-}
+GOOD = SEED_RECIPE
 
 
 def problems(**changes):

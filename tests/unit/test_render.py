@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import SEED_RECIPE
 
 from slimeforge import SlimeRunner
 from slimeforge.recipe import load_recipe, parse_recipe
@@ -18,14 +19,7 @@ from slimeforge.render import RUN_FILES, build_run_dir, read_args, write_run_dir
 from slimeforge.slime_facts import load_facts
 
 ROOT = Path(__file__).resolve().parents[2]
-SEED = {
-    "exp_id": "gsm8k-3b-smoke",
-    "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/gsm8k_agent-a1B2c3D4e5",
-    "s3_bucket": "my-rollouts",
-    "model_dir": "/models/Qwen2.5-3B-Instruct",
-    "data_path": "/data/gsm8k.jsonl",
-    "model_type": "qwen2.5-3B",
-}
+SEED = SEED_RECIPE
 
 
 def pairs(args):
