@@ -68,6 +68,16 @@ class Patches(Model):
 class Base(Model):
     image: str
     digest: str | None = None
+    # The base image's glibc: the newest manylinux tag its Python can install. Wheels are resolved
+    # and downloaded for this target, never for the machine that runs slimeforge.
+    glibc: str = "2.17"
+
+    @field_validator("glibc")
+    @classmethod
+    def _glibc(cls, v: str) -> str:
+        if not re.fullmatch(r"2\.[0-9]{1,2}", v):
+            raise ValueError("must be a glibc version such as 2.39 (Ubuntu 24.04) or 2.36 (Debian 12)")
+        return v
 
     @field_validator("digest")
     @classmethod
@@ -175,6 +185,16 @@ class Stack(Model):
     @property
     def cuda_major(self) -> str | None:
         return self.cuda.split(".")[0] if self.cuda else None
+
+    @property
+    def wheel_platform(self) -> str:
+        """The manylinux platform tag of the target (pip's --platform): manylinux_2_39_x86_64."""
+        return f"manylinux_{self.base.glibc.replace('.', '_')}_x86_64"
+
+    @property
+    def uv_platform(self) -> str:
+        """The same target in uv's --python-platform spelling: x86_64-manylinux_2_39."""
+        return f"x86_64-manylinux_{self.base.glibc.replace('.', '_')}"
 
     @property
     def site_packages(self) -> str:
