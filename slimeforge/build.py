@@ -166,10 +166,11 @@ def resolve_base(stack: Stack, override: str | None, dry_run: bool) -> dict[str,
     return {"image": image, "from": image, "digest": None, "image_id": img.id}
 
 
-def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources: dict | None = None) -> str:
-    """The Dockerfile of a stack (pure: no Docker, no network)."""
+def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources: dict | None = None, base_id: str | None = None) -> str:
+    """The Dockerfile of a stack (pure: no Docker, no network). `base_id`: the base as resolved
+    (digest or local image id), part of the compiled-wheel keys."""
     layout = image_layout(stack, local_sources)
-    steps = step_commands(stack, layout)
+    steps = step_commands(stack, layout, base_id)
     first_compile = next((i for i, s in enumerate(steps) if s["compiles"]), -1)
     return render("Dockerfile.j2", {
         "stack_id": stack.id,
@@ -179,7 +180,6 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
         "patches_dir": layout.patches_dir,
         "steps": steps,
         "first_compile": first_compile,
-        "arch_list": " ".join(stack.arch_list),
         "local_sources": sorted(n for n, s in (local_sources or {}).items() if getattr(s, "kind", "git") == "git"),
         "wheel_steps": sorted(layout.wheel_dirs),
         "patch_files": [p["file"] for p in used_patches(stack)],
@@ -224,7 +224,7 @@ def prepare(opts: BuildOptions) -> Prepared:
     patches = read_patches(stack, local, cache)
     from_sources = {n: s for n, s in local.items() if s.kind == "git" and any(st.get("source") == n for st in stack.plan())}
     from_sources.update({n: s for n, s in local.items() if s.kind == "wheels"})
-    dockerfile = render_dockerfile(stack, base["from"], from_sources)
+    dockerfile = render_dockerfile(stack, base["from"], from_sources, base["digest"] or base["image_id"])
 
     pins = stack.pins()
     pins["base.image"] = base["image"]

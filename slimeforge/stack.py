@@ -103,6 +103,9 @@ class Step(Model):
     requirements: str | None = None  # key of the stack holding a name -> version map
     patches: list[str] = Field(default_factory=list)
     constrain_later: bool = False
+    # An apt step that also installs the stack's interpreter by its version (python3.12,
+    # python3.12-venv, python3.12-dev): CUDA bases ship no Python, and "python3" may be another one.
+    python: bool = False
 
     @field_validator("name")
     @classmethod
@@ -116,6 +119,12 @@ class Step(Model):
         if bad:
             raise ValueError(f"environment variable names expected, got {bad}")
         return v
+
+    @model_validator(mode="after")
+    def _python_on_apt(self) -> Step:
+        if self.python and self.apt is None:
+            raise ValueError(f"step {self.name!r}: python: true installs the interpreter with apt, so it needs an apt list")
+        return self
 
     @model_validator(mode="after")
     def _one_kind(self) -> Step:
@@ -166,6 +175,25 @@ class Stack(Model):
     runtime: Runtime | None = None
     smoke: Smoke
 
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v: str) -> str:
+        # It names apt packages (python3.12-dev), the interpreter and site-packages paths.
+        if not re.fullmatch(r"3\.[0-9]{1,2}", v):
+            raise ValueError("must be a CPython version such as 3.12")
+        return v
+
+    @field_validator("arch_list")
+    @classmethod
+    def _arch_list(cls, v: list[str]) -> list[str]:
+        # One spelling, from which every compiled piece's own variable is derived (steps.arch_env).
+        bad = [a for a in v if not isinstance(a, str) or not re.fullmatch(r"[1-9][0-9]?\.[0-9]", a)]
+        if bad:
+            raise ValueError(f"entries must be compute capabilities such as 9.0 (Hopper) or 10.0 (Blackwell), got {bad}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"entries must be unique, got {v}")
+        return v
+
     # --- derived -------------------------------------------------------------------------------
 
     @cached_property
@@ -195,6 +223,15 @@ class Stack(Model):
     def uv_platform(self) -> str:
         """The same target in uv's --python-platform spelling: x86_64-manylinux_2_39."""
         return f"x86_64-manylinux_{self.base.glibc.replace('.', '_')}"
+
+    @property
+    def interpreter(self) -> str:
+        """The stack's Python by its version (python3.12): never plain python3, which may be another."""
+        return f"python{self.python}"
+
+    def interpreter_packages(self) -> list[str]:
+        """The apt packages of that interpreter with venv/ensurepip and the headers extensions build against."""
+        return [self.interpreter, f"{self.interpreter}-venv", f"{self.interpreter}-dev"]
 
     @property
     def site_packages(self) -> str:

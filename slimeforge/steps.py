@@ -9,6 +9,8 @@ where each source is fetched from.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,24 +61,62 @@ def compile_jobs(mem_bytes: int | None = None, cores: int | None = None) -> tupl
     return int(jobs), int(threads)
 
 
+def arch_env(stack: Stack) -> dict[str, str]:
+    """The stack's arch_list in the variable and spelling each compiled piece reads, so that one
+    arch_list change (add "10.0" for Blackwell) reaches all of them: torch's cpp_extension (apex,
+    torch_memory_saver) reads TORCH_CUDA_ARCH_LIST ("9.0 10.0"); flash-attn's setup.py reads
+    FLASH_ATTN_CUDA_ARCHS ("90;100", its default 80;90;100;120 otherwise); Transformer Engine's
+    build reads NVTE_CUDA_ARCHS ("90;100")."""
+    if not stack.arch_list:
+        return {}
+    sm = ";".join(a.replace(".", "") for a in stack.arch_list)
+    return {"TORCH_CUDA_ARCH_LIST": " ".join(stack.arch_list), "FLASH_ATTN_CUDA_ARCHS": sm, "NVTE_CUDA_ARCHS": sm}
+
+
+def compiled_key(stack: Stack, step: str, base: str | None = None) -> str:
+    """The identity of what a compiled step builds: flavor, torch, CUDA, arch list, Python, base
+    and the step's own inputs (pins, commit, env). A compiled wheel may be reused only under the
+    same key: uv reuses a wheel built with --no-build-isolation in another environment as-is, so a
+    shared cache would hand one torch/CUDA/arch's build to another. The image build names its cache
+    mounts with it, the install script its uv cache directory. `base` is the base as resolved
+    (digest or local image id); default: the stack's base image and pinned digest."""
+    item = next((s for s in stack.plan() if s["name"] == step), None)
+    if item is None:
+        raise KeyError(f"stack {stack.name} has no step {step!r}")
+    inputs = {
+        "flavor": stack.name,
+        "torch": stack.versions.get("torch"),
+        "cuda": stack.cuda,
+        "arch_list": stack.arch_list,
+        "python": stack.python,
+        "base": base or f"{stack.base.image}@{stack.base.digest or ''}",
+        "step": item,
+    }
+    digest = hashlib.sha256(json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return f"{stack.name}-{step}-{digest[:16]}"
+
+
 def patch_spec(p: dict[str, Any], layout: Layout) -> str:
     return f"{p['file']}:{p['method']}:{p['strip']}:{layout.patches_dir}/{p['file']}"
 
 
-def step_commands(stack: Stack, layout: Layout) -> list[dict[str, Any]]:
-    """Each step: name, kind, env, compiles, patch files it needs, the sf argv, and (for Docker)
-    whether it uses apt. The first non-apt step is preceded by the venv step."""
+def step_commands(stack: Stack, layout: Layout, base: str | None = None) -> list[dict[str, Any]]:
+    """Each step: name, kind, env, compiles (and then its compiled_key), patch files it needs, the
+    sf argv. The first non-apt step is preceded by the venv step. A compiled step runs through
+    `sf_compiled` (parallelism and its own uv cache), with the arch variables in its env."""
     out: list[dict[str, Any]] = []
     venv_done = False
     versions = stack.versions
+    with_python = {s.name for s in stack.steps if s.python}
     for step in stack.plan():
         if step["kind"] != "apt" and not venv_done:
-            out.append(_step(VENV_STEP, "venv", ["venv", layout.venv, versions["uv"]]))
+            out.append(_step(VENV_STEP, "venv", ["venv", layout.venv, versions["uv"], stack.interpreter]))
             venv_done = True
         name, kind = step["name"], step["kind"]
         patch_files = [p["file"] for p in step["patches"]]
         if kind == "apt":
-            argv = ["apt_install", *step["packages"]]
+            extra = stack.interpreter_packages() if name in with_python else []
+            argv = ["apt_install", *dict.fromkeys([*extra, *step["packages"]])]
         elif kind in ("pip", "wheel_url"):
             argv = ["pip_step", "--venv", layout.venv]
             for r in step["requirements"]:
@@ -112,8 +152,15 @@ def step_commands(stack: Stack, layout: Layout) -> list[dict[str, Any]]:
                 argv += ["--config-setting", "editable_mode=compat"]
             if step["no_deps"]:
                 argv.append("--no-deps")
-        item = _step(name, kind, argv, env=step["env"], compiles=step["compiles"], patch_files=patch_files)
+        env = dict(step["env"])
+        key = None
+        if step["compiles"]:
+            env = {**arch_env(stack), **env}
+            key = compiled_key(stack, name, base)
+            argv = ["compiled", "--key", key, "--", *argv]
+        item = _step(name, kind, argv, env=env, compiles=step["compiles"], patch_files=patch_files)
         item["source"] = step.get("source")
+        item["compiled_key"] = key
         # Patches of installed packages are applied right after the step that installed them.
         item["post"] = [["apply_patch", p["file"], p["method"], str(p["strip"]),
                          f"{layout.patches_dir}/{p['file']}", stack.site_packages.replace(stack.venv, layout.venv, 1)]
@@ -125,7 +172,7 @@ def step_commands(stack: Stack, layout: Layout) -> list[dict[str, Any]]:
 def _step(name: str, kind: str, argv: list[str], *, env: dict[str, str] | None = None, compiles: bool = False,
           patch_files: list[str] | None = None) -> dict[str, Any]:
     return {"name": name, "kind": kind, "env": dict(env or {}), "compiles": compiles, "patch_files": list(patch_files or []),
-            "argv": argv, "post": [], "source": None}
+            "argv": argv, "post": [], "source": None, "compiled_key": None}
 
 
 def used_patches(stack: Stack) -> list[dict[str, Any]]:

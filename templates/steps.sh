@@ -46,10 +46,14 @@ sf_apt_install() {
 
 # --- the venv -------------------------------------------------------------------------------
 
-# sf_venv VENV UV_VERSION: creates the venv and installs the pinned uv into it (from PyPI).
+# sf_venv VENV UV_VERSION PYTHON: creates the venv with the stack's interpreter, called by its
+# version (python3.12): a CUDA base has no python3, and on a host python3 may be another version.
 sf_venv() {
-  local venv=$1 uv_version=$2
-  if [[ ! -x $venv/bin/python ]]; then python3 -m venv "$venv"; fi
+  local venv=$1 uv_version=$2 python=${3:-python3}
+  if [[ ! -x $venv/bin/python ]]; then
+    command -v "$python" >/dev/null || sf_die "venv: $python not found (the system step installs it; on a host: apt-get install $python $python-venv $python-dev)"
+    "$python" -m venv "$venv"
+  fi
   local have=""
   if [[ -x $venv/bin/uv ]]; then have=$("$venv/bin/uv" --version | awk '{print $2}'); fi
   if [[ $have != "$uv_version" ]]; then
@@ -111,6 +115,52 @@ sf_pip_step() {
     mkdir -p "$SF_STATE/constraints"
     printf '%s\n' "${reqs[@]}" >"$own"
   fi
+}
+
+# --- compiled steps -------------------------------------------------------------------------
+
+# sf_compile_jobs CORES MEM_KIB: "MAX_JOBS NVCC_THREADS" for a build host, the rule of
+# slimeforge.steps.compile_jobs (image builds get its result as build args; hosts compute it here):
+# about 6 GiB per nvcc job, never more jobs than cores, the spare cores to nvcc threads (at most 4).
+sf_compile_jobs() {
+  local cores=$1 mem_kib=$2 jobs threads
+  jobs=$((mem_kib / (6 * 1024 * 1024)))
+  ((jobs <= cores)) || jobs=$cores
+  ((jobs >= 1)) || jobs=1
+  threads=$((cores / jobs))
+  ((threads <= 4)) || threads=4
+  ((threads >= 1)) || threads=1
+  printf '%s %s\n' "$jobs" "$threads"
+}
+
+# sf_compiled --key KEY -- FUNCTION ARGS...: runs one step function that compiles extensions.
+# Parallelism: MAX_JOBS / NVCC_THREADS as given (image: build args), else sized to this host; nvcc
+# gets --threads through NVCC_APPEND_FLAGS (apex, torch_memory_saver), flash-attn reads NVCC_THREADS,
+# Transformer Engine NVTE_BUILD_THREADS_PER_JOB. The uv cache is the one of KEY (steps.compiled_key):
+# a wheel compiled for one flavor, torch, CUDA, arch list, Python or base is never reused by another.
+sf_compiled() {
+  local key=""
+  while (($#)); do
+    case $1 in
+      --key) key=$2; shift 2 ;;
+      --) shift; break ;;
+      *) sf_die "sf_compiled: unknown option $1" ;;
+    esac
+  done
+  [[ $key =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] || sf_die "sf_compiled: --key must be a compiled-wheel key, got '$key'"
+  (($#)) || sf_die "sf_compiled: no step function given"
+  if [[ -z ${MAX_JOBS:-} || -z ${NVCC_THREADS:-} ]]; then
+    local sized
+    sized=$(sf_compile_jobs "$(nproc)" "$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)")
+    MAX_JOBS=${MAX_JOBS:-${sized% *}} NVCC_THREADS=${NVCC_THREADS:-${sized#* }}
+  fi
+  export MAX_JOBS NVCC_THREADS NVTE_BUILD_THREADS_PER_JOB=$NVCC_THREADS
+  export NVCC_APPEND_FLAGS="${NVCC_APPEND_FLAGS:+$NVCC_APPEND_FLAGS }--threads $NVCC_THREADS"
+  export UV_CACHE_DIR="${UV_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/uv}/compiled/$key"
+  sf_log "compiled step: MAX_JOBS=$MAX_JOBS NVCC_THREADS=$NVCC_THREADS archs=${TORCH_CUDA_ARCH_LIST:-none} uv cache $UV_CACHE_DIR"
+  local fn=$1
+  shift
+  "sf_$fn" "$@"
 }
 
 # --- sources --------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ and run the same steps in the same order as the stack's plan."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -11,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from slimeforge.build import parse_build_args, parse_progress, render_dockerfile
-from slimeforge.stack import load_stack
-from slimeforge.steps import compile_jobs, image_layout, step_commands
+from slimeforge.errors import ConfigError
+from slimeforge.install import render_install_script
+from slimeforge.stack import Stack, load_stack
+from slimeforge.steps import compile_jobs, compiled_key, image_layout, step_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 HADOLINT = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
@@ -46,10 +49,111 @@ def test_steps_in_plan_order_one_run_each(flavor):
     positions = [text.index(f"/opt/slimeforge/sf {n} ") for n in names]
     assert positions == sorted(positions)
     assert text.count("\nRUN ") == len(names) + 2  # + venv + finalize
-    # Compiled steps build against the installed torch, with the arch list of the stack.
-    assert f'TORCH_CUDA_ARCH_LIST="{" ".join(stack.arch_list)}"' in text
+    # Compiled steps build against the installed torch.
     flash = next(s for s in step_commands(stack, image_layout(stack)) if s["name"] == "flash-attn")
     assert "--no-build-isolation" in flash["argv"]
+
+
+def run_block(text: str, step: str) -> str:
+    """The Dockerfile lines of one stack step (its comment header to the next)."""
+    return next(b for b in text.split("# --- step ")[1:] if b.split(" (", 1)[0].split(": ", 1)[1] == step)
+
+
+COMPILED = ["flash-attn", "transformer-engine", "apex", "torch-memory-saver"]
+
+
+@pytest.mark.parametrize("flavor", ["cu13", "cu129"])
+def test_base_gets_the_interpreter_by_version_and_the_venv_uses_it(flavor):
+    stack = load_stack(flavor)
+    text = render_dockerfile(stack)
+    assert stack.python == "3.12"
+    assert "sf system apt_install python3.12 python3.12-venv python3.12-dev git " in run_block(text, "system")
+    assert "/opt/slimeforge/sf venv venv /opt/venv 0.9.7 python3.12\n" in text
+    # The library calls the interpreter it is given, never a bare python3.
+    lib = (ROOT / "templates" / "steps.sh").read_text()
+    venv_fn = lib[lib.index("sf_venv() {"):lib.index("\n}\n", lib.index("sf_venv() {"))]
+    assert '"$python" -m venv "$venv"' in venv_fn and "python3 -m venv" not in venv_fn
+
+
+@pytest.mark.parametrize("flavor", ["cu13", "cu129"])
+def test_every_compiled_step_gets_every_arch_variable_and_its_own_caches(flavor):
+    stack = load_stack(flavor)
+    text = render_dockerfile(stack)
+    keys = {}
+    for name in COMPILED:
+        block = run_block(text, name)
+        assert "TORCH_CUDA_ARCH_LIST=9.0 FLASH_ATTN_CUDA_ARCHS=90 NVTE_CUDA_ARCHS=90 " in block, name
+        key = re.search(rf"sf {name} compiled --key ({re.escape(flavor)}-{name}-[0-9a-f]{{16}}) -- ", block).group(1)
+        assert f"--mount=type=cache,id=sf-uv-{key},target=/root/.cache/uv " in block
+        assert f"--mount=type=cache,id=sf-pip-{key},target=/root/.cache/pip " in block
+        keys[name] = key
+    assert "FLASH_ATTENTION_FORCE_BUILD=TRUE " in run_block(text, "flash-attn")
+    # Steps that compile nothing share the one uv cache (their wheels are tagged for what they need).
+    assert "--mount=type=cache,target=/root/.cache/uv " in run_block(text, "sglang")
+    assert "id=sf-" not in run_block(text, "sglang") and "compiled --key" not in run_block(text, "sglang")
+    assert text.count("ARG MAX_JOBS") == 1 and text.index("ARG MAX_JOBS") < text.index("sf flash-attn compiled")
+
+
+def test_compiled_keys_differ_per_flavor():
+    cu13, cu129 = (load_stack(f) for f in ("cu13", "cu129"))
+    for name in COMPILED:
+        assert compiled_key(cu13, name) != compiled_key(cu129, name)
+        assert compiled_key(cu13, name).startswith(f"cu13-{name}-") and compiled_key(cu129, name).startswith(f"cu129-{name}-")
+
+
+def derived(tmp_path, name, **fields) -> Stack:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text("extends: " + str(ROOT / "images" / "cu13.yaml") + "\n" + "".join(f"{k}: {v}\n" for k, v in fields.items()))
+    return load_stack(path)
+
+
+@pytest.mark.parametrize("change", [
+    {"arch_list": '["9.0", "10.0"]'},
+    {"python": '"3.11"'},
+    {"cuda": '"13.1"'},
+    {"versions": "{torch: '2.11.1'}"},
+    {"base": "{image: 'nvidia/cuda:13.0.2-cudnn-devel-ubuntu24.04', digest: 'sha256:" + "b" * 64 + "'}"},
+])
+def test_a_build_relevant_input_changes_every_compiled_key(tmp_path, change):
+    hopper = load_stack("cu13")
+    other = derived(tmp_path, "other", **change)
+    for name in COMPILED:
+        assert compiled_key(other, name) != compiled_key(hopper, name), (change, name)
+    # The base as resolved at build time (digest or local image id) is an input too.
+    assert compiled_key(hopper, "apex", "sha256:" + "c" * 64) != compiled_key(hopper, "apex")
+
+
+def test_an_unrelated_input_keeps_the_compiled_keys(tmp_path):
+    newer_slime = derived(tmp_path, "slime", sources="{slime: {commit: '" + "d" * 40 + "'}}")
+    hopper = load_stack("cu13")
+    assert [compiled_key(newer_slime, n) for n in COMPILED] == [compiled_key(hopper, n) for n in COMPILED]
+
+
+def test_blackwell_is_one_arch_list_change_that_reaches_every_compiled_piece(tmp_path):
+    hopper = load_stack("cu13")
+    both = derived(tmp_path, "blackwell", arch_list='["9.0", "10.0"]')
+    before, after = render_dockerfile(hopper), render_dockerfile(both)
+    for name in COMPILED:
+        block = run_block(after, name)
+        assert "TORCH_CUDA_ARCH_LIST='9.0 10.0' FLASH_ATTN_CUDA_ARCHS='90;100' NVTE_CUDA_ARCHS='90;100' " in block, name
+        assert f"id=sf-uv-{compiled_key(both, name)}," in block
+    # Nothing else moves: the steps before the first compiled one render the same.
+    cut = before.index("# --- step 5: flash-attn")
+    assert after[after.index("# --- step 1:"):cut] == before[before.index("# --- step 1:"):cut]
+    # The install script gets the same variables (its env per step) and keys.
+    script = render_install_script(both, "/opt/sf", patches=[])
+    for name in COMPILED:
+        line = next(x for x in script.splitlines() if x.startswith(f"sf_run_step {name} "))
+        for var in ("'TORCH_CUDA_ARCH_LIST=9.0 10.0'", "'FLASH_ATTN_CUDA_ARCHS=90;100'", "'NVTE_CUDA_ARCHS=90;100'"):
+            assert f"--env {var}" in line, (name, var)
+        assert f"sf_compiled --key {compiled_key(both, name)} -- " in script
+
+
+@pytest.mark.parametrize("bad", ['["9"]', '["sm_90"]', '["9.0", "9.0"]', '["9.0;rm"]'])
+def test_arch_list_is_validated(tmp_path, bad):
+    with pytest.raises(ConfigError) as exc:
+        derived(tmp_path, "bad", arch_list=bad)
+    assert "arch_list" in str(exc.value)
 
 
 def test_patch_steps_bind_only_their_patch_files():

@@ -116,3 +116,31 @@ def test_shell_files_pass_shellcheck():
     root = LIB.parent
     res = subprocess.run(["shellcheck", "-x", "-P", "SCRIPTDIR", "steps.sh", "sf"], cwd=root, capture_output=True, text=True)
     assert res.returncode == 0, res.stdout
+
+
+@pytest.mark.parametrize("cores,gib", [(2, 24), (128, 64), (16, 2), (64, 512), (1, 1)])
+def test_host_compile_jobs_follow_the_image_build_rule(cores, gib, tmp_path):
+    from slimeforge.steps import compile_jobs
+
+    res = sf("sf_compile_jobs", str(cores), str(gib * 1024 * 1024), state=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert tuple(int(x) for x in res.stdout.split()) == compile_jobs(mem_bytes=gib << 30, cores=cores)
+
+
+def test_compiled_step_gets_parallelism_and_a_cache_of_its_key(tmp_path):
+    # A stand-in step function prints what a compiler would see.
+    script = ('source "$1"; sf_show() { printf "%s|" "$MAX_JOBS" "$NVCC_THREADS" "$NVCC_APPEND_FLAGS" '
+              '"$NVTE_BUILD_THREADS_PER_JOB" "$UV_CACHE_DIR" "$*"; }; shift; "$@"')
+    base = {"PATH": "/usr/bin:/bin", "SF_STATE": str(tmp_path), "HOME": str(tmp_path)}
+    res = subprocess.run(["bash", "-c", script, "sf", str(LIB), "sf_compiled", "--key", "cu13-apex-0123", "--", "show", "a b"],
+                         capture_output=True, text=True, env={**base, "MAX_JOBS": "3", "NVCC_THREADS": "2"})
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == f"3|2|--threads 2|2|{tmp_path}/.cache/uv/compiled/cu13-apex-0123|a b|"
+    # Without build args (a host): sized to this machine; an image's UV_CACHE_DIR gets the key below it.
+    res = subprocess.run(["bash", "-c", script, "sf", str(LIB), "sf_compiled", "--key", "k1", "--", "show"],
+                         capture_output=True, text=True, env={**base, "UV_CACHE_DIR": "/root/.cache/uv"})
+    jobs, threads, flags, _, cache, _ = res.stdout.split("|")[:6]
+    assert int(jobs) >= 1 and flags == f"--threads {threads}" and cache == "/root/.cache/uv/compiled/k1"
+    bad = subprocess.run(["bash", "-c", script, "sf", str(LIB), "sf_compiled", "--key", "../x", "--", "show"],
+                         capture_output=True, text=True, env=base)
+    assert bad.returncode != 0 and "--key must be a compiled-wheel key" in bad.stderr
