@@ -296,6 +296,21 @@ def build(c, cuda="cu13", stack=None, out=None, dry_run=False, base_image=None, 
         raise
 
 
+@task(help={
+    "python": "the target interpreter: one that imports slime (e.g. /opt/venv/bin/python); no GPU needed",
+    "slime": "slime checkout",
+    "megatron": "Megatron-LM checkout (what slime's Megatron parser is built from)",
+    "out": "catalog file to write (JSON, replaced whole)",
+})
+@clean_errors
+def flags_catalog(c, python="", slime="", megatron=None, out="flags.json"):
+    """The flag catalog from slime's real parsers (every one, each option with its parser), as doctor reads it."""
+    from slimeforge.flagcatalog import make_catalog, summary
+
+    print(summary(make_catalog(python, slime, megatron, out)))
+    print(f"wrote {out}")
+
+
 @task(
     iterable=["source"],
     help={"cuda": "stack flavor (cu13, cu129)", "stack": "any stack file instead (a YAML path)",
@@ -405,6 +420,7 @@ ns.add_collection(Collection("run", start=run_start, status=run_status, logs=run
 ns.add_task(doctor)
 ns.add_task(publish)
 ns.add_collection(Collection("patches", check=patches_check))
+ns.add_collection(Collection("flags", catalog=flags_catalog))
 ns.add_task(build)
 ns.add_task(install)
 ns.add_collection(Collection("cluster", up=cluster_up, status=cluster_status, down=cluster_down))

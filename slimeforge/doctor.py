@@ -24,6 +24,7 @@ from typing import Any
 
 from . import paths
 from .errors import CommandError, ConfigError, Problem
+from .flagcatalog import Catalog, load_catalog, parse_catalog
 from .proc import Runner
 from .recipe import ARN_RE, Recipe
 from .schema import did_you_mean
@@ -686,32 +687,22 @@ def check_runtime_env(ctx: Context) -> list[Finding]:
     return out or [ok("runtime-env", f"{len(r.env)} recipe env value(s) reach the job unchanged")]
 
 
-def load_catalog(path: str | Path) -> tuple[set[str], str]:
-    doc = json.loads(Path(path).read_text())
-    if not isinstance(doc, dict) or not isinstance(doc.get("flags"), list):
-        raise ValueError(f'{path} is not a flag catalog ({{"slime_commit": "...", "flags": ["--a", ...]}})')
-    return set(doc["flags"]), str(doc.get("slime_commit", "?"))
-
-
-def find_catalog(ctx: Context) -> tuple[set[str], str, str] | None:
-    """(flags, slime commit, where) from --catalog, the image, the install, or build/; None if none."""
+def find_catalog(ctx: Context) -> tuple[Catalog, str] | None:
+    """(catalog, where) from --catalog, the image, the install, or build/; None if none."""
     if ctx.catalog:
-        flags, commit = load_catalog(ctx.catalog)
-        return flags, commit, ctx.catalog
+        return load_catalog(ctx.catalog), ctx.catalog
     if ctx.mode == "container" and ctx.image:
         text = Runner().run([ctx.docker, "run", "--rm", "--entrypoint", "cat", ctx.image, "/opt/slimeforge/flags.json"],
                             step="flag catalog (in the image)", timeout=120).stdout
-        doc = json.loads(text)
-        return set(doc["flags"]), str(doc.get("slime_commit", "?")), f"{ctx.image}:/opt/slimeforge/flags.json"
+        where = f"{ctx.image}:/opt/slimeforge/flags.json"
+        return parse_catalog(text, where), where
     if ctx.mode == "host" and ctx.install_prefix:
         path = Path(ctx.install_prefix) / "flags.json"
         if path.is_file():
-            flags, commit = load_catalog(path)
-            return flags, commit, str(path)
+            return load_catalog(path), str(path)
     path = paths.ROOT / "build" / f"{ctx.stack.name}-{ctx.stack.hash[:12]}" / "flags.json"
     if path.is_file():
-        flags, commit = load_catalog(path)
-        return flags, commit, str(path)
+        return load_catalog(path), str(path)
     return None
 
 
@@ -731,17 +722,23 @@ def check_flags(ctx: Context) -> list[Finding]:
     if found is None:
         return [error("flags", "no flag catalog found, so a flag slime would silently ignore cannot be caught",
                       "build or install first (it writes flags.json), point at one with --catalog PATH, or --skip-check flags")]
-    catalog, commit, where = found
+    catalog, where = found
+    commit = catalog.slime_commit
     margs = model_args(ctx)
     argv = [*(margs if isinstance(margs, list) else []), *ctx.args]
-    unknown = sorted(set(flags_in(argv)) - catalog)
+    unknown = sorted(set(flags_in(argv)) - catalog.flags)
     out = []
     for flag in unknown:
-        hint = did_you_mean(flag, sorted(catalog))
+        hint = did_you_mean(flag, sorted(catalog.flags))
         src = "extra_flags" if flag in flags_in(r.extra_flags) else ("the model script" if isinstance(margs, list) and flag in flags_in(margs) else "slime.args")
-        out.append(error("flags", f"{flag} (from {src}) is not a flag of slime {commit[:12]} ({where}); slime would silently ignore it",
-                         (f"did you mean {hint}? " if hint else "") + "remove it or correct its spelling"))
-    return out or [ok("flags", f"all {len(set(flags_in(argv)))} flags are in the catalog of slime {commit[:12]}")]
+        fix = (f"did you mean {hint}? " if hint else "") + "remove it or correct its spelling"
+        if catalog.version < 2:
+            # A version 1 catalog is `train.py --help`: only Megatron's parser answers --help.
+            fix += ("; this catalog was made from train.py --help, which lists no --sglang-*/--router-* option: "
+                    "make one from slime's parsers with invoke flags.catalog (or rebuild the image)")
+        out.append(error("flags", f"{flag} (from {src}) is not a flag of slime {commit[:12]} ({where}); slime would silently ignore it", fix))
+    return out or [ok("flags", f"all {len(set(flags_in(argv)))} flags are in the catalog of slime {commit[:12]} "
+                           f"({len(catalog.parsers) or 'help-text'} parser(s))")]
 
 
 # --- the registered checks: network ---------------------------------------------------------------

@@ -306,17 +306,18 @@ sf_source_step() {
 
 # --- read back and verify -------------------------------------------------------------------
 
-# sf_finalize VENV LOCK_IN LOCK_OUT FLAGS_OUT [--checkout NAME=DIR]... [--slime DIR]
+# sf_finalize VENV LOCK_IN LOCK_OUT FLAGS_OUT [--checkout NAME=DIR]... [--slime DIR [--megatron DIR]]
 # Writes the stack lock with what is really installed (importlib.metadata) and the commit of every
-# checkout, and the flag catalog of slime's own argument parser.
+# checkout, and the flag catalog of slime's own argument parsers.
 sf_finalize() {
   local venv=$1 lock_in=$2 lock_out=$3 flags_out=$4
   shift 4
-  local checkouts=() slime=""
+  local checkouts=() slime="" megatron=""
   while (($#)); do
     case $1 in
       --checkout) checkouts+=("$2"); shift 2 ;;
       --slime) slime=$2; shift 2 ;;
+      --megatron) megatron=$2; shift 2 ;;
       *) sf_die "sf_finalize: unknown option $1" ;;
     esac
   done
@@ -334,21 +335,21 @@ rows = [line.split("\t") for line in pathlib.Path(applied).read_text().splitline
 lock["patches_applied"] = [{"file": r[0], "sha256": r[1], "dir": r[2], "status": r[3]} for r in rows]
 pathlib.Path(lock_out).write_text(json.dumps(lock, indent=2, sort_keys=True) + "\n")
 PY
-  if [[ -n $slime ]]; then sf_flag_catalog "$venv" "$slime" >"$flags_out"; fi
+  if [[ -n $slime ]]; then sf_flag_catalog "$venv" "$slime" "$megatron" "$flags_out"; fi
 }
 
-# sf_flag_catalog VENV SLIME_DIR: {"slime_commit": ..., "flags": [...]} from `train.py --help`.
+# sf_flag_catalog VENV SLIME_DIR MEGATRON_DIR OUT: the flag catalog of slime's real parsers (every
+# parser slime builds, each option with its parser; not `train.py --help`, which only the last
+# parser answers), made by $SF_STATE/flag_catalog.py (slimeforge/scripts/flag_catalog.py) run with
+# the venv's Python. MEGATRON_DIR may be empty (a stack without Megatron). No GPU is needed.
 sf_flag_catalog() {
-  local venv=$1 slime=$2 help commit
-  help=$(cd "$slime" && "$venv/bin/python" train.py --help 2>&1) || sf_die "flag catalog: '$slime/train.py --help' failed: $help"
-  commit=$(sf_git -C "$slime" rev-parse HEAD)
-  printf '%s' "$help" | "$venv/bin/python" -c '
-import json, re, sys
-flags = sorted(set(re.findall(r"(?<![\w-])(--[A-Za-z0-9][A-Za-z0-9_.-]*)", sys.stdin.read())))
-if not flags:
-    sys.exit("slimeforge: ERROR: flag catalog: train.py --help printed no --options")
-print(json.dumps({"slime_commit": sys.argv[1], "flags": flags}, indent=2))
-' "$commit"
+  local venv=$1 slime=$2 megatron=$3 out=$4 args=()
+  [[ -f $SF_STATE/flag_catalog.py ]] || sf_die "flag catalog: $SF_STATE/flag_catalog.py is missing"
+  args=(--slime "$slime" --out "$out" --slime-commit "$(sf_git -C "$slime" rev-parse HEAD)")
+  if [[ -n $megatron ]]; then args+=(--megatron "$megatron" --megatron-commit "$(sf_git -C "$megatron" rev-parse HEAD)"); fi
+  # PYTHONPATH of the caller must not decide what is imported; no GPU is asked for.
+  PYTHONPATH="" CUDA_VISIBLE_DEVICES="" "$venv/bin/python" "$SF_STATE/flag_catalog.py" "${args[@]}" ||
+    sf_die "flag catalog: $venv/bin/python could not read slime's parsers in $slime (see above)"
 }
 
 # sf_smoke --venv V [--import M]... [--router-marker S] [--torch-cuda X.Y]
