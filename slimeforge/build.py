@@ -39,6 +39,7 @@ from .stack import Stack, load_stack
 from .steps import (
     STEP_LIBRARY,
     STEP_RUNNER,
+    TARGET_SCRIPTS,
     compile_jobs,
     finalize_argv,
     image_layout,
@@ -185,6 +186,7 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
         "patch_files": [p["file"] for p in used_patches(stack)],
         "patches_from": stack.pins().get("patches.dir", ""),
         "finalize_argv": finalize_argv(stack, layout, f"{layout.state}/stack.input.json"),
+        "target_scripts": sorted(TARGET_SCRIPTS),
     })
 
 
@@ -245,6 +247,7 @@ def prepare(opts: BuildOptions) -> Prepared:
         "steps.sh": STEP_LIBRARY.read_bytes(),
         "sf": STEP_RUNNER.read_bytes(),
         "stack.lock.json": lock_text,
+        **{name: path.read_bytes() for name, path in TARGET_SCRIPTS.items()},
     }
     context.update({f"patches/{p.file}": p.data for p in patches})
     digest = hashlib.sha256()

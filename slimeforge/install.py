@@ -23,7 +23,7 @@ from .errors import CommandError, ConfigError, Problem
 from .patches import PatchContent, read_patches
 from .sources import LocalSource, parse_sources
 from .stack import Stack, load_stack
-from .steps import FINALIZE_STEP, STEP_LIBRARY, Layout, finalize_argv, smoke_argv, step_commands
+from .steps import FINALIZE_STEP, STEP_LIBRARY, TARGET_SCRIPTS, Layout, finalize_argv, smoke_argv, step_commands
 from .templating import render
 
 SCRIPT = "install.sh"
@@ -73,6 +73,7 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
         inputs = {"step": step, "patches": {f: patch_sha[f] for f in sorted(patch_sha) if any(f in " ".join(c) for c in step["commands"])}}
         if step["name"] == FINALIZE_STEP:
             inputs["lock"] = hashlib.sha256(lock_text.encode()).hexdigest()
+            inputs["scripts"] = {n: hashlib.sha256(p.read_bytes()).hexdigest() for n, p in sorted(TARGET_SCRIPTS.items())}
         chain = hashlib.sha256((chain + json.dumps(inputs, sort_keys=True)).encode()).hexdigest()
         step["hash"] = chain
         step["fn"] = step["name"].replace("-", "_")
@@ -90,6 +91,7 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
         "disk_gb": 80 if stack.cuda else 1,
         "patches": [{"file": p.file, "sha256": p.sha256, "b64": base64.encodebytes(p.data).decode().rstrip("\n")} for p in patches],
         "lock_b64": base64.encodebytes(lock_text.encode()).decode().rstrip("\n"),
+        "target_scripts": [{"name": n, "b64": base64.encodebytes(p.read_bytes()).decode().rstrip("\n")} for n, p in sorted(TARGET_SCRIPTS.items())],
         "steps": steps,
         "smoke": smoke_argv(stack, layout, flags=f"{prefix}/flags.json")[1:],
     })

@@ -150,7 +150,32 @@ class Router(Model):
 
 class Smoke(Model):
     imports: list[str]
+    # Set by a flavor file (lists are replaced, not merged, by `extends`): its own extra imports.
+    flavor_imports: list[str] = Field(default_factory=list)
+    # Imports that need a GPU (they load the CUDA driver when imported): skipped by name, with a
+    # line saying so, where none is present (the image build's smoke test runs without one).
+    needs_gpu: list[str] = Field(default_factory=list)
     router_fork_marker: str | None = None
+
+    @field_validator("imports", "flavor_imports", "needs_gpu")
+    @classmethod
+    def _modules(cls, v: list[str]) -> list[str]:
+        # Each goes into `python -c "import <m>"`: a dotted module name and nothing else.
+        bad = [m for m in v if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", m)]
+        if bad:
+            raise ValueError(f"must be dotted module names, got {bad}")
+        return v
+
+    @model_validator(mode="after")
+    def _gpu_subset(self) -> Smoke:
+        extra = [m for m in self.needs_gpu if m not in self.all_imports]
+        if extra:
+            raise ValueError(f"needs_gpu names modules that are not in imports: {extra}")
+        return self
+
+    @property
+    def all_imports(self) -> list[str]:
+        return list(dict.fromkeys([*self.imports, *self.flavor_imports]))
 
 
 class Stack(Model):

@@ -20,6 +20,9 @@ from .stack import Stack
 
 STEP_LIBRARY = paths.TEMPLATES / "steps.sh"
 STEP_RUNNER = paths.TEMPLATES / "sf"
+# Scripts the step library runs with the target's Python (standard library only); the image gets
+# them in /opt/slimeforge, the install script writes them to SF_STATE.
+TARGET_SCRIPTS = {name: paths.ROOT / "slimeforge" / "scripts" / name for name in ("flag_catalog.py", "smoke_versions.py")}
 # Steps that are not in the stack's list but that both paths run: the venv with the pinned uv
 # comes right after the system packages; finalize (lock + flag catalog) comes last.
 VENV_STEP, FINALIZE_STEP = "venv", "finalize"
@@ -185,21 +188,34 @@ def slime_source(stack: Stack) -> str | None:
     return "slime" if "slime" in stack.sources else None
 
 
+def megatron_source(stack: Stack) -> str | None:
+    """The source whose megatron.training slime's main parser is built from (the one named megatron)."""
+    return "megatron" if "megatron" in stack.sources and any(s.get("source") == "megatron" for s in stack.plan()) else None
+
+
+def catalog_args(stack: Stack, layout: Layout) -> list[str]:
+    """--slime DIR [--megatron DIR]: the checkouts the flag catalog is read from."""
+    slime, megatron = slime_source(stack), megatron_source(stack)
+    argv = ["--slime", layout.source_dir(stack, slime)] if slime else []
+    return argv + (["--megatron", layout.source_dir(stack, megatron)] if slime and megatron else [])
+
+
 def finalize_argv(stack: Stack, layout: Layout, lock_in: str, lock_out: str | None = None, flags_out: str | None = None) -> list[str]:
     argv = ["finalize", layout.venv, lock_in, lock_out or f"{layout.state}/stack.lock.json", flags_out or f"{layout.state}/flags.json"]
     for name in stack.sources:
         if any(s.get("source") == name for s in stack.plan()):
             argv += ["--checkout", f"{name}={layout.source_dir(stack, name)}"]
-    slime = slime_source(stack)
-    if slime:
-        argv += ["--slime", layout.source_dir(stack, slime)]
-    return argv
+    return argv + catalog_args(stack, layout)
 
 
 def smoke_argv(stack: Stack, layout: Layout, flags: str | None = None) -> list[str]:
     argv = ["smoke", "--venv", layout.venv]
-    for m in stack.smoke.imports:
+    for m in stack.smoke.all_imports:
         argv += ["--import", m]
+    for m in stack.smoke.needs_gpu:
+        argv += ["--needs-gpu", m]
+    # Every pin of the stack at its version (the input lock; the built lock is read back from it).
+    argv += ["--versions", f"{layout.state}/stack.input.json"]
     if stack.smoke.router_fork_marker and stack.router:
         argv += ["--router-marker", stack.smoke.router_fork_marker]
     if stack.cuda and "torch" in stack.versions:
@@ -208,7 +224,6 @@ def smoke_argv(stack: Stack, layout: Layout, flags: str | None = None) -> list[s
     for p in used_patches(stack):
         target = site if p["target"] == "site-packages" else layout.source_dir(stack, p["target"])
         argv += ["--patch", f"{p['file']}:{p['method']}:{p['strip']}:{layout.state}/patches/{p['file']}:{target}"]
-    slime = slime_source(stack)
-    if slime:
-        argv += ["--flags", flags or f"{layout.state}/flags.json", "--slime", layout.source_dir(stack, slime)]
+    if slime_source(stack):
+        argv += ["--flags", flags or f"{layout.state}/flags.json", *catalog_args(stack, layout)]
     return argv

@@ -352,29 +352,49 @@ sf_flag_catalog() {
     sf_die "flag catalog: $venv/bin/python could not read slime's parsers in $slime (see above)"
 }
 
-# sf_smoke --venv V [--import M]... [--router-marker S] [--torch-cuda X.Y]
-#          [--patch NAME:METHOD:STRIP:FILE:DIR]... [--flags FILE --slime DIR]
-# Every check runs; all failures are listed, and any failure fails the smoke test.
+# sf_gpu_present: succeeds when an NVIDIA GPU can be used here (a driver that lists one).
+sf_gpu_present() { nvidia-smi -L 2>/dev/null | grep -q '^GPU '; }
+
+# sf_smoke --venv V [--import M]... [--needs-gpu M]... [--versions LOCK] [--router-marker S]
+#          [--torch-cuda X.Y] [--patch NAME:METHOD:STRIP:FILE:DIR]... [--flags FILE --slime DIR [--megatron DIR]]
+# Every check runs; all failures are listed, and any failure fails the smoke test. An import the
+# stack marks --needs-gpu is skipped where no GPU is present, by name (printed, and counted in the
+# last line), never silently. --versions: each pinned distribution at the lock's version
+# ($SF_STATE/smoke_versions.py, the one comparison).
 sf_smoke() {
-  local venv="" marker="" torch_cuda="" flags="" slime="" failed=0
-  local imports=() patches=()
+  local venv="" marker="" torch_cuda="" flags="" slime="" megatron="" versions="" failed=0
+  local imports=() patches=() needs_gpu=() skipped=()
   while (($#)); do
     case $1 in
       --venv) venv=$2; shift 2 ;;
       --import) imports+=("$2"); shift 2 ;;
+      --needs-gpu) needs_gpu+=("$2"); shift 2 ;;
+      --versions) versions=$2; shift 2 ;;
       --router-marker) marker=$2; shift 2 ;;
       --torch-cuda) torch_cuda=$2; shift 2 ;;
       --patch) patches+=("$2"); shift 2 ;;
       --flags) flags=$2; shift 2 ;;
       --slime) slime=$2; shift 2 ;;
+      --megatron) megatron=$2; shift 2 ;;
       *) sf_die "sf_smoke: unknown option $1" ;;
     esac
   done
-  local m out
+  local m out gpu=0 g need
+  if sf_gpu_present; then gpu=1; fi
   for m in "${imports[@]}"; do
+    need=0
+    for g in "${needs_gpu[@]}"; do if [[ $g == "$m" ]]; then need=1; fi; done
+    if ((need && !gpu)); then
+      sf_log "smoke: SKIPPED import $m: it needs a GPU and none is present"
+      skipped+=("$m")
+      continue
+    fi
     if out=$("$venv/bin/python" -c "import $m" 2>&1); then sf_log "smoke: import $m ok"; else
       printf 'slimeforge: ERROR: smoke: import %s failed: %s\n' "$m" "$(tail -n 3 <<<"$out")" >&2; failed=1; fi
   done
+  if [[ -n $versions ]]; then
+    if "$venv/bin/python" "$SF_STATE/smoke_versions.py" "$versions"; then sf_log "smoke: every pinned version is installed"; else failed=1; fi
+  fi
   if [[ -n $marker ]]; then
     if out=$("$venv/bin/python" -c 'import sglang_router; print(sglang_router.__version__)' 2>&1) && [[ $out == *"$marker"* ]]; then
       sf_log "smoke: sglang_router $out is the fork"
@@ -391,10 +411,17 @@ sf_smoke() {
     if (sf_patch_applied "$pname" "$method" "$strip" "$file" "$dir"); then sf_log "smoke: patch $pname present"; else failed=1; fi
   done
   if [[ -n $flags ]]; then
-    if out=$(sf_flag_catalog "$venv" "$slime") && [[ -s $flags ]] && [[ $out == "$(cat "$flags")" ]]; then
-      sf_log "smoke: flag catalog $flags matches slime's parser"
-    else printf 'slimeforge: ERROR: smoke: flag catalog %s is missing or differs from train.py --help\n' "$flags" >&2; failed=1; fi
+    local fresh
+    fresh=$(mktemp)
+    if (sf_flag_catalog "$venv" "$slime" "$megatron" "$fresh") && [[ -s $flags ]] && cmp -s "$fresh" "$flags"; then
+      sf_log "smoke: flag catalog $flags matches slime's parsers"
+    else printf 'slimeforge: ERROR: smoke: flag catalog %s is missing or differs from slime'"'"'s parsers\n' "$flags" >&2; failed=1; fi
+    rm -f "$fresh"
   fi
   ((failed == 0)) || sf_die "smoke test failed"
-  sf_log "smoke test passed"
+  if ((${#skipped[@]})); then
+    sf_log "smoke test passed, with ${#skipped[@]} GPU import(s) skipped (no GPU here): ${skipped[*]}"
+  else
+    sf_log "smoke test passed"
+  fi
 }

@@ -1,7 +1,8 @@
 """Fixture git repositories for the small test stack (tests/stacks/test.yaml).
 
 Commits are made with fixed names and dates, so their ids are the same on every machine and the
-test stack can pin them. `slime` holds a real argparse `train.py` and the patches under
+test stack can pin them. `slime` holds a stand-in of slime's argument parsing (tests/flag_standin.py:
+three parsers, as slime's) and the patches under
 docker/patch/test/ (exactly where slime keeps its own); `libdemo` is the source they patch.
 Commits of slime: S1 (first), S2 (only slime's package changes), S3 (libdemo.patch broken), and
 `fresh` (a new id every time: only slime changes).
@@ -13,6 +14,8 @@ import os
 import subprocess
 import time
 from pathlib import Path
+
+import flag_standin
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_STACK = ROOT / "tests" / "stacks" / "test.yaml"
@@ -34,25 +37,6 @@ version = "{version}"
 [tool.setuptools]
 packages = ["{name}"]
 """
-
-TRAIN_PY = '''"""A stand-in for slime's train.py: a real argparse parser, so --help lists real flags."""
-import argparse
-
-
-def parse_args():
-    p = argparse.ArgumentParser(description="test slime")
-    p.add_argument("--hf-checkpoint")
-    p.add_argument("--lr", type=float, default=1e-6)
-    p.add_argument("--num-rollout", type=int)
-    p.add_argument("--rollout-batch-size", type=int)
-    p.add_argument("--colocate", action="store_true")
-    p.add_argument("--train-env-vars")
-    return p.parse_args()
-
-
-if __name__ == "__main__":
-    print(parse_args())
-'''
 
 LIBDEMO_INIT = 'GREETING = "hello"\n'
 
@@ -79,9 +63,9 @@ BROKEN_LIBDEMO_PATCH = LIBDEMO_PATCH.replace(' GREETING = "hello"', ' GREETING =
 
 # The commit ids these contents produce (asserted by make_repos).
 LIBDEMO_COMMIT = "0b063434083b635854f024822284ffa214c25ec6"
-SLIME_S1 = "6932c040dfd197c75855c9d7e961bf2fd1d18c9d"
-SLIME_S2 = "30395ca17014c91434737007a6ad91700914035a"
-SLIME_S3 = "ebef37151e1e11be9a44d9643737879f91845843"
+SLIME_S1 = "c1af8188fb229f9ec7f2bb5da6b7d912981b1bbd"
+SLIME_S2 = "8968eaf8518ed33df2fea7a60fc9b637e85dd080"
+SLIME_S3 = "d7f1dd89486945953746e7e91f980986fd096b97"
 
 
 def _git(repo: Path, *args: str, date: str | None = None) -> str:
@@ -110,9 +94,10 @@ def make_repos(root: Path) -> dict[str, object]:
     lib_c = _commit(lib, {"pyproject.toml": PYPROJECT.format(name="libdemo", version="0.1.0"), "libdemo/__init__.py": LIBDEMO_INIT},
                     "libdemo 0.1.0", "2026-01-01T00:00:00Z")
     s1 = _commit(slime, {
+        # slime's argument parsing, structured as slime's (three parsers, SGLang's without help).
+        **flag_standin.slime_files(inline_megatron=True),
         "pyproject.toml": PYPROJECT.format(name="slime", version="0.0.1"),
         "slime/__init__.py": '__version__ = "0.0.1"\n',
-        "train.py": TRAIN_PY,
         "docker/patch/test/libdemo.patch": LIBDEMO_PATCH,
         "docker/patch/test/six.patch": SIX_PATCH,
     }, "slime 0.0.1", "2026-01-02T00:00:00Z")

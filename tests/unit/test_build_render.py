@@ -198,3 +198,22 @@ def test_base_given_by_digest_needs_no_docker():
     assert base == {"image": ref, "from": ref, "digest": "sha256:" + "a" * 64, "image_id": None}
     text = render_dockerfile(load_stack("cu13"), base["from"])
     assert f"FROM {ref}\n" in text
+
+
+@pytest.mark.parametrize("flavor,fa", [("cu13", ["flash_attn.cute"]), ("cu129", ["flash_attn.cute", "flash_attn", "flash_attn_2_cuda"])])
+def test_smoke_imports_every_compiled_piece_and_names_the_gpu_ones(flavor, fa):
+    from slimeforge.steps import smoke_argv
+
+    stack = load_stack(flavor)
+    argv = smoke_argv(stack, image_layout(stack))
+    imports = [argv[i + 1] for i, a in enumerate(argv) if a == "--import"]
+    gpu = [argv[i + 1] for i, a in enumerate(argv) if a == "--needs-gpu"]
+    pieces = [*fa, "transformer_engine.pytorch", "amp_C", "fused_layer_norm_cuda", "torch_memory_saver", "sgl_kernel", "flashinfer",
+              "megatron.training", "slime.backends.megatron_utils.actor"]
+    assert set(pieces) <= set(imports) and set(gpu) <= set(imports)
+    assert {"transformer_engine.pytorch", "sgl_kernel", "megatron.training"} <= set(gpu)
+    assert argv[argv.index("--versions") + 1] == "/opt/slimeforge/stack.input.json"
+    assert argv[argv.index("--megatron") + 1] == "/root/Megatron-LM" and argv[argv.index("--slime") + 1] == "/root/slime"
+    text = render_dockerfile(stack)
+    assert "COPY flag_catalog.py smoke_versions.py /opt/slimeforge/" in text
+    assert text.rstrip().endswith("--slime /root/slime --megatron /root/Megatron-LM")

@@ -98,18 +98,25 @@ def test_patch_method_strip_two_and_recognised(tmp_path):
     assert bad.returncode != 0 and "six.patch does not apply" in bad.stderr and "six.py" in bad.stderr
 
 
-def test_flag_catalog_format(repos, tmp_path):
+def test_flag_catalog_reads_every_parser_of_the_fixture_slime(repos, tmp_path):
+    from slimeforge.steps import TARGET_SCRIPTS
+
     dest = tmp_path / "slime"
     sf("sf_fetch_source", "slime", str(repos["slime"]), bs.SLIME_S1, str(dest), state=tmp_path)
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").symlink_to(sys.executable)
-    res = sf("sf_flag_catalog", str(venv), str(dest), state=tmp_path)
+    missing = sf("sf_flag_catalog", str(venv), str(dest), "", str(tmp_path / "flags.json"), state=tmp_path)
+    assert missing.returncode != 0 and "flag_catalog.py is missing" in missing.stderr
+    (tmp_path / "flag_catalog.py").write_bytes(TARGET_SCRIPTS["flag_catalog.py"].read_bytes())
+    res = sf("sf_flag_catalog", str(venv), str(dest), "", str(tmp_path / "flags.json"), state=tmp_path)
     assert res.returncode == 0, res.stderr
-    doc = json.loads(res.stdout)
-    assert doc["slime_commit"] == bs.SLIME_S1
+    doc = json.loads((tmp_path / "flags.json").read_text())
+    assert doc["slime_commit"] == bs.SLIME_S1 and doc["megatron_commit"] is None and doc["version"] == 2
     assert doc["flags"] == sorted(doc["flags"])
-    assert {"--hf-checkpoint", "--lr", "--num-rollout", "--colocate", "--train-env-vars"} <= set(doc["flags"])
+    assert [p["add_help"] for p in doc["parsers"]] == [False, False, True]
+    assert {"--hf-checkpoint", "--lr", "--num-rollout", "--colocate", "--train-env-vars", "--sglang-mem-fraction-static",
+            "--router-policy", "--debug-train-only"} <= set(doc["flags"])
 
 
 def test_shell_files_pass_shellcheck():
@@ -144,3 +151,44 @@ def test_compiled_step_gets_parallelism_and_a_cache_of_its_key(tmp_path):
     bad = subprocess.run(["bash", "-c", script, "sf", str(LIB), "sf_compiled", "--key", "../x", "--", "show"],
                          capture_output=True, text=True, env=base)
     assert bad.returncode != 0 and "--key must be a compiled-wheel key" in bad.stderr
+
+
+def test_smoke_skips_gpu_imports_by_name_and_checks_versions(tmp_path):
+    from slimeforge.steps import TARGET_SCRIPTS
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    (tmp_path / "smoke_versions.py").write_bytes(TARGET_SCRIPTS["smoke_versions.py"].read_bytes())
+    # The version of pip as the stand-in venv's Python sees it.
+    pip_version = subprocess.run([str(venv / "bin" / "python"), "-c", "import importlib.metadata as m; print(m.version('pip'))"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+    lock = tmp_path / "lock.json"
+    lock.write_text(json.dumps({"pins": {"pip.pip": pip_version, "python": "3", "source.x": "0" * 40}}))
+    # No nvidia-smi on PATH here: the GPU import is skipped, and said so by name.
+    res = sf("sf_smoke", "--venv", str(venv), "--import", "json", "--import", "no_such_gpu_mod", "--needs-gpu", "no_such_gpu_mod",
+             "--versions", str(lock), state=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "SKIPPED import no_such_gpu_mod: it needs a GPU and none is present" in res.stderr
+    assert "with 1 GPU import(s) skipped (no GPU here): no_such_gpu_mod" in res.stderr
+    assert f"version pip {pip_version} matches {pip_version}" in res.stderr
+    # Not marked as needing a GPU: a failure; a pin the venv does not hold: a failure, named.
+    lock.write_text(json.dumps({"pins": {"pip.pip": "0.0.1", "slime-req.no-such-dist": "1.0"}}))
+    res = sf("sf_smoke", "--venv", str(venv), "--import", "no_such_gpu_mod", "--versions", str(lock), state=tmp_path)
+    assert res.returncode != 0
+    assert "import no_such_gpu_mod failed" in res.stderr
+    assert f"version pip: installed {pip_version}, the lock pins 0.0.1" in res.stderr
+    assert "version no-such-dist: not installed (the lock pins 1.0)" in res.stderr
+
+
+def test_version_comparison_reads_local_labels_extras_and_specifiers():
+    from slimeforge.scripts.smoke_versions import compare, expected_versions
+
+    expected = expected_versions({"pins": {"pip.torch": "2.11.0", "pip.transformer_engine[pytorch,core-cu13]": "2.11.0",
+                                           "pip.numpy": "<2", "slime-req.ray[default]": "2.60.0", "base.image": "x"}})
+    assert expected == {"torch": "2.11.0", "transformer-engine": "2.11.0", "numpy": "<2", "ray": "2.60.0"}
+    problems, _ = compare(expected, {"torch": "2.11.0+cu130", "transformer-engine": "2.11.0", "numpy": "1.26.4", "ray": "2.60.0"})
+    assert problems == []
+    problems, _ = compare(expected, {"torch": "2.11.1", "transformer-engine": "2.11.0", "numpy": "2.1.0"})
+    assert problems == ["numpy: installed 2.1.0, the lock pins <2", "ray: not installed (the lock pins 2.60.0)",
+                        "torch: installed 2.11.1, the lock pins 2.11.0"]
