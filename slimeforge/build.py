@@ -34,7 +34,7 @@ from typing import Any
 from .atomic import write_dir
 from .errors import ConfigError, Problem, SlimeforgeError
 from .patches import PatchContent, read_patches
-from .sources import GIT, LocalSource, parse_sources
+from .sources import GIT, LocalSource, dist_files, parse_sources
 from .stack import Stack, load_stack
 from .steps import (
     STEP_LIBRARY,
@@ -312,7 +312,7 @@ def _copy_wheels(src: Path, target: Path) -> None:
     can be gigabytes). Their content is in the hash through the lock's wheel_dirs digest."""
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
-    for whl in sorted(src.glob("*.whl")):
+    for whl in dist_files(src):
         try:
             os.link(whl, target / whl.name)
         except OSError:

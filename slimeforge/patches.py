@@ -8,6 +8,7 @@ or a shallow fetch of slime's git URL).
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -70,10 +71,21 @@ def _git_blob(repo: Path, spec: str) -> bytes | None:
     return res.stdout if res.returncode == 0 else None
 
 
-def check_patches(stack: Stack, local: dict[str, LocalSource], cache: Path, echo=print, runner: Runner | None = None) -> list[dict]:
+def user_cache_dir() -> Path:
+    """slimeforge's download cache: $XDG_CACHE_HOME/slimeforge, else ~/.cache/slimeforge (never the
+    repository: downloads are gigabytes and shared by every checkout)."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(xdg) if xdg.startswith("/") else Path.home() / ".cache") / "slimeforge"
+
+
+def check_patches(stack: Stack, local: dict[str, LocalSource], cache: Path, echo=print, runner: Runner | None = None,
+                  wheel_cache: Path | None = None) -> list[dict]:
     """Apply every patch of the stack to temporary checkouts of the pinned sources (never to the
     user's checkouts), with the same step library the build uses. A site-packages patch is applied
     to the unpacked wheels of the step that installs its target (downloaded from the index).
+
+    Wheels are downloaded for the stack's target (its Python and `Stack.wheel_platform`) into
+    `wheel_cache` (default: user_cache_dir()/wheels).
 
     Returns one row per patch: file, target, sha256, status ("applies", "already applied").
     Raises PatchError naming every patch that does not apply."""
@@ -89,7 +101,7 @@ def check_patches(stack: Stack, local: dict[str, LocalSource], cache: Path, echo
                 step = next(s for s in stack.plan() if any(x["file"] == pc.file for x in s["patches"]))
                 tree = work / f"site-packages-{step['name']}"
                 if not tree.exists():
-                    _unpacked_wheels(stack, step, tree, cache.parent / "wheels", runner)
+                    _unpacked_wheels(stack, step, tree, wheel_cache or user_cache_dir() / "wheels", runner)
             else:
                 tree = work / pc.target
             if not tree.exists():
@@ -117,24 +129,57 @@ def check_patches(stack: Stack, local: dict[str, LocalSource], cache: Path, echo
 
 
 def _unpacked_wheels(stack: Stack, step: dict, target: Path, cache: Path, runner: Runner) -> None:
-    """The wheels a step installs, unpacked as they would be in site-packages."""
+    """The wheels a step installs, for the stack's target (its Python, its base's glibc), unpacked
+    as they would be in site-packages."""
     reqs = step.get("requirements") or []
     cache.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", stack.python,
-            "--platform", "manylinux_2_28_x86_64", "--platform", "any", "-d", str(cache), *reqs]
+            "--implementation", "cp"]
+    for plat in target_platforms(stack):
+        argv += ["--platform", plat]
+    argv += ["--platform", "any", "-d", str(cache), *reqs]
     if step.get("index_url"):
         argv += ["--extra-index-url", step["index_url"]]
-    runner.run(argv, step=f"patches.check: download {' '.join(reqs)}", timeout=1800)
+    runner.run(argv, step=f"patches.check: download {' '.join(reqs)} for {stack.wheel_platform}, Python {stack.python}", timeout=1800)
     target.mkdir(parents=True)
     for req in reqs:
         name = re.split(r"[<>=!~\[ @]", req, maxsplit=1)[0].replace("-", "_").lower()
         version = req.split("==", 1)[1] if "==" in req else ""
-        for whl in sorted(cache.glob("*.whl")):
-            stem = whl.name.lower()
-            if stem.startswith(f"{name}-{version}".lower()):
-                with zipfile.ZipFile(whl) as zf:
-                    zf.extractall(target)
-                break
+        found = [w for w in sorted(cache.glob("*.whl")) if w.name.lower().startswith(f"{name}-{version}".lower()) and wheel_fits(w.name, stack)]
+        if not found:
+            raise PatchError(f"patches.check: no wheel of {req} for Python {stack.python} on {stack.wheel_platform} in {cache}")
+        with zipfile.ZipFile(found[-1]) as zf:
+            zf.extractall(target)
+
+
+def target_platforms(stack: Stack) -> list[str]:
+    """`Stack.wheel_platform` and every older manylinux tag it accepts, newest first: pip's
+    --platform matches tags exactly (manylinux_2_39 alone would refuse sglang's manylinux_2_34 wheels)."""
+    newest = int(stack.wheel_platform.split("_")[2])
+    return [stack.wheel_platform, *(f"manylinux_2_{n}_x86_64" for n in range(newest - 1, 16, -1))]
+
+
+def wheel_fits(filename: str, stack: Stack) -> bool:
+    """Whether a wheel (by its file name's tags) installs on the stack's target: its CPython (or
+    py3 / abi3), and `any` or a manylinux x86_64 tag no newer than the base's glibc. The cache holds
+    wheels of every stack; only the target's may be unpacked."""
+    parts = filename[:-4].split("-")
+    if len(parts) < 5:
+        return False
+    pys, abis, plats = (set(x.split(".")) for x in parts[-3:])
+    cp = "cp" + stack.python.replace(".", "")
+    if not (pys & {cp, "py3", "py2.py3"} or ("abi3" in abis and any(p.startswith("cp3") for p in pys))):
+        return False
+    glibc = tuple(int(x) for x in stack.base.glibc.split("."))
+    for plat in plats:
+        if plat == "any":
+            return True
+        m = re.fullmatch(r"manylinux_(\d+)_(\d+)_x86_64", plat)
+        if m and (int(m.group(1)), int(m.group(2))) <= glibc:
+            return True
+        if plat in ("manylinux2014_x86_64", "manylinux1_x86_64", "manylinux2010_x86_64") and glibc >= (2, 17):
+            return True
+    return False
 
 
 def _error_line(output: str) -> str | None:

@@ -29,9 +29,18 @@ class LocalSource:
     kind: str = "git"  # "git" (a source checkout) or "wheels" (a pip step's wheel directory)
 
 
+# What a wheel directory may hold: wheels, and sdists for a step that builds from source
+# (`from_source`, e.g. flash-attn compiled for the stack's arch list with no network).
+DIST_GLOBS = ("*.whl", "*.tar.gz")
+
+
+def dist_files(path: Path) -> list[Path]:
+    return sorted({f for pattern in DIST_GLOBS for f in path.glob(pattern) if f.is_file()})
+
+
 def wheels_digest(path: Path) -> str:
     digest = hashlib.sha256()
-    for whl in sorted(path.glob("*.whl")):
+    for whl in dist_files(path):
         digest.update(whl.name.encode() + b"\0")
         with whl.open("rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -55,8 +64,9 @@ def parse_sources(stack: Stack, values: list[str] | None, runner: Runner | None 
             continue
         path = Path(raw).expanduser().resolve()
         if name not in stack.sources and name in pip_steps:
-            if not path.is_dir() or not any(path.glob("*.whl")):
-                problems.append(Problem(f"--source {name}", "is not a directory of wheels (*.whl)", raw, f"wheels for step {name}"))
+            if not path.is_dir() or not dist_files(path):
+                problems.append(Problem(f"--source {name}", "is not a directory of wheels (*.whl) or sdists (*.tar.gz)", raw,
+                                        f"wheels or sdists for step {name}"))
                 continue
             out[name] = LocalSource(name, path, wheels_digest(path), "wheels")
             continue

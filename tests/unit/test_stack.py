@@ -109,3 +109,21 @@ def test_names_that_reach_templates_unquoted_are_restricted(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_stack(p)
     assert "environment variable names expected" in str(e.value) and "BAD-NAME" in str(e.value)
+
+
+def test_patch_check_downloads_for_the_target_into_the_user_cache(monkeypatch, tmp_path):
+    from slimeforge.patches import user_cache_dir, wheel_fits
+
+    cu13 = load_stack("cu13")
+    assert cu13.wheel_platform == "manylinux_2_39_x86_64"
+    # sglang 0.5.15.post1 ships manylinux_2_34 wheels: they fit a glibc 2.39 base, not a 2.28 one.
+    assert wheel_fits("sglang-0.5.15.post1-cp312-cp312-manylinux_2_34_x86_64.whl", cu13)
+    assert not wheel_fits("sglang-0.5.15.post1-cp311-cp311-manylinux_2_34_x86_64.whl", cu13)
+    assert not wheel_fits("x-1-cp312-cp312-manylinux_2_40_x86_64.whl", cu13)
+    assert wheel_fits("sglang_router-0.3.2-cp38-abi3-manylinux_2_28_x86_64.whl", cu13)
+    assert wheel_fits("six-1.17.0-py2.py3-none-any.whl", cu13)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert user_cache_dir() == tmp_path / "slimeforge"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert user_cache_dir() == tmp_path / "home" / ".cache" / "slimeforge"

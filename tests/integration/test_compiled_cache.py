@@ -1,0 +1,138 @@
+"""A compiled wheel never crosses a build-relevant boundary: a real C extension, built from its
+sdist with --no-build-isolation in two stacks that differ only in their arch list, is compiled in
+each (with a shared uv cache the second build would reuse the first one's wheel as-is).
+
+The extension records, at compile time, the TORCH_CUDA_ARCH_LIST its build saw; each image must
+report its own stack's. The stacks also install the interpreter by its version (python3.11 on the
+Debian base) with its headers, as the CUDA stacks do with python3.12.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tarfile
+from io import BytesIO
+from pathlib import Path
+
+import pytest
+
+from slimeforge.build import BuildOptions, build
+from slimeforge.steps import compiled_key
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+REPO = f"slimeforge-cext-test/sfcext-{os.getpid()}"
+
+SETUP_PY = '''import os
+from setuptools import Extension, setup
+
+# The arch list this build saw, compiled into the module: what a CUDA extension's kernels are built for.
+archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "none")
+setup(name="sfcext", version="0.1.0",
+      ext_modules=[Extension("sfcext", ["sfcext.c"], define_macros=[("SF_ARCHS", '"%s"' % archs)])])
+'''
+
+SFCEXT_C = '''#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+static PyObject *archs(PyObject *self, PyObject *args) { return PyUnicode_FromString(SF_ARCHS); }
+static PyMethodDef methods[] = {{"archs", archs, METH_NOARGS, "arch list of the build"}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "sfcext", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_sfcext(void) { return PyModule_Create(&module); }
+'''
+
+STACK = """schema: 1
+name: sfcext
+version: "0.0.1"
+python: "3.11"
+base: {{image: slimeforge-test/base:bookworm, digest: null, glibc: "2.36"}}
+image_root: /root
+venv: /opt/venv
+arch_list: {archs}
+sources: {{}}
+versions: {{uv: "0.9.7", setuptools: "80.9.0", wheel: "0.45.1", sfcext: "0.1.0"}}
+steps:
+  - name: system
+    python: true
+    apt: [gcc, libc6-dev]
+  - name: build-tools
+    pip: [setuptools, wheel]
+  - name: sfcext
+    pip: [sfcext]
+    from_source: true
+    compiles: true
+smoke:
+  imports: [sfcext]
+"""
+
+
+def make_sdist(dest: Path) -> Path:
+    """sfcext-0.1.0.tar.gz, made here (a fixed mtime: the same bytes every run)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    path = dest / "sfcext-0.1.0.tar.gz"
+    files = {"setup.py": SETUP_PY, "sfcext.c": SFCEXT_C,
+             "PKG-INFO": "Metadata-Version: 2.1\nName: sfcext\nVersion: 0.1.0\n",
+             "pyproject.toml": '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'}
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in sorted(files.items()):
+            data = text.encode()
+            info = tarfile.TarInfo(f"sfcext-0.1.0/{name}")
+            info.size, info.mtime, info.mode = len(data), 1_700_000_000, 0o644
+            tar.addfile(info, BytesIO(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def images(base_image, tmp_path_factory):
+    root = tmp_path_factory.mktemp("cext")
+    sdists = root / "sdists"
+    make_sdist(sdists)
+    made = {}
+    try:
+        for label, archs in (("hopper", '["9.0"]'), ("blackwell", '["9.0", "10.0"]')):
+            path = root / f"{label}.yaml"
+            path.write_text(STACK.format(archs=archs))
+            report = build(BuildOptions(stack=str(path), sources=[f"sfcext={sdists}"], build_root=root / "out", repository=REPO,
+                                        force=True, echo=lambda s: None))
+            made[label] = (report, path)
+        yield made
+    finally:
+        refs = subprocess.run(["docker", "images", REPO, "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True).stdout.split()
+        if refs:
+            subprocess.run(["docker", "rmi", *refs], capture_output=True)
+
+
+def run_in(tag: str, *argv: str) -> str:
+    res = subprocess.run(["docker", "run", "--rm", "--network", "none", tag, *argv], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
+
+
+def test_each_arch_list_compiles_its_own_wheel(images):
+    from slimeforge.stack import load_stack
+
+    (hopper, hopper_stack), (both, both_stack) = images["hopper"], images["blackwell"]
+    # The extension in each image was compiled for that image's arch list: not reused across them.
+    assert run_in(hopper["tag"], "/opt/venv/bin/python", "-c", "import sfcext; print(sfcext.archs())") == "9.0"
+    assert run_in(both["tag"], "/opt/venv/bin/python", "-c", "import sfcext; print(sfcext.archs())") == "9.0 10.0"
+    # Under different keys, each build's uv cache holds its own build of the sdist.
+    keys = [compiled_key(load_stack(p), "sfcext", r["base"]["image_id"]) for r, p in (images["hopper"], images["blackwell"])]
+    assert keys[0] != keys[1]
+    for report, key in zip((hopper, both), keys, strict=True):
+        dockerfile = (Path(report["dir"]) / "Dockerfile").read_text()
+        assert f"--mount=type=cache,id=sf-uv-{key},target=/root/.cache/uv" in dockerfile
+        assert f"sf sfcext compiled --key {key} -- pip_step" in dockerfile
+        assert "--find-links /tmp/sf-wheels/sfcext --no-index --no-binary sfcext --no-build-isolation" in dockerfile
+        log = (Path(report["dir"]) / "build.log").read_text()
+        assert f"uv cache /root/.cache/uv/compiled/{key}" in log
+
+
+def test_the_interpreter_is_installed_and_called_by_its_version(images):
+    report, _ = images["hopper"]
+    dockerfile = (Path(report["dir"]) / "Dockerfile").read_text()
+    assert "sf system apt_install python3.11 python3.11-venv python3.11-dev gcc libc6-dev" in dockerfile
+    assert "sf venv venv /opt/venv 0.9.7 python3.11" in dockerfile
+    assert run_in(report["tag"], "/opt/venv/bin/python", "-c", "import sys; print(sys.version_info[:2])") == "(3, 11)"
+    # The headers the extension compiled against came with the interpreter's -dev package.
+    assert run_in(report["tag"], "dpkg-query", "-W", "-f=${Status}", "python3.11-dev") == "install ok installed"
