@@ -1,6 +1,9 @@
 """A compiled wheel never crosses a build-relevant boundary: a real C extension, built from its
 sdist with --no-build-isolation in two stacks that differ only in their arch list, is compiled in
-each (with a shared uv cache the second build would reuse the first one's wheel as-is).
+each. The sdist comes from a package index (a real HTTP server on the Docker bridge), as flash-attn
+comes from PyPI: uv caches the wheel it builds from an index sdist by the sdist's URL and hash, so
+with one shared uv cache the second build reuses the first one's wheel as-is (checked: without the
+per-key caches this test fails on the arch list the second image reports).
 
 The extension records, at compile time, the TORCH_CUDA_ARCH_LIST its build saw; each image must
 report its own stack's. The stacks also install the interpreter by its version (python3.11 on the
@@ -9,9 +12,13 @@ Debian base) with its headers, as the CUDA stacks do with python3.12.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import socket
 import subprocess
+import sys
 import tarfile
+import time
 from io import BytesIO
 from pathlib import Path
 
@@ -50,6 +57,7 @@ base: {{image: slimeforge-test/base:bookworm, digest: null, glibc: "2.36"}}
 image_root: /root
 venv: /opt/venv
 arch_list: {archs}
+torch_index: {index}            # the extra index of the sfcext step (a test index, not torch's)
 sources: {{}}
 versions: {{uv: "0.9.7", setuptools: "80.9.0", wheel: "0.45.1", sfcext: "0.1.0"}}
 steps:
@@ -60,6 +68,7 @@ steps:
     pip: [setuptools, wheel]
   - name: sfcext
     pip: [sfcext]
+    index: torch_index
     from_source: true
     compiles: true
 smoke:
@@ -83,18 +92,49 @@ def make_sdist(dest: Path) -> Path:
     return path
 
 
+BRIDGE = "172.17.0.1"  # docker0: where build containers reach this host
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((BRIDGE, 0))
+        return sock.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
-def images(base_image, tmp_path_factory):
+def index(tmp_path_factory):
+    """A PEP 503 index holding only sfcext's sdist, served over HTTP on the Docker bridge."""
+    root = tmp_path_factory.mktemp("index")
+    sdist = make_sdist(root / "files")
+    sha = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    (root / "simple" / "sfcext").mkdir(parents=True)
+    (root / "simple" / "sfcext" / "index.html").write_text(
+        f'<html><body><a href="../../files/{sdist.name}#sha256={sha}">{sdist.name}</a></body></html>\n')
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", BRIDGE, "--directory", str(root)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(50):
+            try:
+                socket.create_connection((BRIDGE, port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        yield f"http://{BRIDGE}:{port}/simple"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def images(base_image, index, tmp_path_factory):
     root = tmp_path_factory.mktemp("cext")
-    sdists = root / "sdists"
-    make_sdist(sdists)
     made = {}
     try:
         for label, archs in (("hopper", '["9.0"]'), ("blackwell", '["9.0", "10.0"]')):
             path = root / f"{label}.yaml"
-            path.write_text(STACK.format(archs=archs))
-            report = build(BuildOptions(stack=str(path), sources=[f"sfcext={sdists}"], build_root=root / "out", repository=REPO,
-                                        force=True, echo=lambda s: None))
+            path.write_text(STACK.format(archs=archs, index=index))
+            report = build(BuildOptions(stack=str(path), build_root=root / "out", repository=REPO, force=True, echo=lambda s: None))
             made[label] = (report, path)
         yield made
     finally:
@@ -112,7 +152,7 @@ def run_in(tag: str, *argv: str) -> str:
 def test_each_arch_list_compiles_its_own_wheel(images):
     from slimeforge.stack import load_stack
 
-    (hopper, hopper_stack), (both, both_stack) = images["hopper"], images["blackwell"]
+    (hopper, _), (both, _) = images["hopper"], images["blackwell"]
     # The extension in each image was compiled for that image's arch list: not reused across them.
     assert run_in(hopper["tag"], "/opt/venv/bin/python", "-c", "import sfcext; print(sfcext.archs())") == "9.0"
     assert run_in(both["tag"], "/opt/venv/bin/python", "-c", "import sfcext; print(sfcext.archs())") == "9.0 10.0"
@@ -123,7 +163,7 @@ def test_each_arch_list_compiles_its_own_wheel(images):
         dockerfile = (Path(report["dir"]) / "Dockerfile").read_text()
         assert f"--mount=type=cache,id=sf-uv-{key},target=/root/.cache/uv" in dockerfile
         assert f"sf sfcext compiled --key {key} -- pip_step" in dockerfile
-        assert "--find-links /tmp/sf-wheels/sfcext --no-index --no-binary sfcext --no-build-isolation" in dockerfile
+        assert "--no-binary sfcext --no-build-isolation" in dockerfile
         log = (Path(report["dir"]) / "build.log").read_text()
         assert f"uv cache /root/.cache/uv/compiled/{key}" in log
 
