@@ -82,6 +82,9 @@ def test_build_labels_lock_flags(first, env):
 
     flags = json.loads((d / "flags.json").read_text())
     assert flags["slime_commit"] == bs.SLIME_S1 and "--num-rollout" in flags["flags"] and flags["flags"] == sorted(flags["flags"])
+    # From slime's parsers, not --help: the SGLang parser's options are there, each with its parser.
+    assert flags["version"] == 2 and [p["add_help"] for p in flags["parsers"]] == [False, False, True]
+    assert {"--sglang-mem-fraction-static", "--router-policy", "--debug-train-only"} <= set(flags["flags"])
     assert first["flags"] == str(d / "flags.json")
     in_image = subprocess.run(["docker", "run", "--rm", first["tag"], "cat", "/opt/slimeforge/flags.json"], capture_output=True, text=True)
     assert json.loads(in_image.stdout) == flags

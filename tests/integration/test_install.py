@@ -74,7 +74,8 @@ def test_fresh_install(installed, host):
         assert f"step {step}: running (log: {PREFIX}/.slimeforge/logs/{step}.log)" in res.stderr
     assert "smoke test passed" in res.stderr
     flags = json.loads(cat(host, f"{PREFIX}/flags.json"))
-    assert flags["slime_commit"] == bs.SLIME_S1 and "--lr" in flags["flags"]
+    assert flags["slime_commit"] == bs.SLIME_S1 and "--lr" in flags["flags"] and "--sglang-mem-fraction-static" in flags["flags"]
+    assert "smoke: every pinned version is installed" in res.stderr
     lock = json.loads(cat(host, f"{PREFIX}/stack.lock.json"))
     assert lock["installed"]["six"] == "1.17.0" and lock["checkouts"]["libdemo"] == bs.LIBDEMO_COMMIT
     assert "PATCHED = True" in cat(host, f"{PREFIX}/libdemo/libdemo/__init__.py")
