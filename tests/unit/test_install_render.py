@@ -107,3 +107,25 @@ def test_prerequisite_failure_lists_every_problem_before_step_one(tmp_path):
     assert res.returncode == 1
     assert "prerequisite: CUDA: no nvcc at" in res.stderr and "nvidia-smi not found" in res.stderr
     assert "step " not in res.stderr
+
+
+@pytest.mark.parametrize("flavor", ["cu13", "cu129"])
+def test_install_script_carries_interpreter_arch_variables_and_compiled_keys(flavor):
+    from slimeforge.steps import compiled_key
+
+    stack = load_stack(flavor)
+    text = render_install_script(stack, "/opt/slime", patches=placeholder_patches(stack))
+    assert "  sf_apt_install python3.12 python3.12-venv python3.12-dev git " in text
+    assert "  sf_venv /opt/slime/venv 0.9.7 python3.12\n" in text
+    assert "want_python=3.12" in text and '"python$want_python" -c' in text
+    for name in ("flash-attn", "transformer-engine", "apex", "torch-memory-saver"):
+        line = next(x for x in text.splitlines() if x.startswith(f"sf_run_step {name} "))
+        for var in ("TORCH_CUDA_ARCH_LIST=9.0", "FLASH_ATTN_CUDA_ARCHS=90", "NVTE_CUDA_ARCHS=90"):
+            assert f"--env {var} " in line, (name, var)
+        key = compiled_key(stack, name)
+        assert key.startswith(f"{flavor}-{name}-") and f"  sf_compiled --key {key} -- " in text
+    flash = next(x for x in text.splitlines() if x.startswith("sf_run_step flash-attn "))
+    assert "--env FLASH_ATTENTION_FORCE_BUILD=TRUE " in flash
+    # The scripts the venv's Python runs are written next to the records, as in every image.
+    assert "base64 -d >\"$SF_STATE/\"flag_catalog.py <<'SF_SCRIPT_1'" in text
+    assert "base64 -d >\"$SF_STATE/\"smoke_versions.py <<'SF_SCRIPT_2'" in text
