@@ -92,17 +92,23 @@ def make_sdist(dest: Path) -> Path:
     return path
 
 
-BRIDGE = "172.17.0.1"  # docker0: where build containers reach this host
+def docker_bridge_gateway() -> str:
+    """This host's address on Docker's default bridge: where build containers reach it. Asked of
+    the daemon (it is 172.17.0.1 only by default)."""
+    out = subprocess.run(["docker", "network", "inspect", "bridge", "--format", "{{range .IPAM.Config}}{{.Gateway}} {{end}}"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    return out[0] if out else "172.17.0.1"
 
 
-def free_port() -> int:
+
+def free_port(host: str) -> int:
     with socket.socket() as sock:
-        sock.bind((BRIDGE, 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
-def index(tmp_path_factory):
+def index(tmp_path_factory, docker_engine):
     """A PEP 503 index holding only sfcext's sdist, served over HTTP on the Docker bridge."""
     root = tmp_path_factory.mktemp("index")
     sdist = make_sdist(root / "files")
@@ -110,17 +116,18 @@ def index(tmp_path_factory):
     (root / "simple" / "sfcext").mkdir(parents=True)
     (root / "simple" / "sfcext" / "index.html").write_text(
         f'<html><body><a href="../../files/{sdist.name}#sha256={sha}">{sdist.name}</a></body></html>\n')
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", BRIDGE, "--directory", str(root)],
+    bridge = docker_bridge_gateway()
+    port = free_port(bridge)
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", bridge, "--directory", str(root)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(50):
             try:
-                socket.create_connection((BRIDGE, port), timeout=0.2).close()
+                socket.create_connection((bridge, port), timeout=0.2).close()
                 break
             except OSError:
                 time.sleep(0.1)
-        yield f"http://{BRIDGE}:{port}/simple"
+        yield f"http://{bridge}:{port}/simple"
     finally:
         server.terminate()
         server.wait(timeout=10)
