@@ -65,7 +65,7 @@ def render_flags(recipe: Recipe, stack: Stack, *, config_path: str, env_json: st
         "--hidden-dropout", "0.0",
         "--accumulate-allreduce-grads-in-fp32",
         "--attention-softmax-in-fp32",
-        "--attention-backend", "flash",
+        "--attention-backend", stack.runtime.attention_backend if stack.runtime else "flash",
         # SGLang
         "--sglang-mem-fraction-static", _num(r.sglang_mem_fraction_static),
         # AgentCore rollouts (agentcore-rl-toolkit 0.2.0 contract)

@@ -142,6 +142,9 @@ class Runtime(Model):
     nvidia_lib_dirs: list[str]
     cudart_decoy: str | None = None
     cudart_name: str
+    # Megatron's --attention-backend. "flash" needs FA2 (or FA3) beside TE; a flavor that ships
+    # neither (cu13: sglang's FA4 only) lets TE choose among what it has ("auto": cuDNN fused).
+    attention_backend: Literal["flash", "fused", "unfused", "local", "auto"] = "flash"
 
 
 class Router(Model):

@@ -81,6 +81,14 @@ def test_gsm8k_flags(gsm8k):
     assert json.loads(f["--train-env-vars"]) == gsm8k.env
 
 
+def test_attention_backend_follows_the_flavor(tmp_path):
+    """cu13 ships no FA2 (sglang's FA4 only): TE must choose its backend; cu129 has FA2."""
+    for flavor, backend in (("cu13", "auto"), ("cu129", "flash")):
+        recipe, stack = load_recipe(ROOT / "recipes" / "gsm8k.yaml", overrides={"stack": flavor})
+        run = build_run_dir(recipe, stack, tmp_path / flavor, "recipes/gsm8k.yaml", environ={})
+        assert pairs(run.args)["--attention-backend"] == backend, flavor
+
+
 def test_every_rendered_flag_is_accepted_by_pinned_slime(gsm8k):
     facts = load_facts("a74ae3a0ad16bd8b769d5386738e8ae3d1269d7e")
     flags = {a for a in gsm8k.args if a.startswith("--")}
