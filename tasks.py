@@ -254,6 +254,44 @@ def publish(c, cuda=None, image=None, registry=None, build_dir=None, tag=None, r
     pub.publish(plan, pub.read_credentials(plan, sys.stdin))
 
 
+# --- lock ------------------------------------------------------------------------------------
+
+
+@task(
+    help={
+        "cuda": "stack flavor (cu13, cu129)",
+        "stack": "lock any stack file instead (a YAML path); its lock goes to locks/ beside it",
+        "all": "lock every flavor under images/",
+        "check": "offline: the committed lock satisfies every pin, holds every step's packages, mixes no CUDA majors",
+        "base_digest": "sha256:... of the base image (else asked of its registry)",
+        "router_sha256": "sha256 of the router wheel (else downloaded once and hashed)",
+        "index_url": "an index instead of PyPI (a mirror)",
+    },
+)
+@clean_errors
+def lock(c, cuda=None, stack=None, all=False, check=False, base_digest=None, router_sha256=None, index_url=None):  # noqa: A002
+    """Resolve a flavor once, for its target, into images/locks/pylock.<flavor>.toml (--check: verify it)."""
+    from slimeforge import lock as locking
+    from slimeforge.stack import available_flavors
+
+    refs = available_flavors() if all else [stack or cuda or "cu13"]
+    failed = []
+    for ref in refs:
+        try:
+            if check:
+                locking.check(ref, echo=lambda s: print(s, flush=True))
+            else:
+                locking.resolve(locking.LockOptions(stack=ref, base_digest=base_digest, router_sha256=router_sha256,
+                                                    index_url=index_url, echo=lambda s: print(s, flush=True)))
+        except SlimeforgeError as exc:
+            if len(refs) == 1:
+                raise
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            failed.append(ref)
+    if failed:
+        raise Exit(f"error: {', '.join(failed)}: see above", code=2)
+
+
 # --- build -----------------------------------------------------------------------------------
 
 
@@ -405,6 +443,7 @@ ns.add_collection(Collection("run", start=run_start, status=run_status, logs=run
 ns.add_task(doctor)
 ns.add_task(publish)
 ns.add_collection(Collection("patches", check=patches_check))
+ns.add_task(lock)
 ns.add_task(build)
 ns.add_task(install)
 ns.add_collection(Collection("cluster", up=cluster_up, status=cluster_status, down=cluster_down))

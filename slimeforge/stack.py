@@ -144,6 +144,20 @@ class Smoke(Model):
     router_fork_marker: str | None = None
 
 
+class LockSpec(Model):
+    """Inputs of `invoke lock` beyond the steps' own pins (see slimeforge/lock.py)."""
+
+    # Runtime dependencies that a source step's checkout declares (its pyproject/setup.py at the
+    # pinned commit): the source itself installs with --no-deps, so the lock must hold these.
+    source_requirements: dict[str, list[str]] = Field(default_factory=dict)
+    # Distributions that a source step builds itself: kept out of the lock even where a dependency asks.
+    provided_by_sources: list[str] = Field(default_factory=list)
+    # uv --override lines: replace what a dependency asks for (cu129: the CUDA 12 builds of the kernels).
+    overrides: list[str] = Field(default_factory=list)
+    # Indexes searched (in order) before the default one, beside torch_index.
+    extra_indexes: list[str] = Field(default_factory=list)
+
+
 class Stack(Model):
     schema_version: int = Field(alias="schema")
     name: str
@@ -165,6 +179,7 @@ class Stack(Model):
     steps: list[Step]
     runtime: Runtime | None = None
     smoke: Smoke
+    lock: LockSpec = Field(default_factory=LockSpec)
 
     # --- derived -------------------------------------------------------------------------------
 
