@@ -29,7 +29,6 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,7 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from . import paths
 from .errors import ConfigError, Problem, SlimeforgeError
 from .proc import Runner
 from .stack import Stack, load_stack, stack_path
@@ -59,14 +59,28 @@ class LockError(SlimeforgeError):
     """A lock is missing, stale or does not hold what the stack needs; the message says how to fix it."""
 
 
-def lock_command(flavor: str) -> str:
-    return f"invoke lock --cuda {flavor}"
+def lock_command(ref: str | Path) -> str:
+    """The command that (re)makes the lock of a flavor name or a stack file."""
+    text = str(ref)
+    return f"invoke lock --stack {text}" if text.endswith((".yaml", ".yml")) else f"invoke lock --cuda {text}"
 
 
-def lock_path(ref: str | Path) -> Path:
+def lock_path(ref: str | Path | Stack) -> Path:
     """images/<flavor>.yaml -> images/locks/pylock.<flavor>.toml (a lock lies beside its stack)."""
-    path = stack_path(ref)
-    return path.parent / "locks" / f"pylock.{load_stack(ref).name}.toml"
+    stack = ref if isinstance(ref, Stack) else load_stack(ref)
+    path = stack.file or stack_path(stack.name)
+    return path.parent / "locks" / f"pylock.{stack.name}.toml"
+
+
+def stack_ref(stack: Stack) -> str:
+    """What `invoke lock` takes to name this stack: its flavor, or its file."""
+    f = stack.file
+    if f is None or f.resolve().parent == paths.IMAGES.resolve():
+        return stack.name
+    try:
+        return str(f.resolve().relative_to(paths.ROOT))  # the same text from any working directory
+    except ValueError:
+        return str(f)
 
 
 # --- the target and its files -----------------------------------------------------------------
@@ -159,6 +173,14 @@ def inputs(stack: Stack) -> Inputs:
             names = [*step["requirements"], *stack.lock.source_requirements.get(step["source"], [])]
         else:
             continue  # apt, and the router wheel (a URL outside any index: its sha256 is recorded apart)
+        bad = []
+        for r in names:
+            try:
+                Requirement(r)
+            except InvalidRequirement as exc:
+                bad.append(Problem(f"steps ({step['name']})", f"is not a requirement: {exc}", r, "name[extras]<specifier>"))
+        if bad:
+            raise ConfigError(f"stack {stack.name}", bad)
         reqs += [r for r in names if r not in reqs]
         by_step[step["name"]] = sorted({req_name(r) for r in names})
     # Packages that a source step builds itself (e.g. torch_memory_saver from its pinned commit)
@@ -356,7 +378,9 @@ def build_lock(stack: Stack, inp: Inputs, pylock: dict[str, Any], graph: dict[st
         "python": inp.python,
         "platform": inp.platform,
         "uv": stack.versions.get("uv", ""),
-        "resolved": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        # No timestamp: re-locking unchanged inputs against unchanged indexes gives the same bytes,
+        # so the same content-addressed image tag.
+        "command": lock_command(stack_ref(stack)),
         "indexes": inp.indexes,
         "prereleases": prereleases,
         "base": {"image": stack.base.image, "digest": base_digest or ""},
@@ -410,7 +434,7 @@ def _toml_value(v: Any) -> str:
 def render_lock(data: dict[str, Any]) -> str:
     tool = data["tool"]["slimeforge"]
     lines = [
-        f"# The {tool['flavor']} flavor, locked by `{lock_command(tool['flavor'])}` (PEP 751). Do not edit: re-lock.",
+        f"# The {tool['flavor']} flavor, locked by `{tool['command']}` (PEP 751). Do not edit: re-lock.",
         "# One file per distribution: what the target installs. [tool.slimeforge] holds what pylock cannot.",
     ]
     for key in ("lock-version", "created-by", "requires-python"):
@@ -468,12 +492,12 @@ class LockFile:
         return self.tool.get("steps", {})
 
 
-def read_lock(path: Path, stack: Stack | None = None) -> LockFile:
+def read_lock(path: Path, stack: Stack | None = None, ref: str | Path | None = None) -> LockFile:
     """Parse a lock and check its grammar (every value that can reach a file or a command)."""
     if not path.exists():
         flavor = stack.name if stack else path.stem.removeprefix("pylock.")
-        raise LockError(f"{path}: no lock for {flavor}; make it with `{lock_command(flavor)}` (it needs the flavor's indexes) "
-                        "and commit it")
+        raise LockError(f"{path}: no lock for {flavor}; make it with `{lock_command(ref or flavor)}` where the flavor's indexes "
+                        "are reachable, and commit it")
     text = path.read_text()
     where = str(path)
     try:
@@ -529,7 +553,19 @@ def read_lock(path: Path, stack: Stack | None = None) -> LockFile:
 
 def load_lock(ref: str | Path, stack: Stack | None = None) -> LockFile:
     stack = stack or load_stack(ref)
-    return read_lock(lock_path(ref), stack)
+    return read_lock(lock_path(stack), stack, ref)
+
+
+def checked_lock(stack: Stack) -> LockFile:
+    """The stack's committed lock, refused (with the command that makes it) when missing, stale or
+    short of anything the stack needs: build and install install from it alone."""
+    ref = stack_ref(stack)
+    lock = read_lock(lock_path(stack), stack, ref)
+    problems = check_lock(stack, lock, ref)
+    if problems:
+        raise LockError(f"{lock.path} cannot be installed from ({len(problems)} problem(s)); fix them, e.g. `{lock_command(ref)}`:\n"
+                        + "\n".join(f"  - {p}" for p in problems))
+    return lock
 
 
 # --- checking ---------------------------------------------------------------------------------
@@ -558,13 +594,14 @@ def cuda_major_of(name: str, version: str) -> str | None:
     return None
 
 
-def check_lock(stack: Stack, lock: LockFile) -> list[str]:
+def check_lock(stack: Stack, lock: LockFile, ref: str | Path | None = None) -> list[str]:
     """Every problem of a lock against its stack (empty: good)."""
     problems: list[str] = []
+    relock = lock_command(ref or stack.name)
     inp = inputs(stack)
     tool = lock.tool
     if tool.get("inputs") != inp.hash:
-        problems.append(f"stale: the stack's pins, steps or indexes changed since the lock was made (run `{lock_command(stack.name)}`)")
+        problems.append(f"stale: the stack's pins, steps or indexes changed since the lock was made (run `{relock}`)")
     if tool.get("python") != stack.python or tool.get("platform") != stack.uv_platform:
         problems.append(f"target: locked for CPython {tool.get('python')} {tool.get('platform')}, the stack is "
                         f"CPython {stack.python} {stack.uv_platform}")
@@ -608,8 +645,8 @@ def check_lock(stack: Stack, lock: LockFile) -> list[str]:
         router = tool.get("router") or {}
         if router.get("url") != stack.router.wheel:
             problems.append(f"router: the lock has {router.get('url')!r}, the stack {stack.router.wheel}")
-        elif not router.get("sha256"):
-            problems.append(f"router: no sha256 for {stack.router.wheel} (re-lock where it is reachable, or pass --router-sha256)")
+        # A missing router sha256 is a warning here (summarize): the lock is still right for every
+        # other step; the router step itself refuses to render without it (router_requirement).
     base = tool.get("base") or {}
     if base.get("image") != stack.base.image:
         problems.append(f"base: the lock has {base.get('image')!r}, the stack {stack.base.image}")
@@ -620,7 +657,7 @@ def check(ref: str, echo: Callable[[str], None] = print) -> dict[str, Any]:
     """`invoke lock --check`: offline. Raises LockError listing every problem."""
     stack = load_stack(ref)
     lock = load_lock(ref, stack)
-    problems = check_lock(stack, lock)
+    problems = check_lock(stack, lock, ref)
     if problems:
         raise LockError(f"{lock.path}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
     summary = summarize(lock, stack)
@@ -637,7 +674,8 @@ def summarize(lock: LockFile, stack: Stack | None = None) -> dict[str, Any]:
     if not (tool.get("base") or {}).get("digest"):
         warnings.append("the base image has no digest in the lock (pass --base-digest sha256:... or lock where its registry is reachable)")
     if tool.get("router") and not tool["router"].get("sha256"):
-        warnings.append("the router wheel has no sha256 in the lock")
+        warnings.append(f"the router wheel has no sha256 in the lock: its step cannot be built or installed until "
+                        f"`{tool.get('command', 'invoke lock')} --router-sha256 <sha256>` (or a re-lock where {tool['router'].get('url')} is reachable)")
     sdists = sorted(p.name for p in lock.packages.values() if p.kind == "sdist")
     named = set()
     if stack is not None:
@@ -666,7 +704,8 @@ def step_requirements(lock: LockFile, step: str, *, by_name: bool = False) -> st
     lines = [f"# step {step}: {len(lock.steps[step])} distribution(s) from {lock.path.name}"]
     for n in lock.steps[step]:
         p = lock.packages[n]
-        lines.append(f"{p.name}=={p.version}" if by_name else f"{p.name} @ {p.url} --hash=sha256:{p.sha256}")
+        # The version as a trailing comment: uv ignores it, the step's check (sf_lock_verify) reads it.
+        lines.append(f"{p.name}=={p.version}" if by_name else f"{p.name} @ {p.url} --hash=sha256:{p.sha256}  # =={p.version}")
     return "\n".join(lines) + "\n"
 
 

@@ -13,7 +13,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from . import paths
 from .errors import ConfigError, Problem
@@ -180,6 +180,12 @@ class Stack(Model):
     runtime: Runtime | None = None
     smoke: Smoke
     lock: LockSpec = Field(default_factory=LockSpec)
+    # The YAML file it was loaded from: its lock lies beside it (locks/pylock.<name>.toml).
+    _file: Path | None = PrivateAttr(default=None)
+
+    @property
+    def file(self) -> Path | None:
+        return self._file
 
     # --- derived -------------------------------------------------------------------------------
 
@@ -341,4 +347,6 @@ def load_stack(ref: str | Path) -> Stack:
     if unknown:
         raise ConfigError(str(path), [Problem("step_overrides", "names steps that do not exist", unknown, ", ".join(sorted(known)))])
     data["steps"] = [deep_merge(s, overrides.get(s.get("name"), {})) if isinstance(s, dict) else s for s in steps]
-    return validate(Stack, data, str(path))
+    stack = validate(Stack, data, str(path))
+    stack._file = path
+    return stack
