@@ -81,15 +81,17 @@ sf_lock_install() {
   mkdir -p "$SF_STATE/lock"
   cp -- "$file" "$SF_STATE/lock/$step.txt"
   if ! grep -q '^[^#]' "$file"; then sf_log "step $step: nothing of its own in the lock (earlier steps installed it)"; return 0; fi
-  local args=(--no-deps --no-build-isolation --no-index)
+  # --reinstall: a package already present (a re-run on a host) is fetched and hash-checked again,
+  # never taken as it is: uv checks hashes only of what it downloads.
+  local args=(--no-deps --no-build-isolation --no-index --reinstall)
   if (($#)); then args+=("$@"); else args+=(--require-hashes); fi
   local out
   if ! out=$(sf_uv "$venv" "${args[@]}" -r "$file" 2>&1); then
     printf '%s\n' "$out" >&2
     local what
     # shellcheck disable=SC2016 # the backticks are uv's quotes, matched literally
-    what=$(printf '%s\n' "$out" | sed -n -e 's/.*[Hh]ash mismatch for `\([^`]*\)`.*/\1/p' -e 's/.*Failed to \(download\|build\|fetch\) `\([^`]*\)`.*/\2/p' | sort -u | paste -sd' ')
-    sf_die "step $step: installing its slice of the lock failed${what:+ (package: $what)}"
+    what=$(printf '%s\n' "$out" | sed -n 's/.*\(Hash mismatch for\|Failed to [a-z]*\) `\([A-Za-z0-9._-]*\).*/\2/p' | sort -u | paste -sd' ')
+    sf_die "step $step: installing its slice of the lock failed${what:+ (package: $what)}: a file differs from its sha256 in the lock, or cannot be fetched"
   fi
   printf '%s\n' "$out" >&2
 }

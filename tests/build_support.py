@@ -129,10 +129,30 @@ def make_repos(root: Path) -> dict[str, object]:
     return {"libdemo": lib, "slime": slime, "libdemo_commit": lib_c, "s1": s1, "s2": s2, "s3": s3, "fresh": fresh}
 
 
-def derived_stack(path: Path, slime_commit: str, **extra: str) -> Path:
-    """A stack file that extends the test stack and pins slime at another commit."""
+def derived_stack(path: Path, slime_commit: str, lock: bool = True, **extra: str) -> Path:
+    """A stack file that extends the test stack and pins slime at another commit, locked beside it
+    (locks/pylock.sftest.toml, resolved for real: the commits are part of what a lock records)."""
     lines = [f"extends: {os.path.relpath(TEST_STACK, path.parent)}", "sources:", "  slime:", f"    commit: '{slime_commit}'"]
     for key, value in extra.items():
         lines.append(f"{key}: {value}")
     path.write_text("\n".join(lines) + "\n")
+    if lock:
+        from slimeforge.lock import LockOptions, resolve
+
+        resolve(LockOptions(stack=str(path), echo=lambda _: None))
     return path
+
+
+TEST_LOCK = TEST_STACK.parent / "locks" / "pylock.sftest.toml"
+
+
+def tampered_lock(directory: Path, package: str):
+    """The test stack's lock with one package's sha256 changed (a replaced file on the index, or a
+    tampered lock): installing that package must fail, naming it and its step."""
+    from slimeforge.lock import read_lock
+
+    good = read_lock(TEST_LOCK)
+    path = directory / "locks" / TEST_LOCK.name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(TEST_LOCK.read_text().replace(good.packages[package].sha256, "0" * 64))
+    return read_lock(path)
