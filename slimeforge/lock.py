@@ -597,7 +597,7 @@ def cuda_major_of(name: str, version: str) -> str | None:
 def check_lock(stack: Stack, lock: LockFile, ref: str | Path | None = None) -> list[str]:
     """Every problem of a lock against its stack (empty: good)."""
     problems: list[str] = []
-    relock = lock_command(ref or stack.name)
+    relock = lock_command(ref or stack_ref(stack))
     inp = inputs(stack)
     tool = lock.tool
     if tool.get("inputs") != inp.hash:
@@ -698,14 +698,16 @@ def summarize(lock: LockFile, stack: Stack | None = None) -> dict[str, Any]:
 
 def step_requirements(lock: LockFile, step: str, *, by_name: bool = False) -> str:
     """The requirements file of one step: `name @ url --hash=sha256:H` per package, so uv fetches
-    exactly that file and nothing else (`by_name`: `name==version`, for a local wheel directory)."""
+    exactly that file and nothing else (`by_name`: `name==version --hash=sha256:H`, for a local
+    wheel directory: the same files, found there instead of at their URL)."""
     if step not in lock.steps:
         raise LockError(f"{lock.path}: step {step} has no slice; re-lock with `{lock_command(lock.tool.get('flavor', '?'))}`")
     lines = [f"# step {step}: {len(lock.steps[step])} distribution(s) from {lock.path.name}"]
     for n in lock.steps[step]:
         p = lock.packages[n]
         # The version as a trailing comment: uv ignores it, the step's check (sf_lock_verify) reads it.
-        lines.append(f"{p.name}=={p.version}" if by_name else f"{p.name} @ {p.url} --hash=sha256:{p.sha256}  # =={p.version}")
+        where = f"=={p.version}" if by_name else f" @ {p.url}"
+        lines.append(f"{p.name}{where} --hash=sha256:{p.sha256}  # =={p.version}")
     return "\n".join(lines) + "\n"
 
 

@@ -73,7 +73,7 @@ sf_uv() {
 }
 
 # sf_lock_install VENV STEP FILE [--find-links DIR]: install one step's slice. With a wheel
-# directory the lines are `name==version` and the wheels come from DIR only (air-gapped hosts).
+# directory the lines are `name==version --hash=...` and the same files come from DIR (air-gapped hosts).
 sf_lock_install() {
   local venv=$1 step=$2 file=$3
   shift 3
@@ -83,8 +83,7 @@ sf_lock_install() {
   if ! grep -q '^[^#]' "$file"; then sf_log "step $step: nothing of its own in the lock (earlier steps installed it)"; return 0; fi
   # --reinstall: a package already present (a re-run on a host) is fetched and hash-checked again,
   # never taken as it is: uv checks hashes only of what it downloads.
-  local args=(--no-deps --no-build-isolation --no-index --reinstall)
-  if (($#)); then args+=("$@"); else args+=(--require-hashes); fi
+  local args=(--no-deps --no-build-isolation --no-index --reinstall --require-hashes "$@")
   local out
   if ! out=$(sf_uv "$venv" "${args[@]}" -r "$file" 2>&1); then
     printf '%s\n' "$out" >&2
@@ -102,7 +101,8 @@ sf_lock_install() {
 # (a file:// direct_url) and the venv's own pip and uv are the only other distributions allowed.
 sf_lock_verify() {
   local venv=$1 step=$2 exact=${3:-}
-  "$venv/bin/python" - "$SF_STATE/lock" "$step" "$exact" <<'PY'
+  # -I: only the venv's own paths (not the working directory, not PYTHONPATH) are looked at.
+  "$venv/bin/python" -I - "$SF_STATE/lock" "$step" "$exact" <<'PY'
 import importlib.metadata as md, json, pathlib, re, sys
 lock_dir, step, exact = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "--exact"
 norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
@@ -137,7 +137,7 @@ if errors:
     for e in errors:
         print(f"slimeforge: ERROR: step {step}: {e}", file=sys.stderr)
     sys.exit(1)
-print(f"slimeforge: step {step}: {len(have)} distributions installed, all as locked", file=sys.stderr)
+print(f"slimeforge: step {step}: {len(have)} distribution(s) installed, all as locked", file=sys.stderr)
 PY
 }
 

@@ -160,7 +160,8 @@ def test_wheel_directory_source_installs_without_the_index(first, env, tmp_path)
     report = build(o)
     env["made"].append(report["image_id"])
     dockerfile = (Path(report["dir"]) / "Dockerfile").read_text()
-    assert "--find-links /tmp/sf-wheels/six --no-index" in dockerfile
+    assert "--find-links /tmp/sf-wheels/six" in dockerfile
+    assert (Path(report["dir"]) / "context" / "lock" / "six.txt").read_text().splitlines()[1].startswith("six==1.17.0 --hash=sha256:")
     lock = json.loads((Path(report["dir"]) / "stack.lock.json").read_text())
     assert set(lock["wheel_dirs"]) == {"six"} and lock["installed"]["six"] == "1.17.0"
     assert report["build_hash"] != first["build_hash"]

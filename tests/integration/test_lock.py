@@ -1,0 +1,240 @@
+"""`invoke lock` with the real uv against a real PEP 503 index on loopback (wheels built by the
+test), then installs from the lock with the real step library (templates/steps.sh) into a real
+venv: an exact pre-release pinned by a dependency, two CUDA-major variants on two indexes, a yanked
+file, a replaced file, a package outside the lock, a pin a later step tries to move."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from lock_support import Index
+
+from slimeforge import lock as L
+from slimeforge.build import BuildOptions, prepare
+from slimeforge.stack import load_stack
+from slimeforge.steps import STEP_LIBRARY, lock_file, lock_files
+
+UV = str(Path(sys.executable).parent / "uv")
+PY = f"{sys.version_info.major}.{sys.version_info.minor}"
+DIGEST = "sha256:" + "ab" * 32
+
+STACK = """schema: 1
+name: {name}
+version: "0.0.1"
+cuda: "{cuda}"
+python: "{py}"
+base: {{image: "slimeforge-test/base:bookworm", glibc: "2.36"}}
+torch_index: {torch_index}
+image_root: /root
+venv: /opt/venv
+sources: {{}}
+versions:
+  uv: "0.9.7"
+  sf-base: "1.0"
+  sf-app: "1.0"
+steps:
+  - name: base
+    pip: [sf-base]
+  - name: app
+    pip: [sf-app]
+smoke:
+  imports: [sf_app]
+"""
+
+
+@pytest.fixture(scope="module")
+def indexes(tmp_path_factory):
+    """The main index (PyPI's role) and a CUDA 12 one (download.pytorch.org/whl/cu129's role)."""
+    root = tmp_path_factory.mktemp("index")
+    main = Index(root / "main", yanked={"sf_base-1.1-py3-none-any.whl"})
+    main.add("sf-base", "1.0")
+    main.add("sf-base", "1.1")  # yanked: never chosen for a range
+    main.add("sf-base", "1.2")
+    main.add("sf-dep", "1.0")
+    main.add("sf-dep", "2.0b1")  # pinned exactly by sf-app: this pre-release, and no other, is allowed
+    main.add("sf-extra", "2.0")
+    main.add("sf-extra", "3.0b1")  # a pre-release nobody pins: must not be chosen
+    main.add("sf-kern-cu13", "1.0")
+    main.add("sf-kern", "1.0", ["sf-kern-cu13==1.0"])
+    main.add("sf-app", "1.0", ["sf-base>=1.0", "sf-dep==2.0b1", "sf-extra", "sf-kern"])
+    main.add("sf-rogue", "1.0")
+    cu12 = Index(root / "cu12")
+    cu12.add("sf-kern-cu12", "1.0")
+    cu12.add("sf-kern", "1.0+cu129", ["sf-kern-cu12==1.0"])
+    main.start()
+    cu12.start()
+    yield {"main": main, "cu12": cu12}
+    main.stop()
+    cu12.stop()
+
+
+@pytest.fixture(autouse=True)
+def uv_cache(tmp_path, monkeypatch):
+    # A cache of our own: another test's (or the user's) cached files must not stand in for the index's.
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+
+
+def write_stack(directory: Path, name="sflock", cuda="13.0", torch_index="null") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.yaml"
+    path.write_text(STACK.format(name=name, cuda=cuda, py=PY, torch_index=torch_index))
+    return path
+
+
+def do_lock(path: Path, index: Index, lines: list[str] | None = None) -> L.LockFile:
+    L.resolve(L.LockOptions(stack=str(path), index_url=index.url, base_digest=DIGEST, echo=(lines.append if lines is not None else lambda _: None)))
+    return L.load_lock(str(path))
+
+
+def steps_sh(state: Path, script: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", f"source {STEP_LIBRARY}\n{script}"], capture_output=True, text=True,
+                          env={**os.environ, "SF_STATE": str(state)}, timeout=300)
+
+
+def make_venv(path: Path) -> Path:
+    subprocess.run([UV, "venv", "-q", "--python", sys.executable, str(path)], check=True)
+    os.symlink(UV, path / "bin" / "uv")  # the step library runs <venv>/bin/uv
+    return path
+
+
+def install_all(stack_path: Path, lock: L.LockFile, work: Path) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    """Every step's slice through sf_pip_step, then finalize's comparison with the whole lock."""
+    stack = load_stack(str(stack_path))
+    venv, state, slices = make_venv(work / "venv"), work / "state", work / "slices"
+    slices.mkdir(parents=True)
+    from slimeforge.steps import Layout
+
+    for name, text in lock_files(stack, lock, Layout("/r", str(venv), "/p", str(state), lock_dir=str(slices))).items():
+        (slices / name).write_text(text)
+    script = "\n".join(f"sf_pip_step --venv {venv} --step {s} --lock {slices / lock_file(s)}" for s in lock.steps)
+    script += f"\nmkdir -p {state}/lock && cp {slices}/all.txt {state}/lock/_all.txt && sf_lock_verify {venv} finalize --exact"
+    return venv, state, steps_sh(state, script)
+
+
+def installed(venv: Path) -> dict[str, str]:
+    out = subprocess.run([UV, "pip", "list", "--python", str(venv / "bin" / "python"), "--format", "freeze"], capture_output=True,
+                         text=True, check=True).stdout
+    return dict(line.split("==") for line in out.split())
+
+
+def test_lock_resolves_for_the_target_with_exactly_the_pinned_prerelease(indexes, tmp_path):
+    lines: list[str] = []
+    lock = do_lock(write_stack(tmp_path), indexes["main"], lines)
+    versions = {n: p.version for n, p in lock.packages.items()}
+    assert versions == {"sf-app": "1.0", "sf-base": "1.0", "sf-dep": "2.0b1", "sf-extra": "2.0", "sf-kern": "1.0", "sf-kern-cu13": "1.0"}
+    assert lock.tool["prereleases"] == ["sf-dep==2.0b1"]
+    assert any("allowing the exact pre-release sf-dep==2.0b1" in line for line in lines)
+    assert any(line.startswith("[1/3] resolving") for line in lines)  # progress on screen
+    # One file per distribution, by URL and sha256, and every package in exactly one step's slice.
+    assert lock.steps == {"base": ["sf-base"], "app": ["sf-app", "sf-dep", "sf-extra", "sf-kern", "sf-kern-cu13"]}
+    assert all(p.url.startswith(indexes["main"].url.removesuffix("/simple")) and len(p.sha256) == 64 for p in lock.packages.values())
+    assert lock.tool["base"]["digest"] == DIGEST and lock.tool["platform"] == "x86_64-manylinux_2_36"
+    assert L.check_lock(load_stack(str(tmp_path / "sflock.yaml")), lock) == []
+    # The file is a PEP 751 lock uv itself reads; locking again changes nothing (same tag).
+    text = lock.path.read_text()
+    do_lock(tmp_path / "sflock.yaml", indexes["main"])
+    assert lock.path.read_text() == text
+
+
+def test_yanked_file_is_not_chosen_for_a_range(indexes, tmp_path):
+    path = write_stack(tmp_path)
+    path.write_text(path.read_text().replace('sf-base: "1.0"', 'sf-base: ">=1.0,<1.2"'))
+    lock = do_lock(path, indexes["main"])
+    assert lock.packages["sf-base"].version == "1.0"  # 1.1 is yanked
+
+
+def test_install_from_the_lock_verifies_hashes_and_holds_every_pin(indexes, tmp_path):
+    path = write_stack(tmp_path)
+    lock = do_lock(path, indexes["main"])
+    venv, state, res = install_all(path, lock, tmp_path / "i")
+    assert res.returncode == 0, res.stderr
+    assert "step finalize: 6 distribution(s) installed, all as locked" in res.stderr
+    assert installed(venv) == {"sf-app": "1.0", "sf-base": "1.0", "sf-dep": "2.0b1", "sf-extra": "2.0", "sf-kern": "1.0", "sf-kern-cu13": "1.0"}
+    # A later step that moves an earlier step's package (sf-base 1.0 -> 1.2), or brings in a package
+    # outside the lock, fails naming the package and the step.
+    subprocess.run([UV, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "--index-url", indexes["main"].url,
+                    "sf-base==1.2", "sf-rogue==1.0"], check=True)
+    res = steps_sh(state, f"sf_lock_verify {venv} app")
+    assert res.returncode == 1
+    assert "slimeforge: ERROR: step app: sf-base is 1.2, the lock says 1.0" in res.stderr
+    assert "slimeforge: ERROR: step app: sf-rogue 1.0 is not in the lock" in res.stderr
+
+
+def test_a_replaced_file_on_the_index_is_refused_naming_package_and_step(indexes, tmp_path):
+    path = write_stack(tmp_path)
+    lock = do_lock(path, indexes["main"])
+    wheel = indexes["main"].root / "files" / "sf_extra-2.0-py3-none-any.whl"
+    good = wheel.read_bytes()
+    try:
+        indexes["main"].add("sf-extra", "2.0", payload="EVIL = True\n")  # same name and URL, other bytes
+        assert wheel.read_bytes() != good
+        _, _, res = install_all(path, lock, tmp_path / "i")
+    finally:
+        wheel.write_bytes(good)
+        indexes["main"].write_pages()
+    assert res.returncode == 1
+    assert "Hash mismatch" in res.stderr
+    assert "slimeforge: ERROR: step app: installing its slice of the lock failed (package: sf-extra)" in res.stderr
+    assert "step base: 1 distribution(s) installed, all as locked" in res.stderr  # the step before it went through
+
+
+def test_a_missing_package_fails_finalize(indexes, tmp_path):
+    path = write_stack(tmp_path)
+    lock = do_lock(path, indexes["main"])
+    venv, state, res = install_all(path, lock, tmp_path / "i")
+    assert res.returncode == 0, res.stderr
+    subprocess.run([UV, "pip", "uninstall", "-q", "--python", str(venv / "bin" / "python"), "sf-extra"], check=True)
+    res = steps_sh(state, f"sf_lock_verify {venv} finalize --exact")
+    assert res.returncode == 1 and "step finalize: sf-extra 2.0 is in the lock but not installed" in res.stderr
+
+
+def test_cuda12_flavor_takes_its_kernels_from_its_index_and_mixing_is_detected(indexes, tmp_path):
+    # With its CUDA 12 index first (as cu129 has download.pytorch.org/whl/cu129), the kernel and its
+    # runtime are the CUDA 12 builds.
+    good_path = write_stack(tmp_path / "good", "sfcu12", "12.9", indexes["cu12"].url)
+    lock = do_lock(good_path, indexes["main"])
+    assert lock.packages["sf-kern"].version == "1.0+cu129" and "sf-kern-cu12" in lock.packages and "sf-kern-cu13" not in lock.packages
+    assert L.check_lock(load_stack(str(good_path)), lock) == []
+    # Without it, the main index's CUDA 13 kernel comes in: `lock --check` names it.
+    bad_path = write_stack(tmp_path / "bad", "sfcu12", "12.9")
+    bad = do_lock(bad_path, indexes["main"])
+    problems = L.check_lock(load_stack(str(bad_path)), bad)
+    assert "CUDA mix: sf-kern-cu13 1.0 is built for CUDA 13, the flavor is CUDA 12.9" in problems
+
+
+def test_check_names_a_stale_lock_and_an_unsatisfied_pin(indexes, tmp_path):
+    path = write_stack(tmp_path)
+    lock = do_lock(path, indexes["main"])
+    path.write_text(path.read_text().replace('sf-base: "1.0"', 'sf-base: "1.2"'))
+    problems = L.check_lock(load_stack(str(path)), lock)
+    assert any(p.startswith("stale: ") and f"invoke lock --stack {path}" in p for p in problems)
+    assert "pin sf-base==1.2: the lock holds sf-base 1.0" in problems
+    with pytest.raises(L.LockError, match="cannot be installed from"):
+        L.checked_lock(load_stack(str(path)))
+
+
+def test_build_refuses_a_stack_without_a_lock_with_the_command_that_makes_one(tmp_path):
+    path = write_stack(tmp_path, "nolock")
+    with pytest.raises(L.LockError, match=rf"no lock for nolock; make it with `invoke lock --stack {path}`"):
+        prepare(BuildOptions(stack=str(path), dry_run=True, build_root=tmp_path / "b", echo=lambda _: None))
+
+
+def test_check_of_a_missing_lock_says_how_to_make_it():
+    res = subprocess.run([sys.executable, "-m", "invoke", "lock", "--check", "--cuda", "cu129"], cwd=Path(__file__).parents[2],
+                         capture_output=True, text=True)
+    if (Path(__file__).parents[2] / "images" / "locks" / "pylock.cu129.toml").exists():
+        pytest.skip("the cu129 lock exists (made where download.pytorch.org is reachable): see test_committed_locks_pass_check")
+    assert res.returncode == 2
+    assert "no lock for cu129; make it with `invoke lock --cuda cu129`" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("flavor", ["cu13", "cu129"])
+def test_committed_locks_pass_check(flavor):
+    if not (Path(__file__).parents[2] / "images" / "locks" / f"pylock.{flavor}.toml").exists():
+        pytest.skip(f"no committed lock for {flavor}: `invoke lock --cuda {flavor}` needs its index (download.pytorch.org for cu129)")
+    summary = L.check(flavor, echo=lambda _: None)
+    assert summary["packages"] > 100 and not summary["sdists"] or set(summary["sdists"]) <= {"flash-attn", "transformer-engine-torch"}
