@@ -730,13 +730,17 @@ def expected_versions(lock: LockFile) -> dict[str, str]:
 def base_image_digest(image: str, echo: Callable[[str], None]) -> str | None:
     """The digest the base image's tag points at, asked of its registry (any OCI registry, Docker
     Hub included); None, with a warning, where the registry cannot be reached."""
+    from .publish import docker_config_credentials
     from .registry import RegistryAPI, Retry, parse_image_ref
 
     ref = parse_image_ref(image, "base.image")
     if ref.digest:
         return ref.digest
     try:
-        manifest = RegistryAPI(ref.registry, retry=Retry(attempts=2), echo=echo, timeout=20).manifest(ref.repository, ref.tag or "latest")
+        # Anonymous where the registry allows it (Docker Hub's public images); `docker login`'s where given.
+        credentials = docker_config_credentials(ref.registry)
+        api = RegistryAPI(ref.registry, credentials, retry=Retry(attempts=2), echo=echo, timeout=20)
+        manifest = api.manifest(ref.repository, ref.tag or "latest")
     except (SlimeforgeError, OSError) as exc:
         echo(f"  base image {image}: its registry cannot be reached ({str(exc).splitlines()[0]}); "
              "the lock records no digest (set one with --base-digest sha256:...)")

@@ -27,7 +27,7 @@ name: {name}
 version: "0.0.1"
 cuda: "{cuda}"
 python: "{py}"
-base: {{image: "slimeforge-test/base:bookworm", glibc: "2.36"}}
+base: {{image: "{base}", glibc: "2.36"}}
 torch_index: {torch_index}
 image_root: /root
 venv: /opt/venv
@@ -78,15 +78,16 @@ def uv_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
 
 
-def write_stack(directory: Path, name="sflock", cuda="13.0", torch_index="null") -> Path:
+def write_stack(directory: Path, name="sflock", cuda="13.0", torch_index="null", base="slimeforge-test/base:bookworm") -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.yaml"
-    path.write_text(STACK.format(name=name, cuda=cuda, py=PY, torch_index=torch_index))
+    path.write_text(STACK.format(name=name, cuda=cuda, py=PY, torch_index=torch_index, base=base))
     return path
 
 
-def do_lock(path: Path, index: Index, lines: list[str] | None = None) -> L.LockFile:
-    L.resolve(L.LockOptions(stack=str(path), index_url=index.url, base_digest=DIGEST, echo=(lines.append if lines is not None else lambda _: None)))
+def do_lock(path: Path, index: Index, lines: list[str] | None = None, base_digest: str | None = DIGEST) -> L.LockFile:
+    L.resolve(L.LockOptions(stack=str(path), index_url=index.url, base_digest=base_digest,
+                            echo=(lines.append if lines is not None else lambda _: None)))
     return L.load_lock(str(path))
 
 
@@ -238,3 +239,85 @@ def test_committed_locks_pass_check(flavor):
         pytest.skip(f"no committed lock for {flavor}: `invoke lock --cuda {flavor}` needs its index (download.pytorch.org for cu129)")
     summary = L.check(flavor, echo=lambda _: None)
     assert summary["packages"] > 100 and not summary["sdists"] or set(summary["sdists"]) <= {"flash-attn", "transformer-engine-torch"}
+
+
+def _registry_put(reg, user: str, password: str, method: str, url: str, body: bytes, content_type: str) -> dict:
+    import base64
+    import ssl
+    import urllib.request
+
+    req = urllib.request.Request(url, data=body, method=method, headers={
+        "Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode(), "Content-Type": content_type})
+    with urllib.request.urlopen(req, context=ssl.create_default_context(cafile=str(reg.ca)), timeout=30) as resp:
+        return dict(resp.headers)
+
+
+def push_tiny_image(reg, repository: str, tag: str, user: str, password: str) -> str:
+    """An image manifest (one empty config blob, one small layer) pushed over the registry API."""
+    import gzip
+    import hashlib
+    import io
+    import json
+    import tarfile
+
+    base = f"https://{reg.host}/v2/{repository}"
+    layer_tar = io.BytesIO()
+    with tarfile.open(fileobj=layer_tar, mode="w") as tar:
+        info = tarfile.TarInfo("etc/sf-base")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"sf\n"))
+    layer = gzip.compress(layer_tar.getvalue(), mtime=0)
+    config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers",
+                         "diff_ids": ["sha256:" + hashlib.sha256(layer_tar.getvalue()).hexdigest()]}}).encode()
+    for blob in (config, layer):
+        digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+        where = _registry_put(reg, user, password, "POST", f"{base}/blobs/uploads/", b"", "application/octet-stream")["Location"]
+        sep = "&" if "?" in where else "?"
+        where = where if where.startswith("http") else f"https://{reg.host}{where}"
+        _registry_put(reg, user, password, "PUT", f"{where}{sep}digest={digest}", blob, "application/octet-stream")
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": len(config),
+                   "digest": "sha256:" + hashlib.sha256(config).hexdigest()},
+        "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", "size": len(layer),
+                    "digest": "sha256:" + hashlib.sha256(layer).hexdigest()}],
+    }).encode()
+    _registry_put(reg, user, password, "PUT", f"{base}/manifests/{tag}", manifest, "application/vnd.docker.distribution.manifest.v2+json")
+    return "sha256:" + hashlib.sha256(manifest).hexdigest()
+
+
+@pytest.mark.docker
+def test_lock_asks_the_base_image_registry_for_its_digest(indexes, tmp_path, monkeypatch):
+    """The base tag's digest comes from its registry (here the local distribution registry with TLS
+    and htpasswd that the publish tests use; the login from the docker config, as `docker login` writes it)."""
+    import base64
+    import json
+    import shutil
+
+    from publish_support import REGISTRY_BIN, LocalRegistry
+
+    if not shutil.which(REGISTRY_BIN) and not Path(REGISTRY_BIN).exists():
+        pytest.skip(f"{REGISTRY_BIN} is not installed (apt-get install docker-registry)")
+    reg = LocalRegistry(tmp_path / "registry", {"puller": "pull-pass-1"}).start()
+    try:
+        digest = push_tiny_image(reg, "sf/base", "v1", "puller", "pull-pass-1")
+        config = tmp_path / "docker-config"
+        config.mkdir()
+        auth = base64.b64encode(b"puller:pull-pass-1").decode()
+        (config / "config.json").write_text(json.dumps({"auths": {reg.host: {"auth": auth}}}))
+        monkeypatch.setenv("DOCKER_CONFIG", str(config))
+        path = write_stack(tmp_path / "s", base=f"{reg.host}/sf/base:v1")
+        lines: list[str] = []
+        lock = do_lock(path, indexes["main"], lines, base_digest=None)
+        assert lock.tool["base"] == {"image": f"{reg.host}/sf/base:v1", "digest": digest}
+        assert f"  base image {reg.host}/sf/base:v1 -> {digest}" in lines
+        # The build takes FROM by that digest (and pulls it by digest when absent).
+        p = prepare(BuildOptions(stack=str(path), dry_run=True, build_root=tmp_path / "b", echo=lambda _: None))
+        assert p.base["from"] == f"{reg.host}/sf/base@{digest}"
+        assert p.dockerfile.count(f"FROM {reg.host}/sf/base@{digest}") == 1
+        assert p.labels["ai.slimeforge.lock"] == f"sha256:{lock.hash}"
+        # --base-digest by hand wins over the registry.
+        do_lock(path, indexes["main"], base_digest=DIGEST)
+        assert L.load_lock(str(path)).tool["base"]["digest"] == DIGEST
+    finally:
+        reg.stop()
