@@ -259,10 +259,15 @@ def resolve(opts: LockOptions) -> dict[str, Any]:
             (work / "prereleases.txt").write_text("".join(f"{p}\n" for p in prereleases))
             echo(f"[1/3] resolving (round {attempt}) ...")
             argv = [uv, "pip", "compile", "-v", *common, "--annotation-style", "line", "--override", str(work / "overrides.txt"),
-                    "--constraint", str(work / "prereleases.txt"), str(work / "in.txt"), "-o", str(work / "resolved.txt")]
+                    *(["--constraint", str(work / "prereleases.txt")] if prereleases else []),
+                    str(work / "in.txt"), "-o", str(work / "resolved.txt")]
             rc, text = _stream_uv(opts.runner, argv, echo)
             if rc == 0:
                 break
+            unreachable = re.search(r"Failed to fetch: `(https?://[^/`]+)[^`]*`", text)
+            if unreachable and re.search(r"dns error|client error \(Connect\)|timed out", text):
+                raise LockError(f"lock {stack.name}: the index {unreachable.group(1)} cannot be reached from here; run "
+                                f"`{lock_command(stack_ref(stack))}` where it can be, and commit {lock_path(stack)}")
             # An exact pre-release pinned by a dependency (sglang: flash-attn-4==4.0.0b15) is allowed,
             # that one version only; any other failure is the user's to fix.
             hints = [f"{m.group(2)}=={m.group(3)}" for m in PRERELEASE_HINT_RE.finditer(text.replace("\n      ", " "))
