@@ -701,6 +701,9 @@ def summarize(lock: LockFile, stack: Stack | None = None) -> dict[str, Any]:
 # --- installing a step's slice ---------------------------------------------------------------
 
 
+SDIST_MARK = "# --- built from source (sdist), after the wheels above"
+
+
 def step_requirements(lock: LockFile, step: str, *, by_name: bool = False) -> str:
     """The requirements file of one step: `name @ url --hash=sha256:H` per package, so uv fetches
     exactly that file and nothing else (`by_name`: `name==version --hash=sha256:H`, for a local
@@ -708,10 +711,15 @@ def step_requirements(lock: LockFile, step: str, *, by_name: bool = False) -> st
     if step not in lock.steps:
         raise LockError(f"{lock.path}: step {step} has no slice; re-lock with `{lock_command(lock.tool.get('flavor', '?'))}`")
     lines = [f"# step {step}: {len(lock.steps[step])} distribution(s) from {lock.path.name}"]
-    for n in lock.steps[step]:
+    # Wheels first, then what builds from an sdist (sf_lock_install installs them in two calls):
+    # a build without isolation finds its build dependencies already in the venv.
+    names = sorted(lock.steps[step], key=lambda n: (lock.packages[n].kind == "sdist", n))
+    for n in names:
         p = lock.packages[n]
-        # The version as a trailing comment: uv ignores it, the step's check (sf_lock_verify) reads it.
+        if p.kind == "sdist" and (n == names[0] or lock.packages[names[names.index(n) - 1]].kind != "sdist"):
+            lines.append(SDIST_MARK)
         where = f"=={p.version}" if by_name else f" @ {p.url}"
+        # The version as a trailing comment: uv ignores it, the step's check (sf_lock_verify) reads it.
         lines.append(f"{p.name}{where} --hash=sha256:{p.sha256}  # =={p.version}")
     return "\n".join(lines) + "\n"
 

@@ -84,10 +84,22 @@ sf_lock_install() {
   # --reinstall: a package already present (a re-run on a host) is fetched and hash-checked again,
   # never taken as it is: uv checks hashes only of what it downloads.
   local args=(--no-deps --no-build-isolation --no-index --reinstall --require-hashes "$@")
-  local out
-  if ! out=$(sf_uv "$venv" "${args[@]}" -r "$file" 2>&1); then
+  # Wheels first, then the sdists (after the marker line that slimeforge writes): a build without
+  # isolation compiles against what the wheels installed.
+  local part parts=("$SF_STATE/lock/.$step.wheels" "$SF_STATE/lock/.$step.sdists")
+  awk -v w="${parts[0]}" -v s="${parts[1]}" 'BEGIN{o=w} /^# --- built from source/{o=s} {print > o}' "$file"
+  touch "${parts[@]}"
+  for part in "${parts[@]}"; do
+    if grep -q '^[^#]' "$part"; then _sf_uv_slice "$venv" "$step" "$part" "${args[@]}"; fi
+  done
+  rm -f -- "${parts[@]}"
+}
+
+_sf_uv_slice() {
+  local venv=$1 step=$2 file=$3 out what
+  shift 3
+  if ! out=$(sf_uv "$venv" "$@" -r "$file" 2>&1); then
     printf '%s\n' "$out" >&2
-    local what
     # shellcheck disable=SC2016 # the backticks are uv's quotes, matched literally
     what=$(printf '%s\n' "$out" | sed -n 's/.*\(Hash mismatch for\|Failed to [a-z]*\) `\([A-Za-z0-9._-]*\).*/\2/p' | sort -u | paste -sd' ')
     sf_die "step $step: installing its slice of the lock failed${what:+ (package: $what)}: a file differs from its sha256 in the lock, or cannot be fetched"

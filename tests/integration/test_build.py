@@ -67,6 +67,13 @@ def test_build_labels_lock_flags(first, env):
     assert labels["ai.slimeforge.build-hash"] == first["build_hash"]
     assert labels["ai.slimeforge.pin.source.slime"] == bs.SLIME_S1
     assert labels["ai.slimeforge.pin.pip.six"] == "1.17.0"
+    from slimeforge.lock import read_lock
+
+    assert labels["ai.slimeforge.lock"] == f"sha256:{read_lock(bs.TEST_LOCK).hash}"
+    # Each step kept its slice of the lock in the image, by URL and sha256.
+    six_slice = subprocess.run(["docker", "run", "--rm", first["tag"], "cat", "/opt/slimeforge/lock/six.txt"], capture_output=True,
+                               text=True, check=True).stdout
+    assert six_slice.splitlines()[1].startswith("six @ https://files.pythonhosted.org/") and "--hash=sha256:" in six_slice
     assert labels["org.opencontainers.image.revision"] == bs.SLIME_S1
     base_id = inspect("slimeforge-test/base:bookworm")["Id"]
     assert labels["ai.slimeforge.base-digest"] == base_id  # imported base: no RepoDigests, the id is recorded
