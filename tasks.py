@@ -258,9 +258,11 @@ def publish(c, cuda=None, image=None, registry=None, build_dir=None, tag=None, r
 
 
 @task(
+    iterable=["source"],
     help={
         "cuda": "stack flavor (cu13, cu129)",
         "stack": "lock any stack file instead (a YAML path); its lock goes to locks/ beside it",
+        "source": "NAME=PATH: a local checkout of a source (the patches are read from slime's), instead of fetching it",
         "all": "lock every flavor under images/",
         "check": "offline: the committed lock satisfies every pin, holds every step's packages, mixes no CUDA majors",
         "base_digest": "sha256:... of the base image (else asked of its registry)",
@@ -269,7 +271,8 @@ def publish(c, cuda=None, image=None, registry=None, build_dir=None, tag=None, r
     },
 )
 @clean_errors
-def lock(c, cuda=None, stack=None, all=False, check=False, base_digest=None, router_sha256=None, index_url=None):  # noqa: A002
+def lock(c, cuda=None, stack=None, all=False, check=False, base_digest=None, router_sha256=None, index_url=None,  # noqa: A002
+         source=None):
     """Resolve a flavor once, for its target, into images/locks/pylock.<flavor>.toml (--check: verify it)."""
     from slimeforge import lock as locking
     from slimeforge.stack import available_flavors
@@ -282,7 +285,8 @@ def lock(c, cuda=None, stack=None, all=False, check=False, base_digest=None, rou
                 locking.check(ref, echo=lambda s: print(s, flush=True))
             else:
                 locking.resolve(locking.LockOptions(stack=ref, base_digest=base_digest, router_sha256=router_sha256,
-                                                    index_url=index_url, echo=lambda s: print(s, flush=True)))
+                                                    index_url=index_url, sources=list(source or []),
+                                                    echo=lambda s: print(s, flush=True)))
         except SlimeforgeError as exc:
             if len(refs) == 1:
                 raise

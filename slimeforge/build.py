@@ -33,7 +33,7 @@ from typing import Any
 
 from .atomic import write_dir
 from .errors import ConfigError, Problem, SlimeforgeError
-from .lock import checked_lock
+from .lock import check_patches, checked_lock
 from .patches import PatchContent, read_patches
 from .sources import GIT, LocalSource, parse_sources
 from .stack import Stack, load_stack
@@ -234,6 +234,7 @@ def prepare(opts: BuildOptions) -> Prepared:
     pylock = checked_lock(stack)
     base = resolve_base(stack, opts.base_image, opts.dry_run, pylock.tool.get("base", {}).get("digest") or None)
     patches = read_patches(stack, local, cache)
+    check_patches(pylock, {p.file: p.sha256 for p in patches})
     from_sources = {n: s for n, s in local.items() if s.kind == "git" and any(st.get("source") == n for st in stack.plan())}
     from_sources.update({n: s for n, s in local.items() if s.kind == "wheels"})
     dockerfile = render_dockerfile(stack, base["from"], from_sources)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import CommandError, ConfigError, Problem
-from .lock import LockFile, checked_lock
+from .lock import LockFile, check_patches, checked_lock
 from .patches import PatchContent, read_patches
 from .sources import LocalSource, parse_sources
 from .stack import Stack, load_stack
@@ -57,6 +57,7 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
     if patches is None:
         patches = read_patches(stack, sources or {}, cache)
     patch_sha = {p.file: p.sha256 for p in patches}
+    check_patches(lock, patch_sha)
     lock = {
         "schema": 1,
         "stack": {"name": stack.name, "version": stack.version, "id": stack.id, "hash": stack.hash, "cuda": stack.cuda, "python": stack.python},

@@ -151,6 +151,7 @@ class Inputs:
     router: str | None
     sources: dict[str, str]
     base_image: str
+    patches: list[str]  # <source>@<commit>:<dir>/<file> of every patch a step applies
 
     @property
     def hash(self) -> str:
@@ -188,8 +189,13 @@ def inputs(stack: Stack) -> Inputs:
     overrides += [f"{p} ; sys_platform == 'never'" for p in stack.lock.provided_by_sources]
     overrides += list(stack.lock.overrides)
     indexes = [i for i in [stack.torch_index, *stack.lock.extra_indexes] if i]
+    patches = []
+    if stack.patches:
+        src = stack.patches.from_source
+        patches = [f"{src}@{stack.sources[src].commit}:{stack.patches.dir}/{p['file']}" for st in stack.plan() for p in st["patches"]]
     return Inputs(reqs, overrides, indexes, stack.python, stack.uv_platform, by_step, sorted(set(from_source)),
-                  stack.router.wheel if stack.router else None, {n: s.commit for n, s in stack.sources.items()}, stack.base.image)
+                  stack.router.wheel if stack.router else None, {n: s.commit for n, s in stack.sources.items()}, stack.base.image,
+                  patches)
 
 
 # --- resolving --------------------------------------------------------------------------------
@@ -201,6 +207,8 @@ class LockOptions:
     index_url: str | None = None  # replaces PyPI (a mirror, or a test's loopback index)
     base_digest: str | None = None  # sha256:... set by hand; else asked of the base image's registry
     router_sha256: str | None = None  # set by hand where the router URL cannot be reached
+    sources: list[str] = field(default_factory=list)  # NAME=PATH: where the patches' source is read (else fetched)
+    build_root: Path = Path("build")
     out: Path | None = None
     uv: str | None = None
     echo: Callable[[str], None] = print
@@ -298,7 +306,8 @@ def resolve(opts: LockOptions) -> dict[str, Any]:
     router = None
     if inp.router:
         router = {"url": inp.router, "sha256": opts.router_sha256 or url_sha256(inp.router, echo)}
-    data = build_lock(stack, inp, pylock, graph, prereleases, base_digest, router)
+    patches = patch_hashes(stack, opts.sources, opts.build_root, echo)
+    data = build_lock(stack, inp, pylock, graph, prereleases, base_digest, router, patches)
     text = render_lock(data)
     out.parent.mkdir(parents=True, exist_ok=True)
     _atomic_write(out, text)
@@ -356,7 +365,7 @@ def parse_annotated(text: str) -> tuple[dict[str, str], dict[str, set[str]]]:
 
 
 def build_lock(stack: Stack, inp: Inputs, pylock: dict[str, Any], graph: dict[str, set[str]], prereleases: list[str],
-               base_digest: str | None, router: dict[str, Any] | None) -> dict[str, Any]:
+               base_digest: str | None, router: dict[str, Any] | None, patches: dict[str, str] | None = None) -> dict[str, Any]:
     tags = target_tags(stack)
     packages = []
     missing = []
@@ -391,6 +400,7 @@ def build_lock(stack: Stack, inp: Inputs, pylock: dict[str, Any], graph: dict[st
         "base": {"image": stack.base.image, "digest": base_digest or ""},
         "router": router or {},
         "sources": inp.sources,
+        "patches": patches or {},
         "steps": steps,
     }
     return {"lock-version": "1.0", "created-by": "slimeforge", "requires-python": f"=={inp.python}.*",
@@ -561,6 +571,14 @@ def load_lock(ref: str | Path, stack: Stack | None = None) -> LockFile:
     return read_lock(lock_path(stack), stack, ref)
 
 
+def check_patches(lock: LockFile, patches: dict[str, str]) -> None:
+    """The patch files a build or install read must be those the lock recorded (when it did)."""
+    recorded = lock.tool.get("patches") or {}
+    wrong = [f"{f}: sha256 {sha}, the lock says {recorded[f]}" for f, sha in sorted(patches.items()) if f in recorded and recorded[f] != sha]
+    if wrong:
+        raise LockError(f"{lock.path}: patch files differ from the lock:\n" + "\n".join(f"  - {w}" for w in wrong))
+
+
 def checked_lock(stack: Stack) -> LockFile:
     """The stack's committed lock, refused (with the command that makes it) when missing, stale or
     short of anything the stack needs: build and install install from it alone."""
@@ -652,6 +670,9 @@ def check_lock(stack: Stack, lock: LockFile, ref: str | Path | None = None) -> l
             problems.append(f"router: the lock has {router.get('url')!r}, the stack {stack.router.wheel}")
         # A missing router sha256 is a warning here (summarize): the lock is still right for every
         # other step; the router step itself refuses to render without it (router_requirement).
+    for name, sha in (tool.get("patches") or {}).items():
+        if not SHA256_RE.fullmatch(str(sha)):
+            problems.append(f"patch {name}: {sha!r} is not a sha256")
     base = tool.get("base") or {}
     if base.get("image") != stack.base.image:
         problems.append(f"base: the lock has {base.get('image')!r}, the stack {stack.base.image}")
@@ -681,6 +702,8 @@ def summarize(lock: LockFile, stack: Stack | None = None) -> dict[str, Any]:
     if tool.get("router") and not tool["router"].get("sha256"):
         warnings.append(f"the router wheel has no sha256 in the lock: its step cannot be built or installed until "
                         f"`{tool.get('command', 'invoke lock')} --router-sha256 <sha256>` (or a re-lock where {tool['router'].get('url')} is reachable)")
+    if stack is not None and stack.patches and not tool.get("patches"):
+        warnings.append(f"no patch sha256 in the lock: re-lock with --source {stack.patches.from_source}=PATH (a checkout holding the commit)")
     sdists = sorted(p.name for p in lock.packages.values() if p.kind == "sdist")
     named = set()
     if stack is not None:
@@ -762,6 +785,23 @@ def base_image_digest(image: str, echo: Callable[[str], None]) -> str | None:
         raise LockError(f"base image {image}: its registry has no such tag")
     echo(f"  base image {image} -> {manifest.digest}")
     return manifest.digest
+
+
+def patch_hashes(stack: Stack, sources: list[str], build_root: Path, echo: Callable[[str], None]) -> dict[str, str] | None:
+    """sha256 of every patch file a step applies, read from the pinned source (a local checkout
+    given with --source, else fetched); None, with a warning, where neither can be read."""
+    if not stack.patches:
+        return {}
+    from .patches import read_patches
+    from .sources import parse_sources
+
+    try:
+        contents = read_patches(stack, parse_sources(stack, sources), build_root / ".cache" / "sources")
+    except SlimeforgeError as exc:
+        echo(f"  patches: cannot read them ({str(exc).splitlines()[0]}); the lock records no patch sha256 "
+             f"(pass --source {stack.patches.from_source}=PATH)")
+        return None
+    return {p.file: p.sha256 for p in contents}
 
 
 def url_sha256(url: str, echo: Callable[[str], None], limit: int = 512 << 20) -> str | None:

@@ -37,6 +37,7 @@ def render_lock(stack):
     except lock_mod.LockError:
         lock = lock_mod.LockFile(Path("pylock.none.toml"), {}, {"steps": {n: [] for n in lock_mod.inputs(stack).by_step}}, "")
     lock.tool.setdefault("router", {})["sha256"] = "0" * 64
+    lock.tool["patches"] = {}  # the placeholder patches below are not the locked ones
     return lock
 
 

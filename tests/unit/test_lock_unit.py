@@ -152,3 +152,17 @@ def test_committed_cu13_lock_satisfies_its_stack_offline():
     for dep in ("psutil", "ninja", "packaging", "pybind11", "setuptools", "wheel"):
         owner = next(s for s, names in lock.steps.items() if dep in names)
         assert order.index(owner) < order.index("flash-attn"), dep
+
+
+def test_patch_files_must_be_the_locked_ones():
+    lock = L.LockFile(Path("pylock.t.toml"), {}, {"patches": {"a.patch": SHA}}, "")
+    L.check_patches(lock, {"a.patch": SHA, "b.patch": "b" * 64})  # b.patch: not recorded, nothing to compare
+    with pytest.raises(L.LockError, match=f"a.patch: sha256 {'c' * 64}, the lock says {SHA}"):
+        L.check_patches(lock, {"a.patch": "c" * 64})
+
+
+def test_committed_cu13_lock_records_commits_and_patches():
+    stack = load_stack("cu13")
+    tool = L.load_lock("cu13", stack).tool
+    assert tool["sources"] == {n: s.commit for n, s in stack.sources.items()}
+    assert set(tool["patches"]) == {p["file"] for st in stack.plan() for p in st["patches"]}
