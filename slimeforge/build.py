@@ -472,10 +472,15 @@ def pull_base(client, base: dict[str, Any], echo: Callable[[str], None]) -> None
         return
     except docker.errors.ImageNotFound:
         pass
+    from .publish import docker_config_credentials
+    from .registry import parse_image_ref
+
     repo, _, digest = base["from"].partition("@")
+    creds = docker_config_credentials(parse_image_ref(repo, "base.image").registry)
     echo(f"pulling base {base['from']} ...")
     try:
-        for event in client.api.pull(repo, tag=digest, stream=True, decode=True):
+        for event in client.api.pull(repo, tag=digest, stream=True, decode=True,
+                                     auth_config=creds.auth_config(parse_image_ref(repo).registry) if creds else None):
             if "error" in event:
                 raise BuildError(f"pulling base {base['from']} failed: {event['error']}")
             status = event.get("status", "")

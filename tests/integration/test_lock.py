@@ -316,6 +316,22 @@ def test_lock_asks_the_base_image_registry_for_its_digest(indexes, tmp_path, mon
         assert p.base["from"] == f"{reg.host}/sf/base@{digest}"
         assert p.dockerfile.count(f"FROM {reg.host}/sf/base@{digest}") == 1
         assert p.labels["ai.slimeforge.lock"] == f"sha256:{lock.hash}"
+        # Absent here, the base is pulled by that digest (with a line per layer), not refused.
+        import docker
+
+        from slimeforge.build import pull_base
+
+        client = docker.from_env()
+        seen: list[str] = []
+        try:
+            pull_base(client, p.base, seen.append)
+            assert seen[0] == f"pulling base {reg.host}/sf/base@{digest} ..." and any("Pull complete" in line for line in seen)
+            assert client.images.get(p.base["from"]).attrs["RepoDigests"] == [f"{reg.host}/sf/base@{digest}"]
+            seen.clear()
+            pull_base(client, p.base, seen.append)  # present now: nothing to do
+            assert seen == []
+        finally:
+            client.images.remove(p.base["from"], force=True)
         # --base-digest by hand wins over the registry.
         do_lock(path, indexes["main"], base_digest=DIGEST)
         assert L.load_lock(str(path)).tool["base"]["digest"] == DIGEST
