@@ -246,6 +246,13 @@ def resolve(opts: LockOptions) -> dict[str, Any]:
         problems.append(Problem("--router-sha256", "is not a sha256", opts.router_sha256, "64 lowercase hex digits"))
     if opts.index_url is not None and not URL_RE.fullmatch(opts.index_url):
         problems.append(Problem("--index-url", "is not an http(s) or file URL", opts.index_url))
+    local: dict = {}
+    try:
+        from .sources import parse_sources
+
+        local = parse_sources(stack, opts.sources)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
     if problems:
         raise ConfigError("invoke lock", problems)
     uv = uv_binary(stack, opts.uv)
@@ -306,24 +313,23 @@ def resolve(opts: LockOptions) -> dict[str, Any]:
     router = None
     if inp.router:
         router = {"url": inp.router, "sha256": opts.router_sha256 or url_sha256(inp.router, echo)}
-    patches = patch_hashes(stack, opts.sources, opts.build_root, echo)
+    patches = patch_hashes(stack, local, opts.build_root, echo)
     data = build_lock(stack, inp, pylock, graph, prereleases, base_digest, router, patches)
     text = render_lock(data)
     out.parent.mkdir(parents=True, exist_ok=True)
     _atomic_write(out, text)
-    summary = summarize(read_lock(out, stack))
+    summary = summarize(read_lock(out, stack), stack)
     summary.update(path=str(out), seconds=round(time.monotonic() - started, 1))
-    echo(f"wrote {out}: {summary['packages']} distributions, {summary['bytes'] / 1e9:.2f} GB to download, "
-         f"{summary['floating']} not named by the stack or an exact pin of a dependency (now fixed by the lock)")
+    echo(f"wrote {out}: {summary['packages']} distributions ({summary['packages'] - summary['named_by_stack']} of them named by no pin "
+         f"of the stack), each fixed at one file by URL and sha256; {summary['bytes'] / 1e9:.2f} GB to download")
     for warn in summary["warnings"]:
         echo(f"  warning: {warn}")
     return summary
 
 
 def _tail(text: str, n: int = 25) -> str:
-    lines = [line for line in text.splitlines() if not line.startswith("DEBUG") and not line.startswith(" ")
-             or line.startswith("  ")]
-    return "\n".join(lines[-n:])
+    """uv's own message, without its -v DEBUG lines."""
+    return "\n".join([line for line in text.splitlines() if not line.startswith("DEBUG")][-n:])
 
 
 def _stream_uv(runner: Runner, argv: list[str], echo: Callable[[str], None]) -> tuple[int, str]:
@@ -714,8 +720,7 @@ def summarize(lock: LockFile, stack: Stack | None = None) -> dict[str, Any]:
         "sdists": sdists,
         "base_digest": (tool.get("base") or {}).get("digest", ""),
         "prereleases": tool.get("prereleases", []),
-        "named_by_stack": len(named),
-        "floating": 0,  # every distribution is held at one file by the lock
+        "named_by_stack": len(named & set(lock.packages)),
         "warnings": warnings,
         "hash": lock.hash,
     }
@@ -787,16 +792,15 @@ def base_image_digest(image: str, echo: Callable[[str], None]) -> str | None:
     return manifest.digest
 
 
-def patch_hashes(stack: Stack, sources: list[str], build_root: Path, echo: Callable[[str], None]) -> dict[str, str] | None:
+def patch_hashes(stack: Stack, local: dict, build_root: Path, echo: Callable[[str], None]) -> dict[str, str] | None:
     """sha256 of every patch file a step applies, read from the pinned source (a local checkout
     given with --source, else fetched); None, with a warning, where neither can be read."""
     if not stack.patches:
         return {}
     from .patches import read_patches
-    from .sources import parse_sources
 
     try:
-        contents = read_patches(stack, parse_sources(stack, sources), build_root / ".cache" / "sources")
+        contents = read_patches(stack, local, build_root / ".cache" / "sources")
     except SlimeforgeError as exc:
         echo(f"  patches: cannot read them ({str(exc).splitlines()[0]}); the lock records no patch sha256 "
              f"(pass --source {stack.patches.from_source}=PATH)")

@@ -166,3 +166,14 @@ def test_committed_cu13_lock_records_commits_and_patches():
     tool = L.load_lock("cu13", stack).tool
     assert tool["sources"] == {n: s.commit for n, s in stack.sources.items()}
     assert set(tool["patches"]) == {p["file"] for st in stack.plan() for p in st["patches"]}
+
+
+def test_bad_options_are_refused_together_before_anything_runs(tmp_path):
+    out = tmp_path / "pylock.cu13.toml"
+    with pytest.raises(ConfigError) as err:
+        L.resolve(L.LockOptions(stack="cu13", base_digest="sha256:xyz", router_sha256="a b", index_url="ftp://x y",
+                                sources=["slime=/nonexistent"], out=out, echo=lambda _: None))
+    text = str(err.value)
+    for where in ("--base-digest", "--router-sha256", "--index-url", "--source slime"):
+        assert f"  - {where}: " in text
+    assert not out.exists()
