@@ -46,6 +46,13 @@ def stack_show(c, cuda="cu13", as_json=False):
     width = max(len(k) for k in stack.pins())
     for key, value in stack.pins().items():
         print(f"  {key:<{width}}  {value}")
+    from slimeforge import lock as locking
+
+    try:
+        pylock = locking.load_lock(cuda, stack)
+        print(f"lock {pylock.path}  (sha256 {pylock.hash[:16]}, {len(pylock.packages)} distributions)")
+    except locking.LockError:
+        print(f"lock: none yet ({locking.lock_command(locking.stack_ref(stack))} makes it)")
     print("steps:")
     for i, step in enumerate(stack.plan(), 1):
         what = step.get("requirements") or step.get("packages") or []

@@ -631,6 +631,8 @@ def check_lock(stack: Stack, lock: LockFile, ref: str | Path | None = None) -> l
     tool = lock.tool
     if tool.get("inputs") != inp.hash:
         problems.append(f"stale: the stack's pins, steps or indexes changed since the lock was made (run `{relock}`)")
+    if tool.get("uv") != stack.versions.get("uv"):
+        problems.append(f"uv: locked with uv {tool.get('uv')}, the stack pins {stack.versions.get('uv')} (run `{relock}`)")
     if tool.get("python") != stack.python or tool.get("platform") != stack.uv_platform:
         problems.append(f"target: locked for CPython {tool.get('python')} {tool.get('platform')}, the stack is "
                         f"CPython {stack.python} {stack.uv_platform}")

@@ -337,3 +337,20 @@ def test_lock_asks_the_base_image_registry_for_its_digest(indexes, tmp_path, mon
         assert L.load_lock(str(path)).tool["base"]["digest"] == DIGEST
     finally:
         reg.stop()
+
+
+def test_same_lock_same_tag_and_a_changed_lock_changes_it(indexes, tmp_path):
+    path = write_stack(tmp_path)
+    lock = do_lock(path, indexes["main"])
+
+    def prepared():
+        return prepare(BuildOptions(stack=str(path), dry_run=True, build_root=tmp_path / "b", echo=lambda _: None))
+
+    first, again = prepared(), prepared()
+    assert first.hash == again.hash and first.labels["ai.slimeforge.lock"] == f"sha256:{lock.hash}"
+    assert first.base["from"] == f"slimeforge-test/base@{DIGEST}"  # FROM by the lock's digest
+    slice_text = (first.dir / "context" / "lock" / "app.txt").read_text()
+    assert f"sf-dep @ {indexes['main'].url.removesuffix('/simple')}/files/sf_dep-2.0b1-py3-none-any.whl --hash=sha256:" in slice_text
+    do_lock(path, indexes["main"], base_digest="sha256:" + "cd" * 32)  # another base: another lock
+    changed = prepared()
+    assert changed.hash != first.hash and changed.labels["ai.slimeforge.lock"] != first.labels["ai.slimeforge.lock"]
