@@ -118,7 +118,7 @@ sf_lock_verify() {
 import importlib.metadata as md, json, pathlib, re, sys
 lock_dir, step, exact = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "--exact"
 norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
-want = {}
+want, whole = {}, {}
 for f in sorted(lock_dir.glob("*.txt")):
     for line in f.read_text().splitlines():
         if not line.strip() or line.startswith("#"):
@@ -126,6 +126,8 @@ for f in sorted(lock_dir.glob("*.txt")):
         m = re.match(r"\s*([A-Za-z0-9._-]+)\s*(?:@|==)", line)
         v = re.search(r"#\s*==(\S+)\s*$", line) or re.match(r"\s*[A-Za-z0-9._-]+==(\S+)", line)
         want[norm(m.group(1))] = v.group(1) if v else None
+        if f.name == "_all.txt":  # finalize's copy of the whole lock: what must be there
+            whole[norm(m.group(1))] = want[norm(m.group(1))]
 errors, have = [], {}
 for d in md.distributions():
     name = d.metadata["Name"]
@@ -144,7 +146,7 @@ for d in md.distributions():
         continue  # a checkout of a pinned source
     errors.append(f"{name} {d.version} is not in the lock")
 if exact:
-    errors += [f"{n} {v} is in the lock but not installed" for n, v in sorted(want.items()) if n not in have]
+    errors += [f"{n} {v} is in the lock but not installed" for n, v in sorted((whole or want).items()) if n not in have]
 if errors:
     for e in errors:
         print(f"slimeforge: ERROR: step {step}: {e}", file=sys.stderr)
