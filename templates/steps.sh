@@ -81,18 +81,18 @@ sf_lock_install() {
   mkdir -p "$SF_STATE/lock"
   cp -- "$file" "$SF_STATE/lock/$step.txt"
   if ! grep -q '^[^#]' "$file"; then sf_log "step $step: nothing of its own in the lock (earlier steps installed it)"; return 0; fi
-  # --reinstall: a package already present (a re-run on a host) is fetched and hash-checked again,
-  # never taken as it is: uv checks hashes only of what it downloads.
-  local args=(--no-deps --no-build-isolation --no-index --reinstall --require-hashes "$@")
+  local args=(--no-deps --no-build-isolation --no-index --require-hashes "$@")
   # Wheels first, then the sdists (after the marker line that slimeforge writes): a build without
   # isolation compiles against what the wheels installed.
-  local part parts=("$SF_STATE/lock/.$step.wheels" "$SF_STATE/lock/.$step.sdists")
-  awk -v w="${parts[0]}" -v s="${parts[1]}" 'BEGIN{o=w} /^# --- built from source/{o=s} {print > o}' "$file"
-  touch "${parts[@]}"
-  for part in "${parts[@]}"; do
-    if grep -q '^[^#]' "$part"; then _sf_uv_slice "$venv" "$step" "$part" "${args[@]}"; fi
-  done
-  rm -f -- "${parts[@]}"
+  local wheels="$SF_STATE/lock/.$step.wheels" sdists="$SF_STATE/lock/.$step.sdists"
+  awk -v w="$wheels" -v s="$sdists" 'BEGIN{o=w} /^# --- built from source/{o=s} {print > o}' "$file"
+  touch "$wheels" "$sdists"
+  # --reinstall: a wheel already present (a re-run on a host) is fetched and hash-checked again,
+  # never taken as it is (uv checks hashes only of what it downloads). Not for the sdists: that
+  # would recompile them (hours for flash-attn); their hash was checked when they were built.
+  if grep -q '^[^#]' "$wheels"; then _sf_uv_slice "$venv" "$step" "$wheels" "${args[@]}" --reinstall; fi
+  if grep -q '^[^#]' "$sdists"; then _sf_uv_slice "$venv" "$step" "$sdists" "${args[@]}"; fi
+  rm -f -- "$wheels" "$sdists"
 }
 
 _sf_uv_slice() {

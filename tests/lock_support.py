@@ -38,6 +38,59 @@ def make_wheel(directory: Path, name: str, version: str, requires: list[str] | N
     return path
 
 
+BACKEND = '''"""A PEP 517 backend in the sdist itself; it imports {needs} at once, so it builds only where
+that is already installed (a build without isolation, after the wheels of its step)."""
+import base64, hashlib, os, zipfile
+import {needs}  # noqa: F401
+
+NAME, VERSION = {name!r}, {version!r}
+
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    dist = NAME.replace("-", "_")
+    files = {{f"{{dist}}/__init__.py": "BUILT = True\\n",
+             f"{{dist}}-{{VERSION}}.dist-info/METADATA": f"Metadata-Version: 2.1\\nName: {{NAME}}\\nVersion: {{VERSION}}\\n",
+             f"{{dist}}-{{VERSION}}.dist-info/WHEEL": "Wheel-Version: 1.0\\nGenerator: t\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"}}
+    record = [f"{{a}},sha256={{base64.urlsafe_b64encode(hashlib.sha256(t.encode()).digest()).rstrip(b'=').decode()}},{{len(t)}}"
+              for a, t in files.items()]
+    files[f"{{dist}}-{{VERSION}}.dist-info/RECORD"] = "\\n".join(record + [f"{{dist}}-{{VERSION}}.dist-info/RECORD,,"]) + "\\n"
+    name = f"{{dist}}-{{VERSION}}-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as zf:
+        for a, t in files.items():
+            zf.writestr(a, t)
+    return name
+'''
+
+
+def make_sdist(directory: Path, name: str, version: str, needs: str) -> Path:
+    """An sdist whose in-tree build backend imports `needs`; its metadata is static in
+    pyproject.toml, so resolving it never builds it."""
+    import io
+    import tarfile
+
+    dist = name.replace("-", "_")
+    root = f"{dist}-{version}"
+    files = {
+        "pyproject.toml": f'''[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n
+[project]\nname = "{name}"\nversion = "{version}"\ndependencies = []\n''',
+        "PKG-INFO": f"Metadata-Version: 2.2\nName: {name}\nVersion: {version}\n",
+        "backend.py": BACKEND.format(needs=needs, name=name, version=version),
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{root}.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for arc, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"{root}/{arc}")
+            info.size, info.mtime = len(data), 1767225600
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
 @dataclass
 class Index:
     """A directory served as `<url>/simple/<project>/` (PEP 503, with PEP 592 yanked files)."""
@@ -52,9 +105,14 @@ class Index:
         self.write_pages()
         return wheel
 
+    def add_sdist(self, name: str, version: str, needs: str) -> Path:
+        sdist = make_sdist(self.root / "files", name, version, needs)
+        self.write_pages()
+        return sdist
+
     def write_pages(self) -> None:
         projects: dict[str, list[Path]] = {}
-        for whl in sorted((self.root / "files").glob("*.whl")):
+        for whl in sorted([*(self.root / "files").glob("*.whl"), *(self.root / "files").glob("*.tar.gz")]):
             projects.setdefault(whl.name.split("-")[0].replace("_", "-").lower(), []).append(whl)
         for project, wheels in projects.items():
             links = []

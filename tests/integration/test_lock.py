@@ -354,3 +354,27 @@ def test_same_lock_same_tag_and_a_changed_lock_changes_it(indexes, tmp_path):
     do_lock(path, indexes["main"], base_digest="sha256:" + "cd" * 32)  # another base: another lock
     changed = prepared()
     assert changed.hash != first.hash and changed.labels["ai.slimeforge.lock"] != first.labels["ai.slimeforge.lock"]
+
+
+def test_a_step_builds_its_sdists_after_its_wheels_without_isolation(indexes, tmp_path):
+    """sf-built exists only as an sdist whose build backend imports sf-helper, a wheel of the same
+    step: the slice installs the wheels first, then builds the sdist against them."""
+    main = indexes["main"]
+    main.add("sf-helper", "1.0")
+    main.add_sdist("sf-built", "1.0", needs="sf_helper")
+    path = write_stack(tmp_path)
+    path.write_text(path.read_text().replace('  sf-app: "1.0"\n', '  sf-app: "1.0"\n  sf-built: "1.0"\n  sf-helper: "1.0"\n')
+                    .replace("    pip: [sf-app]\n", "    pip: [sf-app]\n  - name: built\n    pip: [sf-built, sf-helper]\n"))
+    lock = do_lock(path, main)
+    assert lock.packages["sf-built"].kind == "sdist" and lock.steps["built"] == ["sf-built", "sf-helper"]
+    text = L.step_requirements(lock, "built")
+    assert text.index("sf-helper @") < text.index(L.SDIST_MARK) < text.index("sf-built @")
+    venv, state, res = install_all(path, lock, tmp_path / "i")
+    assert res.returncode == 0, res.stderr
+    assert installed(venv)["sf-built"] == "1.0" and "step built: 8 distribution(s) installed, all as locked" in res.stderr
+    # Alone (no wheel of its step before it), the same sdist does not build: the order is what works.
+    alone = make_venv(tmp_path / "alone")
+    sdist_only = tmp_path / "sdist-only.txt"
+    sdist_only.write_text(text.split(L.SDIST_MARK, 1)[1])
+    res = steps_sh(tmp_path / "state2", f"sf_lock_install {alone} built {sdist_only}")
+    assert res.returncode == 1 and "No module named 'sf_helper'" in res.stderr
