@@ -52,22 +52,22 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
     if venv is not None and not venv.startswith("/"):
         raise ConfigError("install", [Problem("--venv", "must be an absolute path", venv)])
     layout = host_layout(stack, prefix, venv, sources)
-    lock = lock or checked_lock(stack)
-    slices = lock_files(stack, lock, layout)
+    pylock = lock or checked_lock(stack)
+    slices = lock_files(stack, pylock, layout)
     if patches is None:
         patches = read_patches(stack, sources or {}, cache)
     patch_sha = {p.file: p.sha256 for p in patches}
-    check_patches(lock, patch_sha)
-    lock = {
+    check_patches(pylock, patch_sha)
+    lock_in = {
         "schema": 1,
         "stack": {"name": stack.name, "version": stack.version, "id": stack.id, "hash": stack.hash, "cuda": stack.cuda, "python": stack.python},
         "pins": stack.pins(),
         "sources": {n: {"git": s.git, "commit": s.commit, "local": n in (sources or {})} for n, s in stack.sources.items()},
         "patches": [{"file": p.file, "target": p.target, "method": p.method, "strip": p.strip, "sha256": p.sha256} for p in patches],
         "install": {"prefix": prefix, "venv": layout.venv},
-        "pylock": {"file": lock.path.name, "sha256": lock.hash, "packages": len(lock.packages)},
+        "pylock": {"file": pylock.path.name, "sha256": pylock.hash, "packages": len(pylock.packages)},
     }
-    lock_text = json.dumps(lock, indent=2, sort_keys=True) + "\n"
+    lock_text = json.dumps(lock_in, indent=2, sort_keys=True) + "\n"
     steps = []
     chain = hashlib.sha256(STEP_LIBRARY.read_bytes()).hexdigest()  # a changed library re-does every step
     for step in step_commands(stack, layout):

@@ -29,7 +29,7 @@ class Layout:
     root: str  # checkouts land at <root>/<source dir>
     venv: str
     patches_dir: str  # where the patch files lie when a step runs
-    state: str  # SF_STATE: records, constraints, lock, flags
+    state: str  # SF_STATE: records, each step's slice of the lock, the read-back lock, flags
     source_urls: dict[str, str] = field(default_factory=dict)  # name -> where to fetch it from
     wheel_dirs: dict[str, str] = field(default_factory=dict)  # pip step -> wheel directory (--no-index)
     lock_dir: str = "/tmp/sf-lock"  # where each step's slice of the lock lies when the step runs
