@@ -33,16 +33,20 @@ from typing import Any
 
 from .atomic import write_dir
 from .errors import ConfigError, Problem, SlimeforgeError
+from .lock import check_patches, checked_lock
 from .patches import PatchContent, read_patches
 from .sources import GIT, LocalSource, dist_files, parse_sources
 from .stack import Stack, load_stack
 from .steps import (
+    LOCK_ALL,
     STEP_LIBRARY,
     STEP_RUNNER,
     TARGET_SCRIPTS,
     compile_jobs,
     finalize_argv,
     image_layout,
+    lock_file,
+    lock_files,
     slime_source,
     smoke_argv,
     step_commands,
@@ -138,15 +142,17 @@ def parse_build_args(values: list[str]) -> tuple[dict[str, str], list[Problem]]:
     return out, problems
 
 
-def resolve_base(stack: Stack, override: str | None, dry_run: bool) -> dict[str, Any]:
-    """The base as FROM will name it, with its digest (RepoDigests) or, for a locally imported image
-    without one, its image id: either goes into the lock, so a changed base changes the hash."""
+def resolve_base(stack: Stack, override: str | None, dry_run: bool, locked_digest: str | None = None) -> dict[str, Any]:
+    """The base as FROM will name it, with its digest (the stack's, else the lock's, else
+    RepoDigests) or, for a locally imported image without one, its image id: either goes into the
+    lock, so a changed base changes the hash."""
     image = override or stack.base.image
     if "@sha256:" in image:
         return {"image": image, "from": image, "digest": image.split("@", 1)[1], "image_id": None}
-    if stack.base.digest and not override:
-        ref = f"{image}@{stack.base.digest}"
-        return {"image": image, "from": ref, "digest": stack.base.digest, "image_id": None}
+    digest = None if override else (stack.base.digest or locked_digest)
+    if digest:
+        repo = image.rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
+        return {"image": image, "from": f"{repo}@{digest}", "digest": digest, "image_id": None}
     import docker
 
     try:
@@ -169,9 +175,12 @@ def resolve_base(stack: Stack, override: str | None, dry_run: bool) -> dict[str,
 
 def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources: dict | None = None, base_id: str | None = None) -> str:
     """The Dockerfile of a stack (pure: no Docker, no network). `base_id`: the base as resolved
-    (digest or local image id), part of the compiled-wheel keys."""
+    (digest or local image id), part of the compiled-wheel keys. Each installing step bind-mounts its
+    slice of the lock (context/lock/<step>.txt, see steps.lock_files)."""
     layout = image_layout(stack, local_sources)
     steps = step_commands(stack, layout, base_id)
+    for step in steps:
+        step["lock_file"] = lock_file(step["name"]) if step["kind"] in ("pip", "wheel_url", "source") else None
     first_compile = next((i for i, s in enumerate(steps) if s["compiles"]), -1)
     return render("Dockerfile.j2", {
         "stack_id": stack.id,
@@ -187,6 +196,8 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
         "patches_from": stack.pins().get("patches.dir", ""),
         "finalize_argv": finalize_argv(stack, layout, f"{layout.state}/stack.input.json"),
         "target_scripts": sorted(TARGET_SCRIPTS),
+        "lock_dir": layout.lock_dir,
+        "lock_all": LOCK_ALL,
     })
 
 
@@ -222,8 +233,10 @@ def prepare(opts: BuildOptions) -> Prepared:
     if problems:
         raise ConfigError("invoke build", problems)
     cache = opts.build_root / ".cache" / "sources"
-    base = resolve_base(stack, opts.base_image, opts.dry_run)
+    pylock = checked_lock(stack)
+    base = resolve_base(stack, opts.base_image, opts.dry_run, pylock.tool.get("base", {}).get("digest") or None)
     patches = read_patches(stack, local, cache)
+    check_patches(pylock, {p.file: p.sha256 for p in patches})
     from_sources = {n: s for n, s in local.items() if s.kind == "git" and any(st.get("source") == n for st in stack.plan())}
     from_sources.update({n: s for n, s in local.items() if s.kind == "wheels"})
     dockerfile = render_dockerfile(stack, base["from"], from_sources, base["digest"] or base["image_id"])
@@ -241,6 +254,7 @@ def prepare(opts: BuildOptions) -> Prepared:
         "wheel_dirs": {n: s.commit for n, s in local.items() if s.kind == "wheels"},  # step -> sha256 of its wheels
         "patches": [{"file": p.file, "target": p.target, "method": p.method, "strip": p.strip, "sha256": p.sha256} for p in patches],
         "build_args": build_args,
+        "pylock": {"file": pylock.path.name, "sha256": pylock.hash, "packages": len(pylock.packages)},
     }
     lock_text = json.dumps(lock, indent=2, sort_keys=True) + "\n"
     context: dict[str, str | bytes] = {
@@ -250,6 +264,7 @@ def prepare(opts: BuildOptions) -> Prepared:
         **{name: path.read_bytes() for name, path in TARGET_SCRIPTS.items()},
     }
     context.update({f"patches/{p.file}": p.data for p in patches})
+    context.update({f"lock/{name}": text for name, text in lock_files(stack, pylock, image_layout(stack, from_sources)).items()})
     digest = hashlib.sha256()
     for name, content in sorted({"Dockerfile": dockerfile, **{f"context/{k}": v for k, v in context.items()}}.items()):
         data = content.encode() if isinstance(content, str) else content
@@ -259,6 +274,7 @@ def prepare(opts: BuildOptions) -> Prepared:
     out = Path(opts.out) if opts.out else opts.build_root / f"{stack.name}-{build_hash[:12]}"
     # `COPY patches/` takes the whole folder: a reused --out must not carry another stack's patches.
     shutil.rmtree(out / "context" / "patches", ignore_errors=True)
+    shutil.rmtree(out / "context" / "lock", ignore_errors=True)
     _write_tree(out, {"Dockerfile": dockerfile, **{f"context/{k}": v for k, v in context.items()}}, {"context/sf": 0o755})
     for name, src in from_sources.items():
         if src.kind == "wheels":
@@ -287,6 +303,7 @@ def prepare(opts: BuildOptions) -> Prepared:
         f"{LABEL_NS}.stack-hash": stack.hash,
         HASH_LABEL: build_hash,
         f"{LABEL_NS}.base-digest": base["digest"] or base["image_id"] or "",
+        f"{LABEL_NS}.lock": f"sha256:{pylock.hash}",
         **{f"{LABEL_NS}.pin.{_label_key(k)}": str(v) for k, v in pins.items()},
         **{f"{LABEL_NS}.patch.{_label_key(p.file)}": f"sha256:{p.sha256}" for p in patches},
     }
@@ -446,6 +463,36 @@ def _extra_tags(p: Prepared, tags: list[str]) -> list[str]:
     return [t if (":" in t.rsplit("/", 1)[-1] or "/" in t) else f"{p.repository}:{t}" for t in tags]
 
 
+def pull_base(client, base: dict[str, Any], echo: Callable[[str], None]) -> None:
+    """Pull the base by its digest when it is not here yet, with a line per layer as it completes
+    (BuildKit would pull it too, but silently in build.log and only after the context is sent)."""
+    import docker
+
+    if not base.get("digest") or base["from"] == base["image"]:
+        return
+    try:
+        client.images.get(base["from"])
+        return
+    except docker.errors.ImageNotFound:
+        pass
+    from .publish import docker_config_credentials
+    from .registry import parse_image_ref
+
+    repo, _, digest = base["from"].partition("@")
+    creds = docker_config_credentials(parse_image_ref(repo, "base.image").registry)
+    echo(f"pulling base {base['from']} ...")
+    try:
+        for event in client.api.pull(repo, tag=digest, stream=True, decode=True,
+                                     auth_config=creds.auth_config(parse_image_ref(repo).registry) if creds else None):
+            if "error" in event:
+                raise BuildError(f"pulling base {base['from']} failed: {event['error']}")
+            status = event.get("status", "")
+            if status in ("Pull complete", "Already exists") or status.startswith(("Digest:", "Status:")):
+                echo(f"  {event.get('id', '')} {status}".rstrip())
+    except docker.errors.APIError as exc:
+        raise BuildError(f"pulling base {base['from']} failed: {exc.explanation or exc}") from None
+
+
 def build(opts: BuildOptions) -> dict[str, Any]:
     """Build (or recognise as built) the image of a stack. Returns the report (also report.json)."""
     started = time.monotonic()
@@ -459,6 +506,7 @@ def build(opts: BuildOptions) -> dict[str, Any]:
         return {"dry_run": True, "build_hash": p.hash, "dir": str(p.dir), "tag": p.tag, "human_tags": p.human_tags, "command": p.argv}
 
     client = _docker_client()
+    pull_base(client, p.base, echo)
     tags = [p.tag, *p.human_tags, *_extra_tags(p, opts.tags)]
     existing = None if opts.force else _built_image(client, p)
     previous = _read_json(p.dir / REPORT)

@@ -20,10 +20,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import CommandError, ConfigError, Problem
+from .lock import LockFile, check_patches, checked_lock
 from .patches import PatchContent, read_patches
 from .sources import LocalSource, parse_sources
 from .stack import Stack, load_stack
-from .steps import FINALIZE_STEP, STEP_LIBRARY, TARGET_SCRIPTS, Layout, finalize_argv, smoke_argv, step_commands
+from .steps import (
+    FINALIZE_STEP,
+    LOCK_ALL,
+    STEP_LIBRARY,
+    TARGET_SCRIPTS,
+    Layout,
+    finalize_argv,
+    lock_file,
+    lock_files,
+    smoke_argv,
+    step_commands,
+)
 from .templating import render
 
 SCRIPT = "install.sh"
@@ -37,31 +49,36 @@ def host_layout(stack: Stack, prefix: str, venv: str | None, sources: dict[str, 
     urls.update({n: str(s.path) for n, s in local.items() if s.kind == "git"})
     wheels = {n: str(s.path) for n, s in local.items() if s.kind == "wheels"}
     state = f"{prefix}/.slimeforge"
-    return Layout(prefix, venv or f"{prefix}/venv", f"{state}/patches", state, urls, wheels)
+    return Layout(prefix, venv or f"{prefix}/venv", f"{state}/patches", state, urls, wheels, f"{state}/lock-in")
 
 
 def render_install_script(stack: Stack, prefix: str, venv: str | None = None, sources: dict[str, LocalSource] | None = None,
-                          cache: Path = Path("build") / ".cache" / "sources", patches: list[PatchContent] | None = None) -> str:
+                          cache: Path = Path("build") / ".cache" / "sources", patches: list[PatchContent] | None = None,
+                          lock: LockFile | None = None) -> str:
     """The install script (text). `sources` maps a source name to a LocalSource (see
     sources.parse_sources); patches are read from the pinned slime commit (local or fetched)
-    unless given (`patches.read_patches` output)."""
+    unless given (`patches.read_patches` output); the lock is the stack's committed one unless given."""
     if not prefix.startswith("/"):
         raise ConfigError("install", [Problem("--prefix", "must be an absolute path", prefix)])
     if venv is not None and not venv.startswith("/"):
         raise ConfigError("install", [Problem("--venv", "must be an absolute path", venv)])
     layout = host_layout(stack, prefix, venv, sources)
+    pylock = lock or checked_lock(stack)
+    slices = lock_files(stack, pylock, layout)
     if patches is None:
         patches = read_patches(stack, sources or {}, cache)
     patch_sha = {p.file: p.sha256 for p in patches}
-    lock = {
+    check_patches(pylock, patch_sha)
+    lock_in = {
         "schema": 1,
         "stack": {"name": stack.name, "version": stack.version, "id": stack.id, "hash": stack.hash, "cuda": stack.cuda, "python": stack.python},
         "pins": stack.pins(),
         "sources": {n: {"git": s.git, "commit": s.commit, "local": n in (sources or {})} for n, s in stack.sources.items()},
         "patches": [{"file": p.file, "target": p.target, "method": p.method, "strip": p.strip, "sha256": p.sha256} for p in patches],
         "install": {"prefix": prefix, "venv": layout.venv},
+        "pylock": {"file": pylock.path.name, "sha256": pylock.hash, "packages": len(pylock.packages)},
     }
-    lock_text = json.dumps(lock, indent=2, sort_keys=True) + "\n"
+    lock_text = json.dumps(lock_in, indent=2, sort_keys=True) + "\n"
     steps = []
     chain = hashlib.sha256(STEP_LIBRARY.read_bytes()).hexdigest()  # a changed library re-does every step
     for step in step_commands(stack, layout):
@@ -71,8 +88,12 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
                                                                              f"{prefix}/stack.lock.json", f"{prefix}/flags.json")]})
     for step in steps:
         inputs = {"step": step, "patches": {f: patch_sha[f] for f in sorted(patch_sha) if any(f in " ".join(c) for c in step["commands"])}}
+        # A changed slice of the lock re-does its step (and, through the chain, every later one).
+        own = LOCK_ALL if step["name"] == FINALIZE_STEP else lock_file(step["name"])
+        if own in slices:
+            inputs["lock"] = hashlib.sha256(slices[own].encode()).hexdigest()
         if step["name"] == FINALIZE_STEP:
-            inputs["lock"] = hashlib.sha256(lock_text.encode()).hexdigest()
+            inputs["input"] = hashlib.sha256(lock_text.encode()).hexdigest()
             inputs["scripts"] = {n: hashlib.sha256(p.read_bytes()).hexdigest() for n, p in sorted(TARGET_SCRIPTS.items())}
         chain = hashlib.sha256((chain + json.dumps(inputs, sort_keys=True)).encode()).hexdigest()
         step["hash"] = chain
@@ -92,6 +113,8 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
         "patches": [{"file": p.file, "sha256": p.sha256, "b64": base64.encodebytes(p.data).decode().rstrip("\n")} for p in patches],
         "lock_b64": base64.encodebytes(lock_text.encode()).decode().rstrip("\n"),
         "target_scripts": [{"name": n, "b64": base64.encodebytes(p.read_bytes()).decode().rstrip("\n")} for n, p in sorted(TARGET_SCRIPTS.items())],
+        "lock_dir": layout.lock_dir,
+        "slices": [{"file": name, "b64": base64.encodebytes(text.encode()).decode().rstrip("\n")} for name, text in slices.items()],
         "steps": steps,
         "smoke": smoke_argv(stack, layout, flags=f"{prefix}/flags.json")[1:],
     })

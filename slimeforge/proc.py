@@ -74,6 +74,27 @@ class Runner:
         return result
 
 
+    def stream(self, argv: Sequence[str], on_line: Callable[[str], None], *, step: str = "",
+               env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None) -> int:
+        """Run to the end, handing each line of its output (stdout and stderr together) to
+        `on_line` as it comes: progress of a slow command. Returns the exit status."""
+        argv = [str(a) for a in argv]
+        self.history.append(argv)
+        if self.echo:
+            self.echo(shlex.join(argv))
+        if self.dry_run:
+            return 0
+        full_env = None if env is None else {**os.environ, **env}
+        try:
+            with subprocess.Popen(argv, env=full_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, text=True, bufsize=1) as proc:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    on_line(line.rstrip("\n"))
+                return proc.wait()
+        except FileNotFoundError as exc:
+            raise CommandError(step or argv[0], argv, 127, f"{argv[0]}: not found on PATH") from exc
+
     def start(
         self,
         argv: Sequence[str],

@@ -13,7 +13,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from . import paths
 from .errors import ConfigError, Problem
@@ -181,6 +181,20 @@ class Smoke(Model):
         return list(dict.fromkeys([*self.imports, *self.flavor_imports]))
 
 
+class LockSpec(Model):
+    """Inputs of `invoke lock` beyond the steps' own pins (see slimeforge/lock.py)."""
+
+    # Runtime dependencies that a source step's checkout declares (its pyproject/setup.py at the
+    # pinned commit): the source itself installs with --no-deps, so the lock must hold these.
+    source_requirements: dict[str, list[str]] = Field(default_factory=dict)
+    # Distributions that a source step builds itself: kept out of the lock even where a dependency asks.
+    provided_by_sources: list[str] = Field(default_factory=list)
+    # uv --override lines: replace what a dependency asks for (cu129: the CUDA 12 builds of the kernels).
+    overrides: list[str] = Field(default_factory=list)
+    # Indexes searched (in order) before the default one, beside torch_index.
+    extra_indexes: list[str] = Field(default_factory=list)
+
+
 class Stack(Model):
     schema_version: int = Field(alias="schema")
     name: str
@@ -202,6 +216,13 @@ class Stack(Model):
     steps: list[Step]
     runtime: Runtime | None = None
     smoke: Smoke
+    lock: LockSpec = Field(default_factory=LockSpec)
+    # The YAML file it was loaded from: its lock lies beside it (locks/pylock.<name>.toml).
+    _file: Path | None = PrivateAttr(default=None)
+
+    @property
+    def file(self) -> Path | None:
+        return self._file
 
     @field_validator("python")
     @classmethod
@@ -391,4 +412,6 @@ def load_stack(ref: str | Path) -> Stack:
     if unknown:
         raise ConfigError(str(path), [Problem("step_overrides", "names steps that do not exist", unknown, ", ".join(sorted(known)))])
     data["steps"] = [deep_merge(s, overrides.get(s.get("name"), {})) if isinstance(s, dict) else s for s in steps]
-    return validate(Stack, data, str(path))
+    stack = validate(Stack, data, str(path))
+    stack._file = path
+    return stack

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import paths
+from .lock import LockFile, expected_versions, router_requirement, step_requirements
 from .stack import Stack
 
 STEP_LIBRARY = paths.TEMPLATES / "steps.sh"
@@ -33,9 +34,10 @@ class Layout:
     root: str  # checkouts land at <root>/<source dir>
     venv: str
     patches_dir: str  # where the patch files lie when a step runs
-    state: str  # SF_STATE: records, constraints, lock, flags
+    state: str  # SF_STATE: records, each step's slice of the lock, the read-back lock, flags
     source_urls: dict[str, str] = field(default_factory=dict)  # name -> where to fetch it from
     wheel_dirs: dict[str, str] = field(default_factory=dict)  # pip step -> wheel directory (--no-index)
+    lock_dir: str = "/tmp/sf-lock"  # where each step's slice of the lock lies when the step runs
 
     def source_dir(self, stack: Stack, name: str) -> str:
         return f"{self.root}/{stack.sources[name].dir}"
@@ -47,7 +49,7 @@ def image_layout(stack: Stack, local_sources: dict[str, Any] | None = None) -> L
     urls = {n: s.git for n, s in stack.sources.items()}
     urls.update({n: f"/tmp/sf-src/{n}.git" for n, s in local.items() if getattr(s, "kind", "git") == "git"})
     wheels = {n: f"/tmp/sf-wheels/{n}" for n, s in local.items() if getattr(s, "kind", "git") == "wheels"}
-    return Layout(stack.image_root, stack.venv, "/tmp/sf-patches", "/opt/slimeforge", urls, wheels)
+    return Layout(stack.image_root, stack.venv, "/tmp/sf-patches", "/opt/slimeforge", urls, wheels, "/tmp/sf-lock")
 
 
 def compile_jobs(mem_bytes: int | None = None, cores: int | None = None) -> tuple[int, int]:
@@ -103,10 +105,33 @@ def patch_spec(p: dict[str, Any], layout: Layout) -> str:
     return f"{p['file']}:{p['method']}:{p['strip']}:{layout.patches_dir}/{p['file']}"
 
 
+LOCK_ALL = "all.txt"
+
+
+def lock_file(step: str) -> str:
+    return f"{step}.txt"
+
+
+def lock_files(stack: Stack, lock: LockFile, layout: Layout) -> dict[str, str]:
+    """The lock as the steps read it: one requirements file per installing step (its slice, by URL
+    and sha256; by name for a step given a wheel directory) and all.txt, every locked version, that
+    finalize compares the installed set with."""
+    out = {}
+    for step in stack.plan():
+        name = step["name"]
+        if step["kind"] == "wheel_url":
+            out[lock_file(name)] = router_requirement(lock, step["requirements"][0])
+        elif step["kind"] in ("pip", "source"):
+            out[lock_file(name)] = step_requirements(lock, name, by_name=name in layout.wheel_dirs)
+    out[LOCK_ALL] = "".join(f"{n}=={v}\n" for n, v in sorted(expected_versions(lock).items()))
+    return out
+
+
 def step_commands(stack: Stack, layout: Layout, base: str | None = None) -> list[dict[str, Any]]:
     """Each step: name, kind, env, compiles (and then its compiled_key), patch files it needs, the
     sf argv. The first non-apt step is preceded by the venv step. A compiled step runs through
-    `sf_compiled` (parallelism and its own uv cache), with the arch variables in its env."""
+    `sf_compiled` (parallelism and its own uv cache), with the arch variables in its env. Every pip,
+    wheel and source step installs its slice of the lock, `<layout.lock_dir>/<step>.txt` (see lock_files)."""
     out: list[dict[str, Any]] = []
     venv_done = False
     versions = stack.versions
@@ -121,40 +146,21 @@ def step_commands(stack: Stack, layout: Layout, base: str | None = None) -> list
             extra = stack.interpreter_packages() if name in with_python else []
             argv = ["apt_install", *dict.fromkeys([*extra, *step["packages"]])]
         elif kind in ("pip", "wheel_url"):
-            argv = ["pip_step", "--venv", layout.venv]
-            for r in step["requirements"]:
-                argv += ["--req", r]
+            argv = ["pip_step", "--venv", layout.venv, "--step", name, "--lock", f"{layout.lock_dir}/{lock_file(name)}"]
             if name in layout.wheel_dirs:
-                argv += ["--find-links", layout.wheel_dirs[name], "--no-index"]
-            elif step.get("index_url"):
-                argv += ["--index-url", step["index_url"]]
-            for p in step.get("no_binary", []):
-                argv += ["--no-binary", p]
-            for p in step.get("exclude", []):
-                argv += ["--exclude", p]
-            if step["no_deps"]:
-                argv.append("--no-deps")
-            if step["constrain_later"]:
-                argv.append("--constrain-later")
-            if step["compiles"]:
-                # Extensions compile against the torch already installed, not a fresh isolated one.
-                argv.append("--no-build-isolation")
+                argv += ["--find-links", layout.wheel_dirs[name]]
         else:
             src = step["source"]
-            argv = ["source_step", "--venv", layout.venv, "--name", src, "--url", layout.source_urls.get(src, step["git"]),
-                    "--commit", step["commit"], "--dest", layout.source_dir(stack, src)]
+            argv = ["source_step", "--venv", layout.venv, "--step", name, "--name", src, "--url", layout.source_urls.get(src, step["git"]),
+                    "--commit", step["commit"], "--dest", layout.source_dir(stack, src), "--lock", f"{layout.lock_dir}/{lock_file(name)}"]
             for p in step["patches"]:
                 if p["target"] == src:
                     argv += ["--patch", patch_spec(p, layout)]
-            for r in step["requirements"]:
-                argv += ["--req", r]
             if step["editable"]:
                 argv.append("--editable")
                 # Megatron's editable install must be a plain path entry (`megatron.training` is
                 # not found through setuptools' import hooks otherwise); harmless for the others.
                 argv += ["--config-setting", "editable_mode=compat"]
-            if step["no_deps"]:
-                argv.append("--no-deps")
         env = dict(step["env"])
         key = None
         if step["compiles"]:
@@ -201,7 +207,8 @@ def catalog_args(stack: Stack, layout: Layout) -> list[str]:
 
 
 def finalize_argv(stack: Stack, layout: Layout, lock_in: str, lock_out: str | None = None, flags_out: str | None = None) -> list[str]:
-    argv = ["finalize", layout.venv, lock_in, lock_out or f"{layout.state}/stack.lock.json", flags_out or f"{layout.state}/flags.json"]
+    argv = ["finalize", layout.venv, lock_in, lock_out or f"{layout.state}/stack.lock.json", flags_out or f"{layout.state}/flags.json",
+            "--lock", f"{layout.lock_dir}/{LOCK_ALL}"]
     for name in stack.sources:
         if any(s.get("source") == name for s in stack.plan()):
             argv += ["--checkout", f"{name}={layout.source_dir(stack, name)}"]

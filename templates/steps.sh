@@ -62,59 +62,120 @@ sf_venv() {
   mkdir -p "$SF_STATE/constraints"
 }
 
-# sf_uv VENV ARGS...: `uv pip install` into VENV, honouring the constraints recorded so far.
+# --- installs from the lock -----------------------------------------------------------------
+# Every install is one step's slice of the flavor's lock (images/locks/pylock.<flavor>.toml), a
+# requirements file of `name @ URL --hash=sha256:H  # ==VERSION` lines that slimeforge renders:
+# uv fetches exactly those files, checks their hashes and resolves nothing (--no-deps), so a build
+# a month later installs the same bytes. Each step's slice is kept in $SF_STATE/lock/<step>.txt;
+# after the step, what the venv holds is compared with the slices so far (sf_lock_verify).
+
+# sf_uv VENV ARGS...: `uv pip install` into VENV (no index configuration: every file is named).
 sf_uv() {
   local venv=$1
   shift
-  local extra=() c
-  for c in "$SF_STATE"/constraints/*.txt; do
-    if [[ -s $c ]]; then extra+=(--constraint "$c"); fi
-  done
-  "$venv/bin/uv" pip install --python "$venv/bin/python" "${extra[@]}" "$@"
+  "$venv/bin/uv" pip install --python "$venv/bin/python" "$@"
 }
 
-# sf_pip_step --venv V --req R... [--index-url U] [--no-binary P]... [--exclude P]... [--no-deps]
-#             [--constrain-later] [--no-build-isolation] [--find-links DIR --no-index]: one `pip`
-#             step of the stack (a wheel directory instead of the index for air-gapped installs).
+# sf_lock_install VENV STEP FILE [--find-links DIR]: install one step's slice. With a wheel
+# directory the lines are `name==version --hash=...` and the same files come from DIR (air-gapped hosts).
+sf_lock_install() {
+  local venv=$1 step=$2 file=$3
+  shift 3
+  [[ -f $file ]] || sf_die "step $step: its slice of the lock ($file) is missing"
+  mkdir -p "$SF_STATE/lock"
+  cp -- "$file" "$SF_STATE/lock/$step.txt"
+  if ! grep -q '^[^#]' "$file"; then sf_log "step $step: nothing of its own in the lock (earlier steps installed it)"; return 0; fi
+  local args=(--no-deps --no-build-isolation --no-index --require-hashes "$@")
+  # Wheels first, then the sdists (after the marker line that slimeforge writes): a build without
+  # isolation compiles against what the wheels installed.
+  local wheels="$SF_STATE/lock/.$step.wheels" sdists="$SF_STATE/lock/.$step.sdists"
+  awk -v w="$wheels" -v s="$sdists" 'BEGIN{o=w} /^# --- built from source/{o=s} {print > o}' "$file"
+  touch "$wheels" "$sdists"
+  # --reinstall: a wheel already present (a re-run on a host) is fetched and hash-checked again,
+  # never taken as it is (uv checks hashes only of what it downloads). Not for the sdists: that
+  # would recompile them (hours for flash-attn); their hash was checked when they were built.
+  if grep -q '^[^#]' "$wheels"; then _sf_uv_slice "$venv" "$step" "$wheels" "${args[@]}" --reinstall; fi
+  if grep -q '^[^#]' "$sdists"; then _sf_uv_slice "$venv" "$step" "$sdists" "${args[@]}"; fi
+  rm -f -- "$wheels" "$sdists"
+}
+
+_sf_uv_slice() {
+  local venv=$1 step=$2 file=$3 out what
+  shift 3
+  if ! out=$(sf_uv "$venv" "$@" -r "$file" 2>&1); then
+    printf '%s\n' "$out" >&2
+    # shellcheck disable=SC2016 # the backticks are uv's quotes, matched literally
+    what=$(printf '%s\n' "$out" | sed -n 's/.*\(Hash mismatch for\|Failed to [a-z]*\) `\([A-Za-z0-9._-]*\).*/\2/p' | sort -u | paste -sd' ')
+    sf_die "step $step: installing its slice of the lock failed${what:+ (package: $what)}: a file differs from its sha256 in the lock, or cannot be fetched"
+  fi
+  printf '%s\n' "$out" >&2
+}
+
+# sf_lock_verify VENV STEP [--exact]: what the venv holds is exactly what the lock's slices so far
+# allow: a package outside them, or at another version, fails naming it and the step. --exact
+# (finalize) also fails on a locked package that is missing. Checkouts installed by a source step
+# (a file:// direct_url) and the venv's own pip and uv are the only other distributions allowed.
+sf_lock_verify() {
+  local venv=$1 step=$2 exact=${3:-}
+  # -I: only the venv's own paths (not the working directory, not PYTHONPATH) are looked at.
+  "$venv/bin/python" -I - "$SF_STATE/lock" "$step" "$exact" <<'PY'
+import importlib.metadata as md, json, pathlib, re, sys
+lock_dir, step, exact = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "--exact"
+norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
+want, whole = {}, {}
+for f in sorted(lock_dir.glob("*.txt")):
+    for line in f.read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        m = re.match(r"\s*([A-Za-z0-9._-]+)\s*(?:@|==)", line)
+        v = re.search(r"#\s*==(\S+)\s*$", line) or re.match(r"\s*[A-Za-z0-9._-]+==(\S+)", line)
+        want[norm(m.group(1))] = v.group(1) if v else None
+        if f.name == "_all.txt":  # finalize's copy of the whole lock: what must be there
+            whole[norm(m.group(1))] = want[norm(m.group(1))]
+errors, have = [], {}
+for d in md.distributions():
+    name = d.metadata["Name"]
+    if not name:
+        continue
+    n = norm(name)
+    have[n] = d.version
+    if n in want:
+        if want[n] is not None and want[n] != d.version:
+            errors.append(f"{name} is {d.version}, the lock says {want[n]}")
+        continue
+    if n in ("pip", "uv"):
+        continue
+    direct = d.read_text("direct_url.json")
+    if direct and json.loads(direct).get("url", "").startswith("file://") and "dir_info" in json.loads(direct):
+        continue  # a checkout of a pinned source
+    errors.append(f"{name} {d.version} is not in the lock")
+if exact:
+    errors += [f"{n} {v} is in the lock but not installed" for n, v in sorted((whole or want).items()) if n not in have]
+if errors:
+    for e in errors:
+        print(f"slimeforge: ERROR: step {step}: {e}", file=sys.stderr)
+    sys.exit(1)
+print(f"slimeforge: step {step}: {len(have)} distribution(s) installed, all as locked", file=sys.stderr)
+PY
+}
+
+# sf_pip_step --venv V --step NAME --lock FILE [--find-links DIR]: one `pip` (or wheel) step of the
+# stack: its slice of the lock, then the check that nothing else came in or moved.
 sf_pip_step() {
-  local venv="" index="" no_deps=0 constrain=0 isolation=1
-  local reqs=() no_binary=() exclude=() args=()
+  local venv="" step="" lock=""
+  local args=()
   while (($#)); do
     case $1 in
       --venv) venv=$2; shift 2 ;;
-      --req) reqs+=("$2"); shift 2 ;;
-      --index-url) index=$2; shift 2 ;;
+      --step) step=$2; shift 2 ;;
+      --lock) lock=$2; shift 2 ;;
       --find-links) args+=(--find-links "$2"); shift 2 ;;
-      --no-index) args+=(--no-index); shift ;;
-      --no-binary) no_binary+=("$2"); shift 2 ;;
-      --exclude) exclude+=("$2"); shift 2 ;;
-      --no-deps) no_deps=1; shift ;;
-      --constrain-later) constrain=1; shift ;;
-      --no-build-isolation) isolation=0; shift ;;
       *) sf_die "sf_pip_step: unknown option $1" ;;
     esac
   done
-  [[ -n $venv ]] || sf_die "sf_pip_step: --venv is required"
-  ((${#reqs[@]})) || { sf_log "no packages in this step"; return 0; }
-  if [[ -n $index ]]; then args+=(--extra-index-url "$index" --index-strategy unsafe-best-match); fi
-  local p
-  for p in "${no_binary[@]}"; do args+=(--no-binary "$p"); done
-  if ((no_deps)); then args+=(--no-deps); fi
-  if ((!isolation)); then args+=(--no-build-isolation); fi
-  local own="$SF_STATE/constraints/${reqs[0]//[^A-Za-z0-9._-]/_}.txt"
-  if ((constrain)); then rm -f "$own"; fi # a re-done step is not held to its own old pins
-  sf_uv "$venv" "${args[@]}" "${reqs[@]}"
-  # uv has no "install but never this dependency": remove the excluded ones right after.
-  for p in "${exclude[@]}"; do
-    if "$venv/bin/uv" pip show --python "$venv/bin/python" "$p" >/dev/null 2>&1; then
-      "$venv/bin/uv" pip uninstall --python "$venv/bin/python" "$p"
-    fi
-  done
-  if ((constrain)); then
-    # One file per step (named by its first requirement): a re-done step replaces its own pins.
-    mkdir -p "$SF_STATE/constraints"
-    printf '%s\n' "${reqs[@]}" >"$own"
-  fi
+  [[ -n $venv && -n $step && -n $lock ]] || sf_die "sf_pip_step: --venv, --step and --lock are required"
+  sf_lock_install "$venv" "$step" "$lock" "${args[@]}"
+  sf_lock_verify "$venv" "$step"
 }
 
 # --- compiled steps -------------------------------------------------------------------------
@@ -268,25 +329,26 @@ sf_patch_applied() {
 
 # --- one source step ------------------------------------------------------------------------
 
-# sf_source_step --venv V --name N --url U --commit C --dest D [--patch NAME:METHOD:STRIP:FILE]...
-#                [--req R]... [--editable] [--no-deps] [--config-setting K=V]...
+# sf_source_step --venv V --step S --name N --url U --commit C --dest D [--patch NAME:METHOD:STRIP:FILE]...
+#                [--lock FILE] [--editable] [--no-deps] [--config-setting K=V]...
 # Fetch at the commit, apply its patches (before installing: a non-editable install copies the
-# files), install its pinned requirements, then the checkout itself without build isolation (the
-# compiled extensions build against the torch already installed).
+# files), install its slice of the lock (its requirements), then the checkout itself without
+# build isolation (the compiled extensions build against the torch already installed) and
+# without dependencies (the lock holds them), then check the venv against the lock.
 sf_source_step() {
-  local venv="" name="" url="" commit="" dest="" editable=0 no_deps=0
-  local patches=() reqs=() settings=()
+  local venv="" step="" name="" url="" commit="" dest="" lock="" editable=0
+  local patches=() settings=()
   while (($#)); do
     case $1 in
       --venv) venv=$2; shift 2 ;;
+      --step) step=$2; shift 2 ;;
       --name) name=$2; shift 2 ;;
       --url) url=$2; shift 2 ;;
       --commit) commit=$2; shift 2 ;;
       --dest) dest=$2; shift 2 ;;
       --patch) patches+=("$2"); shift 2 ;;
-      --req) reqs+=("$2"); shift 2 ;;
+      --lock) lock=$2; shift 2 ;;
       --editable) editable=1; shift ;;
-      --no-deps) no_deps=1; shift ;;
       --config-setting) settings+=(--config-setting "$2"); shift 2 ;;
       *) sf_die "sf_source_step: unknown option $1" ;;
     esac
@@ -297,30 +359,35 @@ sf_source_step() {
     IFS=: read -r pname method strip file <<<"$spec"
     sf_apply_patch "$pname" "$method" "$strip" "$file" "$dest"
   done
-  if ((${#reqs[@]})); then sf_uv "$venv" "${reqs[@]}"; fi
-  local args=(--no-build-isolation "${settings[@]}")
-  if ((no_deps)); then args+=(--no-deps); fi
+  [[ -n $step ]] || step=$name
+  if [[ -n $lock ]]; then sf_lock_install "$venv" "$step" "$lock"; fi
+  # The checkout is pinned by its commit, not by a hash uv could check: no --require-hashes here.
+  local args=(--no-deps --no-build-isolation --no-index "${settings[@]}")
   if ((editable)); then args+=(--editable "$dest"); else args+=("$dest"); fi
   sf_uv "$venv" "${args[@]}"
+  sf_lock_verify "$venv" "$step"
 }
 
 # --- read back and verify -------------------------------------------------------------------
 
-# sf_finalize VENV LOCK_IN LOCK_OUT FLAGS_OUT [--checkout NAME=DIR]... [--slime DIR [--megatron DIR]]
-# Writes the stack lock with what is really installed (importlib.metadata) and the commit of every
-# checkout, and the flag catalog of slime's own argument parsers.
+# sf_finalize VENV LOCK_IN LOCK_OUT FLAGS_OUT [--lock ALL] [--checkout NAME=DIR]... [--slime DIR [--megatron DIR]]
+# Compares what is installed with the whole lock (any difference fails the build), then writes the
+# stack lock with what is really installed (importlib.metadata) and the commit of every checkout,
+# and the flag catalog of slime's own argument parsers.
 sf_finalize() {
   local venv=$1 lock_in=$2 lock_out=$3 flags_out=$4
   shift 4
   local checkouts=() slime="" megatron=""
   while (($#)); do
     case $1 in
+      --lock) mkdir -p "$SF_STATE/lock" && cp -- "$2" "$SF_STATE/lock/_all.txt"; shift 2 ;;
       --checkout) checkouts+=("$2"); shift 2 ;;
       --slime) slime=$2; shift 2 ;;
       --megatron) megatron=$2; shift 2 ;;
       *) sf_die "sf_finalize: unknown option $1" ;;
     esac
   done
+  sf_lock_verify "$venv" finalize --exact
   local spec commits=()
   for spec in "${checkouts[@]}"; do
     commits+=("${spec%%=*}=$(sf_git -C "${spec#*=}" rev-parse HEAD)")

@@ -17,6 +17,10 @@ from pathlib import Path
 
 import flag_standin
 
+from slimeforge import lock as lock_mod
+from slimeforge.patches import PatchContent
+from slimeforge.steps import used_patches
+
 ROOT = Path(__file__).resolve().parent.parent
 TEST_STACK = ROOT / "tests" / "stacks" / "test.yaml"
 
@@ -114,10 +118,49 @@ def make_repos(root: Path) -> dict[str, object]:
     return {"libdemo": lib, "slime": slime, "libdemo_commit": lib_c, "s1": s1, "s2": s2, "s3": s3, "fresh": fresh}
 
 
-def derived_stack(path: Path, slime_commit: str, **extra: str) -> Path:
-    """A stack file that extends the test stack and pins slime at another commit."""
+def derived_stack(path: Path, slime_commit: str, lock: bool = True, **extra: str) -> Path:
+    """A stack file that extends the test stack and pins slime at another commit, locked beside it
+    (locks/pylock.sftest.toml, resolved for real: the commits are part of what a lock records)."""
     lines = [f"extends: {os.path.relpath(TEST_STACK, path.parent)}", "sources:", "  slime:", f"    commit: '{slime_commit}'"]
     for key, value in extra.items():
         lines.append(f"{key}: {value}")
     path.write_text("\n".join(lines) + "\n")
+    if lock:
+        from slimeforge.lock import LockOptions, resolve
+
+        resolve(LockOptions(stack=str(path), echo=lambda _: None))
     return path
+
+
+TEST_LOCK = TEST_STACK.parent / "locks" / "pylock.sftest.toml"
+
+
+def tampered_lock(directory: Path, package: str):
+    """The test stack's lock with one package's sha256 changed (a replaced file on the index, or a
+    tampered lock): installing that package must fail, naming it and its step."""
+    from slimeforge.lock import read_lock
+
+    good = read_lock(TEST_LOCK)
+    path = directory / "locks" / TEST_LOCK.name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(TEST_LOCK.read_text().replace(good.packages[package].sha256, "0" * 64))
+    return read_lock(path)
+
+
+# --- rendering the real stacks without their network-only inputs ------------------------------
+
+def placeholder_patches(stack):
+    # The real patch files live in slime's tree (no network here); the drift guard is about steps.
+    return [PatchContent(p["file"], p["target"], p["method"], p["strip"], f"placeholder {p['file']}\n".encode()) for p in used_patches(stack)]
+
+
+def render_lock(stack):
+    """The committed lock where there is one, else (cu129: its index is unreachable here) one with
+    an empty slice per step; the router wheel's sha256, which cannot be fetched here, is set."""
+    try:
+        lock = lock_mod.load_lock(stack.name if stack.file.parent.name == "images" else str(stack.file), stack)
+    except lock_mod.LockError:
+        lock = lock_mod.LockFile(Path("pylock.none.toml"), {}, {"steps": {n: [] for n in lock_mod.inputs(stack).by_step}}, "")
+    lock.tool.setdefault("router", {})["sha256"] = "0" * 64
+    lock.tool["patches"] = {}  # the placeholder patches below are not the locked ones
+    return lock

@@ -67,6 +67,13 @@ def test_build_labels_lock_flags(first, env):
     assert labels["ai.slimeforge.build-hash"] == first["build_hash"]
     assert labels["ai.slimeforge.pin.source.slime"] == bs.SLIME_S1
     assert labels["ai.slimeforge.pin.pip.six"] == "1.17.0"
+    from slimeforge.lock import read_lock
+
+    assert labels["ai.slimeforge.lock"] == f"sha256:{read_lock(bs.TEST_LOCK).hash}"
+    # Each step kept its slice of the lock in the image, by URL and sha256.
+    six_slice = subprocess.run(["docker", "run", "--rm", first["tag"], "cat", "/opt/slimeforge/lock/six.txt"], capture_output=True,
+                               text=True, check=True).stdout
+    assert six_slice.splitlines()[1].startswith("six @ https://files.pythonhosted.org/") and "--hash=sha256:" in six_slice
     assert labels["org.opencontainers.image.revision"] == bs.SLIME_S1
     base_id = inspect("slimeforge-test/base:bookworm")["Id"]
     assert labels["ai.slimeforge.base-digest"] == base_id  # imported base: no RepoDigests, the id is recorded
@@ -163,7 +170,8 @@ def test_wheel_directory_source_installs_without_the_index(first, env, tmp_path)
     report = build(o)
     env["made"].append(report["image_id"])
     dockerfile = (Path(report["dir"]) / "Dockerfile").read_text()
-    assert "--find-links /tmp/sf-wheels/six --no-index" in dockerfile
+    assert "--find-links /tmp/sf-wheels/six" in dockerfile
+    assert (Path(report["dir"]) / "context" / "lock" / "six.txt").read_text().splitlines()[1].startswith("six==1.17.0 --hash=sha256:")
     lock = json.loads((Path(report["dir"]) / "stack.lock.json").read_text())
     assert set(lock["wheel_dirs"]) == {"six"} and lock["installed"]["six"] == "1.17.0"
     assert report["build_hash"] != first["build_hash"]

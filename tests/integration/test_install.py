@@ -37,11 +37,11 @@ def host(base_image, tmp_path_factory):
         subprocess.run(["docker", "rm", "-f", cid], capture_output=True)
 
 
-def script_for(host, stack_path=bs.TEST_STACK, name="install.sh") -> Path:
+def script_for(host, stack_path=bs.TEST_STACK, name="install.sh", lock=None) -> Path:
     stack = load_stack(str(stack_path))
     local = parse_sources(stack, [f"slime={host['repos']['slime']}", f"libdemo={host['repos']['libdemo']}"])
     path = host["root"] / name
-    path.write_text(render_install_script(stack, PREFIX, None, local, host["root"] / "cache"))
+    path.write_text(render_install_script(stack, PREFIX, None, local, host["root"] / "cache", lock=lock))
     return path
 
 
@@ -91,15 +91,18 @@ def test_rerun_is_a_noop(installed, host):
 
 def test_failing_step_stops_and_the_next_run_resumes_there(installed, host):
     script, _ = installed
-    broken = script_for(host, bs.derived_stack(host["root"] / "badpin.yaml", bs.SLIME_S1, versions="{idna: '99.99.99'}"), "broken.sh")
+    # A lock whose idna file has another sha256 (the file on the index was replaced, or the lock
+    # was tampered with): the idna step refuses it, naming the package and the step.
+    broken = script_for(host, name="broken.sh", lock=bs.tampered_lock(host["root"] / "tampered", "idna"))
     res = run(host, broken)
     assert res.returncode != 0
     assert f"step idna failed (log: {PREFIX}/.slimeforge/logs/idna.log)" in res.stderr
     assert "it resumes at idna" in res.stderr
+    assert "step idna: installing its slice of the lock failed (package: idna)" in res.stderr
     for step in ("venv", "build-tools", "six", "libdemo"):
         assert f"step {step}: done\n" in res.stderr  # earlier steps kept, not re-run
     assert "step slime" not in res.stderr
-    assert "99.99.99" in cat(host, f"{PREFIX}/.slimeforge/logs/idna.log")
+    assert "Hash mismatch" in cat(host, f"{PREFIX}/.slimeforge/logs/idna.log")
     fixed = run(host, script)
     assert fixed.returncode == 0, fixed.stderr
     assert "step libdemo: done\n" in fixed.stderr and "step idna: running" in fixed.stderr

@@ -3,6 +3,7 @@ shellcheck-clean, prerequisites in front, and the CLI's dry run."""
 
 from __future__ import annotations
 
+import base64
 import re
 import shlex
 import subprocess
@@ -13,22 +14,18 @@ import pytest
 
 from slimeforge.build import render_dockerfile
 from slimeforge.install import host_layout, render_install_script
-from slimeforge.patches import PatchContent
 from slimeforge.stack import load_stack
-from slimeforge.steps import image_layout, used_patches
+from slimeforge.steps import image_layout, lock_files
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 import build_support as bs  # noqa: E402
-
-
-def placeholder_patches(stack):
-    # The real patch files live in slime's tree (no network here); the drift guard is about steps.
-    return [PatchContent(p["file"], p["target"], p["method"], p["strip"], f"placeholder {p['file']}\n".encode()) for p in used_patches(stack)]
+from build_support import placeholder_patches, render_lock  # noqa: E402
 
 
 def normalise(argv: list[str], layout) -> list[str]:
-    subs = sorted([(layout.venv, "<venv>"), (layout.patches_dir, "<patches>"), (layout.state, "<state>"), (layout.root + "/", "<root>/")]
+    subs = sorted([(layout.venv, "<venv>"), (layout.patches_dir, "<patches>"), (layout.state, "<state>"), (layout.root + "/", "<root>/"),
+                   (layout.lock_dir, "<lock>")]
                   + [(u, "<url>") for u in layout.source_urls.values()], key=lambda x: -len(x[0]))
     out = []
     for a in argv:
@@ -65,18 +62,21 @@ def script_steps(text: str, layout) -> list[tuple[str, list[list[str]]]]:
 def test_dockerfile_and_install_script_hold_the_same_steps(flavor):
     stack = load_stack(flavor)
     docker = dockerfile_steps(render_dockerfile(stack), image_layout(stack))
-    script_text = render_install_script(stack, "/opt/slime", patches=placeholder_patches(stack))
+    lock = render_lock(stack)
+    script_text = render_install_script(stack, "/opt/slime", patches=placeholder_patches(stack), lock=lock)
     script = script_steps(script_text, host_layout(stack, "/opt/slime", None, None))
     assert docker == script
     assert len(script) == len(stack.plan()) + 1  # + venv
-    for value in (v for k, v in stack.pins().items() if k.startswith(("pip.", "source.", "slime-req.")) or k == "router.wheel"):
+    for value in (v for k, v in stack.pins().items() if k.startswith("source.")):
         assert value in script_text
+    for name, text in lock_files(stack, lock, host_layout(stack, "/opt/slime", None, None)).items():
+        assert base64.encodebytes(text.encode()).decode().rstrip("\n") in script_text, name  # every slice travels in the script
 
 
 @pytest.mark.parametrize("flavor", ["cu13", str(bs.TEST_STACK)])
 def test_install_script_is_valid_bash_and_checks_prerequisites_first(flavor, tmp_path):
     stack = load_stack(flavor)
-    text = render_install_script(stack, "/opt/slime it's", patches=placeholder_patches(stack))
+    text = render_install_script(stack, "/opt/slime it's", patches=placeholder_patches(stack), lock=render_lock(stack))
     path = tmp_path / "install.sh"
     path.write_text(text)
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
@@ -102,7 +102,7 @@ def test_cli_dry_run_renders_and_prints_the_path(tmp_path):
 def test_prerequisite_failure_lists_every_problem_before_step_one(tmp_path):
     stack = load_stack("cu13")
     path = tmp_path / "install.sh"
-    path.write_text(render_install_script(stack, str(tmp_path / "p"), patches=placeholder_patches(stack)))
+    path.write_text(render_install_script(stack, str(tmp_path / "p"), patches=placeholder_patches(stack), lock=render_lock(stack)))
     res = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "CUDA_HOME": str(tmp_path / "nocuda")})
     assert res.returncode == 1
     assert "prerequisite: CUDA: no nvcc at" in res.stderr and "nvidia-smi not found" in res.stderr
@@ -114,7 +114,7 @@ def test_install_script_carries_interpreter_arch_variables_and_compiled_keys(fla
     from slimeforge.steps import compiled_key
 
     stack = load_stack(flavor)
-    text = render_install_script(stack, "/opt/slime", patches=placeholder_patches(stack))
+    text = render_install_script(stack, "/opt/slime", patches=placeholder_patches(stack), lock=render_lock(stack))
     assert "  sf_apt_install python3.12 python3.12-venv python3.12-dev git " in text
     assert "  sf_venv /opt/slime/venv 0.9.7 python3.12\n" in text
     assert "want_python=3.12" in text and '"python$want_python" -c' in text

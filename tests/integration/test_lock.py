@@ -1,0 +1,380 @@
+"""`invoke lock` with the real uv against a real PEP 503 index on loopback (wheels built by the
+test), then installs from the lock with the real step library (templates/steps.sh) into a real
+venv: an exact pre-release pinned by a dependency, two CUDA-major variants on two indexes, a yanked
+file, a replaced file, a package outside the lock, a pin a later step tries to move."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from lock_support import Index
+
+from slimeforge import lock as L
+from slimeforge.build import BuildOptions, prepare
+from slimeforge.stack import load_stack
+from slimeforge.steps import STEP_LIBRARY, lock_file, lock_files
+
+UV = str(Path(sys.executable).parent / "uv")
+PY = f"{sys.version_info.major}.{sys.version_info.minor}"
+DIGEST = "sha256:" + "ab" * 32
+
+STACK = """schema: 1
+name: {name}
+version: "0.0.1"
+cuda: "{cuda}"
+python: "{py}"
+base: {{image: "{base}", glibc: "2.36"}}
+torch_index: {torch_index}
+image_root: /root
+venv: /opt/venv
+sources: {{}}
+versions:
+  uv: "0.9.7"
+  sf-base: "1.0"
+  sf-app: "1.0"
+steps:
+  - name: base
+    pip: [sf-base]
+  - name: app
+    pip: [sf-app]
+smoke:
+  imports: [sf_app]
+"""
+
+
+@pytest.fixture(scope="module")
+def indexes(tmp_path_factory):
+    """The main index (PyPI's role) and a CUDA 12 one (download.pytorch.org/whl/cu129's role)."""
+    root = tmp_path_factory.mktemp("index")
+    main = Index(root / "main", yanked={"sf_base-1.1-py3-none-any.whl"})
+    main.add("sf-base", "1.0")
+    main.add("sf-base", "1.1")  # yanked: never chosen for a range
+    main.add("sf-base", "1.2")
+    main.add("sf-dep", "1.0")
+    main.add("sf-dep", "2.0b1")  # pinned exactly by sf-app: this pre-release, and no other, is allowed
+    main.add("sf-extra", "2.0")
+    main.add("sf-extra", "3.0b1")  # a pre-release nobody pins: must not be chosen
+    main.add("sf-kern-cu13", "1.0")
+    main.add("sf-kern", "1.0", ["sf-kern-cu13==1.0"])
+    main.add("sf-app", "1.0", ["sf-base>=1.0", "sf-dep==2.0b1", "sf-extra", "sf-kern"])
+    main.add("sf-rogue", "1.0")
+    cu12 = Index(root / "cu12")
+    cu12.add("sf-kern-cu12", "1.0")
+    cu12.add("sf-kern", "1.0+cu129", ["sf-kern-cu12==1.0"])
+    main.start()
+    cu12.start()
+    yield {"main": main, "cu12": cu12}
+    main.stop()
+    cu12.stop()
+
+
+@pytest.fixture(autouse=True)
+def uv_cache(tmp_path, monkeypatch):
+    # A cache of our own: another test's (or the user's) cached files must not stand in for the index's.
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+
+
+def write_stack(directory: Path, name="sflock", cuda="13.0", torch_index="null", base="slimeforge-test/base:bookworm") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.yaml"
+    path.write_text(STACK.format(name=name, cuda=cuda, py=PY, torch_index=torch_index, base=base))
+    return path
+
+
+def do_lock(path: Path, index: Index, lines: list[str] | None = None, base_digest: str | None = DIGEST) -> L.LockFile:
+    L.resolve(L.LockOptions(stack=str(path), index_url=index.url, base_digest=base_digest,
+                            echo=(lines.append if lines is not None else lambda _: None)))
+    return L.load_lock(str(path))
+
+
+def steps_sh(state: Path, script: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", f"source {STEP_LIBRARY}\n{script}"], capture_output=True, text=True,
+                          env={**os.environ, "SF_STATE": str(state)}, timeout=300)
+
+
+def make_venv(path: Path) -> Path:
+    subprocess.run([UV, "venv", "-q", "--python", sys.executable, str(path)], check=True)
+    os.symlink(UV, path / "bin" / "uv")  # the step library runs <venv>/bin/uv
+    return path
+
+
+def install_all(stack_path: Path, lock: L.LockFile, work: Path) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    """Every step's slice through sf_pip_step, then finalize's comparison with the whole lock."""
+    stack = load_stack(str(stack_path))
+    venv, state, slices = make_venv(work / "venv"), work / "state", work / "slices"
+    slices.mkdir(parents=True)
+    from slimeforge.steps import Layout
+
+    for name, text in lock_files(stack, lock, Layout("/r", str(venv), "/p", str(state), lock_dir=str(slices))).items():
+        (slices / name).write_text(text)
+    script = "\n".join(f"sf_pip_step --venv {venv} --step {s} --lock {slices / lock_file(s)}" for s in lock.steps)
+    script += f"\nmkdir -p {state}/lock && cp {slices}/all.txt {state}/lock/_all.txt && sf_lock_verify {venv} finalize --exact"
+    return venv, state, steps_sh(state, script)
+
+
+def installed(venv: Path) -> dict[str, str]:
+    out = subprocess.run([UV, "pip", "list", "--python", str(venv / "bin" / "python"), "--format", "freeze"], capture_output=True,
+                         text=True, check=True).stdout
+    return dict(line.split("==") for line in out.split())
+
+
+def test_lock_resolves_for_the_target_with_exactly_the_pinned_prerelease(indexes, tmp_path):
+    lines: list[str] = []
+    lock = do_lock(write_stack(tmp_path), indexes["main"], lines)
+    versions = {n: p.version for n, p in lock.packages.items()}
+    assert versions == {"sf-app": "1.0", "sf-base": "1.0", "sf-dep": "2.0b1", "sf-extra": "2.0", "sf-kern": "1.0", "sf-kern-cu13": "1.0"}
+    assert lock.tool["prereleases"] == ["sf-dep==2.0b1"]
+    assert any("allowing the exact pre-release sf-dep==2.0b1" in line for line in lines)
+    assert any(line.startswith("[1/3] resolving") for line in lines)  # progress on screen
+    # One file per distribution, by URL and sha256, and every package in exactly one step's slice.
+    assert lock.steps == {"base": ["sf-base"], "app": ["sf-app", "sf-dep", "sf-extra", "sf-kern", "sf-kern-cu13"]}
+    assert all(p.url.startswith(indexes["main"].url.removesuffix("/simple")) and len(p.sha256) == 64 for p in lock.packages.values())
+    assert lock.tool["base"]["digest"] == DIGEST and lock.tool["platform"] == "x86_64-manylinux_2_36"
+    assert L.check_lock(load_stack(str(tmp_path / "sflock.yaml")), lock) == []
+    # The file is a PEP 751 lock uv itself reads; locking again changes nothing (same tag).
+    text = lock.path.read_text()
+    do_lock(tmp_path / "sflock.yaml", indexes["main"])
+    assert lock.path.read_text() == text
+
+
+def test_yanked_file_is_not_chosen_for_a_range(indexes, tmp_path):
+    path = write_stack(tmp_path)
+    path.write_text(path.read_text().replace('sf-base: "1.0"', 'sf-base: ">=1.0,<1.2"'))
+    lock = do_lock(path, indexes["main"])
+    assert lock.packages["sf-base"].version == "1.0"  # 1.1 is yanked
+
+
+def test_install_from_the_lock_verifies_hashes_and_holds_every_pin(indexes, tmp_path):
+    path = write_stack(tmp_path)
+    lock = do_lock(path, indexes["main"])
+    venv, state, res = install_all(path, lock, tmp_path / "i")
+    assert res.returncode == 0, res.stderr
+    assert "step finalize: 6 distribution(s) installed, all as locked" in res.stderr
+    assert installed(venv) == {"sf-app": "1.0", "sf-base": "1.0", "sf-dep": "2.0b1", "sf-extra": "2.0", "sf-kern": "1.0", "sf-kern-cu13": "1.0"}
+    # A later step that moves an earlier step's package (sf-base 1.0 -> 1.2), or brings in a package
+    # outside the lock, fails naming the package and the step.
+    subprocess.run([UV, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "--index-url", indexes["main"].url,
+                    "sf-base==1.2", "sf-rogue==1.0"], check=True)
+    res = steps_sh(state, f"sf_lock_verify {venv} app")
+    assert res.returncode == 1
+    assert "slimeforge: ERROR: step app: sf-base is 1.2, the lock says 1.0" in res.stderr
+    assert "slimeforge: ERROR: step app: sf-rogue 1.0 is not in the lock" in res.stderr
+
+
+def test_a_replaced_file_on_the_index_is_refused_naming_package_and_step(indexes, tmp_path):
+    path = write_stack(tmp_path)
+    lock = do_lock(path, indexes["main"])
+    wheel = indexes["main"].root / "files" / "sf_extra-2.0-py3-none-any.whl"
+    good = wheel.read_bytes()
+    try:
+        indexes["main"].add("sf-extra", "2.0", payload="EVIL = True\n")  # same name and URL, other bytes
+        assert wheel.read_bytes() != good
+        _, _, res = install_all(path, lock, tmp_path / "i")
+    finally:
+        wheel.write_bytes(good)
+        indexes["main"].write_pages()
+    assert res.returncode == 1
+    assert "Hash mismatch" in res.stderr
+    assert "slimeforge: ERROR: step app: installing its slice of the lock failed (package: sf-extra)" in res.stderr
+    assert "step base: 1 distribution(s) installed, all as locked" in res.stderr  # the step before it went through
+
+
+def test_a_missing_package_fails_finalize(indexes, tmp_path):
+    path = write_stack(tmp_path)
+    lock = do_lock(path, indexes["main"])
+    venv, state, res = install_all(path, lock, tmp_path / "i")
+    assert res.returncode == 0, res.stderr
+    subprocess.run([UV, "pip", "uninstall", "-q", "--python", str(venv / "bin" / "python"), "sf-extra"], check=True)
+    res = steps_sh(state, f"sf_lock_verify {venv} finalize --exact")
+    assert res.returncode == 1 and "step finalize: sf-extra 2.0 is in the lock but not installed" in res.stderr
+
+
+def test_cuda12_flavor_takes_its_kernels_from_its_index_and_mixing_is_detected(indexes, tmp_path):
+    # With its CUDA 12 index first (as cu129 has download.pytorch.org/whl/cu129), the kernel and its
+    # runtime are the CUDA 12 builds.
+    good_path = write_stack(tmp_path / "good", "sfcu12", "12.9", indexes["cu12"].url)
+    lock = do_lock(good_path, indexes["main"])
+    assert lock.packages["sf-kern"].version == "1.0+cu129" and "sf-kern-cu12" in lock.packages and "sf-kern-cu13" not in lock.packages
+    assert L.check_lock(load_stack(str(good_path)), lock) == []
+    # Without it, the main index's CUDA 13 kernel comes in: `lock --check` names it.
+    bad_path = write_stack(tmp_path / "bad", "sfcu12", "12.9")
+    bad = do_lock(bad_path, indexes["main"])
+    problems = L.check_lock(load_stack(str(bad_path)), bad)
+    assert "CUDA mix: sf-kern-cu13 1.0 is built for CUDA 13, the flavor is CUDA 12.9" in problems
+
+
+def test_check_names_a_stale_lock_and_an_unsatisfied_pin(indexes, tmp_path):
+    path = write_stack(tmp_path)
+    lock = do_lock(path, indexes["main"])
+    path.write_text(path.read_text().replace('sf-base: "1.0"', 'sf-base: "1.2"'))
+    problems = L.check_lock(load_stack(str(path)), lock)
+    assert any(p.startswith("stale: ") and f"invoke lock --stack {path}" in p for p in problems)
+    assert "pin sf-base==1.2: the lock holds sf-base 1.0" in problems
+    with pytest.raises(L.LockError, match="cannot be installed from"):
+        L.checked_lock(load_stack(str(path)))
+
+
+def test_build_refuses_a_stack_without_a_lock_with_the_command_that_makes_one(tmp_path):
+    path = write_stack(tmp_path, "nolock")
+    with pytest.raises(L.LockError, match=rf"no lock for nolock; make it with `invoke lock --stack {path}`"):
+        prepare(BuildOptions(stack=str(path), dry_run=True, build_root=tmp_path / "b", echo=lambda _: None))
+
+
+def test_check_of_a_missing_lock_says_how_to_make_it():
+    res = subprocess.run([sys.executable, "-m", "invoke", "lock", "--check", "--cuda", "cu129"], cwd=Path(__file__).parents[2],
+                         capture_output=True, text=True)
+    if (Path(__file__).parents[2] / "images" / "locks" / "pylock.cu129.toml").exists():
+        pytest.skip("the cu129 lock exists (made where download.pytorch.org is reachable): see test_committed_locks_pass_check")
+    assert res.returncode == 2
+    assert "no lock for cu129; make it with `invoke lock --cuda cu129`" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("flavor", ["cu13", "cu129"])
+def test_committed_locks_pass_check(flavor):
+    if not (Path(__file__).parents[2] / "images" / "locks" / f"pylock.{flavor}.toml").exists():
+        pytest.skip(f"no committed lock for {flavor}: `invoke lock --cuda {flavor}` needs its index (download.pytorch.org for cu129)")
+    summary = L.check(flavor, echo=lambda _: None)
+    assert summary["packages"] > 100 and not summary["sdists"] or set(summary["sdists"]) <= {"flash-attn", "transformer-engine-torch"}
+
+
+def _registry_put(reg, user: str, password: str, method: str, url: str, body: bytes, content_type: str) -> dict:
+    import base64
+    import ssl
+    import urllib.request
+
+    req = urllib.request.Request(url, data=body, method=method, headers={
+        "Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode(), "Content-Type": content_type})
+    with urllib.request.urlopen(req, context=ssl.create_default_context(cafile=str(reg.ca)), timeout=30) as resp:
+        return dict(resp.headers)
+
+
+def push_tiny_image(reg, repository: str, tag: str, user: str, password: str) -> str:
+    """An image manifest (one empty config blob, one small layer) pushed over the registry API."""
+    import gzip
+    import hashlib
+    import io
+    import json
+    import tarfile
+
+    base = f"https://{reg.host}/v2/{repository}"
+    layer_tar = io.BytesIO()
+    with tarfile.open(fileobj=layer_tar, mode="w") as tar:
+        info = tarfile.TarInfo("etc/sf-base")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"sf\n"))
+    layer = gzip.compress(layer_tar.getvalue(), mtime=0)
+    config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers",
+                         "diff_ids": ["sha256:" + hashlib.sha256(layer_tar.getvalue()).hexdigest()]}}).encode()
+    for blob in (config, layer):
+        digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+        where = _registry_put(reg, user, password, "POST", f"{base}/blobs/uploads/", b"", "application/octet-stream")["Location"]
+        sep = "&" if "?" in where else "?"
+        where = where if where.startswith("http") else f"https://{reg.host}{where}"
+        _registry_put(reg, user, password, "PUT", f"{where}{sep}digest={digest}", blob, "application/octet-stream")
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": len(config),
+                   "digest": "sha256:" + hashlib.sha256(config).hexdigest()},
+        "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", "size": len(layer),
+                    "digest": "sha256:" + hashlib.sha256(layer).hexdigest()}],
+    }).encode()
+    _registry_put(reg, user, password, "PUT", f"{base}/manifests/{tag}", manifest, "application/vnd.docker.distribution.manifest.v2+json")
+    return "sha256:" + hashlib.sha256(manifest).hexdigest()
+
+
+@pytest.mark.docker
+def test_lock_asks_the_base_image_registry_for_its_digest(indexes, tmp_path, monkeypatch):
+    """The base tag's digest comes from its registry (here the local distribution registry with TLS
+    and htpasswd that the publish tests use; the login from the docker config, as `docker login` writes it)."""
+    import base64
+    import json
+    import shutil
+
+    from publish_support import REGISTRY_BIN, LocalRegistry
+
+    if not shutil.which(REGISTRY_BIN) and not Path(REGISTRY_BIN).exists():
+        pytest.skip(f"{REGISTRY_BIN} is not installed (apt-get install docker-registry)")
+    reg = LocalRegistry(tmp_path / "registry", {"puller": "pull-pass-1"}).start()
+    try:
+        digest = push_tiny_image(reg, "sf/base", "v1", "puller", "pull-pass-1")
+        config = tmp_path / "docker-config"
+        config.mkdir()
+        auth = base64.b64encode(b"puller:pull-pass-1").decode()
+        (config / "config.json").write_text(json.dumps({"auths": {reg.host: {"auth": auth}}}))
+        monkeypatch.setenv("DOCKER_CONFIG", str(config))
+        path = write_stack(tmp_path / "s", base=f"{reg.host}/sf/base:v1")
+        lines: list[str] = []
+        lock = do_lock(path, indexes["main"], lines, base_digest=None)
+        assert lock.tool["base"] == {"image": f"{reg.host}/sf/base:v1", "digest": digest}
+        assert f"  base image {reg.host}/sf/base:v1 -> {digest}" in lines
+        # The build takes FROM by that digest (and pulls it by digest when absent).
+        p = prepare(BuildOptions(stack=str(path), dry_run=True, build_root=tmp_path / "b", echo=lambda _: None))
+        assert p.base["from"] == f"{reg.host}/sf/base@{digest}"
+        assert p.dockerfile.count(f"FROM {reg.host}/sf/base@{digest}") == 1
+        assert p.labels["ai.slimeforge.lock"] == f"sha256:{lock.hash}"
+        # Absent here, the base is pulled by that digest (with a line per layer), not refused.
+        import docker
+
+        from slimeforge.build import pull_base
+
+        client = docker.from_env()
+        seen: list[str] = []
+        try:
+            pull_base(client, p.base, seen.append)
+            assert seen[0] == f"pulling base {reg.host}/sf/base@{digest} ..." and any("Pull complete" in line for line in seen)
+            assert client.images.get(p.base["from"]).attrs["RepoDigests"] == [f"{reg.host}/sf/base@{digest}"]
+            seen.clear()
+            pull_base(client, p.base, seen.append)  # present now: nothing to do
+            assert seen == []
+        finally:
+            client.images.remove(p.base["from"], force=True)
+        # --base-digest by hand wins over the registry.
+        do_lock(path, indexes["main"], base_digest=DIGEST)
+        assert L.load_lock(str(path)).tool["base"]["digest"] == DIGEST
+    finally:
+        reg.stop()
+
+
+def test_same_lock_same_tag_and_a_changed_lock_changes_it(indexes, tmp_path):
+    path = write_stack(tmp_path)
+    lock = do_lock(path, indexes["main"])
+
+    def prepared():
+        return prepare(BuildOptions(stack=str(path), dry_run=True, build_root=tmp_path / "b", echo=lambda _: None))
+
+    first, again = prepared(), prepared()
+    assert first.hash == again.hash and first.labels["ai.slimeforge.lock"] == f"sha256:{lock.hash}"
+    assert first.base["from"] == f"slimeforge-test/base@{DIGEST}"  # FROM by the lock's digest
+    slice_text = (first.dir / "context" / "lock" / "app.txt").read_text()
+    assert f"sf-dep @ {indexes['main'].url.removesuffix('/simple')}/files/sf_dep-2.0b1-py3-none-any.whl --hash=sha256:" in slice_text
+    do_lock(path, indexes["main"], base_digest="sha256:" + "cd" * 32)  # another base: another lock
+    changed = prepared()
+    assert changed.hash != first.hash and changed.labels["ai.slimeforge.lock"] != first.labels["ai.slimeforge.lock"]
+
+
+def test_a_step_builds_its_sdists_after_its_wheels_without_isolation(indexes, tmp_path):
+    """sf-built exists only as an sdist whose build backend imports sf-helper, a wheel of the same
+    step: the slice installs the wheels first, then builds the sdist against them."""
+    main = indexes["main"]
+    main.add("sf-helper", "1.0")
+    main.add_sdist("sf-built", "1.0", needs="sf_helper")
+    path = write_stack(tmp_path)
+    path.write_text(path.read_text().replace('  sf-app: "1.0"\n', '  sf-app: "1.0"\n  sf-built: "1.0"\n  sf-helper: "1.0"\n')
+                    .replace("    pip: [sf-app]\n", "    pip: [sf-app]\n  - name: built\n    pip: [sf-built, sf-helper]\n"))
+    lock = do_lock(path, main)
+    assert lock.packages["sf-built"].kind == "sdist" and lock.steps["built"] == ["sf-built", "sf-helper"]
+    text = L.step_requirements(lock, "built")
+    assert text.index("sf-helper @") < text.index(L.SDIST_MARK) < text.index("sf-built @")
+    venv, state, res = install_all(path, lock, tmp_path / "i")
+    assert res.returncode == 0, res.stderr
+    assert installed(venv)["sf-built"] == "1.0" and "step built: 8 distribution(s) installed, all as locked" in res.stderr
+    # Alone (no wheel of its step before it), the same sdist does not build: the order is what works.
+    alone = make_venv(tmp_path / "alone")
+    sdist_only = tmp_path / "sdist-only.txt"
+    sdist_only.write_text(text.split(L.SDIST_MARK, 1)[1])
+    res = steps_sh(tmp_path / "state2", f"sf_lock_install {alone} built {sdist_only}")
+    assert res.returncode == 1 and "No module named 'sf_helper'" in res.stderr

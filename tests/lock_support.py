@@ -1,0 +1,149 @@
+"""A real PEP 503 simple index on loopback, serving wheels the tests build themselves, for the lock
+tests: `invoke lock` resolves against it with the real uv, and the step library installs from
+the lock it wrote. Nothing is mocked; only the packages are small."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import http.server
+import threading
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def make_wheel(directory: Path, name: str, version: str, requires: list[str] | None = None, payload: str = "") -> Path:
+    """A pure-Python wheel of `name` (one module, the METADATA, WHEEL and RECORD files)."""
+    dist = name.replace("-", "_")
+    path = directory / f"{dist}-{version}-py3-none-any.whl"
+    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    meta += [f"Requires-Dist: {r}" for r in requires or []]
+    files = {
+        f"{dist}/__init__.py": f"VERSION = {version!r}\n{payload}",
+        f"{dist}-{version}.dist-info/METADATA": "\n".join(meta) + "\n",
+        f"{dist}-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: slimeforge-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for arc, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{arc},sha256={digest},{len(text.encode())}")
+    record.append(f"{dist}-{version}.dist-info/RECORD,,")
+    files[f"{dist}-{version}.dist-info/RECORD"] = "\n".join(record) + "\n"
+    directory.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as zf:
+        for arc, text in files.items():
+            zf.writestr(zipfile.ZipInfo(arc, date_time=(2026, 1, 1, 0, 0, 0)), text)
+    return path
+
+
+BACKEND = '''"""A PEP 517 backend in the sdist itself; it imports {needs} at once, so it builds only where
+that is already installed (a build without isolation, after the wheels of its step)."""
+import base64, hashlib, os, zipfile
+import {needs}  # noqa: F401
+
+NAME, VERSION = {name!r}, {version!r}
+
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    dist = NAME.replace("-", "_")
+    files = {{f"{{dist}}/__init__.py": "BUILT = True\\n",
+             f"{{dist}}-{{VERSION}}.dist-info/METADATA": f"Metadata-Version: 2.1\\nName: {{NAME}}\\nVersion: {{VERSION}}\\n",
+             f"{{dist}}-{{VERSION}}.dist-info/WHEEL": "Wheel-Version: 1.0\\nGenerator: t\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"}}
+    record = [f"{{a}},sha256={{base64.urlsafe_b64encode(hashlib.sha256(t.encode()).digest()).rstrip(b'=').decode()}},{{len(t)}}"
+              for a, t in files.items()]
+    files[f"{{dist}}-{{VERSION}}.dist-info/RECORD"] = "\\n".join(record + [f"{{dist}}-{{VERSION}}.dist-info/RECORD,,"]) + "\\n"
+    name = f"{{dist}}-{{VERSION}}-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as zf:
+        for a, t in files.items():
+            zf.writestr(a, t)
+    return name
+'''
+
+
+def make_sdist(directory: Path, name: str, version: str, needs: str) -> Path:
+    """An sdist whose in-tree build backend imports `needs`; its metadata is static in
+    pyproject.toml, so resolving it never builds it."""
+    import io
+    import tarfile
+
+    dist = name.replace("-", "_")
+    root = f"{dist}-{version}"
+    files = {
+        "pyproject.toml": f'''[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n
+[project]\nname = "{name}"\nversion = "{version}"\ndependencies = []\n''',
+        "PKG-INFO": f"Metadata-Version: 2.2\nName: {name}\nVersion: {version}\n",
+        "backend.py": BACKEND.format(needs=needs, name=name, version=version),
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{root}.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for arc, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"{root}/{arc}")
+            info.size, info.mtime = len(data), 1767225600
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@dataclass
+class Index:
+    """A directory served as `<url>/simple/<project>/` (PEP 503, with PEP 592 yanked files)."""
+
+    root: Path
+    yanked: set[str] = field(default_factory=set)
+    url: str = ""
+    _server: http.server.ThreadingHTTPServer | None = None
+
+    def add(self, name: str, version: str, requires: list[str] | None = None, payload: str = "") -> Path:
+        wheel = make_wheel(self.root / "files", name, version, requires, payload)
+        self.write_pages()
+        return wheel
+
+    def add_sdist(self, name: str, version: str, needs: str) -> Path:
+        sdist = make_sdist(self.root / "files", name, version, needs)
+        self.write_pages()
+        return sdist
+
+    def write_pages(self) -> None:
+        projects: dict[str, list[Path]] = {}
+        for whl in sorted([*(self.root / "files").glob("*.whl"), *(self.root / "files").glob("*.tar.gz")]):
+            projects.setdefault(whl.name.split("-")[0].replace("_", "-").lower(), []).append(whl)
+        for project, wheels in projects.items():
+            links = []
+            for whl in wheels:
+                sha = hashlib.sha256(whl.read_bytes()).hexdigest()
+                yanked = ' data-yanked="withdrawn"' if whl.name in self.yanked else ""
+                links.append(f'<a href="../../files/{html.escape(whl.name)}#sha256={sha}"{yanked}>{html.escape(whl.name)}</a><br/>')
+            page = self.root / "simple" / project / "index.html"
+            page.parent.mkdir(parents=True, exist_ok=True)
+            page.write_text("<!DOCTYPE html><html><body>\n" + "\n".join(links) + "\n</body></html>\n")
+
+    def start(self) -> Index:
+        root = str(self.root)
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, directory=root, **kwargs)
+
+            def log_message(self, *args):  # quiet: the tests read uv's output, not the server's
+                pass
+
+        class Server(http.server.ThreadingHTTPServer):
+            def handle_error(self, request, client_address):  # uv hangs up on a file whose hash it refuses
+                pass
+
+        self._server = Server(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/simple"
+        return self
+
+    def stop(self) -> None:
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
