@@ -14,6 +14,13 @@ Commands:
   stop   SIGTERM exactly the recorded process (`ray start --block` then stops every process it
          started) or `docker stop` the recorded container; nothing else
   nodes  GET a Ray dashboard's node list (run on the head, so the dashboard need not be exposed)
+
+Inside a Slurm allocation (templates/slurm.sbatch.j2 runs it with `srun`, one task per node, from
+the run directory, where it is copied):
+  slurm-check  this node's facts checked against what the job needs (GPUs, ports, route to the head)
+  slurm-table  gather every node's slurm-check answer: a per-node table, the node IPs for the gate
+  slurm-ray    exec `ray start --block` with this node's IP and interface filled in
+  slurm-gate   the health gate of cluster.up: every node ALIVE in Ray with its GPUs, by a deadline
 """
 
 from __future__ import annotations
@@ -335,7 +342,115 @@ def cmd_nodes(p):
     return {"nodes": [{k: n.get(k) for k in keep} for n in nodes]}
 
 
-COMMANDS = {"facts": cmd_facts, "start": cmd_start, "wait": cmd_wait, "stop": cmd_stop, "nodes": cmd_nodes}
+def gate(nodes, want):
+    """The health gate's test, for cluster.up and for a Slurm allocation alike.
+
+    nodes: the dashboard's node list (cmd_nodes); want: {node IP: GPUs it must register with}.
+    Returns {ip: (ok, detail)}: ok when an ALIVE node has that IP and exactly those GPUs."""
+    alive = {n["node_ip"]: n for n in nodes if n.get("state") == "ALIVE"}
+    out = {}
+    for ip, gpus in want.items():
+        node = alive.get(ip)
+        if node is None:
+            out[ip] = (False, f"no ALIVE node with IP {ip}")
+            continue
+        got = int((node.get("resources_total") or {}).get("GPU", 0))
+        out[ip] = (True, f"{ip} ALIVE, {got} GPU(s)") if got == gpus else (False, f"registered from {ip} with {got} GPU(s), expected {gpus}")
+    return out
+
+
+# --- inside a Slurm allocation ---------------------------------------------------------------
+
+
+def text_table(headers, rows):
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+    return "\n".join("  ".join(str(r[i]).ljust(widths[i]) for i in range(len(widths))).rstrip() for r in [headers, *rows])
+
+
+def cmd_slurm_check(p):
+    """One node's checks before Ray starts: GPUs seen >= needed, Ray's ports free, a route to the
+    head (whose source address becomes this node's Ray IP), the job's programs present."""
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    problems = []
+    try:
+        head_ip = socket.gethostbyname(p["head_addr"])
+    except OSError as exc:
+        return {"node": node, "problems": [f"cannot resolve the head's address {p['head_addr']!r}: {exc}"]}
+    facts = cmd_facts({"state_dir": "~", "head_ip": head_ip, "ports": p["ports"] + (p["head_ports"] if node == p["head_node"] else [])})
+    found = facts["gpus"]
+    seen = len(found.get("list", []))
+    if p["gpus"] and "error" in found:
+        problems.append(f"needs {p['gpus']} GPU(s) but {found['error']}")
+    elif p["gpus"] > seen:
+        problems.append(f"needs {p['gpus']} GPU(s) but nvidia-smi shows {seen}")
+    if facts.get("ports_busy"):
+        problems.append(f"port(s) {', '.join(map(str, facts['ports_busy']))} in use: Ray needs them (another job or Ray on this node?)")
+    route = facts.get("route", {})
+    if "error" in route or not route.get("src") or not route.get("dev"):
+        problems.append(f"no route to the head {head_ip}: {route.get('error', route)}")
+    for program in p.get("programs", []):
+        if not (os.path.isfile(program) and os.access(program, os.X_OK)) and not shutil.which(program):
+            problems.append(f"{program}: not found or not executable on this node")
+    return {"node": node, "ip": route.get("src"), "dev": route.get("dev"), "gpus_seen": seen, "problems": problems}
+
+
+def cmd_slurm_table(p):
+    """Every node's slurm-check answer (JSON lines in p["checks"]) against the allocation's node
+    list: print the per-node table, write {node: {ip, dev}} to p["out"] for slurm-gate."""
+    answers = {}
+    with open(p["checks"]) as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("{"):
+                answer = json.loads(line)
+                answers[answer["node"]] = answer
+    rows, failed = [], []
+    for node in p["nodes"]:
+        a = answers.get(node, {"problems": ["no answer from this node (srun could not run the check there?)"]})
+        if a["problems"]:
+            failed.append(node)
+        rows.append([node, "FAILED" if a["problems"] else "ok", a.get("ip") or "-", a.get("dev") or "-", "; ".join(a["problems"]) or f"{a.get('gpus_seen')} GPU(s) seen"])
+    sys.stderr.write(text_table(["node", "checks", "ip", "interface", "detail"], rows) + "\n")
+    with open(p["out"], "w") as f:
+        json.dump({n: {"ip": answers[n].get("ip"), "dev": answers[n].get("dev")} for n in p["nodes"] if n in answers}, f)
+    return {"ok": not failed, "failed": failed}
+
+
+def cmd_slurm_ray(p):
+    """Exec `ray start --block` (p["argv"], "@NODE_IP@" replaced by this node's address on the
+    route to the head) with GLOO/NCCL pinned to that route's interface, as cluster.up does."""
+    head_ip = socket.gethostbyname(p["head_addr"])
+    route = route_to(head_ip)
+    env = dict(os.environ, GLOO_SOCKET_IFNAME=route["dev"], NCCL_SOCKET_IFNAME=route["dev"], **p.get("env", {}))
+    argv = [a.replace("@NODE_IP@", route["src"]) for a in p["argv"]]
+    sys.stdout.flush()
+    os.execvpe(argv[0], argv, env)
+
+
+def cmd_slurm_gate(p):
+    """Poll the head's dashboard until every node of p["nodes"] (names) is ALIVE with p["gpus"]
+    GPUs; print a per-node table when the deadline passes first."""
+    with open(p["node_ips"]) as f:
+        ips = {n: v["ip"] for n, v in json.load(f).items() if n in p["nodes"]}
+    want = {ip: p["gpus"] for ip in ips.values()}
+    deadline = time.time() + p["timeout"]
+    last = {}
+    while True:
+        answer = cmd_nodes({"url": p["url"], "timeout": 10})
+        last = gate(answer.get("nodes", []), want)
+        if all(ok for ok, _ in last.values()):
+            return {"ok": True}
+        if time.time() > deadline:
+            break
+        time.sleep(1)  # the poll interval of the gate, not a wait for a guess
+    error = answer.get("error", "")
+    rows = [[n, "ok" if last[ip][0] else "FAILED", last[ip][1] + ("" if last[ip][0] or not error else f" ({error})")] for n, ip in ips.items()]
+    sys.stderr.write(f"not every node joined Ray within {p['timeout']}s:\n" + text_table(["node", "ray", "detail"], rows) + "\n")
+    return {"ok": False, "failed": [n for n, ip in ips.items() if not last[ip][0]]}
+
+
+COMMANDS = {"facts": cmd_facts, "start": cmd_start, "wait": cmd_wait, "stop": cmd_stop, "nodes": cmd_nodes,
+            "slurm-check": cmd_slurm_check, "slurm-table": cmd_slurm_table, "slurm-ray": cmd_slurm_ray, "slurm-gate": cmd_slurm_gate}
 
 
 def main(argv):
@@ -344,7 +459,8 @@ def main(argv):
         return 2
     result = COMMANDS[argv[1]](json.loads(argv[2]))
     sys.stdout.write(json.dumps(result) + "\n")
-    return 0
+    # The Slurm commands gate a batch script: their exit status says whether to go on.
+    return 1 if argv[1].startswith("slurm-") and not result.get("ok", True) else 0
 
 
 if __name__ == "__main__":
