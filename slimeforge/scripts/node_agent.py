@@ -30,6 +30,7 @@ import getpass
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -360,6 +361,9 @@ def gate(nodes, want):
 
 
 # --- inside a Slurm allocation ---------------------------------------------------------------
+# The batch script exports what is only known inside the allocation (srun passes it to every task):
+# SF_STEP_DIR (this job's directory in the run directory), SF_NODES (the allocation's nodes, head
+# first), SF_HEAD_NODE and SF_HEAD_ADDR (its NodeAddr). The JSON parameters are fixed at render time.
 
 
 def text_table(headers, rows):
@@ -367,16 +371,21 @@ def text_table(headers, rows):
     return "\n".join("  ".join(str(r[i]).ljust(widths[i]) for i in range(len(widths))).rstrip() for r in [headers, *rows])
 
 
+def _head_ip():
+    return socket.gethostbyname(os.environ["SF_HEAD_ADDR"])
+
+
 def cmd_slurm_check(p):
     """One node's checks before Ray starts: GPUs seen >= needed, Ray's ports free, a route to the
     head (whose source address becomes this node's Ray IP), the job's programs present."""
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    problems = []
     try:
-        head_ip = socket.gethostbyname(p["head_addr"])
+        head_ip = _head_ip()
     except OSError as exc:
-        return {"node": node, "problems": [f"cannot resolve the head's address {p['head_addr']!r}: {exc}"]}
-    facts = cmd_facts({"state_dir": "~", "head_ip": head_ip, "ports": p["ports"] + (p["head_ports"] if node == p["head_node"] else [])})
+        return {"node": node, "problems": [f"cannot resolve the head's address {os.environ['SF_HEAD_ADDR']!r}: {exc}"]}
+    is_head = node == os.environ["SF_HEAD_NODE"]
+    facts = cmd_facts({"state_dir": "~", "head_ip": head_ip, "ports": p["ports"] + (p["head_ports"] if is_head else [])})
+    problems = []
     found = facts["gpus"]
     seen = len(found.get("list", []))
     if p["gpus"] and "error" in found:
@@ -395,58 +404,68 @@ def cmd_slurm_check(p):
 
 
 def cmd_slurm_table(p):
-    """Every node's slurm-check answer (JSON lines in p["checks"]) against the allocation's node
-    list: print the per-node table, write {node: {ip, dev}} to p["out"] for slurm-gate."""
+    """Every node's slurm-check answer (JSON lines in $SF_STEP_DIR/checks.jsonl) against the
+    allocation's nodes: print the per-node table, keep {node: {ip, dev}} and the head's IP."""
+    step_dir, nodes = os.environ["SF_STEP_DIR"], os.environ["SF_NODES"].split()
     answers = {}
-    with open(p["checks"]) as f:
+    with open(os.path.join(step_dir, "checks.jsonl")) as f:
         for line in f:
             line = line.strip()
             if line.startswith("{"):
                 answer = json.loads(line)
                 answers[answer["node"]] = answer
     rows, failed = [], []
-    for node in p["nodes"]:
-        a = answers.get(node, {"problems": ["no answer from this node (srun could not run the check there?)"]})
+    for node in nodes:
+        a = answers.get(node, {"problems": ["no answer from this node (srun could not run the check there)"]})
         if a["problems"]:
             failed.append(node)
         rows.append([node, "FAILED" if a["problems"] else "ok", a.get("ip") or "-", a.get("dev") or "-", "; ".join(a["problems"]) or f"{a.get('gpus_seen')} GPU(s) seen"])
     sys.stderr.write(text_table(["node", "checks", "ip", "interface", "detail"], rows) + "\n")
-    with open(p["out"], "w") as f:
-        json.dump({n: {"ip": answers[n].get("ip"), "dev": answers[n].get("dev")} for n in p["nodes"] if n in answers}, f)
+    ips = {n: answers[n].get("ip") for n in nodes if n in answers}
+    with open(os.path.join(step_dir, "nodes.json"), "w") as f:
+        json.dump(ips, f)
+    with open(os.path.join(step_dir, "head_ip"), "w") as f:
+        f.write((ips.get(nodes[0]) or "") + "\n")
     return {"ok": not failed, "failed": failed}
 
 
 def cmd_slurm_ray(p):
-    """Exec `ray start --block` (p["argv"], "@NODE_IP@" replaced by this node's address on the
-    route to the head) with GLOO/NCCL pinned to that route's interface, as cluster.up does."""
-    head_ip = socket.gethostbyname(p["head_addr"])
+    """Exec `ray start --block` (p["argv"]; @HEAD_IP@, @NODE_IP@, @NODE@ and @JOB@ filled in) with
+    GLOO and NCCL pinned to the interface that routes to the head, as cluster.up does."""
+    head_ip = _head_ip()
     route = route_to(head_ip)
-    env = dict(os.environ, GLOO_SOCKET_IFNAME=route["dev"], NCCL_SOCKET_IFNAME=route["dev"], **p.get("env", {}))
-    argv = [a.replace("@NODE_IP@", route["src"]) for a in p["argv"]]
+    job = f"{os.environ.get('SLURM_JOB_ID', '0')}-{os.environ.get('SLURM_RESTART_COUNT') or '0'}"
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    env = dict(os.environ, GLOO_SOCKET_IFNAME=route["dev"], NCCL_SOCKET_IFNAME=route["dev"])
+    fill = {"@HEAD_IP@": head_ip, "@NODE_IP@": route["src"], "@NODE@": node, "@JOB@": job}
+    argv = [re.sub("|".join(fill), lambda m: fill[m.group(0)], a) for a in p["argv"]]
     sys.stdout.flush()
     os.execvpe(argv[0], argv, env)
 
 
 def cmd_slurm_gate(p):
-    """Poll the head's dashboard until every node of p["nodes"] (names) is ALIVE with p["gpus"]
-    GPUs; print a per-node table when the deadline passes first."""
-    with open(p["node_ips"]) as f:
-        ips = {n: v["ip"] for n, v in json.load(f).items() if n in p["nodes"]}
+    """Poll the head's dashboard until every node of p["nodes"] ("head" or "all") is ALIVE with
+    p["gpus"] GPUs; print a per-node table when the deadline passes first."""
+    step_dir, nodes = os.environ["SF_STEP_DIR"], os.environ["SF_NODES"].split()
+    with open(os.path.join(step_dir, "nodes.json")) as f:
+        ips = json.load(f)
+    url = f"http://{ips[nodes[0]]}:{p['dashboard_port']}/api/v0/nodes?limit=10000&detail=false"
+    if p["nodes"] == "head":
+        ips = {nodes[0]: ips[nodes[0]]}
     want = {ip: p["gpus"] for ip in ips.values()}
     deadline = time.time() + p["timeout"]
-    last = {}
     while True:
-        answer = cmd_nodes({"url": p["url"], "timeout": 10})
-        last = gate(answer.get("nodes", []), want)
-        if all(ok for ok, _ in last.values()):
+        answer = cmd_nodes({"url": url, "timeout": 10})
+        verdict = gate(answer.get("nodes", []), want)
+        if all(ok for ok, _ in verdict.values()):
             return {"ok": True}
         if time.time() > deadline:
             break
         time.sleep(1)  # the poll interval of the gate, not a wait for a guess
     error = answer.get("error", "")
-    rows = [[n, "ok" if last[ip][0] else "FAILED", last[ip][1] + ("" if last[ip][0] or not error else f" ({error})")] for n, ip in ips.items()]
+    rows = [[n, "ok" if verdict[ip][0] else "FAILED", verdict[ip][1] + ("" if verdict[ip][0] or not error else f" ({error})")] for n, ip in ips.items()]
     sys.stderr.write(f"not every node joined Ray within {p['timeout']}s:\n" + text_table(["node", "ray", "detail"], rows) + "\n")
-    return {"ok": False, "failed": [n for n, ip in ips.items() if not last[ip][0]]}
+    return {"ok": False, "failed": [n for n, ip in ips.items() if not verdict[ip][0]]}
 
 
 COMMANDS = {"facts": cmd_facts, "start": cmd_start, "wait": cmd_wait, "stop": cmd_stop, "nodes": cmd_nodes,
