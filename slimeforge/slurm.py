@@ -61,6 +61,17 @@ class Options:
     system_python: str = "python3"  # runs the node agent on each node (standard library only)
 
 
+def options(partition: str | None = None, account: str | None = None, time: str | None = None, nodes: int | str | None = None) -> Options:
+    """Options from the command line (strings), checked; ConfigError lists every problem."""
+    if isinstance(nodes, str):
+        nodes = int(nodes) if re.fullmatch(r"[1-9]\d{0,5}", nodes) else nodes  # else reported below
+    opts = Options(partition=partition, account=account, time=time, nodes=nodes)  # type: ignore[arg-type]
+    problems = check_options(opts)
+    if problems:
+        raise ConfigError("--slurm options", problems)
+    return opts
+
+
 def check_options(opts: Options) -> list[Problem]:
     problems = []
     for name in ("partition", "account"):
@@ -69,7 +80,7 @@ def check_options(opts: Options) -> list[Problem]:
             problems.append(Problem(f"--{name}", "is not a Slurm name", value, "letters, digits, '_', '.', '-' (up to 64), starting with a letter or digit"))
     if opts.time is not None and not TIME_RE.fullmatch(opts.time):
         problems.append(Problem("--time", "is not a time limit", opts.time, "[D-]HH:MM:SS, e.g. 04:00:00 or 2-00:00:00"))
-    if opts.nodes is not None and not (isinstance(opts.nodes, int) and 1 <= opts.nodes <= MAX_NODES):
+    if opts.nodes is not None and not (isinstance(opts.nodes, int) and not isinstance(opts.nodes, bool) and 1 <= opts.nodes <= MAX_NODES):
         problems.append(Problem("--nodes", "is not a node count", opts.nodes, f"an integer from 1 to {MAX_NODES}"))
     if not re.fullmatch(r"[A-Za-z0-9_./+-]{1,4096}", opts.system_python):
         problems.append(Problem("system_python", "is not a program name or path", opts.system_python, "a path without spaces or shell syntax"))
@@ -260,6 +271,17 @@ def default_partition(runner: Runner) -> str | None:
 # --- launch -----------------------------------------------------------------------------------
 
 
+def resolve(recipe: Recipe, opts: Options, mode: str | None = None, image: str | None = None, install_prefix: str | None = None) -> Recipe:
+    """The recipe as it runs on Slurm: the command line's mode options, and --nodes as num_nodes
+    (slime's --actor-num-nodes follows it)."""
+    problems = check_options(opts)
+    if problems:
+        raise ConfigError("--slurm options", problems)
+    recipe = resolve_mode(recipe, mode, install_prefix, image)
+    return recipe.model_copy(update={"num_nodes": opts.nodes}) if opts.nodes is not None else recipe
+
+
+
 def launch(recipe: Recipe, stack: Stack, opts: Options, out: str | os.PathLike | None = None, recipe_path: str = "(api)", *,
            mode: str | None = None, image: str | None = None, install_prefix: str | None = None, catalog: str | None = None,
            skip_checks=(), network_checks: bool = True, runner: Runner | None = None, stream: IO[str] | None = None,
@@ -273,12 +295,7 @@ def launch(recipe: Recipe, stack: Stack, opts: Options, out: str | os.PathLike |
         stream.write(text + "\n")
         stream.flush()
 
-    problems = check_options(opts)
-    if problems:
-        raise ConfigError("--slurm options", problems)
-    recipe = resolve_mode(recipe, mode, install_prefix, image)
-    if opts.nodes is not None:
-        recipe = recipe.model_copy(update={"num_nodes": opts.nodes})  # slime's --actor-num-nodes follows
+    recipe = resolve(recipe, opts, mode, image, install_prefix)
     run = render_run_dir(recipe, stack, out or default_run_dir(recipe), opts, recipe_path, environ)
     # This machine is a login node: the host checks (GPUs, ports) run on each node in the allocation.
     only = [name for name, chk in doctor.CHECKS.items() if chk.scope != "host" and name != "versions"]
@@ -316,6 +333,17 @@ def submit(run_dir: Path, runner: Runner) -> str:
 
 
 # --- a recorded Slurm run ---------------------------------------------------------------------
+
+
+def is_slurm_run(run_dir: str | os.PathLike) -> bool:
+    """A run directory whose last render was for Slurm (a later plain `invoke run` rewrites
+    plan.json without the "slurm" key) and that was submitted."""
+    try:
+        plan = json.loads((Path(run_dir) / "plan.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return "slurm" in plan and (Path(run_dir) / "slurm_job_id").is_file()
+
 
 
 def recorded_job(run_dir: str | os.PathLike) -> str | None:
