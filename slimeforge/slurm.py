@@ -127,10 +127,16 @@ def ray_argv(recipe: Recipe, ray: str, *, head: bool) -> list[str]:
     ]
 
 
+def container_mounts(recipe: Recipe, run_dir: Path) -> dict[str, str]:
+    """What the container needs at the same paths as the host (as `invoke run`'s docker run)."""
+    return {"run directory": str(run_dir), "checkpoint_dir": recipe.resolved_checkpoint_dir, "model_dir": recipe.model_dir,
+            "data_path (its directory)": str(Path(recipe.data_path).parent)}
+
+
 def sbatch_vars(recipe: Recipe, run_dir: Path, opts: Options, *, python: str, ray: str, env_bin: str | None) -> dict[str, Any]:
     nodes = opts.nodes or recipe.num_nodes
     container = recipe.mode == "container"
-    mounts = sorted({str(run_dir), recipe.resolved_checkpoint_dir, recipe.model_dir, str(Path(recipe.data_path).parent)})
+    mounts = sorted(set(container_mounts(recipe, run_dir).values()))
     container_args = [f"--container-image={recipe.image}", f"--container-mounts={','.join(f'{m}:{m}' for m in mounts)}",
                       f"--container-workdir={run_dir}"] if container else []
     ray_cmd = "ray" if container else ray
@@ -166,6 +172,11 @@ def render_run_dir(recipe: Recipe, stack: Stack, out: str | os.PathLike, opts: O
     from .launch import host_tools
 
     problems = check_options(opts)
+    if recipe.mode == "container":
+        # pyxis reads --container-mounts as SRC:DST[,SRC:DST...]: no way to escape these two.
+        for what, path in container_mounts(recipe, Path(out).resolve()).items():
+            if "," in path or ":" in path:
+                problems.append(Problem(what, "cannot be mounted with pyxis (--container-mounts splits at ',' and ':')", path, "a path without ',' and ':'"))
     if problems:
         raise ConfigError("--slurm options", problems)
     environ = dict(os.environ if environ is None else environ)

@@ -97,6 +97,13 @@ def test_hostile_paths_arrive_byte_for_byte(tmp_path):
     assert not Path("/tmp/sf-slurm-pwned").exists()
 
 
+def test_container_paths_pyxis_cannot_mount_are_refused(tmp_path):
+    with pytest.raises(ConfigError) as exc:
+        render(tmp_path, mode="container", image=DIGEST, checkpoint_dir=str(tmp_path / "a,b"), out=tmp_path / "r:1")
+    assert "2 problem(s)" in str(exc.value) and "checkpoint_dir: cannot be mounted with pyxis" in str(exc.value)
+    assert "run directory: cannot be mounted" in str(exc.value)
+
+
 def test_option_grammar_every_problem_at_once():
     with pytest.raises(ConfigError) as exc:
         slurm.options(partition="gpu;rm", account="-x", time="25:00", nodes="0")
