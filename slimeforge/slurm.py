@@ -59,6 +59,7 @@ class Options:
     time: str | None = None
     nodes: int | None = None
     system_python: str = "python3"  # runs the node agent on each node (standard library only)
+    start_timeout: int = START_TIMEOUT_S  # seconds for the head, then for every node, to be ALIVE in Ray
 
 
 def options(partition: str | None = None, account: str | None = None, time: str | None = None, nodes: int | str | None = None) -> Options:
@@ -82,6 +83,8 @@ def check_options(opts: Options) -> list[Problem]:
         problems.append(Problem("--time", "is not a time limit", opts.time, "[D-]HH:MM:SS, e.g. 04:00:00 or 2-00:00:00"))
     if opts.nodes is not None and not (isinstance(opts.nodes, int) and not isinstance(opts.nodes, bool) and 1 <= opts.nodes <= MAX_NODES):
         problems.append(Problem("--nodes", "is not a node count", opts.nodes, f"an integer from 1 to {MAX_NODES}"))
+    if not (isinstance(opts.start_timeout, int) and 1 <= opts.start_timeout <= 86400):
+        problems.append(Problem("start_timeout", "is not a number of seconds", opts.start_timeout, "an integer from 1 to 86400"))
     if not re.fullmatch(r"[A-Za-z0-9_./+-]{1,4096}", opts.system_python):
         problems.append(Problem("system_python", "is not a program name or path", opts.system_python, "a path without spaces or shell syntax"))
     return problems
@@ -161,8 +164,8 @@ def sbatch_vars(recipe: Recipe, run_dir: Path, opts: Options, *, python: str, ra
                                     "programs": [] if container else [ray]}),
         "head_params": json.dumps({"argv": ray_argv(recipe, ray_cmd, head=True)}),
         "worker_params": json.dumps({"argv": ray_argv(recipe, ray_cmd, head=False)}),
-        "gate_head": json.dumps({"nodes": "head", "gpus": recipe.num_gpus, "dashboard_port": recipe.ray_dashboard_port, "timeout": START_TIMEOUT_S}),
-        "gate_all": json.dumps({"nodes": "all", "gpus": recipe.num_gpus, "dashboard_port": recipe.ray_dashboard_port, "timeout": START_TIMEOUT_S}),
+        "gate_head": json.dumps({"nodes": "head", "gpus": recipe.num_gpus, "dashboard_port": recipe.ray_dashboard_port, "timeout": opts.start_timeout}),
+        "gate_all": json.dumps({"nodes": "all", "gpus": recipe.num_gpus, "dashboard_port": recipe.ray_dashboard_port, "timeout": opts.start_timeout}),
     }
 
 
@@ -290,7 +293,6 @@ def resolve(recipe: Recipe, opts: Options, mode: str | None = None, image: str |
         raise ConfigError("--slurm options", problems)
     recipe = resolve_mode(recipe, mode, install_prefix, image)
     return recipe.model_copy(update={"num_nodes": opts.nodes}) if opts.nodes is not None else recipe
-
 
 
 def launch(recipe: Recipe, stack: Stack, opts: Options, out: str | os.PathLike | None = None, recipe_path: str = "(api)", *,

@@ -42,8 +42,8 @@ def recipe_for(tmp: Path, **env):
     return recipe, stack, str(write_catalog(tmp / "flags.json", recipe, stack))
 
 
-def submit(tmp: Path, opts: slurm.Options, follow: bool = True, **env):
-    recipe, stack, catalog = recipe_for(tmp, **env)
+def submit(tmp: Path, opts: slurm.Options, follow: bool = True, recipe=None, **env):
+    recipe, stack, catalog = recipe or recipe_for(tmp, **env)
     out = io.StringIO()
     code = slurm.launch(recipe, stack, opts, out=tmp / "run", catalog=catalog, network_checks=False, stream=out, follow_log=follow)
     return code, out.getvalue(), tmp / "run"
@@ -98,6 +98,25 @@ def test_a_failing_node_is_named_and_nothing_starts(env, slurm_lab):
     assert "Ray was not started on any node" in out
     assert not (run / "submission_id").exists()
     assert no_ray_left(slurm_lab)
+
+
+def test_a_node_that_cannot_join_ray_is_named_and_ray_is_stopped(env, slurm_lab):
+    recipe, stack, catalog = recipe_for(env)
+    h1, h3 = slurm_lab.net.hosts[0], slurm_lab.net.hosts[2]
+    # h3 passes the checks but cannot reach the head's GCS port, so its Ray worker never joins.
+    rule = ["OUTPUT", "-p", "tcp", "-d", h1.ip, "--dport", str(recipe.ray_port), "-j", "REJECT"]
+    subprocess.run(["ip", "netns", "exec", h3.netns, "iptables", "-A", *rule], check=True)
+    try:
+        code, out, run = submit(env, slurm.Options(nodes=3, start_timeout=30), recipe=(recipe, stack, catalog))
+    finally:
+        subprocess.run(["ip", "netns", "exec", h3.netns, "iptables", "-D", *rule], check=True)
+    assert code == 4, out
+    table = out[out.index("not every node joined Ray within 30s"):]
+    assert next(line for line in table.splitlines() if line.startswith("h3 ")).split()[1:3] == ["FAILED", "no"]
+    assert f"no ALIVE node with IP {h3.ip}" in table
+    assert next(line for line in table.splitlines() if line.startswith("h2 ")).split()[1] == "ok"
+    assert "stopping Ray (srun steps" in out and not (run / "submission_id").exists()
+    wait_for(lambda: no_ray_left(slurm_lab), 60, "every Ray process of the job to end")
 
 
 def _listening(netns: str, port: int) -> bool:
