@@ -20,6 +20,8 @@ from launch_support import VENV_BIN, make_recipe, wait_for, write_catalog  # noq
 from slimeforge import doctor, slurm  # noqa: E402
 from slimeforge.recipe import parse_recipe  # noqa: E402
 
+INVOKE = [str(VENV_BIN / "invoke"), "--search-root", str(Path(__file__).resolve().parents[3])]
+
 
 @pytest.fixture
 def env(slurm_lab: SlurmLab, tmp_path, monkeypatch):
@@ -70,6 +72,13 @@ def test_a_job_runs_on_every_node_of_the_allocation(env, slurm_lab):
     assert (run / "submission_id").read_text().strip() in (run / "job.log").read_text()
     st = slurm.status(run)
     assert st["state"] == "COMPLETED" and st["exit_code"] == "0:0" and st["slurm_job_id"] == job_id
+    # The run.* tasks act on the Slurm job of this run directory.
+    r = subprocess.run([*INVOKE, "run.status", "--run-dir", str(run)], capture_output=True, text=True)
+    assert r.returncode == 0 and f"Slurm job {job_id}: COMPLETED, exit code 0:0" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([*INVOKE, "run.logs", "--run-dir", str(run)], capture_output=True, text=True)
+    assert r.returncode == 0 and "standin: ran a task on 3 node(s)" in r.stdout
+    r = subprocess.run([*INVOKE, "run.stop", "--run-dir", str(run)], capture_output=True, text=True)
+    assert r.returncode == 0 and f"job {job_id}: already ended (COMPLETED)" in r.stdout
     wait_for(lambda: no_ray_left(slurm_lab), 60, "Ray to end with the job")
 
 
@@ -181,7 +190,7 @@ def test_cli_dry_run_and_bad_options(env, slurm_lab):
     data = make_recipe(env)
     path = env / "r.yaml"
     path.write_text(yaml.safe_dump(data))
-    inv = [str(VENV_BIN / "invoke"), "--search-root", str(Path(__file__).resolve().parents[3])]
+    inv = INVOKE
     r = subprocess.run([*inv, "run", str(path), "--slurm", "--dry-run", "--nodes", "2", "--out", str(env / "dry")], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"sbatch --parsable --chdir={env / 'dry'} -- {env / 'dry' / 'slurm.sbatch'}" in r.stdout
