@@ -164,8 +164,8 @@ def sbatch_vars(recipe: Recipe, run_dir: Path, opts: Options, *, python: str, ra
                                     "programs": [] if container else [ray]}),
         "head_params": json.dumps({"argv": ray_argv(recipe, ray_cmd, head=True)}),
         "worker_params": json.dumps({"argv": ray_argv(recipe, ray_cmd, head=False)}),
-        "gate_head": json.dumps({"nodes": "head", "gpus": recipe.num_gpus, "dashboard_port": recipe.ray_dashboard_port, "timeout": opts.start_timeout}),
-        "gate_all": json.dumps({"nodes": "all", "gpus": recipe.num_gpus, "dashboard_port": recipe.ray_dashboard_port, "timeout": opts.start_timeout}),
+        "gate_head": json.dumps({"gcs_port": recipe.ray_port, "timeout": opts.start_timeout}),
+        "gate_all": json.dumps({"gpus": recipe.num_gpus, "dashboard_port": recipe.ray_dashboard_port, "timeout": opts.start_timeout}),
     }
 
 

@@ -20,7 +20,8 @@ the run directory, where it is copied):
   slurm-check  this node's facts checked against what the job needs (GPUs, ports, route to the head)
   slurm-table  gather every node's slurm-check answer: a per-node table, the node IPs for the gate
   slurm-ray    exec `ray start --block` with this node's IP and interface filled in
-  slurm-gate   the health gate of cluster.up: every node ALIVE in Ray with its GPUs, by a deadline
+  slurm-gate   the head's GCS port open; then the health gate of cluster.up: every node ALIVE in Ray
+               with its GPUs, by a deadline
 """
 
 from __future__ import annotations
@@ -444,16 +445,30 @@ def cmd_slurm_ray(p):
 
 
 def cmd_slurm_gate(p):
-    """Poll the head's dashboard until every node of p["nodes"] ("head" or "all") is ALIVE with
-    p["gpus"] GPUs; print a per-node table when the deadline passes first."""
+    """With p["gcs_port"]: wait until the head's GCS port answers (the workers may join from then
+    on, while the head finishes starting, as in cluster.up). Else: poll the head's dashboard until
+    every node is ALIVE with p["gpus"] GPUs; print a per-node table when the deadline passes first."""
     step_dir, nodes = os.environ["SF_STEP_DIR"], os.environ["SF_NODES"].split()
     with open(os.path.join(step_dir, "nodes.json")) as f:
         ips = json.load(f)
-    url = f"http://{ips[nodes[0]]}:{p['dashboard_port']}/api/v0/nodes?limit=10000&detail=false"
-    if p["nodes"] == "head":
-        ips = {nodes[0]: ips[nodes[0]]}
-    want = {ip: p["gpus"] for ip in ips.values()}
     deadline = time.time() + p["timeout"]
+    if p.get("gcs_port"):
+        # The head's srun (a child of the batch script): when it has ended, nothing will answer.
+        watch = int(os.environ.get("SF_WATCH_PID") or 0)
+        while True:
+            why = tcp_reach(ips[nodes[0]], p["gcs_port"], 1.0)
+            if why is None:
+                return {"ok": True}
+            st = _stat(watch) if watch else ("R",)
+            if st is None or st[0] == "Z":
+                sys.stderr.write(f"the Ray head on {nodes[0]} exited before its GCS port {p['gcs_port']} answered\n")
+                return {"ok": False, "failed": [nodes[0]]}
+            if time.time() > deadline:
+                sys.stderr.write(f"the Ray head's GCS port {ips[nodes[0]]}:{p['gcs_port']} did not answer within {p['timeout']}s: {why}\n")
+                return {"ok": False, "failed": [nodes[0]]}
+            time.sleep(0.2)
+    url = f"http://{ips[nodes[0]]}:{p['dashboard_port']}/api/v0/nodes?limit=10000&detail=false"
+    want = {ip: p["gpus"] for ip in ips.values()}
     while True:
         answer = cmd_nodes({"url": url, "timeout": 10})
         verdict = gate(answer.get("nodes", []), want)

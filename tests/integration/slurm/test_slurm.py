@@ -73,11 +73,12 @@ def test_a_job_runs_on_every_node_of_the_allocation(env, slurm_lab):
     st = slurm.status(run)
     assert st["state"] == "COMPLETED" and st["exit_code"] == "0:0" and st["slurm_job_id"] == job_id
     # The run.* tasks act on the Slurm job of this run directory.
-    r = subprocess.run([*INVOKE, "run.status", "--run-dir", str(run)], capture_output=True, text=True)
+    recipe_arg = ["--recipe", "unused.yaml", "--run-dir", str(run)]  # the tasks take the recipe positionally; --run-dir wins
+    r = subprocess.run([*INVOKE, "run.status", *recipe_arg], capture_output=True, text=True)
     assert r.returncode == 0 and f"Slurm job {job_id}: COMPLETED, exit code 0:0" in r.stdout, r.stdout + r.stderr
-    r = subprocess.run([*INVOKE, "run.logs", "--run-dir", str(run)], capture_output=True, text=True)
+    r = subprocess.run([*INVOKE, "run.logs", *recipe_arg], capture_output=True, text=True)
     assert r.returncode == 0 and "standin: ran a task on 3 node(s)" in r.stdout
-    r = subprocess.run([*INVOKE, "run.stop", "--run-dir", str(run)], capture_output=True, text=True)
+    r = subprocess.run([*INVOKE, "run.stop", *recipe_arg], capture_output=True, text=True)
     assert r.returncode == 0 and f"job {job_id}: already ended (COMPLETED)" in r.stdout
     wait_for(lambda: no_ray_left(slurm_lab), 60, "Ray to end with the job")
 
@@ -161,6 +162,10 @@ def test_a_requeued_job_resumes_from_its_checkpoint(env, slurm_lab):
     tracker = env / "checkpoints" / "latest_checkpointed_iteration.txt"
     wait_for(tracker.exists, 240, "the first checkpoint")
     r = client(slurm_lab.env, "scontrol", "requeue", job_id)
+    assert r.returncode == 0, r.stderr
+    # Slurm holds a requeued job back for about two minutes (its begin time); a test need not wait.
+    wait_for(lambda: state(job_id) == "PENDING", 120, "the job to be pending again")
+    r = client(slurm_lab.env, "scontrol", "update", f"JobId={job_id}", "StartTime=now")
     assert r.returncode == 0, r.stderr
     wait_for(lambda: state(job_id) == "COMPLETED", 400, "the requeued job to finish", interval=1)
     assert (env / "resumed.txt").read_text() == "resumed from 1\n"
