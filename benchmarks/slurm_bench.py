@@ -8,8 +8,9 @@ Each run is a fresh `invoke run --slurm` command; the phases come from the job's
 
   queue     sbatch returned -> the batch script runs on the first node (allocated)
   checks    the per-node checks (srun, one task per node)
-  head      the Ray head started, until the dashboard lists it ALIVE with its GPUs
-  workers   the workers started, until every node is ALIVE with its GPUs (the health gate)
+  head      the Ray head started, until its GCS port answers
+  workers   the workers started (while the head finishes), until every node is ALIVE with its
+            GPUs in the head's dashboard (the health gate)
   submit    launch.sh submits; until train.py runs in Ray (the job is RUNNING)
   total     the `invoke` command started -> train.py runs
 
