@@ -435,7 +435,8 @@ def cmd_slurm_ray(p):
     GLOO and NCCL pinned to the interface that routes to the head, as cluster.up does."""
     head_ip = _head_ip()
     route = route_to(head_ip)
-    job = f"{os.environ.get('SLURM_JOB_ID', '0')}-{os.environ.get('SLURM_RESTART_COUNT') or '0'}"
+    # Job ids repeat across clusters (and test labs) that may share a /tmp: the cluster's name too.
+    job = f"{os.environ.get('SLURM_CLUSTER_NAME', '')[:16]}-{os.environ.get('SLURM_JOB_ID', '0')}-{os.environ.get('SLURM_RESTART_COUNT') or '0'}"
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     env = dict(os.environ, GLOO_SOCKET_IFNAME=route["dev"], NCCL_SOCKET_IFNAME=route["dev"])
     fill = {"@HEAD_IP@": head_ip, "@NODE_IP@": route["src"], "@NODE@": node, "@JOB@": job}
