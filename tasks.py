@@ -107,21 +107,21 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
                 raise Exit(code=code)
             return
         run = slurm_mod.render_run_dir(slurm_mod.resolve(rec, opts, mode, image, prefix), stack, target, opts, recipe)
-    if not dry_run:
-        from slimeforge.launch import launch
+    else:
+        if not dry_run:
+            from slimeforge.launch import launch
 
-        if cluster or rec.cluster:
-            if address:
-                raise Exit("error: --address and --cluster both name a cluster; give one", code=2)
-            from slimeforge.cluster import address as cluster_address
+            if cluster or rec.cluster:
+                if address:
+                    raise Exit("error: --address and --cluster both name a cluster; give one", code=2)
+                from slimeforge.cluster import address as cluster_address
 
-            address = cluster_address(cluster or rec.cluster).dashboard  # the head's Jobs API
-        code = launch(rec, stack, out=target, recipe_path=recipe, address=address, mode=mode, image=image, install_prefix=prefix,
-                      catalog=catalog, skip_checks=skip_check or [], network_checks=not no_network)
-        if code:
-            raise Exit(code=code)
-        return
-    if not slurm:
+                address = cluster_address(cluster or rec.cluster).dashboard  # the head's Jobs API
+            code = launch(rec, stack, out=target, recipe_path=recipe, address=address, mode=mode, image=image, install_prefix=prefix,
+                          catalog=catalog, skip_checks=skip_check or [], network_checks=not no_network)
+            if code:
+                raise Exit(code=code)
+            return
         run = build_run_dir(rec, stack, target, recipe)
     write_run_dir(run)
     print(f"recipe {recipe}: valid ({rec.exp_id}, stack {stack.id})")
