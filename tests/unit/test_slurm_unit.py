@@ -204,3 +204,12 @@ def test_the_health_gate_test():
         "10.0.0.2": (False, "registered from 10.0.0.2 with 1 GPU(s), expected 2"),
         "10.0.0.3": (False, "no ALIVE node with IP 10.0.0.3"),
     }
+
+
+def test_only_a_submitted_slurm_render_is_a_slurm_run(tmp_path):
+    run = stop_dir(tmp_path)
+    assert slurm.is_slurm_run(run)
+    # A later plain `invoke run` rewrites plan.json without "slurm": run.* act on its Ray job again.
+    (run / "plan.json").write_text(json.dumps({"exp_id": "exp1"}))
+    assert not slurm.is_slurm_run(run)
+    assert not slurm.is_slurm_run(tmp_path / "missing")
