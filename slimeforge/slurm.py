@@ -231,7 +231,8 @@ def gres_gpus(gres: str) -> int:
 
 
 def cluster_findings(recipe: Recipe, opts: Options, runner: Runner) -> list[doctor.Finding]:
-    """Partition exists and is up, enough nodes with enough GPUs, the time limit allowed."""
+    """Partition exists and is up, enough nodes with enough GPUs, the time limit allowed;
+    container mode: pyxis is there."""
     F = doctor.Finding
     nodes = opts.nodes or recipe.num_nodes
     try:
@@ -267,6 +268,14 @@ def cluster_findings(recipe: Recipe, opts: Options, runner: Runner) -> list[doct
                        "--nodes / num_gpus that fit, or another partition"))
     else:
         found.append(F("slurm-nodes", doctor.OK, f"{nodes} node(s) x {recipe.num_gpus} GPU(s): {len(fit)} node(s) of {partition} fit"))
+    if recipe.mode == "container":
+        # pyxis adds --container-image to srun (a SPANK plugin): without it the steps would fail in the allocation.
+        helptext = runner.run(["srun", "--help"], step="srun --help", check=False)
+        if "--container-image" in helptext.stdout + helptext.stderr:
+            found.append(F("slurm-container", doctor.OK, "srun has pyxis's --container-image"))
+        else:
+            found.append(F("slurm-container", doctor.ERROR, "container mode needs the pyxis plugin, but `srun --help` has no --container-image",
+                           "--mode host with an install prefix on the shared filesystem, or ask the admins for pyxis/enroot"))
     limit = seconds(part.get("MaxTime", "UNLIMITED"))
     if opts.time is not None and limit is not None and seconds(opts.time) > limit:
         found.append(F("slurm-time", doctor.ERROR, f"--time {opts.time} is over partition {partition}'s MaxTime {part['MaxTime']}", f"--time {part['MaxTime']} or less"))

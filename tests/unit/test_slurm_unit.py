@@ -181,11 +181,21 @@ def test_cluster_findings_from_scontrol_and_sinfo(tmp_path):
     assert found[0][:2] == ("slurm-partition", "ok")
     assert ("slurm-nodes", "error", "3 node(s) asked, partition gpu allows 2 per job") in found
     assert ("slurm-time", "error", "--time 03:00:00 is over partition gpu's MaxTime 02:00:00") in found
-    assert ["scontrol", "show", "partition", "-o", "--", "gpu"] in runner.history
+    assert ["scontrol", "show", "partition", "-o", "--", "gpu"] in runner.history and ["srun", "--help"] not in runner.history
     # Drained nodes do not count: 2 nodes fit, 3 asked.
     runner.answers[("scontrol", "show", "partition")] = "PartitionName=gpu State=UP MaxTime=UNLIMITED MaxNodes=UNLIMITED\n"
     msgs = [f.message for f in slurm.cluster_findings(rec, slurm.Options(nodes=3), runner) if f.level == "error"]
     assert msgs == ["3 node(s) with 2 GPU(s) each asked; partition gpu has 2 such node(s) in service (of 3: n1 gpu:2, n2 gpu:2, n3 gpu:2)"]
+
+
+def test_container_mode_asks_srun_for_pyxis(tmp_path):
+    rec, _ = recipe(tmp_path, mode="container", image=DIGEST)
+    answers = {("sinfo", "-h", "-o", "%P"): "gpu*\n", ("scontrol", "show", "partition"): "PartitionName=gpu State=UP MaxTime=UNLIMITED\n",
+               ("sinfo", "-h", "-N"): "n1|gpu:2|idle\n"}
+    with_pyxis = Canned({**answers, ("srun", "--help"): "      --container-image=[USER@][REGISTRY#]IMAGE[:TAG]|PATH\n"})
+    assert ("slurm-container", "ok") in [(f.check, f.level) for f in slurm.cluster_findings(rec, slurm.Options(), with_pyxis)]
+    without = Canned({**answers, ("srun", "--help"): "      --container=PATH   OCI bundle\n"})
+    assert ("slurm-container", "error") in [(f.check, f.level) for f in slurm.cluster_findings(rec, slurm.Options(), without)]
 
 
 def test_exit_codes_from_scontrol():

@@ -189,6 +189,18 @@ def test_preflight_against_the_cluster(env, slurm_lab):
     assert not (env / "run").exists()  # nothing written, nothing submitted
 
 
+def test_container_mode_needs_pyxis(env, slurm_lab):
+    """As far as container mode goes here: this Slurm has no pyxis, and the preflight says so
+    before anything is submitted (the rendered script is checked in the unit tests)."""
+    recipe, stack, catalog = recipe_for(env)
+    digest = "reg.example/slimeforge@sha256:" + "0123456789abcdef" * 4
+    with pytest.raises(doctor.PreflightError) as exc:
+        slurm.launch(recipe, stack, slurm.Options(nodes=1), out=env / "run", mode="container", image=digest, catalog=catalog,
+                     network_checks=False, stream=io.StringIO())
+    assert "container mode needs the pyxis plugin, but `srun --help` has no --container-image" in str(exc.value)
+    assert not (env / "run").exists()
+
+
 def test_cli_dry_run_and_bad_options(env, slurm_lab):
     import yaml
 
