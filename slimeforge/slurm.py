@@ -29,7 +29,7 @@ from typing import IO, Any
 
 from . import __version__, doctor
 from .errors import CommandError, ConfigError, Problem, SlimeforgeError
-from .launch import default_run_dir, resolve_mode
+from .launch import default_run_dir, host_tools, resolve_mode
 from .proc import Runner
 from .recipe import Recipe
 from .render import RunDir, build_run_dir, write_run_dir
@@ -172,8 +172,6 @@ def sbatch_vars(recipe: Recipe, run_dir: Path, opts: Options, *, python: str, ra
 def render_run_dir(recipe: Recipe, stack: Stack, out: str | os.PathLike, opts: Options, recipe_path: str = "(api)",
                    environ: dict[str, str] | None = None) -> RunDir:
     """The run directory of `invoke run`, plus slurm.sbatch and the node agent (nothing written)."""
-    from .launch import host_tools
-
     problems = check_options(opts)
     if recipe.mode == "container":
         # pyxis reads --container-mounts as SRC:DST[,SRC:DST...]: no way to escape these two.
