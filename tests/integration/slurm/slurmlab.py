@@ -214,3 +214,6 @@ class SlurmLab:
                 p.kill()
                 p.wait()
         self.net.stop()  # also ends anything left in the namespaces (job steps), by pid
+        # Ray's temp dirs of this lab's jobs (/tmp/sfr-<cluster>-<job>-...: the name is unique to the lab).
+        for path in Path("/tmp").glob(f"sfr-{self.cluster_name[:16]}-*"):
+            shutil.rmtree(path, ignore_errors=True)
