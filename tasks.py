@@ -79,12 +79,17 @@ def stack_show(c, cuda="cu13", as_json=False):
         "skip_check": "turn this preflight check's errors into warnings (repeatable; see `invoke doctor --list`)",
         "no_network": "leave out the checks that need the network (AWS, the cluster)",
         "cluster": "launch on the cluster of this inventory (brought up with cluster.up; default: the recipe's cluster)",
+        "slurm": "submit to Slurm: Ray starts inside an sbatch allocation (docs/slurm.md)",
+        "partition": "--slurm: the partition (default: the cluster's default)",
+        "account": "--slurm: the account to charge",
+        "time": "--slurm: the time limit, [D-]HH:MM:SS",
+        "nodes": "--slurm: nodes (default: the recipe's num_nodes)",
     },
     default=True,
 )
 @clean_errors
 def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=None, image=None, prefix=None, catalog=None,
-              skip_check=None, no_network=False, cluster=None):
+              skip_check=None, no_network=False, cluster=None, slurm=False, partition=None, account=None, time=None, nodes=None):
     """Validate a recipe, preflight, start Ray, submit, stream the logs (--dry-run: render only)."""
     from pathlib import Path
 
@@ -92,23 +97,39 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
     from slimeforge.render import build_run_dir, write_run_dir
     from slimeforge.yamlio import parse_set
 
+    if not slurm and any(v is not None for v in (partition, account, time, nodes)):
+        raise Exit("error: --partition, --account, --time and --nodes go with --slurm", code=2)
     rec, stack = load_recipe(recipe, parse_set(set_ or []))
     target = Path(out) if out else Path("runs") / rec.exp_id
-    if not dry_run:
-        from slimeforge.launch import launch
+    if slurm:
+        from slimeforge import slurm as slurm_mod
 
-        if cluster or rec.cluster:
-            if address:
-                raise Exit("error: --address and --cluster both name a cluster; give one", code=2)
-            from slimeforge.cluster import address as cluster_address
+        if address or cluster:
+            raise Exit("error: --slurm starts its own Ray cluster in the allocation; leave out --address/--cluster", code=2)
+        opts = slurm_mod.options(partition, account, time, nodes)
+        if not dry_run:
+            code = slurm_mod.launch(rec, stack, opts, out=target, recipe_path=recipe, mode=mode, image=image, install_prefix=prefix,
+                                    catalog=catalog, skip_checks=skip_check or [], network_checks=not no_network)
+            if code:
+                raise Exit(code=code)
+            return
+        run = slurm_mod.render_run_dir(slurm_mod.resolve(rec, opts, mode, image, prefix), stack, target, opts, recipe)
+    else:
+        if not dry_run:
+            from slimeforge.launch import launch
 
-            address = cluster_address(cluster or rec.cluster).dashboard  # the head's Jobs API
-        code = launch(rec, stack, out=target, recipe_path=recipe, address=address, mode=mode, image=image, install_prefix=prefix,
-                      catalog=catalog, skip_checks=skip_check or [], network_checks=not no_network)
-        if code:
-            raise Exit(code=code)
-        return
-    run = build_run_dir(rec, stack, target, recipe)
+            if cluster or rec.cluster:
+                if address:
+                    raise Exit("error: --address and --cluster both name a cluster; give one", code=2)
+                from slimeforge.cluster import address as cluster_address
+
+                address = cluster_address(cluster or rec.cluster).dashboard  # the head's Jobs API
+            code = launch(rec, stack, out=target, recipe_path=recipe, address=address, mode=mode, image=image, install_prefix=prefix,
+                          catalog=catalog, skip_checks=skip_check or [], network_checks=not no_network)
+            if code:
+                raise Exit(code=code)
+            return
+        run = build_run_dir(rec, stack, target, recipe)
     write_run_dir(run)
     print(f"recipe {recipe}: valid ({rec.exp_id}, stack {stack.id})")
     print(f"run directory {run.path}:")
@@ -144,9 +165,20 @@ RUN_HELP = {"recipe": "the recipe that was launched (its run directory is runs/<
 @clean_errors
 def run_status(c, recipe=None, run_dir=None, as_json=False):
     """Status of a launched run's job (and whether the Ray head slimeforge started is up)."""
-    from slimeforge import launch
+    from slimeforge import launch, slurm
 
-    st = launch.status(_run_dir(recipe, run_dir))
+    path = _run_dir(recipe, run_dir)
+    if slurm.is_slurm_run(path):
+        st = slurm.status(path)
+        if as_json:
+            print(json.dumps(st, indent=2, default=str))
+            return
+        print(f"Slurm job {st['slurm_job_id']}: {st['state']}" + (f" ({st['reason']})" if st["reason"] not in (None, "None") else "")
+              + (f", exit code {st['exit_code']}" if st["exit_code"] else ""))
+        print(f"  nodes {st['nodes']}; restarts {st['restarts']}; Ray submission {st['submission_id'] or '(not yet)'}")
+        print(f"  output {st['output']}")
+        return
+    st = launch.status(path)
     if as_json:
         print(json.dumps(st, indent=2, default=str))
         return
@@ -158,19 +190,30 @@ def run_status(c, recipe=None, run_dir=None, as_json=False):
 @task(positional=["recipe"], help={**RUN_HELP, "follow": "keep streaming until the job ends"})
 @clean_errors
 def run_logs(c, recipe=None, run_dir=None, follow=False):
-    """Print a launched run's job logs (from the cluster; job.log keeps them too)."""
-    from slimeforge import launch
+    """Print a launched run's job logs (from the cluster; job.log keeps them too; a Slurm run: its output file)."""
+    from slimeforge import launch, slurm
 
-    launch.logs(_run_dir(recipe, run_dir), follow_logs=follow)
+    path = _run_dir(recipe, run_dir)
+    if slurm.is_slurm_run(path):
+        code = slurm.logs(path, follow_logs=follow)
+        if code:
+            raise Exit(code=code)
+        return
+    launch.logs(path, follow_logs=follow)
 
 
 @task(positional=["recipe"], help={**RUN_HELP, "head": "also stop the Ray head (and container) that slimeforge started for it"})
 @clean_errors
 def run_stop(c, recipe=None, run_dir=None, head=False):
-    """Stop a launched run's job; --head also stops the Ray head slimeforge recorded (nothing else)."""
-    from slimeforge import launch
+    """Stop a launched run's job; --head also stops the Ray head slimeforge recorded (nothing else).
+    A Slurm run: scancel of its recorded job id, and only that (Ray in the allocation ends with it)."""
+    from slimeforge import launch, slurm
 
-    launch.stop(_run_dir(recipe, run_dir), head=head)
+    path = _run_dir(recipe, run_dir)
+    if slurm.is_slurm_run(path):
+        slurm.stop(path)
+        return
+    launch.stop(path, head=head)
 
 
 @task(

@@ -41,6 +41,7 @@ from .errors import CommandError, Problem, SlimeforgeError
 from .hosttable import FAILED, OK, RUNNING, HostTable
 from .inventory import Host, Inventory, load_inventory
 from .proc import Runner
+from .scripts.node_agent import gate
 from .ssh import SSH, HostUnreachable
 
 PHASES = ("connect", "preflight", "environment", "ray")
@@ -550,13 +551,12 @@ def wait_for_nodes(inv: Inventory, nodes: Sequence[Node], head: Node, head_ip: s
     while True:
         answer = agent(head, head.host, "nodes", {"url": url, "timeout": 10}, timeout=60)
         last_error = answer.get("error", "")
-        alive = {n["node_ip"]: n for n in answer.get("nodes", []) if n.get("state") == "ALIVE"}
+        verdict = gate(answer.get("nodes", []), {ip: node.host.gpus for ip, node in want.items()})
         for ip, node in want.items():
-            if ip in alive and ip not in done:
-                gpus = int((alive[ip].get("resources_total") or {}).get("GPU", 0))
-                if gpus == node.host.gpus:
-                    done.add(ip)
-                    table.set(node.name, "ray", OK, f"{ip} ALIVE, {gpus} GPU(s), {node.interface}")
+            ok, detail = verdict[ip]
+            if ok and ip not in done:
+                done.add(ip)
+                table.set(node.name, "ray", OK, f"{detail}, {node.interface}")
         if len(done) == len(want):
             return {}
         if time.monotonic() > deadline:
@@ -566,11 +566,9 @@ def wait_for_nodes(inv: Inventory, nodes: Sequence[Node], head: Node, head_ip: s
     for ip, node in want.items():
         if ip in done:
             continue
-        if ip in alive:
-            gpus = (alive[ip].get("resources_total") or {}).get("GPU", 0)
-            why = f"registered from {ip} with {gpus:g} GPU(s), expected {node.host.gpus}"
-        else:
-            why = f"no ALIVE node with IP {ip} after {inv.ray.start_timeout:g}s" + (f" ({last_error})" if last_error else "")
+        why = verdict[ip][1]
+        if why.startswith("no ALIVE node"):
+            why += f" after {inv.ray.start_timeout:g}s" + (f" ({last_error})" if last_error else "")
             try:
                 tail = (agent(node, node.host, "facts", {"state_dir": node.host.state_dir}, timeout=60).get("record") or {}).get("log_tail", "")
             except SlimeforgeError:

@@ -14,6 +14,14 @@ Commands:
   stop   SIGTERM exactly the recorded process (`ray start --block` then stops every process it
          started) or `docker stop` the recorded container; nothing else
   nodes  GET a Ray dashboard's node list (run on the head, so the dashboard need not be exposed)
+
+Inside a Slurm allocation (templates/slurm.sbatch.j2 runs it with `srun`, one task per node, from
+the run directory, where it is copied):
+  slurm-check  this node's facts checked against what the job needs (GPUs, ports, route to the head)
+  slurm-table  gather every node's slurm-check answer: a per-node table, the node IPs for the gate
+  slurm-ray    exec `ray start --block` with this node's IP and interface filled in
+  slurm-gate   the head's GCS port open; then the health gate of cluster.up: every node ALIVE in Ray
+               with its GPUs, by a deadline
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import getpass
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -335,7 +344,148 @@ def cmd_nodes(p):
     return {"nodes": [{k: n.get(k) for k in keep} for n in nodes]}
 
 
-COMMANDS = {"facts": cmd_facts, "start": cmd_start, "wait": cmd_wait, "stop": cmd_stop, "nodes": cmd_nodes}
+def gate(nodes, want):
+    """The health gate's test, for cluster.up and for a Slurm allocation alike.
+
+    nodes: the dashboard's node list (cmd_nodes); want: {node IP: GPUs it must register with}.
+    Returns {ip: (ok, detail)}: ok when an ALIVE node has that IP and exactly those GPUs."""
+    alive = {n["node_ip"]: n for n in nodes if n.get("state") == "ALIVE"}
+    out = {}
+    for ip, gpus in want.items():
+        node = alive.get(ip)
+        if node is None:
+            out[ip] = (False, f"no ALIVE node with IP {ip}")
+            continue
+        got = int((node.get("resources_total") or {}).get("GPU", 0))
+        out[ip] = (True, f"{ip} ALIVE, {got} GPU(s)") if got == gpus else (False, f"registered from {ip} with {got} GPU(s), expected {gpus}")
+    return out
+
+
+# --- inside a Slurm allocation ---------------------------------------------------------------
+# The batch script exports what is only known inside the allocation (srun passes it to every task):
+# SF_STEP_DIR (this job's directory in the run directory), SF_NODES (the allocation's nodes, head
+# first), SF_HEAD_NODE and SF_HEAD_ADDR (its NodeAddr). The JSON parameters are fixed at render time.
+
+
+def text_table(headers, rows):
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+    return "\n".join("  ".join(str(r[i]).ljust(widths[i]) for i in range(len(widths))).rstrip() for r in [headers, *rows])
+
+
+def _head_ip():
+    return socket.gethostbyname(os.environ["SF_HEAD_ADDR"])
+
+
+def cmd_slurm_check(p):
+    """One node's checks before Ray starts: GPUs seen >= needed, Ray's ports free, a route to the
+    head (whose source address becomes this node's Ray IP), the job's programs present."""
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    try:
+        head_ip = _head_ip()
+    except OSError as exc:
+        return {"node": node, "problems": [f"cannot resolve the head's address {os.environ['SF_HEAD_ADDR']!r}: {exc}"]}
+    is_head = node == os.environ["SF_HEAD_NODE"]
+    facts = cmd_facts({"state_dir": "~", "head_ip": head_ip, "ports": p["ports"] + (p["head_ports"] if is_head else [])})
+    problems = []
+    found = facts["gpus"]
+    seen = len(found.get("list", []))
+    if p["gpus"] and "error" in found:
+        problems.append(f"needs {p['gpus']} GPU(s) but {found['error']}")
+    elif p["gpus"] > seen:
+        problems.append(f"needs {p['gpus']} GPU(s) but nvidia-smi shows {seen}")
+    if facts.get("ports_busy"):
+        problems.append(f"port(s) {', '.join(map(str, facts['ports_busy']))} in use: Ray needs them (another job or Ray on this node?)")
+    route = facts.get("route", {})
+    if "error" in route or not route.get("src") or not route.get("dev"):
+        problems.append(f"no route to the head {head_ip}: {route.get('error', route)}")
+    for program in p.get("programs", []):
+        if not (os.path.isfile(program) and os.access(program, os.X_OK)) and not shutil.which(program):
+            problems.append(f"{program}: not found or not executable on this node")
+    return {"node": node, "ip": route.get("src"), "dev": route.get("dev"), "gpus_seen": seen, "problems": problems}
+
+
+def cmd_slurm_table(p):
+    """Every node's slurm-check answer (JSON lines in $SF_STEP_DIR/checks.jsonl) against the
+    allocation's nodes: print the per-node table, keep {node: {ip, dev}} and the head's IP."""
+    step_dir, nodes = os.environ["SF_STEP_DIR"], os.environ["SF_NODES"].split()
+    answers = {}
+    with open(os.path.join(step_dir, "checks.jsonl")) as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("{"):
+                answer = json.loads(line)
+                answers[answer["node"]] = answer
+    rows, failed = [], []
+    for node in nodes:
+        a = answers.get(node, {"problems": ["no answer from this node (srun could not run the check there)"]})
+        if a["problems"]:
+            failed.append(node)
+        rows.append([node, "FAILED" if a["problems"] else "ok", a.get("ip") or "-", a.get("dev") or "-", "; ".join(a["problems"]) or f"{a.get('gpus_seen')} GPU(s) seen"])
+    sys.stderr.write(text_table(["node", "checks", "ip", "interface", "detail"], rows) + "\n")
+    ips = {n: answers[n].get("ip") for n in nodes if n in answers}
+    with open(os.path.join(step_dir, "nodes.json"), "w") as f:
+        json.dump(ips, f)
+    with open(os.path.join(step_dir, "head_ip"), "w") as f:
+        f.write((ips.get(nodes[0]) or "") + "\n")
+    return {"ok": not failed, "failed": failed}
+
+
+def cmd_slurm_ray(p):
+    """Exec `ray start --block` (p["argv"]; @HEAD_IP@, @NODE_IP@, @NODE@ and @JOB@ filled in) with
+    GLOO and NCCL pinned to the interface that routes to the head, as cluster.up does."""
+    head_ip = _head_ip()
+    route = route_to(head_ip)
+    # Job ids repeat across clusters (and test labs) that may share a /tmp: the cluster's name too.
+    job = f"{os.environ.get('SLURM_CLUSTER_NAME', '')[:16]}-{os.environ.get('SLURM_JOB_ID', '0')}-{os.environ.get('SLURM_RESTART_COUNT') or '0'}"
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    env = dict(os.environ, GLOO_SOCKET_IFNAME=route["dev"], NCCL_SOCKET_IFNAME=route["dev"])
+    fill = {"@HEAD_IP@": head_ip, "@NODE_IP@": route["src"], "@NODE@": node, "@JOB@": job}
+    argv = [re.sub("|".join(fill), lambda m: fill[m.group(0)], a) for a in p["argv"]]
+    sys.stdout.flush()
+    os.execvpe(argv[0], argv, env)
+
+
+def cmd_slurm_gate(p):
+    """With p["gcs_port"]: wait until the head's GCS port answers (the workers may join from then
+    on, while the head finishes starting, as in cluster.up). Else: poll the head's dashboard until
+    every node is ALIVE with p["gpus"] GPUs; print a per-node table when the deadline passes first."""
+    step_dir, nodes = os.environ["SF_STEP_DIR"], os.environ["SF_NODES"].split()
+    with open(os.path.join(step_dir, "nodes.json")) as f:
+        ips = json.load(f)
+    deadline = time.time() + p["timeout"]
+    if p.get("gcs_port"):
+        # The head's srun (a child of the batch script): when it has ended, nothing will answer.
+        watch = int(os.environ.get("SF_WATCH_PID") or 0)
+        while True:
+            why = tcp_reach(ips[nodes[0]], p["gcs_port"], 1.0)
+            if why is None:
+                return {"ok": True}
+            st = _stat(watch) if watch else ("R",)
+            if st is None or st[0] == "Z":
+                sys.stderr.write(f"the Ray head on {nodes[0]} exited before its GCS port {p['gcs_port']} answered\n")
+                return {"ok": False, "failed": [nodes[0]]}
+            if time.time() > deadline:
+                sys.stderr.write(f"the Ray head's GCS port {ips[nodes[0]]}:{p['gcs_port']} did not answer within {p['timeout']}s: {why}\n")
+                return {"ok": False, "failed": [nodes[0]]}
+            time.sleep(0.2)
+    url = f"http://{ips[nodes[0]]}:{p['dashboard_port']}/api/v0/nodes?limit=10000&detail=false"
+    want = {ip: p["gpus"] for ip in ips.values()}
+    while True:
+        answer = cmd_nodes({"url": url, "timeout": 10})
+        verdict = gate(answer.get("nodes", []), want)
+        if all(ok for ok, _ in verdict.values()):
+            return {"ok": True}
+        if time.time() > deadline:
+            break
+        time.sleep(1)  # the poll interval of the gate, not a wait for a guess
+    error = answer.get("error", "")
+    rows = [[n, "ok" if verdict[ip][0] else "FAILED", verdict[ip][1] + ("" if verdict[ip][0] or not error else f" ({error})")] for n, ip in ips.items()]
+    sys.stderr.write(f"not every node joined Ray within {p['timeout']}s:\n" + text_table(["node", "ray", "detail"], rows) + "\n")
+    return {"ok": False, "failed": [n for n, ip in ips.items() if not verdict[ip][0]]}
+
+
+COMMANDS = {"facts": cmd_facts, "start": cmd_start, "wait": cmd_wait, "stop": cmd_stop, "nodes": cmd_nodes,
+            "slurm-check": cmd_slurm_check, "slurm-table": cmd_slurm_table, "slurm-ray": cmd_slurm_ray, "slurm-gate": cmd_slurm_gate}
 
 
 def main(argv):
@@ -344,7 +494,8 @@ def main(argv):
         return 2
     result = COMMANDS[argv[1]](json.loads(argv[2]))
     sys.stdout.write(json.dumps(result) + "\n")
-    return 0
+    # The Slurm commands gate a batch script: their exit status says whether to go on.
+    return 1 if argv[1].startswith("slurm-") and not result.get("ok", True) else 0
 
 
 if __name__ == "__main__":

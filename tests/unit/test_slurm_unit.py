@@ -1,0 +1,225 @@
+"""Slurm without a cluster: the rendered slurm.sbatch (shellcheck, every value arriving byte for
+byte), the option grammar, the argv of sbatch/scontrol/scancel through the runner, the parsing
+of scontrol/sinfo answers, and the health gate's test. The real cluster: tests/integration/slurm."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from launch_support import make_recipe
+
+from slimeforge import slurm
+from slimeforge.errors import ConfigError, SlimeforgeError
+from slimeforge.proc import Result, Runner
+from slimeforge.recipe import parse_recipe
+from slimeforge.scripts.node_agent import gate
+
+HOSTILE = "it's \"q\" $(touch /tmp/sf-slurm-pwned) `id` ; rm -rf * \n next\tline \\ $HOME"
+DIGEST = "reg.example/slimeforge@sha256:" + "0123456789abcdef" * 4
+
+
+class Canned(Runner):
+    """A runner that answers from a table ({argv prefix: stdout}) and records every argv."""
+
+    def __init__(self, answers: dict[tuple[str, ...], str | tuple[int, str]]):
+        super().__init__()
+        self.answers = answers
+
+    def run(self, argv, **kwargs):
+        argv = [str(a) for a in argv]
+        self.history.append(argv)
+        for prefix, answer in self.answers.items():
+            if tuple(argv[: len(prefix)]) == prefix:
+                code, out = answer if isinstance(answer, tuple) else (0, answer)
+                return Result(argv, code, out, "")
+        raise AssertionError(f"unexpected command {argv}")
+
+
+def recipe(tmp: Path, **over):
+    data = make_recipe(tmp, num_gpus=2, **over)
+    return parse_recipe(data, "test")
+
+
+def render(tmp: Path, opts: slurm.Options | None = None, out: Path | None = None, **over):
+    rec, stack = recipe(tmp, **over)
+    opts = opts or slurm.Options(nodes=2)
+    rec = slurm.resolve(rec, opts)
+    return rec, slurm.render_run_dir(rec, stack, out or tmp / "run", opts, environ={"SLIMEFORGE_PYTHON": "/opt/venv/bin/python"})
+
+
+def assigned(script: str, names: list[str]) -> list[str]:
+    """The values bash gives these variables (arrays expanded) after the file's assignments."""
+    lines = script.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("RUN_DIR="))
+    end = next(i for i, line in enumerate(lines) if line.startswith("log() {"))
+    body = "\n".join(line for line in lines[start:end] if not line.startswith(("export PATH", "mkdir")))
+    probe = body + "\nprintf '%s\\0' " + " ".join(f'"${{{n}[@]}}"' for n in names) + "\n"
+    res = subprocess.run(["bash", "-c", probe], capture_output=True, env={"SLURM_JOB_ID": "7", "PATH": "/usr/bin:/bin"}, check=True)
+    return res.stdout.decode().split("\0")[:-1]
+
+
+@pytest.mark.parametrize("mode", ["host", "container"])
+def test_sbatch_is_shellcheck_clean_and_says_what_slurm_needs(tmp_path, mode):
+    over = {"mode": mode, "image": DIGEST} if mode == "container" else {}
+    _, run = render(tmp_path, slurm.Options(nodes=3, partition="gpu", account="ml-team", time="1-02:00:00"), **over)
+    text = run.files["slurm.sbatch"]
+    path = tmp_path / "slurm.sbatch"
+    path.write_text(text)
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck not installed (apt-get install shellcheck)")
+    res = subprocess.run(["shellcheck", str(path)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout
+    header = [line for line in text.splitlines() if line.startswith("#SBATCH")]
+    assert header == ["#SBATCH --job-name=sf-sf-launch-test", "#SBATCH --nodes=3", "#SBATCH --ntasks-per-node=1", "#SBATCH --gres=gpu:2",
+                      "#SBATCH --exclusive", "#SBATCH --partition=gpu", "#SBATCH --account=ml-team", "#SBATCH --time=1-02:00:00",
+                      "#SBATCH --output=slurm-%j.out", "#SBATCH --open-mode=append", "#SBATCH --requeue"]
+    assert ("--container-image=" + DIGEST in text) == (mode == "container")
+    assert set(run.files) >= {"slime.args", "launch.sh", "slurm.sbatch", "node_agent.py", "plan.json"}
+    assert list(run.files)[-1] == "plan.json" and run.plan["slurm"]["nodes"] == 3
+    assert "--actor-num-nodes" in run.args and run.args[run.args.index("--actor-num-nodes") + 1] == "3"
+
+
+def test_hostile_paths_arrive_byte_for_byte(tmp_path):
+    base = tmp_path / "x"
+    base.mkdir()
+    ckpt = str(base / f"ckpt {HOSTILE}")
+    rec, run = render(tmp_path, out=base / f"run {HOSTILE}", checkpoint_dir=ckpt, mode="container", image=DIGEST)
+    values = assigned(run.files["slurm.sbatch"], ["RUN_DIR", "CHECKPOINT_DIR", "HEAD_PARAMS", "CHECK_PARAMS", "CONTAINER"])
+    assert values[0] == str(run.path) and values[1] == ckpt
+    assert json.loads(values[2])["argv"][:3] == ["ray", "start", "--block"]
+    assert json.loads(values[3])["gpus"] == 2
+    assert values[4] == f"--container-image={DIGEST}" and f"{run.path}:{run.path}" in values[5] and values[6] == f"--container-workdir={run.path}"
+    assert not Path("/tmp/sf-slurm-pwned").exists()
+
+
+def test_container_paths_pyxis_cannot_mount_are_refused(tmp_path):
+    with pytest.raises(ConfigError) as exc:
+        render(tmp_path, mode="container", image=DIGEST, checkpoint_dir=str(tmp_path / "a,b"), out=tmp_path / "r:1")
+    assert "2 problem(s)" in str(exc.value) and "checkpoint_dir: cannot be mounted with pyxis" in str(exc.value)
+    assert "run directory: cannot be mounted" in str(exc.value)
+
+
+def test_option_grammar_every_problem_at_once():
+    with pytest.raises(ConfigError) as exc:
+        slurm.options(partition="gpu;rm", account="-x", time="25:00", nodes="0")
+    text = str(exc.value)
+    assert "4 problem(s)" in text
+    for part in ("--partition: is not a Slurm name (got 'gpu;rm')", "--account: is not a Slurm name (got '-x')",
+                 "--time: is not a time limit (got '25:00'); accepted: [D-]HH:MM:SS", "--nodes: is not a node count (got '0')"):
+        assert part in text
+    for bad_time in ("1:00:00\n", "00:60:00", "x-01:00:00", ""):
+        with pytest.raises(ConfigError):
+            slurm.options(time=bad_time)
+    opts = slurm.options(partition="gpu.a100_x", account="proj-1", time="2-04:00:00", nodes="16")
+    assert opts.nodes == 16 and opts.time == "2-04:00:00"
+
+
+@pytest.mark.parametrize("text,secs", [("UNLIMITED", None), ("30", 1800), ("10:00", 600), ("02:00:00", 7200),
+                                       ("1-00:00:00", 86400), ("2-12", 216000), ("1-01:30", 91800)])
+def test_slurm_time_formats(text, secs):
+    assert slurm.seconds(text) == secs
+
+
+@pytest.mark.parametrize("gres,gpus", [("gpu:8", 8), ("gpu:h100:4", 4), ("gpu:h100:4(S:0-1)", 4), ("gpu:a:2,gpu:b:2", 4),
+                                       ("(null)", 0), ("nic:1,gpu:2", 2)])
+def test_gres_gpu_counts(gres, gpus):
+    assert slurm.gres_gpus(gres) == gpus
+
+
+def test_submit_argv_and_job_id_record(tmp_path):
+    runner = Canned({("sbatch",): "4242;cluster\n"})
+    assert slurm.submit(tmp_path, runner) == "4242"
+    assert runner.history == [["sbatch", "--parsable", f"--chdir={tmp_path}", "--", str(tmp_path / "slurm.sbatch")]]
+    assert (tmp_path / "slurm_job_id").read_text() == "4242\n"
+    with pytest.raises(SlimeforgeError, match="expected a job id"):
+        slurm.submit(tmp_path, Canned({("sbatch",): "Submitted batch job 1\n"}))
+
+
+def stop_dir(tmp: Path, job_id: str = "77") -> Path:
+    (tmp / "plan.json").write_text(json.dumps({"exp_id": "exp1", "slurm": {}}))
+    (tmp / "slurm_job_id").write_text(job_id + "\n")
+    return tmp
+
+
+def test_stop_cancels_only_the_recorded_job_by_id(tmp_path):
+    run = stop_dir(tmp_path)
+    runner = Canned({("scontrol", "show", "job"): "JobId=77 JobName=sf-exp1 JobState=RUNNING Reason=None ExitCode=0:0\n", ("scancel",): ""})
+    assert slurm.stop(run, runner, say=lambda s: None) is True
+    assert runner.history == [["scontrol", "show", "job", "-o", "--", "77"], ["scancel", "--", "77"]]
+    assert slurm.is_slurm_run(run)
+
+
+def test_stop_refuses_a_job_id_that_is_someone_elses_now(tmp_path):
+    run = stop_dir(tmp_path)
+    runner = Canned({("scontrol", "show", "job"): "JobId=77 JobName=other JobState=RUNNING\n"})
+    with pytest.raises(SlimeforgeError, match="not ours, not cancelled"):
+        slurm.stop(run, runner, say=lambda s: None)
+    assert ["scancel", "--", "77"] not in runner.history
+    gone = Canned({("scontrol", "show", "job"): (1, "slurm_load_jobs error: Invalid job id specified\n")})
+    assert slurm.stop(run, gone, say=lambda s: None) is False and all(a[0] != "scancel" for a in gone.history)
+
+
+def test_a_tampered_job_id_record_is_refused(tmp_path):
+    run = stop_dir(tmp_path, job_id="77; rm -rf /")
+    with pytest.raises(ConfigError, match="is not a Slurm job id"):
+        slurm.stop(run, Canned({}), say=lambda s: None)
+
+
+def test_cluster_findings_from_scontrol_and_sinfo(tmp_path):
+    rec, _ = recipe(tmp_path)
+    runner = Canned({
+        ("sinfo", "-h", "-o", "%P"): "gpu*\nsmall\n",
+        ("scontrol", "show", "partition"): "PartitionName=gpu State=UP MaxTime=02:00:00 MaxNodes=2 TotalNodes=3\n",
+        ("sinfo", "-h", "-N"): "n1|gpu:2|idle\nn2|gpu:h100:2(S:0)|mix\nn3|gpu:2|drain\n",
+    })
+    found = [(f.check, f.level, f.message) for f in slurm.cluster_findings(rec, slurm.Options(nodes=3, time="03:00:00"), runner)]
+    assert found[0][:2] == ("slurm-partition", "ok")
+    assert ("slurm-nodes", "error", "3 node(s) asked, partition gpu allows 2 per job") in found
+    assert ("slurm-time", "error", "--time 03:00:00 is over partition gpu's MaxTime 02:00:00") in found
+    assert ["scontrol", "show", "partition", "-o", "--", "gpu"] in runner.history and ["srun", "--help"] not in runner.history
+    # Drained nodes do not count: 2 nodes fit, 3 asked.
+    runner.answers[("scontrol", "show", "partition")] = "PartitionName=gpu State=UP MaxTime=UNLIMITED MaxNodes=UNLIMITED\n"
+    msgs = [f.message for f in slurm.cluster_findings(rec, slurm.Options(nodes=3), runner) if f.level == "error"]
+    assert msgs == ["3 node(s) with 2 GPU(s) each asked; partition gpu has 2 such node(s) in service (of 3: n1 gpu:2, n2 gpu:2, n3 gpu:2)"]
+
+
+def test_container_mode_asks_srun_for_pyxis(tmp_path):
+    rec, _ = recipe(tmp_path, mode="container", image=DIGEST)
+    answers = {("sinfo", "-h", "-o", "%P"): "gpu*\n", ("scontrol", "show", "partition"): "PartitionName=gpu State=UP MaxTime=UNLIMITED\n",
+               ("sinfo", "-h", "-N"): "n1|gpu:2|idle\n"}
+    with_pyxis = Canned({**answers, ("srun", "--help"): "      --container-image=[USER@][REGISTRY#]IMAGE[:TAG]|PATH\n"})
+    assert ("slurm-container", "ok") in [(f.check, f.level) for f in slurm.cluster_findings(rec, slurm.Options(), with_pyxis)]
+    without = Canned({**answers, ("srun", "--help"): "      --container=PATH   OCI bundle\n"})
+    assert ("slurm-container", "error") in [(f.check, f.level) for f in slurm.cluster_findings(rec, slurm.Options(), without)]
+
+
+def test_exit_codes_from_scontrol():
+    assert slurm.exit_code({"ExitCode": "0:0"}) == 0
+    assert slurm.exit_code({"ExitCode": "3:0"}) == 3
+    assert slurm.exit_code({"ExitCode": "0:15"}) == 143
+    assert slurm.exit_code({}) == 1
+
+
+def test_the_health_gate_test():
+    nodes = [{"node_ip": "10.0.0.1", "state": "ALIVE", "resources_total": {"GPU": 2.0}},
+             {"node_ip": "10.0.0.2", "state": "ALIVE", "resources_total": {"GPU": 1.0}},
+             {"node_ip": "10.0.0.3", "state": "DEAD", "resources_total": {"GPU": 2.0}}]
+    assert gate(nodes, {"10.0.0.1": 2, "10.0.0.2": 2, "10.0.0.3": 2}) == {
+        "10.0.0.1": (True, "10.0.0.1 ALIVE, 2 GPU(s)"),
+        "10.0.0.2": (False, "registered from 10.0.0.2 with 1 GPU(s), expected 2"),
+        "10.0.0.3": (False, "no ALIVE node with IP 10.0.0.3"),
+    }
+
+
+def test_only_a_submitted_slurm_render_is_a_slurm_run(tmp_path):
+    run = stop_dir(tmp_path)
+    assert slurm.is_slurm_run(run)
+    # A later plain `invoke run` rewrites plan.json without "slurm": run.* act on its Ray job again.
+    (run / "plan.json").write_text(json.dumps({"exp_id": "exp1"}))
+    assert not slurm.is_slurm_run(run)
+    assert not slurm.is_slurm_run(tmp_path / "missing")
