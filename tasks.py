@@ -81,11 +81,11 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
     """Validate a recipe, preflight, start Ray, submit, stream the logs (--dry-run: render only)."""
     from pathlib import Path
 
-    from slimeforge.recipe import load_recipe
+    from slimeforge.launch import resolve_mode
+    from slimeforge.recipe import load_recipe, parse_overrides
     from slimeforge.render import build_run_dir, write_run_dir
-    from slimeforge.yamlio import parse_set
 
-    rec, stack = load_recipe(recipe, parse_set(set_ or []))
+    rec, stack = load_recipe(recipe, parse_overrides(set_ or []))
     target = Path(out) if out else Path("runs") / rec.exp_id
     if not dry_run:
         from slimeforge.launch import launch
@@ -101,6 +101,8 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
         if code:
             raise Exit(code=code)
         return
+    # The dry run renders what a launch with these options would: the same mode, image and prefix.
+    rec = resolve_mode(rec, mode, prefix, image, require_image=False)
     run = build_run_dir(rec, stack, target, recipe)
     write_run_dir(run)
     print(f"recipe {recipe}: valid ({rec.exp_id}, stack {stack.id})")
@@ -195,10 +197,9 @@ def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=
     rec = stack = None
     if recipe:
         from slimeforge.launch import resolve_mode, state_dir
-        from slimeforge.recipe import load_recipe
-        from slimeforge.yamlio import parse_set
+        from slimeforge.recipe import load_recipe, parse_overrides
 
-        rec, stack = load_recipe(recipe, parse_set(set_ or []))
+        rec, stack = load_recipe(recipe, parse_overrides(set_ or []))
         rec = resolve_mode(rec, mode, prefix, image, require_image=False)
         sdir = state_dir(rec.ray_port)
     else:
