@@ -31,9 +31,11 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
+from . import paths
 from .atomic import write_dir
 from .errors import ConfigError, Problem, SlimeforgeError
 from .patches import PatchContent, read_patches
+from .schema import text_problem, text_problems
 from .sources import GIT, LocalSource, parse_sources
 from .stack import Stack, load_stack
 from .steps import (
@@ -130,8 +132,8 @@ def parse_build_args(values: list[str]) -> tuple[dict[str, str], list[Problem]]:
     out, problems = {}, []
     for text in values:
         key, sep, value = text.partition("=")
-        if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
-            problems.append(Problem("--build-arg", "must be KEY=VALUE with KEY a variable name", text))
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) or text_problem(value):
+            problems.append(Problem("--build-arg", "must be KEY=VALUE with KEY a variable name and VALUE printable text", text))
         else:
             out[key] = value
     return out, problems
@@ -171,7 +173,7 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
     layout = image_layout(stack, local_sources)
     steps = step_commands(stack, layout)
     first_compile = next((i for i, s in enumerate(steps) if s["compiles"]), -1)
-    return render("Dockerfile.j2", {
+    return _render_dockerfile({
         "stack_id": stack.id,
         "base_ref": base_from or (f"{stack.base.image}@{stack.base.digest}" if stack.base.digest else stack.base.image),
         "state": layout.state,
@@ -186,6 +188,16 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
         "patches_from": stack.pins().get("patches.dir", ""),
         "finalize_argv": finalize_argv(stack, layout, f"{layout.state}/stack.input.json"),
     })
+
+
+def _render_dockerfile(variables: dict[str, Any]) -> str:
+    """A Dockerfile is read line by line and shell quoting does not reach past a line: a newline
+    in any value would start an instruction of its own. The stack's validation refuses control
+    characters already; this is the second line of defence, on exactly what is rendered."""
+    problems = text_problems(variables)
+    if problems:
+        raise ConfigError("Dockerfile", problems)
+    return render("Dockerfile.j2", variables)
 
 
 def _source_date_epoch(stack: Stack, cache: Path) -> int:
@@ -215,7 +227,10 @@ def prepare(opts: BuildOptions) -> Prepared:
         local = parse_sources(stack, opts.sources)
     except ConfigError as exc:
         problems.extend(exc.problems)
-    if opts.repository and not re.match(r"^[a-z0-9]+(?:[._/-][a-z0-9]+)*(?::[0-9]+/[a-z0-9._/-]+)?$", opts.repository):
+    ca_given = opts.ca_bundle is not None and opts.ca_bundle != ""
+    if ca_given and not Path(opts.ca_bundle).is_file():
+        problems.append(Problem("--ca-bundle", "is not a file", opts.ca_bundle, "a PEM file of CA certificates"))
+    if opts.repository and not re.fullmatch(r"[a-z0-9]+(?:[._/-][a-z0-9]+)*(?::[0-9]+/[a-z0-9._/-]+)?", opts.repository):
         problems.append(Problem("--repository", "is not a repository name", opts.repository, "e.g. slimeforge/cu13"))
     if problems:
         raise ConfigError("invoke build", problems)
@@ -228,7 +243,8 @@ def prepare(opts: BuildOptions) -> Prepared:
 
     pins = stack.pins()
     pins["base.image"] = base["image"]
-    pins["base.digest"] = base["digest"] or f"(local image {base['image_id']})"
+    pins["base.digest"] = base["digest"] or (f"none (a local image, id {base['image_id']})" if base["image_id"]
+                                             else "none (the base image is not present here; resolved at build)")
     lock = {
         "schema": 1,
         "stack": {"name": stack.name, "version": stack.version, "id": stack.id, "hash": stack.hash, "cuda": stack.cuda,
@@ -253,7 +269,7 @@ def prepare(opts: BuildOptions) -> Prepared:
         digest.update(f"{name}\0{len(data)}\0".encode() + data)
     build_hash = digest.hexdigest()
 
-    out = Path(opts.out) if opts.out else opts.build_root / f"{stack.name}-{build_hash[:12]}"
+    out = Path(opts.out) if opts.out else paths.build_dir(opts.build_root, stack.name, build_hash)
     # `COPY patches/` takes the whole folder: a reused --out must not carry another stack's patches.
     shutil.rmtree(out / "context" / "patches", ignore_errors=True)
     _write_tree(out, {"Dockerfile": dockerfile, **{f"context/{k}": v for k, v in context.items()}}, {"context/sf": 0o755})
@@ -295,8 +311,6 @@ def prepare(opts: BuildOptions) -> Prepared:
     ca = opts.ca_bundle if opts.ca_bundle is not None else default_ca_bundle()
     if ca and Path(ca).is_file():
         argv += ["--secret", f"id=ca-bundle,src={ca}"]
-    elif opts.ca_bundle:
-        raise ConfigError("invoke build", [Problem("--ca-bundle", "is not a file", opts.ca_bundle)])
     if opts.no_cache:
         argv.append("--no-cache")
     argv.append(str(out / "context"))

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO
 
 from . import ecr as ecr_api
+from . import paths
 from .atomic import write_dir
 from .errors import ConfigError, Problem, SlimeforgeError
 from .registry import (
@@ -208,9 +209,8 @@ def find_build_dir(flavor: str, build_dir: Path | None = None, build_root: Path 
     """`build_dir` itself if it holds a report, else the newest `<flavor>-*` build under it (or build/)."""
     if build_dir and (build_dir / REPORT).is_file():
         return build_dir
-    root = build_dir or build_root
-    reports = [p for p in root.glob(f"{flavor}-*/{REPORT}") if p.is_file()]
-    return max(reports, key=lambda p: p.stat().st_mtime).parent if reports else None
+    builds = paths.local_builds(build_dir or build_root, flavor)
+    return builds[0] if builds else None
 
 
 def _build_source(flavor: str, build_dir: Path | None, build_root: Path, problems: list[Problem]) -> Source | None:

@@ -11,62 +11,105 @@ import json
 import re
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from . import paths
 from .errors import ConfigError, Problem
+from .registry import image_ref_problems
 from .schema import Model, validate
 from .yamlio import deep_merge, load_with_extends
 
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+# Every value of a stack reaches the Dockerfile, install.sh or an argv (apt-get, git, uv): each is
+# held to the grammar of what it names, so none can begin with '-' (an option to the tool) or
+# carry a character that ends the line or the word. Control characters are refused everywhere
+# before these run (schema.text_problems); the Dockerfile renderer checks again.
+COMMIT_RE = re.compile(r"[0-9a-f]{40}")
 # Names that become file names, Dockerfile mount paths and environment variables: kept to a safe
 # alphabet so that no template has to quote them in a context where quoting is not possible.
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_WORD = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+# PEP 508 distribution name with optional extras: transformer_engine[pytorch,core-cu13]
+PACKAGE_RE = re.compile(rf"{_WORD}(?:\[{_WORD}(?:,{_WORD})*\])?")
+# A pin: a bare version (2.11.0, 0.5.15.post1) or PEP 440 clauses (>=0.37.0, <2, >=1,<3)
+_VERSION = r"[0-9][A-Za-z0-9.+!*_-]{0,63}"
+VERSION_SPEC_RE = re.compile(rf"{_VERSION}|(?:===?|>=|<=|~=|!=|<|>){_VERSION}(?:,(?:===?|>=|<=|~=|!=|<|>){_VERSION})*")
+# Debian package names (policy 5.6.1), with an optional =version
+APT_RE = re.compile(r"[a-z0-9][a-z0-9+.-]{1,127}(?:=[A-Za-z0-9.+~:-]{1,64})?")
+_HOST = r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?"
+_URL_PATH = r"/[A-Za-z0-9._~+%-][A-Za-z0-9._~/+%-]*"
+GIT_URL_RE = re.compile(rf"(?:https|ssh|git)://(?:[A-Za-z0-9._-]+@)?{_HOST}{_URL_PATH}|file://{_URL_PATH}"
+                        rf"|[A-Za-z0-9._-]+@{_HOST}:[A-Za-z0-9._~+-][A-Za-z0-9._~/+-]*")
+URL_RE = re.compile(rf"https?://{_HOST}(?:/[A-Za-z0-9._~/+%=:@,-]*)?")
+REL_PATH_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(?:/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
+ABS_PATH_RE = re.compile(r"(?:/[A-Za-z0-9_][A-Za-z0-9._+-]*)+")
+MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+KEY_PATH_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_][A-Za-z0-9_-]*)*")  # a dotted key of this stack
 
 
-def _safe_name(v: str) -> str:
-    if not NAME_RE.match(v):
-        raise ValueError("may hold only letters, digits, '.', '_' and '-', starting with a letter or digit")
+def _grammar(pattern: re.Pattern[str], what: str) -> AfterValidator:
+    def check(v: str) -> str:
+        if not pattern.fullmatch(v):
+            raise ValueError(f"is not {what}")
+        return v
+
+    return AfterValidator(check)
+
+
+def _image_ref(v: str) -> str:
+    problems = image_ref_problems(v, "base.image")
+    if problems:
+        raise ValueError(problems[0].message)
     return v
+
+
+Name = Annotated[str, _grammar(NAME_RE, "a name: letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128")]
+EnvName = Annotated[str, _grammar(ENV_RE, "an environment variable name: letters, digits and '_', not starting with a digit")]
+Package = Annotated[str, _grammar(PACKAGE_RE, "a Python package name (PEP 508), optionally with [extras]")]
+VersionSpec = Annotated[str, _grammar(VERSION_SPEC_RE, "a version (2.11.0) or PEP 440 specifiers (>=0.37.0,<2)")]
+AptName = Annotated[str, _grammar(APT_RE, "a Debian package name (lowercase letters, digits, + . -, starting with a letter or digit)")]
+GitUrl = Annotated[str, _grammar(GIT_URL_RE, "a git URL: https://host/path.git, ssh://host/path, git@host:path or file:///path")]
+Url = Annotated[str, _grammar(URL_RE, "an http(s) URL")]
+RelPath = Annotated[str, _grammar(REL_PATH_RE, "a relative path of names (no '..', no leading '/' or '-')")]
+AbsPath = Annotated[str, _grammar(ABS_PATH_RE, "an absolute path of names (letters, digits, . _ + -)")]
+Module = Annotated[str, _grammar(MODULE_RE, "a Python module name such as sglang.srt")]
+KeyPath = Annotated[str, _grammar(KEY_PATH_RE, "a dotted key of this stack, e.g. router.wheel")]
+ImageRefText = Annotated[str, AfterValidator(_image_ref)]
+
+
 SPEC_OPERATORS = ("<", ">", "=", "!", "~")
 
 
 class Source(Model):
-    git: str
+    git: GitUrl
     commit: str
-    dir: str
+    dir: RelPath
 
     @field_validator("commit")
     @classmethod
     def _full_commit(cls, v: str) -> str:
-        if not COMMIT_RE.match(v):
+        if not COMMIT_RE.fullmatch(v):
             raise ValueError("must be a full 40-character lowercase commit id (a branch or tag can move)")
         return v
 
 
 class PatchFile(Model):
-    file: str
-    target: str  # a source name, or "site-packages"
+    file: Name
+    target: Name  # a source name, or "site-packages"
     method: Literal["git", "patch"]
-    strip: int = 1
-
-    @field_validator("file")
-    @classmethod
-    def _file(cls, v: str) -> str:
-        return _safe_name(v)
+    strip: int = Field(1, ge=0, le=16)
 
 
 class Patches(Model):
-    from_source: str
-    dir: str
+    from_source: Name
+    dir: RelPath
     files: list[PatchFile]
 
 
 class Base(Model):
-    image: str
+    image: ImageRefText
     digest: str | None = None
     # The base image's glibc: the newest manylinux tag its Python can install. Wheels are resolved
     # and downloaded for this target, never for the machine that runs slimeforge.
@@ -82,37 +125,32 @@ class Base(Model):
     @field_validator("digest")
     @classmethod
     def _digest(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^sha256:[0-9a-f]{64}$", v):
+        if v is not None and not re.fullmatch(r"sha256:[0-9a-f]{64}", v):
             raise ValueError("must be sha256:<64 hex digits> or null (resolved at build time)")
         return v
 
 
 class Step(Model):
-    name: str
-    apt: list[str] | None = None
-    pip: list[str] | None = None
-    source: str | None = None
-    wheel_url: str | None = None  # dotted key of the stack holding the URL, e.g. router.wheel
-    index: str | None = None  # key of the stack holding an extra index URL
+    name: Name
+    apt: list[AptName] | None = None
+    pip: list[Package] | None = None
+    source: Name | None = None
+    wheel_url: KeyPath | None = None  # dotted key of the stack holding the URL, e.g. router.wheel
+    index: KeyPath | None = None  # key of the stack holding an extra index URL
     from_source: bool = False  # build a PyPI package from its sdist
     compiles: bool = False  # gets MAX_JOBS / NVCC threads / arch list
-    exclude: list[str] = Field(default_factory=list)
+    exclude: list[Package] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     editable: bool = False
     no_deps: bool = False
-    requirements: str | None = None  # key of the stack holding a name -> version map
-    patches: list[str] = Field(default_factory=list)
+    requirements: KeyPath | None = None  # key of the stack holding a name -> version map
+    patches: list[Name] = Field(default_factory=list)
     constrain_later: bool = False
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        return _safe_name(v)
 
     @field_validator("env")
     @classmethod
     def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
-        bad = [k for k in v if not ENV_RE.match(k)]
+        bad = [k for k in v if not ENV_RE.fullmatch(k)]
         if bad:
             raise ValueError(f"environment variable names expected, got {bad}")
         return v
@@ -130,36 +168,36 @@ class Step(Model):
 
 
 class Runtime(Model):
-    nvidia_lib_dirs: list[str]
-    cudart_decoy: str | None = None
-    cudart_name: str
+    nvidia_lib_dirs: list[RelPath]
+    cudart_decoy: Name | None = None
+    cudart_name: Name
 
 
 class Router(Model):
-    wheel: str
+    wheel: Url
 
 
 class Smoke(Model):
-    imports: list[str]
-    router_fork_marker: str | None = None
+    imports: list[Module]
+    router_fork_marker: Name | None = None
 
 
 class Stack(Model):
-    schema_version: int = Field(alias="schema")
-    name: str
-    version: str
-    cuda: str | None = None  # None: a stack without CUDA (the small test stack)
-    driver_min: int | None = None
-    python: str
+    schema_version: int = Field(alias="schema", ge=1, le=1000)
+    name: Name
+    version: Annotated[str, _grammar(re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}"), "a version such as 2026.11.1")]
+    cuda: Annotated[str, _grammar(re.compile(r"[0-9]{1,2}\.[0-9]{1,2}"), "a CUDA version such as 13.0")] | None = None
+    driver_min: int | None = Field(None, ge=1, le=10000)
+    python: Annotated[str, _grammar(re.compile(r"3\.[0-9]{1,2}"), "a Python version such as 3.12")]
     base: Base
-    torch_index: str | None = None
-    image_root: str
-    venv: str
-    arch_list: list[str] = Field(default_factory=list)
-    cuda_home: str | None = None
-    sources: dict[str, Source]
-    versions: dict[str, str]
-    slime_requirements: dict[str, str] = Field(default_factory=dict)
+    torch_index: Url | None = None
+    image_root: AbsPath
+    venv: AbsPath
+    arch_list: list[Annotated[str, _grammar(re.compile(r"[0-9]{1,2}\.[0-9][af]?(?:\+PTX)?"), "a CUDA architecture such as 9.0 or 10.0a")]] = Field(default_factory=list)
+    cuda_home: AbsPath | None = None
+    sources: dict[Name, Source]
+    versions: dict[Package, VersionSpec]
+    slime_requirements: dict[Package, VersionSpec] = Field(default_factory=dict)
     router: Router | None = None
     patches: Patches | None = None
     steps: list[Step]
@@ -271,7 +309,7 @@ class Stack(Model):
         names = [s.name for s in self.steps]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
-            errs.append(f"steps: names must be unique, repeated: {dupes}")
+            errs.append(f"steps: names must be unique, repeated: {', '.join(dupes)}")
         patch_names = {p.file for p in (self.patches.files if self.patches else [])}
         for i, step in enumerate(self.steps):
             where = f"steps[{i}] ({step.name})"
