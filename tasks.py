@@ -118,30 +118,31 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
 # --- launch ----------------------------------------------------------------------------------
 
 
-def _run_dir(recipe, run_dir):
-    """A recorded run: its directory, or the default one (runs/<exp_id>) of a recipe."""
+def _run_dir(run):
+    """A recorded run: its run directory, or the recipe that was launched (runs/<exp_id>)."""
     from pathlib import Path
 
-    if run_dir:
-        return Path(run_dir)
-    if not recipe:
-        raise SlimeforgeError("name the run: a recipe (runs/<exp_id>) or --run-dir")
-    from slimeforge.recipe import load_recipe_data
+    from slimeforge.errors import ConfigError, Problem
+    from slimeforge.recipe import EXP_ID_RE, load_recipe_data
 
-    data = load_recipe_data(recipe)
-    return Path("runs") / str(data.get("exp_id"))
-
-
-RUN_HELP = {"recipe": "the recipe that was launched (its run directory is runs/<exp_id>)", "run_dir": "the run directory instead"}
+    if Path(run).is_dir():
+        return Path(run)
+    exp_id = load_recipe_data(run).get("exp_id")
+    if not isinstance(exp_id, str) or not EXP_ID_RE.fullmatch(exp_id):
+        raise ConfigError(run, [Problem("exp_id", "names no run directory", exp_id, "the exp_id of a launched recipe")])
+    return Path("runs") / exp_id
 
 
-@task(positional=["recipe"], help={**RUN_HELP, "as_json": "print JSON"})
+RUN_HELP = {"run": "the run directory (runs/<exp_id>), or the recipe that was launched"}
+
+
+@task(positional=["run"], help={**RUN_HELP, "as_json": "print JSON"})
 @clean_errors
-def run_status(c, recipe=None, run_dir=None, as_json=False):
+def run_status(c, run, as_json=False):
     """Status of a launched run's job (and whether the Ray head slimeforge started is up)."""
     from slimeforge import launch
 
-    st = launch.status(_run_dir(recipe, run_dir))
+    st = launch.status(_run_dir(run))
     if as_json:
         print(json.dumps(st, indent=2, default=str))
         return
@@ -150,22 +151,22 @@ def run_status(c, recipe=None, run_dir=None, as_json=False):
     print(f"  run directory {st['run_dir']} (job.log)")
 
 
-@task(positional=["recipe"], help={**RUN_HELP, "follow": "keep streaming until the job ends"})
+@task(positional=["run"], help={**RUN_HELP, "follow": "keep streaming until the job ends"})
 @clean_errors
-def run_logs(c, recipe=None, run_dir=None, follow=False):
+def run_logs(c, run, follow=False):
     """Print a launched run's job logs (from the cluster; job.log keeps them too)."""
     from slimeforge import launch
 
-    launch.logs(_run_dir(recipe, run_dir), follow_logs=follow)
+    launch.logs(_run_dir(run), follow_logs=follow)
 
 
-@task(positional=["recipe"], help={**RUN_HELP, "head": "also stop the Ray head (and container) that slimeforge started for it"})
+@task(positional=["run"], help={**RUN_HELP, "head": "also stop the Ray head (and container) that slimeforge started for it"})
 @clean_errors
-def run_stop(c, recipe=None, run_dir=None, head=False):
+def run_stop(c, run, head=False):
     """Stop a launched run's job; --head also stops the Ray head slimeforge recorded (nothing else)."""
     from slimeforge import launch
 
-    launch.stop(_run_dir(recipe, run_dir), head=head)
+    launch.stop(_run_dir(run), head=head)
 
 
 @task(

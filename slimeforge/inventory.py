@@ -188,7 +188,7 @@ def check(data: dict[str, Any], base: Path) -> list[Problem]:
         where = f"hosts.{i}"
         name = h.get("name")
         if isinstance(name, str):
-            where = f"hosts.{i} ({name})"
+            where = f"hosts.{i} ({name})" if NAME_RE.fullmatch(name) else where
             if not NAME_RE.fullmatch(name):
                 p.append(Problem(f"{where}.name", "is used in paths and container names", name, "letters, digits, '.', '_', '-', starting with a letter or digit, at most 63"))
             if name in seen_names:

@@ -55,7 +55,7 @@ def text_problems(data: Any, where: str = "") -> list[Problem]:
                     out.append(Problem(sub, f"key {why}", key, "printable text without control or bidirectional characters"))
                 items.append((sub, value))
         elif isinstance(node, list | tuple):
-            items = [(f"{path}[{i}]", v) for i, v in enumerate(node)]
+            items = [(f"{path}.{i}" if path else str(i), v) for i, v in enumerate(node)]
         elif isinstance(node, str) and (why := text_problem(node)):
             out.append(Problem(path or "(value)", why, node, f"printable text without control or bidirectional characters, at most {MAX_TEXT}"))
         stack.extend(reversed(items))
