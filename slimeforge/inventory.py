@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from .errors import ConfigError, Problem
-from .schema import Model, model_problems, secret_name
+from .schema import Model, model_problems, secret_name, text_problem
 from .ssh import SSHOptions, SSHTarget
 from .yamlio import load_with_extends
 
@@ -188,7 +188,7 @@ def check(data: dict[str, Any], base: Path) -> list[Problem]:
         where = f"hosts.{i}"
         name = h.get("name")
         if isinstance(name, str):
-            where = f"hosts.{i} ({name})" if NAME_RE.fullmatch(name) else where
+            where = f"hosts.{i} ({name})" if len(name) <= 64 and not text_problem(name) else where
             if not NAME_RE.fullmatch(name):
                 p.append(Problem(f"{where}.name", "is used in paths and container names", name, "letters, digits, '.', '_', '-', starting with a letter or digit, at most 63"))
             if name in seen_names:
