@@ -24,6 +24,7 @@ from .templating import render
 
 RUN_FILES = ("slime.args", "agentcore.yaml", "runtime_env.json", "launch.sh", "plan.json")
 MAX_PLAN_BYTES = 4 << 20
+_TEMP_PREFIXES = tuple(f".{name}." for name in RUN_FILES)  # atomic.write_dir's temporary names
 _PLAN_ACCEPTED = "the plan.json that `invoke run` writes into a run directory"
 
 
@@ -116,7 +117,7 @@ def read_plan(run_dir: str | Path) -> dict | None:
     return plan
 
 
-def out_problems(out: Path, exp_id: str) -> list[Problem]:
+def out_problems(out: Path, exp_id: str, locked: bool = True) -> list[Problem]:
     """Why `out` may not become (or be re-rendered as) the run directory of `exp_id`.
 
     Accepted: a path that does not exist yet (under a writable directory), an empty directory, or
@@ -128,8 +129,11 @@ def out_problems(out: Path, exp_id: str) -> list[Problem]:
     if out.is_symlink() or out.exists():
         if not out.is_dir():
             return [Problem(where, "is a file, not a directory", str(out), "a new or empty directory, or this experiment's run directory")]
-        entries = [e for e in os.listdir(out) if e != LOCK_NAME]
-        if entries:
+        names = os.listdir(out)
+        # The lock, and the temporary files of a writer holding it, are ours. Without the lock, a
+        # directory another slimeforge writes into is judged later, under the lock, once settled.
+        entries = [e for e in names if e != LOCK_NAME and not e.startswith(_TEMP_PREFIXES)]
+        if entries and (locked or LOCK_NAME not in names):
             try:
                 plan = read_plan(out)
             except ConfigError as exc:
@@ -157,7 +161,7 @@ def out_problems(out: Path, exp_id: str) -> list[Problem]:
 def write_run_dir(run: RunDir) -> None:
     """Write the run directory all-or-nothing, one writer at a time, never into a foreign one."""
     exp_id = run.plan["exp_id"]
-    problems = out_problems(run.path, exp_id)
+    problems = out_problems(run.path, exp_id, locked=False)
     if problems:
         raise ConfigError(str(run.path), problems)
     created = not run.path.exists()
