@@ -303,39 +303,38 @@ class Stack(Model):
 
     # --- cross-field checks ------------------------------------------------------------------
 
-    @model_validator(mode="after")
-    def _references(self) -> Stack:
-        errs = []
+    def reference_problems(self) -> list[Problem]:
+        """The rules between fields (names that must exist elsewhere in the stack), each problem
+        naming its own field."""
+        out: list[Problem] = []
         names = [s.name for s in self.steps]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
-            errs.append(f"steps: names must be unique, repeated: {', '.join(dupes)}")
+            out.append(Problem("steps", f"names must be unique, repeated: {', '.join(dupes)}", show_value=False))
         patch_names = {p.file for p in (self.patches.files if self.patches else [])}
         for i, step in enumerate(self.steps):
-            where = f"steps[{i}] ({step.name})"
+            where = f"steps.{i} ({step.name})"
             if step.source and step.source not in self.sources:
-                errs.append(f"{where}.source: {step.source!r} is not in sources {sorted(self.sources)}")
+                out.append(Problem(f"{where}.source", "is not in sources", step.source, ", ".join(sorted(self.sources))))
             for pkg in step.pip or []:
                 if pkg not in self.versions:
-                    errs.append(f"{where}.pip: {pkg!r} has no pin in versions (every package must be pinned)")
-            for key in (step.index, step.wheel_url, step.requirements):
+                    out.append(Problem(f"{where}.pip", f"{pkg!r} has no pin in versions (every package must be pinned)", show_value=False))
+            for field, key in (("index", step.index), ("wheel_url", step.wheel_url), ("requirements", step.requirements)):
                 if key:
                     try:
                         self.lookup(key)
-                    except (KeyError, TypeError):
-                        errs.append(f"{where}: {key!r} names no value of this stack")
+                    except (KeyError, TypeError, IndexError):
+                        out.append(Problem(f"{where}.{field}", "names no value of this stack", key, "a dotted key such as router.wheel"))
             for p in step.patches:
                 if p not in patch_names:
-                    errs.append(f"{where}.patches: {p!r} is not in patches.files {sorted(patch_names)}")
+                    out.append(Problem(f"{where}.patches", "is not in patches.files", p, ", ".join(sorted(patch_names)) or "(none)"))
         if self.patches:
             if self.patches.from_source not in self.sources:
-                errs.append(f"patches.from_source: {self.patches.from_source!r} is not in sources {sorted(self.sources)}")
+                out.append(Problem("patches.from_source", "is not in sources", self.patches.from_source, ", ".join(sorted(self.sources))))
             for p in self.patches.files:
                 if p.target != "site-packages" and p.target not in self.sources:
-                    errs.append(f"patches.files ({p.file}).target: {p.target!r} is neither site-packages nor a source")
-        if errs:
-            raise ValueError("; ".join(errs))
-        return self
+                    out.append(Problem(f"patches.files ({p.file}).target", "is neither site-packages nor a source", p.target))
+        return out
 
 
 def stack_path(ref: str | Path) -> Path:
@@ -358,10 +357,18 @@ def load_stack(ref: str | Path) -> Stack:
         )
     data = load_with_extends(path)
     overrides = data.pop("step_overrides", {}) or {}
-    steps = data.get("steps") or []
-    known = {s.get("name") for s in steps if isinstance(s, dict)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise ConfigError(str(path), [Problem("step_overrides", "names steps that do not exist", unknown, ", ".join(sorted(known)))])
-    data["steps"] = [deep_merge(s, overrides.get(s.get("name"), {})) if isinstance(s, dict) else s for s in steps]
-    return validate(Stack, data, str(path))
+    steps = data.get("steps")
+    if not isinstance(overrides, dict) or not all(isinstance(v, dict) for v in overrides.values()):
+        raise ConfigError(str(path), [Problem("step_overrides", "must map step names to the keys they change", overrides, "name: {key: value}")])
+    if isinstance(steps, list) and overrides:
+        # Malformed steps are left as they are for the schema to report.
+        known = {s["name"] for s in steps if isinstance(s, dict) and isinstance(s.get("name"), str)}
+        unknown = sorted(str(k) for k in overrides if k not in known)
+        if unknown:
+            raise ConfigError(str(path), [Problem("step_overrides", "names steps that do not exist", unknown, ", ".join(sorted(known)))])
+        data["steps"] = [deep_merge(s, overrides[s["name"]]) if isinstance(s, dict) and s.get("name") in overrides else s for s in steps]
+    stack = validate(Stack, data, str(path))
+    problems = stack.reference_problems()
+    if problems:
+        raise ConfigError(str(path), problems)
+    return stack

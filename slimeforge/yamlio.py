@@ -86,8 +86,9 @@ def _check_graph(node: yaml.Node, source: str) -> None:
 
 def parse_yaml(text: str, source: str) -> Any:
     """One YAML document, bounded (see the module doc); ConfigError naming `source` otherwise."""
-    loader = _Loader(text)
+    loader = None
     try:
+        loader = _Loader(text)  # the reader refuses some characters (NUL, ...) here already
         node = loader.get_single_node()
         if node is None:
             return None
@@ -100,7 +101,8 @@ def parse_yaml(text: str, source: str) -> Any:
     except RecursionError:
         raise ConfigError(source, [Problem("file", f"nests deeper than {MAX_DEPTH} levels", show_value=False)]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
