@@ -17,7 +17,7 @@ from .errors import ConfigError, Problem
 from .registry import image_ref_problems
 from .schema import Model, did_you_mean, secret_name, secret_value, validate
 from .slime_facts import load_facts, model_types_in
-from .stack import Stack, load_stack
+from .stack import Stack, available_flavors, load_stack, stack_path
 from .yamlio import deep_merge, load_with_extends, parse_set, parse_yaml
 
 # Names and defaults exactly as the seed's SlimeRunner (shared/reference/seeds/slimerunner-api.txt).
@@ -381,6 +381,9 @@ def parse_recipe(data: dict[str, Any], source: str, overrides: dict[str, Any] | 
         recipe = validate(Recipe, data, source)
     except ConfigError as exc:
         raise _blame(exc.problems, overrides or {}, source) from None
+    if not stack_path(recipe.stack).is_file():
+        raise _blame([Problem("stack", "names no stack file", recipe.stack, ", ".join(available_flavors()) + " or a path to a stack YAML")],
+                     overrides or {}, source)
     stack = load_stack(recipe.stack)
     own = recipe.model_copy(update={"extra_flags": []})
     rendered = {a for a in render_flags(own, stack, config_path="agentcore.yaml", env_json="{}", wandb=True) if a.startswith("--")}
