@@ -371,7 +371,8 @@ def container_argv(recipe: Recipe, run_dir: Path, *, docker: str = "docker", nam
     argv += ["-e", "SLIMEFORGE_STATE_DIR=/tmp/slimeforge"]
     if address:
         argv += ["-e", f"RAY_ADDRESS={address}"]
-    argv += [x for k in PASS_THROUGH_ENV if k in env for x in ("-e", k)]
+    # By name only (`-e NAME`): docker copies the value from its own environment, so no value is in the argv.
+    argv += [x for k in dict.fromkeys((*PASS_THROUGH_ENV, *recipe.secret_env)) if k in env for x in ("-e", k)]
     argv += ["-w", str(run_dir), "--entrypoint", "bash", str(recipe.image), str(run_dir / "launch.sh")]
     return argv
 

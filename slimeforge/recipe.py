@@ -128,6 +128,9 @@ class Recipe(Model):
     n_samples_per_eval_prompt: int = 1
     cluster: str | None = None  # inventory file (recipes/clusters/*.yaml)
     env: dict[str, str] = Field(default_factory=dict)  # extra environment for the job
+    # Secrets the job needs, by NAME only: their values come from the environment of `invoke run`
+    # at launch and are never written to the run directory (docs/recipes.md).
+    secret_env: list[str] = Field(default_factory=list)
     ray_dashboard_port: int = 8265
     ray_port: int = 6379
 
@@ -270,6 +273,11 @@ def check(recipe: Recipe, stack: Stack, rendered_flags: set[str]) -> list[Proble
     if r.install_prefix is not None and not r.install_prefix.startswith("/"):
         p.append(Problem("install_prefix", "must be an absolute path", r.install_prefix, "the --prefix given to `invoke install`"))
 
+    for i, name in enumerate(r.secret_env):
+        if not ENV_NAME_RE.fullmatch(name):
+            p.append(Problem(f"secret_env.{i}", "is not an environment variable name", name, "letters, digits and '_', not starting with a digit"))
+        elif name in r.env:
+            p.append(Problem(f"secret_env.{i}", "is also set in env; a secret's value never goes into a recipe", name, "remove it from env"))
     for key, value in r.env.items():
         if not ENV_NAME_RE.fullmatch(key):
             p.append(Problem(f"env.{key}", "is not an environment variable name", key, "letters, digits and '_', not starting with a digit"))
@@ -280,8 +288,8 @@ def check(recipe: Recipe, stack: Stack, rendered_flags: set[str]) -> list[Proble
     return p
 
 
-SECRET_ADVICE = ("export it in the shell that runs `invoke run` (the job gets WANDB_API_KEY, HF_TOKEN and the AWS "
-                 "credentials from there by name); never write it into a recipe")
+SECRET_ADVICE = ("export it in the shell that runs `invoke run` and list its NAME under secret_env (WANDB_API_KEY, HF_TOKEN "
+                 "and the AWS credentials are passed by name already); never write its value into a recipe")
 
 
 def extra_flag_problems(tokens: list[str], rendered_flags: set[str], stack: Stack) -> list[Problem]:

@@ -198,3 +198,23 @@ def test_to_yaml_on_a_directory_is_a_clear_error(tmp_path):
         runner.to_yaml(tmp_path)
     path = runner.to_yaml(tmp_path / "r.yaml")
     assert SlimeRunner.from_yaml(path).recipe == runner.recipe
+
+
+# --- secrets reach the job by name -------------------------------------------------------------------
+
+
+def test_secret_env_passes_names_never_values(tmp_path):
+    from slimeforge.launch import container_argv
+
+    recipe, stack = parse_recipe({**SEED_RECIPE, "image": "reg.example.com/x@sha256:" + "a" * 64, "secret_env": ["OPENAI_API_KEY"]}, "t")
+    run = build_run_dir(recipe, stack, tmp_path / "run", environ={"OPENAI_API_KEY": "sk-live-value"})
+    write_run_dir(run)
+    argv = container_argv(recipe, run.path, name="n", cidfile=tmp_path / "cid", environ={"OPENAI_API_KEY": "sk-live-value"})
+    assert argv[argv.index("OPENAI_API_KEY") - 1] == "-e" and "sk-live-value" not in " ".join(argv)
+    assert not any(b"sk-live-value" in (run.path / n).read_bytes() for n in RUN_FILES)
+    assert json.loads((run.path / "plan.json").read_text())["recipe"]["secret_env"] == ["OPENAI_API_KEY"]
+
+
+def test_secret_env_names_are_checked():
+    with pytest.raises(ConfigError, match="secret_env.0"):
+        parse_recipe({**SEED_RECIPE, "secret_env": ["NOT-A-NAME"]}, "t")
