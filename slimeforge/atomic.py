@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import ConfigError, Problem
+from .schema import text_problem
 
 LOCK_NAME = ".slimeforge.lock"
 LOCK_WAIT_S = 120.0  # a render takes well under a second; a writer stuck longer is reported
@@ -81,6 +82,24 @@ def dir_lock(directory: Path, timeout: float = LOCK_WAIT_S) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def dir_problem(path: Path) -> str | None:
+    """Why `path` cannot be (or become) a directory we write into, or None: a file, a path under a
+    file, an unwritable place, or a name with control characters."""
+    if why := text_problem(str(path)):
+        return why
+    path = Path(path)
+    if path.is_symlink() or path.exists():
+        if not path.is_dir():
+            return "is a file, not a directory"
+        return None if os.access(path, os.W_OK | os.X_OK) else "is not writable"
+    parent = path.parent
+    while not (parent.is_symlink() or parent.exists()):
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"cannot be created: {parent} is a file"
+    return None if os.access(parent, os.W_OK | os.X_OK) else f"cannot be created: {parent} is not writable"
 
 
 def _write(path: Path, content: str | bytes, mode: int | None) -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from . import paths
-from .atomic import write_dir
+from .atomic import dir_problem, write_dir
 from .errors import ConfigError, Problem, SlimeforgeError
 from .patches import PatchContent, read_patches
 from .schema import text_problem, text_problems
@@ -227,6 +227,8 @@ def prepare(opts: BuildOptions) -> Prepared:
         local = parse_sources(stack, opts.sources)
     except ConfigError as exc:
         problems.extend(exc.problems)
+    if opts.out is not None and (why := dir_problem(Path(opts.out))):
+        problems.append(Problem("--out", why, str(opts.out), "a build directory (new, or one `invoke build` wrote)"))
     ca_given = opts.ca_bundle is not None and opts.ca_bundle != ""
     if ca_given and not Path(opts.ca_bundle).is_file():
         problems.append(Problem("--ca-bundle", "is not a file", opts.ca_bundle, "a PEM file of CA certificates"))

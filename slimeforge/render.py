@@ -14,11 +14,10 @@ from pathlib import Path
 import yaml
 
 from . import __version__
-from .atomic import LOCK_NAME, dir_lock, write_dir
+from .atomic import LOCK_NAME, dir_lock, dir_problem, write_dir
 from .errors import ConfigError, Problem
 from .flags import agentcore_config, agentcore_config_doc, env_json, render_flags, runtime_env_vars
 from .recipe import EXP_ID_RE, Recipe
-from .schema import text_problem
 from .stack import Stack
 from .templating import render
 
@@ -124,11 +123,9 @@ def out_problems(out: Path, exp_id: str, locked: bool = True) -> list[Problem]:
     the run directory of the same experiment. Anything else holds someone's files (`--out .`), or
     another experiment's record (its submission id: `run.stop` would stop the wrong job)."""
     where = "--out"
-    if why := text_problem(str(out)):
-        return [Problem(where, why, str(out), "a directory path")]
-    if out.is_symlink() or out.exists():
-        if not out.is_dir():
-            return [Problem(where, "is a file, not a directory", str(out), "a new or empty directory, or this experiment's run directory")]
+    if why := dir_problem(out):
+        return [Problem(where, why, str(out), "a new or empty directory, or this experiment's run directory")]
+    if out.is_dir():
         names = os.listdir(out)
         # The lock, and the temporary files of a writer holding it, are ours. Without the lock, a
         # directory another slimeforge writes into is judged later, under the lock, once settled.
@@ -145,16 +142,6 @@ def out_problems(out: Path, exp_id: str, locked: bool = True) -> list[Problem]:
             if plan["exp_id"] != exp_id:
                 return [Problem(where, f"is the run directory of experiment {plan['exp_id']!r}, not {exp_id!r} "
                                 "(its job record would be lost)", str(out), f"another --out, e.g. runs/{exp_id}")]
-        if not os.access(out, os.W_OK | os.X_OK):
-            return [Problem(where, "is not writable", str(out), "a directory you may write to")]
-        return []
-    parent = out.parent
-    while not (parent.is_symlink() or parent.exists()):
-        parent = parent.parent
-    if not parent.is_dir():
-        return [Problem(where, f"cannot be created: {parent} is a file", str(out), "a path under a directory")]
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return [Problem(where, f"cannot be created: {parent} is not writable", str(out), "a path under a directory you may write to")]
     return []
 
 

@@ -27,6 +27,7 @@ class Model(BaseModel):
 # a name, path, version or URL, so every string of every input is checked for them.
 _BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
 _CONTROL_RE = re.compile(f"[\x00-\x1f\x7f-\x9f\u2028\u2029{_BIDI}]")
+_CONTROL_NAMES = {"\n": "newline", "\r": "carriage return", "\t": "tab", "\x00": "NUL", "\x1b": "escape"}
 MAX_TEXT = 4096  # longest string accepted anywhere (a path is at most 4096 bytes on Linux)
 
 
@@ -34,8 +35,9 @@ def text_problem(value: str) -> str | None:
     """Why `value` may not be used as text in a generated file, or None if it may."""
     m = _CONTROL_RE.search(value)
     if m:
-        name = unicodedata.name(m.group(), None) or f"U+{ord(m.group()):04X}"
-        return f"holds a control character ({name}, U+{ord(m.group()):04X}) at position {m.start()}"
+        ch = m.group()
+        name = _CONTROL_NAMES.get(ch) or unicodedata.name(ch, None) or "a control character"
+        return f"holds a control character ({name}, U+{ord(ch):04X}) at position {m.start()}"
     if len(value) > MAX_TEXT:
         return f"is {len(value)} characters long"
     return None

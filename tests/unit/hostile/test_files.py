@@ -218,3 +218,12 @@ def test_secret_env_passes_names_never_values(tmp_path):
 def test_secret_env_names_are_checked():
     with pytest.raises(ConfigError, match="secret_env.0"):
         parse_recipe({**SEED_RECIPE, "secret_env": ["NOT-A-NAME"]}, "t")
+
+
+@pytest.mark.parametrize("task", ["build", "install"])
+def test_build_and_install_out_that_is_a_file_is_a_clear_error(tmp_path, task):
+    (tmp_path / "f").write_text("x")
+    extra = ["--prefix", str(tmp_path / "prefix")] if task == "install" else []
+    out = invoke(task, "--stack", "tests/stacks/test.yaml", "--dry-run", "--out", str(tmp_path / "f" / "sub"), *extra)
+    assert out.returncode == 2 and "--out: cannot be created" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "prefix").exists()
