@@ -75,6 +75,7 @@ RECIPE_CASES: list[tuple[str, object, str | None]] = [
     ("gateway_port-high", {"gateway_port": 99999}, "gateway_port"),
     ("ray_port-zero", {"ray_port": 0}, "ray_port"),
     ("ray_port-negative", {"ray_port": -1}, "ray_port"),
+    ("ray_port-float-zero", {"ray_port": 0.0}, "ray_port"),
     ("ports-collide", {"ray_port": 8265, "ray_dashboard_port": 8265}, "ports"),
     ("gateway_port-collides", {"gateway_port": 6379}, "ports"),
     ("gateway_port-zero-ok", {"gateway_port": 0}, None),
@@ -154,6 +155,7 @@ INVENTORY_CASES: list[tuple[str, object, str | None]] = [
     ("ray-port-negative", {"ray": {"port": -1}}, "ray.port"),
     ("ray-port-zero", {"ray": {"port": 0}}, "ray.port"),
     ("ray-port-high", {"ray": {"dashboard_port": 99999}}, "ray.dashboard_port"),
+    ("ray-port-float-zero", {"ray": {"port": 0.0}}, "ray.port"),  # found by the fuzz tests
     ("ray-ports-collide", {"ray": {"port": 8265}}, "must differ"),
     ("ssh-port-zero", {"ssh": {"port": 0}}, "ssh.port"),
     ("host-port-high", {"hosts": {1: {"port": 70000}}}, "hosts.1.port"),
