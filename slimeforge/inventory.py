@@ -200,6 +200,7 @@ def check(data: dict[str, Any], base: Path) -> list[Problem]:
                 p.append(Problem(f"{where}.address", "is not an IP address, host name or ssh config alias", address, "e.g. 10.0.0.11, gpu-a.example.com, or a Host alias from your ssh config"))
             # One host, however it is spelt: case and a trailing dot do not matter in DNS, and no port is port 22.
             port = h.get("port", ssh.get("port")) or 22
+            port = int(port) if isinstance(port, float) and port.is_integer() else port  # 22.0 is port 22, as the schema reads it
             key = f"{address.lower().rstrip('.')}:{port}"
             if key in seen_addr:
                 p.append(Problem(f"{where}.address", f"is the same host as hosts.{seen_addr[key]}'s; addresses must be unique", key))
