@@ -227,3 +227,25 @@ def test_build_and_install_out_that_is_a_file_is_a_clear_error(tmp_path, task):
     out = invoke(task, "--stack", "tests/stacks/test.yaml", "--dry-run", "--out", str(tmp_path / "f" / "sub"), *extra)
     assert out.returncode == 2 and "--out: cannot be created" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "prefix").exists()
+
+
+def test_doctor_finds_the_catalog_of_a_local_build_of_this_stack(tmp_path, monkeypatch):
+    """`build` names its directory by the build hash; doctor finds it by the stack id in its report
+    (it once looked for build/<flavor>-<stack hash> and never found one)."""
+    from launch_support import write_catalog
+
+    from slimeforge import paths
+
+    recipe, stack = parse_recipe(make_recipe(tmp_path, mode="host"), "test")
+    monkeypatch.setattr(paths, "ROOT", tmp_path)
+    build = paths.build_dir(tmp_path / "build", stack.name, "f" * 64)  # a build hash, not the stack's
+    build.mkdir(parents=True)
+    write_catalog(build / "flags.json", recipe, stack)
+    (build / paths.BUILD_REPORT).write_text(json.dumps({"stack": stack.id}))
+    other = paths.build_dir(tmp_path / "build", stack.name, "e" * 64)  # a build of another stack of this flavor
+    other.mkdir()
+    (other / paths.BUILD_REPORT).write_text(json.dumps({"stack": f"{stack.name}-000000000000"}))
+    found = doctor.run_checks(recipe, stack, only=["flags"])
+    assert found.errors == [] and "flags are in the catalog" in found.table()
+    (build / paths.BUILD_REPORT).unlink()  # an incomplete build is no catalog; the other stack's is not this one's
+    assert "no flag catalog found" in doctor.run_checks(recipe, stack, only=["flags"]).errors[0].message
