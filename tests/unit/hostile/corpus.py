@@ -113,7 +113,8 @@ RAW_RECIPE_CASES: list[tuple[str, bytes, str | None]] = [
     ("yaml-recursive-alias", b"x: &a [*a]\n", "refers to the value that contains it"),
     ("yaml-not-utf8", b"exp_id: t\xff1\n", "is not UTF-8"),
     ("yaml-list", b"- a\n- b\n", "must hold a YAML mapping"),
-    ("yaml-too-big", b"#" * (1 << 20) + b"\nexp_id: a\n", "larger than"),
+    ("yaml-too-big", b"#" * (64 << 10) + b"\nexp_id: a\n", "larger than"),
+    ("yaml-long-flow-list", b"x: [" + b"a," * 30000 + b"]\n", "expands to more than"),
     ("yaml-nul-escape", b'exp_id: "t\\0"\n', "exp_id"),
     ("yaml-bad", b"exp_id: [\n", "is not valid YAML"),
 ]
