@@ -81,7 +81,6 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
     """Validate a recipe, preflight, start Ray, submit, stream the logs (--dry-run: render only)."""
     from pathlib import Path
 
-    from slimeforge.launch import resolve_mode
     from slimeforge.recipe import load_recipe, parse_overrides
     from slimeforge.render import build_run_dir, write_run_dir
 
@@ -102,7 +101,10 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
             raise Exit(code=code)
         return
     # The dry run renders what a launch with these options would: the same mode, image and prefix.
-    rec = resolve_mode(rec, mode, prefix, image, require_image=False)
+    if mode is not None or prefix is not None or image is not None:
+        from slimeforge.launch import resolve_mode  # only then: it imports the launch machinery (asyncio, ...)
+
+        rec = resolve_mode(rec, mode, prefix, image, require_image=False)
     run = build_run_dir(rec, stack, target, recipe)
     write_run_dir(run)
     print(f"recipe {recipe}: valid ({rec.exp_id}, stack {stack.id})")

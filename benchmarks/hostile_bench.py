@@ -4,8 +4,9 @@
 
 * `invoke run recipes/gsm8k.yaml --dry-run` wall time, fresh process each run (min / median / max),
   in this checkout or another one (`--root`, e.g. an export of main, to compare);
-* in-process time to refuse inputs that once hung or ate memory: a YAML alias bomb (10^9 values
-  once expanded), 5,000 levels of nesting, num_gpus = 10^12, an extends chain of 40 files;
+* in-process time to refuse inputs that once hung or ate memory: a YAML alias bomb (10^10 values
+  once expanded), 5,000 levels of nesting, num_gpus = 10^12, an extends chain of 40 files, and a
+  file of the largest accepted size in PyYAML's costliest shape (one long flow list);
 * with --fuzz: wall time of the property-based tests (tests/unit/hostile/test_fuzz.py) as CI
   runs them.
 """
@@ -48,6 +49,7 @@ def refusals(runs: int) -> dict[str, list[float]]:
         "alias bomb (10^10 values expanded)": bomb,
         "5,000 levels of nesting": "x: " + "[" * 5000 + "]" * 5000 + "\n",
         "num_gpus = 10^12": yaml.safe_dump({**SEED_RECIPE, "num_gpus": 10**12, "tp_size": 7}),
+        "64 KiB flow list (the costliest accepted size)": ("x: [" + "a," * 40000)[: (64 << 10) - 2] + "]\n",
     }
     out: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
