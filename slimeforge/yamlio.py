@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError, Problem
+from .errors import ConfigError, Problem, shown
 
 # The largest real file (images/common.yaml) is 5 KiB with about 300 values. PyYAML is pure Python
 # here: 64 KiB of the costliest shape (one long flow list) parses in about 1.5 s, 1 MiB in 23 s.
@@ -43,17 +43,12 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = Fal
             raise yaml.constructor.ConstructorError(None, None, "a mapping key must be a plain value", key_node.start_mark) from None
         if first is not None:
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {_short(key)} (first on line {first}); a key may appear once", key_node.start_mark)
+                None, None, f"duplicate key {shown(key, 60)} (first on line {first}); a key may appear once", key_node.start_mark)
         seen[key] = key_node.start_mark.line + 1
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
 
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def _short(value: object, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _check_graph(node: yaml.Node, source: str) -> None:
@@ -174,10 +169,10 @@ def load_with_extends(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any
     if parent is None:
         return data
     if not isinstance(parent, str) or not parent or "\0" in parent:
-        raise ConfigError(str(path), [Problem("extends", "must be a file path", _short(parent), "a path relative to this file")])
+        raise ConfigError(str(path), [Problem("extends", "must be a file path", parent, "a path relative to this file")])
     parent_path = path.parent / parent
     if not parent_path.is_file():
-        raise ConfigError(str(path), [Problem("extends", "names no file", _short(parent), f"an existing file (looked for {parent_path})")])
+        raise ConfigError(str(path), [Problem("extends", "names no file", parent, f"an existing file (looked for {parent_path})")])
     return deep_merge(load_with_extends(parent_path, (*_seen, path)), data)
 
 
@@ -191,13 +186,13 @@ def parse_set(items: list[str] | tuple[str, ...], typed=None) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         parts = key.split(".")
         if not sep or not all(_KEY_RE.fullmatch(p) for p in parts):
-            problems.append(Problem("--set", "must look like key=value", _short(item), "key=value or key.sub=value; keys of letters, digits, '_' and '-'"))
+            problems.append(Problem("--set", "must look like key=value", item, "key=value or key.sub=value; keys of letters, digits, '_' and '-'"))
             continue
         if typed is not None:
             try:
                 value = typed(key, raw)
             except ValueError as exc:
-                problems.append(Problem(f"--set {key}", str(exc), _short(raw)))
+                problems.append(Problem(f"--set {key}", str(exc), raw))
                 continue
         else:
             try:
@@ -208,7 +203,7 @@ def parse_set(items: list[str] | tuple[str, ...], typed=None) -> dict[str, Any]:
         for part in parts[:-1]:
             nxt = node.setdefault(part, {})
             if not isinstance(nxt, dict):
-                problems.append(Problem(f"--set {key}", f"{part} was already set to a plain value", _short(item)))
+                problems.append(Problem(f"--set {key}", f"{part} was already set to a plain value", item))
                 break
             node = nxt
         else:
