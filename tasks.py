@@ -93,13 +93,12 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
     """Validate a recipe, preflight, start Ray, submit, stream the logs (--dry-run: render only)."""
     from pathlib import Path
 
-    from slimeforge.recipe import load_recipe
+    from slimeforge.recipe import load_recipe, parse_overrides
     from slimeforge.render import build_run_dir, write_run_dir
-    from slimeforge.yamlio import parse_set
 
     if not slurm and any(v is not None for v in (partition, account, time, nodes)):
         raise Exit("error: --partition, --account, --time and --nodes go with --slurm", code=2)
-    rec, stack = load_recipe(recipe, parse_set(set_ or []))
+    rec, stack = load_recipe(recipe, parse_overrides(set_ or []))
     target = Path(out) if out else Path("runs") / rec.exp_id
     if slurm:
         from slimeforge import slurm as slurm_mod
@@ -129,6 +128,11 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
             if code:
                 raise Exit(code=code)
             return
+        # The dry run renders what a launch with these options would: the same mode, image and prefix.
+        if mode is not None or prefix is not None or image is not None:
+            from slimeforge.launch import resolve_mode  # only then: it imports the launch machinery (asyncio, ...)
+
+            rec = resolve_mode(rec, mode, prefix, image, require_image=False)
         run = build_run_dir(rec, stack, target, recipe)
     write_run_dir(run)
     print(f"recipe {recipe}: valid ({rec.exp_id}, stack {stack.id})")
@@ -144,30 +148,31 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
 # --- launch ----------------------------------------------------------------------------------
 
 
-def _run_dir(recipe, run_dir):
-    """A recorded run: its directory, or the default one (runs/<exp_id>) of a recipe."""
+def _run_dir(run):
+    """A recorded run: its run directory, or the recipe that was launched (runs/<exp_id>)."""
     from pathlib import Path
 
-    if run_dir:
-        return Path(run_dir)
-    if not recipe:
-        raise SlimeforgeError("name the run: a recipe (runs/<exp_id>) or --run-dir")
-    from slimeforge.recipe import load_recipe_data
+    from slimeforge.errors import ConfigError, Problem
+    from slimeforge.recipe import EXP_ID_RE, load_recipe_data
 
-    data = load_recipe_data(recipe)
-    return Path("runs") / str(data.get("exp_id"))
-
-
-RUN_HELP = {"recipe": "the recipe that was launched (its run directory is runs/<exp_id>)", "run_dir": "the run directory instead"}
+    if Path(run).is_dir():
+        return Path(run)
+    exp_id = load_recipe_data(run).get("exp_id")
+    if not isinstance(exp_id, str) or not EXP_ID_RE.fullmatch(exp_id):
+        raise ConfigError(run, [Problem("exp_id", "names no run directory", exp_id, "the exp_id of a launched recipe")])
+    return Path("runs") / exp_id
 
 
-@task(positional=["recipe"], help={**RUN_HELP, "as_json": "print JSON"})
+RUN_HELP = {"run": "the run directory (runs/<exp_id>), or the recipe that was launched"}
+
+
+@task(positional=["run"], help={**RUN_HELP, "as_json": "print JSON"})
 @clean_errors
-def run_status(c, recipe=None, run_dir=None, as_json=False):
+def run_status(c, run, as_json=False):
     """Status of a launched run's job (and whether the Ray head slimeforge started is up)."""
     from slimeforge import launch, slurm
 
-    path = _run_dir(recipe, run_dir)
+    path = _run_dir(run)
     if slurm.is_slurm_run(path):
         st = slurm.status(path)
         if as_json:
@@ -187,13 +192,13 @@ def run_status(c, recipe=None, run_dir=None, as_json=False):
     print(f"  run directory {st['run_dir']} (job.log)")
 
 
-@task(positional=["recipe"], help={**RUN_HELP, "follow": "keep streaming until the job ends"})
+@task(positional=["run"], help={**RUN_HELP, "follow": "keep streaming until the job ends"})
 @clean_errors
-def run_logs(c, recipe=None, run_dir=None, follow=False):
+def run_logs(c, run, follow=False):
     """Print a launched run's job logs (from the cluster; job.log keeps them too; a Slurm run: its output file)."""
     from slimeforge import launch, slurm
 
-    path = _run_dir(recipe, run_dir)
+    path = _run_dir(run)
     if slurm.is_slurm_run(path):
         code = slurm.logs(path, follow_logs=follow)
         if code:
@@ -202,14 +207,14 @@ def run_logs(c, recipe=None, run_dir=None, follow=False):
     launch.logs(path, follow_logs=follow)
 
 
-@task(positional=["recipe"], help={**RUN_HELP, "head": "also stop the Ray head (and container) that slimeforge started for it"})
+@task(positional=["run"], help={**RUN_HELP, "head": "also stop the Ray head (and container) that slimeforge started for it"})
 @clean_errors
-def run_stop(c, recipe=None, run_dir=None, head=False):
+def run_stop(c, run, head=False):
     """Stop a launched run's job; --head also stops the Ray head slimeforge recorded (nothing else).
     A Slurm run: scancel of its recorded job id, and only that (Ray in the allocation ends with it)."""
     from slimeforge import launch, slurm
 
-    path = _run_dir(recipe, run_dir)
+    path = _run_dir(run)
     if slurm.is_slurm_run(path):
         slurm.stop(path)
         return
@@ -245,10 +250,9 @@ def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=
     rec = stack = None
     if recipe:
         from slimeforge.launch import resolve_mode, state_dir
-        from slimeforge.recipe import load_recipe
-        from slimeforge.yamlio import parse_set
+        from slimeforge.recipe import load_recipe, parse_overrides
 
-        rec, stack = load_recipe(recipe, parse_set(set_ or []))
+        rec, stack = load_recipe(recipe, parse_overrides(set_ or []))
         rec = resolve_mode(rec, mode, prefix, image, require_image=False)
         sdir = state_dir(rec.ray_port)
     else:

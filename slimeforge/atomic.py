@@ -1,19 +1,31 @@
-"""Write a directory of files so that it is either complete or absent (never half written)."""
+"""Write a directory of files so that it is either complete or absent (never half written), and
+let one writer at a time into a directory (a lock file)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from .errors import ConfigError, Problem
+from .schema import text_problem
+
+LOCK_NAME = ".slimeforge.lock"
+LOCK_WAIT_S = 120.0  # a render takes well under a second; a writer stuck longer is reported
 
 
 def write_dir(target: Path, files: dict[str, str | bytes], modes: dict[str, int] | None = None, last: str | None = None) -> None:
     """Create `target` with `files`, or replace those files in an existing `target`.
 
     A new directory is assembled beside the target and renamed into place in one step. In an
-    existing directory (a run directory keeps job.log and state across launches) each file is
-    replaced atomically, `last` (the file that marks completeness) after all the others.
+    existing directory (a run directory keeps job.log and state across launches) every file is
+    first written in full under a temporary name, then all are renamed into place, `last` (the
+    file that marks completeness) after the others: a failure while writing changes nothing.
     """
     modes = modes or {}
     target = Path(target)
@@ -29,16 +41,65 @@ def write_dir(target: Path, files: dict[str, str | bytes], modes: dict[str, int]
             raise
         return
     order = [n for n in files if n != last] + ([last] if last in files else [])
-    for name in order:
-        path = target / name
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", dir=target)
-        os.close(fd)
-        try:
+    staged: list[tuple[str, Path]] = []
+    try:
+        for name in order:
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", dir=target)
+            os.close(fd)
+            staged.append((tmp_name, target / name))
             _write(Path(tmp_name), files[name], modes.get(name))
+        while staged:
+            tmp_name, path = staged[0]
             os.replace(tmp_name, path)
-        except BaseException:
+            staged.pop(0)
+    finally:
+        for tmp_name, _ in staged:
             Path(tmp_name).unlink(missing_ok=True)
-            raise
+
+
+def write_file(path: Path, content: str | bytes, mode: int | None = None) -> None:
+    """One file, replaced atomically (the old content or the new, never a mix)."""
+    path = Path(path)
+    write_dir(path.parent, {path.name: content}, {path.name: mode} if mode is not None else None)
+
+
+@contextmanager
+def dir_lock(directory: Path, timeout: float = LOCK_WAIT_S) -> Iterator[None]:
+    """Hold an exclusive lock on `directory` (flock on its LOCK_NAME file); concurrent writers
+    wait their turn. The kernel drops the lock when its holder dies, so it never goes stale."""
+    fd = os.open(Path(directory) / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise ConfigError(str(directory), [Problem("lock", f"another slimeforge process has been writing here for over {timeout:g} s",
+                                                               show_value=False, accepted="wait for it to finish, or use another directory")]) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
+
+
+def dir_problem(path: Path) -> str | None:
+    """Why `path` cannot be (or become) a directory we write into, or None: a file, a path under a
+    file, an unwritable place, or a name with control characters."""
+    if why := text_problem(str(path)):
+        return why
+    path = Path(path)
+    if path.is_symlink() or path.exists():
+        if not path.is_dir():
+            return "is a file, not a directory"
+        return None if os.access(path, os.W_OK | os.X_OK) else "is not writable"
+    parent = path.parent
+    while not (parent.is_symlink() or parent.exists()):
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"cannot be created: {parent} is a file"
+    return None if os.access(parent, os.W_OK | os.X_OK) else f"cannot be created: {parent} is not writable"
 
 
 def _write(path: Path, content: str | bytes, mode: int | None) -> None:

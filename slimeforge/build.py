@@ -31,10 +31,12 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
-from .atomic import write_dir
+from . import paths
+from .atomic import dir_problem, write_dir
 from .errors import ConfigError, Problem, SlimeforgeError
 from .lock import check_patches, checked_lock
 from .patches import PatchContent, read_patches
+from .schema import text_problem, text_problems
 from .sources import GIT, LocalSource, dist_files, parse_sources
 from .stack import Stack, load_stack
 from .steps import (
@@ -135,8 +137,8 @@ def parse_build_args(values: list[str]) -> tuple[dict[str, str], list[Problem]]:
     out, problems = {}, []
     for text in values:
         key, sep, value = text.partition("=")
-        if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
-            problems.append(Problem("--build-arg", "must be KEY=VALUE with KEY a variable name", text))
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) or text_problem(value):
+            problems.append(Problem("--build-arg", "must be KEY=VALUE with KEY a variable name and VALUE printable text", text))
         else:
             out[key] = value
     return out, problems
@@ -182,7 +184,7 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
     for step in steps:
         step["lock_file"] = lock_file(step["name"]) if step["kind"] in ("pip", "wheel_url", "source") else None
     first_compile = next((i for i, s in enumerate(steps) if s["compiles"]), -1)
-    return render("Dockerfile.j2", {
+    return _render_dockerfile({
         "stack_id": stack.id,
         "base_ref": base_from or (f"{stack.base.image}@{stack.base.digest}" if stack.base.digest else stack.base.image),
         "state": layout.state,
@@ -199,6 +201,16 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
         "lock_dir": layout.lock_dir,
         "lock_all": LOCK_ALL,
     })
+
+
+def _render_dockerfile(variables: dict[str, Any]) -> str:
+    """A Dockerfile is read line by line and shell quoting does not reach past a line: a newline
+    in any value would start an instruction of its own. The stack's validation refuses control
+    characters already; this is the second line of defence, on exactly what is rendered."""
+    problems = text_problems(variables)
+    if problems:
+        raise ConfigError("Dockerfile", problems)
+    return render("Dockerfile.j2", variables)
 
 
 def _source_date_epoch(stack: Stack, cache: Path) -> int:
@@ -228,7 +240,12 @@ def prepare(opts: BuildOptions) -> Prepared:
         local = parse_sources(stack, opts.sources)
     except ConfigError as exc:
         problems.extend(exc.problems)
-    if opts.repository and not re.match(r"^[a-z0-9]+(?:[._/-][a-z0-9]+)*(?::[0-9]+/[a-z0-9._/-]+)?$", opts.repository):
+    if opts.out is not None and (why := dir_problem(Path(opts.out))):
+        problems.append(Problem("--out", why, str(opts.out), "a build directory (new, or one `invoke build` wrote)"))
+    ca_given = opts.ca_bundle is not None and opts.ca_bundle != ""
+    if ca_given and not Path(opts.ca_bundle).is_file():
+        problems.append(Problem("--ca-bundle", "is not a file", opts.ca_bundle, "a PEM file of CA certificates"))
+    if opts.repository and not re.fullmatch(r"[a-z0-9]+(?:[._/-][a-z0-9]+)*(?::[0-9]+/[a-z0-9._/-]+)?", opts.repository):
         problems.append(Problem("--repository", "is not a repository name", opts.repository, "e.g. slimeforge/cu13"))
     if problems:
         raise ConfigError("invoke build", problems)
@@ -243,7 +260,8 @@ def prepare(opts: BuildOptions) -> Prepared:
 
     pins = stack.pins()
     pins["base.image"] = base["image"]
-    pins["base.digest"] = base["digest"] or f"(local image {base['image_id']})"
+    pins["base.digest"] = base["digest"] or (f"none (a local image, id {base['image_id']})" if base["image_id"]
+                                             else "none (the base image is not present here; resolved at build)")
     lock = {
         "schema": 1,
         "stack": {"name": stack.name, "version": stack.version, "id": stack.id, "hash": stack.hash, "cuda": stack.cuda,
@@ -271,7 +289,7 @@ def prepare(opts: BuildOptions) -> Prepared:
         digest.update(f"{name}\0{len(data)}\0".encode() + data)
     build_hash = digest.hexdigest()
 
-    out = Path(opts.out) if opts.out else opts.build_root / f"{stack.name}-{build_hash[:12]}"
+    out = Path(opts.out) if opts.out else paths.build_dir(opts.build_root, stack.name, build_hash)
     # `COPY patches/` takes the whole folder: a reused --out must not carry another stack's patches.
     shutil.rmtree(out / "context" / "patches", ignore_errors=True)
     shutil.rmtree(out / "context" / "lock", ignore_errors=True)
@@ -315,8 +333,6 @@ def prepare(opts: BuildOptions) -> Prepared:
     ca = opts.ca_bundle if opts.ca_bundle is not None else default_ca_bundle()
     if ca and Path(ca).is_file():
         argv += ["--secret", f"id=ca-bundle,src={ca}"]
-    elif opts.ca_bundle:
-        raise ConfigError("invoke build", [Problem("--ca-bundle", "is not a file", opts.ca_bundle)])
     if opts.no_cache:
         argv.append("--no-cache")
     argv.append(str(out / "context"))

@@ -571,8 +571,12 @@ def check_model_config(ctx: Context) -> list[Finding]:
     except FileNotFoundError:
         out.append(error("model-config", f"{config_path} does not exist", "set model_dir to a Hugging Face checkpoint directory (holding config.json and the weights), on every host"))
         config = None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         out.append(error("model-config", f"{config_path} is not readable JSON: {exc}", "re-download the checkpoint"))
+        config = None
+    if config is not None and not isinstance(config, dict):
+        out.append(error("model-config", f"{config_path} holds a JSON {type(config).__name__}, not an object",
+                         "model_dir must be a Hugging Face checkpoint directory, whose config.json is a JSON object"))
         config = None
     margs = model_args(ctx)
     if isinstance(margs, Exception):
@@ -700,9 +704,15 @@ def find_catalog(ctx: Context) -> tuple[Catalog, str] | None:
         path = Path(ctx.install_prefix) / "flags.json"
         if path.is_file():
             return load_catalog(path), str(path)
-    path = paths.ROOT / "build" / f"{ctx.stack.name}-{ctx.stack.hash[:12]}" / "flags.json"
-    if path.is_file():
-        return load_catalog(path), str(path)
+    # A local build of this very stack: its report names the stack id (name and stack hash).
+    for build in paths.local_builds(paths.ROOT / "build", ctx.stack.name):
+        try:
+            report = json.loads((build / paths.BUILD_REPORT).read_text())
+        except (OSError, ValueError):
+            continue
+        path = build / "flags.json"
+        if isinstance(report, dict) and report.get("stack") == ctx.stack.id and path.is_file():
+            return load_catalog(path), str(path)
     return None
 
 

@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+SHOWN_CHARS = 120  # a value in a message: enough to recognise it, never a whole file
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """`repr(value)`, cut to `limit` characters (repr escapes newlines and control characters)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text)} characters)"
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -18,7 +26,7 @@ class Problem:
     def __str__(self) -> str:
         text = f"{self.where}: {self.message}"
         if self.show_value:
-            text += f" (got {self.value!r})"
+            text += f" (got {shown(self.value)})"
         if self.accepted:
             text += f"; accepted: {self.accepted}"
         return text

@@ -19,9 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .atomic import dir_problem, write_file
 from .errors import CommandError, ConfigError, Problem
 from .lock import LockFile, check_patches, checked_lock
 from .patches import PatchContent, read_patches
+from .schema import text_problem
 from .sources import LocalSource, parse_sources
 from .stack import Stack, load_stack
 from .steps import (
@@ -138,6 +140,11 @@ def install(opts: InstallOptions) -> Path:
     problems = []
     if not opts.prefix:
         problems.append(Problem("--prefix", "is required", opts.prefix, "an absolute directory, e.g. /opt/slime"))
+    for option, value in (("--prefix", opts.prefix), ("--venv", opts.venv)):
+        if value and (why := text_problem(value)):
+            problems.append(Problem(option, why, value, "a directory path"))
+    if opts.out is not None and (why := dir_problem(Path(opts.out))):
+        problems.append(Problem("--out", why, str(opts.out), "a directory you may write to"))
     local = {}
     try:
         local = parse_sources(stack, opts.sources)
@@ -149,10 +156,12 @@ def install(opts: InstallOptions) -> Path:
     text = render_install_script(stack, prefix, str(Path(opts.venv).absolute()) if opts.venv else None, local,
                                  opts.build_root / ".cache" / "sources")
     out = Path(opts.out) if opts.out else Path(prefix) / ".slimeforge" / "install"
-    out.mkdir(parents=True, exist_ok=True)
     script = out / SCRIPT
-    script.write_text(text)
-    script.chmod(0o755)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        write_file(script, text, 0o755)
+    except OSError as exc:
+        raise ConfigError("invoke install", [Problem("--out", f"cannot be written: {exc.strerror}", str(out), "a directory you may write to")]) from None
     if opts.dry_run:
         opts.echo(str(script))
         return script

@@ -16,40 +16,41 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-import pydantic
 from pydantic import Field
 
 from .errors import ConfigError, Problem
-from .schema import Model, problems_from
+from .schema import Model, model_problems, secret_name, text_problem
 from .ssh import SSHOptions, SSHTarget
 from .yamlio import load_with_extends
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")  # used in paths and container names
-ADDRESS_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:%-]*$")  # IP, DNS name or ssh config alias
-USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
-IFACE_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")  # Linux IFNAMSIZ - 1
-ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-DIGEST_RE = re.compile(r"@sha256:[0-9a-f]{64}$")
+# Whole-value grammars (re.fullmatch: `$` would let a trailing newline through).
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # used in paths and container names
+ADDRESS_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:%-]{0,252}")  # IP, DNS name or ssh config alias
+USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+IFACE_RE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")  # Linux IFNAMSIZ - 1
+ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+DIGEST_RE = re.compile(r".*@sha256:[0-9a-f]{64}")
+MAX_GPUS = 64
 
 
 class SSHSettings(Model):
     config: str | None = None  # an ssh config file for this cluster (ssh -F); default: ~/.ssh/config
     user: str | None = None  # default: the ssh config's, else your login name
-    port: int | None = None
+    port: int | None = Field(None, ge=1, le=65535)
     key: str | None = None  # an identity file; default: the agent and the ssh config
     connect_timeout: int = Field(10, ge=1, le=600)
     options: dict[str, str] = Field(default_factory=dict)  # extra `-o Key=Value`
 
 
 class RaySettings(Model):
-    port: int = 6379  # GCS, on the head
-    dashboard_port: int = 8265  # dashboard and Jobs API, on the head
-    client_port: int = 10001  # Ray Client server, on the head
-    dashboard_agent_port: int = 52365  # on every node
-    num_cpus: int | None = Field(None, ge=0)  # default: Ray counts the host's cores
-    object_store_memory: int | None = Field(None, ge=78643200)  # bytes; Ray's minimum is 75 MiB
+    port: int = Field(6379, ge=1, le=65535)  # GCS, on the head
+    dashboard_port: int = Field(8265, ge=1, le=65535)  # dashboard and Jobs API, on the head
+    client_port: int = Field(10001, ge=1, le=65535)  # Ray Client server, on the head
+    dashboard_agent_port: int = Field(52365, ge=1, le=65535)  # on every node
+    num_cpus: int | None = Field(None, ge=0, le=4096)  # default: Ray counts the host's cores
+    object_store_memory: int | None = Field(None, ge=78643200, le=1 << 50)  # bytes; Ray's minimum is 75 MiB
     temp_dir: str | None = None  # default: /tmp/sfr-<8 hex digits of cluster and host name>
-    start_timeout: float = Field(180, gt=0)  # seconds for each node to start and for all to register
+    start_timeout: float = Field(180, gt=0, le=3600)  # seconds for each node to start and for all to register
     env: dict[str, str] = Field(default_factory=dict)  # extra environment for `ray start` everywhere
 
 
@@ -63,16 +64,16 @@ class HostSpec(Model):
     name: str
     address: str
     role: Literal["head", "worker"] = "worker"
-    gpus: int = Field(ge=0)
+    gpus: int = Field(ge=0, le=MAX_GPUS)
     interface: str = "auto"  # or a name; auto: the interface that routes to the head
     node_ip: str | None = None  # default: the head's is the address ssh reached; a worker's, its route's source
     user: str | None = None
-    port: int | None = None
+    port: int | None = Field(None, ge=1, le=65535)
     key: str | None = None
     prefix: str | None = None
     python: str | None = None
     system_python: str | None = None
-    num_cpus: int | None = Field(None, ge=0)
+    num_cpus: int | None = Field(None, ge=0, le=4096)
     temp_dir: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
 
@@ -187,27 +188,29 @@ def check(data: dict[str, Any], base: Path) -> list[Problem]:
         where = f"hosts.{i}"
         name = h.get("name")
         if isinstance(name, str):
-            where = f"hosts.{i} ({name})"
-            if not NAME_RE.match(name):
+            where = f"hosts.{i} ({name})" if len(name) <= 64 and not text_problem(name) else where
+            if not NAME_RE.fullmatch(name):
                 p.append(Problem(f"{where}.name", "is used in paths and container names", name, "letters, digits, '.', '_', '-', starting with a letter or digit, at most 63"))
             if name in seen_names:
                 p.append(Problem(f"{where}.name", f"is the same as hosts.{seen_names[name]}'s; names must be unique", name))
             seen_names.setdefault(name, i)
         address = h.get("address")
         if isinstance(address, str):
-            if not ADDRESS_RE.match(address):
+            if not ADDRESS_RE.fullmatch(address):
                 p.append(Problem(f"{where}.address", "is not an IP address, host name or ssh config alias", address, "e.g. 10.0.0.11, gpu-a.example.com, or a Host alias from your ssh config"))
-            port = h.get("port", ssh.get("port"))
-            key = f"{address}:{port}" if port else address
+            # One host, however it is spelt: case and a trailing dot do not matter in DNS, and no port is port 22.
+            port = h.get("port", ssh.get("port")) or 22
+            port = int(port) if isinstance(port, float) and port.is_integer() else port  # 22.0 is port 22, as the schema reads it
+            key = f"{address.lower().rstrip('.')}:{port}"
             if key in seen_addr:
                 p.append(Problem(f"{where}.address", f"is the same host as hosts.{seen_addr[key]}'s; addresses must be unique", key))
             seen_addr.setdefault(key, i)
         for field in ("user",):
             value = h.get(field, ssh.get(field))
-            if isinstance(value, str) and not USER_RE.match(value):
+            if isinstance(value, str) and not USER_RE.fullmatch(value):
                 p.append(Problem(f"{where}.{field}", "is not a user name", value, "letters, digits, '_', '.', '-'"))
         iface = h.get("interface", "auto")
-        if isinstance(iface, str) and iface != "auto" and not IFACE_RE.match(iface):
+        if isinstance(iface, str) and iface != "auto" and not IFACE_RE.fullmatch(iface):
             p.append(Problem(f"{where}.interface", "is not a network interface name", iface, "auto, or a name such as eth0, ens5, bond0 (at most 15 characters)"))
         node_ip = h.get("node_ip")
         if isinstance(node_ip, str):
@@ -220,7 +223,7 @@ def check(data: dict[str, Any], base: Path) -> list[Problem]:
             if isinstance(value, str) and not _resolve(base, value).is_file():
                 p.append(Problem(f"{where}.{key_field}" if key_field in h else f"ssh.{key_field}", "names no file on this machine", value, "a private key file (or leave it out: the ssh agent and ssh config apply)"))
         for env_key in (h.get("env") or {}) if isinstance(h.get("env"), dict) else {}:
-            if not ENV_RE.match(str(env_key)):
+            if not ENV_RE.fullmatch(str(env_key)):
                 p.append(Problem(f"{where}.env", "is not an environment variable name", env_key, "letters, digits and '_', not starting with a digit"))
         if mode == "container":
             for field in ("prefix", "python"):
@@ -237,7 +240,7 @@ def check(data: dict[str, Any], base: Path) -> list[Problem]:
         image = data.get("image")
         if not image:
             p.append(Problem("image", "is required in container mode", image, "REGISTRY/REPO@sha256:<64 hex digits> (invoke publish prints it)"))
-        elif isinstance(image, str) and not DIGEST_RE.search(image):
+        elif isinstance(image, str) and not DIGEST_RE.fullmatch(image):
             p.append(Problem("image", "must be pinned by digest: a tag can point at another image on each host", image, "REGISTRY/REPO@sha256:<64 hex digits>"))
         for field in ("prefix", "python", "install_script"):
             if data.get(field) is not None:
@@ -252,19 +255,26 @@ def check(data: dict[str, Any], base: Path) -> list[Problem]:
     if isinstance(config, str) and not _resolve(base, config).is_file():
         p.append(Problem("ssh.config", "names no file on this machine", config, "an ssh config file, or leave it out to use ~/.ssh/config"))
     for key in (ssh.get("options") or {}) if isinstance(ssh.get("options"), dict) else {}:
-        if not re.match(r"^[A-Za-z]+$", str(key)):
+        if not re.fullmatch(r"[A-Za-z]{1,64}", str(key)):
             p.append(Problem("ssh.options", "is not an ssh option name", key, "e.g. StrictHostKeyChecking, ProxyJump"))
 
     ray = data.get("ray") if isinstance(data.get("ray"), dict) else {}
+    for env_key in ray["env"] if isinstance(ray.get("env"), dict) else {}:
+        if not ENV_RE.fullmatch(str(env_key)):
+            p.append(Problem("ray.env", "is not an environment variable name", env_key, "letters, digits and '_', not starting with a digit"))
+        elif secret_name(str(env_key)):
+            p.append(Problem(f"ray.env.{env_key}", "looks like a secret; an inventory is not the place for one", None,
+                             "set it in the environment of the hosts (their shell profile or a secrets manager)", show_value=False))
+    temp_dir = ray.get("temp_dir")
+    if isinstance(temp_dir, str) and not temp_dir.startswith("/"):
+        p.append(Problem("ray.temp_dir", "must be an absolute path on the hosts", temp_dir, "/path/on/the/hosts, e.g. /tmp/ray"))
     ports = {k: ray.get(k, RaySettings.model_fields[k].default) for k in ("port", "dashboard_port", "client_port", "dashboard_agent_port")}
-    for key, value in ports.items():
-        if isinstance(value, int) and not 1 <= value <= 65535:
-            p.append(Problem(f"ray.{key}", "is not a TCP port", value, "1..65535"))
-    values = [v for v in ports.values() if isinstance(v, int)]
+    # Each port's range is the schema's (which also reads 6379.0 as 6379); here, that they differ.
+    values = [v for v in ports.values() if isinstance(v, int | float) and not isinstance(v, bool)]
     if len(set(values)) != len(values):
         p.append(Problem("ray", "the Ray ports must differ from each other", ports))
     name = data.get("name")
-    if isinstance(name, str) and not NAME_RE.match(name):
+    if isinstance(name, str) and not NAME_RE.fullmatch(name):
         p.append(Problem("name", "is used in paths and container names", name, "letters, digits, '.', '_', '-', starting with a letter or digit"))
     return p
 
@@ -274,17 +284,13 @@ def load_inventory(path: str | Path) -> Inventory:
     data = load_with_extends(path)
     base = path.resolve().parent
     problems: list[Problem] = []
-    spec = None
-    try:
-        spec = InventoryFile.model_validate(data)
-    except pydantic.ValidationError as exc:
-        problems += problems_from(InventoryFile, exc)
+    spec, problems = model_problems(InventoryFile, data)
     problems += check(data, base)
     if problems or spec is None:
         raise ConfigError(str(path), problems)
 
     name = spec.name or path.stem.replace("_", "-")
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise ConfigError(str(path), [Problem("name", "the file name is not a usable cluster name: set name:", name, "letters, digits, '.', '_', '-'")])
     ssh_config = _resolve(base, spec.ssh.config)
     options = SSHOptions(config_file=str(ssh_config) if ssh_config else None, connect_timeout=spec.ssh.connect_timeout, extra=dict(spec.ssh.options))

@@ -35,7 +35,9 @@ from . import doctor
 from .errors import ConfigError, Problem, SlimeforgeError
 from .proc import Runner
 from .recipe import RUNNER_FIELDS, Recipe
-from .render import build_run_dir, write_run_dir
+from .registry import image_ref_problems
+from .render import build_run_dir, read_plan, write_run_dir
+from .schema import text_problem
 from .stack import Stack
 
 HEAD_TIMEOUT_S = 180  # a loaded host takes 10 to 30 s to bring a head up
@@ -71,6 +73,15 @@ def resolve_mode(recipe: Recipe, mode: str | None = None, install_prefix: str | 
                  require_image: bool = True) -> Recipe:
     """Apply the command line's mode options; host mode with an install prefix takes slime and
     Megatron from the install (<prefix>/src/slime, <prefix>/src/Megatron-LM) unless the recipe names them."""
+    problems = []
+    if mode is not None and mode not in ("container", "host"):
+        problems.append(Problem("--mode", "is not a launch mode", mode, "container or host"))
+    if image is not None:
+        problems += image_ref_problems(image, "--image")
+    if install_prefix is not None and (not install_prefix.startswith("/") or text_problem(install_prefix)):
+        problems.append(Problem("--prefix", "must be an absolute path (the --prefix given to `invoke install`)", install_prefix, "/path/on/the/hosts"))
+    if problems:
+        raise ConfigError("command line", problems)
     update: dict[str, Any] = {}
     if mode:
         update["mode"] = mode
@@ -79,7 +90,6 @@ def resolve_mode(recipe: Recipe, mode: str | None = None, install_prefix: str | 
     if image:
         update["image"] = image
     r = recipe.model_copy(update=update)
-    problems = []
     if r.mode == "host" and r.install_prefix:
         more = {}
         if r.slime_dir == RUNNER_FIELDS["slime_dir"]:
@@ -361,7 +371,8 @@ def container_argv(recipe: Recipe, run_dir: Path, *, docker: str = "docker", nam
     argv += ["-e", "SLIMEFORGE_STATE_DIR=/tmp/slimeforge"]
     if address:
         argv += ["-e", f"RAY_ADDRESS={address}"]
-    argv += [x for k in PASS_THROUGH_ENV if k in env for x in ("-e", k)]
+    # By name only (`-e NAME`): docker copies the value from its own environment, so no value is in the argv.
+    argv += [x for k in dict.fromkeys((*PASS_THROUGH_ENV, *recipe.secret_env)) if k in env for x in ("-e", k)]
     argv += ["-w", str(run_dir), "--entrypoint", "bash", str(recipe.image), str(run_dir / "launch.sh")]
     return argv
 
@@ -406,10 +417,9 @@ def launch_container(recipe: Recipe, run_dir: Path, *, runner: Runner, address: 
 def recorded(run_dir: str | os.PathLike) -> dict[str, Any]:
     """What a launch recorded in a run directory (by launch() or launch.sh)."""
     run_dir = Path(run_dir)
-    plan_path = run_dir / "plan.json"
-    if not plan_path.is_file():
+    plan = read_plan(run_dir)
+    if plan is None:
         raise ConfigError(str(run_dir), [Problem("run directory", "has no plan.json", str(run_dir), "runs/<exp_id> of a rendered recipe")])
-    plan = json.loads(plan_path.read_text())
     rec = plan["recipe"]
 
     def read(name: str) -> str | None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO
 
 from . import ecr as ecr_api
+from . import paths
 from .atomic import write_dir
 from .errors import ConfigError, Problem, SlimeforgeError
 from .registry import (
@@ -38,6 +39,7 @@ from .registry import (
     Retry,
     TransientError,
     auth_advice,
+    daemon_insecure_registries,
     image_ref_problems,
     parse_image_ref,
     split_registry,
@@ -45,8 +47,8 @@ from .registry import (
 
 REPORT, LOCK, RECORD = "report.json", "stack.lock.json", "publish.json"
 REPORT_KEYS = {"tag": str, "human_tags": list, "image_id": str}
-_FLAVOR_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
-_IMAGE_ID_RE = re.compile(r"^(?:sha256:[0-9a-f]{64}|[0-9a-f]{12,64})$")
+_FLAVOR_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+_IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}|[0-9a-f]{12,64}")
 
 
 class PublishError(SlimeforgeError):
@@ -121,7 +123,7 @@ def plan(opts: PublishOptions, environ: Mapping[str, str] = os.environ, build_ro
         problems.append(Problem("--tag", "only applies with --image; a build is pushed with its content-addressed "
                                 "and human tags", opts.tags))
     for tag in opts.tags:
-        if not TAG_RE.match(tag):
+        if not TAG_RE.fullmatch(tag):
             problems.append(Problem("--tag", "is not a valid tag", tag, "letters, digits, _ . -, at most 128 characters"))
 
     registry, repository = None, None
@@ -172,7 +174,7 @@ def _destination(text: str, problems: list[Problem]) -> tuple[str | None, str | 
         problems.append(Problem(where, "give a host, not a URL", text, accepted))
         return None, None
     if "/" not in text:
-        if not (("." in text or ":" in text or text == "localhost") and DOMAIN_RE.match(text)):
+        if not (("." in text or ":" in text or text == "localhost") and DOMAIN_RE.fullmatch(text)):
             problems.append(Problem(where, "is not a registry host (a host has a dot or a port, or is localhost)", text, accepted))
             return None, None
         return text, None
@@ -196,9 +198,9 @@ def _ecr_target(opts: PublishOptions, registry: str | None, problems: list[Probl
             if value:
                 problems.append(Problem(name, "only applies to an ECR registry (<account>.dkr.ecr.<region>.amazonaws.com)", value))
         return None
-    if opts.ecr_endpoint and not re.match(r"^https?://[^/\s]+", opts.ecr_endpoint):
+    if opts.ecr_endpoint and not re.fullmatch(r"https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?/?", opts.ecr_endpoint):
         problems.append(Problem("--ecr-endpoint", "is not an http(s) URL", opts.ecr_endpoint, "e.g. http://127.0.0.1:5000"))
-    if opts.ecr_push_host and not DOMAIN_RE.match(opts.ecr_push_host):
+    if opts.ecr_push_host and not DOMAIN_RE.fullmatch(opts.ecr_push_host):
         problems.append(Problem("--ecr-push-host", "is not a registry host[:port]", opts.ecr_push_host))
     return EcrTarget(ecr_registry, opts.ecr_endpoint, opts.ecr_push_host,
                      ecr_api.RepositorySettings(opts.tag_immutability, opts.scan_on_push))
@@ -208,13 +210,12 @@ def find_build_dir(flavor: str, build_dir: Path | None = None, build_root: Path 
     """`build_dir` itself if it holds a report, else the newest `<flavor>-*` build under it (or build/)."""
     if build_dir and (build_dir / REPORT).is_file():
         return build_dir
-    root = build_dir or build_root
-    reports = [p for p in root.glob(f"{flavor}-*/{REPORT}") if p.is_file()]
-    return max(reports, key=lambda p: p.stat().st_mtime).parent if reports else None
+    builds = paths.local_builds(build_dir or build_root, flavor)
+    return builds[0] if builds else None
 
 
 def _build_source(flavor: str, build_dir: Path | None, build_root: Path, problems: list[Problem]) -> Source | None:
-    if not _FLAVOR_RE.match(flavor):
+    if not _FLAVOR_RE.fullmatch(flavor):
         problems.append(Problem("--cuda", "is not a stack flavor name", flavor, "cu13, cu129"))
         return None
     found = find_build_dir(flavor, build_dir, build_root)
@@ -251,7 +252,7 @@ def _build_source(flavor: str, build_dir: Path | None, build_root: Path, problem
 
 
 def _image_source(text: str, extra_tags: list[str], problems: list[Problem]) -> Source | None:
-    if _IMAGE_ID_RE.match(text):  # an image ID names no repository and no tag
+    if _IMAGE_ID_RE.fullmatch(text):  # an image ID names no repository and no tag
         if not extra_tags:
             problems.append(Problem("--tag", "is required when --image is an image ID (give at least one tag to push)", text))
         return Source(text, "", list(extra_tags))
@@ -341,7 +342,8 @@ def publish(
     else:
         push_host = p.registry
         credentials = credentials or docker_config_credentials(p.registry)
-    api = RegistryAPI(push_host, credentials, certs_dir=certs_dir, retry=retry, echo=echo)
+    # Plain HTTP only where the daemon that pushes would use it (loopback, its insecure-registries).
+    api = RegistryAPI(push_host, credentials, certs_dir=certs_dir, retry=retry, echo=echo, insecure=daemon_insecure_registries(docker))
 
     # Before any push: where does each tag point now?
     if ecr_client:

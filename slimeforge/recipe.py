@@ -14,10 +14,11 @@ from typing import Any, Literal
 from pydantic import Field
 
 from .errors import ConfigError, Problem
-from .schema import Model, did_you_mean, validate
+from .registry import image_ref_problems
+from .schema import Model, did_you_mean, secret_name, secret_value, validate
 from .slime_facts import load_facts, model_types_in
-from .stack import Stack, load_stack
-from .yamlio import deep_merge, load_with_extends
+from .stack import Stack, available_flavors, load_stack, stack_path
+from .yamlio import deep_merge, load_with_extends, parse_set, parse_yaml
 
 # Names and defaults exactly as the seed's SlimeRunner (shared/reference/seeds/slimerunner-api.txt).
 RUNNER_FIELDS: dict[str, Any] = {
@@ -54,11 +55,20 @@ RUNNER_FIELDS: dict[str, Any] = {
     "extra_flags": [],
 }
 
-EXP_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+EXP_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # arn:aws:bedrock-agentcore:<region>:<12-digit account>:runtime/<runtime id>
-ARN_RE = re.compile(r"^arn:aws(-[a-z]+)*:bedrock-agentcore:[a-z]{2}(-[a-z]+)+-\d:\d{12}:runtime/[A-Za-z][A-Za-z0-9_]{0,99}-[A-Za-z0-9]{10}$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-SECRET_ENV = re.compile(r"(^WANDB_API_KEY$|^AWS_SECRET_ACCESS_KEY$|^AWS_SESSION_TOKEN$|_TOKEN$|_PASSWORD$|_SECRET)")
+ARN_RE = re.compile(r"arn:aws(-[a-z]+)*:bedrock-agentcore:[a-z]{2}(-[a-z]+)+-\d:\d{12}:runtime/[A-Za-z][A-Za-z0-9_]{0,99}-[A-Za-z0-9]{10}")
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+# Names passed to slime or the toolkit as a flag's value: never starting with '-' (argparse would
+# read "--lr" as the next option) and in the alphabet of what they name.
+LABEL_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")  # wandb project/group, eval data names
+MODEL_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:/-]{0,255}")  # "default", or a Bedrock model id
+# One extra_flags item is a flag (`--name`, `--name=value`) or one value of the flag before it.
+FLAG_RE = re.compile(r"--[a-z0-9]+(?:-[a-z0-9]+)*")
+NUMBER_RE = re.compile(r"-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+MAX_GPUS_PER_HOST = 64
+MAX_NODES = 4096
+MAX_COUNT = 1 << 31  # batch sizes, lengths, counts, timeouts: anything larger is a typo
 REWARD_POSTPROCESSING = ("grpo", "none")
 
 
@@ -118,6 +128,9 @@ class Recipe(Model):
     n_samples_per_eval_prompt: int = 1
     cluster: str | None = None  # inventory file (recipes/clusters/*.yaml)
     env: dict[str, str] = Field(default_factory=dict)  # extra environment for the job
+    # Secrets the job needs, by NAME only: their values come from the environment of `invoke run`
+    # at launch and are never written to the run directory (docs/recipes.md).
+    secret_env: list[str] = Field(default_factory=list)
     ray_dashboard_port: int = 8265
     ray_port: int = 6379
 
@@ -163,9 +176,9 @@ def check(recipe: Recipe, stack: Stack, rendered_flags: set[str]) -> list[Proble
     p: list[Problem] = []
     r = recipe
 
-    if not EXP_ID_RE.match(r.exp_id):
+    if not EXP_ID_RE.fullmatch(r.exp_id):
         p.append(Problem("exp_id", "is used as a directory and experiment name", r.exp_id, "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128"))
-    if not ARN_RE.match(r.agent_runtime_arn):
+    if not ARN_RE.fullmatch(r.agent_runtime_arn):
         p.append(Problem("agent_runtime_arn", "is not an AgentCore runtime ARN", r.agent_runtime_arn, "arn:aws:bedrock-agentcore:<region>:<12-digit account>:runtime/<name>-<10-character id>"))
     for why in _bucket_problems(r.s3_bucket):
         p.append(Problem("s3_bucket", f"breaks S3 bucket naming rules: {why}", r.s3_bucket, "a bucket name such as my-rollouts-1, or s3://bucket/prefix"))
@@ -176,27 +189,49 @@ def check(recipe: Recipe, stack: Stack, rendered_flags: set[str]) -> list[Proble
     if r.checkpoint_dir is not None and not r.checkpoint_dir.startswith("/"):
         p.append(Problem("checkpoint_dir", "must be an absolute path", r.checkpoint_dir, "/path/on/the/hosts"))
     for name, path in r.eval_data.items():
+        if not LABEL_RE.fullmatch(name):
+            p.append(Problem(f"eval_data.{name}", "is not a data set name (it is passed to slime as NAME PATH)", name, "letters, digits, '.', '_', '-', not starting with '-' or '.'"))
         if not path.startswith("/"):
             p.append(Problem(f"eval_data.{name}", "must be an absolute path", path, "/path/on/the/hosts"))
+    for name in ("wandb_project", "wandb_group"):
+        value = getattr(r, name)
+        if value is not None and not LABEL_RE.fullmatch(value):
+            p.append(Problem(name, "is not a wandb name (it is passed to slime as a flag's value)", value, "letters, digits, '.', '_', '-', not starting with '-' or '.', at most 128"))
+    if not MODEL_ID_RE.fullmatch(r.model_id):
+        p.append(Problem("model_id", "is not a model id", r.model_id, "default, or a model id such as us.anthropic.claude-3-haiku (letters, digits, . _ : / -, not starting with '-')"))
+    if not LABEL_RE.fullmatch(r.model_type):
+        p.append(Problem("model_type", "is not a model script name", r.model_type, "the name of a scripts/models/<name>.sh of slime"))
 
     # model_type: a local checkout of slime (when present here) wins over the recorded facts.
     local = model_types_in(r.slime_dir)
     facts = load_facts(stack.sources["slime"].commit) if "slime" in stack.sources else None
     known = local if local is not None else (list(facts.model_types) if facts else None)
-    if known is not None and r.model_type not in known:
+    if known is not None and r.model_type not in known and LABEL_RE.fullmatch(r.model_type):
         hint = did_you_mean(r.model_type, known)
         where = f"{r.slime_dir}/scripts/models" if local is not None else f"slime {stack.sources['slime'].commit[:12]}"
         p.append(Problem("model_type", f"has no model script in {where}" + (f"; did you mean {hint!r}?" if hint else ""), r.model_type, ", ".join(known)))
 
     positive = ["num_gpus", "tp_size", "rollout_gpus_per_engine", "rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len", "max_tokens_per_gpu", "num_rollout", "num_nodes", "num_steps_per_rollout", "acr_timeout", "acr_tps_limit", "max_concurrent", "save_interval", "n_samples_per_eval_prompt"]
     bad_int = False
+    highest = {"num_gpus": MAX_GPUS_PER_HOST, "tp_size": MAX_GPUS_PER_HOST, "num_nodes": MAX_NODES}
     for name in positive:
-        if getattr(r, name) < 1:
-            p.append(Problem(name, "must be a positive integer", getattr(r, name), ">= 1"))
+        top = highest.get(name, MAX_COUNT)
+        if not 1 <= getattr(r, name) <= top:
+            p.append(Problem(name, "must be a positive integer" + (f" of at most {top}" if top != MAX_COUNT else ""), getattr(r, name), f"1..{top}"))
             bad_int = True
-    for name in ("gateway_port", "ray_dashboard_port", "ray_port"):
-        if not 0 <= getattr(r, name) <= 65535:
-            p.append(Problem(name, "is not a TCP port", getattr(r, name), "0..65535 (0 lets the toolkit choose, for gateway_port)"))
+    if r.rollout_gpus_per_engine > MAX_GPUS_PER_HOST * MAX_NODES:
+        p.append(Problem("rollout_gpus_per_engine", "is more GPUs than any cluster has", r.rollout_gpus_per_engine, f"1..{MAX_GPUS_PER_HOST * MAX_NODES}"))
+        bad_int = True
+    if r.eval_interval is not None and not 1 <= r.eval_interval <= MAX_COUNT:
+        p.append(Problem("eval_interval", "must be a positive number of rollouts", r.eval_interval, f"1..{MAX_COUNT}, or leave it out"))
+    ports = {"gateway_port": r.gateway_port, "ray_dashboard_port": r.ray_dashboard_port, "ray_port": r.ray_port}
+    for name, port in ports.items():
+        low = 0 if name == "gateway_port" else 1
+        if not low <= port <= 65535:
+            p.append(Problem(name, "is not a TCP port", port, f"{low}..65535" + (" (0 lets the toolkit choose)" if low == 0 else "")))
+    used = [v for v in ports.values() if v]
+    if len(set(used)) != len(used):
+        p.append(Problem("ports", "gateway_port, ray_dashboard_port and ray_port must differ (one process per port)", ports, "three different ports"))
     if not r.rollout_temperature > 0:
         p.append(Problem("rollout_temperature", "must be greater than 0", r.rollout_temperature, "> 0"))
     if not r.lr > 0:
@@ -215,6 +250,7 @@ def check(recipe: Recipe, stack: Stack, rendered_flags: set[str]) -> list[Proble
         # GPU arithmetic: Megatron shards each layer over tp GPUs of one host; SGLang engines are
         # colocated on the same GPUs and must tile them exactly.
         if r.num_gpus % r.tp_size:
+            # num_gpus is bounded above (MAX_GPUS_PER_HOST), so listing its divisors is cheap.
             p.append(Problem("tp_size", f"must divide num_gpus ({r.num_gpus})", r.tp_size, "a divisor of num_gpus: " + ", ".join(str(d) for d in range(1, r.num_gpus + 1) if r.num_gpus % d == 0)))
         if r.total_gpus % r.rollout_gpus_per_engine:
             p.append(Problem("rollout_gpus_per_engine", f"must divide the GPU count ({r.total_gpus} = num_gpus x num_nodes)", r.rollout_gpus_per_engine, "a divisor of " + str(r.total_gpus)))
@@ -229,51 +265,141 @@ def check(recipe: Recipe, stack: Stack, rendered_flags: set[str]) -> list[Proble
 
     if r.mode == "host" and not r.install_prefix and r.slime_dir == RUNNER_FIELDS["slime_dir"]:
         p.append(Problem("install_prefix", "is needed in host mode unless slime_dir and megatron_dir name the checkouts", None, "the --prefix given to `invoke install`", show_value=False))
-    if r.image and "@" not in r.image and ":" not in r.image.rsplit("/", 1)[-1]:
-        p.append(Problem("image", "has no tag or digest", r.image, "REG/repo@sha256:<digest> (best) or REG/repo:tag"))
+    if r.image is not None:
+        bad = image_ref_problems(r.image, "image")
+        p += bad
+        if not bad and "@" not in r.image and ":" not in r.image.rsplit("/", 1)[-1]:
+            p.append(Problem("image", "has no tag or digest", r.image, "REG/repo@sha256:<digest> (best) or REG/repo:tag"))
+    if r.install_prefix is not None and not r.install_prefix.startswith("/"):
+        p.append(Problem("install_prefix", "must be an absolute path", r.install_prefix, "the --prefix given to `invoke install`"))
 
-    for key in r.env:
-        if not ENV_NAME_RE.match(key):
+    for i, name in enumerate(r.secret_env):
+        if not ENV_NAME_RE.fullmatch(name):
+            p.append(Problem(f"secret_env.{i}", "is not an environment variable name", name, "letters, digits and '_', not starting with a digit"))
+        elif name in r.env:
+            p.append(Problem(f"secret_env.{i}", "is also set in env; a secret's value never goes into a recipe", name, "remove it from env"))
+    for key, value in r.env.items():
+        if not ENV_NAME_RE.fullmatch(key):
             p.append(Problem(f"env.{key}", "is not an environment variable name", key, "letters, digits and '_', not starting with a digit"))
-        elif SECRET_ENV.search(key):
-            p.append(Problem(f"env.{key}", "looks like a secret, and secrets are never written into the run directory", None, "export it in the shell that runs `invoke run`; it is passed to the job from there", show_value=False))
+        elif secret_name(key) or secret_value(value):
+            p.append(Problem(f"env.{key}", "looks like a secret, and secrets are never written into the run directory", None, SECRET_ADVICE, show_value=False))
 
-    # extra_flags: each must be a string, and must not set again what the recipe already sets.
-    for i, flag in enumerate(r.extra_flags):
-        if flag.startswith("--"):
-            name = flag.split("=", 1)[0]
-            if name in rendered_flags:
-                p.append(Problem(f"extra_flags[{i}]", "repeats a flag that the recipe already sets (argparse keeps the last one, so one of them is silently lost)", flag, "set the recipe field instead, or remove it from extra_flags"))
-    facts = load_facts(stack.sources["slime"].commit) if "slime" in stack.sources else None
-    if facts:
-        for i, flag in enumerate(r.extra_flags):
-            name = flag.split("=", 1)[0]
-            if name in facts.removed_flags:
-                p.append(Problem(f"extra_flags[{i}]", f"is not accepted by slime {facts.commit[:12]}: {facts.removed_flags[name]}", flag, "remove it"))
+    p += extra_flag_problems(r.extra_flags, rendered_flags, stack)
     return p
+
+
+SECRET_ADVICE = ("export it in the shell that runs `invoke run` and list its NAME under secret_env (WANDB_API_KEY, HF_TOKEN "
+                 "and the AWS credentials are passed by name already); never write its value into a recipe")
+
+
+def extra_flag_problems(tokens: list[str], rendered_flags: set[str], stack: Stack) -> list[Problem]:
+    """extra_flags by their grammar: `--name` (or `--name=value`) followed by its values, one per
+    item, as argv holds them; no flag the recipe sets already, none slime ignores, no secret."""
+    p: list[Problem] = []
+    facts = load_facts(stack.sources["slime"].commit) if "slime" in stack.sources else None
+    flag = None
+    for i, token in enumerate(tokens):
+        where = f"extra_flags[{i}]"
+        if token != token.strip() or not token:
+            p.append(Problem(where, "has spaces around it (each item is one argv word, as given)", token, "'--lr' and '1e-5' as two items, no spaces"))
+            continue
+        if token.startswith("-") and not NUMBER_RE.fullmatch(token):
+            name, eq, value = token.partition("=")
+            if not FLAG_RE.fullmatch(name):
+                hint = "--" + name.lstrip("-").replace("_", "-").split()[0].lower() if name.lstrip("-") else "--name"
+                p.append(Problem(where, "is not a flag name (slime's flags are --lowercase-words-with-dashes; a value goes in the next item)",
+                                 token, f"e.g. {hint!r} followed by its value as the next item"))
+                flag = None
+                continue
+            flag = name
+            if name in rendered_flags:
+                p.append(Problem(where, "repeats a flag that the recipe already sets (argparse keeps the last one, so one of them is silently lost)", token, "set the recipe field instead, or remove it from extra_flags"))
+            if facts and name in facts.removed_flags:
+                p.append(Problem(where, f"is not accepted by slime {facts.commit[:12]}: {facts.removed_flags[name]}", token, "remove it"))
+            if secret_name(name.replace("-", "_")) or (eq and secret_value(value)):
+                p.append(Problem(where, "passes a secret on the command line (it would be written to slime.args and plan.json)", None, SECRET_ADVICE, show_value=False))
+        elif flag is None:
+            p.append(Problem(where, "is a value with no flag before it", token, "a flag such as '--lr' first, then its values"))
+        elif secret_value(token):
+            p.append(Problem(where, "looks like a secret (it would be written to slime.args and plan.json)", None, SECRET_ADVICE, show_value=False))
+    return p
+
+
+def set_value(key: str, raw: str) -> Any:
+    """The value of `--set key=raw`, typed by the recipe's schema rather than by YAML's guesses:
+    a text field keeps the text (`wandb_project=no` stays "no", `exp_id=1e3` stays "1e3"), a
+    yes/no field takes true or false only (YAML would read `save=no` as false), numbers and lists
+    are read as YAML and then checked by the schema like any recipe value."""
+    top, _, sub = key.partition(".")
+    field = Recipe.model_fields.get(top)
+    if field is None:
+        return parse_yaml(raw, "--set") if raw else raw
+    ann = field.annotation
+    if sub:
+        if ann == dict[str, str]:
+            return raw
+        return parse_yaml(raw, "--set") if raw else raw
+    args = set(getattr(ann, "__args__", ()))
+    if ann is str or ann == Literal["container", "host"] or args == {str, type(None)}:
+        return None if raw == "" and type(None) in args else raw
+    if ann is bool:
+        if raw.lower() not in ("true", "false"):
+            raise ValueError("is a yes/no setting: give true or false (YAML's yes/no/on/off are not accepted here)")
+        return raw.lower() == "true"
+    return parse_yaml(raw, "--set") if raw else raw
+
+
+def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """The command line's `--set` items, typed by the recipe's schema."""
+    return parse_set(items, typed=set_value)
 
 
 def load_recipe_data(path: str | Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(str(path), [Problem("recipe", "file does not exist", str(path), "a path such as recipes/gsm8k.yaml", show_value=False)])
+    if not path.is_file():
+        raise ConfigError(str(path), [Problem("recipe", "names no file", str(path), "a path such as recipes/gsm8k.yaml")])
     data = load_with_extends(path)
     return deep_merge(data, overrides or {})
 
 
-def parse_recipe(data: dict[str, Any], source: str) -> tuple[Recipe, Stack]:
+def _blame(problems: list[Problem], overrides: dict[str, Any], source: str) -> ConfigError:
+    """Problems of values that came from `--set` name the command line, not the recipe file."""
+    def from_set(where: str) -> bool:
+        node: Any = overrides
+        for part in where.replace("[", ".").split("."):
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+            if not isinstance(node, dict):
+                return True
+        return True
+
+    marked = [Problem(f"--set {p.where}", p.message, p.value, p.accepted, p.show_value) if overrides and from_set(p.where) else p
+              for p in problems]
+    if overrides and all(p.where.startswith("--set ") for p in marked):
+        source = "command line"
+    return ConfigError(source, marked)
+
+
+def parse_recipe(data: dict[str, Any], source: str, overrides: dict[str, Any] | None = None) -> tuple[Recipe, Stack]:
     """Schema validation, then the cross-field rules; raises ConfigError listing every problem."""
     from .flags import render_flags  # the rendered flags are needed to spot repeats in extra_flags
 
-    recipe = validate(Recipe, data, source)
+    try:
+        recipe = validate(Recipe, data, source)
+    except ConfigError as exc:
+        raise _blame(exc.problems, overrides or {}, source) from None
+    if not stack_path(recipe.stack).is_file():
+        raise _blame([Problem("stack", "names no stack file", recipe.stack, ", ".join(available_flavors()) + " or a path to a stack YAML")],
+                     overrides or {}, source)
     stack = load_stack(recipe.stack)
     own = recipe.model_copy(update={"extra_flags": []})
     rendered = {a for a in render_flags(own, stack, config_path="agentcore.yaml", env_json="{}", wandb=True) if a.startswith("--")}
     problems = check(recipe, stack, rendered)
     if problems:
-        raise ConfigError(source, problems)
+        raise _blame(problems, overrides or {}, source)
     return recipe, stack
 
 
 def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> tuple[Recipe, Stack]:
-    return parse_recipe(load_recipe_data(path, overrides), str(path))
+    return parse_recipe(load_recipe_data(path, overrides), str(path), overrides)

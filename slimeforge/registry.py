@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import http.client
+import ipaddress
 import json
 import re
 import socket
@@ -20,7 +21,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from email.message import Message
 from pathlib import Path
@@ -31,12 +32,12 @@ from .errors import ConfigError, Problem, SlimeforgeError
 # --- references ------------------------------------------------------------------------------
 # The grammar of github.com/distribution/reference (what Docker accepts), written out.
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_REPOSITORY_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
+_REPOSITORY_RE = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
 _DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-DOMAIN_RE = re.compile(rf"^(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?$")
-TAG_RE = re.compile(r"^[\w][\w.-]{0,127}$")
+DOMAIN_RE = re.compile(rf"(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*|\[[a-fA-F0-9:]+\])(?::[0-9]{{1,5}})?")
+TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 # Content addresses we accept for pinning: the OCI image spec's registered algorithms.
-_DIGEST_RE = re.compile(r"^(?:sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128})$")
+_DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128}")
 DOCKER_HUB = "docker.io"
 _ACCEPTED = "[registry[:port]/]name[:tag][@sha256:<64 hex>], name in lowercase letters, digits and . _ - /"
 
@@ -69,7 +70,7 @@ class ImageRef:
 
 def image_ref_problems(text: object, where: str = "image", require_digest: bool = False) -> list[Problem]:
     """Everything wrong with `text` as an image reference (empty when it is valid)."""
-    if not isinstance(text, str) or not text.strip():
+    if not isinstance(text, str) or not text.strip() or len(text) > 512:
         return [Problem(where, "must be an image reference", text, _ACCEPTED)]
     try:
         ref = _parse(text)
@@ -107,24 +108,24 @@ def _parse(text: str) -> ImageRef:
     rest, digest = text, None
     if "@" in rest:
         rest, digest = rest.rsplit("@", 1)
-        if not _DIGEST_RE.match(digest):
+        if not _DIGEST_RE.fullmatch(digest):
             raise ValueError(f"digest {digest!r} is not sha256:<64 lowercase hex> (or sha512:<128>)")
     name, tag = rest, None
     last = rest.rsplit("/", 1)[-1]
     if ":" in last:
         name, tag = rest.rsplit(":", 1)
-        if not TAG_RE.match(tag):
+        if not TAG_RE.fullmatch(tag):
             raise ValueError(f"tag {tag!r} is not valid (letters, digits, _ . -, at most 128, not starting with . or -)")
     registry, repository = split_registry(name)
     if registry is None:
         registry = DOCKER_HUB
         if "/" not in repository:
             repository = f"library/{repository}"
-    elif not DOMAIN_RE.match(registry):
+    elif not DOMAIN_RE.fullmatch(registry):
         raise ValueError(f"registry host {registry!r} is not a valid host[:port]")
     if not repository:
         raise ValueError("names a registry but no repository")
-    if not _REPOSITORY_RE.match(repository):
+    if not _REPOSITORY_RE.fullmatch(repository):
         hint = " (repository names must be lowercase)" if repository != repository.lower() else ""
         raise ValueError(f"repository {repository!r} is not valid{hint}")
     if len(f"{registry}/{repository}") > 255:
@@ -233,9 +234,103 @@ def api_host(registry: str) -> str:
     return "registry-1.docker.io" if registry == DOCKER_HUB else registry
 
 
+# --- where a credential may go ---------------------------------------------------------------------
+# The rules (docs/publish.md):
+#  1. Plain HTTP only to a registry the Docker daemon itself would speak plain HTTP to: a loopback
+#     one (127.0.0.0/8, ::1, localhost) or one in the daemon's insecure-registries. HTTPS is tried
+#     first, as Docker does; the fall-back happens only when the server does not speak TLS at all.
+#  2. A password (Basic) goes only to the registry's own host, and over plain HTTP only on loopback.
+#  3. A redirect to another host, or from https to http, loses the Authorization header.
+#  4. A Bearer token service (the challenge's realm) gets the password only over https (or plain
+#     HTTP on loopback, to a loopback registry) and only on the registry's host or a host of the
+#     registry's own domain (registry.gitlab.com -> gitlab.com, registry-1.docker.io ->
+#     auth.docker.io); anywhere else the token is asked for without it.
+#  5. A TLS protocol error (WRONG_VERSION_NUMBER: the server speaks plain HTTP) is never retried.
+
+
+def host_name(host_port: str) -> str:
+    """`host` of `host[:port]` or `[v6]:port`, lowercased, without a trailing dot."""
+    if host_port.startswith("["):
+        return host_port[1:].split("]", 1)[0].lower()
+    name = host_port.rsplit(":", 1)[0] if host_port.count(":") == 1 else host_port
+    return name.lower().rstrip(".")
+
+
+def is_loopback(host_port: str) -> bool:
+    name = host_name(host_port)
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def plain_http_allowed(registry: str, insecure: Iterable[str] = ()) -> bool:
+    """Docker's rule for a registry it may reach over plain HTTP: loopback, or named in the daemon's
+    insecure-registries (as host[:port], or a CIDR holding the registry's IP address)."""
+    if is_loopback(registry):
+        return True
+    name = host_name(registry)
+    for entry in insecure:
+        if entry.lower().rstrip("/") in (registry.lower(), name):
+            return True
+        try:
+            if ipaddress.ip_address(name) in ipaddress.ip_network(entry, strict=False):
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def daemon_insecure_registries(docker) -> list[str]:
+    """The daemon's insecure registries (RegistryConfig of `docker info`); [] when it cannot say."""
+    try:
+        config = docker.info().get("RegistryConfig") or {}
+    except Exception:  # noqa: BLE001 - any failure means: only the built-in loopback rule applies
+        return []
+    cidrs = [str(c) for c in config.get("InsecureRegistryCIDRs") or []]
+    hosts = [str(h) for h, c in (config.get("IndexConfigs") or {}).items() if isinstance(c, dict) and c.get("Secure") is False]
+    return cidrs + hosts
+
+
+def same_site(a: str, b: str) -> bool:
+    """Whether host `b` belongs to the registry host `a`: the same host, `a`'s parent domain, or a
+    sibling under that parent (only for hosts of three labels or more, so no public suffix counts)."""
+    a, b = host_name(a), host_name(b)
+    if a == b:
+        return True
+    for name in (a, b):
+        try:
+            ipaddress.ip_address(name)
+            return False  # an address is only ever itself
+        except ValueError:
+            pass
+    pa, pb = a.split("."), b.split(".")
+    if len(pa) < 3:
+        return False
+    parent = ".".join(pa[1:])
+    return b == parent or (len(pb) >= 3 and ".".join(pb[1:]) == parent)
+
+
+class _KeepAuthOnSameOrigin(urllib.request.HTTPRedirectHandler):
+    """urllib forwards every header on a redirect, Authorization included; drop it when the
+    redirect leaves the origin (another host or port) or goes from https to http."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None:
+            old, nxt = urllib.parse.urlsplit(req.full_url), urllib.parse.urlsplit(new.full_url)
+            if (old.scheme, old.netloc.lower()) != (nxt.scheme, nxt.netloc.lower()):
+                new.remove_header("Authorization")
+                new.unredirected_hdrs.pop("Authorization", None)
+        return new
+
+
 class RegistryAPI:
-    """Reads manifests from one registry over HTTPS, answering its auth challenge (Basic, or a
-    Bearer token from its token service) with `credentials`."""
+    """Reads manifests from one registry over HTTPS (or plain HTTP where Docker would, see the
+    rules above), answering its auth challenge (Basic, or a Bearer token from its token service)
+    with `credentials`."""
 
     def __init__(
         self,
@@ -246,14 +341,17 @@ class RegistryAPI:
         timeout: float = 30.0,
         retry: Retry | None = None,
         echo: Callable[[str], None] = print,
+        insecure: Iterable[str] = (),
     ):
         self.registry = registry
         self.credentials = credentials
         self.timeout = timeout
         self.retry = retry or Retry()
         self.echo = echo
+        self.plain_http = plain_http_allowed(registry, insecure)
         self._base = f"https://{api_host(registry)}"
         self._ctx = tls_context(registry, certs_dir)
+        self._opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=self._ctx), _KeepAuthOnSameOrigin)
         self._authorization: dict[str, str] = {}  # scope -> Authorization header value
 
     def manifest(self, repository: str, reference: str) -> RemoteManifest | None:
@@ -281,20 +379,37 @@ class RegistryAPI:
 
     def _request(self, method: str, path: str, repository: str, headers: dict[str, str]) -> tuple[int, Message, bytes]:
         scope = f"repository:{repository}:pull"
-        status, resp_headers, body = self._send(method, self._base + path, {**headers, **self._auth_header(scope)})
+        status, resp_headers, body = self._send_registry(method, path, {**headers, **self._auth_header(scope)})
         if status == 401 and scope not in self._authorization:
             challenge = resp_headers.get("WWW-Authenticate", "")
             self._authorization[scope] = self._answer(challenge, scope)
-            status, resp_headers, body = self._send(method, self._base + path, {**headers, **self._auth_header(scope)})
+            status, resp_headers, body = self._send_registry(method, path, {**headers, **self._auth_header(scope)})
         if status in (401, 403):
             raise self._auth_error(status, repository)
         if status == 429 or status >= 500:
             raise TransientError(f"HTTP {status} from {self.registry}")
         return status, resp_headers, body
 
+    def _send_registry(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, Message, bytes]:
+        try:
+            return self._send(method, self._base + path, headers)
+        except _NotTLS:
+            if not (self.plain_http and self._base.startswith("https://")):
+                raise RegistryError(f"{self.registry}: the registry does not speak TLS (a plain-HTTP registry?). slimeforge, like "
+                                    "Docker, speaks plain HTTP only to a loopback registry or one in the Docker daemon's "
+                                    "insecure-registries (/etc/docker/daemon.json)") from None
+            self._base = f"http://{api_host(self.registry)}"  # as Docker falls back for an insecure registry
+            return self._send(method, self._base + path, headers)
+
     def _auth_header(self, scope: str) -> dict[str, str]:
         value = self._authorization.get(scope)
         return {"Authorization": value} if value else {}
+
+    def _password_may_go_to(self, url: str) -> bool:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme == "https":
+            return same_site(api_host(self.registry), parts.netloc)
+        return parts.scheme == "http" and is_loopback(parts.netloc) and is_loopback(self.registry)
 
     def _answer(self, challenge: str, scope: str) -> str:
         scheme, _, params_text = challenge.partition(" ")
@@ -302,21 +417,40 @@ class RegistryAPI:
         if scheme.lower() == "basic":
             if not self.credentials:
                 raise self._auth_error(401, scope.split(":")[1])
+            if not self._password_may_go_to(self._base):
+                raise RegistryAuthError(f"{self.registry}: asks for the password over plain HTTP; slimeforge sends it over plain "
+                                        "HTTP only to a loopback registry (serve this one over TLS)")
             return "Basic " + _basic(self.credentials)
         if scheme.lower() == "bearer" and params.get("realm"):
+            realm = params["realm"]
+            if urllib.parse.urlsplit(realm).scheme not in ("https", "http"):
+                raise RegistryError(f"{self.registry}: token service {realm!r} is not an http(s) URL")
             query = {"service": params.get("service", ""), "scope": scope}
-            url = params["realm"] + "?" + urllib.parse.urlencode({k: v for k, v in query.items() if v})
-            auth = {"Authorization": "Basic " + _basic(self.credentials)} if self.credentials else {}
-            status, _, body = self._send("GET", url, auth)
+            url = realm + ("&" if "?" in realm else "?") + urllib.parse.urlencode({k: v for k, v in query.items() if v})
+            trusted = self.credentials is not None and self._password_may_go_to(realm)
+            auth = {"Authorization": "Basic " + _basic(self.credentials)} if trusted and self.credentials else {}
+            try:
+                status, _, body = self._send("GET", url, auth)
+            except _NotTLS:
+                raise RegistryError(f"{self.registry}: the token service {realm} does not speak TLS") from None
             if status in (401, 403):
+                if self.credentials and not trusted:
+                    raise RegistryAuthError(f"{self.registry}: its token service {realm} is not on the registry's host (or not "
+                                            "https), so slimeforge did not send it the password, and it refused an anonymous "
+                                            "token (docs/publish.md: where a credential may go)")
                 raise self._auth_error(status, scope.split(":")[1])
             if status == 429 or status >= 500:
-                raise TransientError(f"HTTP {status} from the token service {params['realm']}")
+                raise TransientError(f"HTTP {status} from the token service {realm}")
             if status != 200:
-                raise RegistryError(f"{self.registry}: token service {params['realm']} answered HTTP {status}: {_short(body)}")
-            token = json.loads(body)
-            return "Bearer " + (token.get("token") or token.get("access_token") or "")
-        raise RegistryError(f"{self.registry}: unsupported auth challenge {challenge!r} (Basic and Bearer are supported)")
+                raise RegistryError(f"{self.registry}: token service {realm} answered HTTP {status}: {_short(body)}")
+            try:
+                token = json.loads(body)
+            except ValueError:
+                raise RegistryError(f"{self.registry}: token service {realm} answered with something other than JSON") from None
+            if not isinstance(token, dict):
+                raise RegistryError(f"{self.registry}: token service {realm} answered without a token")
+            return "Bearer " + str(token.get("token") or token.get("access_token") or "")
+        raise RegistryError(f"{self.registry}: unsupported auth challenge {challenge[:200]!r} (Basic and Bearer are supported)")
 
     def _auth_error(self, status: int, repository: str) -> RegistryAuthError:
         return RegistryAuthError(auth_advice(self.registry, repository, self.credentials, f"HTTP {status}"))
@@ -324,14 +458,20 @@ class RegistryAPI:
     def _send(self, method: str, url: str, headers: dict[str, str]) -> tuple[int, Message, bytes]:
         request = urllib.request.Request(url, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout, context=self._ctx) as resp:
+            with self._opener.open(request, timeout=self.timeout) as resp:
                 return resp.status, resp.headers, resp.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.headers, exc.read()
         except urllib.error.URLError as exc:
             raise _connection_error(self.registry, exc.reason) from None
+        except ssl.SSLError as exc:
+            raise _connection_error(self.registry, exc) from None
         except (ConnectionError, TimeoutError, http.client.HTTPException) as exc:
             raise TransientError(f"{type(exc).__name__}: {exc}") from None
+
+
+class _NotTLS(Exception):
+    """The server answered the TLS handshake with something else (it speaks plain HTTP)."""
 
 
 def auth_advice(registry: str, repository: str, credentials: Credentials | None, seen: str) -> str:
@@ -352,10 +492,21 @@ def _connection_error(registry: str, reason: object) -> Exception:
         return RegistryError(
             f"{registry}: TLS certificate not trusted ({reason.verify_message}): put the registry's CA certificate "
             f"at {DOCKER_CERTS_DIR / registry / 'ca.crt'} (the Docker daemon reads it there too)")
+    if isinstance(reason, ssl.SSLEOFError | ssl.SSLZeroReturnError | ssl.SSLSyscallError):
+        return TransientError(f"TLS connection cut: {reason}")  # a reset mid-handshake: worth another try
+    if isinstance(reason, ssl.SSLError) and getattr(reason, "reason", None) in _NOT_TLS_REASONS:
+        return _NotTLS(str(reason))
+    if isinstance(reason, ssl.SSLError):
+        # A protocol failure, not a flaky network: retrying gives the same answer.
+        return RegistryError(f"{registry}: TLS failed ({reason}); check that this host:port is the registry and serves TLS")
     if isinstance(reason, socket.gaierror):
         return RegistryError(f"{registry}: host name does not resolve ({reason}); check the registry host")
     # Refused, reset, timed out, TLS handshake cut: the registry may be restarting or a proxy flaky.
     return TransientError(f"{type(reason).__name__}: {reason}")
+
+
+# OpenSSL's reasons when the peer answered the ClientHello with plain text (an HTTP server).
+_NOT_TLS_REASONS = {"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG"}
 
 
 def _basic(credentials: Credentials) -> str:

@@ -7,19 +7,24 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from . import __version__
-from .atomic import write_dir
+from .atomic import LOCK_NAME, dir_lock, dir_problem, write_dir
+from .errors import ConfigError, Problem
 from .flags import agentcore_config, agentcore_config_doc, env_json, render_flags, runtime_env_vars
-from .recipe import Recipe
+from .recipe import EXP_ID_RE, Recipe
 from .stack import Stack
 from .templating import render
 
 RUN_FILES = ("slime.args", "agentcore.yaml", "runtime_env.json", "launch.sh", "plan.json")
+MAX_PLAN_BYTES = 4 << 20
+_TEMP_PREFIXES = tuple(f".{name}." for name in RUN_FILES)  # atomic.write_dir's temporary names
+_PLAN_ACCEPTED = "the plan.json that `invoke run` writes into a run directory"
 
 
 @dataclass(frozen=True)
@@ -80,8 +85,88 @@ def build_run_dir(recipe: Recipe, stack: Stack, out: str | Path, recipe_path: st
     return RunDir(out, args, env, files, plan)
 
 
+def read_plan(run_dir: str | Path) -> dict | None:
+    """A run directory's plan.json, checked to be slimeforge's; None when there is none."""
+    path = Path(run_dir) / "plan.json"
+    if not path.exists():
+        return None
+
+    def refuse(message: str) -> ConfigError:
+        return ConfigError(str(path), [Problem("plan.json", message, show_value=False, accepted=_PLAN_ACCEPTED)])
+
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_PLAN_BYTES + 1)
+    except OSError as exc:
+        raise refuse(f"cannot be read: {exc.strerror}") from None
+    if len(raw) > MAX_PLAN_BYTES:
+        raise refuse(f"is larger than {MAX_PLAN_BYTES} bytes")
+    try:
+        plan = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise refuse("is not JSON") from None
+    rec = plan.get("recipe") if isinstance(plan, dict) else None
+    if not (isinstance(plan, dict) and isinstance(plan.get("slimeforge_version"), str) and isinstance(rec, dict)
+            and isinstance(plan.get("exp_id"), str) and EXP_ID_RE.fullmatch(plan["exp_id"])):
+        raise refuse("is not a slimeforge run plan (slimeforge_version, exp_id and recipe missing or malformed)")
+    for key in ("ray_port", "ray_dashboard_port"):
+        value = rec.get(key)
+        if type(value) is not int or not 1 <= value <= 65535:
+            raise refuse(f"recipe.{key} is not a TCP port ({value!r})")
+    return plan
+
+
+def out_problems(out: Path, exp_id: str, locked: bool = True) -> list[Problem]:
+    """Why `out` may not become (or be re-rendered as) the run directory of `exp_id`.
+
+    Accepted: a path that does not exist yet (under a writable directory), an empty directory, or
+    the run directory of the same experiment. Anything else holds someone's files (`--out .`), or
+    another experiment's record (its submission id: `run.stop` would stop the wrong job)."""
+    where = "--out"
+    if why := dir_problem(out):
+        return [Problem(where, why, str(out), "a new or empty directory, or this experiment's run directory")]
+    if out.is_dir():
+        names = os.listdir(out)
+        # The lock, and the temporary files of a writer holding it, are ours. Without the lock, a
+        # directory another slimeforge writes into is judged later, under the lock, once settled.
+        entries = [e for e in names if e != LOCK_NAME and not e.startswith(_TEMP_PREFIXES)]
+        if entries and (locked or LOCK_NAME not in names):
+            try:
+                plan = read_plan(out)
+            except ConfigError as exc:
+                return [Problem(where, f"holds a plan.json that is not slimeforge's ({exc.problems[0].message})", str(out),
+                                "a new or empty directory, or this experiment's run directory")]
+            if plan is None:
+                return [Problem(where, f"holds files ({len(entries)}) and is not a slimeforge run directory; nothing is written into it",
+                                str(out), "a new or empty directory, e.g. runs/<exp_id>")]
+            if plan["exp_id"] != exp_id:
+                return [Problem(where, f"is the run directory of experiment {plan['exp_id']!r}, not {exp_id!r} "
+                                "(its job record would be lost)", str(out), f"another --out, e.g. runs/{exp_id}")]
+    return []
+
+
 def write_run_dir(run: RunDir) -> None:
-    write_dir(run.path, run.files, modes={"launch.sh": 0o755}, last="plan.json")
+    """Write the run directory all-or-nothing, one writer at a time, never into a foreign one."""
+    exp_id = run.plan["exp_id"]
+    problems = out_problems(run.path, exp_id, locked=False)
+    if problems:
+        raise ConfigError(str(run.path), problems)
+    created = not run.path.exists()
+    try:
+        run.path.mkdir(parents=True, exist_ok=True)
+        with dir_lock(run.path):
+            # Again under the lock: another writer may have rendered here since the check above.
+            problems = out_problems(run.path, exp_id)
+            if problems:
+                raise ConfigError(str(run.path), problems)
+            try:
+                write_dir(run.path, run.files, modes={"launch.sh": 0o755}, last="plan.json")
+            except BaseException:
+                if created and not (run.path / "plan.json").exists():
+                    shutil.rmtree(run.path, ignore_errors=True)
+                raise
+    except OSError as exc:
+        raise ConfigError(str(run.path), [Problem("--out", f"cannot be written: {exc.strerror}", str(run.path), "a directory you may write to")]) from None
 
 
 def read_args(path: str | Path) -> list[str]:

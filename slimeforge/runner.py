@@ -12,15 +12,33 @@ arguments is a recipe, and `from_yaml` reads any recipe (with `extends:`).
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from .atomic import write_file
+from .errors import ConfigError, Problem
 from .recipe import RUNNER_FIELDS, Recipe, load_recipe_data, parse_recipe
 from .render import RunDir, build_run_dir, write_run_dir
 from .stack import Stack
+
+
+def _signature() -> inspect.Signature:
+    """`SlimeRunner(*, exp_id, ..., num_gpus=8, ...)`, read from the recipe schema, so help(),
+    IDEs and inspect.signature show every field and its default; required ones have none."""
+    params = []
+    for name, field in Recipe.model_fields.items():
+        if field.is_required():
+            default = inspect.Parameter.empty
+        else:
+            default = field.get_default(call_default_factory=True)
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=field.annotation))
+    # Required first: a signature may not list a parameter without default after one with.
+    params.sort(key=lambda p: p.default is not inspect.Parameter.empty)
+    return inspect.Signature(params, return_annotation=None)
 
 
 class SlimeRunner:
@@ -52,8 +70,15 @@ class SlimeRunner:
         return out
 
     def to_yaml(self, path: str | os.PathLike) -> Path:
+        """Write the keyword arguments as a recipe file (replaced atomically); returns its path."""
         path = Path(path)
-        path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        if path.is_dir() or not path.parent.is_dir():
+            what = "is a directory" if path.is_dir() else "is not under an existing directory"
+            raise ConfigError("SlimeRunner.to_yaml", [Problem("path", what, str(path), "a file path such as recipes/my-run.yaml")])
+        try:
+            write_file(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
+        except OSError as exc:
+            raise ConfigError("SlimeRunner.to_yaml", [Problem("path", f"cannot be written: {exc.strerror}", str(path))]) from None
         return path
 
     def _with(self, num_rollout: int | None) -> tuple[Recipe, Stack]:
@@ -76,3 +101,8 @@ class SlimeRunner:
 
         recipe, stack = self._with(num_rollout)
         return launch(recipe, stack, out=out, recipe_path=self._source, **launch_options)
+
+
+SlimeRunner.__signature__ = _signature()  # type: ignore[attr-defined]
+SlimeRunner.__init__.__signature__ = _signature().replace(  # type: ignore[attr-defined]
+    parameters=[inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY), *_signature().parameters.values()])

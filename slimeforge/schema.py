@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import difflib
+import re
+import unicodedata
 from typing import Any, TypeVar
 
 import pydantic
@@ -15,7 +17,74 @@ M = TypeVar("M", bound=BaseModel)
 
 class Model(BaseModel):
     # Unknown keys are errors: a misspelt key silently ignored is how an hour of GPUs is lost.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+    # inf and nan are never a setting: `--weight-decay nan` would reach slime as given.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, allow_inf_nan=False)
+
+
+# --- text that may reach a file, an argv or a template --------------------------------------------
+# Control characters start a new Dockerfile instruction or a new line of launch.sh; bidirectional
+# controls (Trojan Source) make a value read differently from what it is. Neither is ever part of
+# a name, path, version or URL, so every string of every input is checked for them.
+_BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+_CONTROL_RE = re.compile(f"[\x00-\x1f\x7f-\x9f\u2028\u2029{_BIDI}]")
+_CONTROL_NAMES = {"\n": "newline", "\r": "carriage return", "\t": "tab", "\x00": "NUL", "\x1b": "escape"}
+MAX_TEXT = 4096  # longest string accepted anywhere (a path is at most 4096 bytes on Linux)
+
+
+def text_problem(value: str) -> str | None:
+    """Why `value` may not be used as text in a generated file, or None if it may."""
+    m = _CONTROL_RE.search(value)
+    if m:
+        ch = m.group()
+        name = _CONTROL_NAMES.get(ch) or unicodedata.name(ch, None) or "a control character"
+        return f"holds a control character ({name}, U+{ord(ch):04X}) at position {m.start()}"
+    if len(value) > MAX_TEXT:
+        return f"is {len(value)} characters long"
+    return None
+
+
+def text_problems(data: Any, where: str = "") -> list[Problem]:
+    """Every key and string value under `data` that `text_problem` refuses, by its field path."""
+    out: list[Problem] = []
+    stack: list[tuple[str, Any]] = [(where, data)]
+    while stack:
+        path, node = stack.pop()
+        items: list[tuple[str, Any]] = []
+        if isinstance(node, dict):
+            for key, value in node.items():
+                sub = f"{path}.{key}" if path else str(key)
+                if isinstance(key, str) and (why := text_problem(key)):
+                    out.append(Problem(sub, f"key {why}", key, "printable text without control or bidirectional characters"))
+                items.append((sub, value))
+        elif isinstance(node, list | tuple):
+            items = [(f"{path}.{i}" if path else str(i), v) for i, v in enumerate(node)]
+        elif isinstance(node, str) and (why := text_problem(node)):
+            out.append(Problem(path or "(value)", why, node, f"printable text without control or bidirectional characters, at most {MAX_TEXT}"))
+        stack.extend(reversed(items))
+    return out
+
+
+# --- secrets -------------------------------------------------------------------------------------
+# A name is a secret's when one of its words (split at '_' or '-', any case) is one of these, or
+# two adjacent words are: OPENAI_API_KEY, github_pat, HF_TOKEN, wandb-key, DB_PASSWD, ...
+_SECRET_WORDS = {"token", "tokens", "secret", "secrets", "password", "passwd", "pass", "passphrase", "pat", "credential",
+                 "credentials", "creds", "apikey", "key", "keys", "auth", "cookie", "signature", "privatekey", "accesskey"}
+# Values by the shape of well-known credentials: OpenAI/Anthropic (sk-), GitHub (ghp_, github_pat_),
+# Slack (xox?-), Hugging Face (hf_), AWS access key ids (AKIA/ASIA), JWTs and PEM private keys.
+_SECRET_VALUE_RE = re.compile(r"(?:sk-[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|xox[abposr]-[A-Za-z0-9-]{10,}"
+                              r"|hf_[A-Za-z0-9]{20,}|(?:AKIA|ASIA)[0-9A-Z]{16}|eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]*"
+                              r"|-----BEGIN [A-Z ]*PRIVATE KEY-----)")
+
+
+def secret_name(name: str) -> bool:
+    """Whether an environment variable or flag name looks like it carries a secret."""
+    words = [w for w in re.split(r"[_\-.]+", name.lower()) if w]
+    return any(w in _SECRET_WORDS for w in words) or any(a + b in _SECRET_WORDS for a, b in zip(words, words[1:], strict=False))
+
+
+def secret_value(value: object) -> bool:
+    """Whether a value has the shape of a well-known kind of credential."""
+    return isinstance(value, str) and _SECRET_VALUE_RE.search(value) is not None
 
 
 def _fields_at(cls: type[BaseModel], loc: tuple) -> list[str]:
@@ -55,12 +124,26 @@ def problems_from(cls: type[BaseModel], exc: pydantic.ValidationError) -> list[P
         elif kind == "missing":
             problems.append(Problem(where, "is required but missing", show_value=False))
         else:
-            problems.append(Problem(where, err["msg"], err.get("input")))
+            value = err.get("input")
+            # A rule between fields fails on the whole mapping: the message names the culprit.
+            show = not isinstance(value, dict | list)
+            problems.append(Problem(where, err["msg"], value if show else None, show_value=show))
     return problems
 
 
-def validate(cls: type[M], data: Any, source: str) -> M:
+def model_problems(cls: type[M], data: Any) -> tuple[M | None, list[Problem]]:
+    """(the model, []) or (None, every problem): control characters first, then the schema's."""
+    problems = text_problems(data)
+    if problems:
+        return None, problems
     try:
-        return cls.model_validate(data)
+        return cls.model_validate(data), []
     except pydantic.ValidationError as exc:
-        raise ConfigError(source, problems_from(cls, exc)) from None
+        return None, problems_from(cls, exc)
+
+
+def validate(cls: type[M], data: Any, source: str) -> M:
+    model, problems = model_problems(cls, data)
+    if problems or model is None:
+        raise ConfigError(source, problems)
+    return model

@@ -32,7 +32,7 @@ from .errors import CommandError, ConfigError, Problem, SlimeforgeError
 from .launch import default_run_dir, host_tools, resolve_mode
 from .proc import Runner
 from .recipe import Recipe
-from .render import RunDir, build_run_dir, write_run_dir
+from .render import RunDir, build_run_dir, read_plan, write_run_dir
 from .scripts import node_agent
 from .stack import Stack
 from .templating import render
@@ -359,10 +359,10 @@ def is_slurm_run(run_dir: str | os.PathLike) -> bool:
     """A run directory whose last render was for Slurm (a later plain `invoke run` rewrites
     plan.json without the "slurm" key) and that was submitted."""
     try:
-        plan = json.loads((Path(run_dir) / "plan.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return "slurm" in plan and (Path(run_dir) / "slurm_job_id").is_file()
+        plan = read_plan(run_dir)
+    except ConfigError:
+        return False  # not ours to judge here: the plain run's reader refuses it with its reason
+    return plan is not None and "slurm" in plan and (Path(run_dir) / "slurm_job_id").is_file()
 
 
 
@@ -441,7 +441,9 @@ def stop(run_dir: str | os.PathLike, runner: Runner | None = None, say=print) ->
     """scancel the recorded job, and only it: its id, after checking Slurm still knows it under our
     job name (a recycled id would be someone else's job). Returns whether a cancel was sent."""
     runner = runner or Runner()
-    plan = json.loads((Path(run_dir) / "plan.json").read_text())
+    plan = read_plan(run_dir)
+    if plan is None:
+        raise ConfigError(str(run_dir), [Problem("run directory", "has no plan.json", str(run_dir), "runs/<exp_id> of a rendered recipe")])
     job_id = recorded_job(run_dir)
     if job_id is None:
         say(f"{run_dir}: no Slurm job recorded")

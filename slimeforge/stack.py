@@ -11,62 +11,105 @@ import json
 import re
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import AfterValidator, Field, PrivateAttr, field_validator, model_validator
 
 from . import paths
 from .errors import ConfigError, Problem
+from .registry import image_ref_problems
 from .schema import Model, validate
 from .yamlio import deep_merge, load_with_extends
 
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+# Every value of a stack reaches the Dockerfile, install.sh or an argv (apt-get, git, uv): each is
+# held to the grammar of what it names, so none can begin with '-' (an option to the tool) or
+# carry a character that ends the line or the word. Control characters are refused everywhere
+# before these run (schema.text_problems); the Dockerfile renderer checks again.
+COMMIT_RE = re.compile(r"[0-9a-f]{40}")
 # Names that become file names, Dockerfile mount paths and environment variables: kept to a safe
 # alphabet so that no template has to quote them in a context where quoting is not possible.
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_WORD = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+# PEP 508 distribution name with optional extras: transformer_engine[pytorch,core-cu13]
+PACKAGE_RE = re.compile(rf"{_WORD}(?:\[{_WORD}(?:,{_WORD})*\])?")
+# A pin: a bare version (2.11.0, 0.5.15.post1) or PEP 440 clauses (>=0.37.0, <2, >=1,<3)
+_VERSION = r"[0-9][A-Za-z0-9.+!*_-]{0,63}"
+VERSION_SPEC_RE = re.compile(rf"{_VERSION}|(?:===?|>=|<=|~=|!=|<|>){_VERSION}(?:,(?:===?|>=|<=|~=|!=|<|>){_VERSION})*")
+# Debian package names (policy 5.6.1), with an optional =version
+APT_RE = re.compile(r"[a-z0-9][a-z0-9+.-]{1,127}(?:=[A-Za-z0-9.+~:-]{1,64})?")
+_HOST = r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?"
+_URL_PATH = r"/[A-Za-z0-9._~+%-][A-Za-z0-9._~/+%-]*"
+GIT_URL_RE = re.compile(rf"(?:https|ssh|git)://(?:[A-Za-z0-9._-]+@)?{_HOST}{_URL_PATH}|file://{_URL_PATH}"
+                        rf"|[A-Za-z0-9._-]+@{_HOST}:[A-Za-z0-9._~+-][A-Za-z0-9._~/+-]*")
+URL_RE = re.compile(rf"https?://{_HOST}(?:/[A-Za-z0-9._~/+%=:@,-]*)?")
+REL_PATH_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(?:/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
+ABS_PATH_RE = re.compile(r"(?:/[A-Za-z0-9_][A-Za-z0-9._+-]*)+")
+MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+KEY_PATH_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_][A-Za-z0-9_-]*)*")  # a dotted key of this stack
 
 
-def _safe_name(v: str) -> str:
-    if not NAME_RE.match(v):
-        raise ValueError("may hold only letters, digits, '.', '_' and '-', starting with a letter or digit")
+def _grammar(pattern: re.Pattern[str], what: str) -> AfterValidator:
+    def check(v: str) -> str:
+        if not pattern.fullmatch(v):
+            raise ValueError(f"is not {what}")
+        return v
+
+    return AfterValidator(check)
+
+
+def _image_ref(v: str) -> str:
+    problems = image_ref_problems(v, "base.image")
+    if problems:
+        raise ValueError(problems[0].message)
     return v
+
+
+Name = Annotated[str, _grammar(NAME_RE, "a name: letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128")]
+EnvName = Annotated[str, _grammar(ENV_RE, "an environment variable name: letters, digits and '_', not starting with a digit")]
+Package = Annotated[str, _grammar(PACKAGE_RE, "a Python package name (PEP 508), optionally with [extras]")]
+VersionSpec = Annotated[str, _grammar(VERSION_SPEC_RE, "a version (2.11.0) or PEP 440 specifiers (>=0.37.0,<2)")]
+AptName = Annotated[str, _grammar(APT_RE, "a Debian package name (lowercase letters, digits, + . -, starting with a letter or digit)")]
+GitUrl = Annotated[str, _grammar(GIT_URL_RE, "a git URL: https://host/path.git, ssh://host/path, git@host:path or file:///path")]
+Url = Annotated[str, _grammar(URL_RE, "an http(s) URL")]
+RelPath = Annotated[str, _grammar(REL_PATH_RE, "a relative path of names (no '..', no leading '/' or '-')")]
+AbsPath = Annotated[str, _grammar(ABS_PATH_RE, "an absolute path of names (letters, digits, . _ + -)")]
+Module = Annotated[str, _grammar(MODULE_RE, "a Python module name such as sglang.srt")]
+KeyPath = Annotated[str, _grammar(KEY_PATH_RE, "a dotted key of this stack, e.g. router.wheel")]
+ImageRefText = Annotated[str, AfterValidator(_image_ref)]
+
+
 SPEC_OPERATORS = ("<", ">", "=", "!", "~")
 
 
 class Source(Model):
-    git: str
+    git: GitUrl
     commit: str
-    dir: str
+    dir: RelPath
 
     @field_validator("commit")
     @classmethod
     def _full_commit(cls, v: str) -> str:
-        if not COMMIT_RE.match(v):
+        if not COMMIT_RE.fullmatch(v):
             raise ValueError("must be a full 40-character lowercase commit id (a branch or tag can move)")
         return v
 
 
 class PatchFile(Model):
-    file: str
-    target: str  # a source name, or "site-packages"
+    file: Name
+    target: Name  # a source name, or "site-packages"
     method: Literal["git", "patch"]
-    strip: int = 1
-
-    @field_validator("file")
-    @classmethod
-    def _file(cls, v: str) -> str:
-        return _safe_name(v)
+    strip: int = Field(1, ge=0, le=16)
 
 
 class Patches(Model):
-    from_source: str
-    dir: str
+    from_source: Name
+    dir: RelPath
     files: list[PatchFile]
 
 
 class Base(Model):
-    image: str
+    image: ImageRefText
     digest: str | None = None
     # The base image's glibc: the newest manylinux tag its Python can install. Wheels are resolved
     # and downloaded for this target, never for the machine that runs slimeforge.
@@ -82,40 +125,35 @@ class Base(Model):
     @field_validator("digest")
     @classmethod
     def _digest(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^sha256:[0-9a-f]{64}$", v):
+        if v is not None and not re.fullmatch(r"sha256:[0-9a-f]{64}", v):
             raise ValueError("must be sha256:<64 hex digits> or null (resolved at build time)")
         return v
 
 
 class Step(Model):
-    name: str
-    apt: list[str] | None = None
-    pip: list[str] | None = None
-    source: str | None = None
-    wheel_url: str | None = None  # dotted key of the stack holding the URL, e.g. router.wheel
-    index: str | None = None  # key of the stack holding an extra index URL
+    name: Name
+    apt: list[AptName] | None = None
+    pip: list[Package] | None = None
+    source: Name | None = None
+    wheel_url: KeyPath | None = None  # dotted key of the stack holding the URL, e.g. router.wheel
+    index: KeyPath | None = None  # key of the stack holding an extra index URL
     from_source: bool = False  # build a PyPI package from its sdist
     compiles: bool = False  # gets MAX_JOBS / NVCC threads / arch list
-    exclude: list[str] = Field(default_factory=list)
+    exclude: list[Package] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     editable: bool = False
     no_deps: bool = False
-    requirements: str | None = None  # key of the stack holding a name -> version map
-    patches: list[str] = Field(default_factory=list)
+    requirements: KeyPath | None = None  # key of the stack holding a name -> version map
+    patches: list[Name] = Field(default_factory=list)
     constrain_later: bool = False
     # An apt step that also installs the stack's interpreter by its version (python3.12,
     # python3.12-venv, python3.12-dev): CUDA bases ship no Python, and "python3" may be another one.
     python: bool = False
 
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        return _safe_name(v)
-
     @field_validator("env")
     @classmethod
     def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
-        bad = [k for k in v if not ENV_RE.match(k)]
+        bad = [k for k in v if not ENV_RE.fullmatch(k)]
         if bad:
             raise ValueError(f"environment variable names expected, got {bad}")
         return v
@@ -139,35 +177,26 @@ class Step(Model):
 
 
 class Runtime(Model):
-    nvidia_lib_dirs: list[str]
-    cudart_decoy: str | None = None
-    cudart_name: str
+    nvidia_lib_dirs: list[RelPath]
+    cudart_decoy: Name | None = None
+    cudart_name: Name
     # Megatron's --attention-backend. "flash" needs FA2 (or FA3) beside TE; a flavor that ships
     # neither (cu13: sglang's FA4 only) lets TE choose among what it has ("auto": cuDNN fused).
     attention_backend: Literal["flash", "fused", "unfused", "local", "auto"] = "flash"
 
 
 class Router(Model):
-    wheel: str
+    wheel: Url
 
 
 class Smoke(Model):
-    imports: list[str]
+    imports: list[Module]
     # Set by a flavor file (lists are replaced, not merged, by `extends`): its own extra imports.
-    flavor_imports: list[str] = Field(default_factory=list)
+    flavor_imports: list[Module] = Field(default_factory=list)
     # Imports that need a GPU (they load the CUDA driver when imported): skipped by name, with a
     # line saying so, where none is present (the image build's smoke test runs without one).
-    needs_gpu: list[str] = Field(default_factory=list)
-    router_fork_marker: str | None = None
-
-    @field_validator("imports", "flavor_imports", "needs_gpu")
-    @classmethod
-    def _modules(cls, v: list[str]) -> list[str]:
-        # Each goes into `python -c "import <m>"`: a dotted module name and nothing else.
-        bad = [m for m in v if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", m)]
-        if bad:
-            raise ValueError(f"must be dotted module names, got {bad}")
-        return v
+    needs_gpu: list[Module] = Field(default_factory=list)
+    router_fork_marker: Name | None = None
 
     @model_validator(mode="after")
     def _gpu_subset(self) -> Smoke:
@@ -192,25 +221,25 @@ class LockSpec(Model):
     # uv --override lines: replace what a dependency asks for (cu129: the CUDA 12 builds of the kernels).
     overrides: list[str] = Field(default_factory=list)
     # Indexes searched (in order) before the default one, beside torch_index.
-    extra_indexes: list[str] = Field(default_factory=list)
+    extra_indexes: list[Url] = Field(default_factory=list)
 
 
 class Stack(Model):
-    schema_version: int = Field(alias="schema")
-    name: str
-    version: str
-    cuda: str | None = None  # None: a stack without CUDA (the small test stack)
-    driver_min: int | None = None
-    python: str
+    schema_version: int = Field(alias="schema", ge=1, le=1000)
+    name: Name
+    version: Annotated[str, _grammar(re.compile(r"[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}"), "a version such as 2026.11.1")]
+    cuda: Annotated[str, _grammar(re.compile(r"[0-9]{1,2}\.[0-9]{1,2}"), "a CUDA version such as 13.0")] | None = None
+    driver_min: int | None = Field(None, ge=1, le=10000)
+    python: Annotated[str, _grammar(re.compile(r"3\.[0-9]{1,2}"), "a Python version such as 3.12")]
     base: Base
-    torch_index: str | None = None
-    image_root: str
-    venv: str
-    arch_list: list[str] = Field(default_factory=list)
-    cuda_home: str | None = None
-    sources: dict[str, Source]
-    versions: dict[str, str]
-    slime_requirements: dict[str, str] = Field(default_factory=dict)
+    torch_index: Url | None = None
+    image_root: AbsPath
+    venv: AbsPath
+    arch_list: list[str] = Field(default_factory=list)  # checked below: one spelling for every compiled piece
+    cuda_home: AbsPath | None = None
+    sources: dict[Name, Source]
+    versions: dict[Package, VersionSpec]
+    slime_requirements: dict[Package, VersionSpec] = Field(default_factory=dict)
     router: Router | None = None
     patches: Patches | None = None
     steps: list[Step]
@@ -223,14 +252,6 @@ class Stack(Model):
     @property
     def file(self) -> Path | None:
         return self._file
-
-    @field_validator("python")
-    @classmethod
-    def _python(cls, v: str) -> str:
-        # It names apt packages (python3.12-dev), the interpreter and site-packages paths.
-        if not re.fullmatch(r"3\.[0-9]{1,2}", v):
-            raise ValueError("must be a CPython version such as 3.12")
-        return v
 
     @field_validator("arch_list")
     @classmethod
@@ -351,39 +372,38 @@ class Stack(Model):
 
     # --- cross-field checks ------------------------------------------------------------------
 
-    @model_validator(mode="after")
-    def _references(self) -> Stack:
-        errs = []
+    def reference_problems(self) -> list[Problem]:
+        """The rules between fields (names that must exist elsewhere in the stack), each problem
+        naming its own field."""
+        out: list[Problem] = []
         names = [s.name for s in self.steps]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
-            errs.append(f"steps: names must be unique, repeated: {dupes}")
+            out.append(Problem("steps", f"names must be unique, repeated: {', '.join(dupes)}", show_value=False))
         patch_names = {p.file for p in (self.patches.files if self.patches else [])}
         for i, step in enumerate(self.steps):
-            where = f"steps[{i}] ({step.name})"
+            where = f"steps.{i} ({step.name})"
             if step.source and step.source not in self.sources:
-                errs.append(f"{where}.source: {step.source!r} is not in sources {sorted(self.sources)}")
+                out.append(Problem(f"{where}.source", "is not in sources", step.source, ", ".join(sorted(self.sources))))
             for pkg in step.pip or []:
                 if pkg not in self.versions:
-                    errs.append(f"{where}.pip: {pkg!r} has no pin in versions (every package must be pinned)")
-            for key in (step.index, step.wheel_url, step.requirements):
+                    out.append(Problem(f"{where}.pip", f"{pkg!r} has no pin in versions (every package must be pinned)", show_value=False))
+            for field, key in (("index", step.index), ("wheel_url", step.wheel_url), ("requirements", step.requirements)):
                 if key:
                     try:
                         self.lookup(key)
-                    except (KeyError, TypeError):
-                        errs.append(f"{where}: {key!r} names no value of this stack")
+                    except (KeyError, TypeError, IndexError):
+                        out.append(Problem(f"{where}.{field}", "names no value of this stack", key, "a dotted key such as router.wheel"))
             for p in step.patches:
                 if p not in patch_names:
-                    errs.append(f"{where}.patches: {p!r} is not in patches.files {sorted(patch_names)}")
+                    out.append(Problem(f"{where}.patches", "is not in patches.files", p, ", ".join(sorted(patch_names)) or "(none)"))
         if self.patches:
             if self.patches.from_source not in self.sources:
-                errs.append(f"patches.from_source: {self.patches.from_source!r} is not in sources {sorted(self.sources)}")
+                out.append(Problem("patches.from_source", "is not in sources", self.patches.from_source, ", ".join(sorted(self.sources))))
             for p in self.patches.files:
                 if p.target != "site-packages" and p.target not in self.sources:
-                    errs.append(f"patches.files ({p.file}).target: {p.target!r} is neither site-packages nor a source")
-        if errs:
-            raise ValueError("; ".join(errs))
-        return self
+                    out.append(Problem(f"patches.files ({p.file}).target", "is neither site-packages nor a source", p.target))
+        return out
 
 
 def stack_path(ref: str | Path) -> Path:
@@ -406,12 +426,19 @@ def load_stack(ref: str | Path) -> Stack:
         )
     data = load_with_extends(path)
     overrides = data.pop("step_overrides", {}) or {}
-    steps = data.get("steps") or []
-    known = {s.get("name") for s in steps if isinstance(s, dict)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise ConfigError(str(path), [Problem("step_overrides", "names steps that do not exist", unknown, ", ".join(sorted(known)))])
-    data["steps"] = [deep_merge(s, overrides.get(s.get("name"), {})) if isinstance(s, dict) else s for s in steps]
+    steps = data.get("steps")
+    if not isinstance(overrides, dict) or not all(isinstance(v, dict) for v in overrides.values()):
+        raise ConfigError(str(path), [Problem("step_overrides", "must map step names to the keys they change", overrides, "name: {key: value}")])
+    if isinstance(steps, list) and overrides:
+        # Malformed steps are left as they are for the schema to report.
+        known = {s["name"] for s in steps if isinstance(s, dict) and isinstance(s.get("name"), str)}
+        unknown = sorted(str(k) for k in overrides if k not in known)
+        if unknown:
+            raise ConfigError(str(path), [Problem("step_overrides", "names steps that do not exist", unknown, ", ".join(sorted(known)))])
+        data["steps"] = [deep_merge(s, overrides[s["name"]]) if isinstance(s, dict) and s.get("name") in overrides else s for s in steps]
     stack = validate(Stack, data, str(path))
+    problems = stack.reference_problems()
+    if problems:
+        raise ConfigError(str(path), problems)
     stack._file = path
     return stack

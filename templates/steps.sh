@@ -32,7 +32,7 @@ sf_apt_install() {
   (($#)) || return 0
   local p missing=()
   for p in "$@"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    dpkg-query -W -f='${Status}' -- "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if ((${#missing[@]} == 0)); then sf_log "apt: all present: $*"; return 0; fi
   if [[ $(id -u) -ne 0 ]]; then
@@ -41,7 +41,8 @@ sf_apt_install() {
   if [[ -f /etc/apt/apt.conf.d/docker-clean ]]; then rm -f /etc/apt/apt.conf.d/docker-clean; fi
   echo 'Binary::apt::APT::Keep-Downloaded-Packages "true";' >/etc/apt/apt.conf.d/99slimeforge-keep
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # `--`: a package name is never read as an option (the stack's grammar refuses a leading '-' too).
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends -- "${missing[@]}"
 }
 
 # --- the venv -------------------------------------------------------------------------------
@@ -236,8 +237,9 @@ sf_fetch_source() {
   if [[ -e $dest && ! -d $dest/.git ]]; then
     sf_die "source $name: $dest exists and is not a git checkout; move it away"
   fi
-  if [[ ! -d $dest/.git ]]; then sf_git init -q "$dest"; fi
-  sf_git -C "$dest" fetch -q --depth 1 "$url" "$commit" || sf_die "source $name: cannot fetch commit $commit from $url"
+  if [[ ! -d $dest/.git ]]; then sf_git init -q -- "$dest"; fi
+  # `--`: a URL such as --upload-pack=... is an operand, never an option of git fetch.
+  sf_git -C "$dest" fetch -q --depth 1 -- "$url" "$commit" || sf_die "source $name: cannot fetch commit $commit from $url"
   sf_git -C "$dest" checkout -q --force FETCH_HEAD
   head=$(sf_git -C "$dest" rev-parse HEAD)
   [[ $head == "$commit" ]] || sf_die "source $name: $dest is at $head, not the pinned $commit"

@@ -50,39 +50,47 @@ class LocalRegistry:
     restart) and slimeforge's registry client look for it; `stop` removes what `start` added.
     """
 
-    def __init__(self, workdir: Path, users: dict[str, str]):
+    def __init__(self, workdir: Path, users: dict[str, str] | None, tls: bool = True, bind: str = "127.0.0.1"):
+        """users None: no auth; tls False: plain HTTP (as `registry:2` is run on localhost);
+        bind: the address to serve on (0.0.0.0 to be reached on this host's other addresses too)."""
         self.workdir = Path(workdir)
         self.users = users
+        self.tls = tls
         self.port = free_port()
+        self.bind = bind
         self.host = f"127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
         self._trusted: list[Path] = []
 
     def start(self, timeout: float = 60) -> LocalRegistry:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.ca, crt, key = make_tls(self.workdir)
-        (self.workdir / "htpasswd").write_text(htpasswd(self.users))
-        (self.workdir / "config.yml").write_text(f"""\
+        config = f"""\
 version: 0.1
 log: {{level: warn}}
 storage:
   filesystem: {{rootdirectory: {self.workdir / 'data'}}}
 http:
-  addr: {self.host}
+  addr: {self.bind}:{self.port}
   secret: slimeforge-publish-test
-  tls: {{certificate: {crt}, key: {key}}}
-auth:
-  htpasswd: {{realm: slimeforge-test, path: {self.workdir / 'htpasswd'}}}
-""")
+"""
+        if self.tls:
+            self.ca, crt, key = make_tls(self.workdir)
+            config += f"  tls: {{certificate: {crt}, key: {key}}}\n"
+        if self.users is not None:
+            (self.workdir / "htpasswd").write_text(htpasswd(self.users))
+            config += f"auth:\n  htpasswd: {{realm: slimeforge-test, path: {self.workdir / 'htpasswd'}}}\n"
+        (self.workdir / "config.yml").write_text(config)
         self.log = open(self.workdir / "registry.log", "wb")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen([REGISTRY_BIN, "serve", str(self.workdir / "config.yml")],
                                      stdout=self.log, stderr=subprocess.STDOUT)
-        self.trust(self.host)
-        ctx = ssl.create_default_context(cafile=str(self.ca))
+        if self.tls:
+            self.trust(self.host)
+        ctx = ssl.create_default_context(cafile=str(self.ca)) if self.tls else None
+        scheme = "https" if self.tls else "http"
         deadline = time.monotonic() + timeout
-        while True:  # health gate: /v2/ answers 401 (auth required) once it serves
+        while True:  # health gate: /v2/ answers 200, or 401 (auth required), once it serves
             try:
-                urllib.request.urlopen(f"https://{self.host}/v2/", context=ctx, timeout=5)
+                urllib.request.urlopen(f"{scheme}://{self.host}/v2/", context=ctx, timeout=5)
                 break
             except urllib.error.HTTPError as exc:
                 if exc.code == 401:

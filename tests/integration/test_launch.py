@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 REGION = "us-west-2"
-HOSTILE = "it's \"quoted\" $(touch /tmp/sf-pwned) `id` $HOME\n\tnew line; rm -rf / &"
+HOSTILE = "it's \"quoted\" $(touch /tmp/sf-pwned) `id` $HOME  new line; rm -rf / &"  # control characters are refused
 # Ray expands $NAME in runtime env values and has no escape (preflight refuses them: runtime-env);
 # every other byte must arrive.
 HOSTILE_ENV = HOSTILE.replace("$HOME", "$ HOME $5 $(")

@@ -222,3 +222,27 @@ def test_ecr_publish_creates_repository_and_keeps_tags_immutable(registry, moto_
     assert f"  - {built_image['human']} " not in message  # already ours: not a move
     assert not any(line.startswith("pushing") for line in lines)
     assert (build / "publish.json").read_bytes() == first
+
+
+@pytest.fixture
+def plain_registry(docker_engine, tmp_path):
+    """The everyday `registry:2` on localhost: plain HTTP, no auth (Docker pushes to it without TLS)."""
+    reg = LocalRegistry(tmp_path / "plain-registry", None, tls=False).start()
+    yield reg
+    reg.stop()
+
+
+def test_publish_to_a_plain_http_loopback_registry(plain_registry, built_image, tmp_path):
+    """Docker's rule: a loopback registry may speak plain HTTP. The push and our verification both
+    work, with no TLS error retried as if it were transient."""
+    dest = f"{plain_registry.host}/publish-test/plain"
+    record_path = tmp_path / "record.json"
+    out = cli("--image", built_image["ref"], "--registry", dest, "--record", str(record_path), "--tag", "plain")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "retrying" not in out.stdout + out.stderr and "SSL" not in out.stdout + out.stderr
+    record = json.loads(record_path.read_text())
+    assert record["verified"] is True and record["reference"] == f"{dest}@{record['digest']}"
+    api = RegistryAPI(plain_registry.host)
+    seen = api.manifest("publish-test/plain", "plain")
+    assert (seen.digest, seen.config_digest) == (record["digest"], built_image["id"])
+    assert api._base.startswith("http://")  # after HTTPS was tried and the server answered in plain text

@@ -1,6 +1,7 @@
 """The command line as a user runs it: `invoke ...` from the repository root."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +28,7 @@ def test_dry_run_writes_the_five_files(tmp_path):
     out = invoke("run", "recipes/gsm8k.yaml", "--dry-run", "--out", str(tmp_path / "run"))
     assert out.returncode == 0, out.stderr
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == sorted(
-        ["slime.args", "agentcore.yaml", "runtime_env.json", "launch.sh", "plan.json"])
+        ["slime.args", "agentcore.yaml", "runtime_env.json", "launch.sh", "plan.json", ".slimeforge.lock"])
     assert "bash " in out.stdout and "launch.sh" in out.stdout
 
 
@@ -40,7 +41,8 @@ def test_set_override_reaches_the_files(tmp_path):
 
 def test_refused_recipe_leaves_no_run_directory(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text((ROOT / "recipes" / "gsm8k.yaml").read_text() + "tp_size: 3\nrollout_batchsize: 4\n")
+    text = re.sub(r"(?m)^tp_size: .*$", "tp_size: 3", (ROOT / "recipes" / "gsm8k.yaml").read_text())
+    bad.write_text(text + "rollout_batchsize: 4\n")
     out = invoke("run", str(bad), "--dry-run", "--out", str(tmp_path / "run"))
     assert out.returncode == 2
     assert "tp_size" in out.stderr and "did you mean 'rollout_batch_size'" in out.stderr

@@ -126,7 +126,7 @@ def test_bad_data_rows_are_reported_with_line_numbers(tmp_path, recipe_3b):
 
 def test_flags_outside_the_catalog_are_errors_and_values_are_not_flags(tmp_path):
     recipe, stack = parse_recipe(make_recipe(tmp_path, extra_flags=["--rollout-seed", "-1", "--use-dynamic-batchsize",
-                                                                    "--sglang-json", '{"--x": 1}', "--", "--normlization=RMSNorm"]), "test")
+                                                                    "--sglang-json", '{"--x": 1}', "--normlization=RMSNorm"]), "test")
     catalog = write_catalog(tmp_path / "flags.json", recipe, stack, drop=("--swiglu",))
     doc = json.loads(catalog.read_text())
     doc["flags"] += ["--rollout-seed", "--sglang-json"]

@@ -18,7 +18,8 @@ from slimeforge.proc import Result, Runner
 from slimeforge.recipe import parse_recipe
 from slimeforge.scripts.node_agent import gate
 
-HOSTILE = "it's \"q\" $(touch /tmp/sf-slurm-pwned) `id` ; rm -rf * \n next\tline \\ $HOME"
+# No newline or tab: recipes refuse control characters in every value (tests/unit/hostile).
+HOSTILE = "it's \"q\" $(touch /tmp/sf-slurm-pwned) `id` ; rm -rf * \\ $HOME"
 DIGEST = "reg.example/slimeforge@sha256:" + "0123456789abcdef" * 4
 
 
@@ -140,8 +141,13 @@ def test_submit_argv_and_job_id_record(tmp_path):
         slurm.submit(tmp_path, Canned({("sbatch",): "Submitted batch job 1\n"}))
 
 
+def plan(**extra) -> str:
+    """The smallest plan.json that render.read_plan accepts as slimeforge's."""
+    return json.dumps({"slimeforge_version": "0.1.0", "exp_id": "exp1", "recipe": {"ray_port": 6379, "ray_dashboard_port": 8265}, **extra})
+
+
 def stop_dir(tmp: Path, job_id: str = "77") -> Path:
-    (tmp / "plan.json").write_text(json.dumps({"exp_id": "exp1", "slurm": {}}))
+    (tmp / "plan.json").write_text(plan(slurm={}))
     (tmp / "slurm_job_id").write_text(job_id + "\n")
     return tmp
 
@@ -220,6 +226,6 @@ def test_only_a_submitted_slurm_render_is_a_slurm_run(tmp_path):
     run = stop_dir(tmp_path)
     assert slurm.is_slurm_run(run)
     # A later plain `invoke run` rewrites plan.json without "slurm": run.* act on its Ray job again.
-    (run / "plan.json").write_text(json.dumps({"exp_id": "exp1"}))
+    (run / "plan.json").write_text(plan())
     assert not slurm.is_slurm_run(run)
     assert not slurm.is_slurm_run(tmp_path / "missing")
