@@ -73,7 +73,7 @@ def test_a_job_runs_on_every_node_of_the_allocation(env, slurm_lab):
     st = slurm.status(run)
     assert st["state"] == "COMPLETED" and st["exit_code"] == "0:0" and st["slurm_job_id"] == job_id
     # The run.* tasks act on the Slurm job of this run directory.
-    recipe_arg = ["--recipe", "unused.yaml", "--run-dir", str(run)]  # the tasks take the recipe positionally; --run-dir wins
+    recipe_arg = [str(run)]  # the run directory, positionally (a recipe names runs/<exp_id>)
     r = subprocess.run([*INVOKE, "run.status", *recipe_arg], capture_output=True, text=True)
     assert r.returncode == 0 and f"Slurm job {job_id}: COMPLETED, exit code 0:0" in r.stdout, r.stdout + r.stderr
     r = subprocess.run([*INVOKE, "run.logs", *recipe_arg], capture_output=True, text=True)
