@@ -264,7 +264,7 @@ def prepare(opts: BuildOptions) -> Prepared:
     from_sources = {n: s for n, s in local.items() if s.kind == "git" and any(st.get("source") == n for st in stack.plan())}
     from_sources.update({n: s for n, s in local.items() if s.kind == "wheels"})
     patch_sha = {p.file: p.sha256 for p in patches}
-    compiled = _compiled_plan(stack, base, patch_sha, opts)
+    compiled = _compiled_plan(stack, base, patch_sha, pylock, opts)
     store = {n: c["mode"] for n, c in compiled.items() if c["mode"]}
     dockerfile = render_dockerfile(stack, base["from"], from_sources, base["digest"] or base["image_id"], store, patch_sha, opts.wheels_only)
 
@@ -360,14 +360,14 @@ def prepare(opts: BuildOptions) -> Prepared:
                     {"DOCKER_BUILDKIT": "1"}, labels, {n: {k: v for k, v in c.items() if k != "entry"} for n, c in compiled.items()})
 
 
-def _compiled_plan(stack: Stack, base: dict[str, Any], patch_sha: dict[str, str], opts: BuildOptions) -> dict[str, dict[str, Any]]:
+def _compiled_plan(stack: Stack, base: dict[str, Any], patch_sha: dict[str, str], lock, opts: BuildOptions) -> dict[str, dict[str, Any]]:
     """Each compiled step: key, and how the build gets it: "use" (a verified store entry), "make"
     (wheels-only build of a miss), None (compiled in place: store off, or an editable checkout).
     A store entry that differs from its record raises here, before anything is built."""
     from . import wheelstore
 
     out: dict[str, dict[str, Any]] = {}
-    for name, info in wheelstore.stack_keys(stack, base["digest"] or base["image_id"], patch_sha).items():
+    for name, info in wheelstore.stack_keys(stack, base["digest"] or base["image_id"], patch_sha, lock).items():
         entry = wheelstore.lookup(info["key"], opts.store_root) if opts.use_store and info["storable"] else None
         mode = "use" if entry else ("make" if opts.wheels_only and info["storable"] else None)
         out[name] = {**info, "mode": mode, "entry": entry, "source": "store" if entry else "compiled"}

@@ -171,15 +171,22 @@ def keys_in(root: Path | None = None) -> list[str]:
 # --- what a stack needs ----------------------------------------------------------------------
 
 
-def stack_keys(stack, base_id: str | None, patch_sha: dict[str, str] | None) -> dict[str, dict[str, Any]]:
-    """Each compiled step of `stack`: its key and whether it can come from the store (an editable
-    checkout cannot: it is installed as a path, not as a wheel)."""
+def stack_keys(stack, base_id: str | None, patch_sha: dict[str, str] | None, lock=None) -> dict[str, dict[str, Any]]:
+    """Each compiled step of `stack`: its key and whether it can come from the store: a checkout
+    installed as a path (editable) cannot, nor a pip step with no sdist in its slice of `lock`
+    (nothing compiles: cu13's flash-attn step is empty)."""
     from .steps import compiled_key
 
     out = {}
     for step in stack.plan():
-        if step["compiles"]:
-            out[step["name"]] = {"key": compiled_key(stack, step["name"], base_id, patch_sha), "storable": not step.get("editable")}
+        if not step["compiles"]:
+            continue
+        if step["kind"] == "source":
+            storable = not step.get("editable")
+        else:
+            names = lock.steps.get(step["name"], []) if lock is not None else step["requirements"]
+            storable = any(lock.packages[n].kind == "sdist" for n in names) if lock is not None else bool(names)
+        out[step["name"]] = {"key": compiled_key(stack, step["name"], base_id, patch_sha), "storable": storable}
     return out
 
 
@@ -308,7 +315,7 @@ def needed(stack) -> dict[str, dict[str, Any]]:
     pylock = checked_lock(stack)
     base = resolve_base(stack, None, True, pylock.tool.get("base", {}).get("digest") or None)
     patch_sha = dict(pylock.tool.get("patches") or {})
-    return stack_keys(stack, base["digest"] or base["image_id"], patch_sha)
+    return stack_keys(stack, base["digest"] or base["image_id"], patch_sha, pylock)
 
 
 def listing(stack, root: Path | None = None) -> list[dict[str, Any]]:
@@ -316,12 +323,49 @@ def listing(stack, root: Path | None = None) -> list[dict[str, Any]]:
     rows = []
     for step, info in needed(stack).items():
         entry = lookup(info["key"], root) if info["storable"] else None
-        rows.append({"step": step, "key": info["key"], "status": "hit" if entry else ("miss" if info["storable"] else "not storable"),
+        rows.append({"step": step, "key": info["key"], "status": "hit" if entry else ("miss" if info["storable"] else "not stored"),
                      "where": str(entry.dir) if entry else "", "size": entry.size if entry else 0})
     return rows
 
 
 def unused(stacks: list[Any], root: Path | None = None) -> list[str]:
     """Keys in the local store that none of `stacks` uses (garbage: safe to delete)."""
-    used = {info["key"] for s in stacks for info in needed(s).values()}
+    from .lock import LockError
+
+    used: set[str] = set()
+    for s in stacks:
+        try:
+            used |= {info["key"] for info in needed(s).values()}
+        except LockError:
+            continue  # a flavor with no lock cannot be built: it uses no key
     return [k for k in keys_in(root) if k not in used]
+
+
+def push_stack(stack, registry: str, credentials: Credentials | None = None, root: Path | None = None,
+               echo: Callable[[str], None] = print) -> dict[str, str]:
+    """Push every stored key of `stack` (`invoke wheels.push`); step -> pushed reference or why not."""
+    remote_ref(registry, "k")  # the registry is checked before anything is pushed
+    out = {}
+    for row in listing(stack, root):
+        if row["status"] != "hit":
+            out[row["step"]] = f"not pushed: {row['status']} here (invoke wheels.build first)"
+            continue
+        digest = push(row["key"], registry, credentials, root, echo)
+        out[row["step"]] = f"{remote_ref(registry, row['key'])}@{digest}"
+    return out
+
+
+def pull_stack(stack, registry: str, credentials: Credentials | None = None, root: Path | None = None,
+               echo: Callable[[str], None] = print) -> dict[str, str]:
+    """Pull every key of `stack` not stored here (`invoke wheels.pull`); step -> what happened."""
+    remote_ref(registry, "k")
+    out = {}
+    for row in listing(stack, root):
+        if row["status"] == "hit":
+            out[row["step"]] = f"hit: already stored ({row['key']})"
+        elif row["status"] == "miss":
+            entry = pull(row["key"], registry, credentials, root, echo)
+            out[row["step"]] = f"pulled {row['key']}" if entry else f"miss: {registry} has no {row['key']}"
+        else:
+            out[row["step"]] = row["status"]
+    return out
