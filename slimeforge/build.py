@@ -653,7 +653,8 @@ def build(opts: BuildOptions) -> dict[str, Any]:
         # Per compiled step: its key, and where its wheels came from this time (store, registry,
         # compiled: compiled for the store by this build, then installed from it).
         "compiled": {n: {"key": c["key"], "source": store_result.get(n, {}).get("source", c["source"]),
-                         "from_store": c["mode"] == "use"} for n, c in p.compiled.items()},
+                         "from_store": c["mode"] == "use", **({"log": store_result[n]["log"]} if "log" in store_result.get(n, {}) else {})}
+                     for n, c in p.compiled.items()},
         "patches": {x.file: x.sha256 for x in p.patches},
         "dir": str(p.dir),
         "dockerfile": str(p.dir / "Dockerfile"),
