@@ -111,7 +111,8 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
         "cuda": stack.cuda,
         "cuda_home": stack.cuda_home or "/usr/local/cuda",
         "driver_min": stack.driver_min or 0,
-        "compiles": any(s.compiles for s in stack.steps),
+        # A host needs compilers only for what it compiles: not for compiled steps from the store.
+        "compiles": any(s.compiles and (store or {}).get(s.name, ("",))[0] != "use" for s in stack.steps),
         "disk_gb": 80 if stack.cuda else 1,
         "patches": [{"file": p.file, "sha256": p.sha256, "b64": base64.encodebytes(p.data).decode().rstrip("\n")} for p in patches],
         "lock_b64": base64.encodebytes(lock_text.encode()).decode().rstrip("\n"),
