@@ -504,9 +504,10 @@ def wheels_pull(c, cuda="cu13", stack=None, registry=""):
 
 @task(iterable=["stack"], help={"cuda": "stack flavor (cu13, cu129)", "stack": "a stack file (repeatable; with --unused: also counted as used)",
                                 "unused": "list the stored keys that no stack uses (images/*.yaml and --stack files)",
+                                "registry": "also say which keys this registry has (credentials: the docker config)",
                                 "as_json": "print JSON"})
 @clean_errors
-def wheels_ls(c, cuda="cu13", stack=None, unused=False, as_json=False):
+def wheels_ls(c, cuda="cu13", stack=None, unused=False, registry=None, as_json=False):
     """Compiled keys of a stack: hit or miss here, where each is stored, its size."""
     from slimeforge import wheelstore
     from slimeforge.stack import load_stack
@@ -515,13 +516,18 @@ def wheels_ls(c, cuda="cu13", stack=None, unused=False, as_json=False):
         keys = wheelstore.unused(wheelstore.known_stacks(list(stack or [])))
         print(json.dumps(keys) if as_json else "\n".join(f"{wheelstore.store_root() / k}" for k in keys) or "no unused keys")
         return
-    rows = [r for s in (stack or [cuda]) for r in wheelstore.listing(load_stack(s))]
+    creds = None
+    if registry:
+        from slimeforge.publish import docker_config_credentials
+
+        creds = docker_config_credentials(wheelstore.remote_ref(registry, "k").registry)
+    rows = [r for s in (stack or [cuda]) for r in wheelstore.listing(load_stack(s), registry=registry, credentials=creds)]
     if as_json:
         print(json.dumps(rows, indent=2))
         return
     print(f"store {wheelstore.store_root()}")
     for r in rows:
-        print(f"{r['step']:<24} {r['status']:<13} {r['key']:<40} {r['size'] / 1e6:8.1f} MB  {r['where']}")
+        print(f"{r['step']:<24} {r['status']:<13} {r['key']:<40} {r['size'] / 1e6:8.1f} MB  {' '.join(r['where'])}")
 
 
 # --- cluster ---------------------------------------------------------------------------------

@@ -604,6 +604,9 @@ def build(opts: BuildOptions) -> dict[str, Any]:
     store_result = build_wheels(opts) if opts.use_store and not opts.wheels_only and not opts.dry_run else {}
     p = prepare(opts)
     echo(f"stack {p.stack.id}: build {p.hash[:12]} in {p.dir}")
+    for name, c in p.compiled.items():
+        echo(f"  compiled step {name}: " + ("from the store" if c["mode"] == "use" else "compiled for the store first" if
+                                            opts.dry_run and c["storable"] and opts.use_store else "compiled in place") + f" ({c['key']})")
     if opts.dry_run:
         import shlex
 

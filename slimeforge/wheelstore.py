@@ -275,6 +275,8 @@ def pull(key: str, registry: str, credentials: Credentials | None = None, root: 
         data = b"".join(chunks)
     finally:
         container.remove(force=True)
+        # The store holds the files now; the image was only their carrier.
+        client.images.remove(f"{ref.name}:{key}", noprune=False)
     root = root or store_root()
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{key}.pull.", dir=root) as tmp:
@@ -318,13 +320,22 @@ def needed(stack) -> dict[str, dict[str, Any]]:
     return stack_keys(stack, base["digest"] or base["image_id"], patch_sha, pylock)
 
 
-def listing(stack, root: Path | None = None) -> list[dict[str, Any]]:
-    """Per compiled step of `stack`: key, hit or miss, where (the local entry), size."""
+def listing(stack, root: Path | None = None, registry: str | None = None, credentials: Credentials | None = None) -> list[dict[str, Any]]:
+    """Per compiled step of `stack`: key, hit or miss here, where (the local entry, and the remote
+    tag when `registry` has it), size."""
+    from .registry import RegistryAPI
+
+    api = RegistryAPI(remote_ref(registry, "k").registry, credentials, echo=lambda s: None) if registry else None
     rows = []
     for step, info in needed(stack).items():
         entry = lookup(info["key"], root) if info["storable"] else None
+        where = [str(entry.dir)] if entry else []
+        if api is not None and info["storable"]:
+            ref = remote_ref(registry, info["key"])
+            if api.manifest(ref.repository, info["key"]) is not None:
+                where.append(str(ref))
         rows.append({"step": step, "key": info["key"], "status": "hit" if entry else ("miss" if info["storable"] else "not stored"),
-                     "where": str(entry.dir) if entry else "", "size": entry.size if entry else 0})
+                     "where": where, "size": entry.size if entry else 0})
     return rows
 
 

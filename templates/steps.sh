@@ -422,7 +422,7 @@ sf_source_step() {
   local args=(--no-deps --no-build-isolation --no-index "${settings[@]}")
   if [[ -n ${SF_COMPILED_WHEELS:-} ]]; then
     ((!editable)) || sf_die "step $step: an editable checkout cannot be installed from the compiled-wheel store"
-    if [[ $SF_COMPILED_MODE == make ]]; then _sf_store_make "$venv" "$step" "$dest"; fi
+    if [[ $SF_COMPILED_MODE == make ]]; then _sf_store_make "$venv" "$step" "${settings[@]/#--config-setting/--config-settings}" "$dest"; fi
     _sf_store_install "$venv" "$step" 1
   else
     if ((editable)); then args+=(--editable "$dest"); else args+=("$dest"); fi

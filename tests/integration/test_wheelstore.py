@@ -105,6 +105,13 @@ def test_a_fresh_builder_pulls_and_compiles_nothing(world, cold, fresh):
     report = fresh["report"]
     assert report["compiled"]["sfcext"]["source"] == "registry" and report["compiled"]["sfcext"]["from_store"]
     assert wheelstore.lookup(cold["key"], fresh["store"]).record["pulled_from"].endswith(f"slimeforge-compiled:{cold['key']}")
+    # wheels.ls: a hit here, and where it is (the local entry, the registry's tag).
+    [row] = wheelstore.listing(load_stack(str(world["stack"])), fresh["store"], world["registry"], world["creds"])
+    assert row["status"] == "hit" and row["where"] == [str(fresh["store"] / cold["key"]),
+                                                       f"{world['registry']}/slimeforge-compiled:{cold['key']}"]
+    # The image that carried the wheels is not kept: the store holds them.
+    assert subprocess.run(["docker", "image", "inspect", f"{world['registry']}/slimeforge-compiled:{cold['key']}"],
+                          capture_output=True).returncode != 0
     assert "log" not in report["compiled"]["sfcext"]  # no wheels-only build ran
     build_log = (Path(report["dir"]) / "build.log").read_text()
     log = step_log(build_log, "sfcext")
