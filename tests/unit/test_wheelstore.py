@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -128,3 +130,15 @@ def test_the_step_library_refuses_a_changed_wheel(tmp_path):
     res = subprocess.run(["bash", "-c", f"source {ROOT / 'templates' / 'steps.sh'}; SF_STATE={tmp_path}; "
                                         f"SF_COMPILED_WHEELS={d2} _sf_store_install /nonexistent apex 2"], capture_output=True, text=True)
     assert res.returncode == 1 and "holds 1 wheel(s), the step builds 2" in res.stderr
+
+
+@pytest.mark.parametrize("wheels_only", [False, True])
+def test_the_store_dockerfiles_pass_hadolint(tmp_path, wheels_only):
+    stack = load_stack("cu13")
+    store = {"apex": "make", "transformer-engine": "use", "torch-memory-saver": "make"} if wheels_only else \
+        {n: "use" for n in ("apex", "transformer-engine", "torch-memory-saver")}
+    path = tmp_path / "Dockerfile"
+    path.write_text(render_dockerfile(stack, base_id="sha256:" + "a" * 64, store=store, wheels_only=wheels_only))
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    res = subprocess.run([hadolint, "--config", str(ROOT / ".hadolint.yaml"), str(path)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
