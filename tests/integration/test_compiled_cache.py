@@ -46,7 +46,9 @@ def images(base_image, index, tmp_path_factory):
                 # Both stacks share one lock (locks/pylock.sfcext.toml): arch_list is not an input of
                 # the resolution, only of the compiled wheel.
                 resolve(LockOptions(stack=str(path), build_root=root / "out", echo=lambda s: None))
-            report = build(BuildOptions(stack=str(path), build_root=root / "out", repository=REPO, force=True, echo=lambda s: None))
+            # Compiled in place (--no-store): the per-key uv caches alone keep the builds apart.
+            report = build(BuildOptions(stack=str(path), build_root=root / "out", repository=REPO, force=True, echo=lambda s: None,
+                                        use_store=False))
             made[label] = (report, path)
         yield made
     finally:
