@@ -99,7 +99,7 @@ sf_lock_install() {
     # A compiled step with a store directory (sf_compiled --wheels/--wheel-out): the sdists become
     # wheels there once, and are installed from there as wheels.
     if [[ -n ${SF_COMPILED_WHEELS:-} ]]; then
-      if [[ $SF_COMPILED_MODE == make ]]; then
+      if [[ ${SF_COMPILED_MODE:-} == make ]]; then
         _sf_store_make "$venv" "$step" --require-hashes -r "$sdists"
       fi
       _sf_store_install "$venv" "$step" "$(grep -c '^[^#]' "$sdists")"
@@ -422,7 +422,7 @@ sf_source_step() {
   local args=(--no-deps --no-build-isolation --no-index "${settings[@]}")
   if [[ -n ${SF_COMPILED_WHEELS:-} ]]; then
     ((!editable)) || sf_die "step $step: an editable checkout cannot be installed from the compiled-wheel store"
-    if [[ $SF_COMPILED_MODE == make ]]; then _sf_store_make "$venv" "$step" "${settings[@]/#--config-setting/--config-settings}" "$dest"; fi
+    if [[ ${SF_COMPILED_MODE:-} == make ]]; then _sf_store_make "$venv" "$step" "${settings[@]/#--config-setting/--config-settings}" "$dest"; fi
     _sf_store_install "$venv" "$step" 1
   else
     if ((editable)); then args+=(--editable "$dest"); else args+=("$dest"); fi
