@@ -236,6 +236,7 @@ _sf_store_install() {
   done <"$dir/SHA256SUMS"
   ((n == count)) || sf_die "step $step: store entry $dir holds $n wheel(s), the step builds $count"
   local req="$SF_STATE/lock/.$step.store"
+  mkdir -p -- "$SF_STATE/lock"
   printf '%s\n' "${reqs[@]}" >"$req"
   sf_log "step $step: installing $n compiled wheel(s) from the store ($dir, sha256 verified); nothing is compiled"
   sf_uv "$venv" --no-deps --no-index --no-build --require-hashes -r "$req"
@@ -424,6 +425,12 @@ sf_source_step() {
     ((!editable)) || sf_die "step $step: an editable checkout cannot be installed from the compiled-wheel store"
     if [[ ${SF_COMPILED_MODE:-} == make ]]; then _sf_store_make "$venv" "$step" "${settings[@]/#--config-setting/--config-settings}" "$dest"; fi
     _sf_store_install "$venv" "$step" 1
+    # Installed from a wheel file, not from the checkout's path: sf_lock_verify would not know it as
+    # the checkout. Its name and version (from the wheel's file name) join the lock records; it is
+    # pinned by the commit it was compiled from (part of the store key).
+    local whl
+    whl=$(awk '{print $2}' "$SF_COMPILED_WHEELS/SHA256SUMS")
+    printf '%s==%s\n' "$(cut -d- -f1 <<<"$whl")" "$(cut -d- -f2 <<<"$whl")" >"$SF_STATE/lock/$step.checkout.txt"
   else
     if ((editable)); then args+=(--editable "$dest"); else args+=("$dest"); fi
     sf_uv "$venv" "${args[@]}"

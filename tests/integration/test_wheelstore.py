@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -153,3 +154,62 @@ def test_a_tampered_wheel_is_refused(world, cold):
     res = subprocess.run(["bash", "-c", f'source {lib}; SF_STATE=$(mktemp -d); SF_COMPILED_WHEELS={store / cold["key"]} '
                                         f'_sf_store_install /nonexistent sfcext 1'], capture_output=True, text=True)
     assert res.returncode != 0 and "differs from its sha256 record: refused" in res.stderr
+
+
+SOURCE_STACK = """schema: 1
+name: sfcsrc
+version: "0.0.1"
+python: "3.11"
+base: {{image: slimeforge-test/base:bookworm, digest: null, glibc: "2.36"}}
+image_root: /root
+venv: /opt/venv
+arch_list: ["9.0"]
+sources:
+  sfcext: {{git: "https://git.invalid/sfcext.git", commit: "{commit}", dir: sfcext}}
+versions: {{uv: "0.9.7", setuptools: "80.9.0", wheel: "0.45.1"}}
+steps:
+  - name: system
+    python: true
+    apt: [gcc, libc6-dev]
+  - name: build-tools
+    pip: [setuptools, wheel]
+  - name: sfcext
+    source: sfcext
+    compiles: true
+smoke:
+  imports: [sfcext]
+"""
+
+
+def test_a_compiled_source_checkout_is_stored_and_reused(world):
+    """apex and torch_memory_saver are checkouts, not sdists: the same store path for a source step."""
+    import build_support as bs
+    from cext_support import SETUP_PY, SFCEXT_C
+
+    repo = world["root"] / "sfcext-src"
+    repo.mkdir()
+    bs._git(repo, "init", "-q")
+    commit = bs._commit(repo, {"setup.py": SETUP_PY, "sfcext.c": SFCEXT_C,
+                               "pyproject.toml": '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'},
+                        "sfcext", "2025-01-01T00:00:00Z")
+    stack = world["root"] / "sfcsrc.yaml"
+    stack.write_text(SOURCE_STACK.format(commit=commit))
+    sources = [f"sfcext={repo}"]
+    resolve(LockOptions(stack=str(stack), sources=sources, build_root=world["root"] / "out", echo=lambda s: None))
+    store = world["root"] / "store-src"
+
+    def run(**kw):
+        return build(BuildOptions(stack=str(stack), sources=sources, build_root=world["root"] / "out", repository=REPO, force=True,
+                                  store_root=store, echo=lambda s: None, **kw))
+
+    cold = run()
+    key = cold["compiled"]["sfcext"]["key"]
+    assert cold["compiled"]["sfcext"]["source"] == "compiled"
+    assert "Created wheel for sfcext" in step_log(Path(cold["compiled"]["sfcext"]["log"]).read_text(), "sfcext")
+    again = run(build_args=["MAX_JOBS=3"])
+    assert again["compiled"]["sfcext"] == {"key": key, "source": "store", "from_store": True}
+    log = step_log((Path(again["dir"]) / "build.log").read_text(), "sfcext")
+    assert "CACHED" not in log and "installing 1 compiled wheel(s) from the store" in log and "wheel for sfcext" not in log
+    # The checkout is still there at its commit (finalize records it); the module is the stored wheel's.
+    assert json.loads((Path(again["dir"]) / "stack.lock.json").read_text())["checkouts"]["sfcext"] == commit
+    assert run_in(again["tag"], "/opt/venv/bin/python", "-c", SO) == run_in(cold["tag"], "/opt/venv/bin/python", "-c", SO)
