@@ -142,3 +142,15 @@ def test_the_store_dockerfiles_pass_hadolint(tmp_path, wheels_only):
     hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
     res = subprocess.run([hadolint, "--config", str(ROOT / ".hadolint.yaml"), str(path)], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_a_torch_change_misses_and_a_slime_commit_change_hits(tmp_path):
+    from test_build_render import derived
+
+    base = "sha256:" + "a" * 64
+    stored = wheelstore.stack_keys(load_stack("cu13"), base, {})["apex"]["key"]
+    wheelstore.put(stored, made(tmp_path / "w", {"apex-0.1-cp312-cp312-linux_x86_64.whl": b"w"}), {}, tmp_path / "store")
+    newer_torch = wheelstore.stack_keys(derived(tmp_path, "torch", versions="{torch: '2.11.1'}"), base, {})["apex"]["key"]
+    newer_slime = wheelstore.stack_keys(derived(tmp_path, "slime", sources="{slime: {commit: '" + "d" * 40 + "'}}"), base, {})["apex"]["key"]
+    assert wheelstore.lookup(newer_torch, tmp_path / "store") is None
+    assert wheelstore.lookup(newer_slime, tmp_path / "store").key == stored
