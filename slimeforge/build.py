@@ -688,7 +688,9 @@ def summary_table(report: dict[str, Any]) -> str:
     for s in report["steps"]:
         dur = "" if s.get("duration_s") is None else f"{s['duration_s']:.1f}"
         c = compiled.get(s["name"])
-        note = "" if not c else (f"from the store ({c['source']}) {c['key']}" if c.get("from_store") else f"compiled in place {c['key']}")
+        how = {"store": "store hit, nothing compiled", "registry": "pulled into the store, nothing compiled",
+               "compiled": "a miss: compiled for the store first"}
+        note = "" if not c else (f"{how.get(c['source'], c['source'])} ({c['key']})" if c.get("from_store") else f"compiled in place ({c['key']})")
         rows.append(f"{s['name'][:24]:<24} {'yes' if s.get('cached') else 'no':<7} {dur:>8}  {note}".rstrip())
     size = report["size"] or 0
     rows.append(f"image {report['tag']}  id {report['image_id'][:19]}  size {size / 1e6:.1f} MB  "
