@@ -210,6 +210,22 @@ def remote_ref(registry: str, key: str) -> ImageRef:
     return ref
 
 
+def ecr_credentials(ref: ImageRef, create: bool, echo: Callable[[str], None] = print) -> Credentials | None:
+    """For an ECR registry: a login from an ECR authorization token (AWS credentials as boto3 finds
+    them; API endpoint $AWS_ENDPOINT_URL_ECR), and for a push the repository created when missing,
+    with immutable tags (a key names one content: it must never move). None for other registries."""
+    from . import ecr
+
+    registry = ecr.parse_ecr_host(ref.registry)
+    if registry is None:
+        return None
+    client = ecr.client(registry.region, os.environ.get("AWS_ENDPOINT_URL_ECR"))
+    credentials, _ = ecr.login(client, registry)
+    if create:
+        ecr.ensure_repository(client, registry, ref.repository, ecr.RepositorySettings(tag_immutability=True, scan_on_push=False), echo)
+    return credentials
+
+
 def _docker():
     from .publish import _docker_client
 
@@ -225,6 +241,7 @@ def push(key: str, registry: str, credentials: Credentials | None = None, root: 
     if entry is None:
         raise WheelStoreError(f"compiled-wheel store: no local entry {key} to push (invoke wheels.build first)")
     ref = remote_ref(registry, key)
+    credentials = credentials or ecr_credentials(ref, create=True, echo=echo)
     client = _docker()
     with tempfile.TemporaryDirectory(prefix="sf-wheels-push-") as tmp:
         ctx = Path(tmp)
@@ -253,6 +270,7 @@ def pull(key: str, registry: str, credentials: Credentials | None = None, root: 
     from .publish import _push_failure
 
     ref = remote_ref(registry, key)
+    credentials = credentials or ecr_credentials(ref, create=False, echo=echo)
     client = _docker()
     auth = credentials.auth_config(ref.registry) if credentials else None
     echo(f"pulling {ref.name}:{key}")
@@ -325,7 +343,10 @@ def listing(stack, root: Path | None = None, registry: str | None = None, creden
     tag when `registry` has it), size."""
     from .registry import RegistryAPI
 
-    api = RegistryAPI(remote_ref(registry, "k").registry, credentials, echo=lambda s: None) if registry else None
+    api = None
+    if registry:
+        ref = remote_ref(registry, "k")
+        api = RegistryAPI(ref.registry, credentials or ecr_credentials(ref, create=False, echo=lambda s: None), echo=lambda s: None)
     rows = []
     for step, info in needed(stack).items():
         entry = lookup(info["key"], root) if info["storable"] else None

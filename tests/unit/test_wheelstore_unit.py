@@ -154,3 +154,31 @@ def test_a_torch_change_misses_and_a_slime_commit_change_hits(tmp_path):
     newer_slime = wheelstore.stack_keys(derived(tmp_path, "slime", sources="{slime: {commit: '" + "d" * 40 + "'}}"), base, {})["apex"]["key"]
     assert wheelstore.lookup(newer_torch, tmp_path / "store") is None
     assert wheelstore.lookup(newer_slime, tmp_path / "store").key == stored
+
+
+def test_an_ecr_store_logs_in_with_a_token_and_creates_an_immutable_repository(monkeypatch):
+    """Against moto's ECR API (the push itself is the registry push tested with a real registry)."""
+    import socket
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_ECR", f"http://127.0.0.1:{port}")
+        ref = wheelstore.remote_ref("123456789012.dkr.ecr.us-east-1.amazonaws.com/team", KEY)
+        creds = wheelstore.ecr_credentials(ref, create=True, echo=lambda s: None)
+        assert creds is not None and creds.username == "AWS" and creds.password
+        repo = boto3.client("ecr", region_name="us-east-1", endpoint_url=f"http://127.0.0.1:{port}").describe_repositories(
+            repositoryNames=["team/slimeforge-compiled"])["repositories"][0]
+        assert repo["imageTagMutability"] == "IMMUTABLE"
+        assert wheelstore.ecr_credentials(wheelstore.remote_ref("127.0.0.1:5000", KEY), create=True) is None
+    finally:
+        server.stop()
