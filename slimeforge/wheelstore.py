@@ -240,8 +240,17 @@ def push(key: str, registry: str, credentials: Credentials | None = None, root: 
     entry = lookup(key, root)
     if entry is None:
         raise WheelStoreError(f"compiled-wheel store: no local entry {key} to push (invoke wheels.build first)")
+    from .publish import docker_config_credentials
+    from .registry import RegistryAPI
+
     ref = remote_ref(registry, key)
     credentials = credentials or ecr_credentials(ref, create=True, echo=echo)
+    # A key names one content: a registry that has the tag already has these wheels (and an ECR
+    # repository's immutable tag could not be pushed again).
+    there = RegistryAPI(ref.registry, credentials or docker_config_credentials(ref.registry), echo=echo).manifest(ref.repository, key)
+    if there is not None:
+        echo(f"{ref} is already in the registry ({there.digest}): nothing to push")
+        return there.digest
     client = _docker()
     with tempfile.TemporaryDirectory(prefix="sf-wheels-push-") as tmp:
         ctx = Path(tmp)

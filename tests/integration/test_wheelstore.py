@@ -82,7 +82,12 @@ def cold(world):
 @pytest.fixture(scope="module")
 def fresh(world, cold):
     """Another host: an empty store, the registry holding what the cold build pushed."""
-    wheelstore.push(cold["key"], world["registry"], world["creds"], cold["store"], echo=lambda s: None)
+    digest = wheelstore.push(cold["key"], world["registry"], world["creds"], cold["store"], echo=lambda s: None)
+    # Pushing a key the registry has is a no-op that answers the same digest.
+    said = []
+    assert wheelstore.push(cold["key"], world["registry"], world["creds"], cold["store"], echo=said.append) == digest
+    assert said == [f"{world['registry']}/slimeforge-compiled:{cold['key']} is already in the registry ({digest}): nothing to push"]
+    subprocess.run(["docker", "rmi", f"{world['registry']}/slimeforge-compiled:{cold['key']}"], capture_output=True, check=True)
     store = world["root"] / "store-b"
     report = build(opts(world, store, wheel_registry=world["registry"], wheel_credentials=world["creds"], build_args=["MAX_JOBS=3"]))
     return {"report": report, "store": store}
@@ -189,7 +194,8 @@ def test_a_compiled_source_checkout_is_stored_and_reused(world):
     repo = world["root"] / "sfcext-src"
     repo.mkdir()
     bs._git(repo, "init", "-q")
-    commit = bs._commit(repo, {"setup.py": SETUP_PY, "sfcext.c": SFCEXT_C,
+    # A commit of its own each run: BuildKit's cache from an earlier run cannot stand in for the compile.
+    commit = bs._commit(repo, {"setup.py": SETUP_PY, "sfcext.c": SFCEXT_C, "RUN_ID": os.urandom(8).hex(),
                                "pyproject.toml": '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'},
                         "sfcext", "2025-01-01T00:00:00Z")
     stack = world["root"] / "sfcsrc.yaml"
