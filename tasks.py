@@ -368,11 +368,13 @@ def lock(c, cuda=None, stack=None, all=False, check=False, base_digest=None, rou
         "tag": "an extra tag: a full REF, or a tag for the repository (repeatable)",
         "repository": "image repository (default slimeforge/<flavor>)",
         "ca_bundle": "CA bundle for downloads during the build (default: $SSL_CERT_FILE)",
+        "no_store": "compile the compiled steps in place, without the compiled-wheel store",
+        "wheel_registry": "also pull compiled wheels missing here from REGISTRY (see wheels.pull)",
     },
 )
 @clean_errors
 def build(c, cuda="cu13", stack=None, out=None, dry_run=False, base_image=None, source=None, build_arg=None, no_cache=False,
-          force=False, tag=None, repository=None, ca_bundle=None):
+          force=False, tag=None, repository=None, ca_bundle=None, no_store=False, wheel_registry=None):
     """Build the image of a stack with BuildKit: content-addressed, patched, smoke-tested, reported."""
     from pathlib import Path
 
@@ -381,7 +383,8 @@ def build(c, cuda="cu13", stack=None, out=None, dry_run=False, base_image=None, 
 
     opts = BuildOptions(stack=stack or cuda, out=Path(out) if out else None, dry_run=dry_run, base_image=base_image,
                         sources=list(source or []), build_args=list(build_arg or []), no_cache=no_cache, force=force,
-                        tags=list(tag or []), repository=repository, ca_bundle=ca_bundle, echo=lambda s: print(s, flush=True))
+                        tags=list(tag or []), repository=repository, ca_bundle=ca_bundle, echo=lambda s: print(s, flush=True),
+                        use_store=not no_store, wheel_registry=wheel_registry)
     try:
         run_build(opts)
     except SlimeforgeError as exc:
@@ -436,10 +439,11 @@ def patches_check(c, cuda="cu13", stack=None, source=None):
         "source": "NAME=PATH: a local checkout instead of the source's git URL (repeatable)",
         "out": "where to write install.sh (default <prefix>/.slimeforge/install/)",
         "dry_run": "render the script, print its path, run nothing",
+        "no_store": "compile the compiled steps in place, without the compiled-wheel store",
     },
 )
 @clean_errors
-def install(c, cuda="cu13", stack=None, prefix="", venv=None, source=None, out=None, dry_run=False):
+def install(c, cuda="cu13", stack=None, prefix="", venv=None, source=None, out=None, dry_run=False, no_store=False):
     """Install a stack on this host (bare metal), resumably, with the image's steps and checks."""
     from pathlib import Path
 
@@ -448,11 +452,86 @@ def install(c, cuda="cu13", stack=None, prefix="", venv=None, source=None, out=N
     from slimeforge.install import install as run_install
 
     opts = InstallOptions(stack=stack or cuda, prefix=prefix, venv=venv, sources=list(source or []),
-                          out=Path(out) if out else None, dry_run=dry_run)
+                          out=Path(out) if out else None, dry_run=dry_run, use_store=not no_store)
     try:
         run_install(opts)
     except CommandError as exc:
         raise Exit(f"error: install failed (exit {exc.returncode}); see the step log named above", code=1) from None
+
+
+# --- compiled-wheel store --------------------------------------------------------------------
+
+WHEELS_HELP = {"cuda": "stack flavor (cu13, cu129)", "stack": "any stack file instead (a YAML path)",
+               "registry": "OCI registry host[:port][/path] of the remote store (ECR: docker login to it first)"}
+
+
+@task(iterable=["source", "build_arg"], help={**WHEELS_HELP, "registry": "pull misses from this registry before compiling",
+                                               "source": "NAME=PATH: a local checkout (repeatable)",
+                                               "build_arg": "KEY=VALUE for docker build, e.g. MAX_JOBS=4 (repeatable)",
+                                               "dry_run": "say what would be compiled, compile nothing"})
+@clean_errors
+def wheels_build(c, cuda="cu13", stack=None, registry=None, source=None, build_arg=None, dry_run=False):
+    """Compile only the compiled steps whose key is not stored (MAX_JOBS from this host's memory), and store them."""
+    from slimeforge.build import BuildError, BuildOptions, build_wheels
+
+    opts = BuildOptions(stack=stack or cuda, sources=list(source or []), build_args=list(build_arg or []), dry_run=dry_run,
+                        wheel_registry=registry, echo=lambda s: print(s, flush=True))
+    try:
+        result = build_wheels(opts)
+    except BuildError as exc:
+        raise Exit(f"error: {exc}", code=1) from None
+    for step, r in result.items():
+        print(f"{step:<24} {r['source']:<14} {r['key']}")
+
+
+@task(help=WHEELS_HELP)
+@clean_errors
+def wheels_push(c, cuda="cu13", stack=None, registry=""):
+    """Push this stack's stored compiled wheels to REGISTRY/slimeforge-compiled:<key>."""
+    from slimeforge.stack import load_stack
+    from slimeforge.wheelstore import push_stack
+
+    for step, what in push_stack(load_stack(stack or cuda), registry, echo=lambda s: print(s, flush=True)).items():
+        print(f"{step:<24} {what}")
+
+
+@task(help=WHEELS_HELP)
+@clean_errors
+def wheels_pull(c, cuda="cu13", stack=None, registry=""):
+    """Pull the compiled wheels this stack needs and this host lacks from REGISTRY (verified by sha256)."""
+    from slimeforge.stack import load_stack
+    from slimeforge.wheelstore import pull_stack
+
+    for step, what in pull_stack(load_stack(stack or cuda), registry, echo=lambda s: print(s, flush=True)).items():
+        print(f"{step:<24} {what}")
+
+
+@task(iterable=["stack"], help={"cuda": "stack flavor (cu13, cu129)", "stack": "a stack file (repeatable; with --unused: also counted as used)",
+                                "unused": "list the stored keys that no stack uses (images/*.yaml and --stack files)",
+                                "registry": "also say which keys this registry has (credentials: the docker config)",
+                                "as_json": "print JSON"})
+@clean_errors
+def wheels_ls(c, cuda="cu13", stack=None, unused=False, registry=None, as_json=False):
+    """Compiled keys of a stack: hit or miss here, where each is stored, its size."""
+    from slimeforge import wheelstore
+    from slimeforge.stack import load_stack
+
+    if unused:
+        keys = wheelstore.unused(wheelstore.known_stacks(list(stack or [])))
+        print(json.dumps(keys) if as_json else "\n".join(f"{wheelstore.store_root() / k}" for k in keys) or "no unused keys")
+        return
+    creds = None
+    if registry:
+        from slimeforge.publish import docker_config_credentials
+
+        creds = docker_config_credentials(wheelstore.remote_ref(registry, "k").registry)
+    rows = [r for s in (stack or [cuda]) for r in wheelstore.listing(load_stack(s), registry=registry, credentials=creds)]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    print(f"store {wheelstore.store_root()}")
+    for r in rows:
+        print(f"{r['step']:<24} {r['status']:<13} {r['key']:<40} {r['size'] / 1e6:8.1f} MB  {' '.join(r['where'])}")
 
 
 # --- cluster ---------------------------------------------------------------------------------
@@ -520,4 +599,5 @@ ns.add_collection(Collection("flags", catalog=flags_catalog))
 ns.add_task(lock)
 ns.add_task(build)
 ns.add_task(install)
+ns.add_collection(Collection("wheels", build=wheels_build, push=wheels_push, pull=wheels_pull, ls=wheels_ls))
 ns.add_collection(Collection("cluster", up=cluster_up, status=cluster_status, down=cluster_down))

@@ -45,6 +45,7 @@ from .steps import (
     STEP_RUNNER,
     TARGET_SCRIPTS,
     compile_jobs,
+    compiled_key,
     finalize_argv,
     image_layout,
     lock_file,
@@ -82,6 +83,13 @@ class BuildOptions:
     ca_bundle: str | None = None
     build_root: Path = Path("build")
     echo: Callable[[str], None] = print
+    # The compiled-wheel store (wheelstore.py): a compiled step whose key is stored installs its
+    # wheels (nothing compiles); a miss is compiled first (`wheels_only` build) and stored.
+    use_store: bool = True
+    store_root: Path | None = None  # default wheelstore.store_root()
+    wheel_registry: str | None = None  # also pull misses from <registry>/slimeforge-compiled:<key>
+    wheel_credentials: Any = None  # registry.Credentials for it (default: the docker config's)
+    wheels_only: bool = False  # render/build only up to the compiled steps, compiling misses into the store
 
 
 @dataclass
@@ -99,6 +107,7 @@ class Prepared:
     argv: list[str]
     env: dict[str, str]
     labels: dict[str, str]
+    compiled: dict[str, dict[str, Any]] = field(default_factory=dict)  # step -> key, storable, source (store/compile)
 
     @property
     def tag(self) -> str:
@@ -175,14 +184,26 @@ def resolve_base(stack: Stack, override: str | None, dry_run: bool, locked_diges
     return {"image": image, "from": image, "digest": None, "image_id": img.id}
 
 
-def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources: dict | None = None, base_id: str | None = None) -> str:
+STORE_MOUNT, STORE_OUT = "/tmp/sf-compiled", "/opt/sf-compiled"
+
+
+def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources: dict | None = None, base_id: str | None = None,
+                      store: dict[str, str] | None = None, patch_sha: dict[str, str] | None = None, wheels_only: bool = False) -> str:
     """The Dockerfile of a stack (pure: no Docker, no network). `base_id`: the base as resolved
     (digest or local image id), part of the compiled-wheel keys. Each installing step bind-mounts its
-    slice of the lock (context/lock/<step>.txt, see steps.lock_files)."""
+    slice of the lock (context/lock/<step>.txt, see steps.lock_files). `store`: compiled step ->
+    "use" (its wheels bind-mounted from context/compiled/<key>, nothing compiles) or "make" (compiled
+    into /opt/sf-compiled/<key>). `wheels_only`: the steps up to the last compiled one, then a
+    scratch stage holding /opt/sf-compiled, exported with `--output type=local`."""
     layout = image_layout(stack, local_sources)
-    steps = step_commands(stack, layout, base_id)
+    keys = {s["name"]: compiled_key(stack, s["name"], base_id, patch_sha) for s in stack.plan() if s["compiles"]}
+    modes = {n: (m, f"{STORE_MOUNT if m == 'use' else STORE_OUT}/{keys[n]}") for n, m in (store or {}).items()}
+    steps = step_commands(stack, layout, base_id, modes, patch_sha)
     for step in steps:
         step["lock_file"] = lock_file(step["name"]) if step["kind"] in ("pip", "wheel_url", "source") else None
+    if wheels_only:
+        last = max((i for i, s in enumerate(steps) if s["store"] == "make"), default=-1)
+        steps = steps[:last + 1]
     first_compile = next((i for i, s in enumerate(steps) if s["compiles"]), -1)
     return _render_dockerfile({
         "stack_id": stack.id,
@@ -200,6 +221,9 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
         "target_scripts": sorted(TARGET_SCRIPTS),
         "lock_dir": layout.lock_dir,
         "lock_all": LOCK_ALL,
+        "store_mount": STORE_MOUNT,
+        "store_out": STORE_OUT,
+        "wheels_only": wheels_only,
     })
 
 
@@ -256,7 +280,10 @@ def prepare(opts: BuildOptions) -> Prepared:
     check_patches(pylock, {p.file: p.sha256 for p in patches})
     from_sources = {n: s for n, s in local.items() if s.kind == "git" and any(st.get("source") == n for st in stack.plan())}
     from_sources.update({n: s for n, s in local.items() if s.kind == "wheels"})
-    dockerfile = render_dockerfile(stack, base["from"], from_sources, base["digest"] or base["image_id"])
+    patch_sha = {p.file: p.sha256 for p in patches}
+    compiled = _compiled_plan(stack, base, patch_sha, pylock, opts)
+    store = {n: c["mode"] for n, c in compiled.items() if c["mode"]}
+    dockerfile = render_dockerfile(stack, base["from"], from_sources, base["digest"] or base["image_id"], store, patch_sha, opts.wheels_only)
 
     pins = stack.pins()
     pins["base.image"] = base["image"]
@@ -283,6 +310,10 @@ def prepare(opts: BuildOptions) -> Prepared:
     }
     context.update({f"patches/{p.file}": p.data for p in patches})
     context.update({f"lock/{name}": text for name, text in lock_files(stack, pylock, image_layout(stack, from_sources)).items()})
+    # A store hit's wheels go into the context (bind-mounted into their step). Its SHA256SUMS is in
+    # the hash, and the wheels were just checked against it: their bytes are in the hash through it.
+    hits = {c["key"]: c["entry"] for c in compiled.values() if c["mode"] == "use"}
+    context.update({f"compiled/{key}/SHA256SUMS": (entry.dir / "SHA256SUMS").read_bytes() for key, entry in hits.items()})
     digest = hashlib.sha256()
     for name, content in sorted({"Dockerfile": dockerfile, **{f"context/{k}": v for k, v in context.items()}}.items()):
         data = content.encode() if isinstance(content, str) else content
@@ -293,7 +324,10 @@ def prepare(opts: BuildOptions) -> Prepared:
     # `COPY patches/` takes the whole folder: a reused --out must not carry another stack's patches.
     shutil.rmtree(out / "context" / "patches", ignore_errors=True)
     shutil.rmtree(out / "context" / "lock", ignore_errors=True)
+    shutil.rmtree(out / "context" / "compiled", ignore_errors=True)
     _write_tree(out, {"Dockerfile": dockerfile, **{f"context/{k}": v for k, v in context.items()}}, {"context/sf": 0o755})
+    for key, entry in hits.items():
+        _link_files(entry.dir, list(entry.wheels), out / "context" / "compiled" / key)
     for name, src in from_sources.items():
         if src.kind == "wheels":
             _copy_wheels(src.path, out / "context" / "wheels" / name)
@@ -325,7 +359,9 @@ def prepare(opts: BuildOptions) -> Prepared:
         **{f"{LABEL_NS}.pin.{_label_key(k)}": str(v) for k, v in pins.items()},
         **{f"{LABEL_NS}.patch.{_label_key(p.file)}": f"sha256:{p.sha256}" for p in patches},
     }
-    argv = [docker_cli(), "build", "--progress=plain", "--iidfile", str(out / "image.id"), "-f", str(out / "Dockerfile")]
+    argv = [docker_cli(), "build", "--progress=plain", "-f", str(out / "Dockerfile")]
+    # The wheels-only build exports its last stage (the compiled wheels) to a directory, no image.
+    argv += ["--output", f"type=local,dest={out / 'compiled-out'}"] if opts.wheels_only else ["--iidfile", str(out / "image.id")]
     for k, v in cli_args.items():
         argv += ["--build-arg", f"{k}={v}"]
     for k, v in labels.items():
@@ -337,7 +373,32 @@ def prepare(opts: BuildOptions) -> Prepared:
         argv.append("--no-cache")
     argv.append(str(out / "context"))
     return Prepared(stack, local, base, patches, dockerfile, lock, build_args, build_hash, out, repository, argv,
-                    {"DOCKER_BUILDKIT": "1"}, labels)
+                    {"DOCKER_BUILDKIT": "1"}, labels, {n: {k: v for k, v in c.items() if k != "entry"} for n, c in compiled.items()})
+
+
+def _compiled_plan(stack: Stack, base: dict[str, Any], patch_sha: dict[str, str], lock, opts: BuildOptions) -> dict[str, dict[str, Any]]:
+    """Each compiled step: key, and how the build gets it: "use" (a verified store entry), "make"
+    (wheels-only build of a miss), None (compiled in place: store off, or an editable checkout).
+    A store entry that differs from its record raises here, before anything is built."""
+    from . import wheelstore
+
+    out: dict[str, dict[str, Any]] = {}
+    for name, info in wheelstore.stack_keys(stack, base["digest"] or base["image_id"], patch_sha, lock).items():
+        entry = wheelstore.lookup(info["key"], opts.store_root) if opts.use_store and info["storable"] else None
+        mode = "use" if entry else ("make" if opts.wheels_only and info["storable"] else None)
+        out[name] = {**info, "mode": mode, "entry": entry, "source": "store" if entry else "compiled"}
+    return out
+
+
+def _link_files(src: Path, names: list[str], target: Path) -> None:
+    """Hard links where possible (wheels can be gigabytes), else copies."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (target / name).unlink(missing_ok=True)
+        try:
+            os.link(src / name, target / name)
+        except OSError:
+            shutil.copy2(src / name, target / name)
 
 
 def _copy_wheels(src: Path, target: Path) -> None:
@@ -509,12 +570,59 @@ def pull_base(client, base: dict[str, Any], echo: Callable[[str], None]) -> None
         raise BuildError(f"pulling base {base['from']} failed: {exc.explanation or exc}") from None
 
 
+def build_wheels(opts: BuildOptions) -> dict[str, dict[str, Any]]:
+    """Fill the compiled-wheel store for a stack (`invoke wheels.build`, and `invoke build` first):
+    each compiled step whose key is not stored is pulled from `opts.wheel_registry` when it has it,
+    else compiled by one BuildKit build of the steps up to it (MAX_JOBS from this host's memory, as
+    the image build), its wheels exported and stored. Returns step -> key, source (store, registry,
+    compiled), log."""
+    from dataclasses import replace
+
+    from . import wheelstore
+
+    wopts = replace(opts, wheels_only=True, use_store=True, force=False)
+    p = prepare(wopts)
+    pulled = set()
+    if opts.wheel_registry:
+        for name, c in p.compiled.items():
+            if c["mode"] == "make" and wheelstore.pull(c["key"], opts.wheel_registry, opts.wheel_credentials, opts.store_root, opts.echo):
+                opts.echo(f"compiled step {name}: {c['key']} pulled from {opts.wheel_registry}")
+                pulled.add(name)
+        if pulled:
+            p = prepare(wopts)
+    make = {n: c for n, c in p.compiled.items() if c["mode"] == "make"}
+    result = {n: {"key": c["key"], "source": "registry" if n in pulled else c["source"]} for n, c in p.compiled.items()}
+    if not make:
+        return result
+    if opts.dry_run:
+        for n in make:
+            result[n]["source"] = "would compile"
+        return result
+    opts.echo(f"compiling {', '.join(make)} for the store ({p.dir})")
+    export = p.dir / "compiled-out"
+    shutil.rmtree(export, ignore_errors=True)
+    rc, lines = _stream(p.argv, p.env, p.dir / "wheels.log", opts.echo)
+    if rc != 0:
+        raise BuildError(f"compiling the wheels of {p.stack.id} failed (log: {p.dir / 'wheels.log'}):\n{_failure(lines)}")
+    for name, c in make.items():
+        wheelstore.put(c["key"], export / c["key"], {"flavor": p.stack.name, "step": name, "stack": p.stack.id,
+                                                    "base": p.base["digest"] or p.base["image_id"]}, opts.store_root)
+        result[name].update(source="compiled", log=str(p.dir / "wheels.log"))
+        opts.echo(f"compiled step {name}: {c['key']} compiled and stored")
+    shutil.rmtree(export, ignore_errors=True)
+    return result
+
+
 def build(opts: BuildOptions) -> dict[str, Any]:
     """Build (or recognise as built) the image of a stack. Returns the report (also report.json)."""
     started = time.monotonic()
     echo = opts.echo
+    store_result = build_wheels(opts) if opts.use_store and not opts.wheels_only and not opts.dry_run else {}
     p = prepare(opts)
     echo(f"stack {p.stack.id}: build {p.hash[:12]} in {p.dir}")
+    for name, c in p.compiled.items():
+        echo(f"  compiled step {name}: " + ("from the store" if c["mode"] == "use" else "compiled for the store first" if
+                                            opts.dry_run and c["storable"] and opts.use_store else "compiled in place") + f" ({c['key']})")
     if opts.dry_run:
         import shlex
 
@@ -561,6 +669,11 @@ def build(opts: BuildOptions) -> dict[str, Any]:
         "duration_s": round(time.monotonic() - started, 2),
         "steps": steps,
         "cache": {"hits": sum(1 for s in steps if s.get("cached")), "steps": len(steps)},
+        # Per compiled step: its key, and where its wheels came from this time (store, registry,
+        # compiled: compiled for the store by this build, then installed from it).
+        "compiled": {n: {"key": c["key"], "source": store_result.get(n, {}).get("source", c["source"]),
+                         "from_store": c["mode"] == "use", **({"log": store_result[n]["log"]} if "log" in store_result.get(n, {}) else {})}
+                     for n, c in p.compiled.items()},
         "patches": {x.file: x.sha256 for x in p.patches},
         "dir": str(p.dir),
         "dockerfile": str(p.dir / "Dockerfile"),
@@ -586,10 +699,15 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def summary_table(report: dict[str, Any]) -> str:
-    rows = [f"{'step':<24} {'cached':<7} {'seconds':>8}"]
+    compiled = report.get("compiled") or {}
+    rows = [f"{'step':<24} {'cached':<7} {'seconds':>8}  compiled wheels"]
     for s in report["steps"]:
         dur = "" if s.get("duration_s") is None else f"{s['duration_s']:.1f}"
-        rows.append(f"{s['name'][:24]:<24} {'yes' if s.get('cached') else 'no':<7} {dur:>8}")
+        c = compiled.get(s["name"])
+        how = {"store": "store hit, nothing compiled", "registry": "pulled into the store, nothing compiled",
+               "compiled": "a miss: compiled for the store first"}
+        note = "" if not c else (f"{how.get(c['source'], c['source'])} ({c['key']})" if c.get("from_store") else f"compiled in place ({c['key']})")
+        rows.append(f"{s['name'][:24]:<24} {'yes' if s.get('cached') else 'no':<7} {dur:>8}  {note}".rstrip())
     size = report["size"] or 0
     rows.append(f"image {report['tag']}  id {report['image_id'][:19]}  size {size / 1e6:.1f} MB  "
                 f"cache {report['cache']['hits']}/{report['cache']['steps']}" + ("  (skipped: up to date)" if report["skipped"] else ""))

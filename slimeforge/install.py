@@ -56,10 +56,13 @@ def host_layout(stack: Stack, prefix: str, venv: str | None, sources: dict[str, 
 
 def render_install_script(stack: Stack, prefix: str, venv: str | None = None, sources: dict[str, LocalSource] | None = None,
                           cache: Path = Path("build") / ".cache" / "sources", patches: list[PatchContent] | None = None,
-                          lock: LockFile | None = None) -> str:
+                          lock: LockFile | None = None, store: dict[str, tuple[str, str]] | None = None,
+                          base_id: str | None = None) -> str:
     """The install script (text). `sources` maps a source name to a LocalSource (see
     sources.parse_sources); patches are read from the pinned slime commit (local or fetched)
-    unless given (`patches.read_patches` output); the lock is the stack's committed one unless given."""
+    unless given (`patches.read_patches` output); the lock is the stack's committed one unless given.
+    `store`: compiled step -> ("use", DIR) or ("make", DIR) (see store_plan); `base_id`: the base as
+    the image build resolves it, so that the compiled keys are the image's."""
     if not prefix.startswith("/"):
         raise ConfigError("install", [Problem("--prefix", "must be an absolute path", prefix)])
     if venv is not None and not venv.startswith("/"):
@@ -83,7 +86,7 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
     lock_text = json.dumps(lock_in, indent=2, sort_keys=True) + "\n"
     steps = []
     chain = hashlib.sha256(STEP_LIBRARY.read_bytes()).hexdigest()  # a changed library re-does every step
-    for step in step_commands(stack, layout):
+    for step in step_commands(stack, layout, base_id, store, patch_sha):
         commands = [step["argv"], *step["post"]]
         steps.append({"name": step["name"], "env": step["env"], "commands": commands})
     steps.append({"name": FINALIZE_STEP, "env": {}, "commands": [finalize_argv(stack, layout, f"{layout.state}/stack.input.json",
@@ -110,7 +113,8 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
         "cuda": stack.cuda,
         "cuda_home": stack.cuda_home or "/usr/local/cuda",
         "driver_min": stack.driver_min or 0,
-        "compiles": any(s.compiles for s in stack.steps),
+        # A host needs compilers only for what it compiles: not for compiled steps from the store.
+        "compiles": any(s.compiles and (store or {}).get(s.name, ("",))[0] != "use" for s in stack.steps),
         "disk_gb": 80 if stack.cuda else 1,
         "patches": [{"file": p.file, "sha256": p.sha256, "b64": base64.encodebytes(p.data).decode().rstrip("\n")} for p in patches],
         "lock_b64": base64.encodebytes(lock_text.encode()).decode().rstrip("\n"),
@@ -120,6 +124,29 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
         "steps": steps,
         "smoke": smoke_argv(stack, layout, flags=f"{prefix}/flags.json")[1:],
     })
+
+
+def store_plan(stack: Stack, state: str, patches: list[PatchContent], lock: LockFile, store_root: Path | None = None,
+               echo: Callable[[str], None] = print) -> tuple[dict[str, tuple[str, str]], dict[str, str], str | None]:
+    """How each compiled step gets its wheels on this host: a verified store entry ("use", its
+    directory), or compiled into <state>/compiled/<key> ("make") and stored after the install.
+    The keys are the image build's (same base as resolved there): the wheels are those compiled
+    on the stack's base image. Returns (store, key per step, base id). A damaged entry raises."""
+    from . import wheelstore
+    from .build import resolve_base
+
+    base = resolve_base(stack, None, True, lock.tool.get("base", {}).get("digest") or None)
+    base_id = base["digest"] or base["image_id"]
+    store, keys = {}, {}
+    for name, info in wheelstore.stack_keys(stack, base_id, {p.file: p.sha256 for p in patches}, lock).items():
+        if not info["storable"]:
+            echo(f"  {name:<24} not stored (an editable checkout, or nothing to compile)")
+            continue
+        entry = wheelstore.lookup(info["key"], store_root)
+        store[name] = ("use", str(entry.dir)) if entry else ("make", f"{state}/compiled/{info['key']}")
+        keys[name] = info["key"]
+        echo(f"  {name:<24} {'from the store' if entry else 'compiled, then stored'}  {info['key']}")
+    return store, keys, base_id
 
 
 @dataclass
@@ -132,6 +159,8 @@ class InstallOptions:
     dry_run: bool = False
     build_root: Path = Path("build")
     echo: Callable[[str], None] = print
+    use_store: bool = True  # compiled steps from the compiled-wheel store (wheelstore.py)
+    store_root: Path | None = None
 
 
 def install(opts: InstallOptions) -> Path:
@@ -153,8 +182,21 @@ def install(opts: InstallOptions) -> Path:
     if problems:
         raise ConfigError("invoke install", problems)
     prefix = str(Path(opts.prefix).absolute())
-    text = render_install_script(stack, prefix, str(Path(opts.venv).absolute()) if opts.venv else None, local,
-                                 opts.build_root / ".cache" / "sources")
+    cache = opts.build_root / ".cache" / "sources"
+    store, keys, base_id = {}, {}, None
+    if opts.use_store and any(s.compiles for s in stack.steps):
+        pylock, patches = checked_lock(stack), read_patches(stack, local, cache)
+        opts.echo("compiled steps:")
+        from .build import BuildError
+
+        try:
+            store, keys, base_id = store_plan(stack, f"{prefix}/.slimeforge", patches, pylock, opts.store_root, opts.echo)
+        except BuildError as exc:
+            # A bare-metal host need not run Docker: with no digest of the base in the stack or the
+            # lock, the wheels' keys cannot be known here, so the compiled steps compile in place.
+            opts.echo(f"  the compiled-wheel store is not used ({exc}); pin the base (invoke lock --base-digest sha256:...) to use it")
+    text = render_install_script(stack, prefix, str(Path(opts.venv).absolute()) if opts.venv else None, local, cache,
+                                 store=store, base_id=base_id)
     out = Path(opts.out) if opts.out else Path(prefix) / ".slimeforge" / "install"
     script = out / SCRIPT
     try:
@@ -169,4 +211,11 @@ def install(opts: InstallOptions) -> Path:
     rc = subprocess.run(["bash", str(script)], stdout=sys.stdout, stderr=sys.stderr).returncode
     if rc != 0:
         raise CommandError("install", ["bash", str(script)], rc, "")
+    from . import wheelstore
+
+    for name, (mode, directory) in store.items():
+        if mode == "make":
+            wheelstore.put(keys[name], Path(directory), {"flavor": stack.name, "step": name, "stack": stack.id, "base": base_id,
+                                                         "compiled_on": "install"}, opts.store_root)
+            opts.echo(f"compiled step {name}: {keys[name]} stored")
     return script

@@ -78,13 +78,16 @@ def arch_env(stack: Stack) -> dict[str, str]:
     return {"TORCH_CUDA_ARCH_LIST": " ".join(stack.arch_list), "FLASH_ATTN_CUDA_ARCHS": sm, "NVTE_CUDA_ARCHS": sm}
 
 
-def compiled_key(stack: Stack, step: str, base: str | None = None) -> str:
+def compiled_key(stack: Stack, step: str, base: str | None = None, patch_sha: dict[str, str] | None = None) -> str:
     """The identity of what a compiled step builds: flavor, torch, CUDA, arch list, Python, base
-    and the step's own inputs (pins, commit, env). A compiled wheel may be reused only under the
-    same key: uv reuses a wheel built with --no-build-isolation in another environment as-is, so a
-    shared cache would hand one torch/CUDA/arch's build to another. The image build names its cache
-    mounts with it, the install script its uv cache directory. `base` is the base as resolved
-    (digest or local image id); default: the stack's base image and pinned digest."""
+    and the step's own inputs (pins, source commit, env, patch files with their sha256 when given).
+    Nothing else: slime's commit is not in it, so a new slime commit reuses the compiled wheels.
+    A compiled wheel may be reused only under the same key: uv reuses a wheel built with
+    --no-build-isolation in another environment as-is, so a shared cache would hand one
+    torch/CUDA/arch's build to another. The image build names its cache mounts with it, the
+    install script its uv cache directory, the compiled-wheel store (wheelstore.py) its entries.
+    `base` is the base as resolved (digest or local image id); default: the stack's base image and
+    pinned digest. `patch_sha`: file -> sha256 of the patch files (patches.read_patches)."""
     item = next((s for s in stack.plan() if s["name"] == step), None)
     if item is None:
         raise KeyError(f"stack {stack.name} has no step {step!r}")
@@ -97,6 +100,9 @@ def compiled_key(stack: Stack, step: str, base: str | None = None) -> str:
         "base": base or f"{stack.base.image}@{stack.base.digest or ''}",
         "step": item,
     }
+    own = {p["file"] for p in item["patches"]}
+    if own and patch_sha:
+        inputs["patch_sha256"] = {f: patch_sha.get(f) for f in sorted(own)}
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     return f"{stack.name}-{step}-{digest[:16]}"
 
@@ -127,11 +133,15 @@ def lock_files(stack: Stack, lock: LockFile, layout: Layout) -> dict[str, str]:
     return out
 
 
-def step_commands(stack: Stack, layout: Layout, base: str | None = None) -> list[dict[str, Any]]:
+def step_commands(stack: Stack, layout: Layout, base: str | None = None, store: dict[str, tuple[str, str]] | None = None,
+                  patch_sha: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Each step: name, kind, env, compiles (and then its compiled_key), patch files it needs, the
     sf argv. The first non-apt step is preceded by the venv step. A compiled step runs through
     `sf_compiled` (parallelism and its own uv cache), with the arch variables in its env. Every pip,
-    wheel and source step installs its slice of the lock, `<layout.lock_dir>/<step>.txt` (see lock_files)."""
+    wheel and source step installs its slice of the lock, `<layout.lock_dir>/<step>.txt` (see lock_files).
+    `store`: compiled step -> ("use", DIR) to install the store's wheels from DIR (a hit: nothing
+    compiles), or ("make", DIR) to compile its wheels into DIR for the store (wheelstore.py)."""
+    store = store or {}
     out: list[dict[str, Any]] = []
     venv_done = False
     versions = stack.versions
@@ -165,11 +175,14 @@ def step_commands(stack: Stack, layout: Layout, base: str | None = None) -> list
         key = None
         if step["compiles"]:
             env = {**arch_env(stack), **env}
-            key = compiled_key(stack, name, base)
-            argv = ["compiled", "--key", key, "--", *argv]
+            key = compiled_key(stack, name, base, patch_sha)
+            mode = store.get(name)
+            argv = ["compiled", "--key", key, *([f"--{'wheels' if mode[0] == 'use' else 'wheel-out'}", mode[1]] if mode else []), "--", *argv]
         item = _step(name, kind, argv, env=env, compiles=step["compiles"], patch_files=patch_files)
         item["source"] = step.get("source")
         item["compiled_key"] = key
+        item["store"] = store.get(name, (None,))[0] if step["compiles"] else None
+        item["editable"] = bool(step.get("editable"))
         # Patches of installed packages are applied right after the step that installed them.
         item["post"] = [["apply_patch", p["file"], p["method"], str(p["strip"]),
                          f"{layout.patches_dir}/{p['file']}", stack.site_packages.replace(stack.venv, layout.venv, 1)]
@@ -181,7 +194,7 @@ def step_commands(stack: Stack, layout: Layout, base: str | None = None) -> list
 def _step(name: str, kind: str, argv: list[str], *, env: dict[str, str] | None = None, compiles: bool = False,
           patch_files: list[str] | None = None) -> dict[str, Any]:
     return {"name": name, "kind": kind, "env": dict(env or {}), "compiles": compiles, "patch_files": list(patch_files or []),
-            "argv": argv, "post": [], "source": None, "compiled_key": None}
+            "argv": argv, "post": [], "source": None, "compiled_key": None, "store": None, "editable": False}
 
 
 def used_patches(stack: Stack) -> list[dict[str, Any]]:

@@ -96,7 +96,18 @@ sf_lock_install() {
   # never taken as it is (uv checks hashes only of what it downloads). Not for the sdists: that
   # would recompile them (hours for flash-attn); their hash was checked when they were built.
   if grep -q '^[^#]' "$wheels"; then _sf_uv_slice "$venv" "$step" "$wheels" "${args[@]}" --reinstall; fi
-  if grep -q '^[^#]' "$sdists"; then _sf_uv_slice "$venv" "$step" "$sdists" "${args[@]}"; fi
+  if grep -q '^[^#]' "$sdists"; then
+    # A compiled step with a store directory (sf_compiled --wheels/--wheel-out): the sdists become
+    # wheels there once, and are installed from there as wheels.
+    if [[ -n ${SF_COMPILED_WHEELS:-} ]]; then
+      if [[ ${SF_COMPILED_MODE:-} == make ]]; then
+        _sf_store_make "$venv" "$step" --require-hashes -r "$sdists"
+      fi
+      _sf_store_install "$venv" "$step" "$(grep -c '^[^#]' "$sdists")"
+    else
+      _sf_uv_slice "$venv" "$step" "$sdists" "${args[@]}"
+    fi
+  fi
   rm -f -- "$wheels" "$sdists"
 }
 
@@ -195,16 +206,58 @@ sf_compile_jobs() {
   printf '%s %s\n' "$jobs" "$threads"
 }
 
-# sf_compiled --key KEY -- FUNCTION ARGS...: runs one step function that compiles extensions.
+# --- the compiled-wheel store (slimeforge/wheelstore.py) -------------------------------------
+# A store entry is a directory of wheels and SHA256SUMS (`sha256sum` format, one line per wheel).
+# The store's own record: the compiled wheels do not exist when the lock is made, so their sha256
+# is not in the lock; it is checked here before anything is installed from the directory.
+
+# _sf_store_make VENV STEP PIP-ARGS...: compile into $SF_COMPILED_WHEELS (pip wheel, no build
+# isolation: against the torch already installed) and write its SHA256SUMS.
+_sf_store_make() {
+  local venv=$1 step=$2 dir=$SF_COMPILED_WHEELS
+  shift 2
+  mkdir -p -- "$dir"
+  sf_log "step $step: compiling into $dir (store key ${SF_COMPILED_KEY:-?})"
+  "$venv/bin/python" -m pip wheel --disable-pip-version-check --no-deps --no-build-isolation --no-index \
+    --wheel-dir "$dir" "$@" || sf_die "step $step: compiling its wheels failed (see above)"
+  (cd -- "$dir" && sha256sum -- *.whl >SHA256SUMS) || sf_die "step $step: no wheel was built in $dir"
+}
+
+# _sf_store_install VENV STEP COUNT: install the wheels of $SF_COMPILED_WHEELS, each by its recorded
+# sha256, with --no-build: nothing can compile here. COUNT: the wheels the step must find there.
+_sf_store_install() {
+  local venv=$1 step=$2 count=$3 dir=$SF_COMPILED_WHEELS sha file reqs=() n=0
+  [[ -f $dir/SHA256SUMS ]] || sf_die "step $step: store entry $dir has no SHA256SUMS record"
+  (cd -- "$dir" && sha256sum --check --strict --quiet SHA256SUMS) ||
+    sf_die "step $step: a wheel in $dir differs from its sha256 record: refused (remove the entry and compile again)"
+  while read -r sha file; do
+    [[ $file =~ ^[A-Za-z0-9_.+-]+\.whl$ && $sha =~ ^[0-9a-f]{64}$ ]] || sf_die "step $step: bad line in $dir/SHA256SUMS: $sha $file"
+    reqs+=("$dir/$file --hash=sha256:$sha")
+    n=$((n + 1))
+  done <"$dir/SHA256SUMS"
+  ((n == count)) || sf_die "step $step: store entry $dir holds $n wheel(s), the step builds $count"
+  local req="$SF_STATE/lock/.$step.store"
+  mkdir -p -- "$SF_STATE/lock"
+  printf '%s\n' "${reqs[@]}" >"$req"
+  sf_log "step $step: installing $n compiled wheel(s) from the store ($dir, sha256 verified); nothing is compiled"
+  sf_uv "$venv" --no-deps --no-index --no-build --require-hashes -r "$req"
+  rm -f -- "$req"
+}
+
+# sf_compiled --key KEY [--wheels DIR | --wheel-out DIR] -- FUNCTION ARGS...: runs one step function that compiles extensions.
+# --wheels DIR: a store hit: the step installs DIR's wheels (checked against SHA256SUMS), compiles nothing.
+# --wheel-out DIR: the step compiles its wheels into DIR (for the store), then installs them.
 # Parallelism: MAX_JOBS / NVCC_THREADS as given (image: build args), else sized to this host; nvcc
 # gets --threads through NVCC_APPEND_FLAGS (apex, torch_memory_saver), flash-attn reads NVCC_THREADS,
 # Transformer Engine NVTE_BUILD_THREADS_PER_JOB. The uv cache is the one of KEY (steps.compiled_key):
 # a wheel compiled for one flavor, torch, CUDA, arch list, Python or base is never reused by another.
 sf_compiled() {
-  local key=""
+  local key="" wheels="" mode=""
   while (($#)); do
     case $1 in
       --key) key=$2; shift 2 ;;
+      --wheels) wheels=$2 mode=use; shift 2 ;;
+      --wheel-out) wheels=$2 mode=make; shift 2 ;;
       --) shift; break ;;
       *) sf_die "sf_compiled: unknown option $1" ;;
     esac
@@ -220,6 +273,10 @@ sf_compiled() {
   export NVCC_APPEND_FLAGS="${NVCC_APPEND_FLAGS:+$NVCC_APPEND_FLAGS }--threads $NVCC_THREADS"
   export UV_CACHE_DIR="${UV_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/uv}/compiled/$key"
   sf_log "compiled step: MAX_JOBS=$MAX_JOBS NVCC_THREADS=$NVCC_THREADS archs=${TORCH_CUDA_ARCH_LIST:-none} uv cache $UV_CACHE_DIR"
+  if [[ -n $wheels ]]; then
+    export SF_COMPILED_WHEELS=$wheels SF_COMPILED_MODE=$mode SF_COMPILED_KEY=$key
+    if [[ $mode == make ]]; then rm -rf -- "$wheels"; fi
+  fi
   local fn=$1
   shift
   "sf_$fn" "$@"
@@ -362,11 +419,24 @@ sf_source_step() {
     sf_apply_patch "$pname" "$method" "$strip" "$file" "$dest"
   done
   [[ -n $step ]] || step=$name
-  if [[ -n $lock ]]; then sf_lock_install "$venv" "$step" "$lock"; fi
+  # The slice holds the checkout's requirements, never the store's wheels (those are the checkout's).
+  if [[ -n $lock ]]; then SF_COMPILED_WHEELS="" sf_lock_install "$venv" "$step" "$lock"; fi
   # The checkout is pinned by its commit, not by a hash uv could check: no --require-hashes here.
   local args=(--no-deps --no-build-isolation --no-index "${settings[@]}")
-  if ((editable)); then args+=(--editable "$dest"); else args+=("$dest"); fi
-  sf_uv "$venv" "${args[@]}"
+  if [[ -n ${SF_COMPILED_WHEELS:-} ]]; then
+    ((!editable)) || sf_die "step $step: an editable checkout cannot be installed from the compiled-wheel store"
+    if [[ ${SF_COMPILED_MODE:-} == make ]]; then _sf_store_make "$venv" "$step" "${settings[@]/#--config-setting/--config-settings}" "$dest"; fi
+    _sf_store_install "$venv" "$step" 1
+    # Installed from a wheel file, not from the checkout's path: sf_lock_verify would not know it as
+    # the checkout. Its name and version (from the wheel's file name) join the lock records; it is
+    # pinned by the commit it was compiled from (part of the store key).
+    local whl
+    whl=$(awk '{print $2}' "$SF_COMPILED_WHEELS/SHA256SUMS")
+    printf '%s==%s\n' "$(cut -d- -f1 <<<"$whl")" "$(cut -d- -f2 <<<"$whl")" >"$SF_STATE/lock/$step.checkout.txt"
+  else
+    if ((editable)); then args+=(--editable "$dest"); else args+=("$dest"); fi
+    sf_uv "$venv" "${args[@]}"
+  fi
   sf_lock_verify "$venv" "$step"
 }
 

@@ -12,17 +12,12 @@ Debian base) with its headers, as the CUDA stacks do with python3.12.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import socket
 import subprocess
-import sys
-import tarfile
-import time
-from io import BytesIO
 from pathlib import Path
 
 import pytest
+from cext_support import STACK, serve_index
 
 from slimeforge.build import BuildOptions, build
 from slimeforge.lock import LockOptions, resolve
@@ -32,106 +27,11 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 REPO = f"slimeforge-cext-test/sfcext-{os.getpid()}"
 
-SETUP_PY = '''import os
-from setuptools import Extension, setup
-
-# The arch list this build saw, compiled into the module: what a CUDA extension's kernels are built for.
-archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "none")
-setup(name="sfcext", version="0.1.0",
-      ext_modules=[Extension("sfcext", ["sfcext.c"], define_macros=[("SF_ARCHS", '"%s"' % archs)])])
-'''
-
-SFCEXT_C = '''#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-
-static PyObject *archs(PyObject *self, PyObject *args) { return PyUnicode_FromString(SF_ARCHS); }
-static PyMethodDef methods[] = {{"archs", archs, METH_NOARGS, "arch list of the build"}, {NULL, NULL, 0, NULL}};
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "sfcext", NULL, -1, methods};
-PyMODINIT_FUNC PyInit_sfcext(void) { return PyModule_Create(&module); }
-'''
-
-STACK = """schema: 1
-name: sfcext
-version: "0.0.1"
-python: "3.11"
-base: {{image: slimeforge-test/base:bookworm, digest: null, glibc: "2.36"}}
-image_root: /root
-venv: /opt/venv
-arch_list: {archs}
-torch_index: {index}            # the extra index of the sfcext step (a test index, not torch's)
-sources: {{}}
-versions: {{uv: "0.9.7", setuptools: "80.9.0", wheel: "0.45.1", sfcext: "0.1.0"}}
-steps:
-  - name: system
-    python: true
-    apt: [gcc, libc6-dev]
-  - name: build-tools
-    pip: [setuptools, wheel]
-  - name: sfcext
-    pip: [sfcext]
-    index: torch_index
-    from_source: true
-    compiles: true
-smoke:
-  imports: [sfcext]
-"""
-
-
-def make_sdist(dest: Path) -> Path:
-    """sfcext-0.1.0.tar.gz, made here (a fixed mtime: the same bytes every run)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    path = dest / "sfcext-0.1.0.tar.gz"
-    files = {"setup.py": SETUP_PY, "sfcext.c": SFCEXT_C,
-             "PKG-INFO": "Metadata-Version: 2.1\nName: sfcext\nVersion: 0.1.0\n",
-             "pyproject.toml": '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'}
-    with tarfile.open(path, "w:gz") as tar:
-        for name, text in sorted(files.items()):
-            data = text.encode()
-            info = tarfile.TarInfo(f"sfcext-0.1.0/{name}")
-            info.size, info.mtime, info.mode = len(data), 1_700_000_000, 0o644
-            tar.addfile(info, BytesIO(data))
-    return path
-
-
-def docker_bridge_gateway() -> str:
-    """This host's address on Docker's default bridge: where build containers reach it. Asked of
-    the daemon (it is 172.17.0.1 only by default)."""
-    out = subprocess.run(["docker", "network", "inspect", "bridge", "--format", "{{range .IPAM.Config}}{{.Gateway}} {{end}}"],
-                         capture_output=True, text=True, check=True).stdout.split()
-    return out[0] if out else "172.17.0.1"
-
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def index(tmp_path_factory, docker_engine):
-    """A PEP 503 index holding only sfcext's sdist, served over HTTP on the Docker bridge."""
-    root = tmp_path_factory.mktemp("index")
-    sdist = make_sdist(root / "files")
-    sha = hashlib.sha256(sdist.read_bytes()).hexdigest()
-    (root / "simple" / "sfcext").mkdir(parents=True)
-    (root / "simple" / "sfcext" / "index.html").write_text(
-        f'<html><body><a href="../../files/{sdist.name}#sha256={sha}">{sdist.name}</a></body></html>\n')
-    bridge = docker_bridge_gateway()
-    port = free_port(bridge)
-    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", bridge, "--directory", str(root)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(50):
-            try:
-                socket.create_connection((bridge, port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        yield f"http://{bridge}:{port}/simple"
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
+    with serve_index(tmp_path_factory.mktemp("index")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +46,9 @@ def images(base_image, index, tmp_path_factory):
                 # Both stacks share one lock (locks/pylock.sfcext.toml): arch_list is not an input of
                 # the resolution, only of the compiled wheel.
                 resolve(LockOptions(stack=str(path), build_root=root / "out", echo=lambda s: None))
-            report = build(BuildOptions(stack=str(path), build_root=root / "out", repository=REPO, force=True, echo=lambda s: None))
+            # Compiled in place (--no-store): the per-key uv caches alone keep the builds apart.
+            report = build(BuildOptions(stack=str(path), build_root=root / "out", repository=REPO, force=True, echo=lambda s: None,
+                                        use_store=False))
             made[label] = (report, path)
         yield made
     finally:

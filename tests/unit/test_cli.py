@@ -1,6 +1,7 @@
 """The command line as a user runs it: `invoke ...` from the repository root."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -55,3 +56,18 @@ def test_stack_show_prints_pins():
     out = invoke("stack.show", "--cuda", "cu129")
     assert out.returncode == 0, out.stderr
     assert "a74ae3a0ad16bd8b769d5386738e8ae3d1269d7e" in out.stdout and "transformer_engine[pytorch]==2.16.1" in out.stdout
+
+
+def test_wheels_tasks_refuse_a_bad_registry_and_list_keys(tmp_path):
+    env_store = {"SLIMEFORGE_COMPILED_STORE": str(tmp_path / "store")}
+    for task in ("wheels.push", "wheels.pull"):
+        out = subprocess.run([sys.executable, "-m", "invoke", task, "--cuda", "cu13", "--registry", "myhost/team"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120, env={**os.environ, **env_store})
+        assert out.returncode == 2 and "--registry: is not a registry host[:port][/path] (got 'myhost/team')" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
+    out = subprocess.run([sys.executable, "-m", "invoke", "wheels.ls", "--cuda", "cu13", "--as-json"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120, env={**os.environ, **env_store})
+    assert out.returncode == 0, out.stderr
+    rows = {r["step"]: r for r in json.loads(out.stdout)}
+    assert rows["apex"]["status"] == "miss" and rows["flash-attn"]["status"] == "not stored"
+    assert not (tmp_path / "store").exists()  # listing writes nothing
