@@ -36,7 +36,7 @@ def clean_errors(fn):
 @clean_errors
 def stack_show(c, cuda="cu13", as_json=False):
     """Print a stack's resolved pins and ordered install steps."""
-    from slimeforge.stack import load_stack
+    from slimeforge.image.stack import load_stack
 
     stack = load_stack(cuda)
     if as_json:
@@ -46,7 +46,7 @@ def stack_show(c, cuda="cu13", as_json=False):
     width = max(len(k) for k in stack.pins())
     for key, value in stack.pins().items():
         print(f"  {key:<{width}}  {value}")
-    from slimeforge import lock as locking
+    from slimeforge.image import lock as locking
 
     try:
         pylock = locking.load_lock(cuda, stack)
@@ -93,15 +93,15 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
     """Validate a recipe, preflight, start Ray, submit, stream the logs (--dry-run: render only)."""
     from pathlib import Path
 
-    from slimeforge.recipe import load_recipe, parse_overrides
-    from slimeforge.render import build_run_dir, write_run_dir
+    from slimeforge.run.recipe import load_recipe, parse_overrides
+    from slimeforge.run.rundir import build_run_dir, write_run_dir
 
     if not slurm and any(v is not None for v in (partition, account, time, nodes)):
         raise Exit("error: --partition, --account, --time and --nodes go with --slurm", code=2)
     rec, stack = load_recipe(recipe, parse_overrides(set_ or []))
     target = Path(out) if out else Path("runs") / rec.exp_id
     if slurm:
-        from slimeforge import slurm as slurm_mod
+        from slimeforge.cluster import slurm as slurm_mod
 
         if address or cluster:
             raise Exit("error: --slurm starts its own Ray cluster in the allocation; leave out --address/--cluster", code=2)
@@ -115,12 +115,12 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
         run = slurm_mod.render_run_dir(slurm_mod.resolve(rec, opts, mode, image, prefix), stack, target, opts, recipe)
     else:
         if not dry_run:
-            from slimeforge.launch import launch
+            from slimeforge.run.launch import launch
 
             if cluster or rec.cluster:
                 if address:
                     raise Exit("error: --address and --cluster both name a cluster; give one", code=2)
-                from slimeforge.cluster import address as cluster_address
+                from slimeforge.cluster.raycluster import address as cluster_address
 
                 address = cluster_address(cluster or rec.cluster).dashboard  # the head's Jobs API
             code = launch(rec, stack, out=target, recipe_path=recipe, address=address, mode=mode, image=image, install_prefix=prefix,
@@ -130,7 +130,7 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
             return
         # The dry run renders what a launch with these options would: the same mode, image and prefix.
         if mode is not None or prefix is not None or image is not None:
-            from slimeforge.launch import resolve_mode  # only then: it imports the launch machinery (asyncio, ...)
+            from slimeforge.run.launch import resolve_mode  # only then: it imports the launch machinery (asyncio, ...)
 
             rec = resolve_mode(rec, mode, prefix, image, require_image=False)
         run = build_run_dir(rec, stack, target, recipe)
@@ -153,7 +153,7 @@ def _run_dir(run):
     from pathlib import Path
 
     from slimeforge.errors import ConfigError, Problem
-    from slimeforge.recipe import EXP_ID_RE, load_recipe_data
+    from slimeforge.run.recipe import EXP_ID_RE, load_recipe_data
 
     if Path(run).is_dir():
         return Path(run)
@@ -170,7 +170,8 @@ RUN_HELP = {"run": "the run directory (runs/<exp_id>), or the recipe that was la
 @clean_errors
 def run_status(c, run, as_json=False):
     """Status of a launched run's job (and whether the Ray head slimeforge started is up)."""
-    from slimeforge import launch, slurm
+    from slimeforge.cluster import slurm
+    from slimeforge.run import launch
 
     path = _run_dir(run)
     if slurm.is_slurm_run(path):
@@ -196,7 +197,8 @@ def run_status(c, run, as_json=False):
 @clean_errors
 def run_logs(c, run, follow=False):
     """Print a launched run's job logs (from the cluster; job.log keeps them too; a Slurm run: its output file)."""
-    from slimeforge import launch, slurm
+    from slimeforge.cluster import slurm
+    from slimeforge.run import launch
 
     path = _run_dir(run)
     if slurm.is_slurm_run(path):
@@ -212,7 +214,8 @@ def run_logs(c, run, follow=False):
 def run_stop(c, run, head=False):
     """Stop a launched run's job; --head also stops the Ray head slimeforge recorded (nothing else).
     A Slurm run: scancel of its recorded job id, and only that (Ray in the allocation ends with it)."""
-    from slimeforge import launch, slurm
+    from slimeforge.cluster import slurm
+    from slimeforge.run import launch
 
     path = _run_dir(run)
     if slurm.is_slurm_run(path):
@@ -241,7 +244,7 @@ def run_stop(c, run, head=False):
 def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=None, prefix=None, catalog=None, skip_check=None,
            no_network=False, list_checks=False):
     """Preflight: report every problem (with its fix) that would stop a launch, before anything starts."""
-    from slimeforge import doctor as doc
+    from slimeforge.run import preflight as doc
 
     if list_checks:
         for chk in doc.CHECKS.values():
@@ -249,14 +252,14 @@ def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=
         return
     rec = stack = None
     if recipe:
-        from slimeforge.launch import resolve_mode, state_dir
-        from slimeforge.recipe import load_recipe, parse_overrides
+        from slimeforge.run.launch import resolve_mode, state_dir
+        from slimeforge.run.recipe import load_recipe, parse_overrides
 
         rec, stack = load_recipe(recipe, parse_overrides(set_ or []))
         rec = resolve_mode(rec, mode, prefix, image, require_image=False)
         sdir = state_dir(rec.ray_port)
     else:
-        from slimeforge.stack import load_stack
+        from slimeforge.image.stack import load_stack
 
         stack, sdir = load_stack(cuda or "cu13"), None
     report = doc.run_checks(rec, stack, mode=mode, address=address, catalog=catalog, skip=skip_check or [],
@@ -294,7 +297,7 @@ def publish(c, cuda=None, image=None, registry=None, build_dir=None, tag=None, r
             password_stdin=False, password_env=None, ecr_endpoint=None, ecr_push_host=None,
             tag_immutability=True, scan_on_push=True, dry_run=False):
     """Push an image to a registry or ECR by digest, verify it there, and record the digest."""
-    from slimeforge import publish as pub
+    from slimeforge.image import publish as pub
 
     opts = pub.PublishOptions(cuda=cuda, image=image, registry=registry, build_dir=build_dir, tags=tag or [],
                               record=record, username=username, password_stdin=password_stdin,
@@ -328,8 +331,8 @@ def publish(c, cuda=None, image=None, registry=None, build_dir=None, tag=None, r
 def lock(c, cuda=None, stack=None, all=False, check=False, base_digest=None, router_sha256=None, index_url=None,  # noqa: A002
          source=None):
     """Resolve a flavor once, for its target, into images/locks/pylock.<flavor>.toml (--check: verify it)."""
-    from slimeforge import lock as locking
-    from slimeforge.stack import available_flavors
+    from slimeforge.image import lock as locking
+    from slimeforge.image.stack import available_flavors
 
     refs = available_flavors() if all else [stack or cuda or "cu13"]
     failed = []
@@ -378,8 +381,8 @@ def build(c, cuda="cu13", stack=None, out=None, dry_run=False, base_image=None, 
     """Build the image of a stack with BuildKit: content-addressed, patched, smoke-tested, reported."""
     from pathlib import Path
 
-    from slimeforge.build import BuildOptions
-    from slimeforge.build import build as run_build
+    from slimeforge.image.build import BuildOptions
+    from slimeforge.image.build import build as run_build
 
     opts = BuildOptions(stack=stack or cuda, out=Path(out) if out else None, dry_run=dry_run, base_image=base_image,
                         sources=list(source or []), build_args=list(build_arg or []), no_cache=no_cache, force=force,
@@ -388,7 +391,7 @@ def build(c, cuda="cu13", stack=None, out=None, dry_run=False, base_image=None, 
     try:
         run_build(opts)
     except SlimeforgeError as exc:
-        from slimeforge.build import BuildError
+        from slimeforge.image.build import BuildError
 
         if isinstance(exc, BuildError):
             raise Exit(f"error: {exc}", code=1) from None
@@ -404,7 +407,7 @@ def build(c, cuda="cu13", stack=None, out=None, dry_run=False, base_image=None, 
 @clean_errors
 def flags_catalog(c, python="", slime="", megatron=None, out="flags.json"):
     """The flag catalog from slime's real parsers (every one, each option with its parser), as doctor reads it."""
-    from slimeforge.flagcatalog import make_catalog, summary
+    from slimeforge.run.flagcatalog import make_catalog, summary
 
     print(summary(make_catalog(python, slime, megatron, out)))
     print(f"wrote {out}")
@@ -420,9 +423,9 @@ def patches_check(c, cuda="cu13", stack=None, source=None):
     """Check, without Docker and without touching the given checkouts, that every patch applies."""
     from pathlib import Path
 
-    from slimeforge.patches import check_patches
-    from slimeforge.sources import parse_sources
-    from slimeforge.stack import load_stack
+    from slimeforge.image.patches import check_patches
+    from slimeforge.image.sources import parse_sources
+    from slimeforge.image.stack import load_stack
 
     st = load_stack(stack or cuda)
     rows = check_patches(st, parse_sources(st, list(source or [])), Path("build") / ".cache" / "sources")
@@ -448,8 +451,8 @@ def install(c, cuda="cu13", stack=None, prefix="", venv=None, source=None, out=N
     from pathlib import Path
 
     from slimeforge.errors import CommandError
-    from slimeforge.install import InstallOptions
-    from slimeforge.install import install as run_install
+    from slimeforge.image.install import InstallOptions
+    from slimeforge.image.install import install as run_install
 
     opts = InstallOptions(stack=stack or cuda, prefix=prefix, venv=venv, sources=list(source or []),
                           out=Path(out) if out else None, dry_run=dry_run, use_store=not no_store)
@@ -472,7 +475,7 @@ WHEELS_HELP = {"cuda": "stack flavor (cu13, cu129)", "stack": "any stack file in
 @clean_errors
 def wheels_build(c, cuda="cu13", stack=None, registry=None, source=None, build_arg=None, dry_run=False):
     """Compile only the compiled steps whose key is not stored (MAX_JOBS from this host's memory), and store them."""
-    from slimeforge.build import BuildError, BuildOptions, build_wheels
+    from slimeforge.image.build import BuildError, BuildOptions, build_wheels
 
     opts = BuildOptions(stack=stack or cuda, sources=list(source or []), build_args=list(build_arg or []), dry_run=dry_run,
                         wheel_registry=registry, echo=lambda s: print(s, flush=True))
@@ -488,8 +491,8 @@ def wheels_build(c, cuda="cu13", stack=None, registry=None, source=None, build_a
 @clean_errors
 def wheels_push(c, cuda="cu13", stack=None, registry=""):
     """Push this stack's stored compiled wheels to REGISTRY/slimeforge-compiled:<key>."""
-    from slimeforge.stack import load_stack
-    from slimeforge.wheelstore import push_stack
+    from slimeforge.image.stack import load_stack
+    from slimeforge.image.wheelstore import push_stack
 
     for step, what in push_stack(load_stack(stack or cuda), registry, echo=lambda s: print(s, flush=True)).items():
         print(f"{step:<24} {what}")
@@ -499,8 +502,8 @@ def wheels_push(c, cuda="cu13", stack=None, registry=""):
 @clean_errors
 def wheels_pull(c, cuda="cu13", stack=None, registry=""):
     """Pull the compiled wheels this stack needs and this host lacks from REGISTRY (verified by sha256)."""
-    from slimeforge.stack import load_stack
-    from slimeforge.wheelstore import pull_stack
+    from slimeforge.image.stack import load_stack
+    from slimeforge.image.wheelstore import pull_stack
 
     for step, what in pull_stack(load_stack(stack or cuda), registry, echo=lambda s: print(s, flush=True)).items():
         print(f"{step:<24} {what}")
@@ -513,8 +516,8 @@ def wheels_pull(c, cuda="cu13", stack=None, registry=""):
 @clean_errors
 def wheels_ls(c, cuda="cu13", stack=None, unused=False, registry=None, as_json=False):
     """Compiled keys of a stack: hit or miss here, where each is stored, its size."""
-    from slimeforge import wheelstore
-    from slimeforge.stack import load_stack
+    from slimeforge.image import wheelstore
+    from slimeforge.image.stack import load_stack
 
     if unused:
         keys = wheelstore.unused(wheelstore.known_stacks(list(stack or [])))
@@ -522,7 +525,7 @@ def wheels_ls(c, cuda="cu13", stack=None, unused=False, registry=None, as_json=F
         return
     creds = None
     if registry:
-        from slimeforge.publish import docker_config_credentials
+        from slimeforge.image.publish import docker_config_credentials
 
         creds = docker_config_credentials(wheelstore.remote_ref(registry, "k").registry)
     rows = [r for s in (stack or [cuda]) for r in wheelstore.listing(load_stack(s), registry=registry, credentials=creds)]
@@ -548,7 +551,7 @@ def wheels_ls(c, cuda="cu13", stack=None, unused=False, registry=None, as_json=F
 @clean_errors
 def cluster_up(c, inventory, dry_run=False, nccl_check=False):
     """Bring up a Ray cluster on the inventory's hosts over SSH: checks on every host first, then Ray."""
-    from slimeforge import cluster
+    from slimeforge.cluster import raycluster as cluster
 
     if dry_run:
         print("\n".join(cluster.up(inventory, dry_run=True, nccl_check=nccl_check)))
@@ -562,7 +565,7 @@ def cluster_up(c, inventory, dry_run=False, nccl_check=False):
 @clean_errors
 def cluster_status(c, inventory, as_json=False):
     """Show each host of a cluster: our Ray process, its node, GPUs (Ray / nvidia-smi), Python and Ray versions."""
-    from slimeforge import cluster
+    from slimeforge.cluster import raycluster as cluster
 
     rows = cluster.status(inventory)
     if as_json:
@@ -584,7 +587,7 @@ def cluster_status(c, inventory, as_json=False):
 @clean_errors
 def cluster_down(c, inventory):
     """Stop the Ray processes that cluster.up started on the inventory's hosts, and nothing else."""
-    from slimeforge import cluster
+    from slimeforge.cluster import raycluster as cluster
 
     cluster.down(inventory)
 

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "tests" / "integration" / "cluster"))
 import yaml  # noqa: E402
 from netlab import NetLab, can_create_namespaces  # noqa: E402
 
-from slimeforge import cluster  # noqa: E402
+from slimeforge.cluster import raycluster as cluster  # noqa: E402
 
 
 def inventory(lab: NetLab, n: int, path: Path) -> Path:

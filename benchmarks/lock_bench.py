@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from slimeforge import lock as L  # noqa: E402
-from slimeforge.stack import load_stack  # noqa: E402
+from slimeforge.image import lock as L  # noqa: E402
+from slimeforge.image.stack import load_stack  # noqa: E402
 
 
 def timed_lock(out: Path, cache: Path) -> float:

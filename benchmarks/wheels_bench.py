@@ -33,10 +33,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from cext_support import STACK, serve_index  # noqa: E402
 from publish_support import LocalRegistry  # noqa: E402
 
-from slimeforge import wheelstore  # noqa: E402
-from slimeforge.build import BuildOptions, build, parse_progress  # noqa: E402
-from slimeforge.lock import LockOptions, resolve  # noqa: E402
-from slimeforge.registry import Credentials  # noqa: E402
+from slimeforge.image import wheelstore  # noqa: E402
+from slimeforge.image.build import BuildOptions, build, parse_progress  # noqa: E402
+from slimeforge.image.lock import LockOptions, resolve  # noqa: E402
+from slimeforge.image.registry import Credentials  # noqa: E402
 
 REPO = f"slimeforge-wheels-bench/sfcext-{os.getpid()}"
 

@@ -8,7 +8,7 @@ __all__ = ["SlimeRunner", "__version__"]
 def __getattr__(name: str):
     # Lazy, so `import slimeforge` stays cheap for the CLI.
     if name == "SlimeRunner":
-        from .runner import SlimeRunner
+        from .api import SlimeRunner
 
         return SlimeRunner
     raise AttributeError(name)

@@ -5,6 +5,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ROOT / "images"
 TEMPLATES = ROOT / "templates"
+# Python scripts that run on a target (node agent, flag catalog, versions probe): copied or
+# shipped as files, so they are found by path, not by import.
+SCRIPTS = ROOT / "slimeforge" / "scripts"
 
 # A build directory is named here only: `invoke build` writes build/<flavor>-<build hash, 12>/,
 # and doctor and publish find builds of a flavor by this pattern (the newest complete one first).

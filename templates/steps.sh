@@ -193,7 +193,7 @@ sf_pip_step() {
 # --- compiled steps -------------------------------------------------------------------------
 
 # sf_compile_jobs CORES MEM_KIB: "MAX_JOBS NVCC_THREADS" for a build host, the rule of
-# slimeforge.steps.compile_jobs (image builds get its result as build args; hosts compute it here):
+# slimeforge.image.steps.compile_jobs (image builds get its result as build args; hosts compute it here):
 # about 6 GiB per nvcc job, never more jobs than cores, the spare cores to nvcc threads (at most 4).
 sf_compile_jobs() {
   local cores=$1 mem_kib=$2 jobs threads
@@ -206,7 +206,7 @@ sf_compile_jobs() {
   printf '%s %s\n' "$jobs" "$threads"
 }
 
-# --- the compiled-wheel store (slimeforge/wheelstore.py) -------------------------------------
+# --- the compiled-wheel store (slimeforge/image/wheelstore.py) -------------------------------------
 # A store entry is a directory of wheels and SHA256SUMS (`sha256sum` format, one line per wheel).
 # The store's own record: the compiled wheels do not exist when the lock is made, so their sha256
 # is not in the lock; it is checked here before anything is installed from the directory.

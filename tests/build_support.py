@@ -17,9 +17,9 @@ from pathlib import Path
 
 import flag_standin
 
-from slimeforge import lock as lock_mod
-from slimeforge.patches import PatchContent
-from slimeforge.steps import used_patches
+from slimeforge.image import lock as lock_mod
+from slimeforge.image.patches import PatchContent
+from slimeforge.image.steps import used_patches
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_STACK = ROOT / "tests" / "stacks" / "test.yaml"
@@ -126,7 +126,7 @@ def derived_stack(path: Path, slime_commit: str, lock: bool = True, **extra: str
         lines.append(f"{key}: {value}")
     path.write_text("\n".join(lines) + "\n")
     if lock:
-        from slimeforge.lock import LockOptions, resolve
+        from slimeforge.image.lock import LockOptions, resolve
 
         resolve(LockOptions(stack=str(path), echo=lambda _: None))
     return path
@@ -138,7 +138,7 @@ TEST_LOCK = TEST_STACK.parent / "locks" / "pylock.sftest.toml"
 def tampered_lock(directory: Path, package: str):
     """The test stack's lock with one package's sha256 changed (a replaced file on the index, or a
     tampered lock): installing that package must fail, naming it and its step."""
-    from slimeforge.lock import read_lock
+    from slimeforge.image.lock import read_lock
 
     good = read_lock(TEST_LOCK)
     path = directory / "locks" / TEST_LOCK.name

@@ -13,8 +13,8 @@ from pathlib import Path
 import build_support as bs
 import pytest
 
-from slimeforge.build import BuildError, BuildOptions, build
 from slimeforge.errors import ConfigError
+from slimeforge.image.build import BuildError, BuildOptions, build
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -67,7 +67,7 @@ def test_build_labels_lock_flags(first, env):
     assert labels["ai.slimeforge.build-hash"] == first["build_hash"]
     assert labels["ai.slimeforge.pin.source.slime"] == bs.SLIME_S1
     assert labels["ai.slimeforge.pin.pip.six"] == "1.17.0"
-    from slimeforge.lock import read_lock
+    from slimeforge.image.lock import read_lock
 
     assert labels["ai.slimeforge.lock"] == f"sha256:{read_lock(bs.TEST_LOCK).hash}"
     # Each step kept its slice of the lock in the image, by URL and sha256.

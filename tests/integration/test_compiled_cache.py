@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from cext_support import STACK, serve_index
 
-from slimeforge.build import BuildOptions, build
-from slimeforge.lock import LockOptions, resolve
-from slimeforge.steps import compiled_key
+from slimeforge.image.build import BuildOptions, build
+from slimeforge.image.lock import LockOptions, resolve
+from slimeforge.image.steps import compiled_key
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -64,7 +64,7 @@ def run_in(tag: str, *argv: str) -> str:
 
 
 def test_each_arch_list_compiles_its_own_wheel(images):
-    from slimeforge.stack import load_stack
+    from slimeforge.image.stack import load_stack
 
     (hopper, _), (both, _) = images["hopper"], images["blackwell"]
     # The extension in each image was compiled for that image's arch list: not reused across them.

@@ -12,10 +12,10 @@ from pathlib import Path
 import build_support as bs
 import pytest
 
-from slimeforge.build import default_ca_bundle
-from slimeforge.install import render_install_script
-from slimeforge.sources import parse_sources
-from slimeforge.stack import load_stack
+from slimeforge.image.build import default_ca_bundle
+from slimeforge.image.install import render_install_script
+from slimeforge.image.sources import parse_sources
+from slimeforge.image.stack import load_stack
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 PREFIX = "/opt/sf"

@@ -25,10 +25,10 @@ from launch_support import (
     write_catalog,
 )
 
-from slimeforge import doctor
-from slimeforge import launch as launcher
-from slimeforge.recipe import parse_recipe
-from slimeforge.render import read_args
+from slimeforge.run import launch as launcher
+from slimeforge.run import preflight as doctor
+from slimeforge.run.recipe import parse_recipe
+from slimeforge.run.rundir import read_args
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -70,7 +70,7 @@ def agentcore_runtime(url: str) -> str:
     <name>-<10 characters> with a letter first, so create until one has that shape."""
     import boto3
 
-    from slimeforge.recipe import ARN_RE
+    from slimeforge.run.recipe import ARN_RE
 
     client = boto3.client("bedrock-agentcore-control", region_name=REGION, endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing")
     for _ in range(40):
@@ -198,7 +198,7 @@ def test_start_head_submit_replace_and_stop(env):
 
 def test_launch_sh_runs_for_real(env):
     """The rendered launch.sh, by bash, starts its own head, submits, propagates the exit code."""
-    from slimeforge.render import build_run_dir, write_run_dir
+    from slimeforge.run.rundir import build_run_dir, write_run_dir
 
     temp = short_tmp()
     recipe, stack, _ = recipe_for(env, env={"STANDIN_RECORD": str(env / "record.json"), "STANDIN_EXIT": "4", "STANDIN_NOTE": HOSTILE_ENV})
@@ -246,7 +246,7 @@ def test_container_mode_real_docker_run_without_gpus(env, base_image):
     back, and the container id is recorded."""
     import secrets
 
-    from slimeforge.render import build_run_dir, write_run_dir
+    from slimeforge.run.rundir import build_run_dir, write_run_dir
 
     recipe, stack, _ = recipe_for(env, mode="container", image=base_image)
     run = build_run_dir(recipe, stack, env / "run", "test")

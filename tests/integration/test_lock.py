@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from lock_support import Index
 
-from slimeforge import lock as L
-from slimeforge.build import BuildOptions, prepare
-from slimeforge.stack import load_stack
-from slimeforge.steps import STEP_LIBRARY, lock_file, lock_files
+from slimeforge.image import lock as L
+from slimeforge.image.build import BuildOptions, prepare
+from slimeforge.image.stack import load_stack
+from slimeforge.image.steps import STEP_LIBRARY, lock_file, lock_files
 
 UV = str(Path(sys.executable).parent / "uv")
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -107,7 +107,7 @@ def install_all(stack_path: Path, lock: L.LockFile, work: Path) -> tuple[Path, P
     stack = load_stack(str(stack_path))
     venv, state, slices = make_venv(work / "venv"), work / "state", work / "slices"
     slices.mkdir(parents=True)
-    from slimeforge.steps import Layout
+    from slimeforge.image.steps import Layout
 
     for name, text in lock_files(stack, lock, Layout("/r", str(venv), "/p", str(state), lock_dir=str(slices))).items():
         (slices / name).write_text(text)
@@ -319,7 +319,7 @@ def test_lock_asks_the_base_image_registry_for_its_digest(indexes, tmp_path, mon
         # Absent here, the base is pulled by that digest (with a line per layer), not refused.
         import docker
 
-        from slimeforge.build import pull_base
+        from slimeforge.image.build import pull_base
 
         client = docker.from_env()
         seen: list[str] = []

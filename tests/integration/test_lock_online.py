@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from slimeforge import lock as L
+from slimeforge.image import lock as L
 
 pytestmark = [pytest.mark.network]
 PEP691 = "application/vnd.pypi.simple.v1+json"

@@ -18,9 +18,9 @@ import pytest
 from helpers import free_port
 from publish_support import LocalRegistry, ResetProxy
 
-from slimeforge import ecr
-from slimeforge.publish import PublishError, PublishOptions, plan, publish, read_credentials
-from slimeforge.registry import Credentials, RegistryAPI, RegistryError, Retry
+from slimeforge.image import ecr
+from slimeforge.image.publish import PublishError, PublishOptions, plan, publish, read_credentials
+from slimeforge.image.registry import Credentials, RegistryAPI, RegistryError, Retry
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -78,7 +78,7 @@ def built_image(base_image):
 
 def make_build(root: Path, image: dict) -> Path:
     """A build directory as the build writes it: report.json and stack.lock.json."""
-    from slimeforge.stack import load_stack
+    from slimeforge.image.stack import load_stack
 
     stack = load_stack("cu13")
     d = root / f"cu13-{image['tag']}"

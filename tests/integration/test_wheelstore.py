@@ -23,12 +23,12 @@ import pytest
 from cext_support import STACK, serve_index
 from publish_support import LocalRegistry
 
-from slimeforge import wheelstore
-from slimeforge.build import BuildOptions, build, default_ca_bundle
-from slimeforge.install import render_install_script, store_plan
-from slimeforge.lock import LockOptions, checked_lock, resolve
-from slimeforge.registry import Credentials
-from slimeforge.stack import load_stack
+from slimeforge.image import wheelstore
+from slimeforge.image.build import BuildOptions, build, default_ca_bundle
+from slimeforge.image.install import render_install_script, store_plan
+from slimeforge.image.lock import LockOptions, checked_lock, resolve
+from slimeforge.image.registry import Credentials
+from slimeforge.image.stack import load_stack
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

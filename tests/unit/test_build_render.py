@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from slimeforge.build import parse_build_args, parse_progress, render_dockerfile
 from slimeforge.errors import ConfigError
-from slimeforge.install import render_install_script
-from slimeforge.stack import Stack, load_stack
-from slimeforge.steps import compile_jobs, compiled_key, image_layout, step_commands
+from slimeforge.image.build import parse_build_args, parse_progress, render_dockerfile
+from slimeforge.image.install import render_install_script
+from slimeforge.image.stack import Stack, load_stack
+from slimeforge.image.steps import compile_jobs, compiled_key, image_layout, step_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -200,7 +200,7 @@ def test_progress_parser_reads_cache_hits_and_durations():
 
 
 def test_base_given_by_digest_needs_no_docker():
-    from slimeforge.build import resolve_base
+    from slimeforge.image.build import resolve_base
 
     ref = "registry.example/cuda@sha256:" + "a" * 64
     base = resolve_base(load_stack("cu13"), ref, dry_run=False)
@@ -211,7 +211,7 @@ def test_base_given_by_digest_needs_no_docker():
 
 @pytest.mark.parametrize("flavor,fa", [("cu13", ["flash_attn.cute"]), ("cu129", ["flash_attn.cute", "flash_attn", "flash_attn_2_cuda"])])
 def test_smoke_imports_every_compiled_piece_and_names_the_gpu_ones(flavor, fa):
-    from slimeforge.steps import smoke_argv
+    from slimeforge.image.steps import smoke_argv
 
     stack = load_stack(flavor)
     argv = smoke_argv(stack, image_layout(stack))

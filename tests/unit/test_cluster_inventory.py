@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from slimeforge.cluster.inventory import default_temp_dir, load_inventory
 from slimeforge.errors import ConfigError
-from slimeforge.inventory import default_temp_dir, load_inventory
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGEST = "sha256:" + "ab" * 32

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slimeforge import cluster
-from slimeforge.hosttable import FAILED, OK, HostTable
-from slimeforge.inventory import load_inventory
+from slimeforge.cluster import raycluster as cluster
+from slimeforge.cluster.hosttable import FAILED, OK, HostTable
+from slimeforge.cluster.inventory import load_inventory
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "recipes" / "clusters" / "example.yaml"
@@ -154,7 +154,7 @@ def test_run_task_resolves_the_cluster_head_and_passes_it_on(tmp_path, monkeypat
 
     from invoke import Exit, MockContext
 
-    import slimeforge.launch
+    import slimeforge.run.launch
 
     monkeypatch.syspath_prepend(str(ROOT))  # tasks.py is not a package; `pytest` alone may not have ROOT on sys.path
     import tasks
@@ -171,6 +171,6 @@ def test_run_task_resolves_the_cluster_head_and_passes_it_on(tmp_path, monkeypat
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"gcs": "10.0.0.11:6379", "dashboard": "http://10.0.0.11:8265"}))
     seen = {}
-    monkeypatch.setattr(slimeforge.launch, "launch", lambda recipe, stack, **kw: seen.update(kw) or 0)
+    monkeypatch.setattr(slimeforge.run.launch, "launch", lambda recipe, stack, **kw: seen.update(kw) or 0)
     tasks.run_start.body(MockContext(), "recipes/gsm8k.yaml", out=str(tmp_path / "run"), cluster=str(EXAMPLE))
     assert seen["address"] == "http://10.0.0.11:8265"

@@ -8,9 +8,9 @@ import socket
 
 import pytest
 
+from slimeforge.cluster.ssh import SSH, HostUnreachable, SSHOptions, SSHTarget
 from slimeforge.errors import CommandError
 from slimeforge.proc import Runner
-from slimeforge.ssh import SSH, HostUnreachable, SSHOptions, SSHTarget
 
 needs_ssh = pytest.mark.skipif(shutil.which("ssh") is None, reason="the OpenSSH client is not installed")
 

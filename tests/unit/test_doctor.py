@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from launch_support import FIXTURES, fake_nvidia_smi, make_recipe, write_catalog
 
-from slimeforge import doctor
-from slimeforge.launch import launch
+from slimeforge.image.stack import load_stack
 from slimeforge.proc import Runner
-from slimeforge.recipe import parse_recipe
-from slimeforge.stack import load_stack
+from slimeforge.run import preflight as doctor
+from slimeforge.run.launch import launch
+from slimeforge.run.recipe import parse_recipe
 
 CU13 = load_stack("cu13")
 

@@ -15,10 +15,10 @@ import flag_standin as fs
 import pytest
 from launch_support import make_recipe, write_catalog
 
-from slimeforge import doctor
 from slimeforge.errors import ConfigError
-from slimeforge.flagcatalog import CatalogError, load_catalog, make_catalog, parse_catalog
-from slimeforge.recipe import parse_recipe
+from slimeforge.run import preflight as doctor
+from slimeforge.run.flagcatalog import CatalogError, load_catalog, make_catalog, parse_catalog
+from slimeforge.run.recipe import parse_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from slimeforge.build import render_dockerfile
-from slimeforge.install import host_layout, render_install_script
-from slimeforge.stack import load_stack
-from slimeforge.steps import image_layout, lock_files
+from slimeforge.image.build import render_dockerfile
+from slimeforge.image.install import host_layout, render_install_script
+from slimeforge.image.stack import load_stack
+from slimeforge.image.steps import image_layout, lock_files
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -111,7 +111,7 @@ def test_prerequisite_failure_lists_every_problem_before_step_one(tmp_path):
 
 @pytest.mark.parametrize("flavor", ["cu13", "cu129"])
 def test_install_script_carries_interpreter_arch_variables_and_compiled_keys(flavor):
-    from slimeforge.steps import compiled_key
+    from slimeforge.image.steps import compiled_key
 
     stack = load_stack(flavor)
     text = render_install_script(stack, "/opt/slime", patches=placeholder_patches(stack), lock=render_lock(stack))

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from launch_support import fake_nvidia_smi, make_recipe, write_catalog
 
-from slimeforge import launch as launcher
 from slimeforge.errors import ConfigError
 from slimeforge.proc import Runner
-from slimeforge.recipe import parse_recipe
+from slimeforge.run import launch as launcher
+from slimeforge.run.recipe import parse_recipe
 
 IMAGE = "registry.example:5000/slimeforge@sha256:" + "a" * 64
 
@@ -107,7 +107,7 @@ def test_entrypoint_survives_sh(tmp_path):
 def test_launch_sh_passes_bash_n_and_shellcheck(gpu_host):
     import shutil
 
-    from slimeforge.render import build_run_dir
+    from slimeforge.run.rundir import build_run_dir
 
     recipe, stack = parse_recipe(make_recipe(gpu_host), "test")
     script = gpu_host / "launch.sh"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from slimeforge import lock as L
 from slimeforge.errors import ConfigError
-from slimeforge.stack import load_stack
+from slimeforge.image import lock as L
+from slimeforge.image.stack import load_stack
 
 ROOT = Path(__file__).resolve().parents[2]
 SHA = "a" * 64

@@ -12,10 +12,24 @@ from pathlib import Path
 
 import pytest
 
-from slimeforge import ecr
 from slimeforge.errors import ConfigError
-from slimeforge.publish import LayerProgress, PublishOptions, _push_failure, find_build_dir, plan, read_credentials
-from slimeforge.registry import ImageRef, RegistryAuthError, TransientError, image_ref_problems, is_pinned, parse_image_ref
+from slimeforge.image import ecr
+from slimeforge.image.publish import (
+    LayerProgress,
+    PublishOptions,
+    _push_failure,
+    find_build_dir,
+    plan,
+    read_credentials,
+)
+from slimeforge.image.registry import (
+    ImageRef,
+    RegistryAuthError,
+    TransientError,
+    image_ref_problems,
+    is_pinned,
+    parse_image_ref,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 D = "sha256:" + "ab" * 32

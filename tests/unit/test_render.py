@@ -15,9 +15,9 @@ from helpers import SEED_RECIPE
 
 from slimeforge import SlimeRunner
 from slimeforge.atomic import LOCK_NAME
-from slimeforge.recipe import load_recipe, parse_recipe
-from slimeforge.render import RUN_FILES, build_run_dir, read_args, write_run_dir
-from slimeforge.slime_facts import load_facts
+from slimeforge.run.recipe import load_recipe, parse_recipe
+from slimeforge.run.rundir import RUN_FILES, build_run_dir, read_args, write_run_dir
+from slimeforge.run.slime_facts import load_facts
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = SEED_RECIPE

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from launch_support import make_recipe
 
-from slimeforge import slurm
+from slimeforge.cluster import slurm
 from slimeforge.errors import ConfigError, SlimeforgeError
 from slimeforge.proc import Result, Runner
-from slimeforge.recipe import parse_recipe
+from slimeforge.run.recipe import parse_recipe
 from slimeforge.scripts.node_agent import gate
 
 # No newline or tab: recipes refuse control characters in every value (tests/unit/hostile).

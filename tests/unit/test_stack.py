@@ -1,7 +1,7 @@
 import pytest
 
 from slimeforge.errors import ConfigError
-from slimeforge.stack import load_stack
+from slimeforge.image.stack import load_stack
 
 
 @pytest.mark.parametrize("flavor", ["cu13", "cu129"])
@@ -112,7 +112,7 @@ def test_names_that_reach_templates_unquoted_are_restricted(tmp_path):
 
 
 def test_patch_check_downloads_for_the_target_into_the_user_cache(monkeypatch, tmp_path):
-    from slimeforge.patches import user_cache_dir, wheel_fits
+    from slimeforge.image.patches import user_cache_dir, wheel_fits
 
     cu13 = load_stack("cu13")
     assert cu13.wheel_platform == "manylinux_2_39_x86_64"

@@ -99,7 +99,7 @@ def test_patch_method_strip_two_and_recognised(tmp_path):
 
 
 def test_flag_catalog_reads_every_parser_of_the_fixture_slime(repos, tmp_path):
-    from slimeforge.steps import TARGET_SCRIPTS
+    from slimeforge.image.steps import TARGET_SCRIPTS
 
     dest = tmp_path / "slime"
     sf("sf_fetch_source", "slime", str(repos["slime"]), bs.SLIME_S1, str(dest), state=tmp_path)
@@ -127,7 +127,7 @@ def test_shell_files_pass_shellcheck():
 
 @pytest.mark.parametrize("cores,gib", [(2, 24), (128, 64), (16, 2), (64, 512), (1, 1)])
 def test_host_compile_jobs_follow_the_image_build_rule(cores, gib, tmp_path):
-    from slimeforge.steps import compile_jobs
+    from slimeforge.image.steps import compile_jobs
 
     res = sf("sf_compile_jobs", str(cores), str(gib * 1024 * 1024), state=tmp_path)
     assert res.returncode == 0, res.stderr
@@ -154,7 +154,7 @@ def test_compiled_step_gets_parallelism_and_a_cache_of_its_key(tmp_path):
 
 
 def test_smoke_skips_gpu_imports_by_name_and_checks_versions(tmp_path):
-    from slimeforge.steps import TARGET_SCRIPTS
+    from slimeforge.image.steps import TARGET_SCRIPTS
 
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from slimeforge import wheelstore
-from slimeforge.build import render_dockerfile
 from slimeforge.errors import ConfigError
-from slimeforge.stack import load_stack
-from slimeforge.steps import compiled_key
+from slimeforge.image import wheelstore
+from slimeforge.image.build import render_dockerfile
+from slimeforge.image.stack import load_stack
+from slimeforge.image.steps import compiled_key
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "cu13-apex-0123456789abcdef"

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from cluster_helpers import environment_python, inventory_data, write_inventory, write_lock
 
-from slimeforge import cluster
+from slimeforge.cluster import raycluster as cluster
+from slimeforge.cluster.inventory import load_inventory
 from slimeforge.errors import Problem, SlimeforgeError
-from slimeforge.inventory import load_inventory
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 

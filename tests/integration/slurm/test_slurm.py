@@ -17,8 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: launch_s
 
 from launch_support import VENV_BIN, make_recipe, wait_for, write_catalog  # noqa: E402
 
-from slimeforge import doctor, slurm  # noqa: E402
-from slimeforge.recipe import parse_recipe  # noqa: E402
+from slimeforge.cluster import slurm  # noqa: E402
+from slimeforge.run import preflight as doctor
+from slimeforge.run.recipe import parse_recipe  # noqa: E402
 
 INVOKE = [str(VENV_BIN / "invoke"), "--search-root", str(Path(__file__).resolve().parents[3])]
 

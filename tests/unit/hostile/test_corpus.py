@@ -19,12 +19,12 @@ from corpus import (
 )
 from helpers import SEED_RECIPE
 
-from slimeforge.build import render_dockerfile
+from slimeforge.cluster.inventory import load_inventory
 from slimeforge.errors import ConfigError
-from slimeforge.inventory import load_inventory
-from slimeforge.recipe import load_recipe, parse_overrides
-from slimeforge.render import RUN_FILES, build_run_dir, write_run_dir
-from slimeforge.stack import load_stack
+from slimeforge.image.build import render_dockerfile
+from slimeforge.image.stack import load_stack
+from slimeforge.run.recipe import load_recipe, parse_overrides
+from slimeforge.run.rundir import RUN_FILES, build_run_dir, write_run_dir
 
 ROOT = Path(__file__).resolve().parents[3]
 TEST_STACK = ROOT / "tests" / "stacks" / "test.yaml"

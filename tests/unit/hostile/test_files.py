@@ -16,12 +16,13 @@ import pytest
 from helpers import SEED_RECIPE
 from launch_support import make_recipe
 
-from slimeforge import atomic, doctor
+from slimeforge import atomic
+from slimeforge.api import SlimeRunner
 from slimeforge.errors import ConfigError
-from slimeforge.launch import recorded
-from slimeforge.recipe import RUNNER_FIELDS, Recipe, parse_recipe
-from slimeforge.render import RUN_FILES, build_run_dir, write_run_dir
-from slimeforge.runner import SlimeRunner
+from slimeforge.run import preflight as doctor
+from slimeforge.run.launch import recorded
+from slimeforge.run.recipe import RUNNER_FIELDS, Recipe, parse_recipe
+from slimeforge.run.rundir import RUN_FILES, build_run_dir, write_run_dir
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -204,7 +205,7 @@ def test_to_yaml_on_a_directory_is_a_clear_error(tmp_path):
 
 
 def test_secret_env_passes_names_never_values(tmp_path):
-    from slimeforge.launch import container_argv
+    from slimeforge.run.launch import container_argv
 
     recipe, stack = parse_recipe({**SEED_RECIPE, "image": "reg.example.com/x@sha256:" + "a" * 64, "secret_env": ["OPENAI_API_KEY"]}, "t")
     run = build_run_dir(recipe, stack, tmp_path / "run", environ={"OPENAI_API_KEY": "sk-live-value"})

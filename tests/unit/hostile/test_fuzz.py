@@ -27,12 +27,12 @@ from helpers import SEED_RECIPE
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slimeforge.build import render_dockerfile
+from slimeforge.cluster.inventory import InventoryFile, load_inventory
 from slimeforge.errors import ConfigError
-from slimeforge.inventory import InventoryFile, load_inventory
-from slimeforge.recipe import Recipe, load_recipe, parse_overrides
-from slimeforge.render import build_run_dir, write_run_dir
-from slimeforge.stack import Stack, load_stack
+from slimeforge.image.build import render_dockerfile
+from slimeforge.image.stack import Stack, load_stack
+from slimeforge.run.recipe import Recipe, load_recipe, parse_overrides
+from slimeforge.run.rundir import build_run_dir, write_run_dir
 from slimeforge.yamlio import read_yaml
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -31,14 +31,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
-from . import doctor
-from .errors import ConfigError, Problem, SlimeforgeError
-from .proc import Runner
+from ..errors import ConfigError, Problem, SlimeforgeError
+from ..image.registry import image_ref_problems
+from ..image.stack import Stack
+from ..proc import Runner
+from ..schema import text_problem
+from . import preflight as doctor
 from .recipe import RUNNER_FIELDS, Recipe
-from .registry import image_ref_problems
-from .render import build_run_dir, read_plan, write_run_dir
-from .schema import text_problem
-from .stack import Stack
+from .rundir import build_run_dir, read_plan, write_run_dir
 
 HEAD_TIMEOUT_S = 180  # a loaded host takes 10 to 30 s to bring a head up
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")

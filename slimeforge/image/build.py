@@ -31,12 +31,13 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
-from . import paths
-from .atomic import dir_problem, write_dir
-from .errors import ConfigError, Problem, SlimeforgeError
+from .. import paths
+from ..atomic import dir_problem, write_dir
+from ..errors import ConfigError, Problem, SlimeforgeError
+from ..schema import text_problem, text_problems
+from ..templating import render
 from .lock import check_patches, checked_lock
 from .patches import PatchContent, read_patches
-from .schema import text_problem, text_problems
 from .sources import GIT, LocalSource, dist_files, parse_sources
 from .stack import Stack, load_stack
 from .steps import (
@@ -55,7 +56,6 @@ from .steps import (
     step_commands,
     used_patches,
 )
-from .templating import render
 
 LABEL_NS = "ai.slimeforge"
 REPORT, LOCK, FLAGS, LOG = "report.json", "stack.lock.json", "flags.json", "build.log"

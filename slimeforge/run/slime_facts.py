@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from . import paths
+from .. import paths
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..image.stack import Stack
 from .recipe import Recipe
-from .stack import Stack
 
 GENERATE_FN = "agentcore_rl_toolkit.backends.slime.integration.rollout.generate"
 REWARD_FN = "agentcore_rl_toolkit.backends.slime.integration.rewards.normalize_episode_rewards"

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import paths
+from .. import paths
 from .lock import LockFile, expected_versions, router_requirement, step_requirements
 from .stack import Stack
 
@@ -23,7 +23,7 @@ STEP_LIBRARY = paths.TEMPLATES / "steps.sh"
 STEP_RUNNER = paths.TEMPLATES / "sf"
 # Scripts the step library runs with the target's Python (standard library only); the image gets
 # them in /opt/slimeforge, the install script writes them to SF_STATE.
-TARGET_SCRIPTS = {name: paths.ROOT / "slimeforge" / "scripts" / name for name in ("flag_catalog.py", "smoke_versions.py")}
+TARGET_SCRIPTS = {name: paths.SCRIPTS / name for name in ("flag_catalog.py", "smoke_versions.py")}
 # Steps that are not in the stack's list but that both paths run: the venv with the pinned uv
 # comes right after the system packages; finalize (lock + flag catalog) comes last.
 VENV_STEP, FINALIZE_STEP = "venv", "finalize"

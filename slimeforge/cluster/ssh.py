@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import CommandError, SlimeforgeError
-from .proc import Result, Runner
+from ..errors import CommandError, SlimeforgeError
+from ..proc import Result, Runner
 
 # ssh exits 255 when ssh itself failed (resolve, connect, authenticate, host key); a remote
 # command's own exit status is passed through unchanged.

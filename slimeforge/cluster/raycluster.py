@@ -21,7 +21,7 @@ our Ray with the same settings is left as it is, and the others are brought up.
 Seams for other parts of slimeforge (defaults here are complete and used by the tests):
   host_checks(host, remote) -> list[Problem]                 extra preflight checks per host
   make_environment(inventory, host, remote) -> EnvFacts      make the environment, report it
-`remote` is an `slimeforge.ssh.SSH`, whose `.run(argv, ...)` matches `proc.Runner.run`.
+`remote` is an `slimeforge.cluster.ssh.SSH`, whose `.run(argv, ...)` matches `proc.Runner.run`.
 """
 
 from __future__ import annotations
@@ -37,15 +37,16 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from .errors import CommandError, Problem, SlimeforgeError
+from .. import paths
+from ..errors import CommandError, Problem, SlimeforgeError
+from ..proc import Runner
+from ..scripts.node_agent import gate
 from .hosttable import FAILED, OK, RUNNING, HostTable
 from .inventory import Host, Inventory, load_inventory
-from .proc import Runner
-from .scripts.node_agent import gate
 from .ssh import SSH, HostUnreachable
 
 PHASES = ("connect", "preflight", "environment", "ray")
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
+SCRIPTS = paths.SCRIPTS
 READY_MARKER = "Ray runtime started."  # printed by `ray start` once its processes are up
 NCCL_SIZE_MB = 256
 

@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import paths
-from .errors import CommandError, ConfigError, Problem
+from .. import paths
+from ..errors import CommandError, ConfigError, Problem
+from ..image.stack import Stack, load_stack
+from ..proc import Runner
+from ..schema import did_you_mean
 from .flagcatalog import Catalog, load_catalog, parse_catalog
-from .proc import Runner
 from .recipe import ARN_RE, Recipe
-from .schema import did_you_mean
-from .stack import Stack, load_stack
 
 ERROR, WARNING, OK = "error", "warning", "ok"
 

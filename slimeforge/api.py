@@ -21,9 +21,9 @@ import yaml
 
 from .atomic import write_file
 from .errors import ConfigError, Problem
-from .recipe import RUNNER_FIELDS, Recipe, load_recipe_data, parse_recipe
-from .render import RunDir, build_run_dir, write_run_dir
-from .stack import Stack
+from .image.stack import Stack
+from .run.recipe import RUNNER_FIELDS, Recipe, load_recipe_data, parse_recipe
+from .run.rundir import RunDir, build_run_dir, write_run_dir
 
 
 def _signature() -> inspect.Signature:
@@ -97,7 +97,7 @@ class SlimeRunner:
 
     def train(self, num_rollout: int = 1, out: str | os.PathLike | None = None, **launch_options: Any) -> int:
         """Render, preflight, start Ray, submit, stream logs; returns the job's exit code."""
-        from .launch import launch
+        from .run.launch import launch
 
         recipe, stack = self._with(num_rollout)
         return launch(recipe, stack, out=out, recipe_path=self._source, **launch_options)

@@ -26,11 +26,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import CommandError, ConfigError, Problem, SlimeforgeError
-from .proc import Runner
-from .sources import GIT
+from .. import paths
+from ..errors import CommandError, ConfigError, Problem, SlimeforgeError
+from ..image.sources import GIT
+from ..proc import Runner
 
-SCRIPT = Path(__file__).resolve().parent / "scripts" / "flag_catalog.py"
+SCRIPT = paths.SCRIPTS / "flag_catalog.py"
 FORMAT, VERSION = "slimeforge.flag-catalog", 2
 FLAG_RE = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
 MAX_BYTES = 8 << 20  # a catalog is tens of kB; anything this large is not one

@@ -13,12 +13,12 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from .errors import ConfigError, Problem
-from .registry import image_ref_problems
-from .schema import Model, did_you_mean, secret_name, secret_value, validate
+from ..errors import ConfigError, Problem
+from ..image.registry import image_ref_problems
+from ..image.stack import Stack, available_flavors, load_stack, stack_path
+from ..schema import Model, did_you_mean, secret_name, secret_value, validate
+from ..yamlio import deep_merge, load_with_extends, parse_set, parse_yaml
 from .slime_facts import load_facts, model_types_in
-from .stack import Stack, available_flavors, load_stack, stack_path
-from .yamlio import deep_merge, load_with_extends, parse_set, parse_yaml
 
 # Names and defaults exactly as the seed's SlimeRunner (shared/reference/seeds/slimerunner-api.txt).
 RUNNER_FIELDS: dict[str, Any] = {

@@ -15,11 +15,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, PrivateAttr, field_validator, model_validator
 
-from . import paths
-from .errors import ConfigError, Problem
+from .. import paths
+from ..errors import ConfigError, Problem
+from ..schema import Model, validate
+from ..yamlio import deep_merge, load_with_extends
 from .registry import image_ref_problems
-from .schema import Model, validate
-from .yamlio import deep_merge, load_with_extends
 
 # Every value of a stack reaches the Dockerfile, install.sh or an argv (apt-get, git, uv): each is
 # held to the grammar of what it names, so none can begin with '-' (an option to the tool) or
@@ -211,7 +211,7 @@ class Smoke(Model):
 
 
 class LockSpec(Model):
-    """Inputs of `invoke lock` beyond the steps' own pins (see slimeforge/lock.py)."""
+    """Inputs of `invoke lock` beyond the steps' own pins (see slimeforge/image/lock.py)."""
 
     # Runtime dependencies that a source step's checkout declares (its pyproject/setup.py at the
     # pinned commit): the source itself installs with --no-deps, so the lock must hold these.

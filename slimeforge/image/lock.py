@@ -37,9 +37,9 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from . import paths
-from .errors import ConfigError, Problem, SlimeforgeError
-from .proc import Runner
+from .. import paths
+from ..errors import ConfigError, Problem, SlimeforgeError
+from ..proc import Runner
 from .stack import Stack, load_stack, stack_path
 
 SCHEMA = 1
@@ -481,7 +481,7 @@ def render_lock(data: dict[str, Any]) -> str:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    from .atomic import write_dir
+    from ..atomic import write_dir
 
     write_dir(path.parent, {path.name: text})
 

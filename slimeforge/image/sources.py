@@ -14,8 +14,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import CommandError, ConfigError, Problem, SlimeforgeError
-from .proc import Runner
+from ..errors import CommandError, ConfigError, Problem, SlimeforgeError
+from ..proc import Runner
 from .stack import Stack
 
 GIT = ["git", "-c", "safe.directory=*", "-c", "advice.detachedHead=false"]

@@ -18,8 +18,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConfigError, Problem, SlimeforgeError
-from .proc import Runner
+from ..errors import ConfigError, Problem, SlimeforgeError
+from ..proc import Runner
 from .sources import GIT, LocalSource, source_repo
 from .stack import Stack
 from .steps import STEP_LIBRARY, used_patches

@@ -19,11 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .atomic import dir_problem, write_file
-from .errors import CommandError, ConfigError, Problem
+from ..atomic import dir_problem, write_file
+from ..errors import CommandError, ConfigError, Problem
+from ..schema import text_problem
+from ..templating import render
 from .lock import LockFile, check_patches, checked_lock
 from .patches import PatchContent, read_patches
-from .schema import text_problem
 from .sources import LocalSource, parse_sources
 from .stack import Stack, load_stack
 from .steps import (
@@ -38,7 +39,6 @@ from .steps import (
     smoke_argv,
     step_commands,
 )
-from .templating import render
 
 SCRIPT = "install.sh"
 

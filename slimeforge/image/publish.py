@@ -21,10 +21,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
+from .. import paths
+from ..atomic import write_dir
+from ..errors import ConfigError, Problem, SlimeforgeError
 from . import ecr as ecr_api
-from . import paths
-from .atomic import write_dir
-from .errors import ConfigError, Problem, SlimeforgeError
 from .registry import (
     DOCKER_CERTS_DIR,
     DOCKER_HUB,

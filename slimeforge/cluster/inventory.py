@@ -18,10 +18,10 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from .errors import ConfigError, Problem
-from .schema import Model, model_problems, secret_name, text_problem
+from ..errors import ConfigError, Problem
+from ..schema import Model, model_problems, secret_name, text_problem
+from ..yamlio import load_with_extends
 from .ssh import SSHOptions, SSHTarget
-from .yamlio import load_with_extends
 
 # Whole-value grammars (re.fullmatch: `$` would let a trailing newline through).
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # used in paths and container names

@@ -32,7 +32,7 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, Problem, SlimeforgeError
+from ..errors import ConfigError, Problem, SlimeforgeError
 from .registry import DOMAIN_RE, Credentials, ImageRef, Retry, parse_image_ref
 
 SUMS, RECORD = "SHA256SUMS", "record.json"
@@ -328,7 +328,7 @@ def pull(key: str, registry: str, credentials: Credentials | None = None, root: 
 
 def known_stacks(extra: list[str] | None = None) -> list[Any]:
     """The flavors in images/ and any stack files given: what `--unused` measures against."""
-    from . import paths
+    from .. import paths
     from .stack import load_stack
 
     names = sorted(p.stem for p in (paths.ROOT / "images").glob("*.yaml") if p.stem != "common")

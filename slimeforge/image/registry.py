@@ -27,7 +27,7 @@ from email.message import Message
 from pathlib import Path
 from typing import TypeVar
 
-from .errors import ConfigError, Problem, SlimeforgeError
+from ..errors import ConfigError, Problem, SlimeforgeError
 
 # --- references ------------------------------------------------------------------------------
 # The grammar of github.com/distribution/reference (what Docker accepts), written out.

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import yaml
 
-from . import __version__
-from .atomic import LOCK_NAME, dir_lock, dir_problem, write_dir
-from .errors import ConfigError, Problem
+from .. import __version__
+from ..atomic import LOCK_NAME, dir_lock, dir_problem, write_dir
+from ..errors import ConfigError, Problem
+from ..image.stack import Stack
+from ..templating import render
 from .flags import agentcore_config, agentcore_config_doc, env_json, render_flags, runtime_env_vars
 from .recipe import EXP_ID_RE, Recipe
-from .stack import Stack
-from .templating import render
 
 RUN_FILES = ("slime.args", "agentcore.yaml", "runtime_env.json", "launch.sh", "plan.json")
 MAX_PLAN_BYTES = 4 << 20

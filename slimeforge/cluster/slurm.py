@@ -27,15 +27,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
-from . import __version__, doctor
-from .errors import CommandError, ConfigError, Problem, SlimeforgeError
-from .launch import default_run_dir, host_tools, resolve_mode
-from .proc import Runner
-from .recipe import Recipe
-from .render import RunDir, build_run_dir, read_plan, write_run_dir
-from .scripts import node_agent
-from .stack import Stack
-from .templating import render
+from .. import __version__
+from ..errors import CommandError, ConfigError, Problem, SlimeforgeError
+from ..image.stack import Stack
+from ..proc import Runner
+from ..run import preflight as doctor
+from ..run.launch import default_run_dir, host_tools, resolve_mode
+from ..run.recipe import Recipe
+from ..run.rundir import RunDir, build_run_dir, read_plan, write_run_dir
+from ..scripts import node_agent
+from ..templating import render
 
 # Grammars (re.fullmatch): what Slurm accepts for these names, less anything a shell or an
 # #SBATCH line could read as syntax.

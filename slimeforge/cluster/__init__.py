@@ -1,0 +1,1 @@
+"""The cluster pipeline: inventory -> ssh / Slurm -> node agent -> Ray cluster (host table)."""

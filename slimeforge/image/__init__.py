@@ -1,0 +1,1 @@
+"""The image pipeline: stack -> steps/plan -> lock -> Dockerfile (build) or install.sh (install) -> patches -> wheel store -> publish."""

@@ -1,0 +1,1 @@
+"""The run pipeline: recipe -> flags -> run directory -> preflight (doctor) -> launch."""
