@@ -30,7 +30,14 @@ def imports_of(path: Path, name: str) -> set[str]:
     """Every slimeforge module that `path` imports, at any depth in the file."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    # Imports under `if TYPE_CHECKING:` name a type for annotations only; they never run, so they
+    # tie no module to another at import or call time.
+    type_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+                 for stmt in node.body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("slimeforge"))
         elif isinstance(node, ast.ImportFrom):

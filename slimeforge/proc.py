@@ -124,8 +124,3 @@ class Runner:
         finally:
             if out is not None:
                 out.close()
-
-
-def run(argv: Sequence[str], **kwargs) -> Result:
-    """Run with a default runner."""
-    return Runner().run(argv, **kwargs)

@@ -5,7 +5,7 @@ any host failed, with a table of hosts and what failed:
 
   connect      ssh reaches the host; the node agent reports what it sees (GPUs, addresses, ...)
   preflight    GPUs seen >= declared, Ray's ports free, the head reachable from each worker,
-               the interface and node IP resolved, plus the injected host checks (the doctor's)
+               the interface and node IP resolved, plus any injected host checks
   environment  make the environment (pull the image by digest / run the install script, both
                idempotent), then require the same image digest or install lock, Python and Ray
                everywhere; with --nccl-check, an all-reduce across each host's GPUs
@@ -284,7 +284,7 @@ def start_argv(inv: Inventory, host: Host, node_ip: str, head_ip: str, env: dict
 
 def default_host_checks(host: Host, remote: SSH) -> list[Problem]:
     """No extra checks: the agent's facts already cover GPUs, ports, routes and reachability.
-    The doctor's host checks plug in here (`up(..., host_checks=...)`)."""
+    Others plug in here (`up(..., host_checks=...)`)."""
     return []
 
 

@@ -177,12 +177,3 @@ class SSH:
             return
         argv = [*self.base_argv(), "-O", "exit", "--", self.target.address]
         self.runner.run(argv, step=f"{self.target.name}: close", check=False, input="", timeout=10)
-
-    def resolved_config(self) -> dict[str, str]:
-        """`ssh -G`: the settings ssh would use for this host (aliases resolved), no connection."""
-        result = self.runner.run([*self.base_argv(), "-G", "--", self.target.address], step=f"{self.target.name}: ssh -G", input="", timeout=10)
-        out: dict[str, str] = {}
-        for line in result.stdout.splitlines():
-            key, _, value = line.partition(" ")
-            out.setdefault(key.lower(), value)
-        return out

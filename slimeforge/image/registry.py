@@ -1,6 +1,6 @@
 """OCI image references and the registry HTTP API (v2), as much of it as publishing needs.
 
-`parse_image_ref` / `is_pinned` are what a recipe or a cluster bootstrap uses to refuse an image
+`parse_image_ref` (`.pinned`) and `image_ref_problems` are what a recipe or a cluster bootstrap uses to refuse an image
 that is not pinned by digest. `RegistryAPI.manifest` asks a registry what a tag points at; publish
 uses it before pushing (is the tag already ours?) and after (does the registry hold what we
 pushed?), independently of the Docker daemon that did the push. Only the standard library is used
@@ -88,11 +88,6 @@ def parse_image_ref(text: str, where: str = "image", require_digest: bool = Fals
     if problems:
         raise ConfigError(where, problems)
     return _parse(text)
-
-
-def is_pinned(text: str) -> bool:
-    """Whether a (valid) image reference names its content by digest; ConfigError if invalid."""
-    return parse_image_ref(text).pinned
 
 
 def split_registry(text: str) -> tuple[str | None, str]:

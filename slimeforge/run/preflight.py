@@ -3,9 +3,9 @@ anything starts (`invoke doctor`, and the first thing `invoke run` does).
 
 Each check is a named function in CHECKS that returns Findings (error / warning / ok), each error
 with its fix. All checks run and all findings are reported together; `skip` turns a check's errors
-into warnings. Host checks (GPUs, driver, architecture, /dev/shm, limits, ports, versions) take a
-command runner `run(argv) -> stdout`, so the cluster bootstrap runs the same checks on each host
-over SSH: see `check_host`.
+into warnings. Host checks (GPUs, driver, architecture, /dev/shm, limits, ports, versions) read
+the host through a command runner `run(argv) -> stdout` (the context's `run`), so tests feed them
+captured outputs.
 """
 
 from __future__ import annotations
@@ -352,28 +352,6 @@ def version_findings(theirs: tuple[str, str] | Exception, mine: tuple[str, str],
     if theirs[1].split(".")[:2] != mine[1].split(".")[:2]:
         out.append(error("versions", f"Python {theirs[1]} on {where}, {mine[1]} here", f"use Python {'.'.join(mine[1].split('.')[:2])} everywhere"))
     return out or [ok("versions", f"Ray {theirs[0]}, Python {theirs[1]} on {where} match this client")]
-
-
-def check_host(run: Run, stack: Stack, *, num_gpus: int = 1, ports: dict[str, int] | None = None, mode: str = "host",
-               python: str = "python3", where: str = "", compare_versions: tuple[str, str] | None = None) -> list[Finding]:
-    """Every host check on one host, through `run(argv) -> stdout` (raising CommandError on a
-    non-zero exit): local_run here, an SSH runner for a cluster host. `compare_versions`: the
-    (Ray, Python) versions the host must match, e.g. the head's or `local_versions()`."""
-    try:
-        gpus: list[Gpu] | Exception = query_gpus(run)
-    except Exception as exc:  # noqa: BLE001
-        gpus = exc
-    out = gpu_findings(gpus, num_gpus, where) + driver_findings(gpus, stack, where) + arch_findings(gpus, stack, where)
-    out += shm_findings(run, where) + limits_findings(run, mode, where)
-    if ports:
-        out += port_findings(run, ports, python, where)
-    if compare_versions:
-        try:
-            theirs: tuple[str, str] | Exception = host_versions(run, python)
-        except Exception as exc:  # noqa: BLE001
-            theirs = exc
-        out += version_findings(theirs, compare_versions, where or "this host")
-    return out
 
 
 # --- the registered checks: host ------------------------------------------------------------------
@@ -883,7 +861,7 @@ def check_versions(ctx: Context) -> list[Finding]:
     where = f"the cluster at {ctx.address}"
     if isinstance(theirs, tuple) and theirs[1] == "?":
         # The dashboard does not report Python; the cluster bootstrap checks it on each host
-        # (check_host(..., compare_versions=...)).
+        # (the environment phase of `invoke cluster.up`).
         if theirs[0] != mine[0]:
             return version_findings((theirs[0], mine[1]), mine, where)
         return [ok("versions", f"Ray {theirs[0]} on {where} matches this client (its Python is not reported by the dashboard)")]

@@ -18,6 +18,7 @@ from ..image.registry import image_ref_problems
 from ..image.stack import Stack, available_flavors, load_stack, stack_path
 from ..schema import Model, did_you_mean, secret_name, secret_value, validate
 from ..yamlio import deep_merge, load_with_extends, parse_set, parse_yaml
+from .flags import render_flags
 from .slime_facts import load_facts, model_types_in
 
 # Names and defaults exactly as the seed's SlimeRunner (shared/reference/seeds/slimerunner-api.txt).
@@ -383,8 +384,6 @@ def _blame(problems: list[Problem], overrides: dict[str, Any], source: str) -> C
 
 def parse_recipe(data: dict[str, Any], source: str, overrides: dict[str, Any] | None = None) -> tuple[Recipe, Stack]:
     """Schema validation, then the cross-field rules; raises ConfigError listing every problem."""
-    from .flags import render_flags  # the rendered flags are needed to spot repeats in extra_flags
-
     try:
         recipe = validate(Recipe, data, source)
     except ConfigError as exc:
@@ -393,6 +392,7 @@ def parse_recipe(data: dict[str, Any], source: str, overrides: dict[str, Any] | 
         raise _blame([Problem("stack", "names no stack file", recipe.stack, ", ".join(available_flavors()) + " or a path to a stack YAML")],
                      overrides or {}, source)
     stack = load_stack(recipe.stack)
+    # The flags the recipe renders itself, to spot repeats in extra_flags.
     own = recipe.model_copy(update={"extra_flags": []})
     rendered = {a for a in render_flags(own, stack, config_path="agentcore.yaml", env_json="{}", wandb=True) if a.startswith("--")}
     problems = check(recipe, stack, rendered)

@@ -78,12 +78,3 @@ def test_unreachable_host_raises_host_unreachable_with_ssh_words(tmp_path):
     assert "Connection refused" in str(err.value) and str(port) in str(err.value)
     assert isinstance(err.value, CommandError)
     assert (tmp_path / "cm").stat().st_mode & 0o777 == 0o700
-
-
-@needs_ssh
-def test_resolved_config_follows_aliases(tmp_path):
-    config = tmp_path / "config"
-    config.write_text("Host gpu-b\n  HostName 10.9.8.7\n  User trainer\n  Port 2200\n")
-    ssh = SSH(SSHTarget("b", "gpu-b"), SSHOptions(config_file=str(config), control_dir=str(tmp_path / "cm")))
-    resolved = ssh.resolved_config()
-    assert (resolved["hostname"], resolved["user"], resolved["port"]) == ("10.9.8.7", "trainer", "2200")

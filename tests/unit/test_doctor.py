@@ -43,9 +43,19 @@ def levels(findings, name):
     return [f.level for f in findings if f.check == name]
 
 
-def test_check_host_reads_an_h200_x2_through_an_injected_runner():
+def host_findings(run, stack, num_gpus, where, versions, ports=None):
+    """The host checks' findings for one host, each fed by `run` (captured outputs)."""
+    gpus = doctor.query_gpus(run)
+    found = doctor.gpu_findings(gpus, num_gpus, where) + doctor.driver_findings(gpus, stack, where) + doctor.arch_findings(gpus, stack, where)
+    found += doctor.shm_findings(run, where) + doctor.limits_findings(run, "host", where)
+    if ports:
+        found += doctor.port_findings(run, ports, "python3", where)
+    return found + doctor.version_findings(doctor.host_versions(run), versions, where)
+
+
+def test_host_checks_read_an_h200_x2_through_an_injected_runner():
     run = fixture_runner("h200-x2")
-    found = doctor.check_host(run, CU13, num_gpus=2, ports={"ray_port": 6379}, where="gpu-2", compare_versions=("2.60.0", "3.12.8"))
+    found = host_findings(run, CU13, 2, "gpu-2", ("2.60.0", "3.12.8"), ports={"ray_port": 6379})
     # The captured host has 20000 open files (ulimit -n): a warning, not an error.
     assert [f.check for f in found if f.level != doctor.OK] == ["limits"], [str(f) for f in found]
     gpus = next(f for f in found if f.check == "gpus")
@@ -53,10 +63,9 @@ def test_check_host_reads_an_h200_x2_through_an_injected_runner():
     assert run.calls[0] == doctor.QUERY_GPU
 
 
-def test_check_host_reports_count_driver_arch_and_versions_together():
+def test_host_checks_report_count_driver_arch_and_versions_together():
     old = CU13.model_copy(update={"driver_min": 590, "arch_list": ["10.0"]})
-    found = doctor.check_host(fixture_runner("h100-x1", shm_kib=65536, ulimits="64\n1024\n"), old, num_gpus=8,
-                              mode="host", compare_versions=("2.59.0", "3.11.2"), where="h1")
+    found = host_findings(fixture_runner("h100-x1", shm_kib=65536, ulimits="64\n1024\n"), old, 8, "h1", ("2.59.0", "3.11.2"))
     errors = {f.check: f for f in found if f.level == doctor.ERROR}
     assert set(errors) == {"gpus", "driver", "gpu-arch", "shm", "versions"}
     assert "1 GPU(s) on h1, the recipe needs 8" in errors["gpus"].message

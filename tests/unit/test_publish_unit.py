@@ -27,7 +27,6 @@ from slimeforge.image.registry import (
     RegistryAuthError,
     TransientError,
     image_ref_problems,
-    is_pinned,
     parse_image_ref,
 )
 
@@ -45,7 +44,7 @@ D = "sha256:" + "ab" * 32
 def test_parse_image_ref(text, expected):
     ref = parse_image_ref(text)
     assert ref == expected
-    assert is_pinned(text) is (expected.digest is not None)
+    assert ref.pinned is (expected.digest is not None)
     assert parse_image_ref(str(ref)) == ref  # the canonical form parses back to itself
 
 
