@@ -21,7 +21,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import tarfile
 import time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from typing import Any
 from .. import paths
 from ..atomic import dir_problem, write_dir
 from ..errors import ConfigError, Problem, SlimeforgeError
+from ..proc import Runner
 from ..schema import text_problem, text_problems
 from ..templating import render
 from .lock import check_patches, checked_lock
@@ -90,6 +90,7 @@ class BuildOptions:
     wheel_registry: str | None = None  # also pull misses from <registry>/slimeforge-compiled:<key>
     wheel_credentials: Any = None  # registry.Credentials for it (default: the docker config's)
     wheels_only: bool = False  # render/build only up to the compiled steps, compiling misses into the store
+    runner: Runner = field(default_factory=Runner)  # every external command (tests read its history)
 
 
 @dataclass
@@ -237,15 +238,15 @@ def _render_dockerfile(variables: dict[str, Any]) -> str:
     return render("Dockerfile.j2", variables)
 
 
-def _source_date_epoch(stack: Stack, cache: Path) -> int:
+def _source_date_epoch(stack: Stack, cache: Path, runner: Runner) -> int:
     """The commit time of slime's pinned commit (the newest thing in the image that has a date)."""
     src = slime_source(stack) or (stack.patches.from_source if stack.patches else None)
     if src:
         repo = cache / f"{src}-{stack.sources[src].commit}.git"
         if repo.exists():
-            res = subprocess.run([*GIT, "--git-dir", str(repo), "show", "-s", "--format=%ct", stack.sources[src].commit],
-                                 capture_output=True, text=True)
-            if res.returncode == 0 and res.stdout.strip().isdigit():
+            res = runner.run([*GIT, "--git-dir", str(repo), "show", "-s", "--format=%ct", stack.sources[src].commit],
+                             step="git show (source date)", check=False)
+            if res.ok and res.stdout.strip().isdigit():
                 return int(res.stdout.strip())
     return 0
 
@@ -338,7 +339,7 @@ def prepare(opts: BuildOptions) -> Prepared:
 
             shutil.copytree(source_repo(stack, name, local, cache), target, symlinks=True)
 
-    epoch = _source_date_epoch(stack, cache)
+    epoch = _source_date_epoch(stack, cache, opts.runner)
     repository = opts.repository or f"slimeforge/{stack.name}"
     jobs, threads = compile_jobs()
     cli_args = {"MAX_JOBS": str(jobs), "NVCC_THREADS": str(threads), **build_args, "SOURCE_DATE_EPOCH": str(epoch)}
@@ -454,28 +455,26 @@ def parse_progress(lines: list[str]) -> list[dict[str, Any]]:
     return sorted(steps.values(), key=lambda s: s["index"])
 
 
-def _stream(argv: list[str], env: dict[str, str], log: Path, echo: Callable[[str], None]) -> tuple[int, list[str]]:
+def _stream(runner: Runner, argv: list[str], env: dict[str, str], log: Path, echo: Callable[[str], None]) -> tuple[int, list[str]]:
     """Run the build, keep every line in build.log, and show progress: one line per instruction."""
     lines: list[str] = []
     seen: dict[str, str] = {}
-    with log.open("w") as fh, subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                               text=True, bufsize=1) as proc:
-        assert proc.stdout is not None
-        for raw in proc.stdout:
-            line = raw.rstrip("\n")
-            fh.write(raw)
+    with log.open("w") as fh:
+
+        def on_line(line: str) -> None:
+            fh.write(line + "\n")
             lines.append(line)
             m = VERTEX_RE.match(line)
             if m and m.group(1) not in seen:
                 step = STEP_RE.search(m.group(4))
                 seen[m.group(1)] = f"[{m.group(2)}/{m.group(3)}] {step.group(1) if step else m.group(4)[:60]}"
-                continue
+                return
             m = STATUS_RE.match(line)
             if m and m.group(1) in seen:
                 echo(f"  {seen[m.group(1)]:<48} {m.group(2)}")
             elif "slimeforge: ERROR:" in line:
                 echo("  " + line)
-        rc = proc.wait()
+        rc = runner.stream(argv, on_line, step="docker build", env=env)
     return rc, lines
 
 
@@ -601,7 +600,7 @@ def build_wheels(opts: BuildOptions) -> dict[str, dict[str, Any]]:
     opts.echo(f"compiling {', '.join(make)} for the store ({p.dir})")
     export = p.dir / "compiled-out"
     shutil.rmtree(export, ignore_errors=True)
-    rc, lines = _stream(p.argv, p.env, p.dir / "wheels.log", opts.echo)
+    rc, lines = _stream(opts.runner, p.argv, p.env, p.dir / "wheels.log", opts.echo)
     if rc != 0:
         raise BuildError(f"compiling the wheels of {p.stack.id} failed (log: {p.dir / 'wheels.log'}):\n{_failure(lines)}")
     for name, c in make.items():
@@ -639,7 +638,7 @@ def build(opts: BuildOptions) -> dict[str, Any]:
         echo(f"image {p.tag} ({image_id[:19]}) is up to date: nothing to build (--force rebuilds)")
         steps, duration, skipped = previous.get("steps", []), previous.get("build_duration_s"), True
     else:
-        rc, lines = _stream(p.argv, p.env, p.dir / LOG, echo)
+        rc, lines = _stream(opts.runner, p.argv, p.env, p.dir / LOG, echo)
         if rc != 0:
             raise BuildError(f"docker build of {p.stack.id} failed (log: {p.dir / LOG}):\n{_failure(lines)}")
         image_id = (p.dir / "image.id").read_text().strip()

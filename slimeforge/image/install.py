@@ -13,14 +13,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..atomic import dir_problem, write_file
-from ..errors import CommandError, ConfigError, Problem
+from ..errors import ConfigError, Problem
+from ..proc import Runner
 from ..schema import text_problem
 from ..templating import render
 from .lock import LockFile, check_patches, checked_lock
@@ -161,6 +160,7 @@ class InstallOptions:
     echo: Callable[[str], None] = print
     use_store: bool = True  # compiled steps from the compiled-wheel store (wheelstore.py)
     store_root: Path | None = None
+    runner: Runner = field(default_factory=Runner)  # runs the script (tests read its history)
 
 
 def install(opts: InstallOptions) -> Path:
@@ -208,9 +208,8 @@ def install(opts: InstallOptions) -> Path:
         opts.echo(str(script))
         return script
     opts.echo(f"running {script}")
-    rc = subprocess.run(["bash", str(script)], stdout=sys.stdout, stderr=sys.stderr).returncode
-    if rc != 0:
-        raise CommandError("install", ["bash", str(script)], rc, "")
+    # Not captured: the script's progress goes straight to the terminal; the runner raises on failure.
+    opts.runner.run(["bash", str(script)], step="install", capture=False)
     from . import wheelstore
 
     for name, (mode, directory) in store.items():

@@ -304,7 +304,8 @@ def launch_host(recipe: Recipe, run_dir: Path, args: list[str], runtime_env: dic
             stop_recorded_head(sdir, say)
         started_pid = start_head(recipe, sdir, ray, runner, extra, say, head_timeout)
         target = f"http://127.0.0.1:{recipe.ray_dashboard_port}"
-    model_args = doctor.eval_model_script(doctor.model_script(recipe), recipe.slime_dir)
+    # Read even on a dry run (the plan shows the real MODEL_ARGS), so not through `runner`.
+    model_args = doctor.eval_model_script(doctor.model_script(recipe), recipe.slime_dir, Runner())
     command = entrypoint(python, recipe.slime_dir, model_args, args)
     if runner.dry_run:
         runner.history.append(["ray-job-submit", target, command])
@@ -397,7 +398,7 @@ def launch_container(recipe: Recipe, run_dir: Path, *, runner: Runner, address: 
         stopping.set()
         say(f"\n[slimeforge] interrupted: stopping container {name}")
         cid = cidfile.read_text().strip() if cidfile.exists() else name
-        Runner().run([docker, "stop", "--time", "60", cid], step="docker stop", check=False)
+        runner.run([docker, "stop", "--time", "60", cid], step="docker stop", check=False)
 
     old = {}
     if threading.current_thread() is threading.main_thread():
@@ -466,7 +467,7 @@ def logs(run_dir: str | os.PathLike, follow_logs: bool = False, stream: IO[str] 
         stream.write(client.get_job_logs(info["submission_id"]))
 
 
-def stop(run_dir: str | os.PathLike, head: bool = False, say=print) -> None:
+def stop(run_dir: str | os.PathLike, head: bool = False, say=print, runner: Runner | None = None) -> None:
     """Stop the recorded job; with `head`, also the Ray head that slimeforge started (its recorded
     pid) and the recorded container. Nothing that slimeforge did not record is touched."""
     info = recorded(run_dir)
@@ -483,5 +484,5 @@ def stop(run_dir: str | os.PathLike, head: bool = False, say=print) -> None:
         pid = stop_recorded_head(state_dir(info["ray_port"]), say)
         say(f"Ray head pid {pid} stopped" if pid else "no running Ray head was recorded for this port")
         if info["container_id"]:
-            Runner().run(["docker", "stop", "--time", "60", info["container_id"]], step="docker stop", check=False)
+            (runner or Runner()).run(["docker", "stop", "--time", "60", info["container_id"]], step="docker stop", check=False)
             say(f"container {info['container_id'][:12]} stopped")

@@ -117,9 +117,9 @@ class Report:
 # --- the context the checks read ------------------------------------------------------------------
 
 
-def local_run(argv: list[str]) -> str:
-    """The default command runner: runs here, returns stdout, raises CommandError on failure."""
-    return Runner().run(argv, step=argv[0], timeout=30).stdout
+def reader(runner: Runner) -> Run:
+    """A host reader over `runner`: runs here, returns stdout, raises CommandError on failure."""
+    return lambda argv: runner.run(argv, step=argv[0], timeout=30).stdout
 
 
 @dataclass
@@ -132,11 +132,16 @@ class Context:
     catalog: str | None = None
     image: str | None = None
     install_prefix: str | None = None
-    run: Run = local_run
+    runner: Runner = field(default_factory=Runner)  # every command a check runs itself
+    run: Run | None = None  # how host checks read the host; default: reader(runner)
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     docker: str = "docker"
     state_dir: Path | None = None  # where the launcher records the Ray head it started
     cache: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.run is None:
+            self.run = reader(self.runner)
 
     def once(self, key: str, fn: Callable[[], Any]) -> Any:
         if key not in self.cache:
@@ -431,10 +436,10 @@ def model_script(recipe: Recipe) -> Path:
     return Path(recipe.slime_dir) / "scripts" / "models" / f"{recipe.model_type}.sh"
 
 
-def eval_model_script(script: str | Path, slime_dir: str | Path, run: Callable[..., Any] | None = None) -> list[str]:
+def eval_model_script(script: str | Path, slime_dir: str | Path, runner: Runner) -> list[str]:
     """MODEL_ARGS of a slime model script: real bash (overrides, loops, sourcing), so bash reads it."""
     argv = ["bash", "-c", 'source "$1" && printf "%s\\0" "${MODEL_ARGS[@]}"', "model-script", str(script)]
-    out = Runner().run(argv, step=f"model script {script}", cwd=str(slime_dir), timeout=30).stdout
+    out = runner.run(argv, step=f"model script {script}", cwd=str(slime_dir), timeout=30).stdout
     return out.split("\0")[:-1] if out else []
 
 
@@ -446,11 +451,11 @@ def model_args(ctx: Context) -> list[str] | Exception:
     def read() -> list[str]:
         script = model_script(r)
         if script.is_file():
-            return eval_model_script(script, r.slime_dir)
+            return eval_model_script(script, r.slime_dir, ctx.runner)
         if ctx.mode == "container" and ctx.image:
             argv = [ctx.docker, "run", "--rm", "--entrypoint", "bash", "-w", r.slime_dir, ctx.image,
                     "-c", 'source "$1" && printf "%s\\0" "${MODEL_ARGS[@]}"', "model-script", str(script)]
-            out = Runner().run(argv, step="model script (in the image)", timeout=120).stdout
+            out = ctx.runner.run(argv, step="model script (in the image)", timeout=120).stdout
             return out.split("\0")[:-1] if out else []
         raise FileNotFoundError(f"no model script at {script}")
 
@@ -674,8 +679,8 @@ def find_catalog(ctx: Context) -> tuple[Catalog, str] | None:
     if ctx.catalog:
         return load_catalog(ctx.catalog), ctx.catalog
     if ctx.mode == "container" and ctx.image:
-        text = Runner().run([ctx.docker, "run", "--rm", "--entrypoint", "cat", ctx.image, "/opt/slimeforge/flags.json"],
-                            step="flag catalog (in the image)", timeout=120).stdout
+        text = ctx.runner.run([ctx.docker, "run", "--rm", "--entrypoint", "cat", ctx.image, "/opt/slimeforge/flags.json"],
+                              step="flag catalog (in the image)", timeout=120).stdout
         where = f"{ctx.image}:/opt/slimeforge/flags.json"
         return parse_catalog(text, where), where
     if ctx.mode == "host" and ctx.install_prefix:
@@ -873,7 +878,7 @@ def check_versions(ctx: Context) -> list[Finding]:
 
 def run_checks(recipe: Recipe | None = None, stack: Stack | None = None, *, args: Sequence[str] | None = None, mode: str | None = None,
                address: str | None = None, catalog: str | None = None, image: str | None = None, install_prefix: str | None = None,
-               skip: Iterable[str] = (), only: Iterable[str] | None = None, network: bool = True, run: Run = local_run,
+               skip: Iterable[str] = (), only: Iterable[str] | None = None, network: bool = True, run: Run | None = None, runner: Runner | None = None,
                state_dir: Path | None = None, environ: dict[str, str] | None = None) -> Report:
     """Run every check that applies (without a recipe: the host checks), return all findings.
 
@@ -891,7 +896,7 @@ def run_checks(recipe: Recipe | None = None, stack: Stack | None = None, *, args
         args = render_flags(recipe, stack, config_path="agentcore.yaml", env_json=env_json({}), wandb=False)
     ctx = Context(stack=stack, recipe=recipe, args=list(args or []), mode=mode or (recipe.mode if recipe else "host"),
                   address=address, catalog=catalog, image=image or (recipe.image if recipe else None),
-                  install_prefix=install_prefix or (recipe.install_prefix if recipe else None), run=run,
+                  install_prefix=install_prefix or (recipe.install_prefix if recipe else None), run=run, runner=runner or Runner(),
                   environ=dict(os.environ if environ is None else environ), state_dir=state_dir)
     start = time.monotonic()
     findings: list[Finding] = []

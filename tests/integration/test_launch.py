@@ -25,6 +25,7 @@ from launch_support import (
     write_catalog,
 )
 
+from slimeforge.proc import Runner
 from slimeforge.run import launch as launcher
 from slimeforge.run import preflight as doctor
 from slimeforge.run.recipe import parse_recipe
@@ -107,7 +108,7 @@ def recorded_call(recipe) -> dict:
 
 
 def expected_argv(recipe, run_dir: Path) -> list[str]:
-    margs = doctor.eval_model_script(doctor.model_script(recipe), recipe.slime_dir)
+    margs = doctor.eval_model_script(doctor.model_script(recipe), recipe.slime_dir, Runner())
     return [f"{recipe.slime_dir}/train.py", *margs, *read_args(run_dir / "slime.args")]
 
 

@@ -118,7 +118,7 @@ def test_model_script_against_the_wrong_checkpoint_lists_every_difference(tmp_pa
 def test_model_script_is_real_bash(tmp_path, monkeypatch, recipe_3b):
     recipe, stack = recipe_3b
     monkeypatch.setenv("MODEL_ARGS_ROTARY_BASE", "10000")  # the fixture script appends a second --rotary-base
-    margs = doctor.eval_model_script(doctor.model_script(recipe), recipe.slime_dir)
+    margs = doctor.eval_model_script(doctor.model_script(recipe), recipe.slime_dir, Runner())
     assert margs[-2:] == ["--rotary-base", "10000"]
     errors = doctor.run_checks(recipe, stack, only=["model-config"]).errors
     assert [e.message.split(":")[0] for e in errors] == ["--rotary-base"]
