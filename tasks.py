@@ -13,6 +13,7 @@ import sys
 
 from invoke import Collection, Exit, task
 
+from slimeforge import paths
 from slimeforge.errors import SlimeforgeError
 
 
@@ -99,7 +100,7 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
     if not slurm and any(v is not None for v in (partition, account, time, nodes)):
         raise Exit("error: --partition, --account, --time and --nodes go with --slurm", code=2)
     rec, stack = load_recipe(recipe, parse_overrides(set_ or []))
-    target = Path(out) if out else Path("runs") / rec.exp_id
+    target = Path(out) if out else paths.run_dir(rec.exp_id)
     if slurm:
         from slimeforge.cluster import slurm as slurm_mod
 
@@ -160,7 +161,7 @@ def _run_dir(run):
     exp_id = load_recipe_data(run).get("exp_id")
     if not isinstance(exp_id, str) or not EXP_ID_RE.fullmatch(exp_id):
         raise ConfigError(run, [Problem("exp_id", "names no run directory", exp_id, "the exp_id of a launched recipe")])
-    return Path("runs") / exp_id
+    return paths.run_dir(exp_id)
 
 
 RUN_HELP = {"run": "the run directory (runs/<exp_id>), or the recipe that was launched"}

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from . import paths
 from .atomic import write_file
 from .errors import ConfigError, Problem
 from .image.stack import Stack
@@ -89,7 +90,7 @@ class SlimeRunner:
     def render(self, out: str | os.PathLike | None = None, num_rollout: int | None = None) -> RunDir:
         """Validate and write the run directory (default runs/<exp_id>); starts nothing."""
         recipe, stack = self._with(num_rollout)
-        run = build_run_dir(recipe, stack, out or Path("runs") / recipe.exp_id, self._source)
+        run = build_run_dir(recipe, stack, out or paths.run_dir(recipe.exp_id), self._source)
         write_run_dir(run)
         return run
 

@@ -58,7 +58,7 @@ from .steps import (
 )
 
 LABEL_NS = "ai.slimeforge"
-REPORT, LOCK, FLAGS, LOG = "report.json", "stack.lock.json", "flags.json", "build.log"
+REPORT, LOCK, FLAGS, LOG = paths.BUILD_REPORT, paths.STACK_LOCK, paths.FLAGS, "build.log"
 HASH_LABEL = f"{LABEL_NS}.build-hash"
 
 
@@ -429,7 +429,7 @@ def _write_tree(root: Path, files: dict[str, str | bytes], modes: dict[str, int]
 
 VERTEX_RE = re.compile(r"^#(\d+) \[(?:[^\]]*? )?(\d+)/(\d+)\] (.+)$")
 STATUS_RE = re.compile(r"^#(\d+) (CACHED|DONE (\d+(?:\.\d+)?)s|ERROR\b.*)$")
-STEP_RE = re.compile(r"/opt/slimeforge/sf (\S+)")
+STEP_RE = re.compile(re.escape(paths.IMAGE_STATE) + r"/sf (\S+)")
 
 
 def parse_progress(lines: list[str]) -> list[dict[str, Any]]:
@@ -645,11 +645,11 @@ def build(opts: BuildOptions) -> dict[str, Any]:
         steps, duration, skipped = parse_progress(lines), round(time.monotonic() - started, 2), False
         echo("smoke test ...")
         smoke_test(client, image_id, p.stack)
-    files = _read_from_image(client, image_id, ["/opt/slimeforge/stack.lock.json", "/opt/slimeforge/flags.json"]
-                             if slime_source(p.stack) else ["/opt/slimeforge/stack.lock.json"])
+    in_lock, in_flags = f"{paths.IMAGE_STATE}/{LOCK}", f"{paths.IMAGE_STATE}/{FLAGS}"
+    files = _read_from_image(client, image_id, [in_lock, in_flags] if slime_source(p.stack) else [in_lock])
     _apply_tags(client, image_id, tags)
     image = client.images.get(image_id)
-    lock = json.loads(files["/opt/slimeforge/stack.lock.json"])
+    lock = json.loads(files[in_lock])
     lock.update({"build_hash": p.hash, "image_id": image_id, "tag": p.tag, "digest": previous.get("digest"),
                  "published": previous.get("published", [])})
     report = {
@@ -683,7 +683,7 @@ def build(opts: BuildOptions) -> dict[str, Any]:
     }
     out_files: dict[str, str | bytes] = {LOCK: json.dumps(lock, indent=2, sort_keys=True) + "\n"}
     if slime_source(p.stack):
-        out_files[FLAGS] = files["/opt/slimeforge/flags.json"]
+        out_files[FLAGS] = files[in_flags]
     out_files[REPORT] = json.dumps(report, indent=2) + "\n"
     write_dir(p.dir, out_files, last=REPORT)
     echo(summary_table(report))

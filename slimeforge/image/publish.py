@@ -45,7 +45,7 @@ from .registry import (
     split_registry,
 )
 
-REPORT, LOCK, RECORD = "report.json", "stack.lock.json", "publish.json"
+REPORT, LOCK, RECORD = paths.BUILD_REPORT, paths.STACK_LOCK, "publish.json"
 REPORT_KEYS = {"tag": str, "human_tags": list, "image_id": str}
 _FLAVOR_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 _IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}|[0-9a-f]{12,64}")

@@ -49,7 +49,7 @@ def image_layout(stack: Stack, local_sources: dict[str, Any] | None = None) -> L
     urls = {n: s.git for n, s in stack.sources.items()}
     urls.update({n: f"/tmp/sf-src/{n}.git" for n, s in local.items() if getattr(s, "kind", "git") == "git"})
     wheels = {n: f"/tmp/sf-wheels/{n}" for n, s in local.items() if getattr(s, "kind", "git") == "wheels"}
-    return Layout(stack.image_root, stack.venv, "/tmp/sf-patches", "/opt/slimeforge", urls, wheels, "/tmp/sf-lock")
+    return Layout(stack.image_root, stack.venv, "/tmp/sf-patches", paths.IMAGE_STATE, urls, wheels, "/tmp/sf-lock")
 
 
 def compile_jobs(mem_bytes: int | None = None, cores: int | None = None) -> tuple[int, int]:

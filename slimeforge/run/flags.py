@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from .. import paths
 from ..image.stack import Stack
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ def site_packages(recipe: Recipe, stack: Stack) -> str:
 
 
 def decoy_dir(recipe: Recipe) -> str:
-    root = recipe.install_prefix if (recipe.mode == "host" and recipe.install_prefix) else "/opt/slimeforge"
+    root = recipe.install_prefix if (recipe.mode == "host" and recipe.install_prefix) else paths.IMAGE_STATE
     return f"{root}/cudart-decoy"
 
 

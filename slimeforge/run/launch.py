@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
+from .. import paths
 from ..errors import ConfigError, Problem, SlimeforgeError
 from ..image.registry import image_ref_problems
 from ..image.stack import Stack
@@ -59,11 +60,11 @@ def state_dir(ray_port: int, environ: dict[str, str] | None = None) -> Path:
 
 
 def default_run_dir(recipe: Recipe) -> Path:
-    return Path("runs") / recipe.exp_id
+    return paths.run_dir(recipe.exp_id)
 
 
 def new_submission_id(exp_id: str) -> str:
-    return f"{exp_id}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    return f"{exp_id}-{time.strftime(paths.SUBMISSION_TIME)}-{secrets.token_hex(3)}"
 
 
 # --- mode -------------------------------------------------------------------------------------------

@@ -679,9 +679,10 @@ def find_catalog(ctx: Context) -> tuple[Catalog, str] | None:
     if ctx.catalog:
         return load_catalog(ctx.catalog), ctx.catalog
     if ctx.mode == "container" and ctx.image:
-        text = ctx.runner.run([ctx.docker, "run", "--rm", "--entrypoint", "cat", ctx.image, "/opt/slimeforge/flags.json"],
+        in_image = f"{paths.IMAGE_STATE}/{paths.FLAGS}"
+        text = ctx.runner.run([ctx.docker, "run", "--rm", "--entrypoint", "cat", ctx.image, in_image],
                               step="flag catalog (in the image)", timeout=120).stdout
-        where = f"{ctx.image}:/opt/slimeforge/flags.json"
+        where = f"{ctx.image}:{in_image}"
         return parse_catalog(text, where), where
     if ctx.mode == "host" and ctx.install_prefix:
         path = Path(ctx.install_prefix) / "flags.json"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from .. import __version__
+from .. import __version__, paths
 from ..atomic import LOCK_NAME, dir_lock, dir_problem, write_dir
 from ..errors import ConfigError, Problem
 from ..image.stack import Stack
@@ -59,6 +59,7 @@ def build_run_dir(recipe: Recipe, stack: Stack, out: str | Path, recipe_path: st
             "version": __version__,
             "stack_id": stack.id,
             "exp_id": recipe.exp_id,
+            "submission_time": paths.SUBMISSION_TIME,
             "slime_dir": recipe.slime_dir,
             "model_type": recipe.model_type,
             "num_gpus": recipe.num_gpus,

@@ -230,3 +230,19 @@ exit 0
     argv = record.read_text().split("\0")[:-1]
     assert argv == [sys.executable, f"{slime_dir}/train.py", "--num-layers", "36", "--normalization", "RMSNorm", *run.args]
     assert HOSTILE in argv and not Path("/tmp/pwned").exists()
+
+
+def test_launch_sh_makes_the_submission_id_as_launch_py_does(gsm8k, monkeypatch):
+    """One format for both launch paths: launch.sh's `date` prints what launch.py's strftime does."""
+    import time
+
+    from slimeforge import paths
+    from slimeforge.run.launch import new_submission_id
+
+    line = next(x for x in gsm8k.files["launch.sh"].splitlines() if x.startswith("SUBMISSION_ID="))
+    fmt = shlex.split(line.split("$(date ", 1)[1].split(")", 1)[0])[0]
+    assert fmt == "+" + paths.SUBMISSION_TIME
+    printed = subprocess.run(["date", "-u", "-d", "@86399", fmt], capture_output=True, text=True, check=True).stdout.strip()
+    strftime = time.strftime
+    monkeypatch.setattr(time, "strftime", lambda f: strftime(f, time.gmtime(86399)))
+    assert new_submission_id("e").split("-")[1:3] == printed.split("-") == ["19700101", "235959"]
