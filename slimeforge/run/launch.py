@@ -39,9 +39,8 @@ from ..proc import Runner
 from ..schema import text_problem
 from . import preflight as doctor
 from .recipe import RUNNER_FIELDS, Recipe
-from .rundir import build_run_dir, read_plan, write_run_dir
+from .rundir import HEAD_TIMEOUT_S, build_run_dir, read_plan, write_run_dir
 
-HEAD_TIMEOUT_S = 180  # a loaded host takes 10 to 30 s to bring a head up
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 # Secrets and credentials reach the container by name only (`-e NAME`): their values never appear
 # in an argv, a log or the run directory.

@@ -23,6 +23,9 @@ from .recipe import EXP_ID_RE, Recipe
 
 RUN_FILES = ("slime.args", "agentcore.yaml", "runtime_env.json", "launch.sh", "plan.json")
 MAX_PLAN_BYTES = 4 << 20
+# How long a launch waits for the Ray head it started to answer, in both launch paths (launch.py
+# and the launch.sh rendered here): a loaded host takes 10 to 30 s to bring a head up.
+HEAD_TIMEOUT_S = 180
 _TEMP_PREFIXES = tuple(f".{name}." for name in RUN_FILES)  # atomic.write_dir's temporary names
 _PLAN_ACCEPTED = "the plan.json that `invoke run` writes into a run directory"
 
@@ -60,6 +63,7 @@ def build_run_dir(recipe: Recipe, stack: Stack, out: str | Path, recipe_path: st
             "stack_id": stack.id,
             "exp_id": recipe.exp_id,
             "submission_time": paths.SUBMISSION_TIME,
+            "head_timeout": HEAD_TIMEOUT_S,
             "slime_dir": recipe.slime_dir,
             "model_type": recipe.model_type,
             "num_gpus": recipe.num_gpus,

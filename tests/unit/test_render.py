@@ -246,3 +246,20 @@ def test_launch_sh_makes_the_submission_id_as_launch_py_does(gsm8k, monkeypatch)
     strftime = time.strftime
     monkeypatch.setattr(time, "strftime", lambda f: strftime(f, time.gmtime(86399)))
     assert new_submission_id("e").split("-")[1:3] == printed.split("-") == ["19700101", "235959"]
+
+
+def test_the_head_wait_is_one_value_in_both_launch_paths(gsm8k, tmp_path):
+    """launch.py's host path and launch.sh waited 180 s and 120 s for the Ray head: now one value."""
+    import inspect
+
+    from slimeforge.run import launch
+    from slimeforge.run.rundir import HEAD_TIMEOUT_S
+
+    script = gsm8k.files["launch.sh"]
+    assert f"HEAD_TIMEOUT={HEAD_TIMEOUT_S}\n" in script
+    assert "deadline=$((SECONDS + HEAD_TIMEOUT))" in script and "120 s" not in script
+    for fn in (launch.launch, launch.start_head):
+        defaults = {n: p.default for n, p in inspect.signature(fn).parameters.items()}
+        assert HEAD_TIMEOUT_S in defaults.values(), fn.__name__
+    # The rendered script still parses.
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
