@@ -253,7 +253,8 @@ def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=
         return
     rec = stack = None
     if recipe:
-        from slimeforge.run.launch import resolve_mode, state_dir
+        from slimeforge.run.headstate import state_dir
+        from slimeforge.run.launch import resolve_mode
         from slimeforge.run.recipe import load_recipe, parse_overrides
 
         rec, stack = load_recipe(recipe, parse_overrides(set_ or []))

@@ -84,10 +84,11 @@ def write_catalog(path: Path, recipe, stack, drop: tuple[str, ...] = ()) -> Path
     from slimeforge.proc import Runner
     from slimeforge.run import preflight as doctor
     from slimeforge.run.flags import env_json, render_flags
+    from slimeforge.run.modelscript import eval_model_script, model_script
 
     own = recipe.model_copy(update={"extra_flags": []})  # a user's extra flags are what is checked
     args = render_flags(own, stack, config_path="x", env_json=env_json({}), wandb=True)
-    margs = doctor.eval_model_script(doctor.model_script(own), own.slime_dir, Runner())
+    margs = eval_model_script(model_script(own), own.slime_dir, Runner())
     flags = sorted(set(doctor.flags_in([*args, *margs, "--use-wandb", "--wandb-project", "--wandb-group"])) - set(drop))
     path.write_text(json.dumps({"slime_commit": "0" * 40, "flags": flags}))
     return path

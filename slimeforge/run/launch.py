@@ -37,7 +37,9 @@ from ..image.registry import image_ref_problems
 from ..image.stack import Stack
 from ..proc import Runner
 from ..schema import text_problem
-from . import preflight as doctor
+from .headstate import dashboard_url, recorded_head, state_dir
+from .modelscript import eval_model_script, model_script
+from .preflight import PreflightError, run_checks
 from .recipe import RUNNER_FIELDS, Recipe
 from .rundir import HEAD_TIMEOUT_S, build_run_dir, read_plan, write_run_dir
 
@@ -49,13 +51,6 @@ PASS_THROUGH_ENV = ("WANDB_API_KEY", "WANDB_ENTITY", "HF_TOKEN", "AWS_ACCESS_KEY
 
 
 # --- where things are recorded ----------------------------------------------------------------------
-
-
-def state_dir(ray_port: int, environ: dict[str, str] | None = None) -> Path:
-    """The same directory launch.sh uses: one per GCS port, so two heads on one host never mix."""
-    env = os.environ if environ is None else environ
-    base = env.get("SLIMEFORGE_STATE_DIR") or f"{env.get('XDG_STATE_HOME') or Path.home() / '.local' / 'state'}/slimeforge"
-    return Path(base) / f"ray-{ray_port}"
 
 
 def default_run_dir(recipe: Recipe) -> Path:
@@ -131,7 +126,7 @@ def extra_head_args(environ: dict[str, str] | None = None) -> list[str]:
 
 def stop_recorded_head(sdir: Path, say=print, timeout: float = 60) -> int | None:
     """SIGTERM the head an earlier launch recorded in `sdir` (if it still runs); nothing else."""
-    pid = doctor.recorded_head(sdir)
+    pid = recorded_head(sdir)
     if pid:
         say(f"[slimeforge] stopping the Ray head of an earlier launch (pid {pid})")
         os.kill(pid, signal.SIGTERM)
@@ -267,7 +262,7 @@ def launch(recipe: Recipe, stack: Stack, out: str | os.PathLike | None = None, r
     job is submitted there and no head is started or stopped. Without it a head is started here.
     mode / image / install_prefix override the recipe's. skip_checks: preflight checks whose errors
     become warnings. runner: a proc.Runner (a dry-run one records argv lists and starts nothing).
-    Raises doctor.PreflightError (every problem, each with its fix) before anything starts."""
+    Raises PreflightError (every problem, each with its fix) before anything starts."""
     stream = stream or sys.stdout
     environ = dict(os.environ if environ is None else environ)
     runner = runner or Runner()
@@ -279,11 +274,11 @@ def launch(recipe: Recipe, stack: Stack, out: str | os.PathLike | None = None, r
     recipe = resolve_mode(recipe, mode, install_prefix, image)
     run = build_run_dir(recipe, stack, out or default_run_dir(recipe), recipe_path, environ)
     sdir = state_dir(recipe.ray_port, environ)
-    report = doctor.run_checks(recipe, stack, args=run.args, address=address, catalog=catalog, skip=skip_checks,
+    report = run_checks(recipe, stack, args=run.args, address=address, catalog=catalog, skip=skip_checks,
                                network=network_checks, state_dir=sdir, environ=environ)
     say(report.table())
     if report.errors:
-        raise doctor.PreflightError(f"preflight of {recipe_path}", report)
+        raise PreflightError(f"preflight of {recipe_path}", report)
     write_run_dir(run)
     if recipe.mode == "container":
         return launch_container(recipe, run.path, runner=runner, address=address, environ=environ, docker=docker, shm_size=shm_size, say=say)
@@ -298,14 +293,14 @@ def launch_host(recipe: Recipe, run_dir: Path, args: list[str], runtime_env: dic
     started_pid = None
     if address:
         say(f"[slimeforge] attaching to the running cluster at {address}")
-        target = doctor.dashboard_url(address)
+        target = dashboard_url(address)
     else:
         if not runner.dry_run:
             stop_recorded_head(sdir, say)
         started_pid = start_head(recipe, sdir, ray, runner, extra, say, head_timeout)
         target = f"http://127.0.0.1:{recipe.ray_dashboard_port}"
     # Read even on a dry run (the plan shows the real MODEL_ARGS), so not through `runner`.
-    model_args = doctor.eval_model_script(doctor.model_script(recipe), recipe.slime_dir, Runner())
+    model_args = eval_model_script(model_script(recipe), recipe.slime_dir, Runner())
     command = entrypoint(python, recipe.slime_dir, model_args, args)
     if runner.dry_run:
         runner.history.append(["ray-job-submit", target, command])
@@ -454,7 +449,7 @@ def status(run_dir: str | os.PathLike) -> dict[str, Any]:
     job = _client(info).get_job_info(info["submission_id"])
     sdir = state_dir(info["ray_port"])
     return {**info, "status": str(job.status).rsplit(".", 1)[-1], "message": job.message,
-            "start_time": job.start_time, "end_time": job.end_time, "head_pid": doctor.recorded_head(sdir)}
+            "start_time": job.start_time, "end_time": job.end_time, "head_pid": recorded_head(sdir)}
 
 
 def logs(run_dir: str | os.PathLike, follow_logs: bool = False, stream: IO[str] | None = None) -> None:

@@ -28,6 +28,8 @@ from ..image.stack import Stack, load_stack
 from ..proc import Runner
 from ..schema import did_you_mean
 from .flagcatalog import Catalog, load_catalog, parse_catalog
+from .headstate import dashboard_url, recorded_head
+from .modelscript import eval_in_image, eval_model_script, model_script
 from .recipe import ARN_RE, Recipe
 
 ERROR, WARNING, OK = "error", "warning", "ok"
@@ -400,18 +402,6 @@ def check_limits(ctx: Context) -> list[Finding]:
     return limits_findings(ctx.run, ctx.mode)
 
 
-def recorded_head(state_dir: Path | None) -> int | None:
-    """The pid of the Ray head an earlier launch recorded, when that process still runs."""
-    if state_dir is None:
-        return None
-    try:
-        pid = int((state_dir / "head.pid").read_text().strip())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError):
-        return None
-    return pid if b"--head" in cmdline else None
-
-
 @check("ports", "host")
 def check_ports(ctx: Context) -> list[Finding]:
     """The Ray GCS, dashboard and gateway ports are free."""
@@ -432,17 +422,6 @@ def check_ports(ctx: Context) -> list[Finding]:
 # --- the registered checks: recipe files ----------------------------------------------------------
 
 
-def model_script(recipe: Recipe) -> Path:
-    return Path(recipe.slime_dir) / "scripts" / "models" / f"{recipe.model_type}.sh"
-
-
-def eval_model_script(script: str | Path, slime_dir: str | Path, runner: Runner) -> list[str]:
-    """MODEL_ARGS of a slime model script: real bash (overrides, loops, sourcing), so bash reads it."""
-    argv = ["bash", "-c", 'source "$1" && printf "%s\\0" "${MODEL_ARGS[@]}"', "model-script", str(script)]
-    out = runner.run(argv, step=f"model script {script}", cwd=str(slime_dir), timeout=30).stdout
-    return out.split("\0")[:-1] if out else []
-
-
 def model_args(ctx: Context) -> list[str] | Exception:
     """MODEL_ARGS, read from the script here, or from the image when it is not on this host."""
     r = ctx.recipe
@@ -453,10 +432,7 @@ def model_args(ctx: Context) -> list[str] | Exception:
         if script.is_file():
             return eval_model_script(script, r.slime_dir, ctx.runner)
         if ctx.mode == "container" and ctx.image:
-            argv = [ctx.docker, "run", "--rm", "--entrypoint", "bash", "-w", r.slime_dir, ctx.image,
-                    "-c", 'source "$1" && printf "%s\\0" "${MODEL_ARGS[@]}"', "model-script", str(script)]
-            out = ctx.runner.run(argv, step="model script (in the image)", timeout=120).stdout
-            return out.split("\0")[:-1] if out else []
+            return eval_in_image(ctx.docker, ctx.image, script, r.slime_dir, ctx.runner)
         raise FileNotFoundError(f"no model script at {script}")
 
     return ctx.once("model_args", read)
@@ -824,10 +800,6 @@ def check_agentcore(ctx: Context) -> list[Finding]:
     if status not in ("READY", "?"):
         return [warning("agentcore", f"runtime {runtime_id} is {status}, not READY", "wait for the deployment, or redeploy the agent")]
     return [ok("agentcore", f"runtime {runtime_id} is {status}")]
-
-
-def dashboard_url(address: str) -> str:
-    return address if address.startswith("http") else f"http://{address}"
 
 
 def cluster_versions(address: str) -> tuple[str, str]:

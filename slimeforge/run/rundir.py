@@ -19,6 +19,7 @@ from ..errors import ConfigError, Problem
 from ..image.stack import Stack
 from ..templating import render
 from .flags import agentcore_config, agentcore_config_doc, env_json, render_flags, runtime_env_vars
+from .modelscript import MODEL_ARGS_BASH
 from .recipe import EXP_ID_RE, Recipe
 
 RUN_FILES = ("slime.args", "agentcore.yaml", "runtime_env.json", "launch.sh", "plan.json")
@@ -64,6 +65,7 @@ def build_run_dir(recipe: Recipe, stack: Stack, out: str | Path, recipe_path: st
             "exp_id": recipe.exp_id,
             "submission_time": paths.SUBMISSION_TIME,
             "head_timeout": HEAD_TIMEOUT_S,
+            "model_args_bash": MODEL_ARGS_BASH,
             "slime_dir": recipe.slime_dir,
             "model_type": recipe.model_type,
             "num_gpus": recipe.num_gpus,

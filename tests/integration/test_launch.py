@@ -28,6 +28,8 @@ from launch_support import (
 from slimeforge.proc import Runner
 from slimeforge.run import launch as launcher
 from slimeforge.run import preflight as doctor
+from slimeforge.run.headstate import state_dir
+from slimeforge.run.modelscript import eval_model_script, model_script
 from slimeforge.run.recipe import parse_recipe
 from slimeforge.run.rundir import read_args
 
@@ -108,7 +110,7 @@ def recorded_call(recipe) -> dict:
 
 
 def expected_argv(recipe, run_dir: Path) -> list[str]:
-    margs = doctor.eval_model_script(doctor.model_script(recipe), recipe.slime_dir, Runner())
+    margs = eval_model_script(model_script(recipe), recipe.slime_dir, Runner())
     return [f"{recipe.slime_dir}/train.py", *margs, *read_args(run_dir / "slime.args")]
 
 
@@ -178,7 +180,7 @@ def test_start_head_submit_replace_and_stop(env):
         run_dir = env / "run"
         args = head_extra_args(temp)
         assert launcher.launch(recipe, stack, out=run_dir, catalog=catalog, head_args=args) == 0
-        sdir = launcher.state_dir(recipe.ray_port)
+        sdir = state_dir(recipe.ray_port)
         first = int((sdir / "head.pid").read_text())
         assert pid_alive(first)
         assert recorded_call(recipe)["argv"] == expected_argv(recipe, run_dir)
@@ -191,7 +193,7 @@ def test_start_head_submit_replace_and_stop(env):
         wait_for(lambda: not pid_alive(second), 90, "the head to stop")
         assert not (sdir / "head.pid").exists()
     finally:
-        pid_file = launcher.state_dir(recipe.ray_port) / "head.pid"
+        pid_file = state_dir(recipe.ray_port) / "head.pid"
         if pid_file.exists() and pid_alive(int(pid_file.read_text())):
             os.kill(int(pid_file.read_text()), signal.SIGTERM)
         subprocess.run(["rm", "-rf", str(temp)], check=False)
@@ -206,7 +208,7 @@ def test_launch_sh_runs_for_real(env):
     run = build_run_dir(recipe, stack, env / "run", "test")
     write_run_dir(run)
     sh_env = {**os.environ, "SLIMEFORGE_RAY_HEAD_ARGS": " ".join(head_extra_args(temp))}
-    sdir = launcher.state_dir(recipe.ray_port)
+    sdir = state_dir(recipe.ray_port)
     try:
         proc = subprocess.run(["bash", str(run.path / "launch.sh")], env=sh_env, capture_output=True, text=True, timeout=500)
         assert proc.returncode == 4, proc.stdout + proc.stderr

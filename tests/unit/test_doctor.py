@@ -14,6 +14,7 @@ from slimeforge.image.stack import load_stack
 from slimeforge.proc import Runner
 from slimeforge.run import preflight as doctor
 from slimeforge.run.launch import launch
+from slimeforge.run.modelscript import eval_model_script, model_script
 from slimeforge.run.recipe import parse_recipe
 
 CU13 = load_stack("cu13")
@@ -118,7 +119,7 @@ def test_model_script_against_the_wrong_checkpoint_lists_every_difference(tmp_pa
 def test_model_script_is_real_bash(tmp_path, monkeypatch, recipe_3b):
     recipe, stack = recipe_3b
     monkeypatch.setenv("MODEL_ARGS_ROTARY_BASE", "10000")  # the fixture script appends a second --rotary-base
-    margs = doctor.eval_model_script(doctor.model_script(recipe), recipe.slime_dir, Runner())
+    margs = eval_model_script(model_script(recipe), recipe.slime_dir, Runner())
     assert margs[-2:] == ["--rotary-base", "10000"]
     errors = doctor.run_checks(recipe, stack, only=["model-config"]).errors
     assert [e.message.split(":")[0] for e in errors] == ["--rotary-base"]
