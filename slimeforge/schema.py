@@ -26,6 +26,8 @@ class Model(BaseModel):
 # controls (Trojan Source) make a value read differently from what it is. Neither is ever part of
 # a name, path, version or URL, so every string of every input is checked for them.
 _BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+# An environment variable name (bounded): stack env, recipe env and secrets, inventory env, build args.
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _CONTROL_RE = re.compile(f"[\x00-\x1f\x7f-\x9f\u2028\u2029{_BIDI}]")
 _CONTROL_NAMES = {"\n": "newline", "\r": "carriage return", "\t": "tab", "\x00": "NUL", "\x1b": "escape"}
 MAX_TEXT = 4096  # longest string accepted anywhere (a path is at most 4096 bytes on Linux)

@@ -155,12 +155,3 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.3):
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False

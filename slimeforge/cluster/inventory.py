@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from ..errors import ConfigError, Problem
-from ..schema import Model, model_problems, secret_name, text_problem
+from ..schema import ENV_NAME_RE, Model, model_problems, secret_name, text_problem
 from ..yamlio import load_with_extends
 from .ssh import SSHOptions, SSHTarget
 
@@ -28,7 +28,6 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # used in paths and co
 ADDRESS_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:%-]{0,252}")  # IP, DNS name or ssh config alias
 USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 IFACE_RE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")  # Linux IFNAMSIZ - 1
-ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 DIGEST_RE = re.compile(r".*@sha256:[0-9a-f]{64}")
 MAX_GPUS = 64
 
@@ -223,7 +222,7 @@ def check(data: dict[str, Any], base: Path) -> list[Problem]:
             if isinstance(value, str) and not _resolve(base, value).is_file():
                 p.append(Problem(f"{where}.{key_field}" if key_field in h else f"ssh.{key_field}", "names no file on this machine", value, "a private key file (or leave it out: the ssh agent and ssh config apply)"))
         for env_key in (h.get("env") or {}) if isinstance(h.get("env"), dict) else {}:
-            if not ENV_RE.fullmatch(str(env_key)):
+            if not ENV_NAME_RE.fullmatch(str(env_key)):
                 p.append(Problem(f"{where}.env", "is not an environment variable name", env_key, "letters, digits and '_', not starting with a digit"))
         if mode == "container":
             for field in ("prefix", "python"):
@@ -260,7 +259,7 @@ def check(data: dict[str, Any], base: Path) -> list[Problem]:
 
     ray = data.get("ray") if isinstance(data.get("ray"), dict) else {}
     for env_key in ray["env"] if isinstance(ray.get("env"), dict) else {}:
-        if not ENV_RE.fullmatch(str(env_key)):
+        if not ENV_NAME_RE.fullmatch(str(env_key)):
             p.append(Problem("ray.env", "is not an environment variable name", env_key, "letters, digits and '_', not starting with a digit"))
         elif secret_name(str(env_key)):
             p.append(Problem(f"ray.env.{env_key}", "looks like a secret; an inventory is not the place for one", None,

@@ -34,7 +34,7 @@ from .. import paths
 from ..atomic import dir_problem, write_dir
 from ..errors import ConfigError, Problem, SlimeforgeError
 from ..proc import Runner
-from ..schema import text_problem, text_problems
+from ..schema import ENV_NAME_RE, text_problem, text_problems
 from ..templating import render
 from .lock import check_patches, checked_lock
 from .patches import PatchContent, read_patches
@@ -147,7 +147,7 @@ def parse_build_args(values: list[str]) -> tuple[dict[str, str], list[Problem]]:
     out, problems = {}, []
     for text in values:
         key, sep, value = text.partition("=")
-        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) or text_problem(value):
+        if not sep or not ENV_NAME_RE.fullmatch(key) or text_problem(value):
             problems.append(Problem("--build-arg", "must be KEY=VALUE with KEY a variable name and VALUE printable text", text))
         else:
             out[key] = value

@@ -17,7 +17,7 @@ from pydantic import AfterValidator, Field, PrivateAttr, field_validator, model_
 
 from .. import paths
 from ..errors import ConfigError, Problem
-from ..schema import Model, validate
+from ..schema import ENV_NAME_RE, Model, validate
 from ..yamlio import deep_merge, load_with_extends
 from .registry import image_ref_problems
 
@@ -29,7 +29,6 @@ COMMIT_RE = re.compile(r"[0-9a-f]{40}")
 # Names that become file names, Dockerfile mount paths and environment variables: kept to a safe
 # alphabet so that no template has to quote them in a context where quoting is not possible.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _WORD = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
 # PEP 508 distribution name with optional extras: transformer_engine[pytorch,core-cu13]
 PACKAGE_RE = re.compile(rf"{_WORD}(?:\[{_WORD}(?:,{_WORD})*\])?")
@@ -66,7 +65,7 @@ def _image_ref(v: str) -> str:
 
 
 Name = Annotated[str, _grammar(NAME_RE, "a name: letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128")]
-EnvName = Annotated[str, _grammar(ENV_RE, "an environment variable name: letters, digits and '_', not starting with a digit")]
+EnvName = Annotated[str, _grammar(ENV_NAME_RE, "an environment variable name: letters, digits and '_', not starting with a digit")]
 Package = Annotated[str, _grammar(PACKAGE_RE, "a Python package name (PEP 508), optionally with [extras]")]
 VersionSpec = Annotated[str, _grammar(VERSION_SPEC_RE, "a version (2.11.0) or PEP 440 specifiers (>=0.37.0,<2)")]
 AptName = Annotated[str, _grammar(APT_RE, "a Debian package name (lowercase letters, digits, + . -, starting with a letter or digit)")]
@@ -153,7 +152,7 @@ class Step(Model):
     @field_validator("env")
     @classmethod
     def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
-        bad = [k for k in v if not ENV_RE.fullmatch(k)]
+        bad = [k for k in v if not ENV_NAME_RE.fullmatch(k)]
         if bad:
             raise ValueError(f"environment variable names expected, got {bad}")
         return v

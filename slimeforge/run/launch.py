@@ -35,7 +35,7 @@ from .. import paths
 from ..errors import ConfigError, Problem, SlimeforgeError
 from ..image.registry import image_ref_problems
 from ..image.stack import Stack
-from ..proc import Runner
+from ..proc import Runner, pid_alive
 from ..schema import text_problem
 from .headstate import dashboard_url, recorded_head, state_dir
 from .modelscript import eval_model_script, model_script
@@ -131,23 +131,10 @@ def stop_recorded_head(sdir: Path, say=print, timeout: float = 60) -> int | None
         say(f"[slimeforge] stopping the Ray head of an earlier launch (pid {pid})")
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and _alive(pid):
+        while time.monotonic() < deadline and pid_alive(pid):
             time.sleep(0.2)
     (sdir / "head.pid").unlink(missing_ok=True)
     return pid
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie child of ours counts as gone
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def start_head(recipe: Recipe, sdir: Path, ray: str, runner: Runner, extra: Iterable[str] = (), say=print, timeout: float = HEAD_TIMEOUT_S) -> int | None:

@@ -30,7 +30,7 @@ from ..schema import did_you_mean
 from .flagcatalog import Catalog, load_catalog, parse_catalog
 from .headstate import dashboard_url, recorded_head
 from .modelscript import eval_in_image, eval_model_script, model_script
-from .recipe import ARN_RE, Recipe
+from .recipe import ARN_RE, Recipe, bucket_name
 
 ERROR, WARNING, OK = "error", "warning", "ok"
 
@@ -751,7 +751,7 @@ def check_s3(ctx: Context) -> list[Finding]:
 
     r = ctx.recipe
     assert r is not None
-    bucket = r.s3_bucket[5:].split("/", 1)[0] if r.s3_bucket.startswith("s3://") else r.s3_bucket
+    bucket = bucket_name(r.s3_bucket)
     session = _session(ctx)
     if isinstance(session, Exception) or session.get_credentials() is None:
         return [error("s3", f"bucket {bucket} not checked: no AWS credentials", "see aws-credentials")]

@@ -16,7 +16,7 @@ from pydantic import Field
 from ..errors import ConfigError, Problem
 from ..image.registry import image_ref_problems
 from ..image.stack import Stack, available_flavors, load_stack, stack_path
-from ..schema import Model, did_you_mean, secret_name, secret_value, validate
+from ..schema import ENV_NAME_RE, Model, did_you_mean, secret_name, secret_value, validate
 from ..yamlio import deep_merge, load_with_extends, parse_set, parse_yaml
 from .flags import render_flags
 from .slime_facts import load_facts, model_types_in
@@ -59,7 +59,6 @@ RUNNER_FIELDS: dict[str, Any] = {
 EXP_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # arn:aws:bedrock-agentcore:<region>:<12-digit account>:runtime/<runtime id>
 ARN_RE = re.compile(r"arn:aws(-[a-z]+)*:bedrock-agentcore:[a-z]{2}(-[a-z]+)+-\d:\d{12}:runtime/[A-Za-z][A-Za-z0-9_]{0,99}-[A-Za-z0-9]{10}")
-ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 # Names passed to slime or the toolkit as a flag's value: never starting with '-' (argparse would
 # read "--lr" as the next option) and in the alphabet of what they name.
 LABEL_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")  # wandb project/group, eval data names
@@ -149,9 +148,14 @@ class Recipe(Model):
         return self.checkpoint_dir or f"/root/checkpoints/{self.exp_id}"
 
 
+def bucket_name(value: str) -> str:
+    """The bucket of an s3_bucket value: a bare name, or `s3://bucket/prefix`."""
+    return value[5:].split("/", 1)[0] if value.startswith("s3://") else value
+
+
 def _bucket_problems(value: str) -> list[str]:
     """AWS S3 general-purpose bucket naming rules; `s3://bucket/prefix` is accepted too."""
-    bucket = value[5:].split("/", 1)[0] if value.startswith("s3://") else value
+    bucket = bucket_name(value)
     why = []
     if not 3 <= len(bucket) <= 63:
         why.append("must be 3 to 63 characters long")

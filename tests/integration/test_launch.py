@@ -19,13 +19,12 @@ from launch_support import (
     fake_nvidia_smi,
     head_extra_args,
     make_recipe,
-    pid_alive,
     short_tmp,
     wait_for,
     write_catalog,
 )
 
-from slimeforge.proc import Runner
+from slimeforge.proc import Runner, pid_alive
 from slimeforge.run import launch as launcher
 from slimeforge.run import preflight as doctor
 from slimeforge.run.headstate import state_dir

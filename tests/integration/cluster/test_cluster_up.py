@@ -12,7 +12,6 @@ import os
 import shlex
 import signal
 import time
-from pathlib import Path
 
 import pytest
 from cluster_helpers import environment_python, inventory_data, write_inventory, write_lock
@@ -20,6 +19,7 @@ from cluster_helpers import environment_python, inventory_data, write_inventory,
 from slimeforge.cluster import raycluster as cluster
 from slimeforge.cluster.inventory import load_inventory
 from slimeforge.errors import Problem, SlimeforgeError
+from slimeforge.proc import pid_alive
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
@@ -32,14 +32,6 @@ def records(lab, name: str) -> dict[str, dict]:
         if path.exists():
             out[h.name] = json.loads(path.read_text())
     return out
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def test_unreachable_host_is_named_and_nothing_starts(lab, tmp_path):
