@@ -36,6 +36,7 @@ from ..errors import ConfigError, Problem, SlimeforgeError
 from ..proc import Runner
 from ..schema import ENV_NAME_RE, text_problem, text_problems
 from ..templating import render
+from .dockerapi import docker_client
 from .lock import check_patches, checked_lock
 from .patches import PatchContent, read_patches
 from .sources import GIT, LocalSource, dist_files, parse_sources
@@ -137,12 +138,6 @@ def default_ca_bundle() -> str:
     return ""
 
 
-def _docker_client():
-    import docker  # heavy: imported only when Docker is really used
-
-    return docker.from_env(timeout=600)
-
-
 def parse_build_args(values: list[str]) -> tuple[dict[str, str], list[Problem]]:
     out, problems = {}, []
     for text in values:
@@ -168,7 +163,7 @@ def resolve_base(stack: Stack, override: str | None, dry_run: bool, locked_diges
     import docker
 
     try:
-        img = _docker_client().images.get(image)
+        img = docker_client().images.get(image)
     except docker.errors.ImageNotFound:
         if dry_run:
             return {"image": image, "from": image, "digest": None, "image_id": None}
@@ -628,7 +623,7 @@ def build(opts: BuildOptions) -> dict[str, Any]:
         echo("would run: " + " ".join(f"{k}={v}" for k, v in p.env.items()) + " " + shlex.join(p.argv))
         return {"dry_run": True, "build_hash": p.hash, "dir": str(p.dir), "tag": p.tag, "human_tags": p.human_tags, "command": p.argv}
 
-    client = _docker_client()
+    client = docker_client()
     pull_base(client, p.base, echo)
     tags = [p.tag, *p.human_tags, *_extra_tags(p, opts.tags)]
     existing = None if opts.force else _built_image(client, p)

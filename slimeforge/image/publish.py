@@ -24,6 +24,7 @@ from typing import IO
 from .. import paths
 from ..atomic import write_dir
 from ..errors import ConfigError, Problem, SlimeforgeError
+from . import dockerapi
 from . import ecr as ecr_api
 from .registry import (
     DOCKER_CERTS_DIR,
@@ -330,7 +331,7 @@ def publish(
     """Push `p.source` to every tag of the destination unless the registry already holds it there,
     verify the digest each tag reports, and record the publish. Returns the record."""
     retry = retry or Retry()
-    docker = docker_client or _docker_client()
+    docker = docker_client or dockerapi.docker_client()
     image_id = _local_image_id(docker, p.source)
 
     ecr_client = repo_info = None
@@ -417,16 +418,6 @@ def docker_config_credentials(registry: str) -> Credentials | None:
     username = found.get("username") or found.get("Username")
     password = found.get("password") or found.get("Password")
     return Credentials(username, password, "the docker config") if username and password else None
-
-
-def _docker_client():
-    import docker
-    from docker.errors import DockerException
-
-    try:
-        return docker.from_env(timeout=600)
-    except DockerException as exc:
-        raise PublishError(f"docker engine: {exc}; is dockerd running, and DOCKER_HOST right?") from None
 
 
 def _local_image_id(docker, source: Source) -> str:

@@ -227,9 +227,9 @@ def ecr_credentials(ref: ImageRef, create: bool, echo: Callable[[str], None] = p
 
 
 def _docker():
-    from .publish import _docker_client
+    from .dockerapi import docker_client
 
-    return _docker_client()
+    return docker_client()
 
 
 def push(key: str, registry: str, credentials: Credentials | None = None, root: Path | None = None,
