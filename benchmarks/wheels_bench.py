@@ -30,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from build_support import remove_tags  # noqa: E402
 from cext_support import STACK, serve_index  # noqa: E402
 from publish_support import LocalRegistry  # noqa: E402
 
@@ -112,10 +113,7 @@ def main() -> None:
             })
     finally:
         reg.stop()
-        refs = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True).stdout.split()
-        mine = [r for r in refs if r.startswith(REPO) or r.startswith(f"{reg.host}/")]
-        if mine:
-            subprocess.run(["docker", "rmi", *mine], capture_output=True)
+        remove_tags(REPO, f"{reg.host}/")
         shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(out, indent=2))
 

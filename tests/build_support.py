@@ -164,3 +164,12 @@ def render_lock(stack):
     lock.tool.setdefault("router", {})["sha256"] = "0" * 64
     lock.tool["patches"] = {}  # the placeholder patches below are not the locked ones
     return lock
+
+
+def remove_tags(*prefixes: str) -> None:
+    """Remove the image tags (repository:tag) that start with one of `prefixes`: only what a test
+    or benchmark made; an image shared with other tags stays for them."""
+    refs = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True).stdout.split()
+    mine = [r for r in refs if r.startswith(prefixes)]
+    if mine:
+        subprocess.run(["docker", "rmi", *mine], capture_output=True)

@@ -29,9 +29,7 @@ def env(base_image, tmp_path_factory):
     made: list[str] = []
     yield {"root": root, "repos": repos, "made": made}
     # Only this session's tags: an image shared with other tags (same content hash) stays for them.
-    refs = subprocess.run(["docker", "images", REPO, "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True).stdout.split()
-    if refs:
-        subprocess.run(["docker", "rmi", *refs], capture_output=True)
+    bs.remove_tags(f"{REPO}:")
 
 
 def opts(env, stack=bs.TEST_STACK, **kw) -> BuildOptions:

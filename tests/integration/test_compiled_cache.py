@@ -17,6 +17,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from build_support import remove_tags
 from cext_support import STACK, serve_index
 
 from slimeforge.image.build import BuildOptions, build
@@ -52,9 +53,7 @@ def images(base_image, index, tmp_path_factory):
             made[label] = (report, path)
         yield made
     finally:
-        refs = subprocess.run(["docker", "images", REPO, "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True).stdout.split()
-        if refs:
-            subprocess.run(["docker", "rmi", *refs], capture_output=True)
+        remove_tags(f"{REPO}:")
 
 
 def run_in(tag: str, *argv: str) -> str:

@@ -20,6 +20,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from build_support import remove_tags
 from cext_support import STACK, serve_index
 from publish_support import LocalRegistry
 
@@ -49,10 +50,7 @@ def world(base_image, tmp_path_factory):
             yield {"root": root, "stack": stack, "registry": reg.host, "creds": Credentials(USER, PASSWORD, "test")}
     finally:
         reg.stop()
-        refs = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True).stdout.split()
-        mine = [r for r in refs if r.startswith(REPO) or r.startswith(f"{reg.host}/")]
-        if mine:
-            subprocess.run(["docker", "rmi", *mine], capture_output=True)
+        remove_tags(REPO, f"{reg.host}/")
 
 
 def opts(world, store: Path, **kw) -> BuildOptions:
