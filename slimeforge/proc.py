@@ -5,9 +5,12 @@ Tests inject a different `Runner` (or read `Runner.history`) to compare exact ar
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import signal
 import subprocess
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,9 +79,13 @@ class Runner:
 
 
     def stream(self, argv: Sequence[str], on_line: Callable[[str], None], *, step: str = "",
-               env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None) -> int:
+               env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None, forward_signals: bool = False) -> int:
         """Run to the end, handing each line of its output (stdout and stderr together) to
-        `on_line` as it comes: progress of a slow command. Returns the exit status."""
+        `on_line` as it comes: progress of a slow command. Returns the exit status.
+
+        forward_signals: the program runs in its own session, so a terminal's Ctrl-C reaches only
+        us, and the first SIGINT/SIGTERM we get is passed on to it as SIGTERM (once: its own
+        handler, e.g. launch.sh's trap, decides how to stop). Main thread only; elsewhere no handler."""
         argv = [str(a) for a in argv]
         self.history.append(argv)
         if self.echo:
@@ -88,11 +95,12 @@ class Runner:
         full_env = None if env is None else {**os.environ, **env}
         try:
             with subprocess.Popen(argv, env=full_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, text=True, bufsize=1) as proc:
+                                  stdin=subprocess.DEVNULL, text=True, bufsize=1, start_new_session=forward_signals) as proc:
                 assert proc.stdout is not None
-                for line in proc.stdout:
-                    on_line(line.rstrip("\n"))
-                return proc.wait()
+                with _forwarding(proc, forward_signals):
+                    for line in proc.stdout:
+                        on_line(line.rstrip("\n"))
+                    return proc.wait()
         except FileNotFoundError as exc:
             raise CommandError(step or argv[0], argv, 127, f"{argv[0]}: not found on PATH") from exc
 
@@ -125,6 +133,27 @@ class Runner:
         finally:
             if out is not None:
                 out.close()
+
+
+@contextlib.contextmanager
+def _forwarding(proc: subprocess.Popen, enabled: bool):
+    """While inside: the first SIGINT/SIGTERM to this process goes to `proc` as SIGTERM."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sent = threading.Event()
+
+    def forward(signum, frame):
+        if not sent.is_set() and proc.poll() is None:
+            sent.set()
+            proc.send_signal(signal.SIGTERM)
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 def pid_alive(pid: int) -> bool:

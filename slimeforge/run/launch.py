@@ -1,28 +1,29 @@
-"""Launching a run: preflight, a Ray head (or an existing cluster), Jobs API submission, logs.
+"""Launching a run: preflight, then the one executor, the rendered launch.sh; and acting on a launched run.
 
     launch(recipe, stack, out=None, recipe_path="(api)", *, address=None, mode=None, ...) -> exit code
 
 Order: render the run directory in memory -> preflight (all problems at once; nothing started,
-nothing written on failure) -> write the run directory -> host mode: start a Ray head (unless
-`address` names a running cluster), submit train.py through the Ray Jobs SDK, stream the logs to the
-terminal and job.log, return the job's outcome; container mode: run the image with the rendered
-launch.sh inside it (the same steps, done by bash).
+nothing written on failure) -> write the run directory -> run launch.sh: on this host (host mode,
+with the install's tools first on PATH), or inside the image (container mode, `docker run`); a
+Slurm job runs the same script on its head node (cluster/slurm.py). launch.sh stops the head an
+earlier launch recorded, starts a Ray head (unless RAY_ADDRESS names a running cluster), waits for
+its Jobs API, submits train.py, streams the log to the terminal and job.log, and exits with the
+job's outcome. There is no second implementation of those steps here, so the modes cannot drift.
 
 What slimeforge starts, it records, and only that is ever stopped: the Ray head's pid (a head
 started with `--block` stops every process it started on SIGTERM) in the state dir
 `$SLIMEFORGE_STATE_DIR/ray-<port>/head.pid` (default ~/.local/state/slimeforge), the container id in
 <run dir>/container.id, the job's submission id in <run dir>/submission_id and the cluster it went
-to in <run dir>/ray_address. launch.sh records the same files in the same places.
+to in <run dir>/ray_address. run.status / run.logs / run.stop read those files (Ray's Jobs SDK).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import math
 import os
 import re
 import secrets
-import shlex
 import signal
 import sys
 import threading
@@ -37,8 +38,7 @@ from ..image.registry import image_ref_problems
 from ..image.stack import Stack
 from ..proc import Runner, pid_alive
 from ..schema import text_problem
-from .headstate import dashboard_url, recorded_head, state_dir
-from .modelscript import eval_model_script, model_script
+from .headstate import HEAD_PID, dashboard_url, recorded_head, state_dir
 from .preflight import PreflightError, run_checks
 from .recipe import RUNNER_FIELDS, Recipe
 from .rundir import HEAD_TIMEOUT_S, build_run_dir, read_plan, write_run_dir
@@ -55,10 +55,6 @@ PASS_THROUGH_ENV = ("WANDB_API_KEY", "WANDB_ENTITY", "HF_TOKEN", "AWS_ACCESS_KEY
 
 def default_run_dir(recipe: Recipe) -> Path:
     return paths.run_dir(recipe.exp_id)
-
-
-def new_submission_id(exp_id: str) -> str:
-    return f"{exp_id}-{time.strftime(paths.SUBMISSION_TIME)}-{secrets.token_hex(3)}"
 
 
 # --- mode -------------------------------------------------------------------------------------------
@@ -108,22 +104,6 @@ def host_tools(recipe: Recipe) -> tuple[str, str]:
     return "python3", str(here) if here.exists() else "ray"
 
 
-# --- the Ray head we start ----------------------------------------------------------------------------
-
-
-def head_argv(ray: str, recipe: Recipe, extra: Iterable[str] = ()) -> list[str]:
-    return [ray, "start", "--head", "--block", "--num-gpus", str(recipe.num_gpus), "--port", str(recipe.ray_port),
-            # The dashboard (and Jobs API) has no authentication: loopback only.
-            "--dashboard-host", "127.0.0.1", "--dashboard-port", str(recipe.ray_dashboard_port),
-            "--disable-usage-stats", *extra]
-
-
-def extra_head_args(environ: dict[str, str] | None = None) -> list[str]:
-    """SLIMEFORGE_RAY_HEAD_ARGS: more `ray start` options (e.g. --temp-dir, fixed ports), as launch.sh reads them."""
-    env = os.environ if environ is None else environ
-    return shlex.split(env.get("SLIMEFORGE_RAY_HEAD_ARGS", ""))
-
-
 def stop_recorded_head(sdir: Path, say=print, timeout: float = 60) -> int | None:
     """SIGTERM the head an earlier launch recorded in `sdir` (if it still runs); nothing else."""
     pid = recorded_head(sdir)
@@ -133,84 +113,17 @@ def stop_recorded_head(sdir: Path, say=print, timeout: float = 60) -> int | None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and pid_alive(pid):
             time.sleep(0.2)
-    (sdir / "head.pid").unlink(missing_ok=True)
+    (sdir / HEAD_PID).unlink(missing_ok=True)
     return pid
 
 
-def start_head(recipe: Recipe, sdir: Path, ray: str, runner: Runner, extra: Iterable[str] = (), say=print, timeout: float = HEAD_TIMEOUT_S) -> int | None:
-    """Start `ray start --head --block` in its own session, record its pid, wait for the Jobs API."""
-    sdir.mkdir(parents=True, exist_ok=True)
-    say(f"[slimeforge] starting a Ray head: {recipe.num_gpus} GPUs, GCS port {recipe.ray_port}, dashboard 127.0.0.1:{recipe.ray_dashboard_port}")
-    proc = runner.start(head_argv(ray, recipe, extra), step="ray head", log=sdir / "head.log", new_session=True)
-    if proc is None:  # dry run
-        return None
-    (sdir / "head.pid").write_text(f"{proc.pid}\n")
-    wait_for_jobs_api(f"http://127.0.0.1:{recipe.ray_dashboard_port}", timeout, proc=proc, log=sdir / "head.log")
-    return proc.pid
+# --- following a job (run.logs, run.stop) ----------------------------------------------------------
 
 
-def wait_for_jobs_api(address: str, timeout: float, proc=None, log: Path | None = None):
-    """A health gate, not a sleep: returns a client once the Jobs API answers."""
-    from ray.job_submission import JobSubmissionClient
-
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise SlimeforgeError(f"ray head: exited with {proc.returncode} before its Jobs API answered; see {log}:\n{_tail(log)}")
-        try:
-            client = JobSubmissionClient(address)
-            client.list_jobs()
-            return client
-        except Exception as exc:  # noqa: BLE001 - not up yet
-            last = exc
-            time.sleep(0.5)
-    raise SlimeforgeError(f"ray head: the Jobs API at {address} did not answer within {timeout:.0f} s ({last}); see {log}:\n{_tail(log)}")
-
-
-def _tail(path: Path | None, n: int = 20) -> str:
-    try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:]) if path else ""
-    except OSError:
-        return ""
-
-
-# --- the job ------------------------------------------------------------------------------------------
-
-
-def entrypoint(python: str, slime_dir: str, model_args: list[str], args: list[str]) -> str:
-    """Ray runs the entrypoint through /bin/sh: one POSIX-quoted string, MODEL_ARGS first (as upstream)."""
-    return shlex.join([python, f"{slime_dir}/train.py", *model_args, *args])
-
-
-def exit_code(status: str, message: str | None, interrupted: bool = False) -> int:
-    """SUCCEEDED -> 0; a failed entrypoint -> its own exit code when Ray's message gives it; else 1."""
-    if status == "SUCCEEDED":
-        return 0
-    if interrupted:
-        return 130
-    m = re.search(r"exit code (-?\d+)", message or "")
-    if m and int(m.group(1)) > 0:
-        return int(m.group(1))
-    return 1
-
-
-def follow(client, submission_id: str, log_path: Path, stream: IO[str], on_interrupt=None) -> bool:
-    """Stream the job's logs to `stream` and append them to `log_path` until the job ends.
-
-    SIGINT/SIGTERM (main thread only) call `on_interrupt` once and keep following until the job
-    has stopped; returns whether that happened."""
-    interrupted = threading.Event()
+def follow(client, submission_id: str, log_path: Path, stream: IO[str]) -> None:
+    """Stream the job's logs to `stream` and append them to `log_path` until the job ends."""
 
     async def tail():
-        loop = asyncio.get_running_loop()
-        if on_interrupt and threading.current_thread() is threading.main_thread():
-            def handler():
-                if not interrupted.is_set():
-                    interrupted.set()
-                    loop.run_in_executor(None, on_interrupt)
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, handler)
         with log_path.open("a", encoding="utf-8") as log:
             async for chunk in client.tail_job_logs(submission_id):
                 stream.write(chunk)
@@ -222,7 +135,6 @@ def follow(client, submission_id: str, log_path: Path, stream: IO[str], on_inter
         asyncio.run(tail())
     except Exception as exc:  # noqa: BLE001 - the log stream broke; the job's status still decides
         stream.write(f"[slimeforge] log stream ended: {exc}\n")
-    return interrupted.is_set()
 
 
 def wait_terminal(client, submission_id: str, timeout: float = 120) -> str:
@@ -245,11 +157,14 @@ def launch(recipe: Recipe, stack: Stack, out: str | os.PathLike | None = None, r
            shm_size: str = "64g", head_timeout: float = HEAD_TIMEOUT_S) -> int:
     """Preflight, then launch; returns the job's exit code (0 = SUCCEEDED).
 
+    Every mode runs the one executor, the rendered launch.sh: on this host (host mode), inside the
+    image (container mode), or on a Slurm allocation's head node (cluster.slurm).
     address: the Ray dashboard (Jobs API) of a running cluster, e.g. "http://10.0.0.1:8265"; the
     job is submitted there and no head is started or stopped. Without it a head is started here.
     mode / image / install_prefix override the recipe's. skip_checks: preflight checks whose errors
     become warnings. runner: a proc.Runner (a dry-run one records argv lists and starts nothing).
-    Raises PreflightError (every problem, each with its fix) before anything starts."""
+    head_args: more `ray start` options (default: $SLIMEFORGE_RAY_HEAD_ARGS). head_timeout: seconds
+    the head has to answer. Raises PreflightError (every problem, each with its fix) before anything starts."""
     stream = stream or sys.stdout
     environ = dict(os.environ if environ is None else environ)
     runner = runner or Runner()
@@ -259,10 +174,16 @@ def launch(recipe: Recipe, stack: Stack, out: str | os.PathLike | None = None, r
         stream.flush()
 
     recipe = resolve_mode(recipe, mode, install_prefix, image)
+    extra = None if head_args is None else list(head_args)
+    if extra is not None:
+        problems = [Problem("head_args", "must be single words without whitespace or control characters", a, "e.g. --temp-dir /tmp/ray-x")
+                    for a in extra if not a or re.search(r"[\s\x00-\x1f\x7f]", a)]
+        if problems:
+            raise ConfigError("launch", problems)
     run = build_run_dir(recipe, stack, out or default_run_dir(recipe), recipe_path, environ)
     sdir = state_dir(recipe.ray_port, environ)
     report = run_checks(recipe, stack, args=run.args, address=address, catalog=catalog, skip=skip_checks,
-                               network=network_checks, state_dir=sdir, environ=environ)
+                        network=network_checks, state_dir=sdir, environ=environ)
     say(report.table())
     if report.errors:
         raise PreflightError(f"preflight of {recipe_path}", report)
@@ -270,57 +191,26 @@ def launch(recipe: Recipe, stack: Stack, out: str | os.PathLike | None = None, r
     if recipe.mode == "container":
         return launch_container(recipe, run.path, runner=runner, address=address, environ=environ, docker=docker, shm_size=shm_size, say=say)
     py, ray = host_tools(recipe)
-    return launch_host(recipe, run.path, run.args, json.loads(run.files["runtime_env.json"]), runner=runner, address=address,
-                       sdir=sdir, python=python or environ.get("SLIMEFORGE_PYTHON") or py, ray=ray, extra=list(head_args) if head_args is not None else extra_head_args(environ),
-                       stream=stream, say=say, head_timeout=head_timeout)
+    env = launch_env(environ, sdir, python or environ.get("SLIMEFORGE_PYTHON") or py, ray, address, extra, head_timeout)
+    return runner.stream(["bash", str(run.path / "launch.sh")], lambda line: say(line), step="launch.sh", env=env, forward_signals=True)
 
 
-def launch_host(recipe: Recipe, run_dir: Path, args: list[str], runtime_env: dict, *, runner: Runner, address: str | None,
-                sdir: Path, python: str, ray: str, extra: list[str], stream: IO[str], say, head_timeout: float = HEAD_TIMEOUT_S) -> int:
-    started_pid = None
+def launch_env(environ: dict[str, str], sdir: Path, python: str, ray: str, address: str | None, head_args: list[str] | None,
+               head_timeout: float) -> dict[str, str]:
+    """The environment launch.sh reads, for a host launch: the install's tools first on PATH."""
+    env = dict(environ)
+    if "/" in ray:  # `ray`, `python3` and `ray job` in launch.sh: the install's (or this interpreter's) own
+        env["PATH"] = f"{Path(ray).parent}:{environ.get('PATH', os.defpath)}"
+    env["SLIMEFORGE_STATE_DIR"] = str(sdir.parent)  # launch.sh adds ray-<port>, as headstate.state_dir does
+    env["SLIMEFORGE_PYTHON"] = python
+    env["SLIMEFORGE_HEAD_TIMEOUT"] = str(max(1, math.ceil(head_timeout)))
+    if head_args is not None:
+        env["SLIMEFORGE_RAY_HEAD_ARGS"] = " ".join(head_args)
     if address:
-        say(f"[slimeforge] attaching to the running cluster at {address}")
-        target = dashboard_url(address)
+        env["RAY_ADDRESS"] = dashboard_url(address)
     else:
-        if not runner.dry_run:
-            stop_recorded_head(sdir, say)
-        started_pid = start_head(recipe, sdir, ray, runner, extra, say, head_timeout)
-        target = f"http://127.0.0.1:{recipe.ray_dashboard_port}"
-    # Read even on a dry run (the plan shows the real MODEL_ARGS), so not through `runner`.
-    model_args = eval_model_script(model_script(recipe), recipe.slime_dir, Runner())
-    command = entrypoint(python, recipe.slime_dir, model_args, args)
-    if runner.dry_run:
-        runner.history.append(["ray-job-submit", target, command])
-        return 0
-    client = wait_for_jobs_api(target, head_timeout)
-    sid = new_submission_id(recipe.exp_id)
-    (run_dir / "submission_id").write_text(sid + "\n")
-    (run_dir / "ray_address").write_text(target + "\n")
-    log_path = run_dir / "job.log"
-    with log_path.open("a") as log:
-        log.write(f"--- slimeforge: submission {sid} at {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n")
-    say(f"[slimeforge] submitting {sid} to {target}")
-    client.submit_job(entrypoint=command, submission_id=sid, runtime_env=runtime_env,
-                      metadata={"slimeforge_exp_id": recipe.exp_id, "slimeforge_run_dir": str(run_dir)})
-
-    def on_interrupt():
-        say(f"\n[slimeforge] interrupted: stopping job {sid}")
-        client.stop_job(sid)
-
-    interrupted = follow(client, sid, log_path, stream, on_interrupt)
-    status = wait_terminal(client, sid)
-    message = client.get_job_info(sid).message
-    code = exit_code(status, message, interrupted)
-    say(f"[slimeforge] job {sid}: {status}" + (f" ({message})" if message and status != "SUCCEEDED" else "") + f"; exit code {code}")
-    say("[slimeforge] " + cluster_state(address, started_pid, sdir, recipe))
-    return code
-
-
-def cluster_state(address: str | None, started_pid: int | None, sdir: Path, recipe: Recipe) -> str:
-    if address:
-        return f"the cluster at {address} is left running, as it was (slimeforge did not start it)"
-    return (f"the Ray head (pid {started_pid}, dashboard http://127.0.0.1:{recipe.ray_dashboard_port}) stays up for "
-            f"`invoke run.status/run.logs`; the next launch replaces it, `invoke run.stop --head` stops it")
+        env.pop("RAY_ADDRESS", None)  # a stale RAY_ADDRESS must not turn "start a head here" into "attach"
+    return env
 
 
 def container_argv(recipe: Recipe, run_dir: Path, *, docker: str = "docker", name: str, cidfile: Path, address: str | None = None,

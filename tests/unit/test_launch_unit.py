@@ -1,8 +1,10 @@
 """The launcher's exact commands, through a dry-run proc.Runner (its history): container mode's
-`docker run`, host mode's `ray start`, and how exit codes and entrypoints are formed."""
+`docker run` and host mode's `bash launch.sh` with its environment; and launch.sh itself, the one
+executor, against a stand-in `ray`: exit codes, and the head's deadline."""
 
 from __future__ import annotations
 
+import io
 import shlex
 import subprocess
 from pathlib import Path
@@ -11,7 +13,7 @@ import pytest
 from launch_support import fake_nvidia_smi, make_recipe, write_catalog
 
 from slimeforge.errors import ConfigError
-from slimeforge.proc import Runner
+from slimeforge.proc import Runner, pid_alive
 from slimeforge.run import launch as launcher
 from slimeforge.run.recipe import parse_recipe
 
@@ -73,35 +75,103 @@ def test_host_mode_takes_slime_and_megatron_from_the_install_prefix(gpu_host):
     assert launcher.host_tools(resolved) == ("/opt/sf/venv/bin/python", "/opt/sf/venv/bin/ray")
 
 
-def test_host_mode_starts_a_head_with_the_recipes_shape(gpu_host):
-    recipe, stack = parse_recipe(make_recipe(gpu_host, num_gpus=1), "test")
+def test_host_mode_runs_launch_sh_with_the_install_first_on_path(gpu_host):
+    recipe, stack = parse_recipe(make_recipe(gpu_host, num_gpus=1, install_prefix="/opt/sf"), "test")
     catalog = write_catalog(gpu_host / "flags.json", recipe, stack)
     runner = Runner(dry_run=True)
-    launcher.launch(recipe, stack, out=gpu_host / "run", catalog=str(catalog), runner=runner, network_checks=False,
+    run_dir = gpu_host / "run"
+    launcher.launch(recipe, stack, out=run_dir, catalog=str(catalog), runner=runner, network_checks=False,
                     head_args=["--temp-dir", "/tmp/sf-x"], stream=open("/dev/null", "w"))
-    head, submit = runner.history
-    assert head[1:] == ["start", "--head", "--block", "--num-gpus", "1", "--port", str(recipe.ray_port), "--dashboard-host", "127.0.0.1",
-                        "--dashboard-port", str(recipe.ray_dashboard_port), "--disable-usage-stats", "--temp-dir", "/tmp/sf-x"]
-    assert submit[1] == f"http://127.0.0.1:{recipe.ray_dashboard_port}"
-    assert shlex.split(submit[2])[:3] == ["python3", f"{recipe.slime_dir}/train.py", "--swiglu"]
+    assert runner.history == [["bash", str(run_dir.resolve() / "launch.sh")]]  # the one executor; nothing else
+    env = launcher.launch_env({"PATH": "/usr/bin:/bin", "RAY_ADDRESS": "http://stale:8265"}, gpu_host / "state" / "ray-1",
+                              "/opt/sf/venv/bin/python", "/opt/sf/venv/bin/ray", None, ["--temp-dir", "/tmp/sf-x"], 7.5)
+    assert env["PATH"] == "/opt/sf/venv/bin:/usr/bin:/bin"
+    assert env["SLIMEFORGE_PYTHON"] == "/opt/sf/venv/bin/python" and env["SLIMEFORGE_STATE_DIR"] == str(gpu_host / "state")
+    assert env["SLIMEFORGE_RAY_HEAD_ARGS"] == "--temp-dir /tmp/sf-x" and env["SLIMEFORGE_HEAD_TIMEOUT"] == "8"
+    assert "RAY_ADDRESS" not in env  # without --address a head is started here, whatever the shell holds
+    attach = launcher.launch_env({"PATH": "/bin"}, gpu_host, "python3", "ray", "10.0.0.1:8265", None, 1)
+    assert attach["RAY_ADDRESS"] == "http://10.0.0.1:8265" and attach["PATH"] == "/bin" and "SLIMEFORGE_RAY_HEAD_ARGS" not in attach
 
 
-@pytest.mark.parametrize(("status", "message", "interrupted", "code"), [
-    ("SUCCEEDED", "Job finished successfully.", False, 0),
-    ("FAILED", "Job entrypoint command failed with exit code 3, last available logs ...", False, 3),
-    ("FAILED", "Job supervisor actor died", False, 1),
-    ("STOPPED", "Job was intentionally stopped.", True, 130),
-    ("STOPPED", "Job was intentionally stopped.", False, 1),
+def test_head_args_with_whitespace_are_refused_before_anything_runs(gpu_host):
+    recipe, stack = parse_recipe(make_recipe(gpu_host), "test")
+    runner = Runner(dry_run=True)
+    with pytest.raises(ConfigError, match="head_args") as err:
+        launcher.launch(recipe, stack, out=gpu_host / "run", runner=runner, head_args=["--temp-dir", "/tmp/a b"], stream=open("/dev/null", "w"))
+    assert "'/tmp/a b'" in str(err.value) and runner.history == [] and not (gpu_host / "run").exists()
+
+
+def stand_in_ray(bin_dir: Path, status: str, head: str = "answers") -> Path:
+    """A `ray` that says `status` for `ray job status`; its head either answers `ray job list` at
+    once or never does (`ray start` then just sleeps)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    list_exit = 0 if head == "answers" else 1
+    (bin_dir / "ray").write_text(f"""#!/bin/bash
+case "$1 $2" in
+  "start --head") exec "$SLIMEFORGE_PYTHON" -c 'import time; time.sleep(300)' "$@" ;;  # "--head" in its cmdline, as Ray's
+  "job list") exit {list_exit} ;;
+  "job status") printf '%s\\n' {shlex.quote(status)} ;;
+esac
+exit 0
+""")
+    (bin_dir / "ray").chmod(0o755)
+    return bin_dir
+
+
+def run_launch_sh(gpu_host, bin_dir: Path, **env) -> subprocess.CompletedProcess:
+    import os
+    import sys
+
+    from slimeforge.run.rundir import build_run_dir, write_run_dir
+
+    recipe, stack = parse_recipe(make_recipe(gpu_host), "test")
+    run = build_run_dir(recipe, stack, gpu_host / "run", "test")
+    write_run_dir(run)
+    full = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin", "SLIMEFORGE_PYTHON": sys.executable, **env}
+    return subprocess.run(["bash", str(run.path / "launch.sh")], env=full, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(("status", "code"), [
+    ("Job 'x' succeeded", 0),
+    ("Job 'x' failed\nStatus message: Job entrypoint command failed with exit code 3, last available logs ...", 3),
+    ("Job 'x' failed\nStatus message: Job supervisor actor died", 1),
+    ("Job 'x' was stopped", 1),
 ])
-def test_exit_code(status, message, interrupted, code):
-    assert launcher.exit_code(status, message, interrupted) == code
+def test_launch_sh_exits_with_the_jobs_outcome(gpu_host, status, code):
+    proc = run_launch_sh(gpu_host, stand_in_ray(gpu_host / "bin", status), RAY_ADDRESS="http://127.0.0.1:1")
+    assert proc.returncode == code, proc.stderr
+    assert f"exit code {code}" in proc.stderr and "is left running, as it was" in proc.stderr
 
 
-def test_entrypoint_survives_sh(tmp_path):
-    hostile = ["--x", "it's $(id) `id` \"q\"\nnext", "-1", '{"a": [1]}']
-    command = launcher.entrypoint("printf", "/s", [], hostile)
-    out = subprocess.run(["sh", "-c", command.replace("printf /s/train.py", "printf '%s\\0'")], capture_output=True, text=True)
-    assert out.stdout.split("\0")[:-1] == hostile
+def test_the_head_deadline_is_one_value_and_a_silent_head_fails_by_it(gpu_host):
+    """launch.py's host path and launch.sh once waited 180 s and 120 s for the Ray head. Now
+    launch.sh is the only waiter: launch() hands it its deadline, whose default is the one that is
+    rendered (rundir.HEAD_TIMEOUT_S), and a head that never answers fails the launch at that deadline."""
+    import inspect
+    import os
+    import sys
+    import time
+
+    from slimeforge.run.rundir import HEAD_TIMEOUT_S
+
+    assert inspect.signature(launcher.launch).parameters["head_timeout"].default == HEAD_TIMEOUT_S
+    # Through launch() itself, as `invoke run` goes: the install's `ray` (a silent head) first on PATH.
+    prefix = gpu_host / "prefix"
+    venv_bin = stand_in_ray(prefix / "venv" / "bin", "unused", head="silent")
+    (venv_bin / "python").symlink_to(sys.executable)
+    recipe, stack = parse_recipe(make_recipe(gpu_host, install_prefix=str(prefix)), "test")
+    catalog = write_catalog(gpu_host / "flags.json", recipe, stack)
+    out = io.StringIO()
+    t0 = time.monotonic()
+    code = launcher.launch(recipe, stack, out=gpu_host / "run", catalog=str(catalog), network_checks=False, stream=out, head_timeout=2,
+                           environ={**os.environ, "PATH": f"/usr/bin:/bin:{os.environ['PATH']}"})
+    elapsed = time.monotonic() - t0
+    assert code == 1, out.getvalue()
+    assert "the Ray head did not answer within 2 s" in out.getvalue()
+    assert elapsed < HEAD_TIMEOUT_S / 2  # the passed deadline, not the default, governed the wait
+    pid = int((gpu_host / "state" / f"ray-{recipe.ray_port}" / "head.pid").read_text())
+    assert launcher.stop_recorded_head(gpu_host / "state" / f"ray-{recipe.ray_port}", say=lambda _: None, timeout=10) == pid
+    assert not pid_alive(pid)
 
 
 def test_launch_sh_passes_bash_n_and_shellcheck(gpu_host):
