@@ -41,7 +41,7 @@ def stack_show(c, cuda="cu13", as_json=False):
 
     stack = load_stack(cuda)
     if as_json:
-        print(json.dumps({"id": stack.id, "hash": stack.hash, "pins": stack.pins(), "steps": stack.plan()}, indent=2))
+        print(json.dumps({"id": stack.id, "hash": stack.hash, "pins": stack.pins(), "steps": [s.to_json() for s in stack.plan]}, indent=2))
         return
     print(f"stack {stack.id}  (version {stack.version}, CUDA {stack.cuda}, Python {stack.python}, driver >= R{stack.driver_min})")
     width = max(len(k) for k in stack.pins())
@@ -55,10 +55,10 @@ def stack_show(c, cuda="cu13", as_json=False):
     except locking.LockError:
         print(f"lock: none yet ({locking.lock_command(locking.stack_ref(stack))} makes it)")
     print("steps:")
-    for i, step in enumerate(stack.plan(), 1):
-        what = step.get("requirements") or step.get("packages") or []
-        extra = f" @ {step['commit'][:12]}" if step["kind"] == "source" else ""
-        print(f"  {i:2}. {step['name']:<20} {step['kind']:<9}{extra} {' '.join(what)}")
+    for i, step in enumerate(stack.plan, 1):
+        what = step.requirements or step.packages or ()
+        extra = f" @ {step.commit[:12]}" if step.kind == "source" and step.commit else ""
+        print(f"  {i:2}. {step.name:<20} {step.kind:<9}{extra} {' '.join(what)}")
 
 
 # --- run -------------------------------------------------------------------------------------
@@ -113,7 +113,7 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
             if code:
                 raise Exit(code=code)
             return
-        run = slurm_mod.render_run_dir(slurm_mod.resolve(rec, opts, mode, image, prefix), stack, target, opts, recipe)
+        run = slurm_mod.render_run_dir(slurm_mod.resolve(rec, opts, mode, image, prefix, stack), stack, target, opts, recipe)
     else:
         if not dry_run:
             from slimeforge.run.launch import launch
@@ -133,7 +133,7 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
         if mode is not None or prefix is not None or image is not None:
             from slimeforge.run.launch import resolve_mode  # only then: it imports the launch machinery (asyncio, ...)
 
-            rec = resolve_mode(rec, mode, prefix, image, require_image=False)
+            rec = resolve_mode(rec, mode, prefix, image, require_image=False, stack=stack)
         run = build_run_dir(rec, stack, target, recipe)
     write_run_dir(run)
     print(f"recipe {recipe}: valid ({rec.exp_id}, stack {stack.id})")
@@ -423,14 +423,13 @@ def flags_catalog(c, python="", slime="", megatron=None, out="flags.json"):
 @clean_errors
 def patches_check(c, cuda="cu13", stack=None, source=None):
     """Check, without Docker and without touching the given checkouts, that every patch applies."""
-    from pathlib import Path
 
     from slimeforge.image.patches import check_patches
     from slimeforge.image.sources import parse_sources
     from slimeforge.image.stack import load_stack
 
     st = load_stack(stack or cuda)
-    rows = check_patches(st, parse_sources(st, list(source or [])), Path("build") / ".cache" / "sources")
+    rows = check_patches(st, parse_sources(st, list(source or [])), paths.SOURCES_CACHE)
     print(f"patches of {st.id}: {len(rows)} checked, all apply")
 
 

@@ -2,11 +2,14 @@
 checkout, the run and build directories it writes and their file names, and where an image keeps
 slimeforge's state."""
 
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ROOT / "images"
 TEMPLATES = ROOT / "templates"
+# The step library every image build and bare-metal install runs (bash functions).
+STEP_LIBRARY = TEMPLATES / "steps.sh"
 # Python scripts that run on a target (node agent, flag catalog, versions probe): copied or
 # shipped as files, so they are found by path, not by import.
 SCRIPTS = ROOT / "slimeforge" / "scripts"
@@ -19,6 +22,53 @@ IMAGE_STATE = "/opt/slimeforge"
 STACK_LOCK = "stack.lock.json"  # beside a build's report and in IMAGE_STATE
 FLAGS = "flags.json"  # the flag catalog, beside a build's report, in IMAGE_STATE and an install prefix
 
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """A bare-metal install (`invoke install --prefix P`), laid out as an image lays out its root:
+    source checkouts at P/<source dir> (P/slime, P/Megatron-LM, where an image has /root/slime),
+    the venv at P/venv, slimeforge's records in P/.slimeforge, the lock and the flag catalog at
+    P/stack.lock.json and P/flags.json. Named here once: install writes them; launch, preflight,
+    the Slurm job and cluster.up read them."""
+
+    root: str
+
+    @property
+    def venv(self) -> str:
+        return f"{self.root}/venv"
+
+    @property
+    def bin(self) -> str:
+        return f"{self.venv}/bin"
+
+    @property
+    def python(self) -> str:
+        return f"{self.bin}/python"
+
+    @property
+    def ray(self) -> str:
+        return f"{self.bin}/ray"
+
+    @property
+    def state(self) -> str:
+        return f"{self.root}/.slimeforge"
+
+    @property
+    def lock(self) -> str:
+        return f"{self.root}/{STACK_LOCK}"
+
+    @property
+    def flags(self) -> str:
+        return f"{self.root}/{FLAGS}"
+
+    def source(self, source_dir: str) -> str:
+        return f"{self.root}/{source_dir}"
+
+    def site_packages(self, python: str) -> str:
+        return f"{self.venv}/lib/python{python}/site-packages"
+
+
 # The submission id of a launch: <exp_id>-<local time in this format>-<6 hex>; launch.py and
 # launch.sh make it the same way.
 SUBMISSION_TIME = "%Y%m%d-%H%M%S"
@@ -28,9 +78,18 @@ def run_dir(exp_id: str) -> Path:
     return RUNS / exp_id
 
 
-# A build directory is named here only: `invoke build` writes build/<flavor>-<build hash, 12>/,
-# and doctor and publish find builds of a flavor by this pattern (the newest complete one first).
+# A build directory is named here only: `invoke build` writes build/<flavor>-<build hash, 12>/
+# (relative to the working directory, as runs/ is), and doctor and publish find builds of a flavor
+# by this pattern (the newest complete one first). Checkouts of sources are cached beside them.
+BUILDS = Path("build")
 BUILD_REPORT = "report.json"
+
+
+def sources_cache(build_root: Path = BUILDS) -> Path:
+    return Path(build_root) / ".cache" / "sources"
+
+
+SOURCES_CACHE = sources_cache()
 
 
 def build_dir(root: Path, flavor: str, build_hash: str) -> Path:

@@ -19,7 +19,6 @@ import flag_standin
 
 from slimeforge.image import lock as lock_mod
 from slimeforge.image.patches import PatchContent
-from slimeforge.image.steps import used_patches
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_STACK = ROOT / "tests" / "stacks" / "test.yaml"
@@ -151,7 +150,7 @@ def tampered_lock(directory: Path, package: str):
 
 def placeholder_patches(stack):
     # The real patch files live in slime's tree (no network here); the drift guard is about steps.
-    return [PatchContent(p["file"], p["target"], p["method"], p["strip"], f"placeholder {p['file']}\n".encode()) for p in used_patches(stack)]
+    return [PatchContent(p.file, p.target, p.method, p.strip, f"placeholder {p.file}\n".encode()) for p in stack.used_patches()]
 
 
 def render_lock(stack):

@@ -29,7 +29,7 @@ def fake_nvidia_smi(bin_dir: Path, capture: str) -> Path:
         "#!/bin/sh\n"
         "# Fake nvidia-smi: answers the --query-gpu call with a capture from a real host.\n"
         'case "$*" in\n'
-        f"  *--query-gpu=index,name,uuid,driver_version,memory.total,compute_cap*--format=csv,noheader*) exec cat '{csv}' ;;\n"
+        f"  *--query-gpu=index,name,uuid,driver_version,memory.total,compute_cap,pci.bus_id*--format=csv*) exec cat '{csv}' ;;\n"
         "esac\n"
         'echo "fake nvidia-smi: unsupported arguments: $*" >&2\nexit 2\n'
     )
@@ -82,14 +82,14 @@ def write_catalog(path: Path, recipe, stack, drop: tuple[str, ...] = ()) -> Path
     """A flag catalog holding every flag this recipe renders plus the model script's (minus `drop`):
     what a build writes for the stand-in slime."""
     from slimeforge.proc import Runner
-    from slimeforge.run import preflight as doctor
     from slimeforge.run.flags import env_json, render_flags
     from slimeforge.run.modelscript import eval_model_script, model_script
+    from slimeforge.run.preflight.flagcheck import flags_in
 
     own = recipe.model_copy(update={"extra_flags": []})  # a user's extra flags are what is checked
     args = render_flags(own, stack, config_path="x", env_json=env_json({}), wandb=True)
     margs = eval_model_script(model_script(own), own.slime_dir, Runner())
-    flags = sorted(set(doctor.flags_in([*args, *margs, "--use-wandb", "--wandb-project", "--wandb-group"])) - set(drop))
+    flags = sorted(set(flags_in([*args, *margs, "--use-wandb", "--wandb-project", "--wandb-group"])) - set(drop))
     path.write_text(json.dumps({"slime_commit": "0" * 40, "flags": flags}))
     return path
 

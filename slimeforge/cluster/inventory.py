@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from .. import paths
 from ..errors import ConfigError, Problem
 from ..schema import ENV_NAME_RE, Model, model_problems, secret_name, text_problem
 from ..yamlio import load_with_extends
@@ -124,7 +125,7 @@ class Host:
 
     @property
     def lock_path(self) -> str | None:
-        return f"{self.prefix}/stack.lock.json" if self.prefix else None
+        return paths.Prefix(self.prefix).lock if self.prefix else None
 
 
 @dataclass(frozen=True)
@@ -296,7 +297,7 @@ def load_inventory(path: str | Path) -> Inventory:
     hosts = []
     for h in spec.hosts:
         prefix = h.prefix or spec.prefix
-        python = h.python or spec.python or (f"{prefix}/venv/bin/python" if prefix else None)
+        python = h.python or spec.python or (paths.Prefix(prefix).python if prefix else None)
         key = h.key or spec.ssh.key
         hosts.append(
             Host(

@@ -18,8 +18,9 @@ detached on its host with its pid (or container id) recorded in that host's stat
 So we stop what we started and nothing else. Running `up` again converges: a host already running
 our Ray with the same settings is left as it is, and the others are brought up.
 
-Seams for other parts of slimeforge (defaults here are complete and used by the tests):
-  host_checks(host, remote) -> list[Problem]                 extra preflight checks per host
+Seams (the defaults are what `invoke cluster.up` runs; tests inject others):
+  host_checks(host, remote) -> list[Problem]                 more preflight per host; default:
+                                                             preflight's /dev/shm and ulimit checks
   make_environment(inventory, host, remote) -> EnvFacts      make the environment, report it
 `remote` is an `slimeforge.cluster.ssh.SSH`, whose `.run(argv, ...)` matches `proc.Runner.run`.
 """
@@ -40,6 +41,8 @@ from typing import Any
 from .. import paths
 from ..errors import CommandError, Problem, SlimeforgeError
 from ..proc import Runner
+from ..run.preflight.findings import ERROR
+from ..run.preflight.host import limits_findings, shm_findings
 from ..scripts.node_agent import gate
 from .hosttable import FAILED, OK, RUNNING, HostTable
 from .inventory import Host, Inventory, load_inventory
@@ -50,23 +53,8 @@ SCRIPTS = paths.SCRIPTS
 READY_MARKER = "Ray runtime started."  # printed by `ray start` once its processes are up
 NCCL_SIZE_MB = 256
 
-# Versions and install lock of an environment, read with ITS python (stdlib only).
-VERSIONS_SNIPPET = """\
-import hashlib, json, platform, sys
-try:
-    from importlib import metadata
-    ray = metadata.version("ray")
-except Exception:
-    ray = None
-out = {"python": platform.python_version(), "ray": ray, "executable": sys.executable}
-if len(sys.argv) > 1 and sys.argv[1]:
-    try:
-        with open(sys.argv[1], "rb") as f:
-            out["lock_sha256"] = hashlib.sha256(f.read()).hexdigest()
-    except OSError as exc:
-        out["lock_error"] = str(exc)
-print(json.dumps(out))
-"""
+# Versions and install lock of an environment, read with ITS python: the one versions probe.
+VERSIONS_SNIPPET = (SCRIPTS / "env_probe.py").read_text()
 
 
 class ClusterError(SlimeforgeError):
@@ -283,9 +271,15 @@ def start_argv(inv: Inventory, host: Host, node_ip: str, head_ip: str, env: dict
 
 
 def default_host_checks(host: Host, remote: SSH) -> list[Problem]:
-    """No extra checks: the agent's facts already cover GPUs, ports, routes and reachability.
-    Others plug in here (`up(..., host_checks=...)`)."""
-    return []
+    """preflight's host-resource checks (slimeforge/run/preflight/host.py, the ones `invoke doctor`
+    runs here), run on the host over ssh: /dev/shm and ulimits. Their errors fail the host; the
+    agent's facts already cover GPUs, ports, routes and reachability."""
+
+    def run(argv: list[str]) -> str:
+        return remote.run(argv, step=argv[0], timeout=30).stdout
+
+    findings = shm_findings(run) + limits_findings(run, host.mode)
+    return [Problem(f.check, f.message, show_value=False, accepted=f.fix) for f in findings if f.level == ERROR]
 
 
 def default_environment(inv: Inventory, host: Host, remote: SSH) -> EnvFacts:

@@ -293,13 +293,14 @@ def default_partition(runner: Runner) -> str | None:
 # --- launch -----------------------------------------------------------------------------------
 
 
-def resolve(recipe: Recipe, opts: Options, mode: str | None = None, image: str | None = None, install_prefix: str | None = None) -> Recipe:
+def resolve(recipe: Recipe, opts: Options, mode: str | None = None, image: str | None = None, install_prefix: str | None = None,
+            stack: Stack | None = None) -> Recipe:
     """The recipe as it runs on Slurm: the command line's mode options, and --nodes as num_nodes
     (slime's --actor-num-nodes follows it)."""
     problems = check_options(opts)
     if problems:
         raise ConfigError("--slurm options", problems)
-    recipe = resolve_mode(recipe, mode, install_prefix, image)
+    recipe = resolve_mode(recipe, mode, install_prefix, image, stack=stack)
     return recipe.model_copy(update={"num_nodes": opts.nodes}) if opts.nodes is not None else recipe
 
 
@@ -316,7 +317,7 @@ def launch(recipe: Recipe, stack: Stack, opts: Options, out: str | os.PathLike |
         stream.write(text + "\n")
         stream.flush()
 
-    recipe = resolve(recipe, opts, mode, image, install_prefix)
+    recipe = resolve(recipe, opts, mode, image, install_prefix, stack)
     run = render_run_dir(recipe, stack, out or default_run_dir(recipe), opts, recipe_path, environ)
     # This machine is a login node: the host checks (GPUs, ports) run on each node in the allocation.
     only = [name for name, chk in doctor.CHECKS.items() if chk.scope != "host" and name != "versions"]

@@ -36,26 +36,25 @@ from ..errors import ConfigError, Problem, SlimeforgeError
 from ..proc import Runner
 from ..schema import ENV_NAME_RE, text_problem, text_problems
 from ..templating import render
-from .dockerapi import docker_client
+from .dockerapi import docker_client, resolve_base
 from .lock import check_patches, checked_lock
 from .patches import PatchContent, read_patches
 from .sources import GIT, LocalSource, dist_files, parse_sources
 from .stack import Stack, load_stack
 from .steps import (
     LOCK_ALL,
-    STEP_LIBRARY,
     STEP_RUNNER,
     TARGET_SCRIPTS,
     compile_jobs,
     compiled_key,
     finalize_argv,
     image_layout,
+    input_lock,
     lock_file,
     lock_files,
     slime_source,
     smoke_argv,
     step_commands,
-    used_patches,
 )
 
 LABEL_NS = "ai.slimeforge"
@@ -82,7 +81,7 @@ class BuildOptions:
     # CA bundle mounted (as a BuildKit secret) into steps that download: needed behind a
     # TLS-intercepting proxy. Default: the host's SSL_CERT_FILE. Not part of the content hash.
     ca_bundle: str | None = None
-    build_root: Path = Path("build")
+    build_root: Path = paths.BUILDS
     echo: Callable[[str], None] = print
     # The compiled-wheel store (wheelstore.py): a compiled step whose key is stored installs its
     # wheels (nothing compiles); a miss is compiled first (`wheels_only` build) and stored.
@@ -149,37 +148,6 @@ def parse_build_args(values: list[str]) -> tuple[dict[str, str], list[Problem]]:
     return out, problems
 
 
-def resolve_base(stack: Stack, override: str | None, dry_run: bool, locked_digest: str | None = None) -> dict[str, Any]:
-    """The base as FROM will name it, with its digest (the stack's, else the lock's, else
-    RepoDigests) or, for a locally imported image without one, its image id: either goes into the
-    lock, so a changed base changes the hash."""
-    image = override or stack.base.image
-    if "@sha256:" in image:
-        return {"image": image, "from": image, "digest": image.split("@", 1)[1], "image_id": None}
-    digest = None if override else (stack.base.digest or locked_digest)
-    if digest:
-        repo = image.rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
-        return {"image": image, "from": f"{repo}@{digest}", "digest": digest, "image_id": None}
-    import docker
-
-    try:
-        img = docker_client().images.get(image)
-    except docker.errors.ImageNotFound:
-        if dry_run:
-            return {"image": image, "from": image, "digest": None, "image_id": None}
-        raise ConfigError("base image", [Problem("--base-image" if override else "base.image", "is not present locally (pull it, "
-                                                 "or pin base.digest in the stack)", image)]) from None
-    except docker.errors.DockerException as exc:
-        raise BuildError(f"cannot reach the Docker Engine to inspect the base image {image}: {exc}") from None
-    repo = image.rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
-    for rd in img.attrs.get("RepoDigests") or []:
-        name, _, digest = rd.partition("@")
-        if name == repo or name.endswith("/" + repo):
-            return {"image": image, "from": f"{repo}@{digest}", "digest": digest, "image_id": img.id}
-    # A locally imported base has no registry digest: FROM keeps the tag, the lock records the id.
-    return {"image": image, "from": image, "digest": None, "image_id": img.id}
-
-
 STORE_MOUNT, STORE_OUT = "/tmp/sf-compiled", "/opt/sf-compiled"
 
 
@@ -192,7 +160,7 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
     into /opt/sf-compiled/<key>). `wheels_only`: the steps up to the last compiled one, then a
     scratch stage holding /opt/sf-compiled, exported with `--output type=local`."""
     layout = image_layout(stack, local_sources)
-    keys = {s["name"]: compiled_key(stack, s["name"], base_id, patch_sha) for s in stack.plan() if s["compiles"]}
+    keys = {s.name: compiled_key(stack, s.name, base_id, patch_sha) for s in stack.plan if s.compiles}
     modes = {n: (m, f"{STORE_MOUNT if m == 'use' else STORE_OUT}/{keys[n]}") for n, m in (store or {}).items()}
     steps = step_commands(stack, layout, base_id, modes, patch_sha)
     for step in steps:
@@ -211,7 +179,7 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
         "first_compile": first_compile,
         "local_sources": sorted(n for n, s in (local_sources or {}).items() if getattr(s, "kind", "git") == "git"),
         "wheel_steps": sorted(layout.wheel_dirs),
-        "patch_files": [p["file"] for p in used_patches(stack)],
+        "patch_files": [p.file for p in stack.used_patches()],
         "patches_from": stack.pins().get("patches.dir", ""),
         "finalize_argv": finalize_argv(stack, layout, f"{layout.state}/stack.input.json"),
         "target_scripts": sorted(TARGET_SCRIPTS),
@@ -269,12 +237,12 @@ def prepare(opts: BuildOptions) -> Prepared:
         problems.append(Problem("--repository", "is not a repository name", opts.repository, "e.g. slimeforge/cu13"))
     if problems:
         raise ConfigError("invoke build", problems)
-    cache = opts.build_root / ".cache" / "sources"
+    cache = paths.sources_cache(opts.build_root)
     pylock = checked_lock(stack)
     base = resolve_base(stack, opts.base_image, opts.dry_run, pylock.tool.get("base", {}).get("digest") or None)
     patches = read_patches(stack, local, cache)
     check_patches(pylock, {p.file: p.sha256 for p in patches})
-    from_sources = {n: s for n, s in local.items() if s.kind == "git" and any(st.get("source") == n for st in stack.plan())}
+    from_sources = {n: s for n, s in local.items() if s.kind == "git" and stack.builds_from(n)}
     from_sources.update({n: s for n, s in local.items() if s.kind == "wheels"})
     patch_sha = {p.file: p.sha256 for p in patches}
     compiled = _compiled_plan(stack, base, patch_sha, pylock, opts)
@@ -285,21 +253,11 @@ def prepare(opts: BuildOptions) -> Prepared:
     pins["base.image"] = base["image"]
     pins["base.digest"] = base["digest"] or (f"none (a local image, id {base['image_id']})" if base["image_id"]
                                              else "none (the base image is not present here; resolved at build)")
-    lock = {
-        "schema": 1,
-        "stack": {"name": stack.name, "version": stack.version, "id": stack.id, "hash": stack.hash, "cuda": stack.cuda,
-                  "python": stack.python},
-        "base": base,
-        "pins": pins,
-        "sources": {n: {"git": s.git, "commit": s.commit, "local": n in local} for n, s in stack.sources.items()},
-        "wheel_dirs": {n: s.commit for n, s in local.items() if s.kind == "wheels"},  # step -> sha256 of its wheels
-        "patches": [{"file": p.file, "target": p.target, "method": p.method, "strip": p.strip, "sha256": p.sha256} for p in patches],
-        "build_args": build_args,
-        "pylock": {"file": pylock.path.name, "sha256": pylock.hash, "packages": len(pylock.packages)},
-    }
-    lock_text = json.dumps(lock, indent=2, sort_keys=True) + "\n"
+    lock_text = input_lock(stack, pylock, patches, set(local), pins=pins, base=base, build_args=build_args,
+                           wheel_dirs={n: s.commit for n, s in local.items() if s.kind == "wheels"})  # step -> sha256 of its wheels
+    lock = json.loads(lock_text)
     context: dict[str, str | bytes] = {
-        "steps.sh": STEP_LIBRARY.read_bytes(),
+        "steps.sh": paths.STEP_LIBRARY.read_bytes(),
         "sf": STEP_RUNNER.read_bytes(),
         "stack.lock.json": lock_text,
         **{name: path.read_bytes() for name, path in TARGET_SCRIPTS.items()},

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import paths
 from ..atomic import dir_problem, write_file
 from ..errors import ConfigError, Problem
 from ..proc import Runner
@@ -29,10 +30,10 @@ from .stack import Stack, load_stack
 from .steps import (
     FINALIZE_STEP,
     LOCK_ALL,
-    STEP_LIBRARY,
     TARGET_SCRIPTS,
-    Layout,
     finalize_argv,
+    host_layout,
+    input_lock,
     lock_file,
     lock_files,
     smoke_argv,
@@ -42,19 +43,8 @@ from .steps import (
 SCRIPT = "install.sh"
 
 
-def host_layout(stack: Stack, prefix: str, venv: str | None, sources: dict[str, LocalSource] | None) -> Layout:
-    """On a host: checkouts under the prefix, records in <prefix>/.slimeforge, local sources fetched
-    straight from the given checkouts (only read)."""
-    local = sources or {}
-    urls = {n: s.git for n, s in stack.sources.items()}
-    urls.update({n: str(s.path) for n, s in local.items() if s.kind == "git"})
-    wheels = {n: str(s.path) for n, s in local.items() if s.kind == "wheels"}
-    state = f"{prefix}/.slimeforge"
-    return Layout(prefix, venv or f"{prefix}/venv", f"{state}/patches", state, urls, wheels, f"{state}/lock-in")
-
-
 def render_install_script(stack: Stack, prefix: str, venv: str | None = None, sources: dict[str, LocalSource] | None = None,
-                          cache: Path = Path("build") / ".cache" / "sources", patches: list[PatchContent] | None = None,
+                          cache: Path = paths.SOURCES_CACHE, patches: list[PatchContent] | None = None,
                           lock: LockFile | None = None, store: dict[str, tuple[str, str]] | None = None,
                           base_id: str | None = None) -> str:
     """The install script (text). `sources` maps a source name to a LocalSource (see
@@ -73,23 +63,14 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
         patches = read_patches(stack, sources or {}, cache)
     patch_sha = {p.file: p.sha256 for p in patches}
     check_patches(pylock, patch_sha)
-    lock_in = {
-        "schema": 1,
-        "stack": {"name": stack.name, "version": stack.version, "id": stack.id, "hash": stack.hash, "cuda": stack.cuda, "python": stack.python},
-        "pins": stack.pins(),
-        "sources": {n: {"git": s.git, "commit": s.commit, "local": n in (sources or {})} for n, s in stack.sources.items()},
-        "patches": [{"file": p.file, "target": p.target, "method": p.method, "strip": p.strip, "sha256": p.sha256} for p in patches],
-        "install": {"prefix": prefix, "venv": layout.venv},
-        "pylock": {"file": pylock.path.name, "sha256": pylock.hash, "packages": len(pylock.packages)},
-    }
-    lock_text = json.dumps(lock_in, indent=2, sort_keys=True) + "\n"
+    lock_text = input_lock(stack, pylock, patches, set(sources or {}), install={"prefix": prefix, "venv": layout.venv})
     steps = []
-    chain = hashlib.sha256(STEP_LIBRARY.read_bytes()).hexdigest()  # a changed library re-does every step
+    chain = hashlib.sha256(paths.STEP_LIBRARY.read_bytes()).hexdigest()  # a changed library re-does every step
     for step in step_commands(stack, layout, base_id, store, patch_sha):
         commands = [step["argv"], *step["post"]]
         steps.append({"name": step["name"], "env": step["env"], "commands": commands})
     steps.append({"name": FINALIZE_STEP, "env": {}, "commands": [finalize_argv(stack, layout, f"{layout.state}/stack.input.json",
-                                                                             f"{prefix}/stack.lock.json", f"{prefix}/flags.json")]})
+                                                                             paths.Prefix(prefix).lock, paths.Prefix(prefix).flags)]})
     for step in steps:
         inputs = {"step": step, "patches": {f: patch_sha[f] for f in sorted(patch_sha) if any(f in " ".join(c) for c in step["commands"])}}
         # A changed slice of the lock re-does its step (and, through the chain, every later one).
@@ -107,7 +88,7 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
         "state": layout.state,
         "prefix": prefix,
         "venv": layout.venv,
-        "library": STEP_LIBRARY.read_text().rstrip("\n"),
+        "library": paths.STEP_LIBRARY.read_text().rstrip("\n"),
         "python": stack.python,
         "cuda": stack.cuda,
         "cuda_home": stack.cuda_home or "/usr/local/cuda",
@@ -132,7 +113,7 @@ def store_plan(stack: Stack, state: str, patches: list[PatchContent], lock: Lock
     The keys are the image build's (same base as resolved there): the wheels are those compiled
     on the stack's base image. Returns (store, key per step, base id). A damaged entry raises."""
     from . import wheelstore
-    from .build import resolve_base
+    from .dockerapi import resolve_base
 
     base = resolve_base(stack, None, True, lock.tool.get("base", {}).get("digest") or None)
     base_id = base["digest"] or base["image_id"]
@@ -156,7 +137,7 @@ class InstallOptions:
     sources: list[str] = field(default_factory=list)
     out: Path | None = None
     dry_run: bool = False
-    build_root: Path = Path("build")
+    build_root: Path = paths.BUILDS
     echo: Callable[[str], None] = print
     use_store: bool = True  # compiled steps from the compiled-wheel store (wheelstore.py)
     store_root: Path | None = None
@@ -182,16 +163,16 @@ def install(opts: InstallOptions) -> Path:
     if problems:
         raise ConfigError("invoke install", problems)
     prefix = str(Path(opts.prefix).absolute())
-    cache = opts.build_root / ".cache" / "sources"
+    cache = paths.sources_cache(opts.build_root)
     store, keys, base_id = {}, {}, None
     if opts.use_store and any(s.compiles for s in stack.steps):
         pylock, patches = checked_lock(stack), read_patches(stack, local, cache)
         opts.echo("compiled steps:")
-        from .build import BuildError
+        from .dockerapi import EngineUnavailable
 
         try:
             store, keys, base_id = store_plan(stack, f"{prefix}/.slimeforge", patches, pylock, opts.store_root, opts.echo)
-        except BuildError as exc:
+        except EngineUnavailable as exc:
             # A bare-metal host need not run Docker: with no digest of the base in the stack or the
             # lock, the wheels' keys cannot be known here, so the compiled steps compile in place.
             opts.echo(f"  the compiled-wheel store is not used ({exc}); pin the base (invoke lock --base-digest sha256:...) to use it")

@@ -164,14 +164,14 @@ def inputs(stack: Stack) -> Inputs:
     by_step: dict[str, list[str]] = {}
     overrides: list[str] = []
     from_source: list[str] = []
-    for step in stack.plan():
-        if step["kind"] == "pip":
-            names = list(step["requirements"])
-            from_source += [normalize(n) for n in step.get("no_binary", [])]
+    for step in stack.plan:
+        if step.kind == "pip":
+            names = list(step.requirements or ())
+            from_source += [normalize(n) for n in step.no_binary or ()]
             # uv has no "never this dependency": an override with a marker that is never true drops it.
-            overrides += [f"{p} ; sys_platform == 'never'" for p in step.get("exclude", [])]
-        elif step["kind"] == "source":
-            names = [*step["requirements"], *stack.lock.source_requirements.get(step["source"], [])]
+            overrides += [f"{p} ; sys_platform == 'never'" for p in step.exclude or ()]
+        elif step.kind == "source":
+            names = [*(step.requirements or ()), *stack.lock.source_requirements.get(step.source, [])]
         else:
             continue  # apt, and the router wheel (a URL outside any index: its sha256 is recorded apart)
         bad = []
@@ -179,11 +179,11 @@ def inputs(stack: Stack) -> Inputs:
             try:
                 Requirement(r)
             except InvalidRequirement as exc:
-                bad.append(Problem(f"steps ({step['name']})", f"is not a requirement: {exc}", r, "name[extras]<specifier>"))
+                bad.append(Problem(f"steps ({step.name})", f"is not a requirement: {exc}", r, "name[extras]<specifier>"))
         if bad:
             raise ConfigError(f"stack {stack.name}", bad)
         reqs += [r for r in names if r not in reqs]
-        by_step[step["name"]] = sorted({req_name(r) for r in names})
+        by_step[step.name] = sorted({req_name(r) for r in names})
     # Packages that a source step builds itself (e.g. torch_memory_saver from its pinned commit)
     # must not come from the index too: two copies of one name cannot both be installed.
     overrides += [f"{p} ; sys_platform == 'never'" for p in stack.lock.provided_by_sources]
@@ -192,7 +192,7 @@ def inputs(stack: Stack) -> Inputs:
     patches = []
     if stack.patches:
         src = stack.patches.from_source
-        patches = [f"{src}@{stack.sources[src].commit}:{stack.patches.dir}/{p['file']}" for st in stack.plan() for p in st["patches"]]
+        patches = [f"{src}@{stack.sources[src].commit}:{stack.patches.dir}/{p.file}" for p in stack.used_patches()]
     return Inputs(reqs, overrides, indexes, stack.python, stack.uv_platform, by_step, sorted(set(from_source)),
                   stack.router.wheel if stack.router else None, {n: s.commit for n, s in stack.sources.items()}, stack.base.image,
                   patches)
@@ -208,7 +208,7 @@ class LockOptions:
     base_digest: str | None = None  # sha256:... set by hand; else asked of the base image's registry
     router_sha256: str | None = None  # set by hand where the router URL cannot be reached
     sources: list[str] = field(default_factory=list)  # NAME=PATH: where the patches' source is read (else fetched)
-    build_root: Path = Path("build")
+    build_root: Path = paths.BUILDS
     out: Path | None = None
     uv: str | None = None
     echo: Callable[[str], None] = print
@@ -802,7 +802,7 @@ def patch_hashes(stack: Stack, local: dict, build_root: Path, echo: Callable[[st
     from .patches import read_patches
 
     try:
-        contents = read_patches(stack, local, build_root / ".cache" / "sources")
+        contents = read_patches(stack, local, paths.sources_cache(build_root))
     except SlimeforgeError as exc:
         echo(f"  patches: cannot read them ({str(exc).splitlines()[0]}); the lock records no patch sha256 "
              f"(pass --source {stack.patches.from_source}=PATH)")

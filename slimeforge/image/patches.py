@@ -18,11 +18,11 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import paths
 from ..errors import ConfigError, Problem, SlimeforgeError
 from ..proc import Runner
 from .sources import GIT, LocalSource, source_repo
-from .stack import Stack
-from .steps import STEP_LIBRARY, used_patches
+from .stack import PlanStep, Stack
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class PatchError(SlimeforgeError):
 
 def read_patches(stack: Stack, local: dict[str, LocalSource], cache: Path, runner: Runner | None = None) -> list[PatchContent]:
     """Every patch the steps apply, read from the patch source at its pinned commit."""
-    wanted = used_patches(stack)
+    wanted = stack.used_patches()
     if not wanted or stack.patches is None:
         return []
     runner = runner or Runner()
@@ -53,13 +53,13 @@ def read_patches(stack: Stack, local: dict[str, LocalSource], cache: Path, runne
     repo = source_repo(stack, src, local, cache, runner)
     out, problems = [], []
     for p in wanted:
-        path = f"{stack.patches.dir}/{p['file']}"
+        path = f"{stack.patches.dir}/{p.file}"
         data = _git_blob(repo, f"{commit}:{path}")
         if data is None:
-            problems.append(Problem(f"patches.files ({p['file']})", f"is not in {src} at {commit[:12]}", path,
+            problems.append(Problem(f"patches.files ({p.file})", f"is not in {src} at {commit[:12]}", path,
                                     f"a file under {stack.patches.dir}/ of that commit"))
             continue
-        out.append(PatchContent(p["file"], p["target"], p["method"], p["strip"], data))
+        out.append(PatchContent(p.file, p.target, p.method, p.strip, data))
     if problems:
         raise ConfigError(f"patches of stack {stack.name}", problems)
     return out
@@ -98,8 +98,8 @@ def check_patches(stack: Stack, local: dict[str, LocalSource], cache: Path, echo
             row = {"file": pc.file, "target": pc.target, "sha256": pc.sha256}
             if pc.target == "site-packages":
                 # Patches of one step apply in order to one tree, as they do in the build.
-                step = next(s for s in stack.plan() if any(x["file"] == pc.file for x in s["patches"]))
-                tree = work / f"site-packages-{step['name']}"
+                step = next(s for s in stack.plan if any(x.file == pc.file for x in s.patches))
+                tree = work / f"site-packages-{step.name}"
                 if not tree.exists():
                     _unpacked_wheels(stack, step, tree, wheel_cache or user_cache_dir() / "wheels", runner)
             else:
@@ -111,7 +111,7 @@ def check_patches(stack: Stack, local: dict[str, LocalSource], cache: Path, echo
             pfile = work / "patches" / pc.file
             pfile.parent.mkdir(parents=True, exist_ok=True)
             pfile.write_bytes(pc.data)
-            res = runner.run(["bash", "-c", 'source "$1"; shift; sf_apply_patch "$@"', "sf", str(STEP_LIBRARY),
+            res = runner.run(["bash", "-c", 'source "$1"; shift; sf_apply_patch "$@"', "sf", str(paths.STEP_LIBRARY),
                               pc.file, pc.method, str(pc.strip), str(pfile), str(tree)],
                              check=False, env={"SF_STATE": str(work / "state")})
             if res.ok:
@@ -128,18 +128,18 @@ def check_patches(stack: Stack, local: dict[str, LocalSource], cache: Path, echo
     return rows
 
 
-def _unpacked_wheels(stack: Stack, step: dict, target: Path, cache: Path, runner: Runner) -> None:
+def _unpacked_wheels(stack: Stack, step: PlanStep, target: Path, cache: Path, runner: Runner) -> None:
     """The wheels a step installs, for the stack's target (its Python, its base's glibc), unpacked
     as they would be in site-packages."""
-    reqs = step.get("requirements") or []
+    reqs = list(step.requirements or ())
     cache.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", stack.python,
             "--implementation", "cp"]
     for plat in target_platforms(stack):
         argv += ["--platform", plat]
     argv += ["--platform", "any", "-d", str(cache), *reqs]
-    if step.get("index_url"):
-        argv += ["--extra-index-url", step["index_url"]]
+    if step.index_url:
+        argv += ["--extra-index-url", step.index_url]
     runner.run(argv, step=f"patches.check: download {' '.join(reqs)} for {stack.wheel_platform}, Python {stack.python}", timeout=1800)
     target.mkdir(parents=True)
     for req in reqs:

@@ -109,7 +109,7 @@ class Plan:
     username: str | None = None
 
 
-def plan(opts: PublishOptions, environ: Mapping[str, str] = os.environ, build_root: Path = Path("build")) -> Plan:
+def plan(opts: PublishOptions, environ: Mapping[str, str] = os.environ, build_root: Path = paths.BUILDS) -> Plan:
     """Validate every option together, read the build report; raise ConfigError listing all problems."""
     problems: list[Problem] = []
     if bool(opts.cuda) == bool(opts.image):
@@ -207,7 +207,7 @@ def _ecr_target(opts: PublishOptions, registry: str | None, problems: list[Probl
                      ecr_api.RepositorySettings(opts.tag_immutability, opts.scan_on_push))
 
 
-def find_build_dir(flavor: str, build_dir: Path | None = None, build_root: Path = Path("build")) -> Path | None:
+def find_build_dir(flavor: str, build_dir: Path | None = None, build_root: Path = paths.BUILDS) -> Path | None:
     """`build_dir` itself if it holds a report, else the newest `<flavor>-*` build under it (or build/)."""
     if build_dir and (build_dir / REPORT).is_file():
         return build_dir

@@ -58,7 +58,7 @@ def parse_sources(stack: Stack, values: list[str] | None, runner: Runner | None 
         if not sep or not name or not raw:
             problems.append(Problem("--source", "must be NAME=PATH", text, "e.g. slime=/src/slime"))
             continue
-        pip_steps = [st["name"] for st in stack.plan() if st["kind"] in ("pip", "wheel_url")]
+        pip_steps = [st.name for st in stack.plan if st.kind in ("pip", "wheel_url")]
         if name in out:
             problems.append(Problem(f"--source {name}", "is given twice", text))
             continue

@@ -1,7 +1,8 @@
 """Stacks: every pin of an environment and its ordered install steps, as data (images/*.yaml).
 
-The Dockerfile and the bare-metal install script are both rendered from `Stack.plan()`, a flat
-list of resolved steps, so the two paths cannot drift apart.
+The Dockerfile and the bare-metal install script are both rendered from `Stack.plan`, one
+immutable tuple of resolved steps (`PlanStep`) computed once per stack and handed down, so the two
+paths cannot drift apart.
 """
 
 from __future__ import annotations
@@ -9,8 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, PrivateAttr, field_validator, model_validator
@@ -223,6 +227,45 @@ class LockSpec(Model):
     extra_indexes: list[Url] = Field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class PlanStep:
+    """One step of a stack's plan with every pin resolved. Fields a step's kind does not have are
+    None: packages (apt); requirements (pip, wheel_url, source); index_url, no_binary and exclude
+    (pip); source, git, commit, dir and editable (source)."""
+
+    name: str
+    kind: str
+    env: Mapping[str, str]
+    compiles: bool
+    no_deps: bool
+    constrain_later: bool
+    patches: tuple[PatchFile, ...]
+    packages: tuple[str, ...] | None = None
+    requirements: tuple[str, ...] | None = None
+    index_url: str | None = None
+    no_binary: tuple[str, ...] | None = None
+    exclude: tuple[str, ...] | None = None
+    source: str | None = None
+    git: str | None = None
+    commit: str | None = None
+    dir: str | None = None
+    editable: bool | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The step as JSON: what `invoke stack.show --json` prints and compiled keys hash (a pip
+        step always has index_url, null when it uses the default index)."""
+        out: dict[str, Any] = {"name": self.name, "kind": self.kind, "env": dict(self.env), "compiles": self.compiles,
+                               "no_deps": self.no_deps, "constrain_later": self.constrain_later,
+                               "patches": [p.model_dump() for p in self.patches]}
+        for key in ("packages", "requirements", "no_binary", "exclude", "source", "git", "commit", "dir", "editable"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = list(value) if isinstance(value, tuple) else value
+        if self.no_binary is not None:
+            out["index_url"] = self.index_url
+        return out
+
+
 class Stack(Model):
     schema_version: int = Field(alias="schema", ge=1, le=1000)
     name: Name
@@ -319,43 +362,46 @@ class Stack(Model):
         spec = (pins if pins is not None else self.versions)[name]
         return f"{name}{spec}" if spec.startswith(SPEC_OPERATORS) else f"{name}=={spec}"
 
-    def plan(self) -> list[dict[str, Any]]:
-        """The ordered steps with every pin resolved: the one input of both renderers."""
-        out = []
+    @cached_property
+    def plan(self) -> tuple[PlanStep, ...]:
+        """The ordered steps with every pin resolved: the one input of both renderers, the lock,
+        the patches and the compiled-wheel store (computed once; a Stack never changes)."""
         patch_files = {p.file: p for p in (self.patches.files if self.patches else [])}
+        out = []
         for step in self.steps:
-            item: dict[str, Any] = {
-                "name": step.name,
-                "kind": step.kind,
-                "env": dict(step.env),
-                "compiles": step.compiles,
-                "no_deps": step.no_deps,
-                "constrain_later": step.constrain_later,
-                "patches": [patch_files[p].model_dump() for p in step.patches],
-            }
+            fields: dict[str, Any] = {}
             if step.apt is not None:
-                item["packages"] = list(step.apt)
+                fields["packages"] = tuple(step.apt)
             if step.pip is not None:
-                item["requirements"] = [self.requirement(p) for p in step.pip]
-                item["index_url"] = self.lookup(step.index) if step.index else None
-                item["no_binary"] = [p.split("[")[0] for p in step.pip] if step.from_source else []
-                item["exclude"] = list(step.exclude)
+                fields.update(requirements=tuple(self.requirement(p) for p in step.pip),
+                              index_url=self.lookup(step.index) if step.index else None,
+                              no_binary=tuple(p.split("[")[0] for p in step.pip) if step.from_source else (),
+                              exclude=tuple(step.exclude))
             if step.wheel_url is not None:
-                item["requirements"] = [self.lookup(step.wheel_url)]
+                fields["requirements"] = (self.lookup(step.wheel_url),)
             if step.source is not None:
                 src = self.sources[step.source]
-                item.update(
-                    source=step.source,
-                    git=src.git,
-                    commit=src.commit,
-                    dir=src.dir,
-                    editable=step.editable,
-                    requirements=[self.requirement(n, self.slime_requirements) for n in self.lookup(step.requirements)]
-                    if step.requirements
-                    else [],
-                )
-            out.append(item)
-        return out
+                reqs = self.lookup(step.requirements) if step.requirements else []
+                fields.update(source=step.source, git=src.git, commit=src.commit, dir=src.dir, editable=step.editable,
+                              requirements=tuple(self.requirement(n, self.slime_requirements) for n in reqs))
+            out.append(PlanStep(name=step.name, kind=step.kind, env=MappingProxyType(dict(step.env)), compiles=step.compiles,
+                                no_deps=step.no_deps, constrain_later=step.constrain_later,
+                                patches=tuple(patch_files[p] for p in step.patches), **fields))
+        return tuple(out)
+
+    def plan_step(self, name: str) -> PlanStep:
+        step = next((s for s in self.plan if s.name == name), None)
+        if step is None:
+            raise KeyError(f"stack {self.name} has no step {name!r}")
+        return step
+
+    def used_patches(self) -> list[PatchFile]:
+        """The patch files the plan applies, in step order."""
+        return [p for step in self.plan for p in step.patches]
+
+    def builds_from(self, source: str) -> bool:
+        """Whether a step of the plan builds from this source (its checkout is needed)."""
+        return any(s.source == source for s in self.plan)
 
     def pins(self) -> dict[str, str]:
         """Flat name -> pin map: what `stack.show` prints and the image labels carry."""

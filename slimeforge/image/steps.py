@@ -1,6 +1,6 @@
 """The stack's ordered steps as calls of the shared step library (templates/steps.sh).
 
-`step_commands()` turns `Stack.plan()` into one argv per step (`sf <step> <function> args...`).
+`step_commands()` turns `Stack.plan` into one argv per step (`sf <step> <function> args...`).
 The Dockerfile renders each as a RUN, the bare-metal install script as a resumable step; both get
 their commands from here, so the two paths run the same functions with the same pins in the same
 order. Only the locations differ (`Layout`): where checkouts, the venv and patch files live, and
@@ -17,9 +17,8 @@ from typing import Any
 
 from .. import paths
 from .lock import LockFile, expected_versions, router_requirement, step_requirements
-from .stack import Stack
+from .stack import PatchFile, Stack
 
-STEP_LIBRARY = paths.TEMPLATES / "steps.sh"
 STEP_RUNNER = paths.TEMPLATES / "sf"
 # Scripts the step library runs with the target's Python (standard library only); the image gets
 # them in /opt/slimeforge, the install script writes them to SF_STATE.
@@ -50,6 +49,17 @@ def image_layout(stack: Stack, local_sources: dict[str, Any] | None = None) -> L
     urls.update({n: f"/tmp/sf-src/{n}.git" for n, s in local.items() if getattr(s, "kind", "git") == "git"})
     wheels = {n: f"/tmp/sf-wheels/{n}" for n, s in local.items() if getattr(s, "kind", "git") == "wheels"}
     return Layout(stack.image_root, stack.venv, "/tmp/sf-patches", paths.IMAGE_STATE, urls, wheels, "/tmp/sf-lock")
+
+
+def host_layout(stack: Stack, prefix: str, venv: str | None = None, sources: dict[str, Any] | None = None) -> Layout:
+    """On a host (paths.Prefix): checkouts under the prefix, records in <prefix>/.slimeforge, local
+    sources fetched straight from the given checkouts (only read)."""
+    local = sources or {}
+    p = paths.Prefix(prefix)
+    urls = {n: s.git for n, s in stack.sources.items()}
+    urls.update({n: str(s.path) for n, s in local.items() if s.kind == "git"})
+    wheels = {n: str(s.path) for n, s in local.items() if s.kind == "wheels"}
+    return Layout(p.root, venv or p.venv, f"{p.state}/patches", p.state, urls, wheels, f"{p.state}/lock-in")
 
 
 def compile_jobs(mem_bytes: int | None = None, cores: int | None = None) -> tuple[int, int]:
@@ -88,9 +98,7 @@ def compiled_key(stack: Stack, step: str, base: str | None = None, patch_sha: di
     install script its uv cache directory, the compiled-wheel store (wheelstore.py) its entries.
     `base` is the base as resolved (digest or local image id); default: the stack's base image and
     pinned digest. `patch_sha`: file -> sha256 of the patch files (patches.read_patches)."""
-    item = next((s for s in stack.plan() if s["name"] == step), None)
-    if item is None:
-        raise KeyError(f"stack {stack.name} has no step {step!r}")
+    item = stack.plan_step(step)
     inputs = {
         "flavor": stack.name,
         "torch": stack.versions.get("torch"),
@@ -98,17 +106,17 @@ def compiled_key(stack: Stack, step: str, base: str | None = None, patch_sha: di
         "arch_list": stack.arch_list,
         "python": stack.python,
         "base": base or f"{stack.base.image}@{stack.base.digest or ''}",
-        "step": item,
+        "step": item.to_json(),
     }
-    own = {p["file"] for p in item["patches"]}
+    own = {p.file for p in item.patches}
     if own and patch_sha:
         inputs["patch_sha256"] = {f: patch_sha.get(f) for f in sorted(own)}
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     return f"{stack.name}-{step}-{digest[:16]}"
 
 
-def patch_spec(p: dict[str, Any], layout: Layout) -> str:
-    return f"{p['file']}:{p['method']}:{p['strip']}:{layout.patches_dir}/{p['file']}"
+def patch_spec(p: PatchFile, layout: Layout) -> str:
+    return f"{p.file}:{p.method}:{p.strip}:{layout.patches_dir}/{p.file}"
 
 
 LOCK_ALL = "all.txt"
@@ -118,16 +126,34 @@ def lock_file(step: str) -> str:
     return f"{step}.txt"
 
 
+def input_lock(stack: Stack, pylock: LockFile, patches: list[Any], local: set[str], pins: dict[str, str] | None = None,
+               **more: Any) -> str:
+    """stack.input.json: what an image build and an install script record of their inputs (stack,
+    pins, sources, patches with their sha256, the pylock), the one document of both; finalize reads
+    it back as stack.lock.json. `more`: what only one of them has (the build's base and build args,
+    the install's prefix and venv)."""
+    doc = {
+        "schema": 1,
+        "stack": {"name": stack.name, "version": stack.version, "id": stack.id, "hash": stack.hash, "cuda": stack.cuda, "python": stack.python},
+        "pins": pins if pins is not None else stack.pins(),
+        "sources": {n: {"git": s.git, "commit": s.commit, "local": n in local} for n, s in stack.sources.items()},
+        "patches": [{"file": p.file, "target": p.target, "method": p.method, "strip": p.strip, "sha256": p.sha256} for p in patches],
+        "pylock": {"file": pylock.path.name, "sha256": pylock.hash, "packages": len(pylock.packages)},
+        **more,
+    }
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
 def lock_files(stack: Stack, lock: LockFile, layout: Layout) -> dict[str, str]:
     """The lock as the steps read it: one requirements file per installing step (its slice, by URL
     and sha256; by name for a step given a wheel directory) and all.txt, every locked version, that
     finalize compares the installed set with."""
     out = {}
-    for step in stack.plan():
-        name = step["name"]
-        if step["kind"] == "wheel_url":
-            out[lock_file(name)] = router_requirement(lock, step["requirements"][0])
-        elif step["kind"] in ("pip", "source"):
+    for step in stack.plan:
+        name = step.name
+        if step.kind == "wheel_url":
+            out[lock_file(name)] = router_requirement(lock, step.requirements[0])
+        elif step.kind in ("pip", "source"):
             out[lock_file(name)] = step_requirements(lock, name, by_name=name in layout.wheel_dirs)
     out[LOCK_ALL] = "".join(f"{n}=={v}\n" for n, v in sorted(expected_versions(lock).items()))
     return out
@@ -146,47 +172,47 @@ def step_commands(stack: Stack, layout: Layout, base: str | None = None, store: 
     venv_done = False
     versions = stack.versions
     with_python = {s.name for s in stack.steps if s.python}
-    for step in stack.plan():
-        if step["kind"] != "apt" and not venv_done:
+    for step in stack.plan:
+        if step.kind != "apt" and not venv_done:
             out.append(_step(VENV_STEP, "venv", ["venv", layout.venv, versions["uv"], stack.interpreter]))
             venv_done = True
-        name, kind = step["name"], step["kind"]
-        patch_files = [p["file"] for p in step["patches"]]
+        name, kind = step.name, step.kind
+        patch_files = [p.file for p in step.patches]
         if kind == "apt":
             extra = stack.interpreter_packages() if name in with_python else []
-            argv = ["apt_install", *dict.fromkeys([*extra, *step["packages"]])]
+            argv = ["apt_install", *dict.fromkeys([*extra, *step.packages])]
         elif kind in ("pip", "wheel_url"):
             argv = ["pip_step", "--venv", layout.venv, "--step", name, "--lock", f"{layout.lock_dir}/{lock_file(name)}"]
             if name in layout.wheel_dirs:
                 argv += ["--find-links", layout.wheel_dirs[name]]
         else:
-            src = step["source"]
-            argv = ["source_step", "--venv", layout.venv, "--step", name, "--name", src, "--url", layout.source_urls.get(src, step["git"]),
-                    "--commit", step["commit"], "--dest", layout.source_dir(stack, src), "--lock", f"{layout.lock_dir}/{lock_file(name)}"]
-            for p in step["patches"]:
-                if p["target"] == src:
+            src = step.source
+            argv = ["source_step", "--venv", layout.venv, "--step", name, "--name", src, "--url", layout.source_urls.get(src, step.git),
+                    "--commit", step.commit, "--dest", layout.source_dir(stack, src), "--lock", f"{layout.lock_dir}/{lock_file(name)}"]
+            for p in step.patches:
+                if p.target == src:
                     argv += ["--patch", patch_spec(p, layout)]
-            if step["editable"]:
+            if step.editable:
                 argv.append("--editable")
                 # Megatron's editable install must be a plain path entry (`megatron.training` is
                 # not found through setuptools' import hooks otherwise); harmless for the others.
                 argv += ["--config-setting", "editable_mode=compat"]
-        env = dict(step["env"])
+        env = dict(step.env)
         key = None
-        if step["compiles"]:
+        if step.compiles:
             env = {**arch_env(stack), **env}
             key = compiled_key(stack, name, base, patch_sha)
             mode = store.get(name)
             argv = ["compiled", "--key", key, *([f"--{'wheels' if mode[0] == 'use' else 'wheel-out'}", mode[1]] if mode else []), "--", *argv]
-        item = _step(name, kind, argv, env=env, compiles=step["compiles"], patch_files=patch_files)
-        item["source"] = step.get("source")
+        item = _step(name, kind, argv, env=env, compiles=step.compiles, patch_files=patch_files)
+        item["source"] = step.source
         item["compiled_key"] = key
-        item["store"] = store.get(name, (None,))[0] if step["compiles"] else None
-        item["editable"] = bool(step.get("editable"))
+        item["store"] = store.get(name, (None,))[0] if step.compiles else None
+        item["editable"] = bool(step.editable)
         # Patches of installed packages are applied right after the step that installed them.
-        item["post"] = [["apply_patch", p["file"], p["method"], str(p["strip"]),
-                         f"{layout.patches_dir}/{p['file']}", stack.site_packages.replace(stack.venv, layout.venv, 1)]
-                        for p in step["patches"] if p["target"] == "site-packages"]
+        item["post"] = [["apply_patch", p.file, p.method, str(p.strip),
+                         f"{layout.patches_dir}/{p.file}", stack.site_packages.replace(stack.venv, layout.venv, 1)]
+                        for p in step.patches if p.target == "site-packages"]
         out.append(item)
     return out
 
@@ -197,11 +223,6 @@ def _step(name: str, kind: str, argv: list[str], *, env: dict[str, str] | None =
             "argv": argv, "post": [], "source": None, "compiled_key": None, "store": None, "editable": False}
 
 
-def used_patches(stack: Stack) -> list[dict[str, Any]]:
-    """The patch files the steps apply, in step order."""
-    return [p for step in stack.plan() for p in step["patches"]]
-
-
 def slime_source(stack: Stack) -> str | None:
     """The source whose train.py defines the flag catalog (the one named slime)."""
     return "slime" if "slime" in stack.sources else None
@@ -209,7 +230,7 @@ def slime_source(stack: Stack) -> str | None:
 
 def megatron_source(stack: Stack) -> str | None:
     """The source whose megatron.training slime's main parser is built from (the one named megatron)."""
-    return "megatron" if "megatron" in stack.sources and any(s.get("source") == "megatron" for s in stack.plan()) else None
+    return "megatron" if "megatron" in stack.sources and stack.builds_from("megatron") else None
 
 
 def catalog_args(stack: Stack, layout: Layout) -> list[str]:
@@ -223,7 +244,7 @@ def finalize_argv(stack: Stack, layout: Layout, lock_in: str, lock_out: str | No
     argv = ["finalize", layout.venv, lock_in, lock_out or f"{layout.state}/stack.lock.json", flags_out or f"{layout.state}/flags.json",
             "--lock", f"{layout.lock_dir}/{LOCK_ALL}"]
     for name in stack.sources:
-        if any(s.get("source") == name for s in stack.plan()):
+        if stack.builds_from(name):
             argv += ["--checkout", f"{name}={layout.source_dir(stack, name)}"]
     return argv + catalog_args(stack, layout)
 
@@ -241,9 +262,9 @@ def smoke_argv(stack: Stack, layout: Layout, flags: str | None = None) -> list[s
     if stack.cuda and "torch" in stack.versions:
         argv += ["--torch-cuda", stack.cuda]
     site = stack.site_packages.replace(stack.venv, layout.venv, 1)
-    for p in used_patches(stack):
-        target = site if p["target"] == "site-packages" else layout.source_dir(stack, p["target"])
-        argv += ["--patch", f"{p['file']}:{p['method']}:{p['strip']}:{layout.state}/patches/{p['file']}:{target}"]
+    for p in stack.used_patches():
+        target = site if p.target == "site-packages" else layout.source_dir(stack, p.target)
+        argv += ["--patch", f"{p.file}:{p.method}:{p.strip}:{layout.state}/patches/{p.file}:{target}"]
     if slime_source(stack):
         argv += ["--flags", flags or f"{layout.state}/flags.json", *catalog_args(stack, layout)]
     return argv

@@ -178,15 +178,15 @@ def stack_keys(stack, base_id: str | None, patch_sha: dict[str, str] | None, loc
     from .steps import compiled_key
 
     out = {}
-    for step in stack.plan():
-        if not step["compiles"]:
+    for step in stack.plan:
+        if not step.compiles:
             continue
-        if step["kind"] == "source":
-            storable = not step.get("editable")
+        if step.kind == "source":
+            storable = not step.editable
         else:
-            names = lock.steps.get(step["name"], []) if lock is not None else step["requirements"]
+            names = lock.steps.get(step.name, []) if lock is not None else list(step.requirements or ())
             storable = any(lock.packages[n].kind == "sdist" for n in names) if lock is not None else bool(names)
-        out[step["name"]] = {"key": compiled_key(stack, step["name"], base_id, patch_sha), "storable": storable}
+        out[step.name] = {"key": compiled_key(stack, step.name, base_id, patch_sha), "storable": storable}
     return out
 
 
@@ -338,7 +338,7 @@ def known_stacks(extra: list[str] | None = None) -> list[Any]:
 def needed(stack) -> dict[str, dict[str, Any]]:
     """The compiled keys a stack's build would use (base as `invoke build` resolves it, patches as
     the lock records them), without side effects."""
-    from .build import resolve_base
+    from .dockerapi import resolve_base
     from .lock import checked_lock
 
     pylock = checked_lock(stack)

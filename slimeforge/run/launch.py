@@ -35,7 +35,7 @@ from typing import IO, Any
 from .. import paths
 from ..errors import ConfigError, Problem, SlimeforgeError
 from ..image.registry import image_ref_problems
-from ..image.stack import Stack
+from ..image.stack import Stack, load_stack
 from ..proc import Runner, pid_alive
 from ..schema import text_problem
 from .headstate import HEAD_PID, dashboard_url, recorded_head, state_dir
@@ -61,9 +61,10 @@ def default_run_dir(recipe: Recipe) -> Path:
 
 
 def resolve_mode(recipe: Recipe, mode: str | None = None, install_prefix: str | None = None, image: str | None = None,
-                 require_image: bool = True) -> Recipe:
+                 require_image: bool = True, stack: Stack | None = None) -> Recipe:
     """Apply the command line's mode options; host mode with an install prefix takes slime and
-    Megatron from the install (<prefix>/src/slime, <prefix>/src/Megatron-LM) unless the recipe names them."""
+    Megatron from the install's checkouts (paths.Prefix: <prefix>/slime, <prefix>/Megatron-LM, by
+    the stack's source dirs; default stack: the recipe's) unless the recipe names them."""
     problems = []
     if mode is not None and mode not in ("container", "host"):
         problems.append(Problem("--mode", "is not a launch mode", mode, "container or host"))
@@ -82,11 +83,12 @@ def resolve_mode(recipe: Recipe, mode: str | None = None, install_prefix: str | 
         update["image"] = image
     r = recipe.model_copy(update=update)
     if r.mode == "host" and r.install_prefix:
+        installed = paths.Prefix(r.install_prefix)
+        sources = (stack or load_stack(r.stack)).sources
         more = {}
-        if r.slime_dir == RUNNER_FIELDS["slime_dir"]:
-            more["slime_dir"] = f"{r.install_prefix}/src/slime"
-        if r.megatron_dir == RUNNER_FIELDS["megatron_dir"]:
-            more["megatron_dir"] = f"{r.install_prefix}/src/Megatron-LM"
+        for field, source in (("slime_dir", "slime"), ("megatron_dir", "megatron")):
+            if getattr(r, field) == RUNNER_FIELDS[field] and source in sources:
+                more[field] = installed.source(sources[source].dir)
         r = r.model_copy(update=more)
     if require_image and r.mode == "container" and not r.image:
         problems.append(Problem("image", "container mode needs an image", None, "image: REG/repo@sha256:... in the recipe, or --image", show_value=False))
@@ -98,8 +100,8 @@ def resolve_mode(recipe: Recipe, mode: str | None = None, install_prefix: str | 
 def host_tools(recipe: Recipe) -> tuple[str, str]:
     """(python, ray) for host mode: the install's venv, else this interpreter's, else PATH's."""
     if recipe.install_prefix:
-        venv = Path(recipe.install_prefix) / "venv" / "bin"
-        return str(venv / "python"), str(venv / "ray")
+        installed = paths.Prefix(recipe.install_prefix)
+        return installed.python, installed.ray
     here = Path(sys.executable).parent / "ray"
     return "python3", str(here) if here.exists() else "ray"
 
@@ -173,7 +175,7 @@ def launch(recipe: Recipe, stack: Stack, out: str | os.PathLike | None = None, r
         stream.write(text + "\n")
         stream.flush()
 
-    recipe = resolve_mode(recipe, mode, install_prefix, image)
+    recipe = resolve_mode(recipe, mode, install_prefix, image, stack=stack)
     extra = None if head_args is None else list(head_args)
     if extra is not None:
         problems = [Problem("head_args", "must be single words without whitespace or control characters", a, "e.g. --temp-dir /tmp/ray-x")

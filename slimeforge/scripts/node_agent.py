@@ -43,7 +43,10 @@ import urllib.request
 
 RECORD = "ray.json"  # what `start` started: {"pid", "starttime", "argv"} or {"container"}
 LOG = "ray.log"
+# The one GPU query of slimeforge: the node agent asks it on every cluster host, and preflight
+# (slimeforge/run/preflight/host.py) asks it on this one; both read it with parse_gpus.
 NVIDIA_QUERY = "index,name,uuid,driver_version,memory.total,compute_cap,pci.bus_id"
+QUERY_GPU = ["nvidia-smi", "--query-gpu=" + NVIDIA_QUERY, "--format=csv"]
 
 
 # --- processes -------------------------------------------------------------------------------
@@ -184,17 +187,35 @@ def tcp_reach(ip, port, timeout=3.0):
 # --- commands --------------------------------------------------------------------------------
 
 
+def parse_gpus(text):
+    """QUERY_GPU's CSV (a header line, then a GPU per line) as dicts; ValueError on any other shape."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines or not lines[0].startswith("index"):
+        raise ValueError("unexpected nvidia-smi output: " + repr(text[:200]))
+    out = []
+    for line in lines[1:]:
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != 7 or not cells[0].isdigit():
+            raise ValueError("unexpected nvidia-smi line: " + repr(line))
+        mem = re.match(r"\d+", cells[4])
+        out.append({"index": int(cells[0]), "name": cells[1], "uuid": cells[2], "driver": cells[3],
+                    "memory_mib": int(mem.group(0)) if mem else 0, "compute_cap": cells[5], "pci_bus_id": cells[6]})
+    return out
+
+
 def gpus():
     if not shutil.which("nvidia-smi"):
         return {"error": "nvidia-smi not found on PATH"}
     try:
-        r = subprocess.run(["nvidia-smi", "--query-gpu=" + NVIDIA_QUERY, "--format=csv"], capture_output=True, text=True, timeout=60)
+        r = subprocess.run(QUERY_GPU, capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
         return {"error": "nvidia-smi did not answer within 60 s"}
     if r.returncode != 0:
         return {"error": f"nvidia-smi exited {r.returncode}: {(r.stdout + r.stderr).strip()[-300:]}"}
-    rows = [[c.strip() for c in line.split(",")] for line in r.stdout.strip().splitlines()[1:] if line.strip()]
-    return {"list": [{"index": row[0], "name": row[1], "uuid": row[2], "driver": row[3], "memory": row[4]} for row in rows if len(row) >= 5]}
+    try:
+        return {"list": parse_gpus(r.stdout)}
+    except ValueError as exc:
+        return {"error": str(exc)}
 
 
 def cmd_facts(p):

@@ -29,6 +29,7 @@ from slimeforge.run import launch as launcher
 from slimeforge.run import preflight as doctor
 from slimeforge.run.headstate import state_dir
 from slimeforge.run.modelscript import eval_model_script, model_script
+from slimeforge.run.preflight.versions import local_versions
 from slimeforge.run.recipe import parse_recipe
 from slimeforge.run.rundir import read_args
 
@@ -238,7 +239,7 @@ def test_s3_and_agentcore_checks_against_moto(env):
 def test_versions_match_the_cluster(env, ray_head):
     report = doctor.run_checks(only=["versions"], address=ray_head.address)
     assert report.errors == [], report.table()
-    assert f"Ray {doctor.local_versions()[0]}" in report.findings[0].message and "match" in report.findings[0].message
+    assert f"Ray {local_versions()[0]}" in report.findings[0].message and "match" in report.findings[0].message
 
 
 @pytest.mark.docker

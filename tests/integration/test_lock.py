@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from lock_support import Index
 
+from slimeforge import paths
 from slimeforge.image import lock as L
 from slimeforge.image.build import BuildOptions, prepare
 from slimeforge.image.stack import load_stack
-from slimeforge.image.steps import STEP_LIBRARY, lock_file, lock_files
+from slimeforge.image.steps import lock_file, lock_files
 
 UV = str(Path(sys.executable).parent / "uv")
 PY = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -92,7 +93,7 @@ def do_lock(path: Path, index: Index, lines: list[str] | None = None, base_diges
 
 
 def steps_sh(state: Path, script: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", f"source {STEP_LIBRARY}\n{script}"], capture_output=True, text=True,
+    return subprocess.run(["bash", "-c", f"source {paths.STEP_LIBRARY}\n{script}"], capture_output=True, text=True,
                           env={**os.environ, "SF_STATE": str(state)}, timeout=300)
 
 

@@ -41,16 +41,16 @@ def test_real_dockerfile_carries_every_pin(flavor):
     in_lock = ("pip.", "slime-req.", "router.")
     missing = {k: v for k, v in stack.pins().items() if k != "base.digest" and not k.startswith(in_lock) and v not in text}
     assert missing == {}
-    for step in stack.plan():
-        if step["kind"] in ("pip", "source", "wheel_url"):
-            assert f"source=lock/{step['name']}.txt,target=/tmp/sf-lock/{step['name']}.txt" in text, step["name"]
+    for step in stack.plan:
+        if step.kind in ("pip", "source", "wheel_url"):
+            assert f"source=lock/{step.name}.txt,target=/tmp/sf-lock/{step.name}.txt" in text, step.name
 
 
 @pytest.mark.parametrize("flavor", ["cu13", "cu129"])
 def test_steps_in_plan_order_one_run_each(flavor):
     stack = load_stack(flavor)
     text = render_dockerfile(stack)
-    names = [s["name"] for s in stack.plan()]
+    names = [s.name for s in stack.plan]
     positions = [text.index(f"/opt/slimeforge/sf {n} ") for n in names]
     assert positions == sorted(positions)
     assert text.count("\nRUN ") == len(names) + 2  # + venv + finalize
@@ -200,13 +200,25 @@ def test_progress_parser_reads_cache_hits_and_durations():
 
 
 def test_base_given_by_digest_needs_no_docker():
-    from slimeforge.image.build import resolve_base
+    from slimeforge.image.dockerapi import resolve_base
 
     ref = "registry.example/cuda@sha256:" + "a" * 64
     base = resolve_base(load_stack("cu13"), ref, dry_run=False)
     assert base == {"image": ref, "from": ref, "digest": "sha256:" + "a" * 64, "image_id": None}
     text = render_dockerfile(load_stack("cu13"), base["from"])
     assert f"FROM {ref}\n" in text
+
+
+def test_a_host_without_a_docker_engine_gets_engine_unavailable(monkeypatch, tmp_path):
+    """What a bare-metal install catches to compile in place instead of using the compiled-wheel
+    store (install.py): the base's id can only be asked of an engine, and there is none here."""
+    from slimeforge.image.dockerapi import EngineUnavailable, docker_client, resolve_base
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    with pytest.raises(EngineUnavailable, match="docker engine"):
+        docker_client()
+    with pytest.raises(EngineUnavailable):
+        resolve_base(load_stack("tests/stacks/test.yaml"), None, dry_run=True)
 
 
 @pytest.mark.parametrize("flavor,fa", [("cu13", ["flash_attn.cute"]), ("cu129", ["flash_attn.cute", "flash_attn", "flash_attn_2_cuda"])])

@@ -15,7 +15,10 @@ from slimeforge.proc import Runner
 from slimeforge.run import preflight as doctor
 from slimeforge.run.launch import launch
 from slimeforge.run.modelscript import eval_model_script, model_script
+from slimeforge.run.preflight import host
+from slimeforge.run.preflight import versions as pf_versions
 from slimeforge.run.recipe import parse_recipe
+from slimeforge.scripts.node_agent import QUERY_GPU
 
 CU13 = load_stack("cu13")
 
@@ -26,7 +29,7 @@ def fixture_runner(capture: str, shm_kib: int = 134217728, ulimits: str = "unlim
         "nvidia-smi": (FIXTURES / "gpu" / capture / "query-gpu.csv").read_text(),
         "df": f"Filesystem     1024-blocks  Used Available Capacity Mounted on\ntmpfs {shm_kib} 0 {shm_kib} 0% /dev/shm\n",
         "sh": ulimits,
-        "python3": "2.60.0\n3.12.3\n",
+        "python3": '{"python": "3.12.3", "ray": "2.60.0", "executable": "/usr/bin/python3"}\n',
     }
     calls = []
 
@@ -46,12 +49,12 @@ def levels(findings, name):
 
 def host_findings(run, stack, num_gpus, where, versions, ports=None):
     """The host checks' findings for one host, each fed by `run` (captured outputs)."""
-    gpus = doctor.query_gpus(run)
-    found = doctor.gpu_findings(gpus, num_gpus, where) + doctor.driver_findings(gpus, stack, where) + doctor.arch_findings(gpus, stack, where)
-    found += doctor.shm_findings(run, where) + doctor.limits_findings(run, "host", where)
+    gpus = host.query_gpus(run)
+    found = host.gpu_findings(gpus, num_gpus, where) + host.driver_findings(gpus, stack, where) + host.arch_findings(gpus, stack, where)
+    found += host.shm_findings(run, where) + host.limits_findings(run, "host", where)
     if ports:
-        found += doctor.port_findings(run, ports, "python3", where)
-    return found + doctor.version_findings(doctor.host_versions(run), versions, where)
+        found += host.port_findings(run, ports, "python3", where)
+    return found + pf_versions.version_findings(pf_versions.host_versions(run), versions, where)
 
 
 def test_host_checks_read_an_h200_x2_through_an_injected_runner():
@@ -61,7 +64,7 @@ def test_host_checks_read_an_h200_x2_through_an_injected_runner():
     assert [f.check for f in found if f.level != doctor.OK] == ["limits"], [str(f) for f in found]
     gpus = next(f for f in found if f.check == "gpus")
     assert gpus.message == "2 x NVIDIA H200 on gpu-2 (need 2)"
-    assert run.calls[0] == doctor.QUERY_GPU
+    assert run.calls[0] == QUERY_GPU
 
 
 def test_host_checks_report_count_driver_arch_and_versions_together():
@@ -210,3 +213,26 @@ def test_env_values_that_ray_would_expand_are_refused(tmp_path):
     errors = doctor.run_checks(recipe, stack, only=["runtime-env"]).errors
     assert [e.message.split(" ")[0] for e in errors] == ["env.A", "env.B"]
     assert "'$HOME'" in errors[0].message and "no escape" in errors[0].message
+
+
+def test_cluster_up_runs_the_same_host_checks_on_every_host():
+    """The doctor -> cluster seam: cluster.up's default host checks are preflight's /dev/shm and
+    ulimit findings, read through the host's ssh transport (here a stand-in answering with the
+    outputs a host printed); an error fails the host with its fix, a warning does not."""
+    from types import SimpleNamespace
+
+    from slimeforge.cluster.inventory import load_inventory
+    from slimeforge.cluster.raycluster import default_host_checks
+
+    class Remote:
+        def __init__(self, run):
+            self.answer = run
+
+        def run(self, argv, step="", timeout=None):
+            return SimpleNamespace(stdout=self.answer(argv))
+
+    host = load_inventory(Path(__file__).resolve().parents[2] / "recipes" / "clusters" / "example.yaml").hosts[0]
+    assert default_host_checks(host, Remote(fixture_runner("h200-x2", ulimits="64\n1024\n"))) == []  # low limits: warnings only
+    problems = default_host_checks(host, Remote(fixture_runner("h200-x2", shm_kib=512 * 1024)))
+    assert [p.where for p in problems] == ["shm"]
+    assert "/dev/shm is 0.50 GiB" in str(problems[0]) and "remount" in str(problems[0])

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from slimeforge.image.build import render_dockerfile
-from slimeforge.image.install import host_layout, render_install_script
+from slimeforge.image.install import render_install_script
 from slimeforge.image.stack import load_stack
-from slimeforge.image.steps import image_layout, lock_files
+from slimeforge.image.steps import host_layout, image_layout, lock_files
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -66,7 +66,7 @@ def test_dockerfile_and_install_script_hold_the_same_steps(flavor):
     script_text = render_install_script(stack, "/opt/slime", patches=placeholder_patches(stack), lock=lock)
     script = script_steps(script_text, host_layout(stack, "/opt/slime", None, None))
     assert docker == script
-    assert len(script) == len(stack.plan()) + 1  # + venv
+    assert len(script) == len(stack.plan) + 1  # + venv
     for value in (v for k, v in stack.pins().items() if k.startswith("source.")):
         assert value in script_text
     for name, text in lock_files(stack, lock, host_layout(stack, "/opt/slime", None, None)).items():

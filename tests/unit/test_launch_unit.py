@@ -71,7 +71,15 @@ def test_host_mode_takes_slime_and_megatron_from_the_install_prefix(gpu_host):
     recipe, _ = parse_recipe(make_recipe(gpu_host, slime_dir="/root/slime", megatron_dir="/root/Megatron-LM",
                                          install_prefix="/opt/sf"), "test")
     resolved = launcher.resolve_mode(recipe, "host")
-    assert (resolved.slime_dir, resolved.megatron_dir) == ("/opt/sf/src/slime", "/opt/sf/src/Megatron-LM")
+    # Where `invoke install --prefix /opt/sf` put the checkouts (it once said /opt/sf/src/slime here,
+    # while the install wrote /opt/sf/slime): both read paths.Prefix and the stack's source dirs.
+    from slimeforge.image.stack import load_stack
+    from slimeforge.image.steps import host_layout
+
+    stack = load_stack(recipe.stack)
+    installed = host_layout(stack, "/opt/sf")
+    assert (resolved.slime_dir, resolved.megatron_dir) == (installed.source_dir(stack, "slime"), installed.source_dir(stack, "megatron"))
+    assert (resolved.slime_dir, resolved.megatron_dir) == ("/opt/sf/slime", "/opt/sf/Megatron-LM")
     assert launcher.host_tools(resolved) == ("/opt/sf/venv/bin/python", "/opt/sf/venv/bin/ray")
 
 

@@ -166,7 +166,7 @@ def test_committed_cu13_lock_records_commits_and_patches():
     stack = load_stack("cu13")
     tool = L.load_lock("cu13", stack).tool
     assert tool["sources"] == {n: s.commit for n, s in stack.sources.items()}
-    assert set(tool["patches"]) == {p["file"] for st in stack.plan() for p in st["patches"]}
+    assert set(tool["patches"]) == {p.file for p in stack.used_patches()}
 
 
 def test_bad_options_are_refused_together_before_anything_runs(tmp_path):

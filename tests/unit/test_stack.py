@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from slimeforge.errors import ConfigError
@@ -8,12 +10,17 @@ from slimeforge.image.stack import load_stack
 def test_stack_loads_and_every_package_is_pinned(flavor):
     stack = load_stack(flavor)
     assert stack.name == flavor
-    plan = stack.plan()
-    assert [s["name"] for s in plan][:2] == ["system", "torch"]
+    plan = stack.plan
+    assert plan is stack.plan and isinstance(plan, tuple)  # computed once, immutable
+    assert [s.name for s in plan][:2] == ["system", "torch"]
     for step in plan:
-        for req in step.get("requirements", []):
+        for req in step.requirements or ():
             # every PyPI requirement carries a version or a specifier; wheels are URLs
-            assert req.startswith("https://") or any(op in req for op in ("==", "<", ">")), (step["name"], req)
+            assert req.startswith("https://") or any(op in req for op in ("==", "<", ">")), (step.name, req)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan[0].name = "x"
+    with pytest.raises(TypeError):
+        plan[1].env["X"] = "1"
     assert len(stack.hash) == 64 and stack.id == f"{flavor}-{stack.hash[:12]}"
 
 
@@ -21,18 +28,18 @@ def test_flavors_differ_only_where_they_should():
     cu13, cu129 = load_stack("cu13"), load_stack("cu129")
     assert cu13.hash != cu129.hash
     assert cu13.sources == cu129.sources  # shared pins live once, in common.yaml
-    te13 = next(s for s in cu13.plan() if s["name"] == "transformer-engine")
-    te129 = next(s for s in cu129.plan() if s["name"] == "transformer-engine")
-    assert te13["requirements"] == ["transformer_engine[pytorch,core-cu13]==2.11.0"]
-    assert te13["exclude"] == ["transformer-engine-cu12"]
-    assert "transformer_engine[pytorch]==2.16.1" in te129["requirements"]
-    tms = {s["name"]: s for s in cu13.plan()}["torch-memory-saver"]
-    assert tms["env"]["TMS_CUDA_MAJOR"] == cu13.cuda_major == "13"
+    te13 = cu13.plan_step("transformer-engine")
+    te129 = cu129.plan_step("transformer-engine")
+    assert te13.requirements == ("transformer_engine[pytorch,core-cu13]==2.11.0",)
+    assert te13.exclude == ("transformer-engine-cu12",)
+    assert "transformer_engine[pytorch]==2.16.1" in te129.requirements
+    tms = cu13.plan_step("torch-memory-saver")
+    assert tms.env["TMS_CUDA_MAJOR"] == cu13.cuda_major == "13"
     assert cu13.driver_min == 580 and cu129.driver_min == 575
 
 
 def test_slime_is_the_last_source_step_before_fast_layers():
-    names = [s["name"] for s in load_stack("cu13").plan()]
+    names = [s.name for s in load_stack("cu13").plan]
     assert names.index("megatron") < names.index("slime") < names.index("toolkit") == len(names) - 1
     assert names.index("sglang") < names.index("megatron")
 

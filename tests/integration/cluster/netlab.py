@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parent / "data"
+GPU_CAPTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gpu"  # real nvidia-smi outputs
 SSHD = "/usr/sbin/sshd"
 
 
@@ -165,11 +165,11 @@ class NetLab:
         """nvidia-smi that prints outputs captured on a real 2 x H200 host (there is no GPU here)."""
         bindir = self.workdir / "bin"
         bindir.mkdir()
-        data = DATA / "h200-x2"
+        data = GPU_CAPTURES / "h200-x2"
         script = bindir / "nvidia-smi"
         script.write_text(
             "#!/bin/sh\n"
-            "# Outputs captured on a real 2 x H200 host (tests/integration/cluster/data/h200-x2).\n"
+            "# Outputs captured on a real 2 x H200 host (tests/fixtures/gpu/h200-x2).\n"
             'case "$*" in\n'
             f"  *--query-gpu=index,name,uuid,driver_version,memory.total,compute_cap,pci.bus_id*--format=csv*) exec cat {data / 'query-gpu.csv'} ;;\n"
             f"  *-L*) exec cat {data / 'list.txt'} ;;\n"

@@ -151,7 +151,7 @@ def test_dry_run_honours_mode_prefix_and_image(tmp_path):
     out = invoke("run", "recipes/gsm8k.yaml", "--dry-run", "--out", str(tmp_path / "h"), "--mode", "host", "--prefix", "/opt/sf")
     assert out.returncode == 0, out.stderr
     rec = json.loads((tmp_path / "h" / "plan.json").read_text())["recipe"]
-    assert (rec["mode"], rec["install_prefix"], rec["slime_dir"]) == ("host", "/opt/sf", "/opt/sf/src/slime")
+    assert (rec["mode"], rec["install_prefix"], rec["slime_dir"]) == ("host", "/opt/sf", "/opt/sf/slime")
     image = "reg.example.com/slimeforge/cu13@sha256:" + "c" * 64
     out = invoke("run", "recipes/gsm8k.yaml", "--dry-run", "--out", str(tmp_path / "c"), "--image", image)
     assert out.returncode == 0, out.stderr
@@ -230,7 +230,7 @@ def test_build_and_install_out_that_is_a_file_is_a_clear_error(tmp_path, task):
     assert not (tmp_path / "prefix").exists()
 
 
-def test_doctor_finds_the_catalog_of_a_local_build_of_this_stack(tmp_path, monkeypatch):
+def test_doctor_finds_the_catalog_of_a_local_build_of_this_stack(tmp_path):
     """`build` names its directory by the build hash; doctor finds it by the stack id in its report
     (it once looked for build/<flavor>-<stack hash> and never found one)."""
     from launch_support import write_catalog
@@ -238,7 +238,6 @@ def test_doctor_finds_the_catalog_of_a_local_build_of_this_stack(tmp_path, monke
     from slimeforge import paths
 
     recipe, stack = parse_recipe(make_recipe(tmp_path, mode="host"), "test")
-    monkeypatch.setattr(paths, "ROOT", tmp_path)
     build = paths.build_dir(tmp_path / "build", stack.name, "f" * 64)  # a build hash, not the stack's
     build.mkdir(parents=True)
     write_catalog(build / "flags.json", recipe, stack)
@@ -246,7 +245,7 @@ def test_doctor_finds_the_catalog_of_a_local_build_of_this_stack(tmp_path, monke
     other = paths.build_dir(tmp_path / "build", stack.name, "e" * 64)  # a build of another stack of this flavor
     other.mkdir()
     (other / paths.BUILD_REPORT).write_text(json.dumps({"stack": f"{stack.name}-000000000000"}))
-    found = doctor.run_checks(recipe, stack, only=["flags"])
+    found = doctor.run_checks(recipe, stack, only=["flags"], build_root=tmp_path / "build")
     assert found.errors == [] and "flags are in the catalog" in found.table()
     (build / paths.BUILD_REPORT).unlink()  # an incomplete build is no catalog; the other stack's is not this one's
-    assert "no flag catalog found" in doctor.run_checks(recipe, stack, only=["flags"]).errors[0].message
+    assert "no flag catalog found" in doctor.run_checks(recipe, stack, only=["flags"], build_root=tmp_path / "build").errors[0].message

@@ -1,0 +1,82 @@
+"""Preflight: every problem that would surface an hour into a launch, found in a second, before
+anything starts (`invoke doctor`, and the first thing `invoke run` does).
+
+Each check is a named function registered with `@check` that returns Findings (error / warning /
+ok), each error with its fix. All checks run and all findings are reported together; `skip` turns
+a check's errors into warnings. One module per concept:
+
+  findings   Finding, Report, Context, the registry (`check`), PreflightError
+  host       GPUs, driver, GPU architecture, /dev/shm, limits, ports
+  model      the model script's flags against config.json
+  data       data files, checkpoint directory, runtime env values
+  flagcheck  every rendered flag is in the flag catalog
+  aws        credentials, S3, AgentCore
+  versions   Ray and Python of this client against the cluster's
+
+The modules are imported below in report order: the order of the checks is the order they register.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from ... import paths
+from ...errors import ConfigError, Problem
+from ...image.stack import Stack, load_stack
+from ...proc import Runner
+from ..recipe import Recipe
+
+# isort: off
+# Importing a module registers its checks: these lines are the report's order.
+from . import host, model, data, flagcheck, aws, versions  # noqa: F401
+# isort: on
+from .findings import CHECKS, ERROR, OK, WARNING, Context, Finding, PreflightError, Report, Run, error
+
+__all__ = ["CHECKS", "ERROR", "OK", "WARNING", "Finding", "PreflightError", "Report", "Run", "run_checks"]
+
+# --- running them ---------------------------------------------------------------------------------
+
+
+def run_checks(recipe: Recipe | None = None, stack: Stack | None = None, *, args: Sequence[str] | None = None, mode: str | None = None,
+               address: str | None = None, catalog: str | None = None, image: str | None = None, install_prefix: str | None = None,
+               skip: Iterable[str] = (), only: Iterable[str] | None = None, network: bool = True, run: Run | None = None, runner: Runner | None = None,
+               state_dir: Path | None = None, environ: dict[str, str] | None = None, build_root: Path | None = None) -> Report:
+    """Run every check that applies (without a recipe: the host checks), return all findings.
+
+    `args`: the rendered slime.args (default: rendered from the recipe). `skip`: check names whose
+    errors become warnings. `only`: run just these. `network=False` leaves out AWS and the cluster."""
+    from ..flags import env_json, render_flags
+
+    skip, only = set(skip), (set(only) if only is not None else None)
+    unknown = sorted((skip | (only or set())) - set(CHECKS))
+    if unknown:
+        raise ConfigError("doctor", [Problem("--skip-check", "is not a check", name, ", ".join(CHECKS)) for name in unknown])
+    if stack is None:
+        stack = load_stack(recipe.stack if recipe else "cu13")
+    if recipe is not None and args is None:
+        args = render_flags(recipe, stack, config_path="agentcore.yaml", env_json=env_json({}), wandb=False)
+    ctx = Context(stack=stack, recipe=recipe, args=list(args or []), mode=mode or (recipe.mode if recipe else "host"),
+                  address=address, catalog=catalog, image=image or (recipe.image if recipe else None),
+                  install_prefix=install_prefix or (recipe.install_prefix if recipe else None), run=run, runner=runner or Runner(),
+                  environ=dict(os.environ if environ is None else environ), state_dir=state_dir,
+                  build_root=paths.BUILDS if build_root is None else Path(build_root))
+    start = time.monotonic()
+    findings: list[Finding] = []
+    for chk in CHECKS.values():
+        if only is not None and chk.name not in only:
+            continue
+        if chk.needs_recipe and recipe is None:
+            continue
+        if chk.scope == "network" and not network:
+            continue
+        try:
+            got = chk.fn(ctx)
+        except Exception as exc:  # noqa: BLE001 - a broken check must not hide the others
+            got = [error(chk.name, f"the check itself failed: {type(exc).__name__}: {exc}", f"--skip-check {chk.name} to go on, and report this")]
+        if chk.name in skip:
+            got = [Finding(f.check, WARNING, f"(skipped) {f.message}", f.fix) if f.level == ERROR else f for f in got]
+        findings += got
+    return Report(findings, time.monotonic() - start)

@@ -1,0 +1,152 @@
+"""The preflight's framework: findings (error / warning / ok, each error with its fix), the report,
+the context every check reads, and the registry of checks (`@check`), in report order.
+
+Host checks read the host through a command runner `run(argv) -> stdout` (the context's `run`),
+so tests feed them captured outputs, and cluster.up runs the same checks over ssh.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ... import paths
+from ...errors import CommandError, ConfigError, Problem
+from ...image.stack import Stack
+from ...proc import Runner
+from ..recipe import Recipe
+
+ERROR, WARNING, OK = "error", "warning", "ok"
+
+Run = Callable[[list[str]], str]
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    level: str  # ERROR, WARNING or OK
+    message: str
+    fix: str = ""
+
+    def __str__(self) -> str:
+        text = f"[{self.check}] {self.message}"
+        return text + (f"\n    fix: {self.fix}" if self.fix else "")
+
+
+def error(check: str, message: str, fix: str) -> Finding:
+    return Finding(check, ERROR, message, fix)
+
+
+def warning(check: str, message: str, fix: str = "") -> Finding:
+    return Finding(check, WARNING, message, fix)
+
+
+def ok(check: str, message: str) -> Finding:
+    return Finding(check, OK, message)
+
+
+class PreflightError(ConfigError):
+    """Preflight found errors; carries the whole report (every problem, each with its fix)."""
+
+    def __init__(self, source: str, report: Report):
+        self.report = report
+        super().__init__(source, [Problem(f.check, f"{f.message}; fix: {f.fix}", show_value=False) for f in report.errors])
+
+
+@dataclass
+class Report:
+    findings: list[Finding]
+    seconds: float = 0.0
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == ERROR]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == WARNING]
+
+    def table(self) -> str:
+        width = max([len(f.check) for f in self.findings] + [5])
+        lines = [f"{'check':<{width}}  {'status':<7}  detail"]
+        for f in self.findings:
+            status = {ERROR: "ERROR", WARNING: "warn", OK: "ok"}[f.level]
+            first, *rest = f.message.splitlines() or [""]
+            lines.append(f"{f.check:<{width}}  {status:<7}  {first}")
+            lines += [f"{'':<{width}}  {'':<7}  {line}" for line in rest]
+            if f.fix:
+                lines.append(f"{'':<{width}}  {'':<7}  fix: {f.fix}")
+        lines.append(f"{len(self.errors)} error(s), {len(self.warnings)} warning(s) in {self.seconds:.2f} s")
+        return "\n".join(lines)
+
+
+# --- the context the checks read ------------------------------------------------------------------
+
+
+def reader(runner: Runner) -> Run:
+    """A host reader over `runner`: runs here, returns stdout, raises CommandError on failure."""
+    return lambda argv: runner.run(argv, step=argv[0], timeout=30).stdout
+
+
+@dataclass
+class Context:
+    stack: Stack
+    recipe: Recipe | None = None
+    args: list[str] = field(default_factory=list)  # slime.args as rendered
+    mode: str = "host"
+    address: str | None = None
+    catalog: str | None = None
+    image: str | None = None
+    install_prefix: str | None = None
+    runner: Runner = field(default_factory=Runner)  # every command a check runs itself
+    run: Run | None = None  # how host checks read the host; default: reader(runner)
+    environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    docker: str = "docker"
+    state_dir: Path | None = None  # where the launcher records the Ray head it started
+    build_root: Path = paths.BUILDS  # where `invoke build` writes its build directories
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.run is None:
+            self.run = reader(self.runner)
+
+    def once(self, key: str, fn: Callable[[], Any]) -> Any:
+        if key not in self.cache:
+            try:
+                self.cache[key] = fn()
+            except Exception as exc:  # noqa: BLE001 - remembered and reported by each check that needs it
+                self.cache[key] = exc
+        return self.cache[key]
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    scope: str  # "host" (this machine), "recipe" (files), "network" (AWS, the cluster)
+    needs_recipe: bool
+    fn: Callable[[Context], list[Finding]]
+    doc: str
+
+
+CHECKS: dict[str, Check] = {}
+
+
+def check(name: str, scope: str, needs_recipe: bool = False):
+    def register(fn: Callable[[Context], list[Finding]]):
+        CHECKS[name] = Check(name, scope, needs_recipe, fn, (fn.__doc__ or "").strip().splitlines()[0])
+        return fn
+
+    return register
+
+
+
+def describe_failure(exc: Exception) -> str:
+    """One line for a failed read: the command and its last line of output, or the exception."""
+    if isinstance(exc, CommandError):
+        tail = exc.output.strip().splitlines()[-1:] if exc.output.strip() else []
+        return f"`{' '.join(exc.argv)}` exited with {exc.returncode}" + (f": {tail[0]}" if tail else "")
+    return str(exc)
+

@@ -1,0 +1,76 @@
+"""The flags check: every rendered flag (slime.args and MODEL_ARGS) is in the flag catalog of the
+image, install or local build that will run it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from ... import paths
+from ...schema import did_you_mean
+from ..flagcatalog import Catalog, load_catalog, parse_catalog
+from .findings import Context, Finding, check, describe_failure, error, ok
+from .model import is_flag, model_args
+
+
+def find_catalog(ctx: Context) -> tuple[Catalog, str] | None:
+    """(catalog, where) from --catalog, the image, the install, or build/; None if none."""
+    if ctx.catalog:
+        return load_catalog(ctx.catalog), ctx.catalog
+    if ctx.mode == "container" and ctx.image:
+        in_image = f"{paths.IMAGE_STATE}/{paths.FLAGS}"
+        text = ctx.runner.run([ctx.docker, "run", "--rm", "--entrypoint", "cat", ctx.image, in_image],
+                              step="flag catalog (in the image)", timeout=120).stdout
+        where = f"{ctx.image}:{in_image}"
+        return parse_catalog(text, where), where
+    if ctx.mode == "host" and ctx.install_prefix:
+        path = Path(paths.Prefix(ctx.install_prefix).flags)
+        if path.is_file():
+            return load_catalog(path), str(path)
+    # A local build of this very stack: its report names the stack id (name and stack hash).
+    for build in paths.local_builds(ctx.build_root, ctx.stack.name):
+        try:
+            report = json.loads((build / paths.BUILD_REPORT).read_text())
+        except (OSError, ValueError):
+            continue
+        path = build / paths.FLAGS
+        if isinstance(report, dict) and report.get("stack") == ctx.stack.id and path.is_file():
+            return load_catalog(path), str(path)
+    return None
+
+
+def flags_in(argv: Sequence[str]) -> list[str]:
+    return [tok.split("=", 1)[0] for tok in argv if is_flag(tok)]
+
+
+@check("flags", "recipe", needs_recipe=True)
+def check_flags(ctx: Context) -> list[Finding]:
+    """Every rendered flag (slime.args + MODEL_ARGS) is in the image's flag catalog."""
+    r = ctx.recipe
+    assert r is not None
+    try:
+        found = find_catalog(ctx)
+    except Exception as exc:  # noqa: BLE001
+        return [error("flags", f"cannot read the flag catalog: {describe_failure(exc)}", "point at a catalog with --catalog PATH, or rebuild the image")]
+    if found is None:
+        return [error("flags", "no flag catalog found, so a flag slime would silently ignore cannot be caught",
+                      "build or install first (it writes flags.json), point at one with --catalog PATH, or --skip-check flags")]
+    catalog, where = found
+    commit = catalog.slime_commit
+    margs = model_args(ctx)
+    argv = [*(margs if isinstance(margs, list) else []), *ctx.args]
+    unknown = sorted(set(flags_in(argv)) - catalog.flags)
+    out = []
+    for flag in unknown:
+        hint = did_you_mean(flag, sorted(catalog.flags))
+        src = "extra_flags" if flag in flags_in(r.extra_flags) else ("the model script" if isinstance(margs, list) and flag in flags_in(margs) else "slime.args")
+        fix = (f"did you mean {hint}? " if hint else "") + "remove it or correct its spelling"
+        if catalog.version < 2:
+            # A version 1 catalog is `train.py --help`: only Megatron's parser answers --help.
+            fix += ("; this catalog was made from train.py --help, which lists no --sglang-*/--router-* option: "
+                    "make one from slime's parsers with invoke flags.catalog (or rebuild the image)")
+        out.append(error("flags", f"{flag} (from {src}) is not a flag of slime {commit[:12]} ({where}); slime would silently ignore it", fix))
+    return out or [ok("flags", f"all {len(set(flags_in(argv)))} flags are in the catalog of slime {commit[:12]} "
+                           f"({len(catalog.parsers) or 'help-text'} parser(s))")]
+

@@ -1,0 +1,28 @@
+"""What an environment is, read with ITS python (standard library only): prints one JSON object
+with the Python and Ray versions, the interpreter, and, given a path, that file's sha256.
+
+    python - [LOCK_PATH] < env_probe.py        (or python -c "$(cat env_probe.py)" [LOCK_PATH])
+
+The one versions probe: preflight reads a host's Ray and Python with it, and cluster.up reads each
+host's environment (host mode: the install's venv; container mode: inside the image) with it.
+"""
+
+import hashlib
+import json
+import platform
+import sys
+
+try:
+    from importlib import metadata
+
+    ray = metadata.version("ray")
+except Exception:  # noqa: BLE001 - no Ray (or no metadata): reported as null
+    ray = None
+out = {"python": platform.python_version(), "ray": ray, "executable": sys.executable}
+if len(sys.argv) > 1 and sys.argv[1]:
+    try:
+        with open(sys.argv[1], "rb") as f:
+            out["lock_sha256"] = hashlib.sha256(f.read()).hexdigest()
+    except OSError as exc:
+        out["lock_error"] = str(exc)
+print(json.dumps(out))
