@@ -1,6 +1,8 @@
 """Every location slimeforge names, once: its own data files (stacks, templates, scripts) in a
 checkout, the run and build directories it writes and their file names, and where an image keeps
-slimeforge's state."""
+slimeforge's state, and how a bare-metal install lays out its prefix (Prefix)."""
+
+from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,38 +31,21 @@ class Prefix:
     """A bare-metal install (`invoke install --prefix P`), laid out as an image lays out its root:
     source checkouts at P/<source dir> (P/slime, P/Megatron-LM, where an image has /root/slime),
     the venv at P/venv, slimeforge's records in P/.slimeforge, the lock and the flag catalog at
-    P/stack.lock.json and P/flags.json. Named here once: install writes them; launch, preflight,
-    the Slurm job and cluster.up read them."""
+    P/stack.lock.json and P/flags.json. Named here once (`Prefix.at(P)`): install writes them;
+    launch, preflight, the Slurm job and cluster.up read them."""
 
     root: str
+    venv: str
+    python: str
+    ray: str
+    state: str
+    lock: str
+    flags: str
 
-    @property
-    def venv(self) -> str:
-        return f"{self.root}/venv"
-
-    @property
-    def bin(self) -> str:
-        return f"{self.venv}/bin"
-
-    @property
-    def python(self) -> str:
-        return f"{self.bin}/python"
-
-    @property
-    def ray(self) -> str:
-        return f"{self.bin}/ray"
-
-    @property
-    def state(self) -> str:
-        return f"{self.root}/.slimeforge"
-
-    @property
-    def lock(self) -> str:
-        return f"{self.root}/{STACK_LOCK}"
-
-    @property
-    def flags(self) -> str:
-        return f"{self.root}/{FLAGS}"
+    @classmethod
+    def at(cls, root: str) -> Prefix:
+        venv = f"{root}/venv"
+        return cls(root, venv, f"{venv}/bin/python", f"{venv}/bin/ray", f"{root}/.slimeforge", f"{root}/{STACK_LOCK}", f"{root}/{FLAGS}")
 
     def source(self, source_dir: str) -> str:
         return f"{self.root}/{source_dir}"

@@ -125,7 +125,7 @@ class Host:
 
     @property
     def lock_path(self) -> str | None:
-        return paths.Prefix(self.prefix).lock if self.prefix else None
+        return paths.Prefix.at(self.prefix).lock if self.prefix else None
 
 
 @dataclass(frozen=True)
@@ -297,7 +297,7 @@ def load_inventory(path: str | Path) -> Inventory:
     hosts = []
     for h in spec.hosts:
         prefix = h.prefix or spec.prefix
-        python = h.python or spec.python or (paths.Prefix(prefix).python if prefix else None)
+        python = h.python or spec.python or (paths.Prefix.at(prefix).python if prefix else None)
         key = h.key or spec.ssh.key
         hosts.append(
             Host(

@@ -346,6 +346,32 @@ def ports_for(inv: Inventory, host: Host) -> list[int]:
     return [r.port, r.dashboard_port, r.client_port, r.dashboard_agent_port] if host.is_head else [r.dashboard_agent_port]
 
 
+@dataclass
+class Bringup:
+    """One run of `up`: the inventory, every host's Node, the table the phases fill in, and the
+    head's address once connect has found it."""
+
+    inv: Inventory
+    nodes: list[Node]
+    table: HostTable
+    head_ip: str = ""
+    head_ssh_port: int | None = None
+
+    @property
+    def head(self) -> Node:
+        return next(n for n in self.nodes if n.host.is_head)
+
+    def stop_if_failed(self, phase: str, failures: dict[str, str], started: bool = False) -> None:
+        """Raise with the table when any host failed this phase: nothing later runs."""
+        if not failures:
+            return
+        self.table.skip_rest(phase)
+        what = ("Ray keeps running where it started; fix the host(s) and run cluster.up again (it converges), or cluster.down"
+                if started else "Ray was not started on any host")
+        raise ClusterError(f"cluster {self.inv.name}: bring-up stopped at {phase}: {len(failures)} of {len(self.nodes)} host(s) failed; {what}.",
+                           self.table, failures)
+
+
 def up(
     inventory: Inventory | str | Path,
     *,
@@ -363,121 +389,139 @@ def up(
     inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
     if dry_run:
         return plan(inv, nccl_check=nccl_check, control_dir=control_dir)
-    nodes = make_nodes(inv, runner, control_dir)
-    by_name = {n.name: n for n in nodes}
-    head = by_name[inv.head.name]
-    table = HostTable(f"cluster {inv.name}", [(h.name, h.role) for h in inv.hosts], PHASES, stream=stream, live=live)
-
-    def stop_if_failed(phase: str, failures: dict[str, str], started: bool = False) -> None:
-        if failures:
-            table.skip_rest(phase)
-            what = "Ray keeps running where it started; fix the host(s) and run cluster.up again (it converges), or cluster.down" if started else "Ray was not started on any host"
-            raise ClusterError(f"cluster {inv.name}: bring-up stopped at {phase}: {len(failures)} of {len(nodes)} host(s) failed; {what}.", table, failures)
-
-    with table:
-        # connect -------------------------------------------------------------------------------
-        def connect(node: Node) -> str:
-            node.facts = agent(node, node.host, "facts", {"state_dir": node.host.state_dir}, timeout=inv.ssh_options.connect_timeout + 90)
-            f = node.facts
-            running = f" (our Ray runs: pid {node.record.get('pid') or node.record.get('container', '')[:12]})" if node.ours_running else ""
-            return f"{f['user']}@{f['hostname']}, python3 {f['python3']}{running}"
-
-        stop_if_failed("connect", parallel(nodes, connect, table, "connect"))
-        head_ip = head_ip_of(inv, head)
-        head_ssh_port = head.facts.get("ssh_server_port")
-
-        # preflight -----------------------------------------------------------------------------
-        def preflight(node: Node) -> str:
-            h = node.host
-            reach = [] if h.is_head else [[head_ip, int(head_ssh_port)]] if head_ssh_port else []
-            params = {"state_dir": h.state_dir, "head_ip": head_ip, "ports": ports_for(inv, h), "reach": reach, "docker": h.mode == "container"}
-            f = agent(node, h, "facts", params, timeout=inv.ssh_options.connect_timeout + 90)
-            node.facts.update(f)
-            problems: list[Problem | str] = []
-            gpus = f["gpus"]
-            seen = len(gpus.get("list", []))
-            if h.gpus and "error" in gpus:
-                problems.append(f"declares {h.gpus} GPU(s) but {gpus['error']}")
-            elif h.gpus > seen:
-                problems.append(f"declares {h.gpus} GPU(s) but nvidia-smi shows {seen}")
-            route = f.get("route", {})
-            if "error" in route or not route.get("src"):
-                problems.append(f"no route to the head {head_ip}: {route.get('error', route)}")
-            node.node_ip = head_ip if h.is_head else (h.node_ip or route.get("src"))
-            node.interface = route.get("dev") if h.interface == "auto" else h.interface
-            if h.interface != "auto" and h.interface not in f.get("addresses", {}):
-                problems.append(f"interface {h.interface!r} has no IPv4 address here; interfaces: {', '.join(sorted(f.get('addresses', {})))}")
-            if not node.interface:
-                problems.append(f"cannot tell the interface that routes to {head_ip}: set interface in the inventory")
-            for target, why in (f.get("reach") or {}).items():
-                if why:
-                    problems.append(f"cannot reach the head at {target} from this host: {why}")
-            if h.mode == "container" and "error" in f.get("docker", {}):
-                problems.append(f"docker: {f['docker']['error']}")
-            if node.ours_running:
-                planned = start_argv(inv, h, node.node_ip or "", head_ip, ray_env(h, node.interface or "", f.get("path")))
-                if node.record.get("argv") != planned:
-                    problems.append("Ray started by an earlier cluster.up runs here with other settings: run cluster.down first to apply the inventory's")
-            elif f.get("ports_busy"):
-                problems.append(f"port(s) {', '.join(map(str, f['ports_busy']))} in use (another Ray? we only stop what we started): free them or change ray ports in the inventory")
-            problems += host_checks(h, node.ssh)
-            if problems:
-                raise CheckFailed(problems)
-            return f"{node.node_ip} via {node.interface}, {seen} GPU(s) seen" + (f", {h.gpus} used" if seen != h.gpus else "")
-
-        stop_if_failed("preflight", parallel(nodes, preflight, table, "preflight"))
-
-        # environment ---------------------------------------------------------------------------
-        def environment(node: Node) -> str:
-            node.env = make_environment(inv, node.host, node.ssh)
-            return f"python {node.env.python}, ray {node.env.ray}, {node.env.detail}"
-
-        failures = parallel(nodes, environment, table, "environment")
-        if not failures:
-            failures = compare_environments(nodes, head, table)
-        if not failures and nccl_check:
-            failures = parallel([n for n in nodes if n.host.gpus > 0], lambda n: run_nccl_check(inv, n), table, "environment")
-        stop_if_failed("environment", failures)
-
-        # ray -----------------------------------------------------------------------------------
-        # The head first, until its GCS port answers; then the workers join while the head
-        # finishes starting (raylet, dashboard): the two overlap instead of adding up.
-        def start(node: Node) -> str:
-            h = node.host
-            env = ray_env(h, node.interface or "", node.facts.get("path"))
-            params = {
-                "state_dir": h.state_dir,
-                "argv": start_argv(inv, h, node.node_ip or "", head_ip, env),
-                # host mode: in the process's environment; container mode: already in `docker run -e`.
-                "env": env if h.mode == "host" else {},
-                "container": h.mode == "container",
-                "marker": None if h.is_head else READY_MARKER,
-                "timeout": inv.ray.start_timeout,
-                "wait_tcp": [head_ip, inv.ray.port] if h.is_head else None,
-                "reach_first": None if h.is_head else [head_ip, inv.ray.port],
-            }
-            result = agent(node, h, "start", params, timeout=inv.ray.start_timeout + 60)
-            check_started(result)
-            node.facts["record"] = {**result["record"], "running": True}
-            rec = result["record"]
-            what = f"pid {rec['pid']}" if "pid" in rec else f"container {rec['container'][:12]}"
-            if h.is_head:
-                return ("already running, " if result.get("already") else "GCS up, ") + what
-            return ("already running, " if result.get("already") else "started, ") + what + ", registering"
-
-        def finish_head(node: Node) -> str:
-            params = {"state_dir": node.host.state_dir, "marker": READY_MARKER, "timeout": inv.ray.start_timeout}
-            check_started(agent(node, node.host, "wait", params, timeout=inv.ray.start_timeout + 60))
-            rec = node.record or {}
-            return f"started, pid {rec['pid']}" if "pid" in rec else f"started, container {rec.get('container', '')[:12]}"
-
-        stop_if_failed("ray", parallel([head], start, table, "ray"), started=True)
-        stop_if_failed("ray", parallel(nodes, lambda n: finish_head(n) if n.host.is_head else start(n), table, "ray"), started=True)
-        stop_if_failed("ray", wait_for_nodes(inv, nodes, head, head_ip, table), started=True)
-
-    address = ClusterAddress(f"{head_ip}:{inv.ray.port}", f"http://{head_ip}:{inv.ray.dashboard_port}")
-    write_state(inv, nodes, address)
+    b = Bringup(inv, make_nodes(inv, runner, control_dir),
+                HostTable(f"cluster {inv.name}", [(h.name, h.role) for h in inv.hosts], PHASES, stream=stream, live=live))
+    with b.table:
+        connect_phase(b)
+        preflight_phase(b, host_checks)
+        environment_phase(b, make_environment, nccl_check)
+        ray_phase(b)
+    address = ClusterAddress(f"{b.head_ip}:{inv.ray.port}", f"http://{b.head_ip}:{inv.ray.dashboard_port}")
+    write_state(inv, b.nodes, address)
     return address
+
+
+# --- the phases of up, in order -----------------------------------------------------------------
+
+
+def connect_phase(b: Bringup) -> None:
+    """ssh reaches every host and the node agent reports its facts; then the head's address."""
+
+    def connect(node: Node) -> str:
+        node.facts = agent(node, node.host, "facts", {"state_dir": node.host.state_dir}, timeout=b.inv.ssh_options.connect_timeout + 90)
+        f = node.facts
+        running = f" (our Ray runs: pid {node.record.get('pid') or node.record.get('container', '')[:12]})" if node.ours_running else ""
+        return f"{f['user']}@{f['hostname']}, python3 {f['python3']}{running}"
+
+    b.stop_if_failed("connect", parallel(b.nodes, connect, b.table, "connect"))
+    b.head_ip = head_ip_of(b.inv, b.head)
+    b.head_ssh_port = b.head.facts.get("ssh_server_port")
+
+
+def preflight_phase(b: Bringup, host_checks: HostChecks) -> None:
+    """Every host's facts against what it must provide (node_problems), plus the host checks."""
+
+    def preflight(node: Node) -> str:
+        h = node.host
+        reach = [] if h.is_head else [[b.head_ip, int(b.head_ssh_port)]] if b.head_ssh_port else []
+        params = {"state_dir": h.state_dir, "head_ip": b.head_ip, "ports": ports_for(b.inv, h), "reach": reach, "docker": h.mode == "container"}
+        node.facts.update(agent(node, h, "facts", params, timeout=b.inv.ssh_options.connect_timeout + 90))
+        problems = node_problems(b.inv, node, b.head_ip)
+        problems += host_checks(h, node.ssh)
+        if problems:
+            raise CheckFailed(problems)
+        seen = len(node.facts["gpus"].get("list", []))
+        return f"{node.node_ip} via {node.interface}, {seen} GPU(s) seen" + (f", {h.gpus} used" if seen != h.gpus else "")
+
+    b.stop_if_failed("preflight", parallel(b.nodes, preflight, b.table, "preflight"))
+
+
+def node_problems(inv: Inventory, node: Node, head_ip: str) -> list[Problem | str]:
+    """What is wrong with a host, from its agent's facts (pure: no ssh). Sets the node's IP and
+    interface as found: the head's own address on the head, else the route's source."""
+    h, f = node.host, node.facts
+    problems: list[Problem | str] = []
+    gpus = f["gpus"]
+    seen = len(gpus.get("list", []))
+    if h.gpus and "error" in gpus:
+        problems.append(f"declares {h.gpus} GPU(s) but {gpus['error']}")
+    elif h.gpus > seen:
+        problems.append(f"declares {h.gpus} GPU(s) but nvidia-smi shows {seen}")
+    route = f.get("route", {})
+    if "error" in route or not route.get("src"):
+        problems.append(f"no route to the head {head_ip}: {route.get('error', route)}")
+    node.node_ip = head_ip if h.is_head else (h.node_ip or route.get("src"))
+    node.interface = route.get("dev") if h.interface == "auto" else h.interface
+    if h.interface != "auto" and h.interface not in f.get("addresses", {}):
+        problems.append(f"interface {h.interface!r} has no IPv4 address here; interfaces: {', '.join(sorted(f.get('addresses', {})))}")
+    if not node.interface:
+        problems.append(f"cannot tell the interface that routes to {head_ip}: set interface in the inventory")
+    for target, why in (f.get("reach") or {}).items():
+        if why:
+            problems.append(f"cannot reach the head at {target} from this host: {why}")
+    if h.mode == "container" and "error" in f.get("docker", {}):
+        problems.append(f"docker: {f['docker']['error']}")
+    if node.ours_running:
+        planned = start_argv(inv, h, node.node_ip or "", head_ip, ray_env(h, node.interface or "", f.get("path")))
+        if node.record.get("argv") != planned:
+            problems.append("Ray started by an earlier cluster.up runs here with other settings: run cluster.down first to apply the inventory's")
+    elif f.get("ports_busy"):
+        problems.append(f"port(s) {', '.join(map(str, f['ports_busy']))} in use (another Ray? we only stop what we started): free them or change ray ports in the inventory")
+    return problems
+
+
+def environment_phase(b: Bringup, make_environment: MakeEnvironment, nccl_check: bool) -> None:
+    """Make each host's environment, then require the head's everywhere; optionally NCCL."""
+
+    def environment(node: Node) -> str:
+        node.env = make_environment(b.inv, node.host, node.ssh)
+        return f"python {node.env.python}, ray {node.env.ray}, {node.env.detail}"
+
+    failures = parallel(b.nodes, environment, b.table, "environment")
+    if not failures:
+        failures = compare_environments(b.nodes, b.head, b.table)
+    if not failures and nccl_check:
+        failures = parallel([n for n in b.nodes if n.host.gpus > 0], lambda n: run_nccl_check(b.inv, n), b.table, "environment")
+    b.stop_if_failed("environment", failures)
+
+
+def ray_phase(b: Bringup) -> None:
+    """The head first, until its GCS port answers; then the workers join while the head finishes
+    starting (raylet, dashboard): the two overlap instead of adding up. Then the health gate."""
+    inv, head_ip = b.inv, b.head_ip
+
+    def start(node: Node) -> str:
+        h = node.host
+        env = ray_env(h, node.interface or "", node.facts.get("path"))
+        params = {
+            "state_dir": h.state_dir,
+            "argv": start_argv(inv, h, node.node_ip or "", head_ip, env),
+            # host mode: in the process's environment; container mode: already in `docker run -e`.
+            "env": env if h.mode == "host" else {},
+            "container": h.mode == "container",
+            "marker": None if h.is_head else READY_MARKER,
+            "timeout": inv.ray.start_timeout,
+            "wait_tcp": [head_ip, inv.ray.port] if h.is_head else None,
+            "reach_first": None if h.is_head else [head_ip, inv.ray.port],
+        }
+        result = agent(node, h, "start", params, timeout=inv.ray.start_timeout + 60)
+        check_started(result)
+        node.facts["record"] = {**result["record"], "running": True}
+        rec = result["record"]
+        what = f"pid {rec['pid']}" if "pid" in rec else f"container {rec['container'][:12]}"
+        if h.is_head:
+            return ("already running, " if result.get("already") else "GCS up, ") + what
+        return ("already running, " if result.get("already") else "started, ") + what + ", registering"
+
+    def finish_head(node: Node) -> str:
+        params = {"state_dir": node.host.state_dir, "marker": READY_MARKER, "timeout": inv.ray.start_timeout}
+        check_started(agent(node, node.host, "wait", params, timeout=inv.ray.start_timeout + 60))
+        rec = node.record or {}
+        return f"started, pid {rec['pid']}" if "pid" in rec else f"started, container {rec.get('container', '')[:12]}"
+
+    b.stop_if_failed("ray", parallel([b.head], start, b.table, "ray"), started=True)
+    b.stop_if_failed("ray", parallel(b.nodes, lambda n: finish_head(n) if n.host.is_head else start(n), b.table, "ray"), started=True)
+    b.stop_if_failed("ray", wait_for_nodes(inv, b.nodes, b.head, head_ip, b.table), started=True)
 
 
 def check_started(result: dict[str, Any]) -> None:
@@ -733,7 +777,7 @@ def plan(inv: Inventory, *, nccl_check: bool = False, control_dir: str | None = 
         checks = [f"GPUs >= {h.gpus} (nvidia-smi)", f"ports {' '.join(map(str, ports_for(inv, h)))} free"]
         if not h.is_head:
             checks.append("head reachable over TCP")
-        lines.append(f"  preflight    {'; '.join(checks)}; interface and node IP; host checks")
+        lines.append(f"  preflight    {'; '.join(checks)}; interface and node IP; /dev/shm and ulimits (the doctor's host checks, over ssh)")
         if h.mode == "host":
             if inv.install_script:
                 lines.append(f"  environment  bash -s < {inv.install_script}")

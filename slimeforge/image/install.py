@@ -70,7 +70,7 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
         commands = [step["argv"], *step["post"]]
         steps.append({"name": step["name"], "env": step["env"], "commands": commands})
     steps.append({"name": FINALIZE_STEP, "env": {}, "commands": [finalize_argv(stack, layout, f"{layout.state}/stack.input.json",
-                                                                             paths.Prefix(prefix).lock, paths.Prefix(prefix).flags)]})
+                                                                             paths.Prefix.at(prefix).lock, paths.Prefix.at(prefix).flags)]})
     for step in steps:
         inputs = {"step": step, "patches": {f: patch_sha[f] for f in sorted(patch_sha) if any(f in " ".join(c) for c in step["commands"])}}
         # A changed slice of the lock re-does its step (and, through the chain, every later one).

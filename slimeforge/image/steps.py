@@ -55,7 +55,7 @@ def host_layout(stack: Stack, prefix: str, venv: str | None = None, sources: dic
     """On a host (paths.Prefix): checkouts under the prefix, records in <prefix>/.slimeforge, local
     sources fetched straight from the given checkouts (only read)."""
     local = sources or {}
-    p = paths.Prefix(prefix)
+    p = paths.Prefix.at(prefix)
     urls = {n: s.git for n, s in stack.sources.items()}
     urls.update({n: str(s.path) for n, s in local.items() if s.kind == "git"})
     wheels = {n: str(s.path) for n, s in local.items() if s.kind == "wheels"}

@@ -101,7 +101,7 @@ def render_flags(recipe: Recipe, stack: Stack, *, config_path: str, env_json: st
 
 def site_packages(recipe: Recipe, stack: Stack) -> str:
     if recipe.mode == "host" and recipe.install_prefix:
-        return paths.Prefix(recipe.install_prefix).site_packages(stack.python)
+        return paths.Prefix.at(recipe.install_prefix).site_packages(stack.python)
     return stack.site_packages
 
 

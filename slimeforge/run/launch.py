@@ -83,7 +83,7 @@ def resolve_mode(recipe: Recipe, mode: str | None = None, install_prefix: str | 
         update["image"] = image
     r = recipe.model_copy(update=update)
     if r.mode == "host" and r.install_prefix:
-        installed = paths.Prefix(r.install_prefix)
+        installed = paths.Prefix.at(r.install_prefix)
         sources = (stack or load_stack(r.stack)).sources
         more = {}
         for field, source in (("slime_dir", "slime"), ("megatron_dir", "megatron")):
@@ -100,7 +100,7 @@ def resolve_mode(recipe: Recipe, mode: str | None = None, install_prefix: str | 
 def host_tools(recipe: Recipe) -> tuple[str, str]:
     """(python, ray) for host mode: the install's venv, else this interpreter's, else PATH's."""
     if recipe.install_prefix:
-        installed = paths.Prefix(recipe.install_prefix)
+        installed = paths.Prefix.at(recipe.install_prefix)
         return installed.python, installed.ray
     here = Path(sys.executable).parent / "ray"
     return "python3", str(here) if here.exists() else "ray"

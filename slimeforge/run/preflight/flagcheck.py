@@ -25,7 +25,7 @@ def find_catalog(ctx: Context) -> tuple[Catalog, str] | None:
         where = f"{ctx.image}:{in_image}"
         return parse_catalog(text, where), where
     if ctx.mode == "host" and ctx.install_prefix:
-        path = Path(paths.Prefix(ctx.install_prefix).flags)
+        path = Path(paths.Prefix.at(ctx.install_prefix).flags)
         if path.is_file():
             return load_catalog(path), str(path)
     # A local build of this very stack: its report names the stack id (name and stack hash).
