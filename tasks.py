@@ -440,6 +440,8 @@ def patches_check(c, cuda="cu13", stack=None, source=None):
         "stack": "any stack file instead (a YAML path)",
         "prefix": "install directory (checkouts, venv, records, stack.lock.json, flags.json)",
         "venv": "reuse this venv instead of <prefix>/venv",
+        "python": "the interpreter to make the venv with (a path, or a name on PATH; default python<ver> of the stack)",
+        "min_free_gb": "free disk (GiB) the prerequisites ask for at the prefix (default: computed from the lock)",
         "source": "NAME=PATH: a local checkout instead of the source's git URL (repeatable)",
         "out": "where to write install.sh (default <prefix>/.slimeforge/install/)",
         "dry_run": "render the script, print its path, run nothing",
@@ -447,7 +449,8 @@ def patches_check(c, cuda="cu13", stack=None, source=None):
     },
 )
 @clean_errors
-def install(c, cuda="cu13", stack=None, prefix="", venv=None, source=None, out=None, dry_run=False, no_store=False):
+def install(c, cuda="cu13", stack=None, prefix="", venv=None, python=None, min_free_gb=None, source=None, out=None, dry_run=False,
+            no_store=False):
     """Install a stack on this host (bare metal), resumably, with the image's steps and checks."""
     from pathlib import Path
 
@@ -455,7 +458,10 @@ def install(c, cuda="cu13", stack=None, prefix="", venv=None, source=None, out=N
     from slimeforge.image.install import InstallOptions
     from slimeforge.image.install import install as run_install
 
-    opts = InstallOptions(stack=stack or cuda, prefix=prefix, venv=venv, sources=list(source or []),
+    if min_free_gb is not None and not str(min_free_gb).isdigit():
+        raise Exit(f"error: --min-free-gb: {min_free_gb!r} is not a whole number of GiB", code=2)
+    opts = InstallOptions(stack=stack or cuda, prefix=prefix, venv=venv, python=python,
+                          min_free_gb=int(min_free_gb) if min_free_gb is not None else None, sources=list(source or []),
                           out=Path(out) if out else None, dry_run=dry_run, use_store=not no_store)
     try:
         run_install(opts)

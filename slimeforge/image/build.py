@@ -597,7 +597,8 @@ def build(opts: BuildOptions) -> dict[str, Any]:
         image_id = (p.dir / "image.id").read_text().strip()
         steps, duration, skipped = parse_progress(lines), round(time.monotonic() - started, 2), False
         echo("smoke test ...")
-        smoke_test(client, image_id, p.stack)
+        for line in smoke_test(client, image_id, p.stack).splitlines():
+            echo(f"  {line}")
     in_lock, in_flags = f"{paths.IMAGE_STATE}/{LOCK}", f"{paths.IMAGE_STATE}/{FLAGS}"
     files = _read_from_image(client, image_id, [in_lock, in_flags] if slime_source(p.stack) else [in_lock])
     _apply_tags(client, image_id, tags)
