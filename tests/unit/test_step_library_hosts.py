@@ -5,14 +5,11 @@ that reach nothing but the files the lock names."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -217,55 +214,58 @@ def test_fetch_locked_takes_exactly_the_lock_files(tmp_path):
 
 
 def can_unshare() -> bool:
-    return subprocess.run(["unshare", "--net", "--", "true"], capture_output=True).returncode == 0
+    return subprocess.run(["unshare", "--net", "--", "true"], capture_output=True).returncode == 0 and shutil.which("ip") is not None
 
 
-@contextlib.contextmanager
-def loopback_server(root: Path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(root)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(50):
-            with contextlib.suppress(OSError):
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
+def in_loopback_only_netns(tmp_path: Path, index: Path, script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run `script` (bash, with the step library sourced and $URL set) in a new network namespace
+    whose only interface is loopback, with a PEP 503-style file server on it: the index is all
+    the network there is."""
+    port = 8765
+    driver = f"""set -u
+ip link set lo up
+{sys.executable} -m http.server {port} --bind 127.0.0.1 --directory {index} >/dev/null 2>&1 &
+server=$!
+for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && break; sleep 0.1; done
+URL=http://127.0.0.1:{port}
+source {LIB}
+set +e
+( {script} )
+rc=$?
+kill $server
+exit $rc
+"""
+    return subprocess.run(["unshare", "--net", "--", "bash", "-c", driver], capture_output=True, text=True,
+                          env={"SF_STATE": str(tmp_path), "HOME": str(tmp_path), **env})
 
 
-@pytest.mark.skipif(not can_unshare(), reason="unshare --net is not permitted here (not root)")
-def test_a_compiled_step_builds_with_only_the_loopback_index_and_its_setup_cannot_fetch(tmp_path):
-    """The sdist comes from an index on loopback, by sha256; its compile then runs with no network
-    at all: an sdist whose setup.py fetches a binary of its own (as TE's and flash-attn's do unless
-    told not to) fails, although the host can reach the address it asks for."""
+@pytest.mark.skipif(not can_unshare(), reason="unshare --net is not permitted here (not root), or no ip")
+def test_a_compiled_step_builds_where_only_the_loopback_index_is_reachable_and_its_setup_cannot_fetch(tmp_path):
+    """The whole compiled step runs where the loopback index is the only network: its sdist comes
+    from there by sha256, then the compile runs with no network at all, so an sdist whose setup.py
+    fetches something of its own (as TE's and flash-attn's do unless told not to) fails, although
+    the address it asks for answers the step."""
     venv, env = build_venv(tmp_path)
-    (tmp_path / "index").mkdir()
-    with loopback_server(tmp_path / "index") as url:
-        sdist = make_sdist(tmp_path / "index")
-        sha = hashlib.sha256(sdist.read_bytes()).hexdigest()
-        slice_ = tmp_path / "sfcext.txt"
-        slice_.write_text(f"# --- built from source\nsfcext @ {url}/{sdist.name} --hash=sha256:{sha}  # ==0.1.0\n")
-        res = sf("sf_compiled", "--key", "t-sfcext-0", "--", "lock_install", str(venv), "sfcext", str(slice_), state=tmp_path,
-                 env={"PATH": f"{venv}/bin:/usr/bin:/bin", "MAX_JOBS": "1", "NVCC_THREADS": "1", **env})
-        assert res.returncode == 0, res.stderr
-        assert "compiling with no network (unshare --net)" in (tmp_path / "logs" / "compile-sfcext.log").read_text()
-        assert subprocess.run([str(venv / "bin" / "python"), "-c", "import sfcext"], env={**os.environ, **env}).returncode == 0
+    env = {"PATH": f"{venv}/bin:/usr/bin:/bin", "MAX_JOBS": "1", "NVCC_THREADS": "1", **env}
+    index = tmp_path / "index"
+    sdist = make_sdist(index)
+    sha = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    slice_ = tmp_path / "sfcext.txt"
+    slice_.write_text(f"# --- built from source\nsfcext @ http://127.0.0.1:8765/{sdist.name} --hash=sha256:{sha}  # ==0.1.0\n")
+    res = in_loopback_only_netns(tmp_path, index, f"sf_compiled --key t-sfcext-0 -- lock_install {venv} sfcext {slice_}", env)
+    assert res.returncode == 0, res.stderr
+    assert "compiling with no network (unshare --net)" in (tmp_path / "logs" / "compile-sfcext.log").read_text()
+    assert subprocess.run([str(venv / "bin" / "python"), "-c", "import sfcext"], env={**os.environ, **env}).returncode == 0
 
-        # The same compile, of a setup.py that fetches from that very server.
-        fetching = tmp_path / "fetching"
-        fetching.mkdir()
-        (fetching / "setup.py").write_text(
-            "import urllib.request\nfrom setuptools import setup\n"
-            f"urllib.request.urlopen('{url}/', timeout=5)  # a prebuilt binary, fetched on its own\n"
-            "setup(name='fetching', version='1')\n")
-        res = sf("_sf_store_make", str(venv), "fetching", str(fetching), state=tmp_path,
-                 env={"PATH": f"{venv}/bin:/usr/bin:/bin", "SF_COMPILED_WHEELS": str(tmp_path / "w2"), **env})
-        assert res.returncode == 1
-        log = (tmp_path / "logs" / "compile-fetching.log").read_text()
-        assert "URLError" in log or "Network is unreachable" in log or "Connection refused" in log, log[-2000:]
+    fetching = tmp_path / "fetching"
+    fetching.mkdir()
+    (fetching / "setup.py").write_text(
+        "import urllib.request\nfrom setuptools import setup\n"
+        "urllib.request.urlopen('http://127.0.0.1:8765/', timeout=5)  # a prebuilt binary, fetched on its own\n"
+        "setup(name='fetching', version='1')\n")
+    res = in_loopback_only_netns(tmp_path, index, "(exec 3<>/dev/tcp/127.0.0.1/8765) && echo index-reachable; "
+                                                  f"SF_COMPILED_WHEELS={tmp_path}/w2 _sf_store_make {venv} fetching {fetching}", env)
+    assert "index-reachable" in res.stdout  # the step itself reaches the index ...
+    assert res.returncode == 1 and "fetching failed to compile" in res.stderr  # ... its compile does not
+    log = (tmp_path / "logs" / "compile-fetching.log").read_text()
+    assert "URLError" in log or "Network is unreachable" in log or "Connection refused" in log, log[-2000:]
