@@ -321,8 +321,10 @@ _sf_store_make() {
   mkdir -p -- "$dir" "$SF_STATE/logs"
   clog="$SF_STATE/logs/compile-$step.log"
   sf_log "step $step: compiling into $dir (store key ${SF_COMPILED_KEY:-?}; compiler output: $clog)"
-  if ! _sf_offline "$venv/bin/python" -m pip wheel --disable-pip-version-check --no-deps --no-build-isolation --no-index \
-    --wheel-dir "$dir" "$@" >"$clog" 2>&1; then
+  # --no-cache-dir: pip would otherwise cache the wheel by the input's path, which is the same for
+  # every torch, CUDA and arch list (the per-key store is the only cache of compiled wheels).
+  if ! _sf_offline "$venv/bin/python" -m pip wheel --disable-pip-version-check --no-cache-dir --no-deps --no-build-isolation \
+    --no-index --wheel-dir "$dir" "$@" >"$clog" 2>&1; then
     tail -n 40 "$clog" >&2
     first=$(_sf_first_error <"$clog")
     local a what=()
