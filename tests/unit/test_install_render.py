@@ -210,3 +210,16 @@ def test_the_disk_need_can_be_overridden_and_a_bad_override_is_named(tmp_path):
     assert "the install needs about 999999 GiB" in huge.stderr
     bad = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={**env, "SLIMEFORGE_MIN_FREE_GIB": "1; rm -rf /"})
     assert "SLIMEFORGE_MIN_FREE_GIB: '1; rm -rf /' is not a whole number of GiB" in bad.stderr
+
+
+@pytest.mark.parametrize("option, value, says", [
+    ("--python", "py thon", "--python: is neither an absolute path nor an interpreter name"),
+    ("--python", "bin/python3.12", "--python: is neither an absolute path nor an interpreter name"),
+    ("--min-free-gb", "lots", "--min-free-gb: 'lots' is not a whole number of GiB"),
+])
+def test_cli_refuses_a_bad_interpreter_or_disk_option_before_anything(tmp_path, option, value, says):
+    res = subprocess.run([sys.executable, "-m", "invoke", "install", "--stack", str(bs.TEST_STACK), "--prefix", str(tmp_path / "p"),
+                          "--dry-run", f"{option}={value}"], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 2, res.stderr
+    assert says in res.stderr
+    assert not (tmp_path / "p").exists()
