@@ -47,13 +47,13 @@ def stack_show(c, cuda="cu13", as_json=False):
     width = max(len(k) for k in stack.pins())
     for key, value in stack.pins().items():
         print(f"  {key:<{width}}  {value}")
-    from slimeforge.image import lock as locking
+    from slimeforge.image import lockfile
 
     try:
-        pylock = locking.load_lock(cuda, stack)
+        pylock = lockfile.load_lock(cuda, stack)
         print(f"lock {pylock.path}  (sha256 {pylock.hash[:16]}, {len(pylock.packages)} distributions)")
-    except locking.LockError:
-        print(f"lock: none yet ({locking.lock_command(locking.stack_ref(stack))} makes it)")
+    except lockfile.LockError:
+        print(f"lock: none yet ({lockfile.lock_command(lockfile.stack_ref(stack))} makes it)")
     print("steps:")
     for i, step in enumerate(stack.plan, 1):
         what = step.requirements or step.packages or ()
@@ -333,7 +333,7 @@ def publish(c, cuda=None, image=None, registry=None, build_dir=None, tag=None, r
 def lock(c, cuda=None, stack=None, all=False, check=False, base_digest=None, router_sha256=None, index_url=None,  # noqa: A002
          source=None):
     """Resolve a flavor once, for its target, into images/locks/pylock.<flavor>.toml (--check: verify it)."""
-    from slimeforge.image import lock as locking
+    from slimeforge.image import lockcheck, resolve
     from slimeforge.image.stack import available_flavors
 
     refs = available_flavors() if all else [stack or cuda or "cu13"]
@@ -341,9 +341,9 @@ def lock(c, cuda=None, stack=None, all=False, check=False, base_digest=None, rou
     for ref in refs:
         try:
             if check:
-                locking.check(ref, echo=lambda s: print(s, flush=True))
+                lockcheck.check(ref, echo=lambda s: print(s, flush=True))
             else:
-                locking.resolve(locking.LockOptions(stack=ref, base_digest=base_digest, router_sha256=router_sha256,
+                resolve.resolve(resolve.LockOptions(stack=ref, base_digest=base_digest, router_sha256=router_sha256,
                                                     index_url=index_url, sources=list(source or []),
                                                     echo=lambda s: print(s, flush=True)))
         except SlimeforgeError as exc:

@@ -22,14 +22,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from slimeforge.image import lock as L  # noqa: E402
+from slimeforge.image import lockcheck, lockfile, lockinputs, resolve  # noqa: E402
 from slimeforge.image.stack import load_stack  # noqa: E402
 
 
 def timed_lock(out: Path, cache: Path) -> float:
     os.environ["UV_CACHE_DIR"] = str(cache)
     started = time.monotonic()
-    L.resolve(L.LockOptions(stack="cu13", out=out, echo=lambda _: None))
+    resolve.resolve(resolve.LockOptions(stack="cu13", out=out, echo=lambda _: None))
     return time.monotonic() - started
 
 
@@ -38,7 +38,7 @@ def main() -> None:
     ap.add_argument("--skip-cold", action="store_true", help="only the warm resolution (the cold one downloads metadata)")
     ap.add_argument("--checks", type=int, default=5)
     args = ap.parse_args()
-    committed = L.lock_path("cu13")
+    committed = lockfile.lock_path("cu13")
     with tempfile.TemporaryDirectory(prefix="sf-lock-bench-") as tmp:
         cache = Path(tmp) / "uv-cache"
         out = Path(tmp) / "pylock.cu13.toml"
@@ -55,9 +55,9 @@ def main() -> None:
     print(f"invoke lock --check --cuda cu13 (CLI, {args.checks} runs): median {statistics.median(times):.2f} s, "
           f"min {min(times):.2f} s")
     stack = load_stack("cu13")
-    lock = L.load_lock("cu13", stack)
-    s = L.summarize(lock, stack)
-    named = {L.req_name(r) for r in L.inputs(stack).requirements}
+    lock = lockfile.load_lock("cu13", stack)
+    s = lockcheck.summarize(lock, stack)
+    named = {lockinputs.req_name(r) for r in lockinputs.inputs(stack).requirements}
     print(f"distributions in the lock: {s['packages']} ({sum(1 for n in lock.packages if n in named)} named by the stack, "
           f"{sum(1 for n in lock.packages if n not in named)} fixed only by the lock); sdists built: {', '.join(s['sdists'])}")
     print(f"distributions of the cu13 set not fixed by the lock: {len([p for p in lock.packages.values() if not p.sha256])}")

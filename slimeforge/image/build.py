@@ -37,7 +37,7 @@ from ..proc import Runner
 from ..schema import ENV_NAME_RE, text_problem, text_problems
 from ..templating import render
 from .dockerapi import docker_client, resolve_base
-from .lock import check_patches, checked_lock
+from .lockcheck import check_patches, checked_lock
 from .patches import PatchContent, read_patches
 from .sources import GIT, LocalSource, dist_files, parse_sources
 from .stack import Stack, load_stack

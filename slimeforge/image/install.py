@@ -23,7 +23,8 @@ from ..errors import ConfigError, Problem
 from ..proc import Runner
 from ..schema import text_problem
 from ..templating import render
-from .lock import LockFile, check_patches, checked_lock
+from .lockcheck import check_patches, checked_lock
+from .lockfile import LockFile
 from .patches import PatchContent, read_patches
 from .sources import LocalSource, parse_sources
 from .stack import Stack, load_stack

@@ -14,7 +14,7 @@ import pytest
 from lock_support import Index
 
 from slimeforge import paths
-from slimeforge.image import lock as L
+from slimeforge.image import lockcheck, lockfile, resolve
 from slimeforge.image.build import BuildOptions, prepare
 from slimeforge.image.stack import load_stack
 from slimeforge.image.steps import lock_file, lock_files
@@ -86,10 +86,10 @@ def write_stack(directory: Path, name="sflock", cuda="13.0", torch_index="null",
     return path
 
 
-def do_lock(path: Path, index: Index, lines: list[str] | None = None, base_digest: str | None = DIGEST) -> L.LockFile:
-    L.resolve(L.LockOptions(stack=str(path), index_url=index.url, base_digest=base_digest,
+def do_lock(path: Path, index: Index, lines: list[str] | None = None, base_digest: str | None = DIGEST) -> lockfile.LockFile:
+    resolve.resolve(resolve.LockOptions(stack=str(path), index_url=index.url, base_digest=base_digest,
                             echo=(lines.append if lines is not None else lambda _: None)))
-    return L.load_lock(str(path))
+    return lockfile.load_lock(str(path))
 
 
 def steps_sh(state: Path, script: str) -> subprocess.CompletedProcess:
@@ -103,7 +103,7 @@ def make_venv(path: Path) -> Path:
     return path
 
 
-def install_all(stack_path: Path, lock: L.LockFile, work: Path) -> tuple[Path, Path, subprocess.CompletedProcess]:
+def install_all(stack_path: Path, lock: lockfile.LockFile, work: Path) -> tuple[Path, Path, subprocess.CompletedProcess]:
     """Every step's slice through sf_pip_step, then finalize's comparison with the whole lock."""
     stack = load_stack(str(stack_path))
     venv, state, slices = make_venv(work / "venv"), work / "state", work / "slices"
@@ -135,7 +135,7 @@ def test_lock_resolves_for_the_target_with_exactly_the_pinned_prerelease(indexes
     assert lock.steps == {"base": ["sf-base"], "app": ["sf-app", "sf-dep", "sf-extra", "sf-kern", "sf-kern-cu13"]}
     assert all(p.url.startswith(indexes["main"].url.removesuffix("/simple")) and len(p.sha256) == 64 for p in lock.packages.values())
     assert lock.tool["base"]["digest"] == DIGEST and lock.tool["platform"] == "x86_64-manylinux_2_36"
-    assert L.check_lock(load_stack(str(tmp_path / "sflock.yaml")), lock) == []
+    assert lockcheck.check_lock(load_stack(str(tmp_path / "sflock.yaml")), lock) == []
     # The file is a PEP 751 lock uv itself reads; locking again changes nothing (same tag).
     text = lock.path.read_text()
     do_lock(tmp_path / "sflock.yaml", indexes["main"])
@@ -200,11 +200,11 @@ def test_cuda12_flavor_takes_its_kernels_from_its_index_and_mixing_is_detected(i
     good_path = write_stack(tmp_path / "good", "sfcu12", "12.9", indexes["cu12"].url)
     lock = do_lock(good_path, indexes["main"])
     assert lock.packages["sf-kern"].version == "1.0+cu129" and "sf-kern-cu12" in lock.packages and "sf-kern-cu13" not in lock.packages
-    assert L.check_lock(load_stack(str(good_path)), lock) == []
+    assert lockcheck.check_lock(load_stack(str(good_path)), lock) == []
     # Without it, the main index's CUDA 13 kernel comes in: `lock --check` names it.
     bad_path = write_stack(tmp_path / "bad", "sfcu12", "12.9")
     bad = do_lock(bad_path, indexes["main"])
-    problems = L.check_lock(load_stack(str(bad_path)), bad)
+    problems = lockcheck.check_lock(load_stack(str(bad_path)), bad)
     assert "CUDA mix: sf-kern-cu13 1.0 is built for CUDA 13, the flavor is CUDA 12.9" in problems
 
 
@@ -212,16 +212,16 @@ def test_check_names_a_stale_lock_and_an_unsatisfied_pin(indexes, tmp_path):
     path = write_stack(tmp_path)
     lock = do_lock(path, indexes["main"])
     path.write_text(path.read_text().replace('sf-base: "1.0"', 'sf-base: "1.2"'))
-    problems = L.check_lock(load_stack(str(path)), lock)
+    problems = lockcheck.check_lock(load_stack(str(path)), lock)
     assert any(p.startswith("stale: ") and f"invoke lock --stack {path}" in p for p in problems)
     assert "pin sf-base==1.2: the lock holds sf-base 1.0" in problems
-    with pytest.raises(L.LockError, match="cannot be installed from"):
-        L.checked_lock(load_stack(str(path)))
+    with pytest.raises(lockfile.LockError, match="cannot be installed from"):
+        lockcheck.checked_lock(load_stack(str(path)))
 
 
 def test_build_refuses_a_stack_without_a_lock_with_the_command_that_makes_one(tmp_path):
     path = write_stack(tmp_path, "nolock")
-    with pytest.raises(L.LockError, match=rf"no lock for nolock; make it with `invoke lock --stack {path}`"):
+    with pytest.raises(lockfile.LockError, match=rf"no lock for nolock; make it with `invoke lock --stack {path}`"):
         prepare(BuildOptions(stack=str(path), dry_run=True, build_root=tmp_path / "b", echo=lambda _: None))
 
 
@@ -238,7 +238,7 @@ def test_check_of_a_missing_lock_says_how_to_make_it():
 def test_committed_locks_pass_check(flavor):
     if not (Path(__file__).parents[2] / "images" / "locks" / f"pylock.{flavor}.toml").exists():
         pytest.skip(f"no committed lock for {flavor}: `invoke lock --cuda {flavor}` needs its index (download.pytorch.org for cu129)")
-    summary = L.check(flavor, echo=lambda _: None)
+    summary = lockcheck.check(flavor, echo=lambda _: None)
     assert summary["packages"] > 100 and not summary["sdists"] or set(summary["sdists"]) <= {"flash-attn", "transformer-engine-torch"}
 
 
@@ -335,7 +335,7 @@ def test_lock_asks_the_base_image_registry_for_its_digest(indexes, tmp_path, mon
             client.images.remove(p.base["from"], force=True)
         # --base-digest by hand wins over the registry.
         do_lock(path, indexes["main"], base_digest=DIGEST)
-        assert L.load_lock(str(path)).tool["base"]["digest"] == DIGEST
+        assert lockfile.load_lock(str(path)).tool["base"]["digest"] == DIGEST
     finally:
         reg.stop()
 
@@ -368,14 +368,14 @@ def test_a_step_builds_its_sdists_after_its_wheels_without_isolation(indexes, tm
                     .replace("    pip: [sf-app]\n", "    pip: [sf-app]\n  - name: built\n    pip: [sf-built, sf-helper]\n"))
     lock = do_lock(path, main)
     assert lock.packages["sf-built"].kind == "sdist" and lock.steps["built"] == ["sf-built", "sf-helper"]
-    text = L.step_requirements(lock, "built")
-    assert text.index("sf-helper @") < text.index(L.SDIST_MARK) < text.index("sf-built @")
+    text = lockfile.step_requirements(lock, "built")
+    assert text.index("sf-helper @") < text.index(lockfile.SDIST_MARK) < text.index("sf-built @")
     venv, state, res = install_all(path, lock, tmp_path / "i")
     assert res.returncode == 0, res.stderr
     assert installed(venv)["sf-built"] == "1.0" and "step built: 8 distribution(s) installed, all as locked" in res.stderr
     # Alone (no wheel of its step before it), the same sdist does not build: the order is what works.
     alone = make_venv(tmp_path / "alone")
     sdist_only = tmp_path / "sdist-only.txt"
-    sdist_only.write_text(text.split(L.SDIST_MARK, 1)[1])
+    sdist_only.write_text(text.split(lockfile.SDIST_MARK, 1)[1])
     res = steps_sh(tmp_path / "state2", f"sf_lock_install {alone} built {sdist_only}")
     assert res.returncode == 1 and "No module named 'sf_helper'" in res.stderr
