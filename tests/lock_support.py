@@ -8,6 +8,7 @@ import base64
 import hashlib
 import html
 import http.server
+import json
 import threading
 import zipfile
 from dataclasses import dataclass, field
@@ -91,22 +92,33 @@ def make_sdist(directory: Path, name: str, version: str, needs: str) -> Path:
     return path
 
 
+# When the tests' files were "uploaded" unless a test says otherwise: before any cutoff a lock takes.
+UPLOADED = "2026-01-01T00:00:00Z"
+
+
 @dataclass
 class Index:
-    """A directory served as `<url>/simple/<project>/` (PEP 503, with PEP 592 yanked files)."""
+    """A directory served as `<url>/simple/<project>/`: PEP 503 HTML (with PEP 592 yanked files),
+    and PEP 691 JSON with PEP 700 upload times to a client that asks for it (uv does), which
+    `--exclude-newer` compares with its cutoff. `upload_times=False`: HTML only, as an index
+    without upload times (download.pytorch.org) serves."""
 
     root: Path
     yanked: set[str] = field(default_factory=set)
+    upload_times: bool = True
     url: str = ""
+    uploaded: dict[str, str] = field(default_factory=dict)  # file name -> its upload time
     _server: http.server.ThreadingHTTPServer | None = None
 
-    def add(self, name: str, version: str, requires: list[str] | None = None, payload: str = "") -> Path:
+    def add(self, name: str, version: str, requires: list[str] | None = None, payload: str = "", uploaded: str = UPLOADED) -> Path:
         wheel = make_wheel(self.root / "files", name, version, requires, payload)
+        self.uploaded[wheel.name] = uploaded
         self.write_pages()
         return wheel
 
-    def add_sdist(self, name: str, version: str, needs: str) -> Path:
+    def add_sdist(self, name: str, version: str, needs: str, uploaded: str = UPLOADED) -> Path:
         sdist = make_sdist(self.root / "files", name, version, needs)
+        self.uploaded[sdist.name] = uploaded
         self.write_pages()
         return sdist
 
@@ -115,21 +127,42 @@ class Index:
         for whl in sorted([*(self.root / "files").glob("*.whl"), *(self.root / "files").glob("*.tar.gz")]):
             projects.setdefault(whl.name.split("-")[0].replace("_", "-").lower(), []).append(whl)
         for project, wheels in projects.items():
-            links = []
+            links, files = [], []
             for whl in wheels:
-                sha = hashlib.sha256(whl.read_bytes()).hexdigest()
+                data = whl.read_bytes()
+                sha = hashlib.sha256(data).hexdigest()
                 yanked = ' data-yanked="withdrawn"' if whl.name in self.yanked else ""
                 links.append(f'<a href="../../files/{html.escape(whl.name)}#sha256={sha}"{yanked}>{html.escape(whl.name)}</a><br/>')
+                files.append({"filename": whl.name, "url": f"../../files/{whl.name}", "hashes": {"sha256": sha}, "size": len(data),
+                              "upload-time": self.uploaded.get(whl.name, UPLOADED),
+                              "yanked": "withdrawn" if whl.name in self.yanked else False})
             page = self.root / "simple" / project / "index.html"
             page.parent.mkdir(parents=True, exist_ok=True)
             page.write_text("<!DOCTYPE html><html><body>\n" + "\n".join(links) + "\n</body></html>\n")
+            versions = sorted({f["filename"].split("-")[1].removesuffix(".tar.gz") for f in files})
+            (page.parent / "index.json").write_text(json.dumps({"meta": {"api-version": "1.1"}, "name": project, "versions": versions,
+                                                                "files": files}))
 
     def start(self) -> Index:
         root = str(self.root)
+        json_pages = self.upload_times
 
         class Handler(http.server.SimpleHTTPRequestHandler):
             def __init__(self, *args, **kwargs):
                 super().__init__(*args, directory=root, **kwargs)
+
+            def do_GET(self):  # noqa: N802 - http.server's name
+                page = Path(self.translate_path(self.path)) / "index.json"
+                if json_pages and self.path.endswith("/") and "application/vnd.pypi.simple.v1+json" in self.headers.get("Accept", "") \
+                        and page.is_file():
+                    body = page.read_bytes()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                super().do_GET()
 
             def log_message(self, *args):  # quiet: the tests read uv's output, not the server's
                 pass

@@ -206,6 +206,9 @@ def read_lock(path: Path, stack: Stack | None = None, ref: str | Path | None = N
     digest = (tool.get("base") or {}).get("digest", "")
     if digest and not DIGEST_RE.fullmatch(digest):
         problems.append(Problem("tool.slimeforge.base.digest", "is not a digest", digest, "sha256:<64 hex> or empty"))
+    cutoff = tool.get("exclude-newer", "")
+    if cutoff and not (isinstance(cutoff, str) and CUTOFF_RE.fullmatch(cutoff)):
+        problems.append(Problem("tool.slimeforge.exclude-newer", "is not a cutoff", cutoff, "YYYY-MM-DDTHH:MM:SSZ (UTC) or empty"))
     router = tool.get("router") or {}
     if router.get("sha256") and not SHA256_RE.fullmatch(router["sha256"]):
         problems.append(Problem("tool.slimeforge.router.sha256", "is not a sha256", router["sha256"]))

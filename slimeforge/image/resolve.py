@@ -21,6 +21,7 @@ import tomllib
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from ..errors import ConfigError, Problem
 from ..proc import Runner
 from .lockcheck import summarize
 from .lockfile import (
+    CUTOFF_RE,
     DIGEST_RE,
     SCHEMA,
     SHA256_RE,
@@ -97,7 +99,6 @@ def _file(entry: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, "url": url, "size": entry.get("size"), "sha256": (entry.get("hashes") or {}).get("sha256", "")}
 
 
-
 # --- resolving --------------------------------------------------------------------------------
 
 
@@ -110,9 +111,31 @@ class LockOptions:
     sources: list[str] = field(default_factory=list)  # NAME=PATH: where the patches' source is read (else fetched)
     build_root: Path = paths.BUILDS
     out: Path | None = None
+    upgrade: bool = False  # move the cutoff to now even where the inputs are unchanged
     uv: str | None = None
     echo: Callable[[str], None] = print
     runner: Runner = field(default_factory=Runner)
+    now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))  # the clock a new cutoff is read from
+
+
+def choose_cutoff(previous: Path, inp: Inputs, upgrade: bool, now: datetime) -> tuple[str, str, bool]:
+    """The resolution's cutoff (uv's --exclude-newer) and why: the previous lock's, where it records
+    one and the stack's inputs are unchanged (so re-locking later gives the same lock), else now
+    (--upgrade, changed inputs, or no previous lock). The flag: whether it is the previous lock's."""
+    tool: dict[str, Any] = {}
+    try:
+        tool = (tomllib.loads(previous.read_text()).get("tool") or {}).get("slimeforge") or {}
+    except (OSError, ValueError):
+        pass  # no previous lock, or not one we can read: a new cutoff
+    recorded = tool.get("exclude-newer")
+    fresh = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if upgrade:
+        return fresh, "now (--upgrade)", False
+    if not isinstance(recorded, str) or not CUTOFF_RE.fullmatch(recorded):
+        return fresh, "now (the previous lock records none)" if tool else "now (no previous lock)", False
+    if tool.get("inputs") != inp.hash:
+        return fresh, f"now (the stack's inputs changed since the lock with cutoff {recorded})", False
+    return recorded, "the previous lock's (inputs unchanged; --upgrade moves it)", True
 
 
 def uv_binary(stack: Stack, given: str | None = None) -> str:
@@ -162,18 +185,26 @@ def resolve(opts: LockOptions) -> dict[str, Any]:
     started = time.monotonic()
     echo(f"lock {stack.name}: {len(inp.requirements)} pins, CPython {inp.python}, {inp.platform}; indexes: "
          + ", ".join([opts.index_url or PYPI, *inp.indexes]))
+    cutoff, why, reused = choose_cutoff(out, inp, opts.upgrade, opts.now())
+    echo(f"  cutoff {cutoff}: {why}")
     with tempfile.TemporaryDirectory(prefix="sf-lock-") as tmp:
         work = Path(tmp)
         (work / "in.txt").write_text("\n".join(inp.requirements) + "\n")
         (work / "overrides.txt").write_text("\n".join(inp.overrides) + "\n")
         prereleases: list[str] = []
-        common = ["--python-version", inp.python, "--python-platform", inp.platform, "--no-header",
-                  "--prerelease", "if-necessary-or-explicit", *_index_args(inp, opts.index_url)]
+        def common() -> list[str]:
+            return ["--python-version", inp.python, "--python-platform", inp.platform, "--no-header",
+                    "--prerelease", "if-necessary-or-explicit", *(["--exclude-newer", cutoff] if cutoff else []),
+                    # A new cutoff is now: index pages uv cached minutes ago would hide files from
+                    # before it that a later re-lock sees. Fresh pages, so both see the same.
+                    *([] if reused else ["--refresh"]),
+                    *_index_args(inp, opts.index_url)]
+
         # 1. The resolution, with the graph ("# via") that divides the lock into steps.
-        for attempt in range(1, 6):
+        for attempt in range(1, 7):
             (work / "prereleases.txt").write_text("".join(f"{p}\n" for p in prereleases))
             echo(f"[1/3] resolving (round {attempt}) ...")
-            argv = [uv, "pip", "compile", "-v", *common, "--annotation-style", "line", "--override", str(work / "overrides.txt"),
+            argv = [uv, "pip", "compile", "-v", *common(), "--annotation-style", "line", "--override", str(work / "overrides.txt"),
                     *(["--constraint", str(work / "prereleases.txt")] if prereleases else []),
                     str(work / "in.txt"), "-o", str(work / "resolved.txt")]
             rc, text = _stream_uv(opts.runner, argv, echo)
@@ -184,15 +215,21 @@ def resolve(opts: LockOptions) -> dict[str, Any]:
                 raise LockError(f"lock {stack.name}: the index {unreachable.group(1)} cannot be reached from here; run "
                                 f"`{lock_command(stack_ref(stack))}` where it can be, and commit {lock_path(stack)}")
             # An exact pre-release pinned by a dependency (sglang: flash-attn-4==4.0.0b15) is allowed,
-            # that one version only; any other failure is the user's to fix.
+            # that one version only.
             hints = [f"{m.group(2)}=={m.group(3)}" for m in PRERELEASE_HINT_RE.finditer(text.replace("\n      ", " "))
                      if normalize(m.group(1)) == normalize(m.group(2))]
             new = [h for h in hints if h not in prereleases]
-            if not new:
-                raise LockError(f"lock {stack.name}: uv could not resolve the flavor:\n{_tail(text)}")
             for h in new:
                 echo(f"  allowing the exact pre-release {h} (a dependency pins it)")
             prereleases += new
+            if not new and cutoff and "is missing an upload date" in text:
+                # An index without upload times (PEP 700) gives uv nothing to compare with the cutoff,
+                # so it drops every file of it: resolve without one, and say that re-locking moves.
+                echo(f"  warning: an index gives no upload times, so no cutoff can apply: resolving without one "
+                     f"(re-locking later may choose newer versions of what no pin names)\n{_missing_dates(text)}")
+                cutoff = ""
+            elif not new:  # any other failure is the user's to fix
+                raise LockError(f"lock {stack.name}: uv could not resolve the flavor:\n{_tail(text)}")
         else:
             raise LockError(f"lock {stack.name}: still unresolved after allowing {prereleases}")
         resolved = (work / "resolved.txt").read_text()
@@ -202,7 +239,7 @@ def resolve(opts: LockOptions) -> dict[str, Any]:
         echo("[2/3] file hashes ...")
         pins = work / "pins.txt"
         pins.write_text("".join(f"{n}=={v}\n" for n, v in sorted(versions.items())))
-        argv = [uv, "pip", "compile", "--quiet", *common, "--no-deps", "--format", "pylock.toml", "--generate-hashes", str(pins),
+        argv = [uv, "pip", "compile", "--quiet", *common(), "--no-deps", "--format", "pylock.toml", "--generate-hashes", str(pins),
                 "-o", str(work / "pylock.all.toml")]
         rc, text = _stream_uv(opts.runner, argv, echo)
         if rc != 0:
@@ -214,7 +251,7 @@ def resolve(opts: LockOptions) -> dict[str, Any]:
     if inp.router:
         router = {"url": inp.router, "sha256": opts.router_sha256 or url_sha256(inp.router, echo)}
     patches = patch_hashes(stack, local, opts.build_root, echo)
-    data = build_lock(stack, inp, pylock, graph, prereleases, base_digest, router, patches)
+    data = build_lock(stack, inp, pylock, graph, prereleases, base_digest, router, patches, cutoff)
     text = render_lock(data)
     write_lock(out, text)
     summary = summarize(read_lock(out, stack), stack)
@@ -224,6 +261,11 @@ def resolve(opts: LockOptions) -> dict[str, Any]:
     for warn in summary["warnings"]:
         echo(f"  warning: {warn}")
     return summary
+
+
+def _missing_dates(text: str, n: int = 3) -> str:
+    lines = [line for line in text.splitlines() if "is missing an upload date" in line]
+    return "\n".join(f"    {line}" for line in lines[:n]) + (f"\n    ... ({len(lines) - n} more)" if len(lines) > n else "")
 
 
 def _tail(text: str, n: int = 25) -> str:
@@ -243,7 +285,7 @@ def _stream_uv(runner: Runner, argv: list[str], echo: Callable[[str], None]) -> 
             names.add(m.group(1))
             if len(names) % 20 == 1:  # a line per 20 new distributions: alive, not a flood
                 echo(f"  {len(names):4} distributions so far ({m.group(1)}=={m.group(2)})")
-        elif line.startswith(("warning:", "error:", "Resolved")):
+        elif line.startswith(("warning:", "error:", "Resolved")) and "is missing an upload date" not in line:
             echo(f"  uv: {line}")
 
     rc = runner.stream(argv, on_line, step="lock")
@@ -270,7 +312,8 @@ def parse_annotated(text: str) -> tuple[dict[str, str], dict[str, set[str]]]:
 
 
 def build_lock(stack: Stack, inp: Inputs, pylock: dict[str, Any], graph: dict[str, set[str]], prereleases: list[str],
-               base_digest: str | None, router: dict[str, Any] | None, patches: dict[str, str] | None = None) -> dict[str, Any]:
+               base_digest: str | None, router: dict[str, Any] | None, patches: dict[str, str] | None = None,
+               cutoff: str = "") -> dict[str, Any]:
     tags = target_tags(stack)
     packages = []
     missing = []
@@ -297,11 +340,13 @@ def build_lock(stack: Stack, inp: Inputs, pylock: dict[str, Any], graph: dict[st
         "python": inp.python,
         "platform": inp.platform,
         "uv": stack.versions.get("uv", ""),
-        # No timestamp: re-locking unchanged inputs against unchanged indexes gives the same bytes,
-        # so the same content-addressed image tag.
+        # No time of locking, only the cutoff (below), which re-locking unchanged inputs reuses: the
+        # same bytes again, so the same content-addressed image tag.
         "command": lock_command(stack_ref(stack)),
         "indexes": inp.indexes,
         "prereleases": prereleases,
+        # The resolution saw only files uploaded before this: re-locking unchanged inputs reuses it.
+        "exclude-newer": cutoff,
         "base": {"image": stack.base.image, "digest": base_digest or ""},
         "router": router or {},
         "sources": inp.sources,

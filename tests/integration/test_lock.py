@@ -379,3 +379,62 @@ def test_a_step_builds_its_sdists_after_its_wheels_without_isolation(indexes, tm
     sdist_only.write_text(text.split(lockfile.SDIST_MARK, 1)[1])
     res = steps_sh(tmp_path / "state2", f"sf_lock_install {alone} built {sdist_only}")
     assert res.returncode == 1 and "No module named 'sf_helper'" in res.stderr
+
+
+def test_relocking_unchanged_inputs_reuses_the_cutoff_and_gives_the_same_bytes(tmp_path):
+    """The loopback index gains a newer release of a package no pin names (sf-extra, a dependency
+    of sf-app): re-locking the unchanged stack keeps the lock byte for byte; --upgrade, or a
+    changed pin, moves the cutoff and takes it."""
+    from datetime import datetime
+
+    index = Index(tmp_path / "index")
+    for name in ("sf-base", "sf-dep", "sf-kern-cu13"):
+        index.add(name, "1.0")
+    index.add("sf-extra", "2.0")
+    index.add("sf-kern", "1.0", ["sf-kern-cu13==1.0"])
+    index.add("sf-app", "1.0", ["sf-base>=1.0", "sf-dep", "sf-extra", "sf-kern"])
+    index.start()
+    try:
+        path = write_stack(tmp_path / "s")
+
+        def relock(when: str, upgrade: bool = False) -> tuple[str, list[str]]:
+            lines: list[str] = []
+            resolve.resolve(resolve.LockOptions(stack=str(path), index_url=index.url, base_digest=DIGEST, upgrade=upgrade,
+                                                now=lambda: datetime.fromisoformat(when), echo=lines.append))
+            return lockfile.load_lock(str(path)).path.read_text(), lines
+
+        first, lines = relock("2026-06-01T12:00:00+00:00")
+        assert 'exclude-newer = "2026-06-01T12:00:00Z"' in first and "  cutoff 2026-06-01T12:00:00Z: now (no previous lock)" in lines
+        index.add("sf-extra", "2.1", uploaded="2026-07-01T00:00:00Z")  # after the cutoff: a later day's index
+        again, lines = relock("2026-08-01T00:00:00+00:00")
+        assert again == first  # the same bytes, so the same image tag
+        assert "  cutoff 2026-06-01T12:00:00Z: the previous lock's (inputs unchanged; --upgrade moves it)" in lines
+        upgraded, lines = relock("2026-08-01T00:00:00+00:00", upgrade=True)
+        lock = lockfile.load_lock(str(path))
+        assert lock.packages["sf-extra"].version == "2.1" and lock.tool["exclude-newer"] == "2026-08-01T00:00:00Z"
+        assert "  cutoff 2026-08-01T00:00:00Z: now (--upgrade)" in lines
+        # Back to the first lock, then a changed pin: its inputs changed, so the cutoff moves too.
+        lockfile.write_lock(lock.path, first)
+        path.write_text(path.read_text().replace('sf-app: "1.0"', 'sf-app: ">=1.0"'))
+        _, lines = relock("2026-09-01T00:00:00+00:00")
+        assert lockfile.load_lock(str(path)).packages["sf-extra"].version == "2.1"
+        assert "  cutoff 2026-09-01T00:00:00Z: now (the stack's inputs changed since the lock with cutoff 2026-06-01T12:00:00Z)" in lines
+    finally:
+        index.stop()
+
+
+def test_an_index_without_upload_times_locks_without_a_cutoff_and_says_so(tmp_path):
+    index = Index(tmp_path / "index", upload_times=False)
+    for name in ("sf-base", "sf-dep", "sf-extra", "sf-kern-cu13"):
+        index.add(name, "1.0" if name != "sf-extra" else "2.0")
+    index.add("sf-kern", "1.0", ["sf-kern-cu13==1.0"])
+    index.add("sf-app", "1.0", ["sf-base>=1.0", "sf-dep", "sf-extra", "sf-kern"])
+    index.start()
+    try:
+        lines: list[str] = []
+        lock = do_lock(write_stack(tmp_path / "s"), index, lines)
+    finally:
+        index.stop()
+    assert lock.tool["exclude-newer"] == "" and lock.packages["sf-extra"].version == "2.0"
+    assert any(line.startswith("  warning: an index gives no upload times, so no cutoff can apply") for line in lines)
+    assert any("is missing an upload date" in line for line in lines)
