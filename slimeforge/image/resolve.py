@@ -29,16 +29,16 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from .. import paths
-from ..errors import ConfigError, Problem
+from ..errors import ConfigError, Problem, SlimeforgeError
 from ..proc import Runner
 from .lockcheck import summarize
 from .lockfile import (
-    CUTOFF_RE,
     DIGEST_RE,
     SCHEMA,
     SHA256_RE,
     URL_RE,
     LockError,
+    LockFile,
     lock_command,
     lock_path,
     normalize,
@@ -52,6 +52,7 @@ from .outside import base_image_digest, patch_hashes, url_sha256
 from .stack import Stack, load_stack
 
 PYPI = "https://pypi.org/simple"
+PINNED_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}==[0-9A-Za-z.+!_-]{1,64}")  # an allowed pre-release, name==version
 # uv's hint when a dependency pins an exact pre-release that the resolver was not told about.
 PRERELEASE_HINT_RE = re.compile(r"`([A-Za-z0-9._-]+)` was requested with a pre-release marker \(e\.g\., ([A-Za-z0-9._-]+)==([A-Za-z0-9.+!_-]+)\)")
 
@@ -118,21 +119,26 @@ class LockOptions:
     now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))  # the clock a new cutoff is read from
 
 
-def choose_cutoff(previous: Path, inp: Inputs, upgrade: bool, now: datetime) -> tuple[str, str, bool]:
+def previous_lock(path: Path) -> LockFile | None:
+    """The lock that `invoke lock` replaces, validated as any lock is; None when there is none
+    (or none that reads as a lock: then nothing of it is reused)."""
+    try:
+        return read_lock(path) if path.is_file() else None
+    except SlimeforgeError:
+        return None
+
+
+def choose_cutoff(previous: LockFile | None, inp: Inputs, upgrade: bool, now: datetime) -> tuple[str, str, bool]:
     """The resolution's cutoff (uv's --exclude-newer) and why: the previous lock's, where it records
     one and the stack's inputs are unchanged (so re-locking later gives the same lock), else now
     (--upgrade, changed inputs, or no previous lock). The flag: whether it is the previous lock's."""
-    tool: dict[str, Any] = {}
-    try:
-        tool = (tomllib.loads(previous.read_text()).get("tool") or {}).get("slimeforge") or {}
-    except (OSError, ValueError):
-        pass  # no previous lock, or not one we can read: a new cutoff
+    tool = previous.tool if previous else {}
     recorded = tool.get("exclude-newer")
     fresh = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     if upgrade:
         return fresh, "now (--upgrade)", False
-    if not isinstance(recorded, str) or not CUTOFF_RE.fullmatch(recorded):
-        return fresh, "now (the previous lock records none)" if tool else "now (no previous lock)", False
+    if not recorded:
+        return fresh, "now (the previous lock records none)" if previous else "now (no previous lock)", False
     if tool.get("inputs") != inp.hash:
         return fresh, f"now (the stack's inputs changed since the lock with cutoff {recorded})", False
     return recorded, "the previous lock's (inputs unchanged; --upgrade moves it)", True
@@ -185,13 +191,23 @@ def resolve(opts: LockOptions) -> dict[str, Any]:
     started = time.monotonic()
     echo(f"lock {stack.name}: {len(inp.requirements)} pins, CPython {inp.python}, {inp.platform}; indexes: "
          + ", ".join([opts.index_url or PYPI, *inp.indexes]))
-    cutoff, why, reused = choose_cutoff(out, inp, opts.upgrade, opts.now())
+    previous = previous_lock(out)
+    cutoff, why, reused = choose_cutoff(previous, inp, opts.upgrade, opts.now())
     echo(f"  cutoff {cutoff}: {why}")
     with tempfile.TemporaryDirectory(prefix="sf-lock-") as tmp:
         work = Path(tmp)
         (work / "in.txt").write_text("\n".join(inp.requirements) + "\n")
         (work / "overrides.txt").write_text("\n".join(inp.overrides) + "\n")
-        prereleases: list[str] = []
+        if reused:
+            # uv prefers the versions of an existing output file: the previous lock's, where the inputs
+            # are unchanged, so that a lock made from stale index pages (files the cutoff lets in but
+            # that resolution did not see) is reproduced too, not moved.
+            assert previous is not None
+            (work / "resolved.txt").write_text("".join(f"{n}=={p.version}\n" for n, p in previous.packages.items()))
+        # The exact pre-releases the previous lock allowed, where its versions are preferred: they are
+        # among them, and uv would no longer name them in a hint.
+        prereleases: list[str] = [p for p in previous.tool.get("prereleases") or [] if isinstance(p, str) and PINNED_RE.fullmatch(p)] \
+            if previous and reused else []
         def common() -> list[str]:
             return ["--python-version", inp.python, "--python-platform", inp.platform, "--no-header",
                     "--prerelease", "if-necessary-or-explicit", *(["--exclude-newer", cutoff] if cutoff else []),
@@ -246,11 +262,20 @@ def resolve(opts: LockOptions) -> dict[str, Any]:
             raise LockError(f"lock {stack.name}: uv could not list the files of the resolved set:\n{_tail(text)}")
         pylock = tomllib.loads((work / "pylock.all.toml").read_text())
     echo("[3/3] base image digest, router wheel, steps ...")
-    base_digest = opts.base_digest or stack.base.digest or base_image_digest(stack.base.image, echo)
+    # The outside facts of the previous lock stand where its inputs (base image, router URL, patch
+    # files by commit) are unchanged and this is no --upgrade: given by hand, else kept, else asked.
+    kept = previous.tool if previous and previous.tool.get("inputs") == inp.hash and not opts.upgrade else {}
+    base_digest = (opts.base_digest or stack.base.digest or (kept.get("base") or {}).get("digest")
+                   or base_image_digest(stack.base.image, echo))
     router = None
     if inp.router:
-        router = {"url": inp.router, "sha256": opts.router_sha256 or url_sha256(inp.router, echo)}
+        router = {"url": inp.router, "sha256": opts.router_sha256 or (kept.get("router") or {}).get("sha256")
+                  or url_sha256(inp.router, echo)}
     patches = patch_hashes(stack, local, opts.build_root, echo)
+    recorded = {f: sha for f, sha in (kept.get("patches") or {}).items() if isinstance(sha, str) and SHA256_RE.fullmatch(sha)}
+    if patches is None and recorded:
+        echo("  patches: the previous lock's sha256 kept (the same patch files at the same commit)")
+        patches = recorded
     data = build_lock(stack, inp, pylock, graph, prereleases, base_digest, router, patches, cutoff)
     text = render_lock(data)
     write_lock(out, text)
