@@ -25,6 +25,7 @@ from ..schema import text_problem
 from ..templating import render
 from .lockcheck import check_patches, checked_lock
 from .lockfile import LockFile
+from .outside import lock_for_run, patches_for_run
 from .patches import PatchContent, read_patches
 from .sources import LocalSource, parse_sources
 from .stack import Stack, load_stack
@@ -166,8 +167,10 @@ def install(opts: InstallOptions) -> Path:
     prefix = str(Path(opts.prefix).absolute())
     cache = paths.sources_cache(opts.build_root)
     store, keys, base_id = {}, {}, None
+    # A real install fills a missing outside fact itself (and writes it into the lock); a dry run names it.
+    pylock = lock_for_run(stack, opts.dry_run, opts.echo)
+    patches = patches_for_run(stack, local, cache, pylock, opts.dry_run, opts.echo)
     if opts.use_store and any(s.compiles for s in stack.steps):
-        pylock, patches = checked_lock(stack), read_patches(stack, local, cache)
         opts.echo("compiled steps:")
         from .dockerapi import EngineUnavailable
 
@@ -178,7 +181,7 @@ def install(opts: InstallOptions) -> Path:
             # lock, the wheels' keys cannot be known here, so the compiled steps compile in place.
             opts.echo(f"  the compiled-wheel store is not used ({exc}); pin the base (invoke lock --base-digest sha256:...) to use it")
     text = render_install_script(stack, prefix, str(Path(opts.venv).absolute()) if opts.venv else None, local, cache,
-                                 store=store, base_id=base_id)
+                                 patches=patches, lock=pylock, store=store, base_id=base_id)
     out = Path(opts.out) if opts.out else Path(prefix) / ".slimeforge" / "install"
     script = out / SCRIPT
     try:

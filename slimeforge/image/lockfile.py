@@ -145,6 +145,9 @@ class LockFile:
     packages: dict[str, Locked]
     tool: dict[str, Any]
     text: str
+    # A dry run's lock that lacks an outside fact (outside.lock_for_run): the router's slice is
+    # rendered marked, failing if run, instead of refused.
+    provisional: bool = False
 
     @property
     def hash(self) -> str:
@@ -250,10 +253,16 @@ def step_requirements(lock: LockFile, step: str, *, by_name: bool = False) -> st
 
 def router_requirement(lock: LockFile, url: str) -> str:
     sha = (lock.tool.get("router") or {}).get("sha256", "")
+    name = urllib.parse.unquote(url.rsplit("/", 1)[-1]).split("-")[0]
+    if not sha and lock.provisional:
+        # Without a hash, `uv pip install --require-hashes` refuses the line: a dry run's plan run as is
+        # stops here, naming what is missing, instead of installing an unverified wheel.
+        return (f"# MISSING: the router wheel's sha256 is not in {lock.path.name} (tool.slimeforge.router.sha256);\n"
+                f"# `{lock_command(lock.tool.get('flavor', '?'))} --complete` fills it. Until then this step fails.\n"
+                f"{normalize(name)} @ {url}\n")
     if not sha:
         raise LockError(f"{lock.path}: the router wheel {url} has no sha256; re-lock where it is reachable, "
-                        f"or `{lock_command(lock.tool.get('flavor', '?'))} --router-sha256 <sha256>`")
-    name = urllib.parse.unquote(url.rsplit("/", 1)[-1]).split("-")[0]
+                        f"or `{lock_command(lock.tool.get('flavor', '?'))} --complete`")
     return f"# the router wheel, by sha256\n{normalize(name)} @ {url} --hash=sha256:{sha}\n"
 
 
