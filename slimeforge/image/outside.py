@@ -57,7 +57,7 @@ def missing_facts(stack: Stack, lock: LockFile) -> list[Missing]:
     if not stack.base.digest and not (lock.tool.get("base") or {}).get("digest"):
         out.append(Missing("base_digest", "the base image's digest", "tool.slimeforge.base.digest",
                            f"{complete} asks the registry of {stack.base.image} (or give it: --base-digest sha256:...); until then "
-                           "the build takes the base by its tag as found here, and the compiled-wheel keys are provisional", False))
+                           "the base is taken by its tag as found here, and the compiled-wheel keys are provisional", False))
     return out
 
 

@@ -438,3 +438,96 @@ def test_an_index_without_upload_times_locks_without_a_cutoff_and_says_so(tmp_pa
     assert lock.tool["exclude-newer"] == "" and lock.packages["sf-extra"].version == "2.0"
     assert any(line.startswith("  warning: an index gives no upload times, so no cutoff can apply") for line in lines)
     assert any("is missing an upload date" in line for line in lines)
+
+
+def router_stack(directory: Path, base: str, router_url: str) -> Path:
+    """The test stack with a router step: its wheel by URL, outside any index (as slime's sgl-router)."""
+    path = write_stack(directory, base=base)
+    path.write_text(path.read_text().replace("smoke:\n", f"  - name: router\n    wheel_url: router.wheel\nrouter:\n  wheel: {router_url}\nsmoke:\n"))
+    return path
+
+
+@pytest.mark.docker
+def test_complete_fills_only_the_missing_outside_facts_and_build_does_it_by_itself(indexes, tmp_path, monkeypatch):
+    """A lock made where neither the base image's registry nor the router wheel's host answered:
+    the dry runs render with both marked; `lock --complete` (loopback TLS registry, loopback wheel
+    URL) fills exactly those two fields, byte for byte otherwise; a real build does the same itself."""
+    import base64
+    import hashlib
+    import json
+    import shutil
+
+    from lock_support import make_wheel
+    from publish_support import REGISTRY_BIN, LocalRegistry
+
+    from slimeforge.image import outside
+
+    if not shutil.which(REGISTRY_BIN) and not Path(REGISTRY_BIN).exists():
+        pytest.skip(f"{REGISTRY_BIN} is not installed (apt-get install docker-registry)")
+    main = indexes["main"]
+    reg = LocalRegistry(tmp_path / "registry", {"puller": "pull-pass-1"})  # not started yet: unreachable
+    config = tmp_path / "docker-config"
+    config.mkdir()
+    (config / "config.json").write_text(json.dumps({"auths": {reg.host: {"auth": base64.b64encode(b"puller:pull-pass-1").decode()}}}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(config))
+    router_url = f"{main.url.removesuffix('/simple')}/router/sf_router-0.3.2-py3-none-any.whl"  # not there yet: unreachable
+    path = router_stack(tmp_path / "s", f"{reg.host}/sf/base:v1", router_url)
+    lines: list[str] = []
+    lock = do_lock(path, main, lines, base_digest=None)
+    assert lock.tool["base"]["digest"] == "" and lock.tool["router"] == {"url": router_url}
+    made = lock.path.read_text()
+
+    # The dry runs render everything, each missing fact named with what fills it; the lock is untouched.
+    seen: list[str] = []
+    p = prepare(BuildOptions(stack=str(path), dry_run=True, build_root=tmp_path / "b", echo=seen.append))
+    assert p.provisional
+    assert any(s.startswith("warning: the router wheel's sha256 is missing from") and f"`invoke lock --stack {path} --complete`" in s
+               for s in seen)
+    assert any(s.startswith("warning: the base image's digest is missing from") for s in seen)
+    router_slice = (p.dir / "context" / "lock" / "router.txt").read_text()
+    assert router_slice.startswith("# MISSING: the router wheel's sha256") and f"sf-router @ {router_url}\n" in router_slice
+    assert "--hash" not in router_slice  # uv --require-hashes refuses it: run as is, the step fails, naming it
+    assert lock.path.read_text() == made
+
+    wheel = make_wheel(main.root / "router", "sf-router", "0.3.2")
+    reg.start()
+    try:
+        digest = push_tiny_image(reg, "sf/base", "v1", "puller", "pull-pass-1")
+        # A changed input is refused, naming the difference: --complete resolves nothing.
+        path.write_text(path.read_text().replace('sf-base: "1.0"', 'sf-base: "1.2"'))
+        with pytest.raises(lockfile.LockError, match=r"cannot be completed(.|\n)*pin sf-base==1\.2: the lock holds sf-base 1\.0"):
+            outside.complete(str(path), echo=lambda _: None)
+        path.write_text(path.read_text().replace('sf-base: "1.2"', 'sf-base: "1.0"'))
+
+        out: list[str] = []
+        result = outside.complete(str(path), echo=out.append)
+        sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        assert result["filled"] == ["base_digest", "router_sha256"]
+        after = lock.path.read_text()
+        assert after == made.replace('"digest" = ""', f'"digest" = "{digest}"').replace(
+            f'"url" = "{router_url}"', f'"url" = "{router_url}"\n"sha256" = "{sha}"')
+        assert f"{lock.path}: the router wheel's sha256 filled in: {sha}" in out and any("commit it" in s for s in out)
+        # What --complete wrote is what a re-lock would have written: the same bytes.
+        do_lock(path, main, base_digest=None)
+        assert lock.path.read_text() == after
+        out.clear()
+        assert outside.complete(str(path), echo=out.append)["filled"] == [] and out == [f"{lock.path}: complete (nothing missing)"]
+        with pytest.raises(lockfile.LockError, match="changes nothing recorded"):
+            outside.complete(str(path), echo=lambda _: None, router_sha256="0" * 64)
+
+        # A real build (prepare: everything before `docker build`) fills them by itself and says so.
+        lockfile.write_lock(lock.path, made)
+        seen.clear()
+        p = prepare(BuildOptions(stack=str(path), build_root=tmp_path / "b", echo=seen.append))
+        assert lock.path.read_text() == after and not p.provisional
+        assert f"{lock.path}: the base image's digest filled in: {digest}" in seen
+        assert (p.dir / "context" / "lock" / "router.txt").read_text().endswith(f"sf-router @ {router_url} --hash=sha256:{sha}\n")
+        assert p.base["from"] == f"{reg.host}/sf/base@{digest}"
+    finally:
+        reg.stop()
+    # Where it cannot fill what it needs (the router host gone), a real build refuses, naming it.
+    lockfile.write_lock(lock.path, made)
+    wheel.unlink()
+    with pytest.raises(lockfile.LockError, match="cannot build or install without the router wheel's sha256"):
+        prepare(BuildOptions(stack=str(path), build_root=tmp_path / "b", echo=lambda _: None))
+    assert lock.path.read_text() == made
