@@ -1,6 +1,7 @@
-"""A real PEP 503 simple index on loopback, serving wheels the tests build themselves, for the lock
-tests: `invoke lock` resolves against it with the real uv, and the step library installs from
-the lock it wrote. Nothing is mocked; only the packages are small."""
+"""A real PEP 503/691 simple index on loopback, serving wheels the tests build themselves, for the
+lock tests: `invoke lock` resolves against it with the real uv, and the step library installs from
+the lock it wrote. Also the lock tests' stack and a tiny base image pushed to a registry over its
+API. Nothing is mocked; only the packages are small."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import hashlib
 import html
 import http.server
 import json
+import sys
 import threading
 import zipfile
 from dataclasses import dataclass, field
@@ -180,3 +182,89 @@ class Index:
         if self._server:
             self._server.shutdown()
             self._server.server_close()
+
+
+# --- the lock tests' stack and base image ---------------------------------------------------
+
+PY = f"{sys.version_info.major}.{sys.version_info.minor}"
+STACK = """schema: 1
+name: {name}
+version: "0.0.1"
+cuda: "{cuda}"
+python: "{py}"
+base: {{image: "{base}", glibc: "2.36"}}
+torch_index: {torch_index}
+image_root: /root
+venv: /opt/venv
+sources: {{}}
+versions:
+  uv: "0.9.7"
+  sf-base: "1.0"
+  sf-app: "1.0"
+steps:
+  - name: base
+    pip: [sf-base]
+  - name: app
+    pip: [sf-app]
+smoke:
+  imports: [sf_app]
+"""
+
+
+def write_stack(directory: Path, name="sflock", cuda="13.0", torch_index="null", base="slimeforge-test/base:bookworm") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.yaml"
+    path.write_text(STACK.format(name=name, cuda=cuda, py=PY, torch_index=torch_index, base=base))
+    return path
+
+
+def router_stack(directory: Path, base: str, router_url: str) -> Path:
+    """The test stack with a router step: its wheel by URL, outside any index (as slime's sgl-router)."""
+    path = write_stack(directory, base=base)
+    path.write_text(path.read_text().replace("smoke:\n", f"  - name: router\n    wheel_url: router.wheel\nrouter:\n  wheel: {router_url}\nsmoke:\n"))
+    return path
+
+
+def _registry_put(reg, user: str, password: str, method: str, url: str, body: bytes, content_type: str) -> dict:
+    import base64
+    import ssl
+    import urllib.request
+
+    req = urllib.request.Request(url, data=body, method=method, headers={
+        "Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode(), "Content-Type": content_type})
+    with urllib.request.urlopen(req, context=ssl.create_default_context(cafile=str(reg.ca)), timeout=30) as resp:
+        return dict(resp.headers)
+
+
+def push_tiny_image(reg, repository: str, tag: str, user: str, password: str) -> str:
+    """An image manifest (one empty config blob, one small layer) pushed over the registry API."""
+    import gzip
+    import hashlib
+    import io
+    import json
+    import tarfile
+
+    base = f"https://{reg.host}/v2/{repository}"
+    layer_tar = io.BytesIO()
+    with tarfile.open(fileobj=layer_tar, mode="w") as tar:
+        info = tarfile.TarInfo("etc/sf-base")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"sf\n"))
+    layer = gzip.compress(layer_tar.getvalue(), mtime=0)
+    config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers",
+                         "diff_ids": ["sha256:" + hashlib.sha256(layer_tar.getvalue()).hexdigest()]}}).encode()
+    for blob in (config, layer):
+        digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+        where = _registry_put(reg, user, password, "POST", f"{base}/blobs/uploads/", b"", "application/octet-stream")["Location"]
+        sep = "&" if "?" in where else "?"
+        where = where if where.startswith("http") else f"https://{reg.host}{where}"
+        _registry_put(reg, user, password, "PUT", f"{where}{sep}digest={digest}", blob, "application/octet-stream")
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": len(config),
+                   "digest": "sha256:" + hashlib.sha256(config).hexdigest()},
+        "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", "size": len(layer),
+                    "digest": "sha256:" + hashlib.sha256(layer).hexdigest()}],
+    }).encode()
+    _registry_put(reg, user, password, "PUT", f"{base}/manifests/{tag}", manifest, "application/vnd.docker.distribution.manifest.v2+json")
+    return "sha256:" + hashlib.sha256(manifest).hexdigest()

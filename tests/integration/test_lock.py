@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from lock_support import Index
+from lock_support import Index, push_tiny_image, router_stack, write_stack
 
 from slimeforge import paths
 from slimeforge.image import lockcheck, lockfile, resolve
@@ -20,31 +20,8 @@ from slimeforge.image.stack import load_stack
 from slimeforge.image.steps import lock_file, lock_files
 
 UV = str(Path(sys.executable).parent / "uv")
-PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 DIGEST = "sha256:" + "ab" * 32
 
-STACK = """schema: 1
-name: {name}
-version: "0.0.1"
-cuda: "{cuda}"
-python: "{py}"
-base: {{image: "{base}", glibc: "2.36"}}
-torch_index: {torch_index}
-image_root: /root
-venv: /opt/venv
-sources: {{}}
-versions:
-  uv: "0.9.7"
-  sf-base: "1.0"
-  sf-app: "1.0"
-steps:
-  - name: base
-    pip: [sf-base]
-  - name: app
-    pip: [sf-app]
-smoke:
-  imports: [sf_app]
-"""
 
 
 @pytest.fixture(scope="module")
@@ -77,13 +54,6 @@ def indexes(tmp_path_factory):
 def uv_cache(tmp_path, monkeypatch):
     # A cache of our own: another test's (or the user's) cached files must not stand in for the index's.
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
-
-
-def write_stack(directory: Path, name="sflock", cuda="13.0", torch_index="null", base="slimeforge-test/base:bookworm") -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{name}.yaml"
-    path.write_text(STACK.format(name=name, cuda=cuda, py=PY, torch_index=torch_index, base=base))
-    return path
 
 
 def do_lock(path: Path, index: Index, lines: list[str] | None = None, base_digest: str | None = DIGEST) -> lockfile.LockFile:
@@ -242,51 +212,6 @@ def test_committed_locks_pass_check(flavor):
     assert summary["packages"] > 100 and not summary["sdists"] or set(summary["sdists"]) <= {"flash-attn", "transformer-engine-torch"}
 
 
-def _registry_put(reg, user: str, password: str, method: str, url: str, body: bytes, content_type: str) -> dict:
-    import base64
-    import ssl
-    import urllib.request
-
-    req = urllib.request.Request(url, data=body, method=method, headers={
-        "Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode(), "Content-Type": content_type})
-    with urllib.request.urlopen(req, context=ssl.create_default_context(cafile=str(reg.ca)), timeout=30) as resp:
-        return dict(resp.headers)
-
-
-def push_tiny_image(reg, repository: str, tag: str, user: str, password: str) -> str:
-    """An image manifest (one empty config blob, one small layer) pushed over the registry API."""
-    import gzip
-    import hashlib
-    import io
-    import json
-    import tarfile
-
-    base = f"https://{reg.host}/v2/{repository}"
-    layer_tar = io.BytesIO()
-    with tarfile.open(fileobj=layer_tar, mode="w") as tar:
-        info = tarfile.TarInfo("etc/sf-base")
-        info.size = 3
-        tar.addfile(info, io.BytesIO(b"sf\n"))
-    layer = gzip.compress(layer_tar.getvalue(), mtime=0)
-    config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers",
-                         "diff_ids": ["sha256:" + hashlib.sha256(layer_tar.getvalue()).hexdigest()]}}).encode()
-    for blob in (config, layer):
-        digest = "sha256:" + hashlib.sha256(blob).hexdigest()
-        where = _registry_put(reg, user, password, "POST", f"{base}/blobs/uploads/", b"", "application/octet-stream")["Location"]
-        sep = "&" if "?" in where else "?"
-        where = where if where.startswith("http") else f"https://{reg.host}{where}"
-        _registry_put(reg, user, password, "PUT", f"{where}{sep}digest={digest}", blob, "application/octet-stream")
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-        "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": len(config),
-                   "digest": "sha256:" + hashlib.sha256(config).hexdigest()},
-        "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", "size": len(layer),
-                    "digest": "sha256:" + hashlib.sha256(layer).hexdigest()}],
-    }).encode()
-    _registry_put(reg, user, password, "PUT", f"{base}/manifests/{tag}", manifest, "application/vnd.docker.distribution.manifest.v2+json")
-    return "sha256:" + hashlib.sha256(manifest).hexdigest()
-
-
 @pytest.mark.docker
 def test_lock_asks_the_base_image_registry_for_its_digest(indexes, tmp_path, monkeypatch):
     """The base tag's digest comes from its registry (here the local distribution registry with TLS
@@ -438,13 +363,6 @@ def test_an_index_without_upload_times_locks_without_a_cutoff_and_says_so(tmp_pa
     assert lock.tool["exclude-newer"] == "" and lock.packages["sf-extra"].version == "2.0"
     assert any(line.startswith("  warning: an index gives no upload times, so no cutoff can apply") for line in lines)
     assert any("is missing an upload date" in line for line in lines)
-
-
-def router_stack(directory: Path, base: str, router_url: str) -> Path:
-    """The test stack with a router step: its wheel by URL, outside any index (as slime's sgl-router)."""
-    path = write_stack(directory, base=base)
-    path.write_text(path.read_text().replace("smoke:\n", f"  - name: router\n    wheel_url: router.wheel\nrouter:\n  wheel: {router_url}\nsmoke:\n"))
-    return path
 
 
 @pytest.mark.docker
