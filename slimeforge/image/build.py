@@ -40,6 +40,7 @@ from .dockerapi import EngineUnavailable, docker_client, resolve_base
 from .lockcheck import check_patches
 from .outside import lock_for_run, patches_for_run
 from .patches import PatchContent
+from .registry import image_ref_problems
 from .sources import GIT, LocalSource, dist_files, parse_sources
 from .stack import Stack, load_stack
 from .steps import (
@@ -61,6 +62,7 @@ from .steps import (
 LABEL_NS = "ai.slimeforge"
 REPORT, LOCK, FLAGS, LOG = paths.BUILD_REPORT, paths.STACK_LOCK, paths.FLAGS, "build.log"
 HASH_LABEL = f"{LABEL_NS}.build-hash"
+TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # the OCI grammar of a tag
 
 
 class BuildError(SlimeforgeError):
@@ -235,6 +237,12 @@ def prepare(opts: BuildOptions) -> Prepared:
     ca_given = opts.ca_bundle is not None and opts.ca_bundle != ""
     if ca_given and not Path(opts.ca_bundle).is_file():
         problems.append(Problem("--ca-bundle", "is not a file", opts.ca_bundle, "a PEM file of CA certificates"))
+    if opts.base_image is not None:
+        problems.extend(image_ref_problems(opts.base_image, "--base-image"))
+    for tag in opts.tags:
+        if not TAG_RE.fullmatch(tag) and image_ref_problems(tag, "--tag"):
+            problems.append(Problem("--tag", "is neither a tag nor an image reference", tag,
+                                    "a tag ([A-Za-z0-9_][A-Za-z0-9_.-]{0,127}) or REGISTRY/REPO:TAG"))
     if opts.repository and not re.fullmatch(r"[a-z0-9]+(?:[._/-][a-z0-9]+)*(?::[0-9]+/[a-z0-9._/-]+)?", opts.repository):
         problems.append(Problem("--repository", "is not a repository name", opts.repository, "e.g. slimeforge/cu13"))
     if problems:
