@@ -4,6 +4,8 @@ committed locks against their stacks (offline)."""
 
 from __future__ import annotations
 
+import json
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -178,3 +180,67 @@ def test_bad_options_are_refused_together_before_anything_runs(tmp_path):
     for where in ("--base-digest", "--router-sha256", "--index-url", "--source slime"):
         assert f"  - {where}: " in text
     assert not out.exists()
+
+
+def test_the_cutoff_is_the_previous_locks_only_for_unchanged_inputs_and_no_upgrade():
+    from datetime import UTC, datetime
+
+    from slimeforge.image.lockinputs import inputs
+
+    stack = load_stack("cu13")
+    lock = lockfile.load_lock("cu13", stack)
+    now = datetime(2027, 1, 2, 3, 4, 5, 678, tzinfo=UTC)
+    assert lock.tool["exclude-newer"] == "2026-11-23T18:56:27Z"
+    assert resolve.choose_cutoff(lock, inputs(stack), False, now) == ("2026-11-23T18:56:27Z", "the previous lock's (inputs unchanged; "
+                                                                      "--upgrade moves it)", True)
+    assert resolve.choose_cutoff(lock, inputs(stack), True, now) == ("2027-01-02T03:04:05Z", "now (--upgrade)", False)
+    assert resolve.choose_cutoff(None, inputs(stack), False, now)[1:] == ("now (no previous lock)", False)
+    changed = lockfile.LockFile(lock.path, lock.packages, {**lock.tool, "inputs": "0" * 64}, lock.text)
+    assert resolve.choose_cutoff(changed, inputs(stack), False, now)[1] == \
+        "now (the stack's inputs changed since the lock with cutoff 2026-11-23T18:56:27Z)"
+
+
+@pytest.mark.parametrize("cutoff", ["2026-11-23", "2026-11-23T18:56:27+01:00", "2026-11-23T18:56:27Z\n", "now", 20261123])
+def test_a_cutoff_is_an_rfc3339_utc_second(tmp_path, cutoff):
+    path = tmp_path / "pylock.cu13.toml"
+    text = (ROOT / "images" / "locks" / "pylock.cu13.toml").read_text()
+    path.write_text(text.replace('exclude-newer = "2026-11-23T18:56:27Z"', f"exclude-newer = {json.dumps(cutoff)}"))
+    with pytest.raises(ConfigError, match="tool.slimeforge.exclude-newer: is not a cutoff"):
+        lockfile.read_lock(path)
+
+
+def test_completing_changes_only_the_filled_fields(tmp_path):
+    from dataclasses import replace
+
+    from slimeforge.image import outside
+
+    stack = load_stack("cu13")
+    lock = lockfile.load_lock("cu13", stack)
+    assert [f.key for f in outside.missing_facts(stack, lock)] == ["router_sha256", "base_digest"]
+    lock = replace(lock, path=tmp_path / lock.path.name)
+    digest, sha = "sha256:" + "d" * 64, "e" * 64
+    text = outside.with_facts(lock, {"base_digest": digest, "router_sha256": sha})
+    before, after = lock.text.splitlines(), text.splitlines()
+    changed = [line for line in after if line not in before]
+    assert changed == [f'"digest" = "{digest}"', f'"sha256" = "{sha}"'] and len(after) == len(before) + 1
+    lockfile.write_lock(lock.path, text)
+    done = lockfile.read_lock(lock.path)
+    assert outside.missing_facts(stack, done) == [] and done.packages == lock.packages
+    # What --complete writes is what `invoke lock` would have rendered with those facts.
+    data = tomllib.loads(text)
+    assert lockfile.render_lock({**data, "tool": {"slimeforge": data["tool"]["slimeforge"]}}) == text
+    # A lock whose tables are not as `invoke lock` writes them is refused, not patched blindly.
+    odd = replace(lock, text=lock.text.replace("[tool.slimeforge.router]\n", "[tool.slimeforge.router]  # by hand\n"))
+    with pytest.raises(lockfile.LockError, match=r"has no \[tool.slimeforge.router\] table to complete; re-lock"):
+        outside.with_facts(odd, {"router_sha256": sha})
+
+
+def test_a_dry_runs_router_slice_is_marked_and_fails_if_run():
+    from dataclasses import replace
+
+    lock = lockfile.load_lock("cu13")
+    url = load_stack("cu13").router.wheel
+    with pytest.raises(lockfile.LockError, match="--complete"):
+        lockfile.router_requirement(lock, url)
+    text = lockfile.router_requirement(replace(lock, provisional=True), url)
+    assert text.startswith("# MISSING: the router wheel's sha256") and text.endswith(f"sglang-router @ {url}\n") and "--hash" not in text
