@@ -94,7 +94,7 @@ def test_cli_dry_run_renders_and_prints_the_path(tmp_path):
                           "--dry-run", "--source", f"slime={repos['slime']}", "--source", f"libdemo={repos['libdemo']}"],
                          cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    script = Path(res.stdout.strip())
+    script = Path(res.stdout.strip().splitlines()[-1])  # after the warnings (the test base has no registry digest)
     assert script == tmp_path / "p" / ".slimeforge" / "install" / "install.sh" and script.is_file()
     assert not (tmp_path / "p" / "venv").exists()
 
@@ -129,3 +129,40 @@ def test_install_script_carries_interpreter_arch_variables_and_compiled_keys(fla
     # The scripts the venv's Python runs are written next to the records, as in every image.
     assert "base64 -d >\"$SF_STATE/\"flag_catalog.py <<'SF_SCRIPT_1'" in text
     assert "base64 -d >\"$SF_STATE/\"smoke_versions.py <<'SF_SCRIPT_2'" in text
+
+
+def fresh_clone_stack(tmp_path: Path) -> Path:
+    """cu13 as a fresh clone sees it where GitHub and Docker Hub cannot be reached: slime's git URL
+    unreachable (the patch files cannot be read), the committed lock without the router wheel's
+    sha256 and the base digest (the URL is no input of the lock, so the lock still matches)."""
+    path = tmp_path / "cu13.yaml"
+    path.write_text(f"extends: {ROOT / 'images' / 'cu13.yaml'}\nsources:\n  slime:\n    git: https://git.invalid/slime.git\n")
+    (tmp_path / "locks").mkdir()
+    (tmp_path / "locks" / "pylock.cu13.toml").write_text((ROOT / "images" / "locks" / "pylock.cu13.toml").read_text())
+    return path
+
+
+def test_dry_runs_render_on_a_fresh_clone_naming_each_missing_outside_fact(tmp_path):
+    from slimeforge.image.build import BuildOptions, prepare
+    from slimeforge.image.install import InstallOptions, install
+
+    path = fresh_clone_stack(tmp_path)
+    lock_text = (tmp_path / "locks" / "pylock.cu13.toml").read_text()
+    lines: list[str] = []
+    script = install(InstallOptions(stack=str(path), prefix=str(tmp_path / "p"), dry_run=True, use_store=False,
+                                    build_root=tmp_path / "b", echo=lines.append))
+    warnings = [line for line in lines if line.startswith("warning: ")]
+    assert [w.split(" is missing from ")[0] for w in warnings[:2]] == ["warning: the router wheel's sha256", "warning: the base image's digest"]
+    assert f"`invoke lock --stack {path} --complete` downloads" in warnings[0]
+    assert warnings[2].startswith("warning: the patch files cannot be read") and "pass --source slime=PATH" in warnings[2]
+    text = script.read_text()
+    slices = {m.group(1): base64.b64decode(m.group(2)).decode()
+              for m in re.finditer(r"base64 -d >\S*/(\S+?\.txt)'? <<'SF_SLICE_\d+'\n(.*?)\nSF_SLICE", text, re.S)}
+    assert slices["router.txt"].startswith("# MISSING: the router wheel's sha256")  # uv --require-hashes refuses it if run
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    lines.clear()
+    p = prepare(BuildOptions(stack=str(path), dry_run=True, build_root=tmp_path / "b", echo=lines.append))
+    assert p.provisional and sum(line.startswith("warning: ") for line in lines) >= 3
+    assert (p.dir / "context" / "lock" / "router.txt").read_text().startswith("# MISSING")
+    assert not (p.dir / "context" / "patches").exists()  # the stand-ins are named, never written
+    assert (tmp_path / "locks" / "pylock.cu13.toml").read_text() == lock_text  # a dry run writes no lock
