@@ -208,6 +208,7 @@ def resolve(opts: LockOptions) -> dict[str, Any]:
         # among them, and uv would no longer name them in a hint.
         prereleases: list[str] = [p for p in previous.tool.get("prereleases") or [] if isinstance(p, str) and PINNED_RE.fullmatch(p)] \
             if previous and reused else []
+
         def common() -> list[str]:
             return ["--python-version", inp.python, "--python-platform", inp.platform, "--no-header",
                     "--prerelease", "if-necessary-or-explicit", *(["--exclude-newer", cutoff] if cutoff else []),
