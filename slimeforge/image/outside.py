@@ -120,7 +120,11 @@ def fill(stack: Stack, lock: LockFile, echo: Callable[[str], None], given: dict[
             found[fact.key] = value
     if not found:
         return lock
-    write_lock(lock.path, with_facts(lock, found))
+    try:
+        write_lock(lock.path, with_facts(lock, found))
+    except OSError as exc:
+        raise LockError(f"{lock.path}: cannot be written ({exc.strerror}), so the facts found ({', '.join(sorted(found))}) "
+                        "cannot be recorded; make it writable, or complete the lock where it is") from None
     names = {"base_digest": "the base image's digest", "router_sha256": "the router wheel's sha256"}
     for key, value in found.items():
         echo(f"{lock.path}: {names[key]} filled in: {value}")
