@@ -47,13 +47,13 @@ def stack_show(c, cuda="cu13", as_json=False):
     width = max(len(k) for k in stack.pins())
     for key, value in stack.pins().items():
         print(f"  {key:<{width}}  {value}")
-    from slimeforge.image import lock as locking
+    from slimeforge.image import lockfile
 
     try:
-        pylock = locking.load_lock(cuda, stack)
+        pylock = lockfile.load_lock(cuda, stack)
         print(f"lock {pylock.path}  (sha256 {pylock.hash[:16]}, {len(pylock.packages)} distributions)")
-    except locking.LockError:
-        print(f"lock: none yet ({locking.lock_command(locking.stack_ref(stack))} makes it)")
+    except lockfile.LockError:
+        print(f"lock: none yet ({lockfile.lock_command(lockfile.stack_ref(stack))} makes it)")
     print("steps:")
     for i, step in enumerate(stack.plan, 1):
         what = step.requirements or step.packages or ()
@@ -324,27 +324,36 @@ def publish(c, cuda=None, image=None, registry=None, build_dir=None, tag=None, r
         "source": "NAME=PATH: a local checkout of a source (the patches are read from slime's), instead of fetching it",
         "all": "lock every flavor under images/",
         "check": "offline: the committed lock satisfies every pin, holds every step's packages, mixes no CUDA majors",
+        "complete": "fill only the outside facts the committed lock lacks (router wheel sha256, base digest); resolves nothing",
+        "upgrade": "resolve at a new cutoff (now) instead of the lock's: what no pin names moves to its newest",
         "base_digest": "sha256:... of the base image (else asked of its registry)",
         "router_sha256": "sha256 of the router wheel (else downloaded once and hashed)",
         "index_url": "an index instead of PyPI (a mirror)",
     },
 )
 @clean_errors
-def lock(c, cuda=None, stack=None, all=False, check=False, base_digest=None, router_sha256=None, index_url=None,  # noqa: A002
-         source=None):
-    """Resolve a flavor once, for its target, into images/locks/pylock.<flavor>.toml (--check: verify it)."""
-    from slimeforge.image import lock as locking
+def lock(c, cuda=None, stack=None, all=False, check=False, complete=False, upgrade=False, base_digest=None,  # noqa: A002
+         router_sha256=None, index_url=None, source=None):
+    """Resolve a flavor once, for its target, into images/locks/pylock.<flavor>.toml (--check: verify it;
+    --complete: fill what it lacks from outside, resolving nothing)."""
+    from slimeforge.image import lockcheck, outside, resolve
     from slimeforge.image.stack import available_flavors
 
+    if sum((check, complete, upgrade)) > 1:
+        raise Exit("error: --check, --complete and --upgrade exclude each other; give one", code=2)
+    if (check or complete) and (index_url or source):
+        raise Exit("error: --index-url and --source go with a resolution, not with --check or --complete", code=2)
     refs = available_flavors() if all else [stack or cuda or "cu13"]
     failed = []
     for ref in refs:
         try:
             if check:
-                locking.check(ref, echo=lambda s: print(s, flush=True))
+                lockcheck.check(ref, echo=lambda s: print(s, flush=True))
+            elif complete:
+                outside.complete(ref, echo=lambda s: print(s, flush=True), base_digest=base_digest, router_sha256=router_sha256)
             else:
-                locking.resolve(locking.LockOptions(stack=ref, base_digest=base_digest, router_sha256=router_sha256,
-                                                    index_url=index_url, sources=list(source or []),
+                resolve.resolve(resolve.LockOptions(stack=ref, base_digest=base_digest, router_sha256=router_sha256,
+                                                    index_url=index_url, sources=list(source or []), upgrade=upgrade,
                                                     echo=lambda s: print(s, flush=True)))
         except SlimeforgeError as exc:
             if len(refs) == 1:

@@ -40,7 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from slimeforge.image.lock import inputs, render_lock  # noqa: E402
+from slimeforge.image.lockfile import render_lock  # noqa: E402
+from slimeforge.image.lockinputs import inputs  # noqa: E402
 from slimeforge.image.stack import load_stack  # noqa: E402
 
 BASE_IMAGE = "slimeforge-real/base:cu13-bookworm"

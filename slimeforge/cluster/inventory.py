@@ -20,6 +20,7 @@ from pydantic import Field
 
 from .. import paths
 from ..errors import ConfigError, Problem
+from ..image.registry import image_ref_problems
 from ..schema import ENV_NAME_RE, Model, model_problems, secret_name, text_problem
 from ..yamlio import load_with_extends
 from .ssh import SSHOptions, SSHTarget
@@ -29,7 +30,6 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # used in paths and co
 ADDRESS_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:%-]{0,252}")  # IP, DNS name or ssh config alias
 USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 IFACE_RE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")  # Linux IFNAMSIZ - 1
-DIGEST_RE = re.compile(r".*@sha256:[0-9a-f]{64}")
 MAX_GPUS = 64
 
 
@@ -240,8 +240,8 @@ def check(data: dict[str, Any], base: Path) -> list[Problem]:
         image = data.get("image")
         if not image:
             p.append(Problem("image", "is required in container mode", image, "REGISTRY/REPO@sha256:<64 hex digits> (invoke publish prints it)"))
-        elif isinstance(image, str) and not DIGEST_RE.fullmatch(image):
-            p.append(Problem("image", "must be pinned by digest: a tag can point at another image on each host", image, "REGISTRY/REPO@sha256:<64 hex digits>"))
+        else:  # by the OCI grammar: `-v/:/host@sha256:...` must never reach `docker pull` or `docker run` as an option
+            p.extend(image_ref_problems(image, "image", require_digest=True))
         for field in ("prefix", "python", "install_script"):
             if data.get(field) is not None:
                 p.append(Problem(field, "is used in host mode only; this inventory has mode: container", data[field]))

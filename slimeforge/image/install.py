@@ -28,7 +28,9 @@ from ..errors import ConfigError, Problem
 from ..proc import Runner
 from ..schema import text_problem
 from ..templating import render
-from .lock import LockFile, check_patches, checked_lock, normalize
+from .lockcheck import check_patches, checked_lock
+from .lockfile import LockFile, normalize
+from .outside import lock_for_run, patches_for_run
 from .patches import PatchContent, read_patches
 from .sources import LocalSource, parse_sources
 from .stack import Stack, load_stack
@@ -213,8 +215,10 @@ def install(opts: InstallOptions) -> Path:
     prefix = str(Path(opts.prefix).absolute())
     cache = paths.sources_cache(opts.build_root)
     store, keys, base_id = {}, {}, None
+    # A real install fills a missing outside fact itself (and writes it into the lock); a dry run names it.
+    pylock = lock_for_run(stack, opts.dry_run, opts.echo)
+    patches = patches_for_run(stack, local, cache, pylock, opts.dry_run, opts.echo)
     if opts.use_store and any(s.compiles for s in stack.steps):
-        pylock, patches = checked_lock(stack), read_patches(stack, local, cache)
         opts.echo("compiled steps:")
         from .dockerapi import EngineUnavailable
 
@@ -225,8 +229,8 @@ def install(opts: InstallOptions) -> Path:
             # lock, the wheels' keys cannot be known here, so the compiled steps compile in place.
             opts.echo(f"  the compiled-wheel store is not used ({exc}); pin the base (invoke lock --base-digest sha256:...) to use it")
     text = render_install_script(stack, prefix, str(Path(opts.venv).absolute()) if opts.venv else None, local, cache,
-                                 store=store, base_id=base_id, python=opts.python)
-    download, need = disk_need(stack, checked_lock(stack))
+                                 patches=patches, lock=pylock, store=store, base_id=base_id, python=opts.python)
+    download, need = disk_need(stack, pylock)
     opts.echo(f"disk: the lock downloads {download / 1e9:.1f} GB; the install needs about {need} GiB free at {prefix}"
               + (f" (--min-free-gb {opts.min_free_gb} asks for {opts.min_free_gb})" if opts.min_free_gb is not None else ""))
     out = Path(opts.out) if opts.out else Path(prefix) / ".slimeforge" / "install"

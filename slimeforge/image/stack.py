@@ -69,7 +69,6 @@ def _image_ref(v: str) -> str:
 
 
 Name = Annotated[str, _grammar(NAME_RE, "a name: letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128")]
-EnvName = Annotated[str, _grammar(ENV_NAME_RE, "an environment variable name: letters, digits and '_', not starting with a digit")]
 Package = Annotated[str, _grammar(PACKAGE_RE, "a Python package name (PEP 508), optionally with [extras]")]
 VersionSpec = Annotated[str, _grammar(VERSION_SPEC_RE, "a version (2.11.0) or PEP 440 specifiers (>=0.37.0,<2)")]
 AptName = Annotated[str, _grammar(APT_RE, "a Debian package name (lowercase letters, digits, + . -, starting with a letter or digit)")]
@@ -242,7 +241,7 @@ class Smoke(Model):
 
 
 class LockSpec(Model):
-    """Inputs of `invoke lock` beyond the steps' own pins (see slimeforge/image/lock.py)."""
+    """Inputs of `invoke lock` beyond the steps' own pins (see slimeforge/image/lockinputs.py)."""
 
     # Runtime dependencies that a source step's checkout declares (its pyproject/setup.py at the
     # pinned commit): the source itself installs with --no-deps, so the lock must hold these.

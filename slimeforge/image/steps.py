@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import paths
-from .lock import LockFile, expected_versions, router_requirement, step_requirements
+from .lockfile import LockFile, expected_versions, router_requirement, step_requirements
 from .stack import PatchFile, Stack
 
 STEP_RUNNER = paths.TEMPLATES / "sf"

@@ -239,3 +239,15 @@ def test_smoke_imports_every_compiled_piece_and_names_the_gpu_ones(flavor, fa):
     text = render_dockerfile(stack)
     assert "COPY flag_catalog.py smoke_versions.py /opt/slimeforge/" in text
     assert text.rstrip().endswith("--slime /root/slime --megatron /root/Megatron-LM")
+
+
+def test_base_image_and_tags_are_image_references_before_anything_is_read(tmp_path):
+    """--base-image and --tag by the OCI grammar: `-v/:/x` is no image, and never an option."""
+    from slimeforge.image.build import BuildOptions, prepare
+
+    opts = BuildOptions(stack="cu13", dry_run=True, base_image="-v/:/x", tags=["-evil", "v1", "reg.example.com/a/b:c"],
+                        build_root=tmp_path / "b", echo=lambda _: None)
+    with pytest.raises(ConfigError) as err:
+        prepare(opts)
+    assert [p.where for p in err.value.problems] == ["--base-image", "--tag"] and err.value.problems[1].value == "-evil"
+    assert not (tmp_path / "b").exists()

@@ -86,6 +86,17 @@ def test_container_mode_needs_an_image(tmp_path):
     assert "is required in container mode" in problems(err.value)["image"]
 
 
+@pytest.mark.parametrize("image", [f"-v/:/host@{DIGEST}", f"--privileged@{DIGEST}", f"Registry.example/Slime@{DIGEST}",
+                                   f"registry.example/slime@{DIGEST}\n", f"registry.example/slime @{DIGEST}"])
+def test_an_image_that_is_no_image_reference_is_refused(tmp_path, image):
+    """By the OCI grammar, not by its tail: `-v/:/host@sha256:...` would reach `docker pull` and
+    `docker run` as an option (a bind mount of the host's root)."""
+    data = {"mode": "container", "image": image, "hosts": [{"name": "a", "address": "a", "role": "head", "gpus": 0}]}
+    with pytest.raises(ConfigError) as err:
+        load_inventory(write(tmp_path, data))
+    assert list(problems(err.value)) == ["image"] and "[registry[:port]/]name[:tag][@sha256:<64 hex>]" in str(err.value)
+
+
 def test_effective_settings_per_host(tmp_path):
     script = tmp_path / "install.sh"
     script.write_text("#!/bin/bash\ntrue\n")

@@ -95,7 +95,7 @@ def test_cli_dry_run_renders_and_prints_the_path(tmp_path):
                          cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "the install needs about" in res.stdout  # the disk need, from the lock
-    script = Path(res.stdout.strip().splitlines()[-1])
+    script = Path(res.stdout.strip().splitlines()[-1])  # after the warnings (the test base has no registry digest)
     assert script == tmp_path / "p" / ".slimeforge" / "install" / "install.sh" and script.is_file()
     assert not (tmp_path / "p" / "venv").exists()
 
@@ -149,7 +149,7 @@ def test_the_python_option_is_a_path_or_an_interpreter_name(value, ok):
 
 def test_the_disk_need_comes_from_the_lock_and_reaches_the_script():
     from slimeforge.image.install import disk_need
-    from slimeforge.image.lock import checked_lock
+    from slimeforge.image.lockcheck import checked_lock
 
     stack = load_stack("cu13")
     download, need = disk_need(stack, checked_lock(stack))
@@ -223,3 +223,40 @@ def test_cli_refuses_a_bad_interpreter_or_disk_option_before_anything(tmp_path, 
     assert res.returncode == 2, res.stderr
     assert says in res.stderr
     assert not (tmp_path / "p").exists()
+
+
+def fresh_clone_stack(tmp_path: Path) -> Path:
+    """cu13 as a fresh clone sees it where GitHub and Docker Hub cannot be reached: slime's git URL
+    unreachable (the patch files cannot be read), the committed lock without the router wheel's
+    sha256 and the base digest (the URL is no input of the lock, so the lock still matches)."""
+    path = tmp_path / "cu13.yaml"
+    path.write_text(f"extends: {ROOT / 'images' / 'cu13.yaml'}\nsources:\n  slime:\n    git: https://git.invalid/slime.git\n")
+    (tmp_path / "locks").mkdir()
+    (tmp_path / "locks" / "pylock.cu13.toml").write_text((ROOT / "images" / "locks" / "pylock.cu13.toml").read_text())
+    return path
+
+
+def test_dry_runs_render_on_a_fresh_clone_naming_each_missing_outside_fact(tmp_path):
+    from slimeforge.image.build import BuildOptions, prepare
+    from slimeforge.image.install import InstallOptions, install
+
+    path = fresh_clone_stack(tmp_path)
+    lock_text = (tmp_path / "locks" / "pylock.cu13.toml").read_text()
+    lines: list[str] = []
+    script = install(InstallOptions(stack=str(path), prefix=str(tmp_path / "p"), dry_run=True, use_store=False,
+                                    build_root=tmp_path / "b", echo=lines.append))
+    warnings = [line for line in lines if line.startswith("warning: ")]
+    assert [w.split(" is missing from ")[0] for w in warnings[:2]] == ["warning: the router wheel's sha256", "warning: the base image's digest"]
+    assert f"`invoke lock --stack {path} --complete` downloads" in warnings[0]
+    assert warnings[2].startswith("warning: the patch files cannot be read") and "pass --source slime=PATH" in warnings[2]
+    text = script.read_text()
+    slices = {m.group(1): base64.b64decode(m.group(2)).decode()
+              for m in re.finditer(r"base64 -d >\S*/(\S+?\.txt)'? <<'SF_SLICE_\d+'\n(.*?)\nSF_SLICE", text, re.S)}
+    assert slices["router.txt"].startswith("# MISSING: the router wheel's sha256")  # uv --require-hashes refuses it if run
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    lines.clear()
+    p = prepare(BuildOptions(stack=str(path), dry_run=True, build_root=tmp_path / "b", echo=lines.append))
+    assert p.provisional and sum(line.startswith("warning: ") for line in lines) >= 3
+    assert (p.dir / "context" / "lock" / "router.txt").read_text().startswith("# MISSING")
+    assert not (p.dir / "context" / "patches").exists()  # the stand-ins are named, never written
+    assert (tmp_path / "locks" / "pylock.cu13.toml").read_text() == lock_text  # a dry run writes no lock
