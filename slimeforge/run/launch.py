@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from .. import paths
 from ..errors import ConfigError, Problem, SlimeforgeError
@@ -27,9 +27,11 @@ from ..proc import Runner
 from .recipe import EXP_ID_RE, Recipe, load_recipe, load_recipe_data, parse_overrides
 from .resolve import resolve_mode
 from .rundir import HEAD_TIMEOUT_S, read_plan, write_run_dir
-from .targets import slurm
 from .targets.base import LaunchPlan, ResolvedRun, Target, describe
 from .targets.local import ContainerTarget, HostTarget, RayClusterTarget
+
+if TYPE_CHECKING:
+    from .targets.slurm import Options as SlurmOptions
 
 # A cluster inventory -> its head's Jobs API (cluster.raycluster.address; handed in by the caller:
 # the run layer does not reach up into the cluster layer).
@@ -71,6 +73,8 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
     recipe, stack = load_recipe(req.recipe, parse_overrides(list(req.overrides)))
     target: Target
     if req.slurm:
+        from .targets import slurm  # only then: sbatch's template and the node agent
+
         opts = slurm.options(req.partition, req.account, req.time, req.nodes)
         target = slurm.SlurmTarget(opts)
         recipe = slurm.on_slurm(resolve_mode(recipe, req.mode, req.prefix, req.image, stack=stack), opts)
@@ -133,7 +137,7 @@ def launch(recipe: Recipe, stack: Stack, out: str | os.PathLike | None = None, r
            catalog: str | None = None, skip_checks: Iterable[str] = (), network_checks: bool = True,
            runner: Runner | None = None, stream: IO[str] | None = None, environ: dict[str, str] | None = None,
            head_args: Iterable[str] | None = None, python: str | None = None, docker: str = "docker",
-           shm_size: str = "64g", head_timeout: float = HEAD_TIMEOUT_S, slurm_options: slurm.Options | None = None,
+           shm_size: str = "64g", head_timeout: float = HEAD_TIMEOUT_S, slurm_options: SlurmOptions | None = None,
            follow_log: bool = True) -> int:
     """Preflight, then launch; returns the job's exit code (0 = SUCCEEDED).
 
@@ -148,6 +152,8 @@ def launch(recipe: Recipe, stack: Stack, out: str | os.PathLike | None = None, r
     recipe = resolve_mode(recipe, mode, install_prefix, image, stack=stack)
     target: Target
     if slurm_options is not None:
+        from .targets import slurm
+
         target = slurm.SlurmTarget(slurm_options, follow_log=follow_log)
         recipe = slurm.on_slurm(recipe, slurm_options)
     else:
@@ -174,6 +180,8 @@ def run_dir_of(run: str) -> Path:
 
 def target_of(run_dir: Path) -> Target:
     """The target that launched this run directory, to read its status and logs or stop it."""
+    from .targets import slurm
+
     if slurm.is_slurm_run(run_dir):
         return slurm.SlurmTarget(slurm.Options())
     plan = read_plan(run_dir)

@@ -7,7 +7,6 @@ from typing import Any
 
 from .. import paths
 from ..errors import ConfigError, Problem
-from ..image.registry import image_ref_problems
 from ..image.stack import Stack, load_stack
 from ..schema import text_problem
 from .recipe import RUNNER_FIELDS, Recipe
@@ -22,6 +21,8 @@ def resolve_mode(recipe: Recipe, mode: str | None = None, install_prefix: str | 
     if mode is not None and mode not in ("container", "host"):
         problems.append(Problem("--mode", "is not a launch mode", mode, "container or host"))
     if image is not None:
+        from ..image.registry import image_ref_problems  # only then: a dry run without --image stays fast
+
         problems += image_ref_problems(image, "--image")
     if install_prefix is not None and (not install_prefix.startswith("/") or text_problem(install_prefix)):
         problems.append(Problem("--prefix", "must be an absolute path (the --prefix given to `invoke install`)", install_prefix, "/path/on/the/hosts"))

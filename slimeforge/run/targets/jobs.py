@@ -9,7 +9,6 @@ is recorded is ever stopped.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import time
@@ -68,6 +67,7 @@ def stop_recorded_head(sdir: Path, say: Say = print, timeout: float = 60) -> int
 
 def follow(client: Any, submission_id: str, log_path: Path, stream: IO[str]) -> None:
     """Stream the job's logs to `stream` and append them to `log_path` until the job ends."""
+    import asyncio  # here: run.status and dry runs never need it
 
     async def tail() -> None:
         with log_path.open("a", encoding="utf-8") as log:
