@@ -144,10 +144,6 @@ class Inventory:
     def head(self) -> Host:
         return next(h for h in self.hosts if h.is_head)
 
-    @property
-    def workers(self) -> tuple[Host, ...]:
-        return tuple(h for h in self.hosts if not h.is_head)
-
     def host(self, name: str) -> Host:
         return next(h for h in self.hosts if h.name == name)
 

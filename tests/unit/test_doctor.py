@@ -221,8 +221,8 @@ def test_cluster_up_runs_the_same_host_checks_on_every_host():
     outputs a host printed); an error fails the host with its fix, a warning does not."""
     from types import SimpleNamespace
 
+    from slimeforge.cluster.bringup import default_host_checks
     from slimeforge.cluster.inventory import load_inventory
-    from slimeforge.cluster.raycluster import default_host_checks
 
     class Remote:
         def __init__(self, run):
