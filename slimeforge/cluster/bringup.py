@@ -221,7 +221,8 @@ def connect_phase(b: Bringup) -> None:
     def connect(node: Node) -> str:
         node.facts = agent(node.ssh, node.host, "facts", {"state_dir": node.host.state_dir}, timeout=b.inv.ssh_options.connect_timeout + 90)
         f = node.facts
-        running = f" (our Ray runs: pid {node.record.get('pid') or node.record.get('container', '')[:12]})" if node.ours_running else ""
+        rec = node.record or {}
+        running = f" (our Ray runs: pid {rec.get('pid') or rec.get('container', '')[:12]})" if node.ours_running else ""
         return f"{f['user']}@{f['hostname']}, python3 {f['python3']}{running}"
 
     b.stop_if_failed("connect", parallel(b.nodes, connect, b.table, "connect"))
@@ -274,7 +275,7 @@ def node_problems(inv: Inventory, node: Node, head_ip: str) -> list[Problem | st
         problems.append(f"docker: {f['docker']['error']}")
     if node.ours_running:
         planned = start_argv(inv, h, node.node_ip or "", head_ip, ray_env(h, node.interface or "", f.get("path")))
-        if node.record.get("argv") != planned:
+        if (node.record or {}).get("argv") != planned:
             problems.append("Ray started by an earlier cluster.up runs here with other settings: run cluster.down first to apply the inventory's")
     elif f.get("ports_busy"):
         problems.append(f"port(s) {', '.join(map(str, f['ports_busy']))} in use (another Ray? we only stop what we started): free them or change ray ports in the inventory")
@@ -392,7 +393,10 @@ def run_nccl_check(inv: Inventory, node: Node) -> str:
 def wait_for_nodes(inv: Inventory, nodes: Sequence[Node], head: Node, head_ip: str, table: HostTable) -> dict[str, str]:
     """Health gate: poll the head's state API until every host is an ALIVE node with its GPUs."""
     url = f"http://{head_ip}:{inv.ray.dashboard_port}/api/v0/nodes?limit=10000&detail=false"
-    want = {n.node_ip: n for n in nodes}
+    missing = [n.name for n in nodes if not n.node_ip]
+    if missing:  # preflight sets every node's IP or fails that host: this is a bug, not a host to leave out
+        raise ClusterError(f"cluster {inv.name}: no node IP for {', '.join(missing)} after preflight")
+    want = {n.node_ip: n for n in nodes if n.node_ip}
     done: set[str] = set()
     deadline = time.monotonic() + inv.ray.start_timeout
     last_error = ""

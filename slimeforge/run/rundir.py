@@ -45,7 +45,7 @@ def wandb_enabled(recipe: Recipe, environ: dict[str, str]) -> bool:
     return bool(recipe.wandb_project and environ.get("WANDB_API_KEY"))
 
 
-def build_run_dir(recipe: Recipe, stack: Stack, out: str | Path, recipe_path: str = "(api)", environ: dict[str, str] | None = None) -> RunDir:
+def build_run_dir(recipe: Recipe, stack: Stack, out: str | os.PathLike[str], recipe_path: str = "(api)", environ: dict[str, str] | None = None) -> RunDir:
     """Compute every file's content (nothing is written here)."""
     environ = dict(os.environ if environ is None else environ)
     out = Path(out).resolve()
@@ -102,7 +102,7 @@ def amend_plan(run: RunDir, files: dict[str, str] | None = None, **keys: object)
     return replace(run, files=content, plan=plan)
 
 
-def read_plan(run_dir: str | Path) -> dict | None:
+def read_plan(run_dir: str | os.PathLike[str]) -> dict | None:
     """A run directory's plan.json, checked to be slimeforge's; None when there is none."""
     path = Path(run_dir) / "plan.json"
     if not path.exists():
