@@ -185,7 +185,3 @@ def write_run_dir(run: RunDir) -> None:
     except OSError as exc:
         raise ConfigError(str(run.path), [Problem("--out", f"cannot be written: {exc.strerror}", str(run.path), "a directory you may write to")]) from None
 
-
-def read_args(path: str | Path) -> list[str]:
-    """slime.args back into an argv list, byte for byte (values with newlines span quoted lines)."""
-    return shlex.split(Path(path).read_text())

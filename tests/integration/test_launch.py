@@ -19,6 +19,7 @@ from launch_support import (
     fake_nvidia_smi,
     head_extra_args,
     make_recipe,
+    read_args,
     short_tmp,
     wait_for,
     write_catalog,
@@ -31,7 +32,6 @@ from slimeforge.run.headstate import state_dir
 from slimeforge.run.modelscript import eval_model_script, model_script
 from slimeforge.run.preflight.versions import local_versions
 from slimeforge.run.recipe import parse_recipe
-from slimeforge.run.rundir import read_args
 from slimeforge.run.targets import jobs
 from slimeforge.run.targets.base import ResolvedRun
 from slimeforge.run.targets.local import ContainerTarget

@@ -188,7 +188,7 @@ class ContainerTarget(LocalTarget):
             return 0
         stopping = threading.Event()
 
-        def on_signal(signum: int, frame: Any) -> None:
+        def on_signal(_signum: int, _frame: Any) -> None:
             # Stop only our container (its id was recorded); docker forwards SIGTERM to launch.sh,
             # whose trap stops the job first.
             if stopping.is_set():
