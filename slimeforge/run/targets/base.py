@@ -89,7 +89,7 @@ class LaunchPlan:
     commands: tuple[Command, ...]  # run in order; the last one's exit code is the launch's
     mounts: tuple[Mount, ...] = ()
     notes: tuple[str, ...] = ()  # what the reader of a dry run should know (placeholders, ...)
-    details: dict[str, Any] = field(default_factory=dict)  # target-specific values apply() needs
+    container: str | None = None  # the name of the container the commands start (recorded id: <run dir>/container.id)
 
 
 def describe(plan: LaunchPlan) -> list[str]:

@@ -143,8 +143,7 @@ class ContainerTarget(LocalTarget):
         argv = self.docker_argv(run, name=name, cidfile=rundir.path / "container.id")
         notes = () if run.recipe.image else (f"no image yet: {self.IMAGE_PLACEHOLDER} stands for --image or the recipe's image:",)
         cmd = Command(tuple(argv), "docker run")
-        return LaunchPlan(self.name, run, amend_plan(rundir, target=self.name, commands=[argv]), (cmd,), self.mounts(run), notes,
-                          {"name": name, "cidfile": str(rundir.path / "container.id")})
+        return LaunchPlan(self.name, run, amend_plan(rundir, target=self.name, commands=[argv]), (cmd,), self.mounts(run), notes, name)
 
     def docker_argv(self, run: ResolvedRun, *, name: str, cidfile: Path) -> list[str]:
         """`docker run` of the image with launch.sh inside.
@@ -179,7 +178,7 @@ class ContainerTarget(LocalTarget):
                                                  show_value=False)])
         self.preflight(plan, runner, say)
         write_run_dir(plan.rundir)
-        cidfile, name = Path(plan.details["cidfile"]), plan.details["name"]
+        cidfile, name = plan.rundir.path / "container.id", plan.container or ""
         cidfile.unlink(missing_ok=True)  # docker refuses to overwrite an old one
         Path(plan.run.recipe.resolved_checkpoint_dir).mkdir(parents=True, exist_ok=True)  # else docker creates it as root
         (cmd,) = plan.commands
@@ -228,7 +227,7 @@ class RayClusterTarget(Target):
     def plan(self, run: ResolvedRun) -> LaunchPlan:
         p = self.via.plan(run)
         notes = (*p.notes, f"the job goes to the Ray cluster {self.cluster} (Jobs API {self.via.address}); no head is started here")
-        return LaunchPlan(self.name, run, amend_plan(p.rundir, target=self.name), p.commands, p.mounts, notes, p.details)
+        return LaunchPlan(self.name, run, amend_plan(p.rundir, target=self.name), p.commands, p.mounts, notes, p.container)
 
     def preflight(self, plan: LaunchPlan, runner: Runner, say: Say) -> None:
         self.via.preflight(plan, runner, say)

@@ -46,7 +46,6 @@ MAX_NODES = 4096
 RAY_AGENT_PORT = 52365  # the dashboard agent's port, fixed (as cluster.up) so the checks can test it
 START_TIMEOUT_S = 300
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
-RUN_FILES = ("slurm.sbatch", "node_agent.py")
 
 
 @dataclass(frozen=True)
