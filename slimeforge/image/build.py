@@ -234,8 +234,7 @@ def prepare(opts: BuildOptions) -> Prepared:
         problems.extend(exc.problems)
     if opts.out is not None and (why := dir_problem(Path(opts.out))):
         problems.append(Problem("--out", why, str(opts.out), "a build directory (new, or one `invoke build` wrote)"))
-    ca_given = opts.ca_bundle is not None and opts.ca_bundle != ""
-    if ca_given and not Path(opts.ca_bundle).is_file():
+    if opts.ca_bundle and not Path(opts.ca_bundle).is_file():
         problems.append(Problem("--ca-bundle", "is not a file", opts.ca_bundle, "a PEM file of CA certificates"))
     if opts.base_image is not None:
         problems.extend(image_ref_problems(opts.base_image, "--base-image"))

@@ -114,7 +114,7 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
     steps.append({"name": FINALIZE_STEP, "env": {}, "commands": [finalize_argv(stack, layout, f"{layout.state}/stack.input.json",
                                                                              paths.Prefix.at(prefix).lock, paths.Prefix.at(prefix).flags)]})
     for step in steps:
-        inputs = {"step": step, "patches": {f: patch_sha[f] for f in sorted(patch_sha) if any(f in " ".join(c) for c in step["commands"])}}
+        inputs: dict[str, object] = {"step": step, "patches": {f: patch_sha[f] for f in sorted(patch_sha) if any(f in " ".join(c) for c in step["commands"])}}
         # A changed slice of the lock re-does its step (and, through the chain, every later one).
         own = LOCK_ALL if step["name"] == FINALIZE_STEP else lock_file(step["name"])
         if own in slices:
@@ -214,7 +214,9 @@ def install(opts: InstallOptions) -> Path:
         raise ConfigError("invoke install", problems)
     prefix = str(Path(opts.prefix).absolute())
     cache = paths.sources_cache(opts.build_root)
-    store, keys, base_id = {}, {}, None
+    store: dict[str, tuple[str, str]] = {}
+    keys: dict[str, str] = {}
+    base_id: str | None = None
     # A real install fills a missing outside fact itself (and writes it into the lock); a dry run names it.
     pylock = lock_for_run(stack, opts.dry_run, opts.echo)
     patches = patches_for_run(stack, local, cache, pylock, opts.dry_run, opts.echo)

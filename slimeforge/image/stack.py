@@ -280,7 +280,7 @@ class PlanStep:
     editable: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The step as JSON: what `invoke stack.show --json` prints and compiled keys hash (a pip
+        """The step as JSON: what `invoke stack.show --as-json` prints and compiled keys hash (a pip
         step always has index_url, null when it uses the default index)."""
         out: dict[str, Any] = {"name": self.name, "kind": self.kind, "env": dict(self.env), "compiles": self.compiles,
                                "no_deps": self.no_deps, "constrain_later": self.constrain_later,
@@ -482,9 +482,9 @@ class Stack(Model):
         if self.patches:
             if self.patches.from_source not in self.sources:
                 out.append(Problem("patches.from_source", "is not in sources", self.patches.from_source, ", ".join(sorted(self.sources))))
-            for p in self.patches.files:
-                if p.target != "site-packages" and p.target not in self.sources:
-                    out.append(Problem(f"patches.files ({p.file}).target", "is neither site-packages nor a source", p.target))
+            for pf in self.patches.files:
+                if pf.target != "site-packages" and pf.target not in self.sources:
+                    out.append(Problem(f"patches.files ({pf.file}).target", "is neither site-packages nor a source", pf.target))
         return out
 
 

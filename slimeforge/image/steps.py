@@ -155,6 +155,7 @@ def lock_files(stack: Stack, lock: LockFile, layout: Layout) -> dict[str, str]:
     for step in stack.plan:
         name = step.name
         if step.kind == "wheel_url":
+            assert step.requirements  # a wheel_url step has its one requirement (Stack.plan)
             out[lock_file(name)] = router_requirement(lock, step.requirements[0])
         elif step.kind in ("pip", "source"):
             out[lock_file(name)] = step_requirements(lock, name, by_name=name in layout.wheel_dirs)
@@ -193,6 +194,7 @@ def step_commands(stack: Stack, layout: Layout, base: str | None = None, store: 
                 argv += ["--find-links", layout.wheel_dirs[name]]
         else:
             src = step.source
+            assert src is not None and step.git is not None and step.commit is not None  # a source step has them (Stack.plan)
             argv = ["source_step", "--venv", layout.venv, "--step", name, "--name", src, "--url", layout.source_urls.get(src, step.git),
                     "--commit", step.commit, "--dest", layout.source_dir(stack, src), "--lock", f"{layout.lock_dir}/{lock_file(name)}"]
             for p in step.patches:
