@@ -568,12 +568,18 @@ sf_apply_patch() {
       ((${#marked[@]} == 0)) || sf_die "patch $name left conflict markers in $dir: ${marked[*]}"
       ;;
     patch)
-      if out=$(patch -d "$dir" -p"$strip" --fuzz=0 --forward --batch --dry-run -i "$file" 2>&1); then
+      # Already applied: the reverse check passes, with --force (--batch would take a patch that is
+      # not applied for a reversed one and call it applied). A re-installed package gets its own
+      # files back, but a file the patch created stays behind and blocks the patch: it is removed
+      # when it is exactly what the patch creates (_sf_drop_created_files), and the patch applied.
+      if out=$(patch -d "$dir" -p"$strip" --fuzz=0 --forward --batch --dry-run -i "$file" 2>&1) ||
+        { ! _sf_reverse_check "$strip" "$file" "$dir" && _sf_drop_created_files "$name" "$strip" "$file" "$dir" &&
+          out=$(patch -d "$dir" -p"$strip" --fuzz=0 --forward --batch --dry-run -i "$file" 2>&1); }; then
         out=$(patch -d "$dir" -p"$strip" --fuzz=0 --forward --batch -i "$file" 2>&1) || {
           files=$(printf '%s\n' "$out" | _sf_patch_failed_files | paste -sd' ')
           sf_die "patch $name does not apply to $dir (files: ${files:-see output}): $out"
         }
-      elif patch -d "$dir" -p"$strip" --fuzz=0 --reverse --batch --dry-run -i "$file" >/dev/null 2>&1; then
+      elif _sf_reverse_check "$strip" "$file" "$dir"; then
         sf_log "patch $name: already applied to $dir"
         _sf_record_patch "$name" "$file" "$dir" already-applied
         return 0
@@ -586,6 +592,32 @@ sf_apply_patch() {
   esac
   sf_log "patch $name: applied to $dir"
   _sf_record_patch "$name" "$file" "$dir" applied
+}
+
+_sf_reverse_check() { patch -d "$3" -p"$1" --fuzz=0 --reverse --force --dry-run -i "$2" >/dev/null 2>&1; }
+
+# _sf_drop_created_files NAME STRIP FILE DIR: the files the patch creates (`--- /dev/null`) that lie in
+# DIR with exactly the content the patch gives them are removed (a leftover of this patch, applied
+# before the package was re-installed); succeeds when it removed any. One with other content stops.
+_sf_drop_created_files() {
+  local name=$1 strip=$2 file=$3 dir=$4 scratch rel removed=1
+  scratch=$(mktemp -d)
+  # Applied to an empty directory, the patch creates exactly its new files (the other hunks fail).
+  patch -d "$scratch" -p"$strip" --force --batch -i "$file" >/dev/null 2>&1 || true
+  while IFS= read -r rel; do
+    [[ -f $scratch/$rel && -f $dir/$rel ]] || continue
+    if cmp -s -- "$scratch/$rel" "$dir/$rel"; then
+      rm -f -- "$dir/$rel"
+      sf_log "patch $name: removed $rel, left by an earlier application of this patch (the package was re-installed)"
+      removed=0
+    else
+      rm -rf -- "$scratch"
+      sf_die "patch $name: $dir/$rel exists with content the patch does not give it; move it away"
+    fi
+  done < <(awk -v n="$strip" '/^--- \/dev\/null/ {getline; p = $2; sub(/\t.*/, "", p)
+      for (i = 0; i < n; i++) sub(/^[^\/]*\//, "", p); print p}' "$file")
+  rm -rf -- "$scratch"
+  return "$removed"
 }
 
 # sf_patches_applied NAME:METHOD:STRIP:FILE:DIR...: succeeds when every patch is present. Patches of

@@ -269,3 +269,49 @@ def test_a_compiled_step_builds_where_only_the_loopback_index_is_reachable_and_i
     assert res.returncode == 1 and "fetching failed to compile" in res.stderr  # ... its compile does not
     log = (tmp_path / "logs" / "compile-fetching.log").read_text()
     assert "URLError" in log or "Network is unreachable" in log or "Connection refused" in log, log[-2000:]
+
+
+def make_creating_patch(tmp_path: Path) -> tuple[Path, Path]:
+    """A patch that changes pkg/mod.py and creates pkg/new.py (as sglang-pull_weights.patch creates
+    weight_sync/local_checkpoint.py), and the directory it applies to."""
+    site = tmp_path / "site"
+    (site / "pkg").mkdir(parents=True)
+    (site / "pkg" / "mod.py").write_text("".join(f"line {i}\n" for i in range(8)))
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        (d / "pkg").mkdir(parents=True)
+    (a / "pkg" / "mod.py").write_text((site / "pkg" / "mod.py").read_text())
+    (b / "pkg" / "mod.py").write_text((site / "pkg" / "mod.py").read_text().replace("line 4\n", "line 4 patched\n"))
+    (b / "pkg" / "new.py").write_text("CREATED = True\n")
+    diff = subprocess.run(["diff", "-ruN", "a", "b"], cwd=tmp_path, capture_output=True, text=True).stdout
+    patch = tmp_path / "creating.patch"
+    patch.write_text(diff.replace("--- a/pkg/new.py", "--- /dev/null"))
+    return site, patch
+
+
+def test_a_reinstalled_package_gets_its_patch_again_despite_the_file_the_patch_left(tmp_path):
+    """The real install's re-run: the package was re-installed (its own files back, unpatched) and
+    the file the patch had created is still there. The patch must be applied again, not taken
+    for applied (what `patch --reverse --batch` answered)."""
+    site, patch = make_creating_patch(tmp_path)
+    first = sf("sf_apply_patch", "creating.patch", "patch", "1", str(patch), str(site), state=tmp_path)
+    assert first.returncode == 0, first.stderr
+    original = "".join(f"line {i}\n" for i in range(8))
+    (site / "pkg" / "mod.py").write_text(original)  # the re-install
+    again = sf("sf_apply_patch", "creating.patch", "patch", "1", str(patch), str(site), state=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "already applied" not in again.stderr and "removed pkg/new.py, left by an earlier application" in again.stderr
+    assert "line 4 patched" in (site / "pkg" / "mod.py").read_text() and (site / "pkg" / "new.py").exists()
+    assert sf("sf_patches_applied", f"creating.patch:patch:1:{patch}:{site}", state=tmp_path).returncode == 0
+    # Applied in full, a third run recognises it.
+    third = sf("sf_apply_patch", "creating.patch", "patch", "1", str(patch), str(site), state=tmp_path)
+    assert third.returncode == 0 and "already applied" in third.stderr
+
+
+def test_a_file_in_the_way_that_the_patch_did_not_write_is_never_removed(tmp_path):
+    site, patch = make_creating_patch(tmp_path)
+    (site / "pkg" / "new.py").write_text("SOMEONE_ELSES = True\n")
+    res = sf("sf_apply_patch", "creating.patch", "patch", "1", str(patch), str(site), state=tmp_path)
+    assert res.returncode == 1
+    assert "pkg/new.py exists with content the patch does not give it" in res.stderr
+    assert (site / "pkg" / "new.py").read_text() == "SOMEONE_ELSES = True\n"
