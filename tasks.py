@@ -135,7 +135,13 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
 
             rec = resolve_mode(rec, mode, prefix, image, require_image=False, stack=stack)
         run = build_run_dir(rec, stack, target, recipe)
+    from slimeforge.run.runrecord import guard_render
+
+    # A dry run renders into the run directory too: never over a live run's record; an ended one's goes to history/<n>/.
+    kept = guard_render(run.path)
     write_run_dir(run)
+    if kept:
+        print(f"the record of the earlier launch is kept in {run.path / 'history' / str(kept)}")
     print(f"recipe {recipe}: valid ({rec.exp_id}, stack {stack.id})")
     print(f"run directory {run.path}:")
     for name in run.files:
@@ -190,7 +196,10 @@ def run_status(c, run, as_json=False):
         print(json.dumps(st, indent=2, default=str))
         return
     print(f"{st['submission_id']}: {st['status']}" + (f" ({st['message']})" if st["message"] else ""))
-    print(f"  cluster {st['address']}; " + (f"Ray head pid {st['head_pid']} (started by slimeforge)" if st["head_pid"] else "no Ray head recorded by slimeforge here"))
+    head = ("a cluster slimeforge did not start (no head of ours)" if st["attached"]
+            else f"Ray head pid {st['head_pid']} (started by slimeforge for this run)" if st["head_pid"]
+            else "in container " + st["container_id"][:12] if st["container_id"] else "no live Ray head of this run here")
+    print(f"  cluster {st['address']}; {head}")
     print(f"  run directory {st['run_dir']} (job.log)")
 
 
@@ -213,16 +222,17 @@ def run_logs(c, run, follow=False):
 @task(positional=["run"], help={**RUN_HELP, "head": "also stop the Ray head (and container) that slimeforge started for it"})
 @clean_errors
 def run_stop(c, run, head=False):
-    """Stop a launched run's job; --head also stops the Ray head slimeforge recorded (nothing else).
-    A Slurm run: scancel of its recorded job id, and only that (Ray in the allocation ends with it)."""
+    """Stop a launched run's job; --head also stops the Ray head (or container) slimeforge started for it.
+    Each is first proved to be this run's; anything else is refused. A Slurm run: scancel of its
+    recorded job, proved to be this run's (Ray in the allocation ends with it). Exit 0 when what was
+    asked for was stopped or had already ended; 1 with the reason otherwise."""
     from slimeforge.cluster import slurm
     from slimeforge.run import launch
 
     path = _run_dir(run)
-    if slurm.is_slurm_run(path):
-        slurm.stop(path)
-        return
-    launch.stop(path, head=head)
+    code = slurm.stop(path) if slurm.is_slurm_run(path) else launch.stop(path, head=head)
+    if code:
+        raise Exit(code=code)
 
 
 @task(

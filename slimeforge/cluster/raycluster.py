@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +39,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from .. import paths
+from .. import paths, records
+from ..atomic import write_file
 from ..errors import CommandError, Problem, SlimeforgeError
 from ..proc import Runner
 from ..run.preflight.findings import ERROR
@@ -622,6 +624,11 @@ def wait_for_nodes(inv: Inventory, nodes: Sequence[Node], head: Node, head_ip: s
 # --- state on this machine (for `invoke run --cluster` and status) ------------------------------
 
 
+# What the state's addresses look like (cluster.up writes them from node_ip and the inventory's ports).
+GCS_RE = re.compile(r"[A-Za-z0-9_.:%\[\]-]{1,253}:[0-9]{1,5}")
+DASHBOARD_RE = re.compile(r"https?://[A-Za-z0-9_.:%\[\]-]{1,253}:[0-9]{1,5}")
+
+
 def state_file(inv: Inventory) -> Path:
     base = Path(os.environ.get("SLIMEFORGE_STATE_HOME") or "~/.local/state/slimeforge").expanduser()
     # Named by the inventory's path too: two inventories may reuse a cluster name.
@@ -643,17 +650,25 @@ def write_state(inv: Inventory, nodes: Sequence[Node], address: ClusterAddress) 
             for n in nodes
         },
     }
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
+    write_file(path, json.dumps(data, indent=2))
     return path
 
 
+def _state_problem(doc: Any) -> str | None:
+    if not isinstance(doc, dict):
+        return "is not a JSON object"
+    gcs, dashboard = doc.get("gcs"), doc.get("dashboard")
+    if not (isinstance(gcs, str) and GCS_RE.fullmatch(gcs)):
+        return f"gcs is not HOST:PORT ({gcs!r})"
+    if not (isinstance(dashboard, str) and DASHBOARD_RE.fullmatch(dashboard)):
+        return f"dashboard is not http://HOST:PORT ({dashboard!r})"
+    return None
+
+
 def read_state(inv: Inventory) -> dict[str, Any] | None:
-    try:
-        return json.loads(state_file(inv).read_text())
-    except (OSError, ValueError):
-        return None
+    """The record of the last bring-up from this machine, checked; None when there is none.
+    A malformed one is an error naming the file (cluster.up writes a new one)."""
+    return records.read_json(state_file(inv), "cluster state", f"the state `invoke cluster.up {inv.path}` writes", _state_problem)
 
 
 def address(inventory: Inventory | str | Path) -> ClusterAddress:

@@ -10,11 +10,14 @@ earlier launch recorded, starts a Ray head (unless RAY_ADDRESS names a running c
 its Jobs API, submits train.py, streams the log to the terminal and job.log, and exits with the
 job's outcome. There is no second implementation of those steps here, so the modes cannot drift.
 
-What slimeforge starts, it records, and only that is ever stopped: the Ray head's pid (a head
-started with `--block` stops every process it started on SIGTERM) in the state dir
-`$SLIMEFORGE_STATE_DIR/ray-<port>/head.pid` (default ~/.local/state/slimeforge), the container id in
-<run dir>/container.id, the job's submission id in <run dir>/submission_id and the cluster it went
-to in <run dir>/ray_address. run.status / run.logs / run.stop read those files (Ray's Jobs SDK).
+What slimeforge starts, it records, and only that is ever stopped: the Ray head (a head started
+with `--block` stops every process it started on SIGTERM) in the state dir
+`$SLIMEFORGE_STATE_DIR/ray-<port>/head.json` (pid, start time, boot id, the run it was started for;
+default ~/.local/state/slimeforge), the container id in <run dir>/container.id (the container is
+labelled with the run), the run token in <run dir>/run_token, the job's submission id in
+<run dir>/submission_id (its metadata carries the run token) and the cluster it went to in
+<run dir>/ray_address. run.status / run.logs / run.stop read those files through runrecord.py and
+act only on what ownership.py proves is this run's.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -37,11 +41,27 @@ from ..errors import ConfigError, Problem, SlimeforgeError
 from ..image.registry import image_ref_problems
 from ..image.stack import Stack, load_stack
 from ..proc import Runner, pid_alive
+from ..records import RecordError
 from ..schema import text_problem
-from .headstate import HEAD_PID, dashboard_url, recorded_head, state_dir
+from . import ownership
+from .headstate import HEAD_RECORD, dashboard_url, recorded_head, state_dir
 from .preflight import PreflightError, run_checks
 from .recipe import RUNNER_FIELDS, Recipe
-from .rundir import HEAD_TIMEOUT_S, build_run_dir, read_plan, write_run_dir
+from .rundir import HEAD_TIMEOUT_S, build_run_dir, write_run_dir
+from .runrecord import (
+    RunRecord,
+    Unreachable,
+    container_check,
+    guard_render,
+    head_check,
+    jobs_api,
+    new_run_token,
+    ray_job,
+    ray_job_check,
+    read_record,
+    read_run,
+    write_run_token,
+)
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 # Secrets and credentials reach the container by name only (`-e NAME`): their values never appear
@@ -107,7 +127,8 @@ def host_tools(recipe: Recipe) -> tuple[str, str]:
 
 
 def stop_recorded_head(sdir: Path, say=print, timeout: float = 60) -> int | None:
-    """SIGTERM the head an earlier launch recorded in `sdir` (if it still runs); nothing else."""
+    """SIGTERM the head an earlier launch recorded in `sdir` if that very process (pid, start time,
+    boot id) still runs, as launch.sh does before starting its own; nothing else."""
     pid = recorded_head(sdir)
     if pid:
         say(f"[slimeforge] stopping the Ray head of an earlier launch (pid {pid})")
@@ -115,7 +136,7 @@ def stop_recorded_head(sdir: Path, say=print, timeout: float = 60) -> int | None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and pid_alive(pid):
             time.sleep(0.2)
-    (sdir / HEAD_PID).unlink(missing_ok=True)
+    (sdir / HEAD_RECORD).unlink(missing_ok=True)
     return pid
 
 
@@ -137,15 +158,6 @@ def follow(client, submission_id: str, log_path: Path, stream: IO[str]) -> None:
         asyncio.run(tail())
     except Exception as exc:  # noqa: BLE001 - the log stream broke; the job's status still decides
         stream.write(f"[slimeforge] log stream ended: {exc}\n")
-
-
-def wait_terminal(client, submission_id: str, timeout: float = 120) -> str:
-    deadline = time.monotonic() + timeout
-    status = str(client.get_job_status(submission_id))
-    while not any(t in status for t in TERMINAL) and time.monotonic() < deadline:
-        time.sleep(0.5)
-        status = str(client.get_job_status(submission_id))
-    return status.rsplit(".", 1)[-1]
 
 
 # --- launch -------------------------------------------------------------------------------------------
@@ -189,11 +201,18 @@ def launch(recipe: Recipe, stack: Stack, out: str | os.PathLike | None = None, r
     say(report.table())
     if report.errors:
         raise PreflightError(f"preflight of {recipe_path}", report)
+    if not runner.dry_run:
+        guard_render(run.path)  # a live run's directory is never rewritten; an ended one's record goes to history/<n>/
     write_run_dir(run)
+    token = new_run_token()
+    if not runner.dry_run:
+        write_run_token(run.path, token)  # before anything starts: the head, job and container carry it
     if recipe.mode == "container":
-        return launch_container(recipe, run.path, runner=runner, address=address, environ=environ, docker=docker, shm_size=shm_size, say=say)
+        return launch_container(recipe, run.path, runner=runner, address=address, environ=environ, docker=docker, shm_size=shm_size, say=say,
+                                run_token=token)
     py, ray = host_tools(recipe)
     env = launch_env(environ, sdir, python or environ.get("SLIMEFORGE_PYTHON") or py, ray, address, extra, head_timeout)
+    env["SLIMEFORGE_RUN_TOKEN"] = token
     return runner.stream(["bash", str(run.path / "launch.sh")], lambda line: say(line), step="launch.sh", env=env, forward_signals=True)
 
 
@@ -217,7 +236,7 @@ def launch_env(environ: dict[str, str], sdir: Path, python: str, ray: str, addre
 
 def container_argv(recipe: Recipe, run_dir: Path, *, docker: str = "docker", name: str, cidfile: Path, address: str | None = None,
                    environ: dict[str, str] | None = None, shm_size: str = "64g", gpus: bool = True,
-                   ulimits: Iterable[str] = ("memlock=-1",)) -> list[str]:
+                   ulimits: Iterable[str] = ("memlock=-1",), run_token: str | None = None) -> list[str]:
     """`docker run` of the image with launch.sh inside; every path at the same place as on the host.
 
     `ulimits`: memlock=-1 because NCCL over InfiniBand/EFA pins memory (a daemon that may not raise
@@ -226,7 +245,11 @@ def container_argv(recipe: Recipe, run_dir: Path, *, docker: str = "docker", nam
     hard limit fails the start."""
     env = os.environ if environ is None else environ
     argv = [docker, "run", "--rm", "--init",  # --init: Ctrl-C reaches launch.sh's trap through a real PID 1
-            "--name", name, "--cidfile", str(cidfile)]
+            "--name", name, "--cidfile", str(cidfile),
+            # What run.stop proves before it stops a container: it was started for this run.
+            "--label", f"{ownership.LABEL_EXP_ID}={recipe.exp_id}"]
+    if run_token is not None:
+        argv += ["--label", f"{ownership.LABEL_RUN_TOKEN}={run_token}", "-e", f"SLIMEFORGE_RUN_TOKEN={run_token}"]
     if gpus:
         argv += ["--gpus", "all"]
     argv += ["--ipc=host",  # NCCL and SGLang share memory between processes
@@ -253,12 +276,13 @@ def container_argv(recipe: Recipe, run_dir: Path, *, docker: str = "docker", nam
 
 
 def launch_container(recipe: Recipe, run_dir: Path, *, runner: Runner, address: str | None, environ: dict[str, str],
-                     docker: str, shm_size: str, say) -> int:
+                     docker: str, shm_size: str, say, run_token: str | None = None) -> int:
     cidfile = run_dir / "container.id"
     cidfile.unlink(missing_ok=True)  # docker refuses to overwrite an old one
     Path(recipe.resolved_checkpoint_dir).mkdir(parents=True, exist_ok=True)  # else docker creates it as root
     name = f"slimeforge-{recipe.exp_id}-{secrets.token_hex(3)}"
-    argv = container_argv(recipe, run_dir, docker=docker, name=name, cidfile=cidfile, address=address, environ=environ, shm_size=shm_size)
+    argv = container_argv(recipe, run_dir, docker=docker, name=name, cidfile=cidfile, address=address, environ=environ, shm_size=shm_size,
+                          run_token=run_token)
     proc = runner.start(argv, step="docker run")
     if proc is None:
         return 0
@@ -271,8 +295,11 @@ def launch_container(recipe: Recipe, run_dir: Path, *, runner: Runner, address: 
             return
         stopping.set()
         say(f"\n[slimeforge] interrupted: stopping container {name}")
-        cid = cidfile.read_text().strip() if cidfile.exists() else name
-        runner.run([docker, "stop", "--time", "60", cid], step="docker stop", check=False)
+        try:  # the full id docker recorded (through the one reader), else the name we gave it
+            cid = read_record(run_dir, "container.id") or name
+        except RecordError:
+            cid = name
+        runner.run([docker, "stop", "--time", "60", "--", cid], step="docker stop", check=False)
 
     old = {}
     if threading.current_thread() is threading.main_thread():
@@ -287,76 +314,188 @@ def launch_container(recipe: Recipe, run_dir: Path, *, runner: Runner, address: 
 
 
 # --- acting on a recorded run ----------------------------------------------------------------------------
+# Every call reads the run's records through runrecord (validated) and proves, at the moment of
+# acting, that what it acts on is this run's (ownership.py); anything else is refused, saying why.
+
+
+@dataclass
+class StopReport:
+    """What run.stop did, one line per thing it was asked to stop; exit 0 only when each was
+    stopped, or had already ended, and at least one thing was recorded."""
+
+    lines: list[tuple[str, str]] = field(default_factory=list)  # (outcome, text): stopped, ended, refused, none, failed
+
+    def add(self, outcome: str, text: str, say) -> None:
+        self.lines.append((outcome, text))
+        say(f"{outcome}: {text}")
+
+    @property
+    def code(self) -> int:
+        outcomes = {o for o, _ in self.lines}
+        if outcomes & {"refused", "failed"} or not outcomes & {"stopped", "ended"}:
+            return 1
+        return 0
 
 
 def recorded(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """What a launch recorded in a run directory (by launch() or launch.sh)."""
-    run_dir = Path(run_dir)
-    plan = read_plan(run_dir)
-    if plan is None:
-        raise ConfigError(str(run_dir), [Problem("run directory", "has no plan.json", str(run_dir), "runs/<exp_id> of a rendered recipe")])
-    rec = plan["recipe"]
-
-    def read(name: str) -> str | None:
-        p = run_dir / name
-        return p.read_text().strip() or None if p.is_file() else None
-
-    return {
-        "run_dir": str(run_dir.resolve()),
-        "exp_id": plan["exp_id"],
-        "submission_id": read("submission_id"),
-        "address": read("ray_address") or f"http://127.0.0.1:{rec['ray_dashboard_port']}",
-        "container_id": read("container.id"),
-        "ray_port": rec["ray_port"],
-    }
+    """What a launch recorded in a run directory (by launch() or launch.sh), validated."""
+    rec = read_run(run_dir)
+    return {"run_dir": str(rec.run_dir), "exp_id": rec.exp_id, "submission_id": rec.submission_id, "address": rec.address,
+            "container_id": rec.container_id, "ray_port": rec.ray_port, "run_token": rec.run_token, "attached": rec.attached}
 
 
-def _client(info: dict[str, Any]):
-    from ray.job_submission import JobSubmissionClient
+def _launched(rec: RunRecord) -> str:
+    if not rec.submission_id:
+        raise ConfigError(str(rec.run_dir), [Problem("submission_id", "this run directory was never launched (no job recorded)", None,
+                                                     "`invoke run RECIPE` first", show_value=False)])
+    return rec.submission_id
 
-    if not info["submission_id"]:
-        raise ConfigError(info["run_dir"], [Problem("submission_id", "this run directory was never launched", None, "`invoke run RECIPE` first", show_value=False)])
+
+def _proved_job(rec: RunRecord) -> tuple[dict | None, ownership.Verdict]:
+    """The job and its verdict; a foreign job is refused here (never shown or acted on as ours)."""
+    _launched(rec)
     try:
-        return JobSubmissionClient(info["address"])
-    except Exception as exc:  # noqa: BLE001
-        raise SlimeforgeError(f"{info['run_dir']}: the Ray cluster at {info['address']} does not answer ({exc}); "
-                              "the head that ran this job is gone (its job.log is in the run directory)") from None
+        job, verdict = ray_job_check(rec)
+    except Unreachable as exc:
+        raise SlimeforgeError(f"{rec.run_dir}: {exc}; the head that ran job {rec.submission_id} is gone or unreachable "
+                              "(its job.log is in the run directory)") from None
+    if verdict.state == ownership.FOREIGN:
+        raise SlimeforgeError(f"{rec.run_dir}: refused: {verdict.reason}")
+    return job, verdict
 
 
 def status(run_dir: str | os.PathLike) -> dict[str, Any]:
-    info = recorded(run_dir)
-    job = _client(info).get_job_info(info["submission_id"])
-    sdir = state_dir(info["ray_port"])
-    return {**info, "status": str(job.status).rsplit(".", 1)[-1], "message": job.message,
-            "start_time": job.start_time, "end_time": job.end_time, "head_pid": recorded_head(sdir)}
+    rec = read_run(run_dir)
+    job, verdict = _proved_job(rec)
+    head = None
+    if not rec.attached and rec.container_id is None:
+        try:
+            h, hv = head_check(rec, state_dir(rec.ray_port))
+            head = h.pid if h is not None and hv.ours else None
+        except RecordError:
+            head = None
+    info = recorded(rec.run_dir)
+    if job is None:
+        return {**info, "status": "GONE", "message": verdict.reason, "start_time": None, "end_time": None, "head_pid": head}
+    return {**info, "status": str(job.get("status")), "message": job.get("message") or "", "start_time": job.get("start_time"),
+            "end_time": job.get("end_time"), "head_pid": head}
 
 
 def logs(run_dir: str | os.PathLike, follow_logs: bool = False, stream: IO[str] | None = None) -> None:
     stream = stream or sys.stdout
-    info = recorded(run_dir)
-    client = _client(info)
+    rec = read_run(run_dir)
+    job, verdict = _proved_job(rec)
+    if job is None:
+        raise SlimeforgeError(f"{rec.run_dir}: {verdict.reason}; its log up to then is in {rec.run_dir / 'job.log'}")
     if follow_logs:
-        follow(client, info["submission_id"], Path(info["run_dir"]) / "job.log", stream)
-    else:
-        stream.write(client.get_job_logs(info["submission_id"]))
+        from ray.job_submission import JobSubmissionClient
+
+        follow(JobSubmissionClient(rec.address), rec.submission_id, rec.run_dir / "job.log", stream)
+        return
+    doc = jobs_api(rec.address, "GET", f"/api/jobs/{rec.submission_id}/logs", timeout=60)
+    stream.write(doc.get("logs", "") if isinstance(doc, dict) else "")
 
 
-def stop(run_dir: str | os.PathLike, head: bool = False, say=print, runner: Runner | None = None) -> None:
-    """Stop the recorded job; with `head`, also the Ray head that slimeforge started (its recorded
-    pid) and the recorded container. Nothing that slimeforge did not record is touched."""
-    info = recorded(run_dir)
-    if info["submission_id"]:
-        try:
-            client = _client(info)
-            stopped = client.stop_job(info["submission_id"])
-            say(f"job {info['submission_id']}: " + ("stop requested" if stopped else "already ended"))
-            if stopped:
-                say(f"job {info['submission_id']}: {wait_terminal(client, info['submission_id'])}")
-        except SlimeforgeError as exc:
-            say(str(exc))
+def _wait_ended(rec: RunRecord, timeout: float = 120) -> str:
+    deadline = time.monotonic() + timeout
+    status = "?"
+    while time.monotonic() < deadline:
+        job = ray_job(rec)
+        status = "GONE" if job is None else str(job.get("status"))
+        if status in (*TERMINAL, "GONE"):
+            break
+        time.sleep(0.5)
+    return status
+
+
+def stop(run_dir: str | os.PathLike, head: bool = False, say=print, runner: Runner | None = None, docker: str = "docker") -> int:
+    """Stop the recorded job; with `head`, also the Ray head slimeforge started for this run and the
+    container it started for it. Each is first proved to be this run's (ownership.py); anything
+    else is refused with what was found. Returns the exit code (StopReport.code)."""
+    rec = read_run(run_dir)
+    runner = runner or Runner()
+    report = StopReport()
+    if rec.submission_id is None and rec.container_id is None:
+        report.add("none", f"{rec.run_dir}: never launched (no job recorded); nothing to stop", say)
+        return report.code
+    if rec.submission_id is not None:
+        _stop_job(rec, report, say, head)
     if head:
-        pid = stop_recorded_head(state_dir(info["ray_port"]), say)
-        say(f"Ray head pid {pid} stopped" if pid else "no running Ray head was recorded for this port")
-        if info["container_id"]:
-            (runner or Runner()).run(["docker", "stop", "--time", "60", info["container_id"]], step="docker stop", check=False)
-            say(f"container {info['container_id'][:12]} stopped")
+        if rec.attached:
+            report.add("none", f"the job went to {rec.ray_address}, a Ray cluster slimeforge did not start here: "
+                       "there is no head of ours to stop (stop that cluster where it was started, e.g. `invoke cluster.down`)", say)
+        elif rec.container_id is not None:
+            _stop_container(rec, report, say, runner, docker)
+        else:
+            _stop_head(rec, report, say)
+    return report.code
+
+
+def _stop_job(rec: RunRecord, report: StopReport, say, head: bool) -> None:
+    sid = rec.submission_id
+    try:
+        job, verdict = ray_job_check(rec)
+    except Unreachable as exc:
+        # With --head, an unreachable local head is the head's business; the job went with it.
+        report.add("ended" if head and not rec.attached else "failed", f"job {sid}: {exc}", say)
+        return
+    if verdict.state == ownership.FOREIGN:
+        report.add("refused", f"job {sid}: {verdict.reason}", say)
+        return
+    if verdict.state == ownership.ENDED:
+        report.add("ended", verdict.reason, say)
+        return
+    try:
+        answer = jobs_api(rec.address, "POST", f"/api/jobs/{sid}/stop", timeout=30)
+        final = _wait_ended(rec)
+    except Unreachable as exc:
+        report.add("failed", f"job {sid}: {exc}", say)
+        return
+    stopped = isinstance(answer, dict) and answer.get("stopped")
+    if final in TERMINAL or final == "GONE":
+        report.add("stopped" if stopped else "ended", f"job {sid}: {final}", say)
+    else:
+        report.add("failed", f"job {sid}: stop requested, still {final} after 120 s", say)
+
+
+def _stop_head(rec: RunRecord, report: StopReport, say, timeout: float = 60) -> None:
+    sdir = state_dir(rec.ray_port)
+    try:
+        head, verdict = head_check(rec, sdir)
+    except RecordError as exc:
+        report.add("refused", f"the head record is not one slimeforge wrote, so no process is stopped: {exc}", say)
+        return
+    if head is None or verdict.state == ownership.ENDED:
+        report.add("ended", verdict.reason, say)
+        return
+    if not verdict.ours:
+        report.add("refused", verdict.reason, say)
+        return
+    os.kill(head.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and ownership.head_alive(head, ownership.proc_facts(head.pid)):
+        time.sleep(0.2)
+    if ownership.head_alive(head, ownership.proc_facts(head.pid)):
+        report.add("failed", f"Ray head pid {head.pid} still runs {timeout:g} s after SIGTERM", say)
+        return
+    (sdir / HEAD_RECORD).unlink(missing_ok=True)
+    report.add("stopped", f"Ray head pid {head.pid} (and the Ray processes it started)", say)
+
+
+def _stop_container(rec: RunRecord, report: StopReport, say, runner: Runner, docker: str) -> None:
+    cid = rec.container_id
+    assert cid is not None
+    try:
+        verdict = container_check(rec, runner)
+    except Unreachable as exc:
+        report.add("failed", str(exc), say)
+        return
+    if verdict.state != ownership.OURS:
+        report.add("ended" if verdict.state == ownership.ENDED else "refused", verdict.reason, say)
+        return
+    r = runner.run([docker, "stop", "--time", "60", "--", cid], step="docker stop", check=False, timeout=120)
+    said = (r.stdout + r.stderr).strip()[-300:]
+    if r.returncode == 0:
+        report.add("stopped", f"container {cid[:12]} (the Ray head inside it with it); docker said: {said or '(nothing)'}", say)
+    else:
+        report.add("failed", f"docker stop {cid[:12]} exited with {r.returncode}: {said}", say)
