@@ -54,6 +54,7 @@ from .runrecord import (
     container_check,
     guard_render,
     head_check,
+    head_gone,
     jobs_api,
     new_run_token,
     ray_job,
@@ -436,8 +437,10 @@ def _stop_job(rec: RunRecord, report: StopReport, say, head: bool) -> None:
     try:
         job, verdict = ray_job_check(rec)
     except Unreachable as exc:
-        # With --head, an unreachable local head is the head's business; the job went with it.
-        report.add("ended" if head and not rec.attached else "failed", f"job {sid}: {exc}", say)
+        if head_gone(rec):  # our own head on this host is proved gone: the job went with it
+            report.add("ended", f"job {sid}: the Ray head it ran on is gone ({exc})", say)
+        else:
+            report.add("failed", f"job {sid}: {exc}; nothing stopped", say)
         return
     if verdict.state == ownership.FOREIGN:
         report.add("refused", f"job {sid}: {verdict.reason}", say)

@@ -256,16 +256,23 @@ def live(rec: RunRecord, runner: Runner | None = None) -> tuple[bool | None, str
             _, v = ray_job_check(rec)
             return (v.state != ownership.ENDED), f"Ray job {rec.submission_id}: {v.reason}"
     except Unreachable as exc:
-        if rec.submission_id is not None and not rec.attached and rec.container_id is None:
-            # Our own head on this host is the only place the job could run: when it is proved gone, so is the job.
-            try:
-                head, v = head_check(rec, state_dir(rec.ray_port))
-            except records.RecordError:
-                return None, str(exc)
-            if head is None or not ownership.head_alive(head, ownership.proc_facts(head.pid)):
-                return False, f"Ray job {rec.submission_id}: the Ray head it ran on is gone"
+        if head_gone(rec):
+            return False, f"Ray job {rec.submission_id}: the Ray head it ran on is gone"
         return None, str(exc)
     return False, "no job recorded"
+
+
+def head_gone(rec: RunRecord) -> bool:
+    """A job on our own head on this host ran nowhere else: when that head is proved gone (no
+    record, or the recorded process has exited), so is the job. Not for a cluster we did not
+    start, nor a head inside a container, nor when the head record is unreadable."""
+    if rec.submission_id is None or rec.attached or rec.container_id is not None:
+        return False
+    try:
+        head = read_head(state_dir(rec.ray_port))
+    except records.RecordError:
+        return False
+    return head is None or not ownership.head_alive(head, ownership.proc_facts(head.pid))
 
 
 def guard_render(out: str | os.PathLike, runner: Runner | None = None) -> int | None:
