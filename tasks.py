@@ -77,7 +77,7 @@ def stack_show(c, cuda="cu13", as_json=False):
         "image": "container mode: the image to run (default: the recipe's image)",
         "prefix": "host mode: the install prefix (slime, Megatron-LM and the venv come from there)",
         "catalog": "the flag catalog (flags.json) to check flags against (default: from the image or install)",
-        "skip_check": "turn this preflight check's errors into warnings (repeatable; see `invoke doctor --list`)",
+        "skip_check": "turn this preflight check's errors into warnings (repeatable; see `invoke doctor --list-checks`)",
         "no_network": "leave out the checks that need the network (AWS, the cluster)",
         "cluster": "launch on the cluster of this inventory (brought up with cluster.up; default: the recipe's cluster)",
         "slurm": "submit to Slurm: Ray starts inside an sbatch allocation (docs/slurm.md)",
@@ -91,84 +91,24 @@ def stack_show(c, cuda="cu13", as_json=False):
 @clean_errors
 def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=None, image=None, prefix=None, catalog=None,
               skip_check=None, no_network=False, cluster=None, slurm=False, partition=None, account=None, time=None, nodes=None):
-    """Validate a recipe, preflight, start Ray, submit, stream the logs (--dry-run: render only)."""
-    from pathlib import Path
+    """Validate a recipe, preflight, start Ray, submit, stream the logs (--dry-run: print the plan, start nothing)."""
+    from slimeforge.run.launch import LaunchRequest, run_recipe
 
-    from slimeforge.run.recipe import load_recipe, parse_overrides
-    from slimeforge.run.rundir import build_run_dir, write_run_dir
+    req = LaunchRequest(recipe, out, tuple(set_ or ()), address, mode, image, prefix, catalog, tuple(skip_check or ()), not no_network,
+                        cluster, slurm, partition, account, time, None if nodes is None else str(nodes))
+    code = run_recipe(req, dry_run=dry_run, find_cluster=_cluster_jobs_api)
+    if code:
+        raise Exit(code=code)
 
-    if not slurm and any(v is not None for v in (partition, account, time, nodes)):
-        raise Exit("error: --partition, --account, --time and --nodes go with --slurm", code=2)
-    rec, stack = load_recipe(recipe, parse_overrides(set_ or []))
-    target = Path(out) if out else paths.run_dir(rec.exp_id)
-    if slurm:
-        from slimeforge.cluster import slurm as slurm_mod
 
-        if address or cluster:
-            raise Exit("error: --slurm starts its own Ray cluster in the allocation; leave out --address/--cluster", code=2)
-        opts = slurm_mod.options(partition, account, time, nodes)
-        if not dry_run:
-            code = slurm_mod.launch(rec, stack, opts, out=target, recipe_path=recipe, mode=mode, image=image, install_prefix=prefix,
-                                    catalog=catalog, skip_checks=skip_check or [], network_checks=not no_network)
-            if code:
-                raise Exit(code=code)
-            return
-        run = slurm_mod.render_run_dir(slurm_mod.resolve(rec, opts, mode, image, prefix, stack), stack, target, opts, recipe)
-    else:
-        if not dry_run:
-            from slimeforge.run.launch import launch
+def _cluster_jobs_api(inventory):
+    """The Jobs API of the cluster `cluster.up` brought up from this inventory."""
+    from slimeforge.cluster.raycluster import address
 
-            if cluster or rec.cluster:
-                if address:
-                    raise Exit("error: --address and --cluster both name a cluster; give one", code=2)
-                from slimeforge.cluster.raycluster import address as cluster_address
-
-                address = cluster_address(cluster or rec.cluster).dashboard  # the head's Jobs API
-            code = launch(rec, stack, out=target, recipe_path=recipe, address=address, mode=mode, image=image, install_prefix=prefix,
-                          catalog=catalog, skip_checks=skip_check or [], network_checks=not no_network)
-            if code:
-                raise Exit(code=code)
-            return
-        # The dry run renders what a launch with these options would: the same mode, image and prefix.
-        if mode is not None or prefix is not None or image is not None:
-            from slimeforge.run.launch import resolve_mode  # only then: it imports the launch machinery (asyncio, ...)
-
-            rec = resolve_mode(rec, mode, prefix, image, require_image=False, stack=stack)
-        run = build_run_dir(rec, stack, target, recipe)
-    from slimeforge.run.runrecord import guard_render
-
-    # A dry run renders into the run directory too: never over a live run's record; an ended one's goes to history/<n>/.
-    kept = guard_render(run.path)
-    write_run_dir(run)
-    if kept:
-        print(f"the record of the earlier launch is kept in {run.path / 'history' / str(kept)}")
-    print(f"recipe {recipe}: valid ({rec.exp_id}, stack {stack.id})")
-    print(f"run directory {run.path}:")
-    for name in run.files:
-        print(f"  {name}")
-    print("would run:")
-    for argv in run.plan["commands"]:
-        print("  " + " ".join(argv))
-    print(f"  (train.py and {len(run.args)} arguments; see {run.path / 'slime.args'})", file=sys.stderr)
+    return address(inventory).dashboard
 
 
 # --- launch ----------------------------------------------------------------------------------
-
-
-def _run_dir(run):
-    """A recorded run: its run directory, or the recipe that was launched (runs/<exp_id>)."""
-    from pathlib import Path
-
-    from slimeforge.errors import ConfigError, Problem
-    from slimeforge.run.recipe import EXP_ID_RE, load_recipe_data
-
-    if Path(run).is_dir():
-        return Path(run)
-    exp_id = load_recipe_data(run).get("exp_id")
-    if not isinstance(exp_id, str) or not EXP_ID_RE.fullmatch(exp_id):
-        raise ConfigError(run, [Problem("exp_id", "names no run directory", exp_id, "the exp_id of a launched recipe")])
-    return paths.run_dir(exp_id)
-
 
 RUN_HELP = {"run": "the run directory (runs/<exp_id>), or the recipe that was launched"}
 
@@ -176,47 +116,24 @@ RUN_HELP = {"run": "the run directory (runs/<exp_id>), or the recipe that was la
 @task(positional=["run"], help={**RUN_HELP, "as_json": "print JSON"})
 @clean_errors
 def run_status(c, run, as_json=False):
-    """Status of a launched run's job (and whether the Ray head slimeforge started is up)."""
-    from slimeforge.cluster import slurm
-    from slimeforge.run import launch
+    """Status of a launched run's job (and whether the Ray head slimeforge started is up; a Slurm run: its job)."""
+    from slimeforge.run.launch import run_dir_of, target_of
 
-    path = _run_dir(run)
-    if slurm.is_slurm_run(path):
-        st = slurm.status(path)
-        if as_json:
-            print(json.dumps(st, indent=2, default=str))
-            return
-        print(f"Slurm job {st['slurm_job_id']}: {st['state']}" + (f" ({st['reason']})" if st["reason"] not in (None, "None") else "")
-              + (f", exit code {st['exit_code']}" if st["exit_code"] else ""))
-        print(f"  nodes {st['nodes']}; restarts {st['restarts']}; Ray submission {st['submission_id'] or '(not yet)'}")
-        print(f"  output {st['output']}")
-        return
-    st = launch.status(path)
-    if as_json:
-        print(json.dumps(st, indent=2, default=str))
-        return
-    print(f"{st['submission_id']}: {st['status']}" + (f" ({st['message']})" if st["message"] else ""))
-    head = ("a cluster slimeforge did not start (no head of ours)" if st["attached"]
-            else f"Ray head pid {st['head_pid']} (started by slimeforge for this run)" if st["head_pid"]
-            else "in container " + st["container_id"][:12] if st["container_id"] else "no live Ray head of this run here")
-    print(f"  cluster {st['address']}; {head}")
-    print(f"  run directory {st['run_dir']} (job.log)")
+    path = run_dir_of(run)
+    st = target_of(path).status(path)
+    print(json.dumps(st.data, indent=2, default=str) if as_json else "\n".join(st.lines))
 
 
 @task(positional=["run"], help={**RUN_HELP, "follow": "keep streaming until the job ends"})
 @clean_errors
 def run_logs(c, run, follow=False):
     """Print a launched run's job logs (from the cluster; job.log keeps them too; a Slurm run: its output file)."""
-    from slimeforge.cluster import slurm
-    from slimeforge.run import launch
+    from slimeforge.run.launch import run_dir_of, target_of
 
-    path = _run_dir(run)
-    if slurm.is_slurm_run(path):
-        code = slurm.logs(path, follow_logs=follow)
-        if code:
-            raise Exit(code=code)
-        return
-    launch.logs(path, follow_logs=follow)
+    path = run_dir_of(run)
+    code = target_of(path).logs(path, follow, sys.stdout)
+    if code:
+        raise Exit(code=code)
 
 
 @task(positional=["run"], help={**RUN_HELP, "head": "also stop the Ray head (and container) that slimeforge started for it"})
@@ -226,11 +143,10 @@ def run_stop(c, run, head=False):
     Each is first proved to be this run's; anything else is refused. A Slurm run: scancel of its
     recorded job, proved to be this run's (Ray in the allocation ends with it). Exit 0 when what was
     asked for was stopped or had already ended; 1 with the reason otherwise."""
-    from slimeforge.cluster import slurm
-    from slimeforge.run import launch
+    from slimeforge.run.launch import run_dir_of, target_of
 
-    path = _run_dir(run)
-    code = slurm.stop(path) if slurm.is_slurm_run(path) else launch.stop(path, head=head)
+    path = run_dir_of(run)
+    code = target_of(path).stop(path, head=head)
     if code:
         raise Exit(code=code)
 
@@ -258,24 +174,10 @@ def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=
     from slimeforge.run import preflight as doc
 
     if list_checks:
-        for chk in doc.CHECKS.values():
-            print(f"  {chk.name:<16} {chk.scope:<8} {chk.doc}")
+        print("\n".join(doc.list_checks()))
         return
-    rec = stack = None
-    if recipe:
-        from slimeforge.run.headstate import state_dir
-        from slimeforge.run.launch import resolve_mode
-        from slimeforge.run.recipe import load_recipe, parse_overrides
-
-        rec, stack = load_recipe(recipe, parse_overrides(set_ or []))
-        rec = resolve_mode(rec, mode, prefix, image, require_image=False)
-        sdir = state_dir(rec.ray_port)
-    else:
-        from slimeforge.image.stack import load_stack
-
-        stack, sdir = load_stack(cuda or "cu13"), None
-    report = doc.run_checks(rec, stack, mode=mode, address=address, catalog=catalog, skip=skip_check or [],
-                            network=not no_network, state_dir=sdir)
+    report = doc.doctor(recipe, list(set_ or ()), cuda=cuda, address=address, mode=mode, image=image, prefix=prefix, catalog=catalog,
+                        skip=list(skip_check or ()), network=not no_network)
     print(report.table())
     if report.errors:
         raise Exit(code=1)

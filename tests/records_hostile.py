@@ -71,9 +71,10 @@ class Answer:
 
 def setup(root: Path, port: int) -> dict[str, Path]:
     """A recipe, its Ray run directory (records of a launch whose head is gone) and its Slurm run directory."""
-    from slimeforge.cluster import slurm
     from slimeforge.run.recipe import parse_recipe
     from slimeforge.run.rundir import build_run_dir, write_run_dir
+    from slimeforge.run.targets import slurm
+    from slimeforge.run.targets.base import ResolvedRun
 
     data = {**SEED_RECIPE, "exp_id": "hostile-exp", "ray_port": port, "ray_dashboard_port": port + 1}
     recipe_path = root / "recipe.yaml"
@@ -88,7 +89,7 @@ def setup(root: Path, port: int) -> dict[str, Path]:
     state.mkdir(parents=True)
     # A head record of this run whose pid is alive (this process) but whose start time is not: a recycled pid.
     (state / "head.json").write_text(json.dumps({"pid": os.getpid(), "start_time": 1, "boot_id": BOOT, "exp_id": "hostile-exp", "run_token": TOKEN}))
-    write_run_dir(slurm.render_run_dir(recipe, stack, slurm_dir, slurm.Options(), str(recipe_path), environ={}))
+    write_run_dir(slurm.SlurmTarget(slurm.Options()).plan(ResolvedRun(recipe, stack, slurm_dir.resolve(), str(recipe_path), {})).rundir)
     (slurm_dir / "run_token").write_text(TOKEN + "\n")
     (slurm_dir / "slurm_job_id").write_text("424242\n")
     (slurm_dir / "slurm_submitted_at").write_text("1795000000.000\n")

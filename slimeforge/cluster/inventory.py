@@ -252,7 +252,7 @@ def check(data: dict[str, Any], base: Path) -> list[Problem]:
 
     script = data.get("install_script")
     if isinstance(script, str) and not _resolve(base, script).is_file():
-        p.append(Problem("install_script", "names no file on this machine", script, "a local script (e.g. the one `invoke install --render` writes); it is sent to each host"))
+        p.append(Problem("install_script", "names no file on this machine", script, "a local script (e.g. the install.sh that `invoke install --dry-run` renders); it is sent to each host"))
     config = ssh.get("config")
     if isinstance(config, str) and not _resolve(base, config).is_file():
         p.append(Problem("ssh.config", "names no file on this machine", config, "an ssh config file, or leave it out to use ~/.ssh/config"))

@@ -8,7 +8,7 @@ import json
 import os
 import shlex
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -90,6 +90,16 @@ def build_run_dir(recipe: Recipe, stack: Stack, out: str | Path, recipe_path: st
     }
     files["plan.json"] = json.dumps(plan, indent=2) + "\n"
     return RunDir(out, args, env, files, plan)
+
+
+def amend_plan(run: RunDir, files: dict[str, str] | None = None, **keys: object) -> RunDir:
+    """The same run directory with more files and plan.json keys (a target's commands, its own
+    files); plan.json is rendered again, and stays last: it marks the directory complete."""
+    plan = {**run.plan, **keys}
+    content = {name: text for name, text in run.files.items() if name != "plan.json"}
+    content.update(files or {})
+    content["plan.json"] = json.dumps(plan, indent=2) + "\n"
+    return replace(run, files=content, plan=plan)
 
 
 def _plan_problem(plan) -> str | None:

@@ -39,6 +39,7 @@ from . import ownership
 from .headstate import HEAD_RECORD, read_head, state_dir
 from .ownership import HeadRecord, Verdict
 from .rundir import read_plan
+from .targets.slurm_checks import fields
 
 JOB_ID_RE = re.compile(r"[1-9]\d{0,11}")
 SUBMISSION_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}-\d{8}-\d{6}-[0-9a-f]{6}")
@@ -202,16 +203,6 @@ def container_check(rec: RunRecord, runner: Runner) -> Verdict:
 
 
 # --- Slurm ----------------------------------------------------------------------------------------------
-
-
-def fields(line: str) -> dict[str, str]:
-    """`scontrol show ... -o` output: Key=Value words (values have no spaces in the keys we read)."""
-    out = {}
-    for word in line.split():
-        key, sep, value = word.partition("=")
-        if sep:
-            out[key] = value
-    return out
 
 
 def job_info(job_id: str, runner: Runner | None = None) -> dict[str, str]:

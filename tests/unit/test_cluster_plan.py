@@ -171,6 +171,8 @@ def test_run_task_resolves_the_cluster_head_and_passes_it_on(tmp_path, monkeypat
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"gcs": "10.0.0.11:6379", "dashboard": "http://10.0.0.11:8265"}))
     seen = {}
-    monkeypatch.setattr(slimeforge.run.launch, "launch", lambda recipe, stack, **kw: seen.update(kw) or 0)
-    tasks.run_start.body(MockContext(), "recipes/gsm8k.yaml", out=str(tmp_path / "run"), cluster=str(EXAMPLE))
-    assert seen["address"] == "http://10.0.0.11:8265"
+    monkeypatch.setattr(slimeforge.run.launch, "apply", lambda target, plan, runner, stream: seen.update(plan=plan) or 0)
+    image = "reg.example/slimeforge@sha256:" + "0123456789abcdef" * 4
+    tasks.run_start.body(MockContext(), "recipes/gsm8k.yaml", out=str(tmp_path / "run"), cluster=str(EXAMPLE), image=image)
+    plan = seen["plan"]
+    assert plan.target == "ray-cluster" and "RAY_ADDRESS=http://10.0.0.11:8265" in plan.commands[0].argv

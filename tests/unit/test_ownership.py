@@ -42,6 +42,8 @@ def test_proc_facts_of_a_real_process_and_of_one_that_ended():
     p = subprocess.Popen(["sleep", "30"])
     try:
         facts = own.proc_facts(p.pid)
+        while facts is not None and not facts.argv:  # between fork and exec the child has no argv yet
+            facts = own.proc_facts(p.pid)
         assert facts is not None and facts.argv == ("sleep", "30") and facts.boot_id == own.boot_id()
         rec = HeadRecord(p.pid, facts.start_time, facts.boot_id, "exp1", TOKEN)
         assert own.head_verdict(rec, own.proc_facts(p.pid), "exp1", TOKEN).state == FOREIGN  # not a Ray head
