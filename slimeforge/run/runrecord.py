@@ -257,8 +257,8 @@ def head_gone(rec: RunRecord) -> bool:
     """A job on our own head on this host ran nowhere else: when that head is proved gone (no
     record, or the recorded process has exited), so is the job. Not for a cluster we did not
     start, nor a head inside a container, nor when the head record is unreadable."""
-    if rec.submission_id is None or rec.attached or rec.container_id is not None:
-        return False
+    if rec.submission_id is None or rec.attached or rec.container_id is not None or "slurm" in rec.plan:
+        return False  # the head was elsewhere: a cluster we did not start, a container, a Slurm allocation
     try:
         head = read_head(state_dir(rec.ray_port))
     except records.RecordError:
