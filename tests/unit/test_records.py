@@ -116,3 +116,31 @@ def test_dev_null_is_never_replaced():
     with pytest.raises(ConfigError, match="not a regular file"):
         atomic.write_output("/dev/null", "x")
     assert os.stat("/dev/null").st_ino == before.st_ino
+
+
+def test_flags_catalog_out_dev_null_is_refused_before_anything_runs(tmp_path):
+    import sys
+
+    from slimeforge.proc import Runner
+    from slimeforge.run.flagcatalog import make_catalog
+
+    (tmp_path / "slime" / "slime").mkdir(parents=True)
+    runner = Runner(dry_run=True)
+    with pytest.raises(ConfigError) as err:
+        make_catalog(sys.executable, tmp_path / "slime", None, "/dev/null", runner=runner)
+    assert any(p.where == "--out" and "not a regular file" in p.message for p in err.value.problems)
+    assert runner.history == []  # refused before the script ran
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ConfigError, match="is a symlink"):
+        make_catalog(sys.executable, tmp_path / "slime", None, tmp_path / "link", runner=runner)
+
+
+def test_publish_record_that_is_a_symlink_or_device_is_refused_in_the_plan(tmp_path):
+    from slimeforge.image import publish as pub
+
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    for record in ("/dev/null", str(tmp_path / "link"), str(tmp_path)):
+        opts = pub.PublishOptions(image="sf-test:1", registry="localhost:5000/sf", record=record)
+        with pytest.raises(ConfigError) as err:
+            pub.plan(opts)
+        assert any(p.where == "--record" for p in err.value.problems), str(err.value)
