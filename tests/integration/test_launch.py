@@ -243,7 +243,8 @@ def test_run_stop_head_stops_a_running_job_and_its_head_and_a_live_run_is_never_
         assert stop.returncode == 0, stop.stdout + stop.stderr
         assert f"stopped: job {sid}: STOPPED" in stop.stdout and f"stopped: Ray head pid {pid}" in stop.stdout
         wait_for(lambda: not pid_alive(pid), 90, "the head to stop")
-        out, _ = proc.communicate(timeout=120)
+        out, _ = proc.communicate(timeout=300)  # launch.sh sees the job stopped (or its head gone) and exits
+        assert proc.returncode != 0, out
 
         again = subprocess.run([sys.executable, "-m", "invoke", "run.stop", str(run_dir), "--head"], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert again.returncode == 0 and "ended: job" in again.stdout and "ended: no Ray head is recorded" in again.stdout, again.stdout
