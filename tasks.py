@@ -103,7 +103,7 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
 
 def _cluster_jobs_api(inventory):
     """The Jobs API of the cluster `cluster.up` brought up from this inventory."""
-    from slimeforge.cluster.raycluster import address
+    from slimeforge.cluster.record import address
 
     return address(inventory).dashboard
 
@@ -478,22 +478,13 @@ def cluster_up(c, inventory, dry_run=False, nccl_check=False):
 @clean_errors
 def cluster_status(c, inventory, as_json=False):
     """Show each host of a cluster: our Ray process, its node, GPUs (Ray / nvidia-smi), Python and Ray versions."""
-    from slimeforge.cluster import raycluster as cluster
+    from slimeforge.cluster.statustable import print_table, status
 
-    rows = cluster.status(inventory)
+    rows = status(inventory)
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"cluster {inventory}", title_justify="left")
-    columns = ["host", "role", "address", "node_ip", "ray_process", "node", "gpus_ray", "gpus_seen", "python", "ray", "error"]
-    for col in columns:
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*("" if row.get(col) is None else str(row[col]) for col in columns))
-    Console().print(table)
+    print_table(f"cluster {inventory}", rows)
 
 
 @task(positional=["inventory"], help={"inventory": "cluster inventory YAML"})

@@ -9,7 +9,7 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -20,7 +20,7 @@ LOCK_NAME = ".slimeforge.lock"
 LOCK_WAIT_S = 120.0  # a render takes well under a second; a writer stuck longer is reported
 
 
-def write_dir(target: Path, files: dict[str, str | bytes], modes: dict[str, int] | None = None, last: str | None = None) -> None:
+def write_dir(target: Path, files: Mapping[str, str | bytes], modes: dict[str, int] | None = None, last: str | None = None) -> None:
     """Create `target` with `files`, or replace those files in an existing `target`.
 
     A new directory is assembled beside the target and renamed into place in one step. In an
@@ -41,7 +41,7 @@ def write_dir(target: Path, files: dict[str, str | bytes], modes: dict[str, int]
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return
-    order = [n for n in files if n != last] + ([last] if last in files else [])
+    order = [n for n in files if n != last] + ([last] if last is not None and last in files else [])
     staged: list[tuple[str, Path]] = []
     try:
         for name in order:
@@ -116,7 +116,7 @@ def _write(path: Path, content: str | bytes, mode: int | None) -> None:
 # --- files written for the user (--out, --record) ------------------------------------------------
 
 
-def output_problem(path: str | os.PathLike, follow_symlinks: bool = False) -> str | None:
+def output_problem(path: str | os.PathLike[str], follow_symlinks: bool = False) -> str | None:
     """Why `path` may not be (re)written as an output file, or None.
 
     Accepted: a new name in an existing directory, or an existing regular file. A symlink is
@@ -152,7 +152,7 @@ def output_problem(path: str | os.PathLike, follow_symlinks: bool = False) -> st
     return None
 
 
-def write_output(path: str | os.PathLike, content: str | bytes, *, where: str = "--out", follow_symlinks: bool = False,
+def write_output(path: str | os.PathLike[str], content: str | bytes, *, where: str = "--out", follow_symlinks: bool = False,
                  mode: int | None = None) -> Path:
     """Write a file the user named: judged by `output_problem` first, then written under a temporary
     name in the same directory and renamed over the old one (old content or new, never a mix).

@@ -32,7 +32,7 @@ MAX_JSON_RECORD = 4 << 20  # a plan.json, a build report, a cluster state
 class RecordError(ConfigError):
     """A record file exists but is not what slimeforge wrote there."""
 
-    def __init__(self, path: Path | str, what: str, message: str, accepted: str, value: object = None):
+    def __init__(self, path: str | os.PathLike[str], what: str, message: str, accepted: str, value: object = None):
         self.path = str(path)
         super().__init__(str(path), [Problem(what, message, value, accepted, show_value=value is not None)])
 
@@ -45,7 +45,7 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def read_bytes(path: str | os.PathLike, what: str, accepted: str, *, max_bytes: int, follow_symlinks: bool = False) -> bytes | None:
+def read_bytes(path: str | os.PathLike[str], what: str, accepted: str, *, max_bytes: int, follow_symlinks: bool = False) -> bytes | None:
     """The bytes of the regular file at `path` (at most `max_bytes`), or None if nothing is there."""
     path = Path(path)
     try:
@@ -85,14 +85,14 @@ def read_bytes(path: str | os.PathLike, what: str, accepted: str, *, max_bytes: 
     return data
 
 
-def decode(path: Path | str, what: str, accepted: str, data: bytes) -> str:
+def decode(path: str | os.PathLike[str], what: str, accepted: str, data: bytes) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RecordError(path, what, f"is not UTF-8 text (byte {exc.start})", accepted) from None
 
 
-def read_text(path: str | os.PathLike, what: str, pattern: re.Pattern[str], accepted: str, *, max_bytes: int = MAX_LINE_RECORD,
+def read_text(path: str | os.PathLike[str], what: str, pattern: re.Pattern[str], accepted: str, *, max_bytes: int = MAX_LINE_RECORD,
               follow_symlinks: bool = False) -> str | None:
     """A one-value record: its text without the final newline, matching `pattern` in full."""
     data = read_bytes(path, what, accepted, max_bytes=max_bytes, follow_symlinks=follow_symlinks)
@@ -105,7 +105,7 @@ def read_text(path: str | os.PathLike, what: str, pattern: re.Pattern[str], acce
     return value
 
 
-def read_json(path: str | os.PathLike, what: str, accepted: str, check: Callable[[Any], str | None] | None = None, *,
+def read_json(path: str | os.PathLike[str], what: str, accepted: str, check: Callable[[Any], str | None] | None = None, *,
               max_bytes: int = MAX_JSON_RECORD, follow_symlinks: bool = False) -> Any:
     """A JSON record, parsed, then held to `check` (returns why the document is refused, or None)."""
     data = read_bytes(path, what, accepted, max_bytes=max_bytes, follow_symlinks=follow_symlinks)

@@ -146,10 +146,6 @@ class Inventory:
     def head(self) -> Host:
         return next(h for h in self.hosts if h.is_head)
 
-    @property
-    def workers(self) -> tuple[Host, ...]:
-        return tuple(h for h in self.hosts if not h.is_head)
-
     def host(self, name: str) -> Host:
         return next(h for h in self.hosts if h.name == name)
 
@@ -160,12 +156,15 @@ def default_temp_dir(cluster: str, host: str) -> str:
     return "/tmp/sfr-" + hashlib.sha256(f"{cluster}\0{host}".encode()).hexdigest()[:8]
 
 
-def _resolve(base: Path, value: str | None) -> Path | None:
+def _resolve(base: Path, value: str) -> Path:
     """A local file named in the inventory: `~` expanded, relative to the inventory's directory."""
-    if value is None:
-        return None
     p = Path(value).expanduser()
     return p if p.is_absolute() else base / p
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    """A section of the raw inventory, or {} when it is missing or not a mapping (pydantic says so)."""
+    return value if isinstance(value, dict) else {}
 
 
 def check(data: dict[str, Any], base: Path) -> list[Problem]:
@@ -177,7 +176,7 @@ def check(data: dict[str, Any], base: Path) -> list[Problem]:
         return [Problem("hosts", "must list at least one host", hosts, "a list of {name, address, role, gpus}")]
     hosts = [h if isinstance(h, dict) else {} for h in hosts]
     mode = data.get("mode")
-    ssh = data.get("ssh") if isinstance(data.get("ssh"), dict) else {}
+    ssh = _mapping(data.get("ssh"))
 
     heads = [str(h.get("name", f"#{i}")) for i, h in enumerate(hosts) if h.get("role") == "head"]
     if len(heads) != 1:
@@ -258,7 +257,7 @@ def check(data: dict[str, Any], base: Path) -> list[Problem]:
         p.append(Problem("ssh.config", "names no file on this machine", config, "an ssh config file, or leave it out to use ~/.ssh/config"))
     p += ssh_problems(ssh)
 
-    ray = data.get("ray") if isinstance(data.get("ray"), dict) else {}
+    ray = _mapping(data.get("ray"))
     for env_key in ray["env"] if isinstance(ray.get("env"), dict) else {}:
         if not ENV_NAME_RE.fullmatch(str(env_key)):
             p.append(Problem("ray.env", "is not an environment variable name", env_key, "letters, digits and '_', not starting with a digit"))
@@ -302,8 +301,8 @@ JUMP_RE = re.compile(r"(?:[A-Za-z_][A-Za-z0-9_.-]{0,31}@)?[A-Za-z0-9_][A-Za-z0-9
 def ssh_problems(ssh: dict) -> list[Problem]:
     """ssh.options names no option that runs commands; proxy_jump is a host list; proxy_command is one line."""
     p = []
-    options = ssh.get("options") if isinstance(ssh.get("options"), dict) else {}
-    for key, value in options.items():
+    options = ssh.get("options")
+    for key, value in (options if isinstance(options, dict) else {}).items():
         if not re.fullmatch(r"[A-Za-z0-9]{1,64}", str(key)):
             p.append(Problem("ssh.options", "is not an ssh option name", key, "e.g. StrictHostKeyChecking, ServerAliveInterval"))
         elif (hint := SSH_EXEC_OPTIONS.get(str(key).lower())) is not None:
@@ -333,7 +332,7 @@ def load_inventory(path: str | Path) -> Inventory:
     name = spec.name or path.stem.replace("_", "-")
     if not NAME_RE.fullmatch(name):
         raise ConfigError(str(path), [Problem("name", "the file name is not a usable cluster name: set name:", name, "letters, digits, '.', '_', '-'")])
-    ssh_config = _resolve(base, spec.ssh.config)
+    ssh_config = _resolve(base, spec.ssh.config) if spec.ssh.config is not None else None
     options = SSHOptions(config_file=str(ssh_config) if ssh_config else None, connect_timeout=spec.ssh.connect_timeout, extra=dict(spec.ssh.options),
                          proxy_jump=spec.ssh.proxy_jump, proxy_command=spec.ssh.proxy_command)
     hosts = []
@@ -372,7 +371,7 @@ def load_inventory(path: str | Path) -> Inventory:
         name=name,
         mode=spec.mode,
         image=spec.image,
-        install_script=_resolve(base, spec.install_script),
+        install_script=_resolve(base, spec.install_script) if spec.install_script is not None else None,
         ssh_options=options,
         ray=spec.ray,
         container=spec.container,

@@ -230,8 +230,7 @@ def prepare(opts: BuildOptions) -> Prepared:
         problems.extend(exc.problems)
     if opts.out is not None and (why := dir_problem(Path(opts.out))):
         problems.append(Problem("--out", why, str(opts.out), "a build directory (new, or one `invoke build` wrote)"))
-    ca_given = opts.ca_bundle is not None and opts.ca_bundle != ""
-    if ca_given and not Path(opts.ca_bundle).is_file():
+    if opts.ca_bundle and not Path(opts.ca_bundle).is_file():
         problems.append(Problem("--ca-bundle", "is not a file", opts.ca_bundle, "a PEM file of CA certificates"))
     if opts.repository and not re.fullmatch(r"[a-z0-9]+(?:[._/-][a-z0-9]+)*(?::[0-9]+/[a-z0-9._/-]+)?", opts.repository):
         problems.append(Problem("--repository", "is not a repository name", opts.repository, "e.g. slimeforge/cu13"))

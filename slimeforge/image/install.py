@@ -72,7 +72,7 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
     steps.append({"name": FINALIZE_STEP, "env": {}, "commands": [finalize_argv(stack, layout, f"{layout.state}/stack.input.json",
                                                                              paths.Prefix.at(prefix).lock, paths.Prefix.at(prefix).flags)]})
     for step in steps:
-        inputs = {"step": step, "patches": {f: patch_sha[f] for f in sorted(patch_sha) if any(f in " ".join(c) for c in step["commands"])}}
+        inputs: dict[str, object] = {"step": step, "patches": {f: patch_sha[f] for f in sorted(patch_sha) if any(f in " ".join(c) for c in step["commands"])}}
         # A changed slice of the lock re-does its step (and, through the chain, every later one).
         own = LOCK_ALL if step["name"] == FINALIZE_STEP else lock_file(step["name"])
         if own in slices:
@@ -164,7 +164,9 @@ def install(opts: InstallOptions) -> Path:
         raise ConfigError("invoke install", problems)
     prefix = str(Path(opts.prefix).absolute())
     cache = paths.sources_cache(opts.build_root)
-    store, keys, base_id = {}, {}, None
+    store: dict[str, tuple[str, str]] = {}
+    keys: dict[str, str] = {}
+    base_id: str | None = None
     if opts.use_store and any(s.compiles for s in stack.steps):
         pylock, patches = checked_lock(stack), read_patches(stack, local, cache)
         opts.echo("compiled steps:")

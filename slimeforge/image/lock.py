@@ -171,6 +171,7 @@ def inputs(stack: Stack) -> Inputs:
             # uv has no "never this dependency": an override with a marker that is never true drops it.
             overrides += [f"{p} ; sys_platform == 'never'" for p in step.exclude or ()]
         elif step.kind == "source":
+            assert step.source is not None  # a source step names its source (Stack.plan)
             names = [*(step.requirements or ()), *stack.lock.source_requirements.get(step.source, [])]
         else:
             continue  # apt, and the router wheel (a URL outside any index: its sha256 is recorded apart)

@@ -445,9 +445,9 @@ class Stack(Model):
         if self.patches:
             if self.patches.from_source not in self.sources:
                 out.append(Problem("patches.from_source", "is not in sources", self.patches.from_source, ", ".join(sorted(self.sources))))
-            for p in self.patches.files:
-                if p.target != "site-packages" and p.target not in self.sources:
-                    out.append(Problem(f"patches.files ({p.file}).target", "is neither site-packages nor a source", p.target))
+            for pf in self.patches.files:
+                if pf.target != "site-packages" and pf.target not in self.sources:
+                    out.append(Problem(f"patches.files ({pf.file}).target", "is neither site-packages nor a source", pf.target))
         return out
 
 

@@ -152,6 +152,7 @@ def lock_files(stack: Stack, lock: LockFile, layout: Layout) -> dict[str, str]:
     for step in stack.plan:
         name = step.name
         if step.kind == "wheel_url":
+            assert step.requirements  # a wheel_url step has its one requirement (Stack.plan)
             out[lock_file(name)] = router_requirement(lock, step.requirements[0])
         elif step.kind in ("pip", "source"):
             out[lock_file(name)] = step_requirements(lock, name, by_name=name in layout.wheel_dirs)
@@ -180,13 +181,14 @@ def step_commands(stack: Stack, layout: Layout, base: str | None = None, store: 
         patch_files = [p.file for p in step.patches]
         if kind == "apt":
             extra = stack.interpreter_packages() if name in with_python else []
-            argv = ["apt_install", *dict.fromkeys([*extra, *step.packages])]
+            argv = ["apt_install", *dict.fromkeys([*extra, *(step.packages or ())])]
         elif kind in ("pip", "wheel_url"):
             argv = ["pip_step", "--venv", layout.venv, "--step", name, "--lock", f"{layout.lock_dir}/{lock_file(name)}"]
             if name in layout.wheel_dirs:
                 argv += ["--find-links", layout.wheel_dirs[name]]
         else:
             src = step.source
+            assert src is not None and step.git is not None and step.commit is not None  # a source step has them (Stack.plan)
             argv = ["source_step", "--venv", layout.venv, "--step", name, "--name", src, "--url", layout.source_urls.get(src, step.git),
                     "--commit", step.commit, "--dest", layout.source_dir(stack, src), "--lock", f"{layout.lock_dir}/{lock_file(name)}"]
             for p in step.patches:

@@ -360,7 +360,7 @@ def listing(stack, root: Path | None = None, registry: str | None = None, creden
     for step, info in needed(stack).items():
         entry = lookup(info["key"], root) if info["storable"] else None
         where = [str(entry.dir)] if entry else []
-        if api is not None and info["storable"]:
+        if api is not None and registry and info["storable"]:
             ref = remote_ref(registry, info["key"])
             if api.manifest(ref.repository, info["key"]) is not None:
                 where.append(str(ref))

@@ -29,6 +29,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ..proc import pid_alive
+
 OURS, ENDED, FOREIGN = "ours", "ended", "foreign"
 RUN_TOKEN_RE = re.compile(r"[0-9a-f]{32}")
 BOOT_ID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -101,7 +103,10 @@ def boot_id() -> str:
 
 
 def proc_facts(pid: int) -> ProcFacts | None:
-    """The pid's start time, state and argv from /proc; None when no such process runs."""
+    """The pid's start time, state and argv from /proc; None when no such process runs (a zombie
+    counts as gone, as proc.pid_alive says)."""
+    if not pid_alive(pid):
+        return None
     try:
         stat_text = Path(f"/proc/{pid}/stat").read_text()
         argv = tuple(a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a)

@@ -7,6 +7,7 @@ reported together, each naming the field, the value and what is accepted.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -359,7 +360,7 @@ def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
     return parse_set(items, typed=set_value)
 
 
-def load_recipe_data(path: str | Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def load_recipe_data(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(str(path), [Problem("recipe", "names no file", str(path), "a path such as recipes/gsm8k.yaml")])

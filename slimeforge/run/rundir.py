@@ -45,7 +45,7 @@ def wandb_enabled(recipe: Recipe, environ: dict[str, str]) -> bool:
     return bool(recipe.wandb_project and environ.get("WANDB_API_KEY"))
 
 
-def build_run_dir(recipe: Recipe, stack: Stack, out: str | Path, recipe_path: str = "(api)", environ: dict[str, str] | None = None) -> RunDir:
+def build_run_dir(recipe: Recipe, stack: Stack, out: str | os.PathLike[str], recipe_path: str = "(api)", environ: dict[str, str] | None = None) -> RunDir:
     """Compute every file's content (nothing is written here)."""
     environ = dict(os.environ if environ is None else environ)
     out = Path(out).resolve()
@@ -114,7 +114,7 @@ def _plan_problem(plan) -> str | None:
     return None
 
 
-def read_plan(run_dir: str | Path) -> dict | None:
+def read_plan(run_dir: str | os.PathLike[str]) -> dict | None:
     """A run directory's plan.json, checked to be slimeforge's (through the one reader: a FIFO, a
     device, a symlink or a huge file is refused, never read); None when there is none."""
     return records.read_json(Path(run_dir) / "plan.json", "plan.json", _PLAN_ACCEPTED, _plan_problem, max_bytes=MAX_PLAN_BYTES)
@@ -172,7 +172,3 @@ def write_run_dir(run: RunDir) -> None:
     except OSError as exc:
         raise ConfigError(str(run.path), [Problem("--out", f"cannot be written: {exc.strerror}", str(run.path), "a directory you may write to")]) from None
 
-
-def read_args(path: str | Path) -> list[str]:
-    """slime.args back into an argv list, byte for byte (values with newlines span quoted lines)."""
-    return shlex.split(Path(path).read_text())

@@ -45,7 +45,6 @@ JOB_ID_RE = re.compile(r"[1-9]\d{0,11}")
 SUBMISSION_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}-\d{8}-\d{6}-[0-9a-f]{6}")
 ADDRESS_RE = re.compile(r"https?://[A-Za-z0-9_.%\[\]:-]{1,253}:\d{1,5}/?")
 SUBMITTED_AT_RE = re.compile(r"\d{1,12}(?:\.\d{1,6})?")
-PID_RE = re.compile(r"[1-9]\d{0,9}")
 # The records of one launch; kept under history/<n>/ when the directory is rendered again.
 LAUNCH_RECORDS = ("run_token", "submission_id", "ray_address", "container.id", "slurm_job_id", "slurm_submitted_at")
 HISTORY = "history"
@@ -99,7 +98,7 @@ def read_record(run_dir: Path, name: str) -> str | None:
     return records.read_text(run_dir / name, name, pattern, accepted)
 
 
-def read_run(run_dir: str | os.PathLike) -> RunRecord:
+def read_run(run_dir: str | os.PathLike[str]) -> RunRecord:
     """Every record of a rendered run directory, validated; RecordError names the first bad one."""
     run_dir = Path(run_dir)
     plan = read_plan(run_dir)
@@ -266,7 +265,7 @@ def head_gone(rec: RunRecord) -> bool:
     return head is None or not ownership.head_alive(head, ownership.proc_facts(head.pid))
 
 
-def guard_render(out: str | os.PathLike, runner: Runner | None = None) -> int | None:
+def guard_render(out: str | os.PathLike[str], runner: Runner | None = None) -> int | None:
     """Before a render (dry run or launch) into `out`: refuse when the job recorded there still runs
     or its state cannot be learned; when it has ended, move its records to history/<n>/ (and copy
     the rendered files beside them) so nothing about a past job is lost. Returns n, or None."""

@@ -19,7 +19,9 @@ from launch_support import (
     fake_nvidia_smi,
     head_extra_args,
     make_recipe,
+    read_args,
     short_tmp,
+    stop_recorded_head,
     wait_for,
     write_catalog,
 )
@@ -31,7 +33,6 @@ from slimeforge.run.headstate import state_dir
 from slimeforge.run.modelscript import eval_model_script, model_script
 from slimeforge.run.preflight.versions import local_versions
 from slimeforge.run.recipe import parse_recipe
-from slimeforge.run.rundir import read_args
 from slimeforge.run.targets import jobs
 from slimeforge.run.targets.base import ResolvedRun
 from slimeforge.run.targets.local import ContainerTarget
@@ -320,7 +321,7 @@ def test_launch_sh_runs_for_real(env):
         assert pid_alive(head_pid(sdir))
         assert (run.path / "run_token").read_text().strip() == json.loads((sdir / "head.json").read_text())["run_token"]
     finally:
-        jobs.stop_recorded_head(sdir, say=lambda _: None)
+        stop_recorded_head(sdir, say=lambda _: None)
         subprocess.run(["rm", "-rf", str(temp)], check=False)
 
 

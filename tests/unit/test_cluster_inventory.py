@@ -27,7 +27,7 @@ def problems(exc: ConfigError) -> dict[str, str]:
 def test_example_inventory_is_valid():
     inv = load_inventory(ROOT / "recipes" / "clusters" / "example.yaml")
     assert inv.name == "example" and inv.mode == "container"
-    assert inv.head.name == "gpu-a" and [h.name for h in inv.workers] == ["gpu-b"]
+    assert inv.head.name == "gpu-a" and [h.name for h in inv.hosts if not h.is_head] == ["gpu-b"]
     assert all(h.image == inv.image and h.image.endswith(inv.image.rsplit("@", 1)[1]) for h in inv.hosts)
     assert inv.head.ssh.user == "ubuntu" and inv.head.ssh.port is None  # left to ~/.ssh/config
 

@@ -12,14 +12,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from launch_support import fake_nvidia_smi, make_recipe, write_catalog
+from launch_support import fake_nvidia_smi, make_recipe, stop_recorded_head, write_catalog
 
 from slimeforge.errors import ConfigError
 from slimeforge.proc import Runner, pid_alive
 from slimeforge.run import launch as launcher
 from slimeforge.run.recipe import parse_recipe
 from slimeforge.run.resolve import resolve_mode
-from slimeforge.run.targets import jobs, local
+from slimeforge.run.targets import local
 from slimeforge.run.targets.base import Command, ResolvedRun
 
 IMAGE = "registry.example:5000/slimeforge@sha256:" + "a" * 64
@@ -194,7 +194,7 @@ def test_the_head_deadline_is_one_value_and_a_silent_head_fails_by_it(gpu_host):
     assert "the Ray head did not answer within 2 s" in out.getvalue()
     assert elapsed < HEAD_TIMEOUT_S / 2  # the passed deadline, not the default, governed the wait
     pid = json.loads((gpu_host / "state" / f"ray-{recipe.ray_port}" / "head.json").read_text())["pid"]
-    assert jobs.stop_recorded_head(gpu_host / "state" / f"ray-{recipe.ray_port}", say=lambda _: None, timeout=10) == pid
+    assert stop_recorded_head(gpu_host / "state" / f"ray-{recipe.ray_port}", say=lambda _: None, timeout=10) == pid
     assert not pid_alive(pid)
 
 

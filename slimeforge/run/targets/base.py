@@ -91,7 +91,10 @@ class LaunchPlan:
     commands: tuple[Command, ...]  # run in order; the last one's exit code is the launch's
     mounts: tuple[Mount, ...] = ()
     notes: tuple[str, ...] = ()  # what the reader of a dry run should know (placeholders, ...)
-    details: dict[str, Any] = field(default_factory=dict)  # target-specific values apply() needs
+    container: str | None = None  # the name of the container the commands start (recorded id: <run dir>/container.id)
+    # This launch's identity (32 hex digits), carried by everything it starts: the head record, the
+    # Ray job's metadata, the container's labels, the Slurm job's comment; kept in <run dir>/run_token.
+    run_token: str | None = None
 
 
 def describe(plan: LaunchPlan) -> list[str]:

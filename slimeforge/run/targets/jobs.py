@@ -21,28 +21,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from ...errors import ConfigError, Problem, SlimeforgeError
-from ...proc import Runner, pid_alive
+from ...proc import Runner
 from ...records import RecordError
 from .. import ownership
-from ..headstate import HEAD_RECORD, recorded_head, state_dir
+from ..headstate import HEAD_RECORD, state_dir
 from ..runrecord import RunRecord, Unreachable, container_check, head_check, head_gone, jobs_api, ray_job, ray_job_check, read_run
-from .base import RunStatus, Say
+from .base import RunStatus
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
-
-
-def stop_recorded_head(sdir: Path, say: Say = print, timeout: float = 60) -> int | None:
-    """SIGTERM the head an earlier launch recorded in `sdir` if that very process (pid, start time,
-    boot id) still runs, as launch.sh does before starting its own; nothing else."""
-    pid = recorded_head(sdir)
-    if pid:
-        say(f"[slimeforge] stopping the Ray head of an earlier launch (pid {pid})")
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and pid_alive(pid):
-            time.sleep(0.2)
-    (sdir / HEAD_RECORD).unlink(missing_ok=True)
-    return pid
 
 
 def follow(client: Any, submission_id: str, log_path: Path, stream: IO[str]) -> None:
@@ -82,7 +68,7 @@ class StopReport:
         return 0
 
 
-def recorded(run_dir: str | os.PathLike) -> RunRecord:
+def recorded(run_dir: str | os.PathLike[str]) -> RunRecord:
     """What a launch recorded in a run directory (by the target or launch.sh), validated."""
     return read_run(run_dir)
 
@@ -107,7 +93,7 @@ def _proved_job(rec: RunRecord) -> tuple[dict | None, ownership.Verdict]:
     return job, verdict
 
 
-def status_data(run_dir: str | os.PathLike) -> dict[str, Any]:
+def status_data(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     rec = read_run(run_dir)
     job, verdict = _proved_job(rec)
     head = None
@@ -125,7 +111,7 @@ def status_data(run_dir: str | os.PathLike) -> dict[str, Any]:
             "end_time": job.get("end_time"), "head_pid": head}
 
 
-def status(run_dir: str | os.PathLike) -> RunStatus:
+def status(run_dir: str | os.PathLike[str]) -> RunStatus:
     st = status_data(run_dir)
     head = ("a cluster slimeforge did not start (no head of ours)" if st["attached"]
             else f"Ray head pid {st['head_pid']} (started by slimeforge for this run)" if st["head_pid"]
@@ -135,7 +121,7 @@ def status(run_dir: str | os.PathLike) -> RunStatus:
     return RunStatus(lines, st)
 
 
-def logs(run_dir: str | os.PathLike, follow_logs: bool = False, stream: IO[str] | None = None) -> None:
+def logs(run_dir: str | os.PathLike[str], follow_logs: bool = False, stream: IO[str] | None = None) -> None:
     stream = stream or sys.stdout
     rec = read_run(run_dir)
     job, verdict = _proved_job(rec)
@@ -144,7 +130,7 @@ def logs(run_dir: str | os.PathLike, follow_logs: bool = False, stream: IO[str] 
     if follow_logs:
         from ray.job_submission import JobSubmissionClient
 
-        follow(JobSubmissionClient(rec.address), rec.submission_id, rec.run_dir / "job.log", stream)
+        follow(JobSubmissionClient(rec.address), _launched(rec), rec.run_dir / "job.log", stream)
         return
     doc = jobs_api(rec.address, "GET", f"/api/jobs/{rec.submission_id}/logs", timeout=60)
     stream.write(doc.get("logs", "") if isinstance(doc, dict) else "")
@@ -162,7 +148,7 @@ def _wait_ended(rec: RunRecord, timeout: float = 120) -> str:
     return status
 
 
-def stop(run_dir: str | os.PathLike, head: bool = False, say=print, runner: Runner | None = None, docker: str = "docker") -> int:
+def stop(run_dir: str | os.PathLike[str], head: bool = False, say=print, runner: Runner | None = None, docker: str = "docker") -> int:
     """Stop the recorded job; with `head`, also the Ray head slimeforge started for this run and the
     container it started for it. Each is first proved to be this run's (ownership.py); anything
     else is refused with what was found. Returns the exit code (StopReport.code)."""

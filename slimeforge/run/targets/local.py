@@ -103,7 +103,7 @@ class HostTarget(LocalTarget):
         token = secrets.token_hex(16)  # this launch's identity: launch.sh puts it in the head record and the job's metadata
         set_env["SLIMEFORGE_RUN_TOKEN"] = token
         cmd = Command(("bash", str(rundir.path / "launch.sh")), "launch.sh", tuple(set_env.items()), unset)
-        return LaunchPlan(self.name, run, amend_plan(rundir, target=self.name, commands=[list(cmd.argv)]), (cmd,), details={"run_token": token})
+        return LaunchPlan(self.name, run, amend_plan(rundir, target=self.name, commands=[list(cmd.argv)]), (cmd,), run_token=token)
 
     def apply(self, plan: LaunchPlan, runner: Runner, say: Say, stream: IO[str]) -> int:
         self.preflight(plan, runner, say)
@@ -119,7 +119,8 @@ def write_launch_records(plan: LaunchPlan, runner: Runner) -> None:
         guard_render(plan.rundir.path, runner)
     write_run_dir(plan.rundir)
     if not runner.dry_run:
-        write_run_token(plan.rundir.path, plan.details["run_token"])
+        assert plan.run_token is not None, "a launch plan of a local target carries its run token"
+        write_run_token(plan.rundir.path, plan.run_token)
 
 
 def launch_env(environ: dict[str, str], sdir: Path, python: str, ray: str, address: str | None, head_args: list[str] | None,
@@ -159,8 +160,8 @@ class ContainerTarget(LocalTarget):
         argv = self.docker_argv(run, name=name, cidfile=rundir.path / "container.id", run_token=token)
         notes = () if run.recipe.image else (f"no image yet: {self.IMAGE_PLACEHOLDER} stands for --image or the recipe's image:",)
         cmd = Command(tuple(argv), "docker run")
-        return LaunchPlan(self.name, run, amend_plan(rundir, target=self.name, commands=[argv]), (cmd,), self.mounts(run), notes,
-                          {"name": name, "cidfile": str(rundir.path / "container.id"), "run_token": token})
+        return LaunchPlan(self.name, run, amend_plan(rundir, target=self.name, commands=[argv]), (cmd,), self.mounts(run), notes, name,
+                          run_token=token)
 
     def docker_argv(self, run: ResolvedRun, *, name: str, cidfile: Path, run_token: str | None = None) -> list[str]:
         """`docker run` of the image with launch.sh inside.
@@ -199,7 +200,7 @@ class ContainerTarget(LocalTarget):
                                                  show_value=False)])
         self.preflight(plan, runner, say)
         write_launch_records(plan, runner)
-        cidfile, name = Path(plan.details["cidfile"]), plan.details["name"]
+        cidfile, name = plan.rundir.path / "container.id", plan.container or ""
         cidfile.unlink(missing_ok=True)  # docker refuses to overwrite an old one
         Path(plan.run.recipe.resolved_checkpoint_dir).mkdir(parents=True, exist_ok=True)  # else docker creates it as root
         (cmd,) = plan.commands
@@ -208,7 +209,7 @@ class ContainerTarget(LocalTarget):
             return 0
         stopping = threading.Event()
 
-        def on_signal(signum: int, frame: Any) -> None:
+        def on_signal(_signum: int, _frame: Any) -> None:
             # Stop only our container (its id was recorded); docker forwards SIGTERM to launch.sh,
             # whose trap stops the job first.
             if stopping.is_set():
@@ -251,7 +252,7 @@ class RayClusterTarget(Target):
     def plan(self, run: ResolvedRun) -> LaunchPlan:
         p = self.via.plan(run)
         notes = (*p.notes, f"the job goes to the Ray cluster {self.cluster} (Jobs API {self.via.address}); no head is started here")
-        return LaunchPlan(self.name, run, amend_plan(p.rundir, target=self.name), p.commands, p.mounts, notes, p.details)
+        return LaunchPlan(self.name, run, amend_plan(p.rundir, target=self.name), p.commands, p.mounts, notes, p.container, p.run_token)
 
     def preflight(self, plan: LaunchPlan, runner: Runner, say: Say) -> None:
         self.via.preflight(plan, runner, say)

@@ -50,7 +50,6 @@ MAX_NODES = 4096
 RAY_AGENT_PORT = 52365  # the dashboard agent's port, fixed (as cluster.up) so the checks can test it
 START_TIMEOUT_S = 300
 ENDED = ownership.SLURM_ENDED
-RUN_FILES = ("slurm.sbatch", "node_agent.py")
 
 
 @dataclass(frozen=True)
@@ -204,7 +203,7 @@ class SlurmTarget(Target):
                             slurm={"partition": opts.partition, "account": opts.account, "time": opts.time, "nodes": opts.nodes or recipe.num_nodes})
         # sbatch hands its environment to the job (--export=ALL, Slurm's default): launch.sh reads the token there.
         cmd = Command(tuple(argv), "sbatch", (("SLIMEFORGE_RUN_TOKEN", token),))
-        return LaunchPlan(self.name, run, rundir, (cmd,), mounts, details={"run_token": token})
+        return LaunchPlan(self.name, run, rundir, (cmd,), mounts, run_token=token)
 
     def preflight(self, plan: LaunchPlan, runner: Runner, say: Say) -> None:
         from .. import preflight as doctor
@@ -227,7 +226,8 @@ class SlurmTarget(Target):
         write_run_dir(plan.rundir)
         Path(plan.run.recipe.resolved_checkpoint_dir).mkdir(parents=True, exist_ok=True)
         run_dir = plan.rundir.path
-        job_id = submit(run_dir, plan.commands[0], runner, plan.details["run_token"])
+        assert plan.run_token is not None, "a Slurm plan carries its run token"
+        job_id = submit(run_dir, plan.commands[0], runner, plan.run_token)
         if runner.dry_run:
             return 0
         say(f"[slimeforge] submitted Slurm job {job_id} ({job_name(plan.run.recipe)}); output {run_dir / f'slurm-{job_id}.out'}")
@@ -283,10 +283,6 @@ def is_slurm_run(run_dir: str | os.PathLike) -> bool:
     except ConfigError:
         return False
     return plan is not None and "slurm" in plan and (Path(run_dir) / "slurm_job_id").is_file()
-
-
-def recorded_job(run_dir: str | os.PathLike) -> str | None:
-    return read_run(run_dir).slurm_job_id
 
 
 def exit_code(info: dict[str, str]) -> int:

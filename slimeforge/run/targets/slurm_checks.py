@@ -17,9 +17,12 @@ from ..recipe import Recipe
 class SlurmAsk(Protocol):
     """What the checks read of the options (targets/slurm.py's Options)."""
 
-    partition: str | None
-    time: str | None
-    nodes: int | None
+    @property
+    def partition(self) -> str | None: ...
+    @property
+    def time(self) -> str | None: ...
+    @property
+    def nodes(self) -> int | None: ...
 
 
 def seconds(limit: str) -> int | None:
@@ -29,7 +32,9 @@ def seconds(limit: str) -> int | None:
     m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", limit)
     if not m:
         raise SlimeforgeError(f"cannot read Slurm time limit {limit!r}")
-    days, a, b, c = (int(x) if x else None for x in m.groups())
+    d, a_, b_, c_ = m.groups()
+    days, a = (int(d) if d else None), int(a_)
+    b, c = (int(b_) if b_ else None), (int(c_) if c_ else None)
     if b is None:  # minutes, or days-hours
         return (days or 0) * 86400 + (a * 3600 if days is not None else a * 60)
     if c is None:  # MM:SS, or days-HH:MM
@@ -108,7 +113,8 @@ def cluster_findings(recipe: Recipe, opts: SlurmAsk, runner: Runner) -> list[doc
             found.append(F("slurm-container", doctor.ERROR, "container mode needs the pyxis plugin, but `srun --help` has no --container-image",
                            "--mode host with an install prefix on the shared filesystem, or ask the admins for pyxis/enroot"))
     limit = seconds(part.get("MaxTime", "UNLIMITED"))
-    if opts.time is not None and limit is not None and seconds(opts.time) > limit:
+    asked = seconds(opts.time) if opts.time is not None else None
+    if opts.time is not None and limit is not None and asked is not None and asked > limit:
         found.append(F("slurm-time", doctor.ERROR, f"--time {opts.time} is over partition {partition}'s MaxTime {part['MaxTime']}", f"--time {part['MaxTime']} or less"))
     elif opts.time is not None:
         found.append(F("slurm-time", doctor.OK, f"--time {opts.time} within MaxTime {part.get('MaxTime')}"))
