@@ -73,3 +73,18 @@ def test_proxy_command_is_explicit_and_shown_by_the_dry_run(tmp_path):
     assert any(f"ProxyCommand={command}" in line for line in lines)  # the ssh argv of each host, as it will run
     with pytest.raises(ConfigError, match="ssh.proxy_command"):
         load_inventory(inventory(tmp_path, {"proxy_command": "x\ny"}))
+
+
+@pytest.mark.parametrize("make", [lambda p: p.write_bytes(b"\xff\xfe"), lambda p: p.write_text('{"gcs": "x; rm -rf /", "dashboard": "http://h:1"}'),
+                                  lambda p: __import__("os").mkfifo(p), lambda p: p.symlink_to("/dev/zero")])
+def test_a_bad_cluster_state_record_is_an_error_naming_the_file(tmp_path, monkeypatch, make):
+    from slimeforge.cluster.record import address, state_file
+
+    monkeypatch.setenv("SLIMEFORGE_STATE_HOME", str(tmp_path / "state"))
+    inv = load_inventory(inventory(tmp_path, {}))
+    path = state_file(inv)
+    path.parent.mkdir(parents=True)
+    make(path)
+    with pytest.raises(ConfigError) as err:
+        address(inv)
+    assert str(err.value).startswith(str(path)) and "cluster state" in str(err.value)
