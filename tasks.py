@@ -467,7 +467,7 @@ def cluster_up(c, inventory, dry_run=False, nccl_check=False):
     from slimeforge.cluster import raycluster as cluster
 
     if dry_run:
-        print("\n".join(cluster.up(inventory, dry_run=True, nccl_check=nccl_check)))
+        print("\n".join(cluster.plan(inventory, nccl_check=nccl_check)))
         return
     addr = cluster.up(inventory, nccl_check=nccl_check)
     print(f"cluster is up: GCS {addr.gcs}, dashboard and Jobs API {addr.dashboard}")

@@ -63,7 +63,6 @@ from .record import ClusterAddress, state_file, write_state
 def up(
     inventory: Inventory | str | Path,
     *,
-    dry_run: bool = False,
     nccl_check: bool = False,
     host_checks: HostChecks = default_host_checks,
     make_environment: MakeEnvironment = default_environment,
@@ -71,12 +70,9 @@ def up(
     control_dir: str | None = None,
     stream=None,
     live: bool | None = None,
-) -> ClusterAddress | list[str]:
-    """Bring the cluster up (see the module docstring); returns its address.
-    With dry_run, returns the plan's lines and touches nothing (no ssh, no files)."""
+) -> ClusterAddress:
+    """Bring the cluster up (see the module docstring); returns its address. The dry run: `plan`."""
     inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
-    if dry_run:
-        return plan(inv, nccl_check=nccl_check, control_dir=control_dir)
     b = Bringup(inv, make_nodes(inv, runner, control_dir),
                 HostTable(f"cluster {inv.name}", [(h.name, h.role) for h in inv.hosts], PHASES, stream=stream, live=live))
     with b.table:
@@ -116,8 +112,9 @@ def down(inventory: Inventory | str | Path, *, runner: Runner | None = None, con
     return results
 
 
-def plan(inv: Inventory, *, nccl_check: bool = False, control_dir: str | None = None) -> list[str]:
+def plan(inventory: Inventory | str | Path, *, nccl_check: bool = False, control_dir: str | None = None) -> list[str]:
     """The per-host plan, as text lines: what `up` would run where. Touches nothing."""
+    inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
     runner = Runner(dry_run=True)
     nodes = make_nodes(inv, runner, control_dir)
     head_ip = inv.head.node_ip or "HEAD_IP"

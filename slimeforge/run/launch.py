@@ -193,4 +193,10 @@ def target_of(run_dir: Path) -> Target:
     plan = read_plan(run_dir)
     if plan is None:
         raise ConfigError(str(run_dir), [Problem("run directory", "has no plan.json", str(run_dir), "runs/<exp_id> of a rendered recipe")])
-    return HostTarget() if plan["recipe"].get("mode") == "host" else ContainerTarget()
+    make = HostTarget if plan["recipe"].get("mode") == "host" else ContainerTarget
+    if plan.get("target") == "ray-cluster":
+        from .targets.jobs import recorded
+
+        address = recorded(run_dir).address
+        return RayClusterTarget(make(address), address)
+    return make()

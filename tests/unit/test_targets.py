@@ -104,3 +104,23 @@ def test_dry_run_prints_the_plan_the_launch_executes(gpu_host, monkeypatch, mode
     assert shlex.split(plan.commands[-1].text())[-1].endswith("launch.sh")
     if mode == "container":
         assert executed["argv"][0][:2] == ["docker", "run"] and IMAGE in executed["argv"][0]
+
+
+def test_a_run_directory_is_read_back_by_the_target_that_launched_it(tmp_path):
+    """run.status / run.logs / run.stop ask the target recorded in plan.json (Slurm: once submitted)."""
+    from slimeforge.run.rundir import write_run_dir
+
+    recipe, stack = parse_recipe(with_evals(tmp_path), "test")
+    address = "http://10.0.0.1:8265"
+    cases = [(local.ContainerTarget(), local.ContainerTarget), (local.RayClusterTarget(local.ContainerTarget(address), address), local.RayClusterTarget),
+             (slurm.SlurmTarget(slurm.Options(nodes=1)), slurm.SlurmTarget)]
+    for i, (target, kind) in enumerate(cases):
+        out = (tmp_path / f"run{i}").resolve()
+        plan = target.plan(ResolvedRun(recipe, stack, out, "test", {}))
+        write_run_dir(plan.rundir)
+        if kind is slurm.SlurmTarget:
+            (out / "slurm_job_id").write_text("42\n")
+        if kind is local.RayClusterTarget:
+            (out / "ray_address").write_text(address + "\n")
+        found = launcher.target_of(out)
+        assert type(found) is kind and found.name == plan.target

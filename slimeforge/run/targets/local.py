@@ -158,7 +158,7 @@ class ContainerTarget(LocalTarget):
         name = f"slimeforge-{run.recipe.exp_id}-{secrets.token_hex(3)}"
         token = secrets.token_hex(16)  # this launch's identity: the container's label, launch.sh's head record and job metadata
         argv = self.docker_argv(run, name=name, cidfile=rundir.path / "container.id", run_token=token)
-        notes = () if run.recipe.image else (f"no image yet: {self.IMAGE_PLACEHOLDER} stands for --image or the recipe's image:",)
+        notes = () if run.recipe.image else (f"no image given: {self.IMAGE_PLACEHOLDER} stands for --image, or `image:` in the recipe",)
         cmd = Command(tuple(argv), "docker run")
         return LaunchPlan(self.name, run, amend_plan(rundir, target=self.name, commands=[argv]), (cmd,), self.mounts(run), notes, name,
                           run_token=token)
@@ -251,7 +251,7 @@ class RayClusterTarget(Target):
 
     def plan(self, run: ResolvedRun) -> LaunchPlan:
         p = self.via.plan(run)
-        notes = (*p.notes, f"the job goes to the Ray cluster {self.cluster} (Jobs API {self.via.address}); no head is started here")
+        notes = (*p.notes, f"the job goes to the running Ray cluster {self.cluster} (RAY_ADDRESS); no head is started here")
         return LaunchPlan(self.name, run, amend_plan(p.rundir, target=self.name), p.commands, p.mounts, notes, p.container, p.run_token)
 
     def preflight(self, plan: LaunchPlan, runner: Runner, say: Say) -> None:

@@ -205,7 +205,7 @@ def test_rerun_converges_restarting_only_what_is_missing(lab, running, state_hom
 
 def test_dry_run_of_the_running_cluster_touches_nothing(lab, running, state_home):
     inv = load_inventory(running["inventory"])
-    lines = cluster.up(inv, dry_run=True, control_dir=str(lab.workdir / "cm-dry"))
+    lines = cluster.plan(inv, control_dir=str(lab.workdir / "cm-dry"))
     assert not (lab.workdir / "cm-dry").exists()
     text = "\n".join(lines)
     for h in inv.hosts:
