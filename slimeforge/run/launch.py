@@ -120,7 +120,7 @@ def run_recipe(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster |
         from .runrecord import guard_render
 
         # A dry run renders into the run directory too: never over a live run's record; an ended one's goes to history/<n>/.
-        kept = guard_render(plan.rundir.path)
+        kept = guard_render(plan.rundir.path, exp_id=plan.run.recipe.exp_id)
         write_run_dir(plan.rundir)
         if kept:
             stream.write(f"the record of the earlier launch is kept in {plan.rundir.path / 'history' / str(kept)}\n")

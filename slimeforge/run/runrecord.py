@@ -265,16 +265,18 @@ def head_gone(rec: RunRecord) -> bool:
     return head is None or not ownership.head_alive(head, ownership.proc_facts(head.pid))
 
 
-def guard_render(out: str | os.PathLike[str], runner: Runner | None = None) -> int | None:
-    """Before a render (dry run or launch) into `out`: refuse when the job recorded there still runs
-    or its state cannot be learned; when it has ended, move its records to history/<n>/ (and copy
-    the rendered files beside them) so nothing about a past job is lost. Returns n, or None."""
+def guard_render(out: str | os.PathLike[str], runner: Runner | None = None, exp_id: str | None = None) -> int | None:
+    """Before a render of experiment `exp_id` (dry run or launch) into `out`: refuse when the job
+    recorded there still runs or its state cannot be learned; when it has ended, move its records
+    to history/<n>/ (and copy the rendered files beside them) so nothing about a past job is lost.
+    Returns n, or None. Another experiment's directory is left as it is (the render refuses it)."""
     out = Path(out)
     try:
-        if not out.is_dir() or out.is_symlink() or read_plan(out) is None:
-            return None
+        plan = None if not out.is_dir() or out.is_symlink() else read_plan(out)
     except ConfigError:
         return None  # not a run directory: out_problems refuses it with its reason
+    if plan is None or (exp_id is not None and plan["exp_id"] != exp_id):
+        return None
     rec = read_run(out)
     if not any(getattr(rec, f) is not None for f in ("submission_id", "container_id", "slurm_job_id")):
         return None

@@ -150,3 +150,11 @@ def test_a_run_directory_without_a_job_renders_as_before(tmp_path):
     assert guard_render(run_dir, Runner()) is None and not (run_dir / "history").exists()
     assert guard_render(tmp_path / "new", Runner()) is None
     assert os.listdir(tmp_path / "run")
+
+
+def test_another_experiments_ended_run_is_left_untouched(tmp_path):
+    """Its records are not moved to history: the render refuses the directory (out_problems)."""
+    run_dir = slurm_dir(tmp_path)
+    before = sorted(p.name for p in run_dir.iterdir())
+    assert guard_render(run_dir, Slurm(0, job(run_dir, "COMPLETED")), exp_id="another-exp") is None
+    assert sorted(p.name for p in run_dir.iterdir()) == before and not (run_dir / "history").exists()

@@ -116,7 +116,7 @@ def write_launch_records(plan: LaunchPlan, runner: Runner) -> None:
     """Write the run directory, never over a live run's record (an ended one's goes to
     history/<n>/ first), and the plan's run token beside it, before anything starts."""
     if not runner.dry_run:
-        guard_render(plan.rundir.path, runner)
+        guard_render(plan.rundir.path, runner, plan.run.recipe.exp_id)
     write_run_dir(plan.rundir)
     if not runner.dry_run:
         assert plan.run_token is not None, "a launch plan of a local target carries its run token"

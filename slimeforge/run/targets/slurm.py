@@ -222,7 +222,7 @@ class SlurmTarget(Target):
         """Preflight, sbatch, follow; the job's exit code (0 when not following)."""
         self.preflight(plan, runner, say)
         if not runner.dry_run:
-            guard_render(plan.rundir.path, runner)  # a live run's directory is never rewritten; an ended one's record goes to history/<n>/
+            guard_render(plan.rundir.path, runner, plan.run.recipe.exp_id)  # a live run's directory is never rewritten; an ended one's record goes to history/<n>/
         write_run_dir(plan.rundir)
         Path(plan.run.recipe.resolved_checkpoint_dir).mkdir(parents=True, exist_ok=True)
         run_dir = plan.rundir.path
