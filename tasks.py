@@ -239,11 +239,12 @@ def run_stop(c, run, head=False):
         "skip_check": "turn this check's errors into warnings (repeatable)",
         "no_network": "leave out the checks that need the network",
         "list_checks": "list the checks and exit",
+        "kernels": "also run every compiled piece on this host's GPU (the install's or image's kernel check; seconds per piece)",
     },
 )
 @clean_errors
 def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=None, prefix=None, catalog=None, skip_check=None,
-           no_network=False, list_checks=False):
+           no_network=False, list_checks=False, kernels=False):
     """Preflight: report every problem (with its fix) that would stop a launch, before anything starts."""
     from slimeforge.run import preflight as doc
 
@@ -264,8 +265,11 @@ def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=
         from slimeforge.image.stack import load_stack
 
         stack, sdir = load_stack(cuda or "cu13"), None
-    report = doc.run_checks(rec, stack, mode=mode, address=address, catalog=catalog, skip=skip_check or [],
-                            network=not no_network, state_dir=sdir)
+    if rec is None and mode is None and image and not prefix:
+        mode = "container"  # `invoke doctor --kernels --image IMAGE`: the image's kernels
+    report = doc.run_checks(rec, stack, mode=mode, address=address, catalog=catalog,
+                            image=image, install_prefix=prefix, skip=skip_check or [], network=not no_network, state_dir=sdir,
+                            gpu_checks=kernels)
     print(report.table())
     if report.errors:
         raise Exit(code=1)
