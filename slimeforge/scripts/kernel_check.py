@@ -1,6 +1,7 @@
 """Kernel check: one small operation of every compiled piece on the GPU, compared with torch.
 
-Runs with the install's (or the image's) Python; standard library + torch only. Each piece is
+Pieces: apex, transformer_engine, torch_memory_saver, flash_attn.cute (FA4), flash_attn_2 (FA2,
+cu129). Runs with the install's (or the image's) Python; standard library + torch only. Each piece is
 imported the way its users import it (torch first: the extensions need torch's libraries loaded)
 and runs in its own forked process, so a crash or a hang of one piece is reported by name and
 does not hide the others. Each piece is `ok`, `FAILED` (with the error) or `skipped` (not
@@ -137,12 +138,25 @@ def check_fa4() -> str:
     return need(rel_err(out, ref), 1e-2, "causal attention vs SDPA")
 
 
-# name -> (module that says it is installed, function)
+def check_fa2() -> str:
+    import torch
+    import torch.nn.functional as F
+    from flash_attn import flash_attn_func
+
+    q, k, v = (torch.randn(2, 512, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out = flash_attn_func(q, k, v, causal=True)
+    ref = F.scaled_dot_product_attention(*(t.transpose(1, 2).float() for t in (q, k, v)), is_causal=True).transpose(1, 2)
+    return need(rel_err(out, ref), 1e-2, "causal attention vs SDPA")
+
+
+# name -> (module that says it is installed, function). FA2 (cu129's flash-attn step) is
+# flash_attn_2_cuda; cu13 has FA4 alone (flash_attn.cute).
 PIECES = {
     "apex": ("apex", check_apex),
     "transformer_engine": ("transformer_engine", check_transformer_engine),
     "torch_memory_saver": ("torch_memory_saver", check_torch_memory_saver),
     "flash_attn.cute": ("flash_attn.cute", check_fa4),
+    "flash_attn_2": ("flash_attn_2_cuda", check_fa2),
 }
 
 

@@ -21,7 +21,7 @@ from slimeforge.run.preflight.findings import ERROR, OK, WARNING, Context
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "slimeforge" / "scripts" / "kernel_check.py"
 CAPTURES = ROOT / "tests" / "fixtures" / "kernel_check"
-PIECES = ["apex", "transformer_engine", "torch_memory_saver", "flash_attn.cute"]
+PIECES = ["apex", "transformer_engine", "torch_memory_saver", "flash_attn.cute", "flash_attn_2"]
 NO_GPU_PATH = "/usr/bin:/bin"  # no nvidia-smi: no GPU, as on this machine
 no_gpu_here = pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this host has nvidia-smi: the no-GPU path is not what runs")
 
@@ -39,7 +39,7 @@ def test_without_a_gpu_every_piece_is_skipped_by_name():
     assert [(p["name"], p["status"], p["detail"]) for p in doc["pieces"]] == [(n, "skipped", "no GPU") for n in PIECES]
     text = run_script()
     assert text.returncode == 0
-    assert [f"{n}: skipped: no GPU" for n in PIECES] == text.stdout.splitlines()[:4]
+    assert [f"{n}: skipped: no GPU" for n in PIECES] == text.stdout.splitlines()[:5]
     one = run_script("--json", "--only", "apex")
     assert [p["name"] for p in json.loads(one.stdout)["pieces"]] == ["apex"]
     bad = run_script("--only", "nccl")
@@ -60,6 +60,12 @@ def test_real_h100_reports_become_findings():
     skipped = kernels.kernel_findings({"gpu": None, "pieces": [{"name": "apex", "status": "skipped", "detail": "no GPU", "seconds": 0}]},
                                       "image x", "f")
     assert skipped[0].level == WARNING and skipped[0].message == "apex not checked in image x: no GPU"
+    # Not installed: FA2 on cu13 is as it should be, apex missing from a stack that has it is not.
+    absent = {"gpu": "H100", "pieces": [{"name": n, "status": "skipped", "detail": "not installed", "seconds": 0} for n in ("flash_attn_2", "apex")]}
+    found = kernels.kernel_findings(absent, "image x", "f", load_stack("cu13").smoke.all_imports)
+    assert [(f.level, f.message) for f in found] == [(OK, "flash_attn_2: not part of this stack, not installed"),
+                                                      (WARNING, "apex not checked in image x: not installed")]
+    assert kernels.kernel_findings(absent, "image x", "f", load_stack("cu129").smoke.all_imports)[0].level == WARNING
 
 
 @pytest.mark.parametrize("text,why", [

@@ -2,8 +2,8 @@
 one small operation right on this host's GPU, before a launch finds out an hour in.
 
 The check is scripts/kernel_check.py (apex's fused norms and a multi-tensor op, Transformer
-Engine's Linear in bf16 and fp8, torch_memory_saver's pause/resume, FA4 attention, each against
-torch), run with the Python of the install (host mode: <prefix>/venv) or of the image (container
+Engine's Linear in bf16 and fp8, torch_memory_saver's pause/resume, FA4 (cu13) or FA2 (cu129)
+attention, each against torch), run with the Python of the install (host mode: <prefix>/venv) or of the image (container
 mode: `docker run --gpus all`). Its one JSON report becomes findings here: a failed piece is an
 error, a skipped one (not installed, no GPU) a warning, so neither passes unseen.
 """
@@ -19,7 +19,7 @@ from .findings import Context, Finding, check, error, ok, warning
 
 CHECK = "kernels"
 SCRIPT = paths.SCRIPTS / "kernel_check.py"
-TIMEOUT_S = 900  # four pieces of 120 s at most (FA4 compiles its kernel on the first call: ~20 s)
+TIMEOUT_S = 900  # five pieces of 120 s at most (FA4 compiles its kernel on the first call: ~20 s)
 STATUSES = ("ok", "FAILED", "skipped")
 MAX_REPORT_BYTES = 1 << 20
 
@@ -64,12 +64,22 @@ def parse_report(text: str) -> dict[str, Any]:
     return doc
 
 
-def kernel_findings(doc: dict[str, Any], where: str, fix: str) -> list[Finding]:
+# A piece of the kernel check -> the smoke import that makes it part of a stack (Stack.smoke).
+PIECE_IMPORTS = {"apex": "amp_C", "transformer_engine": "transformer_engine.pytorch", "torch_memory_saver": "torch_memory_saver",
+                 "flash_attn.cute": "flash_attn.cute", "flash_attn_2": "flash_attn_2_cuda"}
+
+
+def kernel_findings(doc: dict[str, Any], where: str, fix: str, stack_imports: list[str] | None = None) -> list[Finding]:
+    """Findings of a kernel check's report. `stack_imports` (the stack's smoke imports): a piece
+    not installed that the stack does not have either (FA2 on cu13) is as it should be."""
     gpu = doc.get("gpu") or "no GPU"
     out: list[Finding] = []
     for p in doc["pieces"]:
         name, status, detail = p["name"], p["status"], p["detail"]
-        if status == "ok":
+        if status == "skipped" and detail == "not installed" and stack_imports is not None \
+                and PIECE_IMPORTS.get(name) not in stack_imports:
+            out.append(ok(CHECK, f"{name}: not part of this stack, not installed"))
+        elif status == "ok":
             out.append(ok(CHECK, f"{name} ran right on {gpu} ({detail}; {p['seconds']:.1f} s)"))
         elif status == "skipped":
             out.append(warning(CHECK, f"{name} not checked in {where}: {detail}",
@@ -105,4 +115,4 @@ def check_kernels(ctx: Context) -> list[Finding]:
             return [error(CHECK, f"the kernel check could not run with {argv[0]} (exit {res.returncode})"
                           + (f": {tail[0][:300]}" if tail else ""), fix)]
         return [error(CHECK, f"the kernel check's report cannot be read: {exc}", fix)]
-    return kernel_findings(doc, where, fix)
+    return kernel_findings(doc, where, fix, ctx.stack.smoke.all_imports)
