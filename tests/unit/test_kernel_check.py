@@ -57,6 +57,12 @@ def test_real_h100_reports_become_findings():
     assert found[1].message == ("transformer_engine FAILED on NVIDIA H100 80GB HBM3 in the install at /opt/sf: FileNotFoundError: "
                                 "Could not find shared object file for Transformer Engine torch lib. (at __init__.py:128)")
     assert found[1].fix == "install again"
+    # The real cu13 install's wheels on the H100: torch_memory_saver linked without libcuda.
+    doc = kernels.parse_report((CAPTURES / "h100-tms-without-libcuda.json").read_text())
+    found = kernels.kernel_findings(doc, "the install at /opt/sf", "install again", load_stack("cu13").smoke.all_imports)
+    assert [f.level for f in found] == [OK, OK, ERROR, OK, OK]
+    assert "torch_memory_saver FAILED" in found[2].message and "undefined symbol: cuMemCreate" in found[2].message
+    assert found[4].message == "flash_attn_2: not part of this stack, not installed"
     skipped = kernels.kernel_findings({"gpu": None, "pieces": [{"name": "apex", "status": "skipped", "detail": "no GPU", "seconds": 0}]},
                                       "image x", "f")
     assert skipped[0].level == WARNING and skipped[0].message == "apex not checked in image x: no GPU"
