@@ -47,13 +47,13 @@ def stack_show(c, cuda="cu13", as_json=False):
     width = max(len(k) for k in stack.pins())
     for key, value in stack.pins().items():
         print(f"  {key:<{width}}  {value}")
-    from slimeforge.image import lock as locking
+    from slimeforge.image import lockfile
 
     try:
-        pylock = locking.load_lock(cuda, stack)
+        pylock = lockfile.load_lock(cuda, stack)
         print(f"lock {pylock.path}  (sha256 {pylock.hash[:16]}, {len(pylock.packages)} distributions)")
-    except locking.LockError:
-        print(f"lock: none yet ({locking.lock_command(locking.stack_ref(stack))} makes it)")
+    except lockfile.LockError:
+        print(f"lock: none yet ({lockfile.lock_command(lockfile.stack_ref(stack))} makes it)")
     print("steps:")
     for i, step in enumerate(stack.plan, 1):
         what = step.requirements or step.packages or ()
@@ -77,7 +77,7 @@ def stack_show(c, cuda="cu13", as_json=False):
         "image": "container mode: the image to run (default: the recipe's image)",
         "prefix": "host mode: the install prefix (slime, Megatron-LM and the venv come from there)",
         "catalog": "the flag catalog (flags.json) to check flags against (default: from the image or install)",
-        "skip_check": "turn this preflight check's errors into warnings (repeatable; see `invoke doctor --list`)",
+        "skip_check": "turn this preflight check's errors into warnings (repeatable; see `invoke doctor --list-checks`)",
         "no_network": "leave out the checks that need the network (AWS, the cluster)",
         "cluster": "launch on the cluster of this inventory (brought up with cluster.up; default: the recipe's cluster)",
         "slurm": "submit to Slurm: Ray starts inside an sbatch allocation (docs/slurm.md)",
@@ -91,78 +91,24 @@ def stack_show(c, cuda="cu13", as_json=False):
 @clean_errors
 def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=None, image=None, prefix=None, catalog=None,
               skip_check=None, no_network=False, cluster=None, slurm=False, partition=None, account=None, time=None, nodes=None):
-    """Validate a recipe, preflight, start Ray, submit, stream the logs (--dry-run: render only)."""
-    from pathlib import Path
+    """Validate a recipe, preflight, start Ray, submit, stream the logs (--dry-run: print the plan, start nothing)."""
+    from slimeforge.run.launch import LaunchRequest, run_recipe
 
-    from slimeforge.run.recipe import load_recipe, parse_overrides
-    from slimeforge.run.rundir import build_run_dir, write_run_dir
+    req = LaunchRequest(recipe, out, tuple(set_ or ()), address, mode, image, prefix, catalog, tuple(skip_check or ()), not no_network,
+                        cluster, slurm, partition, account, time, None if nodes is None else str(nodes))
+    code = run_recipe(req, dry_run=dry_run, find_cluster=_cluster_jobs_api)
+    if code:
+        raise Exit(code=code)
 
-    if not slurm and any(v is not None for v in (partition, account, time, nodes)):
-        raise Exit("error: --partition, --account, --time and --nodes go with --slurm", code=2)
-    rec, stack = load_recipe(recipe, parse_overrides(set_ or []))
-    target = Path(out) if out else paths.run_dir(rec.exp_id)
-    if slurm:
-        from slimeforge.cluster import slurm as slurm_mod
 
-        if address or cluster:
-            raise Exit("error: --slurm starts its own Ray cluster in the allocation; leave out --address/--cluster", code=2)
-        opts = slurm_mod.options(partition, account, time, nodes)
-        if not dry_run:
-            code = slurm_mod.launch(rec, stack, opts, out=target, recipe_path=recipe, mode=mode, image=image, install_prefix=prefix,
-                                    catalog=catalog, skip_checks=skip_check or [], network_checks=not no_network)
-            if code:
-                raise Exit(code=code)
-            return
-        run = slurm_mod.render_run_dir(slurm_mod.resolve(rec, opts, mode, image, prefix, stack), stack, target, opts, recipe)
-    else:
-        if not dry_run:
-            from slimeforge.run.launch import launch
+def _cluster_jobs_api(inventory):
+    """The Jobs API of the cluster `cluster.up` brought up from this inventory."""
+    from slimeforge.cluster.record import address
 
-            if cluster or rec.cluster:
-                if address:
-                    raise Exit("error: --address and --cluster both name a cluster; give one", code=2)
-                from slimeforge.cluster.raycluster import address as cluster_address
-
-                address = cluster_address(cluster or rec.cluster).dashboard  # the head's Jobs API
-            code = launch(rec, stack, out=target, recipe_path=recipe, address=address, mode=mode, image=image, install_prefix=prefix,
-                          catalog=catalog, skip_checks=skip_check or [], network_checks=not no_network)
-            if code:
-                raise Exit(code=code)
-            return
-        # The dry run renders what a launch with these options would: the same mode, image and prefix.
-        if mode is not None or prefix is not None or image is not None:
-            from slimeforge.run.launch import resolve_mode  # only then: it imports the launch machinery (asyncio, ...)
-
-            rec = resolve_mode(rec, mode, prefix, image, require_image=False, stack=stack)
-        run = build_run_dir(rec, stack, target, recipe)
-    write_run_dir(run)
-    print(f"recipe {recipe}: valid ({rec.exp_id}, stack {stack.id})")
-    print(f"run directory {run.path}:")
-    for name in run.files:
-        print(f"  {name}")
-    print("would run:")
-    for argv in run.plan["commands"]:
-        print("  " + " ".join(argv))
-    print(f"  (train.py and {len(run.args)} arguments; see {run.path / 'slime.args'})", file=sys.stderr)
+    return address(inventory).dashboard
 
 
 # --- launch ----------------------------------------------------------------------------------
-
-
-def _run_dir(run):
-    """A recorded run: its run directory, or the recipe that was launched (runs/<exp_id>)."""
-    from pathlib import Path
-
-    from slimeforge.errors import ConfigError, Problem
-    from slimeforge.run.recipe import EXP_ID_RE, load_recipe_data
-
-    if Path(run).is_dir():
-        return Path(run)
-    exp_id = load_recipe_data(run).get("exp_id")
-    if not isinstance(exp_id, str) or not EXP_ID_RE.fullmatch(exp_id):
-        raise ConfigError(run, [Problem("exp_id", "names no run directory", exp_id, "the exp_id of a launched recipe")])
-    return paths.run_dir(exp_id)
-
 
 RUN_HELP = {"run": "the run directory (runs/<exp_id>), or the recipe that was launched"}
 
@@ -170,44 +116,24 @@ RUN_HELP = {"run": "the run directory (runs/<exp_id>), or the recipe that was la
 @task(positional=["run"], help={**RUN_HELP, "as_json": "print JSON"})
 @clean_errors
 def run_status(c, run, as_json=False):
-    """Status of a launched run's job (and whether the Ray head slimeforge started is up)."""
-    from slimeforge.cluster import slurm
-    from slimeforge.run import launch
+    """Status of a launched run's job (and whether the Ray head slimeforge started is up; a Slurm run: its job)."""
+    from slimeforge.run.launch import run_dir_of, target_of
 
-    path = _run_dir(run)
-    if slurm.is_slurm_run(path):
-        st = slurm.status(path)
-        if as_json:
-            print(json.dumps(st, indent=2, default=str))
-            return
-        print(f"Slurm job {st['slurm_job_id']}: {st['state']}" + (f" ({st['reason']})" if st["reason"] not in (None, "None") else "")
-              + (f", exit code {st['exit_code']}" if st["exit_code"] else ""))
-        print(f"  nodes {st['nodes']}; restarts {st['restarts']}; Ray submission {st['submission_id'] or '(not yet)'}")
-        print(f"  output {st['output']}")
-        return
-    st = launch.status(path)
-    if as_json:
-        print(json.dumps(st, indent=2, default=str))
-        return
-    print(f"{st['submission_id']}: {st['status']}" + (f" ({st['message']})" if st["message"] else ""))
-    print(f"  cluster {st['address']}; " + (f"Ray head pid {st['head_pid']} (started by slimeforge)" if st["head_pid"] else "no Ray head recorded by slimeforge here"))
-    print(f"  run directory {st['run_dir']} (job.log)")
+    path = run_dir_of(run)
+    st = target_of(path).status(path)
+    print(json.dumps(st.data, indent=2, default=str) if as_json else "\n".join(st.lines))
 
 
 @task(positional=["run"], help={**RUN_HELP, "follow": "keep streaming until the job ends"})
 @clean_errors
 def run_logs(c, run, follow=False):
     """Print a launched run's job logs (from the cluster; job.log keeps them too; a Slurm run: its output file)."""
-    from slimeforge.cluster import slurm
-    from slimeforge.run import launch
+    from slimeforge.run.launch import run_dir_of, target_of
 
-    path = _run_dir(run)
-    if slurm.is_slurm_run(path):
-        code = slurm.logs(path, follow_logs=follow)
-        if code:
-            raise Exit(code=code)
-        return
-    launch.logs(path, follow_logs=follow)
+    path = run_dir_of(run)
+    code = target_of(path).logs(path, follow, sys.stdout)
+    if code:
+        raise Exit(code=code)
 
 
 @task(positional=["run"], help={**RUN_HELP, "head": "also stop the Ray head (and container) that slimeforge started for it"})
@@ -215,14 +141,10 @@ def run_logs(c, run, follow=False):
 def run_stop(c, run, head=False):
     """Stop a launched run's job; --head also stops the Ray head slimeforge recorded (nothing else).
     A Slurm run: scancel of its recorded job id, and only that (Ray in the allocation ends with it)."""
-    from slimeforge.cluster import slurm
-    from slimeforge.run import launch
+    from slimeforge.run.launch import run_dir_of, target_of
 
-    path = _run_dir(run)
-    if slurm.is_slurm_run(path):
-        slurm.stop(path)
-        return
-    launch.stop(path, head=head)
+    path = run_dir_of(run)
+    target_of(path).stop(path, head=head)
 
 
 @task(
@@ -249,27 +171,10 @@ def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=
     from slimeforge.run import preflight as doc
 
     if list_checks:
-        for chk in doc.CHECKS.values():
-            print(f"  {chk.name:<16} {chk.scope:<8} {chk.doc}")
+        print("\n".join(doc.list_checks()))
         return
-    rec = stack = None
-    if recipe:
-        from slimeforge.run.headstate import state_dir
-        from slimeforge.run.launch import resolve_mode
-        from slimeforge.run.recipe import load_recipe, parse_overrides
-
-        rec, stack = load_recipe(recipe, parse_overrides(set_ or []))
-        rec = resolve_mode(rec, mode, prefix, image, require_image=False)
-        sdir = state_dir(rec.ray_port)
-    else:
-        from slimeforge.image.stack import load_stack
-
-        stack, sdir = load_stack(cuda or "cu13"), None
-    if rec is None and mode is None and image and not prefix:
-        mode = "container"  # `invoke doctor --kernels --image IMAGE`: the image's kernels
-    report = doc.run_checks(rec, stack, mode=mode, address=address, catalog=catalog,
-                            image=image, install_prefix=prefix, skip=skip_check or [], network=not no_network, state_dir=sdir,
-                            gpu_checks=kernels)
+    report = doc.doctor(recipe, list(set_ or ()), cuda=cuda, address=address, mode=mode, image=image, prefix=prefix, catalog=catalog,
+                        skip=list(skip_check or ()), network=not no_network, gpu_checks=kernels)
     print(report.table())
     if report.errors:
         raise Exit(code=1)
@@ -328,27 +233,36 @@ def publish(c, cuda=None, image=None, registry=None, build_dir=None, tag=None, r
         "source": "NAME=PATH: a local checkout of a source (the patches are read from slime's), instead of fetching it",
         "all": "lock every flavor under images/",
         "check": "offline: the committed lock satisfies every pin, holds every step's packages, mixes no CUDA majors",
+        "complete": "fill only the outside facts the committed lock lacks (router wheel sha256, base digest); resolves nothing",
+        "upgrade": "resolve at a new cutoff (now) instead of the lock's: what no pin names moves to its newest",
         "base_digest": "sha256:... of the base image (else asked of its registry)",
         "router_sha256": "sha256 of the router wheel (else downloaded once and hashed)",
         "index_url": "an index instead of PyPI (a mirror)",
     },
 )
 @clean_errors
-def lock(c, cuda=None, stack=None, all=False, check=False, base_digest=None, router_sha256=None, index_url=None,  # noqa: A002
-         source=None):
-    """Resolve a flavor once, for its target, into images/locks/pylock.<flavor>.toml (--check: verify it)."""
-    from slimeforge.image import lock as locking
+def lock(c, cuda=None, stack=None, all=False, check=False, complete=False, upgrade=False, base_digest=None,  # noqa: A002
+         router_sha256=None, index_url=None, source=None):
+    """Resolve a flavor once, for its target, into images/locks/pylock.<flavor>.toml (--check: verify it;
+    --complete: fill what it lacks from outside, resolving nothing)."""
+    from slimeforge.image import lockcheck, outside, resolve
     from slimeforge.image.stack import available_flavors
 
+    if sum((check, complete, upgrade)) > 1:
+        raise Exit("error: --check, --complete and --upgrade exclude each other; give one", code=2)
+    if (check or complete) and (index_url or source):
+        raise Exit("error: --index-url and --source go with a resolution, not with --check or --complete", code=2)
     refs = available_flavors() if all else [stack or cuda or "cu13"]
     failed = []
     for ref in refs:
         try:
             if check:
-                locking.check(ref, echo=lambda s: print(s, flush=True))
+                lockcheck.check(ref, echo=lambda s: print(s, flush=True))
+            elif complete:
+                outside.complete(ref, echo=lambda s: print(s, flush=True), base_digest=base_digest, router_sha256=router_sha256)
             else:
-                locking.resolve(locking.LockOptions(stack=ref, base_digest=base_digest, router_sha256=router_sha256,
-                                                    index_url=index_url, sources=list(source or []),
+                resolve.resolve(resolve.LockOptions(stack=ref, base_digest=base_digest, router_sha256=router_sha256,
+                                                    index_url=index_url, sources=list(source or []), upgrade=upgrade,
                                                     echo=lambda s: print(s, flush=True)))
         except SlimeforgeError as exc:
             if len(refs) == 1:
@@ -444,6 +358,8 @@ def patches_check(c, cuda="cu13", stack=None, source=None):
         "stack": "any stack file instead (a YAML path)",
         "prefix": "install directory (checkouts, venv, records, stack.lock.json, flags.json)",
         "venv": "reuse this venv instead of <prefix>/venv",
+        "python": "the interpreter to make the venv with (a path, or a name on PATH; default python<ver> of the stack)",
+        "min_free_gb": "free disk (GiB) the prerequisites ask for at the prefix (default: computed from the lock)",
         "source": "NAME=PATH: a local checkout instead of the source's git URL (repeatable)",
         "out": "where to write install.sh (default <prefix>/.slimeforge/install/)",
         "dry_run": "render the script, print its path, run nothing",
@@ -451,7 +367,8 @@ def patches_check(c, cuda="cu13", stack=None, source=None):
     },
 )
 @clean_errors
-def install(c, cuda="cu13", stack=None, prefix="", venv=None, source=None, out=None, dry_run=False, no_store=False):
+def install(c, cuda="cu13", stack=None, prefix="", venv=None, python=None, min_free_gb=None, source=None, out=None, dry_run=False,
+            no_store=False):
     """Install a stack on this host (bare metal), resumably, with the image's steps and checks."""
     from pathlib import Path
 
@@ -459,7 +376,10 @@ def install(c, cuda="cu13", stack=None, prefix="", venv=None, source=None, out=N
     from slimeforge.image.install import InstallOptions
     from slimeforge.image.install import install as run_install
 
-    opts = InstallOptions(stack=stack or cuda, prefix=prefix, venv=venv, sources=list(source or []),
+    if min_free_gb is not None and not str(min_free_gb).isdigit():
+        raise Exit(f"error: --min-free-gb: {min_free_gb!r} is not a whole number of GiB", code=2)
+    opts = InstallOptions(stack=stack or cuda, prefix=prefix, venv=venv, python=python,
+                          min_free_gb=int(min_free_gb) if min_free_gb is not None else None, sources=list(source or []),
                           out=Path(out) if out else None, dry_run=dry_run, use_store=not no_store)
     try:
         run_install(opts)
@@ -559,7 +479,7 @@ def cluster_up(c, inventory, dry_run=False, nccl_check=False):
     from slimeforge.cluster import raycluster as cluster
 
     if dry_run:
-        print("\n".join(cluster.up(inventory, dry_run=True, nccl_check=nccl_check)))
+        print("\n".join(cluster.plan(inventory, nccl_check=nccl_check)))
         return
     addr = cluster.up(inventory, nccl_check=nccl_check)
     print(f"cluster is up: GCS {addr.gcs}, dashboard and Jobs API {addr.dashboard}")
@@ -570,22 +490,13 @@ def cluster_up(c, inventory, dry_run=False, nccl_check=False):
 @clean_errors
 def cluster_status(c, inventory, as_json=False):
     """Show each host of a cluster: our Ray process, its node, GPUs (Ray / nvidia-smi), Python and Ray versions."""
-    from slimeforge.cluster import raycluster as cluster
+    from slimeforge.cluster.statustable import print_table, status
 
-    rows = cluster.status(inventory)
+    rows = status(inventory)
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"cluster {inventory}", title_justify="left")
-    columns = ["host", "role", "address", "node_ip", "ray_process", "node", "gpus_ray", "gpus_seen", "python", "ray", "error"]
-    for col in columns:
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*("" if row.get(col) is None else str(row[col]) for col in columns))
-    Console().print(table)
+    print_table(f"cluster {inventory}", rows)
 
 
 @task(positional=["inventory"], help={"inventory": "cluster inventory YAML"})

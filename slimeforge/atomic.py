@@ -8,7 +8,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,7 +19,7 @@ LOCK_NAME = ".slimeforge.lock"
 LOCK_WAIT_S = 120.0  # a render takes well under a second; a writer stuck longer is reported
 
 
-def write_dir(target: Path, files: dict[str, str | bytes], modes: dict[str, int] | None = None, last: str | None = None) -> None:
+def write_dir(target: Path, files: Mapping[str, str | bytes], modes: dict[str, int] | None = None, last: str | None = None) -> None:
     """Create `target` with `files`, or replace those files in an existing `target`.
 
     A new directory is assembled beside the target and renamed into place in one step. In an
@@ -40,7 +40,7 @@ def write_dir(target: Path, files: dict[str, str | bytes], modes: dict[str, int]
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return
-    order = [n for n in files if n != last] + ([last] if last in files else [])
+    order = [n for n in files if n != last] + ([last] if last is not None and last in files else [])
     staged: list[tuple[str, Path]] = []
     try:
         for name in order:

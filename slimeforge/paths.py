@@ -16,7 +16,7 @@ STEP_LIBRARY = TEMPLATES / "steps.sh"
 # shipped as files, so they are found by path, not by import.
 SCRIPTS = ROOT / "slimeforge" / "scripts"
 
-# Run directories: `invoke render/run` write runs/<exp_id>/ (relative to the working directory).
+# Run directories: `invoke run` (and `invoke run --dry-run`) write runs/<exp_id>/ (relative to the working directory).
 RUNS = Path("runs")
 
 # In an image: the step library, the locks, the flag catalog and the step records.

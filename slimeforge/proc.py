@@ -143,7 +143,7 @@ def _forwarding(proc: subprocess.Popen, enabled: bool):
         return
     sent = threading.Event()
 
-    def forward(signum, frame):
+    def forward(_signum, _frame):
         if not sent.is_set() and proc.poll() is None:
             sent.set()
             proc.send_signal(signal.SIGTERM)

@@ -17,6 +17,12 @@ if [[ -n ${SF_CA_BUNDLE:-} && -s $SF_CA_BUNDLE ]]; then
   export UV_NATIVE_TLS=1
 fi
 
+# pip is given only local files or files by sha256, yet a host's pip configuration (find-links,
+# constraints, extra indexes, a target directory) would still steer it: the steps read none of it.
+export PIP_CONFIG_FILE=/dev/null
+unset PIP_FIND_LINKS PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_CONSTRAINT PIP_REQUIREMENT PIP_NO_INDEX PIP_PRE \
+  PIP_ONLY_BINARY PIP_NO_BINARY PIP_TARGET PIP_PREFIX PIP_USER PIP_REQUIRE_VIRTUALENV
+
 sf_log() { printf 'slimeforge: %s\n' "$*" >&2; }
 sf_die() { printf 'slimeforge: ERROR: %s\n' "$*" >&2; exit 1; }
 
@@ -26,23 +32,84 @@ sf_git() { git -c safe.directory='*' -c advice.detachedHead=false "$@"; }
 
 # --- system packages ------------------------------------------------------------------------
 
-# sf_apt_install PKG...: installs the missing ones, with the apt cache kept (the image build mounts
-# it as a cache). On a host that already has them nothing runs; without root, missing ones stop here.
-sf_apt_install() {
-  (($#)) || return 0
-  local p missing=()
-  for p in "$@"; do
-    dpkg-query -W -f='${Status}' -- "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  if ((${#missing[@]} == 0)); then sf_log "apt: all present: $*"; return 0; fi
+_sf_dpkg_has() { dpkg-query -W -f='${Status}' -- "$1" 2>/dev/null | grep -q "install ok installed"; }
+
+_sf_apt_get() {
   if [[ $(id -u) -ne 0 ]]; then
-    sf_die "apt packages missing: ${missing[*]} (as root: apt-get install -y ${missing[*]})"
+    sf_die "apt packages missing: $* (as root: apt-get install -y $*)"
   fi
   if [[ -f /etc/apt/apt.conf.d/docker-clean ]]; then rm -f /etc/apt/apt.conf.d/docker-clean; fi
   echo 'Binary::apt::APT::Keep-Downloaded-Packages "true";' >/etc/apt/apt.conf.d/99slimeforge-keep
   apt-get update -qq
   # `--`: a package name is never read as an option (the stack's grammar refuses a leading '-' too).
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends -- "${missing[@]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends -- "$@"
+}
+
+# _sf_python_ok PY: PY runs, has venv/ensurepip, and the headers extensions compile against.
+_sf_python_ok() {
+  "$1" -c 'import ensurepip, os, sys, sysconfig, venv
+sys.exit(0 if os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else 1)' >/dev/null 2>&1
+}
+
+# sf_system [--python PY] [--python-package PKG]... [--need SPEC]... : the system step. The stack's
+# packages, each checked first: present when dpkg knows it, or when what it provides is here (a host
+# whose git, compilers or Python come from elsewhere: conda, modules, pyenv, another distro).
+#   SPEC = PKG:COMMANDS:FILES:DNF (comma lists): every command on PATH, and one of the files, shows
+#   PKG is there; DNF names it on RHEL-like hosts. With no COMMANDS and FILES, only dpkg can tell.
+# The interpreter (PY, a name on PATH or a path) is never installed when it is there with venv and
+# its headers: the --python-package list (python3.12, -venv, -dev) is asked of apt only otherwise.
+# Without apt (RHEL, Rocky, Amazon Linux), nothing is installed: what is missing is listed with its
+# apt and dnf names, and the step stops.
+sf_system() {
+  local python="" pypkgs=() needs=()
+  while (($#)); do
+    case $1 in
+      --python) python=$2; shift 2 ;;
+      --python-package) pypkgs+=("$2"); shift 2 ;;
+      --need) needs+=("$2"); shift 2 ;;
+      --) shift; break ;;
+      *) sf_die "sf_system: unknown option $1" ;;
+    esac
+  done
+  local have_apt=0 spec pkg cmds files dnf c f ok missing=() dnf_missing=() unknown=()
+  if command -v apt-get >/dev/null && command -v dpkg-query >/dev/null; then have_apt=1; fi
+  for spec in "${needs[@]}"; do
+    IFS=: read -r pkg cmds files dnf <<<"$spec"
+    if ((have_apt)) && _sf_dpkg_has "$pkg"; then continue; fi
+    ok=0
+    if [[ -n $cmds || -n $files ]]; then
+      ok=1
+      for c in ${cmds//,/ }; do command -v "$c" >/dev/null || ok=0; done
+      if [[ -n $files ]]; then
+        local any=0
+        for f in ${files//,/ }; do [[ -e $f ]] && any=1; done
+        ((any)) || ok=0
+      fi
+    elif ((!have_apt)); then
+      unknown+=("$pkg")
+      continue
+    fi
+    ((ok)) && continue
+    missing+=("$pkg")
+    dnf_missing+=("${dnf//,/ }")
+  done
+  if [[ -n $python ]]; then
+    if _sf_python_ok "$python"; then
+      sf_log "system: $python is there with venv and its headers ($(command -v "$python")): no interpreter is installed"
+    else
+      missing+=("${pypkgs[@]}")
+      dnf_missing+=("${python##*/}" "${python##*/}-devel")
+    fi
+  fi
+  if ((${#missing[@]} == 0 && ${#unknown[@]} == 0)); then sf_log "system: all present"; return 0; fi
+  if ((!have_apt)); then
+    local msg="system: this host has no apt-get, and these are missing: ${missing[*]:-} (apt names)"
+    ((${#missing[@]})) && msg+="; on RHEL, Rocky or Amazon Linux: dnf install -y ${dnf_missing[*]}"
+    ((${#unknown[@]})) && msg+="; cannot be checked without dpkg: ${unknown[*]}"
+    [[ -n $python ]] && msg+="; or name an interpreter that has venv and its headers: invoke install --python /path/to/${python##*/}"
+    sf_die "$msg"
+  fi
+  _sf_apt_get "${missing[@]}"
 }
 
 # --- the venv -------------------------------------------------------------------------------
@@ -101,7 +168,10 @@ sf_lock_install() {
     # wheels there once, and are installed from there as wheels.
     if [[ -n ${SF_COMPILED_WHEELS:-} ]]; then
       if [[ ${SF_COMPILED_MODE:-} == make ]]; then
-        _sf_store_make "$venv" "$step" --require-hashes -r "$sdists"
+        local src="$SF_STATE/lock/.$step.src"
+        _sf_fetch_locked "$venv" "$step" "$sdists" "$src" "$@"
+        _sf_store_make "$venv" "$step" "$src"/*
+        rm -rf -- "$src"
       fi
       _sf_store_install "$venv" "$step" "$(grep -c '^[^#]' "$sdists")"
     else
@@ -116,11 +186,42 @@ _sf_uv_slice() {
   shift 3
   if ! out=$(sf_uv "$venv" "$@" -r "$file" 2>&1); then
     printf '%s\n' "$out" >&2
-    # shellcheck disable=SC2016 # the backticks are uv's quotes, matched literally
-    what=$(printf '%s\n' "$out" | sed -n 's/.*\(Hash mismatch for\|Failed to [a-z]*\) `\([A-Za-z0-9._-]*\).*/\2/p' | sort -u | paste -sd' ')
-    sf_die "step $step: installing its slice of the lock failed${what:+ (package: $what)}: a file differs from its sha256 in the lock, or cannot be fetched"
+    _sf_explain_uv_failure "$step" "$out"
   fi
   printf '%s\n' "$out" >&2
+}
+
+# _sf_first_error < OUTPUT: the compiler's first error (gcc's file:line: error, nvcc's file(line): error),
+# else the first other error line that is not the installer's own wrapping.
+_sf_first_error() {
+  local out
+  out=$(cat)
+  printf '%s\n' "$out" | grep -m1 -E '[^ :]+:[0-9]+:([0-9]+:)? (fatal )?error:|\([0-9]+\): (catastrophic )?error:' ||
+    printf '%s\n' "$out" | grep -v -E 'subprocess-exited-with-error|metadata-generation-failed|failed-wheel-build' | grep -m1 -E '(^|[^A-Za-z_])error:' ||
+    true
+}
+
+# _sf_explain_uv_failure STEP OUTPUT: one true sentence for what failed: a hash mismatch speaks of
+# the lock's sha256, a download of the network, a build of the compiler (its first error line).
+_sf_explain_uv_failure() {
+  local step=$1 out=$2 what first
+  # shellcheck disable=SC2016 # the backticks are uv's quotes, matched literally
+  what=$(printf '%s\n' "$out" | sed -n 's/.*Hash mismatch for `\([A-Za-z0-9._-]*\).*/\1/p' | sort -u | paste -sd' ')
+  if [[ -n $what ]]; then
+    sf_die "step $step: $what differs from its sha256 in the lock (a changed or corrupted file): refused"
+  fi
+  # shellcheck disable=SC2016
+  what=$(printf '%s\n' "$out" | sed -n 's/.*Failed to \(build\|prepare metadata for\) `\([A-Za-z0-9._-]*\).*/\2/p' | sort -u | paste -sd' ')
+  if [[ -n $what ]]; then
+    first=$(printf '%s\n' "$out" | _sf_first_error)
+    sf_die "step $step: $what failed to compile${first:+: $first} (the compiler's output is above)"
+  fi
+  # shellcheck disable=SC2016
+  what=$(printf '%s\n' "$out" | sed -n 's/.*Failed to \(download\|fetch\) `\([A-Za-z0-9._-]*\).*/\2/p' | sort -u | paste -sd' ')
+  if [[ -n $what ]]; then
+    sf_die "step $step: $what cannot be fetched (network, proxy or CA bundle: SF_CA_BUNDLE); see above"
+  fi
+  sf_die "step $step: installing its slice of the lock failed: $(printf '%s\n' "$out" | grep -m1 -iE 'error' || printf '%s\n' "$out" | tail -n 1)"
 }
 
 # sf_lock_verify VENV STEP [--exact]: what the venv holds is exactly what the lock's slices so far
@@ -212,16 +313,95 @@ sf_compile_jobs() {
 # The store's own record: the compiled wheels do not exist when the lock is made, so their sha256
 # is not in the lock; it is checked here before anything is installed from the directory.
 
-# _sf_store_make VENV STEP PIP-ARGS...: compile into $SF_COMPILED_WHEELS (pip wheel, no build
-# isolation: against the torch already installed) and write its SHA256SUMS.
+# _sf_store_make VENV STEP PIP-ARGS... (local inputs: sdist files or a checkout): compile into
+# $SF_COMPILED_WHEELS (pip wheel, no build isolation: against the torch already installed) with the
+# network cut off where this host allows (_sf_offline), and write its SHA256SUMS.
 _sf_store_make() {
-  local venv=$1 step=$2 dir=$SF_COMPILED_WHEELS
+  local venv=$1 step=$2 dir=$SF_COMPILED_WHEELS clog first
   shift 2
-  mkdir -p -- "$dir"
-  sf_log "step $step: compiling into $dir (store key ${SF_COMPILED_KEY:-?})"
-  "$venv/bin/python" -m pip wheel --disable-pip-version-check --no-deps --no-build-isolation --no-index \
-    --wheel-dir "$dir" "$@" || sf_die "step $step: compiling its wheels failed (see above)"
+  mkdir -p -- "$dir" "$SF_STATE/logs"
+  clog="$SF_STATE/logs/compile-$step.log"
+  sf_log "step $step: compiling into $dir (store key ${SF_COMPILED_KEY:-?}; compiler output: $clog)"
+  # --no-cache-dir: pip would otherwise cache the wheel by the input's path, which is the same for
+  # every torch, CUDA and arch list (the per-key store is the only cache of compiled wheels).
+  if ! _sf_offline "$venv/bin/python" -m pip wheel --disable-pip-version-check --no-cache-dir --no-deps --no-build-isolation \
+    --no-index --wheel-dir "$dir" "$@" >"$clog" 2>&1; then
+    tail -n 40 "$clog" >&2
+    first=$(_sf_first_error <"$clog")
+    local a what=()
+    for a in "$@"; do if [[ $a != -* ]]; then what+=("${a##*/}"); fi; done
+    sf_die "step $step: ${what[*]} failed to compile${first:+: $first} (full output: $clog)"
+  fi
+  cat "$clog" >&2
   (cd -- "$dir" && sha256sum -- *.whl >SHA256SUMS) || sf_die "step $step: no wheel was built in $dir"
+}
+
+# _sf_offline CMD...: CMD in a network namespace of its own (`unshare --net`: only loopback, which
+# is down) where this host permits it (root, or a builder that may unshare), so that no setup.py
+# fetches a binary the lock does not name, whatever its defaults. Elsewhere (an image build's RUN
+# may not unshare) CMD runs as it is, and says so.
+_sf_offline() {
+  if [[ ${SF_COMPILE_OFFLINE:-1} != 0 ]] && unshare --net -- true 2>/dev/null; then
+    sf_log "compiling with no network (unshare --net)"
+    unshare --net -- "$@"
+  else
+    sf_log "compiling with the network reachable (unshare --net is not permitted here); every input was fetched by its sha256 first"
+    "$@"
+  fi
+}
+
+# _sf_fetch_locked VENV STEP FILE DIR [--find-links DIR]: every line of FILE (`name @ URL
+# --hash=sha256:H`, or `name==V --hash=sha256:H` found in a --find-links directory) fetched into
+# DIR and checked against H, so that the compile that follows needs no network.
+_sf_fetch_locked() {
+  local venv=$1 step=$2 file=$3 dir=$4
+  shift 4
+  local links=()
+  while (($#)); do
+    case $1 in --find-links) links+=("$2"); shift 2 ;; *) shift ;; esac
+  done
+  rm -rf -- "$dir"
+  mkdir -p -- "$dir"
+  "$venv/bin/python" -I - "$step" "$file" "$dir" "${links[@]}" <<'PY' || sf_die "step $step: fetching its sources from the lock failed (see above)"
+import hashlib, os, pathlib, re, shutil, sys, urllib.request
+step, file, dest, links = sys.argv[1], pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3]), sys.argv[4:]
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*\.(?:tar\.gz|zip|whl)")
+def sha(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+bad = 0
+for line in file.read_text().splitlines():
+    if not line.strip() or line.startswith("#"):
+        continue
+    m = re.match(r"\s*([A-Za-z0-9._-]+)\s*(?:@\s*(\S+)|==(\S+))\s+--hash=sha256:([0-9a-f]{64})", line)
+    if not m:
+        print(f"slimeforge: ERROR: step {step}: cannot read lock line: {line}", file=sys.stderr); bad = 1; continue
+    name, url, want = m.group(1), m.group(2), m.group(4)
+    if url is None:  # by name: a wheel directory given for this step holds the file with that sha256
+        found = [p for d in links for p in sorted(pathlib.Path(d).iterdir()) if p.is_file() and sha(p) == want]
+        if not found:
+            print(f"slimeforge: ERROR: step {step}: {name}: no file with sha256 {want} in {' '.join(links) or '(no --find-links)'}", file=sys.stderr); bad = 1; continue
+        shutil.copyfile(found[0], dest / found[0].name); continue
+    base = url.rsplit("/", 1)[-1].split("#")[0]
+    if not NAME.fullmatch(base):
+        print(f"slimeforge: ERROR: step {step}: {name}: not a distribution file name: {base!r}", file=sys.stderr); bad = 1; continue
+    part = dest / (base + ".part")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r, open(part, "wb") as out:
+            shutil.copyfileobj(r, out, 1 << 20)
+    except OSError as exc:
+        print(f"slimeforge: ERROR: step {step}: {name} cannot be fetched from {url}: {exc}", file=sys.stderr); bad = 1; continue
+    got = sha(part)
+    if got != want:
+        part.unlink()
+        print(f"slimeforge: ERROR: step {step}: {name} differs from its sha256 in the lock (got {got}, the lock says {want}): refused", file=sys.stderr); bad = 1; continue
+    os.replace(part, dest / base)
+    print(f"slimeforge: step {step}: {base} fetched, sha256 as locked", file=sys.stderr)
+sys.exit(bad)
+PY
 }
 
 # _sf_store_install VENV STEP COUNT: install the wheels of $SF_COMPILED_WHEELS, each by its recorded
@@ -255,10 +435,11 @@ _sf_store_install() {
 # Parallelism is never part of a step's env: that env is part of the key. The uv cache is the one of KEY (steps.compiled_key):
 # a wheel compiled for one flavor, torch, CUDA, arch list, Python or base is never reused by another.
 sf_compiled() {
-  local key="" wheels="" mode=""
+  local key="" wheels="" mode="" venv="" scratch=0
   while (($#)); do
     case $1 in
       --key) key=$2; shift 2 ;;
+      --venv) venv=$2; shift 2 ;;
       --wheels) wheels=$2 mode=use; shift 2 ;;
       --wheel-out) wheels=$2 mode=make; shift 2 ;;
       --) shift; break ;;
@@ -282,13 +463,44 @@ sf_compiled() {
   export NVCC_APPEND_FLAGS="${NVCC_APPEND_FLAGS:+$NVCC_APPEND_FLAGS }--threads $NVCC_THREADS"
   export UV_CACHE_DIR="${UV_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/uv}/compiled/$key"
   sf_log "compiled step: MAX_JOBS=$MAX_JOBS NVCC_THREADS=$NVCC_THREADS${APEX_PARALLEL_BUILD:+ APEX_PARALLEL_BUILD=$APEX_PARALLEL_BUILD} archs=${TORCH_CUDA_ARCH_LIST:-none} uv cache $UV_CACHE_DIR"
-  if [[ -n $wheels ]]; then
-    export SF_COMPILED_WHEELS=$wheels SF_COMPILED_MODE=$mode SF_COMPILED_KEY=$key
-    if [[ $mode == make ]]; then rm -rf -- "$wheels"; fi
-  fi
+  if [[ -n $venv ]]; then _sf_compile_env "$venv"; fi
+  # Without the store, the wheels are compiled into a scratch directory all the same: one way to
+  # compile (the inputs fetched by sha256 first, then compiled with no network), then installed.
+  if [[ -z $wheels ]]; then wheels="$SF_STATE/compiled/$key" mode=make scratch=1; fi
+  export SF_COMPILED_WHEELS=$wheels SF_COMPILED_MODE=$mode SF_COMPILED_KEY=$key
+  if [[ $mode == make ]]; then rm -rf -- "$wheels"; fi
   local fn=$1
   shift
   "sf_$fn" "$@"
+  if ((scratch)); then rm -rf -- "$wheels"; fi
+}
+
+# _sf_compile_env VENV: what the compiled pieces include and link that a toolkit of nvcc alone
+# (NVIDIA's wheels, conda's cuda-nvcc, a CUDA runtime base) lacks: cusparse.h, cublas_v2.h, nccl.h,
+# cudnn.h ... ship in the venv's NVIDIA wheels (site-packages/nvidia/*/include and */lib). They go
+# on CPATH / LIBRARY_PATH, which compilers search after the build's own -I/-L (the toolkit's), so a
+# full toolkit still wins. Where no driver is installed (a build host, an image build), a stub
+# libcuda.so (soname libcuda.so.1, no code) is made to link against; at run time the driver's own
+# libcuda.so.1 is what loads.
+_sf_compile_env() {
+  local venv=$1 site d inc=() lib=() cuda_home=${CUDA_HOME:-/usr/local/cuda}
+  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || sf_die "compiled step: $venv/bin/python does not run"
+  for d in "$site"/nvidia/*/include; do if [[ -d $d ]]; then inc+=("$d"); fi; done
+  for d in "$site"/nvidia/*/lib; do if [[ -d $d ]]; then lib+=("$d"); fi; done
+  if ! { /sbin/ldconfig -p 2>/dev/null || ldconfig -p 2>/dev/null; } | grep -q 'libcuda\.so ' &&
+    [[ ! -e $cuda_home/lib64/stubs/libcuda.so && ! -e $cuda_home/lib64/libcuda.so ]]; then
+    if [[ ! -e $SF_STATE/stubs/libcuda.so ]]; then
+      mkdir -p -- "$SF_STATE/stubs"
+      gcc -shared -Wl,-soname,libcuda.so.1 -x c /dev/null -o "$SF_STATE/stubs/libcuda.so" ||
+        sf_die "compiled step: no libcuda.so here (no driver, no toolkit stubs) and gcc could not make a stub"
+    fi
+    lib+=("$SF_STATE/stubs")
+    sf_log "compiled step: no NVIDIA driver here: linking against a stub libcuda.so ($SF_STATE/stubs)"
+  fi
+  local joined
+  if ((${#inc[@]})); then joined=$(IFS=:; printf '%s' "${inc[*]}"); export CPATH="$joined${CPATH:+:$CPATH}"; fi
+  if ((${#lib[@]})); then joined=$(IFS=:; printf '%s' "${lib[*]}"); export LIBRARY_PATH="$joined${LIBRARY_PATH:+:$LIBRARY_PATH}"; fi
+  sf_log "compiled step: headers and libraries of the venv's NVIDIA wheels on CPATH/LIBRARY_PATH (${#inc[@]} and ${#lib[@]} dirs)"
 }
 
 # --- sources --------------------------------------------------------------------------------
@@ -365,12 +577,18 @@ sf_apply_patch() {
       ((${#marked[@]} == 0)) || sf_die "patch $name left conflict markers in $dir: ${marked[*]}"
       ;;
     patch)
-      if out=$(patch -d "$dir" -p"$strip" --fuzz=0 --forward --batch --dry-run -i "$file" 2>&1); then
+      # Already applied: the reverse check passes, with --force (--batch would take a patch that is
+      # not applied for a reversed one and call it applied). A re-installed package gets its own
+      # files back, but a file the patch created stays behind and blocks the patch: it is removed
+      # when it is exactly what the patch creates (_sf_drop_created_files), and the patch applied.
+      if out=$(patch -d "$dir" -p"$strip" --fuzz=0 --forward --batch --dry-run -i "$file" 2>&1) ||
+        { ! _sf_reverse_check "$strip" "$file" "$dir" && _sf_drop_created_files "$name" "$strip" "$file" "$dir" &&
+          out=$(patch -d "$dir" -p"$strip" --fuzz=0 --forward --batch --dry-run -i "$file" 2>&1); }; then
         out=$(patch -d "$dir" -p"$strip" --fuzz=0 --forward --batch -i "$file" 2>&1) || {
           files=$(printf '%s\n' "$out" | _sf_patch_failed_files | paste -sd' ')
           sf_die "patch $name does not apply to $dir (files: ${files:-see output}): $out"
         }
-      elif patch -d "$dir" -p"$strip" --fuzz=0 --reverse --batch --dry-run -i "$file" >/dev/null 2>&1; then
+      elif _sf_reverse_check "$strip" "$file" "$dir"; then
         sf_log "patch $name: already applied to $dir"
         _sf_record_patch "$name" "$file" "$dir" already-applied
         return 0
@@ -385,14 +603,91 @@ sf_apply_patch() {
   _sf_record_patch "$name" "$file" "$dir" applied
 }
 
-# sf_patch_applied NAME METHOD STRIP FILE DIR: succeeds when the patch is present (reverse check).
-sf_patch_applied() {
-  local name=$1 method=$2 strip=$3 file=$4 dir=$5
+_sf_reverse_check() { patch -d "$3" -p"$1" --fuzz=0 --reverse --force --dry-run -i "$2" >/dev/null 2>&1; }
+
+# _sf_drop_created_files NAME STRIP FILE DIR: the files the patch creates (`--- /dev/null`) that lie in
+# DIR with exactly the content the patch gives them are removed (a leftover of this patch, applied
+# before the package was re-installed); succeeds when it removed any. One with other content stops.
+_sf_drop_created_files() {
+  local name=$1 strip=$2 file=$3 dir=$4 scratch rel removed=1
+  scratch=$(mktemp -d)
+  # Applied to an empty directory, the patch creates exactly its new files (the other hunks fail).
+  patch -d "$scratch" -p"$strip" --force --batch -i "$file" >/dev/null 2>&1 || true
+  while IFS= read -r rel; do
+    [[ -f $scratch/$rel && -f $dir/$rel ]] || continue
+    if cmp -s -- "$scratch/$rel" "$dir/$rel"; then
+      rm -f -- "$dir/$rel"
+      sf_log "patch $name: removed $rel, left by an earlier application of this patch (the package was re-installed)"
+      removed=0
+    else
+      rm -rf -- "$scratch"
+      sf_die "patch $name: $dir/$rel exists with content the patch does not give it; move it away"
+    fi
+  done < <(awk -v n="$strip" '/^--- \/dev\/null/ {getline; p = $2; sub(/\t.*/, "", p)
+      for (i = 0; i < n; i++) sub(/^[^\/]*\//, "", p); print p}' "$file")
+  rm -rf -- "$scratch"
+  return "$removed"
+}
+
+# sf_patches_applied NAME:METHOD:STRIP:FILE:DIR...: succeeds when every patch is present. Patches of
+# one directory are checked as the stack they are: several touch the same files (slime's four
+# sglang patches share nine), so one alone no longer reverses once later ones are applied. The
+# files they touch are copied to a scratch directory, and the patches reversed there for real, last
+# applied first; each must reverse cleanly (--fuzz=0). The installed tree is never changed.
+sf_patches_applied() {
+  local spec pname method strip file dir dirs=() failed=0
+  for spec in "$@"; do
+    IFS=: read -r pname method strip file dir <<<"$spec"
+    [[ " ${dirs[*]-} " == *" $dir "* ]] || dirs+=("$dir")
+  done
+  local d scratch touched i specs
+  for d in "${dirs[@]}"; do
+    specs=()
+    for spec in "$@"; do IFS=: read -r pname method strip file dir <<<"$spec"; [[ $dir == "$d" ]] && specs+=("$spec"); done
+    scratch=$(mktemp -d)
+    for spec in "${specs[@]}"; do
+      IFS=: read -r pname method strip file dir <<<"$spec"
+      [[ -f $file ]] || { printf 'slimeforge: ERROR: smoke: patch file %s is missing\n' "$file" >&2; failed=1; continue; }
+      while IFS= read -r touched; do
+        [[ -n $touched && -f $d/$touched ]] || continue
+        mkdir -p -- "$scratch/$(dirname -- "$touched")"
+        cp -p -- "$d/$touched" "$scratch/$touched"
+      done < <(_sf_patch_paths "$strip" "$file")
+    done
+    for ((i = ${#specs[@]} - 1; i >= 0; i--)); do
+      IFS=: read -r pname method strip file dir <<<"${specs[i]}"
+      [[ -f $file ]] || continue
+      if _sf_reverse_patch "$method" "$strip" "$file" "$scratch"; then
+        sf_log "smoke: patch $pname present in $d"
+      else
+        printf 'slimeforge: ERROR: smoke: patch %s is not present in %s (reversing it, after the ones applied after it, failed)\n' "$pname" "$d" >&2
+        failed=1
+      fi
+    done
+    rm -rf -- "$scratch"
+  done
+  ((failed == 0)) || return 1
+}
+
+# _sf_patch_paths STRIP FILE: the paths a unified or git diff touches, less STRIP leading parts.
+_sf_patch_paths() {
+  local strip=$1 file=$2
+  awk -v n="$strip" '/^(\+\+\+|---) / {
+      p = $2; sub(/\t.*/, "", p); if (p == "/dev/null") next
+      for (i = 0; i < n; i++) sub(/^[^\/]*\//, "", p)
+      print p }' "$file" | sort -u
+}
+
+_sf_reverse_patch() {
+  local method=$1 strip=$2 file=$3 dir=$4
   case $method in
-    git) sf_git -C "$dir" apply -p"$strip" --reverse --check "$file" >/dev/null 2>&1 ;;
-    patch) patch -d "$dir" -p"$strip" --fuzz=0 --reverse --batch --dry-run -i "$file" >/dev/null 2>&1 ;;
+    # Outside a repository, git apply patches the working directory's files; the ceiling keeps git
+    # from finding a repository above the scratch directory.
+    git) (cd -- "$dir" && GIT_CEILING_DIRECTORIES=${dir%/*} sf_git apply -p"$strip" --reverse "$file") >/dev/null 2>&1 ;;
+    # --force, not --batch: batch mode takes a patch that is not applied for a reversed one, and applies it.
+    patch) patch -d "$dir" -p"$strip" --fuzz=0 --reverse --force -i "$file" >/dev/null 2>&1 ;;
     *) return 1 ;;
-  esac || sf_die "patch $name is not present in $dir (reverse check failed)"
+  esac
 }
 
 # --- one source step ------------------------------------------------------------------------
@@ -511,12 +806,13 @@ sf_gpu_present() { nvidia-smi -L 2>/dev/null | grep -q '^GPU '; }
 # ($SF_STATE/smoke_versions.py, the one comparison).
 sf_smoke() {
   local venv="" marker="" torch_cuda="" flags="" slime="" megatron="" versions="" failed=0
-  local imports=() patches=() needs_gpu=() skipped=()
+  local imports=() patches=() needs_gpu=() skipped=() preload=()
   while (($#)); do
     case $1 in
       --venv) venv=$2; shift 2 ;;
       --import) imports+=("$2"); shift 2 ;;
       --needs-gpu) needs_gpu+=("$2"); shift 2 ;;
+      --preload) preload+=("$2"); shift 2 ;;
       --versions) versions=$2; shift 2 ;;
       --router-marker) marker=$2; shift 2 ;;
       --torch-cuda) torch_cuda=$2; shift 2 ;;
@@ -537,7 +833,11 @@ sf_smoke() {
       skipped+=("$m")
       continue
     fi
-    if out=$("$venv/bin/python" -c "import $m" 2>&1); then sf_log "smoke: import $m ok"; else
+    # Each in a fresh interpreter, after the --preload modules, as its users import it (torch first:
+    # its C++ extensions need libc10 loaded); a module is never its own preload.
+    local pre="" p
+    for p in "${preload[@]}"; do if [[ $p != "$m" ]]; then pre+="import $p; "; fi; done
+    if out=$("$venv/bin/python" -c "${pre}import $m" 2>&1); then sf_log "smoke: import $m ok"; else
       printf 'slimeforge: ERROR: smoke: import %s failed: %s\n' "$m" "$(tail -n 3 <<<"$out")" >&2; failed=1; fi
   done
   if [[ -n $versions ]]; then
@@ -553,11 +853,9 @@ sf_smoke() {
       sf_log "smoke: torch built for CUDA $out"
     else printf 'slimeforge: ERROR: smoke: torch CUDA %s does not match the flavor %s\n' "$out" "$torch_cuda" >&2; failed=1; fi
   fi
-  local spec pname method strip file dir
-  for spec in "${patches[@]}"; do
-    IFS=: read -r pname method strip file dir <<<"$spec"
-    if (sf_patch_applied "$pname" "$method" "$strip" "$file" "$dir"); then sf_log "smoke: patch $pname present"; else failed=1; fi
-  done
+  if ((${#patches[@]})); then
+    if (sf_patches_applied "${patches[@]}"); then sf_log "smoke: all ${#patches[@]} patch(es) present"; else failed=1; fi
+  fi
   if [[ -n $flags ]]; then
     local fresh
     fresh=$(mktemp)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import flag_standin
 
-from slimeforge.image import lock as lock_mod
+from slimeforge.image import lockfile, lockinputs
 from slimeforge.image.patches import PatchContent
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,7 +125,7 @@ def derived_stack(path: Path, slime_commit: str, lock: bool = True, **extra: str
         lines.append(f"{key}: {value}")
     path.write_text("\n".join(lines) + "\n")
     if lock:
-        from slimeforge.image.lock import LockOptions, resolve
+        from slimeforge.image.resolve import LockOptions, resolve
 
         resolve(LockOptions(stack=str(path), echo=lambda _: None))
     return path
@@ -137,7 +137,7 @@ TEST_LOCK = TEST_STACK.parent / "locks" / "pylock.sftest.toml"
 def tampered_lock(directory: Path, package: str):
     """The test stack's lock with one package's sha256 changed (a replaced file on the index, or a
     tampered lock): installing that package must fail, naming it and its step."""
-    from slimeforge.image.lock import read_lock
+    from slimeforge.image.lockfile import read_lock
 
     good = read_lock(TEST_LOCK)
     path = directory / "locks" / TEST_LOCK.name
@@ -157,9 +157,9 @@ def render_lock(stack):
     """The committed lock where there is one, else (cu129: its index is unreachable here) one with
     an empty slice per step; the router wheel's sha256, which cannot be fetched here, is set."""
     try:
-        lock = lock_mod.load_lock(stack.name if stack.file.parent.name == "images" else str(stack.file), stack)
-    except lock_mod.LockError:
-        lock = lock_mod.LockFile(Path("pylock.none.toml"), {}, {"steps": {n: [] for n in lock_mod.inputs(stack).by_step}}, "")
+        lock = lockfile.load_lock(stack.name if stack.file.parent.name == "images" else str(stack.file), stack)
+    except lockfile.LockError:
+        lock = lockfile.LockFile(Path("pylock.none.toml"), {}, {"steps": {n: [] for n in lockinputs.inputs(stack).by_step}}, "")
     lock.tool.setdefault("router", {})["sha256"] = "0" * 64
     lock.tool["patches"] = {}  # the placeholder patches below are not the locked ones
     return lock

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -155,3 +156,8 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.3):
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+
+
+def read_args(path: str | Path) -> list[str]:
+    """slime.args back into an argv list, byte for byte (values with newlines span quoted lines)."""
+    return shlex.split(Path(path).read_text())

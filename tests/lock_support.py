@@ -1,6 +1,7 @@
-"""A real PEP 503 simple index on loopback, serving wheels the tests build themselves, for the lock
-tests: `invoke lock` resolves against it with the real uv, and the step library installs from
-the lock it wrote. Nothing is mocked; only the packages are small."""
+"""A real PEP 503/691 simple index on loopback, serving wheels the tests build themselves, for the
+lock tests: `invoke lock` resolves against it with the real uv, and the step library installs from
+the lock it wrote. Also the lock tests' stack and a tiny base image pushed to a registry over its
+API. Nothing is mocked; only the packages are small."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import base64
 import hashlib
 import html
 import http.server
+import json
+import sys
 import threading
 import zipfile
 from dataclasses import dataclass, field
@@ -91,22 +94,33 @@ def make_sdist(directory: Path, name: str, version: str, needs: str) -> Path:
     return path
 
 
+# When the tests' files were "uploaded" unless a test says otherwise: before any cutoff a lock takes.
+UPLOADED = "2026-01-01T00:00:00Z"
+
+
 @dataclass
 class Index:
-    """A directory served as `<url>/simple/<project>/` (PEP 503, with PEP 592 yanked files)."""
+    """A directory served as `<url>/simple/<project>/`: PEP 503 HTML (with PEP 592 yanked files),
+    and PEP 691 JSON with PEP 700 upload times to a client that asks for it (uv does), which
+    `--exclude-newer` compares with its cutoff. `upload_times=False`: HTML only, as an index
+    without upload times (download.pytorch.org) serves."""
 
     root: Path
     yanked: set[str] = field(default_factory=set)
+    upload_times: bool = True
     url: str = ""
+    uploaded: dict[str, str] = field(default_factory=dict)  # file name -> its upload time
     _server: http.server.ThreadingHTTPServer | None = None
 
-    def add(self, name: str, version: str, requires: list[str] | None = None, payload: str = "") -> Path:
+    def add(self, name: str, version: str, requires: list[str] | None = None, payload: str = "", uploaded: str = UPLOADED) -> Path:
         wheel = make_wheel(self.root / "files", name, version, requires, payload)
+        self.uploaded[wheel.name] = uploaded
         self.write_pages()
         return wheel
 
-    def add_sdist(self, name: str, version: str, needs: str) -> Path:
+    def add_sdist(self, name: str, version: str, needs: str, uploaded: str = UPLOADED) -> Path:
         sdist = make_sdist(self.root / "files", name, version, needs)
+        self.uploaded[sdist.name] = uploaded
         self.write_pages()
         return sdist
 
@@ -115,21 +129,42 @@ class Index:
         for whl in sorted([*(self.root / "files").glob("*.whl"), *(self.root / "files").glob("*.tar.gz")]):
             projects.setdefault(whl.name.split("-")[0].replace("_", "-").lower(), []).append(whl)
         for project, wheels in projects.items():
-            links = []
+            links, files = [], []
             for whl in wheels:
-                sha = hashlib.sha256(whl.read_bytes()).hexdigest()
+                data = whl.read_bytes()
+                sha = hashlib.sha256(data).hexdigest()
                 yanked = ' data-yanked="withdrawn"' if whl.name in self.yanked else ""
                 links.append(f'<a href="../../files/{html.escape(whl.name)}#sha256={sha}"{yanked}>{html.escape(whl.name)}</a><br/>')
+                files.append({"filename": whl.name, "url": f"../../files/{whl.name}", "hashes": {"sha256": sha}, "size": len(data),
+                              "upload-time": self.uploaded.get(whl.name, UPLOADED),
+                              "yanked": "withdrawn" if whl.name in self.yanked else False})
             page = self.root / "simple" / project / "index.html"
             page.parent.mkdir(parents=True, exist_ok=True)
             page.write_text("<!DOCTYPE html><html><body>\n" + "\n".join(links) + "\n</body></html>\n")
+            versions = sorted({f["filename"].split("-")[1].removesuffix(".tar.gz") for f in files})
+            (page.parent / "index.json").write_text(json.dumps({"meta": {"api-version": "1.1"}, "name": project, "versions": versions,
+                                                                "files": files}))
 
     def start(self) -> Index:
         root = str(self.root)
+        json_pages = self.upload_times
 
         class Handler(http.server.SimpleHTTPRequestHandler):
             def __init__(self, *args, **kwargs):
                 super().__init__(*args, directory=root, **kwargs)
+
+            def do_GET(self):  # noqa: N802 - http.server's name
+                page = Path(self.translate_path(self.path)) / "index.json"
+                if json_pages and self.path.endswith("/") and "application/vnd.pypi.simple.v1+json" in self.headers.get("Accept", "") \
+                        and page.is_file():
+                    body = page.read_bytes()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                super().do_GET()
 
             def log_message(self, *args):  # quiet: the tests read uv's output, not the server's
                 pass
@@ -147,3 +182,89 @@ class Index:
         if self._server:
             self._server.shutdown()
             self._server.server_close()
+
+
+# --- the lock tests' stack and base image ---------------------------------------------------
+
+PY = f"{sys.version_info.major}.{sys.version_info.minor}"
+STACK = """schema: 1
+name: {name}
+version: "0.0.1"
+cuda: "{cuda}"
+python: "{py}"
+base: {{image: "{base}", glibc: "2.36"}}
+torch_index: {torch_index}
+image_root: /root
+venv: /opt/venv
+sources: {{}}
+versions:
+  uv: "0.9.7"
+  sf-base: "1.0"
+  sf-app: "1.0"
+steps:
+  - name: base
+    pip: [sf-base]
+  - name: app
+    pip: [sf-app]
+smoke:
+  imports: [sf_app]
+"""
+
+
+def write_stack(directory: Path, name="sflock", cuda="13.0", torch_index="null", base="slimeforge-test/base:bookworm") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.yaml"
+    path.write_text(STACK.format(name=name, cuda=cuda, py=PY, torch_index=torch_index, base=base))
+    return path
+
+
+def router_stack(directory: Path, base: str, router_url: str) -> Path:
+    """The test stack with a router step: its wheel by URL, outside any index (as slime's sgl-router)."""
+    path = write_stack(directory, base=base)
+    path.write_text(path.read_text().replace("smoke:\n", f"  - name: router\n    wheel_url: router.wheel\nrouter:\n  wheel: {router_url}\nsmoke:\n"))
+    return path
+
+
+def _registry_put(reg, user: str, password: str, method: str, url: str, body: bytes, content_type: str) -> dict:
+    import base64
+    import ssl
+    import urllib.request
+
+    req = urllib.request.Request(url, data=body, method=method, headers={
+        "Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode(), "Content-Type": content_type})
+    with urllib.request.urlopen(req, context=ssl.create_default_context(cafile=str(reg.ca)), timeout=30) as resp:
+        return dict(resp.headers)
+
+
+def push_tiny_image(reg, repository: str, tag: str, user: str, password: str) -> str:
+    """An image manifest (one empty config blob, one small layer) pushed over the registry API."""
+    import gzip
+    import hashlib
+    import io
+    import json
+    import tarfile
+
+    base = f"https://{reg.host}/v2/{repository}"
+    layer_tar = io.BytesIO()
+    with tarfile.open(fileobj=layer_tar, mode="w") as tar:
+        info = tarfile.TarInfo("etc/sf-base")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"sf\n"))
+    layer = gzip.compress(layer_tar.getvalue(), mtime=0)
+    config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers",
+                         "diff_ids": ["sha256:" + hashlib.sha256(layer_tar.getvalue()).hexdigest()]}}).encode()
+    for blob in (config, layer):
+        digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+        where = _registry_put(reg, user, password, "POST", f"{base}/blobs/uploads/", b"", "application/octet-stream")["Location"]
+        sep = "&" if "?" in where else "?"
+        where = where if where.startswith("http") else f"https://{reg.host}{where}"
+        _registry_put(reg, user, password, "PUT", f"{where}{sep}digest={digest}", blob, "application/octet-stream")
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": len(config),
+                   "digest": "sha256:" + hashlib.sha256(config).hexdigest()},
+        "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", "size": len(layer),
+                    "digest": "sha256:" + hashlib.sha256(layer).hexdigest()}],
+    }).encode()
+    _registry_put(reg, user, password, "PUT", f"{base}/manifests/{tag}", manifest, "application/vnd.docker.distribution.manifest.v2+json")
+    return "sha256:" + hashlib.sha256(manifest).hexdigest()

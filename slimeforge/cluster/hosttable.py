@@ -9,7 +9,10 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Sequence
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from rich.live import Live
 
 PENDING, RUNNING, OK, FAILED, SKIPPED = "·", "…", "ok", "FAILED", "-"
 STYLES = {PENDING: "dim", RUNNING: "yellow", OK: "green", FAILED: "bold red", SKIPPED: "dim"}
@@ -26,7 +29,7 @@ class HostTable:
         self.stream = stream or sys.stdout
         self.live_mode = self.stream.isatty() if live is None else live
         self._lock = threading.Lock()
-        self._live = None
+        self._live: Live | None = None
 
     # --- updates (thread-safe: hosts report from worker threads) --------------------------------
 

@@ -20,6 +20,7 @@ from pydantic import Field
 
 from .. import paths
 from ..errors import ConfigError, Problem
+from ..image.registry import image_ref_problems
 from ..schema import ENV_NAME_RE, Model, model_problems, secret_name, text_problem
 from ..yamlio import load_with_extends
 from .ssh import SSHOptions, SSHTarget
@@ -29,7 +30,6 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # used in paths and co
 ADDRESS_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:%-]{0,252}")  # IP, DNS name or ssh config alias
 USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 IFACE_RE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")  # Linux IFNAMSIZ - 1
-DIGEST_RE = re.compile(r".*@sha256:[0-9a-f]{64}")
 MAX_GPUS = 64
 
 
@@ -144,10 +144,6 @@ class Inventory:
     def head(self) -> Host:
         return next(h for h in self.hosts if h.is_head)
 
-    @property
-    def workers(self) -> tuple[Host, ...]:
-        return tuple(h for h in self.hosts if not h.is_head)
-
     def host(self, name: str) -> Host:
         return next(h for h in self.hosts if h.name == name)
 
@@ -158,12 +154,15 @@ def default_temp_dir(cluster: str, host: str) -> str:
     return "/tmp/sfr-" + hashlib.sha256(f"{cluster}\0{host}".encode()).hexdigest()[:8]
 
 
-def _resolve(base: Path, value: str | None) -> Path | None:
+def _resolve(base: Path, value: str) -> Path:
     """A local file named in the inventory: `~` expanded, relative to the inventory's directory."""
-    if value is None:
-        return None
     p = Path(value).expanduser()
     return p if p.is_absolute() else base / p
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    """A section of the raw inventory, or {} when it is missing or not a mapping (pydantic says so)."""
+    return value if isinstance(value, dict) else {}
 
 
 def check(data: dict[str, Any], base: Path) -> list[Problem]:
@@ -175,7 +174,7 @@ def check(data: dict[str, Any], base: Path) -> list[Problem]:
         return [Problem("hosts", "must list at least one host", hosts, "a list of {name, address, role, gpus}")]
     hosts = [h if isinstance(h, dict) else {} for h in hosts]
     mode = data.get("mode")
-    ssh = data.get("ssh") if isinstance(data.get("ssh"), dict) else {}
+    ssh = _mapping(data.get("ssh"))
 
     heads = [str(h.get("name", f"#{i}")) for i, h in enumerate(hosts) if h.get("role") == "head"]
     if len(heads) != 1:
@@ -240,8 +239,8 @@ def check(data: dict[str, Any], base: Path) -> list[Problem]:
         image = data.get("image")
         if not image:
             p.append(Problem("image", "is required in container mode", image, "REGISTRY/REPO@sha256:<64 hex digits> (invoke publish prints it)"))
-        elif isinstance(image, str) and not DIGEST_RE.fullmatch(image):
-            p.append(Problem("image", "must be pinned by digest: a tag can point at another image on each host", image, "REGISTRY/REPO@sha256:<64 hex digits>"))
+        else:  # by the OCI grammar: `-v/:/host@sha256:...` must never reach `docker pull` or `docker run` as an option
+            p.extend(image_ref_problems(image, "image", require_digest=True))
         for field in ("prefix", "python", "install_script"):
             if data.get(field) is not None:
                 p.append(Problem(field, "is used in host mode only; this inventory has mode: container", data[field]))
@@ -250,7 +249,7 @@ def check(data: dict[str, Any], base: Path) -> list[Problem]:
 
     script = data.get("install_script")
     if isinstance(script, str) and not _resolve(base, script).is_file():
-        p.append(Problem("install_script", "names no file on this machine", script, "a local script (e.g. the one `invoke install --render` writes); it is sent to each host"))
+        p.append(Problem("install_script", "names no file on this machine", script, "a local script (e.g. the install.sh that `invoke install --dry-run` renders); it is sent to each host"))
     config = ssh.get("config")
     if isinstance(config, str) and not _resolve(base, config).is_file():
         p.append(Problem("ssh.config", "names no file on this machine", config, "an ssh config file, or leave it out to use ~/.ssh/config"))
@@ -258,7 +257,7 @@ def check(data: dict[str, Any], base: Path) -> list[Problem]:
         if not re.fullmatch(r"[A-Za-z]{1,64}", str(key)):
             p.append(Problem("ssh.options", "is not an ssh option name", key, "e.g. StrictHostKeyChecking, ProxyJump"))
 
-    ray = data.get("ray") if isinstance(data.get("ray"), dict) else {}
+    ray = _mapping(data.get("ray"))
     for env_key in ray["env"] if isinstance(ray.get("env"), dict) else {}:
         if not ENV_NAME_RE.fullmatch(str(env_key)):
             p.append(Problem("ray.env", "is not an environment variable name", env_key, "letters, digits and '_', not starting with a digit"))
@@ -292,7 +291,7 @@ def load_inventory(path: str | Path) -> Inventory:
     name = spec.name or path.stem.replace("_", "-")
     if not NAME_RE.fullmatch(name):
         raise ConfigError(str(path), [Problem("name", "the file name is not a usable cluster name: set name:", name, "letters, digits, '.', '_', '-'")])
-    ssh_config = _resolve(base, spec.ssh.config)
+    ssh_config = _resolve(base, spec.ssh.config) if spec.ssh.config is not None else None
     options = SSHOptions(config_file=str(ssh_config) if ssh_config else None, connect_timeout=spec.ssh.connect_timeout, extra=dict(spec.ssh.options))
     hosts = []
     for h in spec.hosts:
@@ -330,7 +329,7 @@ def load_inventory(path: str | Path) -> Inventory:
         name=name,
         mode=spec.mode,
         image=spec.image,
-        install_script=_resolve(base, spec.install_script),
+        install_script=_resolve(base, spec.install_script) if spec.install_script is not None else None,
         ssh_options=options,
         ray=spec.ray,
         container=spec.container,

@@ -36,9 +36,11 @@ from ..errors import ConfigError, Problem, SlimeforgeError
 from ..proc import Runner
 from ..schema import ENV_NAME_RE, text_problem, text_problems
 from ..templating import render
-from .dockerapi import docker_client, resolve_base
-from .lock import check_patches, checked_lock
-from .patches import PatchContent, read_patches
+from .dockerapi import EngineUnavailable, docker_client, resolve_base
+from .lockcheck import check_patches
+from .outside import lock_for_run, patches_for_run
+from .patches import PatchContent
+from .registry import image_ref_problems
 from .sources import GIT, LocalSource, dist_files, parse_sources
 from .stack import Stack, load_stack
 from .steps import (
@@ -61,6 +63,7 @@ from .steps import (
 LABEL_NS = "ai.slimeforge"
 REPORT, LOCK, FLAGS, LOG = paths.BUILD_REPORT, paths.STACK_LOCK, paths.FLAGS, "build.log"
 HASH_LABEL = f"{LABEL_NS}.build-hash"
+TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # the OCI grammar of a tag
 
 
 class BuildError(SlimeforgeError):
@@ -110,6 +113,7 @@ class Prepared:
     env: dict[str, str]
     labels: dict[str, str]
     compiled: dict[str, dict[str, Any]] = field(default_factory=dict)  # step -> key, storable, source (store/compile)
+    provisional: bool = False  # a dry run's plan with an outside fact missing (named in its warnings)
 
     @property
     def tag(self) -> str:
@@ -231,17 +235,29 @@ def prepare(opts: BuildOptions) -> Prepared:
         problems.extend(exc.problems)
     if opts.out is not None and (why := dir_problem(Path(opts.out))):
         problems.append(Problem("--out", why, str(opts.out), "a build directory (new, or one `invoke build` wrote)"))
-    ca_given = opts.ca_bundle is not None and opts.ca_bundle != ""
-    if ca_given and not Path(opts.ca_bundle).is_file():
+    if opts.ca_bundle and not Path(opts.ca_bundle).is_file():
         problems.append(Problem("--ca-bundle", "is not a file", opts.ca_bundle, "a PEM file of CA certificates"))
+    if opts.base_image is not None:
+        problems.extend(image_ref_problems(opts.base_image, "--base-image"))
+    for tag in opts.tags:
+        if not TAG_RE.fullmatch(tag) and image_ref_problems(tag, "--tag"):
+            problems.append(Problem("--tag", "is neither a tag nor an image reference", tag,
+                                    "a tag ([A-Za-z0-9_][A-Za-z0-9_.-]{0,127}) or REGISTRY/REPO:TAG"))
     if opts.repository and not re.fullmatch(r"[a-z0-9]+(?:[._/-][a-z0-9]+)*(?::[0-9]+/[a-z0-9._/-]+)?", opts.repository):
         problems.append(Problem("--repository", "is not a repository name", opts.repository, "e.g. slimeforge/cu13"))
     if problems:
         raise ConfigError("invoke build", problems)
     cache = paths.sources_cache(opts.build_root)
-    pylock = checked_lock(stack)
-    base = resolve_base(stack, opts.base_image, opts.dry_run, pylock.tool.get("base", {}).get("digest") or None)
-    patches = read_patches(stack, local, cache)
+    # A real build fills a missing outside fact itself (and writes it into the lock); a dry run names it.
+    pylock = lock_for_run(stack, opts.dry_run, opts.echo)
+    try:
+        base = resolve_base(stack, opts.base_image, opts.dry_run, pylock.tool.get("base", {}).get("digest") or None)
+    except EngineUnavailable as exc:
+        if not opts.dry_run:
+            raise
+        opts.echo(f"warning: the base image is taken by its tag in this plan: {exc}")
+        base = {"image": opts.base_image or stack.base.image, "from": opts.base_image or stack.base.image, "digest": None, "image_id": None}
+    patches = patches_for_run(stack, local, cache, pylock, opts.dry_run, opts.echo)
     check_patches(pylock, {p.file: p.sha256 for p in patches})
     from_sources = {n: s for n, s in local.items() if s.kind == "git" and stack.builds_from(n)}
     from_sources.update({n: s for n, s in local.items() if s.kind == "wheels"})
@@ -263,7 +279,7 @@ def prepare(opts: BuildOptions) -> Prepared:
         "stack.lock.json": lock_text,
         **{name: path.read_bytes() for name, path in TARGET_SCRIPTS.items()},
     }
-    context.update({f"patches/{p.file}": p.data for p in patches})
+    context.update({f"patches/{p.file}": p.data for p in patches if not p.missing})
     context.update({f"lock/{name}": text for name, text in lock_files(stack, pylock, image_layout(stack, from_sources)).items()})
     # A store hit's wheels go into the context (bind-mounted into their step). Its SHA256SUMS is in
     # the hash, and the wheels were just checked against it: their bytes are in the hash through it.
@@ -329,7 +345,8 @@ def prepare(opts: BuildOptions) -> Prepared:
         argv.append("--no-cache")
     argv.append(str(out / "context"))
     return Prepared(stack, local, base, patches, dockerfile, lock, build_args, build_hash, out, repository, argv,
-                    {"DOCKER_BUILDKIT": "1"}, labels, {n: {k: v for k, v in c.items() if k != "entry"} for n, c in compiled.items()})
+                    {"DOCKER_BUILDKIT": "1"}, labels, {n: {k: v for k, v in c.items() if k != "entry"} for n, c in compiled.items()},
+                    provisional=pylock.provisional or any(p.missing for p in patches))
 
 
 def _compiled_plan(stack: Stack, base: dict[str, Any], patch_sha: dict[str, str], lock, opts: BuildOptions) -> dict[str, dict[str, Any]]:
@@ -581,7 +598,10 @@ def build(opts: BuildOptions) -> dict[str, Any]:
         import shlex
 
         echo("would run: " + " ".join(f"{k}={v}" for k, v in p.env.items()) + " " + shlex.join(p.argv))
-        return {"dry_run": True, "build_hash": p.hash, "dir": str(p.dir), "tag": p.tag, "human_tags": p.human_tags, "command": p.argv}
+        if p.provisional:
+            echo("the plan is provisional: what the warnings above name is missing, so this build hash and the compiled keys "
+                 "are not yet the real build's; a real `invoke build` fills what it can reach first")
+        return {"dry_run": True, "provisional": p.provisional, "build_hash": p.hash, "dir": str(p.dir), "tag": p.tag, "human_tags": p.human_tags, "command": p.argv}
 
     client = docker_client()
     pull_base(client, p.base, echo)
@@ -599,7 +619,8 @@ def build(opts: BuildOptions) -> dict[str, Any]:
         image_id = (p.dir / "image.id").read_text().strip()
         steps, duration, skipped = parse_progress(lines), round(time.monotonic() - started, 2), False
         echo("smoke test ...")
-        smoke_test(client, image_id, p.stack)
+        for line in smoke_test(client, image_id, p.stack).splitlines():
+            echo(f"  {line}")
     in_lock, in_flags = f"{paths.IMAGE_STATE}/{LOCK}", f"{paths.IMAGE_STATE}/{FLAGS}"
     files = _read_from_image(client, image_id, [in_lock, in_flags] if slime_source(p.stack) else [in_lock])
     _apply_tags(client, image_id, tags)

@@ -1,11 +1,15 @@
 """`invoke install`: the bare-metal install script of a stack, rendered from the same steps as its
 Dockerfile (`steps.step_commands`), with the same step library (templates/steps.sh) included.
 
-    render_install_script(stack, prefix, venv=None, sources=None) -> str   (cluster bootstrap uses it)
-    install(opts) -> Path   render to --out (default <prefix>/.slimeforge/install/), run unless dry run
+    render_install_script(stack, prefix, ...) -> str   the script (cluster bootstrap renders it too)
+    store_plan(...)                                     each compiled step: from the store, or compiled then stored
+    install(opts) -> Path                               validate, plan the store, render to --out, run (not on a dry run),
+                                                        then store what it compiled
 
-The script is a deliverable on its own: it carries the patch files (base64, checked by sha256) and
-the input lock, so it can be copied to a host and run there (cluster bootstrap runs it over SSH).
+The script is a deliverable on its own: it carries the patch files (base64, checked by sha256), the
+input lock, each step's slice of the flavor's lock and the target scripts, so it can be copied to a
+host and run there. Its prerequisites (interpreter, tools, toolkit and headers, driver, disk from
+the lock) are all checked before the first download.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +28,9 @@ from ..errors import ConfigError, Problem
 from ..proc import Runner
 from ..schema import text_problem
 from ..templating import render
-from .lock import LockFile, check_patches, checked_lock
+from .lockcheck import check_patches, checked_lock
+from .lockfile import LockFile, normalize
+from .outside import lock_for_run, patches_for_run
 from .patches import PatchContent, read_patches
 from .sources import LocalSource, parse_sources
 from .stack import Stack, load_stack
@@ -43,20 +50,55 @@ from .steps import (
 SCRIPT = "install.sh"
 
 
+# What an install weighs, from its lock: the lock's files unpack to about this many times their size
+# (the real cu13 install, 2026-11-25: the lock's 5.1 GB made a 12 GB venv), plus source checkouts and
+# logs, plus the compiled steps' build trees and wheels where the stack compiles.
+UNPACKED_PER_DOWNLOADED = 2.5
+OVERHEAD_GIB = 1
+COMPILE_SCRATCH_GIB = 2
+
+
+def disk_need(stack: Stack, lock: LockFile) -> tuple[int, int]:
+    """(bytes the lock downloads, GiB the install needs free at its prefix)."""
+    download = sum(p.size or 0 for p in lock.packages.values())
+    scratch = COMPILE_SCRATCH_GIB if any(s.compiles for s in stack.steps) else 0
+    return download, int(-(-download * UNPACKED_PER_DOWNLOADED // (1 << 30))) + OVERHEAD_GIB + scratch
+
+
+PYTHON_NAME_RE = re.compile(r"python3(?:\.[0-9]{1,2})?")
+# An absolute path of plain names: dot-directories (~/.pyenv, ~/.local) yes, '.' and '..' no.
+PYTHON_PATH_RE = re.compile(r"(?:/(?!\.\.?(?:/|$))[A-Za-z0-9._+-]{1,255}){1,64}")
+
+
+def python_problem(value: str) -> str | None:
+    """`--python`: an absolute path, or an interpreter's name on PATH (python3.12)."""
+    if PYTHON_NAME_RE.fullmatch(value) or PYTHON_PATH_RE.fullmatch(value):
+        return None
+    return "is neither an absolute path nor an interpreter name such as python3.12"
+
+
+def toolkit_headers(stack: Stack, lock: LockFile) -> list[str]:
+    """Headers the compiled steps include that no locked distribution ships: the toolkit must have them."""
+    return sorted(h for h, pkg in stack.compile_headers.items() if normalize(pkg) not in lock.packages)
+
+
 def render_install_script(stack: Stack, prefix: str, venv: str | None = None, sources: dict[str, LocalSource] | None = None,
                           cache: Path = paths.SOURCES_CACHE, patches: list[PatchContent] | None = None,
                           lock: LockFile | None = None, store: dict[str, tuple[str, str]] | None = None,
-                          base_id: str | None = None) -> str:
+                          base_id: str | None = None, python: str | None = None) -> str:
     """The install script (text). `sources` maps a source name to a LocalSource (see
     sources.parse_sources); patches are read from the pinned slime commit (local or fetched)
     unless given (`patches.read_patches` output); the lock is the stack's committed one unless given.
     `store`: compiled step -> ("use", DIR) or ("make", DIR) (see store_plan); `base_id`: the base as
-    the image build resolves it, so that the compiled keys are the image's."""
+    the image build resolves it, so that the compiled keys are the image's; `python`: the
+    interpreter the venv is made with (default: the stack's by its version, on PATH)."""
     if not prefix.startswith("/"):
         raise ConfigError("install", [Problem("--prefix", "must be an absolute path", prefix)])
     if venv is not None and not venv.startswith("/"):
         raise ConfigError("install", [Problem("--venv", "must be an absolute path", venv)])
-    layout = host_layout(stack, prefix, venv, sources)
+    if python is not None and (why := python_problem(python)):
+        raise ConfigError("install", [Problem("--python", why, python, "e.g. /opt/conda/bin/python3.12 or python3.12")])
+    layout = host_layout(stack, prefix, venv, sources, python)
     pylock = lock or checked_lock(stack)
     slices = lock_files(stack, pylock, layout)
     if patches is None:
@@ -72,7 +114,7 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
     steps.append({"name": FINALIZE_STEP, "env": {}, "commands": [finalize_argv(stack, layout, f"{layout.state}/stack.input.json",
                                                                              paths.Prefix.at(prefix).lock, paths.Prefix.at(prefix).flags)]})
     for step in steps:
-        inputs = {"step": step, "patches": {f: patch_sha[f] for f in sorted(patch_sha) if any(f in " ".join(c) for c in step["commands"])}}
+        inputs: dict[str, object] = {"step": step, "patches": {f: patch_sha[f] for f in sorted(patch_sha) if any(f in " ".join(c) for c in step["commands"])}}
         # A changed slice of the lock re-does its step (and, through the chain, every later one).
         own = LOCK_ALL if step["name"] == FINALIZE_STEP else lock_file(step["name"])
         if own in slices:
@@ -90,12 +132,14 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
         "venv": layout.venv,
         "library": paths.STEP_LIBRARY.read_text().rstrip("\n"),
         "python": stack.python,
+        "python_cmd": layout.python or stack.interpreter,
         "cuda": stack.cuda,
         "cuda_home": stack.cuda_home or "/usr/local/cuda",
         "driver_min": stack.driver_min or 0,
         # A host needs compilers only for what it compiles: not for compiled steps from the store.
         "compiles": any(s.compiles and (store or {}).get(s.name, ("",))[0] != "use" for s in stack.steps),
-        "disk_gb": 80 if stack.cuda else 1,
+        "disk_gib": disk_need(stack, pylock)[1],
+        "toolkit_headers": toolkit_headers(stack, pylock),
         "patches": [{"file": p.file, "sha256": p.sha256, "b64": base64.encodebytes(p.data).decode().rstrip("\n")} for p in patches],
         "lock_b64": base64.encodebytes(lock_text.encode()).decode().rstrip("\n"),
         "target_scripts": [{"name": n, "b64": base64.encodebytes(p.read_bytes()).decode().rstrip("\n")} for n, p in sorted(TARGET_SCRIPTS.items())],
@@ -134,6 +178,8 @@ class InstallOptions:
     stack: str = "cu13"
     prefix: str = ""
     venv: str | None = None
+    python: str | None = None  # the interpreter the venv is made with (default: python<ver> on PATH)
+    min_free_gb: int | None = None  # the free disk the prerequisites ask for (default: from the lock)
     sources: list[str] = field(default_factory=list)
     out: Path | None = None
     dry_run: bool = False
@@ -153,6 +199,10 @@ def install(opts: InstallOptions) -> Path:
     for option, value in (("--prefix", opts.prefix), ("--venv", opts.venv)):
         if value and (why := text_problem(value)):
             problems.append(Problem(option, why, value, "a directory path"))
+    if opts.python is not None and (why := python_problem(opts.python)):
+        problems.append(Problem("--python", why, opts.python, "e.g. /opt/conda/bin/python3.12 or python3.12"))
+    if opts.min_free_gb is not None and not 0 <= opts.min_free_gb <= 100_000:
+        problems.append(Problem("--min-free-gb", "is out of range", opts.min_free_gb, "0 to 100000 (GiB)"))
     if opts.out is not None and (why := dir_problem(Path(opts.out))):
         problems.append(Problem("--out", why, str(opts.out), "a directory you may write to"))
     local = {}
@@ -164,9 +214,13 @@ def install(opts: InstallOptions) -> Path:
         raise ConfigError("invoke install", problems)
     prefix = str(Path(opts.prefix).absolute())
     cache = paths.sources_cache(opts.build_root)
-    store, keys, base_id = {}, {}, None
+    store: dict[str, tuple[str, str]] = {}
+    keys: dict[str, str] = {}
+    base_id: str | None = None
+    # A real install fills a missing outside fact itself (and writes it into the lock); a dry run names it.
+    pylock = lock_for_run(stack, opts.dry_run, opts.echo)
+    patches = patches_for_run(stack, local, cache, pylock, opts.dry_run, opts.echo)
     if opts.use_store and any(s.compiles for s in stack.steps):
-        pylock, patches = checked_lock(stack), read_patches(stack, local, cache)
         opts.echo("compiled steps:")
         from .dockerapi import EngineUnavailable
 
@@ -177,7 +231,10 @@ def install(opts: InstallOptions) -> Path:
             # lock, the wheels' keys cannot be known here, so the compiled steps compile in place.
             opts.echo(f"  the compiled-wheel store is not used ({exc}); pin the base (invoke lock --base-digest sha256:...) to use it")
     text = render_install_script(stack, prefix, str(Path(opts.venv).absolute()) if opts.venv else None, local, cache,
-                                 store=store, base_id=base_id)
+                                 patches=patches, lock=pylock, store=store, base_id=base_id, python=opts.python)
+    download, need = disk_need(stack, pylock)
+    opts.echo(f"disk: the lock downloads {download / 1e9:.1f} GB; the install needs about {need} GiB free at {prefix}"
+              + (f" (--min-free-gb {opts.min_free_gb} asks for {opts.min_free_gb})" if opts.min_free_gb is not None else ""))
     out = Path(opts.out) if opts.out else Path(prefix) / ".slimeforge" / "install"
     script = out / SCRIPT
     try:
@@ -190,7 +247,8 @@ def install(opts: InstallOptions) -> Path:
         return script
     opts.echo(f"running {script}")
     # Not captured: the script's progress goes straight to the terminal; the runner raises on failure.
-    opts.runner.run(["bash", str(script)], step="install", capture=False)
+    env = {"SLIMEFORGE_MIN_FREE_GIB": str(opts.min_free_gb)} if opts.min_free_gb is not None else None
+    opts.runner.run(["bash", str(script)], step="install", capture=False, env=env)
     from . import wheelstore
 
     for name, (mode, directory) in store.items():

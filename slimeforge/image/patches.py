@@ -32,10 +32,17 @@ class PatchContent:
     method: str
     strip: int
     data: bytes
+    # A dry run's stand-in for a patch file that could not be read (its source unreachable): no
+    # data, the sha256 the lock records (outside.patches_for_run). A real run never has one.
+    locked: str = ""
+
+    @property
+    def missing(self) -> bool:
+        return bool(self.locked)
 
     @property
     def sha256(self) -> str:
-        return hashlib.sha256(self.data).hexdigest()
+        return self.locked or hashlib.sha256(self.data).hexdigest()
 
 
 class PatchError(SlimeforgeError):

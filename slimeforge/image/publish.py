@@ -347,7 +347,7 @@ def publish(
     api = RegistryAPI(push_host, credentials, certs_dir=certs_dir, retry=retry, echo=echo, insecure=daemon_insecure_registries(docker))
 
     # Before any push: where does each tag point now?
-    if ecr_client:
+    if ecr_client and p.ecr:
         remote = ecr_api.manifests(ecr_client, p.ecr.registry, p.repository, p.source.tags)
     else:
         remote = {t: m for t in p.source.tags if (m := api.manifest(p.repository, t))}
@@ -377,7 +377,7 @@ def publish(
             reported = f"{seen.digest} (image {seen.config_digest})" if seen else "no manifest"
             raise PublishError(f"{push_host}/{p.repository}:{tag}: pushed {digest} (image {image_id}) but the registry "
                                f"reports {reported}; nothing was recorded")
-        if ecr_client and push_host == p.ecr.registry.host:  # a test's split setup pushes elsewhere
+        if ecr_client and p.ecr and push_host == p.ecr.registry.host:  # a test's split setup pushes elsewhere
             ecr_api.confirm_digest(ecr_client, p.ecr.registry, p.repository, tag, digest)
         confirmed[tag] = digest
 
@@ -429,7 +429,7 @@ def _local_image_id(docker, source: Source) -> str:
         hint = f"run invoke build --cuda {source.flavor} first" if source.flavor else "see `docker images`"
         raise PublishError(f"{source.image}: no such local image; {hint}") from None
     if source.image_id and image_id != source.image_id:
-        raise PublishError(f"{source.image} is now image {image_id}, but {source.build_dir / REPORT} says "
+        raise PublishError(f"{source.image} is now image {image_id}, but {source.build_dir}/{REPORT} says "
                            f"{source.image_id}: the tag moved after that build; rebuild (invoke build --cuda {source.flavor}) "
                            "or publish the image you mean with --image")
     return image_id
@@ -507,7 +507,7 @@ class LayerProgress:
             self.echo(f"  {layer}  {status[0].lower()}{status[1:]}")
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -516,7 +516,7 @@ def _size(n: int) -> str:
 
 
 def _immutable_message(p: Plan, refused: list[str], moving: dict[str, RemoteManifest], image_id: str) -> str:
-    where = f"ECR repository {p.ecr.registry.host}/{p.repository}"
+    where = f"ECR repository {p.ecr.registry.host if p.ecr else p.registry}/{p.repository}"
     lines = [f"{where}: refusing to move immutable tag(s); nothing was pushed:"]
     lines += [f"  - {t} already points at {moving[t].digest} (image {moving[t].config_digest}), not at this image {image_id}"
               for t in refused]

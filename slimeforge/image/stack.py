@@ -69,7 +69,6 @@ def _image_ref(v: str) -> str:
 
 
 Name = Annotated[str, _grammar(NAME_RE, "a name: letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128")]
-EnvName = Annotated[str, _grammar(ENV_NAME_RE, "an environment variable name: letters, digits and '_', not starting with a digit")]
 Package = Annotated[str, _grammar(PACKAGE_RE, "a Python package name (PEP 508), optionally with [extras]")]
 VersionSpec = Annotated[str, _grammar(VERSION_SPEC_RE, "a version (2.11.0) or PEP 440 specifiers (>=0.37.0,<2)")]
 AptName = Annotated[str, _grammar(APT_RE, "a Debian package name (lowercase letters, digits, + . -, starting with a letter or digit)")]
@@ -133,6 +132,29 @@ class Base(Model):
         return v
 
 
+# A command a host package provides (gcc, g++, git), and a package name of another distribution (dnf).
+COMMAND_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9+._-]{0,63}")
+Command = Annotated[str, _grammar(COMMAND_RE, "a command name such as gcc or g++")]
+DistroPackage = Annotated[str, _grammar(re.compile(r"[A-Za-z0-9][A-Za-z0-9+._-]{0,127}"), "a package name such as gcc-c++")]
+# A C header a compiled step includes (cusparse.h, cudnn.h): a file name, nothing else.
+HEADER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}\.h")
+Header = Annotated[str, _grammar(HEADER_RE, "a header file name such as cusparse.h")]
+
+
+class Probe(Model):
+    """How a host without dpkg shows that an apt package of the system step is there: every command
+    on PATH and one of the files (a CA bundle lies in another place on RHEL); `dnf` names the
+    package there, for the message."""
+
+    commands: list[Command] = Field(default_factory=list)
+    files: list[AbsPath] = Field(default_factory=list)
+    dnf: list[DistroPackage] = Field(default_factory=list)
+
+    def spec(self, package: str) -> str:
+        """PKG:COMMANDS:FILES:DNF, the form sf_system reads (no field can hold ':' or ',')."""
+        return ":".join([package, ",".join(self.commands), ",".join(self.files), ",".join(self.dnf)])
+
+
 class Step(Model):
     name: Name
     apt: list[AptName] | None = None
@@ -152,6 +174,8 @@ class Step(Model):
     # An apt step that also installs the stack's interpreter by its version (python3.12,
     # python3.12-venv, python3.12-dev): CUDA bases ship no Python, and "python3" may be another one.
     python: bool = False
+    # apt steps: per package, what shows it is there on a host without dpkg (see Probe).
+    without_apt: dict[AptName, Probe] = Field(default_factory=dict)
 
     @field_validator("env")
     @classmethod
@@ -200,6 +224,9 @@ class Smoke(Model):
     # line saying so, where none is present (the image build's smoke test runs without one).
     needs_gpu: list[Module] = Field(default_factory=list)
     router_fork_marker: Name | None = None
+    # Imported first in each import's own interpreter, as the pieces' users do: torch's C++
+    # extensions (apex's amp_C, fused_layer_norm_cuda) need libc10 loaded by `import torch`.
+    preload: list[Module] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _gpu_subset(self) -> Smoke:
@@ -214,7 +241,7 @@ class Smoke(Model):
 
 
 class LockSpec(Model):
-    """Inputs of `invoke lock` beyond the steps' own pins (see slimeforge/image/lock.py)."""
+    """Inputs of `invoke lock` beyond the steps' own pins (see slimeforge/image/lockinputs.py)."""
 
     # Runtime dependencies that a source step's checkout declares (its pyproject/setup.py at the
     # pinned commit): the source itself installs with --no-deps, so the lock must hold these.
@@ -241,6 +268,7 @@ class PlanStep:
     constrain_later: bool
     patches: tuple[PatchFile, ...]
     packages: tuple[str, ...] | None = None
+    probes: tuple[str, ...] | None = None  # apt: sf_system's --need spec of each package
     requirements: tuple[str, ...] | None = None
     index_url: str | None = None
     no_binary: tuple[str, ...] | None = None
@@ -252,12 +280,12 @@ class PlanStep:
     editable: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The step as JSON: what `invoke stack.show --json` prints and compiled keys hash (a pip
+        """The step as JSON: what `invoke stack.show --as-json` prints and compiled keys hash (a pip
         step always has index_url, null when it uses the default index)."""
         out: dict[str, Any] = {"name": self.name, "kind": self.kind, "env": dict(self.env), "compiles": self.compiles,
                                "no_deps": self.no_deps, "constrain_later": self.constrain_later,
                                "patches": [p.model_dump() for p in self.patches]}
-        for key in ("packages", "requirements", "no_binary", "exclude", "source", "git", "commit", "dir", "editable"):
+        for key in ("packages", "probes", "requirements", "no_binary", "exclude", "source", "git", "commit", "dir", "editable"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = list(value) if isinstance(value, tuple) else value
@@ -288,6 +316,11 @@ class Stack(Model):
     runtime: Runtime | None = None
     smoke: Smoke
     lock: LockSpec = Field(default_factory=LockSpec)
+    # Headers the compiled steps include, each with the locked distribution that ships it in the
+    # venv (site-packages/nvidia/*/include): a toolkit of nvcc alone (NVIDIA's wheels, conda's
+    # cuda-nvcc, a CUDA runtime base) lacks them. The install's prerequisites name any header that
+    # neither the toolkit nor the lock provides, before the first download.
+    compile_headers: dict[Header, Package] = Field(default_factory=dict)
     # The YAML file it was loaded from: its lock lies beside it (locks/pylock.<name>.toml).
     _file: Path | None = PrivateAttr(default=None)
 
@@ -372,6 +405,7 @@ class Stack(Model):
             fields: dict[str, Any] = {}
             if step.apt is not None:
                 fields["packages"] = tuple(step.apt)
+                fields["probes"] = tuple(step.without_apt[p].spec(p) if p in step.without_apt else f"{p}:::" for p in step.apt)
             if step.pip is not None:
                 fields.update(requirements=tuple(self.requirement(p) for p in step.pip),
                               index_url=self.lookup(step.index) if step.index else None,
@@ -439,15 +473,18 @@ class Stack(Model):
                         self.lookup(key)
                     except (KeyError, TypeError, IndexError):
                         out.append(Problem(f"{where}.{field}", "names no value of this stack", key, "a dotted key such as router.wheel"))
+            for pkg in step.without_apt:
+                if pkg not in (step.apt or []):
+                    out.append(Problem(f"{where}.without_apt", "names a package the step does not install", pkg, ", ".join(step.apt or []) or "(none)"))
             for p in step.patches:
                 if p not in patch_names:
                     out.append(Problem(f"{where}.patches", "is not in patches.files", p, ", ".join(sorted(patch_names)) or "(none)"))
         if self.patches:
             if self.patches.from_source not in self.sources:
                 out.append(Problem("patches.from_source", "is not in sources", self.patches.from_source, ", ".join(sorted(self.sources))))
-            for p in self.patches.files:
-                if p.target != "site-packages" and p.target not in self.sources:
-                    out.append(Problem(f"patches.files ({p.file}).target", "is neither site-packages nor a source", p.target))
+            for pf in self.patches.files:
+                if pf.target != "site-packages" and pf.target not in self.sources:
+                    out.append(Problem(f"patches.files ({pf.file}).target", "is neither site-packages nor a source", pf.target))
         return out
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import paths
-from .lock import LockFile, expected_versions, router_requirement, step_requirements
+from .lockfile import LockFile, expected_versions, router_requirement, step_requirements
 from .stack import PatchFile, Stack
 
 STEP_RUNNER = paths.TEMPLATES / "sf"
@@ -38,6 +38,7 @@ class Layout:
     source_urls: dict[str, str] = field(default_factory=dict)  # name -> where to fetch it from
     wheel_dirs: dict[str, str] = field(default_factory=dict)  # pip step -> wheel directory (--no-index)
     lock_dir: str = "/tmp/sf-lock"  # where each step's slice of the lock lies when the step runs
+    python: str | None = None  # the interpreter the venv is made with (default: the stack's, by its version)
 
     def source_dir(self, stack: Stack, name: str) -> str:
         return f"{self.root}/{stack.sources[name].dir}"
@@ -52,15 +53,17 @@ def image_layout(stack: Stack, local_sources: dict[str, Any] | None = None) -> L
     return Layout(stack.image_root, stack.venv, "/tmp/sf-patches", paths.IMAGE_STATE, urls, wheels, "/tmp/sf-lock")
 
 
-def host_layout(stack: Stack, prefix: str, venv: str | None = None, sources: dict[str, Any] | None = None) -> Layout:
+def host_layout(stack: Stack, prefix: str, venv: str | None = None, sources: dict[str, Any] | None = None,
+                python: str | None = None) -> Layout:
     """On a host (paths.Prefix): checkouts under the prefix, records in <prefix>/.slimeforge, local
-    sources fetched straight from the given checkouts (only read)."""
+    sources fetched straight from the given checkouts (only read); `python`: the user's interpreter
+    (`invoke install --python`), else the stack's by its version on PATH."""
     local = sources or {}
     p = paths.Prefix.at(prefix)
     urls = {n: s.git for n, s in stack.sources.items()}
     urls.update({n: str(s.path) for n, s in local.items() if s.kind == "git"})
     wheels = {n: str(s.path) for n, s in local.items() if s.kind == "wheels"}
-    return Layout(p.root, venv or p.venv, f"{p.state}/patches", p.state, urls, wheels, f"{p.state}/lock-in")
+    return Layout(p.root, venv or p.venv, f"{p.state}/patches", p.state, urls, wheels, f"{p.state}/lock-in", python)
 
 
 # Parallelism of the compiled steps: a runtime setting only (it does not change what is built), so it
@@ -176,6 +179,7 @@ def lock_files(stack: Stack, lock: LockFile, layout: Layout) -> dict[str, str]:
     for step in stack.plan:
         name = step.name
         if step.kind == "wheel_url":
+            assert step.requirements  # a wheel_url step has its one requirement (Stack.plan)
             out[lock_file(name)] = router_requirement(lock, step.requirements[0])
         elif step.kind in ("pip", "source"):
             out[lock_file(name)] = step_requirements(lock, name, by_name=name in layout.wheel_dirs)
@@ -196,21 +200,25 @@ def step_commands(stack: Stack, layout: Layout, base: str | None = None, store: 
     venv_done = False
     versions = stack.versions
     with_python = {s.name for s in stack.steps if s.python}
+    python = layout.python or stack.interpreter
     for step in stack.plan:
         if step.kind != "apt" and not venv_done:
-            out.append(_step(VENV_STEP, "venv", ["venv", layout.venv, versions["uv"], stack.interpreter]))
+            out.append(_step(VENV_STEP, "venv", ["venv", layout.venv, versions["uv"], python]))
             venv_done = True
         name, kind = step.name, step.kind
         patch_files = [p.file for p in step.patches]
         if kind == "apt":
-            extra = stack.interpreter_packages() if name in with_python else []
-            argv = ["apt_install", *dict.fromkeys([*extra, *step.packages])]
+            argv = ["system"]
+            if name in with_python:
+                argv += ["--python", python, *[a for pkg in stack.interpreter_packages() for a in ("--python-package", pkg)]]
+            argv += [a for spec in step.probes or () for a in ("--need", spec)]
         elif kind in ("pip", "wheel_url"):
             argv = ["pip_step", "--venv", layout.venv, "--step", name, "--lock", f"{layout.lock_dir}/{lock_file(name)}"]
             if name in layout.wheel_dirs:
                 argv += ["--find-links", layout.wheel_dirs[name]]
         else:
             src = step.source
+            assert src is not None and step.git is not None and step.commit is not None  # a source step has them (Stack.plan)
             argv = ["source_step", "--venv", layout.venv, "--step", name, "--name", src, "--url", layout.source_urls.get(src, step.git),
                     "--commit", step.commit, "--dest", layout.source_dir(stack, src), "--lock", f"{layout.lock_dir}/{lock_file(name)}"]
             for p in step.patches:
@@ -227,7 +235,8 @@ def step_commands(stack: Stack, layout: Layout, base: str | None = None, store: 
             env = {**arch_env(stack), **env}
             key = compiled_key(stack, name, base, patch_sha)
             mode = store.get(name)
-            argv = ["compiled", "--key", key, *([f"--{'wheels' if mode[0] == 'use' else 'wheel-out'}", mode[1]] if mode else []), "--", *argv]
+            argv = ["compiled", "--key", key, "--venv", layout.venv,
+                    *([f"--{'wheels' if mode[0] == 'use' else 'wheel-out'}", mode[1]] if mode else []), "--", *argv]
         item = _step(name, kind, argv, env=env, compiles=step.compiles, patch_files=patch_files)
         item["source"] = step.source
         item["compiled_key"] = key
@@ -279,6 +288,8 @@ def smoke_argv(stack: Stack, layout: Layout, flags: str | None = None) -> list[s
         argv += ["--import", m]
     for m in stack.smoke.needs_gpu:
         argv += ["--needs-gpu", m]
+    for m in stack.smoke.preload:
+        argv += ["--preload", m]
     # Every pin of the stack at its version (the input lock; the built lock is read back from it).
     argv += ["--versions", f"{layout.state}/stack.input.json"]
     if stack.smoke.router_fork_marker and stack.router:

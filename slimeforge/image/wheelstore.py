@@ -40,7 +40,6 @@ REMOTE_REPOSITORY = "slimeforge-compiled"
 # A key as steps.compiled_key makes it (<flavor>-<step>-<16 hex>); also a valid OCI tag.
 KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 WHEEL_RE = re.compile(r"[A-Za-z0-9_.+-]{1,200}\.whl")
-SHA_RE = re.compile(r"[0-9a-f]{64}")
 MAX_WHEELS = 64  # per key: a step builds a handful; anything more is not an entry of ours
 
 
@@ -339,7 +338,7 @@ def needed(stack) -> dict[str, dict[str, Any]]:
     """The compiled keys a stack's build would use (base as `invoke build` resolves it, patches as
     the lock records them), without side effects."""
     from .dockerapi import resolve_base
-    from .lock import checked_lock
+    from .lockcheck import checked_lock
 
     pylock = checked_lock(stack)
     base = resolve_base(stack, None, True, pylock.tool.get("base", {}).get("digest") or None)
@@ -360,7 +359,7 @@ def listing(stack, root: Path | None = None, registry: str | None = None, creden
     for step, info in needed(stack).items():
         entry = lookup(info["key"], root) if info["storable"] else None
         where = [str(entry.dir)] if entry else []
-        if api is not None and info["storable"]:
+        if api is not None and registry and info["storable"]:
             ref = remote_ref(registry, info["key"])
             if api.manifest(ref.repository, info["key"]) is not None:
                 where.append(str(ref))
@@ -371,7 +370,7 @@ def listing(stack, root: Path | None = None, registry: str | None = None, creden
 
 def unused(stacks: list[Any], root: Path | None = None) -> list[str]:
     """Keys in the local store that none of `stacks` uses (garbage: safe to delete)."""
-    from .lock import LockError
+    from .lockfile import LockError
 
     used: set[str] = set()
     for s in stacks:

@@ -44,9 +44,6 @@ class Catalog:
     version: int
     parsers: tuple[dict, ...] = field(default_factory=tuple)
 
-    def parser_of(self, flag: str) -> list[str]:
-        return [p["built_by"] for p in self.parsers if flag in p["options"]]
-
 
 class CatalogError(SlimeforgeError):
     """A catalog could not be made or read; the message says which file or step."""

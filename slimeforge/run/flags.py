@@ -138,7 +138,7 @@ def runtime_env_vars(recipe: Recipe, stack: Stack, wandb_entity: str | None = No
     env = {
         "PYTHONPATH": recipe.megatron_dir,
         "CUDA_DEVICE_MAX_CONNECTIONS": "1",
-        "CUDA_HOME": cuda_home,
+        **({"CUDA_HOME": cuda_home} if cuda_home else {}),  # a stack without cuda_home: the image's own
         "LD_LIBRARY_PATH": ":".join(dict.fromkeys(lib)),
         # Else a system cuDNN wins and fused attention fails (CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED).
         "CUDNN_HOME": f"{sp}/nvidia/cudnn",

@@ -1,154 +1,135 @@
-"""Launching a run: preflight, then the one executor, the rendered launch.sh; and acting on a launched run.
+"""Launching a run: resolve recipe + options to a target, ask it for a plan, print or apply it.
 
-    launch(recipe, stack, out=None, recipe_path="(api)", *, address=None, mode=None, ...) -> exit code
+    run_recipe(LaunchRequest(...), dry_run=...)      `invoke run` (the task's one call)
+    launch(recipe, stack, out=None, ...)             the Python API (SlimeRunner.train, tests)
+    target_of(run_dir)                               run.status / run.logs / run.stop
 
-Order: render the run directory in memory -> preflight (all problems at once; nothing started,
-nothing written on failure) -> write the run directory -> run launch.sh: on this host (host mode,
-with the install's tools first on PATH), or inside the image (container mode, `docker run`); a
-Slurm job runs the same script on its head node (cluster/slurm.py). launch.sh stops the head an
-earlier launch recorded, starts a Ray head (unless RAY_ADDRESS names a running cluster), waits for
-its Jobs API, submits train.py, streams the log to the terminal and job.log, and exits with the
-job's outcome. There is no second implementation of those steps here, so the modes cannot drift.
-
-What slimeforge starts, it records, and only that is ever stopped: the Ray head's pid (a head
-started with `--block` stops every process it started on SIGTERM) in the state dir
-`$SLIMEFORGE_STATE_DIR/ray-<port>/head.pid` (default ~/.local/state/slimeforge), the container id in
-<run dir>/container.id, the job's submission id in <run dir>/submission_id and the cluster it went
-to in <run dir>/ray_address. run.status / run.logs / run.stop read those files (Ray's Jobs SDK).
+recipe file + --set -> (Recipe, Stack) -> ResolvedRun (mode, image, prefix, nodes applied) ->
+Target (targets/: host, container, a running Ray cluster, Slurm) -> LaunchPlan -> a dry run
+prints it (targets.describe) and writes the run directory; a launch applies it: preflight (all
+problems at once; nothing started, nothing written on failure), write the run directory, run the
+plan's commands. Both use the one plan object.
 """
 
 from __future__ import annotations
 
-import asyncio
-import math
 import os
-import re
-import secrets
-import signal
 import sys
-import threading
-import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from .. import paths
 from ..errors import ConfigError, Problem, SlimeforgeError
-from ..image.registry import image_ref_problems
-from ..image.stack import Stack, load_stack
-from ..proc import Runner, pid_alive
-from ..schema import text_problem
-from .headstate import HEAD_PID, dashboard_url, recorded_head, state_dir
-from .preflight import PreflightError, run_checks
-from .recipe import RUNNER_FIELDS, Recipe
-from .rundir import HEAD_TIMEOUT_S, build_run_dir, read_plan, write_run_dir
+from ..image.stack import Stack
+from ..proc import Runner
+from .recipe import EXP_ID_RE, Recipe, load_recipe, load_recipe_data, parse_overrides
+from .resolve import resolve_mode
+from .rundir import HEAD_TIMEOUT_S, read_plan, write_run_dir
+from .targets.base import LaunchPlan, ResolvedRun, Target, describe
+from .targets.local import ContainerTarget, HostTarget, RayClusterTarget
 
-TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
-# Secrets and credentials reach the container by name only (`-e NAME`): their values never appear
-# in an argv, a log or the run directory.
-PASS_THROUGH_ENV = ("WANDB_API_KEY", "WANDB_ENTITY", "HF_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-                    "AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+if TYPE_CHECKING:
+    from .targets.slurm import Options as SlurmOptions
 
-
-# --- where things are recorded ----------------------------------------------------------------------
+# A cluster inventory -> its head's Jobs API (cluster.raycluster.address; handed in by the caller:
+# the run layer does not reach up into the cluster layer).
+FindCluster = Callable[[str], str]
 
 
-def default_run_dir(recipe: Recipe) -> Path:
-    return paths.run_dir(recipe.exp_id)
+@dataclass(frozen=True)
+class LaunchRequest:
+    """`invoke run`'s command line, as given (strings; checked by `resolve`)."""
+
+    recipe: str
+    out: str | None = None
+    overrides: tuple[str, ...] = ()
+    address: str | None = None
+    mode: str | None = None
+    image: str | None = None
+    prefix: str | None = None
+    catalog: str | None = None
+    skip_checks: tuple[str, ...] = ()
+    network_checks: bool = True
+    cluster: str | None = None
+    slurm: bool = False
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None
+    nodes: str | None = None
 
 
-# --- mode -------------------------------------------------------------------------------------------
+def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | None = None,
+            environ: dict[str, str] | None = None) -> tuple[Target, ResolvedRun]:
+    """The target `req` names and the run it plans from; ConfigError for bad options."""
+    environ = dict(os.environ if environ is None else environ)
+    slurm_only = {"--partition": req.partition, "--account": req.account, "--time": req.time, "--nodes": req.nodes}
+    if not req.slurm and any(v is not None for v in slurm_only.values()):
+        raise ConfigError("command line", [Problem(k, "goes with --slurm", v, "--slurm, or leave it out") for k, v in slurm_only.items() if v is not None])
+    if req.slurm and (req.address or req.cluster):
+        raise ConfigError("command line", [Problem("--address/--cluster", "--slurm starts its own Ray cluster in the allocation",
+                                                   req.address or req.cluster, "leave out --address/--cluster")])
+    recipe, stack = load_recipe(req.recipe, parse_overrides(list(req.overrides)))
+    target: Target
+    if req.slurm:
+        from .targets import slurm  # only then: sbatch's template and the node agent
+
+        opts = slurm.options(req.partition, req.account, req.time, req.nodes)
+        target = slurm.SlurmTarget(opts)
+        recipe = slurm.on_slurm(resolve_mode(recipe, req.mode, req.prefix, req.image, stack=stack), opts)
+    else:
+        cluster = req.cluster or recipe.cluster
+        address = find_address(req.address, cluster, find_cluster, dry_run)  # first: a cluster that is not up is the first thing to fix
+        recipe = resolve_mode(recipe, req.mode, req.prefix, req.image, require_image=not dry_run, stack=stack)
+        target = local_target(recipe, address, cluster)
+    out = Path(req.out) if req.out else paths.run_dir(recipe.exp_id)
+    return target, ResolvedRun(recipe, stack, out.resolve(), req.recipe, environ, req.catalog, tuple(req.skip_checks), req.network_checks)
 
 
-def resolve_mode(recipe: Recipe, mode: str | None = None, install_prefix: str | None = None, image: str | None = None,
-                 require_image: bool = True, stack: Stack | None = None) -> Recipe:
-    """Apply the command line's mode options; host mode with an install prefix takes slime and
-    Megatron from the install's checkouts (paths.Prefix: <prefix>/slime, <prefix>/Megatron-LM, by
-    the stack's source dirs; default stack: the recipe's) unless the recipe names them."""
-    problems = []
-    if mode is not None and mode not in ("container", "host"):
-        problems.append(Problem("--mode", "is not a launch mode", mode, "container or host"))
-    if image is not None:
-        problems += image_ref_problems(image, "--image")
-    if install_prefix is not None and (not install_prefix.startswith("/") or text_problem(install_prefix)):
-        problems.append(Problem("--prefix", "must be an absolute path (the --prefix given to `invoke install`)", install_prefix, "/path/on/the/hosts"))
-    if problems:
-        raise ConfigError("command line", problems)
-    update: dict[str, Any] = {}
-    if mode:
-        update["mode"] = mode
-    if install_prefix:
-        update["install_prefix"] = install_prefix
-    if image:
-        update["image"] = image
-    r = recipe.model_copy(update=update)
-    if r.mode == "host" and r.install_prefix:
-        installed = paths.Prefix.at(r.install_prefix)
-        sources = (stack or load_stack(r.stack)).sources
-        more = {}
-        for field, source in (("slime_dir", "slime"), ("megatron_dir", "megatron")):
-            if getattr(r, field) == RUNNER_FIELDS[field] and source in sources:
-                more[field] = installed.source(sources[source].dir)
-        r = r.model_copy(update=more)
-    if require_image and r.mode == "container" and not r.image:
-        problems.append(Problem("image", "container mode needs an image", None, "image: REG/repo@sha256:... in the recipe, or --image", show_value=False))
-    if problems:
-        raise ConfigError("launch", problems)
-    return r
-
-
-def host_tools(recipe: Recipe) -> tuple[str, str]:
-    """(python, ray) for host mode: the install's venv, else this interpreter's, else PATH's."""
-    if recipe.install_prefix:
-        installed = paths.Prefix.at(recipe.install_prefix)
-        return installed.python, installed.ray
-    here = Path(sys.executable).parent / "ray"
-    return "python3", str(here) if here.exists() else "ray"
-
-
-def stop_recorded_head(sdir: Path, say=print, timeout: float = 60) -> int | None:
-    """SIGTERM the head an earlier launch recorded in `sdir` (if it still runs); nothing else."""
-    pid = recorded_head(sdir)
-    if pid:
-        say(f"[slimeforge] stopping the Ray head of an earlier launch (pid {pid})")
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and pid_alive(pid):
-            time.sleep(0.2)
-    (sdir / HEAD_PID).unlink(missing_ok=True)
-    return pid
-
-
-# --- following a job (run.logs, run.stop) ----------------------------------------------------------
-
-
-def follow(client, submission_id: str, log_path: Path, stream: IO[str]) -> None:
-    """Stream the job's logs to `stream` and append them to `log_path` until the job ends."""
-
-    async def tail():
-        with log_path.open("a", encoding="utf-8") as log:
-            async for chunk in client.tail_job_logs(submission_id):
-                stream.write(chunk)
-                stream.flush()
-                log.write(chunk)
-                log.flush()
-
+def find_address(address: str | None, cluster: str | None, find_cluster: FindCluster | None, dry_run: bool) -> str | None:
+    """The Jobs API to submit to: --address, or the head of the cluster an inventory brought up."""
+    if not cluster:
+        return address
+    if address:
+        raise ConfigError("command line", [Problem("--address/--cluster", "both name a cluster", f"{address} / {cluster}", "one of them")])
+    if find_cluster is None:
+        raise ConfigError("command line", [Problem("--cluster", "cannot be looked up here", cluster, "--address http://HEAD:8265")])
     try:
-        asyncio.run(tail())
-    except Exception as exc:  # noqa: BLE001 - the log stream broke; the job's status still decides
-        stream.write(f"[slimeforge] log stream ended: {exc}\n")
+        return find_cluster(cluster)
+    except SlimeforgeError:
+        if not dry_run:
+            raise
+        return f"<Jobs API of cluster {cluster}: run cluster.up first>"  # a dry run shows the plan all the same
 
 
-def wait_terminal(client, submission_id: str, timeout: float = 120) -> str:
-    deadline = time.monotonic() + timeout
-    status = str(client.get_job_status(submission_id))
-    while not any(t in status for t in TERMINAL) and time.monotonic() < deadline:
-        time.sleep(0.5)
-        status = str(client.get_job_status(submission_id))
-    return status.rsplit(".", 1)[-1]
+def local_target(recipe: Recipe, address: str | None, cluster: str | None = None, **options: Any) -> Target:
+    """Host or container mode; against a running Ray cluster when it has an address."""
+    make = HostTarget if recipe.mode == "host" else ContainerTarget
+    if address:
+        return RayClusterTarget(make(address, **options), cluster or address)
+    return make(None, **options)
 
 
-# --- launch -------------------------------------------------------------------------------------------
+def run_recipe(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | None = None, stream: IO[str] | None = None) -> int:
+    """`invoke run`: plan; then print it (dry run: the run directory is written, nothing starts) or apply it."""
+    stream = stream or sys.stdout
+    target, run = resolve(req, dry_run=dry_run, find_cluster=find_cluster)
+    plan = target.plan(run)
+    if dry_run:
+        write_run_dir(plan.rundir)
+        stream.write("\n".join(describe(plan)) + "\n")
+        print(f"  (train.py and {len(plan.rundir.args)} arguments; see {plan.rundir.path / 'slime.args'})", file=sys.stderr)
+        return 0
+    return apply(target, plan, Runner(), stream)
+
+
+def apply(target: Target, plan: LaunchPlan, runner: Runner, stream: IO[str]) -> int:
+    def say(text: str) -> None:
+        stream.write(text + "\n")
+        stream.flush()
+
+    return target.apply(plan, runner, say, stream)
 
 
 def launch(recipe: Recipe, stack: Stack, out: str | os.PathLike | None = None, recipe_path: str = "(api)", *,
@@ -156,207 +137,60 @@ def launch(recipe: Recipe, stack: Stack, out: str | os.PathLike | None = None, r
            catalog: str | None = None, skip_checks: Iterable[str] = (), network_checks: bool = True,
            runner: Runner | None = None, stream: IO[str] | None = None, environ: dict[str, str] | None = None,
            head_args: Iterable[str] | None = None, python: str | None = None, docker: str = "docker",
-           shm_size: str = "64g", head_timeout: float = HEAD_TIMEOUT_S) -> int:
+           shm_size: str = "64g", head_timeout: float = HEAD_TIMEOUT_S, slurm_options: SlurmOptions | None = None,
+           follow_log: bool = True) -> int:
     """Preflight, then launch; returns the job's exit code (0 = SUCCEEDED).
 
-    Every mode runs the one executor, the rendered launch.sh: on this host (host mode), inside the
-    image (container mode), or on a Slurm allocation's head node (cluster.slurm).
-    address: the Ray dashboard (Jobs API) of a running cluster, e.g. "http://10.0.0.1:8265"; the
-    job is submitted there and no head is started or stopped. Without it a head is started here.
+    The target: this machine (host or container mode), or with `address` the Jobs API of that
+    running Ray cluster, e.g. "http://10.0.0.1:8265" (no head is started), or with `slurm_options`
+    an sbatch allocation (follow_log=False: return once submitted).
+
     mode / image / install_prefix override the recipe's. skip_checks: preflight checks whose errors
     become warnings. runner: a proc.Runner (a dry-run one records argv lists and starts nothing).
     head_args: more `ray start` options (default: $SLIMEFORGE_RAY_HEAD_ARGS). head_timeout: seconds
     the head has to answer. Raises PreflightError (every problem, each with its fix) before anything starts."""
-    stream = stream or sys.stdout
-    environ = dict(os.environ if environ is None else environ)
-    runner = runner or Runner()
-
-    def say(text: str) -> None:
-        stream.write(text + "\n")
-        stream.flush()
-
     recipe = resolve_mode(recipe, mode, install_prefix, image, stack=stack)
-    extra = None if head_args is None else list(head_args)
-    if extra is not None:
-        problems = [Problem("head_args", "must be single words without whitespace or control characters", a, "e.g. --temp-dir /tmp/ray-x")
-                    for a in extra if not a or re.search(r"[\s\x00-\x1f\x7f]", a)]
-        if problems:
-            raise ConfigError("launch", problems)
-    run = build_run_dir(recipe, stack, out or default_run_dir(recipe), recipe_path, environ)
-    sdir = state_dir(recipe.ray_port, environ)
-    report = run_checks(recipe, stack, args=run.args, address=address, catalog=catalog, skip=skip_checks,
-                        network=network_checks, state_dir=sdir, environ=environ)
-    say(report.table())
-    if report.errors:
-        raise PreflightError(f"preflight of {recipe_path}", report)
-    write_run_dir(run)
-    if recipe.mode == "container":
-        return launch_container(recipe, run.path, runner=runner, address=address, environ=environ, docker=docker, shm_size=shm_size, say=say)
-    py, ray = host_tools(recipe)
-    env = launch_env(environ, sdir, python or environ.get("SLIMEFORGE_PYTHON") or py, ray, address, extra, head_timeout)
-    return runner.stream(["bash", str(run.path / "launch.sh")], lambda line: say(line), step="launch.sh", env=env, forward_signals=True)
+    target: Target
+    if slurm_options is not None:
+        from .targets import slurm
 
-
-def launch_env(environ: dict[str, str], sdir: Path, python: str, ray: str, address: str | None, head_args: list[str] | None,
-               head_timeout: float) -> dict[str, str]:
-    """The environment launch.sh reads, for a host launch: the install's tools first on PATH."""
-    env = dict(environ)
-    if "/" in ray:  # `ray`, `python3` and `ray job` in launch.sh: the install's (or this interpreter's) own
-        env["PATH"] = f"{Path(ray).parent}:{environ.get('PATH', os.defpath)}"
-    env["SLIMEFORGE_STATE_DIR"] = str(sdir.parent)  # launch.sh adds ray-<port>, as headstate.state_dir does
-    env["SLIMEFORGE_PYTHON"] = python
-    env["SLIMEFORGE_HEAD_TIMEOUT"] = str(max(1, math.ceil(head_timeout)))
-    if head_args is not None:
-        env["SLIMEFORGE_RAY_HEAD_ARGS"] = " ".join(head_args)
-    if address:
-        env["RAY_ADDRESS"] = dashboard_url(address)
+        target = slurm.SlurmTarget(slurm_options, follow_log=follow_log)
+        recipe = slurm.on_slurm(recipe, slurm_options)
     else:
-        env.pop("RAY_ADDRESS", None)  # a stale RAY_ADDRESS must not turn "start a head here" into "attach"
-    return env
+        options = ({"head_args": None if head_args is None else list(head_args), "python": python, "head_timeout": head_timeout}
+                   if recipe.mode == "host" else {"docker": docker, "shm_size": shm_size})
+        target = local_target(recipe, address, **options)
+    run = ResolvedRun(recipe, stack, Path(out or paths.run_dir(recipe.exp_id)).resolve(), recipe_path,
+                      dict(os.environ if environ is None else environ), catalog, tuple(skip_checks), network_checks)
+    return apply(target, target.plan(run), runner or Runner(), stream or sys.stdout)
 
 
-def container_argv(recipe: Recipe, run_dir: Path, *, docker: str = "docker", name: str, cidfile: Path, address: str | None = None,
-                   environ: dict[str, str] | None = None, shm_size: str = "64g", gpus: bool = True,
-                   ulimits: Iterable[str] = ("memlock=-1",)) -> list[str]:
-    """`docker run` of the image with launch.sh inside; every path at the same place as on the host.
-
-    `ulimits`: memlock=-1 because NCCL over InfiniBand/EFA pins memory (a daemon that may not raise
-    rlimits, e.g. Docker inside a container, refuses it: pass ()). Open files: dockerd's default
-    for containers (1048576 on usual installs) is kept, since asking for more than the daemon's
-    hard limit fails the start."""
-    env = os.environ if environ is None else environ
-    argv = [docker, "run", "--rm", "--init",  # --init: Ctrl-C reaches launch.sh's trap through a real PID 1
-            "--name", name, "--cidfile", str(cidfile)]
-    if gpus:
-        argv += ["--gpus", "all"]
-    argv += ["--ipc=host",  # NCCL and SGLang share memory between processes
-             "--network", "host",  # Ray, SGLang and the gateway bind ports other hosts reach
-             "--shm-size", shm_size]
-    for limit in ulimits:
-        argv += ["--ulimit", limit]
-    mounts = [(recipe.model_dir, "ro"), (str(Path(recipe.data_path).parent), "ro"),
-              *((str(Path(p).parent), "ro") for p in recipe.eval_data.values()),
-              (recipe.resolved_checkpoint_dir, "rw"), (str(run_dir), "rw")]
-    seen: dict[str, str] = {}
-    for path, how in mounts:
-        seen[path] = "rw" if "rw" in (how, seen.get(path)) else "ro"
-    for path, how in seen.items():
-        argv += ["-v", f"{path}:{path}:{how}"]
-    # The head's records live inside the container, which goes away with it.
-    argv += ["-e", "SLIMEFORGE_STATE_DIR=/tmp/slimeforge"]
-    if address:
-        argv += ["-e", f"RAY_ADDRESS={address}"]
-    # By name only (`-e NAME`): docker copies the value from its own environment, so no value is in the argv.
-    argv += [x for k in dict.fromkeys((*PASS_THROUGH_ENV, *recipe.secret_env)) if k in env for x in ("-e", k)]
-    argv += ["-w", str(run_dir), "--entrypoint", "bash", str(recipe.image), str(run_dir / "launch.sh")]
-    return argv
+# --- a launched run -------------------------------------------------------------------------------
 
 
-def launch_container(recipe: Recipe, run_dir: Path, *, runner: Runner, address: str | None, environ: dict[str, str],
-                     docker: str, shm_size: str, say) -> int:
-    cidfile = run_dir / "container.id"
-    cidfile.unlink(missing_ok=True)  # docker refuses to overwrite an old one
-    Path(recipe.resolved_checkpoint_dir).mkdir(parents=True, exist_ok=True)  # else docker creates it as root
-    name = f"slimeforge-{recipe.exp_id}-{secrets.token_hex(3)}"
-    argv = container_argv(recipe, run_dir, docker=docker, name=name, cidfile=cidfile, address=address, environ=environ, shm_size=shm_size)
-    proc = runner.start(argv, step="docker run")
-    if proc is None:
-        return 0
-    stopping = threading.Event()
-
-    def on_signal(signum, frame):
-        # Stop only our container (its id was recorded); docker forwards SIGTERM to launch.sh,
-        # whose trap stops the job first.
-        if stopping.is_set():
-            return
-        stopping.set()
-        say(f"\n[slimeforge] interrupted: stopping container {name}")
-        cid = cidfile.read_text().strip() if cidfile.exists() else name
-        runner.run([docker, "stop", "--time", "60", cid], step="docker stop", check=False)
-
-    old = {}
-    if threading.current_thread() is threading.main_thread():
-        old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        code = proc.wait()
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    say(f"[slimeforge] container {name} exited with {code}; the Ray head inside it is gone with it")
-    return 130 if stopping.is_set() and code != 0 else code
+def run_dir_of(run: str) -> Path:
+    """A recorded run: its run directory, or the recipe that was launched (runs/<exp_id>)."""
+    if Path(run).is_dir():
+        return Path(run)
+    exp_id = load_recipe_data(run).get("exp_id")
+    if not isinstance(exp_id, str) or not EXP_ID_RE.fullmatch(exp_id):
+        raise ConfigError(run, [Problem("exp_id", "names no run directory", exp_id, "the exp_id of a launched recipe")])
+    return paths.run_dir(exp_id)
 
 
-# --- acting on a recorded run ----------------------------------------------------------------------------
+def target_of(run_dir: Path) -> Target:
+    """The target that launched this run directory, to read its status and logs or stop it."""
+    from .targets import slurm
 
-
-def recorded(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """What a launch recorded in a run directory (by launch() or launch.sh)."""
-    run_dir = Path(run_dir)
+    if slurm.is_slurm_run(run_dir):
+        return slurm.SlurmTarget(slurm.Options())
     plan = read_plan(run_dir)
     if plan is None:
         raise ConfigError(str(run_dir), [Problem("run directory", "has no plan.json", str(run_dir), "runs/<exp_id> of a rendered recipe")])
-    rec = plan["recipe"]
+    make = HostTarget if plan["recipe"].get("mode") == "host" else ContainerTarget
+    if plan.get("target") == "ray-cluster":
+        from .targets.jobs import recorded
 
-    def read(name: str) -> str | None:
-        p = run_dir / name
-        return p.read_text().strip() or None if p.is_file() else None
-
-    return {
-        "run_dir": str(run_dir.resolve()),
-        "exp_id": plan["exp_id"],
-        "submission_id": read("submission_id"),
-        "address": read("ray_address") or f"http://127.0.0.1:{rec['ray_dashboard_port']}",
-        "container_id": read("container.id"),
-        "ray_port": rec["ray_port"],
-    }
-
-
-def _client(info: dict[str, Any]):
-    from ray.job_submission import JobSubmissionClient
-
-    if not info["submission_id"]:
-        raise ConfigError(info["run_dir"], [Problem("submission_id", "this run directory was never launched", None, "`invoke run RECIPE` first", show_value=False)])
-    try:
-        return JobSubmissionClient(info["address"])
-    except Exception as exc:  # noqa: BLE001
-        raise SlimeforgeError(f"{info['run_dir']}: the Ray cluster at {info['address']} does not answer ({exc}); "
-                              "the head that ran this job is gone (its job.log is in the run directory)") from None
-
-
-def status(run_dir: str | os.PathLike) -> dict[str, Any]:
-    info = recorded(run_dir)
-    job = _client(info).get_job_info(info["submission_id"])
-    sdir = state_dir(info["ray_port"])
-    return {**info, "status": str(job.status).rsplit(".", 1)[-1], "message": job.message,
-            "start_time": job.start_time, "end_time": job.end_time, "head_pid": recorded_head(sdir)}
-
-
-def logs(run_dir: str | os.PathLike, follow_logs: bool = False, stream: IO[str] | None = None) -> None:
-    stream = stream or sys.stdout
-    info = recorded(run_dir)
-    client = _client(info)
-    if follow_logs:
-        follow(client, info["submission_id"], Path(info["run_dir"]) / "job.log", stream)
-    else:
-        stream.write(client.get_job_logs(info["submission_id"]))
-
-
-def stop(run_dir: str | os.PathLike, head: bool = False, say=print, runner: Runner | None = None) -> None:
-    """Stop the recorded job; with `head`, also the Ray head that slimeforge started (its recorded
-    pid) and the recorded container. Nothing that slimeforge did not record is touched."""
-    info = recorded(run_dir)
-    if info["submission_id"]:
-        try:
-            client = _client(info)
-            stopped = client.stop_job(info["submission_id"])
-            say(f"job {info['submission_id']}: " + ("stop requested" if stopped else "already ended"))
-            if stopped:
-                say(f"job {info['submission_id']}: {wait_terminal(client, info['submission_id'])}")
-        except SlimeforgeError as exc:
-            say(str(exc))
-    if head:
-        pid = stop_recorded_head(state_dir(info["ray_port"]), say)
-        say(f"Ray head pid {pid} stopped" if pid else "no running Ray head was recorded for this port")
-        if info["container_id"]:
-            (runner or Runner()).run(["docker", "stop", "--time", "60", info["container_id"]], step="docker stop", check=False)
-            say(f"container {info['container_id'][:12]} stopped")
+        address = recorded(run_dir).address
+        return RayClusterTarget(make(address), address)
+    return make()

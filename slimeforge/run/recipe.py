@@ -7,6 +7,7 @@ reported together, each naming the field, the value and what is accepted.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -289,12 +290,54 @@ def check(recipe: Recipe, stack: Stack, rendered_flags: set[str]) -> list[Proble
         elif secret_name(key) or secret_value(value):
             p.append(Problem(f"env.{key}", "looks like a secret, and secrets are never written into the run directory", None, SECRET_ADVICE, show_value=False))
 
+    if not bad_int:
+        p += longest_sample_problems(r)
     p += extra_flag_problems(r.extra_flags, rendered_flags, stack)
     return p
 
 
 SECRET_ADVICE = ("export it in the shell that runs `invoke run` and list its NAME under secret_env (WANDB_API_KEY, HF_TOKEN "
                  "and the AWS credentials are passed by name already); never write its value into a recipe")
+
+
+def abbreviated(name: str, flags: set[str]) -> list[str]:
+    """The flags that `name` is a proper prefix of, as argparse matches an abbreviated long option."""
+    return sorted(f for f in flags if f.startswith(name) and f != name) if name.startswith("--") else []
+
+
+def flag_value(tokens: list[str], flag: str) -> str | None:
+    """The value extra_flags give `flag` (`--flag V` or `--flag=V`; the last one, as argparse keeps)."""
+    found = None
+    for i, token in enumerate(tokens):
+        if token == flag and i + 1 < len(tokens):
+            found = tokens[i + 1]
+        elif token.startswith(flag + "="):
+            found = token.split("=", 1)[1]
+    return found
+
+
+def longest_sample_problems(r: Recipe) -> list[Problem]:
+    """--use-dynamic-batch-size packs samples into micro-batches of at most max_tokens_per_gpu tokens
+    per GPU: one sample (its prompt plus rollout_max_response_len) must fit, or slime cannot pack it.
+    The prompt's bound comes from extra_flags (--rollout-max-prompt-len, --rollout-max-context-len),
+    else it is at least one token; context parallelism splits a sample over its ranks."""
+    def number(flag: str) -> int | None:
+        value = flag_value(r.extra_flags, flag)
+        return int(value) if value is not None and value.isdigit() and 0 < int(value) <= 1 << 24 else None
+
+    prompt, context, cp = number("--rollout-max-prompt-len"), number("--rollout-max-context-len"), number("--context-parallel-size") or 1
+    longest = r.rollout_max_response_len + (prompt or 1)
+    what = f"{'its prompt (--rollout-max-prompt-len ' + str(prompt) + ')' if prompt else 'at least one prompt token'} plus " \
+           f"rollout_max_response_len ({r.rollout_max_response_len})"
+    if context and (context < longest or not prompt):  # prompt and response together, at most
+        longest, what = context, f"--rollout-max-context-len ({context})"
+    need = -(-longest // cp)
+    if r.max_tokens_per_gpu >= need:
+        return []
+    split = f", over {cp} context-parallel ranks" if cp > 1 else ""
+    room = "" if prompt or context else "; leave room for the prompt too (give --rollout-max-prompt-len in extra_flags to have it counted)"
+    return [Problem("max_tokens_per_gpu", f"is below the longest sample, {what} = {longest} tokens{split}: slime cannot pack one sample "
+                                          "into a micro-batch", r.max_tokens_per_gpu, f"at least {need}{room}")]
 
 
 def extra_flag_problems(tokens: list[str], rendered_flags: set[str], stack: Stack) -> list[Problem]:
@@ -319,6 +362,12 @@ def extra_flag_problems(tokens: list[str], rendered_flags: set[str], stack: Stac
             flag = name
             if name in rendered_flags:
                 p.append(Problem(where, "repeats a flag that the recipe already sets (argparse keeps the last one, so one of them is silently lost)", token, "set the recipe field instead, or remove it from extra_flags"))
+            elif (longer := abbreviated(name, rendered_flags)) and not (facts and name in facts.renderable_flags):
+                # argparse's allow_abbrev (SGLang's parser keeps it): a unique prefix of a long option
+                # is that option, so `--sglang-mem 0.9` would silently replace the recipe's value.
+                p.append(Problem(where, f"abbreviates {', '.join(longer)}, which the recipe sets (argparse takes a unique prefix of a "
+                                        "long option for the option, so the recipe's value would be silently replaced)", token,
+                                 "set the recipe field instead, or give the full name of a flag the recipe does not set"))
             if facts and name in facts.removed_flags:
                 p.append(Problem(where, f"is not accepted by slime {facts.commit[:12]}: {facts.removed_flags[name]}", token, "remove it"))
             if secret_name(name.replace("-", "_")) or (eq and secret_value(value)):
@@ -359,7 +408,7 @@ def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
     return parse_set(items, typed=set_value)
 
 
-def load_recipe_data(path: str | Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def load_recipe_data(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(str(path), [Problem("recipe", "names no file", str(path), "a path such as recipes/gsm8k.yaml")])

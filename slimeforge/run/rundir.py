@@ -8,7 +8,7 @@ import json
 import os
 import shlex
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -45,7 +45,7 @@ def wandb_enabled(recipe: Recipe, environ: dict[str, str]) -> bool:
     return bool(recipe.wandb_project and environ.get("WANDB_API_KEY"))
 
 
-def build_run_dir(recipe: Recipe, stack: Stack, out: str | Path, recipe_path: str = "(api)", environ: dict[str, str] | None = None) -> RunDir:
+def build_run_dir(recipe: Recipe, stack: Stack, out: str | os.PathLike[str], recipe_path: str = "(api)", environ: dict[str, str] | None = None) -> RunDir:
     """Compute every file's content (nothing is written here)."""
     environ = dict(os.environ if environ is None else environ)
     out = Path(out).resolve()
@@ -92,7 +92,17 @@ def build_run_dir(recipe: Recipe, stack: Stack, out: str | Path, recipe_path: st
     return RunDir(out, args, env, files, plan)
 
 
-def read_plan(run_dir: str | Path) -> dict | None:
+def amend_plan(run: RunDir, files: dict[str, str] | None = None, **keys: object) -> RunDir:
+    """The same run directory with more files and plan.json keys (a target's commands, its own
+    files); plan.json is rendered again, and stays last: it marks the directory complete."""
+    plan = {**run.plan, **keys}
+    content = {name: text for name, text in run.files.items() if name != "plan.json"}
+    content.update(files or {})
+    content["plan.json"] = json.dumps(plan, indent=2) + "\n"
+    return replace(run, files=content, plan=plan)
+
+
+def read_plan(run_dir: str | os.PathLike[str]) -> dict | None:
     """A run directory's plan.json, checked to be slimeforge's; None when there is none."""
     path = Path(run_dir) / "plan.json"
     if not path.exists():
@@ -175,7 +185,3 @@ def write_run_dir(run: RunDir) -> None:
     except OSError as exc:
         raise ConfigError(str(run.path), [Problem("--out", f"cannot be written: {exc.strerror}", str(run.path), "a directory you may write to")]) from None
 
-
-def read_args(path: str | Path) -> list[str]:
-    """slime.args back into an argv list, byte for byte (values with newlines span quoted lines)."""
-    return shlex.split(Path(path).read_text())

@@ -12,13 +12,18 @@ import json
 import platform
 import sys
 
-try:
-    from importlib import metadata
 
-    ray = metadata.version("ray")
-except Exception:  # noqa: BLE001 - no Ray (or no metadata): reported as null
-    ray = None
-out = {"python": platform.python_version(), "ray": ray, "executable": sys.executable}
+def ray_version() -> "str | None":
+    try:
+        from importlib import metadata
+
+        return metadata.version("ray")
+    except Exception:  # noqa: BLE001 - no Ray (or no metadata): reported as null
+        return None
+
+
+ray = ray_version()
+out: "dict[str, str | None]" = {"python": platform.python_version(), "ray": ray, "executable": sys.executable}
 if len(sys.argv) > 1 and sys.argv[1]:
     try:
         with open(sys.argv[1], "rb") as f:

@@ -27,13 +27,14 @@ import json
 import os
 import platform
 import sys
+import types
 
 FORMAT, VERSION = "slimeforge.flag-catalog", 2
 
 
 def _built_by() -> str:
     """module.function of the first caller outside argparse (the code that built the parser)."""
-    frame = sys._getframe(2)
+    frame: types.FrameType | None = sys._getframe(2)
     while frame is not None and frame.f_code.co_filename == argparse.__file__:
         frame = frame.f_back
     if frame is None:

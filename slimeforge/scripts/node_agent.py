@@ -72,7 +72,7 @@ def alive(pid, starttime):
 
 def descendants(root):
     """[(pid, starttime)] of every process below `root`, found through /proc parent links."""
-    children = {}
+    children = {}  # type: dict[int, list[tuple[int, int]]]
     for name in os.listdir("/proc"):
         if name.isdigit():
             st = _stat(int(name))
@@ -144,7 +144,7 @@ def route_to(ip):
         r = subprocess.run(["ip", "-o", "route", "get", ip], capture_output=True, text=True)
         if r.returncode == 0:
             words = r.stdout.split()
-            info = {k: words[words.index(k) + 1] for k in ("dev", "src") if k in words}
+            info = {k: words[words.index(k) + 1] for k in ("dev", "src") if k in words}  # type: dict[str, str | None]
             if words and words[0] == "local":
                 # `ip` names `lo` for one of our own addresses; Ray traffic uses the interface holding it.
                 info["dev"] = next((d for d, a in iface_addresses().items() if a == ip), info.get("dev"))

@@ -65,7 +65,7 @@ def test_build_labels_lock_flags(first, env):
     assert labels["ai.slimeforge.build-hash"] == first["build_hash"]
     assert labels["ai.slimeforge.pin.source.slime"] == bs.SLIME_S1
     assert labels["ai.slimeforge.pin.pip.six"] == "1.17.0"
-    from slimeforge.image.lock import read_lock
+    from slimeforge.image.lockfile import read_lock
 
     assert labels["ai.slimeforge.lock"] == f"sha256:{read_lock(bs.TEST_LOCK).hash}"
     # Each step kept its slice of the lock in the image, by URL and sha256.

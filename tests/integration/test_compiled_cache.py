@@ -21,7 +21,7 @@ from build_support import remove_tags
 from cext_support import STACK, serve_index
 
 from slimeforge.image.build import BuildOptions, build
-from slimeforge.image.lock import LockOptions, resolve
+from slimeforge.image.resolve import LockOptions, resolve
 from slimeforge.image.steps import compiled_key
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -75,7 +75,7 @@ def test_each_arch_list_compiles_its_own_wheel(images):
     for report, key in zip((hopper, both), keys, strict=True):
         dockerfile = (Path(report["dir"]) / "Dockerfile").read_text()
         assert f"--mount=type=cache,id=sf-uv-{key},target=/root/.cache/uv" in dockerfile
-        assert f"sf sfcext compiled --key {key} -- pip_step" in dockerfile
+        assert f"sf sfcext compiled --key {key} --venv /opt/venv -- pip_step" in dockerfile
         assert "--step sfcext --lock /tmp/sf-lock/sfcext.txt" in dockerfile
         log = (Path(report["dir"]) / "build.log").read_text()
         assert f"uv cache /root/.cache/uv/compiled/{key}" in log
@@ -84,7 +84,8 @@ def test_each_arch_list_compiles_its_own_wheel(images):
 def test_the_interpreter_is_installed_and_called_by_its_version(images):
     report, _ = images["hopper"]
     dockerfile = (Path(report["dir"]) / "Dockerfile").read_text()
-    assert "sf system apt_install python3.11 python3.11-venv python3.11-dev gcc libc6-dev" in dockerfile
+    assert ("sf system system --python python3.11 --python-package python3.11 --python-package python3.11-venv "
+            "--python-package python3.11-dev --need gcc::: --need libc6-dev:::") in dockerfile
     assert "sf venv venv /opt/venv 0.9.7 python3.11" in dockerfile
     assert run_in(report["tag"], "/opt/venv/bin/python", "-c", "import sys; print(sys.version_info[:2])") == "(3, 11)"
     # The headers the extension compiled against came with the interpreter's -dev package.

@@ -19,6 +19,7 @@ from launch_support import (
     fake_nvidia_smi,
     head_extra_args,
     make_recipe,
+    read_args,
     short_tmp,
     wait_for,
     write_catalog,
@@ -31,7 +32,9 @@ from slimeforge.run.headstate import state_dir
 from slimeforge.run.modelscript import eval_model_script, model_script
 from slimeforge.run.preflight.versions import local_versions
 from slimeforge.run.recipe import parse_recipe
-from slimeforge.run.rundir import read_args
+from slimeforge.run.targets import jobs
+from slimeforge.run.targets.base import ResolvedRun
+from slimeforge.run.targets.local import ContainerTarget
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -137,14 +140,14 @@ def test_run_on_a_running_cluster_args_env_exit_codes_and_rerun(env, ray_head, c
     assert "standin: exiting with 3" in (run_dir / "job.log").read_text()
     assert "standin: exiting with 3" in out and "left running" in out
     assert "ERROR" not in out.split("error(s)")[0]  # the preflight table passed
-    assert launcher.status(run_dir)["status"] == "FAILED"
+    assert jobs.status(run_dir).data["status"] == "FAILED"
 
     # A second run of the same recipe after a finished one: a new submission, exit 0, the log appended.
     recipe2 = recipe.model_copy(update={"env": {**recipe.env, "STANDIN_EXIT": "0"}})
     assert launcher.launch(recipe2, stack, out=run_dir, address=ray_head.address, catalog=catalog) == 0
     sid2 = (run_dir / "submission_id").read_text().strip()
     assert sid2 != sid
-    st = launcher.status(run_dir)
+    st = jobs.status(run_dir).data
     assert st["status"] == "SUCCEEDED" and st["submission_id"] == sid2
     log = (run_dir / "job.log").read_text()
     assert log.count("--- slimeforge: submission") == 2 and "standin: exiting with 0" in log
@@ -168,7 +171,7 @@ def test_sigint_stops_the_job_and_says_what_is_left(env, ray_head):
             proc.kill()
     assert proc.returncode == 130, out
     assert "interrupted: stopping job" in out and "left running" in out
-    assert launcher.status(run_dir)["status"] == "STOPPED"
+    assert jobs.status(run_dir).data["status"] == "STOPPED"
 
 
 def test_start_head_submit_replace_and_stop(env):
@@ -189,7 +192,7 @@ def test_start_head_submit_replace_and_stop(env):
         second = int((sdir / "head.pid").read_text())
         assert second != first and not pid_alive(first) and pid_alive(second)
 
-        launcher.stop(run_dir, head=True)
+        jobs.stop(run_dir, head=True)
         wait_for(lambda: not pid_alive(second), 90, "the head to stop")
         assert not (sdir / "head.pid").exists()
     finally:
@@ -218,7 +221,7 @@ def test_launch_sh_runs_for_real(env):
         assert (run.path / "submission_id").exists() and "standin: exiting with 4" in (run.path / "job.log").read_text()
         assert pid_alive(int((sdir / "head.pid").read_text()))
     finally:
-        launcher.stop_recorded_head(sdir, say=lambda _: None)
+        jobs.stop_recorded_head(sdir, say=lambda _: None)
         subprocess.run(["rm", "-rf", str(temp)], check=False)
 
 
@@ -254,8 +257,9 @@ def test_container_mode_real_docker_run_without_gpus(env, base_image):
     recipe, stack, _ = recipe_for(env, mode="container", image=base_image)
     run = build_run_dir(recipe, stack, env / "run", "test")
     write_run_dir(run)
-    argv = launcher.container_argv(recipe, run.path, name=f"sf-launch-test-{secrets.token_hex(4)}", cidfile=run.path / "container.id",
-                                   environ={}, shm_size="256m", gpus=False, ulimits=())
+    resolved = ResolvedRun(recipe, stack, run.path, "test", {})
+    argv = ContainerTarget(shm_size="256m", gpus=False, ulimits=()).docker_argv(resolved, name=f"sf-launch-test-{secrets.token_hex(4)}",
+                                                                               cidfile=run.path / "container.id")
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     # The stand-in slime_dir is not in the image: launch.sh stops at its first check, inside the container.
     assert proc.returncode == 2, proc.stderr

@@ -11,40 +11,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from lock_support import Index
+from lock_support import Index, push_tiny_image, router_stack, write_stack
 
 from slimeforge import paths
-from slimeforge.image import lock as L
+from slimeforge.image import lockcheck, lockfile, resolve
 from slimeforge.image.build import BuildOptions, prepare
 from slimeforge.image.stack import load_stack
 from slimeforge.image.steps import lock_file, lock_files
 
 UV = str(Path(sys.executable).parent / "uv")
-PY = f"{sys.version_info.major}.{sys.version_info.minor}"
 DIGEST = "sha256:" + "ab" * 32
 
-STACK = """schema: 1
-name: {name}
-version: "0.0.1"
-cuda: "{cuda}"
-python: "{py}"
-base: {{image: "{base}", glibc: "2.36"}}
-torch_index: {torch_index}
-image_root: /root
-venv: /opt/venv
-sources: {{}}
-versions:
-  uv: "0.9.7"
-  sf-base: "1.0"
-  sf-app: "1.0"
-steps:
-  - name: base
-    pip: [sf-base]
-  - name: app
-    pip: [sf-app]
-smoke:
-  imports: [sf_app]
-"""
 
 
 @pytest.fixture(scope="module")
@@ -79,17 +56,10 @@ def uv_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
 
 
-def write_stack(directory: Path, name="sflock", cuda="13.0", torch_index="null", base="slimeforge-test/base:bookworm") -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{name}.yaml"
-    path.write_text(STACK.format(name=name, cuda=cuda, py=PY, torch_index=torch_index, base=base))
-    return path
-
-
-def do_lock(path: Path, index: Index, lines: list[str] | None = None, base_digest: str | None = DIGEST) -> L.LockFile:
-    L.resolve(L.LockOptions(stack=str(path), index_url=index.url, base_digest=base_digest,
+def do_lock(path: Path, index: Index, lines: list[str] | None = None, base_digest: str | None = DIGEST) -> lockfile.LockFile:
+    resolve.resolve(resolve.LockOptions(stack=str(path), index_url=index.url, base_digest=base_digest,
                             echo=(lines.append if lines is not None else lambda _: None)))
-    return L.load_lock(str(path))
+    return lockfile.load_lock(str(path))
 
 
 def steps_sh(state: Path, script: str) -> subprocess.CompletedProcess:
@@ -103,7 +73,7 @@ def make_venv(path: Path) -> Path:
     return path
 
 
-def install_all(stack_path: Path, lock: L.LockFile, work: Path) -> tuple[Path, Path, subprocess.CompletedProcess]:
+def install_all(stack_path: Path, lock: lockfile.LockFile, work: Path) -> tuple[Path, Path, subprocess.CompletedProcess]:
     """Every step's slice through sf_pip_step, then finalize's comparison with the whole lock."""
     stack = load_stack(str(stack_path))
     venv, state, slices = make_venv(work / "venv"), work / "state", work / "slices"
@@ -135,7 +105,7 @@ def test_lock_resolves_for_the_target_with_exactly_the_pinned_prerelease(indexes
     assert lock.steps == {"base": ["sf-base"], "app": ["sf-app", "sf-dep", "sf-extra", "sf-kern", "sf-kern-cu13"]}
     assert all(p.url.startswith(indexes["main"].url.removesuffix("/simple")) and len(p.sha256) == 64 for p in lock.packages.values())
     assert lock.tool["base"]["digest"] == DIGEST and lock.tool["platform"] == "x86_64-manylinux_2_36"
-    assert L.check_lock(load_stack(str(tmp_path / "sflock.yaml")), lock) == []
+    assert lockcheck.check_lock(load_stack(str(tmp_path / "sflock.yaml")), lock) == []
     # The file is a PEP 751 lock uv itself reads; locking again changes nothing (same tag).
     text = lock.path.read_text()
     do_lock(tmp_path / "sflock.yaml", indexes["main"])
@@ -200,11 +170,11 @@ def test_cuda12_flavor_takes_its_kernels_from_its_index_and_mixing_is_detected(i
     good_path = write_stack(tmp_path / "good", "sfcu12", "12.9", indexes["cu12"].url)
     lock = do_lock(good_path, indexes["main"])
     assert lock.packages["sf-kern"].version == "1.0+cu129" and "sf-kern-cu12" in lock.packages and "sf-kern-cu13" not in lock.packages
-    assert L.check_lock(load_stack(str(good_path)), lock) == []
+    assert lockcheck.check_lock(load_stack(str(good_path)), lock) == []
     # Without it, the main index's CUDA 13 kernel comes in: `lock --check` names it.
     bad_path = write_stack(tmp_path / "bad", "sfcu12", "12.9")
     bad = do_lock(bad_path, indexes["main"])
-    problems = L.check_lock(load_stack(str(bad_path)), bad)
+    problems = lockcheck.check_lock(load_stack(str(bad_path)), bad)
     assert "CUDA mix: sf-kern-cu13 1.0 is built for CUDA 13, the flavor is CUDA 12.9" in problems
 
 
@@ -212,16 +182,16 @@ def test_check_names_a_stale_lock_and_an_unsatisfied_pin(indexes, tmp_path):
     path = write_stack(tmp_path)
     lock = do_lock(path, indexes["main"])
     path.write_text(path.read_text().replace('sf-base: "1.0"', 'sf-base: "1.2"'))
-    problems = L.check_lock(load_stack(str(path)), lock)
+    problems = lockcheck.check_lock(load_stack(str(path)), lock)
     assert any(p.startswith("stale: ") and f"invoke lock --stack {path}" in p for p in problems)
     assert "pin sf-base==1.2: the lock holds sf-base 1.0" in problems
-    with pytest.raises(L.LockError, match="cannot be installed from"):
-        L.checked_lock(load_stack(str(path)))
+    with pytest.raises(lockfile.LockError, match="cannot be installed from"):
+        lockcheck.checked_lock(load_stack(str(path)))
 
 
 def test_build_refuses_a_stack_without_a_lock_with_the_command_that_makes_one(tmp_path):
     path = write_stack(tmp_path, "nolock")
-    with pytest.raises(L.LockError, match=rf"no lock for nolock; make it with `invoke lock --stack {path}`"):
+    with pytest.raises(lockfile.LockError, match=rf"no lock for nolock; make it with `invoke lock --stack {path}`"):
         prepare(BuildOptions(stack=str(path), dry_run=True, build_root=tmp_path / "b", echo=lambda _: None))
 
 
@@ -238,53 +208,8 @@ def test_check_of_a_missing_lock_says_how_to_make_it():
 def test_committed_locks_pass_check(flavor):
     if not (Path(__file__).parents[2] / "images" / "locks" / f"pylock.{flavor}.toml").exists():
         pytest.skip(f"no committed lock for {flavor}: `invoke lock --cuda {flavor}` needs its index (download.pytorch.org for cu129)")
-    summary = L.check(flavor, echo=lambda _: None)
+    summary = lockcheck.check(flavor, echo=lambda _: None)
     assert summary["packages"] > 100 and not summary["sdists"] or set(summary["sdists"]) <= {"flash-attn", "transformer-engine-torch"}
-
-
-def _registry_put(reg, user: str, password: str, method: str, url: str, body: bytes, content_type: str) -> dict:
-    import base64
-    import ssl
-    import urllib.request
-
-    req = urllib.request.Request(url, data=body, method=method, headers={
-        "Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode(), "Content-Type": content_type})
-    with urllib.request.urlopen(req, context=ssl.create_default_context(cafile=str(reg.ca)), timeout=30) as resp:
-        return dict(resp.headers)
-
-
-def push_tiny_image(reg, repository: str, tag: str, user: str, password: str) -> str:
-    """An image manifest (one empty config blob, one small layer) pushed over the registry API."""
-    import gzip
-    import hashlib
-    import io
-    import json
-    import tarfile
-
-    base = f"https://{reg.host}/v2/{repository}"
-    layer_tar = io.BytesIO()
-    with tarfile.open(fileobj=layer_tar, mode="w") as tar:
-        info = tarfile.TarInfo("etc/sf-base")
-        info.size = 3
-        tar.addfile(info, io.BytesIO(b"sf\n"))
-    layer = gzip.compress(layer_tar.getvalue(), mtime=0)
-    config = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers",
-                         "diff_ids": ["sha256:" + hashlib.sha256(layer_tar.getvalue()).hexdigest()]}}).encode()
-    for blob in (config, layer):
-        digest = "sha256:" + hashlib.sha256(blob).hexdigest()
-        where = _registry_put(reg, user, password, "POST", f"{base}/blobs/uploads/", b"", "application/octet-stream")["Location"]
-        sep = "&" if "?" in where else "?"
-        where = where if where.startswith("http") else f"https://{reg.host}{where}"
-        _registry_put(reg, user, password, "PUT", f"{where}{sep}digest={digest}", blob, "application/octet-stream")
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-        "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": len(config),
-                   "digest": "sha256:" + hashlib.sha256(config).hexdigest()},
-        "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", "size": len(layer),
-                    "digest": "sha256:" + hashlib.sha256(layer).hexdigest()}],
-    }).encode()
-    _registry_put(reg, user, password, "PUT", f"{base}/manifests/{tag}", manifest, "application/vnd.docker.distribution.manifest.v2+json")
-    return "sha256:" + hashlib.sha256(manifest).hexdigest()
 
 
 @pytest.mark.docker
@@ -335,7 +260,7 @@ def test_lock_asks_the_base_image_registry_for_its_digest(indexes, tmp_path, mon
             client.images.remove(p.base["from"], force=True)
         # --base-digest by hand wins over the registry.
         do_lock(path, indexes["main"], base_digest=DIGEST)
-        assert L.load_lock(str(path)).tool["base"]["digest"] == DIGEST
+        assert lockfile.load_lock(str(path)).tool["base"]["digest"] == DIGEST
     finally:
         reg.stop()
 
@@ -368,14 +293,159 @@ def test_a_step_builds_its_sdists_after_its_wheels_without_isolation(indexes, tm
                     .replace("    pip: [sf-app]\n", "    pip: [sf-app]\n  - name: built\n    pip: [sf-built, sf-helper]\n"))
     lock = do_lock(path, main)
     assert lock.packages["sf-built"].kind == "sdist" and lock.steps["built"] == ["sf-built", "sf-helper"]
-    text = L.step_requirements(lock, "built")
-    assert text.index("sf-helper @") < text.index(L.SDIST_MARK) < text.index("sf-built @")
+    text = lockfile.step_requirements(lock, "built")
+    assert text.index("sf-helper @") < text.index(lockfile.SDIST_MARK) < text.index("sf-built @")
     venv, state, res = install_all(path, lock, tmp_path / "i")
     assert res.returncode == 0, res.stderr
     assert installed(venv)["sf-built"] == "1.0" and "step built: 8 distribution(s) installed, all as locked" in res.stderr
     # Alone (no wheel of its step before it), the same sdist does not build: the order is what works.
     alone = make_venv(tmp_path / "alone")
     sdist_only = tmp_path / "sdist-only.txt"
-    sdist_only.write_text(text.split(L.SDIST_MARK, 1)[1])
+    sdist_only.write_text(text.split(lockfile.SDIST_MARK, 1)[1])
     res = steps_sh(tmp_path / "state2", f"sf_lock_install {alone} built {sdist_only}")
     assert res.returncode == 1 and "No module named 'sf_helper'" in res.stderr
+
+
+def test_relocking_unchanged_inputs_reuses_the_cutoff_and_gives_the_same_bytes(tmp_path):
+    """The loopback index gains a newer release of a package no pin names (sf-extra, a dependency
+    of sf-app): re-locking the unchanged stack keeps the lock byte for byte; --upgrade, or a
+    changed pin, moves the cutoff and takes it."""
+    from datetime import datetime
+
+    index = Index(tmp_path / "index")
+    for name in ("sf-base", "sf-dep", "sf-kern-cu13"):
+        index.add(name, "1.0")
+    index.add("sf-extra", "2.0")
+    index.add("sf-kern", "1.0", ["sf-kern-cu13==1.0"])
+    index.add("sf-app", "1.0", ["sf-base>=1.0", "sf-dep", "sf-extra", "sf-kern"])
+    index.start()
+    try:
+        path = write_stack(tmp_path / "s")
+
+        def relock(when: str, upgrade: bool = False) -> tuple[str, list[str]]:
+            lines: list[str] = []
+            resolve.resolve(resolve.LockOptions(stack=str(path), index_url=index.url, base_digest=DIGEST, upgrade=upgrade,
+                                                now=lambda: datetime.fromisoformat(when), echo=lines.append))
+            return lockfile.load_lock(str(path)).path.read_text(), lines
+
+        first, lines = relock("2026-06-01T12:00:00+00:00")
+        assert 'exclude-newer = "2026-06-01T12:00:00Z"' in first and "  cutoff 2026-06-01T12:00:00Z: now (no previous lock)" in lines
+        index.add("sf-extra", "2.1", uploaded="2026-07-01T00:00:00Z")  # after the cutoff: a later day's index
+        again, lines = relock("2026-08-01T00:00:00+00:00")
+        assert again == first  # the same bytes, so the same image tag
+        assert "  cutoff 2026-06-01T12:00:00Z: the previous lock's (inputs unchanged; --upgrade moves it)" in lines
+        upgraded, lines = relock("2026-08-01T00:00:00+00:00", upgrade=True)
+        lock = lockfile.load_lock(str(path))
+        assert lock.packages["sf-extra"].version == "2.1" and lock.tool["exclude-newer"] == "2026-08-01T00:00:00Z"
+        assert "  cutoff 2026-08-01T00:00:00Z: now (--upgrade)" in lines
+        # Back to the first lock, then a changed pin: its inputs changed, so the cutoff moves too.
+        lockfile.write_lock(lock.path, first)
+        path.write_text(path.read_text().replace('sf-app: "1.0"', 'sf-app: ">=1.0"'))
+        _, lines = relock("2026-09-01T00:00:00+00:00")
+        assert lockfile.load_lock(str(path)).packages["sf-extra"].version == "2.1"
+        assert "  cutoff 2026-09-01T00:00:00Z: now (the stack's inputs changed since the lock with cutoff 2026-06-01T12:00:00Z)" in lines
+    finally:
+        index.stop()
+
+
+def test_an_index_without_upload_times_locks_without_a_cutoff_and_says_so(tmp_path):
+    index = Index(tmp_path / "index", upload_times=False)
+    for name in ("sf-base", "sf-dep", "sf-extra", "sf-kern-cu13"):
+        index.add(name, "1.0" if name != "sf-extra" else "2.0")
+    index.add("sf-kern", "1.0", ["sf-kern-cu13==1.0"])
+    index.add("sf-app", "1.0", ["sf-base>=1.0", "sf-dep", "sf-extra", "sf-kern"])
+    index.start()
+    try:
+        lines: list[str] = []
+        lock = do_lock(write_stack(tmp_path / "s"), index, lines)
+    finally:
+        index.stop()
+    assert lock.tool["exclude-newer"] == "" and lock.packages["sf-extra"].version == "2.0"
+    assert any(line.startswith("  warning: an index gives no upload times, so no cutoff can apply") for line in lines)
+    assert any("is missing an upload date" in line for line in lines)
+
+
+@pytest.mark.docker
+def test_complete_fills_only_the_missing_outside_facts_and_build_does_it_by_itself(indexes, tmp_path, monkeypatch):
+    """A lock made where neither the base image's registry nor the router wheel's host answered:
+    the dry runs render with both marked; `lock --complete` (loopback TLS registry, loopback wheel
+    URL) fills exactly those two fields, byte for byte otherwise; a real build does the same itself."""
+    import base64
+    import hashlib
+    import json
+    import shutil
+
+    from lock_support import make_wheel
+    from publish_support import REGISTRY_BIN, LocalRegistry
+
+    from slimeforge.image import outside
+
+    if not shutil.which(REGISTRY_BIN) and not Path(REGISTRY_BIN).exists():
+        pytest.skip(f"{REGISTRY_BIN} is not installed (apt-get install docker-registry)")
+    main = indexes["main"]
+    reg = LocalRegistry(tmp_path / "registry", {"puller": "pull-pass-1"})  # not started yet: unreachable
+    config = tmp_path / "docker-config"
+    config.mkdir()
+    (config / "config.json").write_text(json.dumps({"auths": {reg.host: {"auth": base64.b64encode(b"puller:pull-pass-1").decode()}}}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(config))
+    router_url = f"{main.url.removesuffix('/simple')}/router/sf_router-0.3.2-py3-none-any.whl"  # not there yet: unreachable
+    path = router_stack(tmp_path / "s", f"{reg.host}/sf/base:v1", router_url)
+    lines: list[str] = []
+    lock = do_lock(path, main, lines, base_digest=None)
+    assert lock.tool["base"]["digest"] == "" and lock.tool["router"] == {"url": router_url}
+    made = lock.path.read_text()
+
+    # The dry runs render everything, each missing fact named with what fills it; the lock is untouched.
+    seen: list[str] = []
+    p = prepare(BuildOptions(stack=str(path), dry_run=True, build_root=tmp_path / "b", echo=seen.append))
+    assert p.provisional
+    assert any(s.startswith("warning: the router wheel's sha256 is missing from") and f"`invoke lock --stack {path} --complete`" in s
+               for s in seen)
+    assert any(s.startswith("warning: the base image's digest is missing from") for s in seen)
+    router_slice = (p.dir / "context" / "lock" / "router.txt").read_text()
+    assert router_slice.startswith("# MISSING: the router wheel's sha256") and f"sf-router @ {router_url}\n" in router_slice
+    assert "--hash" not in router_slice  # uv --require-hashes refuses it: run as is, the step fails, naming it
+    assert lock.path.read_text() == made
+
+    wheel = make_wheel(main.root / "router", "sf-router", "0.3.2")
+    reg.start()
+    try:
+        digest = push_tiny_image(reg, "sf/base", "v1", "puller", "pull-pass-1")
+        # A changed input is refused, naming the difference: --complete resolves nothing.
+        path.write_text(path.read_text().replace('sf-base: "1.0"', 'sf-base: "1.2"'))
+        with pytest.raises(lockfile.LockError, match=r"cannot be completed(.|\n)*pin sf-base==1\.2: the lock holds sf-base 1\.0"):
+            outside.complete(str(path), echo=lambda _: None)
+        path.write_text(path.read_text().replace('sf-base: "1.2"', 'sf-base: "1.0"'))
+
+        out: list[str] = []
+        result = outside.complete(str(path), echo=out.append)
+        sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        assert result["filled"] == ["base_digest", "router_sha256"]
+        after = lock.path.read_text()
+        assert after == made.replace('"digest" = ""', f'"digest" = "{digest}"').replace(
+            f'"url" = "{router_url}"', f'"url" = "{router_url}"\n"sha256" = "{sha}"')
+        assert f"{lock.path}: the router wheel's sha256 filled in: {sha}" in out and any("commit it" in s for s in out)
+        # What --complete wrote is what a re-lock would have written: the same bytes.
+        do_lock(path, main, base_digest=None)
+        assert lock.path.read_text() == after
+        out.clear()
+        assert outside.complete(str(path), echo=out.append)["filled"] == [] and out == [f"{lock.path}: complete (nothing missing)"]
+        with pytest.raises(lockfile.LockError, match="changes nothing recorded"):
+            outside.complete(str(path), echo=lambda _: None, router_sha256="0" * 64)
+
+        # A real build (prepare: everything before `docker build`) fills them by itself and says so.
+        lockfile.write_lock(lock.path, made)
+        seen.clear()
+        p = prepare(BuildOptions(stack=str(path), build_root=tmp_path / "b", echo=seen.append))
+        assert lock.path.read_text() == after and not p.provisional
+        assert f"{lock.path}: the base image's digest filled in: {digest}" in seen
+        assert (p.dir / "context" / "lock" / "router.txt").read_text().endswith(f"sf-router @ {router_url} --hash=sha256:{sha}\n")
+        assert p.base["from"] == f"{reg.host}/sf/base@{digest}"
+    finally:
+        reg.stop()
+    # Where it cannot fill what it needs (the router host gone), a real build refuses, naming it.
+    lockfile.write_lock(lock.path, made)
+    wheel.unlink()
+    with pytest.raises(lockfile.LockError, match="cannot build or install without the router wheel's sha256"):
+        prepare(BuildOptions(stack=str(path), build_root=tmp_path / "b", echo=lambda _: None))
+    assert lock.path.read_text() == made

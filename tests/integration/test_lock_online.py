@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from slimeforge.image import lock as L
+from slimeforge.image import lockfile
 
 pytestmark = [pytest.mark.network]
 PEP691 = "application/vnd.pypi.simple.v1+json"
@@ -24,7 +24,7 @@ def simple_page(name: str) -> dict:
 
 
 def test_committed_cu13_lock_files_exist_on_pypi_with_those_hashes():
-    lock = L.load_lock("cu13")
+    lock = lockfile.load_lock("cu13")
     try:
         simple_page("pip")
     except (urllib.error.URLError, OSError) as exc:
@@ -32,7 +32,7 @@ def test_committed_cu13_lock_files_exist_on_pypi_with_those_hashes():
     pypi = [p for p in lock.packages.values() if p.url.startswith("https://files.pythonhosted.org/")]
     assert len(pypi) == len(lock.packages)  # cu13 locks from PyPI alone
 
-    def problems_of(p: L.Locked) -> list[str]:
+    def problems_of(p: lockfile.Locked) -> list[str]:
         files = {f["filename"]: f for f in simple_page(p.name)["files"]}
         f = files.get(p.filename)
         if f is None:

@@ -72,7 +72,8 @@ def test_base_gets_the_interpreter_by_version_and_the_venv_uses_it(flavor):
     stack = load_stack(flavor)
     text = render_dockerfile(stack)
     assert stack.python == "3.12"
-    assert "sf system apt_install python3.12 python3.12-venv python3.12-dev git " in run_block(text, "system")
+    assert ("sf system system --python python3.12 --python-package python3.12 --python-package python3.12-venv "
+            "--python-package python3.12-dev --need git:git::git ") in run_block(text, "system")
     assert "/opt/slimeforge/sf venv venv /opt/venv 0.9.7 python3.12\n" in text
     # The library calls the interpreter it is given, never a bare python3.
     lib = (ROOT / "templates" / "steps.sh").read_text()
@@ -88,7 +89,7 @@ def test_every_compiled_step_gets_every_arch_variable_and_its_own_caches(flavor)
     for name in COMPILED:
         block = run_block(text, name)
         assert "TORCH_CUDA_ARCH_LIST=9.0 FLASH_ATTN_CUDA_ARCHS=90 NVTE_CUDA_ARCHS=90 " in block, name
-        key = re.search(rf"sf {name} compiled --key ({re.escape(flavor)}-{name}-[0-9a-f]{{16}}) -- ", block).group(1)
+        key = re.search(rf"sf {name} compiled --key ({re.escape(flavor)}-{name}-[0-9a-f]{{16}}) --venv /opt/venv -- ", block).group(1)
         assert f"--mount=type=cache,id=sf-uv-{key},target=/root/.cache/uv " in block
         assert f"--mount=type=cache,id=sf-pip-{key},target=/root/.cache/pip " in block
         keys[name] = key
@@ -155,7 +156,7 @@ def test_blackwell_is_one_arch_list_change_that_reaches_every_compiled_piece(tmp
         line = next(x for x in script.splitlines() if x.startswith(f"sf_run_step {name} "))
         for var in ("'TORCH_CUDA_ARCH_LIST=9.0 10.0'", "'FLASH_ATTN_CUDA_ARCHS=90;100'", "'NVTE_CUDA_ARCHS=90;100'"):
             assert f"--env {var}" in line, (name, var)
-        assert f"sf_compiled --key {compiled_key(both, name)} -- " in script
+        assert f"sf_compiled --key {compiled_key(both, name)} --venv /opt/sf/venv -- " in script
 
 
 @pytest.mark.parametrize("bad", ['["9"]', '["sm_90"]', '["9.0", "9.0"]', '["9.0;rm"]'])
@@ -242,3 +243,15 @@ def test_smoke_imports_every_compiled_piece_and_names_the_gpu_ones(flavor, fa):
     text = render_dockerfile(stack)
     assert "COPY flag_catalog.py kernel_check.py smoke_versions.py /opt/slimeforge/" in text
     assert text.rstrip().endswith("--slime /root/slime --megatron /root/Megatron-LM")
+
+
+def test_base_image_and_tags_are_image_references_before_anything_is_read(tmp_path):
+    """--base-image and --tag by the OCI grammar: `-v/:/x` is no image, and never an option."""
+    from slimeforge.image.build import BuildOptions, prepare
+
+    opts = BuildOptions(stack="cu13", dry_run=True, base_image="-v/:/x", tags=["-evil", "v1", "reg.example.com/a/b:c"],
+                        build_root=tmp_path / "b", echo=lambda _: None)
+    with pytest.raises(ConfigError) as err:
+        prepare(opts)
+    assert [p.where for p in err.value.problems] == ["--base-image", "--tag"] and err.value.problems[1].value == "-evil"
+    assert not (tmp_path / "b").exists()

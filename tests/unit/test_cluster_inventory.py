@@ -27,7 +27,7 @@ def problems(exc: ConfigError) -> dict[str, str]:
 def test_example_inventory_is_valid():
     inv = load_inventory(ROOT / "recipes" / "clusters" / "example.yaml")
     assert inv.name == "example" and inv.mode == "container"
-    assert inv.head.name == "gpu-a" and [h.name for h in inv.workers] == ["gpu-b"]
+    assert inv.head.name == "gpu-a" and [h.name for h in inv.hosts if not h.is_head] == ["gpu-b"]
     assert all(h.image == inv.image and h.image.endswith(inv.image.rsplit("@", 1)[1]) for h in inv.hosts)
     assert inv.head.ssh.user == "ubuntu" and inv.head.ssh.port is None  # left to ~/.ssh/config
 
@@ -84,6 +84,17 @@ def test_container_mode_needs_an_image(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_inventory(write(tmp_path, data))
     assert "is required in container mode" in problems(err.value)["image"]
+
+
+@pytest.mark.parametrize("image", [f"-v/:/host@{DIGEST}", f"--privileged@{DIGEST}", f"Registry.example/Slime@{DIGEST}",
+                                   f"registry.example/slime@{DIGEST}\n", f"registry.example/slime @{DIGEST}"])
+def test_an_image_that_is_no_image_reference_is_refused(tmp_path, image):
+    """By the OCI grammar, not by its tail: `-v/:/host@sha256:...` would reach `docker pull` and
+    `docker run` as an option (a bind mount of the host's root)."""
+    data = {"mode": "container", "image": image, "hosts": [{"name": "a", "address": "a", "role": "head", "gpus": 0}]}
+    with pytest.raises(ConfigError) as err:
+        load_inventory(write(tmp_path, data))
+    assert list(problems(err.value)) == ["image"] and "[registry[:port]/]name[:tag][@sha256:<64 hex>]" in str(err.value)
 
 
 def test_effective_settings_per_host(tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slimeforge.cluster import raycluster as cluster
+from slimeforge.cluster import agent, bringup, nodestart, record
 from slimeforge.cluster.hosttable import FAILED, OK, HostTable
 from slimeforge.cluster.inventory import load_inventory
 
@@ -38,13 +38,13 @@ def host_inventory(tmp_path):
 def test_ray_start_argv_head_and_worker(host_inventory):
     inv = host_inventory
     head, worker = inv.hosts
-    assert cluster.ray_start_argv(inv, head, "10.0.0.1", "10.0.0.1") == [
+    assert nodestart.ray_start_argv(inv, head, "10.0.0.1", "10.0.0.1") == [
         "/opt/sf/venv/bin/ray", "start", "--block", "--head", "--port", "6379",
         "--dashboard-host", "10.0.0.1", "--dashboard-port", "8265", "--ray-client-server-port", "10001",
         "--node-ip-address", "10.0.0.1", "--num-gpus", "8", "--dashboard-agent-listen-port", "52365",
         "--temp-dir", head.temp_dir, "--disable-usage-stats", "--num-cpus", "1", "--object-store-memory", "104857600",
     ]  # fmt: skip
-    argv = cluster.ray_start_argv(inv, worker, "10.0.0.2", "10.0.0.1")
+    argv = nodestart.ray_start_argv(inv, worker, "10.0.0.2", "10.0.0.1")
     assert argv[:5] == ["/opt/sf/venv/bin/ray", "start", "--block", "--address", "10.0.0.1:6379"]
     assert "--head" not in argv and "--dashboard-host" not in argv
     assert argv[argv.index("--node-ip-address") + 1] == "10.0.0.2" and argv[argv.index("--num-gpus") + 1] == "0"
@@ -52,15 +52,15 @@ def test_ray_start_argv_head_and_worker(host_inventory):
 
 def test_ray_env_names_the_interface_and_puts_the_environment_first(host_inventory):
     worker = host_inventory.hosts[1]
-    env = cluster.ray_env(worker, "ens5", "/usr/bin:/bin")
+    env = nodestart.ray_env(worker, "ens5", "/usr/bin:/bin")
     assert env == {"GLOO_SOCKET_IFNAME": "ens5", "NCCL_SOCKET_IFNAME": "ens5", "PATH": "/opt/sf/venv/bin:/usr/bin:/bin", "NCCL_IB_HCA": "mlx5"}
 
 
 def test_container_start_argv_runs_ray_in_the_pinned_image():
     inv = load_inventory(EXAMPLE)
     head = inv.head
-    env = cluster.ray_env(head, "eth0", None)
-    argv = cluster.start_argv(inv, head, "10.0.0.11", "10.0.0.11", env)
+    env = nodestart.ray_env(head, "eth0", None)
+    argv = nodestart.start_argv(inv, head, "10.0.0.11", "10.0.0.11", env)
     assert argv[:4] == ["docker", "run", "--detach", "--name"] and argv[4] == "sf-ray-example-gpu-a"
     for pair in (["--network", "host"], ["--ipc", "host"], ["--gpus", "all"], ["--env", "NCCL_SOCKET_IFNAME=eth0"], ["--env", "NCCL_IB_HCA=mlx5"]):
         assert any(argv[i : i + 2] == pair for i in range(len(argv))), pair
@@ -92,14 +92,14 @@ def test_cli_refuses_a_bad_inventory_with_every_problem(tmp_path):
 
 
 def test_environments_must_match_the_head(host_inventory):
-    nodes = cluster.make_nodes(host_inventory)
+    nodes = bringup.make_nodes(host_inventory)
     head, worker = nodes
-    table = HostTable("t", [("a", "head"), ("b", "worker")], cluster.PHASES, stream=io.StringIO(), live=False)
-    head.env = cluster.EnvFacts("aaa", "3.12.3", "2.60.0")
-    worker.env = cluster.EnvFacts("aaa", "3.12.3", "2.60.0")
-    assert cluster.compare_environments(nodes, head, table) == {}
-    worker.env = cluster.EnvFacts("bbb", "3.11.9", "2.59.0")
-    failures = cluster.compare_environments(nodes, head, table)
+    table = HostTable("t", [("a", "head"), ("b", "worker")], bringup.PHASES, stream=io.StringIO(), live=False)
+    head.env = bringup.EnvFacts("aaa", "3.12.3", "2.60.0")
+    worker.env = bringup.EnvFacts("aaa", "3.12.3", "2.60.0")
+    assert bringup.compare_environments(nodes, head, table) == {}
+    worker.env = bringup.EnvFacts("bbb", "3.11.9", "2.59.0")
+    failures = bringup.compare_environments(nodes, head, table)
     assert list(failures) == ["b"]
     assert "install lock (sha256 of stack.lock.json) bbb differs from the head's aaa" in failures["b"]
     assert "Python 3.11.9 differs from the head's 3.12.3" in failures["b"] and "Ray 2.59.0 differs from the head's 2.60.0" in failures["b"]
@@ -123,9 +123,9 @@ def test_host_table_plain_lines_and_text():
 
 
 def test_last_json_skips_login_banners():
-    assert cluster.last_json("Welcome to Ubuntu\n{not json\n{\"a\": 1}\n") == {"a": 1}
-    with pytest.raises(cluster.SlimeforgeError, match="expected a JSON line"):
-        cluster.last_json("motd only\n")
+    assert agent.last_json("Welcome to Ubuntu\n{not json\n{\"a\": 1}\n") == {"a": 1}
+    with pytest.raises(agent.SlimeforgeError, match="expected a JSON line"):
+        agent.last_json("motd only\n")
 
 
 def test_nccl_check_is_standalone():
@@ -167,10 +167,12 @@ def test_run_task_resolves_the_cluster_head_and_passes_it_on(tmp_path, monkeypat
     assert err.value.code == 2 and "run `invoke cluster.up" in str(err.value.message)
 
     inv = load_inventory(EXAMPLE)
-    path = cluster.state_file(inv)
+    path = record.state_file(inv)
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"gcs": "10.0.0.11:6379", "dashboard": "http://10.0.0.11:8265"}))
     seen = {}
-    monkeypatch.setattr(slimeforge.run.launch, "launch", lambda recipe, stack, **kw: seen.update(kw) or 0)
-    tasks.run_start.body(MockContext(), "recipes/gsm8k.yaml", out=str(tmp_path / "run"), cluster=str(EXAMPLE))
-    assert seen["address"] == "http://10.0.0.11:8265"
+    monkeypatch.setattr(slimeforge.run.launch, "apply", lambda target, plan, runner, stream: seen.update(plan=plan) or 0)
+    image = "reg.example/slimeforge@sha256:" + "0123456789abcdef" * 4
+    tasks.run_start.body(MockContext(), "recipes/gsm8k.yaml", out=str(tmp_path / "run"), cluster=str(EXAMPLE), image=image)
+    plan = seen["plan"]
+    assert plan.target == "ray-cluster" and "RAY_ADDRESS=http://10.0.0.11:8265" in plan.commands[0].argv

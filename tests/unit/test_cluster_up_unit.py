@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from slimeforge.cluster.bringup import Node, node_problems
 from slimeforge.cluster.inventory import load_inventory
-from slimeforge.cluster.raycluster import Node, node_problems, ray_env, start_argv
+from slimeforge.cluster.nodestart import ray_env, start_argv
 from slimeforge.scripts.node_agent import parse_gpus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,6 +23,10 @@ def inv():
     return load_inventory(ROOT / "recipes" / "clusters" / "example.yaml")
 
 
+def worker_host(inv):
+    return next(h for h in inv.hosts if not h.is_head)
+
+
 def facts(**over):
     base = {"gpus": {"list": H200}, "route": {"dev": "ens5", "src": "10.0.0.12"}, "addresses": {"ens5": "10.0.0.12", "lo": "127.0.0.1"},
             "reach": {f"{HEAD_IP}:22": None}, "docker": {"version": "28.2.2"}, "path": "/usr/bin:/bin", "ports_busy": []}
@@ -29,7 +34,7 @@ def facts(**over):
 
 
 def worker(inv, gpus=2, **over) -> Node:
-    host = replace(inv.workers[0], gpus=gpus)
+    host = replace(worker_host(inv), gpus=gpus)
     return Node(host, ssh=None, facts=facts(**over))
 
 
@@ -59,7 +64,7 @@ def test_every_problem_of_a_host_is_named_at_once(inv):
 
 
 def test_no_nvidia_smi_and_a_missing_interface(inv):
-    node = Node(replace(inv.workers[0], gpus=2, interface="ib0"), ssh=None, facts=facts(gpus={"error": "nvidia-smi not found on PATH"}))
+    node = Node(replace(worker_host(inv), gpus=2, interface="ib0"), ssh=None, facts=facts(gpus={"error": "nvidia-smi not found on PATH"}))
     assert node_problems(inv, node, HEAD_IP) == [
         "declares 2 GPU(s) but nvidia-smi not found on PATH",
         "interface 'ib0' has no IPv4 address here; interfaces: ens5, lo",

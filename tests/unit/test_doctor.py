@@ -11,6 +11,7 @@ import pytest
 from launch_support import FIXTURES, fake_nvidia_smi, make_recipe, write_catalog
 
 from slimeforge.image.stack import load_stack
+from slimeforge.paths import SCRIPTS
 from slimeforge.proc import Runner
 from slimeforge.run import preflight as doctor
 from slimeforge.run.launch import launch
@@ -21,6 +22,13 @@ from slimeforge.run.recipe import parse_recipe
 from slimeforge.scripts.node_agent import QUERY_GPU
 
 CU13 = load_stack("cu13")
+
+
+def host_versions(run, python: str = "python3") -> tuple[str, str]:
+    """(Ray version, Python version) of the interpreter `python` on the host `run` reaches, read by
+    the one versions probe (scripts/env_probe.py, which cluster.up runs on every host too)."""
+    facts = json.loads(run([python, "-c", (SCRIPTS / "env_probe.py").read_text()]).strip().splitlines()[-1])
+    return facts["ray"] or "(none)", facts["python"]
 
 
 def fixture_runner(capture: str, shm_kib: int = 134217728, ulimits: str = "unlimited\n20000\n"):
@@ -54,7 +62,7 @@ def host_findings(run, stack, num_gpus, where, versions, ports=None):
     found += host.shm_findings(run, where) + host.limits_findings(run, "host", where)
     if ports:
         found += host.port_findings(run, ports, "python3", where)
-    return found + pf_versions.version_findings(pf_versions.host_versions(run), versions, where)
+    return found + pf_versions.version_findings(host_versions(run), versions, where)
 
 
 def test_host_checks_read_an_h200_x2_through_an_injected_runner():
@@ -221,8 +229,8 @@ def test_cluster_up_runs_the_same_host_checks_on_every_host():
     outputs a host printed); an error fails the host with its fix, a warning does not."""
     from types import SimpleNamespace
 
+    from slimeforge.cluster.bringup import default_host_checks
     from slimeforge.cluster.inventory import load_inventory
-    from slimeforge.cluster.raycluster import default_host_checks
 
     class Remote:
         def __init__(self, run):

@@ -30,6 +30,11 @@ def standin(tmp_path):
     return slime, megatron
 
 
+def parser_of(cat, flag: str) -> list[str]:
+    """The parsers (module.function that built each) that take `flag`."""
+    return [p["built_by"] for p in cat.parsers if flag in p["options"]]
+
+
 def test_catalog_has_every_parser_and_each_option_with_its_parser(standin, tmp_path):
     slime, megatron = standin
     out = tmp_path / "flags.json"
@@ -41,9 +46,9 @@ def test_catalog_has_every_parser_and_each_option_with_its_parser(standin, tmp_p
         ("slime.backends.sglang_utils.arguments.sglang_parse_args", False),
         ("megatron.training.arguments.parse_args", True),
     ]
-    assert cat.parser_of("--sglang-mem-fraction-static") == ["slime.backends.sglang_utils.arguments.sglang_parse_args"]
-    assert cat.parser_of("--router-policy") == ["slime.backends.sglang_utils.arguments.sglang_parse_args"]
-    assert cat.parser_of("--hf-checkpoint") == ["megatron.training.arguments.parse_args"]
+    assert parser_of(cat, "--sglang-mem-fraction-static") == ["slime.backends.sglang_utils.arguments.sglang_parse_args"]
+    assert parser_of(cat, "--router-policy") == ["slime.backends.sglang_utils.arguments.sglang_parse_args"]
+    assert parser_of(cat, "--hf-checkpoint") == ["megatron.training.arguments.parse_args"]
     # slime's own checks failed on the defaults after the last parser: recorded, not fatal.
     assert doc["stopped_by"] == "AssertionError: --hf-checkpoint is required"
     assert doc["python"] == ".".join(map(str, sys.version_info[:3])) and doc["format"] == "slimeforge.flag-catalog"

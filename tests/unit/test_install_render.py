@@ -94,7 +94,8 @@ def test_cli_dry_run_renders_and_prints_the_path(tmp_path):
                           "--dry-run", "--source", f"slime={repos['slime']}", "--source", f"libdemo={repos['libdemo']}"],
                          cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    script = Path(res.stdout.strip())
+    assert "the install needs about" in res.stdout  # the disk need, from the lock
+    script = Path(res.stdout.strip().splitlines()[-1])  # after the warnings (the test base has no registry digest)
     assert script == tmp_path / "p" / ".slimeforge" / "install" / "install.sh" and script.is_file()
     assert not (tmp_path / "p" / "venv").exists()
 
@@ -106,7 +107,7 @@ def test_prerequisite_failure_lists_every_problem_before_step_one(tmp_path):
     res = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "CUDA_HOME": str(tmp_path / "nocuda")})
     assert res.returncode == 1
     assert "prerequisite: CUDA: no nvcc at" in res.stderr and "nvidia-smi not found" in res.stderr
-    assert "step " not in res.stderr
+    assert "step " not in res.stderr.replace("the system step installs it", "")
 
 
 @pytest.mark.parametrize("flavor", ["cu13", "cu129"])
@@ -115,18 +116,148 @@ def test_install_script_carries_interpreter_arch_variables_and_compiled_keys(fla
 
     stack = load_stack(flavor)
     text = render_install_script(stack, "/opt/slime", patches=placeholder_patches(stack), lock=render_lock(stack))
-    assert "  sf_apt_install python3.12 python3.12-venv python3.12-dev git " in text
+    assert ("  sf_system --python python3.12 --python-package python3.12 --python-package python3.12-venv "
+            "--python-package python3.12-dev --need git:git::git ") in text
     assert "  sf_venv /opt/slime/venv 0.9.7 python3.12\n" in text
-    assert "want_python=3.12" in text and '"python$want_python" -c' in text
+    assert "want_python=3.12" in text and "PYTHON=python3.12\n" in text and '"$PYTHON" -c' in text
     for name in ("flash-attn", "transformer-engine", "apex", "torch-memory-saver"):
         line = next(x for x in text.splitlines() if x.startswith(f"sf_run_step {name} "))
         for var in ("TORCH_CUDA_ARCH_LIST=9.0", "FLASH_ATTN_CUDA_ARCHS=90", "NVTE_CUDA_ARCHS=90"):
             assert f"--env {var} " in line, (name, var)
         key = compiled_key(stack, name)
-        assert key.startswith(f"{flavor}-{name}-") and f"  sf_compiled --key {key} -- " in text
+        assert key.startswith(f"{flavor}-{name}-") and f"  sf_compiled --key {key} --venv /opt/slime/venv -- " in text
     flash = next(x for x in text.splitlines() if x.startswith("sf_run_step flash-attn "))
     assert "--env FLASH_ATTENTION_FORCE_BUILD=TRUE " in flash
     # The scripts the venv's Python runs are written next to the records, as in every image.
     assert "base64 -d >\"$SF_STATE/\"flag_catalog.py <<'SF_SCRIPT_1'" in text
     assert "base64 -d >\"$SF_STATE/\"kernel_check.py <<'SF_SCRIPT_2'" in text
     assert "base64 -d >\"$SF_STATE/\"smoke_versions.py <<'SF_SCRIPT_3'" in text
+
+
+# --- the hosts people have: their interpreter, their toolkit, the disk the lock needs ----------------
+
+
+@pytest.mark.parametrize("value, ok", [
+    ("/root/.pyenv/versions/3.12.1/bin/python3.12", True), ("/opt/conda/envs/x/bin/python", True), ("python3.12", True),
+    ("python3", True), ("--version", False), ("python3.12 -c x", False), ("/opt/../bin/python", False), ("./python", False),
+    ("python", False), ("/opt/py\nthon", False), ("relative/python3.12", False),
+])
+def test_the_python_option_is_a_path_or_an_interpreter_name(value, ok):
+    from slimeforge.image.install import python_problem
+
+    assert (python_problem(value) is None) is ok
+
+
+def test_the_disk_need_comes_from_the_lock_and_reaches_the_script():
+    from slimeforge.image.install import disk_need
+    from slimeforge.image.lockcheck import checked_lock
+
+    stack = load_stack("cu13")
+    download, need = disk_need(stack, checked_lock(stack))
+    assert 4e9 < download < 7e9  # the cu13 lock's files: 5.1 GB
+    assert need == int(-(-download * 2.5 // (1 << 30))) + 3  # unpacked, sources and logs, compile scratch
+    text = render_install_script(stack, "/opt/slime", patches=placeholder_patches(stack), lock=render_lock(stack))
+    assert f"disk_gib={need}" in text and "80" not in re.findall(r"disk_gib=(\d+)", text)
+
+
+def fake_toolkit(tmp_path: Path, headers: list[str]) -> Path:
+    cuda = tmp_path / "cuda"
+    (cuda / "bin").mkdir(parents=True)
+    (cuda / "include").mkdir()
+    for h in headers:
+        (cuda / "include" / h).write_text("")
+    nvcc = cuda / "bin" / "nvcc"
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
+    nvcc.chmod(0o755)
+    return cuda
+
+
+def test_prerequisites_name_headers_neither_the_toolkit_nor_the_lock_provides(tmp_path):
+    stack = load_stack("cu13")
+    lock = render_lock(stack)
+    # Headers whose wheels the lock does not hold (as if a flavor dropped them): the toolkit must have them.
+    stack.compile_headers.update({"cusparse.h": "nvidia-not-locked", "nccl.h": "nvidia-not-locked-either"})
+    text = render_install_script(stack, str(tmp_path / "p"), patches=placeholder_patches(stack), lock=lock,
+                                 python=sys.executable if sys.version_info[:2] == (3, 12) else None)
+    path = tmp_path / "install.sh"
+    path.write_text(text)
+    cuda = fake_toolkit(tmp_path, ["nccl.h"])
+    res = subprocess.run(["bash", str(path)], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "CUDA_HOME": str(cuda), "SLIMEFORGE_MIN_FREE_GIB": "0"})
+    assert res.returncode == 1
+    assert "prerequisite: CUDA: cusparse.h is not in the toolkit" in res.stderr
+    assert "nccl.h" not in res.stderr  # the toolkit has it
+    assert "step " not in res.stderr.replace("the system step installs it", "")
+
+
+def test_an_interpreter_given_by_path_that_is_not_there_is_a_prerequisite_failure(tmp_path):
+    stack = load_stack("cu13")
+    path = tmp_path / "install.sh"
+    path.write_text(render_install_script(stack, str(tmp_path / "p"), patches=placeholder_patches(stack), lock=render_lock(stack),
+                                          python="/nowhere/bin/python3.12"))
+    res = subprocess.run(["bash", str(path)], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "CUDA_HOME": str(fake_toolkit(tmp_path, []))})
+    assert res.returncode == 1
+    assert "prerequisite: python: /nowhere/bin/python3.12 not found" in res.stderr and "--python" in res.stderr
+    assert "sf_venv" not in res.stderr
+
+
+def test_the_disk_need_can_be_overridden_and_a_bad_override_is_named(tmp_path):
+    stack = load_stack("cu13")
+    path = tmp_path / "install.sh"
+    path.write_text(render_install_script(stack, str(tmp_path / "p"), patches=placeholder_patches(stack), lock=render_lock(stack)))
+    env = {"PATH": "/usr/bin:/bin", "CUDA_HOME": str(fake_toolkit(tmp_path, []))}
+    huge = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={**env, "SLIMEFORGE_MIN_FREE_GIB": "999999"})
+    assert "the install needs about 999999 GiB" in huge.stderr
+    bad = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={**env, "SLIMEFORGE_MIN_FREE_GIB": "1; rm -rf /"})
+    assert "SLIMEFORGE_MIN_FREE_GIB: '1; rm -rf /' is not a whole number of GiB" in bad.stderr
+
+
+@pytest.mark.parametrize("option, value, says", [
+    ("--python", "py thon", "--python: is neither an absolute path nor an interpreter name"),
+    ("--python", "bin/python3.12", "--python: is neither an absolute path nor an interpreter name"),
+    ("--min-free-gb", "lots", "--min-free-gb: 'lots' is not a whole number of GiB"),
+])
+def test_cli_refuses_a_bad_interpreter_or_disk_option_before_anything(tmp_path, option, value, says):
+    res = subprocess.run([sys.executable, "-m", "invoke", "install", "--stack", str(bs.TEST_STACK), "--prefix", str(tmp_path / "p"),
+                          "--dry-run", f"{option}={value}"], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 2, res.stderr
+    assert says in res.stderr
+    assert not (tmp_path / "p").exists()
+
+
+def fresh_clone_stack(tmp_path: Path) -> Path:
+    """cu13 as a fresh clone sees it where GitHub and Docker Hub cannot be reached: slime's git URL
+    unreachable (the patch files cannot be read), the committed lock without the router wheel's
+    sha256 and the base digest (the URL is no input of the lock, so the lock still matches)."""
+    path = tmp_path / "cu13.yaml"
+    path.write_text(f"extends: {ROOT / 'images' / 'cu13.yaml'}\nsources:\n  slime:\n    git: https://git.invalid/slime.git\n")
+    (tmp_path / "locks").mkdir()
+    (tmp_path / "locks" / "pylock.cu13.toml").write_text((ROOT / "images" / "locks" / "pylock.cu13.toml").read_text())
+    return path
+
+
+def test_dry_runs_render_on_a_fresh_clone_naming_each_missing_outside_fact(tmp_path):
+    from slimeforge.image.build import BuildOptions, prepare
+    from slimeforge.image.install import InstallOptions, install
+
+    path = fresh_clone_stack(tmp_path)
+    lock_text = (tmp_path / "locks" / "pylock.cu13.toml").read_text()
+    lines: list[str] = []
+    script = install(InstallOptions(stack=str(path), prefix=str(tmp_path / "p"), dry_run=True, use_store=False,
+                                    build_root=tmp_path / "b", echo=lines.append))
+    warnings = [line for line in lines if line.startswith("warning: ")]
+    assert [w.split(" is missing from ")[0] for w in warnings[:2]] == ["warning: the router wheel's sha256", "warning: the base image's digest"]
+    assert f"`invoke lock --stack {path} --complete` downloads" in warnings[0]
+    assert warnings[2].startswith("warning: the patch files cannot be read") and "pass --source slime=PATH" in warnings[2]
+    text = script.read_text()
+    slices = {m.group(1): base64.b64decode(m.group(2)).decode()
+              for m in re.finditer(r"base64 -d >\S*/(\S+?\.txt)'? <<'SF_SLICE_\d+'\n(.*?)\nSF_SLICE", text, re.S)}
+    assert slices["router.txt"].startswith("# MISSING: the router wheel's sha256")  # uv --require-hashes refuses it if run
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    lines.clear()
+    p = prepare(BuildOptions(stack=str(path), dry_run=True, build_root=tmp_path / "b", echo=lines.append))
+    assert p.provisional and sum(line.startswith("warning: ") for line in lines) >= 3
+    assert (p.dir / "context" / "lock" / "router.txt").read_text().startswith("# MISSING")
+    assert not (p.dir / "context" / "patches").exists()  # the stand-ins are named, never written
+    assert (tmp_path / "locks" / "pylock.cu13.toml").read_text() == lock_text  # a dry run writes no lock

@@ -16,6 +16,9 @@ from slimeforge.errors import ConfigError
 from slimeforge.proc import Runner, pid_alive
 from slimeforge.run import launch as launcher
 from slimeforge.run.recipe import parse_recipe
+from slimeforge.run.resolve import resolve_mode
+from slimeforge.run.targets import jobs, local
+from slimeforge.run.targets.base import Command, ResolvedRun
 
 IMAGE = "registry.example:5000/slimeforge@sha256:" + "a" * 64
 
@@ -24,7 +27,7 @@ IMAGE = "registry.example:5000/slimeforge@sha256:" + "a" * 64
 def gpu_host(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{fake_nvidia_smi(tmp_path / 'bin', 'h100-x1')}:/usr/bin:/bin")
     monkeypatch.setenv("SLIMEFORGE_STATE_DIR", str(tmp_path / "state"))
-    for key in launcher.PASS_THROUGH_ENV:  # other tests' fixtures may have set some (moto's AWS keys)
+    for key in local.PASS_THROUGH_ENV:  # other tests' fixtures may have set some (moto's AWS keys)
         monkeypatch.delenv(key, raising=False)
     return tmp_path
 
@@ -56,8 +59,9 @@ def test_container_mode_runs_the_image_with_launch_sh(gpu_host, monkeypatch):
 
 
 def test_container_mode_attaches_with_address(gpu_host):
-    recipe, _ = parse_recipe(make_recipe(gpu_host, mode="container", image=IMAGE), "test")
-    argv = launcher.container_argv(recipe, gpu_host / "run", name="n", cidfile=gpu_host / "cid", address="http://10.0.0.1:8265", environ={})
+    recipe, stack = parse_recipe(make_recipe(gpu_host, mode="container", image=IMAGE), "test")
+    run = ResolvedRun(recipe, stack, gpu_host / "run", "test", {})
+    argv = local.ContainerTarget("http://10.0.0.1:8265").docker_argv(run, name="n", cidfile=gpu_host / "cid")
     assert argv[argv.index("RAY_ADDRESS=http://10.0.0.1:8265") - 1] == "-e"
 
 
@@ -70,7 +74,7 @@ def test_container_mode_without_image_is_refused(gpu_host):
 def test_host_mode_takes_slime_and_megatron_from_the_install_prefix(gpu_host):
     recipe, _ = parse_recipe(make_recipe(gpu_host, slime_dir="/root/slime", megatron_dir="/root/Megatron-LM",
                                          install_prefix="/opt/sf"), "test")
-    resolved = launcher.resolve_mode(recipe, "host")
+    resolved = resolve_mode(recipe, "host")
     # Where `invoke install --prefix /opt/sf` put the checkouts (it once said /opt/sf/src/slime here,
     # while the install wrote /opt/sf/slime): both read paths.Prefix and the stack's source dirs.
     from slimeforge.image.stack import load_stack
@@ -80,7 +84,13 @@ def test_host_mode_takes_slime_and_megatron_from_the_install_prefix(gpu_host):
     installed = host_layout(stack, "/opt/sf")
     assert (resolved.slime_dir, resolved.megatron_dir) == (installed.source_dir(stack, "slime"), installed.source_dir(stack, "megatron"))
     assert (resolved.slime_dir, resolved.megatron_dir) == ("/opt/sf/slime", "/opt/sf/Megatron-LM")
-    assert launcher.host_tools(resolved) == ("/opt/sf/venv/bin/python", "/opt/sf/venv/bin/ray")
+    assert local.host_tools(resolved) == ("/opt/sf/venv/bin/python", "/opt/sf/venv/bin/ray")
+
+
+def env_of(environ, *args):
+    """launch.sh's environment: `environ` with what a host launch sets and removes."""
+    set_env, unset = local.launch_env(environ, *args)
+    return Command(("bash",), "launch.sh", tuple(set_env.items()), unset).environment(environ)
 
 
 def test_host_mode_runs_launch_sh_with_the_install_first_on_path(gpu_host):
@@ -91,13 +101,13 @@ def test_host_mode_runs_launch_sh_with_the_install_first_on_path(gpu_host):
     launcher.launch(recipe, stack, out=run_dir, catalog=str(catalog), runner=runner, network_checks=False,
                     head_args=["--temp-dir", "/tmp/sf-x"], stream=open("/dev/null", "w"))
     assert runner.history == [["bash", str(run_dir.resolve() / "launch.sh")]]  # the one executor; nothing else
-    env = launcher.launch_env({"PATH": "/usr/bin:/bin", "RAY_ADDRESS": "http://stale:8265"}, gpu_host / "state" / "ray-1",
+    env = env_of({"PATH": "/usr/bin:/bin", "RAY_ADDRESS": "http://stale:8265"}, gpu_host / "state" / "ray-1",
                               "/opt/sf/venv/bin/python", "/opt/sf/venv/bin/ray", None, ["--temp-dir", "/tmp/sf-x"], 7.5)
     assert env["PATH"] == "/opt/sf/venv/bin:/usr/bin:/bin"
     assert env["SLIMEFORGE_PYTHON"] == "/opt/sf/venv/bin/python" and env["SLIMEFORGE_STATE_DIR"] == str(gpu_host / "state")
     assert env["SLIMEFORGE_RAY_HEAD_ARGS"] == "--temp-dir /tmp/sf-x" and env["SLIMEFORGE_HEAD_TIMEOUT"] == "8"
     assert "RAY_ADDRESS" not in env  # without --address a head is started here, whatever the shell holds
-    attach = launcher.launch_env({"PATH": "/bin"}, gpu_host, "python3", "ray", "10.0.0.1:8265", None, 1)
+    attach = env_of({"PATH": "/bin"}, gpu_host, "python3", "ray", "10.0.0.1:8265", None, 1)
     assert attach["RAY_ADDRESS"] == "http://10.0.0.1:8265" and attach["PATH"] == "/bin" and "SLIMEFORGE_RAY_HEAD_ARGS" not in attach
 
 
@@ -178,7 +188,7 @@ def test_the_head_deadline_is_one_value_and_a_silent_head_fails_by_it(gpu_host):
     assert "the Ray head did not answer within 2 s" in out.getvalue()
     assert elapsed < HEAD_TIMEOUT_S / 2  # the passed deadline, not the default, governed the wait
     pid = int((gpu_host / "state" / f"ray-{recipe.ray_port}" / "head.pid").read_text())
-    assert launcher.stop_recorded_head(gpu_host / "state" / f"ray-{recipe.ray_port}", say=lambda _: None, timeout=10) == pid
+    assert jobs.stop_recorded_head(gpu_host / "state" / f"ray-{recipe.ray_port}", say=lambda _: None, timeout=10) == pid
     assert not pid_alive(pid)
 
 

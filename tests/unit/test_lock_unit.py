@@ -4,12 +4,14 @@ committed locks against their stacks (offline)."""
 
 from __future__ import annotations
 
+import json
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from slimeforge.errors import ConfigError
-from slimeforge.image import lock as L
+from slimeforge.image import lockcheck, lockfile, resolve
 from slimeforge.image.stack import load_stack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,7 +23,7 @@ def wheel(name: str, sha: str = SHA) -> dict:
 
 
 def test_target_tags_follow_the_stack_not_this_machine():
-    tags = [str(t) for t in L.target_tags(load_stack("cu13"))]
+    tags = [str(t) for t in resolve.target_tags(load_stack("cu13"))]
     assert tags[0] == "cp312-cp312-manylinux_2_39_x86_64"
     assert "cp312-abi3-manylinux2014_x86_64" in tags and "py3-none-any" in tags
     assert "cp311-abi3-manylinux_2_28_x86_64" in tags  # abi3 wheels of older CPythons load on 3.12
@@ -29,7 +31,7 @@ def test_target_tags_follow_the_stack_not_this_machine():
 
 
 def test_pick_file_takes_the_best_wheel_for_the_target_or_the_sdist():
-    tags = L.target_tags(load_stack("cu13"))
+    tags = resolve.target_tags(load_stack("cu13"))
     pkg = {"sdist": wheel("x-1.tar.gz", "b" * 64), "wheels": [
         wheel("x-1-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", "1" * 64),
         wheel("x-1-cp312-cp312-manylinux_2_28_x86_64.whl", "2" * 64),
@@ -37,12 +39,12 @@ def test_pick_file_takes_the_best_wheel_for_the_target_or_the_sdist():
         wheel("x-1-cp311-cp311-manylinux_2_28_x86_64.whl", "4" * 64),
         wheel("x-1-cp312-cp312-macosx_11_0_arm64.whl", "5" * 64),
     ]}
-    assert L.pick_file(pkg, tags, from_source=False)["sha256"] == "2" * 64
-    assert L.pick_file(pkg, tags, from_source=True) == {"kind": "sdist", "name": "x-1.tar.gz", "url": "https://files.example/x-1.tar.gz",
+    assert resolve.pick_file(pkg, tags, from_source=False)["sha256"] == "2" * 64
+    assert resolve.pick_file(pkg, tags, from_source=True) == {"kind": "sdist", "name": "x-1.tar.gz", "url": "https://files.example/x-1.tar.gz",
                                                         "size": 10, "sha256": "b" * 64}
     only_foreign = {"sdist": pkg["sdist"], "wheels": pkg["wheels"][2:]}
-    assert L.pick_file(only_foreign, tags, from_source=False)["kind"] == "sdist"
-    assert L.pick_file({"wheels": pkg["wheels"][2:]}, tags, from_source=False) is None
+    assert resolve.pick_file(only_foreign, tags, from_source=False)["kind"] == "sdist"
+    assert resolve.pick_file({"wheels": pkg["wheels"][2:]}, tags, from_source=False) is None
 
 
 def test_annotated_output_is_read_as_a_graph():
@@ -52,7 +54,7 @@ numpy==1.26.4             # via accelerate, scipy, -r in.txt
 Scipy==1.13.1             # via -c cons.txt
 torch==2.11.0             # via accelerate
 """
-    versions, needs = L.parse_annotated(text)
+    versions, needs = resolve.parse_annotated(text)
     assert versions == {"accelerate": "1.15.0", "numpy": "1.26.4", "scipy": "1.13.1", "torch": "2.11.0"}
     assert needs == {"accelerate": {"numpy", "torch"}, "scipy": {"numpy"}}
 
@@ -60,7 +62,7 @@ torch==2.11.0             # via accelerate
 def test_slices_hold_each_package_once_in_the_first_step_that_needs_it():
     graph = {"torch": {"numpy", "filelock"}, "sglang": {"torch", "numpy", "aiohttp"}, "aiohttp": {"yarl"}}
     names = {"torch", "numpy", "filelock", "sglang", "aiohttp", "yarl", "stray"}
-    slices = L.step_slices({"torch": ["torch"], "build": ["numpy"], "sglang": ["sglang"], "last": []}, graph, names)
+    slices = resolve.step_slices({"torch": ["torch"], "build": ["numpy"], "sglang": ["sglang"], "last": []}, graph, names)
     assert slices == {"torch": ["filelock", "numpy", "torch"], "build": [], "sglang": ["aiohttp", "sglang", "yarl"], "last": ["stray"]}
 
 
@@ -71,7 +73,7 @@ def test_slices_hold_each_package_once_in_the_first_step_that_needs_it():
     ("nvidia-cufft", "12.0.0.61", None), ("cucumber", "1.0", None), ("sglang-kernel", "0.4.4", None),
 ])
 def test_cuda_major_from_name_local_version_or_runtime_version(name, version, major):
-    assert L.cuda_major_of(name, version) == major
+    assert lockcheck.cuda_major_of(name, version) == major
 
 
 def test_lock_file_grammar_refuses_what_could_break_a_requirements_line(tmp_path):
@@ -104,7 +106,7 @@ wheels = []
 steps = {{ a = ["ok", "ghost"] }}
 ''')
     with pytest.raises(ConfigError) as err:
-        L.read_lock(path)
+        lockfile.read_lock(path)
     text = str(err.value)
     assert "packages[1] (evil).url: is not an http(s)/file URL without spaces or quotes" in text
     assert "packages[2] (two): must hold exactly one file" in text
@@ -114,34 +116,34 @@ steps = {{ a = ["ok", "ghost"] }}
 
 def test_rendered_lock_reads_back():
     stack = load_stack(str(ROOT / "tests" / "stacks" / "test.yaml"))
-    lock = L.read_lock(ROOT / "tests" / "stacks" / "locks" / "pylock.sftest.toml", stack)
+    lock = lockfile.read_lock(ROOT / "tests" / "stacks" / "locks" / "pylock.sftest.toml", stack)
     data = {"lock-version": "1.0", "created-by": "slimeforge", "requires-python": "==3.11.*",
             "packages": [{"name": p.name, "version": p.version, "wheels": [{"name": p.filename, "url": p.url, "size": p.size,
                                                                            "hashes": {"sha256": p.sha256}}]}
                          for p in lock.packages.values()],
             "tool": {"slimeforge": lock.tool}}
-    assert L.render_lock(data) == lock.text  # the committed file is exactly what render_lock writes
+    assert lockfile.render_lock(data) == lock.text  # the committed file is exactly what render_lock writes
 
 
 def test_step_requirements_by_url_and_hash_with_sdists_last():
-    lock = L.LockFile(Path("pylock.t.toml"), {
-        "b": L.Locked("b", "1.0", "https://f/b-1.0.tar.gz", "b" * 64, 1, "sdist", "b-1.0.tar.gz"),
-        "a": L.Locked("a", "2.0", "https://f/a-2.0-py3-none-any.whl", SHA, 1, "wheel", "a-2.0-py3-none-any.whl"),
+    lock = lockfile.LockFile(Path("pylock.t.toml"), {
+        "b": lockfile.Locked("b", "1.0", "https://f/b-1.0.tar.gz", "b" * 64, 1, "sdist", "b-1.0.tar.gz"),
+        "a": lockfile.Locked("a", "2.0", "https://f/a-2.0-py3-none-any.whl", SHA, 1, "wheel", "a-2.0-py3-none-any.whl"),
     }, {"steps": {"s": ["a", "b"]}, "flavor": "t"}, "")
-    assert L.step_requirements(lock, "s").splitlines()[1:] == [
+    assert lockfile.step_requirements(lock, "s").splitlines()[1:] == [
         f"a @ https://f/a-2.0-py3-none-any.whl --hash=sha256:{SHA}  # ==2.0",
-        L.SDIST_MARK,
+        lockfile.SDIST_MARK,
         f"b @ https://f/b-1.0.tar.gz --hash=sha256:{'b' * 64}  # ==1.0",
     ]
-    assert L.step_requirements(lock, "s", by_name=True).splitlines()[1] == f"a==2.0 --hash=sha256:{SHA}  # ==2.0"
-    with pytest.raises(L.LockError, match="step other has no slice"):
-        L.step_requirements(lock, "other")
+    assert lockfile.step_requirements(lock, "s", by_name=True).splitlines()[1] == f"a==2.0 --hash=sha256:{SHA}  # ==2.0"
+    with pytest.raises(lockfile.LockError, match="step other has no slice"):
+        lockfile.step_requirements(lock, "other")
 
 
 def test_committed_cu13_lock_satisfies_its_stack_offline():
     stack = load_stack("cu13")
-    lock = L.load_lock("cu13", stack)
-    assert L.check_lock(stack, lock) == []
+    lock = lockfile.load_lock("cu13", stack)
+    assert lockcheck.check_lock(stack, lock) == []
     assert lock.packages["sglang"].version == "0.5.15.post1" and lock.packages["flash-attn-4"].version == "4.0.0b15"
     assert lock.tool["prereleases"] == ["flash-attn-4==4.0.0b15"]
     assert lock.packages["torch"].version == "2.11.0" and lock.packages["nvidia-cudnn-cu13"].version == "9.19.0.56"
@@ -156,15 +158,15 @@ def test_committed_cu13_lock_satisfies_its_stack_offline():
 
 
 def test_patch_files_must_be_the_locked_ones():
-    lock = L.LockFile(Path("pylock.t.toml"), {}, {"patches": {"a.patch": SHA}}, "")
-    L.check_patches(lock, {"a.patch": SHA, "b.patch": "b" * 64})  # b.patch: not recorded, nothing to compare
-    with pytest.raises(L.LockError, match=f"a.patch: sha256 {'c' * 64}, the lock says {SHA}"):
-        L.check_patches(lock, {"a.patch": "c" * 64})
+    lock = lockfile.LockFile(Path("pylock.t.toml"), {}, {"patches": {"a.patch": SHA}}, "")
+    lockcheck.check_patches(lock, {"a.patch": SHA, "b.patch": "b" * 64})  # b.patch: not recorded, nothing to compare
+    with pytest.raises(lockfile.LockError, match=f"a.patch: sha256 {'c' * 64}, the lock says {SHA}"):
+        lockcheck.check_patches(lock, {"a.patch": "c" * 64})
 
 
 def test_committed_cu13_lock_records_commits_and_patches():
     stack = load_stack("cu13")
-    tool = L.load_lock("cu13", stack).tool
+    tool = lockfile.load_lock("cu13", stack).tool
     assert tool["sources"] == {n: s.commit for n, s in stack.sources.items()}
     assert set(tool["patches"]) == {p.file for p in stack.used_patches()}
 
@@ -172,9 +174,73 @@ def test_committed_cu13_lock_records_commits_and_patches():
 def test_bad_options_are_refused_together_before_anything_runs(tmp_path):
     out = tmp_path / "pylock.cu13.toml"
     with pytest.raises(ConfigError) as err:
-        L.resolve(L.LockOptions(stack="cu13", base_digest="sha256:xyz", router_sha256="a b", index_url="ftp://x y",
+        resolve.resolve(resolve.LockOptions(stack="cu13", base_digest="sha256:xyz", router_sha256="a b", index_url="ftp://x y",
                                 sources=["slime=/nonexistent"], out=out, echo=lambda _: None))
     text = str(err.value)
     for where in ("--base-digest", "--router-sha256", "--index-url", "--source slime"):
         assert f"  - {where}: " in text
     assert not out.exists()
+
+
+def test_the_cutoff_is_the_previous_locks_only_for_unchanged_inputs_and_no_upgrade():
+    from datetime import UTC, datetime
+
+    from slimeforge.image.lockinputs import inputs
+
+    stack = load_stack("cu13")
+    lock = lockfile.load_lock("cu13", stack)
+    now = datetime(2027, 1, 2, 3, 4, 5, 678, tzinfo=UTC)
+    assert lock.tool["exclude-newer"] == "2026-11-23T18:56:27Z"
+    assert resolve.choose_cutoff(lock, inputs(stack), False, now) == ("2026-11-23T18:56:27Z", "the previous lock's (inputs unchanged; "
+                                                                      "--upgrade moves it)", True)
+    assert resolve.choose_cutoff(lock, inputs(stack), True, now) == ("2027-01-02T03:04:05Z", "now (--upgrade)", False)
+    assert resolve.choose_cutoff(None, inputs(stack), False, now)[1:] == ("now (no previous lock)", False)
+    changed = lockfile.LockFile(lock.path, lock.packages, {**lock.tool, "inputs": "0" * 64}, lock.text)
+    assert resolve.choose_cutoff(changed, inputs(stack), False, now)[1] == \
+        "now (the stack's inputs changed since the lock with cutoff 2026-11-23T18:56:27Z)"
+
+
+@pytest.mark.parametrize("cutoff", ["2026-11-23", "2026-11-23T18:56:27+01:00", "2026-11-23T18:56:27Z\n", "now", 20261123])
+def test_a_cutoff_is_an_rfc3339_utc_second(tmp_path, cutoff):
+    path = tmp_path / "pylock.cu13.toml"
+    text = (ROOT / "images" / "locks" / "pylock.cu13.toml").read_text()
+    path.write_text(text.replace('exclude-newer = "2026-11-23T18:56:27Z"', f"exclude-newer = {json.dumps(cutoff)}"))
+    with pytest.raises(ConfigError, match="tool.slimeforge.exclude-newer: is not a cutoff"):
+        lockfile.read_lock(path)
+
+
+def test_completing_changes_only_the_filled_fields(tmp_path):
+    from dataclasses import replace
+
+    from slimeforge.image import outside
+
+    stack = load_stack("cu13")
+    lock = lockfile.load_lock("cu13", stack)
+    assert [f.key for f in outside.missing_facts(stack, lock)] == ["router_sha256", "base_digest"]
+    lock = replace(lock, path=tmp_path / lock.path.name)
+    digest, sha = "sha256:" + "d" * 64, "e" * 64
+    text = outside.with_facts(lock, {"base_digest": digest, "router_sha256": sha})
+    before, after = lock.text.splitlines(), text.splitlines()
+    changed = [line for line in after if line not in before]
+    assert changed == [f'"digest" = "{digest}"', f'"sha256" = "{sha}"'] and len(after) == len(before) + 1
+    lockfile.write_lock(lock.path, text)
+    done = lockfile.read_lock(lock.path)
+    assert outside.missing_facts(stack, done) == [] and done.packages == lock.packages
+    # What --complete writes is what `invoke lock` would have rendered with those facts.
+    data = tomllib.loads(text)
+    assert lockfile.render_lock({**data, "tool": {"slimeforge": data["tool"]["slimeforge"]}}) == text
+    # A lock whose tables are not as `invoke lock` writes them is refused, not patched blindly.
+    odd = replace(lock, text=lock.text.replace("[tool.slimeforge.router]\n", "[tool.slimeforge.router]  # by hand\n"))
+    with pytest.raises(lockfile.LockError, match=r"has no \[tool.slimeforge.router\] table to complete; re-lock"):
+        outside.with_facts(odd, {"router_sha256": sha})
+
+
+def test_a_dry_runs_router_slice_is_marked_and_fails_if_run():
+    from dataclasses import replace
+
+    lock = lockfile.load_lock("cu13")
+    url = load_stack("cu13").router.wheel
+    with pytest.raises(lockfile.LockError, match="--complete"):
+        lockfile.router_requirement(lock, url)
+    text = lockfile.router_requirement(replace(lock, provisional=True), url)
+    assert text.startswith("# MISSING: the router wheel's sha256") and text.endswith(f"sglang-router @ {url}\n") and "--hash" not in text

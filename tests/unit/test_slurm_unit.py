@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from launch_support import make_recipe
 
-from slimeforge.cluster import slurm
 from slimeforge.errors import ConfigError, SlimeforgeError
 from slimeforge.proc import Result, Runner
 from slimeforge.run.recipe import parse_recipe
+from slimeforge.run.targets import slurm, slurm_checks
+from slimeforge.run.targets.base import Command, ResolvedRun
 from slimeforge.scripts.node_agent import gate
 
 # No newline or tab: recipes refuse control characters in every value (tests/unit/hostile).
@@ -48,8 +49,9 @@ def recipe(tmp: Path, **over):
 def render(tmp: Path, opts: slurm.Options | None = None, out: Path | None = None, **over):
     rec, stack = recipe(tmp, **over)
     opts = opts or slurm.Options(nodes=2)
-    rec = slurm.resolve(rec, opts)
-    return rec, slurm.render_run_dir(rec, stack, out or tmp / "run", opts, environ={"SLIMEFORGE_PYTHON": "/opt/venv/bin/python"})
+    rec = slurm.on_slurm(rec, opts)
+    run = ResolvedRun(rec, stack, (out or tmp / "run").resolve(), "(api)", {"SLIMEFORGE_PYTHON": "/opt/venv/bin/python"})
+    return rec, slurm.SlurmTarget(opts).plan(run).rundir
 
 
 def assigned(script: str, names: list[str]) -> list[str]:
@@ -123,22 +125,26 @@ def test_option_grammar_every_problem_at_once():
 @pytest.mark.parametrize("text,secs", [("UNLIMITED", None), ("30", 1800), ("10:00", 600), ("02:00:00", 7200),
                                        ("1-00:00:00", 86400), ("2-12", 216000), ("1-01:30", 91800)])
 def test_slurm_time_formats(text, secs):
-    assert slurm.seconds(text) == secs
+    assert slurm_checks.seconds(text) == secs
 
 
 @pytest.mark.parametrize("gres,gpus", [("gpu:8", 8), ("gpu:h100:4", 4), ("gpu:h100:4(S:0-1)", 4), ("gpu:a:2,gpu:b:2", 4),
                                        ("(null)", 0), ("nic:1,gpu:2", 2)])
 def test_gres_gpu_counts(gres, gpus):
-    assert slurm.gres_gpus(gres) == gpus
+    assert slurm_checks.gres_gpus(gres) == gpus
+
+
+def SBATCH(run_dir: Path) -> Command:
+    return Command(tuple(slurm.sbatch_argv(run_dir)), "sbatch")
 
 
 def test_submit_argv_and_job_id_record(tmp_path):
     runner = Canned({("sbatch",): "4242;cluster\n"})
-    assert slurm.submit(tmp_path, runner) == "4242"
+    assert slurm.submit(tmp_path, SBATCH(tmp_path), runner) == "4242"
     assert runner.history == [["sbatch", "--parsable", f"--chdir={tmp_path}", "--", str(tmp_path / "slurm.sbatch")]]
     assert (tmp_path / "slurm_job_id").read_text() == "4242\n"
     with pytest.raises(SlimeforgeError, match="expected a job id"):
-        slurm.submit(tmp_path, Canned({("sbatch",): "Submitted batch job 1\n"}))
+        slurm.submit(tmp_path, SBATCH(tmp_path), Canned({("sbatch",): "Submitted batch job 1\n"}))
 
 
 def plan(**extra) -> str:
@@ -183,14 +189,14 @@ def test_cluster_findings_from_scontrol_and_sinfo(tmp_path):
         ("scontrol", "show", "partition"): "PartitionName=gpu State=UP MaxTime=02:00:00 MaxNodes=2 TotalNodes=3\n",
         ("sinfo", "-h", "-N"): "n1|gpu:2|idle\nn2|gpu:h100:2(S:0)|mix\nn3|gpu:2|drain\n",
     })
-    found = [(f.check, f.level, f.message) for f in slurm.cluster_findings(rec, slurm.Options(nodes=3, time="03:00:00"), runner)]
+    found = [(f.check, f.level, f.message) for f in slurm_checks.cluster_findings(rec, slurm.Options(nodes=3, time="03:00:00"), runner)]
     assert found[0][:2] == ("slurm-partition", "ok")
     assert ("slurm-nodes", "error", "3 node(s) asked, partition gpu allows 2 per job") in found
     assert ("slurm-time", "error", "--time 03:00:00 is over partition gpu's MaxTime 02:00:00") in found
     assert ["scontrol", "show", "partition", "-o", "--", "gpu"] in runner.history and ["srun", "--help"] not in runner.history
     # Drained nodes do not count: 2 nodes fit, 3 asked.
     runner.answers[("scontrol", "show", "partition")] = "PartitionName=gpu State=UP MaxTime=UNLIMITED MaxNodes=UNLIMITED\n"
-    msgs = [f.message for f in slurm.cluster_findings(rec, slurm.Options(nodes=3), runner) if f.level == "error"]
+    msgs = [f.message for f in slurm_checks.cluster_findings(rec, slurm.Options(nodes=3), runner) if f.level == "error"]
     assert msgs == ["3 node(s) with 2 GPU(s) each asked; partition gpu has 2 such node(s) in service (of 3: n1 gpu:2, n2 gpu:2, n3 gpu:2)"]
 
 
@@ -199,9 +205,9 @@ def test_container_mode_asks_srun_for_pyxis(tmp_path):
     answers = {("sinfo", "-h", "-o", "%P"): "gpu*\n", ("scontrol", "show", "partition"): "PartitionName=gpu State=UP MaxTime=UNLIMITED\n",
                ("sinfo", "-h", "-N"): "n1|gpu:2|idle\n"}
     with_pyxis = Canned({**answers, ("srun", "--help"): "      --container-image=[USER@][REGISTRY#]IMAGE[:TAG]|PATH\n"})
-    assert ("slurm-container", "ok") in [(f.check, f.level) for f in slurm.cluster_findings(rec, slurm.Options(), with_pyxis)]
+    assert ("slurm-container", "ok") in [(f.check, f.level) for f in slurm_checks.cluster_findings(rec, slurm.Options(), with_pyxis)]
     without = Canned({**answers, ("srun", "--help"): "      --container=PATH   OCI bundle\n"})
-    assert ("slurm-container", "error") in [(f.check, f.level) for f in slurm.cluster_findings(rec, slurm.Options(), without)]
+    assert ("slurm-container", "error") in [(f.check, f.level) for f in slurm_checks.cluster_findings(rec, slurm.Options(), without)]
 
 
 def test_exit_codes_from_scontrol():

@@ -61,7 +61,8 @@ def test_git_patch_applies_then_is_recognised(repos, patch_files, tmp_path):
     assert (dest / "libdemo" / "__init__.py").read_text().count("PATCHED") == 1
     rows = (tmp_path / "patches.applied").read_text().splitlines()
     assert [r.split("\t")[3] for r in rows] == ["applied", "already-applied"]
-    assert sf("sf_patch_applied", "libdemo.patch", "git", "1", str(patch_files["good"]), str(dest), state=tmp_path).returncode == 0
+    present = sf("sf_patches_applied", f"libdemo.patch:git:1:{patch_files['good']}:{dest}", state=tmp_path)
+    assert present.returncode == 0 and "patch libdemo.patch present" in present.stderr
 
 
 def test_broken_patch_fails_naming_patch_and_file(repos, patch_files, tmp_path):

@@ -104,9 +104,9 @@ def test_a_hit_mounts_the_wheels_and_a_miss_compiles_into_the_store_dir():
     key = compiled_key(stack, "apex", "sha256:" + "a" * 64)
     hit = render_dockerfile(stack, base_id="sha256:" + "a" * 64, store={"apex": "use"})
     assert f"--mount=type=bind,source=compiled/{key},target=/tmp/sf-compiled/{key}" in hit
-    assert f"sf apex compiled --key {key} --wheels /tmp/sf-compiled/{key} -- source_step" in hit
+    assert f"sf apex compiled --key {key} --venv /opt/venv --wheels /tmp/sf-compiled/{key} -- source_step" in hit
     only = render_dockerfile(stack, base_id="sha256:" + "a" * 64, store={"apex": "make"}, wheels_only=True)
-    assert f"compiled --key {key} --wheel-out /opt/sf-compiled/{key} -- source_step" in only
+    assert f"compiled --key {key} --venv /opt/venv --wheel-out /opt/sf-compiled/{key} -- source_step" in only
     # Up to the compiled step, then a scratch stage with the wheels: no later step, no finalize.
     assert "sf torch-memory-saver" not in only and "finalize" not in only
     assert only.rstrip().endswith("FROM scratch AS sf-compiled\nCOPY --from=sf-build /opt/sf-compiled/ /")

@@ -86,3 +86,28 @@ def run_checks(recipe: Recipe | None = None, stack: Stack | None = None, *, args
             got = [Finding(f.check, WARNING, f"(skipped) {f.message}", f.fix) if f.level == ERROR else f for f in got]
         findings += got
     return Report(findings, time.monotonic() - start)
+
+
+def list_checks() -> list[str]:
+    return [f"  {chk.name:<16} {chk.scope:<8} {chk.doc}" for chk in CHECKS.values()]
+
+
+def doctor(recipe_path: str | None, overrides: Sequence[str] = (), *, cuda: str | None = None, address: str | None = None,
+           mode: str | None = None, image: str | None = None, prefix: str | None = None, catalog: str | None = None,
+           skip: Iterable[str] = (), network: bool = True, gpu_checks: bool = False) -> Report:
+    """`invoke doctor`: a recipe's checks as its launch would run them (its mode, image and prefix
+    applied), or without a recipe the host checks against a stack. `gpu_checks`: the kernel check too,
+    of the recipe's install or image, or of `prefix` / `image` (an image alone: container mode)."""
+    from ..headstate import state_dir
+    from ..recipe import load_recipe, parse_overrides
+    from ..resolve import resolve_mode
+
+    if recipe_path:
+        rec, stack = load_recipe(recipe_path, parse_overrides(list(overrides)))
+        rec = resolve_mode(rec, mode, prefix, image, require_image=False)
+        return run_checks(rec, stack, mode=mode, address=address, catalog=catalog, skip=skip, network=network,
+                          state_dir=state_dir(rec.ray_port), gpu_checks=gpu_checks)
+    if mode is None and image and not prefix:
+        mode = "container"  # `invoke doctor --kernels --image IMAGE`: the image's kernels
+    return run_checks(None, load_stack(cuda or "cu13"), mode=mode, address=address, catalog=catalog, skip=skip, network=network,
+                      image=image, install_prefix=prefix, gpu_checks=gpu_checks)

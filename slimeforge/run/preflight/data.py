@@ -31,8 +31,8 @@ def data_findings(path: str, where: str, rows: int = DATA_ROWS) -> list[Finding]
                 seen += 1
                 try:
                     row = json.loads(line)
-                except ValueError as exc:
-                    bad.append(f"line {lineno}: not JSON ({exc.msg})")
+                except ValueError as exc:  # JSONDecodeError, or an integer over Python's digit limit
+                    bad.append(f"line {lineno}: not JSON ({exc.msg if isinstance(exc, json.JSONDecodeError) else exc})")
                     continue
                 if not isinstance(row, dict):
                     bad.append(f"line {lineno}: a {type(row).__name__}, not an object")

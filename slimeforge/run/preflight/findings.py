@@ -109,9 +109,10 @@ class Context:
     build_root: Path = paths.BUILDS  # where `invoke build` writes its build directories
     cache: dict[str, Any] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        if self.run is None:
-            self.run = reader(self.runner)
+    @property
+    def read(self) -> Run:
+        """How the host checks read the host: `run`, else through the runner."""
+        return self.run or reader(self.runner)
 
     def once(self, key: str, fn: Callable[[], Any]) -> Any:
         if key not in self.cache:

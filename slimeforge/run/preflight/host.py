@@ -54,7 +54,10 @@ def driver_findings(gpus: list[Gpu] | Exception, stack: Stack, where: str = "") 
     at = f" on {where}" if where else ""
     if isinstance(gpus, Exception) or not gpus:
         return [warning("driver", f"not checked{at}: no GPU information")]
-    bad = sorted({g.driver for g in gpus if _driver_major(g.driver) < stack.driver_min})
+    if stack.driver_min is None:
+        return [ok("driver", f"{gpus[0].driver}{at} (stack {stack.id} names no minimum)")]
+    need = stack.driver_min
+    bad = sorted({g.driver for g in gpus if _driver_major(g.driver) < need})
     if bad:
         return [error("driver", f"driver {', '.join(bad)}{at} is too old for CUDA {stack.cuda} (stack {stack.name} needs R{stack.driver_min} or newer)",
                       f"install an R{stack.driver_min}+ NVIDIA driver, or use a stack built for an older CUDA (e.g. --set stack=cu129 needs R575+)")]
@@ -167,7 +170,7 @@ def _need_gpus(ctx: Context) -> int:
 
 
 def _gpus(ctx: Context):
-    return ctx.once("gpus", lambda: query_gpus(ctx.run))
+    return ctx.once("gpus", lambda: query_gpus(ctx.read))
 
 
 @check("gpus", "host")
@@ -191,13 +194,13 @@ def check_arch(ctx: Context) -> list[Finding]:
 @check("shm", "host")
 def check_shm(ctx: Context) -> list[Finding]:
     """/dev/shm is large enough for NCCL, Ray and SGLang."""
-    return shm_findings(ctx.run)
+    return shm_findings(ctx.read)
 
 
 @check("limits", "host")
 def check_limits(ctx: Context) -> list[Finding]:
     """memlock and open-file limits."""
-    return limits_findings(ctx.run, ctx.mode)
+    return limits_findings(ctx.read, ctx.mode)
 
 
 @check("ports", "host")
@@ -214,6 +217,6 @@ def check_ports(ctx: Context) -> list[Finding]:
     pid = recorded_head(ctx.state_dir)
     if pid and r is not None and not ctx.address:
         ours = {r.ray_port: f"the Ray head of an earlier launch (pid {pid})", r.ray_dashboard_port: f"the Ray head of an earlier launch (pid {pid})"}
-    return port_findings(ctx.run, ports, ours=ours)
+    return port_findings(ctx.read, ports, ours=ours)
 
 

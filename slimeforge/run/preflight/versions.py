@@ -5,16 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-from ... import paths
 from ..headstate import dashboard_url
-from .findings import Context, Finding, Run, check, describe_failure, error, ok
-
-
-def host_versions(run: Run, python: str = "python3") -> tuple[str, str]:
-    """(Ray version, Python version) of the interpreter `python` on the host `run` reaches, read by
-    the one versions probe (scripts/env_probe.py, which cluster.up runs on every host too)."""
-    facts = json.loads(run([python, "-c", (paths.SCRIPTS / "env_probe.py").read_text()]).strip().splitlines()[-1])
-    return facts["ray"] or "(none)", facts["python"]
+from .findings import Context, Finding, check, describe_failure, error, ok
 
 
 def local_versions() -> tuple[str, str]:

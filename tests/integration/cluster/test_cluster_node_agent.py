@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slimeforge.cluster.raycluster import SCRIPTS, agent_source
+from slimeforge.cluster.agent import SCRIPTS, agent_source
 
 AGENT = SCRIPTS / "node_agent.py"
 

@@ -16,6 +16,7 @@ import time
 import pytest
 from cluster_helpers import environment_python, inventory_data, write_inventory, write_lock
 
+from slimeforge.cluster import agent, bringup, record, statustable
 from slimeforge.cluster import raycluster as cluster
 from slimeforge.cluster.inventory import load_inventory
 from slimeforge.errors import Problem, SlimeforgeError
@@ -40,7 +41,7 @@ def test_unreachable_host_is_named_and_nothing_starts(lab, tmp_path):
     inv = write_inventory(tmp_path / "inv.yaml", inventory_data(lab, name, extra_hosts=[dead]))
     out = io.StringIO()
 
-    with pytest.raises(cluster.ClusterError) as err:
+    with pytest.raises(bringup.ClusterError) as err:
         cluster.up(inv, control_dir=lab.control_dir, stream=out)
 
     assert set(err.value.failures) == {"h9"}
@@ -59,7 +60,7 @@ def test_failed_checks_stop_before_ray_and_name_the_host(lab, tmp_path):
     name = f"{lab.tag}-chk"
     # h3 declares more GPUs than nvidia-smi shows: preflight stops everything.
     inv = write_inventory(tmp_path / "gpus.yaml", inventory_data(lab, name, overrides={"h3": {"gpus": 4}}))
-    with pytest.raises(cluster.ClusterError) as err:
+    with pytest.raises(bringup.ClusterError) as err:
         cluster.up(inv, control_dir=lab.control_dir, stream=io.StringIO())
     assert err.value.failures == {"h3": "declares 4 GPU(s) but nvidia-smi shows 2"}
     assert "stopped at preflight" in str(err.value)
@@ -67,7 +68,7 @@ def test_failed_checks_stop_before_ray_and_name_the_host(lab, tmp_path):
     # h2 has another install (a different stack lock): the environment phase names it.
     other = write_lock(lab.workdir / "prefix-other", {"stack": "cu129", "note": "not the head's"})
     inv = write_inventory(tmp_path / "lock.yaml", inventory_data(lab, name, overrides={"h2": {"prefix": str(other), "python": environment_python()}}))
-    with pytest.raises(cluster.ClusterError) as err:
+    with pytest.raises(bringup.ClusterError) as err:
         cluster.up(inv, control_dir=lab.control_dir, stream=io.StringIO())
     assert list(err.value.failures) == ["h2"]
     assert "install lock (sha256 of stack.lock.json)" in err.value.failures["h2"] and "differs from the head's" in err.value.failures["h2"]
@@ -76,7 +77,7 @@ def test_failed_checks_stop_before_ray_and_name_the_host(lab, tmp_path):
     missing = lab.workdir / "prefix-empty"
     missing.mkdir(exist_ok=True)
     inv = write_inventory(tmp_path / "nolock.yaml", inventory_data(lab, name, overrides={"h1": {"prefix": str(missing), "python": environment_python()}}))
-    with pytest.raises(cluster.ClusterError) as err:
+    with pytest.raises(bringup.ClusterError) as err:
         cluster.up(inv, control_dir=lab.control_dir, stream=io.StringIO())
     assert f"no install lock at {missing}/stack.lock.json" in err.value.failures["h1"]
 
@@ -87,19 +88,19 @@ def test_failed_checks_stop_before_ray_and_name_the_host(lab, tmp_path):
         return [Problem("/dev/shm", "is smaller than the check requires", f"{kib} KiB", ">= 1 PiB")] if host.name == "h2" else []
 
     inv = write_inventory(tmp_path / "ok.yaml", inventory_data(lab, name))
-    with pytest.raises(cluster.ClusterError) as err:
+    with pytest.raises(bringup.ClusterError) as err:
         cluster.up(inv, control_dir=lab.control_dir, stream=io.StringIO(), host_checks=shm_check)
     assert list(err.value.failures) == ["h2"] and err.value.failures["h2"].startswith("/dev/shm: is smaller than the check requires (got '")
 
     # --nccl-check copies nccl_check.py to every host and runs it with the environment's python;
     # this environment has no torch (and there is no GPU here), which every host must report.
     if importlib.util.find_spec("torch") is None:
-        with pytest.raises(cluster.ClusterError) as err:
+        with pytest.raises(bringup.ClusterError) as err:
             cluster.up(inv, control_dir=lab.control_dir, stream=io.StringIO(), nccl_check=True)
         assert "stopped at environment" in str(err.value)
         assert set(err.value.failures) == {"h1", "h2", "h3"}
         assert all(why.startswith("NCCL all-reduce failed: nccl_check: torch is not installed") for why in err.value.failures.values())
-        assert (lab.workdir / "state" / name / "h1" / "nccl_check.py").read_text() == (cluster.SCRIPTS / "nccl_check.py").read_text()
+        assert (lab.workdir / "state" / name / "h1" / "nccl_check.py").read_text() == (agent.SCRIPTS / "nccl_check.py").read_text()
 
     assert records(lab, name) == {}
     assert lab.ray_processes() == {}
@@ -136,9 +137,9 @@ def test_job_runs_a_task_on_every_node(lab, running, state_home):
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     ips = sorted(h.ip for h in lab.hosts)
-    assert running["address"] == cluster.ClusterAddress(f"{lab.hosts[0].ip}:6379", f"http://{lab.hosts[0].ip}:8265")
+    assert running["address"] == record.ClusterAddress(f"{lab.hosts[0].ip}:6379", f"http://{lab.hosts[0].ip}:8265")
     # What `invoke run --cluster INVENTORY` passes on: resolved from the inventory and the state.
-    assert cluster.address(running["inventory"]) == running["address"]
+    assert record.address(running["inventory"]) == running["address"]
 
     code = "\n".join(
         [
@@ -168,7 +169,7 @@ def test_job_runs_a_task_on_every_node(lab, running, state_home):
 
 
 def test_status_shows_every_host(lab, running, state_home):
-    rows = cluster.status(running["inventory"], control_dir=lab.control_dir)
+    rows = statustable.status(running["inventory"], control_dir=lab.control_dir)
     assert [r["host"] for r in rows] == ["h1", "h2", "h3"]
     for row, host in zip(rows, lab.hosts, strict=True):
         assert row["node_ip"] == host.ip
@@ -198,13 +199,13 @@ def test_rerun_converges_restarting_only_what_is_missing(lab, running, state_hom
     log = out.getvalue()
     assert f"already running, pid {before['h1']['pid']}" in log
     assert f"started, pid {after['h3']['pid']}" in log
-    rows = cluster.status(running["inventory"], control_dir=lab.control_dir)
+    rows = statustable.status(running["inventory"], control_dir=lab.control_dir)
     assert [r["node"] for r in rows] == ["ALIVE"] * 3
 
 
 def test_dry_run_of_the_running_cluster_touches_nothing(lab, running, state_home):
     inv = load_inventory(running["inventory"])
-    lines = cluster.up(inv, dry_run=True, control_dir=str(lab.workdir / "cm-dry"))
+    lines = cluster.plan(inv, control_dir=str(lab.workdir / "cm-dry"))
     assert not (lab.workdir / "cm-dry").exists()
     text = "\n".join(lines)
     for h in inv.hosts:
@@ -226,7 +227,7 @@ def test_down_stops_exactly_what_up_started(lab, running, state_home):
     assert records(lab, running["name"]) == {}
     assert all(lab.netns_processes(h) for h in lab.hosts), "the hosts' sshd must still run: down touches only Ray"
     with pytest.raises(SlimeforgeError, match="no record of a bring-up"):
-        cluster.address(running["inventory"])
+        record.address(running["inventory"])
     # Idempotent: nothing left to stop is not an error.
     again = cluster.down(running["inventory"], control_dir=lab.control_dir, stream=io.StringIO())
     assert all(not r["stopped"] for r in again.values())

@@ -17,9 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: launch_s
 
 from launch_support import VENV_BIN, make_recipe, wait_for, write_catalog  # noqa: E402
 
-from slimeforge.cluster import slurm  # noqa: E402
 from slimeforge.run import preflight as doctor
+from slimeforge.run.launch import launch  # noqa: E402
 from slimeforge.run.recipe import parse_recipe  # noqa: E402
+from slimeforge.run.targets import slurm  # noqa: E402
 
 INVOKE = [str(VENV_BIN / "invoke"), "--search-root", str(Path(__file__).resolve().parents[3])]
 
@@ -48,7 +49,7 @@ def recipe_for(tmp: Path, **env):
 def submit(tmp: Path, opts: slurm.Options, follow: bool = True, recipe=None, **env):
     recipe, stack, catalog = recipe or recipe_for(tmp, **env)
     out = io.StringIO()
-    code = slurm.launch(recipe, stack, opts, out=tmp / "run", catalog=catalog, network_checks=False, stream=out, follow_log=follow)
+    code = launch(recipe, stack, slurm_options=opts, out=tmp / "run", catalog=catalog, network_checks=False, stream=out, follow_log=follow)
     return code, out.getvalue(), tmp / "run"
 
 
@@ -179,10 +180,10 @@ def test_a_requeued_job_resumes_from_its_checkpoint(env, slurm_lab):
 def test_preflight_against_the_cluster(env, slurm_lab):
     recipe, stack, catalog = recipe_for(env)
     with pytest.raises(doctor.PreflightError) as exc:
-        slurm.launch(recipe, stack, slurm.Options(partition="nope"), out=env / "run", catalog=catalog, network_checks=False, stream=io.StringIO())
+        launch(recipe, stack, slurm_options=slurm.Options(partition="nope"), out=env / "run", catalog=catalog, network_checks=False, stream=io.StringIO())
     assert "partition 'nope' does not exist" in str(exc.value) and "gpu" in str(exc.value) and "small" in str(exc.value)
     with pytest.raises(doctor.PreflightError) as exc:
-        slurm.launch(recipe, stack, slurm.Options(partition="small", nodes=2, time="01:00:00"), out=env / "run", catalog=catalog,
+        launch(recipe, stack, slurm_options=slurm.Options(partition="small", nodes=2, time="01:00:00"), out=env / "run", catalog=catalog,
                      network_checks=False, stream=io.StringIO())
     text = str(exc.value)
     assert "2 node(s) with 2 GPU(s) each asked; partition small has 1" in text
@@ -196,7 +197,7 @@ def test_container_mode_needs_pyxis(env, slurm_lab):
     recipe, stack, catalog = recipe_for(env)
     digest = "reg.example/slimeforge@sha256:" + "0123456789abcdef" * 4
     with pytest.raises(doctor.PreflightError) as exc:
-        slurm.launch(recipe, stack, slurm.Options(nodes=1), out=env / "run", mode="container", image=digest, catalog=catalog,
+        launch(recipe, stack, slurm_options=slurm.Options(nodes=1), out=env / "run", mode="container", image=digest, catalog=catalog,
                      network_checks=False, stream=io.StringIO())
     assert "container mode needs the pyxis plugin, but `srun --help` has no --container-image" in str(exc.value)
     assert not (env / "run").exists()

@@ -51,6 +51,19 @@ RECIPE_CASES: list[tuple[str, object, str | None]] = [
     ("flag-empty", {"extra_flags": [""]}, "extra_flags[0]"),
     ("flag-repeats-recipe", {"extra_flags": ["--lr", "1e-5"]}, "extra_flags[0]"),
     ("flag-dead", {"extra_flags": ["--use-dynamic-global-batch-size"]}, "extra_flags[0]"),
+    # an abbreviation of a flag the recipe sets: argparse (allow_abbrev) takes it for that flag
+    ("flag-abbreviates-recipe", {"extra_flags": ["--sglang-mem", "0.9"]}, "abbreviates --sglang-mem-fraction-static"),
+    ("flag-abbreviates-recipe-eq", {"extra_flags": ["--max-tokens=4096"]}, "abbreviates --max-tokens-per-gpu"),
+    ("flag-abbreviates-several", {"extra_flags": ["--eps", "0.3"]}, "abbreviates --eps-clip, --eps-clip-high"),
+    # max_tokens_per_gpu must hold the longest sample: its prompt plus rollout_max_response_len
+    ("max_tokens-below-response", {"max_tokens_per_gpu": 512, "rollout_max_response_len": 1024}, "at least 1025"),
+    ("max_tokens-below-prompt-plus-response", {"max_tokens_per_gpu": 2048, "rollout_max_response_len": 1024,
+                                               "extra_flags": ["--rollout-max-prompt-len", "1536"]}, "at least 2560"),
+    ("max_tokens-below-context", {"max_tokens_per_gpu": 1500, "extra_flags": ["--rollout-max-context-len=2000"]}, "at least 2000"),
+    ("max_tokens-holds-the-sample", {"max_tokens_per_gpu": 2560, "rollout_max_response_len": 1024,
+                                     "extra_flags": ["--rollout-max-prompt-len", "1536"]}, None),
+    ("max_tokens-context-parallel", {"max_tokens_per_gpu": 1300, "rollout_max_response_len": 2048,
+                                     "extra_flags": ["--context-parallel-size", "2", "--rollout-max-prompt-len", "512"]}, None),
     ("flags-good", {"extra_flags": ["--rollout-seed", "-1", "--entropy-coef=0.0", "--use-tis", "--sglang-json", '{"a": 1}']}, None),
     # numbers: inf/nan, negatives, bounds (a huge num_gpus once hung listing every divisor)
     ("weight_decay-nan", {"weight_decay": float("nan")}, "weight_decay"),
@@ -153,6 +166,8 @@ BASE_INVENTORY = {
 }
 
 INVENTORY_CASES: list[tuple[str, object, str | None]] = [
+    ("image-option-with-digest", {"image": "-v/:/host@sha256:" + "a" * 64}, "image"),
+    ("image-digest-tail-only", {"image": "not an image@sha256:" + "a" * 64}, "image"),
     ("ray-port-negative", {"ray": {"port": -1}}, "ray.port"),
     ("ray-port-zero", {"ray": {"port": 0}}, "ray.port"),
     ("ray-port-high", {"ray": {"dashboard_port": 99999}}, "ray.dashboard_port"),

@@ -20,9 +20,9 @@ from slimeforge import atomic
 from slimeforge.api import SlimeRunner
 from slimeforge.errors import ConfigError
 from slimeforge.run import preflight as doctor
-from slimeforge.run.launch import recorded
 from slimeforge.run.recipe import RUNNER_FIELDS, Recipe, parse_recipe
 from slimeforge.run.rundir import RUN_FILES, build_run_dir, write_run_dir
+from slimeforge.run.targets.jobs import recorded
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -74,7 +74,7 @@ def test_rendering_b_over_as_run_directory_is_refused_and_keeps_as_record(tmp_pa
     before = files_of(run.path)
     with pytest.raises(ConfigError, match="is the run directory of experiment 'gsm8k-3b-smoke'"):
         render(tmp_path / "run", exp_id="other-exp")
-    assert files_of(run.path) == before and recorded(run.path)["submission_id"].startswith("gsm8k-3b-smoke-")
+    assert files_of(run.path) == before and recorded(run.path).submission_id.startswith("gsm8k-3b-smoke-")
 
 
 def test_rerendering_the_same_experiment_is_allowed(tmp_path):
@@ -205,12 +205,14 @@ def test_to_yaml_on_a_directory_is_a_clear_error(tmp_path):
 
 
 def test_secret_env_passes_names_never_values(tmp_path):
-    from slimeforge.run.launch import container_argv
+    from slimeforge.run.targets.base import ResolvedRun
+    from slimeforge.run.targets.local import ContainerTarget
 
     recipe, stack = parse_recipe({**SEED_RECIPE, "image": "reg.example.com/x@sha256:" + "a" * 64, "secret_env": ["OPENAI_API_KEY"]}, "t")
     run = build_run_dir(recipe, stack, tmp_path / "run", environ={"OPENAI_API_KEY": "sk-live-value"})
     write_run_dir(run)
-    argv = container_argv(recipe, run.path, name="n", cidfile=tmp_path / "cid", environ={"OPENAI_API_KEY": "sk-live-value"})
+    resolved = ResolvedRun(recipe, stack, run.path, "t", {"OPENAI_API_KEY": "sk-live-value"})
+    argv = ContainerTarget().docker_argv(resolved, name="n", cidfile=tmp_path / "cid")
     assert argv[argv.index("OPENAI_API_KEY") - 1] == "-e" and "sk-live-value" not in " ".join(argv)
     assert not any(b"sk-live-value" in (run.path / n).read_bytes() for n in RUN_FILES)
     assert json.loads((run.path / "plan.json").read_text())["recipe"]["secret_env"] == ["OPENAI_API_KEY"]

@@ -1,0 +1,59 @@
+"""The node agent protocol: slimeforge/scripts/node_agent.py run on a host over ssh.
+
+`python3 - COMMAND JSON` with the agent's source on stdin (standard library only, no copy on the
+host); it answers with one JSON line (login shells may print banners first: the last JSON line
+counts). Commands: facts (GPUs, addresses, routes, ports, our records), start, wait, stop, nodes.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from typing import Any
+
+from .. import paths
+from ..errors import CommandError, SlimeforgeError
+from .inventory import Host
+from .ssh import SSH, HostUnreachable
+
+SCRIPTS = paths.SCRIPTS
+# Versions and install lock of an environment, read with ITS python: the one versions probe.
+VERSIONS_SNIPPET = (SCRIPTS / "env_probe.py").read_text()
+
+
+@cache
+def agent_source() -> str:
+    return (SCRIPTS / "node_agent.py").read_text()
+
+
+def last_json(text: str) -> dict[str, Any]:
+    """The last line of output that is a JSON object (login shells may print banners first)."""
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    raise SlimeforgeError(f"expected a JSON line in the output, got: {text.strip()[-500:]!r}")
+
+
+def agent(ssh: SSH, host: Host, command: str, params: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Run the node agent on the host: `python3 - COMMAND JSON` with the agent's source on stdin."""
+    result = ssh.run([host.system_python, "-", command, json.dumps(params, sort_keys=True)], step=f"node agent {command}", input=agent_source(), timeout=timeout)
+    return last_json(result.stdout)
+
+
+def put_file(ssh: SSH, path: str, text: str) -> None:
+    """Write `text` to `path` on the host (through stdin: no scp, no quoting of the content)."""
+    ssh.run(["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "sh", path], step=f"write {path}", input=text, timeout=60)
+
+
+def first_line(exc: BaseException) -> str:
+    if isinstance(exc, HostUnreachable):  # ssh's own words say it all: host, port, reason
+        lines = [line for line in exc.output.strip().splitlines() if line.strip()]
+        return lines[-1] if lines else f"ssh failed (exit {exc.returncode})"
+    if isinstance(exc, CommandError):
+        tail = [line for line in exc.output.strip().splitlines() if line.strip()]
+        return f"{exc.step.split(': ', 1)[-1]}: " + (tail[-1] if tail else f"exit {exc.returncode}")
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -1,0 +1,90 @@
+"""What runs where on a cluster host: the exact `ray start --block` argv of each node (recorded
+on the host and compared on re-runs), its environment, and `docker run` around it in container mode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .inventory import Host, Inventory
+
+READY_MARKER = "Ray runtime started."  # printed by `ray start` once its processes are up
+
+
+def ray_start_argv(inv: Inventory, host: Host, node_ip: str, head_ip: str) -> list[str]:
+    """`ray start ... --block` for this host: the exact argv, recorded and compared on re-runs."""
+    r = inv.ray
+    ray = host.ray if host.mode == "host" else "ray"
+    argv = [ray, "start", "--block"]
+    if host.is_head:
+        argv += [
+            "--head",
+            "--port", str(r.port),
+            # Reachable on the cluster network (for workers, `invoke run --cluster` and the
+            # health gate), not on every interface: the dashboard has no authentication.
+            "--dashboard-host", node_ip,
+            "--dashboard-port", str(r.dashboard_port),
+            "--ray-client-server-port", str(r.client_port),
+        ]
+    else:
+        argv += ["--address", f"{head_ip}:{r.port}"]
+    argv += [
+        "--node-ip-address", node_ip,
+        "--num-gpus", str(host.gpus),
+        # Fixed rather than random, so preflight can check that it is free.
+        "--dashboard-agent-listen-port", str(r.dashboard_agent_port),
+        # Our own temp dir per node: several nodes may share /tmp, and `ray stop` elsewhere
+        # never finds our sessions through /tmp/ray.
+        "--temp-dir", host.temp_dir,
+        "--disable-usage-stats",
+    ]
+    if host.num_cpus is not None:
+        argv += ["--num-cpus", str(host.num_cpus)]
+    if r.object_store_memory is not None:
+        argv += ["--object-store-memory", str(r.object_store_memory)]
+    return argv
+
+
+def ray_env(host: Host, interface: str, path: str | None) -> dict[str, str]:
+    env = {
+        # torch.distributed (gloo) and NCCL pick their interface themselves and may choose docker0
+        # or a management NIC that the other hosts cannot reach: name the one that routes to the head.
+        "GLOO_SOCKET_IFNAME": interface,
+        "NCCL_SOCKET_IFNAME": interface,
+    }
+    if host.mode == "host" and path is not None:
+        # The environment's bin first, so `python3` and `ray` in a job's entrypoint are its own.
+        env["PATH"] = f"{Path(host.ray).parent}:{path}"
+    env.update(host.env)
+    return env
+
+
+def container_name(inv: Inventory, host: Host) -> str:
+    return f"sf-ray-{inv.name}-{host.name}"
+
+
+def start_argv(inv: Inventory, host: Host, node_ip: str, head_ip: str, env: dict[str, str]) -> list[str]:
+    """What the node agent runs on the host: `ray start` itself, or `docker run` around it."""
+    ray_argv = ray_start_argv(inv, host, node_ip, head_ip)
+    if host.mode == "host":
+        return ray_argv
+    c = inv.container
+    argv = ["docker", "run", "--detach", "--name", container_name(inv, host), "--label", f"slimeforge.cluster={inv.name}"]
+    # Host networking: Ray and NCCL use the host's addresses and interfaces, as on bare metal.
+    argv += ["--network", "host", "--ipc", "host", "--shm-size", c.shm_size]
+    # An init process as PID 1: it passes `docker stop`'s SIGTERM on to `ray start --block` and
+    # reaps the processes Ray's workers leave behind.
+    argv += ["--init"]
+    if host.gpus:
+        argv += ["--gpus", "all"]
+    for key, value in env.items():
+        argv += ["--env", f"{key}={value}"]
+    argv += ["--volume", f"{host.temp_dir}:{host.temp_dir}"]
+    for vol in c.volumes:
+        argv += ["--volume", vol]
+    argv += [*c.docker_args, host.image or "", *ray_argv]
+    return argv
+
+
+def ports_for(inv: Inventory, host: Host) -> list[int]:
+    r = inv.ray
+    return [r.port, r.dashboard_port, r.client_port, r.dashboard_agent_port] if host.is_head else [r.dashboard_agent_port]

@@ -1,0 +1,81 @@
+"""cluster.status: one row per host (reachable?, our Ray process, its node in the cluster, GPUs,
+Python and Ray versions), probed in parallel; the head's state API says which nodes are ALIVE."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from ..errors import SlimeforgeError
+from ..proc import Runner
+from .agent import VERSIONS_SNIPPET, agent, first_line, last_json
+from .bringup import Node, make_nodes
+from .inventory import Inventory, load_inventory
+from .record import read_state
+
+
+def status(inventory: Inventory | str | Path, *, runner: Runner | None = None, control_dir: str | None = None) -> list[dict[str, Any]]:
+    """One row per host: reachable?, our Ray process, its node in the cluster, GPUs, versions."""
+    inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
+    nodes = make_nodes(inv, runner, control_dir)
+    rows: dict[str, dict[str, Any]] = {n.name: {"host": n.name, "role": n.host.role, "address": n.host.address} for n in nodes}
+
+    def probe(node: Node) -> None:
+        row = rows[node.name]
+        try:
+            node.facts = agent(node.ssh, node.host, "facts", {"state_dir": node.host.state_dir}, timeout=inv.ssh_options.connect_timeout + 90)
+        except SlimeforgeError as exc:
+            row["error"] = first_line(exc)
+            return
+        rec = node.record or {}
+        row["ray_process"] = ("pid " + str(rec["pid"]) if "pid" in rec else "container " + rec.get("container", "")[:12]) + (" running" if rec.get("running") else " exited") if rec else "not started by us"
+        row["gpus_seen"] = len(node.facts["gpus"].get("list", []))
+        try:
+            if node.host.mode == "host":
+                v = last_json(node.ssh.run([node.host.python or "python3", "-c", VERSIONS_SNIPPET], step="versions", timeout=60).stdout)
+            else:
+                v = last_json(node.ssh.run(["docker", "run", "--rm", "--entrypoint", "python3", node.host.image or "", "-c", VERSIONS_SNIPPET], step="versions", timeout=300).stdout)
+            row["python"], row["ray"] = v.get("python"), v.get("ray")
+        except SlimeforgeError as exc:
+            row["python"] = row["ray"] = None
+            row["error"] = first_line(exc)
+
+    with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
+        list(pool.map(probe, nodes))
+
+    head = next(n for n in nodes if n.host.is_head)
+    state = read_state(inv)
+    dashboard = state["dashboard"] if state else (f"http://{inv.head.node_ip}:{inv.ray.dashboard_port}" if inv.head.node_ip else None)
+    cluster_nodes: dict[str, dict[str, Any]] = {}
+    if dashboard and head.facts:
+        try:
+            answer = agent(head.ssh, head.host, "nodes", {"url": f"{dashboard}/api/v0/nodes?limit=10000&detail=false", "timeout": 10}, timeout=60)
+            # A host whose Ray was restarted has a DEAD entry beside the ALIVE one: ALIVE wins.
+            for n in sorted(answer.get("nodes", []), key=lambda n: n.get("state") == "ALIVE"):
+                cluster_nodes[n["node_ip"]] = n
+        except SlimeforgeError:
+            pass
+    for node in nodes:
+        row = rows[node.name]
+        ip = (state or {}).get("hosts", {}).get(node.name, {}).get("node_ip") or node.host.node_ip or (node.facts.get("ssh_server_ip") if node.host.is_head else None)
+        row["node_ip"] = ip
+        n = cluster_nodes.get(ip or "")
+        row["node"] = n["state"] if n else "not in the cluster"
+        row["gpus_ray"] = int((n.get("resources_total") or {}).get("GPU", 0)) if n else None
+    return [rows[n.name] for n in nodes]
+
+
+COLUMNS = ("host", "role", "address", "node_ip", "ray_process", "node", "gpus_ray", "gpus_seen", "python", "ray", "error")
+
+
+def print_table(title: str, rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for col in COLUMNS:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*("" if row.get(col) is None else str(row[col]) for col in COLUMNS))
+    Console().print(table)

@@ -1,0 +1,271 @@
+"""The lock file: images/locks/pylock.<flavor>.toml, its grammar, and what the steps read from it.
+
+    read_lock(path) / load_lock(ref) -> LockFile   parse and validate a committed lock (every value
+                                                   that can reach a file or a command, by grammar)
+    render_lock(data) -> str, write_lock(path, text)  the file as `invoke lock` writes it (atomically)
+    step_requirements(lock, step)                  a step's slice: `name @ url --hash=sha256:...` lines
+                                                   that `uv pip install --no-deps --require-hashes` installs
+    router_requirement(lock, url)                  the router wheel's slice, by its recorded sha256
+
+The lock is uv's own `pylock.toml` output cut down to the one file per package that the target
+installs, plus `[tool.slimeforge]`: what PEP 751 cannot hold (the base image digest, the router
+wheel, the git commits, the allowed pre-releases, the resolution's cutoff, the hash of the stack
+inputs it was resolved from) and `steps`, which package each step installs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tomllib
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from .. import paths
+from ..errors import ConfigError, Problem, SlimeforgeError
+from .stack import Stack, load_stack, stack_path
+
+SCHEMA = 1
+
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
+# What a lock may hold in a name, a version or a URL: nothing that could break out of a
+# requirements line or a shell word (no whitespace, no quotes, no control characters).
+NAME_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,126}[A-Za-z0-9])?")
+URL_RE = re.compile(r"(?:https?|file)://[A-Za-z0-9._~:/?#@!$&()*+,;=%-]{1,2000}")
+DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+# The resolution's cutoff (uv's --exclude-newer): an RFC 3339 UTC time to the second.
+CUTOFF_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z")
+
+
+class LockError(SlimeforgeError):
+    """A lock is missing, stale or does not hold what the stack needs; the message says how to fix it."""
+
+
+def normalize(name: str) -> str:
+    return str(canonicalize_name(name))
+
+
+def lock_command(ref: str | Path) -> str:
+    """The command that (re)makes the lock of a flavor name or a stack file."""
+    text = str(ref)
+    return f"invoke lock --stack {text}" if text.endswith((".yaml", ".yml")) else f"invoke lock --cuda {text}"
+
+
+def lock_path(ref: str | Path | Stack) -> Path:
+    """images/<flavor>.yaml -> images/locks/pylock.<flavor>.toml (a lock lies beside its stack)."""
+    stack = ref if isinstance(ref, Stack) else load_stack(ref)
+    path = stack.file or stack_path(stack.name)
+    return path.parent / "locks" / f"pylock.{stack.name}.toml"
+
+
+def stack_ref(stack: Stack) -> str:
+    """What `invoke lock` takes to name this stack: its flavor, or its file."""
+    f = stack.file
+    if f is None or f.resolve().parent == paths.IMAGES.resolve():
+        return stack.name
+    try:
+        return str(f.resolve().relative_to(paths.ROOT))  # the same text from any working directory
+    except ValueError:
+        return str(f)
+
+
+# --- the file ---------------------------------------------------------------------------------
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a valid TOML basic string
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items() if x is not None) + " }"
+    raise TypeError(f"no TOML form for {type(v).__name__}")
+
+
+def render_lock(data: dict[str, Any]) -> str:
+    tool = data["tool"]["slimeforge"]
+    lines = [
+        f"# The {tool['flavor']} flavor, locked by `{tool['command']}` (PEP 751). Do not edit: re-lock.",
+        "# One file per distribution: what the target installs. [tool.slimeforge] holds what pylock cannot.",
+    ]
+    for key in ("lock-version", "created-by", "requires-python"):
+        lines.append(f"{key} = {_toml_value(data[key])}")
+    for pkg in data["packages"]:
+        lines += ["", "[[packages]]"]
+        for key in ("name", "version", "index"):
+            if key in pkg:
+                lines.append(f"{key} = {_toml_value(pkg[key])}")
+        if "sdist" in pkg:
+            lines.append(f"sdist = {_toml_value(pkg['sdist'])}")
+        if "wheels" in pkg:
+            lines.append(f"wheels = {_toml_value(pkg['wheels'])}")
+    lines += ["", "[tool.slimeforge]"]
+    for key, value in tool.items():
+        if not isinstance(value, dict):
+            lines.append(f"{key} = {_toml_value(value)}")
+    for key, value in tool.items():
+        if isinstance(value, dict):
+            lines += ["", f"[tool.slimeforge.{key}]"]
+            lines += [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items() if v is not None]
+    return "\n".join(lines) + "\n"
+
+
+def write_lock(path: Path, text: str) -> None:
+    """Replace the lock whole (atomically): a reader sees the old file or the new one."""
+    from ..atomic import write_dir
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_dir(path.parent, {path.name: text})
+
+
+@dataclass
+class Locked:
+    name: str
+    version: str
+    url: str
+    sha256: str
+    size: int | None
+    kind: str  # wheel or sdist
+    filename: str
+
+
+@dataclass
+class LockFile:
+    path: Path
+    packages: dict[str, Locked]
+    tool: dict[str, Any]
+    text: str
+    # A dry run's lock that lacks an outside fact (outside.lock_for_run): the router's slice is
+    # rendered marked, failing if run, instead of refused.
+    provisional: bool = False
+
+    @property
+    def hash(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+    @property
+    def steps(self) -> dict[str, list[str]]:
+        return self.tool.get("steps", {})
+
+
+def read_lock(path: Path, stack: Stack | None = None, ref: str | Path | None = None) -> LockFile:
+    """Parse a lock and check its grammar (every value that can reach a file or a command)."""
+    if not path.exists():
+        flavor = stack.name if stack else path.stem.removeprefix("pylock.")
+        raise LockError(f"{path}: no lock for {flavor}; make it with `{lock_command(ref or flavor)}` where the flavor's indexes "
+                        "are reachable, and commit it")
+    text = path.read_text()
+    where = str(path)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(where, [Problem("(file)", f"is not TOML: {exc}", show_value=False)]) from None
+    problems = []
+    packages: dict[str, Locked] = {}
+    for i, pkg in enumerate(data.get("packages", [])):
+        at = f"packages[{i}]"
+        name, version = str(pkg.get("name", "")), str(pkg.get("version", ""))
+        if not NAME_RE.fullmatch(name):
+            problems.append(Problem(f"{at}.name", "is not a distribution name", name))
+            continue
+        try:
+            Version(version)
+        except InvalidVersion:
+            problems.append(Problem(f"{at}.version", "is not a version", version))
+            continue
+        files = [("sdist", pkg["sdist"])] if "sdist" in pkg else []
+        files += [("wheel", w) for w in pkg.get("wheels", [])]
+        if len(files) != 1:
+            problems.append(Problem(f"{at} ({name})", "must hold exactly one file (the one the target installs)", len(files)))
+            continue
+        kind, f = files[0]
+        url, sha = str(f.get("url", "")), str((f.get("hashes") or {}).get("sha256", ""))
+        fname = str(f.get("name") or urllib.parse.unquote(url.rsplit("/", 1)[-1]))
+        if not URL_RE.fullmatch(url):
+            problems.append(Problem(f"{at} ({name}).url", "is not an http(s)/file URL without spaces or quotes", url))
+        if not SHA256_RE.fullmatch(sha):
+            problems.append(Problem(f"{at} ({name}).hashes.sha256", "is not a sha256", sha))
+        if normalize(name) in packages:
+            problems.append(Problem(f"{at}.name", "appears twice", name))
+        packages[normalize(name)] = Locked(normalize(name), version, url, sha, f.get("size"), kind, fname)
+    tool = (data.get("tool") or {}).get("slimeforge")
+    if not isinstance(tool, dict):
+        problems.append(Problem("[tool.slimeforge]", "is missing", None, show_value=False))
+        tool = {}
+    for step, names in (tool.get("steps") or {}).items():
+        for n in names:
+            if n not in packages:
+                problems.append(Problem(f"tool.slimeforge.steps.{step}", "names a package the lock does not hold", n))
+    digest = (tool.get("base") or {}).get("digest", "")
+    if digest and not DIGEST_RE.fullmatch(digest):
+        problems.append(Problem("tool.slimeforge.base.digest", "is not a digest", digest, "sha256:<64 hex> or empty"))
+    cutoff = tool.get("exclude-newer", "")
+    if cutoff and not (isinstance(cutoff, str) and CUTOFF_RE.fullmatch(cutoff)):
+        problems.append(Problem("tool.slimeforge.exclude-newer", "is not a cutoff", cutoff, "YYYY-MM-DDTHH:MM:SSZ (UTC) or empty"))
+    router = tool.get("router") or {}
+    if router.get("sha256") and not SHA256_RE.fullmatch(router["sha256"]):
+        problems.append(Problem("tool.slimeforge.router.sha256", "is not a sha256", router["sha256"]))
+    if problems:
+        raise ConfigError(where, problems)
+    return LockFile(path, packages, tool, text)
+
+
+def load_lock(ref: str | Path, stack: Stack | None = None) -> LockFile:
+    stack = stack or load_stack(ref)
+    return read_lock(lock_path(stack), stack, ref)
+
+
+# --- installing a step's slice ---------------------------------------------------------------
+
+
+SDIST_MARK = "# --- built from source (sdist), after the wheels above"
+
+
+def step_requirements(lock: LockFile, step: str, *, by_name: bool = False) -> str:
+    """The requirements file of one step: `name @ url --hash=sha256:H` per package, so uv fetches
+    exactly that file and nothing else (`by_name`: `name==version --hash=sha256:H`, for a local
+    wheel directory: the same files, found there instead of at their URL)."""
+    if step not in lock.steps:
+        raise LockError(f"{lock.path}: step {step} has no slice; re-lock with `{lock_command(lock.tool.get('flavor', '?'))}`")
+    lines = [f"# step {step}: {len(lock.steps[step])} distribution(s) from {lock.path.name}"]
+    # Wheels first, then what builds from an sdist (sf_lock_install installs them in two calls):
+    # a build without isolation finds its build dependencies already in the venv.
+    names = sorted(lock.steps[step], key=lambda n: (lock.packages[n].kind == "sdist", n))
+    for n in names:
+        p = lock.packages[n]
+        if p.kind == "sdist" and (n == names[0] or lock.packages[names[names.index(n) - 1]].kind != "sdist"):
+            lines.append(SDIST_MARK)
+        where = f"=={p.version}" if by_name else f" @ {p.url}"
+        # The version as a trailing comment: uv ignores it, the step's check (sf_lock_verify) reads it.
+        lines.append(f"{p.name}{where} --hash=sha256:{p.sha256}  # =={p.version}")
+    return "\n".join(lines) + "\n"
+
+
+def router_requirement(lock: LockFile, url: str) -> str:
+    sha = (lock.tool.get("router") or {}).get("sha256", "")
+    name = urllib.parse.unquote(url.rsplit("/", 1)[-1]).split("-")[0]
+    if not sha and lock.provisional:
+        # Without a hash, `uv pip install --require-hashes` refuses the line: a dry run's plan run as is
+        # stops here, naming what is missing, instead of installing an unverified wheel.
+        return (f"# MISSING: the router wheel's sha256 is not in {lock.path.name} (tool.slimeforge.router.sha256);\n"
+                f"# `{lock_command(lock.tool.get('flavor', '?'))} --complete` fills it. Until then this step fails.\n"
+                f"{normalize(name)} @ {url}\n")
+    if not sha:
+        raise LockError(f"{lock.path}: the router wheel {url} has no sha256; re-lock where it is reachable, "
+                        f"or `{lock_command(lock.tool.get('flavor', '?'))} --complete`")
+    return f"# the router wheel, by sha256\n{normalize(name)} @ {url} --hash=sha256:{sha}\n"
+
+
+def expected_versions(lock: LockFile) -> dict[str, str]:
+    return {n: p.version for n, p in lock.packages.items()}
+

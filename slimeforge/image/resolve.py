@@ -1,0 +1,407 @@
+"""`invoke lock`: resolve a flavor once, for its target (the stack's CPython, x86_64, the base
+image's glibc), and write images/locks/pylock.<flavor>.toml (see lockfile.py for the file).
+
+    resolve(opts) -> dict    two uv calls: the resolution with its graph (which step installs what),
+                             then the files and hashes of exactly those versions; then the outside
+                             facts (outside.py) and the steps' slices
+
+The resolution's cutoff (uv's `--exclude-newer`) is recorded in the lock and reused by the next
+`invoke lock` of unchanged inputs, so re-locking later gives the same bytes; `--upgrade`, or
+changed inputs, move it to now.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+import tempfile
+import time
+import tomllib
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+from .. import paths
+from ..errors import ConfigError, Problem, SlimeforgeError
+from ..proc import Runner
+from .lockcheck import summarize
+from .lockfile import (
+    DIGEST_RE,
+    SCHEMA,
+    SHA256_RE,
+    URL_RE,
+    LockError,
+    LockFile,
+    lock_command,
+    lock_path,
+    normalize,
+    read_lock,
+    render_lock,
+    stack_ref,
+    write_lock,
+)
+from .lockinputs import Inputs, inputs
+from .outside import base_image_digest, patch_hashes, url_sha256
+from .stack import Stack, load_stack
+
+PYPI = "https://pypi.org/simple"
+PINNED_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}==[0-9A-Za-z.+!_-]{1,64}")  # an allowed pre-release, name==version
+# uv's hint when a dependency pins an exact pre-release that the resolver was not told about.
+PRERELEASE_HINT_RE = re.compile(r"`([A-Za-z0-9._-]+)` was requested with a pre-release marker \(e\.g\., ([A-Za-z0-9._-]+)==([A-Za-z0-9.+!_-]+)\)")
+
+
+# --- the target and its files -----------------------------------------------------------------
+
+
+def target_tags(stack: Stack) -> list[Tag]:
+    """The wheel tags the target installs, best first: CPython <python>, manylinux x86_64 up to
+    the base image's glibc (and the legacy aliases of those)."""
+    major, minor = (int(x) for x in stack.python.split("."))
+    glibc_minor = int(stack.base.glibc.split(".")[1])
+    platforms = [f"manylinux_2_{m}_x86_64" for m in range(glibc_minor, 4, -1)]
+    legacy = {17: "manylinux2014_x86_64", 12: "manylinux2010_x86_64", 5: "manylinux1_x86_64"}
+    platforms = [p for m, p0 in zip(range(glibc_minor, 4, -1), platforms, strict=True) for p in (p0, legacy.get(m)) if p]
+    return [*cpython_tags((major, minor), platforms=platforms), *compatible_tags((major, minor), f"cp{major}{minor}", platforms)]
+
+
+def pick_file(pkg: dict[str, Any], tags: list[Tag], from_source: bool) -> dict[str, Any] | None:
+    """The one file of a pylock package the target installs: the sdist for a step that builds from
+    source, else the wheel with the best tag, else the sdist (built without isolation)."""
+    sdist = pkg.get("sdist")
+    if from_source and sdist:
+        return {"kind": "sdist", **_file(sdist)}
+    rank = {t: i for i, t in enumerate(tags)}
+    best: tuple[int, str] | None = None
+    chosen = None
+    for wheel in pkg.get("wheels", []):
+        name = wheel.get("name") or urllib.parse.unquote(wheel["url"].rsplit("/", 1)[-1].split("#")[0])
+        try:
+            wheel_tags = parse_wheel_filename(name)[3]
+        except InvalidWheelFilename:
+            continue
+        score = min((rank[t] for t in wheel_tags if t in rank), default=None)
+        if score is not None and (best is None or (score, name) < best):
+            best, chosen = (score, name), wheel
+    if chosen is not None:
+        return {"kind": "wheel", **_file(chosen)}
+    return {"kind": "sdist", **_file(sdist)} if sdist else None
+
+
+def _file(entry: dict[str, Any]) -> dict[str, Any]:
+    url = entry.get("url") or ""
+    name = entry.get("name") or urllib.parse.unquote(url.rsplit("/", 1)[-1].split("#")[0])
+    return {"name": name, "url": url, "size": entry.get("size"), "sha256": (entry.get("hashes") or {}).get("sha256", "")}
+
+
+# --- resolving --------------------------------------------------------------------------------
+
+
+@dataclass
+class LockOptions:
+    stack: str = "cu13"
+    index_url: str | None = None  # replaces PyPI (a mirror, or a test's loopback index)
+    base_digest: str | None = None  # sha256:... set by hand; else asked of the base image's registry
+    router_sha256: str | None = None  # set by hand where the router URL cannot be reached
+    sources: list[str] = field(default_factory=list)  # NAME=PATH: where the patches' source is read (else fetched)
+    build_root: Path = paths.BUILDS
+    out: Path | None = None
+    upgrade: bool = False  # move the cutoff to now even where the inputs are unchanged
+    uv: str | None = None
+    echo: Callable[[str], None] = print
+    runner: Runner = field(default_factory=Runner)
+    now: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))  # the clock a new cutoff is read from
+
+
+def previous_lock(path: Path) -> LockFile | None:
+    """The lock that `invoke lock` replaces, validated as any lock is; None when there is none
+    (or none that reads as a lock: then nothing of it is reused)."""
+    try:
+        return read_lock(path) if path.is_file() else None
+    except SlimeforgeError:
+        return None
+
+
+def choose_cutoff(previous: LockFile | None, inp: Inputs, upgrade: bool, now: datetime) -> tuple[str, str, bool]:
+    """The resolution's cutoff (uv's --exclude-newer) and why: the previous lock's, where it records
+    one and the stack's inputs are unchanged (so re-locking later gives the same lock), else now
+    (--upgrade, changed inputs, or no previous lock). The flag: whether it is the previous lock's."""
+    tool = previous.tool if previous else {}
+    recorded = tool.get("exclude-newer")
+    fresh = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if upgrade:
+        return fresh, "now (--upgrade)", False
+    if not recorded:
+        return fresh, "now (the previous lock records none)" if previous else "now (no previous lock)", False
+    if tool.get("inputs") != inp.hash:
+        return fresh, f"now (the stack's inputs changed since the lock with cutoff {recorded})", False
+    return recorded, "the previous lock's (inputs unchanged; --upgrade moves it)", True
+
+
+def uv_binary(stack: Stack, given: str | None = None) -> str:
+    """The pinned uv: the one beside this Python (pyproject pins it), else on PATH."""
+    candidates = [given] if given else [str(Path(sys.executable).parent / "uv"), shutil.which("uv") or ""]
+    want = stack.versions.get("uv", "")
+    for cand in candidates:
+        if cand and Path(cand).is_file():
+            res = Runner().run([cand, "--version"], check=False)
+            have = res.stdout.split()[1] if res.ok and len(res.stdout.split()) > 1 else "?"
+            if have == want:
+                return cand
+            raise LockError(f"uv at {cand} is {have}, the stack pins {want}: pip install uv=={want}")
+    raise LockError(f"uv {want} not found: pip install uv=={want} (into the venv that runs invoke)")
+
+
+def _index_args(inp: Inputs, index_url: str | None) -> list[str]:
+    argv = ["--index-url", index_url or PYPI]
+    for extra in inp.indexes:
+        argv += ["--extra-index-url", extra]
+    return argv
+
+
+def resolve(opts: LockOptions) -> dict[str, Any]:
+    """Resolve the flavor once for its target and write its lock. Returns the lock's summary."""
+    stack = load_stack(opts.stack)
+    problems = []
+    if opts.base_digest is not None and not DIGEST_RE.fullmatch(opts.base_digest):
+        problems.append(Problem("--base-digest", "is not a digest", opts.base_digest, "sha256:<64 lowercase hex>"))
+    if opts.router_sha256 is not None and not SHA256_RE.fullmatch(opts.router_sha256):
+        problems.append(Problem("--router-sha256", "is not a sha256", opts.router_sha256, "64 lowercase hex digits"))
+    if opts.index_url is not None and not URL_RE.fullmatch(opts.index_url):
+        problems.append(Problem("--index-url", "is not an http(s) or file URL", opts.index_url))
+    local: dict = {}
+    try:
+        from .sources import parse_sources
+
+        local = parse_sources(stack, opts.sources)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    if problems:
+        raise ConfigError("invoke lock", problems)
+    uv = uv_binary(stack, opts.uv)
+    inp = inputs(stack)
+    echo = opts.echo
+    out = Path(opts.out) if opts.out else lock_path(opts.stack)
+    started = time.monotonic()
+    echo(f"lock {stack.name}: {len(inp.requirements)} pins, CPython {inp.python}, {inp.platform}; indexes: "
+         + ", ".join([opts.index_url or PYPI, *inp.indexes]))
+    previous = previous_lock(out)
+    cutoff, why, reused = choose_cutoff(previous, inp, opts.upgrade, opts.now())
+    echo(f"  cutoff {cutoff}: {why}")
+    with tempfile.TemporaryDirectory(prefix="sf-lock-") as tmp:
+        work = Path(tmp)
+        (work / "in.txt").write_text("\n".join(inp.requirements) + "\n")
+        (work / "overrides.txt").write_text("\n".join(inp.overrides) + "\n")
+        if reused:
+            # uv prefers the versions of an existing output file: the previous lock's, where the inputs
+            # are unchanged, so that a lock made from stale index pages (files the cutoff lets in but
+            # that resolution did not see) is reproduced too, not moved.
+            assert previous is not None
+            (work / "resolved.txt").write_text("".join(f"{n}=={p.version}\n" for n, p in previous.packages.items()))
+        # The exact pre-releases the previous lock allowed, where its versions are preferred: they are
+        # among them, and uv would no longer name them in a hint.
+        prereleases: list[str] = [p for p in previous.tool.get("prereleases") or [] if isinstance(p, str) and PINNED_RE.fullmatch(p)] \
+            if previous and reused else []
+
+        def common() -> list[str]:
+            return ["--python-version", inp.python, "--python-platform", inp.platform, "--no-header",
+                    "--prerelease", "if-necessary-or-explicit", *(["--exclude-newer", cutoff] if cutoff else []),
+                    # A new cutoff is now: index pages uv cached minutes ago would hide files from
+                    # before it that a later re-lock sees. Fresh pages, so both see the same.
+                    *([] if reused else ["--refresh"]),
+                    *_index_args(inp, opts.index_url)]
+
+        # 1. The resolution, with the graph ("# via") that divides the lock into steps.
+        for attempt in range(1, 7):
+            (work / "prereleases.txt").write_text("".join(f"{p}\n" for p in prereleases))
+            echo(f"[1/3] resolving (round {attempt}) ...")
+            argv = [uv, "pip", "compile", "-v", *common(), "--annotation-style", "line", "--override", str(work / "overrides.txt"),
+                    *(["--constraint", str(work / "prereleases.txt")] if prereleases else []),
+                    str(work / "in.txt"), "-o", str(work / "resolved.txt")]
+            rc, text = _stream_uv(opts.runner, argv, echo)
+            if rc == 0:
+                break
+            unreachable = re.search(r"Failed to fetch: `(https?://[^/`]+)[^`]*`", text)
+            if unreachable and re.search(r"dns error|client error \(Connect\)|timed out", text):
+                raise LockError(f"lock {stack.name}: the index {unreachable.group(1)} cannot be reached from here; run "
+                                f"`{lock_command(stack_ref(stack))}` where it can be, and commit {lock_path(stack)}")
+            # An exact pre-release pinned by a dependency (sglang: flash-attn-4==4.0.0b15) is allowed,
+            # that one version only.
+            hints = [f"{m.group(2)}=={m.group(3)}" for m in PRERELEASE_HINT_RE.finditer(text.replace("\n      ", " "))
+                     if normalize(m.group(1)) == normalize(m.group(2))]
+            new = [h for h in hints if h not in prereleases]
+            for h in new:
+                echo(f"  allowing the exact pre-release {h} (a dependency pins it)")
+            prereleases += new
+            if not new and cutoff and "is missing an upload date" in text:
+                # An index without upload times (PEP 700) gives uv nothing to compare with the cutoff,
+                # so it drops every file of it: resolve without one, and say that re-locking moves.
+                echo(f"  warning: an index gives no upload times, so no cutoff can apply: resolving without one "
+                     f"(re-locking later may choose newer versions of what no pin names)\n{_missing_dates(text)}")
+                cutoff = ""
+            elif not new:  # any other failure is the user's to fix
+                raise LockError(f"lock {stack.name}: uv could not resolve the flavor:\n{_tail(text)}")
+        else:
+            raise LockError(f"lock {stack.name}: still unresolved after allowing {prereleases}")
+        resolved = (work / "resolved.txt").read_text()
+        versions, graph = parse_annotated(resolved)
+        echo(f"  {len(versions)} distributions resolved in {time.monotonic() - started:.0f}s")
+        # 2. The files and hashes of exactly those versions (no second resolution: --no-deps).
+        echo("[2/3] file hashes ...")
+        pins = work / "pins.txt"
+        pins.write_text("".join(f"{n}=={v}\n" for n, v in sorted(versions.items())))
+        argv = [uv, "pip", "compile", "--quiet", *common(), "--no-deps", "--format", "pylock.toml", "--generate-hashes", str(pins),
+                "-o", str(work / "pylock.all.toml")]
+        rc, text = _stream_uv(opts.runner, argv, echo)
+        if rc != 0:
+            raise LockError(f"lock {stack.name}: uv could not list the files of the resolved set:\n{_tail(text)}")
+        pylock = tomllib.loads((work / "pylock.all.toml").read_text())
+    echo("[3/3] base image digest, router wheel, steps ...")
+    # The outside facts of the previous lock stand where its inputs (base image, router URL, patch
+    # files by commit) are unchanged and this is no --upgrade: given by hand, else kept, else asked.
+    kept = previous.tool if previous and previous.tool.get("inputs") == inp.hash and not opts.upgrade else {}
+    base_digest = (opts.base_digest or stack.base.digest or (kept.get("base") or {}).get("digest")
+                   or base_image_digest(stack.base.image, echo))
+    router = None
+    if inp.router:
+        router = {"url": inp.router, "sha256": opts.router_sha256 or (kept.get("router") or {}).get("sha256")
+                  or url_sha256(inp.router, echo)}
+    patches = patch_hashes(stack, local, opts.build_root, echo)
+    recorded = {f: sha for f, sha in (kept.get("patches") or {}).items() if isinstance(sha, str) and SHA256_RE.fullmatch(sha)}
+    if patches is None and recorded:
+        echo("  patches: the previous lock's sha256 kept (the same patch files at the same commit)")
+        patches = recorded
+    data = build_lock(stack, inp, pylock, graph, prereleases, base_digest, router, patches, cutoff)
+    text = render_lock(data)
+    write_lock(out, text)
+    summary = summarize(read_lock(out, stack), stack)
+    summary.update(path=str(out), seconds=round(time.monotonic() - started, 1))
+    echo(f"wrote {out}: {summary['packages']} distributions ({summary['packages'] - summary['named_by_stack']} of them named by no pin "
+         f"of the stack), each fixed at one file by URL and sha256; {summary['bytes'] / 1e9:.2f} GB to download")
+    for warn in summary["warnings"]:
+        echo(f"  warning: {warn}")
+    return summary
+
+
+def _missing_dates(text: str, n: int = 3) -> str:
+    lines = [line for line in text.splitlines() if "is missing an upload date" in line]
+    return "\n".join(f"    {line}" for line in lines[:n]) + (f"\n    ... ({len(lines) - n} more)" if len(lines) > n else "")
+
+
+def _tail(text: str, n: int = 25) -> str:
+    """uv's own message, without its -v DEBUG lines."""
+    return "\n".join([line for line in text.splitlines() if not line.startswith("DEBUG")][-n:])
+
+
+def _stream_uv(runner: Runner, argv: list[str], echo: Callable[[str], None]) -> tuple[int, str]:
+    """Run uv, showing one progress line per package the resolver selects (resolution is slow)."""
+    names: set[str] = set()
+    lines: list[str] = []
+
+    def on_line(line: str) -> None:
+        lines.append(line)
+        m = re.search(r"Selecting: ([^=\s]+)==(\S+) \[", line)
+        if m and m.group(1) not in names:
+            names.add(m.group(1))
+            if len(names) % 20 == 1:  # a line per 20 new distributions: alive, not a flood
+                echo(f"  {len(names):4} distributions so far ({m.group(1)}=={m.group(2)})")
+        elif line.startswith(("warning:", "error:", "Resolved")) and "is missing an upload date" not in line:
+            echo(f"  uv: {line}")
+
+    rc = runner.stream(argv, on_line, step="lock")
+    return rc, "\n".join(lines)
+
+
+def parse_annotated(text: str) -> tuple[dict[str, str], dict[str, set[str]]]:
+    """uv's `--annotation-style line` output: name -> version, and name -> the packages it needs."""
+    versions: dict[str, str] = {}
+    needs: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        spec, _, via = line.partition("# via ")
+        name, _, version = spec.strip().partition("==")
+        name = normalize(name.split("[")[0])
+        versions[name] = version.strip()
+        for parent in via.split(","):
+            parent = parent.strip()
+            if parent and not parent.startswith("-"):
+                needs.setdefault(normalize(parent), set()).add(name)
+    return versions, needs
+
+
+def build_lock(stack: Stack, inp: Inputs, pylock: dict[str, Any], graph: dict[str, set[str]], prereleases: list[str],
+               base_digest: str | None, router: dict[str, Any] | None, patches: dict[str, str] | None = None,
+               cutoff: str = "") -> dict[str, Any]:
+    tags = target_tags(stack)
+    packages = []
+    missing = []
+    for pkg in sorted(pylock.get("packages", []), key=lambda p: normalize(p["name"])):
+        name = normalize(pkg["name"])
+        chosen = pick_file(pkg, tags, name in inp.from_source)
+        if chosen is None or not chosen["sha256"]:
+            missing.append(name)
+            continue
+        entry: dict[str, Any] = {"name": name, "version": pkg["version"]}
+        if pkg.get("index"):
+            entry["index"] = pkg["index"]
+        key = "sdist" if chosen["kind"] == "sdist" else "wheels"
+        f = {"name": chosen["name"], "url": chosen["url"], "size": chosen["size"], "hashes": {"sha256": chosen["sha256"]}}
+        entry[key] = f if key == "sdist" else [f]
+        packages.append(entry)
+    if missing:
+        raise LockError(f"lock {stack.name}: no file for {inp.platform} / CPython {inp.python} with a sha256: {missing}")
+    steps = step_slices(inp.by_step, graph, {p["name"] for p in packages})
+    tool = {
+        "schema": SCHEMA,
+        "flavor": stack.name,
+        "inputs": inp.hash,
+        "python": inp.python,
+        "platform": inp.platform,
+        "uv": stack.versions.get("uv", ""),
+        # No time of locking, only the cutoff (below), which re-locking unchanged inputs reuses: the
+        # same bytes again, so the same content-addressed image tag.
+        "command": lock_command(stack_ref(stack)),
+        "indexes": inp.indexes,
+        "prereleases": prereleases,
+        # The resolution saw only files uploaded before this: re-locking unchanged inputs reuses it.
+        "exclude-newer": cutoff,
+        "base": {"image": stack.base.image, "digest": base_digest or ""},
+        "router": router or {},
+        "sources": inp.sources,
+        "patches": patches or {},
+        "steps": steps,
+    }
+    return {"lock-version": "1.0", "created-by": "slimeforge", "requires-python": f"=={inp.python}.*",
+            "packages": packages, "tool": {"slimeforge": tool}}
+
+
+def step_slices(by_step: dict[str, list[str]], graph: dict[str, set[str]], names: set[str]) -> dict[str, list[str]]:
+    """Each step gets the closure of what it asks for, less what an earlier step installed; what is
+    left (dependencies of nothing a step names) goes to the last step, so nothing is left out."""
+    taken: set[str] = set()
+    out: dict[str, list[str]] = {}
+    for step, wanted in by_step.items():
+        todo, mine = [w for w in wanted if w in names], set()
+        while todo:
+            n = todo.pop()
+            if n in taken or n in mine:
+                continue
+            mine.add(n)
+            todo.extend(graph.get(n, ()))
+        out[step] = sorted(mine)
+        taken |= mine
+    rest = names - taken
+    if rest and out:
+        last = list(out)[-1]
+        out[last] = sorted(set(out[last]) | rest)
+    return out
+
+

@@ -1,0 +1,146 @@
+"""The launch target interface: how a run reaches its hosts, as one concept with four implementations.
+
+    recipe + options --resolve--> ResolvedRun --Target.plan--> LaunchPlan --Target.apply--> exit code
+
+Like Ray's cluster-launcher command runners (SSH and Docker behind one interface), each target
+(targets/local.py: host, container, a running Ray cluster; targets/slurm.py: Slurm) owns:
+  - the per-node `ray start` argv (launch.sh's head for host and container; the allocation's
+    nodes for Slurm; none for a running Ray cluster, which is already up),
+  - its mounts (targets/mounts.py: one function for every container target),
+  - the checks it needs before anything starts (`preflight`),
+  - where its state lives (the run directory's records, the head's state directory),
+  - how a job is submitted, followed and stopped (`apply`, `logs`, `stop`),
+  - what `run.status`, `run.logs` and `run.stop` read back.
+
+A plan is data: the run directory's files, the exact argv lists in order and the environment each
+one gets (values we set, names passed through, names removed). `invoke run --dry-run` prints it
+(`describe`); a launch applies the same object. There is no second code path for the dry run.
+"""
+
+from __future__ import annotations
+
+import shlex
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from ...image.stack import Stack
+from ...proc import Runner
+from ..recipe import Recipe
+from ..rundir import RunDir
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host path the run needs inside a container, at the same path."""
+
+    path: str
+    writable: bool
+    what: str  # the recipe field it comes from, for error messages
+
+
+@dataclass(frozen=True)
+class Command:
+    """One argv of a plan, with the environment it runs in: this process's, plus `set`, less `unset`.
+    Values in `set` are ours (paths, ports): a secret is never one; secrets pass by name in the argv."""
+
+    argv: tuple[str, ...]
+    step: str
+    set_env: tuple[tuple[str, str], ...] = ()
+    unset_env: tuple[str, ...] = ()
+
+    def environment(self, environ: dict[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in environ.items() if k not in self.unset_env}
+        env.update(self.set_env)
+        return env
+
+    def text(self) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.set_env)
+        unset = " ".join(f"-u {k}" for k in self.unset_env)
+        prefix = f"env {unset} {env} ".replace("  ", " ") if (env or unset) else ""
+        return prefix + shlex.join(self.argv)
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    """A recipe with the command line applied: what every target plans from."""
+
+    recipe: Recipe  # mode, image, install prefix and node count as the command line set them
+    stack: Stack
+    out: Path  # the run directory
+    recipe_path: str
+    environ: dict[str, str] = field(repr=False)  # the launching process's environment (read, never written)
+    catalog: str | None = None
+    skip_checks: tuple[str, ...] = ()
+    network_checks: bool = True
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything a launch will do, computed before anything is done."""
+
+    target: str  # Target.name
+    run: ResolvedRun
+    rundir: RunDir  # the files to write (plan.json holds `commands` too)
+    commands: tuple[Command, ...]  # run in order; the last one's exit code is the launch's
+    mounts: tuple[Mount, ...] = ()
+    notes: tuple[str, ...] = ()  # what the reader of a dry run should know (placeholders, ...)
+    container: str | None = None  # the name of the container the commands start (recorded id: <run dir>/container.id)
+
+
+def describe(plan: LaunchPlan) -> list[str]:
+    """The plan as `invoke run --dry-run` prints it."""
+    rec = plan.run.recipe
+    lines = [f"recipe {plan.run.recipe_path}: valid ({rec.exp_id}, stack {plan.run.stack.id}); target {plan.target}",
+             f"run directory {plan.rundir.path}:", *(f"  {name}" for name in plan.rundir.files)]
+    if plan.mounts:
+        lines.append("mounts (same path inside):")
+        lines += [f"  {m.path} ({'rw' if m.writable else 'ro'}; {m.what})" for m in plan.mounts]
+    lines.append("would run:")
+    lines += [f"  {c.text()}" for c in plan.commands]
+    lines += [f"note: {n}" for n in plan.notes]
+    return lines
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """What `run.status` reads back: lines for people, a dict for --as-json."""
+
+    lines: tuple[str, ...]
+    data: dict[str, Any]
+
+
+class Target(ABC):
+    """One way a run reaches its hosts."""
+
+    name: str
+
+    @abstractmethod
+    def plan(self, run: ResolvedRun) -> LaunchPlan:
+        """The launch, computed: files, argv lists, environment. Touches nothing."""
+
+    @abstractmethod
+    def mounts(self, run: ResolvedRun) -> tuple[Mount, ...]:
+        """The paths a container of this target mounts (none on a bare host)."""
+
+    @abstractmethod
+    def preflight(self, plan: LaunchPlan, runner: Runner, say: Say) -> None:
+        """Every check this target needs, all problems at once; raises PreflightError. Starts nothing."""
+
+    @abstractmethod
+    def apply(self, plan: LaunchPlan, runner: Runner, say: Say, stream: IO[str]) -> int:
+        """Preflight, write the run directory, run the commands; the job's exit code."""
+
+    @abstractmethod
+    def status(self, rundir: Path) -> RunStatus: ...
+
+    @abstractmethod
+    def logs(self, rundir: Path, follow: bool, stream: IO[str]) -> int | None: ...
+
+    @abstractmethod
+    def stop(self, rundir: Path, *, head: bool = False, say: Say = print, runner: Runner | None = None) -> None: ...
+

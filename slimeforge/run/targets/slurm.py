@@ -1,0 +1,365 @@
+"""The Slurm target: Ray started inside an `sbatch` allocation, on the host or in the image (pyxis).
+
+Order: check the options (grammar) -> plan: the run directory, plus `slurm.sbatch` and the node
+agent, and the sbatch argv -> preflight: the recipe's checks (model, data, flags, AWS) and the
+cluster's (targets/slurm_checks.py) -> write the run directory -> `sbatch --parsable` -> record the
+job id in <run dir>/slurm_job_id -> follow the job's output file until the job ends -> its exit code.
+
+Inside the allocation (templates/slurm.sbatch.j2) the node agent checks every node, starts the
+Ray head on the first node and a worker on each other (srun --overlap, one task per node; the
+argv is `ray_argv` here), holds the job behind the health gate of `cluster.up`, then runs
+launch.sh against that cluster.
+
+We cancel only the job id we recorded (`scancel -- ID`, after checking it still carries our job
+name), never by name or user.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from ... import __version__
+from ...errors import ConfigError, Problem, SlimeforgeError
+from ...proc import Runner
+from ...scripts import node_agent
+from ...templating import render
+from ..recipe import Recipe
+from ..rundir import amend_plan, build_run_dir, read_plan, write_run_dir
+from .base import Command, LaunchPlan, Mount, ResolvedRun, RunStatus, Say, Target
+from .local import host_tools
+from .mounts import container_mounts, pyxis_mounts_arg
+from .slurm_checks import cluster_findings, fields
+
+# Grammars (re.fullmatch): what Slurm accepts for these names, less anything a shell or an
+# #SBATCH line could read as syntax.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+TIME_RE = re.compile(r"(?:(\d{1,3})-)?(\d{1,2}):([0-5]\d):([0-5]\d)")
+JOB_ID_RE = re.compile(r"[1-9]\d{0,11}")
+MAX_NODES = 4096
+RAY_AGENT_PORT = 52365  # the dashboard agent's port, fixed (as cluster.up) so the checks can test it
+START_TIMEOUT_S = 300
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+
+
+@dataclass(frozen=True)
+class Options:
+    """`invoke run --slurm` options; None means: the cluster's default (partition, account, time)
+    or the recipe's `num_nodes`."""
+
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None
+    nodes: int | None = None
+    system_python: str = "python3"  # runs the node agent on each node (standard library only)
+    start_timeout: int = START_TIMEOUT_S  # seconds for the head, then for every node, to be ALIVE in Ray
+
+
+def options(partition: str | None = None, account: str | None = None, time: str | None = None, nodes: int | str | None = None) -> Options:
+    """Options from the command line (strings), checked; ConfigError lists every problem."""
+    if isinstance(nodes, str):
+        nodes = int(nodes) if re.fullmatch(r"[1-9]\d{0,5}", nodes) else nodes  # else reported below
+    opts = Options(partition=partition, account=account, time=time, nodes=nodes)  # type: ignore[arg-type]
+    problems = check_options(opts)
+    if problems:
+        raise ConfigError("--slurm options", problems)
+    return opts
+
+
+def check_options(opts: Options) -> list[Problem]:
+    problems = []
+    for name in ("partition", "account"):
+        value = getattr(opts, name)
+        if value is not None and not NAME_RE.fullmatch(value):
+            problems.append(Problem(f"--{name}", "is not a Slurm name", value, "letters, digits, '_', '.', '-' (up to 64), starting with a letter or digit"))
+    if opts.time is not None and not TIME_RE.fullmatch(opts.time):
+        problems.append(Problem("--time", "is not a time limit", opts.time, "[D-]HH:MM:SS, e.g. 04:00:00 or 2-00:00:00"))
+    if opts.nodes is not None and not (isinstance(opts.nodes, int) and not isinstance(opts.nodes, bool) and 1 <= opts.nodes <= MAX_NODES):
+        problems.append(Problem("--nodes", "is not a node count", opts.nodes, f"an integer from 1 to {MAX_NODES}"))
+    if not (isinstance(opts.start_timeout, int) and 1 <= opts.start_timeout <= 86400):
+        problems.append(Problem("start_timeout", "is not a number of seconds", opts.start_timeout, "an integer from 1 to 86400"))
+    if not re.fullmatch(r"[A-Za-z0-9_./+-]{1,4096}", opts.system_python):
+        problems.append(Problem("system_python", "is not a program name or path", opts.system_python, "a path without spaces or shell syntax"))
+    return problems
+
+
+def on_slurm(recipe: Recipe, opts: Options) -> Recipe:
+    """The recipe as it runs on Slurm: --nodes as num_nodes (slime's --actor-num-nodes follows it)."""
+    return recipe.model_copy(update={"num_nodes": opts.nodes}) if opts.nodes is not None else recipe
+
+
+# --- rendering --------------------------------------------------------------------------------
+
+
+def job_name(recipe: Recipe) -> str:
+    return f"sf-{recipe.exp_id}"
+
+
+def ray_argv(recipe: Recipe, ray: str, *, head: bool) -> list[str]:
+    """`ray start --block` for a node of the allocation; the node agent fills in @HEAD_IP@, @NODE_IP@, @NODE@, @JOB@."""
+    argv = [ray, "start", "--block"]
+    if head:
+        # The dashboard (Jobs API) on the cluster network only: it has no authentication.
+        argv += ["--head", "--port", str(recipe.ray_port), "--dashboard-host", "@NODE_IP@", "--dashboard-port", str(recipe.ray_dashboard_port)]
+    else:
+        argv += ["--address", f"@HEAD_IP@:{recipe.ray_port}"]
+    return argv + [
+        "--node-ip-address", "@NODE_IP@",
+        "--num-gpus", str(recipe.num_gpus),
+        "--dashboard-agent-listen-port", str(RAY_AGENT_PORT),
+        # Short (Ray's socket paths live below it), per job and node: nodes may share /tmp.
+        "--temp-dir", "/tmp/sfr-@JOB@-@NODE@",
+        "--disable-usage-stats",
+    ]
+
+
+def sbatch_vars(recipe: Recipe, run_dir: Path, opts: Options, mounts: tuple[Mount, ...], *, python: str, ray: str,
+                env_bin: str | None) -> dict[str, Any]:
+    nodes = opts.nodes or recipe.num_nodes
+    container = recipe.mode == "container"
+    container_args = [f"--container-image={recipe.image}", f"--container-mounts={pyxis_mounts_arg(mounts)}",
+                      f"--container-workdir={run_dir}"] if container else []
+    ray_cmd = "ray" if container else ray
+    head_ports = [recipe.ray_port, recipe.ray_dashboard_port]
+    return {
+        "version": __version__,
+        "exp_id": recipe.exp_id,
+        "job_name": job_name(recipe),
+        "nodes": nodes,
+        "gpus": recipe.num_gpus,
+        "partition": opts.partition,
+        "account": opts.account,
+        "time": opts.time,
+        "run_dir": str(run_dir),
+        "system_python": opts.system_python,
+        "checkpoint_dir": recipe.resolved_checkpoint_dir,
+        "env_bin": None if container else env_bin,
+        "python": "python3" if container else python,
+        "dashboard_port": recipe.ray_dashboard_port,
+        "container_args": container_args,
+        "check_params": json.dumps({"gpus": recipe.num_gpus, "ports": [RAY_AGENT_PORT], "head_ports": head_ports,
+                                    "programs": [] if container else [ray]}),
+        "head_params": json.dumps({"argv": ray_argv(recipe, ray_cmd, head=True)}),
+        "worker_params": json.dumps({"argv": ray_argv(recipe, ray_cmd, head=False)}),
+        "gate_head": json.dumps({"gcs_port": recipe.ray_port, "timeout": opts.start_timeout}),
+        "gate_all": json.dumps({"gpus": recipe.num_gpus, "dashboard_port": recipe.ray_dashboard_port, "timeout": opts.start_timeout}),
+    }
+
+
+def node_agent_source() -> str:
+    return Path(node_agent.__file__).read_text()
+
+
+def sbatch_argv(run_dir: Path) -> list[str]:
+    # --chdir: the job runs in the run directory, where #SBATCH --output puts slurm-<jobid>.out.
+    return ["sbatch", "--parsable", f"--chdir={run_dir}", "--", str(run_dir / "slurm.sbatch")]
+
+
+# --- the target -------------------------------------------------------------------------------
+
+
+class SlurmTarget(Target):
+    name = "slurm"
+
+    def __init__(self, opts: Options, *, follow_log: bool = True):
+        problems = check_options(opts)
+        if problems:
+            raise ConfigError("--slurm options", problems)
+        self.opts, self.follow_log = opts, follow_log
+
+    def mounts(self, run: ResolvedRun) -> tuple[Mount, ...]:
+        return container_mounts(run.recipe, run.out) if run.recipe.mode == "container" else ()
+
+    def plan(self, run: ResolvedRun) -> LaunchPlan:
+        """The run directory of `invoke run`, plus slurm.sbatch and the node agent; the sbatch argv."""
+        recipe, opts = run.recipe, self.opts
+        mounts = self.mounts(run)
+        # pyxis reads --container-mounts as SRC:DST[:FLAGS][,...]: no way to escape these two.
+        problems = [Problem(m.what, "cannot be mounted with pyxis (--container-mounts splits at ',' and ':')", m.path, "a path without ',' and ':'")
+                    for m in mounts if "," in m.path or ":" in m.path]
+        if problems:
+            raise ConfigError("--slurm options", problems)
+        rundir = build_run_dir(recipe, run.stack, run.out, run.recipe_path, run.environ)
+        py, ray = host_tools(recipe)
+        python = run.environ.get("SLIMEFORGE_PYTHON") or py
+        env_bin = str(Path(ray).parent) if os.sep in ray else None
+        files = {"slurm.sbatch": render("slurm.sbatch.j2", sbatch_vars(recipe, rundir.path, opts, mounts, python=python, ray=ray, env_bin=env_bin)),
+                 "node_agent.py": node_agent_source()}
+        argv = sbatch_argv(rundir.path)
+        rundir = amend_plan(rundir, files, target=self.name, commands=[argv],
+                            slurm={"partition": opts.partition, "account": opts.account, "time": opts.time, "nodes": opts.nodes or recipe.num_nodes})
+        return LaunchPlan(self.name, run, rundir, (Command(tuple(argv), "sbatch"),), mounts)
+
+    def preflight(self, plan: LaunchPlan, runner: Runner, say: Say) -> None:
+        from .. import preflight as doctor
+
+        run = plan.run
+        # This machine is a login node: the host checks (GPUs, ports) run on each node in the allocation.
+        only = [name for name, chk in doctor.CHECKS.items() if chk.scope != "host" and name != "versions"]
+        report = doctor.run_checks(run.recipe, run.stack, args=plan.rundir.args, catalog=run.catalog, skip=run.skip_checks, only=only,
+                                   network=run.network_checks, environ=run.environ)
+        report.findings += cluster_findings(run.recipe, self.opts, runner)
+        say(report.table())
+        if report.errors:
+            raise doctor.PreflightError(f"preflight of {run.recipe_path} (Slurm)", report)
+
+    def apply(self, plan: LaunchPlan, runner: Runner, say: Say, stream: IO[str]) -> int:
+        """Preflight, sbatch, follow; the job's exit code (0 when not following)."""
+        self.preflight(plan, runner, say)
+        write_run_dir(plan.rundir)
+        Path(plan.run.recipe.resolved_checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        run_dir = plan.rundir.path
+        job_id = submit(run_dir, plan.commands[0], runner)
+        if runner.dry_run:
+            return 0
+        say(f"[slimeforge] submitted Slurm job {job_id} ({job_name(plan.run.recipe)}); output {run_dir / f'slurm-{job_id}.out'}")
+        if not self.follow_log:
+            return 0
+        try:
+            return follow(run_dir, job_id, stream, runner)
+        except KeyboardInterrupt:
+            say(f"\n[slimeforge] stopped following; job {job_id} keeps running: `invoke run.stop {run_dir}` cancels it")
+            return 130
+
+    def status(self, rundir: Path) -> RunStatus:
+        st = status(rundir)
+        lines = (f"Slurm job {st['slurm_job_id']}: {st['state']}" + (f" ({st['reason']})" if st["reason"] not in (None, "None") else "")
+                 + (f", exit code {st['exit_code']}" if st["exit_code"] else ""),
+                 f"  nodes {st['nodes']}; restarts {st['restarts']}; Ray submission {st['submission_id'] or '(not yet)'}",
+                 f"  output {st['output']}")
+        return RunStatus(lines, st)
+
+    def logs(self, rundir: Path, follow: bool, stream: IO[str]) -> int | None:
+        return logs(rundir, follow_logs=follow, stream=stream)
+
+    def stop(self, rundir: Path, *, head: bool = False, say: Say = print, runner: Runner | None = None) -> None:
+        stop(rundir, runner=runner, say=say)  # Ray in the allocation ends with the job: `head` adds nothing
+
+
+def submit(run_dir: Path, sbatch: Command, runner: Runner) -> str:
+    """sbatch; records the job id (and when) in the run directory before returning it."""
+    result = runner.run(list(sbatch.argv), step=sbatch.step)
+    if runner.dry_run:
+        return "DRYRUN"
+    job_id = result.stdout.strip().split(";")[0]  # --parsable: "ID" or "ID;CLUSTER"
+    if not JOB_ID_RE.fullmatch(job_id):
+        raise SlimeforgeError(f"sbatch: expected a job id, got {result.stdout.strip()!r}")
+    (run_dir / "slurm_job_id").write_text(job_id + "\n")
+    (run_dir / "slurm_submitted_at").write_text(f"{time.time():.3f}\n")
+    return job_id
+
+
+# --- a recorded Slurm run ---------------------------------------------------------------------
+
+
+def is_slurm_run(run_dir: str | os.PathLike) -> bool:
+    """A run directory whose last render was for Slurm (a later plain `invoke run` rewrites
+    plan.json without the "slurm" key) and that was submitted."""
+    try:
+        plan = read_plan(run_dir)
+    except ConfigError:
+        return False  # not ours to judge here: the plain run's reader refuses it with its reason
+    return plan is not None and "slurm" in plan and (Path(run_dir) / "slurm_job_id").is_file()
+
+
+def recorded_job(run_dir: str | os.PathLike) -> str | None:
+    path = Path(run_dir) / "slurm_job_id"
+    if not path.is_file():
+        return None
+    job_id = path.read_text().strip()
+    if not JOB_ID_RE.fullmatch(job_id):
+        raise ConfigError(str(path), [Problem("slurm_job_id", "is not a Slurm job id", job_id, "digits")])
+    return job_id
+
+
+def job_info(job_id: str, runner: Runner | None = None) -> dict[str, str]:
+    """`scontrol show job -o ID` as a dict; {} once Slurm has forgotten the job (MinJobAge)."""
+    r = (runner or Runner()).run(["scontrol", "show", "job", "-o", "--", job_id], step="scontrol show job", check=False)
+    return fields(r.stdout) if r.returncode == 0 else {}
+
+
+def exit_code(info: dict[str, str]) -> int:
+    """ExitCode=N:S of the batch script: N, or 128+S when a signal ended it; 1 if unknown."""
+    m = re.fullmatch(r"(\d+):(\d+)", info.get("ExitCode", ""))
+    if not m:
+        return 1
+    code, sig = int(m.group(1)), int(m.group(2))
+    return code if code or not sig else 128 + sig
+
+
+def follow(run_dir: Path, job_id: str, stream: IO[str], runner: Runner | None = None, poll: float = 1.0) -> int:
+    """Copy the job's output file to `stream` as it grows, until the job has ended; its exit code."""
+    out_file = run_dir / f"slurm-{job_id}.out"
+    pos = 0
+    last_state = ""
+    while True:
+        info = job_info(job_id, runner)
+        state = info.get("JobState", "")
+        if state != last_state:
+            stream.write(f"[slimeforge] job {job_id}: {state or 'unknown to Slurm'}" + (f" ({info['Reason']})" if info.get("Reason", "None") != "None" else "") + "\n")
+            last_state = state
+        if out_file.exists():
+            with out_file.open(errors="replace") as f:
+                f.seek(pos)
+                chunk = f.read()
+                pos = f.tell()
+            if chunk:
+                stream.write(chunk)
+        stream.flush()
+        if not info or state in ENDED:
+            return exit_code(info) if info else 1
+        time.sleep(poll)
+
+
+def status(run_dir: str | os.PathLike, runner: Runner | None = None) -> dict[str, Any]:
+    job_id = recorded_job(run_dir)
+    if job_id is None:
+        raise ConfigError(str(run_dir), [Problem("slurm_job_id", "this run directory was never submitted to Slurm", None, "`invoke run RECIPE --slurm` first", show_value=False)])
+    info = job_info(job_id, runner)
+    sub = Path(run_dir) / "submission_id"
+    return {"run_dir": str(Path(run_dir).resolve()), "slurm_job_id": job_id, "state": info.get("JobState", "unknown to Slurm (ended a while ago?)"),
+            "reason": info.get("Reason"), "nodes": info.get("NodeList"), "exit_code": info.get("ExitCode"),
+            "restarts": info.get("Restarts"), "submission_id": sub.read_text().strip() if sub.is_file() else None,
+            "output": str(Path(run_dir).resolve() / f"slurm-{job_id}.out")}
+
+
+def logs(run_dir: str | os.PathLike, follow_logs: bool = False, stream: IO[str] | None = None, runner: Runner | None = None) -> int | None:
+    stream = stream or sys.stdout
+    job_id = status(run_dir, runner)["slurm_job_id"]
+    if follow_logs:
+        return follow(Path(run_dir), job_id, stream, runner)
+    out = Path(run_dir) / f"slurm-{job_id}.out"
+    stream.write(out.read_text(errors="replace") if out.exists() else f"(no output yet: {out})\n")
+    return None
+
+
+def stop(run_dir: str | os.PathLike, runner: Runner | None = None, say=print) -> bool:
+    """scancel the recorded job, and only it: its id, after checking Slurm still knows it under our
+    job name (a recycled id would be someone else's job). Returns whether a cancel was sent."""
+    runner = runner or Runner()
+    plan = read_plan(run_dir)
+    if plan is None:
+        raise ConfigError(str(run_dir), [Problem("run directory", "has no plan.json", str(run_dir), "runs/<exp_id> of a rendered recipe")])
+    job_id = recorded_job(run_dir)
+    if job_id is None:
+        say(f"{run_dir}: no Slurm job recorded")
+        return False
+    info = job_info(job_id, runner)
+    want = f"sf-{plan['exp_id']}"
+    if not info:
+        say(f"job {job_id}: unknown to Slurm (ended a while ago); nothing to cancel")
+        return False
+    if info.get("JobName") != want:
+        raise SlimeforgeError(f"job {job_id} is named {info.get('JobName')!r}, not {want!r}: not ours, not cancelled")
+    if info.get("JobState") in ENDED:
+        say(f"job {job_id}: already ended ({info['JobState']})")
+        return False
+    runner.run(["scancel", "--", job_id], step="scancel")
+    say(f"job {job_id}: cancel sent (Ray and the job in the allocation stop with it)")
+    return True

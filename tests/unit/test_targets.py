@@ -1,0 +1,126 @@
+"""Launch targets: every container target mounts the same paths for the same recipe (eval sets
+included), and the plan `invoke run --dry-run` prints is the plan a launch executes, argv for argv."""
+
+from __future__ import annotations
+
+import io
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+from launch_support import fake_nvidia_smi, make_recipe, write_catalog, write_data
+
+from slimeforge.proc import Runner
+from slimeforge.run import launch as launcher
+from slimeforge.run.recipe import parse_recipe
+from slimeforge.run.targets import local, slurm
+from slimeforge.run.targets.base import ResolvedRun, describe
+from slimeforge.run.targets.mounts import container_mounts
+
+IMAGE = "registry.example:5000/slimeforge@sha256:" + "a" * 64
+
+
+@pytest.fixture
+def gpu_host(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", f"{fake_nvidia_smi(tmp_path / 'bin', 'h100-x1')}:/usr/bin:/bin")
+    monkeypatch.setenv("SLIMEFORGE_STATE_DIR", str(tmp_path / "state"))
+    for key in local.PASS_THROUGH_ENV:
+        monkeypatch.delenv(key, raising=False)
+    return tmp_path
+
+
+def with_evals(tmp: Path, **over) -> dict:
+    """A container recipe with two eval sets, one beside the training data and one elsewhere."""
+    evals = {"gsm8k_test": str(write_data(tmp / "evals" / "gsm8k_test.jsonl")), "same_dir": str(write_data(tmp / "data" / "more.jsonl"))}
+    return make_recipe(tmp, mode="container", image=IMAGE, num_gpus=2, eval_data=evals, **over)
+
+
+def docker_mounts(argv) -> set[str]:
+    return {argv[i + 1].split(":")[0] for i, a in enumerate(argv) if a == "-v"}
+
+
+def pyxis_mounts(sbatch: str) -> set[str]:
+    (value,) = re.findall(r"--container-mounts=([^'\s]+)", sbatch)
+    return {m.split(":")[0] for m in value.split(",")}
+
+
+def test_every_container_target_mounts_the_same_paths(tmp_path):
+    recipe, stack = parse_recipe(with_evals(tmp_path), "test")
+    run = ResolvedRun(recipe, stack, (tmp_path / "run").resolve(), "test", {})
+    want = {m.path for m in container_mounts(recipe, run.out)}
+    assert str(tmp_path / "evals") in want and str(tmp_path / "data") in want  # eval sets' directories, each once
+
+    container = local.ContainerTarget().plan(run)
+    cluster = local.RayClusterTarget(local.ContainerTarget("http://10.0.0.1:8265"), "http://10.0.0.1:8265").plan(run)
+    on_slurm = slurm.SlurmTarget(slurm.Options(nodes=1)).plan(run)
+    assert docker_mounts(container.commands[0].argv) == want
+    assert docker_mounts(cluster.commands[0].argv) == want
+    assert pyxis_mounts(on_slurm.rundir.files["slurm.sbatch"]) == want  # the Slurm container once missed the eval sets
+    assert {m.path for m in container.mounts} == {m.path for m in cluster.mounts} == {m.path for m in on_slurm.mounts} == want
+    # Read-only and writable alike everywhere: data read-only, checkpoints and the run directory writable.
+    ro = {m.path for m in container_mounts(recipe, run.out) if not m.writable}
+    assert {a.split(":")[0] for a in container.commands[0].argv if a.endswith(":ro")} == ro
+    assert {m.split(":")[0] for m in re.findall(r"--container-mounts=([^'\s]+)", on_slurm.rundir.files["slurm.sbatch"])[0].split(",")
+            if m.endswith(":ro")} == ro
+    # A host run mounts nothing: every path is read where it is.
+    assert local.HostTarget().mounts(run) == ()
+
+
+@pytest.mark.parametrize("mode", ["container", "host"])
+def test_dry_run_prints_the_plan_the_launch_executes(gpu_host, monkeypatch, mode):
+    """One request through `invoke run`'s function twice: the dry run's printed commands, and the
+    launch's executed argv (a recording runner), come from equal plans."""
+    over = {"mode": mode, "image": IMAGE} if mode == "container" else {"install_prefix": "/opt/sf"}
+    recipe_data = make_recipe(gpu_host, num_gpus=1, **over)
+    recipe_file = gpu_host / "recipe.yaml"
+    recipe_file.write_text(yaml.safe_dump(recipe_data))
+    recipe, stack = parse_recipe(recipe_data, "test")
+    catalog = write_catalog(gpu_host / "flags.json", recipe, stack)
+    monkeypatch.setattr(local.secrets, "token_hex", lambda n: "abcdef")  # the container's name: fixed for the comparison
+    req = launcher.LaunchRequest(str(recipe_file), out=str(gpu_host / "run"), catalog=str(catalog), network_checks=False)
+
+    printed = io.StringIO()
+    assert launcher.run_recipe(req, dry_run=True, stream=printed) == 0
+    shown = printed.getvalue().splitlines()
+    would_run = shown[shown.index("would run:") + 1:]
+
+    executed = {}
+
+    def apply(target, plan, runner, stream):
+        executed["plan"] = plan
+        recording = Runner(dry_run=True)
+        code = target.apply(plan, recording, lambda s: None, stream)
+        executed["argv"] = recording.history
+        return code
+
+    monkeypatch.setattr(launcher, "apply", apply)
+    assert launcher.run_recipe(req, dry_run=False, stream=io.StringIO()) == 0
+    plan = executed["plan"]
+    assert describe(plan) == shown  # the same plan, line for line
+    assert executed["argv"] == [list(c.argv) for c in plan.commands]  # and that is what ran
+    assert [line.strip() for line in would_run if not line.startswith("note:")] == [c.text() for c in plan.commands]
+    assert shlex.split(plan.commands[-1].text())[-1].endswith("launch.sh")
+    if mode == "container":
+        assert executed["argv"][0][:2] == ["docker", "run"] and IMAGE in executed["argv"][0]
+
+
+def test_a_run_directory_is_read_back_by_the_target_that_launched_it(tmp_path):
+    """run.status / run.logs / run.stop ask the target recorded in plan.json (Slurm: once submitted)."""
+    from slimeforge.run.rundir import write_run_dir
+
+    recipe, stack = parse_recipe(with_evals(tmp_path), "test")
+    address = "http://10.0.0.1:8265"
+    cases = [(local.ContainerTarget(), local.ContainerTarget), (local.RayClusterTarget(local.ContainerTarget(address), address), local.RayClusterTarget),
+             (slurm.SlurmTarget(slurm.Options(nodes=1)), slurm.SlurmTarget)]
+    for i, (target, kind) in enumerate(cases):
+        out = (tmp_path / f"run{i}").resolve()
+        plan = target.plan(ResolvedRun(recipe, stack, out, "test", {}))
+        write_run_dir(plan.rundir)
+        if kind is slurm.SlurmTarget:
+            (out / "slurm_job_id").write_text("42\n")
+        if kind is local.RayClusterTarget:
+            (out / "ray_address").write_text(address + "\n")
+        found = launcher.target_of(out)
+        assert type(found) is kind and found.name == plan.target
