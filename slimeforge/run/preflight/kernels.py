@@ -5,7 +5,8 @@ The check is scripts/kernel_check.py (apex's fused norms and a multi-tensor op, 
 Engine's Linear in bf16 and fp8, torch_memory_saver's pause/resume, FA4 (cu13) or FA2 (cu129)
 attention, each against torch), run with the Python of the install (host mode: <prefix>/venv) or of the image (container
 mode: `docker run --gpus all`). Its one JSON report becomes findings here: a failed piece is an
-error, a skipped one (not installed, no GPU) a warning, so neither passes unseen.
+error, a skipped one (not installed, no GPU: one warning for the whole check) a warning, so neither
+passes unseen.
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ def kernel_findings(doc: dict[str, Any], where: str, fix: str, stack_imports: li
     """Findings of a kernel check's report. `stack_imports` (the stack's smoke imports): a piece
     not installed that the stack does not have either (FA2 on cu13) is as it should be."""
     gpu = doc.get("gpu") or "no GPU"
+    if doc.get("gpu") is None:  # one line for the whole check: nothing could run
+        names = ", ".join(p["name"] for p in doc["pieces"])
+        return [warning(CHECK, f"no GPU here: the kernels of {where} were not checked ({names})", "run it on a host with a GPU")]
     out: list[Finding] = []
     for p in doc["pieces"]:
         name, status, detail = p["name"], p["status"], p["detail"]
