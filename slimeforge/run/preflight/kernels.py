@@ -3,10 +3,10 @@ one small operation right on this host's GPU, before a launch finds out an hour 
 
 The check is scripts/kernel_check.py (apex's fused norms and a multi-tensor op, Transformer
 Engine's Linear in bf16 and fp8, torch_memory_saver's pause/resume, FA4 (cu13) or FA2 (cu129)
-attention, each against torch), run with the Python of the install (host mode: <prefix>/venv) or of the image (container
-mode: `docker run --gpus all`). Its one JSON report becomes findings here: a failed piece is an
-error, a skipped one (not installed, no GPU: one warning for the whole check) a warning, so neither
-passes unseen.
+attention, each against torch), run with the Python of the install (host mode: <prefix>/venv) or
+of the image (container mode: `docker run --gpus all`). Its one JSON report becomes findings here:
+a failed piece is an error, a skipped one (not installed; no GPU: one warning for the whole check)
+a warning, so neither passes unseen.
 """
 
 from __future__ import annotations
