@@ -139,12 +139,16 @@ def run_logs(c, run, follow=False):
 @task(positional=["run"], help={**RUN_HELP, "head": "also stop the Ray head (and container) that slimeforge started for it"})
 @clean_errors
 def run_stop(c, run, head=False):
-    """Stop a launched run's job; --head also stops the Ray head slimeforge recorded (nothing else).
-    A Slurm run: scancel of its recorded job id, and only that (Ray in the allocation ends with it)."""
+    """Stop a launched run's job; --head also stops the Ray head (or container) slimeforge started for it.
+    Each is first proved to be this run's; anything else is refused. A Slurm run: scancel of its
+    recorded job, proved to be this run's (Ray in the allocation ends with it). Exit 0 when what was
+    asked for was stopped or had already ended; 1 with the reason otherwise."""
     from slimeforge.run.launch import run_dir_of, target_of
 
     path = run_dir_of(run)
-    target_of(path).stop(path, head=head)
+    code = target_of(path).stop(path, head=head)
+    if code:
+        raise Exit(code=code)
 
 
 @task(

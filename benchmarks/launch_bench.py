@@ -25,12 +25,11 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from launch_support import VENV_BIN, fake_nvidia_smi, head_extra_args, make_recipe, short_tmp, write_catalog  # noqa: E402
+from launch_support import VENV_BIN, fake_nvidia_smi, head_extra_args, make_recipe, short_tmp, stop_recorded_head, write_catalog  # noqa: E402
 
 from slimeforge.run import preflight as doctor  # noqa: E402
 from slimeforge.run.headstate import state_dir  # noqa: E402
 from slimeforge.run.recipe import parse_recipe  # noqa: E402
-from slimeforge.run.targets.jobs import stop_recorded_head  # noqa: E402
 
 NO_GPU_NO_NETWORK = ["shm", "limits", "ports", "model-config", "data", "checkpoint", "flags"]
 

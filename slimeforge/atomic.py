@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -110,3 +111,74 @@ def _write(path: Path, content: str | bytes, mode: int | None) -> None:
         path.write_text(content)
     if mode is not None:
         os.chmod(path, mode)
+
+
+# --- files written for the user (--out, --record) ------------------------------------------------
+
+
+def output_problem(path: str | os.PathLike[str], follow_symlinks: bool = False) -> str | None:
+    """Why `path` may not be (re)written as an output file, or None.
+
+    Accepted: a new name in an existing directory, or an existing regular file. A symlink is
+    refused unless `follow_symlinks` (then its target is judged), and so is anything that is not a
+    regular file: replacing a device node (`--out /dev/null` as root), a FIFO or a directory with a
+    file would break whatever else uses it."""
+    if why := text_problem(str(path)):
+        return why
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        return f"cannot be examined: {exc.strerror}"
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        if not follow_symlinks:
+            return "is a symlink (not followed: name its target, or ask for symlinks to be followed)"
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return "is a symlink to nothing"
+        except OSError as exc:
+            return f"is a symlink that cannot be followed: {exc.strerror}"
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a device, FIFO or socket, not a regular file"
+        return f"is {kind}; only a regular file is replaced"
+    parent = Path(os.path.realpath(path)).parent if st is not None else path.parent
+    if not parent.is_dir():
+        return f"cannot be created: {parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot be written: {parent} is not writable"
+    return None
+
+
+def write_output(path: str | os.PathLike[str], content: str | bytes, *, where: str = "--out", follow_symlinks: bool = False,
+                 mode: int | None = None) -> Path:
+    """Write a file the user named: judged by `output_problem` first, then written under a temporary
+    name in the same directory and renamed over the old one (old content or new, never a mix).
+    With `follow_symlinks`, the symlink's target is replaced and the link is kept. Returns the path written."""
+    if why := output_problem(path, follow_symlinks):
+        raise ConfigError(where, [Problem(where, why, str(path), "a new file in an existing directory, or a regular file to replace")])
+    target = Path(os.path.realpath(path)) if follow_symlinks else Path(os.path.abspath(path))
+    data = content.encode() if isinstance(content, str) else content
+    if mode is None:
+        try:
+            mode = stat.S_IMODE(os.stat(target).st_mode)
+        except FileNotFoundError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        if why := output_problem(target):  # again at the last moment: the path may have changed meanwhile
+            raise ConfigError(where, [Problem(where, why, str(path), "a new file in an existing directory, or a regular file to replace")])
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target

@@ -161,3 +161,20 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.3):
 def read_args(path: str | Path) -> list[str]:
     """slime.args back into an argv list, byte for byte (values with newlines span quoted lines)."""
     return shlex.split(Path(path).read_text())
+
+
+def stop_recorded_head(sdir: Path, say=print, timeout: float = 60) -> int | None:
+    """For tests and benchmarks: SIGTERM the head a launch recorded in `sdir` if that very process
+    (pid, start time, boot id) still runs, as launch.sh does before starting its own."""
+    from slimeforge.proc import pid_alive
+    from slimeforge.run.headstate import HEAD_RECORD, recorded_head
+
+    pid = recorded_head(sdir)
+    if pid:
+        say(f"stopping the Ray head of an earlier launch (pid {pid})")
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and pid_alive(pid):
+            time.sleep(0.2)
+    (sdir / HEAD_RECORD).unlink(missing_ok=True)
+    return pid

@@ -39,7 +39,9 @@ class SSHSettings(Model):
     port: int | None = Field(None, ge=1, le=65535)
     key: str | None = None  # an identity file; default: the agent and the ssh config
     connect_timeout: int = Field(10, ge=1, le=600)
-    options: dict[str, str] = Field(default_factory=dict)  # extra `-o Key=Value`
+    options: dict[str, str] = Field(default_factory=dict)  # extra `-o Key=Value`, none that runs a command (SSH_EXEC_OPTIONS)
+    proxy_jump: str | None = None  # a bastion: `ssh -J [user@]host[:port][,...]`
+    proxy_command: str | None = None  # a command proxy (e.g. AWS SSM), run by ssh on this machine: explicit, shown by cluster.up --dry-run
 
 
 class RaySettings(Model):
@@ -253,9 +255,7 @@ def check(data: dict[str, Any], base: Path) -> list[Problem]:
     config = ssh.get("config")
     if isinstance(config, str) and not _resolve(base, config).is_file():
         p.append(Problem("ssh.config", "names no file on this machine", config, "an ssh config file, or leave it out to use ~/.ssh/config"))
-    for key in (ssh.get("options") or {}) if isinstance(ssh.get("options"), dict) else {}:
-        if not re.fullmatch(r"[A-Za-z]{1,64}", str(key)):
-            p.append(Problem("ssh.options", "is not an ssh option name", key, "e.g. StrictHostKeyChecking, ProxyJump"))
+    p += ssh_problems(ssh)
 
     ray = _mapping(data.get("ray"))
     for env_key in ray["env"] if isinstance(ray.get("env"), dict) else {}:
@@ -278,6 +278,47 @@ def check(data: dict[str, Any], base: Path) -> list[Problem]:
     return p
 
 
+# ssh_config options that make ssh run a command (or load code) on this machine, or that would
+# carry one in: an inventory is shared like a recipe, and even `cluster.status` runs ssh with its
+# options. A bastion has its own key (ssh.proxy_jump), a command proxy its own, explicit one.
+SSH_EXEC_OPTIONS = {
+    "proxycommand": "a command proxy is ssh.proxy_command (explicit, shown by `invoke cluster.up --dry-run`)",
+    "proxyjump": "a bastion is ssh.proxy_jump: [user@]host[:port]",
+    "localcommand": "not supported: it runs a command on this machine after connecting",
+    "permitlocalcommand": "not supported: it enables LocalCommand",
+    "knownhostscommand": "not supported: it runs a command on this machine; use UserKnownHostsFile",
+    "match": "not supported (Match exec runs a command); put Match blocks in an ssh config file (ssh.config)",
+    "include": "not supported; name the file as ssh.config",
+    "remotecommand": "not supported: slimeforge chooses the command a host runs",
+    "pkcs11provider": "not supported: it loads a library into ssh; configure it in your ssh config",
+    "securitykeyprovider": "not supported: it loads a library into ssh; configure it in your ssh config",
+    "proxyusefdpass": "not supported: it goes with ProxyCommand",
+    "controlpath": "not supported: slimeforge keeps its own private ControlPath",
+}
+JUMP_RE = re.compile(r"(?:[A-Za-z_][A-Za-z0-9_.-]{0,31}@)?[A-Za-z0-9_][A-Za-z0-9_.:%-]{0,252}(?::\d{1,5})?")
+
+
+def ssh_problems(ssh: dict) -> list[Problem]:
+    """ssh.options names no option that runs commands; proxy_jump is a host list; proxy_command is one line."""
+    p = []
+    options = ssh.get("options")
+    for key, value in (options if isinstance(options, dict) else {}).items():
+        if not re.fullmatch(r"[A-Za-z0-9]{1,64}", str(key)):
+            p.append(Problem("ssh.options", "is not an ssh option name", key, "e.g. StrictHostKeyChecking, ServerAliveInterval"))
+        elif (hint := SSH_EXEC_OPTIONS.get(str(key).lower())) is not None:
+            p.append(Problem(f"ssh.options.{key}", "runs a command or loads code on this machine; refused in ssh.options", value, hint))
+        elif isinstance(value, str) and (why := text_problem(value)):
+            p.append(Problem(f"ssh.options.{key}", why, value, "one line of text"))
+    jump = ssh.get("proxy_jump")
+    if jump is not None and not (isinstance(jump, str) and all(JUMP_RE.fullmatch(h) for h in jump.split(","))):
+        p.append(Problem("ssh.proxy_jump", "is not a bastion list", jump, "[user@]host[:port], comma-separated for a chain"))
+    command = ssh.get("proxy_command")
+    if command is not None and (not isinstance(command, str) or not command.strip() or text_problem(command)):
+        p.append(Problem("ssh.proxy_command", "must be one line of text (ssh runs it with your shell)", command,
+                         "e.g. aws ssm start-session --target %h --document-name AWS-StartSSHSession --parameters portNumber=%p"))
+    return p
+
+
 def load_inventory(path: str | Path) -> Inventory:
     path = Path(path)
     data = load_with_extends(path)
@@ -292,7 +333,8 @@ def load_inventory(path: str | Path) -> Inventory:
     if not NAME_RE.fullmatch(name):
         raise ConfigError(str(path), [Problem("name", "the file name is not a usable cluster name: set name:", name, "letters, digits, '.', '_', '-'")])
     ssh_config = _resolve(base, spec.ssh.config) if spec.ssh.config is not None else None
-    options = SSHOptions(config_file=str(ssh_config) if ssh_config else None, connect_timeout=spec.ssh.connect_timeout, extra=dict(spec.ssh.options))
+    options = SSHOptions(config_file=str(ssh_config) if ssh_config else None, connect_timeout=spec.ssh.connect_timeout, extra=dict(spec.ssh.options),
+                         proxy_jump=spec.ssh.proxy_jump, proxy_command=spec.ssh.proxy_command)
     hosts = []
     for h in spec.hosts:
         prefix = h.prefix or spec.prefix

@@ -123,6 +123,10 @@ def plan(inventory: Inventory | str | Path, *, nccl_check: bool = False, control
         "  HEAD_IP: the address the head answers ssh on (set node_ip on the head to choose it);",
         "  NODE_IP, IFACE: source address and interface of `ip -o route get HEAD_IP` on each host, found in preflight",
     ]
+    if inv.ssh_options.proxy_command:
+        lines.append(f"  ssh proxy command (ssh.proxy_command; ssh runs it on THIS machine for every connection): {inv.ssh_options.proxy_command}")
+    if inv.ssh_options.proxy_jump:
+        lines.append(f"  ssh bastion (ssh.proxy_jump): {inv.ssh_options.proxy_jump}")
     for node in nodes:
         h = node.host
         ip = head_ip if h.is_head else (h.node_ip or "NODE_IP")

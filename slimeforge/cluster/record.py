@@ -6,12 +6,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import records
+from ..atomic import write_file
 from ..errors import SlimeforgeError
 from .inventory import Inventory, load_inventory
 
@@ -45,17 +48,34 @@ def write_state(inv: Inventory, nodes: Sequence[Node], address: ClusterAddress) 
             for n in nodes
         },
     }
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
+    write_file(path, json.dumps(data, indent=2))
     return path
 
 
+# What the state's addresses look like (cluster.up writes them from node_ip and the inventory's ports).
+GCS_RE = re.compile(r"[A-Za-z0-9_.:%\[\]-]{1,253}:[0-9]{1,5}")
+DASHBOARD_RE = re.compile(r"https?://[A-Za-z0-9_.:%\[\]-]{1,253}:[0-9]{1,5}")
+
+
+def _state_problem(doc: Any) -> str | None:
+    if not isinstance(doc, dict):
+        return "is not a JSON object"
+    gcs, dashboard = doc.get("gcs"), doc.get("dashboard")
+    if not (isinstance(gcs, str) and GCS_RE.fullmatch(gcs)):
+        return f"gcs is not HOST:PORT ({gcs!r})"
+    if not (isinstance(dashboard, str) and DASHBOARD_RE.fullmatch(dashboard)):
+        return f"dashboard is not http://HOST:PORT ({dashboard!r})"
+    if not isinstance(doc.get("hosts", {}), dict):
+        return "hosts is not an object"
+    return None
+
+
 def read_state(inv: Inventory) -> dict[str, Any] | None:
-    try:
-        return json.loads(state_file(inv).read_text())
-    except (OSError, ValueError):
-        return None
+    """The record of the last bring-up from this machine, through the one reader (regular file,
+    size cap, UTF-8, schema); None when there is none. A malformed one is an error naming the file
+    (`cluster.up` writes a new one)."""
+    doc = records.read_json(state_file(inv), "cluster state", f"the state `invoke cluster.up {inv.path}` writes", _state_problem)
+    return doc if isinstance(doc, dict) else None
 
 
 def address(inventory: Inventory | str | Path) -> ClusterAddress:

@@ -54,7 +54,9 @@ class SSHOptions:
     alive_count_max: int = 3
     control_persist: int = 60
     control_dir: str | None = None
-    extra: Mapping[str, str] = field(default_factory=dict)
+    extra: Mapping[str, str] = field(default_factory=dict)  # none that runs a command (inventory.SSH_EXEC_OPTIONS)
+    proxy_jump: str | None = None  # -J: a bastion
+    proxy_command: str | None = None  # ProxyCommand: the inventory's explicit command proxy (e.g. AWS SSM)
 
 
 def default_control_dir() -> str:
@@ -119,8 +121,13 @@ class SSH:
             "-o", "LogLevel=ERROR",
         ]
         for key, value in o.extra.items():
-            # The inventory's ssh.options, for what ssh_config cannot say per cluster.
+            # The inventory's ssh.options, for what ssh_config cannot say per cluster (none that runs a command).
             argv += ["-o", f"{key}={value}"]
+        if o.proxy_jump:
+            argv += ["-J", o.proxy_jump]
+        if o.proxy_command:
+            # Runs on this machine for every connection: only from ssh.proxy_command, which the user wrote as such.
+            argv += ["-o", f"ProxyCommand={o.proxy_command}"]
         t = self.target
         if t.port is not None:
             argv += ["-p", str(t.port)]

@@ -30,7 +30,7 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
-from .. import paths
+from .. import paths, records
 from ..atomic import dir_problem, write_dir
 from ..errors import ConfigError, Problem, SlimeforgeError
 from ..proc import Runner
@@ -402,6 +402,7 @@ def _write_tree(root: Path, files: dict[str, str | bytes], modes: dict[str, int]
 VERTEX_RE = re.compile(r"^#(\d+) \[(?:[^\]]*? )?(\d+)/(\d+)\] (.+)$")
 STATUS_RE = re.compile(r"^#(\d+) (CACHED|DONE (\d+(?:\.\d+)?)s|ERROR\b.*)$")
 STEP_RE = re.compile(re.escape(paths.IMAGE_STATE) + r"/sf (\S+)")
+IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")  # what docker build --iidfile writes
 
 
 def parse_progress(lines: list[str]) -> list[dict[str, Any]]:
@@ -616,7 +617,9 @@ def build(opts: BuildOptions) -> dict[str, Any]:
         rc, lines = _stream(opts.runner, p.argv, p.env, p.dir / LOG, echo)
         if rc != 0:
             raise BuildError(f"docker build of {p.stack.id} failed (log: {p.dir / LOG}):\n{_failure(lines)}")
-        image_id = (p.dir / "image.id").read_text().strip()
+        image_id = records.read_text(p.dir / "image.id", "image.id", IMAGE_ID_RE, "sha256:<64 hex digits> (docker build --iidfile)") or ""
+        if not image_id:
+            raise BuildError(f"docker build of {p.stack.id} wrote no image id ({p.dir / 'image.id'})")
         steps, duration, skipped = parse_progress(lines), round(time.monotonic() - started, 2), False
         echo("smoke test ...")
         for line in smoke_test(client, image_id, p.stack).splitlines():
@@ -667,10 +670,12 @@ def build(opts: BuildOptions) -> dict[str, Any]:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    """An earlier build's record: a bad one is rebuilt over, so it reads as none."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        doc = records.read_json(path, path.name, "a build record")
+    except records.RecordError:
         return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def summary_table(report: dict[str, Any]) -> str:

@@ -21,8 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
-from .. import paths
-from ..atomic import write_dir
+from .. import paths, records
+from ..atomic import output_problem, write_dir, write_output
 from ..errors import ConfigError, Problem, SlimeforgeError
 from . import dockerapi
 from . import ecr as ecr_api
@@ -120,6 +120,8 @@ def plan(opts: PublishOptions, environ: Mapping[str, str] = os.environ, build_ro
     if opts.cuda and opts.record:
         problems.append(Problem("--record", "only applies with --image; a build's record goes into its build directory "
                                 "(publish.json)", opts.record))
+    if opts.record and (why := output_problem(opts.record)):
+        problems.append(Problem("--record", why, opts.record, "a new file in an existing directory, or a regular file to replace"))
     if opts.cuda and opts.tags:
         problems.append(Problem("--tag", "only applies with --image; a build is pushed with its content-addressed "
                                 "and human tags", opts.tags))
@@ -226,9 +228,13 @@ def _build_source(flavor: str, build_dir: Path | None, build_root: Path, problem
         return None
     report_path = found / REPORT
     try:
-        report = json.loads(report_path.read_text())
-    except (OSError, ValueError) as exc:
-        problems.append(Problem(str(report_path), f"cannot be read as JSON ({exc})", None, show_value=False))
+        report = records.read_json(report_path, REPORT, "the build report `invoke build` writes",
+                                   lambda doc: None if isinstance(doc, dict) else "is not a JSON object")
+    except records.RecordError as exc:
+        problems.extend(exc.problems)
+        return None
+    if report is None:
+        problems.append(Problem(str(report_path), "is missing: a complete build writes it", None, show_value=False))
         return None
     bad = [k for k, kind in REPORT_KEYS.items() if not isinstance(report.get(k), kind)]
     if bad:
@@ -533,14 +539,17 @@ def _record(p: Plan, record: dict, echo: Callable[[str], None]) -> None:
     if src.build_dir is None:
         text = json.dumps(record, indent=2) + "\n"
         if p.record:
-            write_dir(p.record.parent, {p.record.name: text})
+            write_output(p.record, text, where="--record")
             echo(f"recorded {p.record}")
         else:
             echo(text.rstrip())
         return
     files = {}
     for name in (LOCK, REPORT):
-        doc = json.loads((src.build_dir / name).read_text())
+        doc = records.read_json(src.build_dir / name, name, f"the {name} `invoke build` writes",
+                                lambda d: None if isinstance(d, dict) else "is not a JSON object")
+        if doc is None:
+            raise SlimeforgeError(f"{src.build_dir / name}: missing; the build directory changed while publishing")
         published = doc.get("published") if isinstance(doc.get("published"), list) else []
         if doc.get("digest") != record["digest"] or record["reference"] not in published:
             doc["digest"] = record["digest"]
@@ -555,7 +564,9 @@ def _record(p: Plan, record: dict, echo: Callable[[str], None]) -> None:
 
 
 def _read_json(path: Path) -> dict:
+    """An earlier publish record: a bad one is replaced by the new record, so it reads as none."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        doc = records.read_json(path, path.name, "a publish record")
+    except records.RecordError:
         return {}
+    return doc if isinstance(doc, dict) else {}

@@ -26,7 +26,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import paths
+from .. import paths, records
+from ..atomic import output_problem, write_output
 from ..errors import CommandError, ConfigError, Problem, SlimeforgeError
 from ..image.sources import GIT
 from ..proc import Runner
@@ -81,11 +82,14 @@ def parse_catalog(text: str, where: str) -> Catalog:
 
 
 def load_catalog(path: str | Path) -> Catalog:
+    # Through the one reader: a FIFO or a device named as the catalog is refused, never read forever.
+    # A catalog is often a symlink the user made (e.g. to an image's), so links are followed.
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise CatalogError(f"cannot read the flag catalog {path}: {exc.strerror}") from None
+        data = records.read_bytes(path, "flag catalog", "a flags.json made by invoke flags.catalog", max_bytes=MAX_BYTES, follow_symlinks=True)
+    except records.RecordError as exc:
+        raise CatalogError(str(exc)) from None
+    if data is None:
+        raise CatalogError(f"cannot read the flag catalog {path}: No such file or directory")
     return parse_catalog(data.decode("utf-8", errors="replace"), str(path))
 
 
@@ -110,11 +114,14 @@ def make_catalog(python: str, slime: str | Path, megatron: str | Path | None, ou
     if meg_dir is not None and not (meg_dir / "megatron").is_dir():
         problems.append(Problem("--megatron", "is not a Megatron-LM checkout (no megatron/ package in it)", str(megatron)))
     out_path = Path(out)
-    if not out or out_path.is_dir() or not out_path.parent.is_dir():
+    if not out:
         problems.append(Problem("--out", "must be a file in an existing directory", str(out)))
+    elif why := output_problem(out_path):
+        problems.append(Problem("--out", why, str(out), "a new file in an existing directory, or a regular file to replace"))
     if problems:
         raise ConfigError("flags.catalog", problems)
     argv = [str(py), str(SCRIPT), "--slime", str(slime_dir.resolve()), "--out"]
+    # The script writes a temporary file beside --out; it is read back, checked, then written over --out atomically.
     fd, tmp = tempfile.mkstemp(prefix=f".{out_path.name}.", dir=out_path.parent)
     os.close(fd)
     argv.append(tmp)
@@ -136,7 +143,7 @@ def make_catalog(python: str, slime: str | Path, megatron: str | Path | None, ou
             tail = lines[-1] if lines else "\n".join(res.stderr.strip().splitlines()[-10:])
             raise CatalogError(f"flags.catalog: {python} could not read slime's parsers (exit {res.returncode}): {tail}")
         catalog = load_catalog(tmp)
-        os.replace(tmp, out_path)
+        write_output(out_path, Path(tmp).read_bytes(), where="--out")
     finally:
         Path(tmp).unlink(missing_ok=True)
     return catalog

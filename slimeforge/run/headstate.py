@@ -1,17 +1,25 @@
 """The Ray head a launch starts and records, and the address of a dashboard.
 
-Both launch paths (launch.py and the rendered launch.sh) record the head's pid in one state
-directory per GCS port; preflight reads it (a port held by our own earlier head is no problem) and
-launch stops exactly that process. Kept apart from both, so that launch needs only preflight's
-entry point and preflight needs nothing of launch.
+launch.sh records the head it starts in one state directory per GCS port, as head.json: its pid,
+its start time (/proc/PID/stat field 22) and the boot id, and the run it was started for (exp_id
+and the run token of the run directory). Preflight reads it (a port held by our own earlier head is
+no problem), run.status/run.stop prove a head is this run's with it (run/ownership.py). Kept apart
+from launch and preflight, so that neither needs the other.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+from typing import Any
 
-HEAD_PID = "head.pid"
+from .. import records
+from . import ownership
+from .ownership import HeadRecord
+
+HEAD_RECORD = "head.json"
+_EXP_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # recipe.EXP_ID_RE (not imported: recipe pulls in the stack)
 
 
 def state_dir(ray_port: int, environ: dict[str, str] | None = None) -> Path:
@@ -21,16 +29,33 @@ def state_dir(ray_port: int, environ: dict[str, str] | None = None) -> Path:
     return Path(base) / f"ray-{ray_port}"
 
 
-def recorded_head(state_dir: Path | None) -> int | None:
-    """The pid of the Ray head an earlier launch recorded, when that process still runs."""
-    if state_dir is None:
+def _head_problem(doc: Any) -> str | None:
+    if not isinstance(doc, dict) or set(doc) != {"pid", "start_time", "boot_id", "exp_id", "run_token"}:
+        return "is not a head record {pid, start_time, boot_id, exp_id, run_token}"
+    checks = {"pid": lambda v: type(v) is int and 1 <= v < 1 << 31, "start_time": lambda v: type(v) is int and v >= 0,
+              "boot_id": lambda v: isinstance(v, str) and ownership.BOOT_ID_RE.fullmatch(v),
+              "exp_id": lambda v: isinstance(v, str) and _EXP_ID_RE.fullmatch(v),
+              "run_token": lambda v: isinstance(v, str) and ownership.RUN_TOKEN_RE.fullmatch(v)}
+    bad = [k for k, ok in checks.items() if not ok(doc[k])]
+    return f"has malformed {', '.join(bad)}" if bad else None
+
+
+def read_head(sdir: Path | None) -> HeadRecord | None:
+    """The head record launch.sh wrote on this port (validated); None when there is none."""
+    if sdir is None:
         return None
+    doc = records.read_json(sdir / HEAD_RECORD, HEAD_RECORD, "the head record launch.sh writes", _head_problem, max_bytes=4096)
+    return None if doc is None else HeadRecord(**doc)
+
+
+def recorded_head(sdir: Path | None) -> int | None:
+    """The pid of the Ray head an earlier launch recorded, when that very process (pid, start time,
+    boot id) still runs; None otherwise, and for a record that is not one."""
     try:
-        pid = int((state_dir / HEAD_PID).read_text().strip())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError):
+        head = read_head(sdir)
+    except records.RecordError:
         return None
-    return pid if b"--head" in cmdline else None
+    return head.pid if head is not None and ownership.head_alive(head, ownership.proc_facts(head.pid)) else None
 
 
 def dashboard_url(address: str) -> str:

@@ -117,7 +117,13 @@ def run_recipe(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster |
     target, run = resolve(req, dry_run=dry_run, find_cluster=find_cluster)
     plan = target.plan(run)
     if dry_run:
+        from .runrecord import guard_render
+
+        # A dry run renders into the run directory too: never over a live run's record; an ended one's goes to history/<n>/.
+        kept = guard_render(plan.rundir.path, exp_id=plan.run.recipe.exp_id)
         write_run_dir(plan.rundir)
+        if kept:
+            stream.write(f"the record of the earlier launch is kept in {plan.rundir.path / 'history' / str(kept)}\n")
         stream.write("\n".join(describe(plan)) + "\n")
         print(f"  (train.py and {len(plan.rundir.args)} arguments; see {plan.rundir.path / 'slime.args'})", file=sys.stderr)
         return 0

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from .. import __version__, paths
+from .. import __version__, paths, records
 from ..atomic import LOCK_NAME, dir_lock, dir_problem, write_dir
 from ..errors import ConfigError, Problem
 from ..image.stack import Stack
@@ -102,35 +102,22 @@ def amend_plan(run: RunDir, files: dict[str, str] | None = None, **keys: object)
     return replace(run, files=content, plan=plan)
 
 
-def read_plan(run_dir: str | os.PathLike[str]) -> dict | None:
-    """A run directory's plan.json, checked to be slimeforge's; None when there is none."""
-    path = Path(run_dir) / "plan.json"
-    if not path.exists():
-        return None
-
-    def refuse(message: str) -> ConfigError:
-        return ConfigError(str(path), [Problem("plan.json", message, show_value=False, accepted=_PLAN_ACCEPTED)])
-
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_PLAN_BYTES + 1)
-    except OSError as exc:
-        raise refuse(f"cannot be read: {exc.strerror}") from None
-    if len(raw) > MAX_PLAN_BYTES:
-        raise refuse(f"is larger than {MAX_PLAN_BYTES} bytes")
-    try:
-        plan = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise refuse("is not JSON") from None
+def _plan_problem(plan) -> str | None:
     rec = plan.get("recipe") if isinstance(plan, dict) else None
     if not (isinstance(plan, dict) and isinstance(plan.get("slimeforge_version"), str) and isinstance(rec, dict)
             and isinstance(plan.get("exp_id"), str) and EXP_ID_RE.fullmatch(plan["exp_id"])):
-        raise refuse("is not a slimeforge run plan (slimeforge_version, exp_id and recipe missing or malformed)")
+        return "is not a slimeforge run plan (slimeforge_version, exp_id and recipe missing or malformed)"
     for key in ("ray_port", "ray_dashboard_port"):
         value = rec.get(key)
         if type(value) is not int or not 1 <= value <= 65535:
-            raise refuse(f"recipe.{key} is not a TCP port ({value!r})")
-    return plan
+            return f"recipe.{key} is not a TCP port ({value!r})"
+    return None
+
+
+def read_plan(run_dir: str | os.PathLike[str]) -> dict | None:
+    """A run directory's plan.json, checked to be slimeforge's (through the one reader: a FIFO, a
+    device, a symlink or a huge file is refused, never read); None when there is none."""
+    return records.read_json(Path(run_dir) / "plan.json", "plan.json", _PLAN_ACCEPTED, _plan_problem, max_bytes=MAX_PLAN_BYTES)
 
 
 def out_problems(out: Path, exp_id: str, locked: bool = True) -> list[Problem]:

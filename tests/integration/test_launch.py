@@ -21,6 +21,7 @@ from launch_support import (
     make_recipe,
     read_args,
     short_tmp,
+    stop_recorded_head,
     wait_for,
     write_catalog,
 )
@@ -174,9 +175,13 @@ def test_sigint_stops_the_job_and_says_what_is_left(env, ray_head):
     assert jobs.status(run_dir).data["status"] == "STOPPED"
 
 
+def head_pid(sdir: Path) -> int:
+    return json.loads((sdir / "head.json").read_text())["pid"]
+
+
 def test_start_head_submit_replace_and_stop(env):
-    """The whole path: start our own head (pid recorded), submit, a second launch replaces that
-    head, and run.stop --head stops only the recorded one."""
+    """The whole path: start our own head (recorded with its start time and the run), submit, a
+    second launch replaces that head, and run.stop --head stops only the recorded one."""
     temp = short_tmp()
     try:
         recipe, stack, catalog = recipe_for(env)
@@ -184,22 +189,116 @@ def test_start_head_submit_replace_and_stop(env):
         args = head_extra_args(temp)
         assert launcher.launch(recipe, stack, out=run_dir, catalog=catalog, head_args=args) == 0
         sdir = state_dir(recipe.ray_port)
-        first = int((sdir / "head.pid").read_text())
+        first = head_pid(sdir)
         assert pid_alive(first)
         assert recorded_call(recipe)["argv"] == expected_argv(recipe, run_dir)
+        head = json.loads((sdir / "head.json").read_text())
+        assert head["exp_id"] == recipe.exp_id and head["run_token"] == (run_dir / "run_token").read_text().strip()
 
         assert launcher.launch(recipe, stack, out=run_dir, catalog=catalog, head_args=head_extra_args(temp)) == 0
-        second = int((sdir / "head.pid").read_text())
+        second = head_pid(sdir)
         assert second != first and not pid_alive(first) and pid_alive(second)
+        assert (run_dir / "history" / "1" / "submission_id").exists()  # the first launch's record, kept
 
-        jobs.stop(run_dir, head=True)
+        said: list[str] = []
+        assert jobs.stop(run_dir, head=True, say=said.append) == 0
+        assert said[0].startswith("ended: job ") and said[1] == f"stopped: Ray head pid {second} (and the Ray processes it started)"
         wait_for(lambda: not pid_alive(second), 90, "the head to stop")
-        assert not (sdir / "head.pid").exists()
+        assert not (sdir / "head.json").exists()
     finally:
-        pid_file = state_dir(recipe.ray_port) / "head.pid"
-        if pid_file.exists() and pid_alive(int(pid_file.read_text())):
-            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        record = state_dir(recipe.ray_port) / "head.json"
+        if record.exists() and pid_alive(head_pid(record.parent)):
+            os.kill(head_pid(record.parent), signal.SIGTERM)
         subprocess.run(["rm", "-rf", str(temp)], check=False)
+
+
+def test_run_stop_head_stops_a_running_job_and_its_head_and_a_live_run_is_never_rendered_over(env):
+    """`invoke run` (its own head), the job running: a dry run into its directory is refused with
+    the job id and the run.stop that ends it; `invoke run.stop --head` stops the job and the head
+    (exit 0); then a render is allowed and the old record is kept in history/1/."""
+    temp = short_tmp()
+    recipe_data = make_recipe(env, env={"STANDIN_RECORD": str(env / "record.json"), "STANDIN_SLEEP": "600"})
+    recipe, stack = parse_recipe(recipe_data, "test")
+    catalog = write_catalog(env / "flags.json", recipe, stack)
+    (env / "recipe.yaml").write_text(yaml.safe_dump(recipe_data))
+    run_dir = env / "run"
+    sdir = state_dir(recipe.ray_port)
+    cli_env = {**os.environ, "SLIMEFORGE_RAY_HEAD_ARGS": " ".join(head_extra_args(temp))}
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "run", str(env / "recipe.yaml"), "--out", str(run_dir), "--catalog", catalog],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env)
+    try:
+        wait_for(lambda: (run_dir / "job.log").exists() and "standin: waiting" in (run_dir / "job.log").read_text(), 240, "the job to run")
+        sid = (run_dir / "submission_id").read_text().strip()
+        pid = head_pid(sdir)
+        plan_before = (run_dir / "plan.json").read_bytes()
+
+        dry = subprocess.run([sys.executable, "-m", "invoke", "run", str(env / "recipe.yaml"), "--dry-run", "--out", str(run_dir)],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert dry.returncode == 2 and sid in dry.stderr and f"invoke run.stop {run_dir} --head" in dry.stderr, dry.stdout + dry.stderr
+        assert (run_dir / "plan.json").read_bytes() == plan_before and (run_dir / "submission_id").read_text().strip() == sid
+
+        status = subprocess.run([sys.executable, "-m", "invoke", "run.status", str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert status.returncode == 0 and f"{sid}: RUNNING" in status.stdout and f"Ray head pid {pid} (started by slimeforge for this run)" in status.stdout
+
+        stop = subprocess.run([sys.executable, "-m", "invoke", "run.stop", str(run_dir), "--head"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert f"stopped: job {sid}: STOPPED" in stop.stdout and f"stopped: Ray head pid {pid}" in stop.stdout
+        wait_for(lambda: not pid_alive(pid), 90, "the head to stop")
+        out, _ = proc.communicate(timeout=300)  # launch.sh sees the job stopped (or its head gone) and exits
+        assert proc.returncode != 0, out
+
+        again = subprocess.run([sys.executable, "-m", "invoke", "run.stop", str(run_dir), "--head"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert again.returncode == 0 and "ended: job" in again.stdout and "ended: no Ray head is recorded" in again.stdout, again.stdout
+
+        dry = subprocess.run([sys.executable, "-m", "invoke", "run", str(env / "recipe.yaml"), "--dry-run", "--out", str(run_dir)],
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert dry.returncode == 0, dry.stdout + dry.stderr
+        assert (run_dir / "history" / "1" / "submission_id").read_text().strip() == sid and not (run_dir / "submission_id").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if (sdir / "head.json").exists() and pid_alive(head_pid(sdir)):
+            os.kill(head_pid(sdir), signal.SIGTERM)
+        subprocess.run(["rm", "-rf", str(temp)], check=False)
+
+
+def test_a_job_that_is_not_this_runs_or_is_gone_or_on_a_cluster_we_did_not_start(env, ray_head):
+    """On a running cluster (--address): a job whose metadata lacks this run's token is refused by
+    stop, status and logs, and keeps running; a job the head does not know (a replaced head: 404)
+    is reported as gone; --head says there is no head of ours to stop."""
+    from ray.job_submission import JobSubmissionClient
+
+    from slimeforge.run.rundir import build_run_dir, write_run_dir
+
+    recipe, stack, _ = recipe_for(env)
+    run = build_run_dir(recipe, stack, env / "run", "test")
+    write_run_dir(run)
+    token = "0123456789abcdef0123456789abcdef"
+    (run.path / "run_token").write_text(token + "\n")
+    (run.path / "ray_address").write_text(ray_head.address + "\n")
+    client = JobSubmissionClient(ray_head.address)
+    foreign = f"{recipe.exp_id}-20261125-080000-{os.urandom(3).hex()}"
+    client.submit_job(entrypoint="sleep 300", submission_id=foreign, metadata={"slimeforge_exp_id": recipe.exp_id})
+    try:
+        (run.path / "submission_id").write_text(foreign + "\n")
+        wait_for(lambda: str(client.get_job_status(foreign)).endswith("RUNNING"), 120, "the foreign job to run")
+        for task in (["run.stop"], ["run.stop", "--head"], ["run.status"], ["run.logs"]):
+            r = subprocess.run([sys.executable, "-m", "invoke", task[0], str(run.path), *task[1:]], cwd=ROOT, capture_output=True, text=True, timeout=120)
+            assert r.returncode != 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
+            assert f"job {foreign} carries metadata" in r.stdout + r.stderr and "it was not submitted by this run" in r.stdout + r.stderr
+        assert str(client.get_job_status(foreign)).endswith("RUNNING")  # untouched
+
+        gone = f"{recipe.exp_id}-20261125-080001-{os.urandom(3).hex()}"
+        (run.path / "submission_id").write_text(gone + "\n")
+        r = subprocess.run([sys.executable, "-m", "invoke", "run.status", str(run.path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and f"{gone}: GONE" in r.stdout and "unknown to the Ray head" in r.stdout, r.stdout + r.stderr
+        r = subprocess.run([sys.executable, "-m", "invoke", "run.stop", str(run.path), "--head"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"ended: job {gone} is unknown to the Ray head" in r.stdout and "there is no head of ours to stop" in r.stdout
+        r = subprocess.run([sys.executable, "-m", "invoke", "run.logs", str(run.path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "unknown to the Ray head" in r.stderr and "Traceback" not in r.stderr
+    finally:
+        client.stop_job(foreign)  # ours to clean up: this test submitted it
 
 
 def test_launch_sh_runs_for_real(env):
@@ -219,9 +318,10 @@ def test_launch_sh_runs_for_real(env):
         assert call["argv"] == expected_argv(recipe, run.path)
         assert call["env"]["STANDIN_NOTE"] == HOSTILE_ENV
         assert (run.path / "submission_id").exists() and "standin: exiting with 4" in (run.path / "job.log").read_text()
-        assert pid_alive(int((sdir / "head.pid").read_text()))
+        assert pid_alive(head_pid(sdir))
+        assert (run.path / "run_token").read_text().strip() == json.loads((sdir / "head.json").read_text())["run_token"]
     finally:
-        jobs.stop_recorded_head(sdir, say=lambda _: None)
+        stop_recorded_head(sdir, say=lambda _: None)
         subprocess.run(["rm", "-rf", str(temp)], check=False)
 
 
@@ -265,3 +365,42 @@ def test_container_mode_real_docker_run_without_gpus(env, base_image):
     assert proc.returncode == 2, proc.stderr
     assert f"no model script at {recipe.slime_dir}/scripts/models/qwen2.5-3B.sh" in proc.stderr
     assert len((run.path / "container.id").read_text().strip()) == 64
+
+
+@pytest.mark.docker
+def test_run_stop_head_stops_only_a_container_labelled_for_this_run(env, base_image):
+    """A container slimeforge started for this run (its labels) is stopped by its full id; one
+    whose labels name another run is refused and keeps running."""
+    from slimeforge.run.rundir import build_run_dir, write_run_dir
+
+    recipe, stack, _ = recipe_for(env, mode="container", image=base_image)
+    run = build_run_dir(recipe, stack, env / "run", "test")
+    write_run_dir(run)
+    token = os.urandom(16).hex()
+    (run.path / "run_token").write_text(token + "\n")
+    started = []
+
+    def container(run_token: str) -> str:
+        (run.path / "container.id").unlink(missing_ok=True)
+        subprocess.run(["docker", "run", "-d", "--rm", "--cidfile", str(run.path / "container.id"), "--label", f"slimeforge.exp_id={recipe.exp_id}",
+                        "--label", f"slimeforge.run_token={run_token}", "--entrypoint", "sleep", base_image, "300"], check=True, capture_output=True)
+        started.append((run.path / "container.id").read_text().strip())
+        return started[-1]
+
+    def running(cid: str) -> bool:
+        r = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", "--", cid], capture_output=True, text=True)
+        return r.stdout.strip() == "true"
+
+    try:
+        other = container(os.urandom(16).hex())
+        r = subprocess.run([sys.executable, "-m", "invoke", "run.stop", str(run.path), "--head"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and f"refused: container {other[:12]} carries labels" in r.stdout, r.stdout + r.stderr
+        assert running(other)
+
+        ours = container(token)
+        r = subprocess.run([sys.executable, "-m", "invoke", "run.stop", str(run.path), "--head"], cwd=ROOT, capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0 and f"stopped: container {ours[:12]}" in r.stdout and f"docker said: {ours}" in r.stdout, r.stdout + r.stderr
+        assert not running(ours) and running(other)
+    finally:
+        for cid in started:  # only the containers this test started, by id
+            subprocess.run(["docker", "rm", "-f", "--", cid], capture_output=True)

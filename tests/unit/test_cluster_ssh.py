@@ -46,8 +46,11 @@ def test_unset_settings_defer_to_the_ssh_config(tmp_path):
 
 
 def test_extra_options_are_passed(tmp_path):
-    argv = SSH(SSHTarget("b", "b"), SSHOptions(control_dir=str(tmp_path), extra={"ProxyJump": "bastion"})).command(["true"])
-    assert argv[argv.index("ProxyJump=bastion") - 1] == "-o"
+    argv = SSH(SSHTarget("b", "b"), SSHOptions(control_dir=str(tmp_path), extra={"StrictHostKeyChecking": "accept-new"},
+                                               proxy_jump="ops@bastion:2222")).command(["true"])
+    assert argv[argv.index("StrictHostKeyChecking=accept-new") - 1] == "-o"
+    assert argv[argv.index("ops@bastion:2222") - 1] == "-J"
+    assert not any(a.startswith("ProxyCommand") for a in argv)
 
 
 def test_dry_run_records_and_creates_nothing(tmp_path):

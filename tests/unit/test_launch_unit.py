@@ -5,19 +5,21 @@ executor, against a stand-in `ray`: exit codes, and the head's deadline."""
 from __future__ import annotations
 
 import io
+import json
+import re
 import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
-from launch_support import fake_nvidia_smi, make_recipe, write_catalog
+from launch_support import fake_nvidia_smi, make_recipe, stop_recorded_head, write_catalog
 
 from slimeforge.errors import ConfigError
 from slimeforge.proc import Runner, pid_alive
 from slimeforge.run import launch as launcher
 from slimeforge.run.recipe import parse_recipe
 from slimeforge.run.resolve import resolve_mode
-from slimeforge.run.targets import jobs, local
+from slimeforge.run.targets import local
 from slimeforge.run.targets.base import Command, ResolvedRun
 
 IMAGE = "registry.example:5000/slimeforge@sha256:" + "a" * 64
@@ -45,8 +47,12 @@ def test_container_mode_runs_the_image_with_launch_sh(gpu_host, monkeypatch):
     name = argv[argv.index("--name") + 1]
     assert name.startswith("slimeforge-sf-launch-test-")
     data_dir, ckpt, model = str(Path(recipe.data_path).parent), recipe.checkpoint_dir, recipe.model_dir
+    token = argv[argv.index(f"slimeforge.exp_id={recipe.exp_id}") + 2].split("=", 1)[1]
+    assert re.fullmatch(r"[0-9a-f]{32}", token)  # the run token: labels the container, reaches launch.sh
     assert argv == [
         "docker", "run", "--rm", "--init", "--name", name, "--cidfile", str(run_dir.resolve() / "container.id"),
+        "--label", f"slimeforge.exp_id={recipe.exp_id}",
+        "--label", f"slimeforge.run_token={token}", "-e", f"SLIMEFORGE_RUN_TOKEN={token}",
         "--gpus", "all", "--ipc=host", "--network", "host", "--shm-size", "64g",
         "--ulimit", "memlock=-1",
         "-v", f"{model}:{model}:ro", "-v", f"{data_dir}:{data_dir}:ro", "-v", f"{ckpt}:{ckpt}:rw",
@@ -187,8 +193,8 @@ def test_the_head_deadline_is_one_value_and_a_silent_head_fails_by_it(gpu_host):
     assert code == 1, out.getvalue()
     assert "the Ray head did not answer within 2 s" in out.getvalue()
     assert elapsed < HEAD_TIMEOUT_S / 2  # the passed deadline, not the default, governed the wait
-    pid = int((gpu_host / "state" / f"ray-{recipe.ray_port}" / "head.pid").read_text())
-    assert jobs.stop_recorded_head(gpu_host / "state" / f"ray-{recipe.ray_port}", say=lambda _: None, timeout=10) == pid
+    pid = json.loads((gpu_host / "state" / f"ray-{recipe.ray_port}" / "head.json").read_text())["pid"]
+    assert stop_recorded_head(gpu_host / "state" / f"ray-{recipe.ray_port}", say=lambda _: None, timeout=10) == pid
     assert not pid_alive(pid)
 
 

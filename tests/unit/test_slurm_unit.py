@@ -4,9 +4,12 @@ of scontrol/sinfo answers, and the health gate's test. The real cluster: tests/i
 
 from __future__ import annotations
 
+import getpass
 import json
+import re
 import shutil
 import subprocess
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -134,17 +137,21 @@ def test_gres_gpu_counts(gres, gpus):
     assert slurm_checks.gres_gpus(gres) == gpus
 
 
-def SBATCH(run_dir: Path) -> Command:
-    return Command(tuple(slurm.sbatch_argv(run_dir)), "sbatch")
+def SBATCH(run_dir: Path, token: str | None = None) -> Command:
+    return Command(tuple(slurm.sbatch_argv(run_dir, token)), "sbatch", (("SLIMEFORGE_RUN_TOKEN", token),) if token else ())
 
 
 def test_submit_argv_and_job_id_record(tmp_path):
     runner = Canned({("sbatch",): "4242;cluster\n"})
-    assert slurm.submit(tmp_path, SBATCH(tmp_path), runner) == "4242"
-    assert runner.history == [["sbatch", "--parsable", f"--chdir={tmp_path}", "--", str(tmp_path / "slurm.sbatch")]]
+    token = "f" * 32
+    assert slurm.submit(tmp_path, SBATCH(tmp_path, token), runner, token) == "4242"
+    assert (tmp_path / "run_token").read_text() == token + "\n"  # recorded before sbatch ran
+    # The run token goes to the job twice: its comment (what run.stop compares) and launch.sh's environment.
+    assert runner.history == [["sbatch", "--parsable", f"--chdir={tmp_path}", f"--comment=slimeforge:{token}", "--", str(tmp_path / "slurm.sbatch")]]
     assert (tmp_path / "slurm_job_id").read_text() == "4242\n"
+    assert re.fullmatch(r"\d+\.\d{3}\n", (tmp_path / "slurm_submitted_at").read_text())
     with pytest.raises(SlimeforgeError, match="expected a job id"):
-        slurm.submit(tmp_path, SBATCH(tmp_path), Canned({("sbatch",): "Submitted batch job 1\n"}))
+        slurm.submit(tmp_path, SBATCH(tmp_path, token), Canned({("sbatch",): "Submitted batch job 1\n"}), token)
 
 
 def plan(**extra) -> str:
@@ -152,33 +159,77 @@ def plan(**extra) -> str:
     return json.dumps({"slimeforge_version": "0.1.0", "exp_id": "exp1", "recipe": {"ray_port": 6379, "ray_dashboard_port": 8265}, **extra})
 
 
+TOKEN = "0123456789abcdef0123456789abcdef"
+
+
 def stop_dir(tmp: Path, job_id: str = "77") -> Path:
     (tmp / "plan.json").write_text(plan(slurm={}))
     (tmp / "slurm_job_id").write_text(job_id + "\n")
+    (tmp / "run_token").write_text(TOKEN + "\n")
     return tmp
+
+
+def scontrol(run: Path, **over) -> str:
+    """`scontrol show job -o` of the job this run submitted, with fields replaced by `over`."""
+    job = {"JobId": "77", "JobName": "sf-exp1", "UserId": f"{getpass.getuser()}(0)", "JobState": "RUNNING", "Reason": "None",
+           "ExitCode": "0:0", "Comment": f"slimeforge:{TOKEN}", "WorkDir": str(run.resolve()), "SubmitTime": "2026-11-25T08:00:00", **over}
+    return " ".join(f"{k}={v}" for k, v in job.items()) + "\n"
 
 
 def test_stop_cancels_only_the_recorded_job_by_id(tmp_path):
     run = stop_dir(tmp_path)
-    runner = Canned({("scontrol", "show", "job"): "JobId=77 JobName=sf-exp1 JobState=RUNNING Reason=None ExitCode=0:0\n", ("scancel",): ""})
-    assert slurm.stop(run, runner, say=lambda s: None) is True
+    runner = Canned({("scontrol", "show", "job"): scontrol(run), ("scancel",): ""})
+    said = []
+    assert slurm.stop(run, runner, say=said.append) == 0
     assert runner.history == [["scontrol", "show", "job", "-o", "--", "77"], ["scancel", "--", "77"]]
+    assert said == ["stopped: Slurm job 77: cancel sent (Ray and the job in the allocation stop with it)"]
     assert slurm.is_slurm_run(run)
 
 
-def test_stop_refuses_a_job_id_that_is_someone_elses_now(tmp_path):
+@pytest.mark.parametrize("field,value", [("JobName", "other"), ("UserId", "mallory(1001)"), ("Comment", "(null)"),
+                                         ("Comment", "slimeforge:" + "f" * 32), ("WorkDir", "/tmp/elsewhere")])
+def test_stop_refuses_a_job_id_that_is_someone_elses_now(tmp_path, field, value):
+    """A job id Slurm reused: any of user, name, comment token and working directory differs -> refused, never cancelled."""
     run = stop_dir(tmp_path)
-    runner = Canned({("scontrol", "show", "job"): "JobId=77 JobName=other JobState=RUNNING\n"})
-    with pytest.raises(SlimeforgeError, match="not ours, not cancelled"):
-        slurm.stop(run, runner, say=lambda s: None)
+    runner = Canned({("scontrol", "show", "job"): scontrol(run, **{field: value})})
+    said = []
+    assert slurm.stop(run, runner, say=said.append) == 1
     assert ["scancel", "--", "77"] not in runner.history
+    assert said[0].startswith("refused: Slurm job 77 is not this run's") and repr(value.split("(1001)")[0]) in said[0]
+    with pytest.raises(SlimeforgeError, match="refused"):  # status and logs refuse it too: never shown as ours
+        slurm.status(run, runner)
+
+
+def test_stop_compares_the_recorded_submit_time(tmp_path):
+    run = stop_dir(tmp_path)
+    (run / "slurm_submitted_at").write_text(f"{datetime(2026, 11, 25, 8, 0, 1).timestamp():.3f}\n")
+    ok = Canned({("scontrol", "show", "job"): scontrol(run), ("scancel",): ""})
+    assert slurm.stop(run, ok, say=lambda s: None) == 0
+    later = Canned({("scontrol", "show", "job"): scontrol(run, SubmitTime="2026-11-26T09:00:00")})
+    said = []
+    assert slurm.stop(run, later, say=said.append) == 1 and "submit time" in said[0]
+
+
+def test_stop_of_an_ended_or_forgotten_job_cancels_nothing_and_exits_0(tmp_path):
+    run = stop_dir(tmp_path)
+    done = Canned({("scontrol", "show", "job"): scontrol(run, JobState="COMPLETED")})
+    assert slurm.stop(run, done, say=lambda s: None) == 0 and all(a[0] != "scancel" for a in done.history)
     gone = Canned({("scontrol", "show", "job"): (1, "slurm_load_jobs error: Invalid job id specified\n")})
-    assert slurm.stop(run, gone, say=lambda s: None) is False and all(a[0] != "scancel" for a in gone.history)
+    said = []
+    assert slurm.stop(run, gone, say=said.append) == 0 and all(a[0] != "scancel" for a in gone.history)
+    assert "unknown to Slurm" in said[0]
+
+
+def test_stop_when_slurm_does_not_answer_cancels_nothing_and_fails(tmp_path):
+    run = stop_dir(tmp_path)
+    down = Canned({("scontrol", "show", "job"): (1, "slurm_load_jobs error: Unable to contact slurm controller\n")})
+    said = []
+    assert slurm.stop(run, down, say=said.append) == 1 and "does not answer" in said[0]
 
 
 def test_a_tampered_job_id_record_is_refused(tmp_path):
     run = stop_dir(tmp_path, job_id="77; rm -rf /")
-    with pytest.raises(ConfigError, match="is not a Slurm job id"):
+    with pytest.raises(ConfigError, match="slurm_job_id: is not a record slimeforge writes"):
         slurm.stop(run, Canned({}), say=lambda s: None)
 
 

@@ -3,11 +3,10 @@ image, install or local build that will run it."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from ... import paths
+from ... import paths, records
 from ...schema import did_you_mean
 from ..flagcatalog import Catalog, load_catalog, parse_catalog
 from .findings import Context, Finding, check, describe_failure, error, ok
@@ -30,9 +29,9 @@ def find_catalog(ctx: Context) -> tuple[Catalog, str] | None:
             return load_catalog(path), str(path)
     # A local build of this very stack: its report names the stack id (name and stack hash).
     for build in paths.local_builds(ctx.build_root, ctx.stack.name):
-        try:
-            report = json.loads((build / paths.BUILD_REPORT).read_text())
-        except (OSError, ValueError):
+        try:  # through the one reader: a FIFO or a huge file named report.json is passed over, never read
+            report = records.read_json(build / paths.BUILD_REPORT, paths.BUILD_REPORT, "a build report")
+        except records.RecordError:
             continue
         path = build / paths.FLAGS
         if isinstance(report, dict) and report.get("stack") == ctx.stack.id and path.is_file():

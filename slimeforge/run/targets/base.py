@@ -10,7 +10,9 @@ Like Ray's cluster-launcher command runners (SSH and Docker behind one interface
   - the checks it needs before anything starts (`preflight`),
   - where its state lives (the run directory's records, the head's state directory),
   - how a job is submitted, followed and stopped (`apply`, `logs`, `stop`),
-  - what `run.status`, `run.logs` and `run.stop` read back.
+  - what `run.status`, `run.logs` and `run.stop` read back, and how it proves that what they act
+    on is this run's (run/ownership.py: the head's pid + start time + boot id + run token, the
+    job's metadata, the container's labels, the Slurm job's user, name, comment, directory, time).
 
 A plan is data: the run directory's files, the exact argv lists in order and the environment each
 one gets (values we set, names passed through, names removed). `invoke run --dry-run` prints it
@@ -90,6 +92,9 @@ class LaunchPlan:
     mounts: tuple[Mount, ...] = ()
     notes: tuple[str, ...] = ()  # what the reader of a dry run should know (placeholders, ...)
     container: str | None = None  # the name of the container the commands start (recorded id: <run dir>/container.id)
+    # This launch's identity (32 hex digits), carried by everything it starts: the head record, the
+    # Ray job's metadata, the container's labels, the Slurm job's comment; kept in <run dir>/run_token.
+    run_token: str | None = None
 
 
 def describe(plan: LaunchPlan) -> list[str]:
@@ -142,5 +147,8 @@ class Target(ABC):
     def logs(self, rundir: Path, follow: bool, stream: IO[str]) -> int | None: ...
 
     @abstractmethod
-    def stop(self, rundir: Path, *, head: bool = False, say: Say = print, runner: Runner | None = None) -> None: ...
+    def stop(self, rundir: Path, *, head: bool = False, say: Say = print, runner: Runner | None = None) -> int:
+        """Stop what this run launched, each thing first proved to be this run's (run/ownership.py);
+        says what it did, one `outcome: ...` line each. The exit code: 0 when what was asked for was
+        stopped or had already ended; 1 when something was refused, failed, or nothing was recorded."""
 

@@ -23,9 +23,12 @@ from typing import IO, Any
 from ... import paths
 from ...errors import ConfigError, Problem
 from ...proc import Runner
+from ...records import RecordError
+from .. import ownership
 from ..headstate import dashboard_url, state_dir
 from ..recipe import Recipe
 from ..rundir import HEAD_TIMEOUT_S, RunDir, amend_plan, build_run_dir, write_run_dir
+from ..runrecord import guard_render, read_record, write_run_token
 from . import jobs
 from .base import Command, LaunchPlan, Mount, ResolvedRun, RunStatus, Say, Target
 from .mounts import container_mounts, docker_volume_args
@@ -71,8 +74,8 @@ class LocalTarget(Target):
         jobs.logs(rundir, follow, stream)
         return None
 
-    def stop(self, rundir: Path, *, head: bool = False, say: Say = print, runner: Runner | None = None) -> None:
-        jobs.stop(rundir, head=head, say=say, runner=runner)
+    def stop(self, rundir: Path, *, head: bool = False, say: Say = print, runner: Runner | None = None) -> int:
+        return jobs.stop(rundir, head=head, say=say, runner=runner)
 
 
 class HostTarget(LocalTarget):
@@ -97,14 +100,27 @@ class HostTarget(LocalTarget):
         py, ray = host_tools(run.recipe)
         set_env, unset = launch_env(run.environ, state_dir(run.recipe.ray_port, run.environ),
                                     self.python or run.environ.get("SLIMEFORGE_PYTHON") or py, ray, self.address, self.head_args, self.head_timeout)
+        token = secrets.token_hex(16)  # this launch's identity: launch.sh puts it in the head record and the job's metadata
+        set_env["SLIMEFORGE_RUN_TOKEN"] = token
         cmd = Command(("bash", str(rundir.path / "launch.sh")), "launch.sh", tuple(set_env.items()), unset)
-        return LaunchPlan(self.name, run, amend_plan(rundir, target=self.name, commands=[list(cmd.argv)]), (cmd,))
+        return LaunchPlan(self.name, run, amend_plan(rundir, target=self.name, commands=[list(cmd.argv)]), (cmd,), run_token=token)
 
     def apply(self, plan: LaunchPlan, runner: Runner, say: Say, stream: IO[str]) -> int:
         self.preflight(plan, runner, say)
-        write_run_dir(plan.rundir)
+        write_launch_records(plan, runner)
         (cmd,) = plan.commands
         return runner.stream(list(cmd.argv), say, step=cmd.step, env=cmd.environment(plan.run.environ), forward_signals=True)
+
+
+def write_launch_records(plan: LaunchPlan, runner: Runner) -> None:
+    """Write the run directory, never over a live run's record (an ended one's goes to
+    history/<n>/ first), and the plan's run token beside it, before anything starts."""
+    if not runner.dry_run:
+        guard_render(plan.rundir.path, runner, plan.run.recipe.exp_id)
+    write_run_dir(plan.rundir)
+    if not runner.dry_run:
+        assert plan.run_token is not None, "a launch plan of a local target carries its run token"
+        write_run_token(plan.rundir.path, plan.run_token)
 
 
 def launch_env(environ: dict[str, str], sdir: Path, python: str, ray: str, address: str | None, head_args: list[str] | None,
@@ -140,12 +156,14 @@ class ContainerTarget(LocalTarget):
     def plan(self, run: ResolvedRun) -> LaunchPlan:
         rundir = self.render(run)
         name = f"slimeforge-{run.recipe.exp_id}-{secrets.token_hex(3)}"
-        argv = self.docker_argv(run, name=name, cidfile=rundir.path / "container.id")
+        token = secrets.token_hex(16)  # this launch's identity: the container's label, launch.sh's head record and job metadata
+        argv = self.docker_argv(run, name=name, cidfile=rundir.path / "container.id", run_token=token)
         notes = () if run.recipe.image else (f"no image given: {self.IMAGE_PLACEHOLDER} stands for --image, or `image:` in the recipe",)
         cmd = Command(tuple(argv), "docker run")
-        return LaunchPlan(self.name, run, amend_plan(rundir, target=self.name, commands=[argv]), (cmd,), self.mounts(run), notes, name)
+        return LaunchPlan(self.name, run, amend_plan(rundir, target=self.name, commands=[argv]), (cmd,), self.mounts(run), notes, name,
+                          run_token=token)
 
-    def docker_argv(self, run: ResolvedRun, *, name: str, cidfile: Path) -> list[str]:
+    def docker_argv(self, run: ResolvedRun, *, name: str, cidfile: Path, run_token: str | None = None) -> list[str]:
         """`docker run` of the image with launch.sh inside.
 
         `ulimits`: memlock=-1 because NCCL over InfiniBand/EFA pins memory (a daemon that may not
@@ -154,7 +172,11 @@ class ContainerTarget(LocalTarget):
         daemon's hard limit fails the start."""
         recipe, run_dir = run.recipe, run.out
         argv = [self.docker, "run", "--rm", "--init",  # --init: Ctrl-C reaches launch.sh's trap through a real PID 1
-                "--name", name, "--cidfile", str(cidfile)]
+                "--name", name, "--cidfile", str(cidfile),
+                # run.stop stops only a container labelled with this run.
+                "--label", f"{ownership.LABEL_EXP_ID}={recipe.exp_id}"]
+        if run_token is not None:
+            argv += ["--label", f"{ownership.LABEL_RUN_TOKEN}={run_token}", "-e", f"SLIMEFORGE_RUN_TOKEN={run_token}"]
         if self.gpus:
             argv += ["--gpus", "all"]
         argv += ["--ipc=host",  # NCCL and SGLang share memory between processes
@@ -177,7 +199,7 @@ class ContainerTarget(LocalTarget):
             raise ConfigError("launch", [Problem("image", "container mode needs an image", None, "image: REG/repo@sha256:... in the recipe, or --image",
                                                  show_value=False)])
         self.preflight(plan, runner, say)
-        write_run_dir(plan.rundir)
+        write_launch_records(plan, runner)
         cidfile, name = plan.rundir.path / "container.id", plan.container or ""
         cidfile.unlink(missing_ok=True)  # docker refuses to overwrite an old one
         Path(plan.run.recipe.resolved_checkpoint_dir).mkdir(parents=True, exist_ok=True)  # else docker creates it as root
@@ -194,8 +216,11 @@ class ContainerTarget(LocalTarget):
                 return
             stopping.set()
             say(f"\n[slimeforge] interrupted: stopping container {name}")
-            cid = cidfile.read_text().strip() if cidfile.exists() else name
-            runner.run([self.docker, "stop", "--time", "60", cid], step="docker stop", check=False)
+            try:  # the full id docker recorded (through the one reader), else the name we gave it
+                cid = read_record(cidfile.parent, "container.id") or name
+            except RecordError:
+                cid = name
+            runner.run([self.docker, "stop", "--time", "60", "--", cid], step="docker stop", check=False)
 
         old = {}
         if threading.current_thread() is threading.main_thread():
@@ -227,7 +252,7 @@ class RayClusterTarget(Target):
     def plan(self, run: ResolvedRun) -> LaunchPlan:
         p = self.via.plan(run)
         notes = (*p.notes, f"the job goes to the running Ray cluster {self.cluster} (RAY_ADDRESS); no head is started here")
-        return LaunchPlan(self.name, run, amend_plan(p.rundir, target=self.name), p.commands, p.mounts, notes, p.container)
+        return LaunchPlan(self.name, run, amend_plan(p.rundir, target=self.name), p.commands, p.mounts, notes, p.container, p.run_token)
 
     def preflight(self, plan: LaunchPlan, runner: Runner, say: Say) -> None:
         self.via.preflight(plan, runner, say)
@@ -241,5 +266,5 @@ class RayClusterTarget(Target):
     def logs(self, rundir: Path, follow: bool, stream: IO[str]) -> int | None:
         return self.via.logs(rundir, follow, stream)
 
-    def stop(self, rundir: Path, *, head: bool = False, say: Say = print, runner: Runner | None = None) -> None:
-        self.via.stop(rundir, head=head, say=say, runner=runner)
+    def stop(self, rundir: Path, *, head: bool = False, say: Say = print, runner: Runner | None = None) -> int:
+        return self.via.stop(rundir, head=head, say=say, runner=runner)

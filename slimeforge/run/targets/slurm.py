@@ -10,8 +10,9 @@ Ray head on the first node and a worker on each other (srun --overlap, one task 
 argv is `ray_argv` here), holds the job behind the health gate of `cluster.up`, then runs
 launch.sh against that cluster.
 
-We cancel only the job id we recorded (`scancel -- ID`, after checking it still carries our job
-name), never by name or user.
+We cancel only the job id we recorded (`scancel -- ID`), after proving it is this run's: the
+caller's job, named sf-<exp_id>, with the comment slimeforge:<run token> given at submit, the run
+directory as working directory and the recorded submit time (run/ownership.py); never by name or user.
 """
 
 from __future__ import annotations
@@ -19,33 +20,36 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ... import __version__
+from ... import __version__, records
+from ...atomic import write_file
 from ...errors import ConfigError, Problem, SlimeforgeError
 from ...proc import Runner
 from ...scripts import node_agent
 from ...templating import render
+from .. import ownership
 from ..recipe import Recipe
 from ..rundir import amend_plan, build_run_dir, read_plan, write_run_dir
+from ..runrecord import JOB_ID_RE, RunRecord, Unreachable, guard_render, job_info, new_run_token, read_run, slurm_check, write_run_token
 from .base import Command, LaunchPlan, Mount, ResolvedRun, RunStatus, Say, Target
 from .local import host_tools
 from .mounts import container_mounts, pyxis_mounts_arg
-from .slurm_checks import cluster_findings, fields
+from .slurm_checks import cluster_findings
 
 # Grammars (re.fullmatch): what Slurm accepts for these names, less anything a shell or an
 # #SBATCH line could read as syntax.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 TIME_RE = re.compile(r"(?:(\d{1,3})-)?(\d{1,2}):([0-5]\d):([0-5]\d)")
-JOB_ID_RE = re.compile(r"[1-9]\d{0,11}")
 MAX_NODES = 4096
 RAY_AGENT_PORT = 52365  # the dashboard agent's port, fixed (as cluster.up) so the checks can test it
 START_TIMEOUT_S = 300
-ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+ENDED = ownership.SLURM_ENDED
 
 
 @dataclass(frozen=True)
@@ -156,9 +160,11 @@ def node_agent_source() -> str:
     return Path(node_agent.__file__).read_text()
 
 
-def sbatch_argv(run_dir: Path) -> list[str]:
+def sbatch_argv(run_dir: Path, run_token: str | None = None) -> list[str]:
     # --chdir: the job runs in the run directory, where #SBATCH --output puts slurm-<jobid>.out.
-    return ["sbatch", "--parsable", f"--chdir={run_dir}", "--", str(run_dir / "slurm.sbatch")]
+    # --comment: the run token, which run.stop compares before it cancels (a reused job id lacks it).
+    comment = [f"--comment={ownership.SLURM_COMMENT_PREFIX}{run_token}"] if run_token else []
+    return ["sbatch", "--parsable", f"--chdir={run_dir}", *comment, "--", str(run_dir / "slurm.sbatch")]
 
 
 # --- the target -------------------------------------------------------------------------------
@@ -191,10 +197,13 @@ class SlurmTarget(Target):
         env_bin = str(Path(ray).parent) if os.sep in ray else None
         files = {"slurm.sbatch": render("slurm.sbatch.j2", sbatch_vars(recipe, rundir.path, opts, mounts, python=python, ray=ray, env_bin=env_bin)),
                  "node_agent.py": node_agent_source()}
-        argv = sbatch_argv(rundir.path)
+        token = new_run_token()  # this submission's identity: the job's comment, launch.sh's head record and job metadata
+        argv = sbatch_argv(rundir.path, token)
         rundir = amend_plan(rundir, files, target=self.name, commands=[argv],
                             slurm={"partition": opts.partition, "account": opts.account, "time": opts.time, "nodes": opts.nodes or recipe.num_nodes})
-        return LaunchPlan(self.name, run, rundir, (Command(tuple(argv), "sbatch"),), mounts)
+        # sbatch hands its environment to the job (--export=ALL, Slurm's default): launch.sh reads the token there.
+        cmd = Command(tuple(argv), "sbatch", (("SLIMEFORGE_RUN_TOKEN", token),))
+        return LaunchPlan(self.name, run, rundir, (cmd,), mounts, run_token=token)
 
     def preflight(self, plan: LaunchPlan, runner: Runner, say: Say) -> None:
         from .. import preflight as doctor
@@ -212,10 +221,13 @@ class SlurmTarget(Target):
     def apply(self, plan: LaunchPlan, runner: Runner, say: Say, stream: IO[str]) -> int:
         """Preflight, sbatch, follow; the job's exit code (0 when not following)."""
         self.preflight(plan, runner, say)
+        if not runner.dry_run:
+            guard_render(plan.rundir.path, runner, plan.run.recipe.exp_id)  # a live run's directory is never rewritten; an ended one's record goes to history/<n>/
         write_run_dir(plan.rundir)
         Path(plan.run.recipe.resolved_checkpoint_dir).mkdir(parents=True, exist_ok=True)
         run_dir = plan.rundir.path
-        job_id = submit(run_dir, plan.commands[0], runner)
+        assert plan.run_token is not None, "a Slurm plan carries its run token"
+        job_id = submit(run_dir, plan.commands[0], runner, plan.run_token)
         if runner.dry_run:
             return 0
         say(f"[slimeforge] submitted Slurm job {job_id} ({job_name(plan.run.recipe)}); output {run_dir / f'slurm-{job_id}.out'}")
@@ -238,20 +250,24 @@ class SlurmTarget(Target):
     def logs(self, rundir: Path, follow: bool, stream: IO[str]) -> int | None:
         return logs(rundir, follow_logs=follow, stream=stream)
 
-    def stop(self, rundir: Path, *, head: bool = False, say: Say = print, runner: Runner | None = None) -> None:
-        stop(rundir, runner=runner, say=say)  # Ray in the allocation ends with the job: `head` adds nothing
+    def stop(self, rundir: Path, *, head: bool = False, say: Say = print, runner: Runner | None = None) -> int:
+        return stop(rundir, runner=runner, say=say)  # Ray in the allocation ends with the job: `head` adds nothing
 
 
-def submit(run_dir: Path, sbatch: Command, runner: Runner) -> str:
-    """sbatch; records the job id (and when) in the run directory before returning it."""
-    result = runner.run(list(sbatch.argv), step=sbatch.step)
+def submit(run_dir: Path, sbatch: Command, runner: Runner, run_token: str) -> str:
+    """sbatch (its argv carries the run token as --comment, its environment as SLIMEFORGE_RUN_TOKEN);
+    records the run token first, then the job id and when it was submitted, before returning the id."""
+    if not runner.dry_run:
+        write_run_token(run_dir, run_token)
+    submitted_at = time.time()
+    result = runner.run(list(sbatch.argv), step=sbatch.step, env=dict(sbatch.set_env))
     if runner.dry_run:
         return "DRYRUN"
     job_id = result.stdout.strip().split(";")[0]  # --parsable: "ID" or "ID;CLUSTER"
     if not JOB_ID_RE.fullmatch(job_id):
         raise SlimeforgeError(f"sbatch: expected a job id, got {result.stdout.strip()!r}")
-    (run_dir / "slurm_job_id").write_text(job_id + "\n")
-    (run_dir / "slurm_submitted_at").write_text(f"{time.time():.3f}\n")
+    write_file(run_dir / "slurm_job_id", job_id + "\n")
+    write_file(run_dir / "slurm_submitted_at", f"{submitted_at:.3f}\n")
     return job_id
 
 
@@ -260,28 +276,13 @@ def submit(run_dir: Path, sbatch: Command, runner: Runner) -> str:
 
 def is_slurm_run(run_dir: str | os.PathLike) -> bool:
     """A run directory whose last render was for Slurm (a later plain `invoke run` rewrites
-    plan.json without the "slurm" key) and that was submitted."""
+    plan.json without the "slurm" key) and that was submitted. Its records are judged by the reader
+    of whichever kind it is: a bad one is an error there, naming the file."""
     try:
         plan = read_plan(run_dir)
     except ConfigError:
-        return False  # not ours to judge here: the plain run's reader refuses it with its reason
+        return False
     return plan is not None and "slurm" in plan and (Path(run_dir) / "slurm_job_id").is_file()
-
-
-def recorded_job(run_dir: str | os.PathLike) -> str | None:
-    path = Path(run_dir) / "slurm_job_id"
-    if not path.is_file():
-        return None
-    job_id = path.read_text().strip()
-    if not JOB_ID_RE.fullmatch(job_id):
-        raise ConfigError(str(path), [Problem("slurm_job_id", "is not a Slurm job id", job_id, "digits")])
-    return job_id
-
-
-def job_info(job_id: str, runner: Runner | None = None) -> dict[str, str]:
-    """`scontrol show job -o ID` as a dict; {} once Slurm has forgotten the job (MinJobAge)."""
-    r = (runner or Runner()).run(["scontrol", "show", "job", "-o", "--", job_id], step="scontrol show job", check=False)
-    return fields(r.stdout) if r.returncode == 0 else {}
 
 
 def exit_code(info: dict[str, str]) -> int:
@@ -304,7 +305,7 @@ def follow(run_dir: Path, job_id: str, stream: IO[str], runner: Runner | None = 
         if state != last_state:
             stream.write(f"[slimeforge] job {job_id}: {state or 'unknown to Slurm'}" + (f" ({info['Reason']})" if info.get("Reason", "None") != "None" else "") + "\n")
             last_state = state
-        if out_file.exists():
+        if stat.S_ISREG(os.lstat(out_file).st_mode) if os.path.lexists(out_file) else False:  # never a FIFO or a link
             with out_file.open(errors="replace") as f:
                 f.seek(pos)
                 chunk = f.read()
@@ -317,49 +318,68 @@ def follow(run_dir: Path, job_id: str, stream: IO[str], runner: Runner | None = 
         time.sleep(poll)
 
 
+def _proved(run_dir: str | os.PathLike, runner: Runner | None) -> tuple[RunRecord, dict[str, str], ownership.Verdict]:
+    rec = read_run(run_dir)
+    if rec.slurm_job_id is None:
+        raise ConfigError(str(run_dir), [Problem("slurm_job_id", "this run directory was never submitted to Slurm", None,
+                                                 "`invoke run RECIPE --slurm` first", show_value=False)])
+    try:
+        info, verdict = slurm_check(rec, runner)
+    except Unreachable as exc:
+        raise SlimeforgeError(f"{rec.run_dir}: {exc}") from None
+    if verdict.state == ownership.FOREIGN:
+        raise SlimeforgeError(f"{rec.run_dir}: refused: {verdict.reason}")
+    return rec, info, verdict
+
+
 def status(run_dir: str | os.PathLike, runner: Runner | None = None) -> dict[str, Any]:
-    job_id = recorded_job(run_dir)
-    if job_id is None:
-        raise ConfigError(str(run_dir), [Problem("slurm_job_id", "this run directory was never submitted to Slurm", None, "`invoke run RECIPE --slurm` first", show_value=False)])
-    info = job_info(job_id, runner)
-    sub = Path(run_dir) / "submission_id"
-    return {"run_dir": str(Path(run_dir).resolve()), "slurm_job_id": job_id, "state": info.get("JobState", "unknown to Slurm (ended a while ago?)"),
+    rec, info, verdict = _proved(run_dir, runner)
+    return {"run_dir": str(rec.run_dir), "slurm_job_id": rec.slurm_job_id, "state": info.get("JobState", "unknown to Slurm (ended a while ago?)"),
             "reason": info.get("Reason"), "nodes": info.get("NodeList"), "exit_code": info.get("ExitCode"),
-            "restarts": info.get("Restarts"), "submission_id": sub.read_text().strip() if sub.is_file() else None,
-            "output": str(Path(run_dir).resolve() / f"slurm-{job_id}.out")}
+            "restarts": info.get("Restarts"), "submission_id": rec.submission_id, "verdict": verdict.reason,
+            "output": str(rec.run_dir / f"slurm-{rec.slurm_job_id}.out")}
 
 
 def logs(run_dir: str | os.PathLike, follow_logs: bool = False, stream: IO[str] | None = None, runner: Runner | None = None) -> int | None:
     stream = stream or sys.stdout
-    job_id = status(run_dir, runner)["slurm_job_id"]
+    rec, _, _ = _proved(run_dir, runner)
+    job_id = rec.slurm_job_id
+    assert job_id is not None
     if follow_logs:
-        return follow(Path(run_dir), job_id, stream, runner)
-    out = Path(run_dir) / f"slurm-{job_id}.out"
-    stream.write(out.read_text(errors="replace") if out.exists() else f"(no output yet: {out})\n")
+        return follow(rec.run_dir, job_id, stream, runner)
+    out = rec.run_dir / f"slurm-{job_id}.out"
+    try:
+        data = records.read_bytes(out, out.name, "the job's output file", max_bytes=1 << 30)
+    except records.RecordError as exc:
+        raise SlimeforgeError(str(exc)) from None
+    stream.write(data.decode(errors="replace") if data is not None else f"(no output yet: {out})\n")
     return None
 
 
-def stop(run_dir: str | os.PathLike, runner: Runner | None = None, say=print) -> bool:
-    """scancel the recorded job, and only it: its id, after checking Slurm still knows it under our
-    job name (a recycled id would be someone else's job). Returns whether a cancel was sent."""
+def stop(run_dir: str | os.PathLike, runner: Runner | None = None, say=print) -> int:
+    """scancel the recorded job, and only it: its id, after proving it is this run's (user, name,
+    comment token, working directory, submit time). Returns the exit code: 0 when it was cancelled
+    or had already ended, 1 when it was refused or not recorded."""
     runner = runner or Runner()
-    plan = read_plan(run_dir)
-    if plan is None:
-        raise ConfigError(str(run_dir), [Problem("run directory", "has no plan.json", str(run_dir), "runs/<exp_id> of a rendered recipe")])
-    job_id = recorded_job(run_dir)
+    rec = read_run(run_dir)
+    job_id = rec.slurm_job_id
     if job_id is None:
-        say(f"{run_dir}: no Slurm job recorded")
-        return False
-    info = job_info(job_id, runner)
-    want = f"sf-{plan['exp_id']}"
-    if not info:
-        say(f"job {job_id}: unknown to Slurm (ended a while ago); nothing to cancel")
-        return False
-    if info.get("JobName") != want:
-        raise SlimeforgeError(f"job {job_id} is named {info.get('JobName')!r}, not {want!r}: not ours, not cancelled")
-    if info.get("JobState") in ENDED:
-        say(f"job {job_id}: already ended ({info['JobState']})")
-        return False
-    runner.run(["scancel", "--", job_id], step="scancel")
-    say(f"job {job_id}: cancel sent (Ray and the job in the allocation stop with it)")
-    return True
+        say(f"none: {rec.run_dir}: no Slurm job recorded; nothing to stop")
+        return 1
+    try:
+        _, verdict = slurm_check(rec, runner)
+    except Unreachable as exc:
+        say(f"failed: {exc}")
+        return 1
+    if verdict.state == ownership.ENDED:
+        say(f"ended: {verdict.reason}")
+        return 0
+    if verdict.state == ownership.FOREIGN:
+        say(f"refused: {verdict.reason}; not cancelled")
+        return 1
+    r = runner.run(["scancel", "--", job_id], step="scancel", check=False, timeout=60)
+    if r.returncode != 0:
+        say(f"failed: scancel {job_id} exited with {r.returncode}: {(r.stderr or r.stdout).strip()[-300:]}")
+        return 1
+    say(f"stopped: Slurm job {job_id}: cancel sent (Ray and the job in the allocation stop with it)")
+    return 0

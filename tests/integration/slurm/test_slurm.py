@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -81,7 +82,7 @@ def test_a_job_runs_on_every_node_of_the_allocation(env, slurm_lab):
     r = subprocess.run([*INVOKE, "run.logs", *recipe_arg], capture_output=True, text=True)
     assert r.returncode == 0 and "standin: ran a task on 3 node(s)" in r.stdout
     r = subprocess.run([*INVOKE, "run.stop", *recipe_arg], capture_output=True, text=True)
-    assert r.returncode == 0 and f"job {job_id}: already ended (COMPLETED)" in r.stdout
+    assert r.returncode == 0 and f"ended: Slurm job {job_id} has ended (COMPLETED)" in r.stdout, r.stdout + r.stderr
     wait_for(lambda: no_ray_left(slurm_lab), 60, "Ray to end with the job")
 
 
@@ -138,20 +139,54 @@ def _listening(netns: str, port: int) -> bool:
 
 
 def test_run_stop_cancels_only_our_job(env, slurm_lab):
-    other = client(slurm_lab.env, "sbatch", "--parsable", "-N1", "--job-name=someone-else", f"--output={env / 'other.out'}", "--wrap", "sleep 600")
-    assert other.returncode == 0, other.stderr
-    other_id = other.stdout.strip()
+    """run.stop proves the job is this run's (user, name, comment token, directory, submit time)
+    before it cancels; an impostor with our job name, whose id a copied run directory records, is
+    refused. While the job runs, no render (dry run or launch) may rewrite its run directory; once
+    it has ended, the old record is kept in history/1/."""
+    import shutil
+
+    import yaml
+
+    recipe, stack, catalog = recipe_for(env, STANDIN_SLEEP="600")
+    impostor = client(slurm_lab.env, "sbatch", "--parsable", "-N1", f"--job-name=sf-{recipe.exp_id}", f"--chdir={env}",
+                      f"--output={env / 'other.out'}", "--wrap", "sleep 600")
+    assert impostor.returncode == 0, impostor.stderr
+    other_id = impostor.stdout.strip()
     try:
         wait_for(lambda: state(other_id) == "RUNNING", 60, "the other job to run")
-        code, out, run = submit(env, slurm.Options(nodes=2), follow=False, STANDIN_SLEEP="600")
+        code, out, run = submit(env, slurm.Options(nodes=2), follow=False, recipe=(recipe, stack, catalog))
         assert code == 0, out
         job_id = (run / "slurm_job_id").read_text().strip()
         wait_for(lambda: Path(env / "record.json").exists(), 240, "train.py to run in Ray")
-        assert slurm.stop(run) is True
+
+        # A copy of the run directory that records the impostor's id: same job name, not our comment.
+        fake = env / "copied-run"
+        shutil.copytree(run, fake, ignore=shutil.ignore_patterns("slurm-*", ".slimeforge.lock"))
+        (fake / "slurm_job_id").write_text(other_id + "\n")
+        r = subprocess.run([*INVOKE, "run.stop", str(fake)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and f"refused: Slurm job {other_id} is not this run's" in r.stdout, r.stdout + r.stderr
+        assert state(other_id) == "RUNNING"
+
+        # The live run's directory is not rendered over: a dry run is refused, naming the job and the way to stop it.
+        (env / "recipe.yaml").write_text(yaml.safe_dump(make_recipe(env, num_gpus=2)))  # the same experiment (exp_id)
+        plan_before = (run / "plan.json").read_bytes()
+        r = subprocess.run([*INVOKE, "run", str(env / "recipe.yaml"), "--slurm", "--dry-run", "--out", str(run)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and f"Slurm job {job_id}" in r.stderr and f"invoke run.stop {run}" in r.stderr, r.stdout + r.stderr
+        assert (run / "plan.json").read_bytes() == plan_before and (run / "slurm_job_id").read_text().strip() == job_id
+
+        r = subprocess.run([*INVOKE, "run.stop", str(run)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and f"stopped: Slurm job {job_id}: cancel sent" in r.stdout, r.stdout + r.stderr
         wait_for(lambda: state(job_id) == "CANCELLED", 60, "our job to be cancelled")
         assert state(other_id) == "RUNNING"  # not ours: untouched
         wait_for(lambda: no_ray_left(slurm_lab), 60, "Ray to end with our job")
-        assert slurm.stop(run) is False  # already ended: nothing sent
+        said: list[str] = []
+        assert slurm.stop(run, say=said.append) == 0 and said[0].startswith(f"ended: Slurm job {job_id} has ended")  # nothing sent
+
+        # Ended: a render is allowed, and the old record is kept.
+        r = subprocess.run([*INVOKE, "run", str(env / "recipe.yaml"), "--slurm", "--dry-run", "--out", str(run)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert (run / "history" / "1" / "slurm_job_id").read_text().strip() == job_id and not (run / "slurm_job_id").exists()
+        assert (run / "history" / "1" / "plan.json").read_bytes() == plan_before
     finally:
         client(slurm_lab.env, "scancel", "--", other_id)  # ours to clean up: this test started it
 
@@ -212,7 +247,8 @@ def test_cli_dry_run_and_bad_options(env, slurm_lab):
     inv = INVOKE
     r = subprocess.run([*inv, "run", str(path), "--slurm", "--dry-run", "--nodes", "2", "--out", str(env / "dry")], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert f"sbatch --parsable --chdir={env / 'dry'} -- {env / 'dry' / 'slurm.sbatch'}" in r.stdout
+    assert re.search(f"sbatch --parsable --chdir={re.escape(str(env / 'dry'))} --comment=slimeforge:[0-9a-f]{{32}} -- "
+                     + re.escape(str(env / "dry" / "slurm.sbatch")), r.stdout), r.stdout
     assert "#SBATCH --nodes=2" in (env / "dry" / "slurm.sbatch").read_text()
     r = subprocess.run([*inv, "run", str(path), "--slurm", "--time", "90", "--out", str(env / "bad")], capture_output=True, text=True)
     assert r.returncode == 2 and "--time: is not a time limit (got '90')" in r.stderr and "Traceback" not in r.stderr
