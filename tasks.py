@@ -165,11 +165,12 @@ def run_stop(c, run, head=False):
         "skip_check": "turn this check's errors into warnings (repeatable)",
         "no_network": "leave out the checks that need the network",
         "list_checks": "list the checks and exit",
+        "kernels": "also run every compiled piece on this host's GPU (the install's or image's kernel check; seconds per piece)",
     },
 )
 @clean_errors
 def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=None, prefix=None, catalog=None, skip_check=None,
-           no_network=False, list_checks=False):
+           no_network=False, list_checks=False, kernels=False):
     """Preflight: report every problem (with its fix) that would stop a launch, before anything starts."""
     from slimeforge.run import preflight as doc
 
@@ -177,7 +178,7 @@ def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=
         print("\n".join(doc.list_checks()))
         return
     report = doc.doctor(recipe, list(set_ or ()), cuda=cuda, address=address, mode=mode, image=image, prefix=prefix, catalog=catalog,
-                        skip=list(skip_check or ()), network=not no_network)
+                        skip=list(skip_check or ()), network=not no_network, gpu_checks=kernels)
     print(report.table())
     if report.errors:
         raise Exit(code=1)

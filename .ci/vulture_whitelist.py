@@ -21,3 +21,6 @@ _.schema_version  # slimeforge/image/stack.py: a stack file's schema version (va
 _.uuid  # preflight/host.py Gpu
 _.memory_mib  # preflight/host.py Gpu
 _.renderable_flags  # run/slime_facts.py SlimeFacts (tests/unit/test_render.py checks the rendered flags against it)
+
+# Set on a library object, read by that library.
+_.hook_mode  # scripts/kernel_check.py: torch_memory_saver.hook_mode = "torch" (its setter picks the hook)

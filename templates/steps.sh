@@ -296,6 +296,7 @@ sf_pip_step() {
 # sf_compile_jobs CORES MEM_KIB: "MAX_JOBS NVCC_THREADS" for a build host, the rule of
 # slimeforge.image.steps.compile_jobs (image builds get its result as build args; hosts compute it here):
 # about 6 GiB per nvcc job, never more jobs than cores, the spare cores to nvcc threads (at most 4).
+# apex splits its share further (sf_apex_jobs, below); measured figures in docs/build.md.
 sf_compile_jobs() {
   local cores=$1 mem_kib=$2 jobs threads
   jobs=$((mem_kib / (6 * 1024 * 1024)))
@@ -429,7 +430,9 @@ _sf_store_install() {
 # --wheel-out DIR: the step compiles its wheels into DIR (for the store), then installs them.
 # Parallelism: MAX_JOBS / NVCC_THREADS as given (image: build args), else sized to this host; nvcc
 # gets --threads through NVCC_APPEND_FLAGS (apex, torch_memory_saver), flash-attn reads NVCC_THREADS,
-# Transformer Engine NVTE_BUILD_THREADS_PER_JOB. The uv cache is the one of KEY (steps.compiled_key):
+# Transformer Engine NVTE_BUILD_THREADS_PER_JOB. apex (its step sets APEX_CPP_EXT/APEX_CUDA_EXT)
+# builds APEX_PARALLEL_BUILD extensions at once (given, else sf_apex_jobs), each with its own MAX_JOBS.
+# Parallelism is never part of a step's env: that env is part of the key. The uv cache is the one of KEY (steps.compiled_key):
 # a wheel compiled for one flavor, torch, CUDA, arch list, Python or base is never reused by another.
 sf_compiled() {
   local key="" wheels="" mode="" venv="" scratch=0
@@ -450,10 +453,16 @@ sf_compiled() {
     sized=$(sf_compile_jobs "$(nproc)" "$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)")
     MAX_JOBS=${MAX_JOBS:-${sized% *}} NVCC_THREADS=${NVCC_THREADS:-${sized#* }}
   fi
+  if [[ -n ${APEX_CPP_EXT:-}${APEX_CUDA_EXT:-} ]]; then
+    local apex
+    apex=$(sf_apex_jobs "$MAX_JOBS")
+    APEX_PARALLEL_BUILD=${APEX_PARALLEL_BUILD:-${apex% *}} MAX_JOBS=${apex#* }
+    export APEX_PARALLEL_BUILD
+  fi
   export MAX_JOBS NVCC_THREADS NVTE_BUILD_THREADS_PER_JOB=$NVCC_THREADS
   export NVCC_APPEND_FLAGS="${NVCC_APPEND_FLAGS:+$NVCC_APPEND_FLAGS }--threads $NVCC_THREADS"
   export UV_CACHE_DIR="${UV_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/uv}/compiled/$key"
-  sf_log "compiled step: MAX_JOBS=$MAX_JOBS NVCC_THREADS=$NVCC_THREADS archs=${TORCH_CUDA_ARCH_LIST:-none} uv cache $UV_CACHE_DIR"
+  sf_log "compiled step: MAX_JOBS=$MAX_JOBS NVCC_THREADS=$NVCC_THREADS${APEX_PARALLEL_BUILD:+ APEX_PARALLEL_BUILD=$APEX_PARALLEL_BUILD} archs=${TORCH_CUDA_ARCH_LIST:-none} uv cache $UV_CACHE_DIR"
   if [[ -n $venv ]]; then _sf_compile_env "$venv"; fi
   # Without the store, the wheels are compiled into a scratch directory all the same: one way to
   # compile (the inputs fetched by sha256 first, then compiled with no network), then installed.
@@ -861,4 +870,31 @@ sf_smoke() {
   else
     sf_log "smoke test passed"
   fi
+}
+
+# --- compile parallelism and the kernel check (issue 21) --------------------------------------
+
+# sf_apex_jobs JOBS: "APEX_PARALLEL_BUILD MAX_JOBS" for apex on a host whose MAX_JOBS is JOBS, the
+# rule of slimeforge.image.steps.apex_jobs: at most 4 jobs per extension, twice JOBS in all (an apex
+# nvcc job peaks at 2.7 GiB: two fit the 6 GiB per job of sf_compile_jobs). On 16 cores: 8 x 4, 158 s
+# cold (MAX_JOBS=16 alone, extensions one after another: over 480 s).
+sf_apex_jobs() {
+  local jobs=$1 per=4
+  ((per <= jobs)) || per=$jobs
+  ((per >= 1)) || per=1
+  local parallel=$((2 * jobs / per))
+  ((parallel >= 1)) || parallel=1
+  printf '%s %s\n' "$parallel" "$per"
+}
+
+# sf_kernel_check VENV: one small operation of every compiled piece on the GPU against torch
+# ($SF_STATE/kernel_check.py, slimeforge/scripts/kernel_check.py, run with the venv's Python). Where
+# no GPU is present the script imports nothing and names each piece skipped (`apex: skipped: no
+# GPU`, ...); a piece that fails on a GPU fails the check.
+sf_kernel_check() {
+  local venv=$1
+  [[ -f $SF_STATE/kernel_check.py ]] || sf_die "kernel check: $SF_STATE/kernel_check.py is missing"
+  # PYTHONPATH of the caller must not decide what is imported.
+  PYTHONPATH="" "$venv/bin/python" "$SF_STATE/kernel_check.py" >&2 ||
+    sf_die "kernel check: a compiled piece failed on the GPU (see above)"
 }

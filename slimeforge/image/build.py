@@ -47,6 +47,7 @@ from .steps import (
     LOCK_ALL,
     STEP_RUNNER,
     TARGET_SCRIPTS,
+    apex_jobs,
     compile_jobs,
     compiled_key,
     finalize_argv,
@@ -311,7 +312,8 @@ def prepare(opts: BuildOptions) -> Prepared:
     epoch = _source_date_epoch(stack, cache, opts.runner)
     repository = opts.repository or f"slimeforge/{stack.name}"
     jobs, threads = compile_jobs()
-    cli_args = {"MAX_JOBS": str(jobs), "NVCC_THREADS": str(threads), **build_args, "SOURCE_DATE_EPOCH": str(epoch)}
+    cli_args = {"MAX_JOBS": str(jobs), "NVCC_THREADS": str(threads), "APEX_PARALLEL_BUILD": str(apex_jobs(jobs)[0]),
+                **build_args, "SOURCE_DATE_EPOCH": str(epoch)}
     slime = slime_source(stack)
     labels = {
         "org.opencontainers.image.title": f"slimeforge {stack.name}",

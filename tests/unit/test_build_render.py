@@ -15,7 +15,7 @@ from slimeforge.errors import ConfigError
 from slimeforge.image.build import parse_build_args, parse_progress, render_dockerfile
 from slimeforge.image.install import render_install_script
 from slimeforge.image.stack import Stack, load_stack
-from slimeforge.image.steps import compile_jobs, compiled_key, image_layout, step_commands
+from slimeforge.image.steps import apex_jobs, compile_jobs, compiled_key, image_layout, step_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -178,6 +178,10 @@ def test_compile_jobs_fit_memory_and_cores():
     assert compile_jobs(mem_bytes=24 << 30, cores=2) == (2, 1)
     assert compile_jobs(mem_bytes=64 << 30, cores=128) == (10, 4)
     assert compile_jobs(mem_bytes=2 << 30, cores=16) == (1, 4)
+    # The H100 build host (16 cores, 125 GiB): 16 jobs; apex 8 extensions x 4 jobs (158 s cold,
+    # MAX_JOBS=16 alone: over 480 s); a 2-core host: 2 x 2; memory for one job: 2 x 1.
+    assert compile_jobs(mem_bytes=125 << 30, cores=16) == (16, 1) and apex_jobs(16) == (8, 4)
+    assert apex_jobs(2) == (2, 2) and apex_jobs(1) == (2, 1) and apex_jobs(64) == (32, 4)
 
 
 def test_build_args_are_validated_together():
@@ -237,7 +241,7 @@ def test_smoke_imports_every_compiled_piece_and_names_the_gpu_ones(flavor, fa):
     assert argv[argv.index("--versions") + 1] == "/opt/slimeforge/stack.input.json"
     assert argv[argv.index("--megatron") + 1] == "/root/Megatron-LM" and argv[argv.index("--slime") + 1] == "/root/slime"
     text = render_dockerfile(stack)
-    assert "COPY flag_catalog.py smoke_versions.py /opt/slimeforge/" in text
+    assert "COPY flag_catalog.py kernel_check.py smoke_versions.py /opt/slimeforge/" in text
     assert text.rstrip().endswith("--slime /root/slime --megatron /root/Megatron-LM")
 
 

@@ -126,13 +126,54 @@ def test_shell_files_pass_shellcheck():
     assert res.returncode == 0, res.stdout
 
 
-@pytest.mark.parametrize("cores,gib", [(2, 24), (128, 64), (16, 2), (64, 512), (1, 1)])
+@pytest.mark.parametrize("cores,gib", [(2, 24), (128, 64), (16, 2), (64, 512), (1, 1), (16, 125), (8, 30), (32, 64), (96, 1024), (3, 7)])
 def test_host_compile_jobs_follow_the_image_build_rule(cores, gib, tmp_path):
-    from slimeforge.image.steps import compile_jobs
+    # One rule in two places: the image build's (Python, build args) and a host's (bash), for the
+    # host's jobs and threads and for apex's split of them.
+    from slimeforge.image.steps import apex_jobs, compile_jobs
 
     res = sf("sf_compile_jobs", str(cores), str(gib * 1024 * 1024), state=tmp_path)
     assert res.returncode == 0, res.stderr
-    assert tuple(int(x) for x in res.stdout.split()) == compile_jobs(mem_bytes=gib << 30, cores=cores)
+    jobs, threads = compile_jobs(mem_bytes=gib << 30, cores=cores)
+    assert tuple(int(x) for x in res.stdout.split()) == (jobs, threads)
+    apex = sf("sf_apex_jobs", str(jobs), state=tmp_path)
+    assert apex.returncode == 0, apex.stderr
+    assert tuple(int(x) for x in apex.stdout.split()) == apex_jobs(jobs)
+
+
+def test_apex_gets_its_own_split_and_other_pieces_the_hosts_jobs(tmp_path):
+    script = 'source "$1"; sf_show() { printf "%s|" "$MAX_JOBS" "${APEX_PARALLEL_BUILD-unset}" "$NVCC_APPEND_FLAGS"; }; shift; "$@"'
+    base = {"PATH": "/usr/bin:/bin", "SF_STATE": str(tmp_path), "HOME": str(tmp_path), "MAX_JOBS": "16", "NVCC_THREADS": "1"}
+
+    def show(**env):
+        res = subprocess.run(["bash", "-c", script, "sf", str(LIB), "sf_compiled", "--key", "k", "--", "show"],
+                             capture_output=True, text=True, env={**base, **env})
+        assert res.returncode == 0, res.stderr
+        return res.stdout, res.stderr
+
+    # apex's step (it sets APEX_CUDA_EXT): 8 extensions at once, 4 jobs each (measured fastest on 16 cores).
+    out, log = show(APEX_CPP_EXT="1", APEX_CUDA_EXT="1")
+    assert out == "4|8|--threads 1|" and "APEX_PARALLEL_BUILD=8" in log
+    # A given APEX_PARALLEL_BUILD (--build-arg) is kept; apex's jobs per extension still follow the rule.
+    assert show(APEX_CUDA_EXT="1", APEX_PARALLEL_BUILD="3")[0] == "4|3|--threads 1|"
+    # Any other compiled piece: the host's jobs, and apex's variable is not set for it.
+    assert show(TMS_CUDA_MAJOR="13")[0] == "16|unset|--threads 1|"
+
+
+def test_kernel_check_without_a_gpu_is_skipped_by_name(tmp_path):
+    from slimeforge.image.steps import TARGET_SCRIPTS
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    missing = sf("sf_kernel_check", str(venv), state=tmp_path)
+    assert missing.returncode != 0 and "kernel_check.py is missing" in missing.stderr
+    (tmp_path / "kernel_check.py").write_bytes(TARGET_SCRIPTS["kernel_check.py"].read_bytes())
+    res = sf("sf_kernel_check", str(venv), state=tmp_path)  # PATH without nvidia-smi: no GPU
+    assert res.returncode == 0, res.stderr
+    for piece in ("apex", "transformer_engine", "torch_memory_saver", "flash_attn.cute", "flash_attn_2"):
+        assert f"{piece}: skipped: no GPU\n" in res.stderr
+    assert "kernel check: 5 of 5 piece(s) not failed (" in res.stderr and "GPU: none)" in res.stderr
 
 
 def test_compiled_step_gets_parallelism_and_a_cache_of_its_key(tmp_path):

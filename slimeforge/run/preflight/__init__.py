@@ -12,6 +12,7 @@ a check's errors into warnings. One module per concept:
   flagcheck  every rendered flag is in the flag catalog
   aws        credentials, S3, AgentCore
   versions   Ray and Python of this client against the cluster's
+  kernels    every compiled piece runs right on this host's GPU (only when asked: --kernels)
 
 The modules are imported below in report order: the order of the checks is the order they register.
 """
@@ -31,7 +32,7 @@ from ..recipe import Recipe
 
 # isort: off
 # Importing a module registers its checks: these lines are the report's order.
-from . import host, model, data, flagcheck, aws, versions  # noqa: F401
+from . import host, model, data, flagcheck, aws, versions, kernels  # noqa: F401
 # isort: on
 from .findings import CHECKS, ERROR, OK, WARNING, Context, Finding, PreflightError, Report, Run, error
 
@@ -43,11 +44,14 @@ __all__ = ["CHECKS", "ERROR", "OK", "WARNING", "Finding", "PreflightError", "Rep
 def run_checks(recipe: Recipe | None = None, stack: Stack | None = None, *, args: Sequence[str] | None = None, mode: str | None = None,
                address: str | None = None, catalog: str | None = None, image: str | None = None, install_prefix: str | None = None,
                skip: Iterable[str] = (), only: Iterable[str] | None = None, network: bool = True, run: Run | None = None, runner: Runner | None = None,
-               state_dir: Path | None = None, environ: dict[str, str] | None = None, build_root: Path | None = None) -> Report:
+               state_dir: Path | None = None, environ: dict[str, str] | None = None, build_root: Path | None = None,
+               gpu_checks: bool = False) -> Report:
     """Run every check that applies (without a recipe: the host checks), return all findings.
 
     `args`: the rendered slime.args (default: rendered from the recipe). `skip`: check names whose
-    errors become warnings. `only`: run just these. `network=False` leaves out AWS and the cluster."""
+    errors become warnings. `only`: run just these. `network=False` leaves out AWS and the cluster.
+    `gpu_checks=True` adds the checks of scope "gpu" (the kernel check: seconds per compiled piece on
+    the GPU), which run only when asked (or named in `only`)."""
     from ..flags import env_json, render_flags
 
     skip, only = set(skip), (set(only) if only is not None else None)
@@ -72,6 +76,8 @@ def run_checks(recipe: Recipe | None = None, stack: Stack | None = None, *, args
             continue
         if chk.scope == "network" and not network:
             continue
+        if chk.scope == "gpu" and not gpu_checks and not (only and chk.name in only):
+            continue
         try:
             got = chk.fn(ctx)
         except Exception as exc:  # noqa: BLE001 - a broken check must not hide the others
@@ -88,9 +94,10 @@ def list_checks() -> list[str]:
 
 def doctor(recipe_path: str | None, overrides: Sequence[str] = (), *, cuda: str | None = None, address: str | None = None,
            mode: str | None = None, image: str | None = None, prefix: str | None = None, catalog: str | None = None,
-           skip: Iterable[str] = (), network: bool = True) -> Report:
+           skip: Iterable[str] = (), network: bool = True, gpu_checks: bool = False) -> Report:
     """`invoke doctor`: a recipe's checks as its launch would run them (its mode, image and prefix
-    applied), or without a recipe the host checks against a stack."""
+    applied), or without a recipe the host checks against a stack. `gpu_checks`: the kernel check too,
+    of the recipe's install or image, or of `prefix` / `image` (an image alone: container mode)."""
     from ..headstate import state_dir
     from ..recipe import load_recipe, parse_overrides
     from ..resolve import resolve_mode
@@ -99,5 +106,8 @@ def doctor(recipe_path: str | None, overrides: Sequence[str] = (), *, cuda: str 
         rec, stack = load_recipe(recipe_path, parse_overrides(list(overrides)))
         rec = resolve_mode(rec, mode, prefix, image, require_image=False)
         return run_checks(rec, stack, mode=mode, address=address, catalog=catalog, skip=skip, network=network,
-                          state_dir=state_dir(rec.ray_port))
-    return run_checks(None, load_stack(cuda or "cu13"), mode=mode, address=address, catalog=catalog, skip=skip, network=network)
+                          state_dir=state_dir(rec.ray_port), gpu_checks=gpu_checks)
+    if mode is None and image and not prefix:
+        mode = "container"  # `invoke doctor --kernels --image IMAGE`: the image's kernels
+    return run_checks(None, load_stack(cuda or "cu13"), mode=mode, address=address, catalog=catalog, skip=skip, network=network,
+                      image=image, install_prefix=prefix, gpu_checks=gpu_checks)

@@ -1,0 +1,133 @@
+"""Cold compile time of each compiled piece under given parallelism settings (run on a GPU build host).
+
+Each run unpacks its source archive afresh (no build directory, no object left from a former run)
+and builds it the way slimeforge's compiled step does (templates/steps.sh `_sf_store_make`):
+`python -m pip wheel --no-build-isolation --no-deps --no-index` against the torch already
+installed. It prints per run: the settings, wall time, CPU time of the whole build (user + system of
+every process it waited for) and the peak RSS of its largest process; and how close the build came
+to the cores' limit (CPU-seconds / cores = the wall time a perfectly parallel build would take).
+A run that passes its limit is stopped and reported as "over LIMIT s".
+
+    python benchmarks/compile_bench.py --sources DIR --work /tmp/cb --out RESULTS.json \
+        --run apex-before:apex:480:MAX_JOBS=16,NVCC_APPEND_FLAGS=--threads_1 \
+        --run apex-after:apex:600:APEX_PARALLEL_BUILD=4,MAX_JOBS=4,NVCC_APPEND_FLAGS=--threads_1
+
+SOURCES holds apex.tar.gz, tms.tar.gz (git archives with a top directory) and
+transformer_engine_torch-*.tar.gz (the sdist). In a setting, "_" stands for a space.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+ARCH = "9.0"
+# What each piece needs besides parallelism (the stack's step env and arch variables).
+PIECES = {
+    "apex": ("apex.tar.gz", {"APEX_CPP_EXT": "1", "APEX_CUDA_EXT": "1", "TORCH_CUDA_ARCH_LIST": ARCH}),
+    "tms": ("tms.tar.gz", {"TMS_CUDA_MAJOR": "13", "TORCH_CUDA_ARCH_LIST": ARCH}),
+    "te": ("transformer_engine_torch-*.tar.gz",
+           {"NVTE_PYTORCH_FORCE_BUILD": "TRUE", "NVTE_CUDA_ARCHS": ARCH.replace(".", ""), "TORCH_CUDA_ARCH_LIST": ARCH}),
+}
+RUN_RE = re.compile(r"([a-z0-9][a-z0-9_.-]*):(apex|tms|te):([0-9]{1,4}):((?:[A-Z_][A-Z0-9_]*=[^,]*)(?:,[A-Z_][A-Z0-9_]*=[^,]*)*)?")
+
+
+def nvidia_include_dirs() -> list[str]:
+    """Headers that torch's nvidia wheels bring (cuBLAS, cuSPARSE, cuDNN, NCCL...): TE's extension
+    needs them and a minimal toolkit lacks them (stack-facts section 8)."""
+    import importlib.util
+    spec = importlib.util.find_spec("nvidia")
+    roots = list(spec.submodule_search_locations or []) if spec else []
+    return sorted(d for r in roots for d in glob.glob(f"{r}/*/include") + glob.glob(f"{r}/cu*/include"))
+
+
+def unpack(archive: Path, dest: Path) -> Path:
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    with tarfile.open(archive) as t:
+        t.extractall(dest, filter="data")
+    (top,) = list(dest.iterdir())
+    return top
+
+
+def build(name: str, piece: str, limit: int, settings: dict[str, str], sources: Path, work: Path) -> dict:
+    pattern, env_piece = PIECES[piece]
+    (archive,) = sorted(sources.glob(pattern))
+    src = unpack(archive, work / "src" / name)
+    wheels = work / "wheels" / name
+    shutil.rmtree(wheels, ignore_errors=True)
+    env = {**os.environ, **env_piece, **settings}
+    if piece == "te":
+        env["CPATH"] = ":".join(nvidia_include_dirs() + [p for p in [os.environ.get("CPATH")] if p])
+    log = work / f"{name}.log"
+    cmd = [sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--no-build-isolation", "--no-deps",
+           "--no-index", "--wheel-dir", str(wheels), str(src)]
+    start = time.monotonic()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        status, usage, timed_out = None, None, False
+        while status is None:
+            pid, st, ru = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                status, usage = st, ru
+                break
+            if time.monotonic() - start > limit:
+                timed_out = True
+                os.killpg(proc.pid, signal.SIGKILL)
+                _, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.2)
+    wall = time.monotonic() - start
+    code = os.waitstatus_to_exitcode(status)
+    proc.returncode = code
+    built = sorted(p.name for p in wheels.glob("*.whl")) if wheels.exists() else []
+    return {"name": name, "piece": piece, "settings": settings, "limit_s": limit, "timed_out": timed_out,
+            "ok": code == 0 and not timed_out and bool(built), "exit": code, "wall_s": round(wall, 1),
+            "cpu_s": round(usage.ru_utime + usage.ru_stime, 1), "peak_rss_mib": round(usage.ru_maxrss / 1024),
+            "wheels": built, "log_tail": log.read_text(errors="replace")[-1500:] if code else ""}
+
+
+def parse_run(text: str) -> tuple[str, str, int, dict[str, str]]:
+    m = RUN_RE.fullmatch(text)
+    if not m:
+        raise SystemExit(f"--run {text!r}: expected NAME:apex|tms|te:LIMIT_S:KEY=VAL,... ('_' for a space)")
+    settings = dict(kv.split("=", 1) for kv in m.group(4).split(",")) if m.group(4) else {}
+    return m.group(1), m.group(2), int(m.group(3)), {k: v.replace("_", " ") for k, v in settings.items()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sources", type=Path, required=True)
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--run", action="append", required=True, help="NAME:PIECE:LIMIT_S:KEY=VAL,...")
+    args = ap.parse_args()
+    runs = [parse_run(r) for r in args.run]
+    cores = os.cpu_count() or 1
+    results = []
+    for name, piece, limit, settings in runs:
+        r = build(name, piece, limit, settings, args.sources, args.work)
+        results.append(r)
+        args.out.write_text(json.dumps({"cores": cores, "results": results}, indent=2) + "\n")
+        wall = f"over {limit} s" if r["timed_out"] else f"{r['wall_s']} s"
+        print(f"{name:14} {'ok' if r['ok'] else 'FAILED':6} wall {wall:>10}  cpu {r['cpu_s']:>7} s  "
+              f"cores' limit {r['cpu_s'] / cores:6.1f} s  peak RSS {r['peak_rss_mib']} MiB  "
+              f"{' '.join(f'{k}={v}' for k, v in settings.items())}", flush=True)
+        if r["log_tail"]:
+            print(r["log_tail"], flush=True)
+    return 0 if all(r["ok"] or r["timed_out"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
