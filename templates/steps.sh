@@ -495,7 +495,11 @@ _sf_compile_env() {
         sf_die "compiled step: no libcuda.so here (no driver, no toolkit stubs) and gcc could not make a stub"
     fi
     lib+=("$SF_STATE/stubs")
-    sf_log "compiled step: no NVIDIA driver here: linking against a stub libcuda.so ($SF_STATE/stubs)"
+    # The stub defines no symbol, so the linker's default --as-needed would drop it and the
+    # extension would not name libcuda.so.1 at all ("undefined symbol: cuMemCreate" at import, found
+    # by the kernel check on an H100). setuptools and torch's extension builder add LDFLAGS to links.
+    export LDFLAGS="${LDFLAGS:+$LDFLAGS }-Wl,--no-as-needed"
+    sf_log "compiled step: no NVIDIA driver here: linking against a stub libcuda.so ($SF_STATE/stubs, --no-as-needed)"
   fi
   local joined
   if ((${#inc[@]})); then joined=$(IFS=:; printf '%s' "${inc[*]}"); export CPATH="$joined${CPATH:+:$CPATH}"; fi
@@ -806,13 +810,14 @@ sf_gpu_present() { nvidia-smi -L 2>/dev/null | grep -q '^GPU '; }
 # ($SF_STATE/smoke_versions.py, the one comparison).
 sf_smoke() {
   local venv="" marker="" torch_cuda="" flags="" slime="" megatron="" versions="" failed=0
-  local imports=() patches=() needs_gpu=() skipped=() preload=()
+  local imports=() patches=() needs_gpu=() skipped=() preload=() kernels=0
   while (($#)); do
     case $1 in
       --venv) venv=$2; shift 2 ;;
       --import) imports+=("$2"); shift 2 ;;
       --needs-gpu) needs_gpu+=("$2"); shift 2 ;;
       --preload) preload+=("$2"); shift 2 ;;
+      --kernel-check) kernels=1; shift ;;
       --versions) versions=$2; shift 2 ;;
       --router-marker) marker=$2; shift 2 ;;
       --torch-cuda) torch_cuda=$2; shift 2 ;;
@@ -863,6 +868,12 @@ sf_smoke() {
       sf_log "smoke: flag catalog $flags matches slime's parsers"
     else printf 'slimeforge: ERROR: smoke: flag catalog %s is missing or differs from slime'"'"'s parsers\n' "$flags" >&2; failed=1; fi
     rm -f "$fresh"
+  fi
+  # On a GPU host, each compiled piece runs one small operation against torch (sf_kernel_check).
+  if ((kernels && gpu)); then
+    if (sf_kernel_check "$venv"); then sf_log "smoke: kernel check passed"; else failed=1; fi
+  elif ((kernels)); then
+    sf_log "smoke: SKIPPED the kernel check: no GPU is present"
   fi
   ((failed == 0)) || sf_die "smoke test failed"
   if ((${#skipped[@]})); then

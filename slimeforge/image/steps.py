@@ -290,6 +290,8 @@ def smoke_argv(stack: Stack, layout: Layout, flags: str | None = None) -> list[s
         argv += ["--needs-gpu", m]
     for m in stack.smoke.preload:
         argv += ["--preload", m]
+    if any(s.compiles for s in stack.plan):
+        argv.append("--kernel-check")  # on a GPU host: one operation of each compiled piece (kernel_check.py)
     # Every pin of the stack at its version (the input lock; the built lock is read back from it).
     argv += ["--versions", f"{layout.state}/stack.input.json"]
     if stack.smoke.router_fork_marker and stack.router:

@@ -74,26 +74,33 @@ def test_a_missing_interpreter_without_apt_names_dnf_and_the_option(tmp_path):
 # --- compiling with a toolkit of nvcc alone ----------------------------------------------------
 
 
-def fake_venv(tmp_path: Path) -> Path:
-    """A venv whose site-packages holds NVIDIA-wheel-shaped include and lib dirs."""
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+def test_headers_and_libraries_come_from_the_venv_and_libcuda_from_a_stub(tmp_path):
+    """An extension built the way the compiled steps build (setuptools, `libraries=["cuda"]`, one
+    driver call, headers from the venv's wheels) on a host with no driver: it links against the
+    stub and still names libcuda.so.1, which the driver provides at run time. An empty stub alone
+    is dropped by the linker's --as-needed (torch_memory_saver failed with `undefined symbol:
+    cuMemCreate` on an H100 that way)."""
+    venv, env = build_venv(tmp_path)
     site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
     for d in ("nvidia/cu13/include", "nvidia/cu13/lib", "nvidia/nccl/include", "nvidia/nccl/lib"):
         (site / d).mkdir(parents=True)
     (site / "nvidia/nccl/include/nccl.h").write_text("#define SF_NCCL_FROM_THE_VENV 1\n")
-    return venv
-
-
-def test_headers_and_libraries_come_from_the_venv_and_libcuda_from_a_stub(tmp_path):
-    venv = fake_venv(tmp_path)
-    code = tmp_path / "t.c"
-    code.write_text("#include <nccl.h>\nint f(void) { return SF_NCCL_FROM_THE_VENV; }\n")
-    script = f'_sf_compile_env {venv}; gcc -shared -fPIC -o {tmp_path}/t.so {code} -Wl,--no-as-needed -lcuda && echo "$CPATH" && echo "$LIBRARY_PATH"'
+    src = tmp_path / "drvext"
+    src.mkdir()
+    (src / "setup.py").write_text("from setuptools import Extension, setup\n"
+                                  "setup(name='drvext', version='1', ext_modules=[Extension('drvext', ['d.c'], libraries=['cuda'])])\n")
+    (src / "d.c").write_text("#include <Python.h>\n#include <nccl.h>\nextern int cuDriverGetVersion(int *);\n"
+                             "static PyObject *v(PyObject *s, PyObject *a) { int x = SF_NCCL_FROM_THE_VENV; cuDriverGetVersion(&x); "
+                             "return PyLong_FromLong(x); }\n"
+                             "static PyMethodDef m[] = {{\"v\", v, METH_NOARGS, \"\"}, {NULL, NULL, 0, NULL}};\n"
+                             "static struct PyModuleDef d = {PyModuleDef_HEAD_INIT, \"drvext\", NULL, -1, m};\n"
+                             "PyMODINIT_FUNC PyInit_drvext(void) { return PyModule_Create(&d); }\n")
+    script = (f'_sf_compile_env {venv} && SF_COMPILED_WHEELS={tmp_path}/wheels _sf_store_make {venv} drvext {src} '
+              '&& echo "$CPATH" && echo "$LIBRARY_PATH"')
     res = subprocess.run(["bash", "-c", f'source "$1"; {script}', "sf", str(LIB)], capture_output=True, text=True,
-                         env={"PATH": "/usr/bin:/bin", "SF_STATE": str(tmp_path / "state"), "HOME": str(tmp_path),
-                              "CUDA_HOME": str(tmp_path / "nvcc-only")})
+                         env={"PATH": f"{venv}/bin:/usr/bin:/bin", "SF_STATE": str(tmp_path / "state"), "HOME": str(tmp_path),
+                              "CUDA_HOME": str(tmp_path / "nvcc-only"), "SF_COMPILE_OFFLINE": "0", **env})
     if "linking against a stub" not in res.stderr:
         pytest.skip("this host has a libcuda (a driver): no stub is needed")
     assert res.returncode == 0, res.stderr
@@ -102,8 +109,10 @@ def test_headers_and_libraries_come_from_the_venv_and_libcuda_from_a_stub(tmp_pa
     assert str(tmp_path / "state" / "stubs") in library_path and "nvidia/nccl/lib" in library_path
     soname = subprocess.run(["objdump", "-p", str(tmp_path / "state" / "stubs" / "libcuda.so")], capture_output=True, text=True).stdout
     assert "SONAME               libcuda.so.1" in soname
-    # The extension needs libcuda.so.1 (the driver's, at run time), not the stub's path.
-    needed = subprocess.run(["objdump", "-p", str(tmp_path / "t.so")], capture_output=True, text=True).stdout
+    wheel = next((tmp_path / "wheels").glob("drvext-*.whl"))
+    subprocess.run(["python3", "-m", "zipfile", "-e", str(wheel), str(tmp_path / "unzipped")], check=True)
+    so = next((tmp_path / "unzipped").glob("drvext*.so"))
+    needed = subprocess.run(["objdump", "-p", str(so)], capture_output=True, text=True).stdout
     assert "NEEDED               libcuda.so.1" in needed and "stubs" not in needed
 
 
