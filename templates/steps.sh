@@ -721,6 +721,14 @@ sf_source_step() {
     esac
   done
   sf_fetch_source "$name" "$url" "$commit" "$dest"
+  if [[ ${SF_COMPILED_MODE:-} == make ]]; then
+    # A compile starts from the pinned commit alone: pip builds a checkout in place, and setuptools
+    # takes an extension in build/ for up to date when its sources did not change, so a re-run (new
+    # flags, another torch) would ship the old binary. The checkout is slimeforge's own.
+    sf_git -C "$dest" reset -q --hard
+    sf_git -C "$dest" clean -q -xdf
+    sf_log "source $name: reset to $commit, untracked and build files removed: the compile starts clean"
+  fi
   local spec pname method strip file
   for spec in "${patches[@]}"; do
     IFS=: read -r pname method strip file <<<"$spec"

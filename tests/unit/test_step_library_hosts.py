@@ -324,3 +324,42 @@ def test_a_file_in_the_way_that_the_patch_did_not_write_is_never_removed(tmp_pat
     assert res.returncode == 1
     assert "pkg/new.py exists with content the patch does not give it" in res.stderr
     assert (site / "pkg" / "new.py").read_text() == "SOMEONE_ELSES = True\n"
+
+
+def test_a_compiled_checkout_is_compiled_again_from_clean_not_from_its_old_build_dir(tmp_path):
+    """pip builds a checkout in place and setuptools takes build/'s extension for up to date when the
+    sources did not change: the second compile (other flags, another torch) shipped the first
+    one's binary (seen in the real install). The step resets the checkout first."""
+    venv, env = build_venv(tmp_path)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "setup.py").write_text(
+        "import os\nfrom setuptools import Extension, setup\n"
+        "setup(name='flagged', version='1', ext_modules=[Extension('flagged', ['f.c'], "
+        "define_macros=[('SF_FLAG', '\"%s\"' % os.environ['SF_TEST_FLAG'])])])\n")
+    (repo / "f.c").write_text(
+        "#include <Python.h>\nstatic PyObject *flag(PyObject *s, PyObject *a) { return PyUnicode_FromString(SF_FLAG); }\n"
+        "static PyMethodDef m[] = {{\"flag\", flag, METH_NOARGS, \"\"}, {NULL, NULL, 0, NULL}};\n"
+        "static struct PyModuleDef d = {PyModuleDef_HEAD_INIT, \"flagged\", NULL, -1, m};\n"
+        "PyMODINIT_FUNC PyInit_flagged(void) { return PyModule_Create(&d); }\n")
+    for argv in (["init", "-q"], ["add", "."], ["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "x"]):
+        subprocess.run(["git", "-C", str(repo), *argv], check=True)
+    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    # The venv's own distributions are the lock of this test (sf_lock_verify allows nothing else).
+    have = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True).stdout
+    (tmp_path / "lock").mkdir()
+    (tmp_path / "lock" / "base.txt").write_text(have + "flagged==1\n")
+    dest = tmp_path / "checkout"
+
+    def compile_with(flag: str) -> str:
+        res = sf("sf_compiled", "--key", "t-flagged-0", "--", "source_step", "--venv", str(venv), "--step", "flagged", "--name",
+                 "flagged", "--url", str(repo), "--commit", commit, "--dest", str(dest), state=tmp_path,
+                 env={**env, "PATH": f"{venv}/bin:/usr/bin:/bin", "SF_TEST_FLAG": flag, "MAX_JOBS": "1", "NVCC_THREADS": "1",
+                      "SF_COMPILE_OFFLINE": "0"})
+        assert res.returncode == 0, res.stderr
+        return subprocess.run([str(venv / "bin" / "python"), "-c", "import flagged; print(flagged.flag())"],
+                              capture_output=True, text=True, env={**os.environ, **env}).stdout.strip()
+
+    assert compile_with("first") == "first"
+    assert (dest / "build").exists()  # pip built it in place
+    assert compile_with("second") == "second"
