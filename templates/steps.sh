@@ -221,7 +221,9 @@ _sf_explain_uv_failure() {
   if [[ -n $what ]]; then
     sf_die "step $step: $what cannot be fetched (network, proxy or CA bundle: SF_CA_BUNDLE); see above"
   fi
-  sf_die "step $step: installing its slice of the lock failed: $(printf '%s\n' "$out" | grep -m1 -iE 'error' || printf '%s\n' "$out" | tail -n 1)"
+  # Otherwise uv's own cause (a full disk, a permission) is the line to read.
+  what=$(printf '%s\n' "$out" | sed -n 's/^ *Caused by: *//p' | tail -n 1)
+  sf_die "step $step: installing its slice of the lock failed: ${what:-$(printf '%s\n' "$out" | grep -m1 -iE 'error' || printf '%s\n' "$out" | tail -n 1)}"
 }
 
 # sf_lock_verify VENV STEP [--exact]: what the venv holds is exactly what the lock's slices so far
@@ -776,6 +778,10 @@ sf_finalize() {
     esac
   done
   sf_lock_verify "$venv" finalize --exact
+  # Every step installs with --reinstall, which uv takes to mean --refresh: a re-run fetches its
+  # files again and leaves the old unpacked copies unreachable in the cache (5 re-runs of cu13 left
+  # 54 GiB). Prune what nothing refers to any more.
+  "$venv/bin/uv" cache prune --quiet || sf_log "finalize: uv cache prune failed (the cache keeps its unreachable entries)"
   local spec commits=()
   for spec in "${checkouts[@]}"; do
     commits+=("${spec%%=*}=$(sf_git -C "${spec#*=}" rev-parse HEAD)")

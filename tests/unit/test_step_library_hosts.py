@@ -363,3 +363,13 @@ def test_a_compiled_checkout_is_compiled_again_from_clean_not_from_its_old_build
     assert compile_with("first") == "first"
     assert (dest / "build").exists()  # pip built it in place
     assert compile_with("second") == "second"
+
+
+def test_a_full_disk_is_named_as_such():
+    out = ("error: Failed to install: torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl (torch==2.11.0)\n"
+           "  Caused by: failed to copy file from /root/.cache/uv/archive-v0/x/libtorch_cuda.so to /opt/venv/libtorch_cuda.so: "
+           "No space left on device (os error 28)\n")
+    res = subprocess.run(["bash", "-c", 'source "$1"; _sf_explain_uv_failure torch "$2"', "sf", str(LIB), out], capture_output=True, text=True)
+    assert res.returncode == 1
+    assert "step torch: installing its slice of the lock failed: failed to copy file" in res.stderr
+    assert "No space left on device" in res.stderr and "sha256" not in res.stderr
