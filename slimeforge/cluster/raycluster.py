@@ -5,17 +5,9 @@ seams), agent.py (the node agent protocol over ssh), nodestart.py (each node's `
 and environment), record.py (this machine's record of a bring-up: the head's addresses, read by
 `invoke run --cluster`), statustable.py (cluster.status's table).
 
-`up` runs in phases, every host in parallel within a phase, and stops at the first phase in which
-any host failed, with a table of hosts and what failed:
-
-  connect      ssh reaches the host; the node agent reports what it sees (GPUs, addresses, ...)
-  preflight    GPUs seen >= declared, Ray's ports free, the head reachable from each worker,
-               the interface and node IP resolved, plus any injected host checks
-  environment  make the environment (pull the image by digest / run the install script, both
-               idempotent), then require the same image digest or install lock, Python and Ray
-               everywhere; with --nccl-check, an all-reduce across each host's GPUs
-  ray          the head (`ray start --head --block`), then the workers, then a health gate: the
-               head's state API lists every node ALIVE with its GPUs, within a deadline
+`up` runs in phases (connect, preflight, environment, ray: cluster/bringup.py names what each
+does), every host in parallel within a phase, and stops at the first phase in which any host
+failed, with a table of hosts and what failed.
 
 Nothing starts Ray before every host has passed every check. Each `ray start --block` runs
 detached on its host with its pid (or container id) recorded in that host's state directory;
