@@ -15,6 +15,7 @@ import io
 import json
 import os
 import shutil
+import sys
 import threading
 import time
 import urllib.request
@@ -25,6 +26,8 @@ from pathlib import Path
 import yaml
 from helpers import SEED_RECIPE
 from invoke import Context, Exit
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 BOOT = "0f0e0d0c-0b0a-4908-8706-050403020100"
@@ -97,6 +100,8 @@ def setup(root: Path, port: int) -> dict[str, Path]:
 
 
 def commands(recipe: Path) -> dict[str, Callable[[Context, Path], object]]:
+    if str(ROOT) not in sys.path:  # tasks.py lies at the repository's root, which pytest does not put on the path
+        sys.path.insert(0, str(ROOT))
     import tasks
 
     return {

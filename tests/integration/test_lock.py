@@ -150,7 +150,7 @@ def test_a_replaced_file_on_the_index_is_refused_naming_package_and_step(indexes
         indexes["main"].write_pages()
     assert res.returncode == 1
     assert "Hash mismatch" in res.stderr
-    assert "slimeforge: ERROR: step app: installing its slice of the lock failed (package: sf-extra)" in res.stderr
+    assert "slimeforge: ERROR: step app: sf-extra differs from its sha256 in the lock (a changed or corrupted file): refused" in res.stderr
     assert "step base: 1 distribution(s) installed, all as locked" in res.stderr  # the step before it went through
 
 

@@ -209,8 +209,9 @@ class SlurmTarget(Target):
         from .. import preflight as doctor
 
         run = plan.run
-        # This machine is a login node: the host checks (GPUs, ports) run on each node in the allocation.
-        only = [name for name, chk in doctor.CHECKS.items() if chk.scope != "host" and name != "versions"]
+        # This machine is a login node: the host checks (GPUs, ports) run on each node in the allocation,
+        # and the kernel check (scope gpu) only where it is asked for (invoke doctor --kernels).
+        only = [name for name, chk in doctor.CHECKS.items() if chk.scope not in ("host", "gpu") and name != "versions"]
         report = doctor.run_checks(run.recipe, run.stack, args=plan.rundir.args, catalog=run.catalog, skip=run.skip_checks, only=only,
                                    network=run.network_checks, environ=run.environ)
         report.findings += cluster_findings(run.recipe, self.opts, runner)
