@@ -24,6 +24,7 @@ from .. import paths
 from ..errors import ConfigError, Problem, SlimeforgeError
 from ..image.stack import Stack
 from ..proc import Runner
+from .headstate import check_address
 from .recipe import EXP_ID_RE, Recipe, load_recipe, load_recipe_data, parse_overrides
 from .resolve import resolve_mode
 from .rundir import HEAD_TIMEOUT_S, read_plan, write_run_dir
@@ -105,6 +106,8 @@ def find_address(address: str | None, cluster: str | None, find_cluster: FindClu
 
 def local_target(recipe: Recipe, address: str | None, cluster: str | None = None, **options: Any) -> Target:
     """Host or container mode; against a running Ray cluster when it has an address."""
+    if address:
+        check_address(address)
     make = HostTarget if recipe.mode == "host" else ContainerTarget
     if address:
         return RayClusterTarget(make(address, **options), cluster or address)

@@ -25,6 +25,7 @@ import os
 import re
 import secrets
 import shutil
+import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from .. import records
 from ..atomic import dir_lock, write_file
 from ..errors import ConfigError, Problem, SlimeforgeError
 from ..proc import Runner
+from ..schema import WHOLE_RE
 from . import ownership
 from .headstate import HEAD_RECORD, read_head, state_dir
 from .ownership import HeadRecord, Verdict
@@ -296,11 +298,11 @@ def archive(run_dir: Path) -> int:
     if hist.is_symlink() or (hist.exists() and not hist.is_dir()):
         raise ConfigError(str(run_dir), [Problem(HISTORY, "is not a directory", str(hist), "a directory slimeforge keeps past launches in")])
     hist.mkdir(exist_ok=True)
-    taken = [int(p.name) for p in hist.iterdir() if p.name.isdigit()]
+    # Only names of ASCII digits count (`history/²` is someone else's: str.isdigit() took it, int() did not).
+    taken = [int(p.name) for p in hist.iterdir() if WHOLE_RE.fullmatch(p.name)]
     n = max(taken, default=0) + 1
-    tmp = hist / f".{n}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    # A fresh staging name: a left-over `.1.tmp` (a file, a symlink, someone's directory) is not ours to remove.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{n}.", suffix=".tmp", dir=hist))
     for name in os.listdir(run_dir):
         path = run_dir / name
         if path.is_file() and not path.is_symlink() and name not in LAUNCH_RECORDS and not name.startswith(".") and name != "job.log" \
