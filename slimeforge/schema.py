@@ -126,6 +126,12 @@ def text_problem(value: str) -> str | None:
     return None
 
 
+def printable(text: str) -> str:
+    """`text` from a report or a tool with every control and bidirectional character replaced by
+    '?': what reaches a terminal never carries an escape sequence or a forged line."""
+    return _CONTROL_RE.sub("?", text)
+
+
 def text_problems(data: Any, where: str = "") -> list[Problem]:
     """Every key and string value under `data` that `text_problem` refuses, by its field path."""
     out: list[Problem] = []
@@ -210,7 +216,9 @@ def problems_from(cls: type[BaseModel], exc: pydantic.ValidationError) -> list[P
             value = err.get("input")
             # A rule between fields fails on the whole mapping: the message names the culprit.
             show = not isinstance(value, dict | list)
-            problems.append(Problem(where, err["msg"], value if show else None, show_value=show))
+            # A validator's own ValueError reads as a sentence of ours, without pydantic's "Value error, ".
+            msg = err["msg"].removeprefix("Value error, ") if kind == "value_error" else err["msg"]
+            problems.append(Problem(where, msg, value if show else None, show_value=show))
     return problems
 
 
