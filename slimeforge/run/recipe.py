@@ -59,14 +59,14 @@ RUNNER_FIELDS: dict[str, Any] = {
 
 EXP_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # arn:aws:bedrock-agentcore:<region>:<12-digit account>:runtime/<runtime id>
-ARN_RE = re.compile(r"arn:aws(-[a-z]+)*:bedrock-agentcore:[a-z]{2}(-[a-z]+)+-\d:\d{12}:runtime/[A-Za-z][A-Za-z0-9_]{0,99}-[A-Za-z0-9]{10}")
+ARN_RE = re.compile(r"arn:aws(-[a-z]+)*:bedrock-agentcore:[a-z]{2}(-[a-z]+)+-[0-9]:[0-9]{12}:runtime/[A-Za-z][A-Za-z0-9_]{0,99}-[A-Za-z0-9]{10}")
 # Names passed to slime or the toolkit as a flag's value: never starting with '-' (argparse would
 # read "--lr" as the next option) and in the alphabet of what they name.
 LABEL_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")  # wandb project/group, eval data names
 MODEL_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:/-]{0,255}")  # "default", or a Bedrock model id
 # One extra_flags item is a flag (`--name`, `--name=value`) or one value of the flag before it.
 FLAG_RE = re.compile(r"--[a-z0-9]+(?:-[a-z0-9]+)*")
-NUMBER_RE = re.compile(r"-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+NUMBER_RE = re.compile(r"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 MAX_GPUS_PER_HOST = 64
 MAX_NODES = 4096
 MAX_COUNT = 1 << 31  # batch sizes, lengths, counts, timeouts: anything larger is a typo
@@ -198,7 +198,7 @@ def _bucket_problems(value: str) -> list[str]:
         why.append("must begin and end with a letter or digit")
     if ".." in bucket:
         why.append("must not hold two adjacent dots")
-    if re.fullmatch(r"\d+\.\d+\.\d+\.\d+", bucket):
+    if re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+", bucket):
         why.append("must not look like an IP address")
     for prefix in ("xn--", "sthree-", "amzn-s3-demo-"):
         if bucket.startswith(prefix):

@@ -43,10 +43,10 @@ from .ownership import HeadRecord, Verdict
 from .rundir import read_plan
 from .targets.slurm_checks import fields
 
-JOB_ID_RE = re.compile(r"[1-9]\d{0,11}")
-SUBMISSION_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}-\d{8}-\d{6}-[0-9a-f]{6}")
-ADDRESS_RE = re.compile(r"https?://[A-Za-z0-9_.%\[\]:-]{1,253}:\d{1,5}/?")
-SUBMITTED_AT_RE = re.compile(r"\d{1,12}(?:\.\d{1,6})?")
+JOB_ID_RE = re.compile(r"[1-9][0-9]{0,11}")
+SUBMISSION_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}-[0-9]{8}-[0-9]{6}-[0-9a-f]{6}")
+ADDRESS_RE = re.compile(r"https?://[A-Za-z0-9_.%\[\]:-]{1,253}:[0-9]{1,5}/?")
+SUBMITTED_AT_RE = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,6})?")
 # The records of one launch; kept under history/<n>/ when the directory is rendered again.
 LAUNCH_RECORDS = ("run_token", "submission_id", "ray_address", "container.id", "slurm_job_id", "slurm_submitted_at")
 HISTORY = "history"

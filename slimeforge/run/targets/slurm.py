@@ -45,7 +45,7 @@ from .slurm_checks import cluster_findings
 # Grammars (re.fullmatch): what Slurm accepts for these names, less anything a shell or an
 # #SBATCH line could read as syntax.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-TIME_RE = re.compile(r"(?:(\d{1,3})-)?(\d{1,2}):([0-5]\d):([0-5]\d)")
+TIME_RE = re.compile(r"(?:([0-9]{1,3})-)?([0-9]{1,2}):([0-5][0-9]):([0-5][0-9])")
 MAX_NODES = 4096
 RAY_AGENT_PORT = 52365  # the dashboard agent's port, fixed (as cluster.up) so the checks can test it
 START_TIMEOUT_S = 300
@@ -68,7 +68,7 @@ class Options:
 def options(partition: str | None = None, account: str | None = None, time: str | None = None, nodes: int | str | None = None) -> Options:
     """Options from the command line (strings), checked; ConfigError lists every problem."""
     if isinstance(nodes, str):
-        nodes = int(nodes) if re.fullmatch(r"[1-9]\d{0,5}", nodes) else nodes  # else reported below
+        nodes = int(nodes) if re.fullmatch(r"[1-9][0-9]{0,5}", nodes) else nodes  # else reported below
     opts = Options(partition=partition, account=account, time=time, nodes=nodes)  # type: ignore[arg-type]
     problems = check_options(opts)
     if problems:
