@@ -3,7 +3,7 @@
     read_bytes(path, what, accepted, max_bytes=...) -> bytes | None   (None: no such file)
     read_text(path, what, pattern=..., max_bytes=...) -> str | None
     read_json(path, what, check=..., max_bytes=...) -> Any | None
-    read_toml(path, what, check=..., max_bytes=...) -> dict | None    (a lock)
+    parse_toml(path, what, accepted, text, check=...) -> dict       (a lock, after read_bytes and decode)
     (recipes, stacks and inventories: yamlio.read_yaml reads their bytes through read_bytes)
 
 Every file slimeforge reads that a person could have written or replaced (a recipe, an
@@ -170,15 +170,6 @@ def read_json(path: str | os.PathLike[str], what: str, accepted: str, check: Cal
     if check is not None and (why := check(doc)):
         raise RecordError(path, what, why, accepted)
     return doc
-
-
-def read_toml(path: str | os.PathLike[str], what: str, accepted: str, check: Callable[[dict[str, Any]], str | None] | None = None, *,
-              max_bytes: int = MAX_TOML_RECORD, follow_symlinks: bool = True) -> dict[str, Any] | None:
-    """A TOML file (a lock), parsed, bounded in depth, then held to `check`."""
-    data = read_bytes(path, what, accepted, max_bytes=max_bytes, follow_symlinks=follow_symlinks)
-    if data is None:
-        return None
-    return parse_toml(path, what, accepted, decode(path, what, accepted, data), check)
 
 
 def parse_toml(path: str | os.PathLike[str], what: str, accepted: str, text: str,

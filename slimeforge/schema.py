@@ -23,8 +23,6 @@ M = TypeVar("M", bound=BaseModel)
 # takes '٣' (Arabic-Indic three) and '1_000'; bash reads 099 as octal. Bounds come first in the
 # grammar (at most 18 digits), so a 10,000-digit value is refused before int() spends time on it.
 WHOLE_RE = re.compile(r"[0-9]{1,18}")
-# Seconds: digits with an optional fraction; never nan, inf, an exponent or a sign.
-SECONDS_RE = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9})?")
 
 
 def whole_problem(value: object, where: str, low: int, high: int, unit: str = "") -> Problem | None:
@@ -50,17 +48,6 @@ def parse_whole(value: object, where: str, low: int, high: int, *, unit: str = "
     if problem := whole_problem(value, where, low, high, unit):
         raise ConfigError(source, [problem])
     return int(value)  # type: ignore[call-overload]  # checked above: text of digits or an int
-
-
-def parse_seconds(value: object, where: str, high: float, *, source: str = "command line") -> float:
-    """A timeout: more than 0 and at most `high` seconds, from text (digits, an optional fraction)
-    or a number; never nan, infinity, zero, a negative or a bool."""
-    accepted = f"seconds, more than 0 and at most {high:g} (digits, an optional fraction)"
-    if isinstance(value, str) and SECONDS_RE.fullmatch(value):
-        value = float(value)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= high:  # nan fails every comparison
-        raise ConfigError(source, [Problem(where, "is not a timeout", value, accepted)])
-    return float(value)
 
 
 def _number_problem(ann: Any, value: Any) -> str | None:

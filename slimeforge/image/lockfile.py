@@ -184,7 +184,8 @@ def shape_problems(data: dict[str, Any]) -> list[Problem]:
     """Every field the code reads, typed: a string where a size goes, a table where a list goes or
     a number where a name goes is named here, not a traceback later."""
     problems = _typed(data, _TOP_TYPES, "")
-    for i, pkg in enumerate(data.get("packages") if isinstance(data.get("packages"), list) else []):
+    packages = data.get("packages")
+    for i, pkg in enumerate(packages if isinstance(packages, list) else []):
         if not isinstance(pkg, dict):
             problems.append(Problem(f"packages[{i}]", "is not a table", pkg, "[[packages]] tables"))
             continue

@@ -223,8 +223,8 @@ def check(recipe: Recipe, stack: Stack, rendered_flags: set[str]) -> list[Proble
     paths_accepted = f"/path/on/the/hosts: absolute, not / or under {', '.join(SYSTEM_DIRS)}, without ':' or ','"
     for name in ("model_dir", "data_path", "checkpoint_dir"):
         value = getattr(r, name)
-        if value is not None and (why := host_path_problem(value)):
-            p.append(Problem(name, why, value, paths_accepted))
+        if value is not None and (path_why := host_path_problem(value)):
+            p.append(Problem(name, path_why, value, paths_accepted))
     for name in ("slime_dir", "megatron_dir"):  # checkouts: in the image or the install, never mounted
         value = getattr(r, name)
         if not value.startswith("/"):
@@ -232,8 +232,8 @@ def check(recipe: Recipe, stack: Stack, rendered_flags: set[str]) -> list[Proble
     for name, path in r.eval_data.items():
         if not LABEL_RE.fullmatch(name):
             p.append(Problem(f"eval_data.{name}", "is not a data set name (it is passed to slime as NAME PATH)", name, "letters, digits, '.', '_', '-', not starting with '-' or '.'"))
-        if why := host_path_problem(path):
-            p.append(Problem(f"eval_data.{name}", why, path, paths_accepted))
+        if path_why := host_path_problem(path):
+            p.append(Problem(f"eval_data.{name}", path_why, path, paths_accepted))
     for name in ("wandb_project", "wandb_group"):
         value = getattr(r, name)
         if value is not None and not LABEL_RE.fullmatch(value):

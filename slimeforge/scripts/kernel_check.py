@@ -28,8 +28,8 @@ import traceback
 
 OK, FAILED, SKIPPED = "ok", "FAILED", "skipped"
 MAX_TIMEOUT_S = 86_400.0
-# Seconds as ASCII digits with an optional fraction (slimeforge.schema.SECONDS_RE: this script runs
-# with the target's Python alone, so it holds its own copy). float() takes nan, inf, 1e999 and '٣'.
+# Seconds as ASCII digits with an optional fraction (this script runs with the target's Python
+# alone, without slimeforge's schema module). float() takes nan, inf, 1e999 and '٣'.
 SECONDS_RE = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9})?")
 _CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 

@@ -254,7 +254,8 @@ def _read(fmt: str, path: Path):
     if fmt == "json":
         return records.read_json(path, "record", "a JSON record")
     if fmt == "toml":
-        return records.read_toml(path, "lock", "a TOML file")
+        raw = records.read_bytes(path, "lock", "a TOML file", max_bytes=records.MAX_TOML_RECORD, follow_symlinks=True)
+        return None if raw is None else records.parse_toml(path, "lock", "a TOML file", records.decode(path, "lock", "a TOML file", raw))
     return records.read_text(path, "id", re.compile(r"[0-9a-f]{1,64}"), "hex digits")
 
 
