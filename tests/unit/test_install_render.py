@@ -222,7 +222,9 @@ def test_the_disk_need_can_be_overridden_and_a_bad_override_is_named(tmp_path):
 @pytest.mark.parametrize("option, value, says", [
     ("--python", "py thon", "--python: is neither an absolute path nor an interpreter name"),
     ("--python", "bin/python3.12", "--python: is neither an absolute path nor an interpreter name"),
-    ("--min-free-gb", "lots", "--min-free-gb: 'lots' is not a whole number of GiB"),
+    ("--min-free-gb", "lots", "--min-free-gb: is not a whole number (got 'lots')"),
+    ("--min-free-gb", "\u00b2", "--min-free-gb: is not a whole number (got '\u00b2')"),  # str.isdigit() took it, int() raised
+    ("--min-free-gb", "1000000", "--min-free-gb: is out of range (0..999999)"),
 ])
 def test_cli_refuses_a_bad_interpreter_or_disk_option_before_anything(tmp_path, option, value, says):
     res = subprocess.run([sys.executable, "-m", "invoke", "install", "--stack", str(bs.TEST_STACK), "--prefix", str(tmp_path / "p"),
