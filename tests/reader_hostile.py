@@ -244,6 +244,42 @@ def _doctor(**options) -> Callable[[Path], str | None]:
     return act
 
 
+def _store_entry(shape: str) -> Callable[[Path], None]:
+    """A compiled-wheel store entry whose SHA256SUMS is a FIFO, or whose record.json is a list."""
+    def act(tmp: Path) -> None:
+        from slimeforge.image.wheelstore import verify
+
+        entry = tmp / "entry"
+        entry.mkdir()
+        (entry / "x-1.0-py3-none-any.whl").write_bytes(b"wheel")
+        sha = "5a5a" * 16
+        if shape == "fifo":
+            os.mkfifo(entry / "SHA256SUMS")
+        else:
+            import hashlib
+
+            sha = hashlib.sha256(b"wheel").hexdigest()
+            (entry / "SHA256SUMS").write_text(f"{sha}  x-1.0-py3-none-any.whl\n")
+            (entry / "record.json").write_text("[1, 2]")
+        verify(entry, "k")
+
+    return act
+
+
+def _model_config(tmp: Path) -> str | None:
+    """`doctor`'s model-config check with a FIFO for model_dir/config.json."""
+    from slimeforge.image.stack import load_stack
+    from slimeforge.run.preflight.findings import Context
+    from slimeforge.run.preflight.model import check_model_config
+    from slimeforge.run.recipe import load_recipe
+
+    (tmp / "model").mkdir()
+    os.mkfifo(tmp / "model" / "config.json")
+    recipe, _ = load_recipe(_recipe(tmp, model_dir=str(tmp / "model")))
+    found = check_model_config(Context(stack=load_stack("cu13"), recipe=recipe))
+    return "ok" if any("FIFO" in f.message for f in found) else "silent"
+
+
 def _tree(path: Path) -> dict[str, bytes]:
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
 
@@ -326,6 +362,9 @@ CASES: list[Case] = [
     Case("lock-steps-not-lists", "traceback", "tool.slimeforge.steps", _real_lock(lambda t: t.replace('"flash-attn" = []', '"flash-attn" = 7', 1))),
     Case("lock-router-not-text", "traceback", "tool.slimeforge.router", _real_lock(lambda t: t.replace('[tool.slimeforge.router]\n"url" = ', '[tool.slimeforge.router]\n"sha256" = 5\n"url" = ', 1))),
     Case("lock-good", "good", None, _real_lock(lambda t: t)),
+    Case("store-sums-fifo", "hang", "FIFO", _store_entry("fifo")),
+    Case("store-record-a-list", "traceback", "record.json", _store_entry("list")),
+    Case("model-config-fifo", "hang", None, _model_config),
     # records read back
     Case("json-record-deep", "silent", "nests deeper", _deep_plan),
     Case("history-superscript-entry", "traceback", None, _history("\u00b2", as_file=False)),
