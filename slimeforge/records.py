@@ -134,6 +134,19 @@ def too_deep(text: str, tokens: re.Pattern[str] = _JSON_TOKENS, limit: int = MAX
     return False
 
 
+def json_loads(text: str | bytes) -> Any:
+    """json.loads for text from outside that is not a file (a Jobs API answer, a tool's output):
+    ValueError, as json.loads raises, for a document nested deeper than MAX_DEPTH as well."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8")  # UnicodeDecodeError is a ValueError
+    if too_deep(text):
+        raise ValueError(f"nests deeper than {MAX_DEPTH} levels")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(f"nests deeper than {MAX_DEPTH} levels") from None
+
+
 def depth_of(doc: Any, limit: int = MAX_DEPTH) -> int:
     """The nesting depth of a parsed document (lists and mappings), measured without recursion
     and stopping once past `limit` (TOML's dotted keys `a.b.c...` nest without a bracket)."""
@@ -164,8 +177,8 @@ def read_json(path: str | os.PathLike[str], what: str, accepted: str, check: Cal
     if too_deep(text):
         raise _deep_error(path, what, accepted)
     try:
-        doc = json.loads(text)
-    except (ValueError, RecursionError):
+        doc = json_loads(text)
+    except ValueError:
         raise RecordError(path, what, "is not JSON", accepted) from None
     if check is not None and (why := check(doc)):
         raise RecordError(path, what, why, accepted)

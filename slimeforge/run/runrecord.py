@@ -20,7 +20,6 @@ and in the state directory, per GCS port: head.json (launch.sh: pid, start time,
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
@@ -161,7 +160,7 @@ def jobs_api(address: str, method: str, path: str, timeout: float = API_TIMEOUT_
     except (OSError, ValueError) as exc:
         raise Unreachable(f"the Ray Jobs API at {address} does not answer ({getattr(exc, 'reason', exc)})") from None
     try:
-        return json.loads(body)
+        return records.json_loads(body)
     except ValueError:
         raise Unreachable(f"the Ray Jobs API at {address} answered something that is not JSON to {method} {path}") from None
 
@@ -192,7 +191,7 @@ def docker_inspect(container_id: str, runner: Runner, docker: str = "docker") ->
             return None
         raise Unreachable(f"docker inspect {container_id[:12]} failed: {r.stderr.strip()[-300:]}")
     try:
-        doc = json.loads(r.stdout)
+        doc = records.json_loads(r.stdout)
     except ValueError:
         raise Unreachable(f"docker inspect {container_id[:12]} printed something that is not JSON") from None
     return doc[0] if isinstance(doc, list) and doc and isinstance(doc[0], dict) else None

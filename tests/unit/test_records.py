@@ -149,3 +149,12 @@ def test_publish_record_that_is_a_symlink_or_device_is_refused_in_the_plan(tmp_p
         with pytest.raises(ConfigError) as err:
             pub.plan(opts)
         assert any(p.where == "--record" for p in err.value.problems), str(err.value)
+
+
+def test_json_from_outside_a_file_is_bounded_in_depth_too():
+    """A Jobs API answer or a tool's output (records.json_loads): deep nesting is a ValueError, as
+    bad JSON is, never a RecursionError that the callers' `except ValueError` would let through."""
+    assert records.json_loads(b'{"a": [1, {"b": "[[[["}]}') == {"a": [1, {"b": "[[[["}]}
+    for text in ("[" * 100_000, "[" * 900 + "]" * 900, b"\xff"):
+        with pytest.raises(ValueError):
+            records.json_loads(text)

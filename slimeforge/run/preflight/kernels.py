@@ -11,11 +11,10 @@ a warning, so neither passes unseen.
 
 from __future__ import annotations
 
-import json
 import shlex
 from typing import Any
 
-from ... import paths
+from ... import paths, records
 from ...errors import CommandError
 from ...schema import printable
 from .findings import Context, Finding, check, error, ok, warning
@@ -50,9 +49,9 @@ def parse_report(text: str) -> dict[str, Any]:
     if not lines:
         raise ValueError("it printed nothing")
     try:
-        doc = json.loads(lines[-1])
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"its last line is not JSON ({exc.msg}): {lines[-1][:200]!r}") from None
+        doc = records.json_loads(lines[-1])
+    except ValueError as exc:
+        raise ValueError(f"its last line is not JSON ({getattr(exc, 'msg', exc)}): {printable(lines[-1][:200])}") from None
     pieces = doc.get("pieces") if isinstance(doc, dict) else None
     if not isinstance(pieces, list) or not pieces:
         raise ValueError("its report has no list of pieces")
