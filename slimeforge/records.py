@@ -177,8 +177,8 @@ def read_json(path: str | os.PathLike[str], what: str, accepted: str, check: Cal
     if too_deep(text):
         raise _deep_error(path, what, accepted)
     try:
-        doc = json_loads(text)
-    except ValueError:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
         raise RecordError(path, what, "is not JSON", accepted) from None
     if check is not None and (why := check(doc)):
         raise RecordError(path, what, why, accepted)

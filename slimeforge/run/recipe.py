@@ -85,7 +85,7 @@ RESERVED_ENV = frozenset({"PATH", "PYTHONPATH", "PYTHONHOME", "HOME", "LD_PRELOA
 RESERVED_ENV_PREFIXES = ("SLIMEFORGE_", "SF_", "SLURM_")
 
 
-def host_path_problem(path: str, mounted: bool = True) -> str | None:
+def host_path_problem(path: str) -> str | None:
     """Why `path` cannot be a run's model, data or checkpoint path, or None: not absolute, `/` or
     a system directory (or under one), or a ':' or ',' where it becomes a container mount."""
     if not path.startswith("/"):
@@ -96,7 +96,7 @@ def host_path_problem(path: str, mounted: bool = True) -> str | None:
         return "is the root directory; a run never reads or writes the whole host"
     if any(norm == d or norm.startswith(d + "/") for d in SYSTEM_DIRS):
         return f"is under a system directory ({', '.join(SYSTEM_DIRS)}); a run's files never live there"
-    if mounted and (bad := [c for c in MOUNT_SEPARATORS if c in path]):
+    if bad := [c for c in MOUNT_SEPARATORS if c in path]:
         return f"holds {' and '.join(repr(c) for c in bad)}, which splits a container mount (docker -v, pyxis --container-mounts)"
     return None
 
