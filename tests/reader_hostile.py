@@ -217,6 +217,12 @@ def _kernel_timeout(value: str) -> Callable[[Path], None]:
     return act
 
 
+def _slurm_time(value: str) -> None:
+    from slimeforge.run.targets import slurm
+
+    slurm.options(time=value)
+
+
 class _Refused(Exception):
     """A refusal that is not a ConfigError (argparse's exit 2), with its message."""
 
@@ -377,6 +383,8 @@ CASES: list[Case] = [
     *(Case(f"kernel-timeout-{v}", "traceback" if v in ("nan", "inf") else "silent", "not a timeout", _kernel_timeout(v))
       for v in ("nan", "inf", "0", "-1", "1e999")),
     Case("kernel-timeout-good", "good", None, _kernel_timeout("120.5")),
+    Case("slurm-time-zero", "silent", "--time", lambda tmp: _slurm_time("0-00:00:00")),
+    Case("slurm-time-good", "good", None, lambda tmp: _slurm_time("0-00:00:01")),
     Case("recipe-num_gpus-true", "silent", "num_gpus", _recipe_value(num_gpus=True, tp_size=1, rollout_gpus_per_engine=1)),
     Case("recipe-ray_port-true", "silent", "ray_port", _recipe_value(ray_port=True)),
     Case("recipe-count-as-text", "silent", "rollout_batch_size", _recipe_value(rollout_batch_size="\u0663\u0662")),

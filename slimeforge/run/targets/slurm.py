@@ -82,8 +82,9 @@ def check_options(opts: Options) -> list[Problem]:
         value = getattr(opts, name)
         if value is not None and not NAME_RE.fullmatch(value):
             problems.append(Problem(f"--{name}", "is not a Slurm name", value, "letters, digits, '_', '.', '-' (up to 64), starting with a letter or digit"))
-    if opts.time is not None and not TIME_RE.fullmatch(opts.time):
-        problems.append(Problem("--time", "is not a time limit", opts.time, "[D-]HH:MM:SS, e.g. 04:00:00 or 2-00:00:00"))
+    if opts.time is not None and not ((m := TIME_RE.fullmatch(opts.time)) and any(int(g or 0) for g in m.groups())):
+        # All zeros is no limit at all to Slurm (--time=0 means infinite), never a timeout.
+        problems.append(Problem("--time", "is not a time limit", opts.time, "[D-]HH:MM:SS, more than zero, e.g. 04:00:00 or 2-00:00:00"))
     if opts.nodes is not None and not (isinstance(opts.nodes, int) and not isinstance(opts.nodes, bool) and 1 <= opts.nodes <= MAX_NODES):
         problems.append(Problem("--nodes", "is not a node count", opts.nodes, f"an integer from 1 to {MAX_NODES}"))
     if not (isinstance(opts.start_timeout, int) and 1 <= opts.start_timeout <= 86400):
