@@ -17,7 +17,7 @@ from pydantic import Field
 from ..errors import ConfigError, Problem
 from ..image.registry import image_ref_problems
 from ..image.stack import Stack, available_flavors, load_stack, stack_path
-from ..schema import ENV_NAME_RE, WHOLE_RE, Model, did_you_mean, secret_name, secret_value, validate
+from ..schema import ENV_NAME_RE, Model, did_you_mean, secret_name, secret_value, validate, whole_problem
 from ..yamlio import deep_merge, load_with_extends, parse_set, parse_yaml
 from .flags import render_flags
 from .slime_facts import load_facts, model_types_in
@@ -361,11 +361,21 @@ def longest_sample_problems(r: Recipe) -> list[Problem]:
     per GPU: one sample (its prompt plus rollout_max_response_len) must fit, or slime cannot pack it.
     The prompt's bound comes from extra_flags (--rollout-max-prompt-len, --rollout-max-context-len),
     else it is at least one token; context parallelism splits a sample over its ranks."""
+    bad: list[Problem] = []
+
     def number(flag: str) -> int | None:
         value = flag_value(r.extra_flags, flag)
-        return int(value) if value is not None and WHOLE_RE.fullmatch(value) and 0 < int(value) <= 1 << 24 else None
+        if value is None:
+            return None
+        # The one number parser: '²' passed str.isdigit() and failed int(); slime's argparse would take '٣' as 3.
+        if problem := whole_problem(value, f"extra_flags {flag}", 1, 1 << 24, "tokens" if "len" in flag else "ranks"):
+            bad.append(problem)
+            return None
+        return int(value)
 
     prompt, context, cp = number("--rollout-max-prompt-len"), number("--rollout-max-context-len"), number("--context-parallel-size") or 1
+    if bad:
+        return bad
     longest = r.rollout_max_response_len + (prompt or 1)
     what = f"{'its prompt (--rollout-max-prompt-len ' + str(prompt) + ')' if prompt else 'at least one prompt token'} plus " \
            f"rollout_max_response_len ({r.rollout_max_response_len})"

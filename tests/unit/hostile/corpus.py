@@ -127,6 +127,8 @@ RECIPE_CASES: list[tuple[str, object, str | None]] = [
     ("env-ray-address", {"env": {"RAY_ADDRESS": "http://evil:8265"}}, "env.RAY_ADDRESS: is set by slimeforge itself"),
     ("env-slimeforge-prefix", {"env": {"SLIMEFORGE_HEAD_TIMEOUT": "1"}}, "env.SLIMEFORGE_HEAD_TIMEOUT"),
     ("secret_env-path", {"secret_env": ["PATH"]}, "secret_env.0"),
+    ("flag-value-superscript", {"extra_flags": ["--rollout-max-prompt-len", "\u00b2"]}, "extra_flags --rollout-max-prompt-len: is not a whole number"),
+    ("flag-value-arabic-digit", {"extra_flags": ["--context-parallel-size=\u0662"]}, "extra_flags --context-parallel-size"),
     ("paths-near-system-dirs-ok", {"checkpoint_dir": "/etcetera/ckpt", "data_path": "/data/usr/x.jsonl"}, None),
 ]
 
