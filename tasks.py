@@ -118,10 +118,12 @@ RUN_HELP = {"run": "the run directory (runs/<exp_id>), or the recipe that was la
 def run_status(c, run, as_json=False):
     """Status of a launched run's job (and whether the Ray head slimeforge started is up; a Slurm run: its job)."""
     from slimeforge.run.launch import run_dir_of, target_of
+    from slimeforge.schema import printable
 
     path = run_dir_of(run)
     st = target_of(path).status(path)
-    print(json.dumps(st.data, indent=2, default=str) if as_json else "\n".join(st.lines))
+    # The lines carry Ray's and Slurm's text (a job's message, a reason): no escape sequence reaches the terminal.
+    print(json.dumps(st.data, indent=2, default=str) if as_json else "\n".join(printable(line) for line in st.lines))
 
 
 @task(positional=["run"], help={**RUN_HELP, "follow": "keep streaming until the job ends"})
