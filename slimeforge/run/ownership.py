@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..proc import pid_alive
+from ..scripts.hostrecord import argv_matches
 
 OURS, ENDED, FOREIGN = "ours", "ended", "foreign"
 RUN_TOKEN_RE = re.compile(r"[0-9a-f]{32}")
@@ -75,6 +76,7 @@ class HeadRecord:
     boot_id: str
     exp_id: str
     run_token: str
+    argv: tuple[str, ...] = ()  # the exact `ray start --head ...`; () in records older than issue 33
 
 
 @dataclass(frozen=True)
@@ -132,15 +134,23 @@ def head_verdict(record: HeadRecord, now: ProcFacts | None, exp_id: str, run_tok
     if now.start_time != record.start_time:
         return ended(f"the Ray head (pid {record.pid}) has exited; pid {record.pid} is another process now "
                      f"(started at tick {now.start_time}, the head at {record.start_time})")
-    if "--head" not in now.argv:
-        return foreign(f"pid {record.pid} started when the head did but is not `ray start --head` ({' '.join(now.argv)[:120]!r})")
+    if not is_recorded_head(record, now):
+        return foreign(f"pid {record.pid} started when the head did but is not the `ray start --head` recorded ({' '.join(now.argv)[:120]!r})")
     return ours(f"Ray head pid {record.pid} (started for {exp_id}, start time and boot id match)")
 
 
 def head_alive(record: HeadRecord, now: ProcFacts | None) -> bool:
     """The recorded head still runs (whatever run it was started for): pid, start time and boot id match."""
     return (now is not None and not now.zombie and now.boot_id == record.boot_id and now.start_time == record.start_time
-            and "--head" in now.argv)
+            and is_recorded_head(record, now))
+
+
+def is_recorded_head(record: HeadRecord, now: ProcFacts) -> bool:
+    """The live argv is the recorded `ray start --head ...` (its #! interpreter in front), as the
+    node agent proves its `ray start` (scripts/hostrecord.py); a record without argv: `--head` among the words."""
+    if not record.argv:
+        return "--head" in now.argv
+    return argv_matches(list(record.argv), list(now.argv))
 
 
 # --- Ray job -------------------------------------------------------------------------------------
