@@ -20,6 +20,7 @@ RecordError naming the file: read before anything is signalled, never a tracebac
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -66,8 +67,9 @@ def read_regular(path, cap, last=False):
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         return None
-    except OSError as exc:  # ELOOP: a symlink
-        raise RecordError(f"{path}: cannot be read ({exc.strerror}); slimeforge writes a regular file there") from None
+    except OSError as exc:
+        what = "is a symlink" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})"
+        raise RecordError(f"{path}: {what}, not a regular file slimeforge wrote") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
