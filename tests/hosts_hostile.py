@@ -1,7 +1,7 @@
 """Issue 33's corpus of the hosts side, case by class, and the harness that judges each answer.
 
 Black-box on purpose (the node agent as cluster.up sends it, `load_inventory`), so the same cases
-run against an older checkout to count the "before": `PYTHONPATH=OLD python benchmarks/hosts_hostile.py`.
+run against an older checkout to count the "before": `PYTHONPATH=OLD python benchmarks/hostile_hosts.py`.
 
   agent     a host's record (ray.json) replaced by a hostile one; `stop` then `facts` run as
             cluster.down and cluster.up run them (python3 - COMMAND JSON, the agent on stdin,

@@ -8,7 +8,7 @@
 - an inventory option or ssh config directive that runs a command or forwards; docker_args and
   volumes that shift the image or an option: refused naming the field, nothing run;
 - IPv6 hosts and bastions, and the allowed options, arguments and volumes: accepted.
-benchmarks/hosts_hostile.py prints the same table with counts per class."""
+benchmarks/hostile_hosts.py prints the same table with counts per class."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Issue 33's hosts-side corpus (tests/hosts_hostile.py): each case's outcome and the counts per class.
 
-    python benchmarks/hosts_hostile.py [--rows]
-    PYTHONPATH=/path/to/an/older/checkout python benchmarks/hosts_hostile.py   # the "before" of a change
+    python benchmarks/hostile_hosts.py [--rows]
+    PYTHONPATH=/path/to/an/older/checkout python benchmarks/hostile_hosts.py   # the "before" of a change
 
 The node agent runs as cluster.up sends it (python3 - COMMAND JSON, 10 s watchdog) on a state
 directory whose record is hostile, beside a `sleep 300` the record names; inventories load with a
