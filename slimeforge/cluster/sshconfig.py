@@ -101,7 +101,7 @@ INSTEAD = {
     "match": "Match blocks (Match exec runs a command) belong in your own ssh config: --ssh-config FILE",
 }
 MAX_CONFIG = 256 * 1024
-MAX_LINE = 4096
+LINE_RE = re.compile(r"([A-Za-z0-9]{1,64})(?:[ \t]*=[ \t]*|[ \t]+)(.{1,4096})")  # `Keyword value` or `Keyword=value`
 
 
 def accepted(names: dict[str, tuple[str, re.Pattern[str], str]]) -> str:
@@ -153,7 +153,7 @@ def config_problems(path: Path, field: str = "ssh.config") -> list[Problem]:
         if not line or line.startswith("#"):
             continue
         where = f"{field} ({os.path.basename(path)} line {n})"
-        m = re.fullmatch(r"([A-Za-z0-9]{1,64})(?:[ \t]*=[ \t]*|[ \t]+)(.{1,%d})" % MAX_LINE, line)
+        m = LINE_RE.fullmatch(line)
         if m is None:
             problems.append(Problem(where, "is not `Keyword value`", line[:200], "one ssh_config keyword and its value per line"))
             continue

@@ -27,6 +27,7 @@ import re
 import signal
 import stat
 import subprocess
+import time
 
 RECORD = "ray.json"
 MAX_RECORD = 64 * 1024  # an argv and a few ids; a bigger file is not ours
@@ -261,6 +262,12 @@ def process_verdict(record):
     if st[2] != record["starttime"]:
         return ENDED, f"recorded pid {pid} is no longer running (pid {pid} is another process now, started at tick {st[2]}, ours at {record['starttime']})"
     live = _proc_words(pid, "cmdline")
+    # Right after Popen returns (the exec has closed the parent's pipe), the kernel has not yet set
+    # up the new argv: /proc/PID/cmdline reads empty for a moment. No process we start has none.
+    deadline = time.monotonic() + 2
+    while live == [] and time.monotonic() < deadline:
+        time.sleep(0.01)
+        live = _proc_words(pid, "cmdline")
     if not argv_matches(record["argv"], live):
         return FOREIGN, f"pid {pid} is not the `ray start` slimeforge recorded: it runs {' '.join(live or [])[:160]!r}"
     env = _proc_words(pid, "environ")

@@ -285,8 +285,11 @@ def _wait_ready(p, record, log_path):
                 f.write(text)
         else:
             text = (hostrecord.read_regular(log_path, 1 << 20, last=True) or b"").decode("utf-8", "replace")
-        if not hostrecord.verdict(record)[2]:
-            return {"ok": False, "record": record, "error": "exited before it was ready", "log_tail": tail(log_path)}
+        state, why, running = hostrecord.verdict(record)
+        if not running:
+            # FOREIGN here would be a process that is no longer the one started (its proof says how).
+            error = "exited before it was ready" + (f" ({why})" if state == hostrecord.FOREIGN else "")
+            return {"ok": False, "record": record, "error": error, "log_tail": tail(log_path)}
         if (not marker or marker in text) and (not wait_tcp or tcp_reach(wait_tcp[0], wait_tcp[1], 1.0) is None):
             return {"ok": True, "record": record}
         time.sleep(0.1)

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from slimeforge.cluster.inventory import load_inventory
-from slimeforge.cluster.sshconfig import INSTEAD, OPTIONS
 from slimeforge.cluster.raycluster import plan
+from slimeforge.cluster.sshconfig import INSTEAD, OPTIONS
 from slimeforge.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

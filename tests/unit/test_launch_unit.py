@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path

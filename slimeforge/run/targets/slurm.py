@@ -27,11 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ... import __version__, records
+from ... import __version__, records, scripts
 from ...atomic import write_file
 from ...errors import ConfigError, Problem, SlimeforgeError
 from ...proc import Runner
-from ... import scripts
 from ...templating import render
 from .. import ownership
 from ..recipe import Recipe

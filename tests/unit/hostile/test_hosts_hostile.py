@@ -29,7 +29,7 @@ def test_every_case_is_answered_right(rows):
 
 
 def test_bad_input_is_refused_and_good_input_accepted(rows):
-    for kind, klass, case, outcome, _ in rows:
+    for kind, _, case, outcome, _ in rows:
         good = kind == "inventory" and next(c for c in hh.INVENTORY_CASES if c[0] == case)[3] is None
         assert outcome == ("accepted" if good else "refused"), (kind, case)
 
