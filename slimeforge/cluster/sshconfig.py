@@ -28,7 +28,7 @@ from ..schema import text_problem
 
 YES_NO = re.compile(r"(?i:yes|no)")
 ALGORITHMS = re.compile(r"[+^-]?[A-Za-z0-9@._-]{1,128}(?:,[A-Za-z0-9@._-]{1,128}){0,63}")
-FILE = re.compile(r"(?i:none)|[~/%A-Za-z0-9_.@+-][^\s\"'`$;|&<>]{0,4095}")  # a path (ssh expands ~ and %d, %u, %h)
+FILE = re.compile(r"(?i:none)|[~/%A-Za-z0-9_.@+-][^\"'`$;|&<>]{0,4095}")  # paths (ssh expands ~ and %d, %u, %h)
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}")
 SMALL_INT = re.compile(r"[1-9][0-9]{0,2}")
 INT = re.compile(r"0|[1-9][0-9]{0,5}")
