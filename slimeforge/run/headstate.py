@@ -51,7 +51,7 @@ def read_head(sdir: Path | None) -> HeadRecord | None:
     """The head record launch.sh wrote on this port (validated); None when there is none."""
     if sdir is None:
         return None
-    doc = records.read_json(sdir / HEAD_RECORD, HEAD_RECORD, "the head record launch.sh writes", _head_problem, max_bytes=4096)
+    doc = records.read_json(sdir / HEAD_RECORD, HEAD_RECORD, "the head record launch.sh writes", _head_problem, max_bytes=64 * 1024)
     return None if doc is None else HeadRecord(**{**doc, "argv": tuple(doc.get("argv", ()))})
 
 

@@ -65,6 +65,10 @@ def read_regular(path, cap, last=False):
     logs; else more is an error). None when nothing is there. Opened with O_NONBLOCK|O_NOFOLLOW and
     judged by fstat of what was opened: a FIFO never blocks the reader, a device is never read."""
     try:
+        # Judged before open(): opening a device can itself have effects (a tape rewinds).
+        first = os.lstat(path)
+        if not stat.S_ISREG(first.st_mode):
+            raise RecordError(f"{path}: is {_kind(first.st_mode)}, not a regular file slimeforge wrote")
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         return None
@@ -72,8 +76,8 @@ def read_regular(path, cap, last=False):
         what = "is a symlink" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})"
         raise RecordError(f"{path}: {what}, not a regular file slimeforge wrote") from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+        st = os.fstat(fd)  # what was opened, not the name: it may have been replaced since the lstat
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (first.st_dev, first.st_ino):
             raise RecordError(f"{path}: is {_kind(st.st_mode)}, not a regular file slimeforge wrote")
         if st.st_size > cap:
             if not last:
