@@ -6,8 +6,10 @@ acting and act only on a verdict that is `ours`.
 What is compared, per kind:
 - Ray head: pid AND the process's start time (field 22 of /proc/PID/stat, in clock ticks since
   boot) AND the boot id (/proc/sys/kernel/random/boot_id: a start time means nothing after a
-  reboot) AND the run it was started for (exp_id and the run token of the run directory). A pid
-  the kernel gave to another process, or a record edited by hand, never matches all four.
+  reboot) AND the exact `ray start --head ...` argv launch.sh recorded, with the run token in the
+  process's environment, AND the run it was started for (exp_id and the run token of the run
+  directory). A pid the kernel gave to another process, or a record edited by hand, never matches
+  them all. (The node agent proves what cluster.up started the same way: scripts/hostrecord.py.)
 - Ray job: its metadata, set at submit by launch.sh (slimeforge_exp_id, slimeforge_run_token).
 - Container: the labels slimeforge puts on the containers it starts (slimeforge.exp_id,
   slimeforge.run_token) and the full id docker recorded (--cidfile).
@@ -88,6 +90,7 @@ class ProcFacts:
     boot_id: str
     argv: tuple[str, ...]
     zombie: bool = False
+    environ: tuple[str, ...] = ()  # its initial environment (/proc/PID/environ): launch.sh puts the run token there
 
 
 def stat_start_time(stat_text: str) -> tuple[int, str] | None:
@@ -113,13 +116,17 @@ def proc_facts(pid: int) -> ProcFacts | None:
         stat_text = Path(f"/proc/{pid}/stat").read_text()
         argv = tuple(a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a)
         boot = boot_id()
+        try:
+            environ = tuple(a.decode(errors="replace") for a in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if a)
+        except PermissionError:  # another user's process: it cannot carry our token either
+            environ = ()
     except OSError:
         return None
     parsed = stat_start_time(stat_text)
     if parsed is None:
         return None
     start, state = parsed
-    return ProcFacts(pid, start, boot, argv, zombie=state == "Z")
+    return ProcFacts(pid, start, boot, argv, zombie=state == "Z", environ=environ)
 
 
 def head_verdict(record: HeadRecord, now: ProcFacts | None, exp_id: str, run_token: str | None) -> Verdict:
@@ -135,7 +142,8 @@ def head_verdict(record: HeadRecord, now: ProcFacts | None, exp_id: str, run_tok
         return ended(f"the Ray head (pid {record.pid}) has exited; pid {record.pid} is another process now "
                      f"(started at tick {now.start_time}, the head at {record.start_time})")
     if not is_recorded_head(record, now):
-        return foreign(f"pid {record.pid} started when the head did but is not the `ray start --head` recorded ({' '.join(now.argv)[:120]!r})")
+        return foreign(f"pid {record.pid} started when the head did but is not the `ray start --head` recorded, with this run's token "
+                       f"({' '.join(now.argv)[:120]!r})")
     return ours(f"Ray head pid {record.pid} (started for {exp_id}, start time and boot id match)")
 
 
@@ -146,11 +154,12 @@ def head_alive(record: HeadRecord, now: ProcFacts | None) -> bool:
 
 
 def is_recorded_head(record: HeadRecord, now: ProcFacts) -> bool:
-    """The live argv is the recorded `ray start --head ...` (its #! interpreter in front), as the
-    node agent proves its `ray start` (scripts/hostrecord.py); a record without argv: `--head` among the words."""
+    """The live argv is the recorded `ray start --head ...` (its #! interpreter in front) and the run
+    token is in its environment, as the node agent proves its `ray start` (scripts/hostrecord.py);
+    a record older than issue 33 (no argv): `--head` among the words."""
     if not record.argv:
         return "--head" in now.argv
-    return argv_matches(list(record.argv), list(now.argv))
+    return argv_matches(list(record.argv), list(now.argv)) and f"SLIMEFORGE_RUN_TOKEN={record.run_token}" in now.environ
 
 
 # --- Ray job -------------------------------------------------------------------------------------

@@ -112,12 +112,15 @@ def test_a_head_with_its_recorded_argv_is_proved_by_that_argv():
 
     rec = replace(REC, argv=("ray", "start", "--head", "--block", "--port", "6379"))
     live = ("/venv/bin/python3", "/venv/bin/ray", "start", "--head", "--block", "--port", "6379")
-    assert own.head_verdict(rec, ProcFacts(4242, 1000, BOOT, live), "exp1", TOKEN).state == OURS
-    assert own.head_alive(rec, ProcFacts(4242, 1000, BOOT, live))
+    env = ("PATH=/usr/bin", f"SLIMEFORGE_RUN_TOKEN={TOKEN}")
+    assert own.head_verdict(rec, ProcFacts(4242, 1000, BOOT, live, environ=env), "exp1", TOKEN).state == OURS
+    assert own.head_alive(rec, ProcFacts(4242, 1000, BOOT, live, environ=env))
+    # The exact argv without the run token in its environment: started by hand, or by another launch.
+    assert own.head_verdict(rec, ProcFacts(4242, 1000, BOOT, live, environ=("PATH=/usr/bin",)), "exp1", TOKEN).state == FOREIGN
     for other in (("python3", "-c", "import time; time.sleep(300)", "--head"),  # --head is one of its words
                   ("/venv/bin/python3", "/venv/bin/ray", "start", "--head", "--block", "--port", "6380"),  # another head
                   ("/venv/bin/python3", "/opt/evil", "start", "--head", "--block", "--port", "6379"),  # not `ray`
                   ("sleep", "300")):
-        verdict = own.head_verdict(rec, ProcFacts(4242, 1000, BOOT, other), "exp1", TOKEN)
+        verdict = own.head_verdict(rec, ProcFacts(4242, 1000, BOOT, other, environ=env), "exp1", TOKEN)
         assert verdict.state == FOREIGN and "is not the `ray start --head` recorded" in verdict.reason, other
-        assert not own.head_alive(rec, ProcFacts(4242, 1000, BOOT, other))
+        assert not own.head_alive(rec, ProcFacts(4242, 1000, BOOT, other, environ=env))
