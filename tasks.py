@@ -501,7 +501,7 @@ def cluster_up(c, inventory, dry_run=False, nccl_check=False, ssh_config=None):
         return
     addr = cluster.up(inv, nccl_check=nccl_check)
     print(f"cluster is up: GCS {addr.gcs}, dashboard and Jobs API {addr.dashboard}")
-    print(f"launch on it: invoke run RECIPE --cluster {inventory}")
+    print(f"launch on it: invoke run RECIPE --cluster {inventory}" + (f" --ssh-config {ssh_config}" if ssh_config else ""))
 
 
 @task(positional=["inventory"], help={"inventory": "cluster inventory YAML", "as_json": "print JSON", "ssh_config": SSH_CONFIG_HELP})
