@@ -31,9 +31,16 @@ def state_dir(ray_port: int, environ: dict[str, str] | None = None) -> Path:
     return Path(base) / f"ray-{ray_port}"
 
 
+_HEAD_KEYS = {"pid", "start_time", "boot_id", "exp_id", "run_token"}
+
+
 def _head_problem(doc: Any) -> str | None:
-    if not isinstance(doc, dict) or set(doc) != {"pid", "start_time", "boot_id", "exp_id", "run_token"}:
-        return "is not a head record {pid, start_time, boot_id, exp_id, run_token}"
+    # argv: the exact `ray start --head ...` (launch.sh records it since issue 33; older records lack it).
+    if not isinstance(doc, dict) or set(doc) not in (_HEAD_KEYS, _HEAD_KEYS | {"argv"}):
+        return "is not a head record {pid, start_time, boot_id, exp_id, run_token, argv}"
+    argv = doc.get("argv", ["ray", "start", "--head"])
+    if not (isinstance(argv, list) and len(argv) <= 512 and all(isinstance(a, str) and len(a) <= 8192 for a in argv) and argv[:3] == ["ray", "start", "--head"]):
+        return "has malformed argv (the `ray start --head ...` launch.sh ran)"
     checks = {"pid": lambda v: type(v) is int and 1 <= v < 1 << 31, "start_time": lambda v: type(v) is int and v >= 0,
               "boot_id": lambda v: isinstance(v, str) and ownership.BOOT_ID_RE.fullmatch(v),
               "exp_id": lambda v: isinstance(v, str) and _EXP_ID_RE.fullmatch(v),
@@ -46,8 +53,8 @@ def read_head(sdir: Path | None) -> HeadRecord | None:
     """The head record launch.sh wrote on this port (validated); None when there is none."""
     if sdir is None:
         return None
-    doc = records.read_json(sdir / HEAD_RECORD, HEAD_RECORD, "the head record launch.sh writes", _head_problem, max_bytes=4096)
-    return None if doc is None else HeadRecord(**doc)
+    doc = records.read_json(sdir / HEAD_RECORD, HEAD_RECORD, "the head record launch.sh writes", _head_problem, max_bytes=64 * 1024)
+    return None if doc is None else HeadRecord(**{**doc, "argv": tuple(doc.get("argv", ()))})
 
 
 def recorded_head(sdir: Path | None) -> int | None:

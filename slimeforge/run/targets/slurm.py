@@ -27,11 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ... import __version__, records
+from ... import __version__, records, scripts
 from ...atomic import write_file
 from ...errors import ConfigError, Problem, SlimeforgeError
 from ...proc import Runner
-from ...scripts import node_agent
 from ...templating import render
 from .. import ownership
 from ..recipe import Recipe
@@ -158,7 +157,8 @@ def sbatch_vars(recipe: Recipe, run_dir: Path, opts: Options, mounts: tuple[Moun
 
 
 def node_agent_source() -> str:
-    return Path(node_agent.__file__).read_text()
+    # One file with its helper module inside: the run directory holds node_agent.py alone.
+    return scripts.node_agent_program()
 
 
 def sbatch_argv(run_dir: Path, run_token: str | None = None) -> list[str]:
