@@ -18,7 +18,8 @@
 The size of a checkpoint: Megatron's distributed checkpoint keeps, per parameter, the bf16 weight
 (2 bytes), the fp32 master copy and Adam's two moments (12 bytes): 7 times the bf16 weights.
 The weights are the model_dir's *.safetensors / *.bin / *.pt files (their sizes, on the head);
-without any, config.json's shape (12 x layers x hidden^2 + 2 x vocab x hidden parameters, bf16).
+without any, config.json's shape (layers x (4 hidden^2 + 3 hidden x intermediate) + vocab x hidden,
+twice unless the embeddings are tied; bf16).
 """
 
 from __future__ import annotations
@@ -153,7 +154,11 @@ def checkpoint_bytes(weights: int, config: dict[str, Any] | None) -> tuple[int |
         return CHECKPOINT_FACTOR * weights, f"{CHECKPOINT_FACTOR} x the weights' {weights / 2**30:.2f} GiB"
     c = config or {}
     if all(isinstance(c.get(k), int) for k in ("hidden_size", "num_hidden_layers", "vocab_size")):
-        params = 12 * c["num_hidden_layers"] * c["hidden_size"] ** 2 + 2 * c["vocab_size"] * c["hidden_size"]
+        h = c["hidden_size"]
+        inter = c.get("intermediate_size") if isinstance(c.get("intermediate_size"), int) else 4 * h
+        # Per layer: attention's four h x h projections and a gated MLP's three h x intermediate ones;
+        # the embedding, and the output layer unless tied to it.
+        params = c["num_hidden_layers"] * (4 * h * h + 3 * h * inter) + (1 if c.get("tie_word_embeddings") else 2) * c["vocab_size"] * h
         return CHECKPOINT_FACTOR * 2 * params, f"{CHECKPOINT_FACTOR} x 2 bytes x {params / 1e9:.2f}B parameters (config.json)"
     return None, "no weights and no shape in config.json"
 

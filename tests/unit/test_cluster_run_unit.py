@@ -93,7 +93,12 @@ def test_the_cluster_environment_is_adopted_or_refused(tmp_path):
 def test_checkpoint_size_from_weights_or_config():
     assert runcheck.checkpoint_bytes(2 * 2**30, None)[0] == 14 * 2**30
     need, how = runcheck.checkpoint_bytes(0, {"hidden_size": 2048, "num_hidden_layers": 36, "vocab_size": 151936})
-    params = 12 * 36 * 2048**2 + 2 * 151936 * 2048
+    params = 36 * (4 * 2048**2 + 3 * 2048 * 4 * 2048) + 2 * 151936 * 2048
+    assert need == 7 * 2 * params and "config.json" in how
+    # Qwen2.5-3B's own config.json: 3.35B by this count (3.09B with its grouped KV heads), tied embeddings.
+    need, how = runcheck.checkpoint_bytes(0, {"hidden_size": 2048, "num_hidden_layers": 36, "vocab_size": 151936, "intermediate_size": 11008,
+                                              "tie_word_embeddings": True})
+    params = 36 * (4 * 2048**2 + 3 * 2048 * 11008) + 151936 * 2048
     assert need == 7 * 2 * params and "config.json" in how
     assert runcheck.checkpoint_bytes(0, {}) == (None, "no weights and no shape in config.json")
 

@@ -215,3 +215,31 @@ def test_refusals_name_the_host_before_anything_is_submitted(up):
     r = invoke("run", str(recipe), "--cluster", str(inv), "--out", str(up["tmp"] / "run-outside"), "--dry-run")
     assert r.returncode == 2 and "data_path: lies outside every container volume" in r.stderr, r.stdout + r.stderr
     assert jobs_on(up) == before
+
+
+def test_container_paths_are_checked_where_their_volumes_put_them_on_each_host(up):
+    """Container mode: each recipe path is looked for on the hosts at its volume's source."""
+    from slimeforge.cluster import runcheck
+    from slimeforge.cluster.inventory import load_inventory
+
+    lab, local, shared = up["lab"], up["local"], up["shared"]
+    data = inventory_data(lab, f"{lab.tag}-jv")
+    for key in ("prefix", "python"):
+        data.pop(key)
+    image = "127.0.0.1:5000/slimeforge@sha256:" + "ab" * 32
+    data.update(mode="container", image=image,
+                container={"volumes": [f"{local}/models:/models:ro", f"{local}/data:/data:ro", f"{shared}/ckpt:/checkpoints"]})
+    inv = load_inventory(write_inventory(up["tmp"] / "volumes.yaml", data))
+    recipe, _ = parse_recipe({**up["recipe"], "mode": "container", "image": image, "model_dir": f"/models/{MODEL}", "data_path": "/data/train.jsonl",
+                              "checkpoint_dir": "/checkpoints/in-image"}, "test")
+    assert runcheck.static(recipe, inv) == []
+    check = runcheck.live(recipe, inv, stream=io.StringIO(), live_table=False)
+    assert check.failures == {}, check.table.text()
+    h2 = lab.hosts[1]
+    lab.run_in(h2, ["rm", "-rf", "--", str(local / "models" / MODEL)])
+    try:
+        check = runcheck.live(recipe, inv, stream=io.StringIO(), live_table=False)
+    finally:
+        put(lab, h2, local / "models" / MODEL / "config.json", (FIXTURES / "models" / MODEL / "config.json").read_text())
+    assert list(check.failures) == ["h2"]
+    assert check.failures["h2"].startswith(f"model_dir /models/{MODEL}: no such directory here")  # the recipe's path, as the container sees it
