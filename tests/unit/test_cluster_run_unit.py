@@ -135,3 +135,24 @@ def test_job_sh_runs_train_py_with_the_model_args_and_the_shipped_config(tmp_pat
     if shutil.which("shellcheck") or os.environ.get("CI"):
         res = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
         assert res.returncode == 0, res.stdout
+
+
+def test_the_checks_here_never_run_the_clusters_image(tmp_path):
+    """Container mode on a cluster: the flag check reads --catalog, and nothing runs `docker` here."""
+    from launch_support import write_catalog
+
+    from slimeforge.proc import Runner
+
+    r, stack = parse_recipe(make_recipe(tmp_path, mode="container", image=IMAGE, slime_dir="/opt/slime-in-image"), "test")
+    catalog = write_catalog(tmp_path / "flags.json", r.model_copy(update={"slime_dir": str(tmp_path / "slime")}), stack)
+    run = ResolvedRun(r, stack, (tmp_path / "run").resolve(), "test", {}, str(catalog), (), False)
+    checked = []
+    cluster = jobsubmit.Cluster("lab", "http://10.0.0.1:8265", mode="container", image=IMAGE, preflight=lambda rec, say: checked.append(rec.image))
+    target = jobsubmit.ClusterTarget(cluster)
+    plan = target.plan(run)
+    recording = Runner(dry_run=True)
+    said = []
+    target.preflight(plan, recording, said.append)
+    assert not any(argv[0] == "docker" for argv in recording.history), recording.history
+    assert checked == [IMAGE]  # then the cluster's own checks, with the recipe as it runs there
+    assert "flags" in said[0]

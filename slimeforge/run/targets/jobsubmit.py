@@ -161,8 +161,12 @@ class ClusterTarget(Target):
         from ..preflight import PreflightError, run_checks  # only a launch needs it; dry runs stay fast
 
         run = plan.run
-        report = run_checks(run.recipe, run.stack, args=plan.rundir.args, address=self.cluster.address, catalog=run.catalog,
-                            skip=run.skip_checks, only=LOCAL_CHECKS, network=run.network_checks, environ=run.environ)
+        # Without the image: the checks here never `docker run` it (it is the cluster's, maybe 14 GB);
+        # the flag catalog comes from --catalog or a local build of the stack.
+        here = run.recipe.model_copy(update={"image": None})
+        report = run_checks(here, run.stack, args=plan.rundir.args, address=self.cluster.address, catalog=run.catalog,
+                            skip=run.skip_checks, only=LOCAL_CHECKS, network=run.network_checks, environ=run.environ,
+                            runner=runner)
         say(report.table())
         if report.errors:
             raise PreflightError(f"preflight of {run.recipe_path}", report)
