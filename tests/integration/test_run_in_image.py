@@ -46,11 +46,15 @@ def ray_image(base_image, tmp_path_factory):
     ctx = tmp_path_factory.mktemp("ray-image")
     (ctx / "Dockerfile").write_text(
         f"FROM {base_image}\n"
-        "# Ray at the lock's version, in a venv first on PATH: the image's python3 is the job's.\n"
-        f"RUN python3 -m venv /opt/ray && /opt/ray/bin/pip install --no-cache-dir 'ray[default]=={lock_version('ray')}'\n"
+        "# Ray at the lock's version, in a venv first on PATH: the image's python3 is the job's. The CA\n"
+        "# bundle of this machine (a TLS proxy may sit between it and PyPI) is a build secret, not a layer.\n"
+        "RUN --mount=type=secret,id=ca-bundle,target=/run/secrets/ca-bundle python3 -m venv /opt/ray && \\\n"
+        f"    PIP_CERT=/run/secrets/ca-bundle /opt/ray/bin/pip install --no-cache-dir 'ray[default]=={lock_version('ray')}'\n"
         "ENV PATH=/opt/ray/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n")
     tag = "slimeforge-test/ray:" + lock_version("ray")
-    r = subprocess.run(["docker", "build", "-q", "-t", tag, str(ctx)], capture_output=True, text=True, env={**os.environ, "DOCKER_BUILDKIT": "0"})  # the classic builder: nothing to pull
+    # Debian's docker client runs BuildKit without buildx (DESIGN.md); no `# syntax=` line: nothing is pulled.
+    r = subprocess.run(["/usr/bin/docker", "build", "-q", "--secret", "id=ca-bundle,src=/etc/ssl/certs/ca-certificates.crt", "-t", tag, str(ctx)],
+                       capture_output=True, text=True, env={**os.environ, "DOCKER_BUILDKIT": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     return tag
 

@@ -203,6 +203,7 @@ def submit(plan: LaunchPlan, address: str, say: Say, stream: IO[str]) -> int:
     sid = f"{rec.exp_id}-{datetime.now().strftime(paths.SUBMISSION_TIME)}-{new_run_token()[:6]}"
     metadata = {ownership.META_EXP_ID: rec.exp_id, "slimeforge_run_dir": str(out), ownership.META_RUN_TOKEN: plan.run_token or ""}
     client = JobSubmissionClient(address)
+    left = f"the cluster at {address} is left running, as it was (run.status/run.logs/run.stop act on this job)"
     with tempfile.TemporaryDirectory(prefix="sf-job-") as staged:
         for name in JOB_FILES:  # exactly these files: Ray zips the whole directory it is given
             shutil.copyfile(out / name, Path(staged) / name)
@@ -219,10 +220,11 @@ def submit(plan: LaunchPlan, address: str, say: Say, stream: IO[str]) -> int:
     except KeyboardInterrupt:
         say(f"\n[slimeforge] interrupted: stopping job {sid}")
         client.stop_job(sid)
-        say(f"the cluster at {address} is left running, as it was")
+        say(f"[slimeforge] {left}")
         return 130
     code = exit_code(info)
     say(f"[slimeforge] job {sid}: {status_of(info)}" + (f" ({info.message})" if code and getattr(info, "message", None) else "") + f"; exit code {code}")
+    say(f"[slimeforge] {left}")
     return code
 
 
