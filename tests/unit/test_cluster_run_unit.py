@@ -156,3 +156,21 @@ def test_the_checks_here_never_run_the_clusters_image(tmp_path):
     assert not any(argv[0] == "docker" for argv in recording.history), recording.history
     assert checked == [IMAGE]  # then the cluster's own checks, with the recipe as it runs there
     assert "flags" in said[0]
+
+
+def test_a_cluster_that_does_not_answer_is_one_clear_error_with_the_records_kept(tmp_path):
+    import io
+
+    from helpers import free_port
+
+    from slimeforge.errors import SlimeforgeError
+    from slimeforge.run.rundir import write_run_dir
+
+    r, stack = parse_recipe(make_recipe(tmp_path, mode="host", install_prefix="/opt/sf"), "test")
+    address = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    plan = jobsubmit.ClusterTarget(jobsubmit.Cluster(address, address)).plan(ResolvedRun(r, stack, (tmp_path / "run").resolve(), "test", {}))
+    write_run_dir(plan.rundir)
+    with pytest.raises(SlimeforgeError, match=r"cannot submit sf-launch-test-\d{8}-\d{6}-[0-9a-f]{6} to the Ray Jobs API at http://127\.0\.0\.1:\d+"):
+        jobsubmit.submit(plan, address, lambda s: None, io.StringIO())
+    assert (plan.rundir.path / "ray_address").read_text() == address + "\n"
+    assert (plan.rundir.path / "submission_id").read_text().startswith("sf-launch-test-")

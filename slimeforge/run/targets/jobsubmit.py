@@ -33,7 +33,7 @@ from typing import IO, Any
 
 from ... import __version__, paths
 from ...atomic import write_file
-from ...errors import ConfigError, Problem
+from ...errors import ConfigError, Problem, SlimeforgeError
 from ...image.stack import Stack
 from ...proc import Runner
 from ...templating import render
@@ -202,18 +202,23 @@ def submit(plan: LaunchPlan, address: str, say: Say, stream: IO[str]) -> int:
     rec = run.recipe
     sid = f"{rec.exp_id}-{datetime.now().strftime(paths.SUBMISSION_TIME)}-{new_run_token()[:6]}"
     metadata = {ownership.META_EXP_ID: rec.exp_id, "slimeforge_run_dir": str(out), ownership.META_RUN_TOKEN: plan.run_token or ""}
-    client = JobSubmissionClient(address)
     left = f"the cluster at {address} is left running, as it was (run.status/run.logs/run.stop act on this job)"
-    with tempfile.TemporaryDirectory(prefix="sf-job-") as staged:
-        for name in JOB_FILES:  # exactly these files: Ray zips the whole directory it is given
-            shutil.copyfile(out / name, Path(staged) / name)
-        say(f"[slimeforge] submitting {sid} to {address} (working_dir: {', '.join(JOB_FILES)})")
-        client.submit_job(entrypoint=ENTRYPOINT, submission_id=sid, metadata=metadata,
-                          runtime_env={"working_dir": staged, "env_vars": dict(plan.rundir.env)})
+    # Recorded first, as launch.sh does: a launch that dies right after the submission still leaves
+    # run.status/run.stop what they need (a submission that never arrived reads as GONE).
     write_file(out / "submission_id", sid + "\n")
     write_file(out / "ray_address", address.rstrip("/") + "\n")
     with (out / "job.log").open("a", encoding="utf-8") as log:
         log.write(f"--- slimeforge: submission {sid} at {time.strftime('%Y-%m-%d %H:%M:%S')} to {address} ---\n")
+    try:
+        client = JobSubmissionClient(address)
+        with tempfile.TemporaryDirectory(prefix="sf-job-") as staged:
+            for name in JOB_FILES:  # exactly these files: Ray zips the whole directory it is given
+                shutil.copyfile(out / name, Path(staged) / name)
+            say(f"[slimeforge] submitting {sid} to {address} (working_dir: {', '.join(JOB_FILES)})")
+            client.submit_job(entrypoint=ENTRYPOINT, submission_id=sid, metadata=metadata,
+                              runtime_env={"working_dir": staged, "env_vars": dict(plan.rundir.env)})
+    except Exception as exc:  # noqa: BLE001 - the SDK raises ConnectionError, RuntimeError, ...: one clear error
+        raise SlimeforgeError(f"cannot submit {sid} to the Ray Jobs API at {address}: {exc}; is the cluster up (`invoke cluster.status`)?") from None
     try:
         jobs.follow(client, sid, out / "job.log", stream)
         info = wait_ended(client, sid)
