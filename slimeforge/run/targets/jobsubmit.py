@@ -225,6 +225,10 @@ def submit(plan: LaunchPlan, address: str, say: Say, stream: IO[str]) -> int:
     except KeyboardInterrupt:
         say(f"\n[slimeforge] interrupted: stopping job {sid}")
         client.stop_job(sid)
+        try:  # as `ray job stop` does: until it has stopped (a second Ctrl-C leaves it stopping)
+            say(f"[slimeforge] job {sid}: {status_of(wait_ended(client, sid))}")
+        except KeyboardInterrupt:
+            pass
         say(f"[slimeforge] {left}")
         return 130
     code = exit_code(info)
