@@ -119,6 +119,7 @@ def main() -> int:
         config = (FIXTURES / "models" / MODEL / "config.json").read_text()
         for h in lab.hosts:
             put(lab, h, local / "models" / MODEL / "config.json", config)
+        put(lab, h, local / "models" / MODEL / "model.safetensors", "w" * 4096)  # the weights: what a checkpoint's size follows
         put(lab, lab.hosts[0], local / "data" / "train.jsonl", json.dumps({"prompt": "1 + 1?", "metadata": {"answer": "2"}}) + "\n")
         inv = write_inventory(w / "lab.yaml", inventory_data(lab, f"{lab.tag}-rb"))
         recipe = {
