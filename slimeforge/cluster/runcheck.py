@@ -187,9 +187,11 @@ def live(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
             return "put checkpoint_dir on one filesystem that every host mounts at the same path (every rank writes its shard there)"
         if what == "checkpoint_dir":
             return "make it writable by the ssh user on this host"
+        if what == "data_path" or what.startswith("eval_data."):
+            return "put it on the head at this path (slime reads the data there), or on a filesystem the head mounts"
         return SHARED_FIX
 
-    def problems_of(node: Node, answer: dict[str, Any], back: dict[str, str]) -> list[str]:
+    def problems_of(answer: dict[str, Any], back: dict[str, str]) -> list[str]:
         return [f"{p['what']} {back.get(p['path'], p['path'])}: {p['why']}; fix: {fix(p['what'], p['why'])}" for p in answer.get("problems", [])]
 
     ck_dir = recipe.resolved_checkpoint_dir
@@ -201,7 +203,7 @@ def live(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
         params = {"paths": [{"what": n, "path": on_host(path), "kind": kind} for n, path, kind in items],
                   "checkpoint": {"dir": on_host(ck_dir), "token": token, "write": h.is_head}}
         answer = answers[node.name] = agent(node.ssh, h, "runcheck", params, timeout=inv.ssh_options.connect_timeout + 60)
-        bad = problems_of(node, answer, back)
+        bad = problems_of(answer, back)
         if bad:
             raise _Failed(bad)
         return f"{len(items)} path(s) found" + (", marker written" if h.is_head else "")
@@ -210,7 +212,7 @@ def live(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
         h = node.host
         params = {"checkpoint": {"dir": on_host(ck_dir), "token": token, "read": True}}
         answer = agent(node.ssh, h, "runcheck", params, timeout=inv.ssh_options.connect_timeout + 60)
-        bad = problems_of(node, answer, {on_host(ck_dir): ck_dir})
+        bad = problems_of(answer, {on_host(ck_dir): ck_dir})
         free = answer.get("free_bytes")
         if check.need_bytes is not None and isinstance(free, int) and free < check.need_bytes:
             bad.append(f"checkpoint_dir {ck_dir}: {_gib(free)} free, a checkpoint needs {_gib(check.need_bytes)} ({check.how}); "
