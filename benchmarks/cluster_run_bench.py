@@ -8,8 +8,8 @@ checkout's environment); then, each run cold (a new `python -m invoke` process, 
 closed first):
 
   to RUNNING   from starting `invoke run --cluster` until the Jobs API says the job is RUNNING
-               (the stand-in train.py sleeps, so RUNNING lasts); also when the live checks ended
-               (the "every host holds" line) and when the submission id was recorded
+               (the stand-in train.py sleeps, so RUNNING lasts); also when the head first knew the
+               job (after the local checks, the live checks on every host and the upload)
   preflight    cluster/runcheck.live alone on 1, 2 and 3 hosts (all hosts in parallel): total and
                per host
   refusals     exit code and first line of each: model missing on one host, a per-host checkpoint
@@ -82,10 +82,15 @@ def to_running(lab, inv, recipe: Path, out: Path, catalog: Path, address: str) -
     try:
         while True:
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-            sid_file = out / "submission_id"
+            sid_file = out / "submission_id"  # recorded just before the submission is sent
             if sid_file.exists():
-                marks.setdefault("submitted", time.perf_counter() - start)
-                if str(client.get_job_status(sid_file.read_text().strip())).endswith("RUNNING"):
+                try:
+                    status = str(client.get_job_status(sid_file.read_text().strip()))
+                except RuntimeError:  # 404: not arrived yet
+                    status = ""
+                if status:
+                    marks.setdefault("submitted", time.perf_counter() - start)
+                if status.endswith("RUNNING"):
                     marks["running"] = time.perf_counter() - start
                     break
             time.sleep(0.05)
@@ -119,7 +124,7 @@ def main() -> int:
         config = (FIXTURES / "models" / MODEL / "config.json").read_text()
         for h in lab.hosts:
             put(lab, h, local / "models" / MODEL / "config.json", config)
-        put(lab, h, local / "models" / MODEL / "model.safetensors", "w" * 4096)  # the weights: what a checkpoint's size follows
+            put(lab, h, local / "models" / MODEL / "model.safetensors", "w" * 4096)  # the weights: what a checkpoint's size follows
         put(lab, lab.hosts[0], local / "data" / "train.jsonl", json.dumps({"prompt": "1 + 1?", "metadata": {"answer": "2"}}) + "\n")
         inv = write_inventory(w / "lab.yaml", inventory_data(lab, f"{lab.tag}-rb"))
         recipe = {
@@ -145,7 +150,7 @@ def main() -> int:
         result["to_running_s"] = [round(m["running"], 2) for m in marks]
         result["to_submitted_s"] = [round(m["submitted"], 2) for m in marks]
         print(f"invoke run --cluster -> job RUNNING: median {statistics.median(result['to_running_s']):.2f} s "
-              f"(runs {result['to_running_s']}); submission recorded at {result['to_submitted_s']} s")
+              f"(runs {result['to_running_s']}); the head knew the job at {result['to_submitted_s']} s")
 
         rec = parse_recipe({**recipe, "install_prefix": str(w / "prefix")}, "bench")[0]
         full = load_inventory(inv)
