@@ -118,10 +118,12 @@ RUN_HELP = {"run": "the run directory (runs/<exp_id>), or the recipe that was la
 def run_status(c, run, as_json=False):
     """Status of a launched run's job (and whether the Ray head slimeforge started is up; a Slurm run: its job)."""
     from slimeforge.run.launch import run_dir_of, target_of
+    from slimeforge.schema import printable
 
     path = run_dir_of(run)
     st = target_of(path).status(path)
-    print(json.dumps(st.data, indent=2, default=str) if as_json else "\n".join(st.lines))
+    # The lines carry Ray's and Slurm's text (a job's message, a reason): no escape sequence reaches the terminal.
+    print(json.dumps(st.data, indent=2, default=str) if as_json else "\n".join(printable(line) for line in st.lines))
 
 
 @task(positional=["run"], help={**RUN_HELP, "follow": "keep streaming until the job ends"})
@@ -377,13 +379,13 @@ def install(c, cuda="cu13", stack=None, prefix="", venv=None, python=None, min_f
     from pathlib import Path
 
     from slimeforge.errors import CommandError
-    from slimeforge.image.install import InstallOptions
+    from slimeforge.image.install import MAX_FREE_GIB, InstallOptions
     from slimeforge.image.install import install as run_install
+    from slimeforge.schema import parse_whole
 
-    if min_free_gb is not None and not str(min_free_gb).isdigit():
-        raise Exit(f"error: --min-free-gb: {min_free_gb!r} is not a whole number of GiB", code=2)
-    opts = InstallOptions(stack=stack or cuda, prefix=prefix, venv=venv, python=python,
-                          min_free_gb=int(min_free_gb) if min_free_gb is not None else None, sources=list(source or []),
+    # The one number parser (ASCII digits, bounded): the script's bash reads the value again.
+    free = parse_whole(str(min_free_gb), "--min-free-gb", 0, MAX_FREE_GIB, unit="GiB") if min_free_gb is not None else None
+    opts = InstallOptions(stack=stack or cuda, prefix=prefix, venv=venv, python=python, min_free_gb=free, sources=list(source or []),
                           out=Path(out) if out else None, dry_run=dry_run, use_store=not no_store)
     try:
         run_install(opts)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..proc import pid_alive
+from ..schema import WHOLE_RE
 
 OURS, ENDED, FOREIGN = "ours", "ended", "foreign"
 RUN_TOKEN_RE = re.compile(r"[0-9a-f]{32}")
@@ -93,7 +94,7 @@ def stat_start_time(stat_text: str) -> tuple[int, str] | None:
     The command name (field 2) is in parentheses and may hold spaces and ')': split after the last ')'."""
     _, paren, rest = stat_text.rpartition(")")
     fields = rest.split()
-    if not paren or len(fields) < 20 or not fields[19].isdigit():
+    if not paren or len(fields) < 20 or not WHOLE_RE.fullmatch(fields[19]):
         return None
     return int(fields[19]), fields[0]  # fields[0] is field 3 (state), fields[19] is field 22 (starttime)
 

@@ -38,6 +38,7 @@ from ...image.stack import Stack
 from ...proc import Runner
 from ...templating import render
 from .. import ownership
+from ..headstate import check_address
 from ..modelscript import MODEL_ARGS_BASH
 from ..recipe import Recipe
 from ..resolve import resolve_mode
@@ -74,7 +75,7 @@ def find_cluster_of(address: str | None, cluster: str | None, find: Callable[[st
     if address and cluster:
         raise ConfigError("command line", [Problem("--address/--cluster", "both name a cluster", f"{address} / {cluster}", "one of them")])
     if address:
-        return Cluster(address, address)
+        return Cluster(address, check_address(address))
     assert cluster is not None
     if find is None:
         raise ConfigError("command line", [Problem("--cluster", "cannot be looked up here", cluster, "--address http://HEAD:8265")])
