@@ -174,3 +174,14 @@ def test_a_cluster_that_does_not_answer_is_one_clear_error_with_the_records_kept
         jobsubmit.submit(plan, address, lambda s: None, io.StringIO())
     assert (plan.rundir.path / "ray_address").read_text() == address + "\n"
     assert (plan.rundir.path / "submission_id").read_text().startswith("sf-launch-test-")
+
+
+def test_address_without_an_inventory_is_validated_and_says_nothing_is_compared(tmp_path):
+    r, stack = parse_recipe(make_recipe(tmp_path, mode="host", install_prefix="/opt/sf"), "test")
+    cluster = jobsubmit.find_cluster_of("http://10.0.0.1:8265", None, None, dry_run=True)
+    plan = jobsubmit.ClusterTarget(cluster).plan(ResolvedRun(r, stack, (tmp_path / "run").resolve(), "test", {}))
+    assert any("names no inventory: the recipe's mode, image, prefix and paths are not checked" in n for n in plan.notes)
+    with pytest.raises(ConfigError, match="--address"):
+        jobsubmit.find_cluster_of("http://10.0.0.1:8265 --x", None, None, dry_run=True)
+    with pytest.raises(ConfigError, match="both name a cluster"):
+        jobsubmit.find_cluster_of("http://10.0.0.1:8265", "inv.yaml", None, dry_run=True)
