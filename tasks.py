@@ -102,16 +102,16 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
 
     req = LaunchRequest(recipe, out, tuple(set_ or ()), address, mode, image, prefix, catalog, tuple(skip_check or ()), not no_network,
                         cluster, slurm, partition, account, time, None if nodes is None else str(nodes))
-    code = run_recipe(req, dry_run=dry_run, find_cluster=lambda inventory: _cluster_jobs_api(inventory, ssh_config))
+    code = run_recipe(req, dry_run=dry_run, find_cluster=lambda inventory, dry: _cluster_jobs_api(inventory, dry, ssh_config))
     if code:
         raise Exit(code=code)
 
 
-def _cluster_jobs_api(inventory, ssh_config=None):
-    """The Jobs API of the cluster `cluster.up` brought up from this inventory."""
-    from slimeforge.cluster.record import address
+def _cluster_jobs_api(inventory, dry_run, ssh_config=None):
+    """The cluster `cluster.up` brought up from this inventory: its Jobs API, environment and checks."""
+    from slimeforge.cluster.runcheck import cluster_env
 
-    return address(_inventory(inventory, ssh_config)).dashboard
+    return cluster_env(inventory, dry_run=dry_run, ssh_config=ssh_config)
 
 
 def _inventory(path, ssh_config):
