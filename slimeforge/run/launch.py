@@ -24,8 +24,8 @@ from .. import paths
 from ..errors import ConfigError, Problem, SlimeforgeError
 from ..image.stack import Stack
 from ..proc import Runner
+from .modechoice import resolve_mode
 from .recipe import EXP_ID_RE, Recipe, load_recipe, load_recipe_data, parse_overrides
-from .resolve import resolve_mode
 from .rundir import HEAD_TIMEOUT_S, read_plan, write_run_dir
 from .targets.base import LaunchPlan, ResolvedRun, Target, describe
 from .targets.local import ContainerTarget, HostTarget, RayClusterTarget

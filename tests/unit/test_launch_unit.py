@@ -17,8 +17,8 @@ from launch_support import fake_nvidia_smi, make_recipe, stop_recorded_head, wri
 from slimeforge.errors import ConfigError
 from slimeforge.proc import Runner, pid_alive
 from slimeforge.run import launch as launcher
+from slimeforge.run.modechoice import resolve_mode
 from slimeforge.run.recipe import parse_recipe
-from slimeforge.run.resolve import resolve_mode
 from slimeforge.run.targets import local
 from slimeforge.run.targets.base import Command, ResolvedRun
 

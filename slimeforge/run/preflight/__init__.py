@@ -99,8 +99,8 @@ def doctor(recipe_path: str | None, overrides: Sequence[str] = (), *, cuda: str 
     applied), or without a recipe the host checks against a stack. `gpu_checks`: the kernel check too,
     of the recipe's install or image, or of `prefix` / `image` (an image alone: container mode)."""
     from ..headstate import state_dir
+    from ..modechoice import resolve_mode
     from ..recipe import load_recipe, parse_overrides
-    from ..resolve import resolve_mode
 
     if recipe_path:
         rec, stack = load_recipe(recipe_path, parse_overrides(list(overrides)))
