@@ -107,18 +107,15 @@ class SlimeRunner:
         container, or the environment its bare-metal script built). `options`: the launch options
         of `invoke run`, by keyword (address, mode, image, prefix, catalog, skip_checks, cluster, ...).
         The same request, checks, target and errors as `invoke run` (run/launch.py)."""
-        from .run.launch import LAUNCH_OPTIONS, LaunchRequest, run_recipe
+        from .run.launch import LAUNCH_OPTIONS, LaunchRequest, run_recipe, sequences_as_tuples
 
         unknown = sorted(set(options) - set(LAUNCH_OPTIONS))
         if unknown:
             raise ConfigError("SlimeRunner.train", [Problem(k, "is not a launch option", options[k], ", ".join(LAUNCH_OPTIONS)) for k in unknown])
-        for key in ("skip_checks", "head_args", "overrides"):
-            if options.get(key) is not None and not isinstance(options[key], str):
-                options[key] = tuple(options[key])
         chosen = [k for k in ("mode", "image", "install_prefix") if self._kwargs.get(k) is not None]
         chosen += [k for k in ("mode", "image", "prefix") if options.get(k) is not None]
         req = LaunchRequest(recipe=self._source, data={**self._kwargs, "num_rollout": num_rollout}, out=None if out is None else str(out),
-                            in_place=not chosen, **options)
+                            in_place=not chosen, **sequences_as_tuples(options))
         return run_recipe(req, dry_run=False)
 
 

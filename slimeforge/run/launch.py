@@ -64,7 +64,7 @@ class LaunchRequest:
     partition: str | None = None
     account: str | None = None
     time: str | None = None
-    nodes: str | None = None
+    nodes: str | int | None = None
     # How this machine starts things (the API, tests and benchmarks; the command line keeps the defaults).
     python: str | None = None  # host mode: the interpreter of launch.sh and train.py (in place: this one)
     head_args: tuple[str, ...] | None = None  # more `ray start` options (default: $SLIMEFORGE_RAY_HEAD_ARGS)
@@ -73,6 +73,24 @@ class LaunchRequest:
     shm_size: str = "64g"
     start_timeout: int | None = None  # Slurm: seconds for the head, then each node, to join (default: the target's)
     follow_log: bool = True  # Slurm: False returns once submitted
+
+    def __post_init__(self) -> None:
+        # The API hands Python values (the command line's are typed by invoke): each option's type
+        # is checked here, all at once; its value is checked where it is used (resolve, the target).
+        bad = [Problem(f.name, f"must be {f.type}", getattr(self, f.name)) for f in fields(self) if not _fits(str(f.type), getattr(self, f.name))]
+        if bad:
+            raise ConfigError("launch options", bad)
+
+
+def _fits(kind: str, value: object) -> bool:
+    """`value` has one of the types of an annotation of LaunchRequest (as written above)."""
+    for alt in kind.split(" | "):
+        if ((alt == "None" and value is None) or (alt == "str" and isinstance(value, str)) or (alt == "bool" and isinstance(value, bool))
+                or (alt in ("int", "float") and isinstance(value, int if alt == "int" else (int, float)) and not isinstance(value, bool))
+                or (alt == "tuple[str, ...]" and isinstance(value, tuple) and all(isinstance(v, str) for v in value))
+                or (alt.startswith("Mapping[") and isinstance(value, Mapping))):
+            return True
+    return False
 
 
 LAUNCH_OPTIONS = tuple(f.name for f in fields(LaunchRequest) if f.name not in ("recipe", "data", "in_place"))
@@ -94,6 +112,12 @@ def in_place(recipe: Recipe, source: str) -> Recipe:
                                            recipe.slime_dir, "slime_dir= where slime is installed; image=REG/repo@sha256:... for "
                                            "container mode; or install_prefix= of `invoke install`")])
     return recipe.model_copy(update={"mode": "host"})
+
+
+def sequences_as_tuples(options: dict[str, Any]) -> dict[str, Any]:
+    """Python callers pass lists for the word-list options; the frozen request holds tuples (a
+    single string stays one, and is refused: it is not a list of words)."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
 
 
 def target_options(req: LaunchRequest, recipe: Recipe) -> dict[str, Any]:
@@ -198,14 +222,11 @@ def launch(recipe: Recipe, stack: Stack, out: str | os.PathLike | None = None, r
     head_args, ...) -> resolve -> the target's plan -> preflight and apply; the job's exit code
     (0 = SUCCEEDED). `slurm_options`: an sbatch allocation (targets/slurm.py's Options).
     Raises ConfigError (PreflightError: every problem, each with its fix) before anything starts."""
-    del stack  # the recipe names its stack; resolve loads it again with the recipe's other checks
+    del stack  # the recipe names its stack: resolve loads it again, with every check of the recipe
     if slurm_options is not None:
         o = slurm_options
-        options.update(slurm=True, partition=o.partition, account=o.account, time=o.time,
-                       nodes=None if o.nodes is None else str(o.nodes), start_timeout=o.start_timeout)
-    for key in ("skip_checks", "head_args", "overrides"):
-        if options.get(key) is not None:
-            options[key] = tuple(options[key])
+        options.update(slurm=True, partition=o.partition, account=o.account, time=o.time, nodes=o.nodes, start_timeout=o.start_timeout)
+    options = sequences_as_tuples(options)
     req = LaunchRequest(recipe=recipe_path, data=recipe.model_dump(mode="json"), out=None if out is None else str(out), **options)
     return run_recipe(req, dry_run=False, runner=runner, stream=stream, environ=environ)
 

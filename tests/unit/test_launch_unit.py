@@ -304,6 +304,10 @@ def test_launch_options_are_one_frozen_dataclass_built_by_keyword(gpu_host):
     with pytest.raises(ConfigError, match="is not a launch option") as err:
         SlimeRunner(**make_recipe(gpu_host)).train(num_rollout=1, imgae="reg/img:1")
     assert [p.where for p in err.value.problems] == ["imgae"] and "image" in (err.value.problems[0].accepted or "")
+    # Python values are typed here (invoke types the command line's): a string is not a list of words.
+    with pytest.raises(ConfigError, match="launch options") as err:
+        SlimeRunner(**make_recipe(gpu_host)).train(num_rollout=1, head_args="--temp-dir /tmp/x", network_checks="no", skip_checks=["flags"])
+    assert [(p.where, p.value) for p in err.value.problems] == [("network_checks", "no"), ("head_args", "--temp-dir /tmp/x")]
 
 
 def test_reprs_are_short_and_the_content_stays_in_the_attributes(gpu_host):
