@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-import test_launch
 import yaml
 from helpers import free_port
 from launch_support import head_extra_args, short_tmp, slime_in_place, slime_scripts, stop_recorded_head, write_data
@@ -30,10 +29,6 @@ from slimeforge.run.targets import jobs
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-# The same fixtures as the launch tests: moto's server with the bucket and a deployed runtime; an
-# H100 host as preflight sees it, AWS through moto.
-moto_s3 = test_launch.moto_s3
-env = test_launch.env
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 log = logging.getLogger(__name__)
 
@@ -91,6 +86,8 @@ def check_run(root: Path, exp_id: str, runner: SlimeRunner, record: dict, status
 
 
 def test_the_guides_example_trains_in_place_and_from_yaml(env, monkeypatch, capsys):
+    """`env` (conftest.py): an H100 host as preflight sees it, S3 with the bucket and a deployed
+    AgentCore runtime on moto's server."""
     root = env / "container"
     kwargs = guide_kwargs(root, "gsm8k-3b-smoke")
     code, to_running, record, status = train_in_place(SlimeRunner(**kwargs), root, monkeypatch)
