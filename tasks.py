@@ -100,8 +100,9 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
     """Validate a recipe, preflight, start Ray, submit, stream the logs (--dry-run: print the plan, start nothing)."""
     from slimeforge.run.launch import LaunchRequest, run_recipe
 
-    req = LaunchRequest(recipe, out, tuple(set_ or ()), address, mode, image, prefix, catalog, tuple(skip_check or ()), not no_network,
-                        cluster, slurm, partition, account, time, None if nodes is None else str(nodes))
+    req = LaunchRequest(recipe=recipe, out=out, overrides=tuple(set_ or ()), address=address, mode=mode, image=image, prefix=prefix,
+                        catalog=catalog, skip_checks=tuple(skip_check or ()), network_checks=not no_network, cluster=cluster,
+                        slurm=slurm, partition=partition, account=account, time=time, nodes=None if nodes is None else str(nodes))
     code = run_recipe(req, dry_run=dry_run, find_cluster=lambda inventory, dry: _cluster_jobs_api(inventory, dry, ssh_config))
     if code:
         raise Exit(code=code)

@@ -12,6 +12,7 @@ _.from_yaml  # SlimeRunner.from_yaml
 _.to_yaml  # SlimeRunner.to_yaml
 _.train  # SlimeRunner.train
 _.__signature__  # read by inspect.signature() and help()
+_.launch  # run/launch.py launch(recipe, stack, **options): a parsed recipe on `invoke run`'s path (docs/run.md's Python API)
 
 # pydantic reads these class attributes.
 _.model_config  # slimeforge/schema.py: Model's settings

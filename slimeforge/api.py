@@ -8,6 +8,9 @@
 The constructor takes exactly the seed's fields and defaults, plus slimeforge's run options
 (num_rollout, stack, mode, checkpoint_dir, ...), all keyword-only. A YAML dump of the keyword
 arguments is a recipe, and `from_yaml` reads any recipe (with `extends:`).
+
+Unlike `invoke run` (a recipe's `mode`, default container), a SlimeRunner that names no mode,
+image or install_prefix trains in place, where slime is installed (docs/api.md).
 """
 
 from __future__ import annotations
@@ -96,12 +99,24 @@ class SlimeRunner:
 
     dry_run = render
 
-    def train(self, num_rollout: int = 1, out: str | os.PathLike | None = None, **launch_options: Any) -> int:
-        """Render, preflight, start Ray, submit, stream logs; returns the job's exit code."""
-        from .run.launch import launch
+    def train(self, num_rollout: int = 1, out: str | os.PathLike | None = None, **options: Any) -> int:
+        """Preflight, start Ray, submit, stream logs; blocks until the job ends and returns its exit code.
 
-        recipe, stack = self._with(num_rollout)
-        return launch(recipe, stack, out=out, recipe_path=self._source, **launch_options)
+        Without mode, image or install_prefix (in the keyword arguments or `options`) it runs in
+        place: this interpreter, with slime and Megatron at slime_dir / megatron_dir (slime's
+        container, or the environment its bare-metal script built). `options`: the launch options
+        of `invoke run`, by keyword (address, mode, image, prefix, catalog, skip_checks, cluster, ...).
+        The same request, checks, target and errors as `invoke run` (run/launch.py)."""
+        from .run.launch import LAUNCH_OPTIONS, LaunchRequest, run_recipe, sequences_as_tuples
+
+        unknown = sorted(set(options) - set(LAUNCH_OPTIONS))
+        if unknown:
+            raise ConfigError("SlimeRunner.train", [Problem(k, "is not a launch option", options[k], ", ".join(LAUNCH_OPTIONS)) for k in unknown])
+        chosen = [k for k in ("mode", "image", "install_prefix") if self._kwargs.get(k) is not None]
+        chosen += [k for k in ("mode", "image", "prefix") if options.get(k) is not None]
+        req = LaunchRequest(recipe=self._source, data={**self._kwargs, "num_rollout": num_rollout}, out=None if out is None else str(out),
+                            in_place=not chosen, **sequences_as_tuples(options))
+        return run_recipe(req, dry_run=False)
 
 
 SlimeRunner.__signature__ = _signature()  # type: ignore[attr-defined]

@@ -178,3 +178,83 @@ def stop_recorded_head(sdir: Path, say=print, timeout: float = 60) -> int | None
             time.sleep(0.2)
     (sdir / HEAD_RECORD).unlink(missing_ok=True)
     return pid
+
+
+# --- an environment like slime's container, for a run in place (SlimeRunner without mode/image) ---
+
+IN_PLACE_ARGUMENTS = '''"""Stand-in of slime's argument entry point (slime.utils.arguments:parse_args): one parser holding
+the options the real slime has for this recipe; an option it does not know ends the run, as
+slime's parser would refuse it."""
+
+import argparse
+
+FLAGS = {flags!r}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description="slime (stand-in)", allow_abbrev=False)
+    for flag in FLAGS:
+        parser.add_argument(flag, nargs="*")
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error("unrecognized arguments: " + " ".join(unknown))
+    return args
+'''
+
+IN_PLACE_TRAIN = '''"""Stand-in of slime's train.py in place: parses its argv with slime's own parser, checks the
+AgentCore config it is handed, records what it saw beside itself (record.json), exits 0."""
+
+import json
+import os
+import sys
+import time
+
+import yaml
+
+from slime.utils.arguments import parse_args
+
+started = time.time()
+args = parse_args(sys.argv[1:])
+missing = [f for f in ("hf_checkpoint", "prompt_data", "custom_config_path", "num_rollout") if not getattr(args, f)]
+if missing:
+    sys.exit(f"standin: missing {{missing}}")
+with open(args.custom_config_path[0]) as fh:
+    config = yaml.safe_load(fh)
+backend = config["rollout_session_backend"]
+if not backend["agentcore_runtime_arn"].startswith("arn:aws:bedrock-agentcore:") or not backend["rollout_output_s3"].startswith("s3://"):
+    sys.exit(f"standin: the AgentCore config names no runtime or bucket: {{backend}}")
+record = os.path.join(os.path.dirname(os.path.abspath(__file__)), "record.json")
+with open(record + ".tmp", "w") as fh:
+    json.dump({{"argv": sys.argv, "started": started, "python": sys.executable, "config": config}}, fh)
+os.replace(record + ".tmp", record)
+print(f"standin: slime's parser took {{len(sys.argv) - 1}} arguments; AgentCore runtime {{backend['agentcore_runtime_arn']}}", flush=True)
+'''
+
+
+def slime_scripts(slime: Path) -> Path:
+    """The model scripts of the stand-in slime at `slime` (what the recipe's model_type names)."""
+    if not (slime / "scripts").exists():
+        shutil.copytree(FIXTURES / "slime" / "scripts", slime / "scripts")
+    return slime
+
+
+def slime_in_place(slime: Path, recipe, stack) -> Path:
+    """A slime tree as slime's container has one at /root/slime: train.py, the slime package (its
+    argument entry point knows every option this recipe renders and its model script adds) and
+    the model scripts. flag_catalog.py reads it as it reads the real one."""
+    from slimeforge.proc import Runner
+    from slimeforge.run.flags import env_json, render_flags
+    from slimeforge.run.modelscript import eval_model_script, model_script
+    from slimeforge.run.preflight.flagcheck import flags_in
+
+    slime_scripts(slime)
+    own = recipe.model_copy(update={"extra_flags": []})
+    args = render_flags(own, stack, config_path="x", env_json=env_json({}), wandb=True)
+    margs = eval_model_script(model_script(own), own.slime_dir, Runner())
+    flags = sorted(set(flags_in([*args, *margs, "--use-wandb", "--wandb-project", "--wandb-group"])))
+    (slime / "slime" / "utils").mkdir(parents=True, exist_ok=True)
+    (slime / "slime" / "__init__.py").write_text("")
+    (slime / "slime" / "utils" / "__init__.py").write_text("")
+    (slime / "slime" / "utils" / "arguments.py").write_text(IN_PLACE_ARGUMENTS.format(flags=flags))
+    (slime / "train.py").write_text(IN_PLACE_TRAIN.format())
+    return slime

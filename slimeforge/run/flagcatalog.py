@@ -148,6 +148,15 @@ def make_catalog(python: str, slime: str | Path, megatron: str | Path | None, ou
     return catalog
 
 
+def catalog_in_place(python: str, slime: str, megatron: str | None, runner: Runner | None = None) -> Catalog:
+    """The catalog of the slime at `slime` as `python` imports it (a run in place: the environment
+    where slime is installed), made in a temporary directory that goes away with it; Megatron's
+    parsers come from `megatron` when it is a checkout, else from wherever `python` finds them."""
+    meg = megatron if megatron and (Path(megatron) / "megatron").is_dir() else None
+    with tempfile.TemporaryDirectory(prefix="slimeforge-catalog-") as tmp:
+        return make_catalog(python, slime, meg, Path(tmp) / paths.FLAGS, runner)
+
+
 def summary(catalog: Catalog) -> str:
     rows = [f"{len(catalog.flags)} options of slime {catalog.slime_commit[:12]} (catalog version {catalog.version})"]
     rows += [f"  {len(p['options']):>4}  {p['built_by']}{'' if p.get('add_help') else '  (add_help=False)'}" for p in catalog.parsers]

@@ -1,7 +1,7 @@
 """Launching a run: resolve recipe + options to a target, ask it for a plan, print or apply it.
 
-    run_recipe(LaunchRequest(...), dry_run=...)      `invoke run` (the task's one call)
-    launch(recipe, stack, out=None, ...)             the Python API (SlimeRunner.train, tests)
+    run_recipe(LaunchRequest(...), dry_run=...)      `invoke run` and SlimeRunner.train (the one path)
+    launch(recipe, stack, out=None, ...)             a parsed recipe, the same path (tests, benchmarks)
     target_of(run_dir)                               run.status / run.logs / run.stop
 
 recipe file + --set -> (Recipe, Stack) -> ResolvedRun (mode, image, prefix, nodes applied) ->
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -24,9 +24,10 @@ from .. import paths
 from ..errors import ConfigError, Problem
 from ..image.stack import Stack
 from ..proc import Runner
+from ..yamlio import deep_merge
 from .headstate import check_address
-from .recipe import EXP_ID_RE, Recipe, load_recipe, load_recipe_data, parse_overrides
-from .resolve import resolve_mode
+from .modechoice import resolve_mode
+from .recipe import EXP_ID_RE, Recipe, load_recipe, load_recipe_data, parse_overrides, parse_recipe
 from .rundir import HEAD_TIMEOUT_S, read_plan, write_run_dir
 from .targets.base import LaunchPlan, ResolvedRun, Target, describe
 from .targets.local import ContainerTarget, HostTarget
@@ -40,17 +41,23 @@ if TYPE_CHECKING:
 FindCluster = Callable[[str, bool], "Cluster"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LaunchRequest:
-    """`invoke run`'s command line, as given (strings; checked by `resolve`)."""
+    """Every launch option, once, by keyword: `invoke run`'s command line (tasks.py) and
+    `SlimeRunner.train()` build it; `resolve` checks it (strings as given) and picks the target."""
 
-    recipe: str
+    recipe: str  # the recipe file; with `data`, where the keys came from (e.g. "SlimeRunner(...)")
+    data: Mapping[str, Any] | None = None  # the recipe's keys when they are not read from the file (the API)
+    overrides: tuple[str, ...] = ()  # --set key=value
     out: str | None = None
-    overrides: tuple[str, ...] = ()
     address: str | None = None
     mode: str | None = None
     image: str | None = None
     prefix: str | None = None
+    # In place (SlimeRunner without mode, image or prefix): host mode in this environment, this
+    # interpreter, slime and Megatron at slime_dir / megatron_dir (slime's container, or the
+    # environment its bare-metal script built).
+    in_place: bool = False
     catalog: str | None = None
     skip_checks: tuple[str, ...] = ()
     network_checks: bool = True
@@ -59,7 +66,67 @@ class LaunchRequest:
     partition: str | None = None
     account: str | None = None
     time: str | None = None
-    nodes: str | None = None
+    nodes: str | int | None = None
+    # How this machine starts things (the API, tests and benchmarks; the command line keeps the defaults).
+    python: str | None = None  # host mode: the interpreter of launch.sh and train.py (in place: this one)
+    head_args: tuple[str, ...] | None = None  # more `ray start` options (default: $SLIMEFORGE_RAY_HEAD_ARGS)
+    head_timeout: float = HEAD_TIMEOUT_S  # seconds the head has to answer
+    docker: str = "docker"
+    shm_size: str = "64g"
+    start_timeout: int | None = None  # Slurm: seconds for the head, then each node, to join (default: the target's)
+    follow_log: bool = True  # Slurm: False returns once submitted
+
+    def __post_init__(self) -> None:
+        # The API hands Python values (the command line's are typed by invoke): each option's type
+        # is checked here, all at once; its value is checked where it is used (resolve, the target).
+        bad = [Problem(f.name, f"must be {f.type}", getattr(self, f.name)) for f in fields(self) if not _fits(str(f.type), getattr(self, f.name))]
+        if bad:
+            raise ConfigError("launch options", bad)
+
+
+def _fits(kind: str, value: object) -> bool:
+    """`value` has one of the types of an annotation of LaunchRequest (as written above)."""
+    for alt in kind.split(" | "):
+        if ((alt == "None" and value is None) or (alt == "str" and isinstance(value, str)) or (alt == "bool" and isinstance(value, bool))
+                or (alt in ("int", "float") and isinstance(value, int if alt == "int" else (int, float)) and not isinstance(value, bool))
+                or (alt == "tuple[str, ...]" and isinstance(value, tuple) and all(isinstance(v, str) for v in value))
+                or (alt.startswith("Mapping[") and isinstance(value, Mapping))):
+            return True
+    return False
+
+
+LAUNCH_OPTIONS = tuple(f.name for f in fields(LaunchRequest) if f.name not in ("recipe", "data", "in_place"))
+
+
+def load(req: LaunchRequest) -> tuple[Recipe, Stack]:
+    """The request's recipe, validated: its keys (the API) or its file, with --set applied."""
+    overrides = parse_overrides(list(req.overrides))
+    if req.data is not None:
+        return parse_recipe(deep_merge(dict(req.data), overrides), req.recipe, overrides)
+    return load_recipe(req.recipe, overrides)
+
+
+def in_place(recipe: Recipe, source: str) -> Recipe:
+    """Host mode where this process runs, once slime is proved to be at slime_dir here."""
+    slime = Path(recipe.slime_dir)
+    if not ((slime / "train.py").is_file() and (slime / "slime").is_dir()):
+        raise ConfigError(source, [Problem("slime_dir", "has no slime here (no train.py and slime/ package), so it cannot run in place",
+                                           recipe.slime_dir, "slime_dir= where slime is installed; image=REG/repo@sha256:... for "
+                                           "container mode; or install_prefix= of `invoke install`")])
+    return recipe.model_copy(update={"mode": "host"})
+
+
+def sequences_as_tuples(options: dict[str, Any]) -> dict[str, Any]:
+    """Python callers pass lists for the word-list options; the frozen request holds tuples (a
+    single string stays one, and is refused: it is not a list of words)."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
+
+
+def target_options(req: LaunchRequest, recipe: Recipe) -> dict[str, Any]:
+    """The request's options for the host or container target."""
+    if recipe.mode == "host":
+        return {"head_args": None if req.head_args is None else list(req.head_args), "head_timeout": req.head_timeout}
+    return {"docker": req.docker, "shm_size": req.shm_size}
 
 
 def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | None = None,
@@ -72,13 +139,17 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
     if req.slurm and (req.address or req.cluster):
         raise ConfigError("command line", [Problem("--address/--cluster", "--slurm starts its own Ray cluster in the allocation",
                                                    req.address or req.cluster, "leave out --address/--cluster")])
-    recipe, stack = load_recipe(req.recipe, parse_overrides(list(req.overrides)))
+    recipe, stack = load(req)
+    if req.in_place:
+        recipe = in_place(recipe, req.recipe)
     target: Target
     if req.slurm:
         from .targets import slurm  # only then: sbatch's template and the node agent
 
         opts = slurm.options(req.partition, req.account, req.time, req.nodes)
-        target = slurm.SlurmTarget(opts)
+        if req.start_timeout is not None:
+            opts = replace(opts, start_timeout=req.start_timeout)
+        target = slurm.SlurmTarget(opts, follow_log=req.follow_log)
         recipe = slurm.on_slurm(resolve_mode(recipe, req.mode, req.prefix, req.image, stack=stack), opts)
     elif req.cluster or recipe.cluster or req.address:
         from .targets.jobsubmit import ClusterTarget, find_cluster_of, on_cluster
@@ -89,9 +160,11 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
         target = ClusterTarget(cluster)
     else:
         recipe = resolve_mode(recipe, req.mode, req.prefix, req.image, require_image=not dry_run, stack=stack)
-        target = local_target(recipe, None)
+        target = local_target(recipe, None, **target_options(req, recipe))
     out = Path(req.out) if req.out else paths.run_dir(recipe.exp_id)
-    return target, ResolvedRun(recipe, stack, out.resolve(), req.recipe, environ, req.catalog, tuple(req.skip_checks), req.network_checks)
+    python = req.python or (sys.executable if req.in_place else None)
+    return target, ResolvedRun(recipe, stack, out.resolve(), req.recipe, environ, req.catalog, tuple(req.skip_checks), req.network_checks,
+                               python=python)
 
 
 def local_target(recipe: Recipe, address: str | None, cluster: str | None = None, **options: Any) -> Target:
@@ -105,10 +178,13 @@ def local_target(recipe: Recipe, address: str | None, cluster: str | None = None
     return make(None, **options)
 
 
-def run_recipe(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | None = None, stream: IO[str] | None = None) -> int:
-    """`invoke run`: plan; then print it (dry run: the run directory is written, nothing starts) or apply it."""
+def run_recipe(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | None = None, stream: IO[str] | None = None,
+               runner: Runner | None = None, environ: dict[str, str] | None = None) -> int:
+    """`invoke run` and `SlimeRunner.train()`: plan; then print it (dry run: the run directory is
+    written, nothing starts) or apply it (preflight, write the run directory, run the plan's
+    commands); the job's exit code. `runner`: a proc.Runner (a dry-run one records argv lists)."""
     stream = stream or sys.stdout
-    target, run = resolve(req, dry_run=dry_run, find_cluster=find_cluster)
+    target, run = resolve(req, dry_run=dry_run, find_cluster=find_cluster, environ=environ)
     plan = target.plan(run)
     if dry_run:
         from .runrecord import guard_render
@@ -121,7 +197,7 @@ def run_recipe(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster |
         stream.write("\n".join(describe(plan)) + "\n")
         print(f"  (train.py and {len(plan.rundir.args)} arguments; see {plan.rundir.path / 'slime.args'})", file=sys.stderr)
         return 0
-    return apply(target, plan, Runner(), stream)
+    return apply(target, plan, runner or Runner(), stream)
 
 
 def apply(target: Target, plan: LaunchPlan, runner: Runner, stream: IO[str]) -> int:
@@ -133,36 +209,20 @@ def apply(target: Target, plan: LaunchPlan, runner: Runner, stream: IO[str]) -> 
 
 
 def launch(recipe: Recipe, stack: Stack, out: str | os.PathLike | None = None, recipe_path: str = "(api)", *,
-           address: str | None = None, mode: str | None = None, image: str | None = None, install_prefix: str | None = None,
-           catalog: str | None = None, skip_checks: Iterable[str] = (), network_checks: bool = True,
            runner: Runner | None = None, stream: IO[str] | None = None, environ: dict[str, str] | None = None,
-           head_args: Iterable[str] | None = None, python: str | None = None, docker: str = "docker",
-           shm_size: str = "64g", head_timeout: float = HEAD_TIMEOUT_S, slurm_options: SlurmOptions | None = None,
-           follow_log: bool = True) -> int:
-    """Preflight, then launch; returns the job's exit code (0 = SUCCEEDED).
-
-    The target: this machine (host or container mode), or with `address` the Jobs API of that
-    running Ray cluster, e.g. "http://10.0.0.1:8265" (no head is started), or with `slurm_options`
-    an sbatch allocation (follow_log=False: return once submitted).
-
-    mode / image / install_prefix override the recipe's. skip_checks: preflight checks whose errors
-    become warnings. runner: a proc.Runner (a dry-run one records argv lists and starts nothing).
-    head_args: more `ray start` options (default: $SLIMEFORGE_RAY_HEAD_ARGS). head_timeout: seconds
-    the head has to answer. Raises PreflightError (every problem, each with its fix) before anything starts."""
-    recipe = resolve_mode(recipe, mode, install_prefix, image, stack=stack)
-    target: Target
+           slurm_options: SlurmOptions | None = None, **options: Any) -> int:
+    """A parsed recipe (tests, benchmarks, scripts) through `invoke run`'s one path: its keys and
+    `options` (LaunchRequest's fields by keyword: address, mode, image, prefix, catalog, skip_checks,
+    head_args, ...) -> resolve -> the target's plan -> preflight and apply; the job's exit code
+    (0 = SUCCEEDED). `slurm_options`: an sbatch allocation (targets/slurm.py's Options).
+    Raises ConfigError (PreflightError: every problem, each with its fix) before anything starts."""
+    del stack  # the recipe names its stack: resolve loads it again, with every check of the recipe
     if slurm_options is not None:
-        from .targets import slurm
-
-        target = slurm.SlurmTarget(slurm_options, follow_log=follow_log)
-        recipe = slurm.on_slurm(recipe, slurm_options)
-    else:
-        options = ({"head_args": None if head_args is None else list(head_args), "python": python, "head_timeout": head_timeout}
-                   if recipe.mode == "host" else {"docker": docker, "shm_size": shm_size})
-        target = local_target(recipe, address, **options)
-    run = ResolvedRun(recipe, stack, Path(out or paths.run_dir(recipe.exp_id)).resolve(), recipe_path,
-                      dict(os.environ if environ is None else environ), catalog, tuple(skip_checks), network_checks)
-    return apply(target, target.plan(run), runner or Runner(), stream or sys.stdout)
+        o = slurm_options
+        options.update(slurm=True, partition=o.partition, account=o.account, time=o.time, nodes=o.nodes, start_timeout=o.start_timeout)
+    options = sequences_as_tuples(options)
+    req = LaunchRequest(recipe=recipe_path, data=recipe.model_dump(mode="json"), out=None if out is None else str(out), **options)
+    return run_recipe(req, dry_run=False, runner=runner, stream=stream, environ=environ)
 
 
 # --- a launched run -------------------------------------------------------------------------------

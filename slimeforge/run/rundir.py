@@ -31,13 +31,20 @@ _TEMP_PREFIXES = tuple(f".{name}." for name in RUN_FILES)  # atomic.write_dir's 
 _PLAN_ACCEPTED = "the plan.json that `invoke run` writes into a run directory"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class RunDir:
+    """A run directory's content, computed: `files` (name -> text), slime's `args`, the job's `env`
+    and `plan` (plan.json's keys). Its repr is one line: a notebook shows the path, not 15 KB."""
+
     path: Path
     args: list[str]
     env: dict[str, str]
     files: dict[str, str]
     plan: dict
+
+    def __repr__(self) -> str:
+        names = ", ".join(self.files)
+        return f"RunDir('{self.path}', files=[{names}], args={len(self.args)}, env={len(self.env)})"
 
 
 def wandb_enabled(recipe: Recipe, environ: dict[str, str]) -> bool:

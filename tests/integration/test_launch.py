@@ -14,9 +14,7 @@ import pytest
 import yaml
 from launch_support import (
     ARN,
-    VENV_BIN,
     RayHead,
-    fake_nvidia_smi,
     head_extra_args,
     make_recipe,
     read_args,
@@ -40,7 +38,6 @@ from slimeforge.run.targets.local import ContainerTarget
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-REGION = "us-west-2"
 HOSTILE = "it's \"quoted\" $(touch /tmp/sf-pwned) `id` $HOME  new line; rm -rf / &"  # control characters are refused
 # Ray expands $NAME in runtime env values and has no escape (preflight refuses them: runtime-env);
 # every other byte must arrive.
@@ -52,55 +49,6 @@ def ray_head():
     head = RayHead(num_gpus=1).start()
     yield head
     head.stop()
-
-
-@pytest.fixture(scope="session")
-def moto_s3():
-    import boto3
-    from helpers import free_port
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    url = f"http://127.0.0.1:{port}"
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION, "AWS_ENDPOINT_URL": url}
-    boto3.client("s3", region_name=REGION, endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing").create_bucket(
-        Bucket="sf-launch-test-bucket", CreateBucketConfiguration={"LocationConstraint": REGION})
-    env["SF_TEST_RUNTIME_ARN"] = agentcore_runtime(url)
-    yield env
-    server.stop()
-
-
-def agentcore_runtime(url: str) -> str:
-    """Deploy an AgentCore runtime in moto; moto's runtime ids are random hex, and real ones are
-    <name>-<10 characters> with a letter first, so create until one has that shape."""
-    import boto3
-
-    from slimeforge.run.recipe import ARN_RE
-
-    client = boto3.client("bedrock-agentcore-control", region_name=REGION, endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing")
-    for _ in range(40):
-        rid = client.create_agent_runtime(
-            agentRuntimeName="sf_launch_agent", roleArn="arn:aws:iam::123456789012:role/sf-launch",
-            agentRuntimeArtifact={"containerConfiguration": {"containerUri": "123456789012.dkr.ecr.us-west-2.amazonaws.com/agent:1"}},
-            networkConfiguration={"networkMode": "PUBLIC"})["agentRuntimeId"]
-        arn = f"arn:aws:bedrock-agentcore:{REGION}:123456789012:runtime/{rid}"
-        if ARN_RE.match(arn):
-            return arn
-    raise RuntimeError("moto never made a runtime id of AWS's shape")
-
-
-@pytest.fixture
-def env(tmp_path, monkeypatch, moto_s3):
-    """A GPU host as far as preflight can tell (an H100 capture), AWS through moto."""
-    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "RAY_ADDRESS"):
-        monkeypatch.delenv(key, raising=False)
-    for key, value in moto_s3.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("PATH", f"{fake_nvidia_smi(tmp_path / 'bin', 'h100-x1')}:{VENV_BIN}:/usr/bin:/bin")
-    monkeypatch.setenv("SLIMEFORGE_STATE_DIR", str(tmp_path / "state"))
-    return tmp_path
 
 
 def recipe_for(tmp: Path, **over):

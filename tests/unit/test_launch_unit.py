@@ -17,8 +17,8 @@ from launch_support import fake_nvidia_smi, make_recipe, stop_recorded_head, wri
 from slimeforge.errors import ConfigError
 from slimeforge.proc import Runner, pid_alive
 from slimeforge.run import launch as launcher
+from slimeforge.run.modechoice import resolve_mode
 from slimeforge.run.recipe import parse_recipe
-from slimeforge.run.resolve import resolve_mode
 from slimeforge.run.targets import local
 from slimeforge.run.targets.base import Command, ResolvedRun
 
@@ -174,14 +174,13 @@ def test_the_head_deadline_is_one_value_and_a_silent_head_fails_by_it(gpu_host):
     """launch.py's host path and launch.sh once waited 180 s and 120 s for the Ray head. Now
     launch.sh is the only waiter: launch() hands it its deadline, whose default is the one that is
     rendered (rundir.HEAD_TIMEOUT_S), and a head that never answers fails the launch at that deadline."""
-    import inspect
     import os
     import sys
     import time
 
     from slimeforge.run.rundir import HEAD_TIMEOUT_S
 
-    assert inspect.signature(launcher.launch).parameters["head_timeout"].default == HEAD_TIMEOUT_S
+    assert launcher.LaunchRequest(recipe="r").head_timeout == HEAD_TIMEOUT_S  # the one options dataclass
     # Through launch() itself, as `invoke run` goes: the install's `ray` (a silent head) first on PATH.
     prefix = gpu_host / "prefix"
     venv_bin = stand_in_ray(prefix / "venv" / "bin", "unused", head="silent")
@@ -272,3 +271,157 @@ def test_launch_sh_stops_only_the_head_its_record_proves(gpu_host):
 def _stop_head(sdir: Path) -> None:
     """The stand-in head a launch started and recorded (its pid proved as launch.sh does)."""
     assert stop_recorded_head(sdir, say=lambda _: None, timeout=10)
+
+
+# --- the API on `invoke run`'s path (issue 34): in place, one request, the same errors ---------------
+
+
+def in_place_kwargs(tmp: Path) -> dict:
+    """The guide's keyword arguments for an environment like slime's container under `tmp`: no
+    mode, image or install_prefix (make_recipe's own mode is left out)."""
+    data = make_recipe(tmp)
+    del data["mode"]
+    return data
+
+
+def capture_apply(monkeypatch) -> dict:
+    """launch.apply through the real target with a recording runner: the plan, the argv, the output."""
+    seen: dict = {}
+
+    def apply(target, plan, runner, stream):
+        seen["plan"], seen["runner"] = plan, Runner(dry_run=True)
+        return target.apply(plan, seen["runner"], lambda s: seen.setdefault("said", []).append(s), stream)
+
+    monkeypatch.setattr(launcher, "apply", apply)
+    return seen
+
+
+def test_slimerunner_without_mode_image_or_prefix_trains_in_place(gpu_host, monkeypatch):
+    """The guide's call (no mode, no image, no prefix) plans a host launch with this interpreter, and
+    the preflight reads the flag catalog from slime_dir with it: no catalog is given."""
+    import sys
+
+    from launch_support import slime_in_place
+
+    from slimeforge import SlimeRunner
+
+    kwargs = in_place_kwargs(gpu_host)
+    runner = SlimeRunner(**kwargs)
+    slime_in_place(Path(kwargs["slime_dir"]), runner.recipe, runner.stack)
+    seen = capture_apply(monkeypatch)
+    assert runner.train(num_rollout=1, out=str(gpu_host / "run"), network_checks=False) == 0
+    plan = seen["plan"]
+    assert plan.target == "host" and plan.run.recipe.mode == "host" and plan.run.python == sys.executable
+    env = dict(plan.commands[0].set_env)
+    assert env["SLIMEFORGE_PYTHON"] == sys.executable
+    assert env["PATH"].split(":")[0] == str(Path(sys.executable).parent)  # this environment's `ray` starts the head
+    assert seen["runner"].history == [["bash", str((gpu_host / "run").resolve() / "launch.sh")]]
+    table = seen["said"][0]
+    assert f"slime at {kwargs['slime_dir']}, read with {sys.executable}" in table and "0 error(s)" in table
+    assert '"--num-rollout"' not in table and (gpu_host / "run" / "plan.json").is_file()
+
+
+def test_in_place_without_slime_here_says_so_in_one_line_with_the_two_ways_on(gpu_host):
+    from slimeforge import SlimeRunner
+
+    kwargs = {**in_place_kwargs(gpu_host), "slime_dir": str(gpu_host / "no-slime")}
+    with pytest.raises(ConfigError) as err:
+        SlimeRunner(**kwargs).train(num_rollout=1, out=str(gpu_host / "run"))
+    (problem,) = err.value.problems
+    assert problem.where == "slime_dir" and problem.value == str(gpu_host / "no-slime")
+    assert "\n" not in str(problem) and "image=" in str(problem) and "install_prefix=" in str(problem)
+    assert not (gpu_host / "run").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("given", [{"mode": "container"}, {"partition": "gpu"}, {"mode": "vm"}])
+def test_the_api_and_the_command_line_refuse_alike(gpu_host, given):
+    """One request, one resolve: the same ConfigError, problem for problem, from train() and `invoke run`."""
+    import yaml
+
+    from slimeforge import SlimeRunner
+
+    kwargs = make_recipe(gpu_host)
+    recipe_keys = {k: v for k, v in given.items() if k == "mode" and v == "container"}
+    options = {k: v for k, v in given.items() if k not in recipe_keys}
+    recipe_file = gpu_host / "recipe.yaml"
+    recipe_file.write_text(yaml.safe_dump({**kwargs, **recipe_keys}))
+    with pytest.raises(ConfigError) as cli:
+        launcher.run_recipe(launcher.LaunchRequest(recipe=str(recipe_file), **options), dry_run=False)
+    with pytest.raises(ConfigError) as api:
+        SlimeRunner.from_yaml(recipe_file).train(num_rollout=1, **options)
+    assert cli.value.problems == api.value.problems and cli.value.problems
+
+
+def test_launch_options_are_one_frozen_dataclass_built_by_keyword(gpu_host):
+    import dataclasses
+
+    from slimeforge import SlimeRunner
+
+    with pytest.raises(TypeError):
+        launcher.LaunchRequest("recipe.yaml", None, (), None, None, "reg/img:1", "/opt/sf")  # type: ignore[misc]
+    req = launcher.LaunchRequest(recipe="recipe.yaml", image="reg/img:1", prefix="/opt/sf")
+    assert (req.image, req.prefix) == ("reg/img:1", "/opt/sf")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        req.image = "other"  # type: ignore[misc]
+    with pytest.raises(ConfigError, match="is not a launch option") as err:
+        SlimeRunner(**make_recipe(gpu_host)).train(num_rollout=1, imgae="reg/img:1")
+    assert [p.where for p in err.value.problems] == ["imgae"] and "image" in (err.value.problems[0].accepted or "")
+    # Python values are typed here (invoke types the command line's): a string is not a list of words.
+    with pytest.raises(ConfigError, match="launch options") as err:
+        SlimeRunner(**make_recipe(gpu_host)).train(num_rollout=1, head_args="--temp-dir /tmp/x", network_checks="no", skip_checks=["flags"])
+    assert [(p.where, p.value) for p in err.value.problems] == [("network_checks", "no"), ("head_args", "--temp-dir /tmp/x")]
+
+
+def test_reprs_are_short_and_the_content_stays_in_the_attributes(gpu_host):
+    from slimeforge import SlimeRunner
+    from slimeforge.run.preflight.findings import ERROR, OK, WARNING, Finding, Report
+
+    kwargs = make_recipe(gpu_host)
+    run = SlimeRunner(**kwargs).render(gpu_host / "run")
+    text = repr(run)
+    assert len(text) < 200 and str(run.path) in text and "launch.sh" in text and f"args={len(run.args)}" in text
+    assert sum(len(t) for t in run.files.values()) > 5000 and run.plan["exp_id"] == kwargs["exp_id"]
+    recipe, stack = parse_recipe(kwargs, "test")
+    plan = local.HostTarget().plan(ResolvedRun(recipe, stack, gpu_host / "run2", "test", {}))
+    assert repr(plan) == f"LaunchPlan(target='host', run_dir='{plan.rundir.path}', files=5, commands=1, mounts=0, notes=0)"
+    report = Report([Finding("a", ERROR, "x", "y"), Finding("b", WARNING, "w"), Finding("c", OK, "fine")], 0.25)
+    assert repr(report) == "Report(errors=1, warnings=1, ok=1, seconds=0.25)" and len(report.findings) == 3
+
+
+def test_versions_in_place_need_ray_in_this_environment(gpu_host):
+    """In place, the head starts with this environment's Ray: env_probe.py, run with its interpreter, says."""
+    import sys
+
+    from slimeforge.run.preflight import run_checks
+
+    recipe, stack = parse_recipe(make_recipe(gpu_host), "test")
+    (finding,) = run_checks(recipe, stack, only=["versions"], python=sys.executable).findings
+    assert finding.level == "ok" and f"in this environment ({sys.executable})" in finding.message
+    no_ray = gpu_host / "bare-python"
+    no_ray.write_text('#!/bin/sh\necho \'{"python": "3.12.1", "ray": null, "executable": "/usr/bin/python3"}\'\n')
+    no_ray.chmod(0o755)
+    (finding,) = run_checks(recipe, stack, only=["versions"], python=str(no_ray)).findings
+    assert finding.level == "error" and "Ray is not installed" in finding.message and "ray[default]" in finding.fix
+    with_prefix = recipe.model_copy(update={"install_prefix": "/opt/sf"})  # an install's environment: not in place
+    (finding,) = run_checks(with_prefix, stack, only=["versions"], python=str(no_ray)).findings
+    assert finding.level == "ok" and "no --address" in finding.message
+
+
+def test_train_returns_the_jobs_exit_code(gpu_host):
+    """train() in place runs launch.sh with the `ray` beside its interpreter (here a stand-in whose
+    job ends with exit code 3, on a cluster given by address: no head) and returns the job's exit
+    code, not 0 or an exception."""
+    import sys
+
+    from launch_support import slime_in_place
+
+    from slimeforge import SlimeRunner
+
+    env_bin = stand_in_ray(gpu_host / "env" / "bin", "Job 'x' failed\nStatus message: Job entrypoint command failed with exit code 3, ...")
+    (env_bin / "python").symlink_to(sys.executable)
+    runner = SlimeRunner(**in_place_kwargs(gpu_host))
+    slime_in_place(Path(runner.recipe.slime_dir), runner.recipe, runner.stack)
+    code = runner.train(num_rollout=1, out=str(gpu_host / "run"), python=str(env_bin / "python"), address="http://127.0.0.1:1",
+                        network_checks=False)
+    assert code == 3
+    assert (gpu_host / "run" / "run_token").is_file()  # it ran: the run directory and its token were written

@@ -45,13 +45,14 @@ def run_checks(recipe: Recipe | None = None, stack: Stack | None = None, *, args
                address: str | None = None, catalog: str | None = None, image: str | None = None, install_prefix: str | None = None,
                skip: Iterable[str] = (), only: Iterable[str] | None = None, network: bool = True, run: Run | None = None, runner: Runner | None = None,
                state_dir: Path | None = None, environ: dict[str, str] | None = None, build_root: Path | None = None,
-               gpu_checks: bool = False) -> Report:
+               gpu_checks: bool = False, python: str | None = None) -> Report:
     """Run every check that applies (without a recipe: the host checks), return all findings.
 
     `args`: the rendered slime.args (default: rendered from the recipe). `skip`: check names whose
     errors become warnings. `only`: run just these. `network=False` leaves out AWS and the cluster.
     `gpu_checks=True` adds the checks of scope "gpu" (the kernel check: seconds per compiled piece on
-    the GPU), which run only when asked (or named in `only`)."""
+    the GPU), which run only when asked (or named in `only`). `python`: host mode's interpreter when
+    known (in place: this one); without an install prefix the flag catalog and versions are read with it."""
     from ..flags import env_json, render_flags
 
     skip, only = set(skip), (set(only) if only is not None else None)
@@ -66,7 +67,7 @@ def run_checks(recipe: Recipe | None = None, stack: Stack | None = None, *, args
                   address=address, catalog=catalog, image=image or (recipe.image if recipe else None),
                   install_prefix=install_prefix or (recipe.install_prefix if recipe else None), run=run, runner=runner or Runner(),
                   environ=dict(os.environ if environ is None else environ), state_dir=state_dir,
-                  build_root=paths.BUILDS if build_root is None else Path(build_root))
+                  build_root=paths.BUILDS if build_root is None else Path(build_root), python=python)
     start = time.monotonic()
     findings: list[Finding] = []
     for chk in CHECKS.values():
@@ -99,8 +100,8 @@ def doctor(recipe_path: str | None, overrides: Sequence[str] = (), *, cuda: str 
     applied), or without a recipe the host checks against a stack. `gpu_checks`: the kernel check too,
     of the recipe's install or image, or of `prefix` / `image` (an image alone: container mode)."""
     from ..headstate import check_address, state_dir
+    from ..modechoice import command_line_problems, resolve_mode
     from ..recipe import load_recipe, parse_overrides
-    from ..resolve import command_line_problems, resolve_mode
 
     if address is not None:
         check_address(address)

@@ -57,10 +57,16 @@ class PreflightError(ConfigError):
         super().__init__(source, [Problem(f.check, f"{f.message}; fix: {f.fix}", show_value=False) for f in report.errors])
 
 
-@dataclass
+@dataclass(repr=False)
 class Report:
+    """Every finding of a preflight (`findings`; `table()` prints them); its repr counts them."""
+
     findings: list[Finding]
     seconds: float = 0.0
+
+    def __repr__(self) -> str:
+        ok_count = len(self.findings) - len(self.errors) - len(self.warnings)
+        return f"Report(errors={len(self.errors)}, warnings={len(self.warnings)}, ok={ok_count}, seconds={self.seconds:.2f})"
 
     @property
     def errors(self) -> list[Finding]:
@@ -109,7 +115,15 @@ class Context:
     docker: str = "docker"
     state_dir: Path | None = None  # where the launcher records the Ray head it started
     build_root: Path = paths.BUILDS  # where `invoke build` writes its build directories
+    # Host mode's interpreter when known (in place: this one): without an install prefix, the flag
+    # catalog is read from slime_dir with it, and the Ray of its environment is checked.
+    python: str | None = None
     cache: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def in_place(self) -> bool:
+        """Host mode in an environment given by its interpreter, not by an install prefix."""
+        return self.mode == "host" and bool(self.python) and not self.install_prefix
 
     @property
     def read(self) -> Run:

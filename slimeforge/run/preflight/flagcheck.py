@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ... import paths, records
 from ...schema import did_you_mean
-from ..flagcatalog import Catalog, load_catalog, parse_catalog
+from ..flagcatalog import Catalog, catalog_in_place, load_catalog, parse_catalog
 from .findings import Context, Finding, check, describe_failure, error, ok
 from .model import is_flag, model_args
 
@@ -27,6 +27,10 @@ def find_catalog(ctx: Context) -> tuple[Catalog, str] | None:
         path = Path(paths.Prefix.at(ctx.install_prefix).flags)
         if path.is_file():
             return load_catalog(path), str(path)
+    if ctx.in_place and ctx.recipe is not None and ctx.python:
+        # In place: slime's own parsers, read with the interpreter that will run it.
+        r = ctx.recipe
+        return catalog_in_place(ctx.python, r.slime_dir, r.megatron_dir, ctx.runner), f"slime at {r.slime_dir}, read with {ctx.python}"
     # A local build of this very stack: its report names the stack id (name and stack hash).
     for build in paths.local_builds(ctx.build_root, ctx.stack.name):
         try:  # through the one reader: a FIFO or a huge file named report.json is passed over, never read
@@ -71,5 +75,5 @@ def check_flags(ctx: Context) -> list[Finding]:
                     "make one from slime's parsers with invoke flags.catalog (or rebuild the image)")
         out.append(error("flags", f"{flag} (from {src}) is not a flag of slime {commit[:12]} ({where}); slime would silently ignore it", fix))
     return out or [ok("flags", f"all {len(set(flags_in(argv)))} flags are in the catalog of slime {commit[:12]} "
-                           f"({len(catalog.parsers) or 'help-text'} parser(s))")]
+                           f"({len(catalog.parsers) or 'help-text'} parser(s); {where})")]
 

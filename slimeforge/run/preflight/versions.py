@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from ... import paths
 from ..headstate import dashboard_url
 from .findings import Context, Finding, check, describe_failure, error, ok
 
@@ -51,10 +52,27 @@ def cluster_python(address: str) -> str:
     return "?"
 
 
+def environment_versions(ctx: Context) -> list[Finding]:
+    """In place: the environment the job runs in (its interpreter, read with env_probe.py) has Ray."""
+    python = ctx.python or "python3"
+    try:
+        out = ctx.runner.run([python, str(paths.SCRIPTS / "env_probe.py")], step="versions (this environment)", timeout=60).stdout
+        found = json.loads(out.strip().splitlines()[-1])
+    except Exception as exc:  # noqa: BLE001 - reported as the finding
+        return [error("versions", f"cannot read the versions of {python}: {describe_failure(exc)}",
+                      "run in the environment where slime is installed (slime's container, or the bare-metal install's)")]
+    if not isinstance(found, dict) or not found.get("ray"):
+        return [error("versions", f"Ray is not installed in {python}, which would start the head and run the job",
+                      "pip install 'ray[default]' into this environment, as slime's container has it")]
+    return [ok("versions", f"Ray {found['ray']}, Python {found.get('python')} in this environment ({python}): the head starts with them")]
+
+
 @check("versions", "network")
 def check_versions(ctx: Context) -> list[Finding]:
     """The Ray and Python versions of this client match the cluster's (with --address)."""
     if not ctx.address:
+        if ctx.in_place:
+            return environment_versions(ctx)
         return [ok("versions", "no --address: the launch starts its own head with this install's Ray")]
     try:
         theirs: tuple[str, str] | Exception = cluster_versions(ctx.address)

@@ -79,9 +79,12 @@ class ResolvedRun:
     catalog: str | None = None
     skip_checks: tuple[str, ...] = ()
     network_checks: bool = True
+    # Host mode: the interpreter that runs launch.sh and train.py when the request named one (in
+    # place: this one); the preflight reads the flag catalog and the versions with it.
+    python: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class LaunchPlan:
     """Everything a launch will do, computed before anything is done."""
 
@@ -95,6 +98,11 @@ class LaunchPlan:
     # This launch's identity (32 hex digits), carried by everything it starts: the head record, the
     # Ray job's metadata, the container's labels, the Slurm job's comment; kept in <run dir>/run_token.
     run_token: str | None = None
+
+    def __repr__(self) -> str:
+        # Short: the whole plan is in the attributes (rundir.files, commands) and in describe().
+        return (f"LaunchPlan(target={self.target!r}, run_dir='{self.rundir.path}', files={len(self.rundir.files)}, "
+                f"commands={len(self.commands)}, mounts={len(self.mounts)}, notes={len(self.notes)})")
 
 
 def describe(plan: LaunchPlan) -> list[str]:

@@ -39,13 +39,14 @@ PASS_THROUGH_ENV = ("WANDB_API_KEY", "WANDB_ENTITY", "HF_TOKEN", "AWS_ACCESS_KEY
                     "AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
 
 
-def host_tools(recipe: Recipe) -> tuple[str, str]:
-    """(python, ray) for host mode: the install's venv, else this interpreter's, else PATH's."""
+def host_tools(recipe: Recipe, python: str | None = None) -> tuple[str, str]:
+    """(python, ray) for host mode: the install's venv; else `python` (in place: this interpreter)
+    and the `ray` beside it; else python3 and this interpreter's `ray`, else PATH's."""
     if recipe.install_prefix:
         installed = paths.Prefix.at(recipe.install_prefix)
         return installed.python, installed.ray
-    here = Path(sys.executable).parent / "ray"
-    return "python3", str(here) if here.exists() else "ray"
+    here = Path(python or sys.executable).parent / "ray"
+    return python or "python3", str(here) if here.exists() else "ray"
 
 
 class LocalTarget(Target):
@@ -62,7 +63,7 @@ class LocalTarget(Target):
         run = plan.run
         report = run_checks(run.recipe, run.stack, args=plan.rundir.args, address=self.address, catalog=run.catalog,
                             skip=run.skip_checks, network=run.network_checks, state_dir=state_dir(run.recipe.ray_port, run.environ),
-                            environ=run.environ)
+                            environ=run.environ, python=run.python)
         say(report.table())
         if report.errors:
             raise PreflightError(f"preflight of {run.recipe_path}", report)
@@ -83,23 +84,22 @@ class HostTarget(LocalTarget):
 
     name = "host"
 
-    def __init__(self, address: str | None = None, *, head_args: list[str] | None = None, python: str | None = None,
-                 head_timeout: float = HEAD_TIMEOUT_S):
+    def __init__(self, address: str | None = None, *, head_args: list[str] | None = None, head_timeout: float = HEAD_TIMEOUT_S):
         if head_args is not None:
             problems = [Problem("head_args", "must be single words without whitespace or control characters", a, "e.g. --temp-dir /tmp/ray-x")
                         for a in head_args if not a or re.search(r"[\s\x00-\x1f\x7f]", a)]
             if problems:
                 raise ConfigError("launch", problems)
-        self.address, self.head_args, self.python, self.head_timeout = address, head_args, python, head_timeout
+        self.address, self.head_args, self.head_timeout = address, head_args, head_timeout
 
     def mounts(self, run: ResolvedRun) -> tuple[Mount, ...]:
         return ()  # every path is read where it is
 
     def plan(self, run: ResolvedRun) -> LaunchPlan:
         rundir = self.render(run)
-        py, ray = host_tools(run.recipe)
+        py, ray = host_tools(run.recipe, run.python)
         set_env, unset = launch_env(run.environ, state_dir(run.recipe.ray_port, run.environ),
-                                    self.python or run.environ.get("SLIMEFORGE_PYTHON") or py, ray, self.address, self.head_args, self.head_timeout)
+                                    run.python or run.environ.get("SLIMEFORGE_PYTHON") or py, ray, self.address, self.head_args, self.head_timeout)
         token = secrets.token_hex(16)  # this launch's identity: launch.sh puts it in the head record and the job's metadata
         set_env["SLIMEFORGE_RUN_TOKEN"] = token
         cmd = Command(("bash", str(rundir.path / "launch.sh")), "launch.sh", tuple(set_env.items()), unset)
