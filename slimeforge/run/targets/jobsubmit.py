@@ -41,7 +41,7 @@ from .. import ownership
 from ..headstate import check_address
 from ..modelscript import MODEL_ARGS_BASH
 from ..recipe import Recipe
-from ..resolve import resolve_mode
+from ..modechoice import resolve_mode
 from ..rundir import RunDir, amend_plan, build_run_dir
 from ..runrecord import new_run_token
 from . import jobs
