@@ -85,17 +85,19 @@ def stack_show(c, cuda="cu13", as_json=False):
         "account": "--slurm: the account to charge",
         "time": "--slurm: the time limit, [D-]HH:MM:SS",
         "nodes": "--slurm: nodes (default: the recipe's num_nodes)",
+        "squashfs_dir": "--slurm, container mode: import the image once to a squashfs in this shared directory; every node reads it",
     },
     default=True,
 )
 @clean_errors
 def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=None, image=None, prefix=None, catalog=None,
-              skip_check=None, no_network=False, cluster=None, slurm=False, partition=None, account=None, time=None, nodes=None):
+              skip_check=None, no_network=False, cluster=None, slurm=False, partition=None, account=None, time=None, nodes=None,
+              squashfs_dir=None):
     """Validate a recipe, preflight, start Ray, submit, stream the logs (--dry-run: print the plan, start nothing)."""
     from slimeforge.run.launch import LaunchRequest, run_recipe
 
     req = LaunchRequest(recipe, out, tuple(set_ or ()), address, mode, image, prefix, catalog, tuple(skip_check or ()), not no_network,
-                        cluster, slurm, partition, account, time, None if nodes is None else str(nodes))
+                        cluster, slurm, partition, account, time, None if nodes is None else str(nodes), squashfs_dir)
     code = run_recipe(req, dry_run=dry_run, find_cluster=_cluster_jobs_api)
     if code:
         raise Exit(code=code)

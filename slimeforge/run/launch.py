@@ -58,13 +58,14 @@ class LaunchRequest:
     account: str | None = None
     time: str | None = None
     nodes: str | None = None
+    squashfs_dir: str | None = None
 
 
 def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | None = None,
             environ: dict[str, str] | None = None) -> tuple[Target, ResolvedRun]:
     """The target `req` names and the run it plans from; ConfigError for bad options."""
     environ = dict(os.environ if environ is None else environ)
-    slurm_only = {"--partition": req.partition, "--account": req.account, "--time": req.time, "--nodes": req.nodes}
+    slurm_only = {"--partition": req.partition, "--account": req.account, "--time": req.time, "--nodes": req.nodes, "--squashfs-dir": req.squashfs_dir}
     if not req.slurm and any(v is not None for v in slurm_only.values()):
         raise ConfigError("command line", [Problem(k, "goes with --slurm", v, "--slurm, or leave it out") for k, v in slurm_only.items() if v is not None])
     if req.slurm and (req.address or req.cluster):
@@ -75,7 +76,7 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
     if req.slurm:
         from .targets import slurm  # only then: sbatch's template and the node agent
 
-        opts = slurm.options(req.partition, req.account, req.time, req.nodes)
+        opts = slurm.options(req.partition, req.account, req.time, req.nodes, req.squashfs_dir)
         target = slurm.SlurmTarget(opts)
         recipe = slurm.on_slurm(resolve_mode(recipe, req.mode, req.prefix, req.image, stack=stack), opts)
     else:

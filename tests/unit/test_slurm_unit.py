@@ -28,9 +28,10 @@ DIGEST = "reg.example/slimeforge@sha256:" + "0123456789abcdef" * 4
 
 
 class Canned(Runner):
-    """A runner that answers from a table ({argv prefix: stdout}) and records every argv."""
+    """A runner that answers from a table ({argv prefix: stdout, (code, stdout) or (code, stdout, stderr)})
+    and records every argv."""
 
-    def __init__(self, answers: dict[tuple[str, ...], str | tuple[int, str]]):
+    def __init__(self, answers: dict[tuple[str, ...], str | tuple]):
         super().__init__()
         self.answers = answers
 
@@ -39,8 +40,8 @@ class Canned(Runner):
         self.history.append(argv)
         for prefix, answer in self.answers.items():
             if tuple(argv[: len(prefix)]) == prefix:
-                code, out = answer if isinstance(answer, tuple) else (0, answer)
-                return Result(argv, code, out, "")
+                code, out, err = (*answer, "")[:3] if isinstance(answer, tuple) else (0, answer, "")
+                return Result(argv, code, out, err)
         raise AssertionError(f"unexpected command {argv}")
 
 
@@ -169,52 +170,86 @@ def stop_dir(tmp: Path, job_id: str = "77") -> Path:
     return tmp
 
 
+def job_fields(run: Path, **over) -> dict[str, str]:
+    """In scontrol's order: Comment between WorkDir and StdErr."""
+    fields = {"JobId": "77", "JobName": "sf-exp1", "UserId": f"{getpass.getuser()}(0)", "JobState": "RUNNING", "Reason": "None",
+              "ExitCode": "0:0", "SubmitTime": "2026-11-25T08:00:00", "Command": "(null)", "WorkDir": str(run.resolve()),
+              "Comment": f"slimeforge:{TOKEN}", "StdErr": f"{run}/slurm-77.out", "StdOut": f"{run}/slurm-77.out"}
+    return {k: over.get(k, v) for k, v in fields.items()}
+
+
 def scontrol(run: Path, **over) -> str:
     """`scontrol show job -o` of the job this run submitted, with fields replaced by `over`."""
-    job = {"JobId": "77", "JobName": "sf-exp1", "UserId": f"{getpass.getuser()}(0)", "JobState": "RUNNING", "Reason": "None",
-           "ExitCode": "0:0", "Comment": f"slimeforge:{TOKEN}", "WorkDir": str(run.resolve()), "SubmitTime": "2026-11-25T08:00:00", **over}
-    return " ".join(f"{k}={v}" for k, v in job.items()) + "\n"
+    return " ".join(f"{k}={v}" for k, v in job_fields(run, **over).items()) + "\n"
 
 
-def test_stop_cancels_only_the_recorded_job_by_id(tmp_path):
+def squeue_json(run: Path, **over) -> str:
+    """The same job as Slurm 22.05's `squeue --json` lists it (every job it knows: another one too)."""
+    f = job_fields(run, **over)
+    code, sig = map(int, f["ExitCode"].split(":"))
+    job = {"job_id": int(f["JobId"]), "name": f["JobName"], "user_name": f["UserId"].split("(")[0], "job_state": f["JobState"],
+           "state_reason": f["Reason"], "exit_code": code << 8 | sig, "comment": "" if f["Comment"] == "(null)" else f["Comment"],
+           "current_working_directory": f["WorkDir"], "submit_time": int(datetime.fromisoformat(f["SubmitTime"]).timestamp()),
+           "nodes": "h1", "restart_cnt": 0}
+    other = {**job, "job_id": 5, "comment": f"slimeforge:{TOKEN}", "name": "sf-exp1"}
+    return json.dumps({"meta": {}, "errors": [], "jobs": [other, job]})
+
+
+OLD_SQUEUE = (1, "", "squeue: unrecognized option '--json'\n")
+
+
+@pytest.fixture(params=["json", "line"])
+def answer(request):
+    """Slurm's answer about job 77 in either dialect: squeue --json, or (no --json) scontrol -o."""
+    def make(run: Path, **over) -> dict[tuple[str, ...], str | tuple]:
+        if request.param == "json":
+            return {("squeue",): squeue_json(run, **over)}
+        return {("squeue",): OLD_SQUEUE, ("scontrol", "show", "job"): scontrol(run, **over)}
+    make.dialect = request.param  # type: ignore[attr-defined]
+    return make
+
+
+def test_stop_cancels_only_the_recorded_job_by_id(tmp_path, answer):
     run = stop_dir(tmp_path)
-    runner = Canned({("scontrol", "show", "job"): scontrol(run), ("scancel",): ""})
+    runner = Canned({**answer(run), ("scancel",): ""})
     said = []
     assert slurm.stop(run, runner, say=said.append) == 0
-    assert runner.history == [["scontrol", "show", "job", "-o", "--", "77"], ["scancel", "--", "77"]]
+    asked = [["squeue", "--json", "--states=all", "--jobs=77"]] + ([["scontrol", "show", "job", "-o", "--", "77"]] if answer.dialect == "line" else [])
+    assert runner.history == [*asked, ["scancel", "--", "77"]]
     assert said == ["stopped: Slurm job 77: cancel sent (Ray and the job in the allocation stop with it)"]
     assert slurm.is_slurm_run(run)
 
 
 @pytest.mark.parametrize("field,value", [("JobName", "other"), ("UserId", "mallory(1001)"), ("Comment", "(null)"),
                                          ("Comment", "slimeforge:" + "f" * 32), ("WorkDir", "/tmp/elsewhere")])
-def test_stop_refuses_a_job_id_that_is_someone_elses_now(tmp_path, field, value):
+def test_stop_refuses_a_job_id_that_is_someone_elses_now(tmp_path, field, value, answer):
     """A job id Slurm reused: any of user, name, comment token and working directory differs -> refused, never cancelled."""
     run = stop_dir(tmp_path)
-    runner = Canned({("scontrol", "show", "job"): scontrol(run, **{field: value})})
+    runner = Canned(answer(run, **{field: value}))
     said = []
     assert slurm.stop(run, runner, say=said.append) == 1
     assert ["scancel", "--", "77"] not in runner.history
-    assert said[0].startswith("refused: Slurm job 77 is not this run's") and repr(value.split("(1001)")[0]) in said[0]
+    assert said[0].startswith("refused: Slurm job 77 is not this run's")
+    assert repr(value.split("(1001)")[0]) in said[0] or value == "(null)" and "comment None" in said[0]
     with pytest.raises(SlimeforgeError, match="refused"):  # status and logs refuse it too: never shown as ours
         slurm.status(run, runner)
 
 
-def test_stop_compares_the_recorded_submit_time(tmp_path):
+def test_stop_compares_the_recorded_submit_time(tmp_path, answer):
     run = stop_dir(tmp_path)
     (run / "slurm_submitted_at").write_text(f"{datetime(2026, 11, 25, 8, 0, 1).timestamp():.3f}\n")
-    ok = Canned({("scontrol", "show", "job"): scontrol(run), ("scancel",): ""})
+    ok = Canned({**answer(run), ("scancel",): ""})
     assert slurm.stop(run, ok, say=lambda s: None) == 0
-    later = Canned({("scontrol", "show", "job"): scontrol(run, SubmitTime="2026-11-26T09:00:00")})
+    later = Canned(answer(run, SubmitTime="2026-11-26T09:00:00"))
     said = []
     assert slurm.stop(run, later, say=said.append) == 1 and "submit time" in said[0]
 
 
-def test_stop_of_an_ended_or_forgotten_job_cancels_nothing_and_exits_0(tmp_path):
+def test_stop_of_an_ended_or_forgotten_job_cancels_nothing_and_exits_0(tmp_path, answer):
     run = stop_dir(tmp_path)
-    done = Canned({("scontrol", "show", "job"): scontrol(run, JobState="COMPLETED")})
+    done = Canned(answer(run, JobState="COMPLETED"))
     assert slurm.stop(run, done, say=lambda s: None) == 0 and all(a[0] != "scancel" for a in done.history)
-    gone = Canned({("scontrol", "show", "job"): (1, "slurm_load_jobs error: Invalid job id specified\n")})
+    gone = Canned({("squeue",): OLD_SQUEUE, ("scontrol", "show", "job"): (1, "", "slurm_load_jobs error: Invalid job id specified\n")})
     said = []
     assert slurm.stop(run, gone, say=said.append) == 0 and all(a[0] != "scancel" for a in gone.history)
     assert "unknown to Slurm" in said[0]
@@ -222,7 +257,7 @@ def test_stop_of_an_ended_or_forgotten_job_cancels_nothing_and_exits_0(tmp_path)
 
 def test_stop_when_slurm_does_not_answer_cancels_nothing_and_fails(tmp_path):
     run = stop_dir(tmp_path)
-    down = Canned({("scontrol", "show", "job"): (1, "slurm_load_jobs error: Unable to contact slurm controller\n")})
+    down = Canned({("squeue",): (1, "", "slurm_load_jobs error: Unable to contact slurm controller\n")})
     said = []
     assert slurm.stop(run, down, say=said.append) == 1 and "does not answer" in said[0]
 
