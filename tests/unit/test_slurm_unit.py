@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from launch_support import make_recipe
 
-from slimeforge.errors import ConfigError, SlimeforgeError
+from slimeforge.errors import CommandError, ConfigError, SlimeforgeError
 from slimeforge.proc import Result, Runner
 from slimeforge.run.recipe import parse_recipe
-from slimeforge.run.targets import slurm, slurm_checks
+from slimeforge.run.targets import enroot, slurm, slurm_checks
 from slimeforge.run.targets.base import Command, ResolvedRun
 from slimeforge.scripts.node_agent import gate
 
@@ -321,3 +321,129 @@ def test_only_a_submitted_slurm_render_is_a_slurm_run(tmp_path):
     (run / "plan.json").write_text(plan())
     assert not slurm.is_slurm_run(run)
     assert not slurm.is_slurm_run(tmp_path / "missing")
+
+
+# --- enroot: the reference form its version reads, and the one-pull squashfs --------------------
+
+HEX = "0123456789abcdef" * 4
+
+
+@pytest.mark.parametrize("text,version", [("3.4.1\n", (3, 4, 1)), ("4.0.0", (4, 0, 0)), ("3.5", (3, 5, 0)), ("3.4.1-1ubuntu1", (3, 4, 1)),
+                                          ("4.1.2+dev.3\n", (4, 1, 2))])
+def test_enroot_version_parsing(text, version):
+    assert enroot.parse_version(text) == version
+
+
+@pytest.mark.parametrize("text", ["", "enroot 3.4.1", "3", "v3.4.1", "3.4.1 4.0.0", "３.4.1", "3.4.1\x1b[0m", "1234.0.0", "3.4.1" + "x" * 100])
+def test_enroot_version_refuses_what_is_not_one(text):
+    assert enroot.parse_version(text) is None
+
+
+@pytest.mark.parametrize("image,version,want", [
+    # enroot 4: Docker's own form; a tag goes when a digest pins the image
+    (f"reg.example:5000/team/sf@sha256:{HEX}", (4, 0, 0), f"reg.example:5000/team/sf@sha256:{HEX}"),
+    (f"reg.example/sf:v1@sha256:{HEX}", (4, 1, 2), f"reg.example/sf@sha256:{HEX}"),
+    ("reg.example/sf:v1", (4, 0, 0), "reg.example/sf:v1"),
+    # enroot 3.1+: REGISTRY#IMAGE, the digest in the tag's place (its tag may hold ':')
+    (f"reg.example:5000/team/sf@sha256:{HEX}", (3, 4, 1), f"reg.example:5000#team/sf:sha256:{HEX}"),
+    (f"123456789012.dkr.ecr.us-east-1.amazonaws.com/sf@sha256:{HEX}", (3, 1, 0), f"123456789012.dkr.ecr.us-east-1.amazonaws.com#sf:sha256:{HEX}"),
+    ("reg.example/sf:v1", (3, 0, 2), "reg.example#sf:v1"),
+    ("localhost:5000/sf:latest", (3, 5, 0), "localhost:5000#sf:latest"),
+    # enroot 4 reads only sha256 in the Docker form: sha512 goes in the tag's place there too
+    ("reg.example/sf@sha512:" + "ab" * 64, (4, 0, 0), "reg.example#sf:sha512:" + "ab" * 64),
+])
+def test_enroot_reference_per_version(image, version, want):
+    assert enroot.reference(image, version) == want
+
+
+ENROOT3 = re.compile(r"(?:[^#]+#)?[a-z0-9/._-]+(?::[A-Za-z0-9._:-]+)?")  # enroot 3.1-3.5's docker:// grammar (src/docker.sh)
+ENROOT4_DOCKER = re.compile(r"[^/#]*[.:][^/#]*/[a-z0-9/._-]+(?::[A-Za-z0-9._:-]+)?(?:@sha256:[A-Za-z0-9]+)?")
+
+
+@pytest.mark.parametrize("image", [f"reg.example:5000/team/sf@sha256:{HEX}", "reg.example/a/b/c:1.0", f"10.0.0.1:5000/sf:v1@sha256:{HEX}"])
+def test_each_form_is_in_its_enroot_grammar_and_names_the_same_image(image):
+    three, four = enroot.reference(image, (3, 4, 1)), enroot.reference(image, (4, 0, 0))
+    assert ENROOT3.fullmatch(three) and ENROOT4_DOCKER.fullmatch(four) and "#" not in four
+    reg, rest = three.split("#")
+    assert four.startswith(reg + "/") and rest.split(":")[0] in four
+    # enroot 3 reads REG/repo without '#' as a Docker Hub repository: the 3.x form never has that shape
+    assert not ENROOT4_DOCKER.fullmatch(three)
+
+
+def test_enroot_that_cannot_name_the_image_is_refused():
+    with pytest.raises(ConfigError, match="enroot 3.0.2 cannot pull"):
+        enroot.reference(f"reg.example/sf@sha256:{HEX}", (3, 0, 2))
+    with pytest.raises(ConfigError, match="too old"):
+        enroot.reference("reg.example/sf:v1", (2, 2, 0))
+
+
+def test_the_login_nodes_enroot_decides_the_rendered_form(tmp_path):
+    over = {"mode": "container", "image": f"reg.example/sf@sha256:{HEX}"}
+    for said, want in (("3.4.1\n", f"reg.example#sf:sha256:{HEX}"), ("4.1.2\n", f"reg.example/sf@sha256:{HEX}")):
+        rec, stack = recipe(tmp_path, **over)
+        run = ResolvedRun(rec, stack, (tmp_path / "run").resolve(), "(api)", {})
+        probe = Canned({("enroot", "version"): said})
+        rundir = slurm.SlurmTarget(slurm.Options(nodes=2), probe=probe).plan(run).rundir
+        assert f"--container-image={want}" in rundir.files["slurm.sbatch"]
+        assert rundir.plan["slurm"]["enroot"] == said.strip() and rundir.plan["slurm"]["reference"] == want
+    # No enroot here: the plan shows enroot 4's form, and the preflight refuses it with the fix.
+    plan = slurm.SlurmTarget(slurm.Options(nodes=2), probe=Canned({("enroot",): (127, "", "enroot: not found")})).plan(run)
+    found = slurm_checks.enroot_findings(plan.run.recipe, plan.rundir.plan["slurm"], None)
+    assert [f.level for f in found] == ["error"] and "cannot read enroot's version" in found[0].message and "enroot version" in found[0].fix
+
+
+def test_squashfs_dir_imports_once_and_points_pyxis_at_the_file(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    image = f"reg.example/team/sf@sha256:{HEX}"
+    rec, stack = recipe(tmp_path, mode="container", image=image)
+    run = ResolvedRun(rec, stack, (tmp_path / "run").resolve(), "(api)", {})
+    target = slurm.SlurmTarget(slurm.Options(nodes=2, squashfs_dir=str(shared)), probe=Canned({("enroot", "version"): "3.4.1\n"}))
+    plan = target.plan(run)
+    sqsh = shared / f"team+sf+sha256-{HEX}.sqsh"
+    assert f"--container-image={sqsh}" in plan.rundir.files["slurm.sbatch"]
+    imp, sb = plan.commands
+    partial = shared / f".{sqsh.name}.{plan.run_token}.partial"
+    assert list(imp.argv) == ["enroot", "import", "--output", str(partial), "--", f"docker://reg.example#team/sf:sha256:{HEX}"]
+    assert sb.argv[0] == "sbatch"
+    check = json.loads(assigned(plan.rundir.files["slurm.sbatch"], ["CHECK_PARAMS"])[0])
+    assert {"what": "squashfs image", "path": str(sqsh), "kind": "file"} in check["paths"]  # every node must see the file
+
+    # The import writes a partial file; only a complete one is renamed into place.
+    class Importer(Canned):
+        def run(self, argv, **kw):
+            Path(argv[3]).write_bytes(b"hsqs")
+            return super().run(argv, **kw)
+
+    said: list[str] = []
+    slurm.import_squashfs(imp, sqsh, Importer({("enroot", "import"): ""}), said.append)
+    assert sqsh.read_bytes() == b"hsqs" and not partial.exists()
+    # A file that is there (named by the digest) is reused: nothing to import.
+    assert [c.step for c in target.plan(run).commands] == ["sbatch"]
+    assert slurm_checks.enroot_findings(rec, target.plan(run).rundir.plan["slurm"], str(shared))[0].level == "ok"
+
+    failed = Canned({("enroot", "import"): (1, "", "[ERROR] 401 Unauthorized")})
+    sqsh.unlink()
+
+    class Failing(Canned):
+        def run(self, argv, **kw):
+            Path(argv[3]).write_bytes(b"half")
+            raise CommandError("enroot import", argv, 1, "401 Unauthorized")
+
+    with pytest.raises(CommandError):
+        slurm.import_squashfs(imp, sqsh, Failing({}), said.append)
+    assert not sqsh.exists() and not partial.exists()  # all or nothing
+    assert failed.history == []
+
+
+@pytest.mark.parametrize("bad", ["relative/dir", "/a,b", "/a:b", "/a b", "/a/../etc", "-o", "/a\nb", "//x"])
+def test_squashfs_dir_grammar(bad):
+    with pytest.raises(ConfigError, match="--squashfs-dir"):
+        slurm.options(squashfs_dir=bad)
+
+
+def test_squashfs_needs_an_image_pinned_by_digest(tmp_path):
+    rec, stack = recipe(tmp_path, mode="container", image="reg.example/sf:v1")
+    run = ResolvedRun(rec, stack, (tmp_path / "run").resolve(), "(api)", {})
+    with pytest.raises(ConfigError, match="pinned by digest"):
+        slurm.SlurmTarget(slurm.Options(squashfs_dir=str(tmp_path)), probe=Canned({("enroot", "version"): "4.0.0\n"})).plan(run)

@@ -27,7 +27,7 @@ from ...errors import CommandError, ConfigError, Problem
 from ...image.registry import ImageRef, parse_image_ref
 from ...proc import Runner
 
-VERSION_RE = re.compile(r"(\d{1,3})\.(\d{1,3})(?:\.(\d{1,3}))?(?:[-+~][0-9A-Za-z.+~-]{1,64})?")
+VERSION_RE = re.compile(r"([0-9]{1,3})\.([0-9]{1,3})(?:\.([0-9]{1,3}))?(?:[-+~][0-9A-Za-z.+~-]{1,64})?")
 Version = tuple[int, int, int]
 DOCKER_FORM = (4, 0, 0)  # from here on enroot reads REGISTRY/IMAGE@DIGEST
 DIGEST_AS_TAG = (3, 1, 0)  # from here on a tag may hold ':' (so a digest fits in its place)
