@@ -464,6 +464,7 @@ def slurm_paths(p, is_head):
     if ck:
         probe = os.path.join(ck["dir"], f".slimeforge-probe-{ck['token']}-{os.getpid()}")
         try:
+            os.makedirs(ck["dir"], exist_ok=True)  # as the job would: a per-host directory then shows as one (no marker)
             with open(probe, "x") as f:  # every rank writes its shard here
                 f.write(ck["token"])
             os.remove(probe)

@@ -253,3 +253,60 @@ def test_cli_dry_run_and_bad_options(env, slurm_lab):
     r = subprocess.run([*inv, "run", str(path), "--slurm", "--time", "90", "--out", str(env / "bad")], capture_output=True, text=True)
     assert r.returncode == 2 and "--time: is not a time limit (got '90')" in r.stderr and "Traceback" not in r.stderr
     assert not (env / "bad").exists()
+
+
+def _cli_recipe(env: Path, **over) -> tuple[Path, Path]:
+    import yaml
+
+    data = make_recipe(env, num_gpus=2, **over)
+    recipe, stack = parse_recipe(data, "test")
+    path = env / "recipe.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path, write_catalog(env / "flags.json", recipe, stack)
+
+
+def _node_line(out: str, node: str) -> str:
+    table = out[out.index("node  checks"):]
+    return next(line for line in table.splitlines() if line.startswith(f"{node} "))
+
+
+def test_a_run_directory_one_node_cannot_see_is_refused_naming_it(env, slurm_lab):
+    """h3 sees an empty tmpfs over <workdir>/private (its own mount namespace): a run directory there
+    exists here, on h1 and on h2, not on h3. `invoke run --slurm` (the real task) is refused by the
+    allocation's checks before Ray starts, naming h3 and the fix; the same recipe with a run
+    directory every node sees runs."""
+    recipe, catalog = _cli_recipe(env)
+    hidden = slurm_lab.private["h3"] / env.name / "run"
+    argv = [*INVOKE, "run", str(recipe), "--slurm", "--nodes", "3", "--catalog", str(catalog), "--no-network"]
+    r = subprocess.run([*argv, "--out", str(hidden)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 3, r.stdout + r.stderr
+    h3 = _node_line(r.stdout, "h3")
+    assert "FAILED" in h3 and f"cannot see the run directory {hidden}" in h3 and "filesystem every node mounts" in h3, h3
+    assert _node_line(r.stdout, "h1").split()[1] == "ok" and _node_line(r.stdout, "h2").split()[1] == "ok"
+    assert "Ray was not started on any node" in r.stdout and not (hidden / "submission_id").exists()
+    assert no_ray_left(slurm_lab)
+
+    r = subprocess.run([*argv, "--out", str(env / "run")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "standin: exiting with 0" in r.stdout, r.stdout + r.stderr
+    wait_for(lambda: no_ray_left(slurm_lab), 60, "Ray to end with the job")
+
+
+def test_the_model_and_checkpoints_are_checked_on_every_node(env, slurm_lab):
+    """The run directory is shared, but the model is missing on h3 and checkpoint_dir there is a
+    directory of its own (the lab's per-host view): both are named, on h3 alone, before Ray starts."""
+    import shutil
+
+    private = slurm_lab.private["h3"] / env.name
+    model = private / "models" / "m"
+    model.mkdir(parents=True)
+    shutil.copy(Path(make_recipe(env)["model_dir"]) / "config.json", model / "config.json")
+    recipe, stack, catalog = recipe_for(env)
+    recipe = recipe.model_copy(update={"model_dir": str(model), "checkpoint_dir": str(private / "checkpoints")})
+    code, out, run = submit(env, slurm.Options(nodes=3), recipe=(recipe, stack, catalog))
+    assert code == 3, out
+    h3 = _node_line(out, "h3")
+    assert f"model_dir {model}: no such directory here" in h3, h3
+    assert f"checkpoint_dir {private / 'checkpoints'}: not the batch host's filesystem" in h3, h3
+    assert _node_line(out, "h1").split()[1] == "ok" and _node_line(out, "h2").split()[1] == "ok"
+    assert not list((private / "checkpoints").glob(".slimeforge-fs-*"))  # the batch host's marker is removed after the checks
+    assert no_ray_left(slurm_lab)
