@@ -103,11 +103,11 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
         raise Exit(code=code)
 
 
-def _cluster_jobs_api(inventory):
-    """The Jobs API of the cluster `cluster.up` brought up from this inventory."""
-    from slimeforge.cluster.record import address
+def _cluster_jobs_api(inventory, dry_run):
+    """The cluster `cluster.up` brought up from this inventory: its Jobs API, environment and checks."""
+    from slimeforge.cluster.runcheck import cluster_env
 
-    return address(inventory).dashboard
+    return cluster_env(inventory, dry_run=dry_run)
 
 
 # --- launch ----------------------------------------------------------------------------------

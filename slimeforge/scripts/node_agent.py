@@ -14,6 +14,9 @@ Commands:
   stop   SIGTERM exactly the recorded process (`ray start --block` then stops every process it
          started) or `docker stop` the recorded container; nothing else
   nodes  GET a Ray dashboard's node list (run on the head, so the dashboard need not be exposed)
+  runcheck  a recipe's paths on this host before a job is submitted (cluster/runcheck.py): a model
+         dir with its config.json and weight sizes, files the job reads, the checkpoint dir writable,
+         its free space, and the one-filesystem marker (written on one host, read on all)
 
 Inside a Slurm allocation (templates/slurm.sbatch.j2 sends it to every node on srun's stdin, so a
 node that cannot see the run directory still answers; the other Slurm commands: slurm_agent.py):
@@ -363,6 +366,77 @@ def cmd_nodes(p):
     return {"nodes": [{k: n.get(k) for k in keep} for n in nodes]}
 
 
+# --- a recipe's paths on this host (cluster/runcheck.py) -------------------------------------
+
+MARKER_PREFIX = ".slimeforge-fs-"
+CONFIG_KEYS = ("hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size", "tie_word_embeddings")
+
+
+def cmd_runcheck(p):
+    """p: {"paths": [{"what", "path", "kind": model|file|dir}], "checkpoint": {"dir", "token", "write"|"read"|"remove"}}.
+    Answers {"problems": [{"what", "path", "why"}], "weights_bytes", "config", "free_bytes"}; the caller adds the fixes."""
+    problems, weights = [], 0  # type: list[dict[str, str]], int
+    out = {"problems": problems, "weights_bytes": 0, "config": None, "free_bytes": None}
+
+    def bad(what, path, why):
+        problems.append({"what": what, "path": path, "why": why})
+
+    for item in p.get("paths", []):
+        what, path, kind = item["what"], item["path"], item["kind"]
+        if not os.path.isabs(path):
+            bad(what, path, "is not an absolute path")
+        elif kind == "file" and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+            bad(what, path, "no such file here" if not os.path.exists(path) else "is not a readable file")
+        elif kind == "dir" and not os.path.isdir(path):
+            bad(what, path, "no such directory here")
+        elif kind == "model":
+            config = os.path.join(path, "config.json")
+            if not os.path.isdir(path):
+                bad(what, path, "no such directory here")
+            elif not (os.path.isfile(config) and os.access(config, os.R_OK)):
+                bad(what, path, "has no readable config.json here")
+            else:
+                try:
+                    with open(config) as f:
+                        doc = json.load(f)
+                    out["config"] = {k: doc[k] for k in CONFIG_KEYS if isinstance(doc, dict) and k in doc}
+                except (OSError, ValueError) as exc:
+                    bad(what, path, f"config.json is not JSON: {exc}")
+                with os.scandir(path) as entries:  # the weights: what a checkpoint's size follows
+                    weights += sum(e.stat().st_size for e in entries
+                                                if e.is_file() and e.name.endswith((".safetensors", ".bin", ".pt")))
+    out["weights_bytes"] = weights
+    ck = p.get("checkpoint")
+    if ck:
+        d, token = ck["dir"], ck["token"]
+        if not os.path.isabs(d) or not re.fullmatch(r"[0-9a-f]{32}", token):
+            bad("checkpoint_dir", d, "is not an absolute path with a 32-hex-digit token")
+            return out
+        marker = os.path.join(d, MARKER_PREFIX + token)
+        try:
+            os.makedirs(d, exist_ok=True)
+            probe = os.path.join(d, f".slimeforge-probe-{token}-{os.getpid()}")
+            with open(probe, "w") as f:  # writable by this user, as every rank writes its shard
+                f.write(token)
+            os.remove(probe)
+            st = os.statvfs(d)
+            out["free_bytes"] = st.f_bavail * st.f_frsize
+            if ck.get("write"):
+                with open(marker + ".tmp", "w") as f:
+                    f.write(token)
+                os.replace(marker + ".tmp", marker)
+        except OSError as exc:
+            bad("checkpoint_dir", d, f"is not writable here: {exc.strerror or exc}")
+            return out
+        if ck.get("read"):
+            if tail(marker, 1) != token:  # "" when it is not there
+                bad("checkpoint_dir", d, "is not the head's filesystem: the marker the head wrote there is not here")
+        if ck.get("remove"):
+            if os.path.exists(marker):
+                os.remove(marker)
+    return out
+
+
 def gate(nodes, want):
     """The health gate's test, for cluster.up and for a Slurm allocation alike.
 
@@ -420,9 +494,6 @@ def cmd_slurm_check(p):
     return {"node": node, "ip": route.get("src"), "dev": route.get("dev"), "gpus_seen": seen, "problems": problems}
 
 
-FS_MARKER = ".slimeforge-fs-"  # in checkpoint_dir: written on the batch host, read on every node
-
-
 def read_marker(path):
     """A marker's token: "" unless `path` is a regular file (never waits on a FIFO)."""
     try:
@@ -437,50 +508,26 @@ def read_marker(path):
 
 def slurm_paths(p, is_head):
     """The run's files as this node sees them: the run directory (its marker, written where the job
-    was submitted), the model with its config.json (every node), the data (the head), other files
-    (a squashfs image), checkpoint_dir writable, one filesystem with the batch host's, free space."""
+    was submitted), then runcheck's: the model with its config.json (every node), the data (the
+    head), a squashfs image (every node), checkpoint_dir writable and holding the batch host's
+    marker (one filesystem), with free space for a checkpoint of the model's weights."""
     problems = []
     seen = p.get("visible")
     if seen and read_marker(seen["path"]) != seen["token"]:
         problems.append(f"cannot see the run directory {os.path.dirname(seen['path'])} (its marker is not there, or is another copy's): "
                         "put --out on a filesystem every node mounts at the same path")
-    weights = 0
-    for item in p.get("paths", []):
-        what, path, kind = item["what"], item["path"], item["kind"]
-        if item.get("head_only") and not is_head:
-            continue
-        if kind == "model":
-            if not os.path.isfile(os.path.join(path, "config.json")):
-                problems.append(f"{what} {path}: " + ("has no config.json here" if os.path.isdir(path) else "no such directory here"))
-                continue
-            with os.scandir(path) as entries:  # the weights, which a checkpoint's size follows
-                weights += sum(e.stat().st_size for e in entries if e.is_file() and e.name.endswith((".safetensors", ".bin", ".pt")))
-        elif kind == "dir":
-            if not os.path.isdir(path):
-                problems.append(f"{what} {path}: no such directory here")
-        elif not (os.path.isfile(path) and os.access(path, os.R_OK)):
-            problems.append(f"{what} {path}: " + ("no such file here" if not os.path.exists(path) else "is not a readable file here"))
     ck = p.get("checkpoint")
-    if ck:
-        probe = os.path.join(ck["dir"], f".slimeforge-probe-{ck['token']}-{os.getpid()}")
-        try:
-            os.makedirs(ck["dir"], exist_ok=True)  # as the job would: a per-host directory then shows as one (no marker)
-            with open(probe, "x") as f:  # every rank writes its shard here
-                f.write(ck["token"])
-            os.remove(probe)
-            st = os.statvfs(ck["dir"])
-        except OSError as exc:
-            return problems + [f"checkpoint_dir {ck['dir']}: not writable here ({exc.strerror or exc})"]
-        if read_marker(os.path.join(ck["dir"], FS_MARKER + ck["token"])) != ck["token"]:
-            problems.append(f"checkpoint_dir {ck['dir']}: not the batch host's filesystem (its marker is not here): "
-                            "Megatron's checkpoint needs one filesystem that every node writes its shard to")
-        need, free = weights * ck["factor"], st.f_bavail * st.f_frsize
-        if need > free:
-            problems.append(f"checkpoint_dir {ck['dir']}: {free / 2**30:.1f} GiB free, a checkpoint needs about {need / 2**30:.1f} GiB")
+    answer = cmd_runcheck({"paths": [i for i in p.get("paths", []) if is_head or not i.get("head_only")],
+                           "checkpoint": ck and {"dir": ck["dir"], "token": ck["token"], "read": True}})
+    problems += [f"{x['what']} {x['path']}: {x['why']}" for x in answer["problems"]]
+    need, free = answer["weights_bytes"] * (ck or {}).get("factor", 0), answer["free_bytes"]
+    if free is not None and need > free:
+        problems.append(f"checkpoint_dir {ck['dir']}: {free / 2**30:.1f} GiB free, a checkpoint needs about {need / 2**30:.1f} GiB")
     return problems
 
 
-COMMANDS = {"facts": cmd_facts, "start": cmd_start, "wait": cmd_wait, "stop": cmd_stop, "nodes": cmd_nodes, "slurm-check": cmd_slurm_check}
+COMMANDS = {"facts": cmd_facts, "start": cmd_start, "wait": cmd_wait, "stop": cmd_stop, "nodes": cmd_nodes, "runcheck": cmd_runcheck,
+            "slurm-check": cmd_slurm_check}
 
 
 def main(argv):

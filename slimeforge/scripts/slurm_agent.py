@@ -21,9 +21,9 @@ import sys
 import time
 
 try:  # beside node_agent.py in a run directory
-    from node_agent import FS_MARKER, _head_ip, _stat, cmd_nodes, gate, read_marker, route_to, tcp_reach
+    from node_agent import _head_ip, _stat, cmd_nodes, cmd_runcheck, gate, route_to, tcp_reach
 except ImportError:  # in the package
-    from .node_agent import FS_MARKER, _head_ip, _stat, cmd_nodes, gate, read_marker, route_to, tcp_reach
+    from .node_agent import _head_ip, _stat, cmd_nodes, cmd_runcheck, gate, route_to, tcp_reach
 
 
 def text_table(headers, rows):
@@ -32,22 +32,13 @@ def text_table(headers, rows):
 
 
 def cmd_slurm_mark(p):
-    """On the batch host, around the checks: write (then remove) the marker in checkpoint_dir."""
+    """On the batch host, around the checks: write (then, with "remove", delete) runcheck's
+    one-filesystem marker in checkpoint_dir, which every node's slurm-check reads."""
     ck = p["checkpoint"]
-    marker = os.path.join(ck["dir"], FS_MARKER + ck["token"])
-    if p.get("remove"):
-        if read_marker(marker) == ck["token"]:  # ours: the token is this job's
-            os.remove(marker)
-        return {"ok": True}
-    try:
-        os.makedirs(ck["dir"], exist_ok=True)
-        with open(marker + ".tmp", "w") as f:
-            f.write(ck["token"] + "\n")
-        os.replace(marker + ".tmp", marker)
-    except OSError as exc:
-        sys.stderr.write(f"checkpoint_dir {ck['dir']}: cannot write the filesystem marker on the batch host: {exc}\n")
-        return {"ok": False}
-    return {"ok": True}
+    answer = cmd_runcheck({"checkpoint": {"dir": ck["dir"], "token": ck["token"], "remove" if p.get("remove") else "write": True}})
+    for x in answer["problems"]:
+        sys.stderr.write(f"{x['what']} {x['path']}: {x['why']} (on the batch host)\n")
+    return {"ok": not answer["problems"]}
 
 
 def cmd_slurm_table(p):

@@ -306,7 +306,7 @@ def test_the_model_and_checkpoints_are_checked_on_every_node(env, slurm_lab):
     assert code == 3, out
     h3 = _node_line(out, "h3")
     assert f"model_dir {model}: no such directory here" in h3, h3
-    assert f"checkpoint_dir {private / 'checkpoints'}: not the batch host's filesystem" in h3, h3
+    assert f"checkpoint_dir {private / 'checkpoints'}: is not the head's filesystem" in h3, h3
     assert _node_line(out, "h1").split()[1] == "ok" and _node_line(out, "h2").split()[1] == "ok"
     assert not list((private / "checkpoints").glob(".slimeforge-fs-*"))  # the batch host's marker is removed after the checks
     assert no_ray_left(slurm_lab)
