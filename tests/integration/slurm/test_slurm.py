@@ -235,6 +235,8 @@ def test_container_mode_needs_pyxis(env, slurm_lab):
         launch(recipe, stack, slurm_options=slurm.Options(nodes=1), out=env / "run", mode="container", image=digest, catalog=catalog,
                      network_checks=False, stream=io.StringIO())
     assert "container mode needs the pyxis plugin, but `srun --help` has no --container-image" in str(exc.value)
+    # Nor has this login node enroot: the form of the image reference cannot be chosen, and the fix says how.
+    assert "[slurm-enroot] cannot read enroot's version on this login node" in str(exc.value)
     assert not (env / "run").exists()
 
 
@@ -252,6 +254,11 @@ def test_cli_dry_run_and_bad_options(env, slurm_lab):
     assert "#SBATCH --nodes=2" in (env / "dry" / "slurm.sbatch").read_text()
     r = subprocess.run([*inv, "run", str(path), "--slurm", "--time", "90", "--out", str(env / "bad")], capture_output=True, text=True)
     assert r.returncode == 2 and "--time: is not a time limit (got '90')" in r.stderr and "Traceback" not in r.stderr
+    assert not (env / "bad").exists()
+    r = subprocess.run([*inv, "run", str(path), "--slurm", "--squashfs-dir", "images,x", "--out", str(env / "bad")], capture_output=True, text=True)
+    assert r.returncode == 2 and "--squashfs-dir: is not an absolute directory pyxis can read (got 'images,x')" in r.stderr, r.stderr
+    r = subprocess.run([*inv, "run", str(path), "--squashfs-dir", "/shared/images", "--out", str(env / "bad")], capture_output=True, text=True)
+    assert r.returncode == 2 and "--squashfs-dir: goes with --slurm" in r.stderr, r.stderr
     assert not (env / "bad").exists()
 
 
