@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -124,3 +125,8 @@ def test_job_sh_runs_train_py_with_the_model_args_and_the_shipped_config(tmp_pat
     assert argv[argv.index("--custom-config-path") + 1] == "agentcore.yaml" and seen["cwd"] == str(work)
     assert "--num-layers" in argv  # the model script's MODEL_ARGS, read on the head
     assert shlex.split(plan.rundir.files["slime.args"]) == argv[argv.index("--hf-checkpoint"):]
+    script = work / "job.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    if shutil.which("shellcheck") or os.environ.get("CI"):
+        res = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
+        assert res.returncode == 0, res.stdout

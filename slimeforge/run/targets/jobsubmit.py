@@ -149,6 +149,8 @@ class ClusterTarget(Target):
         notes = [f"the job goes to the running Ray cluster {self.cluster.name} through its Jobs API, from this machine "
                  "(no container, GPU or image here); the entrypoint runs on its head in the cluster's environment",
                  f"working_dir: {', '.join(JOB_FILES)} travel with the submission; secrets (WANDB_API_KEY, AWS_*) come from the hosts' environment"]
+        env = f"image {run.recipe.image}" if run.recipe.mode == "container" else f"prefix {run.recipe.install_prefix or '(none)'}"
+        notes.append(f"{run.recipe.mode} mode, {env}" + (" (the cluster's)" if self.cluster.mode else ""))
         if self.cluster.mode is None:
             notes.append(f"{self.cluster.name} names no inventory: the recipe's mode, image, prefix and paths are not checked against the cluster")
         rundir = amend_plan(rundir, files=files, target=self.name, commands=[list(argv)], cluster=self.cluster.name,

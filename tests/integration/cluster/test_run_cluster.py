@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cluster_helpers import environment_python, inventory_data, write_inventory
+from cluster_helpers import inventory_data, write_inventory
 from launch_support import FIXTURES, write_catalog
 from netlab import NetLab, can_create_namespaces
 
@@ -90,7 +90,7 @@ def up(isolated, tmp_path_factory):
     catalog = write_catalog(tmp / "flags.json", parsed, stack)
     try:
         address = cluster.up(inv, control_dir=lab.control_dir, stream=io.StringIO())
-        yield {"lab": lab, "inventory": inv, "recipe": recipe, "tmp": tmp, "catalog": catalog, "address": address, "local": local, "shared": shared}
+        yield {"home": home, "lab": lab, "inventory": inv, "recipe": recipe, "tmp": tmp, "catalog": catalog, "address": address, "local": local, "shared": shared}
     finally:
         try:
             cluster.down(inv, control_dir=lab.control_dir, stream=io.StringIO())
@@ -99,6 +99,13 @@ def up(isolated, tmp_path_factory):
                 os.environ.pop("SLIMEFORGE_STATE_HOME", None)
             else:
                 os.environ["SLIMEFORGE_STATE_HOME"] = old
+
+
+@pytest.fixture(autouse=True)
+def _cluster_state_home(request, monkeypatch):
+    # cluster.up recorded the head's address in the module's state home (conftest gives each test its own).
+    if "up" in request.fixturenames:
+        monkeypatch.setenv("SLIMEFORGE_STATE_HOME", str(request.getfixturevalue("up")["home"]))
 
 
 def recipe_file(up, name: str, **over) -> Path:
