@@ -35,7 +35,6 @@ OLDEST = (3, 0, 0)
 # A squashfs directory pyxis and enroot take as they are: absolute, no ',' or ':' (pyxis splits
 # --container-mounts there), nothing a shell or Slurm reads as syntax.
 SQUASHFS_DIR_RE = re.compile(r"/[A-Za-z0-9_./+-]{0,4000}")
-ACCEPTED_VERSION = "the output of `enroot version`: MAJOR.MINOR[.PATCH], e.g. 3.4.1"
 
 
 def parse_version(text: str) -> Version | None:
