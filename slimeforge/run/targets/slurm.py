@@ -398,6 +398,10 @@ def follow(run_dir: Path, job_id: str, stream: IO[str], runner: Runner | None = 
                 stream.write(chunk)
         stream.flush()
         if not info or state in ENDED:
+            if info and not os.path.lexists(out_file) and info.get("NodeList"):
+                # The batch host writes it in the run directory: not here means it sees another one.
+                stream.write(f"[slimeforge] job {job_id} ended ({state}) and its output {out_file} is not here: the batch host "
+                             f"(first of {info['NodeList']}) could not write it there; put --out on a filesystem every node mounts\n")
             return exit_code(info) if info else 1
         time.sleep(poll)
 

@@ -187,3 +187,12 @@ def test_the_exit_code_from_json_is_scontrols():
     assert info["ExitCode"] == "3:0" and info["JobState"] == "RUNNING" and info["SubmitTime"]
     with pytest.raises(CannotTell):
         from_json("77", "")
+
+
+def test_an_output_file_that_never_came_back_is_explained(tmp_path):
+    """The batch host could not see the run directory: the job ended and wrote its output elsewhere."""
+    run = run_dir(tmp_path)
+    doc = {"errors": [], "jobs": [job_json(run, job_state="FAILED", exit_code=3 << 8, nodes="h[1-3]")]}
+    out = io.StringIO()
+    assert slurm.follow(run, "77", out, Canned({("squeue",): json.dumps(doc)}), poll=0) == 3
+    assert f"its output {run / 'slurm-77.out'} is not here: the batch host (first of h[1-3]) could not write it there" in out.getvalue()
