@@ -321,8 +321,13 @@ def import_squashfs(cmd: Command, sqsh: Path, runner: Runner, say: Say) -> None:
         if partial.is_file() and not partial.is_symlink():
             partial.unlink()  # ours: its name carries this launch's token
         raise
-    if not runner.dry_run:
-        os.replace(partial, sqsh)
+    if runner.dry_run:
+        return
+    try:
+        os.link(partial, sqsh)  # never over a file: one another run imported meanwhile is this image too (its name is the digest)
+    except FileExistsError:
+        pass
+    partial.unlink()
 
 
 def submit(run_dir: Path, sbatch: Command, runner: Runner, run_token: str) -> str:
@@ -370,17 +375,17 @@ def follow(run_dir: Path, job_id: str, stream: IO[str], runner: Runner | None = 
     out_file = run_dir / f"slurm-{job_id}.out"
     pos = 0
     last_state = ""
-    silent = 0  # polls in a row that Slurm did not answer clearly
+    silent_since: float | None = None  # since when Slurm has not answered clearly
     while True:
         try:
             info = job_info(job_id, runner)
-            silent = 0
+            silent_since = None
         except Unreachable as exc:
             # Cannot tell is not "ended": keep following, and give up only after a long silence.
-            silent += 1
-            if silent == 1:
+            if silent_since is None:
+                silent_since = time.monotonic()
                 stream.write(f"[slimeforge] job {job_id}: {exc}; asking again\n")
-            if silent * poll >= UNANSWERED_S:
+            if time.monotonic() - silent_since >= UNANSWERED_S:
                 raise SlimeforgeError(f"Slurm has not answered clearly about job {job_id} for {UNANSWERED_S:.0f}s: {exc}; "
                                       f"`invoke run.status {run_dir}` asks again") from None
             time.sleep(poll)
