@@ -236,7 +236,7 @@ def test_container_mode_needs_pyxis(env, slurm_lab):
                      network_checks=False, stream=io.StringIO())
     assert "container mode needs the pyxis plugin, but `srun --help` has no --container-image" in str(exc.value)
     # Nor has this login node enroot: the form of the image reference cannot be chosen, and the fix says how.
-    assert "[slurm-enroot] cannot read enroot's version on this login node" in str(exc.value)
+    assert "slurm-enroot: cannot read enroot's version on this login node" in str(exc.value)
     assert not (env / "run").exists()
 
 
