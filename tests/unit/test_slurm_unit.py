@@ -388,6 +388,8 @@ def test_the_login_nodes_enroot_decides_the_rendered_form(tmp_path):
         assert rundir.plan["slurm"]["enroot"] == said.strip() and rundir.plan["slurm"]["reference"] == want
     # No enroot here: the plan shows enroot 4's form, and the preflight refuses it with the fix.
     plan = slurm.SlurmTarget(slurm.Options(nodes=2), probe=Canned({("enroot",): (127, "", "enroot: not found")})).plan(run)
+    assert plan.notes == ("enroot's version could not be read here (enroot: not found): the image is named in enroot 4's form; "
+                          "a launch reads it first, and refuses without it",)
     found = slurm_checks.enroot_findings(plan.run.recipe, plan.rundir.plan["slurm"], None)
     assert [f.level for f in found] == ["error"] and "cannot read enroot's version" in found[0].message and "enroot version" in found[0].fix
 

@@ -255,7 +255,10 @@ class SlurmTarget(Target):
         rundir = amend_plan(rundir, files, target=self.name, commands=[list(c.argv) for c in commands],
                             slurm={"partition": opts.partition, "account": opts.account, "time": opts.time, "nodes": opts.nodes or recipe.num_nodes,
                                    **image_info})
-        return LaunchPlan(self.name, run, rundir, tuple(commands), mounts, run_token=token)
+        notes = () if "enroot" not in image_info or image_info["enroot"] else (
+            f"enroot's version could not be read here ({image_info['enroot_said']}): the image is named in enroot 4's form; "
+            "a launch reads it first, and refuses without it",)
+        return LaunchPlan(self.name, run, rundir, tuple(commands), mounts, notes=notes, run_token=token)
 
     def preflight(self, plan: LaunchPlan, runner: Runner, say: Say) -> None:
         from .. import preflight as doctor
