@@ -257,7 +257,8 @@ def test_stop_of_an_ended_or_forgotten_job_cancels_nothing_and_exits_0(tmp_path,
 
 def test_stop_when_slurm_does_not_answer_cancels_nothing_and_fails(tmp_path):
     run = stop_dir(tmp_path)
-    down = Canned({("squeue",): (1, "", "slurm_load_jobs error: Unable to contact slurm controller\n")})
+    down = Canned({("squeue",): (1, "", "slurm_load_jobs error: Unable to contact slurm controller\n"),
+                   ("scontrol",): (1, "", "slurm_load_jobs error: Unable to contact slurm controller\n")})
     said = []
     assert slurm.stop(run, down, say=said.append) == 1 and "does not answer" in said[0]
 

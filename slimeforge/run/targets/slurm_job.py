@@ -7,7 +7,8 @@ render guard act on (their ownership proof is run/ownership.slurm_verdict).
                     one: never read as "ended", never a reason to act or to move records
 
 `squeue --json` first (Slurm >= 21.08; scontrol learned --json only in 23.02): its fields are
-typed and nothing in a name or a comment can pose as another field. Slurm 22.05 ignores --jobs
+typed and nothing in a name or a comment can pose as another field (when it fails for another reason
+than an unknown job id: no --json before 21.08, no JSON plugin in the build, scontrol is asked). Slurm 22.05 ignores --jobs
 under --json and lists every job it knows, so the job is picked by its job_id, and exactly one
 must match. Where squeue has no --json, `scontrol show job -o` is read with the knowledge of its
 free-text fields (JobName, Comment, Command, WorkDir, StdOut, Reason, ...): their values may hold
@@ -45,7 +46,8 @@ class CannotTell(SlimeforgeError):
 def job_answer(job_id: str, runner: Runner | None = None) -> dict[str, str]:
     runner = runner or Runner()
     r = runner.run(["squeue", "--json", "--states=all", f"--jobs={job_id}"], step="squeue --json", check=False, timeout=TIMEOUT_S)
-    if r.returncode != 0 and re.search(r"unrecognized option|invalid option|unknown option", r.stderr):
+    if r.returncode != 0 and "Invalid job id" not in r.stdout + r.stderr:
+        # No --json in this squeue (before 21.08), or no JSON plugin in this build: scontrol's line then.
         r = runner.run(["scontrol", "show", "job", "-o", "--", job_id], step="scontrol show job", check=False, timeout=TIMEOUT_S)
         return _answered(job_id, r.returncode, r.stdout, r.stderr, from_line)
     return _answered(job_id, r.returncode, r.stdout, r.stderr, from_json)

@@ -86,7 +86,9 @@ def scontrol_cases(run: Path) -> dict[str, dict]:
         "empty answer": sc(""),
         "blank answer": sc("  \n\n"),
         "not Key=Value": sc("garbage here\n"),
-        "no answer at all": {("squeue",): (1, "", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n")},
+        "no answer at all": {("squeue",): (1, "", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n"),
+                             ("scontrol",): (1, "", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n")},
+        "no JSON plugin, scontrol empty": {("squeue",): (1, "", "squeue: error: No serializer found for application/json\n"), ("scontrol",): ""},
         "squeue empty, no json": {("squeue",): (0, "", "")},
     }
 
