@@ -350,6 +350,9 @@ def test_enroot_version_refuses_what_is_not_one(text):
     (f"123456789012.dkr.ecr.us-east-1.amazonaws.com/sf@sha256:{HEX}", (3, 1, 0), f"123456789012.dkr.ecr.us-east-1.amazonaws.com#sf:sha256:{HEX}"),
     ("reg.example/sf:v1", (3, 0, 2), "reg.example#sf:v1"),
     ("localhost:5000/sf:latest", (3, 5, 0), "localhost:5000#sf:latest"),
+    # Docker Hub: enroot 3's default registry (it would ask docker.io itself, which serves no registry API)
+    (f"nvidia/cuda@sha256:{HEX}", (3, 4, 1), f"nvidia/cuda:sha256:{HEX}"),
+    (f"nvidia/cuda@sha256:{HEX}", (4, 0, 0), f"docker.io/nvidia/cuda@sha256:{HEX}"),
     # enroot 4 reads only sha256 in the Docker form: sha512 goes in the tag's place there too
     ("reg.example/sf@sha512:" + "ab" * 64, (4, 0, 0), "reg.example#sf:sha512:" + "ab" * 64),
 ])
@@ -450,3 +453,9 @@ def test_squashfs_needs_an_image_pinned_by_digest(tmp_path):
     run = ResolvedRun(rec, stack, (tmp_path / "run").resolve(), "(api)", {})
     with pytest.raises(ConfigError, match="pinned by digest"):
         slurm.SlurmTarget(slurm.Options(squashfs_dir=str(tmp_path)), probe=Canned({("enroot", "version"): "4.0.0\n"})).plan(run)
+
+
+def test_what_enroot_says_is_read_as_data():
+    version, said = enroot.read_version(Canned({("enroot", "version"): "3.4.1\x1b[31m\n"}))
+    assert version is None and said == "3.4.1?[31m"
+    assert enroot.read_version(Canned({("enroot", "version"): (1, "", "enroot: permission denied")})) == (None, "enroot: permission denied")

@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 
 from ...errors import CommandError, ConfigError, Problem
-from ...image.registry import ImageRef, parse_image_ref
+from ...image.registry import DOCKER_HUB, ImageRef, parse_image_ref
 from ...proc import Runner
 
 VERSION_RE = re.compile(r"([0-9]{1,3})\.([0-9]{1,3})(?:\.([0-9]{1,3}))?(?:[-+~][0-9A-Za-z.+~-]{1,64})?")
@@ -72,7 +72,10 @@ def reference(image: str, version: Version) -> str:
     if ref.digest is not None and version < DIGEST_AS_TAG:
         raise ConfigError("image", [Problem("image", f"is pinned by digest, which enroot {show(version)} cannot pull (3.0 takes no ':' in a tag)", image,
                                             "enroot 3.1 or newer on the cluster, or --squashfs-dir DIR (imported where a newer enroot runs)")])
-    return f"{ref.registry}#{ref.repository}" + (f":{ref.digest}" if ref.digest else f":{ref.tag}" if ref.tag else "")
+    # enroot 3 asks the registry named before '#' as it is (4 maps docker.io to registry-1.docker.io):
+    # Docker Hub is its default when none is named.
+    where = "" if ref.registry == DOCKER_HUB else f"{ref.registry}#"
+    return f"{where}{ref.repository}" + (f":{ref.digest}" if ref.digest else f":{ref.tag}" if ref.tag else "")
 
 
 def squashfs_problems(directory: object) -> list[Problem]:
