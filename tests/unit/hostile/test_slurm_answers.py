@@ -198,3 +198,27 @@ def test_an_output_file_that_never_came_back_is_explained(tmp_path):
     out = io.StringIO()
     assert slurm.follow(run, "77", out, Canned({("squeue",): json.dumps(doc)}), poll=0) == 3
     assert f"its output {run / 'slurm-77.out'} is not here: the batch host (first of h[1-3]) could not write it there" in out.getvalue()
+
+
+# What Debian's Slurm 22.05 printed here for `sbatch --job-name="x y" --comment=slimeforge:abc --wrap "sleep 30"`
+# (`scontrol show job -o 1`): a name with a space, and two spaces after the Comment.
+REAL_22_05 = (
+    'JobId=1 JobName=x y UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901759 Nice=0 Account=(null) QOS'
+    '=(null) JobState=PENDING Reason=None Dependency=(null) Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0 '
+    'RunTime=00:00:00 TimeLimit=02:00:00 TimeMin=N/A SubmitTime=2026-11-25T17:21:38 EligibleTime=2026-11-25T17:21:3'
+    '8 AccrueTime=Unknown StartTime=Unknown EndTime=Unknown Deadline=N/A SuspendTime=None SecsPreSuspend=0 LastSche'
+    'dEval=2026-11-25T17:21:38 Scheduler=Main Partition=gpu AllocNode:Sid=localhost:14970 ReqNodeList=(null) ExcNod'
+    'eList=(null) NodeList= NumNodes=1-1 NumCPUs=1 NumTasks=1 CPUs/Task=1 ReqB:S:C:T=0:0:*:* TRES=cpu=1,mem=1000M,n'
+    'ode=1,billing=1 Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode='
+    '0 Features=(null) DelayBoot=00:00:00 OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null) Command=(nul'
+    'l) WorkDir=/work/wt-i29-slurm Comment=slimeforge:abc  StdErr=/work/wt-i29-slurm/slurm-1.out StdIn=/dev/null St'
+    'dOut=/work/wt-i29-slurm/slurm-1.out Power= '
+)
+
+
+def test_a_real_scontrol_line_with_free_text_is_read():
+    info = from_line("1", REAL_22_05 + "\n")
+    assert info["JobName"] == "x y" and info["Comment"] == "slimeforge:abc" and info["WorkDir"] == "/work/wt-i29-slurm"
+    assert info["UserId"] == "root(0)" and info["JobState"] == "PENDING" and info["SubmitTime"] == "2026-11-25T17:21:38"
+    with pytest.raises(CannotTell, match="about job '1', not 2"):
+        from_line("2", REAL_22_05)
