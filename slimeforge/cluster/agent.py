@@ -2,7 +2,8 @@
 
 `python3 - COMMAND JSON` with the agent's source on stdin (standard library only, no copy on the
 host); it answers with one JSON line (login shells may print banners first: the last JSON line
-counts). Commands: facts (GPUs, addresses, routes, ports, our records), start, wait, stop, nodes.
+counts). Commands: facts (GPUs, addresses, routes, ports, our records), start, wait, stop, nodes,
+runcheck (a recipe's paths on the host: cluster/runcheck.py).
 """
 
 from __future__ import annotations

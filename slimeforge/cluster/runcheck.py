@@ -18,7 +18,8 @@
 The size of a checkpoint: Megatron's distributed checkpoint keeps, per parameter, the bf16 weight
 (2 bytes), the fp32 master copy and Adam's two moments (12 bytes): 7 times the bf16 weights.
 The weights are the model_dir's *.safetensors / *.bin / *.pt files (their sizes, on the head);
-without any, config.json's shape (12 x layers x hidden^2 + 2 x vocab x hidden parameters, bf16).
+without any, config.json's shape (layers x (4 hidden^2 + 3 hidden x intermediate) + vocab x hidden,
+twice unless the embeddings are tied; bf16).
 """
 
 from __future__ import annotations
@@ -153,7 +154,11 @@ def checkpoint_bytes(weights: int, config: dict[str, Any] | None) -> tuple[int |
         return CHECKPOINT_FACTOR * weights, f"{CHECKPOINT_FACTOR} x the weights' {weights / 2**30:.2f} GiB"
     c = config or {}
     if all(isinstance(c.get(k), int) for k in ("hidden_size", "num_hidden_layers", "vocab_size")):
-        params = 12 * c["num_hidden_layers"] * c["hidden_size"] ** 2 + 2 * c["vocab_size"] * c["hidden_size"]
+        h = c["hidden_size"]
+        inter = c.get("intermediate_size") if isinstance(c.get("intermediate_size"), int) else 4 * h
+        # Per layer: attention's four h x h projections and a gated MLP's three h x intermediate ones;
+        # the embedding, and the output layer unless tied to it.
+        params = c["num_hidden_layers"] * (4 * h * h + 3 * h * inter) + (1 if c.get("tie_word_embeddings") else 2) * c["vocab_size"] * h
         return CHECKPOINT_FACTOR * 2 * params, f"{CHECKPOINT_FACTOR} x 2 bytes x {params / 1e9:.2f}B parameters (config.json)"
     return None, "no weights and no shape in config.json"
 
@@ -182,9 +187,11 @@ def live(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
             return "put checkpoint_dir on one filesystem that every host mounts at the same path (every rank writes its shard there)"
         if what == "checkpoint_dir":
             return "make it writable by the ssh user on this host"
+        if what == "data_path" or what.startswith("eval_data."):
+            return "put it on the head at this path (slime reads the data there), or on a filesystem the head mounts"
         return SHARED_FIX
 
-    def problems_of(node: Node, answer: dict[str, Any], back: dict[str, str]) -> list[str]:
+    def problems_of(answer: dict[str, Any], back: dict[str, str]) -> list[str]:
         return [f"{p['what']} {back.get(p['path'], p['path'])}: {p['why']}; fix: {fix(p['what'], p['why'])}" for p in answer.get("problems", [])]
 
     ck_dir = recipe.resolved_checkpoint_dir
@@ -196,7 +203,7 @@ def live(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
         params = {"paths": [{"what": n, "path": on_host(path), "kind": kind} for n, path, kind in items],
                   "checkpoint": {"dir": on_host(ck_dir), "token": token, "write": h.is_head}}
         answer = answers[node.name] = agent(node.ssh, h, "runcheck", params, timeout=inv.ssh_options.connect_timeout + 60)
-        bad = problems_of(node, answer, back)
+        bad = problems_of(answer, back)
         if bad:
             raise _Failed(bad)
         return f"{len(items)} path(s) found" + (", marker written" if h.is_head else "")
@@ -205,7 +212,7 @@ def live(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
         h = node.host
         params = {"checkpoint": {"dir": on_host(ck_dir), "token": token, "read": True}}
         answer = agent(node.ssh, h, "runcheck", params, timeout=inv.ssh_options.connect_timeout + 60)
-        bad = problems_of(node, answer, {on_host(ck_dir): ck_dir})
+        bad = problems_of(answer, {on_host(ck_dir): ck_dir})
         free = answer.get("free_bytes")
         if check.need_bytes is not None and isinstance(free, int) and free < check.need_bytes:
             bad.append(f"checkpoint_dir {ck_dir}: {_gib(free)} free, a checkpoint needs {_gib(check.need_bytes)} ({check.how}); "

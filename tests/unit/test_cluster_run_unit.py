@@ -93,7 +93,12 @@ def test_the_cluster_environment_is_adopted_or_refused(tmp_path):
 def test_checkpoint_size_from_weights_or_config():
     assert runcheck.checkpoint_bytes(2 * 2**30, None)[0] == 14 * 2**30
     need, how = runcheck.checkpoint_bytes(0, {"hidden_size": 2048, "num_hidden_layers": 36, "vocab_size": 151936})
-    params = 12 * 36 * 2048**2 + 2 * 151936 * 2048
+    params = 36 * (4 * 2048**2 + 3 * 2048 * 4 * 2048) + 2 * 151936 * 2048
+    assert need == 7 * 2 * params and "config.json" in how
+    # Qwen2.5-3B's own config.json: 3.35B by this count (3.09B with its grouped KV heads), tied embeddings.
+    need, how = runcheck.checkpoint_bytes(0, {"hidden_size": 2048, "num_hidden_layers": 36, "vocab_size": 151936, "intermediate_size": 11008,
+                                              "tie_word_embeddings": True})
+    params = 36 * (4 * 2048**2 + 3 * 2048 * 11008) + 151936 * 2048
     assert need == 7 * 2 * params and "config.json" in how
     assert runcheck.checkpoint_bytes(0, {}) == (None, "no weights and no shape in config.json")
 
@@ -130,3 +135,42 @@ def test_job_sh_runs_train_py_with_the_model_args_and_the_shipped_config(tmp_pat
     if shutil.which("shellcheck") or os.environ.get("CI"):
         res = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
         assert res.returncode == 0, res.stdout
+
+
+def test_the_checks_here_never_run_the_clusters_image(tmp_path):
+    """Container mode on a cluster: the flag check reads --catalog, and nothing runs `docker` here."""
+    from launch_support import write_catalog
+
+    from slimeforge.proc import Runner
+
+    r, stack = parse_recipe(make_recipe(tmp_path, mode="container", image=IMAGE, slime_dir="/opt/slime-in-image"), "test")
+    catalog = write_catalog(tmp_path / "flags.json", r.model_copy(update={"slime_dir": str(tmp_path / "slime")}), stack)
+    run = ResolvedRun(r, stack, (tmp_path / "run").resolve(), "test", {}, str(catalog), (), False)
+    checked = []
+    cluster = jobsubmit.Cluster("lab", "http://10.0.0.1:8265", mode="container", image=IMAGE, preflight=lambda rec, say: checked.append(rec.image))
+    target = jobsubmit.ClusterTarget(cluster)
+    plan = target.plan(run)
+    recording = Runner(dry_run=True)
+    said = []
+    target.preflight(plan, recording, said.append)
+    assert not any(argv[0] == "docker" for argv in recording.history), recording.history
+    assert checked == [IMAGE]  # then the cluster's own checks, with the recipe as it runs there
+    assert "flags" in said[0]
+
+
+def test_a_cluster_that_does_not_answer_is_one_clear_error_with_the_records_kept(tmp_path):
+    import io
+
+    from helpers import free_port
+
+    from slimeforge.errors import SlimeforgeError
+    from slimeforge.run.rundir import write_run_dir
+
+    r, stack = parse_recipe(make_recipe(tmp_path, mode="host", install_prefix="/opt/sf"), "test")
+    address = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    plan = jobsubmit.ClusterTarget(jobsubmit.Cluster(address, address)).plan(ResolvedRun(r, stack, (tmp_path / "run").resolve(), "test", {}))
+    write_run_dir(plan.rundir)
+    with pytest.raises(SlimeforgeError, match=r"cannot submit sf-launch-test-\d{8}-\d{6}-[0-9a-f]{6} to the Ray Jobs API at http://127\.0\.0\.1:\d+"):
+        jobsubmit.submit(plan, address, lambda s: None, io.StringIO())
+    assert (plan.rundir.path / "ray_address").read_text() == address + "\n"
+    assert (plan.rundir.path / "submission_id").read_text().startswith("sf-launch-test-")

@@ -33,7 +33,7 @@ from typing import IO, Any
 
 from ... import __version__, paths
 from ...atomic import write_file
-from ...errors import ConfigError, Problem
+from ...errors import ConfigError, Problem, SlimeforgeError
 from ...image.stack import Stack
 from ...proc import Runner
 from ...templating import render
@@ -161,8 +161,12 @@ class ClusterTarget(Target):
         from ..preflight import PreflightError, run_checks  # only a launch needs it; dry runs stay fast
 
         run = plan.run
-        report = run_checks(run.recipe, run.stack, args=plan.rundir.args, address=self.cluster.address, catalog=run.catalog,
-                            skip=run.skip_checks, only=LOCAL_CHECKS, network=run.network_checks, environ=run.environ)
+        # Without the image: the checks here never `docker run` it (it is the cluster's, maybe 14 GB);
+        # the flag catalog comes from --catalog or a local build of the stack.
+        here = run.recipe.model_copy(update={"image": None})
+        report = run_checks(here, run.stack, args=plan.rundir.args, address=self.cluster.address, catalog=run.catalog,
+                            skip=run.skip_checks, only=LOCAL_CHECKS, network=run.network_checks, environ=run.environ,
+                            runner=runner)
         say(report.table())
         if report.errors:
             raise PreflightError(f"preflight of {run.recipe_path}", report)
@@ -198,27 +202,38 @@ def submit(plan: LaunchPlan, address: str, say: Say, stream: IO[str]) -> int:
     rec = run.recipe
     sid = f"{rec.exp_id}-{datetime.now().strftime(paths.SUBMISSION_TIME)}-{new_run_token()[:6]}"
     metadata = {ownership.META_EXP_ID: rec.exp_id, "slimeforge_run_dir": str(out), ownership.META_RUN_TOKEN: plan.run_token or ""}
-    client = JobSubmissionClient(address)
-    with tempfile.TemporaryDirectory(prefix="sf-job-") as staged:
-        for name in JOB_FILES:  # exactly these files: Ray zips the whole directory it is given
-            shutil.copyfile(out / name, Path(staged) / name)
-        say(f"[slimeforge] submitting {sid} to {address} (working_dir: {', '.join(JOB_FILES)})")
-        client.submit_job(entrypoint=ENTRYPOINT, submission_id=sid, metadata=metadata,
-                          runtime_env={"working_dir": staged, "env_vars": dict(plan.rundir.env)})
+    left = f"the cluster at {address} is left running, as it was (run.status/run.logs/run.stop act on this job)"
+    # Recorded first, as launch.sh does: a launch that dies right after the submission still leaves
+    # run.status/run.stop what they need (a submission that never arrived reads as GONE).
     write_file(out / "submission_id", sid + "\n")
     write_file(out / "ray_address", address.rstrip("/") + "\n")
     with (out / "job.log").open("a", encoding="utf-8") as log:
         log.write(f"--- slimeforge: submission {sid} at {time.strftime('%Y-%m-%d %H:%M:%S')} to {address} ---\n")
+    try:
+        client = JobSubmissionClient(address)
+        with tempfile.TemporaryDirectory(prefix="sf-job-") as staged:
+            for name in JOB_FILES:  # exactly these files: Ray zips the whole directory it is given
+                shutil.copyfile(out / name, Path(staged) / name)
+            say(f"[slimeforge] submitting {sid} to {address} (working_dir: {', '.join(JOB_FILES)})")
+            client.submit_job(entrypoint=ENTRYPOINT, submission_id=sid, metadata=metadata,
+                              runtime_env={"working_dir": staged, "env_vars": dict(plan.rundir.env)})
+    except Exception as exc:  # noqa: BLE001 - the SDK raises ConnectionError, RuntimeError, ...: one clear error
+        raise SlimeforgeError(f"cannot submit {sid} to the Ray Jobs API at {address}: {exc}; is the cluster up (`invoke cluster.status`)?") from None
     try:
         jobs.follow(client, sid, out / "job.log", stream)
         info = wait_ended(client, sid)
     except KeyboardInterrupt:
         say(f"\n[slimeforge] interrupted: stopping job {sid}")
         client.stop_job(sid)
-        say(f"the cluster at {address} is left running, as it was")
+        try:  # as `ray job stop` does: until it has stopped (a second Ctrl-C leaves it stopping)
+            say(f"[slimeforge] job {sid}: {status_of(wait_ended(client, sid))}")
+        except KeyboardInterrupt:
+            pass
+        say(f"[slimeforge] {left}")
         return 130
     code = exit_code(info)
     say(f"[slimeforge] job {sid}: {status_of(info)}" + (f" ({info.message})" if code and getattr(info, "message", None) else "") + f"; exit code {code}")
+    say(f"[slimeforge] {left}")
     return code
 
 

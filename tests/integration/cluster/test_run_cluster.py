@@ -70,6 +70,7 @@ def up(isolated, tmp_path_factory):
     config = (FIXTURES / "models" / MODEL / "config.json").read_text()
     for h in lab.hosts:  # each host its own copy of the model, at the same path
         put(lab, h, local / "models" / MODEL / "config.json", config)
+        put(lab, h, local / "models" / MODEL / "model.safetensors", "w" * 4096)  # the weights: what a checkpoint's size follows
     head = lab.hosts[0]
     put(lab, head, local / "data" / "train.jsonl", json.dumps({"prompt": "1 + 1?", "metadata": {"answer": "2"}}) + "\n")
     assert not sees(lab, lab.hosts[1], local / "data" / "train.jsonl") and sees(lab, head, local / "data" / "train.jsonl")
@@ -135,7 +136,7 @@ def test_run_on_the_cluster_reads_everything_on_the_hosts(up):
     r = invoke(*run_cmd(up, recipe_file(up, "ok"), out))
     text = r.stdout + r.stderr
     assert r.returncode == 0, text
-    assert "every host holds the recipe's paths; checkpoint_dir is one filesystem" in text
+    assert "every host holds the recipe's paths; checkpoint_dir is one filesystem with room for a checkpoint (0.0 GiB: 7 x the weights'" in text
     assert "standin: 3 node(s) read every path and wrote a shard" in text
     # The run directory exists only here; the job read its files from the working_dir Ray shipped.
     assert not any(sees(lab, h, out) for h in lab.hosts)
@@ -204,6 +205,19 @@ def test_refusals_name_the_host_before_anything_is_submitted(up):
         assert "is not the head's filesystem" in line and "one filesystem that every host mounts" in line
     assert jobs_on(up) == before  # nothing was submitted
 
+    # A model whose checkpoint (7 x its weights: a sparse 1 TiB file) fits nowhere: refused with the size and how it was found.
+    big = local / "models" / "big"
+    for h in lab.hosts:
+        put(lab, h, big / "config.json", (FIXTURES / "models" / MODEL / "config.json").read_text())
+        lab.run_in(h, ["truncate", "-s", "1T", str(big / "model.safetensors")])
+    r = invoke(*run_cmd(up, recipe_file(up, "big", model_dir=str(big)), up["tmp"] / "run-big"))
+    text = r.stdout + r.stderr
+    assert r.returncode == 2, text
+    for name in ("h1 ", "h2 ", "h3 "):
+        line = next(x for x in text.splitlines() if x.startswith(name))
+        assert "a checkpoint needs 7168.0 GiB (7 x the weights' 1024.00 GiB)" in line and "fix: free space there" in line
+    assert jobs_on(up) == before
+
     # Container mode: a path outside every volume is refused from the inventory alone (a dry run too).
     data = inventory_data(lab, f"{lab.tag}-jc")
     for key in ("prefix", "python"):
@@ -215,3 +229,31 @@ def test_refusals_name_the_host_before_anything_is_submitted(up):
     r = invoke("run", str(recipe), "--cluster", str(inv), "--out", str(up["tmp"] / "run-outside"), "--dry-run")
     assert r.returncode == 2 and "data_path: lies outside every container volume" in r.stderr, r.stdout + r.stderr
     assert jobs_on(up) == before
+
+
+def test_container_paths_are_checked_where_their_volumes_put_them_on_each_host(up):
+    """Container mode: each recipe path is looked for on the hosts at its volume's source."""
+    from slimeforge.cluster import runcheck
+    from slimeforge.cluster.inventory import load_inventory
+
+    lab, local, shared = up["lab"], up["local"], up["shared"]
+    data = inventory_data(lab, f"{lab.tag}-jv")
+    for key in ("prefix", "python"):
+        data.pop(key)
+    image = "127.0.0.1:5000/slimeforge@sha256:" + "ab" * 32
+    data.update(mode="container", image=image,
+                container={"volumes": [f"{local}/models:/models:ro", f"{local}/data:/data:ro", f"{shared}/ckpt:/checkpoints"]})
+    inv = load_inventory(write_inventory(up["tmp"] / "volumes.yaml", data))
+    recipe, _ = parse_recipe({**up["recipe"], "mode": "container", "image": image, "model_dir": f"/models/{MODEL}", "data_path": "/data/train.jsonl",
+                              "checkpoint_dir": "/checkpoints/in-image"}, "test")
+    assert runcheck.static(recipe, inv) == []
+    check = runcheck.live(recipe, inv, stream=io.StringIO(), live_table=False)
+    assert check.failures == {}, check.table.text()
+    h2 = lab.hosts[1]
+    lab.run_in(h2, ["rm", "-rf", "--", str(local / "models" / MODEL)])
+    try:
+        check = runcheck.live(recipe, inv, stream=io.StringIO(), live_table=False)
+    finally:
+        put(lab, h2, local / "models" / MODEL / "config.json", (FIXTURES / "models" / MODEL / "config.json").read_text())
+    assert list(check.failures) == ["h2"]
+    assert check.failures["h2"].startswith(f"model_dir /models/{MODEL}: no such directory here")  # the recipe's path, as the container sees it
