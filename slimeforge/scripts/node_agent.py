@@ -506,6 +506,26 @@ def read_marker(path):
         os.close(fd)
 
 
+CHECKPOINT_FACTOR = 7  # bytes of a Megatron checkpoint with optimizer state per byte of bf16 weights
+
+
+def checkpoint_bytes(weights, config):
+    """The size of a checkpoint with optimizer state, and how it was found: from the weights' bytes,
+    else from config.json's shape; (None, why) when neither is known. cluster/runcheck.py and the
+    Slurm nodes' slurm-check both use it."""
+    if weights:
+        return CHECKPOINT_FACTOR * weights, f"{CHECKPOINT_FACTOR} x the weights' {weights / 2**30:.2f} GiB"
+    c = config or {}
+    if all(isinstance(c.get(k), int) for k in ("hidden_size", "num_hidden_layers", "vocab_size")):
+        h = c["hidden_size"]
+        inter = c.get("intermediate_size") if isinstance(c.get("intermediate_size"), int) else 4 * h
+        # Per layer: attention's four h x h projections and a gated MLP's three h x intermediate ones;
+        # the embedding, and the output layer unless tied to it.
+        params = c["num_hidden_layers"] * (4 * h * h + 3 * h * inter) + (1 if c.get("tie_word_embeddings") else 2) * c["vocab_size"] * h
+        return CHECKPOINT_FACTOR * 2 * params, f"{CHECKPOINT_FACTOR} x 2 bytes x {params / 1e9:.2f}B parameters (config.json)"
+    return None, "no weights and no shape in config.json"
+
+
 def slurm_paths(p, is_head):
     """The run's files as this node sees them: the run directory (its marker, written where the job
     was submitted), then runcheck's: the model with its config.json (every node), the data (the
@@ -520,9 +540,10 @@ def slurm_paths(p, is_head):
     answer = cmd_runcheck({"paths": [i for i in p.get("paths", []) if is_head or not i.get("head_only")],
                            "checkpoint": ck and {"dir": ck["dir"], "token": ck["token"], "read": True}})
     problems += [f"{x['what']} {x['path']}: {x['why']}" for x in answer["problems"]]
-    need, free = answer["weights_bytes"] * (ck or {}).get("factor", 0), answer["free_bytes"]
-    if free is not None and need > free:
-        problems.append(f"checkpoint_dir {ck['dir']}: {free / 2**30:.1f} GiB free, a checkpoint needs about {need / 2**30:.1f} GiB")
+    need, how = checkpoint_bytes(answer["weights_bytes"], answer["config"])
+    free = answer["free_bytes"]
+    if ck and free is not None and need is not None and need > free:
+        problems.append(f"checkpoint_dir {ck['dir']}: {free / 2**30:.1f} GiB free, a checkpoint needs about {need / 2**30:.1f} GiB ({how})")
     return problems
 
 

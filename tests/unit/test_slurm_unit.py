@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -459,3 +460,35 @@ def test_what_enroot_says_is_read_as_data():
     version, said = enroot.read_version(Canned({("enroot", "version"): "3.4.1\x1b[31m\n"}))
     assert version is None and said == "3.4.1?[31m"
     assert enroot.read_version(Canned({("enroot", "version"): (1, "", "enroot: permission denied")})) == (None, "enroot: permission denied")
+
+
+def test_a_nodes_view_of_the_runs_files(tmp_path):
+    """slurm-check's file part on one node (node_agent.slurm_paths), against real files: the run
+    directory's marker, the model, the data (head only), checkpoint_dir's marker and its free space."""
+    from slimeforge.scripts import node_agent
+
+    run, model, ck = tmp_path / "run", tmp_path / "model", tmp_path / "ck"
+    run.mkdir()
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    token = "a" * 32
+    p = {"visible": {"path": str(run / "visible.token"), "token": token}, "checkpoint": {"dir": str(ck), "token": token},
+         "paths": [{"what": "model_dir", "path": str(model), "kind": "model"},
+                   {"what": "data_path", "path": str(tmp_path / "train.jsonl"), "kind": "file", "head_only": True}]}
+    problems = node_agent.slurm_paths(p, is_head=True)
+    assert problems[0].startswith(f"cannot see the run directory {run} ")
+    assert f"data_path {tmp_path / 'train.jsonl'}: no such file here" in problems
+    assert any(x.startswith(f"checkpoint_dir {ck}: is not the head's filesystem") for x in problems)
+    assert len(node_agent.slurm_paths(p, is_head=False)) == len(problems) - 1  # the data is the head's alone
+
+    (run / "visible.token").write_text(token + "\n")
+    (tmp_path / "train.jsonl").write_text("{}\n")
+    assert node_agent.cmd_runcheck({"checkpoint": {"dir": str(ck), "token": token, "write": True}})["problems"] == []  # slurm-mark
+    assert node_agent.slurm_paths(p, is_head=True) == []
+    with open(model / "model.safetensors", "wb") as f:  # sparse: 1 TiB of weights, 7 TiB for a checkpoint
+        f.truncate(1 << 40)
+    assert node_agent.slurm_paths(p, is_head=True) == [
+        f"checkpoint_dir {ck}: {node_agent.cmd_runcheck({'checkpoint': {'dir': str(ck), 'token': token}})['free_bytes'] / 2**30:.1f} GiB free, "
+        "a checkpoint needs about 7168.0 GiB (7 x the weights' 1024.00 GiB)"]
+    os.mkfifo(tmp_path / "fifo")  # a marker that is a FIFO is read as no marker, never waited on
+    assert node_agent.read_marker(str(tmp_path / "fifo")) == ""

@@ -51,7 +51,6 @@ MAX_NODES = 4096
 RAY_AGENT_PORT = 52365  # the dashboard agent's port, fixed (as cluster.up) so the checks can test it
 START_TIMEOUT_S = 300
 VISIBLE = "visible.token"  # in the run directory: each node reads it back (the run directory is shared)
-CHECKPOINT_FACTOR = 7  # bytes of a Megatron checkpoint with optimizer state per byte of bf16 weights (2 + 4 + 4 + 4)
 UNANSWERED_S = 600.0  # follow: how long Slurm may leave the job's state untold before we stop following
 ENDED = ownership.SLURM_ENDED
 
@@ -152,7 +151,7 @@ def sbatch_vars(recipe: Recipe, run_dir: Path, opts: Options, mounts: tuple[Moun
     container = recipe.mode == "container"
     container_args = [f"--container-image={container_image or recipe.image}", f"--container-mounts={pyxis_mounts_arg(mounts)}",
                       f"--container-workdir={run_dir}"] if container else []
-    checkpoint = {"dir": recipe.resolved_checkpoint_dir, "token": marker, "factor": CHECKPOINT_FACTOR}
+    checkpoint = {"dir": recipe.resolved_checkpoint_dir, "token": marker}
     image_file = container_image if container and container_image and container_image.startswith("/") else None
     ray_cmd = "ray" if container else ray
     head_ports = [recipe.ray_port, recipe.ray_dashboard_port]

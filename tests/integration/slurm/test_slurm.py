@@ -41,8 +41,15 @@ def env(slurm_lab: SlurmLab, tmp_path, monkeypatch):
     return work
 
 
+def with_weights(data: dict) -> dict:
+    """A small weights file beside config.json: the checkpoint space every node checks follows it
+    (without weights, config.json's shape: about 40 GiB for the 3B model)."""
+    (Path(data["model_dir"]) / "model.safetensors").write_bytes(b"w" * 4096)
+    return data
+
+
 def recipe_for(tmp: Path, **env):
-    data = make_recipe(tmp, num_gpus=2, env={"STANDIN_RECORD": str(tmp / "record.json"), "STANDIN_EXIT": "0", **env})
+    data = with_weights(make_recipe(tmp, num_gpus=2, env={"STANDIN_RECORD": str(tmp / "record.json"), "STANDIN_EXIT": "0", **env}))
     recipe, stack = parse_recipe(data, "test")
     return recipe, stack, str(write_catalog(tmp / "flags.json", recipe, stack))
 
@@ -265,7 +272,7 @@ def test_cli_dry_run_and_bad_options(env, slurm_lab):
 def _cli_recipe(env: Path, **over) -> tuple[Path, Path]:
     import yaml
 
-    data = make_recipe(env, num_gpus=2, **over)
+    data = with_weights(make_recipe(env, num_gpus=2, **over))
     recipe, stack = parse_recipe(data, "test")
     path = env / "recipe.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -307,6 +314,7 @@ def test_the_model_and_checkpoints_are_checked_on_every_node(env, slurm_lab):
     model = private / "models" / "m"
     model.mkdir(parents=True)
     shutil.copy(Path(make_recipe(env)["model_dir"]) / "config.json", model / "config.json")
+    (model / "model.safetensors").write_bytes(b"w" * 4096)
     recipe, stack, catalog = recipe_for(env)
     recipe = recipe.model_copy(update={"model_dir": str(model), "checkpoint_dir": str(private / "checkpoints")})
     code, out, run = submit(env, slurm.Options(nodes=3), recipe=(recipe, stack, catalog))
