@@ -492,3 +492,11 @@ def test_a_nodes_view_of_the_runs_files(tmp_path):
         "a checkpoint needs about 7168.0 GiB (7 x the weights' 1024.00 GiB)"]
     os.mkfifo(tmp_path / "fifo")  # a marker that is a FIFO is read as no marker, never waited on
     assert node_agent.read_marker(str(tmp_path / "fifo")) == ""
+
+
+def test_squashfs_dir_goes_with_container_mode(tmp_path):
+    rec, stack = recipe(tmp_path)  # host mode
+    run = ResolvedRun(rec, stack, (tmp_path / "run").resolve(), "(api)", {})
+    with pytest.raises(ConfigError, match="--squashfs-dir: goes with container mode"):
+        slurm.SlurmTarget(slurm.Options(squashfs_dir=str(tmp_path))).plan(run)
+    assert not (tmp_path / "run").exists()

@@ -232,6 +232,9 @@ class SlurmTarget(Target):
         # pyxis reads --container-mounts as SRC:DST[:FLAGS][,...]: no way to escape these two.
         problems = [Problem(m.what, "cannot be mounted with pyxis (--container-mounts splits at ',' and ':')", m.path, "a path without ',' and ':'")
                     for m in mounts if "," in m.path or ":" in m.path]
+        if opts.squashfs_dir is not None and recipe.mode != "container":
+            problems.append(Problem("--squashfs-dir", "goes with container mode (it holds the image pyxis runs)", opts.squashfs_dir,
+                                    "--mode container, or leave it out"))
         if problems:
             raise ConfigError("--slurm options", problems)
         rundir = build_run_dir(recipe, run.stack, run.out, run.recipe_path, run.environ)
