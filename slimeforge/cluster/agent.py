@@ -12,7 +12,7 @@ import json
 from functools import cache
 from typing import Any
 
-from .. import paths
+from .. import paths, scripts
 from ..errors import CommandError, SlimeforgeError
 from .inventory import Host
 from .ssh import SSH, HostUnreachable
@@ -24,7 +24,7 @@ VERSIONS_SNIPPET = (SCRIPTS / "env_probe.py").read_text()
 
 @cache
 def agent_source() -> str:
-    return (SCRIPTS / "node_agent.py").read_text()
+    return scripts.node_agent_program()
 
 
 def last_json(text: str) -> dict[str, Any]:

@@ -239,13 +239,13 @@ class _Failed(SlimeforgeError):
         super().__init__(" | ".join(problems))
 
 
-def cluster_env(inventory: str, *, dry_run: bool, runner: Runner | None = None,
+def cluster_env(inventory: str, *, dry_run: bool, ssh_config: str | None = None, runner: Runner | None = None,
                 control_dir: str | None = None, stream=None) -> Cluster:
     """`invoke run --cluster INVENTORY`'s cluster: its Jobs API (from cluster.up's record), its
     environment, and the recipe checks above as the run layer's callables."""
     from .record import address
 
-    inv = load_inventory(inventory)
+    inv = load_inventory(inventory, ssh_config=ssh_config)  # --ssh-config: the user's own, as is
     try:
         dashboard = address(inv).dashboard
     except SlimeforgeError:

@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import paths, records
-from ..atomic import dir_problem, write_dir
+from ..atomic import mark_output_dir, output_dir_problem, write_dir
 from ..errors import ConfigError, Problem, SlimeforgeError
 from ..proc import Runner
-from ..schema import ENV_NAME_RE, text_problem, text_problems
+from ..schema import ENV_NAME_RE, WHOLE_RE, text_problem, text_problems
 from ..templating import render
 from .dockerapi import EngineUnavailable, docker_client, resolve_base
 from .lockcheck import check_patches
@@ -214,7 +214,7 @@ def _source_date_epoch(stack: Stack, cache: Path, runner: Runner) -> int:
         if repo.exists():
             res = runner.run([*GIT, "--git-dir", str(repo), "show", "-s", "--format=%ct", stack.sources[src].commit],
                              step="git show (source date)", check=False)
-            if res.ok and res.stdout.strip().isdigit():
+            if res.ok and WHOLE_RE.fullmatch(res.stdout.strip()):
                 return int(res.stdout.strip())
     return 0
 
@@ -233,7 +233,7 @@ def prepare(opts: BuildOptions) -> Prepared:
         local = parse_sources(stack, opts.sources)
     except ConfigError as exc:
         problems.extend(exc.problems)
-    if opts.out is not None and (why := dir_problem(Path(opts.out))):
+    if opts.out is not None and (why := output_dir_problem(Path(opts.out))):
         problems.append(Problem("--out", why, str(opts.out), "a build directory (new, or one `invoke build` wrote)"))
     if opts.ca_bundle and not Path(opts.ca_bundle).is_file():
         problems.append(Problem("--ca-bundle", "is not a file", opts.ca_bundle, "a PEM file of CA certificates"))
@@ -292,6 +292,7 @@ def prepare(opts: BuildOptions) -> Prepared:
     build_hash = digest.hexdigest()
 
     out = Path(opts.out) if opts.out else paths.build_dir(opts.build_root, stack.name, build_hash)
+    mark_output_dir(out, "invoke build")  # judged by output_dir_problem above: new, empty, or already ours
     # `COPY patches/` takes the whole folder: a reused --out must not carry another stack's patches.
     shutil.rmtree(out / "context" / "patches", ignore_errors=True)
     shutil.rmtree(out / "context" / "lock", ignore_errors=True)

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import paths
-from ..atomic import dir_problem, write_file
+from ..atomic import dir_problem, mark_output_dir, output_dir_problem, write_file
 from ..errors import ConfigError, Problem
 from ..proc import Runner
-from ..schema import text_problem
+from ..schema import text_problem, whole_problem
 from ..templating import render
 from .lockcheck import check_patches, checked_lock
 from .lockfile import LockFile, normalize
@@ -48,6 +48,7 @@ from .steps import (
 )
 
 SCRIPT = "install.sh"
+MAX_FREE_GIB = 999_999  # install.sh reads SLIMEFORGE_MIN_FREE_GIB as 1 to 6 ASCII digits, base 10
 
 
 # What an install weighs, from its lock: the lock's files unpack to about this many times their size
@@ -201,10 +202,13 @@ def install(opts: InstallOptions) -> Path:
             problems.append(Problem(option, why, value, "a directory path"))
     if opts.python is not None and (why := python_problem(opts.python)):
         problems.append(Problem("--python", why, opts.python, "e.g. /opt/conda/bin/python3.12 or python3.12"))
-    if opts.min_free_gb is not None and not 0 <= opts.min_free_gb <= 100_000:
-        problems.append(Problem("--min-free-gb", "is out of range", opts.min_free_gb, "0 to 100000 (GiB)"))
-    if opts.out is not None and (why := dir_problem(Path(opts.out))):
-        problems.append(Problem("--out", why, str(opts.out), "a directory you may write to"))
+    if opts.min_free_gb is not None and (bad := whole_problem(opts.min_free_gb, "--min-free-gb", 0, MAX_FREE_GIB, "GiB")):
+        problems.append(bad)
+    if opts.out is not None and (why := output_dir_problem(Path(opts.out))):
+        problems.append(Problem("--out", why, str(opts.out), "a new or empty directory, or one `invoke install` wrote"))
+    elif opts.out is None and opts.prefix and (why := dir_problem(Path(opts.prefix))):
+        # The script goes under the prefix: a prefix that is a file is --prefix's problem, not --out's.
+        problems.append(Problem("--prefix", why, opts.prefix, "an absolute directory, e.g. /opt/slime"))
     local = {}
     try:
         local = parse_sources(stack, opts.sources)
@@ -238,10 +242,13 @@ def install(opts: InstallOptions) -> Path:
     out = Path(opts.out) if opts.out else Path(prefix) / ".slimeforge" / "install"
     script = out / SCRIPT
     try:
+        if opts.out is not None:
+            mark_output_dir(out, "invoke install")
         out.mkdir(parents=True, exist_ok=True)
         write_file(script, text, 0o755)
     except OSError as exc:
-        raise ConfigError("invoke install", [Problem("--out", f"cannot be written: {exc.strerror}", str(out), "a directory you may write to")]) from None
+        option = "--out" if opts.out is not None else "--prefix"  # the option the user gave
+        raise ConfigError("invoke install", [Problem(option, f"cannot be written: {exc.strerror}", str(out), "a directory you may write to")]) from None
     if opts.dry_run:
         opts.echo(str(script))
         return script

@@ -32,6 +32,7 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
+from .. import records
 from ..errors import ConfigError, Problem, SlimeforgeError
 from .registry import DOMAIN_RE, Credentials, ImageRef, Retry, parse_image_ref
 
@@ -85,10 +86,13 @@ def sha256_file(path: Path) -> str:
 def read_sums(path: Path, where: str) -> dict[str, str]:
     """SHA256SUMS by its grammar: `<64 hex>  <wheel file name>` lines, nothing else."""
     out: dict[str, str] = {}
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise WheelStoreError(f"{where}: cannot read {path.name}: {exc.strerror}") from None
+    try:  # the one reader: a regular file, bounded (a line per wheel), strict UTF-8
+        raw = records.read_bytes(path, path.name, "`<sha256>  <file>.whl` lines", max_bytes=MAX_WHEELS * 300)
+        text = records.decode(path, path.name, "`<sha256>  <file>.whl` lines", raw) if raw is not None else None
+    except records.RecordError as exc:
+        raise WheelStoreError(f"{where}: {path.name} {exc.problems[0].message}") from None
+    if text is None:
+        raise WheelStoreError(f"{where}: cannot read {path.name}: no such file")
     for n, line in enumerate(text.splitlines(), 1):
         m = re.fullmatch(r"([0-9a-f]{64}) [ *]([A-Za-z0-9_.+-]{1,200}\.whl)", line)
         if not m:
@@ -110,9 +114,10 @@ def verify(directory: Path, key: str) -> Entry:
     record: dict[str, Any] = {}
     if (directory / RECORD).exists():
         try:
-            record = json.loads((directory / RECORD).read_text())
-        except ValueError as exc:
-            raise WheelStoreError(f"{where}: {RECORD} is not JSON: {exc}") from None
+            record = records.read_json(directory / RECORD, RECORD, "the record of a store entry",
+                                       lambda d: None if isinstance(d, dict) else "is not a JSON object", max_bytes=1 << 20) or {}
+        except records.RecordError as exc:
+            raise WheelStoreError(f"{where}: {RECORD} {exc.problems[0].message}") from None
         if record.get("key") != key or record.get("wheels") != sums:
             raise WheelStoreError(f"{where}: {RECORD} does not match the entry (its key or wheels differ from {SUMS}); refused")
     for name, want in sums.items():

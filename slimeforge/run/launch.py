@@ -24,6 +24,7 @@ from .. import paths
 from ..errors import ConfigError, Problem
 from ..image.stack import Stack
 from ..proc import Runner
+from .headstate import check_address
 from .recipe import EXP_ID_RE, Recipe, load_recipe, load_recipe_data, parse_overrides
 from .resolve import resolve_mode
 from .rundir import HEAD_TIMEOUT_S, read_plan, write_run_dir
@@ -99,6 +100,7 @@ def local_target(recipe: Recipe, address: str | None, cluster: str | None = None
     if address:
         from .targets.jobsubmit import Cluster, ClusterTarget
 
+        check_address(address)
         return ClusterTarget(Cluster(cluster or address, address))
     make = HostTarget if recipe.mode == "host" else ContainerTarget
     return make(None, **options)

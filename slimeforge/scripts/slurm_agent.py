@@ -13,6 +13,7 @@ Standard library only (the nodes' python3), one JSON object on stdout, exit 1 wh
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -20,10 +21,13 @@ import socket
 import sys
 import time
 
-try:  # beside node_agent.py in a run directory
-    from node_agent import _head_ip, _stat, cmd_nodes, cmd_runcheck, gate, route_to, tcp_reach
-except ImportError:  # in the package
-    from .node_agent import _head_ip, _stat, cmd_nodes, cmd_runcheck, gate, route_to, tcp_reach
+try:
+    from . import node_agent  # imported as slimeforge.scripts.slurm_agent
+except ImportError:  # in a run directory: one program (slimeforge.scripts.program) that registered node_agent first
+    node_agent = importlib.import_module("node_agent")
+
+_head_ip, _stat, cmd_nodes, cmd_runcheck = node_agent._head_ip, node_agent._stat, node_agent.cmd_nodes, node_agent.cmd_runcheck
+gate, hostport, route_to, tcp_reach = node_agent.gate, node_agent.hostport, node_agent.route_to, node_agent.tcp_reach
 
 
 def text_table(headers, rows):
@@ -102,10 +106,10 @@ def cmd_slurm_gate(p):
                 sys.stderr.write(f"the Ray head on {nodes[0]} exited before its GCS port {p['gcs_port']} answered\n")
                 return {"ok": False, "failed": [nodes[0]]}
             if time.time() > deadline:
-                sys.stderr.write(f"the Ray head's GCS port {ips[nodes[0]]}:{p['gcs_port']} did not answer within {p['timeout']}s: {why}\n")
+                sys.stderr.write(f"the Ray head's GCS port {hostport(ips[nodes[0]], p['gcs_port'])} did not answer within {p['timeout']}s: {why}\n")
                 return {"ok": False, "failed": [nodes[0]]}
             time.sleep(0.2)
-    url = f"http://{ips[nodes[0]]}:{p['dashboard_port']}/api/v0/nodes?limit=10000&detail=false"
+    url = f"http://{hostport(ips[nodes[0]], p['dashboard_port'])}/api/v0/nodes?limit=10000&detail=false"
     want = {ip: p["gpus"] for ip in ips.values()}
     while True:
         answer = cmd_nodes({"url": url, "timeout": 10})

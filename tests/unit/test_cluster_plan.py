@@ -60,8 +60,10 @@ def test_container_start_argv_runs_ray_in_the_pinned_image():
     inv = load_inventory(EXAMPLE)
     head = inv.head
     env = nodestart.ray_env(head, "eth0", None)
-    argv = nodestart.start_argv(inv, head, "10.0.0.11", "10.0.0.11", env)
+    argv = nodestart.start_argv(inv, head, "10.0.0.11", "10.0.0.11", env, "0f" * 16)
     assert argv[:4] == ["docker", "run", "--detach", "--name"] and argv[4] == "sf-ray-example-gpu-a"
+    # The labels the node agent proves before it stops or removes the container.
+    assert argv[5:9] == ["--label", "slimeforge.cluster=example", "--label", "slimeforge.cluster_token=" + "0f" * 16]
     for pair in (["--network", "host"], ["--ipc", "host"], ["--gpus", "all"], ["--env", "NCCL_SOCKET_IFNAME=eth0"], ["--env", "NCCL_IB_HCA=mlx5"]):
         assert any(argv[i : i + 2] == pair for i in range(len(argv))), pair
     image_at = argv.index(inv.image)

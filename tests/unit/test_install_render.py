@@ -211,12 +211,20 @@ def test_the_disk_need_can_be_overridden_and_a_bad_override_is_named(tmp_path):
     assert "the install needs about 999999 GiB" in huge.stderr
     bad = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={**env, "SLIMEFORGE_MIN_FREE_GIB": "1; rm -rf /"})
     assert "SLIMEFORGE_MIN_FREE_GIB: '1; rm -rf /' is not a whole number of GiB" in bad.stderr
+    # bash reads 099999 as octal (an arithmetic error that skipped the check): base 10 it is.
+    octal = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={**env, "SLIMEFORGE_MIN_FREE_GIB": "099999"})
+    assert "the install needs about 099999 GiB" in octal.stderr and "value too great for base" not in octal.stderr, octal.stderr
+    for odd in ("\u00b2", "1e3", "-1", "1234567"):
+        res = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={**env, "SLIMEFORGE_MIN_FREE_GIB": odd})
+        assert f"SLIMEFORGE_MIN_FREE_GIB: '{odd}' is not a whole number of GiB" in res.stderr, res.stderr
 
 
 @pytest.mark.parametrize("option, value, says", [
     ("--python", "py thon", "--python: is neither an absolute path nor an interpreter name"),
     ("--python", "bin/python3.12", "--python: is neither an absolute path nor an interpreter name"),
-    ("--min-free-gb", "lots", "--min-free-gb: 'lots' is not a whole number of GiB"),
+    ("--min-free-gb", "lots", "--min-free-gb: is not a whole number (got 'lots')"),
+    ("--min-free-gb", "\u00b2", "--min-free-gb: is not a whole number (got '\u00b2')"),  # str.isdigit() took it, int() raised
+    ("--min-free-gb", "1000000", "--min-free-gb: is out of range (0..999999)"),
 ])
 def test_cli_refuses_a_bad_interpreter_or_disk_option_before_anything(tmp_path, option, value, says):
     res = subprocess.run([sys.executable, "-m", "invoke", "install", "--stack", str(bs.TEST_STACK), "--prefix", str(tmp_path / "p"),
