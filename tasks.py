@@ -91,18 +91,21 @@ SSH_CONFIG_HELP = "your own ssh config file for the hosts (ssh -F), used as is i
         "account": "--slurm: the account to charge",
         "time": "--slurm: the time limit, [D-]HH:MM:SS",
         "nodes": "--slurm: nodes (default: the recipe's num_nodes)",
+        "squashfs_dir": "--slurm, container mode: import the image once to a squashfs in this shared directory; every node reads it",
     },
     default=True,
 )
 @clean_errors
 def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=None, image=None, prefix=None, catalog=None,
-              skip_check=None, no_network=False, cluster=None, slurm=False, partition=None, account=None, time=None, nodes=None, ssh_config=None):
+              skip_check=None, no_network=False, cluster=None, slurm=False, partition=None, account=None, time=None, nodes=None,
+              squashfs_dir=None, ssh_config=None):
     """Validate a recipe, preflight, start Ray, submit, stream the logs (--dry-run: print the plan, start nothing)."""
     from slimeforge.run.launch import LaunchRequest, run_recipe
 
     req = LaunchRequest(recipe=recipe, out=out, overrides=tuple(set_ or ()), address=address, mode=mode, image=image, prefix=prefix,
                         catalog=catalog, skip_checks=tuple(skip_check or ()), network_checks=not no_network, cluster=cluster,
-                        slurm=slurm, partition=partition, account=account, time=time, nodes=None if nodes is None else str(nodes))
+                        slurm=slurm, partition=partition, account=account, time=time, nodes=None if nodes is None else str(nodes),
+                        squashfs_dir=squashfs_dir)
     code = run_recipe(req, dry_run=dry_run, find_cluster=lambda inventory, dry: _cluster_jobs_api(inventory, dry, ssh_config))
     if code:
         raise Exit(code=code)

@@ -49,6 +49,8 @@ def one_run(lab: SlurmLab, nodes: int, i: int, env: dict[str, str]) -> dict[str,
     work.mkdir()
     record = work / "record.json"
     data = make_recipe(work, num_gpus=2, exp_id=f"bench-{nodes}-{i}", env={"STANDIN_RECORD": str(record), "STANDIN_EXIT": "0"})
+    # Small weights: each node checks checkpoint space for 7x them (config.json's shape alone: ~40 GiB).
+    (Path(data["model_dir"]) / "model.safetensors").write_bytes(b"w" * 4096)
     recipe, stack = parse_recipe(data, "bench")
     catalog = write_catalog(work / "flags.json", recipe, stack)
     path = work / "recipe.yaml"

@@ -34,12 +34,12 @@ from ..errors import Problem, SlimeforgeError
 from ..proc import Runner
 from ..run.recipe import Recipe
 from ..run.targets.jobsubmit import Cluster
+from ..scripts.node_agent import checkpoint_bytes  # the one estimate: the Slurm nodes make it too
 from .agent import agent
 from .bringup import Node, make_nodes, parallel
 from .hosttable import HostTable
 from .inventory import Inventory, load_inventory
 
-CHECKPOINT_FACTOR = 7  # bytes of a Megatron checkpoint with optimizer state per byte of bf16 weights
 SHARED_FIX = "put it on a filesystem every host mounts at this path (NFS, Lustre, ...), or copy it to each host"
 
 
@@ -148,19 +148,6 @@ class RunCheckFailed(SlimeforgeError):
                          + check.table.text())
 
 
-def checkpoint_bytes(weights: int, config: dict[str, Any] | None) -> tuple[int | None, str]:
-    """The size of a checkpoint with optimizer state, and how it was found."""
-    if weights:
-        return CHECKPOINT_FACTOR * weights, f"{CHECKPOINT_FACTOR} x the weights' {weights / 2**30:.2f} GiB"
-    c = config or {}
-    if all(isinstance(c.get(k), int) for k in ("hidden_size", "num_hidden_layers", "vocab_size")):
-        h = c["hidden_size"]
-        inter = c.get("intermediate_size") if isinstance(c.get("intermediate_size"), int) else 4 * h
-        # Per layer: attention's four h x h projections and a gated MLP's three h x intermediate ones;
-        # the embedding, and the output layer unless tied to it.
-        params = c["num_hidden_layers"] * (4 * h * h + 3 * h * inter) + (1 if c.get("tie_word_embeddings") else 2) * c["vocab_size"] * h
-        return CHECKPOINT_FACTOR * 2 * params, f"{CHECKPOINT_FACTOR} x 2 bytes x {params / 1e9:.2f}B parameters (config.json)"
-    return None, "no weights and no shape in config.json"
 
 
 def _gib(n: int) -> str:
@@ -252,13 +239,13 @@ class _Failed(SlimeforgeError):
         super().__init__(" | ".join(problems))
 
 
-def cluster_env(inventory: str, *, dry_run: bool, runner: Runner | None = None,
-                control_dir: str | None = None, stream=None, ssh_config: str | None = None) -> Cluster:
+def cluster_env(inventory: str, *, dry_run: bool, ssh_config: str | None = None, runner: Runner | None = None,
+                control_dir: str | None = None, stream=None) -> Cluster:
     """`invoke run --cluster INVENTORY`'s cluster: its Jobs API (from cluster.up's record), its
     environment, and the recipe checks above as the run layer's callables."""
     from .record import address
 
-    inv = load_inventory(inventory, ssh_config=ssh_config)
+    inv = load_inventory(inventory, ssh_config=ssh_config)  # --ssh-config: the user's own, as is
     try:
         dashboard = address(inv).dashboard
     except SlimeforgeError:

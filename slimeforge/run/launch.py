@@ -67,6 +67,7 @@ class LaunchRequest:
     account: str | None = None
     time: str | None = None
     nodes: str | int | None = None
+    squashfs_dir: str | None = None  # Slurm, container mode: the image imported once to a squashfs there
     # How this machine starts things (the API, tests and benchmarks; the command line keeps the defaults).
     python: str | None = None  # host mode: the interpreter of launch.sh and train.py (in place: this one)
     head_args: tuple[str, ...] | None = None  # more `ray start` options (default: $SLIMEFORGE_RAY_HEAD_ARGS)
@@ -133,7 +134,7 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
             environ: dict[str, str] | None = None) -> tuple[Target, ResolvedRun]:
     """The target `req` names and the run it plans from; ConfigError for bad options."""
     environ = dict(os.environ if environ is None else environ)
-    slurm_only = {"--partition": req.partition, "--account": req.account, "--time": req.time, "--nodes": req.nodes}
+    slurm_only = {"--partition": req.partition, "--account": req.account, "--time": req.time, "--nodes": req.nodes, "--squashfs-dir": req.squashfs_dir}
     if not req.slurm and any(v is not None for v in slurm_only.values()):
         raise ConfigError("command line", [Problem(k, "goes with --slurm", v, "--slurm, or leave it out") for k, v in slurm_only.items() if v is not None])
     if req.slurm and (req.address or req.cluster):
@@ -146,7 +147,7 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
     if req.slurm:
         from .targets import slurm  # only then: sbatch's template and the node agent
 
-        opts = slurm.options(req.partition, req.account, req.time, req.nodes)
+        opts = slurm.options(req.partition, req.account, req.time, req.nodes, req.squashfs_dir)
         if req.start_timeout is not None:
             opts = replace(opts, start_timeout=req.start_timeout)
         target = slurm.SlurmTarget(opts, follow_log=req.follow_log)

@@ -40,7 +40,7 @@ from . import ownership
 from .headstate import HEAD_RECORD, read_head, state_dir
 from .ownership import HeadRecord, Verdict
 from .rundir import read_plan
-from .targets.slurm_checks import fields
+from .targets.slurm_job import CannotTell, job_answer
 
 JOB_ID_RE = re.compile(r"[1-9][0-9]{0,11}")
 SUBMISSION_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}-[0-9]{8}-[0-9]{6}-[0-9a-f]{6}")
@@ -206,14 +206,13 @@ def container_check(rec: RunRecord, runner: Runner) -> Verdict:
 
 
 def job_info(job_id: str, runner: Runner | None = None) -> dict[str, str]:
-    """`scontrol show job -o ID` as a dict; {} once Slurm has forgotten the job (MinJobAge).
-    Raises Unreachable when Slurm does not answer at all."""
-    r = (runner or Runner()).run(["scontrol", "show", "job", "-o", "--", job_id], step="scontrol show job", check=False, timeout=30)
-    if r.returncode == 0:
-        return fields(r.stdout)
-    if "Invalid job id" in r.stdout + r.stderr:
-        return {}
-    raise Unreachable(f"Slurm does not answer (scontrol show job {job_id}: {(r.stderr or r.stdout).strip()[-300:]})")
+    """What Slurm says of the job (targets/slurm_job.py); {} once Slurm has forgotten it (MinJobAge).
+    Raises Unreachable when Slurm does not answer, or its answer cannot tell (empty, unparsable,
+    about another job, ambiguous): never taken for "ended"."""
+    try:
+        return job_answer(job_id, runner)
+    except CannotTell as exc:
+        raise Unreachable(str(exc)) from None
 
 
 def slurm_check(rec: RunRecord, runner: Runner | None = None, user: str | None = None) -> tuple[dict[str, str], Verdict]:

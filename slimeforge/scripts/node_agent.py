@@ -18,13 +18,10 @@ Commands:
          dir with its config.json and weight sizes, files the job reads, the checkpoint dir writable,
          its free space, and the one-filesystem marker (written on one host, read on all)
 
-Inside a Slurm allocation (templates/slurm.sbatch.j2 runs it with `srun`, one task per node, from
-the run directory, where it is copied):
-  slurm-check  this node's facts checked against what the job needs (GPUs, ports, route to the head)
-  slurm-table  gather every node's slurm-check answer: a per-node table, the node IPs for the gate
-  slurm-ray    exec `ray start --block` with this node's IP and interface filled in
-  slurm-gate   the head's GCS port open; then the health gate of cluster.up: every node ALIVE in Ray
-               with its GPUs, by a deadline
+Inside a Slurm allocation (templates/slurm.sbatch.j2 sends it to every node on srun's stdin, so a
+node that cannot see the run directory still answers; the other Slurm commands: slurm_agent.py):
+  slurm-check  this node's facts checked against what the job needs (GPUs, ports, route to the head),
+               and the run's files as this node sees them (run directory, model, data, checkpoints)
 """
 
 from __future__ import annotations
@@ -39,6 +36,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -455,10 +453,6 @@ def gate(nodes, want):
 # first), SF_HEAD_NODE and SF_HEAD_ADDR (its NodeAddr). The JSON parameters are fixed at render time.
 
 
-def text_table(headers, rows):
-    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
-    return "\n".join("  ".join(str(r[i]).ljust(widths[i]) for i in range(len(widths))).rstrip() for r in [headers, *rows])
-
 
 def _head_ip():
     return socket.gethostbyname(os.environ["SF_HEAD_ADDR"])
@@ -489,91 +483,65 @@ def cmd_slurm_check(p):
     for program in p.get("programs", []):
         if not (os.path.isfile(program) and os.access(program, os.X_OK)) and not shutil.which(program):
             problems.append(f"{program}: not found or not executable on this node")
+    problems += slurm_paths(p, is_head)
     return {"node": node, "ip": route.get("src"), "dev": route.get("dev"), "gpus_seen": seen, "problems": problems}
 
 
-def cmd_slurm_table(p):
-    """Every node's slurm-check answer (JSON lines in $SF_STEP_DIR/checks.jsonl) against the
-    allocation's nodes: print the per-node table, keep {node: {ip, dev}} and the head's IP."""
-    step_dir, nodes = os.environ["SF_STEP_DIR"], os.environ["SF_NODES"].split()
-    answers = {}
-    with open(os.path.join(step_dir, "checks.jsonl")) as f:
-        for line in f:
-            line = line.strip()
-            if line.startswith("{"):
-                answer = json.loads(line)
-                answers[answer["node"]] = answer
-    rows, failed = [], []
-    for node in nodes:
-        a = answers.get(node, {"problems": ["no answer from this node (srun could not run the check there)"]})
-        if a["problems"]:
-            failed.append(node)
-        rows.append([node, "FAILED" if a["problems"] else "ok", a.get("ip") or "-", a.get("dev") or "-", "; ".join(a["problems"]) or f"{a.get('gpus_seen')} GPU(s) seen"])
-    sys.stderr.write(text_table(["node", "checks", "ip", "interface", "detail"], rows) + "\n")
-    ips = {n: answers[n].get("ip") for n in nodes if n in answers}
-    with open(os.path.join(step_dir, "nodes.json"), "w") as f:
-        json.dump(ips, f)
-    with open(os.path.join(step_dir, "head_ip"), "w") as f:
-        f.write((ips.get(nodes[0]) or "") + "\n")
-    return {"ok": not failed, "failed": failed}
+def read_marker(path):
+    """A marker's token: "" unless `path` is a regular file (never waits on a FIFO)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    try:
+        return os.read(fd, 256).decode(errors="replace").strip() if stat.S_ISREG(os.fstat(fd).st_mode) else ""
+    finally:
+        os.close(fd)
 
 
-def cmd_slurm_ray(p):
-    """Exec `ray start --block` (p["argv"]; @HEAD_IP@, @NODE_IP@, @NODE@ and @JOB@ filled in) with
-    GLOO and NCCL pinned to the interface that routes to the head, as cluster.up does."""
-    head_ip = _head_ip()
-    route = route_to(head_ip)
-    # Job ids repeat across clusters (and test labs) that may share a /tmp: the cluster's name too.
-    job = f"{os.environ.get('SLURM_CLUSTER_NAME', '')[:16]}-{os.environ.get('SLURM_JOB_ID', '0')}-{os.environ.get('SLURM_RESTART_COUNT') or '0'}"
-    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    env = dict(os.environ, GLOO_SOCKET_IFNAME=route["dev"], NCCL_SOCKET_IFNAME=route["dev"])
-    fill = {"@HEAD_IP@": head_ip, "@NODE_IP@": route["src"], "@NODE@": node, "@JOB@": job}
-    argv = [re.sub("|".join(fill), lambda m: fill[m.group(0)], a) for a in p["argv"]]
-    sys.stdout.flush()
-    os.execvpe(argv[0], argv, env)
+CHECKPOINT_FACTOR = 7  # bytes of a Megatron checkpoint with optimizer state per byte of bf16 weights
 
 
-def cmd_slurm_gate(p):
-    """With p["gcs_port"]: wait until the head's GCS port answers (the workers may join from then
-    on, while the head finishes starting, as in cluster.up). Else: poll the head's dashboard until
-    every node is ALIVE with p["gpus"] GPUs; print a per-node table when the deadline passes first."""
-    step_dir, nodes = os.environ["SF_STEP_DIR"], os.environ["SF_NODES"].split()
-    with open(os.path.join(step_dir, "nodes.json")) as f:
-        ips = json.load(f)
-    deadline = time.time() + p["timeout"]
-    if p.get("gcs_port"):
-        # The head's srun (a child of the batch script): when it has ended, nothing will answer.
-        watch = int(os.environ.get("SF_WATCH_PID") or 0)
-        while True:
-            why = tcp_reach(ips[nodes[0]], p["gcs_port"], 1.0)
-            if why is None:
-                return {"ok": True}
-            st = _stat(watch) if watch else ("R",)
-            if st is None or st[0] == "Z":
-                sys.stderr.write(f"the Ray head on {nodes[0]} exited before its GCS port {p['gcs_port']} answered\n")
-                return {"ok": False, "failed": [nodes[0]]}
-            if time.time() > deadline:
-                sys.stderr.write(f"the Ray head's GCS port {hostport(ips[nodes[0]], p['gcs_port'])} did not answer within {p['timeout']}s: {why}\n")
-                return {"ok": False, "failed": [nodes[0]]}
-            time.sleep(0.2)
-    url = f"http://{hostport(ips[nodes[0]], p['dashboard_port'])}/api/v0/nodes?limit=10000&detail=false"
-    want = {ip: p["gpus"] for ip in ips.values()}
-    while True:
-        answer = cmd_nodes({"url": url, "timeout": 10})
-        verdict = gate(answer.get("nodes", []), want)
-        if all(ok for ok, _ in verdict.values()):
-            return {"ok": True}
-        if time.time() > deadline:
-            break
-        time.sleep(1)  # the poll interval of the gate, not a wait for a guess
-    error = answer.get("error", "")
-    rows = [[n, "ok" if verdict[ip][0] else "FAILED", verdict[ip][1] + ("" if verdict[ip][0] or not error else f" ({error})")] for n, ip in ips.items()]
-    sys.stderr.write(f"not every node joined Ray within {p['timeout']}s:\n" + text_table(["node", "ray", "detail"], rows) + "\n")
-    return {"ok": False, "failed": [n for n, ip in ips.items() if not verdict[ip][0]]}
+def checkpoint_bytes(weights, config):
+    """The size of a checkpoint with optimizer state, and how it was found: from the weights' bytes,
+    else from config.json's shape; (None, why) when neither is known. cluster/runcheck.py and the
+    Slurm nodes' slurm-check both use it."""
+    if weights:
+        return CHECKPOINT_FACTOR * weights, f"{CHECKPOINT_FACTOR} x the weights' {weights / 2**30:.2f} GiB"
+    c = config or {}
+    if all(isinstance(c.get(k), int) for k in ("hidden_size", "num_hidden_layers", "vocab_size")):
+        h = c["hidden_size"]
+        inter = c.get("intermediate_size") if isinstance(c.get("intermediate_size"), int) else 4 * h
+        # Per layer: attention's four h x h projections and a gated MLP's three h x intermediate ones;
+        # the embedding, and the output layer unless tied to it.
+        params = c["num_hidden_layers"] * (4 * h * h + 3 * h * inter) + (1 if c.get("tie_word_embeddings") else 2) * c["vocab_size"] * h
+        return CHECKPOINT_FACTOR * 2 * params, f"{CHECKPOINT_FACTOR} x 2 bytes x {params / 1e9:.2f}B parameters (config.json)"
+    return None, "no weights and no shape in config.json"
+
+
+def slurm_paths(p, is_head):
+    """The run's files as this node sees them: the run directory (its marker, written where the job
+    was submitted), then runcheck's: the model with its config.json (every node), the data (the
+    head), a squashfs image (every node), checkpoint_dir writable and holding the batch host's
+    marker (one filesystem), with free space for a checkpoint of the model's weights."""
+    problems = []
+    seen = p.get("visible")
+    if seen and read_marker(seen["path"]) != seen["token"]:
+        problems.append(f"cannot see the run directory {os.path.dirname(seen['path'])} (its marker is not there, or is another copy's): "
+                        "put --out on a filesystem every node mounts at the same path")
+    ck = p.get("checkpoint")
+    answer = cmd_runcheck({"paths": [i for i in p.get("paths", []) if is_head or not i.get("head_only")],
+                           "checkpoint": ck and {"dir": ck["dir"], "token": ck["token"], "read": True}})
+    problems += [f"{x['what']} {x['path']}: {x['why']}" for x in answer["problems"]]
+    need, how = checkpoint_bytes(answer["weights_bytes"], answer["config"])
+    free = answer["free_bytes"]
+    if ck and free is not None and need is not None and need > free:
+        problems.append(f"checkpoint_dir {ck['dir']}: {free / 2**30:.1f} GiB free, a checkpoint needs about {need / 2**30:.1f} GiB ({how})")
+    return problems
 
 
 COMMANDS = {"facts": cmd_facts, "start": cmd_start, "wait": cmd_wait, "stop": cmd_stop, "nodes": cmd_nodes, "runcheck": cmd_runcheck,
-            "slurm-check": cmd_slurm_check, "slurm-table": cmd_slurm_table, "slurm-ray": cmd_slurm_ray, "slurm-gate": cmd_slurm_gate}
+            "slurm-check": cmd_slurm_check}
 
 
 def main(argv):

@@ -91,7 +91,8 @@ def test_a_run_that_was_never_launched_stops_nothing_and_says_so(tmp_path):
 
 
 class Slurm(Runner):
-    """scontrol's answer for the recorded job, from a table (the real one: tests/integration/slurm)."""
+    """scontrol's answer for the recorded job, from a table, on a Slurm whose squeue has no --json
+    (the JSON dialect: tests/unit/hostile/test_slurm_answers.py; the real one: tests/integration/slurm)."""
 
     def __init__(self, code: int, out: str):
         super().__init__()
@@ -99,6 +100,8 @@ class Slurm(Runner):
 
     def run(self, argv, **kw):
         self.history.append(list(argv))
+        if argv[:2] == ["squeue", "--json"]:
+            return Result(list(argv), 1, "", "squeue: unrecognized option '--json'\n")
         assert argv[:3] == ["scontrol", "show", "job"], argv
         return Result(list(argv), self.answer[0], self.answer[1], self.answer[1])
 
@@ -114,8 +117,8 @@ def slurm_dir(tmp: Path) -> Path:
 def job(run_dir: Path, state: str) -> str:
     import getpass
 
-    return (f"JobId=77 JobName=sf-{SEED_RECIPE['exp_id']} UserId={getpass.getuser()}(0) JobState={state} Comment=slimeforge:{TOKEN} "
-            f"WorkDir={run_dir.resolve()}\n")
+    return (f"JobId=77 JobName=sf-{SEED_RECIPE['exp_id']} UserId={getpass.getuser()}(0) JobState={state} "
+            f"WorkDir={run_dir.resolve()} Comment=slimeforge:{TOKEN} StdErr={run_dir.resolve()}/slurm-77.out\n")
 
 
 @pytest.mark.parametrize("answer,says", [((0, "RUNNING"), "which is still running"),

@@ -39,9 +39,9 @@ from ...proc import Runner
 from ...templating import render
 from .. import ownership
 from ..headstate import check_address
+from ..modechoice import resolve_mode
 from ..modelscript import MODEL_ARGS_BASH
 from ..recipe import Recipe
-from ..modechoice import resolve_mode
 from ..rundir import RunDir, amend_plan, build_run_dir
 from ..runrecord import new_run_token
 from . import jobs

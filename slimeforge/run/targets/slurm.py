@@ -36,10 +36,11 @@ from .. import ownership
 from ..recipe import Recipe
 from ..rundir import amend_plan, build_run_dir, read_plan, write_run_dir
 from ..runrecord import JOB_ID_RE, RunRecord, Unreachable, guard_render, job_info, new_run_token, read_run, slurm_check, write_run_token
+from . import enroot
 from .base import Command, LaunchPlan, Mount, ResolvedRun, RunStatus, Say, Target
 from .local import host_tools
 from .mounts import container_mounts, pyxis_mounts_arg
-from .slurm_checks import cluster_findings
+from .slurm_checks import cluster_findings, enroot_findings
 
 # Grammars (re.fullmatch): what Slurm accepts for these names, less anything a shell or an
 # #SBATCH line could read as syntax.
@@ -48,6 +49,8 @@ TIME_RE = re.compile(r"(?:([0-9]{1,3})-)?([0-9]{1,2}):([0-5][0-9]):([0-5][0-9])"
 MAX_NODES = 4096
 RAY_AGENT_PORT = 52365  # the dashboard agent's port, fixed (as cluster.up) so the checks can test it
 START_TIMEOUT_S = 300
+VISIBLE = "visible.token"  # in the run directory: each node reads it back (the run directory is shared)
+UNANSWERED_S = 600.0  # follow: how long Slurm may leave the job's state untold before we stop following
 ENDED = ownership.SLURM_ENDED
 
 
@@ -62,13 +65,15 @@ class Options:
     nodes: int | None = None
     system_python: str = "python3"  # runs the node agent on each node (standard library only)
     start_timeout: int = START_TIMEOUT_S  # seconds for the head, then for every node, to be ALIVE in Ray
+    squashfs_dir: str | None = None  # container mode: import the image once to a squashfs here (shared by every node)
 
 
-def options(partition: str | None = None, account: str | None = None, time: str | None = None, nodes: int | str | None = None) -> Options:
+def options(partition: str | None = None, account: str | None = None, time: str | None = None, nodes: int | str | None = None,
+            squashfs_dir: str | None = None) -> Options:
     """Options from the command line (strings), checked; ConfigError lists every problem."""
     if isinstance(nodes, str):
         nodes = int(nodes) if re.fullmatch(r"[1-9][0-9]{0,5}", nodes) else nodes  # else reported below
-    opts = Options(partition=partition, account=account, time=time, nodes=nodes)  # type: ignore[arg-type]
+    opts = Options(partition=partition, account=account, time=time, nodes=nodes, squashfs_dir=squashfs_dir)  # type: ignore[arg-type]
     problems = check_options(opts)
     if problems:
         raise ConfigError("--slurm options", problems)
@@ -90,6 +95,8 @@ def check_options(opts: Options) -> list[Problem]:
         problems.append(Problem("start_timeout", "is not a number of seconds", opts.start_timeout, "an integer from 1 to 86400"))
     if not re.fullmatch(r"[A-Za-z0-9_./+-]{1,4096}", opts.system_python):
         problems.append(Problem("system_python", "is not a program name or path", opts.system_python, "a path without spaces or shell syntax"))
+    if opts.squashfs_dir is not None:
+        problems += enroot.squashfs_problems(opts.squashfs_dir)
     return problems
 
 
@@ -123,12 +130,29 @@ def ray_argv(recipe: Recipe, ray: str, *, head: bool) -> list[str]:
     ]
 
 
+def node_paths(recipe: Recipe, image_file: str | None) -> list[dict[str, Any]]:
+    """What each node must see before Ray starts: the model (with config.json) on every node (any
+    node may load it: colocated training and rollout), the data on the head, a squashfs image on every node."""
+    paths: list[dict[str, Any]] = [{"what": "model_dir", "path": recipe.model_dir, "kind": "model"},
+                                   {"what": "data_path", "path": recipe.data_path, "kind": "file", "head_only": True}]
+    paths += [{"what": f"eval_data.{name}", "path": p, "kind": "file", "head_only": True} for name, p in recipe.eval_data.items()]
+    if recipe.mode == "host":  # in container mode slime is in the image
+        paths.append({"what": "slime_dir", "path": recipe.slime_dir, "kind": "dir", "head_only": True})
+    if image_file:
+        paths.append({"what": "squashfs image", "path": image_file, "kind": "file"})
+    return paths
+
+
 def sbatch_vars(recipe: Recipe, run_dir: Path, opts: Options, mounts: tuple[Mount, ...], *, python: str, ray: str,
-                env_bin: str | None) -> dict[str, Any]:
+                env_bin: str | None, container_image: str | None = None, marker: str = "0" * 32) -> dict[str, Any]:
+    """`container_image`: pyxis's --container-image (enroot's form of recipe.image, or a squashfs file);
+    `marker`: the random token of this render, in <run dir>/visible.token and checkpoint_dir's marker."""
     nodes = opts.nodes or recipe.num_nodes
     container = recipe.mode == "container"
-    container_args = [f"--container-image={recipe.image}", f"--container-mounts={pyxis_mounts_arg(mounts)}",
+    container_args = [f"--container-image={container_image or recipe.image}", f"--container-mounts={pyxis_mounts_arg(mounts)}",
                       f"--container-workdir={run_dir}"] if container else []
+    checkpoint = {"dir": recipe.resolved_checkpoint_dir, "token": marker}
+    image_file = container_image if container and container_image and container_image.startswith("/") else None
     ray_cmd = "ray" if container else ray
     head_ports = [recipe.ray_port, recipe.ray_dashboard_port]
     return {
@@ -148,7 +172,11 @@ def sbatch_vars(recipe: Recipe, run_dir: Path, opts: Options, mounts: tuple[Moun
         "dashboard_port": recipe.ray_dashboard_port,
         "container_args": container_args,
         "check_params": json.dumps({"gpus": recipe.num_gpus, "ports": [RAY_AGENT_PORT], "head_ports": head_ports,
-                                    "programs": [] if container else [ray]}),
+                                    "programs": [] if container else [ray],
+                                    "visible": {"path": str(run_dir / VISIBLE), "token": marker},
+                                    "paths": node_paths(recipe, image_file), "checkpoint": checkpoint}),
+        "mark_params": json.dumps({"checkpoint": checkpoint}),
+        "unmark_params": json.dumps({"checkpoint": checkpoint, "remove": True}),
         "head_params": json.dumps({"argv": ray_argv(recipe, ray_cmd, head=True)}),
         "worker_params": json.dumps({"argv": ray_argv(recipe, ray_cmd, head=False)}),
         "gate_head": json.dumps({"gcs_port": recipe.ray_port, "timeout": opts.start_timeout}),
@@ -156,9 +184,10 @@ def sbatch_vars(recipe: Recipe, run_dir: Path, opts: Options, mounts: tuple[Moun
     }
 
 
-def node_agent_source() -> str:
-    # One file with its helper module inside: the run directory holds node_agent.py alone.
-    return scripts.node_agent_program()
+def agent_files() -> dict[str, str]:
+    """The node agent and the allocation's own steps, each one program with its helper modules
+    inside (node_agent.py also goes to every node on srun's stdin)."""
+    return {"node_agent.py": scripts.node_agent_program(), "slurm_agent.py": scripts.program("slurm_agent", "hostrecord", "node_agent")}
 
 
 def sbatch_argv(run_dir: Path, run_token: str | None = None) -> list[str]:
@@ -174,11 +203,25 @@ def sbatch_argv(run_dir: Path, run_token: str | None = None) -> list[str]:
 class SlurmTarget(Target):
     name = "slurm"
 
-    def __init__(self, opts: Options, *, follow_log: bool = True):
+    def __init__(self, opts: Options, *, follow_log: bool = True, probe: Runner | None = None):
+        """probe: runs `enroot version` on this (login) node (default: a real Runner, also in dry runs: it only reads)."""
         problems = check_options(opts)
         if problems:
             raise ConfigError("--slurm options", problems)
-        self.opts, self.follow_log = opts, follow_log
+        self.opts, self.follow_log, self.probe = opts, follow_log, probe or Runner()
+
+    def container_image(self, recipe: Recipe) -> tuple[str | None, dict[str, Any]]:
+        """pyxis's --container-image: the image in this login node's enroot's form, or (--squashfs-dir)
+        the squashfs file it is imported to; and what plan.json records of it."""
+        if recipe.mode != "container" or recipe.image is None:
+            return None, {}
+        version, said = enroot.read_version(self.probe)
+        ref = enroot.reference(recipe.image, version or enroot.DOCKER_FORM)  # unknown: enroot 4's form; preflight refuses
+        info = {"enroot": enroot.show(version) if version else None, "enroot_said": said, "reference": ref}
+        if self.opts.squashfs_dir is None:
+            return ref, info
+        sqsh = enroot.squashfs_file(self.opts.squashfs_dir, recipe.image)
+        return str(sqsh), {**info, "squashfs": str(sqsh)}
 
     def mounts(self, run: ResolvedRun) -> tuple[Mount, ...]:
         return container_mounts(run.recipe, run.out) if run.recipe.mode == "container" else ()
@@ -190,21 +233,35 @@ class SlurmTarget(Target):
         # pyxis reads --container-mounts as SRC:DST[:FLAGS][,...]: no way to escape these two.
         problems = [Problem(m.what, "cannot be mounted with pyxis (--container-mounts splits at ',' and ':')", m.path, "a path without ',' and ':'")
                     for m in mounts if "," in m.path or ":" in m.path]
+        if opts.squashfs_dir is not None and recipe.mode != "container":
+            problems.append(Problem("--squashfs-dir", "goes with container mode (it holds the image pyxis runs)", opts.squashfs_dir,
+                                    "--mode container, or leave it out"))
         if problems:
             raise ConfigError("--slurm options", problems)
         rundir = build_run_dir(recipe, run.stack, run.out, run.recipe_path, run.environ)
         py, ray = host_tools(recipe)
         python = run.environ.get("SLIMEFORGE_PYTHON") or py
         env_bin = str(Path(ray).parent) if os.sep in ray else None
-        files = {"slurm.sbatch": render("slurm.sbatch.j2", sbatch_vars(recipe, rundir.path, opts, mounts, python=python, ray=ray, env_bin=env_bin)),
-                 "node_agent.py": node_agent_source()}
+        image, image_info = self.container_image(recipe)
+        marker = new_run_token()  # random: a node that reads it back sees this render of the run directory
+        files = {"slurm.sbatch": render("slurm.sbatch.j2", sbatch_vars(recipe, rundir.path, opts, mounts, python=python, ray=ray, env_bin=env_bin,
+                                                                       container_image=image, marker=marker)),
+                 **agent_files(), VISIBLE: marker + "\n"}
         token = new_run_token()  # this submission's identity: the job's comment, launch.sh's head record and job metadata
         argv = sbatch_argv(rundir.path, token)
-        rundir = amend_plan(rundir, files, target=self.name, commands=[argv],
-                            slurm={"partition": opts.partition, "account": opts.account, "time": opts.time, "nodes": opts.nodes or recipe.num_nodes})
+        commands = []
+        sqsh = image_info.get("squashfs")
+        if sqsh and not os.path.lexists(sqsh):  # one pull, here, for every node (and every later run: the name is the digest)
+            commands.append(Command(tuple(enroot.import_argv(image_info["reference"], enroot.partial(Path(sqsh), token))), "enroot import"))
         # sbatch hands its environment to the job (--export=ALL, Slurm's default): launch.sh reads the token there.
-        cmd = Command(tuple(argv), "sbatch", (("SLIMEFORGE_RUN_TOKEN", token),))
-        return LaunchPlan(self.name, run, rundir, (cmd,), mounts, run_token=token)
+        commands.append(Command(tuple(argv), "sbatch", (("SLIMEFORGE_RUN_TOKEN", token),)))
+        rundir = amend_plan(rundir, files, target=self.name, commands=[list(c.argv) for c in commands],
+                            slurm={"partition": opts.partition, "account": opts.account, "time": opts.time, "nodes": opts.nodes or recipe.num_nodes,
+                                   **image_info})
+        notes = () if "enroot" not in image_info or image_info["enroot"] else (
+            f"enroot's version could not be read here ({image_info['enroot_said']}): the image is named in enroot 4's form; "
+            "a launch reads it first, and refuses without it",)
+        return LaunchPlan(self.name, run, rundir, tuple(commands), mounts, notes=notes, run_token=token)
 
     def preflight(self, plan: LaunchPlan, runner: Runner, say: Say) -> None:
         from .. import preflight as doctor
@@ -216,6 +273,7 @@ class SlurmTarget(Target):
         report = doctor.run_checks(run.recipe, run.stack, args=plan.rundir.args, catalog=run.catalog, skip=run.skip_checks, only=only,
                                    network=run.network_checks, environ=run.environ)
         report.findings += cluster_findings(run.recipe, self.opts, runner)
+        report.findings += enroot_findings(run.recipe, plan.rundir.plan["slurm"], self.opts.squashfs_dir)
         say(report.table())
         if report.errors:
             raise doctor.PreflightError(f"preflight of {run.recipe_path} (Slurm)", report)
@@ -229,7 +287,9 @@ class SlurmTarget(Target):
         Path(plan.run.recipe.resolved_checkpoint_dir).mkdir(parents=True, exist_ok=True)
         run_dir = plan.rundir.path
         assert plan.run_token is not None, "a Slurm plan carries its run token"
-        job_id = submit(run_dir, plan.commands[0], runner, plan.run_token)
+        for cmd in plan.commands[:-1]:  # enroot import: once, before a node is allocated
+            import_squashfs(cmd, Path(plan.rundir.plan["slurm"]["squashfs"]), runner, say)
+        job_id = submit(run_dir, plan.commands[-1], runner, plan.run_token)
         if runner.dry_run:
             return 0
         say(f"[slimeforge] submitted Slurm job {job_id} ({job_name(plan.run.recipe)}); output {run_dir / f'slurm-{job_id}.out'}")
@@ -254,6 +314,26 @@ class SlurmTarget(Target):
 
     def stop(self, rundir: Path, *, head: bool = False, say: Say = print, runner: Runner | None = None) -> int:
         return stop(rundir, runner=runner, say=say)  # Ray in the allocation ends with the job: `head` adds nothing
+
+
+def import_squashfs(cmd: Command, sqsh: Path, runner: Runner, say: Say) -> None:
+    """`enroot import` to a partial file beside `sqsh`, renamed into place once complete (all or
+    nothing); a file another run put there meanwhile is the same image (its name is the digest)."""
+    partial = Path(cmd.argv[cmd.argv.index("--output") + 1])
+    say(f"[slimeforge] importing the image once, for every node: {sqsh}")
+    try:
+        runner.run(list(cmd.argv), step=cmd.step, capture=False)
+    except BaseException:
+        if partial.is_file() and not partial.is_symlink():
+            partial.unlink()  # ours: its name carries this launch's token
+        raise
+    if runner.dry_run:
+        return
+    try:
+        os.link(partial, sqsh)  # never over a file: one another run imported meanwhile is this image too (its name is the digest)
+    except FileExistsError:
+        pass
+    partial.unlink()
 
 
 def submit(run_dir: Path, sbatch: Command, runner: Runner, run_token: str) -> str:
@@ -301,8 +381,21 @@ def follow(run_dir: Path, job_id: str, stream: IO[str], runner: Runner | None = 
     out_file = run_dir / f"slurm-{job_id}.out"
     pos = 0
     last_state = ""
+    silent_since: float | None = None  # since when Slurm has not answered clearly
     while True:
-        info = job_info(job_id, runner)
+        try:
+            info = job_info(job_id, runner)
+            silent_since = None
+        except Unreachable as exc:
+            # Cannot tell is not "ended": keep following, and give up only after a long silence.
+            if silent_since is None:
+                silent_since = time.monotonic()
+                stream.write(f"[slimeforge] job {job_id}: {exc}; asking again\n")
+            if time.monotonic() - silent_since >= UNANSWERED_S:
+                raise SlimeforgeError(f"Slurm has not answered clearly about job {job_id} for {UNANSWERED_S:.0f}s: {exc}; "
+                                      f"`invoke run.status {run_dir}` asks again") from None
+            time.sleep(poll)
+            continue
         state = info.get("JobState", "")
         if state != last_state:
             stream.write(f"[slimeforge] job {job_id}: {state or 'unknown to Slurm'}" + (f" ({info['Reason']})" if info.get("Reason", "None") != "None" else "") + "\n")
@@ -316,6 +409,10 @@ def follow(run_dir: Path, job_id: str, stream: IO[str], runner: Runner | None = 
                 stream.write(chunk)
         stream.flush()
         if not info or state in ENDED:
+            if info and not os.path.lexists(out_file) and info.get("NodeList"):
+                # The batch host writes it in the run directory: not here means it sees another one.
+                stream.write(f"[slimeforge] job {job_id} ended ({state}) and its output {out_file} is not here: the batch host "
+                             f"(first of {info['NodeList']}) could not write it there; put --out on a filesystem every node mounts\n")
             return exit_code(info) if info else 1
         time.sleep(poll)
 

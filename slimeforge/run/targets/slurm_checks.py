@@ -5,6 +5,7 @@ node inside the allocation (the node agent, templates/slurm.sbatch.j2)."""
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Protocol
 
@@ -41,10 +42,6 @@ def seconds(limit: str) -> int | None:
     if c is None:  # MM:SS, or days-HH:MM
         return (days or 0) * 86400 + (a * 3600 + b * 60 if days is not None else a * 60 + b)
     return (days or 0) * 86400 + a * 3600 + b * 60 + c
-
-
-
-
 
 
 def fields(line: str) -> dict[str, str]:
@@ -129,3 +126,27 @@ def default_partition(runner: Runner) -> str | None:
     return None
 
 
+
+
+def enroot_findings(recipe: Recipe, planned: dict, squashfs_dir: str | None) -> list[doctor.Finding]:
+    """Container mode: the login node's enroot, whose version decided the image reference's form
+    (`planned`: plan.json's "slurm" record); with --squashfs-dir, the directory the image goes to."""
+    F = doctor.Finding
+    if recipe.mode != "container":
+        return []
+    found = []
+    sqsh = planned.get("squashfs")
+    have_file = isinstance(sqsh, str) and os.path.isfile(sqsh)
+    if planned.get("enroot"):
+        form = f"squashfs {sqsh}" + (" (there: nothing to pull)" if have_file else " (imported once, before sbatch)") if sqsh else planned["reference"]
+        found.append(F("slurm-enroot", doctor.OK, f"enroot {planned['enroot']} on this login node: the image as {form}"))
+    elif not have_file:
+        found.append(F("slurm-enroot", doctor.ERROR, f"cannot read enroot's version on this login node ({planned.get('enroot_said')}): "
+                       "it decides how the image is named to pyxis (enroot 3: REG#repo, 4: REG/repo)",
+                       "run from a login node with enroot (`enroot version`), or --squashfs-dir DIR holding the imported image"))
+    if sqsh and not have_file:
+        parent = os.path.dirname(sqsh)
+        if not (os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK)):
+            found.append(F("slurm-squashfs", doctor.ERROR, f"--squashfs-dir {parent} is not a writable directory here",
+                           "a directory on a filesystem every node mounts, e.g. on the shared scratch"))
+    return found

@@ -4,7 +4,12 @@ NetLab (tests/integration/cluster/netlab.py: network namespaces with their own I
     root namespace:  munged (private socket) ── slurmctld (10.213.X.254:<port>)
     namespace h1:    slurmd -N h1 (10.213.X.1:<port>)     count-only GPU GRES: gpu:2, no device files
     namespace h2:    slurmd -N h2 ...                      (gres.conf `Count=`; slurmd accepts it)
-    namespace h3:    slurmd -N h3 ...
+    namespace h3:    slurmd -N h3 ...               (+ its own mount namespace: see `private`)
+
+The hosts share this machine's files, as a cluster shares its filesystem. `private` gives a node
+a view that differs: its slurmd (and every job step it starts) runs in a mount namespace of its own
+where each listed directory is covered by an empty tmpfs, so a run directory placed there exists
+where the job was submitted and on the other nodes, but not on that one.
 
 Everything is private to one lab: its own munge key and socket, slurm.conf, state and spool
 directories under the lab's workdir, free ports and a unique ClusterName, so test sessions running
@@ -58,6 +63,7 @@ def free_port() -> int:
 class SlurmLab:
     size: int = 3
     gpus: int = 2
+    private: dict[str, Path] = field(default_factory=dict)  # node -> a directory that node cannot see
     net: NetLab = field(init=False)
     ctld_port: int = 0
     slurmd_port: int = 0
@@ -114,7 +120,16 @@ class SlurmLab:
         self._spawn("slurmctld", ["/usr/sbin/slurmctld", "-D", "-i", "-f", str(self.conf)])
         self._wait(lambda: client(self.env, "scontrol", "ping").stdout.count("is UP") >= 1, "slurmctld to answer", "slurmctld")
         for host in self.net.hosts:
-            self._spawn(f"slurmd-{host.name}", ["ip", "netns", "exec", host.netns, "/usr/sbin/slurmd", "-D", "-N", host.name, "-f", str(self.conf)])
+            slurmd = ["/usr/sbin/slurmd", "-D", "-N", host.name, "-f", str(self.conf)]
+            hidden = self.private.get(host.name)
+            if hidden is not None:
+                hidden.mkdir(parents=True, exist_ok=True)
+                # A mount namespace of its own (private propagation: nothing leaks back), an empty
+                # tmpfs over the directory, then slurmd in its place.
+                cover = ("import os, subprocess, sys; subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=1m', 'sf-private', sys.argv[1]], check=True); "
+                         "os.execv(sys.argv[2], sys.argv[2:])")
+                slurmd = ["unshare", "--mount", "--propagation", "private", "--", sys.executable, "-c", cover, str(hidden), *slurmd]
+            self._spawn(f"slurmd-{host.name}", ["ip", "netns", "exec", host.netns, *slurmd])
         self._wait(self._all_idle, "every node to be idle", "slurmd-h1")
 
     def _write_config(self) -> None:

@@ -41,8 +41,15 @@ def env(slurm_lab: SlurmLab, tmp_path, monkeypatch):
     return work
 
 
+def with_weights(data: dict) -> dict:
+    """A small weights file beside config.json: the checkpoint space every node checks follows it
+    (without weights, config.json's shape: about 40 GiB for the 3B model)."""
+    (Path(data["model_dir"]) / "model.safetensors").write_bytes(b"w" * 4096)
+    return data
+
+
 def recipe_for(tmp: Path, **env):
-    data = make_recipe(tmp, num_gpus=2, env={"STANDIN_RECORD": str(tmp / "record.json"), "STANDIN_EXIT": "0", **env})
+    data = with_weights(make_recipe(tmp, num_gpus=2, env={"STANDIN_RECORD": str(tmp / "record.json"), "STANDIN_EXIT": "0", **env}))
     recipe, stack = parse_recipe(data, "test")
     return recipe, stack, str(write_catalog(tmp / "flags.json", recipe, stack))
 
@@ -235,6 +242,8 @@ def test_container_mode_needs_pyxis(env, slurm_lab):
         launch(recipe, stack, slurm_options=slurm.Options(nodes=1), out=env / "run", mode="container", image=digest, catalog=catalog,
                      network_checks=False, stream=io.StringIO())
     assert "container mode needs the pyxis plugin, but `srun --help` has no --container-image" in str(exc.value)
+    # Nor has this login node enroot: the form of the image reference cannot be chosen, and the fix says how.
+    assert "slurm-enroot: cannot read enroot's version on this login node" in str(exc.value)
     assert not (env / "run").exists()
 
 
@@ -253,3 +262,66 @@ def test_cli_dry_run_and_bad_options(env, slurm_lab):
     r = subprocess.run([*inv, "run", str(path), "--slurm", "--time", "90", "--out", str(env / "bad")], capture_output=True, text=True)
     assert r.returncode == 2 and "--time: is not a time limit (got '90')" in r.stderr and "Traceback" not in r.stderr
     assert not (env / "bad").exists()
+    r = subprocess.run([*inv, "run", str(path), "--slurm", "--squashfs-dir", "images,x", "--out", str(env / "bad")], capture_output=True, text=True)
+    assert r.returncode == 2 and "--squashfs-dir: is not an absolute directory pyxis can read (got 'images,x')" in r.stderr, r.stderr
+    r = subprocess.run([*inv, "run", str(path), "--squashfs-dir", "/shared/images", "--out", str(env / "bad")], capture_output=True, text=True)
+    assert r.returncode == 2 and "--squashfs-dir: goes with --slurm" in r.stderr, r.stderr
+    assert not (env / "bad").exists()
+
+
+def _cli_recipe(env: Path, **over) -> tuple[Path, Path]:
+    import yaml
+
+    data = with_weights(make_recipe(env, num_gpus=2, **over))
+    recipe, stack = parse_recipe(data, "test")
+    path = env / "recipe.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path, write_catalog(env / "flags.json", recipe, stack)
+
+
+def _node_line(out: str, node: str) -> str:
+    table = out[out.index("node  checks"):]
+    return next(line for line in table.splitlines() if line.startswith(f"{node} "))
+
+
+def test_a_run_directory_one_node_cannot_see_is_refused_naming_it(env, slurm_lab):
+    """h3 sees an empty tmpfs over <workdir>/private (its own mount namespace): a run directory there
+    exists here, on h1 and on h2, not on h3. `invoke run --slurm` (the real task) is refused by the
+    allocation's checks before Ray starts, naming h3 and the fix; the same recipe with a run
+    directory every node sees runs."""
+    recipe, catalog = _cli_recipe(env)
+    hidden = slurm_lab.private["h3"] / env.name / "run"
+    argv = [*INVOKE, "run", str(recipe), "--slurm", "--nodes", "3", "--catalog", str(catalog), "--no-network"]
+    r = subprocess.run([*argv, "--out", str(hidden)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 3, r.stdout + r.stderr
+    h3 = _node_line(r.stdout, "h3")
+    assert "FAILED" in h3 and f"cannot see the run directory {hidden}" in h3 and "filesystem every node mounts" in h3, h3
+    assert _node_line(r.stdout, "h1").split()[1] == "ok" and _node_line(r.stdout, "h2").split()[1] == "ok"
+    assert "Ray was not started on any node" in r.stdout and not (hidden / "submission_id").exists()
+    assert no_ray_left(slurm_lab)
+
+    r = subprocess.run([*argv, "--out", str(env / "run")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "standin: exiting with 0" in r.stdout, r.stdout + r.stderr
+    wait_for(lambda: no_ray_left(slurm_lab), 60, "Ray to end with the job")
+
+
+def test_the_model_and_checkpoints_are_checked_on_every_node(env, slurm_lab):
+    """The run directory is shared, but the model is missing on h3 and checkpoint_dir there is a
+    directory of its own (the lab's per-host view): both are named, on h3 alone, before Ray starts."""
+    import shutil
+
+    private = slurm_lab.private["h3"] / env.name
+    model = private / "models" / "m"
+    model.mkdir(parents=True)
+    shutil.copy(Path(make_recipe(env)["model_dir"]) / "config.json", model / "config.json")
+    (model / "model.safetensors").write_bytes(b"w" * 4096)
+    recipe, stack, catalog = recipe_for(env)
+    recipe = recipe.model_copy(update={"model_dir": str(model), "checkpoint_dir": str(private / "checkpoints")})
+    code, out, run = submit(env, slurm.Options(nodes=3), recipe=(recipe, stack, catalog))
+    assert code == 3, out
+    h3 = _node_line(out, "h3")
+    assert f"model_dir {model}: no such directory here" in h3, h3
+    assert f"checkpoint_dir {private / 'checkpoints'}: is not the head's filesystem" in h3, h3
+    assert _node_line(out, "h1").split()[1] == "ok" and _node_line(out, "h2").split()[1] == "ok"
+    assert not list((private / "checkpoints").glob(".slimeforge-fs-*"))  # the batch host's marker is removed after the checks
+    assert no_ray_left(slurm_lab)
