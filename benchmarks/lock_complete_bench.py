@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from lock_support import Index, make_wheel, push_tiny_image, router_stack  # noqa: E402
 from publish_support import LocalRegistry  # noqa: E402
 
-from slimeforge.image import lockfile, outside, resolve  # noqa: E402
+from slimeforge.image import lockfile, outside, uvlock  # noqa: E402
 
 
 def main() -> None:
@@ -55,7 +55,7 @@ def main() -> None:
         router_url = f"{index.url.removesuffix('/simple')}/router/sf_router-0.3.2-py3-none-any.whl"
         path = router_stack(work / "s", f"{reg.host}/sf/base:v1", router_url)
         # Locked while neither answers: the registry is not started, the wheel not yet there.
-        resolve.resolve(resolve.LockOptions(stack=str(path), index_url=index.url, echo=lambda _: None))
+        uvlock.resolve(uvlock.LockOptions(stack=str(path), index_url=index.url, echo=lambda _: None))
         lock_path = lockfile.load_lock(str(path)).path
         made = lock_path.read_text()
         make_wheel(index.root / "router", "sf-router", "0.3.2", payload=f"BLOB = {os.urandom(args.router_mib << 19).hex()!r}\n")

@@ -37,7 +37,7 @@ from publish_support import LocalRegistry  # noqa: E402
 from slimeforge.image import wheelstore  # noqa: E402
 from slimeforge.image.build import BuildOptions, build, parse_progress  # noqa: E402
 from slimeforge.image.registry import Credentials  # noqa: E402
-from slimeforge.image.resolve import LockOptions, resolve  # noqa: E402
+from slimeforge.image.uvlock import LockOptions, resolve  # noqa: E402
 
 REPO = f"slimeforge-wheels-bench/sfcext-{os.getpid()}"
 

@@ -21,7 +21,7 @@ from build_support import remove_tags
 from cext_support import STACK, serve_index
 
 from slimeforge.image.build import BuildOptions, build
-from slimeforge.image.resolve import LockOptions, resolve
+from slimeforge.image.uvlock import LockOptions, resolve
 from slimeforge.image.steps import compiled_key
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

@@ -14,7 +14,7 @@ import pytest
 from lock_support import Index, push_tiny_image, router_stack, write_stack
 
 from slimeforge import paths
-from slimeforge.image import lockcheck, lockfile, resolve
+from slimeforge.image import lockcheck, lockfile, uvlock
 from slimeforge.image.build import BuildOptions, prepare
 from slimeforge.image.stack import load_stack
 from slimeforge.image.steps import lock_file, lock_files
@@ -57,7 +57,7 @@ def uv_cache(tmp_path, monkeypatch):
 
 
 def do_lock(path: Path, index: Index, lines: list[str] | None = None, base_digest: str | None = DIGEST) -> lockfile.LockFile:
-    resolve.resolve(resolve.LockOptions(stack=str(path), index_url=index.url, base_digest=base_digest,
+    uvlock.resolve(uvlock.LockOptions(stack=str(path), index_url=index.url, base_digest=base_digest,
                             echo=(lines.append if lines is not None else lambda _: None)))
     return lockfile.load_lock(str(path))
 
@@ -324,7 +324,7 @@ def test_relocking_unchanged_inputs_reuses_the_cutoff_and_gives_the_same_bytes(t
 
         def relock(when: str, upgrade: bool = False) -> tuple[str, list[str]]:
             lines: list[str] = []
-            resolve.resolve(resolve.LockOptions(stack=str(path), index_url=index.url, base_digest=DIGEST, upgrade=upgrade,
+            uvlock.resolve(uvlock.LockOptions(stack=str(path), index_url=index.url, base_digest=DIGEST, upgrade=upgrade,
                                                 now=lambda: datetime.fromisoformat(when), echo=lines.append))
             return lockfile.load_lock(str(path)).path.read_text(), lines
 

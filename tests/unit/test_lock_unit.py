@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from slimeforge.errors import ConfigError
-from slimeforge.image import lockcheck, lockfile, resolve
+from slimeforge.image import lockcheck, lockfile, uvlock
 from slimeforge.image.stack import load_stack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,7 +23,7 @@ def wheel(name: str, sha: str = SHA) -> dict:
 
 
 def test_target_tags_follow_the_stack_not_this_machine():
-    tags = [str(t) for t in resolve.target_tags(load_stack("cu13"))]
+    tags = [str(t) for t in uvlock.target_tags(load_stack("cu13"))]
     assert tags[0] == "cp312-cp312-manylinux_2_39_x86_64"
     assert "cp312-abi3-manylinux2014_x86_64" in tags and "py3-none-any" in tags
     assert "cp311-abi3-manylinux_2_28_x86_64" in tags  # abi3 wheels of older CPythons load on 3.12
@@ -31,7 +31,7 @@ def test_target_tags_follow_the_stack_not_this_machine():
 
 
 def test_pick_file_takes_the_best_wheel_for_the_target_or_the_sdist():
-    tags = resolve.target_tags(load_stack("cu13"))
+    tags = uvlock.target_tags(load_stack("cu13"))
     pkg = {"sdist": wheel("x-1.tar.gz", "b" * 64), "wheels": [
         wheel("x-1-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", "1" * 64),
         wheel("x-1-cp312-cp312-manylinux_2_28_x86_64.whl", "2" * 64),
@@ -39,12 +39,12 @@ def test_pick_file_takes_the_best_wheel_for_the_target_or_the_sdist():
         wheel("x-1-cp311-cp311-manylinux_2_28_x86_64.whl", "4" * 64),
         wheel("x-1-cp312-cp312-macosx_11_0_arm64.whl", "5" * 64),
     ]}
-    assert resolve.pick_file(pkg, tags, from_source=False)["sha256"] == "2" * 64
-    assert resolve.pick_file(pkg, tags, from_source=True) == {"kind": "sdist", "name": "x-1.tar.gz", "url": "https://files.example/x-1.tar.gz",
+    assert uvlock.pick_file(pkg, tags, from_source=False)["sha256"] == "2" * 64
+    assert uvlock.pick_file(pkg, tags, from_source=True) == {"kind": "sdist", "name": "x-1.tar.gz", "url": "https://files.example/x-1.tar.gz",
                                                         "size": 10, "sha256": "b" * 64}
     only_foreign = {"sdist": pkg["sdist"], "wheels": pkg["wheels"][2:]}
-    assert resolve.pick_file(only_foreign, tags, from_source=False)["kind"] == "sdist"
-    assert resolve.pick_file({"wheels": pkg["wheels"][2:]}, tags, from_source=False) is None
+    assert uvlock.pick_file(only_foreign, tags, from_source=False)["kind"] == "sdist"
+    assert uvlock.pick_file({"wheels": pkg["wheels"][2:]}, tags, from_source=False) is None
 
 
 def test_annotated_output_is_read_as_a_graph():
@@ -54,7 +54,7 @@ numpy==1.26.4             # via accelerate, scipy, -r in.txt
 Scipy==1.13.1             # via -c cons.txt
 torch==2.11.0             # via accelerate
 """
-    versions, needs = resolve.parse_annotated(text)
+    versions, needs = uvlock.parse_annotated(text)
     assert versions == {"accelerate": "1.15.0", "numpy": "1.26.4", "scipy": "1.13.1", "torch": "2.11.0"}
     assert needs == {"accelerate": {"numpy", "torch"}, "scipy": {"numpy"}}
 
@@ -62,7 +62,7 @@ torch==2.11.0             # via accelerate
 def test_slices_hold_each_package_once_in_the_first_step_that_needs_it():
     graph = {"torch": {"numpy", "filelock"}, "sglang": {"torch", "numpy", "aiohttp"}, "aiohttp": {"yarl"}}
     names = {"torch", "numpy", "filelock", "sglang", "aiohttp", "yarl", "stray"}
-    slices = resolve.step_slices({"torch": ["torch"], "build": ["numpy"], "sglang": ["sglang"], "last": []}, graph, names)
+    slices = uvlock.step_slices({"torch": ["torch"], "build": ["numpy"], "sglang": ["sglang"], "last": []}, graph, names)
     assert slices == {"torch": ["filelock", "numpy", "torch"], "build": [], "sglang": ["aiohttp", "sglang", "yarl"], "last": ["stray"]}
 
 
@@ -174,7 +174,7 @@ def test_committed_cu13_lock_records_commits_and_patches():
 def test_bad_options_are_refused_together_before_anything_runs(tmp_path):
     out = tmp_path / "pylock.cu13.toml"
     with pytest.raises(ConfigError) as err:
-        resolve.resolve(resolve.LockOptions(stack="cu13", base_digest="sha256:xyz", router_sha256="a b", index_url="ftp://x y",
+        uvlock.resolve(uvlock.LockOptions(stack="cu13", base_digest="sha256:xyz", router_sha256="a b", index_url="ftp://x y",
                                 sources=["slime=/nonexistent"], out=out, echo=lambda _: None))
     text = str(err.value)
     for where in ("--base-digest", "--router-sha256", "--index-url", "--source slime"):
@@ -191,12 +191,12 @@ def test_the_cutoff_is_the_previous_locks_only_for_unchanged_inputs_and_no_upgra
     lock = lockfile.load_lock("cu13", stack)
     now = datetime(2027, 1, 2, 3, 4, 5, 678, tzinfo=UTC)
     assert lock.tool["exclude-newer"] == "2026-11-23T18:56:27Z"
-    assert resolve.choose_cutoff(lock, inputs(stack), False, now) == ("2026-11-23T18:56:27Z", "the previous lock's (inputs unchanged; "
+    assert uvlock.choose_cutoff(lock, inputs(stack), False, now) == ("2026-11-23T18:56:27Z", "the previous lock's (inputs unchanged; "
                                                                       "--upgrade moves it)", True)
-    assert resolve.choose_cutoff(lock, inputs(stack), True, now) == ("2027-01-02T03:04:05Z", "now (--upgrade)", False)
-    assert resolve.choose_cutoff(None, inputs(stack), False, now)[1:] == ("now (no previous lock)", False)
+    assert uvlock.choose_cutoff(lock, inputs(stack), True, now) == ("2027-01-02T03:04:05Z", "now (--upgrade)", False)
+    assert uvlock.choose_cutoff(None, inputs(stack), False, now)[1:] == ("now (no previous lock)", False)
     changed = lockfile.LockFile(lock.path, lock.packages, {**lock.tool, "inputs": "0" * 64}, lock.text)
-    assert resolve.choose_cutoff(changed, inputs(stack), False, now)[1] == \
+    assert uvlock.choose_cutoff(changed, inputs(stack), False, now)[1] == \
         "now (the stack's inputs changed since the lock with cutoff 2026-11-23T18:56:27Z)"
 
 
