@@ -249,7 +249,7 @@ def lock(c, cuda=None, stack=None, all=False, check=False, complete=False, upgra
          router_sha256=None, index_url=None, source=None):
     """Resolve a flavor once, for its target, into images/locks/pylock.<flavor>.toml (--check: verify it;
     --complete: fill what it lacks from outside, resolving nothing)."""
-    from slimeforge.image import lockcheck, outside, uvlock
+    from slimeforge.image import lockcheck, lockfacts, uvlock
     from slimeforge.image.stack import available_flavors
 
     if sum((check, complete, upgrade)) > 1:
@@ -263,7 +263,7 @@ def lock(c, cuda=None, stack=None, all=False, check=False, complete=False, upgra
             if check:
                 lockcheck.check(ref, echo=lambda s: print(s, flush=True))
             elif complete:
-                outside.complete(ref, echo=lambda s: print(s, flush=True), base_digest=base_digest, router_sha256=router_sha256)
+                lockfacts.complete(ref, echo=lambda s: print(s, flush=True), base_digest=base_digest, router_sha256=router_sha256)
             else:
                 uvlock.resolve(uvlock.LockOptions(stack=ref, base_digest=base_digest, router_sha256=router_sha256,
                                                   index_url=index_url, sources=list(source or []), upgrade=upgrade,

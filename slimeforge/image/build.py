@@ -38,7 +38,7 @@ from ..schema import ENV_NAME_RE, text_problem, text_problems
 from ..templating import render
 from .dockerapi import EngineUnavailable, docker_client, resolve_base
 from .lockcheck import check_patches
-from .outside import lock_for_run, patches_for_run
+from .lockfacts import lock_for_run, patches_for_run
 from .patches import PatchContent
 from .registry import image_ref_problems
 from .sources import GIT, LocalSource, dist_files, parse_sources

@@ -3,7 +3,7 @@ image's glibc), and write images/locks/pylock.<flavor>.toml (see lockfile.py for
 
     resolve(opts) -> dict    two uv calls: the resolution with its graph (which step installs what),
                              then the files and hashes of exactly those versions; then the outside
-                             facts (outside.py) and the steps' slices
+                             facts (lockfacts.py) and the steps' slices
 
 The resolution's cutoff (uv's `--exclude-newer`) is recorded in the lock and reused by the next
 `invoke lock` of unchanged inputs, so re-locking later gives the same bytes; `--upgrade`, or
@@ -48,7 +48,7 @@ from .lockfile import (
     write_lock,
 )
 from .lockinputs import Inputs, inputs
-from .outside import base_image_digest, patch_hashes, url_sha256
+from .lockfacts import base_image_digest, patch_hashes, url_sha256
 from .stack import Stack, load_stack
 
 PYPI = "https://pypi.org/simple"

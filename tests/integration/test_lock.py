@@ -378,7 +378,7 @@ def test_complete_fills_only_the_missing_outside_facts_and_build_does_it_by_itse
     from lock_support import make_wheel
     from publish_support import REGISTRY_BIN, LocalRegistry
 
-    from slimeforge.image import outside
+    from slimeforge.image import lockfacts
 
     if not shutil.which(REGISTRY_BIN) and not Path(REGISTRY_BIN).exists():
         pytest.skip(f"{REGISTRY_BIN} is not installed (apt-get install docker-registry)")
@@ -414,11 +414,11 @@ def test_complete_fills_only_the_missing_outside_facts_and_build_does_it_by_itse
         # A changed input is refused, naming the difference: --complete resolves nothing.
         path.write_text(path.read_text().replace('sf-base: "1.0"', 'sf-base: "1.2"'))
         with pytest.raises(lockfile.LockError, match=r"cannot be completed(.|\n)*pin sf-base==1\.2: the lock holds sf-base 1\.0"):
-            outside.complete(str(path), echo=lambda _: None)
+            lockfacts.complete(str(path), echo=lambda _: None)
         path.write_text(path.read_text().replace('sf-base: "1.2"', 'sf-base: "1.0"'))
 
         out: list[str] = []
-        result = outside.complete(str(path), echo=out.append)
+        result = lockfacts.complete(str(path), echo=out.append)
         sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
         assert result["filled"] == ["base_digest", "router_sha256"]
         after = lock.path.read_text()
@@ -429,9 +429,9 @@ def test_complete_fills_only_the_missing_outside_facts_and_build_does_it_by_itse
         do_lock(path, main, base_digest=None)
         assert lock.path.read_text() == after
         out.clear()
-        assert outside.complete(str(path), echo=out.append)["filled"] == [] and out == [f"{lock.path}: complete (nothing missing)"]
+        assert lockfacts.complete(str(path), echo=out.append)["filled"] == [] and out == [f"{lock.path}: complete (nothing missing)"]
         with pytest.raises(lockfile.LockError, match="changes nothing recorded"):
-            outside.complete(str(path), echo=lambda _: None, router_sha256="0" * 64)
+            lockfacts.complete(str(path), echo=lambda _: None, router_sha256="0" * 64)
 
         # A real build (prepare: everything before `docker build`) fills them by itself and says so.
         lockfile.write_lock(lock.path, made)

@@ -212,27 +212,27 @@ def test_a_cutoff_is_an_rfc3339_utc_second(tmp_path, cutoff):
 def test_completing_changes_only_the_filled_fields(tmp_path):
     from dataclasses import replace
 
-    from slimeforge.image import outside
+    from slimeforge.image import lockfacts
 
     stack = load_stack("cu13")
     lock = lockfile.load_lock("cu13", stack)
-    assert [f.key for f in outside.missing_facts(stack, lock)] == ["router_sha256", "base_digest"]
+    assert [f.key for f in lockfacts.missing_facts(stack, lock)] == ["router_sha256", "base_digest"]
     lock = replace(lock, path=tmp_path / lock.path.name)
     digest, sha = "sha256:" + "d" * 64, "e" * 64
-    text = outside.with_facts(lock, {"base_digest": digest, "router_sha256": sha})
+    text = lockfacts.with_facts(lock, {"base_digest": digest, "router_sha256": sha})
     before, after = lock.text.splitlines(), text.splitlines()
     changed = [line for line in after if line not in before]
     assert changed == [f'"digest" = "{digest}"', f'"sha256" = "{sha}"'] and len(after) == len(before) + 1
     lockfile.write_lock(lock.path, text)
     done = lockfile.read_lock(lock.path)
-    assert outside.missing_facts(stack, done) == [] and done.packages == lock.packages
+    assert lockfacts.missing_facts(stack, done) == [] and done.packages == lock.packages
     # What --complete writes is what `invoke lock` would have rendered with those facts.
     data = tomllib.loads(text)
     assert lockfile.render_lock({**data, "tool": {"slimeforge": data["tool"]["slimeforge"]}}) == text
     # A lock whose tables are not as `invoke lock` writes them is refused, not patched blindly.
     odd = replace(lock, text=lock.text.replace("[tool.slimeforge.router]\n", "[tool.slimeforge.router]  # by hand\n"))
     with pytest.raises(lockfile.LockError, match=r"has no \[tool.slimeforge.router\] table to complete; re-lock"):
-        outside.with_facts(odd, {"router_sha256": sha})
+        lockfacts.with_facts(odd, {"router_sha256": sha})
 
 
 def test_a_dry_runs_router_slice_is_marked_and_fails_if_run():
