@@ -37,10 +37,10 @@ from ..proc import Runner
 from ..schema import ENV_NAME_RE, text_problem, text_problems
 from ..templating import render
 from .dockerapi import EngineUnavailable, docker_client, resolve_base
+from .imageref import image_ref_problems
 from .lockcheck import check_patches
 from .lockfacts import lock_for_run, patches_for_run
 from .patches import PatchContent
-from .registry import image_ref_problems
 from .sources import GIT, LocalSource, dist_files, parse_sources
 from .stack import Stack, load_stack
 from .steps import (
@@ -524,8 +524,8 @@ def pull_base(client, base: dict[str, Any], echo: Callable[[str], None]) -> None
         return
     except docker.errors.ImageNotFound:
         pass
+    from .imageref import parse_image_ref
     from .publish import docker_config_credentials
-    from .registry import parse_image_ref
 
     repo, _, digest = base["from"].partition("@")
     creds = docker_config_credentials(parse_image_ref(repo, "base.image").registry)

@@ -29,8 +29,8 @@ from ..proc import Runner
 from ..schema import text_problem
 from ..templating import render
 from .lockcheck import check_patches, checked_lock
-from .lockfile import LockFile, normalize
 from .lockfacts import lock_for_run, patches_for_run
+from .lockfile import LockFile, normalize
 from .patches import PatchContent, read_patches
 from .sources import LocalSource, parse_sources
 from .stack import Stack, load_stack

@@ -26,13 +26,10 @@ from ..atomic import output_problem, write_dir, write_output
 from ..errors import ConfigError, Problem, SlimeforgeError
 from . import dockerapi
 from . import ecr as ecr_api
+from .imageref import DOCKER_HUB, DOMAIN_RE, TAG_RE, ImageRef, image_ref_problems, parse_image_ref, split_registry
 from .registry import (
     DOCKER_CERTS_DIR,
-    DOCKER_HUB,
-    DOMAIN_RE,
-    TAG_RE,
     Credentials,
-    ImageRef,
     RegistryAPI,
     RegistryAuthError,
     RegistryError,
@@ -41,9 +38,6 @@ from .registry import (
     TransientError,
     auth_advice,
     daemon_insecure_registries,
-    image_ref_problems,
-    parse_image_ref,
-    split_registry,
 )
 
 REPORT, LOCK, RECORD = paths.BUILD_REPORT, paths.STACK_LOCK, "publish.json"

@@ -32,6 +32,7 @@ from .. import paths
 from ..errors import ConfigError, Problem, SlimeforgeError
 from ..proc import Runner
 from .lockcheck import summarize
+from .lockfacts import base_image_digest, patch_hashes, url_sha256
 from .lockfile import (
     DIGEST_RE,
     SCHEMA,
@@ -48,7 +49,6 @@ from .lockfile import (
     write_lock,
 )
 from .lockinputs import Inputs, inputs
-from .lockfacts import base_image_digest, patch_hashes, url_sha256
 from .stack import Stack, load_stack
 
 PYPI = "https://pypi.org/simple"

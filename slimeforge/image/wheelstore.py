@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, Problem, SlimeforgeError
-from .registry import DOMAIN_RE, Credentials, ImageRef, Retry, parse_image_ref
+from .imageref import DOMAIN_RE, ImageRef, parse_image_ref
+from .registry import Credentials, Retry
 
 SUMS, RECORD = "SHA256SUMS", "record.json"
 REMOTE_REPOSITORY = "slimeforge-compiled"

@@ -29,8 +29,8 @@ from slimeforge.image.build import BuildOptions, build, default_ca_bundle
 from slimeforge.image.install import render_install_script, store_plan
 from slimeforge.image.lockcheck import checked_lock
 from slimeforge.image.registry import Credentials
-from slimeforge.image.uvlock import LockOptions, resolve
 from slimeforge.image.stack import load_stack
+from slimeforge.image.uvlock import LockOptions, resolve
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

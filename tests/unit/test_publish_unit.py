@@ -14,6 +14,7 @@ import pytest
 
 from slimeforge.errors import ConfigError
 from slimeforge.image import ecr
+from slimeforge.image.imageref import ImageRef, image_ref_problems, parse_image_ref
 from slimeforge.image.publish import (
     LayerProgress,
     PublishOptions,
@@ -22,13 +23,7 @@ from slimeforge.image.publish import (
     plan,
     read_credentials,
 )
-from slimeforge.image.registry import (
-    ImageRef,
-    RegistryAuthError,
-    TransientError,
-    image_ref_problems,
-    parse_image_ref,
-)
+from slimeforge.image.registry import RegistryAuthError, TransientError
 
 ROOT = Path(__file__).resolve().parents[2]
 D = "sha256:" + "ab" * 32
