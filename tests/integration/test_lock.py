@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import absent
 from lock_support import Index, push_tiny_image, router_stack, write_stack
 
 from slimeforge import paths
@@ -21,7 +22,8 @@ from slimeforge.image.steps import lock_file, lock_files
 
 UV = str(Path(sys.executable).parent / "uv")
 DIGEST = "sha256:" + "ab" * 32
-
+# Package indexes served here and uv: no outside service (the registry tests add docker).
+pytestmark = pytest.mark.local
 
 
 @pytest.fixture(scope="module")
@@ -208,8 +210,23 @@ def test_check_of_a_missing_lock_says_how_to_make_it():
 def test_committed_locks_pass_check(flavor):
     if not (Path(__file__).parents[2] / "images" / "locks" / f"pylock.{flavor}.toml").exists():
         pytest.skip(f"no committed lock for {flavor}: `invoke lock --cuda {flavor}` needs its index (download.pytorch.org for cu129)")
-    summary = lockcheck.check(flavor, echo=lambda _: None)
-    assert summary["packages"] > 100 and not summary["sdists"] or set(summary["sdists"]) <= {"flash-attn", "transformer-engine-torch"}
+    assert_a_whole_stack(lockcheck.check(flavor, echo=lambda _: None))
+
+
+def assert_a_whole_stack(summary: dict) -> None:
+    """A committed lock holds the whole stack (hundreds of distributions), and only the steps that
+    compile from source have sdists."""
+    assert summary["packages"] > 100, summary["packages"]
+    assert set(summary["sdists"]) <= {"flash-attn", "transformer-engine-torch"}, summary["sdists"]
+
+
+@pytest.mark.parametrize("mutation", [{"packages": 3}, {"sdists": ["flash-attn", "torch"]}])
+def test_the_committed_lock_check_fails_on_a_mutated_summary(mutation):
+    """The assertion above can fail: a 3-package lock, or an sdist outside the compiled steps
+    (it once read `A and B or C`, which passed for both)."""
+    assert_a_whole_stack({"packages": 283, "sdists": ["flash-attn"]})
+    with pytest.raises(AssertionError):
+        assert_a_whole_stack({"packages": 283, "sdists": ["flash-attn"], **mutation})
 
 
 @pytest.mark.docker
@@ -223,7 +240,7 @@ def test_lock_asks_the_base_image_registry_for_its_digest(indexes, tmp_path, mon
     from publish_support import REGISTRY_BIN, LocalRegistry
 
     if not shutil.which(REGISTRY_BIN) and not Path(REGISTRY_BIN).exists():
-        pytest.skip(f"{REGISTRY_BIN} is not installed (apt-get install docker-registry)")
+        absent(f"{REGISTRY_BIN} is not installed (apt-get install docker-registry)")
     reg = LocalRegistry(tmp_path / "registry", {"puller": "pull-pass-1"}).start()
     try:
         digest = push_tiny_image(reg, "sf/base", "v1", "puller", "pull-pass-1")
@@ -381,7 +398,7 @@ def test_complete_fills_only_the_missing_outside_facts_and_build_does_it_by_itse
     from slimeforge.image import lockfacts
 
     if not shutil.which(REGISTRY_BIN) and not Path(REGISTRY_BIN).exists():
-        pytest.skip(f"{REGISTRY_BIN} is not installed (apt-get install docker-registry)")
+        absent(f"{REGISTRY_BIN} is not installed (apt-get install docker-registry)")
     main = indexes["main"]
     reg = LocalRegistry(tmp_path / "registry", {"puller": "pull-pass-1"})  # not started yet: unreachable
     config = tmp_path / "docker-config"
