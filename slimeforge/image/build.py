@@ -32,7 +32,7 @@ from typing import Any
 
 from .. import paths, records
 from ..atomic import dir_problem, write_dir
-from ..errors import ConfigError, Problem, SlimeforgeError
+from ..errors import ConfigError, OperationFailed, Problem
 from ..proc import Runner
 from ..schema import ENV_NAME_RE, text_problem, text_problems
 from ..templating import render
@@ -66,7 +66,7 @@ HASH_LABEL = f"{LABEL_NS}.build-hash"
 TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # the OCI grammar of a tag
 
 
-class BuildError(SlimeforgeError):
+class BuildError(OperationFailed):
     """The image build, or its smoke test, failed; the message names the step/patch/check."""
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .. import paths
 from ..atomic import dir_problem, write_file
-from ..errors import ConfigError, Problem
+from ..errors import CommandError, ConfigError, OperationFailed, Problem
 from ..proc import Runner
 from ..schema import text_problem
 from ..templating import render
@@ -190,6 +190,10 @@ class InstallOptions:
     runner: Runner = field(default_factory=Runner)  # runs the script (tests read its history)
 
 
+class InstallFailed(OperationFailed):
+    """install.sh ran and a step failed (exit 1); its own output named the step and its log."""
+
+
 def install(opts: InstallOptions) -> Path:
     """Render the script to --out (default <prefix>/.slimeforge/install/) and run it (not on a dry run)."""
     stack = load_stack(opts.stack)
@@ -248,7 +252,10 @@ def install(opts: InstallOptions) -> Path:
     opts.echo(f"running {script}")
     # Not captured: the script's progress goes straight to the terminal; the runner raises on failure.
     env = {"SLIMEFORGE_MIN_FREE_GIB": str(opts.min_free_gb)} if opts.min_free_gb is not None else None
-    opts.runner.run(["bash", str(script)], step="install", capture=False, env=env)
+    try:
+        opts.runner.run(["bash", str(script)], step="install", capture=False, env=env)
+    except CommandError as exc:
+        raise InstallFailed(f"install failed (exit {exc.returncode}); see the step log named above") from None
     from . import wheelstore
 
     for name, (mode, directory) in store.items():

@@ -23,7 +23,7 @@ from typing import IO
 
 from .. import paths, records
 from ..atomic import output_problem, write_dir, write_output
-from ..errors import ConfigError, Problem, SlimeforgeError
+from ..errors import ConfigError, OperationFailed, Problem, SlimeforgeError
 from . import dockerapi
 from . import ecr as ecr_api
 from .imageref import DOCKER_HUB, DOMAIN_RE, TAG_RE, ImageRef, image_ref_problems, parse_image_ref, split_registry
@@ -32,7 +32,6 @@ from .registry import (
     Credentials,
     RegistryAPI,
     RegistryAuthError,
-    RegistryError,
     RemoteManifest,
     Retry,
     TransientError,
@@ -47,7 +46,11 @@ _IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}|[0-9a-f]{12,64}")
 
 
 class PublishError(SlimeforgeError):
-    """Publishing stopped; the message says at which step and what to do."""
+    """Publishing stopped before pushing (refused: exit 2); the message says at which step and what to do."""
+
+
+class PushFailed(PublishError, OperationFailed):
+    """The push itself failed, or the registry does not hold what was pushed (exit 1)."""
 
 
 # --- what to publish, and where ---------------------------------------------------------------
@@ -375,7 +378,7 @@ def publish(
         seen = api.manifest(p.repository, tag)
         if seen is None or seen.digest != digest or seen.config_digest != image_id:
             reported = f"{seen.digest} (image {seen.config_digest})" if seen else "no manifest"
-            raise PublishError(f"{push_host}/{p.repository}:{tag}: pushed {digest} (image {image_id}) but the registry "
+            raise PushFailed(f"{push_host}/{p.repository}:{tag}: pushed {digest} (image {image_id}) but the registry "
                                f"reports {reported}; nothing was recorded")
         if ecr_client and p.ecr and push_host == p.ecr.registry.host:  # a test's split setup pushes elsewhere
             ecr_api.confirm_digest(ecr_client, p.ecr.registry, p.repository, tag, digest)
@@ -456,9 +459,9 @@ def _push(docker, target: ImageRef, credentials: Credentials | None, echo: Calla
         except APIError as exc:
             raise _push_failure(target, str(exc.explanation or exc), credentials) from None
         except DaemonConnectionError as exc:
-            raise PublishError(f"push {target}: lost the connection to the Docker Engine: {exc}") from None
+            raise PushFailed(f"push {target}: lost the connection to the Docker Engine: {exc}") from None
         if not digest:
-            raise PublishError(f"push {target}: the Docker Engine finished without reporting a digest; nothing was recorded")
+            raise PushFailed(f"push {target}: the Docker Engine finished without reporting a digest; nothing was recorded")
         return digest
 
     return retry.call(f"push {target}", once, echo)
@@ -480,7 +483,7 @@ def _push_failure(target: ImageRef, message: str, credentials: Credentials | Non
         return RegistryAuthError(auth_advice(target.registry, target.repository, credentials, f"push: {message.strip()}"))
     if any(w in low for w in _TRANSIENT_WORDS):
         return TransientError(message.strip())
-    return RegistryError(f"push {target}: {message.strip()}")
+    return PushFailed(f"push {target}: {message.strip()}")
 
 
 class LayerProgress:
