@@ -813,8 +813,12 @@ sf_flag_catalog() {
     sf_die "flag catalog: $venv/bin/python could not read slime's parsers in $slime (see above)"
 }
 
-# sf_gpu_present: succeeds when an NVIDIA GPU can be used here (a driver that lists one).
-sf_gpu_present() { nvidia-smi -L 2>/dev/null | grep -q '^GPU '; }
+# sf_gpu_present VENV: succeeds when an NVIDIA GPU can be used here (a driver that lists one):
+# $SF_STATE/kernel_check.py --probe, the one "is there a GPU" of the image and the install.
+sf_gpu_present() {
+  [[ -f $SF_STATE/kernel_check.py ]] || sf_die "GPU probe: $SF_STATE/kernel_check.py is missing"
+  PYTHONPATH="" "$1/bin/python" "$SF_STATE/kernel_check.py" --probe >/dev/null
+}
 
 # sf_smoke --venv V [--import M]... [--needs-gpu M]... [--versions LOCK] [--router-marker S]
 #          [--torch-cuda X.Y] [--patch NAME:METHOD:STRIP:FILE:DIR]... [--flags FILE --slime DIR [--megatron DIR]]
@@ -843,7 +847,7 @@ sf_smoke() {
     esac
   done
   local m out gpu=0 g need
-  if sf_gpu_present; then gpu=1; fi
+  if sf_gpu_present "$venv"; then gpu=1; fi
   for m in "${imports[@]}"; do
     need=0
     for g in "${needs_gpu[@]}"; do if [[ $g == "$m" ]]; then need=1; fi; done

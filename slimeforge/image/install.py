@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .. import paths
 from ..atomic import dir_problem, write_file
-from ..errors import CommandError, ConfigError, OperationFailed, Problem
+from ..errors import CommandError, ConfigError, OperationFailed, Problem, SlimeforgeError
 from ..proc import Runner
 from ..schema import text_problem
 from ..templating import render
@@ -194,6 +194,13 @@ class InstallFailed(OperationFailed):
     """install.sh ran and a step failed (exit 1); its own output named the step and its log."""
 
 
+class PrerequisitesRefused(SlimeforgeError):
+    """install.sh's prerequisites refused this host (exit 2), before its first step."""
+
+
+PREREQUISITES_REFUSED = 2  # install.sh.j2's sf_prereqs exits with it
+
+
 def install(opts: InstallOptions) -> Path:
     """Render the script to --out (default <prefix>/.slimeforge/install/) and run it (not on a dry run)."""
     stack = load_stack(opts.stack)
@@ -255,6 +262,8 @@ def install(opts: InstallOptions) -> Path:
     try:
         opts.runner.run(["bash", str(script)], step="install", capture=False, env=env)
     except CommandError as exc:
+        if exc.returncode == PREREQUISITES_REFUSED:
+            raise PrerequisitesRefused("install refused: a prerequisite is not met (each is named above); nothing was installed") from None
         raise InstallFailed(f"install failed (exit {exc.returncode}); see the step log named above") from None
     from . import wheelstore
 

@@ -105,7 +105,7 @@ def test_prerequisite_failure_lists_every_problem_before_step_one(tmp_path):
     path = tmp_path / "install.sh"
     path.write_text(render_install_script(stack, str(tmp_path / "p"), patches=placeholder_patches(stack), lock=render_lock(stack)))
     res = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "CUDA_HOME": str(tmp_path / "nocuda")})
-    assert res.returncode == 1
+    assert res.returncode == 2
     assert "prerequisite: CUDA: no nvcc at" in res.stderr and "nvidia-smi not found" in res.stderr
     assert "step " not in res.stderr.replace("the system step installs it", "")
 
@@ -184,7 +184,7 @@ def test_prerequisites_name_headers_neither_the_toolkit_nor_the_lock_provides(tm
     cuda = fake_toolkit(tmp_path, ["nccl.h"])
     res = subprocess.run(["bash", str(path)], capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin", "CUDA_HOME": str(cuda), "SLIMEFORGE_MIN_FREE_GIB": "0"})
-    assert res.returncode == 1
+    assert res.returncode == 2
     assert "prerequisite: CUDA: cusparse.h is not in the toolkit" in res.stderr
     assert "nccl.h" not in res.stderr  # the toolkit has it
     assert "step " not in res.stderr.replace("the system step installs it", "")
@@ -197,7 +197,7 @@ def test_an_interpreter_given_by_path_that_is_not_there_is_a_prerequisite_failur
                                           python="/nowhere/bin/python3.12"))
     res = subprocess.run(["bash", str(path)], capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin", "CUDA_HOME": str(fake_toolkit(tmp_path, []))})
-    assert res.returncode == 1
+    assert res.returncode == 2
     assert "prerequisite: python: /nowhere/bin/python3.12 not found" in res.stderr and "--python" in res.stderr
     assert "sf_venv" not in res.stderr
 
@@ -261,3 +261,25 @@ def test_dry_runs_render_on_a_fresh_clone_naming_each_missing_outside_fact(tmp_p
     assert (p.dir / "context" / "lock" / "router.txt").read_text().startswith("# MISSING")
     assert not (p.dir / "context" / "patches").exists()  # the stand-ins are named, never written
     assert (tmp_path / "locks" / "pylock.cu13.toml").read_text() == lock_text  # a dry run writes no lock
+
+
+@pytest.mark.parametrize("driver", ["575.51.03", "579.99", "580.00", "580.95.05", "600.1"])
+def test_the_install_scripts_driver_check_and_doctors_agree(tmp_path, driver):
+    """The driver minimum is the stack's (driver_min); install.sh must compare in bash (it runs
+    before any Python of ours), so this pair test holds its copy of the rule to doctor's."""
+    from slimeforge.run.preflight.findings import ERROR
+    from slimeforge.run.preflight.host import Gpu, driver_findings
+
+    stack = load_stack("cu13")
+    path = tmp_path / "install.sh"
+    path.write_text(render_install_script(stack, str(tmp_path / "p"), patches=placeholder_patches(stack), lock=render_lock(stack)))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(f'#!/bin/sh\ncase "$*" in *driver_version*) echo {driver}; exit 0 ;; esac\nexit 9\n')
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    res = subprocess.run(["bash", str(path)], capture_output=True, text=True,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin", "CUDA_HOME": str(tmp_path / "nocuda")})
+    assert res.returncode == 2 and "prerequisite: CUDA: no nvcc" in res.stderr  # the prerequisites ran, and refused
+    script_refuses = f"NVIDIA driver {driver} is older than R{stack.driver_min}" in res.stderr
+    doctor_refuses = driver_findings([Gpu(0, "H100", "GPU-1", driver, 81559, "9.0")], stack)[0].level == ERROR
+    assert script_refuses == doctor_refuses == (int(driver.split(".")[0]) < stack.driver_min)

@@ -202,6 +202,7 @@ def test_smoke_skips_gpu_imports_by_name_and_checks_versions(tmp_path):
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").symlink_to(sys.executable)
     (tmp_path / "smoke_versions.py").write_bytes(TARGET_SCRIPTS["smoke_versions.py"].read_bytes())
+    (tmp_path / "kernel_check.py").write_bytes(TARGET_SCRIPTS["kernel_check.py"].read_bytes())  # the GPU probe
     # The version of pip as the stand-in venv's Python sees it.
     pip_version = subprocess.run([str(venv / "bin" / "python"), "-c", "import importlib.metadata as m; print(m.version('pip'))"],
                                  capture_output=True, text=True, check=True).stdout.strip()
