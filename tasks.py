@@ -374,10 +374,8 @@ def install(c, cuda="cu13", stack=None, prefix="", venv=None, python=None, min_f
     from slimeforge.image.install import InstallOptions
     from slimeforge.image.install import install as run_install
 
-    if min_free_gb is not None and not str(min_free_gb).isdigit():
-        raise Exit(f"error: --min-free-gb: {min_free_gb!r} is not a whole number of GiB", code=2)
     opts = InstallOptions(stack=stack or cuda, prefix=prefix, venv=venv, python=python,
-                          min_free_gb=int(min_free_gb) if min_free_gb is not None else None, sources=list(source or []),
+                          min_free_gb=min_free_gb, sources=list(source or []),
                           out=Path(out) if out else None, dry_run=dry_run, use_store=not no_store)
     run_install(opts)
 

@@ -136,6 +136,7 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
         "cuda": stack.cuda,
         "cuda_home": stack.cuda_home or "/usr/local/cuda",
         "driver_min": stack.driver_min or 0,
+        "min_free_max": MIN_FREE_GB_MAX,
         # A host needs compilers only for what it compiles: not for compiled steps from the store.
         "compiles": any(s.compiles and (store or {}).get(s.name, ("",))[0] != "use" for s in stack.steps),
         "disk_gib": disk_need(stack, pylock)[1],
@@ -173,13 +174,27 @@ def store_plan(stack: Stack, state: str, patches: list[PatchContent], lock: Lock
     return store, keys, base_id
 
 
+# --min-free-gb and SLIMEFORGE_MIN_FREE_GIB: a whole number of GiB up to this; the one rule (the
+# option is checked here, the variable by install.sh, which renders the same bound).
+MIN_FREE_GB_MAX = 100_000
+_MIN_FREE_RE = re.compile(r"[0-9]{1,6}")
+
+
+def min_free_gb_problem(value: object) -> Problem | None:
+    """What is wrong with --min-free-gb as given (a whole number of GiB, as text or int), or None."""
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if isinstance(text, str) and _MIN_FREE_RE.fullmatch(text) and int(text) <= MIN_FREE_GB_MAX:
+        return None
+    return Problem("--min-free-gb", "is not a whole number of GiB in range", value, f"0 to {MIN_FREE_GB_MAX}")
+
+
 @dataclass
 class InstallOptions:
     stack: str = "cu13"
     prefix: str = ""
     venv: str | None = None
     python: str | None = None  # the interpreter the venv is made with (default: python<ver> on PATH)
-    min_free_gb: int | None = None  # the free disk the prerequisites ask for (default: from the lock)
+    min_free_gb: int | str | None = None  # the free disk the prerequisites ask for, in GiB (default: from the lock)
     sources: list[str] = field(default_factory=list)
     out: Path | None = None
     dry_run: bool = False
@@ -212,8 +227,8 @@ def install(opts: InstallOptions) -> Path:
             problems.append(Problem(option, why, value, "a directory path"))
     if opts.python is not None and (why := python_problem(opts.python)):
         problems.append(Problem("--python", why, opts.python, "e.g. /opt/conda/bin/python3.12 or python3.12"))
-    if opts.min_free_gb is not None and not 0 <= opts.min_free_gb <= 100_000:
-        problems.append(Problem("--min-free-gb", "is out of range", opts.min_free_gb, "0 to 100000 (GiB)"))
+    if opts.min_free_gb is not None and (bad := min_free_gb_problem(opts.min_free_gb)):
+        problems.append(bad)
     if opts.out is not None and (why := dir_problem(Path(opts.out))):
         problems.append(Problem("--out", why, str(opts.out), "a directory you may write to"))
     local = {}
@@ -224,6 +239,7 @@ def install(opts: InstallOptions) -> Path:
     if problems:
         raise ConfigError("invoke install", problems)
     prefix = str(Path(opts.prefix).absolute())
+    min_free = int(opts.min_free_gb) if opts.min_free_gb is not None else None
     cache = paths.sources_cache(opts.build_root)
     store: dict[str, tuple[str, str]] = {}
     keys: dict[str, str] = {}
@@ -245,7 +261,7 @@ def install(opts: InstallOptions) -> Path:
                                  patches=patches, lock=pylock, store=store, base_id=base_id, python=opts.python)
     download, need = disk_need(stack, pylock)
     opts.echo(f"disk: the lock downloads {download / 1e9:.1f} GB; the install needs about {need} GiB free at {prefix}"
-              + (f" (--min-free-gb {opts.min_free_gb} asks for {opts.min_free_gb})" if opts.min_free_gb is not None else ""))
+              + (f" (--min-free-gb asks for {min_free})" if min_free is not None else ""))
     out = Path(opts.out) if opts.out else Path(prefix) / ".slimeforge" / "install"
     script = out / SCRIPT
     try:
@@ -258,7 +274,7 @@ def install(opts: InstallOptions) -> Path:
         return script
     opts.echo(f"running {script}")
     # Not captured: the script's progress goes straight to the terminal; the runner raises on failure.
-    env = {"SLIMEFORGE_MIN_FREE_GIB": str(opts.min_free_gb)} if opts.min_free_gb is not None else None
+    env = {"SLIMEFORGE_MIN_FREE_GIB": str(min_free)} if min_free is not None else None
     try:
         opts.runner.run(["bash", str(script)], step="install", capture=False, env=env)
     except CommandError as exc:

@@ -207,8 +207,8 @@ def test_the_disk_need_can_be_overridden_and_a_bad_override_is_named(tmp_path):
     path = tmp_path / "install.sh"
     path.write_text(render_install_script(stack, str(tmp_path / "p"), patches=placeholder_patches(stack), lock=render_lock(stack)))
     env = {"PATH": "/usr/bin:/bin", "CUDA_HOME": str(fake_toolkit(tmp_path, []))}
-    huge = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={**env, "SLIMEFORGE_MIN_FREE_GIB": "999999"})
-    assert "the install needs about 999999 GiB" in huge.stderr
+    huge = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={**env, "SLIMEFORGE_MIN_FREE_GIB": "100000"})
+    assert "the install needs about 100000 GiB" in huge.stderr
     bad = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={**env, "SLIMEFORGE_MIN_FREE_GIB": "1; rm -rf /"})
     assert "SLIMEFORGE_MIN_FREE_GIB: '1; rm -rf /' is not a whole number of GiB" in bad.stderr
 
@@ -216,7 +216,8 @@ def test_the_disk_need_can_be_overridden_and_a_bad_override_is_named(tmp_path):
 @pytest.mark.parametrize("option, value, says", [
     ("--python", "py thon", "--python: is neither an absolute path nor an interpreter name"),
     ("--python", "bin/python3.12", "--python: is neither an absolute path nor an interpreter name"),
-    ("--min-free-gb", "lots", "--min-free-gb: 'lots' is not a whole number of GiB"),
+    ("--min-free-gb", "lots", "--min-free-gb: is not a whole number of GiB in range (got 'lots'); accepted: 0 to 100000"),
+    ("--min-free-gb", "100001", "--min-free-gb: is not a whole number of GiB in range (got '100001')"),
 ])
 def test_cli_refuses_a_bad_interpreter_or_disk_option_before_anything(tmp_path, option, value, says):
     res = subprocess.run([sys.executable, "-m", "invoke", "install", "--stack", str(bs.TEST_STACK), "--prefix", str(tmp_path / "p"),
@@ -283,3 +284,19 @@ def test_the_install_scripts_driver_check_and_doctors_agree(tmp_path, driver):
     script_refuses = f"NVIDIA driver {driver} is older than R{stack.driver_min}" in res.stderr
     doctor_refuses = driver_findings([Gpu(0, "H100", "GPU-1", driver, 81559, "9.0")], stack)[0].level == ERROR
     assert script_refuses == doctor_refuses == (int(driver.split(".")[0]) < stack.driver_min)
+
+
+@pytest.mark.parametrize("value", ["0", "007", "100000", "100001", "999999", "-1", "12 ", "lots"])
+def test_min_free_gb_has_one_rule_for_the_option_and_the_scripts_variable(tmp_path, value):
+    """--min-free-gb (install.py) and SLIMEFORGE_MIN_FREE_GIB (install.sh, which a user may set
+    alone) accept the same values: the script renders the option's bound, this pair test holds them."""
+    from slimeforge.image.install import min_free_gb_problem
+
+    stack = load_stack("cu13")
+    path = tmp_path / "install.sh"
+    path.write_text(render_install_script(stack, str(tmp_path / "p"), patches=placeholder_patches(stack), lock=render_lock(stack)))
+    res = subprocess.run(["bash", str(path)], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "CUDA_HOME": str(tmp_path / "nocuda"), "SLIMEFORGE_MIN_FREE_GIB": value})
+    assert res.returncode == 2 and "prerequisite: CUDA: no nvcc" in res.stderr  # the prerequisites ran, and refused
+    script_refuses = "SLIMEFORGE_MIN_FREE_GIB: " in res.stderr
+    assert script_refuses == (min_free_gb_problem(value) is not None) == (value not in ("0", "007", "100000")), res.stderr
