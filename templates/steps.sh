@@ -406,16 +406,23 @@ sys.exit(bad)
 PY
 }
 
+# _sf_sums_line LINE: a SHA256SUMS line by its grammar (wheelstore.py's SUMS_LINE_RE, held to it by a
+# pair test): sets SF_SUM_SHA and SF_SUM_FILE, or fails.
+_sf_sums_line() {
+  [[ $1 =~ ^([0-9a-f]{64})\ \ ([A-Za-z0-9_.+-]{1,200}\.whl)$ ]] || return 1
+  SF_SUM_SHA=${BASH_REMATCH[1]} SF_SUM_FILE=${BASH_REMATCH[2]}
+}
+
 # _sf_store_install VENV STEP COUNT: install the wheels of $SF_COMPILED_WHEELS, each by its recorded
 # sha256, with --no-build: nothing can compile here. COUNT: the wheels the step must find there.
 _sf_store_install() {
-  local venv=$1 step=$2 count=$3 dir=$SF_COMPILED_WHEELS sha file reqs=() n=0
+  local venv=$1 step=$2 count=$3 dir=$SF_COMPILED_WHEELS line reqs=() n=0
   [[ -f $dir/SHA256SUMS ]] || sf_die "step $step: store entry $dir has no SHA256SUMS record"
   (cd -- "$dir" && sha256sum --check --strict --quiet SHA256SUMS) ||
     sf_die "step $step: a wheel in $dir differs from its sha256 record: refused (remove the entry and compile again)"
-  while read -r sha file; do
-    [[ $file =~ ^[A-Za-z0-9_.+-]+\.whl$ && $sha =~ ^[0-9a-f]{64}$ ]] || sf_die "step $step: bad line in $dir/SHA256SUMS: $sha $file"
-    reqs+=("$dir/$file --hash=sha256:$sha")
+  while IFS= read -r line; do
+    _sf_sums_line "$line" || sf_die "step $step: bad line in $dir/SHA256SUMS: ${line:0:200}"
+    reqs+=("$dir/$SF_SUM_FILE --hash=sha256:$SF_SUM_SHA")
     n=$((n + 1))
   done <"$dir/SHA256SUMS"
   ((n == count)) || sf_die "step $step: store entry $dir holds $n wheel(s), the step builds $count"
@@ -749,7 +756,8 @@ sf_source_step() {
     # the checkout. Its name and version (from the wheel's file name) join the lock records; it is
     # pinned by the commit it was compiled from (part of the store key).
     local whl
-    whl=$(awk '{print $2}' "$SF_COMPILED_WHEELS/SHA256SUMS")
+    _sf_sums_line "$(head -n 1 -- "$SF_COMPILED_WHEELS/SHA256SUMS")" || sf_die "step $step: bad first line in $SF_COMPILED_WHEELS/SHA256SUMS"
+    whl=$SF_SUM_FILE
     printf '%s==%s\n' "$(cut -d- -f1 <<<"$whl")" "$(cut -d- -f2 <<<"$whl")" >"$SF_STATE/lock/$step.checkout.txt"
   else
     if ((editable)); then args+=(--editable "$dest"); else args+=("$dest"); fi

@@ -37,7 +37,7 @@ from ..proc import Runner
 from ..schema import ENV_NAME_RE, text_problem, text_problems
 from ..templating import render
 from .dockerapi import EngineUnavailable, docker_client, resolve_base
-from .imageref import image_ref_problems
+from .imageref import TAG_RE, image_ref_problems, repository_problems
 from .lockcheck import check_patches
 from .lockfacts import lock_for_run, patches_for_run
 from .patches import PatchContent
@@ -63,7 +63,6 @@ from .steps import (
 LABEL_NS = "ai.slimeforge"
 REPORT, LOCK, FLAGS, LOG = paths.BUILD_REPORT, paths.STACK_LOCK, paths.FLAGS, "build.log"
 HASH_LABEL = f"{LABEL_NS}.build-hash"
-TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # the OCI grammar of a tag
 
 
 class BuildError(OperationFailed):
@@ -242,9 +241,9 @@ def prepare(opts: BuildOptions) -> Prepared:
     for tag in opts.tags:
         if not TAG_RE.fullmatch(tag) and image_ref_problems(tag, "--tag"):
             problems.append(Problem("--tag", "is neither a tag nor an image reference", tag,
-                                    "a tag ([A-Za-z0-9_][A-Za-z0-9_.-]{0,127}) or REGISTRY/REPO:TAG"))
-    if opts.repository and not re.fullmatch(r"[a-z0-9]+(?:[._/-][a-z0-9]+)*(?::[0-9]+/[a-z0-9._/-]+)?", opts.repository):
-        problems.append(Problem("--repository", "is not a repository name", opts.repository, "e.g. slimeforge/cu13"))
+                                    f"a tag ({TAG_RE.pattern}) or REGISTRY/REPO:TAG"))
+    if opts.repository:
+        problems.extend(repository_problems(opts.repository, "--repository"))
     if problems:
         raise ConfigError("invoke build", problems)
     cache = paths.sources_cache(opts.build_root)

@@ -65,6 +65,15 @@ def image_ref_problems(text: object, where: str = "image", require_digest: bool 
     return []
 
 
+def repository_problems(text: object, where: str = "--repository") -> list[Problem]:
+    """Everything wrong with `text` as a repository to tag into, `[registry[:port]/]name`: the
+    reference grammar, without a tag or digest."""
+    problems = image_ref_problems(text, where)
+    if not problems and (_parse(str(text)).tag or _parse(str(text)).digest):
+        problems = [Problem(where, "names a tag or digest; a repository has neither", text, "[registry[:port]/]name, e.g. slimeforge/cu13")]
+    return problems
+
+
 def parse_image_ref(text: str, where: str = "image", require_digest: bool = False) -> ImageRef:
     """Parse and validate an image reference, or raise ConfigError naming `where`."""
     problems = image_ref_problems(text, where, require_digest)

@@ -37,6 +37,9 @@ from .imageref import DOMAIN_RE, ImageRef, parse_image_ref
 from .registry import Credentials, Retry
 
 SUMS, RECORD = "SHA256SUMS", "record.json"
+# A line of SHA256SUMS as `sha256sum` writes it (text mode): the one grammar; steps.sh's
+# _sf_sums_line reads the same (bash, before any Python runs there), and a pair test holds the two.
+SUMS_LINE_RE = re.compile(r"([0-9a-f]{64})  ([A-Za-z0-9_.+-]{1,200}\.whl)")
 REMOTE_REPOSITORY = "slimeforge-compiled"
 # A key as steps.compiled_key makes it (<flavor>-<step>-<16 hex>); also a valid OCI tag.
 KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -91,7 +94,7 @@ def read_sums(path: Path, where: str) -> dict[str, str]:
     except OSError as exc:
         raise WheelStoreError(f"{where}: cannot read {path.name}: {exc.strerror}") from None
     for n, line in enumerate(text.splitlines(), 1):
-        m = re.fullmatch(r"([0-9a-f]{64}) [ *]([A-Za-z0-9_.+-]{1,200}\.whl)", line)
+        m = SUMS_LINE_RE.fullmatch(line)
         if not m:
             raise WheelStoreError(f"{where}: {path.name} line {n} is not `<sha256>  <file>.whl`: {line[:120]!r}")
         out[m.group(2)] = m.group(1)

@@ -182,3 +182,20 @@ def test_an_ecr_store_logs_in_with_a_token_and_creates_an_immutable_repository(m
         assert wheelstore.ecr_credentials(wheelstore.remote_ref("127.0.0.1:5000", KEY), create=True) is None
     finally:
         server.stop()
+
+
+SUMS_LINES = [f"{'ab' * 32}  torch_memory_saver-0.0.9-cp312-cp312-linux_x86_64.whl", f"{'0' * 64}  a.whl",
+              f"{'0' * 64} *a.whl", f"{'0' * 64} a.whl", f" {'0' * 64}  a.whl", f"{'0' * 64}  a.whl ", f"{'0' * 64}  a b.whl",
+              f"{'0' * 64}  {'x' * 200}.whl", f"{'0' * 64}  {'x' * 201}.whl", f"{'A' * 64}  a.whl", "deadbeef  a.whl",
+              f"{'0' * 64}  ../a.whl", f"{'0' * 64}  a.tar.gz", f"{'0' * 64}  a.whl\x1b", f"{'0' * 64}  -rf.whl", ""]
+
+
+def test_sha256sums_has_one_grammar_in_python_and_in_the_step_library():
+    """steps.sh reads SHA256SUMS in bash (_sf_sums_line); a pair test holds it to SUMS_LINE_RE."""
+    lib = Path(__file__).resolve().parents[2] / "templates" / "steps.sh"
+    script = 'source "$1"; shift; for l in "$@"; do if _sf_sums_line "$l"; then echo "ok $SF_SUM_SHA $SF_SUM_FILE"; else echo no; fi; done'
+    res = subprocess.run(["bash", "-c", script, "sf", str(lib), *SUMS_LINES], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0, res.stderr
+    python = [f"ok {m.group(1)} {m.group(2)}" if (m := wheelstore.SUMS_LINE_RE.fullmatch(line)) else "no" for line in SUMS_LINES]
+    assert res.stdout.splitlines() == python
+    assert python.count("no") == len(SUMS_LINES) - 4  # not vacuous: four lines pass (-rf.whl too: it is only ever $dir/-rf.whl)
