@@ -44,6 +44,7 @@ from .patches import PatchContent
 from .sources import GIT, LocalSource, dist_files, parse_sources
 from .stack import Stack, load_stack
 from .steps import (
+    LIBRARY_SCRIPTS,
     LOCK_ALL,
     STEP_RUNNER,
     TARGET_SCRIPTS,
@@ -187,6 +188,7 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
         "patches_from": stack.pins().get("patches.dir", ""),
         "finalize_argv": finalize_argv(stack, layout, f"{layout.state}/stack.input.json"),
         "target_scripts": sorted(TARGET_SCRIPTS),
+        "library_scripts": sorted(LIBRARY_SCRIPTS),
         "lock_dir": layout.lock_dir,
         "lock_all": LOCK_ALL,
         "store_mount": STORE_MOUNT,
@@ -276,7 +278,7 @@ def prepare(opts: BuildOptions) -> Prepared:
         "steps.sh": paths.STEP_LIBRARY.read_bytes(),
         "sf": STEP_RUNNER.read_bytes(),
         "stack.lock.json": lock_text,
-        **{name: path.read_bytes() for name, path in TARGET_SCRIPTS.items()},
+        **{name: path.read_bytes() for name, path in (TARGET_SCRIPTS | LIBRARY_SCRIPTS).items()},
     }
     context.update({f"patches/{p.file}": p.data for p in patches if not p.missing})
     context.update({f"lock/{name}": text for name, text in lock_files(stack, pylock, image_layout(stack, from_sources)).items()})

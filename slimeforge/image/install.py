@@ -32,10 +32,11 @@ from .lockcheck import check_patches, checked_lock
 from .lockfacts import lock_for_run, patches_for_run
 from .lockfile import LockFile, normalize
 from .patches import PatchContent, read_patches
-from .sources import LocalSource, parse_sources
+from .sources import LocalSource, checked_options
 from .stack import Stack, load_stack
 from .steps import (
     FINALIZE_STEP,
+    LIBRARY_SCRIPTS,
     LOCK_ALL,
     TARGET_SCRIPTS,
     finalize_argv,
@@ -107,7 +108,8 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
     check_patches(pylock, patch_sha)
     lock_text = input_lock(stack, pylock, patches, set(sources or {}), install={"prefix": prefix, "venv": layout.venv})
     steps = []
-    chain = hashlib.sha256(paths.STEP_LIBRARY.read_bytes()).hexdigest()  # a changed library re-does every step
+    # A changed library (steps.sh and its own scripts) re-does every step.
+    chain = hashlib.sha256(b"".join(p.read_bytes() for p in [paths.STEP_LIBRARY, *LIBRARY_SCRIPTS.values()])).hexdigest()
     for step in step_commands(stack, layout, base_id, store, patch_sha):
         commands = [step["argv"], *step["post"]]
         steps.append({"name": step["name"], "env": step["env"], "commands": commands})
@@ -143,7 +145,8 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
         "toolkit_headers": toolkit_headers(stack, pylock),
         "patches": [{"file": p.file, "sha256": p.sha256, "b64": base64.encodebytes(p.data).decode().rstrip("\n")} for p in patches],
         "lock_b64": base64.encodebytes(lock_text.encode()).decode().rstrip("\n"),
-        "target_scripts": [{"name": n, "b64": base64.encodebytes(p.read_bytes()).decode().rstrip("\n")} for n, p in sorted(TARGET_SCRIPTS.items())],
+        "target_scripts": [{"name": n, "b64": base64.encodebytes(p.read_bytes()).decode().rstrip("\n")}
+                           for n, p in sorted((TARGET_SCRIPTS | LIBRARY_SCRIPTS).items())],
         "lock_dir": layout.lock_dir,
         "slices": [{"file": name, "b64": base64.encodebytes(text.encode()).decode().rstrip("\n")} for name, text in slices.items()],
         "steps": steps,
@@ -231,13 +234,7 @@ def install(opts: InstallOptions) -> Path:
         problems.append(bad)
     if opts.out is not None and (why := dir_problem(Path(opts.out))):
         problems.append(Problem("--out", why, str(opts.out), "a directory you may write to"))
-    local = {}
-    try:
-        local = parse_sources(stack, opts.sources)
-    except ConfigError as exc:
-        problems.extend(exc.problems)
-    if problems:
-        raise ConfigError("invoke install", problems)
+    local = checked_options("invoke install", stack, problems, opts.sources)
     prefix = str(Path(opts.prefix).absolute())
     min_free = int(opts.min_free_gb) if opts.min_free_gb is not None else None
     cache = paths.sources_cache(opts.build_root)

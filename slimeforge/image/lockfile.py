@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from .. import paths
 from ..errors import ConfigError, Problem, SlimeforgeError
+from ..scripts.venvlock import canonical
 from .stack import Stack, load_stack, stack_path
 
 SCHEMA = 1
@@ -48,7 +48,8 @@ class LockError(SlimeforgeError):
 
 
 def normalize(name: str) -> str:
-    return str(canonicalize_name(name))
+    """The PEP 503 name: the one normaliser, the step library's (scripts/venvlock.py canonical)."""
+    return canonical(name)
 
 
 def lock_command(ref: str | Path) -> str:

@@ -91,6 +91,21 @@ def parse_sources(stack: Stack, values: list[str] | None, runner: Runner | None 
     return out
 
 
+def checked_options(task: str, stack: Stack, problems: list[Problem], sources: list[str] | None,
+                    runner: Runner | None = None) -> dict[str, LocalSource]:
+    """The opening of build, install and lock: the problems their own options already have, with
+    those of --source (parsed here), refused together as one ConfigError naming the task; else the
+    local sources. Nothing has been touched yet when this raises."""
+    local: dict[str, LocalSource] = {}
+    try:
+        local = parse_sources(stack, sources, runner)
+    except ConfigError as exc:
+        problems = [*problems, *exc.problems]
+    if problems:
+        raise ConfigError(task, problems)
+    return local
+
+
 def bare_copy(url_or_path: str, commit: str, cache: Path, name: str, runner: Runner | None = None) -> Path:
     """A bare repository holding exactly `commit` (shallow), cached by (name, commit).
 

@@ -23,7 +23,10 @@ STEP_RUNNER = paths.TEMPLATES / "sf"
 # Scripts the step library runs with the target's Python (standard library only; kernel_check.py also
 # torch, which the venv has); the image gets them in /opt/slimeforge, the install script writes them
 # to SF_STATE.
-TARGET_SCRIPTS = {name: paths.SCRIPTS / name for name in ("flag_catalog.py", "smoke_versions.py", "kernel_check.py")}
+TARGET_SCRIPTS = {name: paths.SCRIPTS / name for name in ("flag_catalog.py", "kernel_check.py")}
+# The step library's own Python (the venv against the lock: every step runs it), copied with the
+# library before the first step: a change to it re-does every step, as a change to steps.sh does.
+LIBRARY_SCRIPTS = {name: paths.SCRIPTS / name for name in ("venvlock.py",)}
 # Steps that are not in the stack's list but that both paths run: the venv with the pinned uv
 # comes right after the system packages; finalize (lock + flag catalog) comes last.
 VENV_STEP, FINALIZE_STEP = "venv", "finalize"

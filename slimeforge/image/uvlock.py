@@ -29,7 +29,7 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from .. import paths
-from ..errors import ConfigError, Problem, SlimeforgeError
+from ..errors import Problem, SlimeforgeError
 from ..proc import Runner
 from .lockcheck import summarize
 from .lockfacts import base_image_digest, patch_hashes, url_sha256
@@ -175,15 +175,9 @@ def resolve(opts: LockOptions) -> dict[str, Any]:
         problems.append(Problem("--router-sha256", "is not a sha256", opts.router_sha256, "64 lowercase hex digits"))
     if opts.index_url is not None and not URL_RE.fullmatch(opts.index_url):
         problems.append(Problem("--index-url", "is not an http(s) or file URL", opts.index_url))
-    local: dict = {}
-    try:
-        from .sources import parse_sources
+    from .sources import checked_options
 
-        local = parse_sources(stack, opts.sources)
-    except ConfigError as exc:
-        problems.extend(exc.problems)
-    if problems:
-        raise ConfigError("invoke lock", problems)
+    local = checked_options("invoke lock", stack, problems, opts.sources)
     uv = uv_binary(stack, opts.uv)
     inp = inputs(stack)
     echo = opts.echo

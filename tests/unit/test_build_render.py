@@ -241,7 +241,8 @@ def test_smoke_imports_every_compiled_piece_and_names_the_gpu_ones(flavor, fa):
     assert argv[argv.index("--versions") + 1] == "/opt/slimeforge/stack.input.json"
     assert argv[argv.index("--megatron") + 1] == "/root/Megatron-LM" and argv[argv.index("--slime") + 1] == "/root/slime"
     text = render_dockerfile(stack)
-    assert "COPY flag_catalog.py kernel_check.py smoke_versions.py /opt/slimeforge/" in text
+    assert "COPY flag_catalog.py kernel_check.py /opt/slimeforge/" in text
+    assert "COPY steps.sh sf venvlock.py /opt/slimeforge/" in text  # the library's own script, before the first step
     assert text.rstrip().endswith("--slime /root/slime --megatron /root/Megatron-LM")
 
 

@@ -131,7 +131,7 @@ def test_install_script_carries_interpreter_arch_variables_and_compiled_keys(fla
     # The scripts the venv's Python runs are written next to the records, as in every image.
     assert "base64 -d >\"$SF_STATE/\"flag_catalog.py <<'SF_SCRIPT_1'" in text
     assert "base64 -d >\"$SF_STATE/\"kernel_check.py <<'SF_SCRIPT_2'" in text
-    assert "base64 -d >\"$SF_STATE/\"smoke_versions.py <<'SF_SCRIPT_3'" in text
+    assert "base64 -d >\"$SF_STATE/\"venvlock.py <<'SF_SCRIPT_3'" in text
 
 
 # --- the hosts people have: their interpreter, their toolkit, the disk the lock needs ----------------

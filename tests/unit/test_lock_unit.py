@@ -4,6 +4,7 @@ committed locks against their stacks (offline)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tomllib
 from pathlib import Path
@@ -244,3 +245,28 @@ def test_a_dry_runs_router_slice_is_marked_and_fails_if_run():
         lockfile.router_requirement(lock, url)
     text = lockfile.router_requirement(replace(lock, provisional=True), url)
     assert text.startswith("# MISSING: the router wheel's sha256") and text.endswith(f"sglang-router @ {url}\n") and "--hash" not in text
+
+
+@pytest.mark.parametrize("by_name", [False, True])
+def test_every_slice_line_the_lock_writes_is_read_back_by_the_step_librarys_one_parser(by_name):
+    """lockfile writes a step's slice; venvlock.py (the step library's Python: verify, fetch) reads
+    it with parse_slice_line: one grammar, held here line by line on the committed cu13 lock."""
+    from slimeforge.scripts.venvlock import canonical, parse_slice_line
+
+    lock = lockfile.load_lock("cu13")
+    seen = 0
+    for step in lock.steps:
+        for line in lockfile.step_requirements(lock, step, by_name=by_name).splitlines():
+            if line.startswith("#"):
+                continue
+            parsed = parse_slice_line(line)
+            assert parsed is not None, line
+            p = lock.packages[parsed.name]
+            assert (parsed.version, parsed.sha256, parsed.url) == (p.version, p.sha256, None if by_name else p.url), line
+            seen += 1
+    assert seen >= len(lock.packages) - 1  # every distribution (the router's is a slice of its own)
+    with_router = dataclasses.replace(lock, tool={**lock.tool, "router": {"sha256": "a" * 64}})
+    router = lockfile.router_requirement(with_router, "https://example.com/sglang_router-0.3.2-cp38-abi3-any.whl").splitlines()[-1]
+    assert (parse_slice_line(router) or pytest.fail(router)).version is None  # pinned by its sha256 alone
+    assert parse_slice_line("-e git+https://x") is None and parse_slice_line("sf-base==1.0 --hash=sha256:abc") is None
+    assert canonical("Transformer_Engine[pytorch]") == "transformer-engine" == lockfile.normalize("transformer.engine")
