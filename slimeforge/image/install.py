@@ -163,17 +163,16 @@ def store_plan(stack: Stack, state: str, patches: list[PatchContent], lock: Lock
     from . import wheelstore
     from .dockerapi import resolve_base
 
-    base = resolve_base(stack, None, True, lock.tool.get("base", {}).get("digest") or None)
-    base_id = base["digest"] or base["image_id"]
+    base_id = resolve_base(stack, None, True, lock.tool.get("base", {}).get("digest") or None).id
     store, keys = {}, {}
     for name, info in wheelstore.stack_keys(stack, base_id, {p.file: p.sha256 for p in patches}, lock).items():
-        if not info["storable"]:
+        if not info.storable:
             echo(f"  {name:<24} not stored (an editable checkout, or nothing to compile)")
             continue
-        entry = wheelstore.lookup(info["key"], store_root)
-        store[name] = ("use", str(entry.dir)) if entry else ("make", f"{state}/compiled/{info['key']}")
-        keys[name] = info["key"]
-        echo(f"  {name:<24} {'from the store' if entry else 'compiled, then stored'}  {info['key']}")
+        entry = wheelstore.lookup(info.key, store_root)
+        store[name] = ("use", str(entry.dir)) if entry else ("make", f"{state}/compiled/{info.key}")
+        keys[name] = info.key
+        echo(f"  {name:<24} {'from the store' if entry else 'compiled, then stored'}  {info.key}")
     return store, keys, base_id
 
 

@@ -174,7 +174,15 @@ def keys_in(root: Path | None = None) -> list[str]:
 # --- what a stack needs ----------------------------------------------------------------------
 
 
-def stack_keys(stack, base_id: str | None, patch_sha: dict[str, str] | None, lock=None) -> dict[str, dict[str, Any]]:
+@dataclass(frozen=True)
+class CompiledStep:
+    """A compiled step as the store knows it: its key, and whether the store can hold its wheels."""
+
+    key: str
+    storable: bool
+
+
+def stack_keys(stack, base_id: str | None, patch_sha: dict[str, str] | None, lock=None) -> dict[str, CompiledStep]:
     """Each compiled step of `stack`: its key and whether it can come from the store: a checkout
     installed as a path (editable) cannot, nor a pip step with no sdist in its slice of `lock`
     (nothing compiles: cu13's flash-attn step is empty)."""
@@ -189,7 +197,35 @@ def stack_keys(stack, base_id: str | None, patch_sha: dict[str, str] | None, loc
         else:
             names = lock.steps.get(step.name, []) if lock is not None else list(step.requirements or ())
             storable = any(lock.packages[n].kind == "sdist" for n in names) if lock is not None else bool(names)
-        out[step.name] = {"key": compiled_key(stack, step.name, base_id, patch_sha), "storable": storable}
+        out[step.name] = CompiledStep(compiled_key(stack, step.name, base_id, patch_sha), storable)
+    return out
+
+
+@dataclass(frozen=True)
+class CompiledPlan:
+    """How this build gets a compiled step's wheels: `mode` "use" (a verified store entry), "make"
+    (a wheels-only build compiles the miss for the store) or None (compiled in place: store off, or
+    an editable checkout); `source` says where they came from (store, compiled)."""
+
+    key: str
+    storable: bool
+    mode: str | None
+    source: str
+    entry: Entry | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {"key": self.key, "storable": self.storable, "mode": self.mode, "source": self.source}
+
+
+def compiled_plan(stack, base_id: str | None, patch_sha: dict[str, str], lock, *, use_store: bool, wheels_only: bool,
+                  store_root: Path | None) -> dict[str, CompiledPlan]:
+    """Each compiled step's plan for an image build (`wheels_only`: the build that compiles misses
+    for the store). A store entry that differs from its record raises here, before anything is built."""
+    out = {}
+    for name, info in stack_keys(stack, base_id, patch_sha, lock).items():
+        entry = lookup(info.key, store_root) if use_store and info.storable else None
+        mode = "use" if entry else ("make" if wheels_only and info.storable else None)
+        out[name] = CompiledPlan(info.key, info.storable, mode, "store" if entry else "compiled", entry)
     return out
 
 
@@ -338,7 +374,7 @@ def known_stacks(extra: list[str] | None = None) -> list[Any]:
     return [load_stack(n) for n in [*names, *(extra or [])]]
 
 
-def needed(stack) -> dict[str, dict[str, Any]]:
+def needed(stack) -> dict[str, CompiledStep]:
     """The compiled keys a stack's build would use (base as `invoke build` resolves it, patches as
     the lock records them), without side effects."""
     from .dockerapi import resolve_base
@@ -347,7 +383,7 @@ def needed(stack) -> dict[str, dict[str, Any]]:
     pylock = checked_lock(stack)
     base = resolve_base(stack, None, True, pylock.tool.get("base", {}).get("digest") or None)
     patch_sha = dict(pylock.tool.get("patches") or {})
-    return stack_keys(stack, base["digest"] or base["image_id"], patch_sha, pylock)
+    return stack_keys(stack, base.id, patch_sha, pylock)
 
 
 def listing(stack, root: Path | None = None, registry: str | None = None, credentials: Credentials | None = None) -> list[dict[str, Any]]:
@@ -361,13 +397,13 @@ def listing(stack, root: Path | None = None, registry: str | None = None, creden
         api = RegistryAPI(ref.registry, credentials or ecr_credentials(ref, create=False, echo=lambda s: None), echo=lambda s: None)
     rows = []
     for step, info in needed(stack).items():
-        entry = lookup(info["key"], root) if info["storable"] else None
+        entry = lookup(info.key, root) if info.storable else None
         where = [str(entry.dir)] if entry else []
-        if api is not None and registry and info["storable"]:
-            ref = remote_ref(registry, info["key"])
-            if api.manifest(ref.repository, info["key"]) is not None:
+        if api is not None and registry and info.storable:
+            ref = remote_ref(registry, info.key)
+            if api.manifest(ref.repository, info.key) is not None:
                 where.append(str(ref))
-        rows.append({"step": step, "key": info["key"], "status": "hit" if entry else ("miss" if info["storable"] else "not stored"),
+        rows.append({"step": step, "key": info.key, "status": "hit" if entry else ("miss" if info.storable else "not stored"),
                      "where": where, "size": entry.size if entry else 0})
     return rows
 
@@ -379,7 +415,7 @@ def unused(stacks: list[Any], root: Path | None = None) -> list[str]:
     used: set[str] = set()
     for s in stacks:
         try:
-            used |= {info["key"] for info in needed(s).values()}
+            used |= {info.key for info in needed(s).values()}
         except LockError:
             continue  # a flavor with no lock cannot be built: it uses no key
     return [k for k in keys_in(root) if k not in used]

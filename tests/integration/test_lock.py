@@ -256,7 +256,7 @@ def test_lock_asks_the_base_image_registry_for_its_digest(indexes, tmp_path, mon
         assert f"  base image {reg.host}/sf/base:v1 -> {digest}" in lines
         # The build takes FROM by that digest (and pulls it by digest when absent).
         p = prepare(BuildOptions(stack=str(path), dry_run=True, build_root=tmp_path / "b", echo=lambda _: None))
-        assert p.base["from"] == f"{reg.host}/sf/base@{digest}"
+        assert p.base.from_ref == f"{reg.host}/sf/base@{digest}"
         assert p.dockerfile.count(f"FROM {reg.host}/sf/base@{digest}") == 1
         assert p.labels["ai.slimeforge.lock"] == f"sha256:{lock.hash}"
         # Absent here, the base is pulled by that digest (with a line per layer), not refused.
@@ -269,12 +269,12 @@ def test_lock_asks_the_base_image_registry_for_its_digest(indexes, tmp_path, mon
         try:
             pull_base(client, p.base, seen.append)
             assert seen[0] == f"pulling base {reg.host}/sf/base@{digest} ..." and any("Pull complete" in line for line in seen)
-            assert client.images.get(p.base["from"]).attrs["RepoDigests"] == [f"{reg.host}/sf/base@{digest}"]
+            assert client.images.get(p.base.from_ref).attrs["RepoDigests"] == [f"{reg.host}/sf/base@{digest}"]
             seen.clear()
             pull_base(client, p.base, seen.append)  # present now: nothing to do
             assert seen == []
         finally:
-            client.images.remove(p.base["from"], force=True)
+            client.images.remove(p.base.from_ref, force=True)
         # --base-digest by hand wins over the registry.
         do_lock(path, indexes["main"], base_digest=DIGEST)
         assert lockfile.load_lock(str(path)).tool["base"]["digest"] == DIGEST
@@ -291,7 +291,7 @@ def test_same_lock_same_tag_and_a_changed_lock_changes_it(indexes, tmp_path):
 
     first, again = prepared(), prepared()
     assert first.hash == again.hash and first.labels["ai.slimeforge.lock"] == f"sha256:{lock.hash}"
-    assert first.base["from"] == f"slimeforge-test/base@{DIGEST}"  # FROM by the lock's digest
+    assert first.base.from_ref == f"slimeforge-test/base@{DIGEST}"  # FROM by the lock's digest
     slice_text = (first.dir / "context" / "lock" / "app.txt").read_text()
     assert f"sf-dep @ {indexes['main'].url.removesuffix('/simple')}/files/sf_dep-2.0b1-py3-none-any.whl --hash=sha256:" in slice_text
     do_lock(path, indexes["main"], base_digest="sha256:" + "cd" * 32)  # another base: another lock
@@ -457,7 +457,7 @@ def test_complete_fills_only_the_missing_outside_facts_and_build_does_it_by_itse
         assert lock.path.read_text() == after and not p.provisional
         assert f"{lock.path}: the base image's digest filled in: {digest}" in seen
         assert (p.dir / "context" / "lock" / "router.txt").read_text().endswith(f"sf-router @ {router_url} --hash=sha256:{sha}\n")
-        assert p.base["from"] == f"{reg.host}/sf/base@{digest}"
+        assert p.base.from_ref == f"{reg.host}/sf/base@{digest}"
     finally:
         reg.stop()
     # Where it cannot fill what it needs (the router host gone), a real build refuses, naming it.

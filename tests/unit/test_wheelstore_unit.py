@@ -87,13 +87,13 @@ def test_the_remote_reference_is_one_tag_per_key():
 def test_cu13_keys_and_what_is_stored():
     keys = wheelstore.needed(load_stack("cu13"))
     # cu13 has no FA2: its flash-attn step has nothing to compile, so nothing to store.
-    assert not keys["flash-attn"]["storable"]
-    assert all(keys[s]["storable"] for s in ("transformer-engine", "apex", "torch-memory-saver"))
+    assert not keys["flash-attn"].storable
+    assert all(keys[s].storable for s in ("transformer-engine", "apex", "torch-memory-saver"))
 
 
 def test_unused_lists_only_keys_no_stack_uses(tmp_path):
     stack = load_stack("cu13")
-    used = wheelstore.needed(stack)["apex"]["key"]
+    used = wheelstore.needed(stack)["apex"].key
     for key in (used, "cu13-apex-00000000deadbeef"):
         wheelstore.put(key, made(tmp_path / key, {"apex-0.1-cp312-cp312-linux_x86_64.whl": b"w"}), {}, tmp_path / "store")
     assert wheelstore.unused([stack], tmp_path / "store") == ["cu13-apex-00000000deadbeef"]
@@ -148,10 +148,10 @@ def test_a_torch_change_misses_and_a_slime_commit_change_hits(tmp_path):
     from test_build_render import derived
 
     base = "sha256:" + "a" * 64
-    stored = wheelstore.stack_keys(load_stack("cu13"), base, {})["apex"]["key"]
+    stored = wheelstore.stack_keys(load_stack("cu13"), base, {})["apex"].key
     wheelstore.put(stored, made(tmp_path / "w", {"apex-0.1-cp312-cp312-linux_x86_64.whl": b"w"}), {}, tmp_path / "store")
-    newer_torch = wheelstore.stack_keys(derived(tmp_path, "torch", versions="{torch: '2.11.1'}"), base, {})["apex"]["key"]
-    newer_slime = wheelstore.stack_keys(derived(tmp_path, "slime", sources="{slime: {commit: '" + "d" * 40 + "'}}"), base, {})["apex"]["key"]
+    newer_torch = wheelstore.stack_keys(derived(tmp_path, "torch", versions="{torch: '2.11.1'}"), base, {})["apex"].key
+    newer_slime = wheelstore.stack_keys(derived(tmp_path, "slime", sources="{slime: {commit: '" + "d" * 40 + "'}}"), base, {})["apex"].key
     assert wheelstore.lookup(newer_torch, tmp_path / "store") is None
     assert wheelstore.lookup(newer_slime, tmp_path / "store").key == stored
 
