@@ -346,7 +346,7 @@ def patches_check(c, cuda="cu13", stack=None, source=None):
     from slimeforge.image.stack import load_stack
 
     st = load_stack(stack or cuda)
-    rows = check_patches(st, parse_sources(st, list(source or [])), paths.SOURCES_CACHE)
+    rows = check_patches(st, parse_sources(st, list(source or [])), paths.sources_cache())
     print(f"patches of {st.id}: {len(rows)} checked, all apply")
 
 

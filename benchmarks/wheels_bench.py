@@ -65,7 +65,7 @@ def main() -> None:
         with serve_index(root / "index", heavy=args.heavy) as index:
             stack = root / "sfcext.yaml"
             stack.write_text(STACK.format(archs='["9.0"]', index=index))
-            resolve(LockOptions(stack=str(stack), build_root=root / "out", echo=lambda s: None))
+            resolve(LockOptions(stack=str(stack), echo=lambda s: None))
 
             def run(store: str, **kw) -> tuple[dict, float]:
                 t = time.monotonic()

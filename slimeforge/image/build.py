@@ -234,7 +234,7 @@ def prepare(opts: BuildOptions) -> Prepared:
     and its hash, the build directory, labels, the command."""
     stack = load_stack(opts.stack)
     build_args, local = _checked_options(stack, opts)
-    cache = paths.sources_cache(opts.build_root)
+    cache = paths.sources_cache()
     # A real build fills a missing outside fact itself (and writes it into the lock); a dry run names it.
     pylock = lock_for_run(stack, opts.dry_run, opts.echo)
     base = _base(stack, opts, pylock)

@@ -84,7 +84,7 @@ def toolkit_headers(stack: Stack, lock: LockFile) -> list[str]:
 
 
 def render_install_script(stack: Stack, prefix: str, venv: str | None = None, sources: dict[str, LocalSource] | None = None,
-                          cache: Path = paths.SOURCES_CACHE, patches: list[PatchContent] | None = None,
+                          cache: Path | None = None, patches: list[PatchContent] | None = None,
                           lock: LockFile | None = None, store: dict[str, tuple[str, str]] | None = None,
                           base_id: str | None = None, python: str | None = None) -> str:
     """The install script (text). `sources` maps a source name to a LocalSource (see
@@ -103,7 +103,7 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
     pylock = lock or checked_lock(stack)
     slices = lock_files(stack, pylock, layout)
     if patches is None:
-        patches = read_patches(stack, sources or {}, cache)
+        patches = read_patches(stack, sources or {}, cache or paths.sources_cache())
     patch_sha = {p.file: p.sha256 for p in patches}
     check_patches(pylock, patch_sha)
     lock_text = input_lock(stack, pylock, patches, set(sources or {}), install={"prefix": prefix, "venv": layout.venv})
@@ -200,7 +200,6 @@ class InstallOptions:
     sources: list[str] = field(default_factory=list)
     out: Path | None = None
     dry_run: bool = False
-    build_root: Path = paths.BUILDS
     echo: Callable[[str], None] = print
     use_store: bool = True  # compiled steps from the compiled-wheel store (wheelstore.py)
     store_root: Path | None = None
@@ -236,7 +235,7 @@ def install(opts: InstallOptions) -> Path:
     local = checked_options("invoke install", stack, problems, opts.sources)
     prefix = str(Path(opts.prefix).absolute())
     min_free = int(opts.min_free_gb) if opts.min_free_gb is not None else None
-    cache = paths.sources_cache(opts.build_root)
+    cache = paths.sources_cache()
     store: dict[str, tuple[str, str]] = {}
     keys: dict[str, str] = {}
     base_id: str | None = None

@@ -233,7 +233,7 @@ def base_image_digest(image: str, echo: Callable[[str], None]) -> str | None:
     return manifest.digest
 
 
-def patch_hashes(stack: Stack, local: dict, build_root: Path, echo: Callable[[str], None]) -> dict[str, str] | None:
+def patch_hashes(stack: Stack, local: dict, echo: Callable[[str], None]) -> dict[str, str] | None:
     """sha256 of every patch file a step applies, read from the pinned source (a local checkout
     given with --source, else fetched); None, with a warning, where neither can be read."""
     if not stack.patches:
@@ -241,7 +241,7 @@ def patch_hashes(stack: Stack, local: dict, build_root: Path, echo: Callable[[st
     from .patches import read_patches
 
     try:
-        contents = read_patches(stack, local, paths.sources_cache(build_root))
+        contents = read_patches(stack, local, paths.sources_cache())
     except SlimeforgeError as exc:
         echo(f"  patches: cannot read them ({str(exc).splitlines()[0]}); the lock records no patch sha256 "
              f"(pass --source {stack.patches.from_source}=PATH)")

@@ -28,7 +28,6 @@ from typing import Any
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from .. import paths
 from ..errors import Problem, SlimeforgeError
 from ..proc import Runner
 from .lockcheck import summarize
@@ -110,7 +109,6 @@ class LockOptions:
     base_digest: str | None = None  # sha256:... set by hand; else asked of the base image's registry
     router_sha256: str | None = None  # set by hand where the router URL cannot be reached
     sources: list[str] = field(default_factory=list)  # NAME=PATH: where the patches' source is read (else fetched)
-    build_root: Path = paths.BUILDS
     out: Path | None = None
     upgrade: bool = False  # move the cutoff to now even where the inputs are unchanged
     uv: str | None = None
@@ -266,7 +264,7 @@ def resolve(opts: LockOptions) -> dict[str, Any]:
     if inp.router:
         router = {"url": inp.router, "sha256": opts.router_sha256 or (kept.get("router") or {}).get("sha256")
                   or url_sha256(inp.router, echo)}
-    patches = patch_hashes(stack, local, opts.build_root, echo)
+    patches = patch_hashes(stack, local, echo)
     recorded = {f: sha for f, sha in (kept.get("patches") or {}).items() if isinstance(sha, str) and SHA256_RE.fullmatch(sha)}
     if patches is None and recorded:
         echo("  patches: the previous lock's sha256 kept (the same patch files at the same commit)")

@@ -32,6 +32,7 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
+from .. import paths, records
 from ..errors import ConfigError, Problem, SlimeforgeError
 from .imageref import DOMAIN_RE, ImageRef, parse_image_ref
 from .registry import Credentials, Retry
@@ -52,11 +53,10 @@ class WheelStoreError(SlimeforgeError):
 
 
 def store_root() -> Path:
-    """$SLIMEFORGE_COMPILED_STORE, else $XDG_CACHE_HOME/slimeforge/compiled (~/.cache/... by default)."""
+    """$SLIMEFORGE_COMPILED_STORE, else paths.user_cache()/compiled (~/.cache/slimeforge/compiled by default)."""
     if os.environ.get("SLIMEFORGE_COMPILED_STORE"):
         return Path(os.environ["SLIMEFORGE_COMPILED_STORE"])
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "slimeforge" / "compiled"
+    return paths.user_cache() / "compiled"
 
 
 def check_key(key: str) -> str:
@@ -89,10 +89,15 @@ def sha256_file(path: Path) -> str:
 def read_sums(path: Path, where: str) -> dict[str, str]:
     """SHA256SUMS by its grammar: `<64 hex>  <wheel file name>` lines, nothing else."""
     out: dict[str, str] = {}
+    accepted = "`<sha256>  <file>.whl` lines, as sha256sum writes them"
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise WheelStoreError(f"{where}: cannot read {path.name}: {exc.strerror}") from None
+        # A record read back is input: the one reader (a regular file, bounded, strict UTF-8).
+        data = records.read_bytes(path, SUMS, accepted, max_bytes=(MAX_WHEELS + 1) * 300)
+        if data is None:
+            raise WheelStoreError(f"{where}: {path.name} is missing")
+        text = records.decode(path, SUMS, accepted, data)
+    except records.RecordError as exc:
+        raise WheelStoreError(f"{where}: {exc.problems[0]}") from None
     for n, line in enumerate(text.splitlines(), 1):
         m = SUMS_LINE_RE.fullmatch(line)
         if not m:
@@ -111,14 +116,12 @@ def verify(directory: Path, key: str) -> Entry:
     present = sorted(p.name for p in directory.glob("*.whl"))
     if present != sorted(sums):
         raise WheelStoreError(f"{where}: its wheels {present} are not the ones its {SUMS} lists {sorted(sums)}; refused")
-    record: dict[str, Any] = {}
-    if (directory / RECORD).exists():
-        try:
-            record = json.loads((directory / RECORD).read_text())
-        except ValueError as exc:
-            raise WheelStoreError(f"{where}: {RECORD} is not JSON: {exc}") from None
-        if record.get("key") != key or record.get("wheels") != sums:
-            raise WheelStoreError(f"{where}: {RECORD} does not match the entry (its key or wheels differ from {SUMS}); refused")
+    try:
+        record = records.read_json(directory / RECORD, RECORD, "the entry's record: an object with its key and wheels (file -> sha256)",
+                                   lambda doc: None if isinstance(doc, dict) and doc.get("key") == key and doc.get("wheels") == sums
+                                   else f"does not match the entry (its key or wheels differ from {SUMS})") or {}
+    except records.RecordError as exc:
+        raise WheelStoreError(f"{where}: {exc.problems[0]}; refused") from None
     for name, want in sums.items():
         have = sha256_file(directory / name)
         if have != want:
@@ -367,7 +370,6 @@ def pull(key: str, registry: str, credentials: Credentials | None = None, root: 
 
 def known_stacks(extra: list[str] | None = None) -> list[Any]:
     """The flavors in images/ and any stack files given: what `--unused` measures against."""
-    from .. import paths
     from .stack import load_stack
 
     names = sorted(p.stem for p in (paths.ROOT / "images").glob("*.yaml") if p.stem != "common")

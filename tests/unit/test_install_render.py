@@ -246,7 +246,7 @@ def test_dry_runs_render_on_a_fresh_clone_naming_each_missing_outside_fact(tmp_p
     lock_text = (tmp_path / "locks" / "pylock.cu13.toml").read_text()
     lines: list[str] = []
     script = install(InstallOptions(stack=str(path), prefix=str(tmp_path / "p"), dry_run=True, use_store=False,
-                                    build_root=tmp_path / "b", echo=lines.append))
+                                    echo=lines.append))
     warnings = [line for line in lines if line.startswith("warning: ")]
     assert [w.split(" is missing from ")[0] for w in warnings[:2]] == ["warning: the router wheel's sha256", "warning: the base image's digest"]
     assert f"`invoke lock --stack {path} --complete` downloads" in warnings[0]
