@@ -55,7 +55,6 @@ from .steps import (
     finalize_argv,
     image_layout,
     input_lock,
-    lock_file,
     lock_files,
     slime_source,
     smoke_argv,
@@ -172,19 +171,17 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
     keys = {s.name: compiled_key(stack, s.name, base_id, patch_sha) for s in stack.plan if s.compiles}
     modes = {n: (m, f"{STORE_MOUNT if m == 'use' else STORE_OUT}/{keys[n]}") for n, m in (store or {}).items()}
     steps = step_commands(stack, layout, base_id, modes, patch_sha)
-    for step in steps:
-        step["lock_file"] = lock_file(step["name"]) if step["kind"] in ("pip", "wheel_url", "source") else None
     if wheels_only:
-        last = max((i for i, s in enumerate(steps) if s["store"] == "make"), default=-1)
+        last = max((i for i, s in enumerate(steps) if s.store == "make"), default=-1)
         steps = steps[:last + 1]
-    first_compile = next((i for i, s in enumerate(steps) if s["compiles"]), -1)
+    first_compile = next((i for i, s in enumerate(steps) if s.compiles), -1)
     return _render_dockerfile({
         "stack_id": stack.id,
         "base_ref": base_from or (f"{stack.base.image}@{stack.base.digest}" if stack.base.digest else stack.base.image),
         "state": layout.state,
         "venv": layout.venv,
         "patches_dir": layout.patches_dir,
-        "steps": steps,
+        "steps": [s.to_json() for s in steps],
         "first_compile": first_compile,
         "local_sources": sorted(n for n, s in (local_sources or {}).items() if getattr(s, "kind", "git") == "git"),
         "wheel_steps": sorted(layout.wheel_dirs),

@@ -21,6 +21,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .. import paths
 from ..atomic import dir_problem, write_file
@@ -107,12 +108,11 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
     patch_sha = {p.file: p.sha256 for p in patches}
     check_patches(pylock, patch_sha)
     lock_text = input_lock(stack, pylock, patches, set(sources or {}), install={"prefix": prefix, "venv": layout.venv})
-    steps = []
+    steps: list[dict[str, Any]] = []  # as the template reads them, each with its hash in the chain
     # A changed library (steps.sh and its own scripts) re-does every step.
     chain = hashlib.sha256(b"".join(p.read_bytes() for p in [paths.STEP_LIBRARY, *LIBRARY_SCRIPTS.values()])).hexdigest()
-    for step in step_commands(stack, layout, base_id, store, patch_sha):
-        commands = [step["argv"], *step["post"]]
-        steps.append({"name": step["name"], "env": step["env"], "commands": commands})
+    for cmd in step_commands(stack, layout, base_id, store, patch_sha):
+        steps.append({"name": cmd.name, "env": cmd.env, "commands": [cmd.argv, *cmd.post]})
     steps.append({"name": FINALIZE_STEP, "env": {}, "commands": [finalize_argv(stack, layout, f"{layout.state}/stack.input.json",
                                                                              paths.Prefix.at(prefix).lock, paths.Prefix.at(prefix).flags)]})
     for step in steps:

@@ -164,18 +164,12 @@ def _index_args(inp: Inputs, index_url: str | None) -> list[str]:
 
 
 def resolve(opts: LockOptions) -> dict[str, Any]:
-    """Resolve the flavor once for its target and write its lock. Returns the lock's summary."""
+    """Resolve the flavor once for its target and write its lock. Returns the lock's summary.
+    Its phases: the options; the cutoff; [1/3] the versions (with the graph that divides the lock
+    into steps); [2/3] the files and hashes of exactly those versions; [3/3] the outside facts;
+    then the lock written and read back."""
     stack = load_stack(opts.stack)
-    problems = []
-    if opts.base_digest is not None and not DIGEST_RE.fullmatch(opts.base_digest):
-        problems.append(Problem("--base-digest", "is not a digest", opts.base_digest, "sha256:<64 lowercase hex>"))
-    if opts.router_sha256 is not None and not SHA256_RE.fullmatch(opts.router_sha256):
-        problems.append(Problem("--router-sha256", "is not a sha256", opts.router_sha256, "64 lowercase hex digits"))
-    if opts.index_url is not None and not URL_RE.fullmatch(opts.index_url):
-        problems.append(Problem("--index-url", "is not an http(s) or file URL", opts.index_url))
-    from .sources import checked_options
-
-    local = checked_options("invoke lock", stack, problems, opts.sources)
+    local = _checked_options(stack, opts)
     uv = uv_binary(stack, opts.uv)
     inp = inputs(stack)
     echo = opts.echo
@@ -200,29 +194,73 @@ def resolve(opts: LockOptions) -> dict[str, Any]:
         # among them, and uv would no longer name them in a hint.
         prereleases: list[str] = [p for p in previous.tool.get("prereleases") or [] if isinstance(p, str) and PINNED_RE.fullmatch(p)] \
             if previous and reused else []
+        run = _Resolution(stack, inp, uv, work, opts, reused)
+        versions, graph, prereleases, cutoff = run.versions(prereleases, cutoff)
+        echo(f"  {len(versions)} distributions resolved in {time.monotonic() - started:.0f}s")
+        pylock = run.hashes(versions, cutoff)
+    echo("[3/3] base image digest, router wheel, steps ...")
+    base_digest, router, patches = _outside_facts(stack, inp, opts, previous, local)
+    write_lock(out, render_lock(build_lock(stack, inp, pylock, graph, prereleases, base_digest, router, patches, cutoff)))
+    summary = summarize(read_lock(out, stack), stack)
+    summary.update(path=str(out), seconds=round(time.monotonic() - started, 1))
+    echo(f"wrote {out}: {summary['packages']} distributions ({summary['packages'] - summary['named_by_stack']} of them named by no pin "
+         f"of the stack), each fixed at one file by URL and sha256; {summary['bytes'] / 1e9:.2f} GB to download")
+    for warn in summary["warnings"]:
+        echo(f"  warning: {warn}")
+    return summary
 
-        def common() -> list[str]:
-            return ["--python-version", inp.python, "--python-platform", inp.platform, "--no-header",
-                    "--prerelease", "if-necessary-or-explicit", *(["--exclude-newer", cutoff] if cutoff else []),
-                    # A new cutoff is now: index pages uv cached minutes ago would hide files from
-                    # before it that a later re-lock sees. Fresh pages, so both see the same.
-                    *([] if reused else ["--refresh"]),
-                    *_index_args(inp, opts.index_url)]
 
-        # 1. The resolution, with the graph ("# via") that divides the lock into steps.
+def _checked_options(stack: Stack, opts: LockOptions) -> dict:
+    problems = []
+    if opts.base_digest is not None and not DIGEST_RE.fullmatch(opts.base_digest):
+        problems.append(Problem("--base-digest", "is not a digest", opts.base_digest, "sha256:<64 lowercase hex>"))
+    if opts.router_sha256 is not None and not SHA256_RE.fullmatch(opts.router_sha256):
+        problems.append(Problem("--router-sha256", "is not a sha256", opts.router_sha256, "64 lowercase hex digits"))
+    if opts.index_url is not None and not URL_RE.fullmatch(opts.index_url):
+        problems.append(Problem("--index-url", "is not an http(s) or file URL", opts.index_url))
+    from .sources import checked_options
+
+    return checked_options("invoke lock", stack, problems, opts.sources)
+
+
+@dataclass
+class _Resolution:
+    """The two uv runs of a lock, in one work directory."""
+
+    stack: Stack
+    inp: Inputs
+    uv: str
+    work: Path
+    opts: LockOptions
+    reused: bool  # the previous lock's versions are preferred (inputs unchanged)
+
+    def common(self, cutoff: str) -> list[str]:
+        return ["--python-version", self.inp.python, "--python-platform", self.inp.platform, "--no-header",
+                "--prerelease", "if-necessary-or-explicit", *(["--exclude-newer", cutoff] if cutoff else []),
+                # A new cutoff is now: index pages uv cached minutes ago would hide files from
+                # before it that a later re-lock sees. Fresh pages, so both see the same.
+                *([] if self.reused else ["--refresh"]),
+                *_index_args(self.inp, self.opts.index_url)]
+
+    def versions(self, prereleases: list[str], cutoff: str) -> tuple[dict[str, str], dict, list[str], str]:
+        """[1/3] The resolution, with the graph ("# via") that divides the lock into steps; exact
+        pre-releases a dependency pins are allowed one by one. Returns versions, graph, the
+        pre-releases allowed and the cutoff (dropped for an index without upload times)."""
+        work, echo, name = self.work, self.opts.echo, self.stack.name
         for attempt in range(1, 7):
             (work / "prereleases.txt").write_text("".join(f"{p}\n" for p in prereleases))
             echo(f"[1/3] resolving (round {attempt}) ...")
-            argv = [uv, "pip", "compile", "-v", *common(), "--annotation-style", "line", "--override", str(work / "overrides.txt"),
-                    *(["--constraint", str(work / "prereleases.txt")] if prereleases else []),
+            argv = [self.uv, "pip", "compile", "-v", *self.common(cutoff), "--annotation-style", "line",
+                    "--override", str(work / "overrides.txt"), *(["--constraint", str(work / "prereleases.txt")] if prereleases else []),
                     str(work / "in.txt"), "-o", str(work / "resolved.txt")]
-            rc, text = _stream_uv(opts.runner, argv, echo)
+            rc, text = _stream_uv(self.opts.runner, argv, echo)
             if rc == 0:
-                break
+                versions, graph = parse_annotated((work / "resolved.txt").read_text())
+                return versions, graph, prereleases, cutoff
             unreachable = re.search(r"Failed to fetch: `(https?://[^/`]+)[^`]*`", text)
             if unreachable and re.search(r"dns error|client error \(Connect\)|timed out", text):
-                raise LockError(f"lock {stack.name}: the index {unreachable.group(1)} cannot be reached from here; run "
-                                f"`{lock_command(stack_ref(stack))}` where it can be, and commit {lock_path(stack)}")
+                raise LockError(f"lock {name}: the index {unreachable.group(1)} cannot be reached from here; run "
+                                f"`{lock_command(stack_ref(self.stack))}` where it can be, and commit {lock_path(self.stack)}")
             # An exact pre-release pinned by a dependency (sglang: flash-attn-4==4.0.0b15) is allowed,
             # that one version only.
             hints = [f"{m.group(2)}=={m.group(3)}" for m in PRERELEASE_HINT_RE.finditer(text.replace("\n      ", " "))
@@ -230,7 +268,7 @@ def resolve(opts: LockOptions) -> dict[str, Any]:
             new = [h for h in hints if h not in prereleases]
             for h in new:
                 echo(f"  allowing the exact pre-release {h} (a dependency pins it)")
-            prereleases += new
+            prereleases = prereleases + new
             if not new and cutoff and "is missing an upload date" in text:
                 # An index without upload times (PEP 700) gives uv nothing to compare with the cutoff,
                 # so it drops every file of it: resolve without one, and say that re-locking moves.
@@ -238,25 +276,28 @@ def resolve(opts: LockOptions) -> dict[str, Any]:
                      f"(re-locking later may choose newer versions of what no pin names)\n{_missing_dates(text)}")
                 cutoff = ""
             elif not new:  # any other failure is the user's to fix
-                raise LockError(f"lock {stack.name}: uv could not resolve the flavor:\n{_tail(text)}")
-        else:
-            raise LockError(f"lock {stack.name}: still unresolved after allowing {prereleases}")
-        resolved = (work / "resolved.txt").read_text()
-        versions, graph = parse_annotated(resolved)
-        echo(f"  {len(versions)} distributions resolved in {time.monotonic() - started:.0f}s")
-        # 2. The files and hashes of exactly those versions (no second resolution: --no-deps).
-        echo("[2/3] file hashes ...")
-        pins = work / "pins.txt"
+                raise LockError(f"lock {name}: uv could not resolve the flavor:\n{_tail(text)}")
+        raise LockError(f"lock {name}: still unresolved after allowing {prereleases}")
+
+    def hashes(self, versions: dict[str, str], cutoff: str) -> dict[str, Any]:
+        """[2/3] The files and hashes of exactly those versions (no second resolution: --no-deps)."""
+        self.opts.echo("[2/3] file hashes ...")
+        pins = self.work / "pins.txt"
         pins.write_text("".join(f"{n}=={v}\n" for n, v in sorted(versions.items())))
-        argv = [uv, "pip", "compile", "--quiet", *common(), "--no-deps", "--format", "pylock.toml", "--generate-hashes", str(pins),
-                "-o", str(work / "pylock.all.toml")]
-        rc, text = _stream_uv(opts.runner, argv, echo)
+        argv = [self.uv, "pip", "compile", "--quiet", *self.common(cutoff), "--no-deps", "--format", "pylock.toml", "--generate-hashes",
+                str(pins), "-o", str(self.work / "pylock.all.toml")]
+        rc, text = _stream_uv(self.opts.runner, argv, self.opts.echo)
         if rc != 0:
-            raise LockError(f"lock {stack.name}: uv could not list the files of the resolved set:\n{_tail(text)}")
-        pylock = tomllib.loads((work / "pylock.all.toml").read_text())
-    echo("[3/3] base image digest, router wheel, steps ...")
-    # The outside facts of the previous lock stand where its inputs (base image, router URL, patch
-    # files by commit) are unchanged and this is no --upgrade: given by hand, else kept, else asked.
+            raise LockError(f"lock {self.stack.name}: uv could not list the files of the resolved set:\n{_tail(text)}")
+        return tomllib.loads((self.work / "pylock.all.toml").read_text())
+
+
+def _outside_facts(stack: Stack, inp: Inputs, opts: LockOptions, previous: LockFile | None,
+                   local: dict) -> tuple[str | None, dict[str, Any] | None, dict[str, str] | None]:
+    """[3/3] The base digest, the router wheel's sha256 and the patch hashes. Those of the previous
+    lock stand where its inputs (base image, router URL, patch files by commit) are unchanged and
+    this is no --upgrade: given by hand, else kept, else asked."""
+    echo = opts.echo
     kept = previous.tool if previous and previous.tool.get("inputs") == inp.hash and not opts.upgrade else {}
     base_digest = (opts.base_digest or stack.base.digest or (kept.get("base") or {}).get("digest")
                    or base_image_digest(stack.base.image, echo))
@@ -269,16 +310,7 @@ def resolve(opts: LockOptions) -> dict[str, Any]:
     if patches is None and recorded:
         echo("  patches: the previous lock's sha256 kept (the same patch files at the same commit)")
         patches = recorded
-    data = build_lock(stack, inp, pylock, graph, prereleases, base_digest, router, patches, cutoff)
-    text = render_lock(data)
-    write_lock(out, text)
-    summary = summarize(read_lock(out, stack), stack)
-    summary.update(path=str(out), seconds=round(time.monotonic() - started, 1))
-    echo(f"wrote {out}: {summary['packages']} distributions ({summary['packages'] - summary['named_by_stack']} of them named by no pin "
-         f"of the stack), each fixed at one file by URL and sha256; {summary['bytes'] / 1e9:.2f} GB to download")
-    for warn in summary["warnings"]:
-        echo(f"  warning: {warn}")
-    return summary
+    return base_digest, router, patches
 
 
 def _missing_dates(text: str, n: int = 3) -> str:

@@ -57,8 +57,8 @@ def test_steps_in_plan_order_one_run_each(flavor):
     assert positions == sorted(positions)
     assert text.count("\nRUN ") == len(names) + 2  # + venv + finalize
     # Compiled steps build against the installed torch.
-    flash = next(s for s in step_commands(stack, image_layout(stack)) if s["name"] == "flash-attn")
-    assert flash["argv"][-2:] == ["--lock", "/tmp/sf-lock/flash-attn.txt"]
+    flash = next(s for s in step_commands(stack, image_layout(stack)) if s.name == "flash-attn")
+    assert flash.argv[-2:] == ["--lock", "/tmp/sf-lock/flash-attn.txt"] and flash.lock_file == "flash-attn.txt"
 
 
 def run_block(text: str, step: str) -> str:
