@@ -146,7 +146,7 @@ class LockFile:
     packages: dict[str, Locked]
     tool: dict[str, Any]
     text: str
-    # A dry run's lock that lacks an outside fact (outside.lock_for_run): the router's slice is
+    # A dry run's lock that lacks an outside fact (lockfacts.lock_for_run): the router's slice is
     # rendered marked, failing if run, instead of refused.
     provisional: bool = False
 

@@ -32,7 +32,7 @@ class PatchContent:
     strip: int
     data: bytes
     # A dry run's stand-in for a patch file that could not be read (its source unreachable): no
-    # data, the sha256 the lock records (outside.patches_for_run). A real run never has one.
+    # data, the sha256 the lock records (lockfacts.patches_for_run). A real run never has one.
     locked: str = ""
 
     @property
