@@ -34,27 +34,38 @@ def pytest_collection_modifyitems(config, items):
                                 + "\n  ".join(untiered))
 
 
-ENV_BEFORE = pytest.StashKey[dict[str, str]]()
+# No test leaks environment variables: what a module's tests and fixtures set in os.environ is
+# restored by the time its last test is torn down (monkeypatch, or a context scoped to a fixture);
+# a change that outlives its module (a session-wide setenv, a test that never restores) is an error
+# of that module's last test, naming the variables. The next module starts from what this one found.
+_module_env: dict[str, object] = {}
+OWN_VARIABLES = {"PYTEST_CURRENT_TEST"}  # pytest's own, set for each phase of each test
+
+
+def _environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in OWN_VARIABLES}
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    item.stash[ENV_BEFORE] = dict(os.environ)
+    if _module_env.get("path") != item.path:
+        _module_env.update(path=item.path, env=_environment())
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item, nextitem):
-    """No test leaks environment variables: what a test, or a fixture it set up, changed in
-    os.environ and did not restore by its teardown is an error of that test (use monkeypatch or a
-    scoped context). The next test starts from the environment this one found."""
     result = yield
-    before = item.stash.get(ENV_BEFORE, None)
-    if before is not None and dict(os.environ) != before:
-        after = dict(os.environ)
+    before = _module_env.get("env")
+    if (nextitem is None or nextitem.path != item.path) and isinstance(before, dict) and _environment() != before:
+        after = _environment()
         changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-        os.environ.clear()
-        os.environ.update(before)
-        raise AssertionError(f"{item.nodeid} left os.environ changed: {', '.join(changed)} (use monkeypatch or a scoped context)")
+        for k in changed:
+            if k in before:
+                os.environ[k] = before[k]
+            else:
+                os.environ.pop(k, None)
+        raise AssertionError(f"{item.path.name} left os.environ changed after its tests: {', '.join(changed)} "
+                             "(set it with monkeypatch, or in a context scoped to the fixture that needs it)")
     return result
 
 

@@ -47,3 +47,23 @@ def test_no_assertion_mixes_and_with_or_unparenthesized():
 ])
 def test_the_guard_sees_the_precedence_trap_and_only_it(source, expected):
     assert ambiguous_asserts(source) == expected
+
+
+def test_a_module_that_leaves_the_environment_changed_fails(tmp_path):
+    """The conftest guard (no test leaks environment variables) run on two modules: one restores
+    what it set, one does not; only the second fails, naming the variable."""
+    import shutil
+    import subprocess
+    import sys
+
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    for name in ("conftest.py", "helpers.py"):
+        shutil.copy(TESTS / name, tests / name)
+    (tests / "test_clean.py").write_text("def test_restores(monkeypatch):\n    monkeypatch.setenv('SF_SCOPED', '1')\n")
+    (tests / "test_leaky.py").write_text("import os\n\n\ndef test_leaks():\n    os.environ['SF_LEAKED'] = '1'\n")
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", str(tests)],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert res.returncode == 1, res.stdout[-3000:]
+    assert "test_leaky.py left os.environ changed after its tests: SF_LEAKED" in res.stdout
+    assert "2 passed, 1 error" in res.stdout and "SF_SCOPED" not in res.stdout, res.stdout[-3000:]
