@@ -39,7 +39,9 @@ def pytest_collection_modifyitems(config, items):
 # a change that outlives its module (a session-wide setenv, a test that never restores) is an error
 # of that module's last test, naming the variables. The next module starts from what this one found.
 _module_env: dict[str, object] = {}
-OWN_VARIABLES = {"PYTEST_CURRENT_TEST"}  # pytest's own, set for each phase of each test
+# Set by the libraries themselves, not by a test: pytest for each phase of each test; Ray on its
+# first import in the process (ray/_private/client_mode_hook.py: RAY_CLIENT_MODE=0).
+OWN_VARIABLES = {"PYTEST_CURRENT_TEST", "RAY_CLIENT_MODE"}
 
 
 def _environment() -> dict[str, str]:
