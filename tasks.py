@@ -63,6 +63,11 @@ def stack_show(c, cuda="cu13", as_json=False):
         print(f"  {i:2}. {step.name:<20} {step.kind:<9}{extra} {' '.join(what)}")
 
 
+# An ssh config the inventory may not name (one with ProxyCommand, Match exec, forwarding, ...):
+# the user's own, passed by the user (docs/cluster.md#ssh).
+SSH_CONFIG_HELP = "your own ssh config file for the hosts (ssh -F), used as is in place of the inventory's ssh.config"
+
+
 # --- run -------------------------------------------------------------------------------------
 
 
@@ -82,6 +87,7 @@ def stack_show(c, cuda="cu13", as_json=False):
         "skip_check": "turn this preflight check's errors into warnings (repeatable; see `invoke doctor --list-checks`)",
         "no_network": "leave out the checks that need the network (AWS, the cluster)",
         "cluster": "launch on the cluster of this inventory (brought up with cluster.up; default: the recipe's cluster)",
+        "ssh_config": SSH_CONFIG_HELP,
         "slurm": "submit to Slurm: Ray starts inside an sbatch allocation (docs/slurm.md)",
         "partition": "--slurm: the partition (default: the cluster's default)",
         "account": "--slurm: the account to charge",
@@ -92,22 +98,28 @@ def stack_show(c, cuda="cu13", as_json=False):
 )
 @clean_errors
 def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=None, image=None, prefix=None, catalog=None,
-              skip_check=None, no_network=False, cluster=None, slurm=False, partition=None, account=None, time=None, nodes=None):
+              skip_check=None, no_network=False, cluster=None, slurm=False, partition=None, account=None, time=None, nodes=None, ssh_config=None):
     """Validate a recipe, preflight, start Ray, submit, stream the logs (--dry-run: print the plan, start nothing)."""
     from slimeforge.run.launch import LaunchRequest, run_recipe
 
     req = LaunchRequest(recipe, out, tuple(set_ or ()), address, mode, image, prefix, catalog, tuple(skip_check or ()), not no_network,
                         cluster, slurm, partition, account, time, None if nodes is None else str(nodes))
-    code = run_recipe(req, dry_run=dry_run, find_cluster=_cluster_jobs_api)
+    code = run_recipe(req, dry_run=dry_run, find_cluster=lambda inventory, dry: _cluster_jobs_api(inventory, dry, ssh_config))
     if code:
         raise Exit(code=code)
 
 
-def _cluster_jobs_api(inventory):
-    """The Jobs API of the cluster `cluster.up` brought up from this inventory."""
-    from slimeforge.cluster.record import address
+def _cluster_jobs_api(inventory, dry_run, ssh_config=None):
+    """The cluster `cluster.up` brought up from this inventory: its Jobs API, environment and checks."""
+    from slimeforge.cluster.runcheck import cluster_env
 
-    return address(inventory).dashboard
+    return cluster_env(inventory, dry_run=dry_run, ssh_config=ssh_config)
+
+
+def _inventory(path, ssh_config):
+    from slimeforge.cluster.inventory import load_inventory
+
+    return load_inventory(path, ssh_config=ssh_config)
 
 
 # --- launch ----------------------------------------------------------------------------------
@@ -120,10 +132,12 @@ RUN_HELP = {"run": "the run directory (runs/<exp_id>), or the recipe that was la
 def run_status(c, run, as_json=False):
     """Status of a launched run's job (and whether the Ray head slimeforge started is up; a Slurm run: its job)."""
     from slimeforge.run.launch import run_dir_of, target_of
+    from slimeforge.schema import printable
 
     path = run_dir_of(run)
     st = target_of(path).status(path)
-    print(json.dumps(st.data, indent=2, default=str) if as_json else "\n".join(st.lines))
+    # The lines carry Ray's and Slurm's text (a job's message, a reason): no escape sequence reaches the terminal.
+    print(json.dumps(st.data, indent=2, default=str) if as_json else "\n".join(printable(line) for line in st.lines))
 
 
 @task(positional=["run"], help={**RUN_HELP, "follow": "keep streaming until the job ends"})
@@ -371,11 +385,13 @@ def install(c, cuda="cu13", stack=None, prefix="", venv=None, python=None, min_f
     """Install a stack on this host (bare metal), resumably, with the image's steps and checks."""
     from pathlib import Path
 
-    from slimeforge.image.install import InstallOptions
+    from slimeforge.image.install import MAX_FREE_GIB, InstallOptions
     from slimeforge.image.install import install as run_install
+    from slimeforge.schema import parse_whole
 
-    opts = InstallOptions(stack=stack or cuda, prefix=prefix, venv=venv, python=python,
-                          min_free_gb=min_free_gb, sources=list(source or []),
+    # The one number parser (ASCII digits, bounded): the script's bash reads the value again.
+    free = parse_whole(str(min_free_gb), "--min-free-gb", 0, MAX_FREE_GIB, unit="GiB") if min_free_gb is not None else None
+    opts = InstallOptions(stack=stack or cuda, prefix=prefix, venv=venv, python=python, min_free_gb=free, sources=list(source or []),
                           out=Path(out) if out else None, dry_run=dry_run, use_store=not no_store)
     run_install(opts)
 
@@ -461,41 +477,43 @@ def wheels_ls(c, cuda="cu13", stack=None, unused=False, registry=None, as_json=F
         "inventory": "cluster inventory YAML, e.g. recipes/clusters/example.yaml",
         "dry_run": "print the per-host plan; connect to nothing, start nothing",
         "nccl_check": "also run an NCCL all-reduce across each host's GPUs and report bus bandwidth",
+        "ssh_config": SSH_CONFIG_HELP,
     },
 )
 @clean_errors
-def cluster_up(c, inventory, dry_run=False, nccl_check=False):
+def cluster_up(c, inventory, dry_run=False, nccl_check=False, ssh_config=None):
     """Bring up a Ray cluster on the inventory's hosts over SSH: checks on every host first, then Ray."""
     from slimeforge.cluster import raycluster as cluster
 
+    inv = _inventory(inventory, ssh_config)
     if dry_run:
-        print("\n".join(cluster.plan(inventory, nccl_check=nccl_check)))
+        print("\n".join(cluster.plan(inv, nccl_check=nccl_check)))
         return
-    addr = cluster.up(inventory, nccl_check=nccl_check)
+    addr = cluster.up(inv, nccl_check=nccl_check)
     print(f"cluster is up: GCS {addr.gcs}, dashboard and Jobs API {addr.dashboard}")
-    print(f"launch on it: invoke run RECIPE --cluster {inventory}")
+    print(f"launch on it: invoke run RECIPE --cluster {inventory}" + (f" --ssh-config {ssh_config}" if ssh_config else ""))
 
 
-@task(positional=["inventory"], help={"inventory": "cluster inventory YAML", "as_json": "print JSON"})
+@task(positional=["inventory"], help={"inventory": "cluster inventory YAML", "as_json": "print JSON", "ssh_config": SSH_CONFIG_HELP})
 @clean_errors
-def cluster_status(c, inventory, as_json=False):
+def cluster_status(c, inventory, as_json=False, ssh_config=None):
     """Show each host of a cluster: our Ray process, its node, GPUs (Ray / nvidia-smi), Python and Ray versions."""
     from slimeforge.cluster.statustable import print_table, status
 
-    rows = status(inventory)
+    rows = status(_inventory(inventory, ssh_config))
     if as_json:
         print(json.dumps(rows, indent=2))
         return
     print_table(f"cluster {inventory}", rows)
 
 
-@task(positional=["inventory"], help={"inventory": "cluster inventory YAML"})
+@task(positional=["inventory"], help={"inventory": "cluster inventory YAML", "ssh_config": SSH_CONFIG_HELP})
 @clean_errors
-def cluster_down(c, inventory):
-    """Stop the Ray processes that cluster.up started on the inventory's hosts, and nothing else."""
+def cluster_down(c, inventory, ssh_config=None):
+    """Stop the Ray processes that cluster.up started on the inventory's hosts, and nothing else (each proved ours on its host)."""
     from slimeforge.cluster import raycluster as cluster
 
-    cluster.down(inventory)
+    cluster.down(_inventory(inventory, ssh_config))
 
 
 ns = Collection()

@@ -35,7 +35,8 @@ from cext_support import STACK, serve_index  # noqa: E402
 from publish_support import LocalRegistry  # noqa: E402
 
 from slimeforge.image import wheelstore  # noqa: E402
-from slimeforge.image.build import BuildOptions, build, parse_progress  # noqa: E402
+from slimeforge.image.build import BuildOptions, build  # noqa: E402
+from slimeforge.image.buildkit import parse_progress  # noqa: E402
 from slimeforge.image.registry import Credentials  # noqa: E402
 from slimeforge.image.uvlock import LockOptions, resolve  # noqa: E402
 

@@ -17,6 +17,10 @@ from .errors import ConfigError, Problem
 from .schema import text_problem
 
 LOCK_NAME = ".slimeforge.lock"
+# The mark of a directory slimeforge writes as a whole (`build --out`, `install --out`): a reused
+# --out is replaced piece by piece (its context/lock/ removed and rewritten), which is only right
+# in a directory that holds nothing but what slimeforge put there.
+OUTPUT_MARKER = ".slimeforge-output"
 LOCK_WAIT_S = 120.0  # a render takes well under a second; a writer stuck longer is reported
 
 
@@ -101,6 +105,33 @@ def dir_problem(path: Path) -> str | None:
     if not parent.is_dir():
         return f"cannot be created: {parent} is a file"
     return None if os.access(parent, os.W_OK | os.X_OK) else f"cannot be created: {parent} is not writable"
+
+
+def output_dir_problem(path: Path) -> str | None:
+    """Why `path` may not be used as an output directory (--out), or None: dir_problem's reasons,
+    and a directory that is not empty and lacks OUTPUT_MARKER (the user's files: never replaced or
+    deleted). New and empty directories are accepted, and so is one slimeforge marked."""
+    if why := dir_problem(path):
+        return why
+    path = Path(path)
+    if not path.is_dir():
+        return None
+    marker = path / OUTPUT_MARKER
+    if marker.is_file() and not marker.is_symlink():
+        return None
+    try:
+        with os.scandir(path) as entries:
+            empty = next(iter(entries), None) is None
+    except OSError as exc:
+        return f"cannot be listed: {exc.strerror}"
+    return None if empty else (f"is a directory slimeforge did not write (it holds files and no {OUTPUT_MARKER}); "
+                               "nothing in it is replaced or deleted")
+
+
+def mark_output_dir(path: Path, what: str) -> None:
+    """Create `path` if needed and mark it as slimeforge's (output_dir_problem accepts it again)."""
+    Path(path).mkdir(parents=True, exist_ok=True)
+    write_file(Path(path) / OUTPUT_MARKER, f"written by slimeforge ({what}); a later `{what} --out` here replaces its files\n")
 
 
 def _write(path: Path, content: str | bytes, mode: int | None) -> None:

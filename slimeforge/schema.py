@@ -4,21 +4,89 @@ from __future__ import annotations
 
 import difflib
 import re
+import types
+import typing
 import unicodedata
 from typing import Any, TypeVar
 
 import pydantic
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 from .errors import ConfigError, Problem
 
 M = TypeVar("M", bound=BaseModel)
 
 
+# --- numbers -------------------------------------------------------------------------------------
+# Every number that comes as text (an option, an environment variable, a record, a quoted YAML
+# value) is parsed here and nowhere else. ASCII digits only: str.isdigit() takes '²' and int()
+# takes '٣' (Arabic-Indic three) and '1_000'; bash reads 099 as octal. Bounds come first in the
+# grammar (at most 18 digits), so a 10,000-digit value is refused before int() spends time on it.
+WHOLE_RE = re.compile(r"[0-9]{1,18}")
+
+
+def whole_problem(value: object, where: str, low: int, high: int, unit: str = "") -> Problem | None:
+    """Why `value` (text of ASCII digits, or an int that is not a bool) is not a whole number in
+    low..high, or None."""
+    accepted = f"a whole number{f' of {unit}' if unit else ''}, {low}..{high}, in ASCII digits"
+    if isinstance(value, bool):  # YAML's true is an int to Python: never a count or a port
+        return Problem(where, "is a yes/no value, not a number", value, accepted)
+    if isinstance(value, str):
+        if not WHOLE_RE.fullmatch(value):
+            return Problem(where, "is not a whole number", value, accepted)
+        value = int(value)
+    if not isinstance(value, int):
+        return Problem(where, f"is {type(value).__name__}, not a whole number", value, accepted)
+    if not low <= value <= high:
+        return Problem(where, f"is out of range ({low}..{high})", value, accepted)
+    return None
+
+
+def parse_whole(value: object, where: str, low: int, high: int, *, unit: str = "", source: str = "command line") -> int:
+    """The one parser of whole numbers: `value` as an int in low..high, or a ConfigError naming
+    `where` (an option, a field, a variable), the value and what is accepted."""
+    if problem := whole_problem(value, where, low, high, unit):
+        raise ConfigError(source, [problem])
+    return int(value)  # type: ignore[call-overload]  # checked above: text of digits or an int
+
+
+def _number_problem(ann: Any, value: Any) -> str | None:
+    """Why `value` cannot stand where the annotation `ann` wants a number (a bool, or text that is
+    not ASCII digits), or None. Looks into lists and mappings of numbers too."""
+    origin, args = typing.get_origin(ann), typing.get_args(ann)
+    if ann in (int, float):
+        if isinstance(value, bool):
+            return "is a yes/no value (true/false), not a number"
+        if isinstance(value, str) and not (WHOLE_RE if ann is int else _FLOAT_TEXT_RE).fullmatch(value):
+            return "is text, not a number in ASCII digits"
+        return None
+    if origin in (list, tuple) and args and isinstance(value, list | tuple):
+        return next((why for v in value if (why := _number_problem(args[0], v))), None)
+    if origin is dict and len(args) == 2 and isinstance(value, dict):
+        return next((why for v in value.values() if (why := _number_problem(args[1], v))), None)
+    if origin in (typing.Union, types.UnionType) and bool not in args and str not in args:
+        numeric = [a for a in args if a in (int, float)]
+        return _number_problem(numeric[0], value) if len(numeric) == 1 else None
+    return None
+
+
+_FLOAT_TEXT_RE = re.compile(r"-?(?:[0-9]{1,18}(?:\.[0-9]{0,18})?|\.[0-9]{1,18})(?:[eE][-+]?[0-9]{1,3})?")
+
+
 class Model(BaseModel):
     # Unknown keys are errors: a misspelt key silently ignored is how an hour of GPUs is lost.
     # inf and nan are never a setting: `--weight-decay nan` would reach slime as given.
     model_config = ConfigDict(extra="forbid", frozen=True, strict=False, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """Lax pydantic takes YAML's `true` as 1 and any text int() reads: a bool is never a count or
+        a port here, and a number given as text must be ASCII digits (the one grammar of WHOLE_RE)."""
+        field = cls.model_fields.get(info.field_name or "")
+        if field is not None and (why := _number_problem(field.annotation, value)):
+            raise ValueError(why)
+        return value
 
 
 # --- text that may reach a file, an argv or a template --------------------------------------------
@@ -43,6 +111,12 @@ def text_problem(value: str) -> str | None:
     if len(value) > MAX_TEXT:
         return f"is {len(value)} characters long"
     return None
+
+
+def printable(text: str) -> str:
+    """`text` from a report or a tool with every control and bidirectional character replaced by
+    '?': what reaches a terminal never carries an escape sequence or a forged line."""
+    return _CONTROL_RE.sub("?", text)
 
 
 def text_problems(data: Any, where: str = "") -> list[Problem]:
@@ -129,7 +203,9 @@ def problems_from(cls: type[BaseModel], exc: pydantic.ValidationError) -> list[P
             value = err.get("input")
             # A rule between fields fails on the whole mapping: the message names the culprit.
             show = not isinstance(value, dict | list)
-            problems.append(Problem(where, err["msg"], value if show else None, show_value=show))
+            # A validator's own ValueError reads as a sentence of ours, without pydantic's "Value error, ".
+            msg = err["msg"].removeprefix("Value error, ") if kind == "value_error" else err["msg"]
+            problems.append(Problem(where, msg, value if show else None, show_value=show))
     return problems
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from . import records
 from .errors import ConfigError, Problem, shown
 
 # The largest real file (images/common.yaml) is 5 KiB with about 300 values. PyYAML is pure Python
@@ -120,15 +121,13 @@ def parse_yaml(text: str, source: str) -> Any:
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
+    """A recipe, stack or inventory file: read through the one reader (records.read_bytes: a
+    regular file only, never a FIFO that blocks or a device that never ends), bounded, strict UTF-8."""
     source = str(path)
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(source, [Problem("file", f"cannot be read: {exc.strerror}", source, show_value=False)]) from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise ConfigError(source, [Problem("file", f"is larger than {MAX_FILE_BYTES} bytes", show_value=False,
-                                           accepted="a recipe, stack or inventory of ordinary size")])
+    accepted = "a recipe, stack or inventory of ordinary size"
+    raw = records.read_bytes(path, "file", "a regular YAML file", max_bytes=MAX_FILE_BYTES, follow_symlinks=True)
+    if raw is None:
+        raise ConfigError(source, [Problem("file", "cannot be read: No such file or directory", show_value=False, accepted=accepted)])
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -171,7 +170,7 @@ def load_with_extends(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any
     if not isinstance(parent, str) or not parent or "\0" in parent:
         raise ConfigError(str(path), [Problem("extends", "must be a file path", parent, "a path relative to this file")])
     parent_path = path.parent / parent
-    if not parent_path.is_file():
+    if not (parent_path.exists() or parent_path.is_symlink()):  # what else is there, the reader judges (a FIFO, a directory)
         raise ConfigError(str(path), [Problem("extends", "names no file", parent, f"an existing file (looked for {parent_path})")])
     return deep_merge(load_with_extends(parent_path, (*_seen, path)), data)
 

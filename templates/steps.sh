@@ -396,6 +396,15 @@ sf_compiled() {
     sized=$(sf_compile_jobs "$(nproc)" "$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)")
     MAX_JOBS=${MAX_JOBS:-${sized% *}} NVCC_THREADS=${NVCC_THREADS:-${sized#* }}
   fi
+  # Given values (build args, the environment) by grammar, then read base 10: bash takes 010 as
+  # octal and 08 as an error, and arithmetic on other text evaluates it.
+  local n
+  for n in MAX_JOBS NVCC_THREADS ${APEX_PARALLEL_BUILD:+APEX_PARALLEL_BUILD}; do
+    if [[ ! ${!n} =~ ^[0-9]{1,4}$ ]] || ((10#${!n} < 1)); then
+      sf_die "compiled step: $n must be a whole number from 1 to 9999 in ASCII digits, got '${!n}'"
+    fi
+    printf -v "$n" '%d' "$((10#${!n}))"
+  done
   if [[ -n ${APEX_CPP_EXT:-}${APEX_CUDA_EXT:-} ]]; then
     local apex
     apex=$(sf_apex_jobs "$MAX_JOBS")

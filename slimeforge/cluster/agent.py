@@ -2,7 +2,8 @@
 
 `python3 - COMMAND JSON` with the agent's source on stdin (standard library only, no copy on the
 host); it answers with one JSON line (login shells may print banners first: the last JSON line
-counts). Commands: facts (GPUs, addresses, routes, ports, our records), start, wait, stop, nodes.
+counts). Commands: facts (GPUs, addresses, routes, ports, our records), start, wait, stop, nodes,
+runcheck (a recipe's paths on the host: cluster/runcheck.py).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 from functools import cache
 from typing import Any
 
-from .. import paths
+from .. import paths, scripts
 from ..errors import CommandError, SlimeforgeError
 from .inventory import Host
 from .ssh import SSH, HostUnreachable
@@ -23,7 +24,7 @@ VERSIONS_SNIPPET = (SCRIPTS / "env_probe.py").read_text()
 
 @cache
 def agent_source() -> str:
-    return (SCRIPTS / "node_agent.py").read_text()
+    return scripts.node_agent_program()
 
 
 def last_json(text: str) -> dict[str, Any]:

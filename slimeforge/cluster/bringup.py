@@ -16,6 +16,7 @@ bring-up with the table (`Bringup.stop_if_failed`).
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +27,7 @@ from ..errors import CommandError, Problem, SlimeforgeError
 from ..proc import Runner
 from ..run.preflight.findings import ERROR
 from ..run.preflight.host import limits_findings, shm_findings
-from ..scripts.node_agent import gate
+from ..scripts.node_agent import gate, hostport
 from .agent import SCRIPTS, VERSIONS_SNIPPET, agent, first_line, last_json, put_file
 from .hosttable import FAILED, OK, RUNNING, HostTable
 from .inventory import Host, Inventory
@@ -199,6 +200,9 @@ class Bringup:
     table: HostTable
     head_ip: str = ""
     head_ssh_port: int | None = None
+    # Written into every record this bring-up starts (and the process's environment or the
+    # container's labels): cluster.down stops only what carries it.
+    token: str = field(default_factory=lambda: secrets.token_hex(16))
 
     @property
     def head(self) -> Node:
@@ -273,9 +277,12 @@ def node_problems(inv: Inventory, node: Node, head_ip: str) -> list[Problem | st
             problems.append(f"cannot reach the head at {target} from this host: {why}")
     if h.mode == "container" and "error" in f.get("docker", {}):
         problems.append(f"docker: {f['docker']['error']}")
-    if node.ours_running:
-        planned = start_argv(inv, h, node.node_ip or "", head_ip, ray_env(h, node.interface or "", f.get("path")))
-        if (node.record or {}).get("argv") != planned:
+    rec = node.record or {}
+    if rec.get("refused"):
+        problems.append(f"{rec['refused']}: run cluster.down to see it, or remove the record once you have checked")
+    elif node.ours_running:
+        planned = start_argv(inv, h, node.node_ip or "", head_ip, ray_env(h, node.interface or "", f.get("path")), rec.get("token", ""))
+        if rec.get("argv") != planned:
             problems.append("Ray started by an earlier cluster.up runs here with other settings: run cluster.down first to apply the inventory's")
     elif f.get("ports_busy"):
         problems.append(f"port(s) {', '.join(map(str, f['ports_busy']))} in use (another Ray? we only stop what we started): free them or change ray ports in the inventory")
@@ -307,7 +314,9 @@ def ray_phase(b: Bringup) -> None:
         env = ray_env(h, node.interface or "", node.facts.get("path"))
         params = {
             "state_dir": h.state_dir,
-            "argv": start_argv(inv, h, node.node_ip or "", head_ip, env),
+            "argv": start_argv(inv, h, node.node_ip or "", head_ip, env, b.token),
+            "token": b.token,
+            "cluster": inv.name,
             # host mode: in the process's environment; container mode: already in `docker run -e`.
             "env": env if h.mode == "host" else {},
             "container": h.mode == "container",
@@ -392,7 +401,7 @@ def run_nccl_check(inv: Inventory, node: Node) -> str:
 
 def wait_for_nodes(inv: Inventory, nodes: Sequence[Node], head: Node, head_ip: str, table: HostTable) -> dict[str, str]:
     """Health gate: poll the head's state API until every host is an ALIVE node with its GPUs."""
-    url = f"http://{head_ip}:{inv.ray.dashboard_port}/api/v0/nodes?limit=10000&detail=false"
+    url = f"http://{hostport(head_ip, inv.ray.dashboard_port)}/api/v0/nodes?limit=10000&detail=false"
     missing = [n.name for n in nodes if not n.node_ip]
     if missing:  # preflight sets every node's IP or fails that host: this is a bug, not a host to leave out
         raise ClusterError(f"cluster {inv.name}: no node IP for {', '.join(missing)} after preflight")

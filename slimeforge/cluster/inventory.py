@@ -23,11 +23,13 @@ from ..errors import ConfigError, Problem
 from ..image.imageref import image_ref_problems
 from ..schema import ENV_NAME_RE, Model, model_problems, secret_name, text_problem
 from ..yamlio import load_with_extends
+from .addresses import address_problem, hostport, jump_hosts, ssh_address, unique_key
+from .dockerargs import container_problems
 from .ssh import SSHOptions, SSHTarget
+from .sshconfig import OPTIONS, config_problems, option_problem
 
 # Whole-value grammars (re.fullmatch: `$` would let a trailing newline through).
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # used in paths and container names
-ADDRESS_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:%-]{0,252}")  # IP, DNS name or ssh config alias
 USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 IFACE_RE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")  # Linux IFNAMSIZ - 1
 MAX_GPUS = 64
@@ -39,7 +41,7 @@ class SSHSettings(Model):
     port: int | None = Field(None, ge=1, le=65535)
     key: str | None = None  # an identity file; default: the agent and the ssh config
     connect_timeout: int = Field(10, ge=1, le=600)
-    options: dict[str, str] = Field(default_factory=dict)  # extra `-o Key=Value`, none that runs a command (SSH_EXEC_OPTIONS)
+    options: dict[str, str] = Field(default_factory=dict)  # extra `-o Key=Value`: the allow list of sshconfig.OPTIONS
     proxy_jump: str | None = None  # a bastion: `ssh -J [user@]host[:port][,...]`
     proxy_command: str | None = None  # a command proxy (e.g. AWS SSM), run by ssh on this machine: explicit, shown by cluster.up --dry-run
 
@@ -57,9 +59,9 @@ class RaySettings(Model):
 
 
 class ContainerSettings(Model):
-    volumes: list[str] = Field(default_factory=list)  # `-v` for model, data and checkpoint paths
+    volumes: list[str] = Field(default_factory=list)  # `-v SRC:DST[:ro|rw]` for model, data and checkpoint paths (dockerargs.py)
     shm_size: str = "16g"
-    docker_args: list[str] = Field(default_factory=list)  # appended to `docker run`, as given
+    docker_args: list[str] = Field(default_factory=list)  # `docker run` options of dockerargs.DOCKER_RUN_OPTIONS, each with its value
 
 
 class HostSpec(Model):
@@ -167,7 +169,7 @@ def _mapping(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def check(data: dict[str, Any], base: Path) -> list[Problem]:
+def check(data: dict[str, Any], base: Path, trusted_config: bool = False) -> list[Problem]:
     """The rules between fields, on the raw mapping, so they are reported together with the
     type errors pydantic found (every problem at once, not one per run)."""
     p: list[Problem] = []
@@ -197,12 +199,13 @@ def check(data: dict[str, Any], base: Path) -> list[Problem]:
             seen_names.setdefault(name, i)
         address = h.get("address")
         if isinstance(address, str):
-            if not ADDRESS_RE.fullmatch(address):
-                p.append(Problem(f"{where}.address", "is not an IP address, host name or ssh config alias", address, "e.g. 10.0.0.11, gpu-a.example.com, or a Host alias from your ssh config"))
-            # One host, however it is spelt: case and a trailing dot do not matter in DNS, and no port is port 22.
+            if why := address_problem(address):
+                p.append(Problem(f"{where}.address", why, address, "e.g. 10.0.0.11, fd00::11, gpu-a.example.com, or a Host alias from your ssh config"))
+            # One host, however it is spelt: case and a trailing dot do not matter in DNS, an IP is
+            # its canonical form, and no port is port 22.
             port = h.get("port", ssh.get("port")) or 22
             port = int(port) if isinstance(port, float) and port.is_integer() else port  # 22.0 is port 22, as the schema reads it
-            key = f"{address.lower().rstrip('.')}:{port}"
+            key = hostport(unique_key(address), port)
             if key in seen_addr:
                 p.append(Problem(f"{where}.address", f"is the same host as hosts.{seen_addr[key]}'s; addresses must be unique", key))
             seen_addr.setdefault(key, i)
@@ -253,9 +256,11 @@ def check(data: dict[str, Any], base: Path) -> list[Problem]:
     if isinstance(script, str) and not _resolve(base, script).is_file():
         p.append(Problem("install_script", "names no file on this machine", script, "a local script (e.g. the install.sh that `invoke install --dry-run` renders); it is sent to each host"))
     config = ssh.get("config")
-    if isinstance(config, str) and not _resolve(base, config).is_file():
-        p.append(Problem("ssh.config", "names no file on this machine", config, "an ssh config file, or leave it out to use ~/.ssh/config"))
+    if isinstance(config, str) and not trusted_config:
+        # Held to the allow list: an inventory's config must not bring back what ssh.options refuses.
+        p += config_problems(_resolve(base, config))
     p += ssh_problems(ssh)
+    p += container_problems(_mapping(data.get("container")))
 
     ray = _mapping(data.get("ray"))
     for env_key in ray["env"] if isinstance(ray.get("env"), dict) else {}:
@@ -278,40 +283,17 @@ def check(data: dict[str, Any], base: Path) -> list[Problem]:
     return p
 
 
-# ssh_config options that make ssh run a command (or load code) on this machine, or that would
-# carry one in: an inventory is shared like a recipe, and even `cluster.status` runs ssh with its
-# options. A bastion has its own key (ssh.proxy_jump), a command proxy its own, explicit one.
-SSH_EXEC_OPTIONS = {
-    "proxycommand": "a command proxy is ssh.proxy_command (explicit, shown by `invoke cluster.up --dry-run`)",
-    "proxyjump": "a bastion is ssh.proxy_jump: [user@]host[:port]",
-    "localcommand": "not supported: it runs a command on this machine after connecting",
-    "permitlocalcommand": "not supported: it enables LocalCommand",
-    "knownhostscommand": "not supported: it runs a command on this machine; use UserKnownHostsFile",
-    "match": "not supported (Match exec runs a command); put Match blocks in an ssh config file (ssh.config)",
-    "include": "not supported; name the file as ssh.config",
-    "remotecommand": "not supported: slimeforge chooses the command a host runs",
-    "pkcs11provider": "not supported: it loads a library into ssh; configure it in your ssh config",
-    "securitykeyprovider": "not supported: it loads a library into ssh; configure it in your ssh config",
-    "proxyusefdpass": "not supported: it goes with ProxyCommand",
-    "controlpath": "not supported: slimeforge keeps its own private ControlPath",
-}
-JUMP_RE = re.compile(r"(?:[A-Za-z_][A-Za-z0-9_.-]{0,31}@)?[A-Za-z0-9_][A-Za-z0-9_.:%-]{0,252}(?::\d{1,5})?")
-
-
 def ssh_problems(ssh: dict) -> list[Problem]:
-    """ssh.options names no option that runs commands; proxy_jump is a host list; proxy_command is one line."""
+    """ssh.options are on the allow list (sshconfig.OPTIONS); proxy_jump is a host list; proxy_command is one line."""
     p = []
     options = ssh.get("options")
     for key, value in (options if isinstance(options, dict) else {}).items():
-        if not re.fullmatch(r"[A-Za-z0-9]{1,64}", str(key)):
-            p.append(Problem("ssh.options", "is not an ssh option name", key, "e.g. StrictHostKeyChecking, ServerAliveInterval"))
-        elif (hint := SSH_EXEC_OPTIONS.get(str(key).lower())) is not None:
-            p.append(Problem(f"ssh.options.{key}", "runs a command or loads code on this machine; refused in ssh.options", value, hint))
-        elif isinstance(value, str) and (why := text_problem(value)):
-            p.append(Problem(f"ssh.options.{key}", why, value, "one line of text"))
+        where = f"ssh.options.{key}" if re.fullmatch(r"[A-Za-z0-9]{1,64}", str(key)) else "ssh.options"  # the name is shown as a value
+        if (problem := option_problem(where, str(key), value, OPTIONS)) is not None:
+            p.append(problem)
     jump = ssh.get("proxy_jump")
-    if jump is not None and not (isinstance(jump, str) and all(JUMP_RE.fullmatch(h) for h in jump.split(","))):
-        p.append(Problem("ssh.proxy_jump", "is not a bastion list", jump, "[user@]host[:port], comma-separated for a chain"))
+    if jump is not None and not (isinstance(jump, str) and not text_problem(jump) and jump_hosts(jump)):
+        p.append(Problem("ssh.proxy_jump", "is not a bastion list", jump, "[user@]host[:port], comma-separated for a chain; IPv6 as [fd00::1]:22"))
     command = ssh.get("proxy_command")
     if command is not None and (not isinstance(command, str) or not command.strip() or text_problem(command)):
         p.append(Problem("ssh.proxy_command", "must be one line of text (ssh runs it with your shell)", command,
@@ -319,22 +301,26 @@ def ssh_problems(ssh: dict) -> list[Problem]:
     return p
 
 
-def load_inventory(path: str | Path) -> Inventory:
+def load_inventory(path: str | Path, ssh_config: str | Path | None = None) -> Inventory:
+    """The inventory at `path`, validated. `ssh_config`: an ssh config file the user passed on the
+    command line (--ssh-config): used in place of the inventory's ssh.config, as is (theirs)."""
     path = Path(path)
     data = load_with_extends(path)
     base = path.resolve().parent
     problems: list[Problem] = []
     spec, problems = model_problems(InventoryFile, data)
-    problems += check(data, base)
+    if ssh_config is not None and not Path(ssh_config).expanduser().is_file():
+        problems.append(Problem("--ssh-config", "names no file on this machine", str(ssh_config), "your ssh config file"))
+    problems += check(data, base, trusted_config=ssh_config is not None)
     if problems or spec is None:
         raise ConfigError(str(path), problems)
 
     name = spec.name or path.stem.replace("_", "-")
     if not NAME_RE.fullmatch(name):
         raise ConfigError(str(path), [Problem("name", "the file name is not a usable cluster name: set name:", name, "letters, digits, '.', '_', '-'")])
-    ssh_config = _resolve(base, spec.ssh.config) if spec.ssh.config is not None else None
-    options = SSHOptions(config_file=str(ssh_config) if ssh_config else None, connect_timeout=spec.ssh.connect_timeout, extra=dict(spec.ssh.options),
-                         proxy_jump=spec.ssh.proxy_jump, proxy_command=spec.ssh.proxy_command)
+    config = Path(ssh_config).expanduser().resolve() if ssh_config is not None else _resolve(base, spec.ssh.config) if spec.ssh.config is not None else None
+    options = SSHOptions(config_file=str(config) if config else None, connect_timeout=spec.ssh.connect_timeout, extra=dict(spec.ssh.options),
+                         proxy_jump=jump_hosts(spec.ssh.proxy_jump) if spec.ssh.proxy_jump else None, proxy_command=spec.ssh.proxy_command)
     hosts = []
     for h in spec.hosts:
         prefix = h.prefix or spec.prefix
@@ -350,7 +336,7 @@ def load_inventory(path: str | Path) -> Inventory:
                 node_ip=h.node_ip,
                 ssh=SSHTarget(
                     name=h.name,
-                    address=h.address,
+                    address=ssh_address(h.address),
                     user=h.user or spec.ssh.user,
                     port=h.port or spec.ssh.port,
                     key=str(_resolve(base, key)) if key else None,

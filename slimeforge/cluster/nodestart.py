@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..scripts.hostrecord import LABEL_CLUSTER, LABEL_TOKEN
+from ..scripts.node_agent import hostport
 from .inventory import Host, Inventory
 
 READY_MARKER = "Ray runtime started."  # printed by `ray start` once its processes are up
@@ -26,7 +28,7 @@ def ray_start_argv(inv: Inventory, host: Host, node_ip: str, head_ip: str) -> li
             "--ray-client-server-port", str(r.client_port),
         ]
     else:
-        argv += ["--address", f"{head_ip}:{r.port}"]
+        argv += ["--address", hostport(head_ip, r.port)]
     argv += [
         "--node-ip-address", node_ip,
         "--num-gpus", str(host.gpus),
@@ -62,13 +64,16 @@ def container_name(inv: Inventory, host: Host) -> str:
     return f"sf-ray-{inv.name}-{host.name}"
 
 
-def start_argv(inv: Inventory, host: Host, node_ip: str, head_ip: str, env: dict[str, str]) -> list[str]:
-    """What the node agent runs on the host: `ray start` itself, or `docker run` around it."""
+def start_argv(inv: Inventory, host: Host, node_ip: str, head_ip: str, env: dict[str, str], token: str) -> list[str]:
+    """What the node agent runs on the host: `ray start` itself, or `docker run` around it.
+    `token`: the cluster token of the record (host mode: the agent puts it in the environment)."""
     ray_argv = ray_start_argv(inv, host, node_ip, head_ip)
     if host.mode == "host":
         return ray_argv
     c = inv.container
-    argv = ["docker", "run", "--detach", "--name", container_name(inv, host), "--label", f"slimeforge.cluster={inv.name}"]
+    # The labels the node agent checks before it stops or removes the container (hostrecord.py).
+    argv = ["docker", "run", "--detach", "--name", container_name(inv, host),
+            "--label", f"{LABEL_CLUSTER}={inv.name}", "--label", f"{LABEL_TOKEN}={token}"]
     # Host networking: Ray and NCCL use the host's addresses and interfaces, as on bare metal.
     argv += ["--network", "host", "--ipc", "host", "--shm-size", c.shm_size]
     # An init process as PID 1: it passes `docker stop`'s SIGTERM on to `ray start --block` and

@@ -10,9 +10,12 @@ does), every host in parallel within a phase, and stops at the first phase in wh
 failed, with a table of hosts and what failed.
 
 Nothing starts Ray before every host has passed every check. Each `ray start --block` runs
-detached on its host with its pid (or container id) recorded in that host's state directory;
-`down` signals exactly those, and `ray start --block` stops every process it started on SIGTERM.
-So we stop what we started and nothing else. Running `up` again converges: a host already running
+detached on its host with its pid (or container id) recorded in that host's state directory,
+with the proof that it is ours (scripts/hostrecord.py: start time, boot id, the exact argv and a
+cluster token in the process's environment, or the container's full id and labels); `down`
+signals exactly those once proved, and `ray start --block` stops every process it started on
+SIGTERM. So we stop what we started and nothing else: a record naming anything else is refused,
+and the refusal is a row of down's table. Running `up` again converges: a host already running
 our Ray with the same settings is left as it is, and the others are brought up.
 
 Seams (the defaults are what `invoke cluster.up` runs; tests inject others):
@@ -28,11 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from ..proc import Runner
+from ..scripts.node_agent import hostport
 from .agent import agent
 from .bringup import (
     NCCL_SIZE_MB,
     PHASES,
     Bringup,
+    CheckFailed,
     ClusterError,
     HostChecks,
     MakeEnvironment,
@@ -72,22 +77,27 @@ def up(
         preflight_phase(b, host_checks)
         environment_phase(b, make_environment, nccl_check)
         ray_phase(b)
-    address = ClusterAddress(f"{b.head_ip}:{inv.ray.port}", f"http://{b.head_ip}:{inv.ray.dashboard_port}")
+    address = ClusterAddress(hostport(b.head_ip, inv.ray.port), f"http://{hostport(b.head_ip, inv.ray.dashboard_port)}")
     write_state(inv, b.nodes, address)
     return address
 
 
 def down(inventory: Inventory | str | Path, *, runner: Runner | None = None, control_dir: str | None = None, stream=None, live: bool | None = None, timeout: float = 60) -> dict[str, dict[str, Any]]:
     """Stop what `up` started: SIGTERM to each recorded `ray start --block` (or `docker stop` of
-    each recorded container), workers first, then the head. Nothing else is touched."""
+    each recorded container), workers first, then the head, each once proved ours on its host.
+    Nothing else is touched: a host whose record names something else is a FAILED row
+    ("refused: ..."), and down raises ClusterError with the table after trying every host."""
     inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
     nodes = make_nodes(inv, runner, control_dir)
     table = HostTable(f"cluster {inv.name} down", [(h.name, h.role) for h in inv.hosts], ["stop"], stream=stream, live=live)
     results: dict[str, dict[str, Any]] = {}
 
     def stop(node: Node) -> str:
-        result = agent(node.ssh, node.host, "stop", {"state_dir": node.host.state_dir, "timeout": timeout}, timeout=timeout + 60)
+        params = {"state_dir": node.host.state_dir, "timeout": timeout, "cluster": inv.name}
+        result = agent(node.ssh, node.host, "stop", params, timeout=timeout + 60)
         results[node.name] = result
+        if result.get("refused"):  # the record names something slimeforge cannot prove it started
+            raise CheckFailed([f"refused: {result['refused']}"])
         if not result.get("stopped"):
             return result.get("reason", "nothing to stop")
         what = f"pid {result['pid']} and {result['processes'] - 1} child process(es)" if "pid" in result else f"container {result['container'][:12]}"
@@ -99,7 +109,11 @@ def down(inventory: Inventory | str | Path, *, runner: Runner | None = None, con
     for node in nodes:
         node.ssh.close()
     if failures:
-        raise ClusterError(f"cluster {inv.name}: could not stop Ray on {len(failures)} host(s); run cluster.down again once they are reachable.", table, failures)
+        refused = sum(why.startswith("refused: ") for why in failures.values())
+        what = (f"refused on {refused} host(s): the record there names a process or container slimeforge cannot prove it started "
+                "(the table says what was found); it was left alone, and so was the record" if refused else "")
+        unreachable = f"could not stop Ray on {len(failures) - refused} host(s); run cluster.down again once they are reachable" if len(failures) > refused else ""
+        raise ClusterError(f"cluster {inv.name}: " + "; ".join(x for x in (unreachable, what) if x) + ".", table, failures)
     state_file(inv).unlink(missing_ok=True)
     return results
 
@@ -140,10 +154,10 @@ def plan(inventory: Inventory | str | Path, *, nccl_check: bool = False, control
             lines.append(f"  environment  docker pull {h.image}; docker image inspect; versions in the image (same digest, Python and Ray as the head)")
         if nccl_check and h.gpus > 0:
             lines.append(f"  environment  nccl_check.py --size-mb {NCCL_SIZE_MB} across {h.gpus} GPUs")
-        argv = start_argv(inv, h, ip, head_ip, env)
+        argv = start_argv(inv, h, ip, head_ip, env, "TOKEN")
         env_text = " ".join(f"{k}={v}" for k, v in env.items()) if h.mode == "host" else ""
         lines.append(f"  ray          {env_text + ' ' if env_text else ''}{' '.join(argv)}")
-        lines.append("               (detached; pid recorded; ready when it prints 'Ray runtime started.')")
+        lines.append("               (detached; pid, start time, boot id, argv and a cluster token recorded; ready when it prints 'Ray runtime started.')")
     lines.append("")
-    lines.append(f"then: wait up to {inv.ray.start_timeout:g}s until {head_ip}:{inv.ray.dashboard_port}/api/v0/nodes lists every host ALIVE with its GPUs")
+    lines.append(f"then: wait up to {inv.ray.start_timeout:g}s until {hostport(head_ip, inv.ray.dashboard_port)}/api/v0/nodes lists every host ALIVE with its GPUs")
     return lines

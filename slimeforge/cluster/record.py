@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .. import records
 from ..atomic import write_file
 from ..errors import SlimeforgeError
+from ..scripts.node_agent import hostport
 from .inventory import Inventory, load_inventory
 
 if TYPE_CHECKING:
@@ -86,5 +87,5 @@ def address(inventory: Inventory | str | Path) -> ClusterAddress:
     if state:
         return ClusterAddress(state["gcs"], state["dashboard"])
     if inv.head.node_ip:
-        return ClusterAddress(f"{inv.head.node_ip}:{inv.ray.port}", f"http://{inv.head.node_ip}:{inv.ray.dashboard_port}")
+        return ClusterAddress(hostport(inv.head.node_ip, inv.ray.port), f"http://{hostport(inv.head.node_ip, inv.ray.dashboard_port)}")
     raise SlimeforgeError(f"cluster {inv.name}: no record of a bring-up from this machine ({state_file(inv)}): run `invoke cluster.up {inv.path}` first, or set node_ip on the head")

@@ -54,7 +54,7 @@ class SSHOptions:
     alive_count_max: int = 3
     control_persist: int = 60
     control_dir: str | None = None
-    extra: Mapping[str, str] = field(default_factory=dict)  # none that runs a command (inventory.SSH_EXEC_OPTIONS)
+    extra: Mapping[str, str] = field(default_factory=dict)  # the allow list of sshconfig.OPTIONS (none runs a command)
     proxy_jump: str | None = None  # -J: a bastion
     proxy_command: str | None = None  # ProxyCommand: the inventory's explicit command proxy (e.g. AWS SSM)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..errors import SlimeforgeError
 from ..proc import Runner
+from ..scripts.node_agent import hostport
 from .agent import VERSIONS_SNIPPET, agent, first_line, last_json
 from .bringup import Node, make_nodes
 from .inventory import Inventory, load_inventory
@@ -29,7 +30,13 @@ def status(inventory: Inventory | str | Path, *, runner: Runner | None = None, c
             row["error"] = first_line(exc)
             return
         rec = node.record or {}
-        row["ray_process"] = ("pid " + str(rec["pid"]) if "pid" in rec else "container " + rec.get("container", "")[:12]) + (" running" if rec.get("running") else " exited") if rec else "not started by us"
+        if rec.get("refused"):
+            row["ray_process"] = "record refused"
+            row["error"] = rec["refused"]
+        elif rec:
+            row["ray_process"] = ("pid " + str(rec["pid"]) if "pid" in rec else "container " + rec.get("container", "")[:12]) + (" running" if rec.get("running") else " exited")
+        else:
+            row["ray_process"] = "not started by us"
         row["gpus_seen"] = len(node.facts["gpus"].get("list", []))
         try:
             if node.host.mode == "host":
@@ -39,14 +46,14 @@ def status(inventory: Inventory | str | Path, *, runner: Runner | None = None, c
             row["python"], row["ray"] = v.get("python"), v.get("ray")
         except SlimeforgeError as exc:
             row["python"] = row["ray"] = None
-            row["error"] = first_line(exc)
+            row["error"] = "; ".join(x for x in (row.get("error"), first_line(exc)) if x)
 
     with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
         list(pool.map(probe, nodes))
 
     head = next(n for n in nodes if n.host.is_head)
     state = read_state(inv)
-    dashboard = state["dashboard"] if state else (f"http://{inv.head.node_ip}:{inv.ray.dashboard_port}" if inv.head.node_ip else None)
+    dashboard = state["dashboard"] if state else (f"http://{hostport(inv.head.node_ip, inv.ray.dashboard_port)}" if inv.head.node_ip else None)
     cluster_nodes: dict[str, dict[str, Any]] = {}
     if dashboard and head.facts:
         try:

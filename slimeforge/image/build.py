@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import paths, records
-from ..atomic import dir_problem, write_dir
+from ..atomic import mark_output_dir, output_dir_problem, write_dir
 from ..errors import ConfigError, OperationFailed, Problem
 from ..proc import Runner
-from ..schema import ENV_NAME_RE, text_problem, text_problems
+from ..schema import ENV_NAME_RE, WHOLE_RE, text_problem, text_problems
 from ..templating import render
 from .buildkit import copy_wheels, failure_text, link_files, parse_progress, stream_build, write_tree
 from .buildreport import BuildReport, CompiledWheels, ReportError, StepTiming
@@ -216,7 +216,7 @@ def _source_date_epoch(stack: Stack, cache: Path, runner: Runner) -> int:
         if repo.exists():
             res = runner.run([*GIT, "--git-dir", str(repo), "show", "-s", "--format=%ct", stack.sources[src].commit],
                              step="git show (source date)", check=False)
-            if res.ok and res.stdout.strip().isdigit():
+            if res.ok and WHOLE_RE.fullmatch(res.stdout.strip()):
                 return int(res.stdout.strip())
     return 0
 
@@ -267,7 +267,7 @@ def _checked_options(stack: Stack, opts: BuildOptions) -> tuple[dict[str, str], 
     """Every option's problem at once (sources.checked_options, as install and lock): the build
     args and the local sources, or one ConfigError naming each problem."""
     build_args, problems = parse_build_args(opts.build_args)
-    if opts.out is not None and (why := dir_problem(Path(opts.out))):
+    if opts.out is not None and (why := output_dir_problem(Path(opts.out))):
         problems.append(Problem("--out", why, str(opts.out), "a build directory (new, or one `invoke build` wrote)"))
     if opts.ca_bundle and not Path(opts.ca_bundle).is_file():
         problems.append(Problem("--ca-bundle", "is not a file", opts.ca_bundle, "a PEM file of CA certificates"))
@@ -329,6 +329,7 @@ def _content_hash(dockerfile: str, context: dict[str, str | bytes]) -> str:
 
 def _write_build_dir(out: Path, dockerfile: str, context: dict[str, str | bytes], hits: dict[str, Entry], stack: Stack,
                      local: dict[str, LocalSource], from_sources: dict[str, LocalSource], cache: Path) -> None:
+    mark_output_dir(out, "invoke build")  # judged by output_dir_problem (options): new, empty, or already ours
     # `COPY patches/` takes the whole folder: a reused --out must not carry another stack's patches.
     for sub in ("patches", "lock", "compiled"):
         shutil.rmtree(out / "context" / sub, ignore_errors=True)

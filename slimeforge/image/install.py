@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import paths
-from ..atomic import dir_problem, write_file
+from ..atomic import dir_problem, mark_output_dir, output_dir_problem, write_file
 from ..errors import CommandError, ConfigError, OperationFailed, Problem, SlimeforgeError
 from ..proc import Runner
-from ..schema import text_problem
+from ..schema import text_problem, whole_problem
 from ..templating import render
 from .lockcheck import check_patches, checked_lock
 from .lockfacts import lock_for_run, patches_for_run
@@ -50,6 +50,7 @@ from .steps import (
 )
 
 SCRIPT = "install.sh"
+MAX_FREE_GIB = 999_999  # install.sh reads SLIMEFORGE_MIN_FREE_GIB as 1 to 6 ASCII digits, base 10
 
 
 # What an install weighs, from its lock: the lock's files unpack to about this many times their size
@@ -138,7 +139,7 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
         "cuda": stack.cuda,
         "cuda_home": stack.cuda_home or "/usr/local/cuda",
         "driver_min": stack.driver_min or 0,
-        "min_free_max": MIN_FREE_GB_MAX,
+        "min_free_max": MAX_FREE_GIB,
         # A host needs compilers only for what it compiles: not for compiled steps from the store.
         "compiles": any(s.compiles and (store or {}).get(s.name, ("",))[0] != "use" for s in stack.steps),
         "disk_gib": disk_need(stack, pylock)[1],
@@ -176,27 +177,13 @@ def store_plan(stack: Stack, state: str, patches: list[PatchContent], lock: Lock
     return store, keys, base_id
 
 
-# --min-free-gb and SLIMEFORGE_MIN_FREE_GIB: a whole number of GiB up to this; the one rule (the
-# option is checked here, the variable by install.sh, which renders the same bound).
-MIN_FREE_GB_MAX = 100_000
-_MIN_FREE_RE = re.compile(r"[0-9]{1,6}")
-
-
-def min_free_gb_problem(value: object) -> Problem | None:
-    """What is wrong with --min-free-gb as given (a whole number of GiB, as text or int), or None."""
-    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-    if isinstance(text, str) and _MIN_FREE_RE.fullmatch(text) and int(text) <= MIN_FREE_GB_MAX:
-        return None
-    return Problem("--min-free-gb", "is not a whole number of GiB in range", value, f"0 to {MIN_FREE_GB_MAX}")
-
-
 @dataclass
 class InstallOptions:
     stack: str = "cu13"
     prefix: str = ""
     venv: str | None = None
     python: str | None = None  # the interpreter the venv is made with (default: python<ver> on PATH)
-    min_free_gb: int | str | None = None  # the free disk the prerequisites ask for, in GiB (default: from the lock)
+    min_free_gb: int | None = None  # the free disk the prerequisites ask for, in GiB (default: from the lock)
     sources: list[str] = field(default_factory=list)
     out: Path | None = None
     dry_run: bool = False
@@ -228,13 +215,16 @@ def install(opts: InstallOptions) -> Path:
             problems.append(Problem(option, why, value, "a directory path"))
     if opts.python is not None and (why := python_problem(opts.python)):
         problems.append(Problem("--python", why, opts.python, "e.g. /opt/conda/bin/python3.12 or python3.12"))
-    if opts.min_free_gb is not None and (bad := min_free_gb_problem(opts.min_free_gb)):
+    if opts.min_free_gb is not None and (bad := whole_problem(opts.min_free_gb, "--min-free-gb", 0, MAX_FREE_GIB, "GiB")):
         problems.append(bad)
-    if opts.out is not None and (why := dir_problem(Path(opts.out))):
-        problems.append(Problem("--out", why, str(opts.out), "a directory you may write to"))
+    if opts.out is not None and (why := output_dir_problem(Path(opts.out))):
+        problems.append(Problem("--out", why, str(opts.out), "a new or empty directory, or one `invoke install` wrote"))
+    elif opts.out is None and opts.prefix and (why := dir_problem(Path(opts.prefix))):
+        # The script goes under the prefix: a prefix that is a file is --prefix's problem, not --out's.
+        problems.append(Problem("--prefix", why, opts.prefix, "an absolute directory, e.g. /opt/slime"))
     local = checked_options("invoke install", stack, problems, opts.sources)
     prefix = str(Path(opts.prefix).absolute())
-    min_free = int(opts.min_free_gb) if opts.min_free_gb is not None else None
+    min_free = opts.min_free_gb
     cache = paths.sources_cache()
     store: dict[str, tuple[str, str]] = {}
     keys: dict[str, str] = {}
@@ -260,10 +250,13 @@ def install(opts: InstallOptions) -> Path:
     out = Path(opts.out) if opts.out else Path(prefix) / ".slimeforge" / "install"
     script = out / SCRIPT
     try:
+        if opts.out is not None:
+            mark_output_dir(out, "invoke install")
         out.mkdir(parents=True, exist_ok=True)
         write_file(script, text, 0o755)
     except OSError as exc:
-        raise ConfigError("invoke install", [Problem("--out", f"cannot be written: {exc.strerror}", str(out), "a directory you may write to")]) from None
+        option = "--out" if opts.out is not None else "--prefix"  # the option the user gave
+        raise ConfigError("invoke install", [Problem(option, f"cannot be written: {exc.strerror}", str(out), "a directory you may write to")]) from None
     if opts.dry_run:
         opts.echo(str(script))
         return script

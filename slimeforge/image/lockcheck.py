@@ -155,7 +155,8 @@ def summarize(lock: LockFile, stack: Stack | None = None) -> dict[str, Any]:
         warnings.append("the base image has no digest in the lock (pass --base-digest sha256:... or lock where its registry is reachable)")
     if tool.get("router") and not tool["router"].get("sha256"):
         warnings.append(f"the router wheel has no sha256 in the lock: its step cannot be built or installed until "
-                        f"`{tool.get('command', 'invoke lock')} --router-sha256 <sha256>` (or a re-lock where {tool['router'].get('url')} is reachable)")
+                        f"`{lock_command(stack_ref(stack) if stack else tool.get('flavor', '?'))} --router-sha256 <sha256>` "
+                        f"(or a re-lock where {tool['router'].get('url')} is reachable)")
     if stack is not None and stack.patches and not tool.get("patches"):
         warnings.append(f"no patch sha256 in the lock: re-lock with --source {stack.patches.from_source}=PATH (a checkout holding the commit)")
     sdists = sorted(p.name for p in lock.packages.values() if p.kind == "sdist")

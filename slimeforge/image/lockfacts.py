@@ -25,6 +25,7 @@ from typing import Any
 
 from .. import paths
 from ..errors import ConfigError, Problem, SlimeforgeError
+from ..schema import WHOLE_RE
 from .lockcheck import check_lock, checked_lock
 from .lockfile import DIGEST_RE, SHA256_RE, LockError, LockFile, load_lock, lock_command, read_lock, stack_ref, write_lock
 from .stack import Stack, load_stack
@@ -257,7 +258,7 @@ def url_sha256(url: str, echo: Callable[[str], None], limit: int = ROUTER_LIMIT)
     try:
         with urllib.request.urlopen(url, timeout=60) as resp:  # noqa: S310 - the URL is a pinned https file
             declared = resp.headers.get("Content-Length", "")
-            if declared.isdigit() and int(declared) > limit:
+            if WHOLE_RE.fullmatch(declared) and int(declared) > limit:
                 raise LockError(f"{url}: {int(declared) >> 20} MiB, larger than {limit >> 20} MiB: not a wheel the lock takes")
             while chunk := resp.read(1 << 20):
                 size += len(chunk)

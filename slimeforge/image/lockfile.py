@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import tomllib
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from .. import paths
+from .. import paths, records
 from ..errors import ConfigError, Problem, SlimeforgeError
 from ..scripts.venvlock import canonical
 from .stack import Stack, load_stack, stack_path
@@ -38,6 +37,7 @@ SHA256_RE = re.compile(r"[0-9a-f]{64}")
 # requirements line or a shell word (no whitespace, no quotes, no control characters).
 NAME_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,126}[A-Za-z0-9])?")
 URL_RE = re.compile(r"(?:https?|file)://[A-Za-z0-9._~:/?#@!$&()*+,;=%-]{1,2000}")
+FLAVOR_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 # The resolution's cutoff (uv's --exclude-newer): an RFC 3339 UTC time to the second.
 CUTOFF_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z")
@@ -159,18 +159,81 @@ class LockFile:
         return self.tool.get("steps", {})
 
 
+LOCK_ACCEPTED = "a lock as `invoke lock` writes it (PEP 751 TOML with [tool.slimeforge])"
+# The type of every field of a lock the code reads (a lock is input: it may have been edited).
+_TOP_TYPES: dict[str, type | tuple[type, ...]] = {"lock-version": str, "created-by": str, "requires-python": str, "packages": list, "tool": dict}
+_PACKAGE_TYPES: dict[str, type | tuple[type, ...]] = {"name": str, "version": str, "index": str, "sdist": dict, "wheels": list}
+_FILE_TYPES: dict[str, type | tuple[type, ...]] = {"name": str, "url": str, "size": int, "hashes": dict}
+_TOOL_TYPES: dict[str, type | tuple[type, ...]] = {
+    "schema": int, "flavor": str, "inputs": str, "python": str, "platform": str, "uv": str, "command": str, "indexes": list,
+    "prereleases": list, "base": dict,  # exclude-newer: by its grammar in read_lock
+    "router": dict, "sources": dict, "patches": dict, "steps": dict}
+_TOOL_TABLES_OF_TEXT = ("base", "router", "sources", "patches")
+MAX_FILE_SIZE = 1 << 40  # a distribution's recorded size in bytes: 1 TiB is a typo already
+
+
+def _typed(doc: dict[str, Any], types: dict[str, type | tuple[type, ...]], at: str) -> list[Problem]:
+    out = []
+    for key, want in types.items():
+        if key in doc and (isinstance(doc[key], bool) or not isinstance(doc[key], want)):
+            names = " or ".join(t.__name__ for t in (want if isinstance(want, tuple) else (want,)))
+            out.append(Problem(f"{at}{key}", f"is {type(doc[key]).__name__}, not {names}", doc[key], f"a {names}, as `invoke lock` writes it"))
+    return out
+
+
+def shape_problems(data: dict[str, Any]) -> list[Problem]:
+    """Every field the code reads, typed: a string where a size goes, a table where a list goes or
+    a number where a name goes is named here, not a traceback later."""
+    problems = _typed(data, _TOP_TYPES, "")
+    packages = data.get("packages")
+    for i, pkg in enumerate(packages if isinstance(packages, list) else []):
+        if not isinstance(pkg, dict):
+            problems.append(Problem(f"packages[{i}]", "is not a table", pkg, "[[packages]] tables"))
+            continue
+        problems += _typed(pkg, _PACKAGE_TYPES, f"packages[{i}].")
+        files = ([pkg["sdist"]] if isinstance(pkg.get("sdist"), dict) else []) + (pkg["wheels"] if isinstance(pkg.get("wheels"), list) else [])
+        for f in files:
+            if not isinstance(f, dict):
+                problems.append(Problem(f"packages[{i}].wheels", "holds something that is not a table", f, "{ name, url, size, hashes }"))
+                continue
+            problems += _typed(f, _FILE_TYPES, f"packages[{i}].file.")
+            size = f.get("size")
+            if isinstance(size, int) and not isinstance(size, bool) and not 0 <= size <= MAX_FILE_SIZE:
+                problems.append(Problem(f"packages[{i}].file.size", "is out of range", size, f"0..{MAX_FILE_SIZE} bytes"))
+            hashes = f.get("hashes")
+            if isinstance(hashes, dict) and "sha256" in hashes and not isinstance(hashes["sha256"], str):
+                problems.append(Problem(f"packages[{i}].file.hashes.sha256", "is not text", hashes["sha256"], "64 hex digits"))
+    tool = data.get("tool", {}).get("slimeforge") if isinstance(data.get("tool"), dict) else None
+    if isinstance(tool, dict):
+        problems += _typed(tool, _TOOL_TYPES, "tool.slimeforge.")
+        for key in _TOOL_TABLES_OF_TEXT:
+            table = tool.get(key)
+            if isinstance(table, dict):
+                problems += [Problem(f"tool.slimeforge.{key}.{k}", "is not text", v, "text") for k, v in table.items() if not isinstance(v, str)]
+        for key in ("indexes", "prereleases"):
+            if isinstance(tool.get(key), list):
+                problems += [Problem(f"tool.slimeforge.{key}", "holds something that is not text", v, "a list of text") for v in tool[key] if not isinstance(v, str)]
+        steps = tool.get("steps")
+        if isinstance(steps, dict):
+            problems += [Problem(f"tool.slimeforge.steps.{k}", "is not a list of package names", v, "a list of names")
+                         for k, v in steps.items() if not (isinstance(v, list) and all(isinstance(n, str) for n in v))]
+    return problems
+
+
 def read_lock(path: Path, stack: Stack | None = None, ref: str | Path | None = None) -> LockFile:
     """Parse a lock and check its grammar (every value that can reach a file or a command)."""
-    if not path.exists():
+    where = str(path)
+    # The one reader: a regular file only (a FIFO would block, a directory or device is refused),
+    # bounded in size and depth, strict UTF-8; then every field the code uses is typed.
+    raw = records.read_bytes(path, "lock", LOCK_ACCEPTED, max_bytes=records.MAX_TOML_RECORD, follow_symlinks=True)
+    if raw is None:
         flavor = stack.name if stack else path.stem.removeprefix("pylock.")
         raise LockError(f"{path}: no lock for {flavor}; make it with `{lock_command(ref or flavor)}` where the flavor's indexes "
                         "are reachable, and commit it")
-    text = path.read_text()
-    where = str(path)
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(where, [Problem("(file)", f"is not TOML: {exc}", show_value=False)]) from None
+    text = records.decode(path, "lock", LOCK_ACCEPTED, raw)
+    data = records.parse_toml(path, "lock", LOCK_ACCEPTED, text)
+    if shape := shape_problems(data):
+        raise ConfigError(where, shape)
     problems = []
     packages: dict[str, Locked] = {}
     for i, pkg in enumerate(data.get("packages", [])):
@@ -207,6 +270,9 @@ def read_lock(path: Path, stack: Stack | None = None, ref: str | Path | None = N
         for n in names:
             if n not in packages:
                 problems.append(Problem(f"tool.slimeforge.steps.{step}", "names a package the lock does not hold", n))
+    flavor = tool.get("flavor", "")
+    if flavor and not FLAVOR_RE.fullmatch(flavor):  # it goes into hints (`invoke lock --cuda FLAVOR`): only a name
+        problems.append(Problem("tool.slimeforge.flavor", "is not a flavor name", flavor, "letters, digits, '.', '_' and '-', such as cu13"))
     digest = (tool.get("base") or {}).get("digest", "")
     if digest and not DIGEST_RE.fullmatch(digest):
         problems.append(Problem("tool.slimeforge.base.digest", "is not a digest", digest, "sha256:<64 hex> or empty"))
@@ -214,6 +280,8 @@ def read_lock(path: Path, stack: Stack | None = None, ref: str | Path | None = N
     if cutoff and not (isinstance(cutoff, str) and CUTOFF_RE.fullmatch(cutoff)):
         problems.append(Problem("tool.slimeforge.exclude-newer", "is not a cutoff", cutoff, "YYYY-MM-DDTHH:MM:SSZ (UTC) or empty"))
     router = tool.get("router") or {}
+    if router.get("url") and not URL_RE.fullmatch(router["url"]):
+        problems.append(Problem("tool.slimeforge.router.url", "is not an http(s)/file URL without spaces or quotes", router["url"]))
     if router.get("sha256") and not SHA256_RE.fullmatch(router["sha256"]):
         problems.append(Problem("tool.slimeforge.router.sha256", "is not a sha256", router["sha256"]))
     if problems:

@@ -89,15 +89,13 @@ def sha256_file(path: Path) -> str:
 def read_sums(path: Path, where: str) -> dict[str, str]:
     """SHA256SUMS by its grammar: `<64 hex>  <wheel file name>` lines, nothing else."""
     out: dict[str, str] = {}
-    accepted = "`<sha256>  <file>.whl` lines, as sha256sum writes them"
-    try:
-        # A record read back is input: the one reader (a regular file, bounded, strict UTF-8).
-        data = records.read_bytes(path, SUMS, accepted, max_bytes=(MAX_WHEELS + 1) * 300)
-        if data is None:
-            raise WheelStoreError(f"{where}: {path.name} is missing")
-        text = records.decode(path, SUMS, accepted, data)
+    try:  # the one reader: a regular file, bounded (a line per wheel), strict UTF-8
+        raw = records.read_bytes(path, path.name, "`<sha256>  <file>.whl` lines", max_bytes=MAX_WHEELS * 300)
+        text = records.decode(path, path.name, "`<sha256>  <file>.whl` lines", raw) if raw is not None else None
     except records.RecordError as exc:
-        raise WheelStoreError(f"{where}: {exc.problems[0]}") from None
+        raise WheelStoreError(f"{where}: {path.name} {exc.problems[0].message}") from None
+    if text is None:
+        raise WheelStoreError(f"{where}: cannot read {path.name}: no such file")
     for n, line in enumerate(text.splitlines(), 1):
         m = SUMS_LINE_RE.fullmatch(line)
         if not m:
@@ -116,12 +114,15 @@ def verify(directory: Path, key: str) -> Entry:
     present = sorted(p.name for p in directory.glob("*.whl"))
     if present != sorted(sums):
         raise WheelStoreError(f"{where}: its wheels {present} are not the ones its {SUMS} lists {sorted(sums)}; refused")
-    try:
-        record = records.read_json(directory / RECORD, RECORD, "the entry's record: an object with its key and wheels (file -> sha256)",
-                                   lambda doc: None if isinstance(doc, dict) and doc.get("key") == key and doc.get("wheels") == sums
-                                   else f"does not match the entry (its key or wheels differ from {SUMS})") or {}
-    except records.RecordError as exc:
-        raise WheelStoreError(f"{where}: {exc.problems[0]}; refused") from None
+    record: dict[str, Any] = {}
+    if (directory / RECORD).exists():
+        try:
+            record = records.read_json(directory / RECORD, RECORD, "the record of a store entry",
+                                       lambda d: None if isinstance(d, dict) else "is not a JSON object", max_bytes=1 << 20) or {}
+        except records.RecordError as exc:
+            raise WheelStoreError(f"{where}: {RECORD} {exc.problems[0].message}") from None
+        if record.get("key") != key or record.get("wheels") != sums:
+            raise WheelStoreError(f"{where}: {RECORD} does not match the entry (its key or wheels differ from {SUMS}); refused")
     for name, want in sums.items():
         have = sha256_file(directory / name)
         if have != want:

@@ -19,7 +19,6 @@ still read, and said to be incomplete.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import tempfile
@@ -55,7 +54,7 @@ def parse_catalog(text: str, where: str) -> Catalog:
     if len(text) > MAX_BYTES:
         raise CatalogError(f"{where}: {len(text)} bytes is not a flag catalog (at most {MAX_BYTES})")
     try:
-        doc = json.loads(text)
+        doc = records.json_loads(text)
     except ValueError as exc:
         raise CatalogError(f"{where}: not JSON ({exc})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("flags"), list):

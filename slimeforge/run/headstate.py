@@ -9,12 +9,14 @@ from launch and preflight, so that neither needs the other.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from pathlib import Path
 from typing import Any
 
 from .. import records
+from ..errors import ConfigError, Problem
 from . import ownership
 from .ownership import HeadRecord
 
@@ -29,9 +31,16 @@ def state_dir(ray_port: int, environ: dict[str, str] | None = None) -> Path:
     return Path(base) / f"ray-{ray_port}"
 
 
+_HEAD_KEYS = {"pid", "start_time", "boot_id", "exp_id", "run_token"}
+
+
 def _head_problem(doc: Any) -> str | None:
-    if not isinstance(doc, dict) or set(doc) != {"pid", "start_time", "boot_id", "exp_id", "run_token"}:
-        return "is not a head record {pid, start_time, boot_id, exp_id, run_token}"
+    # argv: the exact `ray start --head ...` (launch.sh records it since issue 33; older records lack it).
+    if not isinstance(doc, dict) or set(doc) not in (_HEAD_KEYS, _HEAD_KEYS | {"argv"}):
+        return "is not a head record {pid, start_time, boot_id, exp_id, run_token, argv}"
+    argv = doc.get("argv", ["ray", "start", "--head"])
+    if not (isinstance(argv, list) and len(argv) <= 512 and all(isinstance(a, str) and len(a) <= 8192 for a in argv) and argv[:3] == ["ray", "start", "--head"]):
+        return "has malformed argv (the `ray start --head ...` launch.sh ran)"
     checks = {"pid": lambda v: type(v) is int and 1 <= v < 1 << 31, "start_time": lambda v: type(v) is int and v >= 0,
               "boot_id": lambda v: isinstance(v, str) and ownership.BOOT_ID_RE.fullmatch(v),
               "exp_id": lambda v: isinstance(v, str) and _EXP_ID_RE.fullmatch(v),
@@ -44,8 +53,8 @@ def read_head(sdir: Path | None) -> HeadRecord | None:
     """The head record launch.sh wrote on this port (validated); None when there is none."""
     if sdir is None:
         return None
-    doc = records.read_json(sdir / HEAD_RECORD, HEAD_RECORD, "the head record launch.sh writes", _head_problem, max_bytes=4096)
-    return None if doc is None else HeadRecord(**doc)
+    doc = records.read_json(sdir / HEAD_RECORD, HEAD_RECORD, "the head record launch.sh writes", _head_problem, max_bytes=64 * 1024)
+    return None if doc is None else HeadRecord(**{**doc, "argv": tuple(doc.get("argv", ()))})
 
 
 def recorded_head(sdir: Path | None) -> int | None:
@@ -56,6 +65,44 @@ def recorded_head(sdir: Path | None) -> int | None:
     except records.RecordError:
         return None
     return head.pid if head is not None and ownership.head_alive(head, ownership.proc_facts(head.pid)) else None
+
+
+# A Ray dashboard (Jobs API) address: scheme, host and an optional port; no user, path, query or
+# fragment (a URL with userinfo sends it as credentials; a path would be silently joined).
+_URL_RE = re.compile(r"(?P<scheme>https?)://(?:\[(?P<v6>[0-9A-Fa-f:.]{2,45})\]|(?P<host>[A-Za-z0-9.-]{1,253}))(?::(?P<port>[0-9]{1,5}))?/?")
+_DNS_LABEL_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+ADDRESS_ACCEPTED = "http(s)://HOST[:PORT] (HOST an IPv4 address, [IPv6] or a DNS name; PORT 1..65535), e.g. http://10.0.0.1:8265"
+
+
+def address_problem(address: str) -> str | None:
+    """Why `address` is not a Jobs API URL (ADDRESS_ACCEPTED), or None."""
+    m = _URL_RE.fullmatch(address) if len(address) <= 300 else None
+    if m is None:
+        return "is not a URL of the form http(s)://HOST[:PORT], without user, path, query or spaces"
+    if m["v6"] is not None:
+        try:
+            ipaddress.IPv6Address(m["v6"])
+        except ValueError:
+            return "holds an IPv6 address that is not one"
+    else:
+        host = m["host"].rstrip(".")
+        if re.fullmatch(r"[0-9.]+", host):
+            try:
+                ipaddress.IPv4Address(host)
+            except ValueError:
+                return "holds an IPv4 address that is not one"
+        elif not host or not all(_DNS_LABEL_RE.fullmatch(label) for label in host.split(".")):
+            return "holds a host name that is not a DNS name"
+    if m["port"] is not None and not 1 <= int(m["port"]) <= 65535:
+        return "names a port outside 1..65535"
+    return None
+
+
+def check_address(address: str, where: str = "--address") -> str:
+    """`address` if it is a Jobs API URL, else a ConfigError naming `where`."""
+    if why := address_problem(address):
+        raise ConfigError("command line", [Problem(where, why, address, ADDRESS_ACCEPTED)])
+    return address
 
 
 def dashboard_url(address: str) -> str:

@@ -21,21 +21,23 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from .. import paths
-from ..errors import ConfigError, Problem, SlimeforgeError
+from ..errors import ConfigError, Problem
 from ..image.stack import Stack
 from ..proc import Runner
+from .headstate import check_address
 from .recipe import EXP_ID_RE, Recipe, load_recipe, load_recipe_data, parse_overrides
 from .resolve import resolve_mode
 from .rundir import HEAD_TIMEOUT_S, read_plan, write_run_dir
 from .targets.base import LaunchPlan, ResolvedRun, Target, describe
-from .targets.local import ContainerTarget, HostTarget, RayClusterTarget
+from .targets.local import ContainerTarget, HostTarget
 
 if TYPE_CHECKING:
+    from .targets.jobsubmit import Cluster
     from .targets.slurm import Options as SlurmOptions
 
-# A cluster inventory -> its head's Jobs API (cluster.raycluster.address; handed in by the caller:
-# the run layer does not reach up into the cluster layer).
-FindCluster = Callable[[str], str]
+# A cluster inventory -> the cluster (its Jobs API, environment and checks: cluster/runcheck.py;
+# handed in by the caller, with whether this is a dry run: the run layer does not reach up into the cluster layer).
+FindCluster = Callable[[str, bool], "Cluster"]
 
 
 @dataclass(frozen=True)
@@ -78,36 +80,28 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
         opts = slurm.options(req.partition, req.account, req.time, req.nodes)
         target = slurm.SlurmTarget(opts)
         recipe = slurm.on_slurm(resolve_mode(recipe, req.mode, req.prefix, req.image, stack=stack), opts)
+    elif req.cluster or recipe.cluster or req.address:
+        from .targets.jobsubmit import ClusterTarget, find_cluster_of, on_cluster
+
+        # First: a cluster that is not up (or an inventory that does not load) is the first thing to fix.
+        cluster = find_cluster_of(req.address, req.cluster or recipe.cluster, find_cluster, dry_run)
+        recipe = on_cluster(recipe, cluster, mode=req.mode, prefix=req.prefix, image=req.image, dry_run=dry_run, stack=stack)
+        target = ClusterTarget(cluster)
     else:
-        cluster = req.cluster or recipe.cluster
-        address = find_address(req.address, cluster, find_cluster, dry_run)  # first: a cluster that is not up is the first thing to fix
         recipe = resolve_mode(recipe, req.mode, req.prefix, req.image, require_image=not dry_run, stack=stack)
-        target = local_target(recipe, address, cluster)
+        target = local_target(recipe, None)
     out = Path(req.out) if req.out else paths.run_dir(recipe.exp_id)
     return target, ResolvedRun(recipe, stack, out.resolve(), req.recipe, environ, req.catalog, tuple(req.skip_checks), req.network_checks)
 
 
-def find_address(address: str | None, cluster: str | None, find_cluster: FindCluster | None, dry_run: bool) -> str | None:
-    """The Jobs API to submit to: --address, or the head of the cluster an inventory brought up."""
-    if not cluster:
-        return address
-    if address:
-        raise ConfigError("command line", [Problem("--address/--cluster", "both name a cluster", f"{address} / {cluster}", "one of them")])
-    if find_cluster is None:
-        raise ConfigError("command line", [Problem("--cluster", "cannot be looked up here", cluster, "--address http://HEAD:8265")])
-    try:
-        return find_cluster(cluster)
-    except SlimeforgeError:
-        if not dry_run:
-            raise
-        return f"<Jobs API of cluster {cluster}: run cluster.up first>"  # a dry run shows the plan all the same
-
-
 def local_target(recipe: Recipe, address: str | None, cluster: str | None = None, **options: Any) -> Target:
-    """Host or container mode; against a running Ray cluster when it has an address."""
-    make = HostTarget if recipe.mode == "host" else ContainerTarget
+    """Host or container mode; a running Ray cluster's Jobs API, from here, when it has an address."""
     if address:
-        return RayClusterTarget(make(address, **options), cluster or address)
+        from .targets.jobsubmit import Cluster, ClusterTarget
+
+        check_address(address)
+        return ClusterTarget(Cluster(cluster or address, address))
+    make = HostTarget if recipe.mode == "host" else ContainerTarget
     return make(None, **options)
 
 
@@ -193,10 +187,10 @@ def target_of(run_dir: Path) -> Target:
     plan = read_plan(run_dir)
     if plan is None:
         raise ConfigError(str(run_dir), [Problem("run directory", "has no plan.json", str(run_dir), "runs/<exp_id> of a rendered recipe")])
-    make = HostTarget if plan["recipe"].get("mode") == "host" else ContainerTarget
     if plan.get("target") == "ray-cluster":
         from .targets.jobs import recorded
+        from .targets.jobsubmit import Cluster, ClusterTarget
 
         address = recorded(run_dir).address
-        return RayClusterTarget(make(address), address)
-    return make()
+        return ClusterTarget(Cluster(address, address))
+    return HostTarget() if plan["recipe"].get("mode") == "host" else ContainerTarget()

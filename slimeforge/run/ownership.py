@@ -6,8 +6,10 @@ acting and act only on a verdict that is `ours`.
 What is compared, per kind:
 - Ray head: pid AND the process's start time (field 22 of /proc/PID/stat, in clock ticks since
   boot) AND the boot id (/proc/sys/kernel/random/boot_id: a start time means nothing after a
-  reboot) AND the run it was started for (exp_id and the run token of the run directory). A pid
-  the kernel gave to another process, or a record edited by hand, never matches all four.
+  reboot) AND the exact `ray start --head ...` argv launch.sh recorded, with the run token in the
+  process's environment, AND the run it was started for (exp_id and the run token of the run
+  directory). A pid the kernel gave to another process, or a record edited by hand, never matches
+  them all. (The node agent proves what cluster.up started the same way: scripts/hostrecord.py.)
 - Ray job: its metadata, set at submit by launch.sh (slimeforge_exp_id, slimeforge_run_token).
 - Container: the labels slimeforge puts on the containers it starts (slimeforge.exp_id,
   slimeforge.run_token) and the full id docker recorded (--cidfile).
@@ -30,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from ..proc import pid_alive
+from ..schema import WHOLE_RE
+from ..scripts.hostrecord import argv_matches
 
 OURS, ENDED, FOREIGN = "ours", "ended", "foreign"
 RUN_TOKEN_RE = re.compile(r"[0-9a-f]{32}")
@@ -75,6 +79,7 @@ class HeadRecord:
     boot_id: str
     exp_id: str
     run_token: str
+    argv: tuple[str, ...] = ()  # the exact `ray start --head ...`; () in records older than issue 33
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,7 @@ class ProcFacts:
     boot_id: str
     argv: tuple[str, ...]
     zombie: bool = False
+    environ: tuple[str, ...] = ()  # its initial environment (/proc/PID/environ): launch.sh puts the run token there
 
 
 def stat_start_time(stat_text: str) -> tuple[int, str] | None:
@@ -93,7 +99,7 @@ def stat_start_time(stat_text: str) -> tuple[int, str] | None:
     The command name (field 2) is in parentheses and may hold spaces and ')': split after the last ')'."""
     _, paren, rest = stat_text.rpartition(")")
     fields = rest.split()
-    if not paren or len(fields) < 20 or not fields[19].isdigit():
+    if not paren or len(fields) < 20 or not WHOLE_RE.fullmatch(fields[19]):
         return None
     return int(fields[19]), fields[0]  # fields[0] is field 3 (state), fields[19] is field 22 (starttime)
 
@@ -111,13 +117,17 @@ def proc_facts(pid: int) -> ProcFacts | None:
         stat_text = Path(f"/proc/{pid}/stat").read_text()
         argv = tuple(a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a)
         boot = boot_id()
+        try:
+            environ = tuple(a.decode(errors="replace") for a in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if a)
+        except PermissionError:  # another user's process: it cannot carry our token either
+            environ = ()
     except OSError:
         return None
     parsed = stat_start_time(stat_text)
     if parsed is None:
         return None
     start, state = parsed
-    return ProcFacts(pid, start, boot, argv, zombie=state == "Z")
+    return ProcFacts(pid, start, boot, argv, zombie=state == "Z", environ=environ)
 
 
 def head_verdict(record: HeadRecord, now: ProcFacts | None, exp_id: str, run_token: str | None) -> Verdict:
@@ -132,15 +142,25 @@ def head_verdict(record: HeadRecord, now: ProcFacts | None, exp_id: str, run_tok
     if now.start_time != record.start_time:
         return ended(f"the Ray head (pid {record.pid}) has exited; pid {record.pid} is another process now "
                      f"(started at tick {now.start_time}, the head at {record.start_time})")
-    if "--head" not in now.argv:
-        return foreign(f"pid {record.pid} started when the head did but is not `ray start --head` ({' '.join(now.argv)[:120]!r})")
+    if not is_recorded_head(record, now):
+        return foreign(f"pid {record.pid} started when the head did but is not the `ray start --head` recorded, with this run's token "
+                       f"({' '.join(now.argv)[:120]!r})")
     return ours(f"Ray head pid {record.pid} (started for {exp_id}, start time and boot id match)")
 
 
 def head_alive(record: HeadRecord, now: ProcFacts | None) -> bool:
     """The recorded head still runs (whatever run it was started for): pid, start time and boot id match."""
     return (now is not None and not now.zombie and now.boot_id == record.boot_id and now.start_time == record.start_time
-            and "--head" in now.argv)
+            and is_recorded_head(record, now))
+
+
+def is_recorded_head(record: HeadRecord, now: ProcFacts) -> bool:
+    """The live argv is the recorded `ray start --head ...` (its #! interpreter in front) and the run
+    token is in its environment, as the node agent proves its `ray start` (scripts/hostrecord.py);
+    a record older than issue 33 (no argv): `--head` among the words."""
+    if not record.argv:
+        return "--head" in now.argv
+    return argv_matches(list(record.argv), list(now.argv)) and f"SLIMEFORGE_RUN_TOKEN={record.run_token}" in now.environ
 
 
 # --- Ray job -------------------------------------------------------------------------------------

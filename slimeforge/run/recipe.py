@@ -17,7 +17,7 @@ from pydantic import Field
 from ..errors import ConfigError, Problem
 from ..image.imageref import image_ref_problems
 from ..image.stack import Stack, available_flavors, load_stack, stack_path
-from ..schema import ENV_NAME_RE, Model, did_you_mean, secret_name, secret_value, validate
+from ..schema import ENV_NAME_RE, Model, did_you_mean, secret_name, secret_value, validate, whole_problem
 from ..yamlio import deep_merge, load_with_extends, parse_set, parse_yaml
 from .flags import render_flags
 from .slime_facts import load_facts, model_types_in
@@ -59,18 +59,50 @@ RUNNER_FIELDS: dict[str, Any] = {
 
 EXP_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # arn:aws:bedrock-agentcore:<region>:<12-digit account>:runtime/<runtime id>
-ARN_RE = re.compile(r"arn:aws(-[a-z]+)*:bedrock-agentcore:[a-z]{2}(-[a-z]+)+-\d:\d{12}:runtime/[A-Za-z][A-Za-z0-9_]{0,99}-[A-Za-z0-9]{10}")
+ARN_RE = re.compile(r"arn:aws(-[a-z]+)*:bedrock-agentcore:[a-z]{2}(-[a-z]+)+-[0-9]:[0-9]{12}:runtime/[A-Za-z][A-Za-z0-9_]{0,99}-[A-Za-z0-9]{10}")
 # Names passed to slime or the toolkit as a flag's value: never starting with '-' (argparse would
 # read "--lr" as the next option) and in the alphabet of what they name.
 LABEL_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")  # wandb project/group, eval data names
 MODEL_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:/-]{0,255}")  # "default", or a Bedrock model id
 # One extra_flags item is a flag (`--name`, `--name=value`) or one value of the flag before it.
 FLAG_RE = re.compile(r"--[a-z0-9]+(?:-[a-z0-9]+)*")
-NUMBER_RE = re.compile(r"-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+NUMBER_RE = re.compile(r"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
 MAX_GPUS_PER_HOST = 64
 MAX_NODES = 4096
 MAX_COUNT = 1 << 31  # batch sizes, lengths, counts, timeouts: anything larger is a typo
 REWARD_POSTPROCESSING = ("grpo", "none")
+# Where a run's data, model or checkpoints never live: a checkpoint_dir of / or /etc is written
+# into (and mounted read-write into the container); a model_dir of /proc is not a model.
+SYSTEM_DIRS = ("/etc", "/usr", "/proc", "/sys", "/dev", "/boot")
+# A mount (docker -v SRC:DST:MODE, pyxis's SRC:DST[:ro],...) splits its value at ':' and ','.
+MOUNT_SEPARATORS = (":", ",")
+# Environment slimeforge itself sets for the job or launch.sh reads: a recipe's env may not
+# replace it (RAY_ADDRESS would point the job at another cluster; SLIMEFORGE_RUN_TOKEN names the
+# launch that run.stop proves; PATH and PYTHONPATH choose what runs). LD_LIBRARY_PATH and CUDA_HOME
+# are merged with slimeforge's (flags.runtime_env_vars), not replaced: they stay allowed.
+RESERVED_ENV = frozenset({"PATH", "PYTHONPATH", "PYTHONHOME", "HOME", "LD_PRELOAD", "RAY_ADDRESS", "CUDA_VISIBLE_DEVICES",
+                          "CUDA_DEVICE_MAX_CONNECTIONS", "CUDNN_HOME", "CUDNN_PATH", "CUDNN_FRONTEND_CUDART_LIB_NAME", "WANDB_ENTITY"})
+RESERVED_ENV_PREFIXES = ("SLIMEFORGE_", "SF_", "SLURM_")
+
+
+def host_path_problem(path: str) -> str | None:
+    """Why `path` cannot be a run's model, data or checkpoint path, or None: not absolute, `/` or
+    a system directory (or under one), or a ':' or ',' where it becomes a container mount."""
+    if not path.startswith("/"):
+        return "must be an absolute path (it is read on every cluster host)"
+    norm = os.path.normpath(path)
+    norm = "/" + norm.lstrip("/")  # normpath keeps a leading '//'
+    if norm == "/":
+        return "is the root directory; a run never reads or writes the whole host"
+    if any(norm == d or norm.startswith(d + "/") for d in SYSTEM_DIRS):
+        return f"is under a system directory ({', '.join(SYSTEM_DIRS)}); a run's files never live there"
+    if bad := [c for c in MOUNT_SEPARATORS if c in path]:
+        return f"holds {' and '.join(repr(c) for c in bad)}, which splits a container mount (docker -v, pyxis --container-mounts)"
+    return None
+
+
+def reserved_env(name: str) -> bool:
+    return name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)
 
 
 class Recipe(Model):
@@ -166,7 +198,7 @@ def _bucket_problems(value: str) -> list[str]:
         why.append("must begin and end with a letter or digit")
     if ".." in bucket:
         why.append("must not hold two adjacent dots")
-    if re.fullmatch(r"\d+\.\d+\.\d+\.\d+", bucket):
+    if re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+", bucket):
         why.append("must not look like an IP address")
     for prefix in ("xn--", "sthree-", "amzn-s3-demo-"):
         if bucket.startswith(prefix):
@@ -188,17 +220,20 @@ def check(recipe: Recipe, stack: Stack, rendered_flags: set[str]) -> list[Proble
         p.append(Problem("agent_runtime_arn", "is not an AgentCore runtime ARN", r.agent_runtime_arn, "arn:aws:bedrock-agentcore:<region>:<12-digit account>:runtime/<name>-<10-character id>"))
     for why in _bucket_problems(r.s3_bucket):
         p.append(Problem("s3_bucket", f"breaks S3 bucket naming rules: {why}", r.s3_bucket, "a bucket name such as my-rollouts-1, or s3://bucket/prefix"))
-    for name in ("model_dir", "data_path", "slime_dir", "megatron_dir"):
+    paths_accepted = f"/path/on/the/hosts: absolute, not / or under {', '.join(SYSTEM_DIRS)}, without ':' or ','"
+    for name in ("model_dir", "data_path", "checkpoint_dir"):
+        value = getattr(r, name)
+        if value is not None and (path_why := host_path_problem(value)):
+            p.append(Problem(name, path_why, value, paths_accepted))
+    for name in ("slime_dir", "megatron_dir"):  # checkouts: in the image or the install, never mounted
         value = getattr(r, name)
         if not value.startswith("/"):
             p.append(Problem(name, "must be an absolute path (it is read on every cluster host)", value, "/path/on/the/hosts"))
-    if r.checkpoint_dir is not None and not r.checkpoint_dir.startswith("/"):
-        p.append(Problem("checkpoint_dir", "must be an absolute path", r.checkpoint_dir, "/path/on/the/hosts"))
     for name, path in r.eval_data.items():
         if not LABEL_RE.fullmatch(name):
             p.append(Problem(f"eval_data.{name}", "is not a data set name (it is passed to slime as NAME PATH)", name, "letters, digits, '.', '_', '-', not starting with '-' or '.'"))
-        if not path.startswith("/"):
-            p.append(Problem(f"eval_data.{name}", "must be an absolute path", path, "/path/on/the/hosts"))
+        if path_why := host_path_problem(path):
+            p.append(Problem(f"eval_data.{name}", path_why, path, paths_accepted))
     for name in ("wandb_project", "wandb_group"):
         value = getattr(r, name)
         if value is not None and not LABEL_RE.fullmatch(value):
@@ -282,11 +317,16 @@ def check(recipe: Recipe, stack: Stack, rendered_flags: set[str]) -> list[Proble
     for i, name in enumerate(r.secret_env):
         if not ENV_NAME_RE.fullmatch(name):
             p.append(Problem(f"secret_env.{i}", "is not an environment variable name", name, "letters, digits and '_', not starting with a digit"))
+        elif reserved_env(name):
+            p.append(Problem(f"secret_env.{i}", "is set by slimeforge itself and may not be replaced", name, "any other name"))
         elif name in r.env:
             p.append(Problem(f"secret_env.{i}", "is also set in env; a secret's value never goes into a recipe", name, "remove it from env"))
     for key, value in r.env.items():
         if not ENV_NAME_RE.fullmatch(key):
             p.append(Problem(f"env.{key}", "is not an environment variable name", key, "letters, digits and '_', not starting with a digit"))
+        elif reserved_env(key):
+            p.append(Problem(f"env.{key}", "is set by slimeforge itself and may not be replaced", key,
+                             f"any other name (reserved: {', '.join(sorted(RESERVED_ENV))} and {'*, '.join(RESERVED_ENV_PREFIXES)}*)"))
         elif secret_name(key) or secret_value(value):
             p.append(Problem(f"env.{key}", "looks like a secret, and secrets are never written into the run directory", None, SECRET_ADVICE, show_value=False))
 
@@ -321,11 +361,21 @@ def longest_sample_problems(r: Recipe) -> list[Problem]:
     per GPU: one sample (its prompt plus rollout_max_response_len) must fit, or slime cannot pack it.
     The prompt's bound comes from extra_flags (--rollout-max-prompt-len, --rollout-max-context-len),
     else it is at least one token; context parallelism splits a sample over its ranks."""
+    bad: list[Problem] = []
+
     def number(flag: str) -> int | None:
         value = flag_value(r.extra_flags, flag)
-        return int(value) if value is not None and value.isdigit() and 0 < int(value) <= 1 << 24 else None
+        if value is None:
+            return None
+        # The one number parser: '²' passed str.isdigit() and failed int(); slime's argparse would take '٣' as 3.
+        if problem := whole_problem(value, f"extra_flags {flag}", 1, 1 << 24, "tokens" if "len" in flag else "ranks"):
+            bad.append(problem)
+            return None
+        return int(value)
 
     prompt, context, cp = number("--rollout-max-prompt-len"), number("--rollout-max-context-len"), number("--context-parallel-size") or 1
+    if bad:
+        return bad
     longest = r.rollout_max_response_len + (prompt or 1)
     what = f"{'its prompt (--rollout-max-prompt-len ' + str(prompt) + ')' if prompt else 'at least one prompt token'} plus " \
            f"rollout_max_response_len ({r.rollout_max_response_len})"
@@ -410,7 +460,7 @@ def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
 
 def load_recipe_data(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     path = Path(path)
-    if not path.is_file():
+    if not (path.exists() or path.is_symlink()):  # anything else there (a FIFO, a directory) the reader names
         raise ConfigError(str(path), [Problem("recipe", "names no file", str(path), "a path such as recipes/gsm8k.yaml")])
     data = load_with_extends(path)
     return deep_merge(data, overrides or {})
@@ -441,7 +491,7 @@ def parse_recipe(data: dict[str, Any], source: str, overrides: dict[str, Any] | 
         recipe = validate(Recipe, data, source)
     except ConfigError as exc:
         raise _blame(exc.problems, overrides or {}, source) from None
-    if not stack_path(recipe.stack).is_file():
+    if not (stack_path(recipe.stack).exists() or stack_path(recipe.stack).is_symlink()):  # a FIFO or directory: the reader says what it is
         raise _blame([Problem("stack", "names no stack file", recipe.stack, ", ".join(available_flavors()) + " or a path to a stack YAML")],
                      overrides or {}, source)
     stack = load_stack(recipe.stack)

@@ -12,11 +12,8 @@ from ..schema import text_problem
 from .recipe import RUNNER_FIELDS, Recipe
 
 
-def resolve_mode(recipe: Recipe, mode: str | None = None, install_prefix: str | None = None, image: str | None = None,
-                 require_image: bool = True, stack: Stack | None = None) -> Recipe:
-    """Apply the command line's mode options; host mode with an install prefix takes slime and
-    Megatron from the install's checkouts (paths.Prefix: <prefix>/slime, <prefix>/Megatron-LM, by
-    the stack's source dirs; default stack: the recipe's) unless the recipe names them."""
+def command_line_problems(mode: str | None, install_prefix: str | None, image: str | None) -> None:
+    """--mode, --prefix and --image by their grammar (ConfigError naming each), with or without a recipe."""
     problems = []
     if mode is not None and mode not in ("container", "host"):
         problems.append(Problem("--mode", "is not a launch mode", mode, "container or host"))
@@ -28,6 +25,15 @@ def resolve_mode(recipe: Recipe, mode: str | None = None, install_prefix: str | 
         problems.append(Problem("--prefix", "must be an absolute path (the --prefix given to `invoke install`)", install_prefix, "/path/on/the/hosts"))
     if problems:
         raise ConfigError("command line", problems)
+
+
+def resolve_mode(recipe: Recipe, mode: str | None = None, install_prefix: str | None = None, image: str | None = None,
+                 require_image: bool = True, stack: Stack | None = None) -> Recipe:
+    """Apply the command line's mode options; host mode with an install prefix takes slime and
+    Megatron from the install's checkouts (paths.Prefix: <prefix>/slime, <prefix>/Megatron-LM, by
+    the stack's source dirs; default stack: the recipe's) unless the recipe names them."""
+    command_line_problems(mode, install_prefix, image)
+    problems: list[Problem] = []
     update: dict[str, Any] = {}
     if mode:
         update["mode"] = mode

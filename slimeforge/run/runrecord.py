@@ -20,11 +20,11 @@ and in the state directory, per GCS port: head.json (launch.sh: pid, start time,
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
 import shutil
+import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -35,16 +35,17 @@ from .. import records
 from ..atomic import dir_lock, write_file
 from ..errors import ConfigError, Problem, SlimeforgeError
 from ..proc import Runner
+from ..schema import WHOLE_RE
 from . import ownership
 from .headstate import HEAD_RECORD, read_head, state_dir
 from .ownership import HeadRecord, Verdict
 from .rundir import read_plan
 from .targets.slurm_checks import fields
 
-JOB_ID_RE = re.compile(r"[1-9]\d{0,11}")
-SUBMISSION_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}-\d{8}-\d{6}-[0-9a-f]{6}")
-ADDRESS_RE = re.compile(r"https?://[A-Za-z0-9_.%\[\]:-]{1,253}:\d{1,5}/?")
-SUBMITTED_AT_RE = re.compile(r"\d{1,12}(?:\.\d{1,6})?")
+JOB_ID_RE = re.compile(r"[1-9][0-9]{0,11}")
+SUBMISSION_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}-[0-9]{8}-[0-9]{6}-[0-9a-f]{6}")
+ADDRESS_RE = re.compile(r"https?://[A-Za-z0-9_.%\[\]:-]{1,253}:[0-9]{1,5}/?")
+SUBMITTED_AT_RE = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,6})?")
 # The records of one launch; kept under history/<n>/ when the directory is rendered again.
 LAUNCH_RECORDS = ("run_token", "submission_id", "ray_address", "container.id", "slurm_job_id", "slurm_submitted_at")
 HISTORY = "history"
@@ -159,7 +160,7 @@ def jobs_api(address: str, method: str, path: str, timeout: float = API_TIMEOUT_
     except (OSError, ValueError) as exc:
         raise Unreachable(f"the Ray Jobs API at {address} does not answer ({getattr(exc, 'reason', exc)})") from None
     try:
-        return json.loads(body)
+        return records.json_loads(body)
     except ValueError:
         raise Unreachable(f"the Ray Jobs API at {address} answered something that is not JSON to {method} {path}") from None
 
@@ -190,7 +191,7 @@ def docker_inspect(container_id: str, runner: Runner, docker: str = "docker") ->
             return None
         raise Unreachable(f"docker inspect {container_id[:12]} failed: {r.stderr.strip()[-300:]}")
     try:
-        doc = json.loads(r.stdout)
+        doc = records.json_loads(r.stdout)
     except ValueError:
         raise Unreachable(f"docker inspect {container_id[:12]} printed something that is not JSON") from None
     return doc[0] if isinstance(doc, list) and doc and isinstance(doc[0], dict) else None
@@ -296,11 +297,11 @@ def archive(run_dir: Path) -> int:
     if hist.is_symlink() or (hist.exists() and not hist.is_dir()):
         raise ConfigError(str(run_dir), [Problem(HISTORY, "is not a directory", str(hist), "a directory slimeforge keeps past launches in")])
     hist.mkdir(exist_ok=True)
-    taken = [int(p.name) for p in hist.iterdir() if p.name.isdigit()]
+    # Only names of ASCII digits count (`history/²` is someone else's: str.isdigit() took it, int() did not).
+    taken = [int(p.name) for p in hist.iterdir() if WHOLE_RE.fullmatch(p.name)]
     n = max(taken, default=0) + 1
-    tmp = hist / f".{n}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    # A fresh staging name: a left-over `.1.tmp` (a file, a symlink, someone's directory) is not ours to remove.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{n}.", suffix=".tmp", dir=hist))
     for name in os.listdir(run_dir):
         path = run_dir / name
         if path.is_file() and not path.is_symlink() and name not in LAUNCH_RECORDS and not name.startswith(".") and name != "job.log" \

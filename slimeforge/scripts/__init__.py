@@ -1,0 +1,31 @@
+"""Programs that run on targets (hosts, allocations, images) with their standard library only.
+
+`program(name, *helpers)` makes one of them a single self-contained program, for `python3 -` on
+stdin over ssh or one file copied into a run directory: each helper module's source is registered
+under its own name before the program runs, so the program's `import helper` finds it there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def program(name: str, *helpers: str) -> str:
+    sources = {h: (HERE / f"{h}.py").read_text() for h in helpers}
+    main = (HERE / f"{name}.py").read_text()
+    # Each source compiled on its own (each keeps its `from __future__` line and its file name in tracebacks).
+    return "\n".join([
+        "import sys, types",
+        f"for _name, _src in {sources!r}.items():",
+        "    _mod = sys.modules[_name] = types.ModuleType(_name)",
+        "    exec(compile(_src, _name + '.py', 'exec'), _mod.__dict__)",
+        f"exec(compile({main!r}, {name + '.py'!r}, 'exec'), {{'__name__': '__main__'}})",
+        "",
+    ])
+
+
+def node_agent_program() -> str:
+    """The node agent with its record module (hostrecord.py), as one program."""
+    return program("node_agent", "hostrecord")

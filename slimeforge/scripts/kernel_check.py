@@ -19,6 +19,7 @@ import argparse
 import importlib.util
 import json
 import multiprocessing
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,25 @@ import time
 import traceback
 
 OK, FAILED, SKIPPED = "ok", "FAILED", "skipped"
+MAX_TIMEOUT_S = 86_400.0
+# Seconds as ASCII digits with an optional fraction (this script runs with the target's Python
+# alone, without slimeforge's schema module). float() takes nan, inf, 1e999 and '٣'.
+SECONDS_RE = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9})?")
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def seconds(text: str) -> float:
+    """--timeout: more than 0 and at most a day; never nan, infinity, zero or negative."""
+    value = float(text) if SECONDS_RE.fullmatch(text) else -1.0
+    if not 0 < value <= MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a timeout: seconds, more than 0 and at most {MAX_TIMEOUT_S:g} (digits, an optional fraction)")
+    return value
+
+
+def printable(text: str) -> str:
+    """Text from a tool or an exception (a GPU name, an error message) without control characters:
+    an escape sequence in it would reach the terminal, a newline would forge a report line."""
+    return _CONTROL_RE.sub("?", text)
 
 
 def rel_err(out, ref) -> float:
@@ -179,7 +199,7 @@ def _piece_child(name: str, conn) -> None:
     except BaseException as exc:  # noqa: BLE001 - reported by name, with the error
         last = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
         where = f" (at {last[0].filename.rsplit('/', 1)[-1]}:{last[0].lineno})" if last else ""
-        conn.send((FAILED, f"{type(exc).__name__}: {exc}".strip()[:600] + where))
+        conn.send((FAILED, printable(f"{type(exc).__name__}: {exc}".strip()[:600] + where)))
 
 
 def run_piece(name: str, timeout: float) -> dict:
@@ -200,7 +220,7 @@ def run_piece(name: str, timeout: float) -> dict:
     if proc.is_alive():
         proc.kill()
         proc.join()
-    return {"name": name, "status": status, "detail": detail, "seconds": round(time.monotonic() - start, 2)}
+    return {"name": name, "status": status, "detail": printable(str(detail)), "seconds": round(time.monotonic() - start, 2)}
 
 
 def gpu_name() -> str | None:
@@ -215,14 +235,14 @@ def gpu_name() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     gpus = [line for line in out.splitlines() if line.startswith("GPU ")]
-    return gpus[0].split(":", 1)[1].split("(UUID")[0].strip() if gpus else None
+    return printable(gpus[0].split(":", 1)[1].split("(UUID")[0].strip())[:200] if gpus else None
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Run one small operation of every compiled piece on the GPU against torch.")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of lines")
     ap.add_argument("--only", action="append", choices=sorted(PIECES), help="check just this piece (repeatable)")
-    ap.add_argument("--timeout", type=float, default=300.0, help="seconds a piece may take (default 300)")
+    ap.add_argument("--timeout", type=seconds, default=300.0, help="seconds a piece may take (default 300)")
     ap.add_argument("--probe", action="store_true", help="only say whether a GPU is present: its name and exit 0, else exit 1")
     args = ap.parse_args(argv)
     if args.probe:

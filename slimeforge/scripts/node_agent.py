@@ -14,6 +14,9 @@ Commands:
   stop   SIGTERM exactly the recorded process (`ray start --block` then stops every process it
          started) or `docker stop` the recorded container; nothing else
   nodes  GET a Ray dashboard's node list (run on the head, so the dashboard need not be exposed)
+  runcheck  a recipe's paths on this host before a job is submitted (cluster/runcheck.py): a model
+         dir with its config.json and weight sizes, files the job reads, the checkpoint dir writable,
+         its free space, and the one-filesystem marker (written on one host, read on all)
 
 Inside a Slurm allocation (templates/slurm.sbatch.j2 runs it with `srun`, one task per node, from
 the run directory, where it is copied):
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import fcntl
 import getpass
+import importlib
 import json
 import os
 import platform
@@ -41,7 +45,6 @@ import sys
 import time
 import urllib.request
 
-RECORD = "ray.json"  # what `start` started: {"pid", "starttime", "argv"} or {"container"}
 LOG = "ray.log"
 # The one GPU query of slimeforge: the node agent asks it on every cluster host, and preflight
 # (slimeforge/run/preflight/host.py) asks it on this one; both read it with parse_gpus.
@@ -49,77 +52,27 @@ NVIDIA_QUERY = "index,name,uuid,driver_version,memory.total,compute_cap,pci.bus_
 QUERY_GPU = ["nvidia-smi", "--query-gpu=" + NVIDIA_QUERY, "--format=csv"]
 
 
-# --- processes -------------------------------------------------------------------------------
+# --- what we started (hostrecord: the record and its proofs) -----------------------------------
+
+try:
+    from . import hostrecord  # imported as slimeforge.scripts.node_agent
+except ImportError:  # on a host: one program (slimeforge.scripts.program) that registered it first
+    hostrecord = importlib.import_module("hostrecord")
+
+RECORD, RecordError, read_record, tail = hostrecord.RECORD, hostrecord.RecordError, hostrecord.read_record, hostrecord.tail
+_stat = hostrecord.proc_stat
 
 
-def _stat(pid):
-    """(state, ppid, starttime) from /proc/<pid>/stat, or None when there is no such process."""
+def record_state(state_dir):
+    """(record or None, verdict, reason, running): a record that is not ours to read is FOREIGN."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            data = f.read()
-    except OSError:
-        return None
-    # The command name is in parentheses and may hold spaces: split after its closing one.
-    rest = data[data.rindex(")") + 2 :].split()
-    return rest[0], int(rest[1]), int(rest[19])
-
-
-def alive(pid, starttime):
-    """True when `pid` still is the process we recorded: same start time (pids are reused), not a zombie."""
-    st = _stat(pid)
-    return st is not None and st[2] == starttime and st[0] != "Z"
-
-
-def descendants(root):
-    """[(pid, starttime)] of every process below `root`, found through /proc parent links."""
-    children = {}  # type: dict[int, list[tuple[int, int]]]
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            st = _stat(int(name))
-            if st is not None:
-                children.setdefault(st[1], []).append((int(name), st[2]))
-    out, todo = [], [root]
-    while todo:
-        for pid, start in children.get(todo.pop(), []):
-            out.append((pid, start))
-            todo.append(pid)
-    return out
-
-
-def read_record(state_dir):
-    try:
-        with open(os.path.join(state_dir, RECORD)) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def write_record(state_dir, record):
-    tmp = os.path.join(state_dir, RECORD + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(record, f)
-    os.replace(tmp, os.path.join(state_dir, RECORD))
-
-
-def container_running(cid):
-    r = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", cid], capture_output=True, text=True)
-    return r.returncode == 0 and r.stdout.strip() == "true"
-
-
-def record_running(record):
-    if not record:
-        return False
-    if "container" in record:
-        return container_running(record["container"])
-    return alive(record["pid"], record["starttime"])
-
-
-def tail(path, lines=25):
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
-    except OSError:
-        return ""
+        record = read_record(state_dir)
+        if record is None:
+            return None, hostrecord.ENDED, "nothing recorded", False
+        state, why, running = hostrecord.verdict(record)
+    except RecordError as exc:
+        return None, hostrecord.FOREIGN, str(exc), False
+    return record, state, why, running
 
 
 # --- network ---------------------------------------------------------------------------------
@@ -138,6 +91,11 @@ def iface_addresses():
     return out
 
 
+def hostport(host, port):
+    """HOST:PORT, with an IPv6 address in brackets ([fd00::1]:6379), as URLs and Ray's --address want."""
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
 def route_to(ip):
     """{"dev", "src"}: the interface and source address this host uses to reach `ip`."""
     if shutil.which("ip"):
@@ -152,7 +110,7 @@ def route_to(ip):
             if "dev" in info and "src" in info:
                 return info
     # Without iproute2: a UDP "connect" picks the route (no packet is sent).
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((ip, 9))
         src = s.getsockname()[0]
     dev = next((d for d, a in iface_addresses().items() if a == src), None)
@@ -233,11 +191,13 @@ def cmd_facts(p):
         "addresses": iface_addresses(),
         "gpus": gpus(),
     }
-    record = read_record(state_dir)
-    if record is not None:
-        record["running"] = record_running(record)
-        record["log_tail"] = tail(os.path.join(state_dir, LOG), 8)
-    out["record"] = record
+    record, state, why, running = record_state(state_dir)
+    if state == hostrecord.FOREIGN:  # shown by cluster.up's preflight and cluster.status, never acted on
+        out["record"] = {"refused": why, "running": False}
+    elif record is not None:
+        out["record"] = dict(record, running=running, log_tail=tail(os.path.join(state_dir, LOG), 8))
+    else:
+        out["record"] = None
     if p.get("head_ip"):
         try:
             out["route"] = route_to(p["head_ip"])
@@ -247,45 +207,72 @@ def cmd_facts(p):
         busy = listening_ports()
         out["ports_busy"] = sorted(port for port in p["ports"] if port in busy)
     if p.get("reach"):
-        out["reach"] = {f"{ip}:{port}": tcp_reach(ip, port) for ip, port in p["reach"]}
+        out["reach"] = {hostport(ip, port): tcp_reach(ip, port) for ip, port in p["reach"]}
     if p.get("docker"):
         r = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True) if shutil.which("docker") else None
         out["docker"] = {"version": r.stdout.strip()} if r is not None and r.returncode == 0 else {"error": (r.stderr.strip() if r else "docker not found on PATH")}
     return out
 
 
+def _start_problem(p):
+    """Why `start` must not run p["argv"]: it starts only what `stop` can prove later."""
+    if not (isinstance(p.get("token"), str) and hostrecord.TOKEN_RE.fullmatch(p["token"])):
+        return "no cluster token (32 hex digits) was passed: cluster.up writes one into every record"
+    if not (isinstance(p.get("cluster"), str) and hostrecord.CLUSTER_RE.fullmatch(p["cluster"])):
+        return "no cluster name was passed"
+    argv = p.get("argv")
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+        return "argv is not a list of strings"
+    if p.get("container"):
+        labels = {f"{hostrecord.LABEL_CLUSTER}={p['cluster']}", f"{hostrecord.LABEL_TOKEN}={p['token']}"}
+        given = {argv[i + 1] for i in range(len(argv) - 1) if argv[i] == "--label"}
+        return None if argv[:2] == ["docker", "run"] and labels <= given else "argv is not `docker run` with this cluster's labels"
+    return None if hostrecord.is_ray_start(argv) else "argv is not `ray start --block ...`"
+
+
 def cmd_start(p):
+    why = _start_problem(p)
+    if why:
+        return {"ok": False, "error": why + "; nothing started"}
     state_dir = os.path.expanduser(p["state_dir"])
     os.makedirs(state_dir, exist_ok=True)
-    record = read_record(state_dir)
-    if record_running(record):
+    record, state, why, running = record_state(state_dir)
+    if state == hostrecord.FOREIGN:
+        return {"ok": False, "error": f"{why}; left alone and nothing started: check it, remove {os.path.join(state_dir, RECORD)}, run cluster.up again"}
+    if running:
         return {"ok": True, "already": True, "record": record}
     if p.get("reach_first"):
         ip, port = p["reach_first"]
         why = tcp_reach(ip, port)
         if why:
-            return {"ok": False, "error": f"cannot open a TCP connection to {ip}:{port} from this host: {why}"}
-    if record and "container" in record:
-        # Ours and stopped: remove it, so its name is free for the new one.
-        subprocess.run(["docker", "rm", "-f", record["container"]], capture_output=True)
+            return {"ok": False, "error": f"cannot open a TCP connection to {hostport(ip, port)} from this host: {why}"}
+    if record and "container" in record and state == hostrecord.OURS:
+        # Ours (full id and labels proved) and stopped: remove it, so its name is free for the new one.
+        hostrecord.docker("rm", "-f", "--", record["container"])
     log_path = os.path.join(state_dir, LOG)
-    if os.path.exists(log_path):
+    if os.path.lexists(log_path):
         os.replace(log_path, log_path + ".1")
-    env = dict(os.environ, **p.get("env", {}))
+    # The token in the process's environment: `stop` reads it back from /proc/PID/environ.
+    env = dict(os.environ, **p.get("env", {}), **{hostrecord.TOKEN_ENV: p["token"]})
     argv = p["argv"]
+    base = {"argv": argv, "token": p["token"], "cluster": p["cluster"], "started_at": time.time()}
     if p.get("container"):
         r = subprocess.run(argv, capture_output=True, text=True, env=env)
-        if r.returncode != 0:
-            return {"ok": False, "error": f"docker run exited {r.returncode}: {(r.stdout + r.stderr).strip()[-2000:]}"}
-        record = {"container": r.stdout.strip().splitlines()[-1], "argv": argv, "started_at": time.time()}
-        write_record(state_dir, record)
+        cid = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
+        if r.returncode != 0 or not hostrecord.CONTAINER_ID_RE.fullmatch(cid):
+            return {"ok": False, "error": f"docker run exited {r.returncode} without a container id: {(r.stdout + r.stderr).strip()[-2000:]}"}
+        record = dict(base, container=cid)
+        hostrecord.write_record(state_dir, record)
         return _wait_ready(p, record, log_path)
     with open(log_path, "ab") as log, open(os.devnull, "rb") as devnull:
         # A new session: no SIGHUP when the ssh connection ends, and not in ssh's process group.
         proc = subprocess.Popen(argv, stdin=devnull, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=state_dir, start_new_session=True)
     st = _stat(proc.pid)
-    record = {"pid": proc.pid, "starttime": st[2] if st else None, "argv": argv, "started_at": time.time()}
-    write_record(state_dir, record)
+    if st is None:
+        proc.wait()
+        return {"ok": False, "error": "exited before it was ready", "log_tail": tail(log_path)}
+    record = dict(base, pid=proc.pid, starttime=st[2], boot_id=hostrecord.boot_id())
+    hostrecord.write_record(state_dir, record)
     return _wait_ready(p, record, log_path)
 
 
@@ -295,15 +282,17 @@ def _wait_ready(p, record, log_path):
     marker, wait_tcp = p.get("marker"), p.get("wait_tcp")
     while time.time() < deadline:
         if "container" in record:
-            logs = subprocess.run(["docker", "logs", record["container"]], capture_output=True, text=True)
+            logs = hostrecord.docker("logs", "--", record["container"])
             text = logs.stdout + logs.stderr
             with open(log_path, "w") as f:
                 f.write(text)
         else:
-            with open(log_path, errors="replace") as f:
-                text = f.read()
-        if not record_running(record):
-            return {"ok": False, "record": record, "error": "exited before it was ready", "log_tail": tail(log_path)}
+            text = (hostrecord.read_regular(log_path, 1 << 20, last=True) or b"").decode("utf-8", "replace")
+        state, why, running = hostrecord.verdict(record)
+        if not running:
+            # FOREIGN here would be a process that is no longer the one started (its proof says how).
+            error = "exited before it was ready" + (f" ({why})" if state == hostrecord.FOREIGN else "")
+            return {"ok": False, "record": record, "error": error, "log_tail": tail(log_path)}
         if (not marker or marker in text) and (not wait_tcp or tcp_reach(wait_tcp[0], wait_tcp[1], 1.0) is None):
             return {"ok": True, "record": record}
         time.sleep(0.1)
@@ -313,42 +302,49 @@ def _wait_ready(p, record, log_path):
 def cmd_wait(p):
     """Wait for what `start` started (and returned early from) to become ready."""
     state_dir = os.path.expanduser(p["state_dir"])
-    record = read_record(state_dir)
-    if record is None:
-        return {"ok": False, "error": "nothing recorded in " + state_dir}
+    record, state, why, _ = record_state(state_dir)
+    if record is None or state == hostrecord.FOREIGN:
+        return {"ok": False, "error": why if state == hostrecord.FOREIGN else "nothing recorded in " + state_dir}
     return _wait_ready(p, record, os.path.join(state_dir, LOG))
 
 
 def cmd_stop(p):
+    """Stop what the record names, once proved ours (hostrecord); refuse anything else, and say why."""
     state_dir = os.path.expanduser(p["state_dir"])
-    record = read_record(state_dir)
+    record, state, why, running = record_state(state_dir)
+    if record is not None and p.get("cluster") and record["cluster"] != p["cluster"]:
+        state, why = hostrecord.FOREIGN, f"the record names cluster {record['cluster']!r}, not {p['cluster']!r}"
+    if state == hostrecord.FOREIGN:
+        return {"ok": False, "stopped": False, "refused": f"{why}; left alone (nothing signalled or removed)"}
     if record is None:
-        return {"ok": True, "stopped": False, "reason": "nothing recorded"}
+        return {"ok": True, "stopped": False, "reason": why}
+    if state == hostrecord.ENDED:
+        hostrecord.remove_record(state_dir)
+        return {"ok": True, "stopped": False, "reason": why}
     if "container" in record:
         cid = record["container"]
-        running = container_running(cid)
         if running:
-            subprocess.run(["docker", "stop", "-t", str(int(p.get("timeout", 60))), cid], capture_output=True, text=True)
-        subprocess.run(["docker", "rm", "-f", cid], capture_output=True, text=True)
-        os.remove(os.path.join(state_dir, RECORD))
+            hostrecord.docker("stop", "-t", str(int(p.get("timeout", 60))), "--", cid)
+        hostrecord.docker("rm", "-f", "--", cid)
+        hostrecord.remove_record(state_dir)
         return {"ok": True, "stopped": running, "container": cid}
     pid, start = record["pid"], record["starttime"]
-    if not alive(pid, start):
-        os.remove(os.path.join(state_dir, RECORD))
-        return {"ok": True, "stopped": False, "reason": f"recorded pid {pid} is no longer running"}
     # Taken before the signal: if `ray start --block` cannot finish its own cleanup in time,
-    # these (and only these) get SIGKILL.
-    tree = descendants(pid)
-    os.kill(pid, signal.SIGTERM)
+    # these (and only these: children of the proved process, by pid and start time) get SIGKILL.
+    tree = hostrecord.descendants(pid)
+    if not hostrecord.signal_proven(record, signal.SIGTERM):
+        hostrecord.remove_record(state_dir)
+        return {"ok": True, "stopped": False, "reason": f"recorded pid {pid} exited before it was signalled"}
     deadline = time.time() + p.get("timeout", 60)
+    alive = hostrecord.alive
     while time.time() < deadline and (alive(pid, start) or any(alive(c, s) for c, s in tree)):
         time.sleep(0.2)
-    forced = []
-    for c, s in [(pid, start), *tree]:
+    forced = [pid] if hostrecord.signal_proven(record, signal.SIGKILL) else []
+    for c, s in tree:
         if alive(c, s):
             os.kill(c, signal.SIGKILL)
             forced.append(c)
-    os.remove(os.path.join(state_dir, RECORD))
+    hostrecord.remove_record(state_dir)
     return {"ok": True, "stopped": True, "pid": pid, "processes": 1 + len(tree), "forced": forced}
 
 
@@ -363,6 +359,77 @@ def cmd_nodes(p):
     nodes = body["data"]["result"]["result"]
     keep = ("node_id", "node_ip", "is_head_node", "state", "resources_total")
     return {"nodes": [{k: n.get(k) for k in keep} for n in nodes]}
+
+
+# --- a recipe's paths on this host (cluster/runcheck.py) -------------------------------------
+
+MARKER_PREFIX = ".slimeforge-fs-"
+CONFIG_KEYS = ("hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size", "tie_word_embeddings")
+
+
+def cmd_runcheck(p):
+    """p: {"paths": [{"what", "path", "kind": model|file|dir}], "checkpoint": {"dir", "token", "write"|"read"|"remove"}}.
+    Answers {"problems": [{"what", "path", "why"}], "weights_bytes", "config", "free_bytes"}; the caller adds the fixes."""
+    problems, weights = [], 0  # type: list[dict[str, str]], int
+    out = {"problems": problems, "weights_bytes": 0, "config": None, "free_bytes": None}
+
+    def bad(what, path, why):
+        problems.append({"what": what, "path": path, "why": why})
+
+    for item in p.get("paths", []):
+        what, path, kind = item["what"], item["path"], item["kind"]
+        if not os.path.isabs(path):
+            bad(what, path, "is not an absolute path")
+        elif kind == "file" and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+            bad(what, path, "no such file here" if not os.path.exists(path) else "is not a readable file")
+        elif kind == "dir" and not os.path.isdir(path):
+            bad(what, path, "no such directory here")
+        elif kind == "model":
+            config = os.path.join(path, "config.json")
+            if not os.path.isdir(path):
+                bad(what, path, "no such directory here")
+            elif not (os.path.isfile(config) and os.access(config, os.R_OK)):
+                bad(what, path, "has no readable config.json here")
+            else:
+                try:
+                    with open(config) as f:
+                        doc = json.load(f)
+                    out["config"] = {k: doc[k] for k in CONFIG_KEYS if isinstance(doc, dict) and k in doc}
+                except (OSError, ValueError) as exc:
+                    bad(what, path, f"config.json is not JSON: {exc}")
+                with os.scandir(path) as entries:  # the weights: what a checkpoint's size follows
+                    weights += sum(e.stat().st_size for e in entries
+                                                if e.is_file() and e.name.endswith((".safetensors", ".bin", ".pt")))
+    out["weights_bytes"] = weights
+    ck = p.get("checkpoint")
+    if ck:
+        d, token = ck["dir"], ck["token"]
+        if not os.path.isabs(d) or not re.fullmatch(r"[0-9a-f]{32}", token):
+            bad("checkpoint_dir", d, "is not an absolute path with a 32-hex-digit token")
+            return out
+        marker = os.path.join(d, MARKER_PREFIX + token)
+        try:
+            os.makedirs(d, exist_ok=True)
+            probe = os.path.join(d, f".slimeforge-probe-{token}-{os.getpid()}")
+            with open(probe, "w") as f:  # writable by this user, as every rank writes its shard
+                f.write(token)
+            os.remove(probe)
+            st = os.statvfs(d)
+            out["free_bytes"] = st.f_bavail * st.f_frsize
+            if ck.get("write"):
+                with open(marker + ".tmp", "w") as f:
+                    f.write(token)
+                os.replace(marker + ".tmp", marker)
+        except OSError as exc:
+            bad("checkpoint_dir", d, f"is not writable here: {exc.strerror or exc}")
+            return out
+        if ck.get("read"):
+            if tail(marker, 1) != token:  # "" when it is not there
+                bad("checkpoint_dir", d, "is not the head's filesystem: the marker the head wrote there is not here")
+        if ck.get("remove"):
+            if os.path.exists(marker):
+                os.remove(marker)
+    return out
 
 
 def gate(nodes, want):
@@ -486,10 +553,10 @@ def cmd_slurm_gate(p):
                 sys.stderr.write(f"the Ray head on {nodes[0]} exited before its GCS port {p['gcs_port']} answered\n")
                 return {"ok": False, "failed": [nodes[0]]}
             if time.time() > deadline:
-                sys.stderr.write(f"the Ray head's GCS port {ips[nodes[0]]}:{p['gcs_port']} did not answer within {p['timeout']}s: {why}\n")
+                sys.stderr.write(f"the Ray head's GCS port {hostport(ips[nodes[0]], p['gcs_port'])} did not answer within {p['timeout']}s: {why}\n")
                 return {"ok": False, "failed": [nodes[0]]}
             time.sleep(0.2)
-    url = f"http://{ips[nodes[0]]}:{p['dashboard_port']}/api/v0/nodes?limit=10000&detail=false"
+    url = f"http://{hostport(ips[nodes[0]], p['dashboard_port'])}/api/v0/nodes?limit=10000&detail=false"
     want = {ip: p["gpus"] for ip in ips.values()}
     while True:
         answer = cmd_nodes({"url": url, "timeout": 10})
@@ -505,7 +572,7 @@ def cmd_slurm_gate(p):
     return {"ok": False, "failed": [n for n, ip in ips.items() if not verdict[ip][0]]}
 
 
-COMMANDS = {"facts": cmd_facts, "start": cmd_start, "wait": cmd_wait, "stop": cmd_stop, "nodes": cmd_nodes,
+COMMANDS = {"facts": cmd_facts, "start": cmd_start, "wait": cmd_wait, "stop": cmd_stop, "nodes": cmd_nodes, "runcheck": cmd_runcheck,
             "slurm-check": cmd_slurm_check, "slurm-table": cmd_slurm_table, "slurm-ray": cmd_slurm_ray, "slurm-gate": cmd_slurm_gate}
 
 

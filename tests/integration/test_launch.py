@@ -134,7 +134,10 @@ def test_run_on_a_running_cluster_args_env_exit_codes_and_rerun(env, ray_head, c
     assert str(hostile_data) in call["argv"] and recipe.resolved_checkpoint_dir in call["argv"]
     assert call["env"]["STANDIN_NOTE"] == HOSTILE_ENV
     runtime_env = json.loads((run_dir / "runtime_env.json").read_text())["env_vars"]
-    assert {k: call["env"][k] for k in runtime_env} == runtime_env
+    # Ray puts the job's working_dir (job.sh, agentcore.yaml) first on PYTHONPATH; Megatron follows.
+    pythonpath = call["env"]["PYTHONPATH"].split(":")
+    assert pythonpath[-1] == runtime_env["PYTHONPATH"] and "working_dir_files" in pythonpath[0] and call["cwd"] == pythonpath[0]
+    assert {k: call["env"][k] for k in runtime_env if k != "PYTHONPATH"} == {k: v for k, v in runtime_env.items() if k != "PYTHONPATH"}
     assert not Path("/tmp/sf-pwned").exists()
     sid = (run_dir / "submission_id").read_text().strip()
     assert (run_dir / "ray_address").read_text().strip() == ray_head.address

@@ -64,7 +64,7 @@ def test_every_problem_is_reported_at_once(tmp_path):
     assert "host mode only" in found["hosts.3 (e).prefix"]
     assert "pinned by digest" in found["image"]
     assert "names no file" in found["ssh.key"]
-    assert "not an ssh option name" in found["ssh.options"]
+    assert "is not an ssh option slimeforge passes" in found["ssh.options"]
     assert "must differ" in found["ray"]
     assert text.startswith(f"{tmp_path / 'lab.yaml'}: {len(err.value.problems)} problem(s):")
 

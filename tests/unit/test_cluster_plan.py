@@ -60,8 +60,10 @@ def test_container_start_argv_runs_ray_in_the_pinned_image():
     inv = load_inventory(EXAMPLE)
     head = inv.head
     env = nodestart.ray_env(head, "eth0", None)
-    argv = nodestart.start_argv(inv, head, "10.0.0.11", "10.0.0.11", env)
+    argv = nodestart.start_argv(inv, head, "10.0.0.11", "10.0.0.11", env, "0f" * 16)
     assert argv[:4] == ["docker", "run", "--detach", "--name"] and argv[4] == "sf-ray-example-gpu-a"
+    # The labels the node agent proves before it stops or removes the container.
+    assert argv[5:9] == ["--label", "slimeforge.cluster=example", "--label", "slimeforge.cluster_token=" + "0f" * 16]
     for pair in (["--network", "host"], ["--ipc", "host"], ["--gpus", "all"], ["--env", "NCCL_SOCKET_IFNAME=eth0"], ["--env", "NCCL_IB_HCA=mlx5"]):
         assert any(argv[i : i + 2] == pair for i in range(len(argv))), pair
     image_at = argv.index(inv.image)
@@ -172,7 +174,20 @@ def test_run_task_resolves_the_cluster_head_and_passes_it_on(tmp_path, monkeypat
     path.write_text(json.dumps({"gcs": "10.0.0.11:6379", "dashboard": "http://10.0.0.11:8265"}))
     seen = {}
     monkeypatch.setattr(slimeforge.run.launch, "apply", lambda target, plan, runner, stream: seen.update(plan=plan) or 0)
-    image = "reg.example/slimeforge@sha256:" + "0123456789abcdef" * 4
-    tasks.run_start.body(MockContext(), "recipes/gsm8k.yaml", out=str(tmp_path / "run"), cluster=str(EXAMPLE), image=image)
+    # The seed recipe's paths lie outside the example's volumes: refused from the inventory alone, each named.
+    with pytest.raises(Exit) as err:
+        tasks.run_start.body(MockContext(), "recipes/gsm8k.yaml", out=str(tmp_path / "run"), cluster=str(EXAMPLE))
+    message = str(err.value.message)
+    assert err.value.code == 2 and "model_dir: lies outside every container volume of cluster example" in message
+    assert "data_path: lies outside every container volume" in message and not seen
+    # Another image than the cluster's: refused, naming both.
+    other = "reg.example/slimeforge@sha256:" + "0123456789abcdef" * 4
+    fixed = ["model_dir=/models/Qwen2.5-3B-Instruct", "data_path=/data/gsm8k_tiny.jsonl", "num_nodes=2"]
+    with pytest.raises(Exit) as err:
+        tasks.run_start.body(MockContext(), "recipes/gsm8k.yaml", out=str(tmp_path / "run"), cluster=str(EXAMPLE), set_=fixed, image=other)
+    assert err.value.code == 2 and "image: is not the image cluster example" in str(err.value.message) and other in str(err.value.message)
+    # In the volumes, on both hosts: the cluster's image is used, and the job goes to its Jobs API from here.
+    tasks.run_start.body(MockContext(), "recipes/gsm8k.yaml", out=str(tmp_path / "run"), cluster=str(EXAMPLE), set_=fixed)
     plan = seen["plan"]
-    assert plan.target == "ray-cluster" and "RAY_ADDRESS=http://10.0.0.11:8265" in plan.commands[0].argv
+    assert plan.target == "ray-cluster" and plan.commands[0].argv[:5] == ("ray", "job", "submit", "--address", "http://10.0.0.11:8265")
+    assert plan.run.recipe.image == load_inventory(EXAMPLE).image and plan.mounts == ()

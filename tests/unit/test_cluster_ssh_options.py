@@ -1,6 +1,7 @@
-"""An inventory cannot smuggle a command: ssh.options refuses every option that runs one (or loads
-code) on this machine, case-insensitively; a bastion is ssh.proxy_jump; a command proxy is the
-explicit ssh.proxy_command, which `cluster.up --dry-run` shows."""
+"""An inventory cannot smuggle a command: ssh.options is an allow list (sshconfig.OPTIONS, matched
+case-insensitively), so every option that runs one (or loads code, or forwards) on this machine is
+refused; a bastion is ssh.proxy_jump; a command proxy is the explicit ssh.proxy_command, which
+`cluster.up --dry-run` shows."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slimeforge.cluster.inventory import SSH_EXEC_OPTIONS, load_inventory
+from slimeforge.cluster.inventory import load_inventory
 from slimeforge.cluster.raycluster import plan
+from slimeforge.cluster.sshconfig import INSTEAD, OPTIONS
 from slimeforge.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,13 +28,18 @@ def inventory(tmp_path: Path, ssh: dict) -> Path:
 
 
 @pytest.mark.parametrize("key", ["ProxyCommand", "proxycommand", "PROXYCOMMAND", "LocalCommand", "PermitLocalCommand", "KnownHostsCommand",
-                                 "Match", "Include", "RemoteCommand", "PKCS11Provider", "SecurityKeyProvider", "ProxyUseFdpass", "ProxyJump"])
-def test_options_that_run_commands_are_refused_with_a_hint(tmp_path, key):
+                                 "Match", "Include", "RemoteCommand", "PKCS11Provider", "SecurityKeyProvider", "ProxyUseFdpass", "ProxyJump",
+                                 "XAuthLocation", "ForwardAgent", "RemoteForward", "LocalForward", "DynamicForward", "SendEnv", "SetEnv",
+                                 "Hostname", "ForwardX11", "Tunnel", "ControlPath", "StreamLocalBindUnlink"])
+def test_options_off_the_allow_list_are_refused_listing_the_accepted(tmp_path, key):
     marker = tmp_path / "ran"
     with pytest.raises(ConfigError) as err:
         load_inventory(inventory(tmp_path, {"options": {key: f"touch {marker}"}}))
     (problem,) = [p for p in err.value.problems if p.where == f"ssh.options.{key}"]
-    assert "runs a command or loads code" in problem.message and problem.accepted == SSH_EXEC_OPTIONS[key.lower()]
+    assert "is not an ssh option slimeforge passes from an inventory" in problem.message and problem.value == key
+    assert "StrictHostKeyChecking" in problem.accepted and "UserKnownHostsFile" in problem.accepted
+    if key.lower() in INSTEAD:
+        assert INSTEAD[key.lower()] in problem.message
     assert not marker.exists()
 
 
@@ -45,21 +52,27 @@ def test_cluster_status_on_a_proxycommand_inventory_runs_nothing(tmp_path):
     assert not marker.exists()
 
 
-def test_harmless_options_pass_and_values_are_one_line(tmp_path):
-    inv = load_inventory(inventory(tmp_path, {"options": {"StrictHostKeyChecking": "accept-new", "ServerAliveInterval": "10"}}))
-    assert dict(inv.ssh_options.extra) == {"StrictHostKeyChecking": "accept-new", "ServerAliveInterval": "10"}
-    with pytest.raises(ConfigError, match="control character"):
-        load_inventory(inventory(tmp_path, {"options": {"User": "a\nProxyCommand x"}}))
+def test_allowed_options_pass_in_any_case_and_values_are_held_to_their_grammar(tmp_path):
+    options = {"StrictHostKeyChecking": "accept-new", "connectionattempts": "3", "ADDRESSFAMILY": "inet6"}
+    inv = load_inventory(inventory(tmp_path, {"options": options}))
+    assert dict(inv.ssh_options.extra) == options
+    assert {"stricthostkeychecking", "userknownhostsfile", "identitiesonly"} <= set(OPTIONS)
+    for key, value in (("UserKnownHostsFile", "a\nProxyCommand x"), ("StrictHostKeyChecking", "maybe"), ("ConnectionAttempts", "0")):
+        with pytest.raises(ConfigError, match=f"is not a value of {key}"):
+            load_inventory(inventory(tmp_path, {"options": {key: value}}))
 
 
-@pytest.mark.parametrize("jump,ok", [("bastion", True), ("ops@bastion.example:2222", True), ("a,b@c:22", True),
-                                     ("-oProxyCommand=x", False), ("a b", False), ("a;touch x", False), ("", False)])
+@pytest.mark.parametrize("jump,ok", [("bastion", "bastion"), ("ops@bastion.example:2222", "ops@bastion.example:2222"), ("a,b@c:22", "a,b@c:22"),
+                                     ("[fd00::1]:2222", "[fd00::1]:2222"), ("fd00::1", "[fd00::1]"), ("ops@2001:db8::7", "ops@[2001:db8::7]"),
+                                     ("10.0.0.1:22", "10.0.0.1:22"),
+                                     ("-oProxyCommand=x", False), ("a b", False), ("a;touch x", False), ("", False), ("[fd00::zz]", False),
+                                     ("[10.0.0.1]:22", False), ("h:99999", False), ("[fd00::1]x", False)])
 def test_proxy_jump_grammar(tmp_path, jump, ok):
     path = inventory(tmp_path, {"proxy_jump": jump})
     if ok:
         inv = load_inventory(path)
         argv = inv.head.ssh and plan(inv, control_dir=str(tmp_path))
-        assert f"-J {jump}" in "\n".join(argv)
+        assert f"-J {ok}" in "\n".join(argv)
     else:
         with pytest.raises(ConfigError, match="ssh.proxy_jump"):
             load_inventory(path)

@@ -74,9 +74,10 @@ def test_no_nvidia_smi_and_a_missing_interface(inv):
 def test_our_earlier_ray_converges_or_asks_for_down(inv):
     node = worker(inv)
     node_problems(inv, node, HEAD_IP)
-    planned = start_argv(inv, node.host, node.node_ip, HEAD_IP, ray_env(node.host, node.interface, node.facts["path"]))
-    same = worker(inv, record={"running": True, "argv": planned}, ports_busy=[52365])
+    token = "ab" * 16
+    planned = start_argv(inv, node.host, node.node_ip, HEAD_IP, ray_env(node.host, node.interface, node.facts["path"]), token)
+    same = worker(inv, record={"running": True, "argv": planned, "token": token}, ports_busy=[52365])
     assert node_problems(inv, same, HEAD_IP) == []  # its ports are held by our own Ray, started the same way
-    other = worker(inv, record={"running": True, "argv": [*planned, "--num-cpus", "4"]})
+    other = worker(inv, record={"running": True, "argv": [*planned, "--num-cpus", "4"], "token": token})
     assert node_problems(inv, other, HEAD_IP) == [
         "Ray started by an earlier cluster.up runs here with other settings: run cluster.down first to apply the inventory's"]

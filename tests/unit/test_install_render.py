@@ -211,13 +211,20 @@ def test_the_disk_need_can_be_overridden_and_a_bad_override_is_named(tmp_path):
     assert "the install needs about 100000 GiB" in huge.stderr
     bad = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={**env, "SLIMEFORGE_MIN_FREE_GIB": "1; rm -rf /"})
     assert "SLIMEFORGE_MIN_FREE_GIB: '1; rm -rf /' is not a whole number of GiB" in bad.stderr
+    # bash reads 099999 as octal (an arithmetic error that skipped the check): base 10 it is.
+    octal = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={**env, "SLIMEFORGE_MIN_FREE_GIB": "099999"})
+    assert "the install needs about 099999 GiB" in octal.stderr and "value too great for base" not in octal.stderr, octal.stderr
+    for odd in ("\u00b2", "1e3", "-1", "1234567"):
+        res = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={**env, "SLIMEFORGE_MIN_FREE_GIB": odd})
+        assert f"SLIMEFORGE_MIN_FREE_GIB: '{odd}' is not a whole number of GiB" in res.stderr, res.stderr
 
 
 @pytest.mark.parametrize("option, value, says", [
     ("--python", "py thon", "--python: is neither an absolute path nor an interpreter name"),
     ("--python", "bin/python3.12", "--python: is neither an absolute path nor an interpreter name"),
-    ("--min-free-gb", "lots", "--min-free-gb: is not a whole number of GiB in range (got 'lots'); accepted: 0 to 100000"),
-    ("--min-free-gb", "100001", "--min-free-gb: is not a whole number of GiB in range (got '100001')"),
+    ("--min-free-gb", "lots", "--min-free-gb: is not a whole number (got 'lots')"),
+    ("--min-free-gb", "\u00b2", "--min-free-gb: is not a whole number (got '\u00b2')"),  # str.isdigit() took it, int() raised
+    ("--min-free-gb", "1000000", "--min-free-gb: is out of range (0..999999)"),
 ])
 def test_cli_refuses_a_bad_interpreter_or_disk_option_before_anything(tmp_path, option, value, says):
     res = subprocess.run([sys.executable, "-m", "invoke", "install", "--stack", str(bs.TEST_STACK), "--prefix", str(tmp_path / "p"),
@@ -286,11 +293,12 @@ def test_the_install_scripts_driver_check_and_doctors_agree(tmp_path, driver):
     assert script_refuses == doctor_refuses == (int(driver.split(".")[0]) < stack.driver_min)
 
 
-@pytest.mark.parametrize("value", ["0", "007", "100000", "100001", "999999", "-1", "12 ", "lots"])
+@pytest.mark.parametrize("value", ["0", "007", "100000", "999999", "1000000", "-1", "12 ", "lots", "\u00b2"])
 def test_min_free_gb_has_one_rule_for_the_option_and_the_scripts_variable(tmp_path, value):
     """--min-free-gb (install.py) and SLIMEFORGE_MIN_FREE_GIB (install.sh, which a user may set
     alone) accept the same values: the script renders the option's bound, this pair test holds them."""
-    from slimeforge.image.install import min_free_gb_problem
+    from slimeforge.image.install import MAX_FREE_GIB
+    from slimeforge.schema import whole_problem
 
     stack = load_stack("cu13")
     path = tmp_path / "install.sh"
@@ -299,4 +307,5 @@ def test_min_free_gb_has_one_rule_for_the_option_and_the_scripts_variable(tmp_pa
                          env={"PATH": "/usr/bin:/bin", "CUDA_HOME": str(tmp_path / "nocuda"), "SLIMEFORGE_MIN_FREE_GIB": value})
     assert res.returncode == 2 and "prerequisite: CUDA: no nvcc" in res.stderr  # the prerequisites ran, and refused
     script_refuses = "SLIMEFORGE_MIN_FREE_GIB: " in res.stderr
-    assert script_refuses == (min_free_gb_problem(value) is not None) == (value not in ("0", "007", "100000")), res.stderr
+    option_refuses = whole_problem(value, "--min-free-gb", 0, MAX_FREE_GIB, "GiB") is not None
+    assert script_refuses == option_refuses == (value not in ("0", "007", "100000", "999999")), res.stderr

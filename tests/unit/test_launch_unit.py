@@ -7,8 +7,8 @@ from __future__ import annotations
 import io
 import json
 import re
-import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,13 +130,16 @@ def stand_in_ray(bin_dir: Path, status: str, head: str = "answers") -> Path:
     once or never does (`ray start` then just sleeps)."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     list_exit = 0 if head == "answers" else 1
-    (bin_dir / "ray").write_text(f"""#!/bin/bash
-case "$1 $2" in
-  "start --head") exec "$SLIMEFORGE_PYTHON" -c 'import time; time.sleep(300)' "$@" ;;  # "--head" in its cmdline, as Ray's
-  "job list") exit {list_exit} ;;
-  "job status") printf '%s\\n' {shlex.quote(status)} ;;
-esac
-exit 0
+    # A #! python script like Ray's own: `ray start --head` keeps its argv (launch.sh proves the head by it).
+    (bin_dir / "ray").write_text(f"""#!{sys.executable}
+import sys, time
+words = " ".join(sys.argv[1:3])
+if words == "start --head":
+    time.sleep(300)
+elif words == "job list":
+    sys.exit({list_exit})
+elif words == "job status":
+    print({status!r})
 """)
     (bin_dir / "ray").chmod(0o755)
     return bin_dir
@@ -210,3 +213,62 @@ def test_launch_sh_passes_bash_n_and_shellcheck(gpu_host):
     if shutil.which("shellcheck"):
         res = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
         assert res.returncode == 0, res.stdout
+
+
+def _start_time(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2 :].split()[19])
+
+
+def test_launch_sh_stops_only_the_head_its_record_proves(gpu_host):
+    """launch.sh's own stop of an earlier head (issue 33): pid, start time and boot id are not
+    enough; the live argv must be the recorded `ray start --head ...` and carry the record's run token."""
+    import os
+
+    from slimeforge.run.ownership import boot_id
+    from slimeforge.run.rundir import build_run_dir, write_run_dir
+
+    bin_dir = stand_in_ray(gpu_host / "bin", "unused", head="silent")
+    recipe, stack = parse_recipe(make_recipe(gpu_host), "test")
+    rundir = build_run_dir(recipe, stack, gpu_host / "run", "test")
+    write_run_dir(rundir)
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin", "SLIMEFORGE_PYTHON": sys.executable, "SLIMEFORGE_HEAD_TIMEOUT": "1"}
+
+    def launch() -> subprocess.CompletedProcess:  # the same run directory (and ports) every time
+        return subprocess.run(["bash", str(rundir.path / "launch.sh")], env=env, capture_output=True, text=True, timeout=120)
+
+    sdir = gpu_host / "state" / f"ray-{recipe.ray_port}"
+    token = "c3" * 16
+    argv = ["ray", "start", "--head", "--block", "--port", str(recipe.ray_port)]
+    impostors = {
+        # `--head` is one of its words, and it was recorded with the right pid, start time and boot id.
+        "is not the recorded `ray start --head`": [sys.executable, "-c", "import time; time.sleep(300)", "--head"],
+        # The exact argv of a head (the stand-in `ray`), started by hand: no run token in its environment.
+        "does not carry the run token": [str(bin_dir / "ray"), *argv[1:]],
+    }
+    for why, cmd in impostors.items():
+        proc = subprocess.Popen(cmd, env={**os.environ, "SLIMEFORGE_RUN_TOKEN": "d4" * 16})
+        try:
+            sdir.mkdir(parents=True, exist_ok=True)
+            (sdir / "head.json").write_text(json.dumps({"pid": proc.pid, "start_time": _start_time(proc.pid), "boot_id": boot_id(),
+                                                        "exp_id": "test", "run_token": token, "argv": argv}))
+            run = launch()
+            assert why in run.stderr and "left alone (no process stopped)" in run.stderr, run.stderr
+            assert proc.poll() is None, run.stderr  # not signalled
+        finally:
+            proc.kill()
+            proc.wait()
+        _stop_head(sdir)  # the silent head this launch started
+    # The head an earlier launch started (its argv, its token): the next launch stops it.
+    first = launch()
+    earlier = json.loads((sdir / "head.json").read_text())
+    assert earlier["argv"][:3] == ["ray", "start", "--head"] and "did not answer within 1 s" in first.stderr
+    second = launch()
+    assert f"stopping the Ray head of an earlier launch (pid {earlier['pid']})" in second.stderr, second.stderr
+    assert not pid_alive(earlier["pid"])
+    _stop_head(sdir)
+
+
+def _stop_head(sdir: Path) -> None:
+    """The stand-in head a launch started and recorded (its pid proved as launch.sh does)."""
+    assert stop_recorded_head(sdir, say=lambda _: None, timeout=10)

@@ -22,7 +22,7 @@ HEAD_ARGV = ("/venv/bin/python", "ray", "start", "--head", "--block")
     (ProcFacts(4242, 1000, BOOT, HEAD_ARGV, zombie=True), "exp1", TOKEN, ENDED, "has exited"),
     (ProcFacts(4242, 9999, BOOT, HEAD_ARGV), "exp1", TOKEN, ENDED, "another process now"),  # the pid was reused
     (ProcFacts(4242, 1000, "f" * 8 + BOOT[8:], HEAD_ARGV), "exp1", TOKEN, ENDED, "rebooted"),
-    (ProcFacts(4242, 1000, BOOT, ("sleep", "100")), "exp1", TOKEN, FOREIGN, "is not `ray start --head`"),
+    (ProcFacts(4242, 1000, BOOT, ("sleep", "100")), "exp1", TOKEN, FOREIGN, "is not the `ray start --head` recorded"),
     (ProcFacts(4242, 1000, BOOT, HEAD_ARGV), "exp2", TOKEN, FOREIGN, "was started for run 'exp1'"),
     (ProcFacts(4242, 1000, BOOT, HEAD_ARGV), "exp1", OTHER, FOREIGN, "not this one"),
     (ProcFacts(4242, 1000, BOOT, HEAD_ARGV), "exp1", None, FOREIGN, "not this one"),
@@ -104,3 +104,23 @@ def test_slurm_verdict(over, token, state):
     assert v.state == state, v.reason
     assert own.slurm_verdict("77", {}, user="alice", job_name="sf-exp1", run_token=TOKEN, workdir="/r", submitted_at=None).state == ENDED
 
+
+
+def test_a_head_with_its_recorded_argv_is_proved_by_that_argv():
+    """launch.sh records the exact `ray start --head ...` (issue 33): `--head` among the words is not enough."""
+    from dataclasses import replace
+
+    rec = replace(REC, argv=("ray", "start", "--head", "--block", "--port", "6379"))
+    live = ("/venv/bin/python3", "/venv/bin/ray", "start", "--head", "--block", "--port", "6379")
+    env = ("PATH=/usr/bin", f"SLIMEFORGE_RUN_TOKEN={TOKEN}")
+    assert own.head_verdict(rec, ProcFacts(4242, 1000, BOOT, live, environ=env), "exp1", TOKEN).state == OURS
+    assert own.head_alive(rec, ProcFacts(4242, 1000, BOOT, live, environ=env))
+    # The exact argv without the run token in its environment: started by hand, or by another launch.
+    assert own.head_verdict(rec, ProcFacts(4242, 1000, BOOT, live, environ=("PATH=/usr/bin",)), "exp1", TOKEN).state == FOREIGN
+    for other in (("python3", "-c", "import time; time.sleep(300)", "--head"),  # --head is one of its words
+                  ("/venv/bin/python3", "/venv/bin/ray", "start", "--head", "--block", "--port", "6380"),  # another head
+                  ("/venv/bin/python3", "/opt/evil", "start", "--head", "--block", "--port", "6379"),  # not `ray`
+                  ("sleep", "300")):
+        verdict = own.head_verdict(rec, ProcFacts(4242, 1000, BOOT, other, environ=env), "exp1", TOKEN)
+        assert verdict.state == FOREIGN and "is not the `ray start --head` recorded" in verdict.reason, other
+        assert not own.head_alive(rec, ProcFacts(4242, 1000, BOOT, other, environ=env))

@@ -26,7 +26,7 @@ def test_a_good_record_and_a_missing_one(tmp_path):
 
 
 @pytest.mark.parametrize("content,message", [(b"42; rm -rf /\n", "is not a record slimeforge writes"), (b"\xff\xfe42", "is not UTF-8"),
-                                              (b"4" * 5000, "more than a record of this kind holds"), (b"42\n\n", "is not a record"),
+                                              (b"4" * 5000, "larger than a file of this kind holds"), (b"42\n\n", "is not a record"),
                                               (b"--help", "is not a record")])
 def test_bad_contents_name_the_file(tmp_path, content, message):
     (tmp_path / "r").write_bytes(content)
@@ -68,6 +68,11 @@ def test_json_records_are_held_to_their_check(tmp_path):
     with pytest.raises(records.RecordError, match="lacks b"):
         records.read_json(tmp_path / "j", "j", "an object with b", lambda d: None if "b" in d else "lacks b")
     (tmp_path / "j").write_text("[" * 100000)
+    with pytest.raises(records.RecordError, match="nests deeper than 32 levels"):
+        records.read_json(tmp_path / "j", "j", "json")
+    (tmp_path / "j").write_text('{"a": "[[[[' + "[" * 100 + '"}')  # brackets inside a string do not nest
+    assert records.read_json(tmp_path / "j", "j", "json") == {"a": "[" * 104}
+    (tmp_path / "j").write_text("{not json")
     with pytest.raises(records.RecordError, match="is not JSON"):
         records.read_json(tmp_path / "j", "j", "json")
 
@@ -144,3 +149,12 @@ def test_publish_record_that_is_a_symlink_or_device_is_refused_in_the_plan(tmp_p
         with pytest.raises(ConfigError) as err:
             pub.plan(opts)
         assert any(p.where == "--record" for p in err.value.problems), str(err.value)
+
+
+def test_json_from_outside_a_file_is_bounded_in_depth_too():
+    """A Jobs API answer or a tool's output (records.json_loads): deep nesting is a ValueError, as
+    bad JSON is, never a RecursionError that the callers' `except ValueError` would let through."""
+    assert records.json_loads(b'{"a": [1, {"b": "[[[["}]}') == {"a": [1, {"b": "[[[["}]}
+    for text in ("[" * 100_000, "[" * 900 + "]" * 900, b"\xff"):
+        with pytest.raises(ValueError):
+            records.json_loads(text)

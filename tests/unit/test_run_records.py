@@ -68,7 +68,7 @@ def test_a_live_process_that_is_not_a_ray_head_is_refused(tmp_path, monkeypatch,
     head_record(run_dir, tmp_path, monkeypatch, pid=sleeper.pid, start_time=ownership.proc_facts(sleeper.pid).start_time)
     said: list[str] = []
     assert jobs.stop(run_dir, head=True, say=said.append) == 1
-    assert said[-1].startswith(f"refused: pid {sleeper.pid} started when the head did but is not `ray start --head`")
+    assert said[-1].startswith(f"refused: pid {sleeper.pid} started when the head did but is not the `ray start --head` recorded")
     assert pid_alive(sleeper.pid)
 
 

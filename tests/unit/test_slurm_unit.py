@@ -105,10 +105,14 @@ def test_hostile_paths_arrive_byte_for_byte(tmp_path):
 
 
 def test_container_paths_pyxis_cannot_mount_are_refused(tmp_path):
+    # The recipe's paths by their field (issue 33: every container target mounts them), before any target plans.
     with pytest.raises(ConfigError) as exc:
         render(tmp_path, mode="container", image=DIGEST, checkpoint_dir=str(tmp_path / "a,b"), out=tmp_path / "r:1")
-    assert "2 problem(s)" in str(exc.value) and "checkpoint_dir: cannot be mounted with pyxis" in str(exc.value)
-    assert "run directory: cannot be mounted" in str(exc.value)
+    assert "checkpoint_dir: holds ','" in str(exc.value)
+    # The run directory (--out) where the mounts are made.
+    with pytest.raises(ConfigError) as exc:
+        render(tmp_path, mode="container", image=DIGEST, out=tmp_path / "r:1")
+    assert "run directory: holds ':', which splits a container mount" in str(exc.value)
 
 
 def test_option_grammar_every_problem_at_once():

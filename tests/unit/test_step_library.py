@@ -193,6 +193,15 @@ def test_compiled_step_gets_parallelism_and_a_cache_of_its_key(tmp_path):
     bad = subprocess.run(["bash", "-c", script, "sf", str(LIB), "sf_compiled", "--key", "../x", "--", "show"],
                          capture_output=True, text=True, env=base)
     assert bad.returncode != 0 and "--key must be a compiled-wheel key" in bad.stderr
+    # Given numbers by grammar, read base 10: 08 was an arithmetic error (octal), '3+1' was evaluated, '²' is not a digit.
+    res = subprocess.run(["bash", "-c", script, "sf", str(LIB), "sf_compiled", "--key", "k", "--", "show"],
+                         capture_output=True, text=True, env={**base, "MAX_JOBS": "08", "NVCC_THREADS": "010"})
+    assert res.returncode == 0 and res.stdout.startswith("8|10|--threads 10|"), res.stderr
+    for name, value in (("MAX_JOBS", "3+1"), ("MAX_JOBS", "0"), ("NVCC_THREADS", "\u00b2"), ("APEX_PARALLEL_BUILD", "x[$(touch p)]")):
+        bad = subprocess.run(["bash", "-c", script, "sf", str(LIB), "sf_compiled", "--key", "k", "--", "show"], capture_output=True,
+                             text=True, env={**base, "MAX_JOBS": "4", "NVCC_THREADS": "2", name: value}, cwd=tmp_path)
+        assert bad.returncode != 0 and f"{name} must be a whole number from 1 to 9999" in bad.stderr, (name, bad.stderr)
+        assert not (tmp_path / "p").exists()
 
 
 def test_smoke_skips_gpu_imports_by_name_and_checks_versions(tmp_path):

@@ -15,7 +15,7 @@ from launch_support import fake_nvidia_smi, make_recipe, write_catalog, write_da
 from slimeforge.proc import Runner
 from slimeforge.run import launch as launcher
 from slimeforge.run.recipe import parse_recipe
-from slimeforge.run.targets import local, slurm
+from slimeforge.run.targets import jobsubmit, local, slurm
 from slimeforge.run.targets.base import ResolvedRun, describe
 from slimeforge.run.targets.mounts import container_mounts
 
@@ -53,12 +53,13 @@ def test_every_container_target_mounts_the_same_paths(tmp_path):
     assert str(tmp_path / "evals") in want and str(tmp_path / "data") in want  # eval sets' directories, each once
 
     container = local.ContainerTarget().plan(run)
-    cluster = local.RayClusterTarget(local.ContainerTarget("http://10.0.0.1:8265"), "http://10.0.0.1:8265").plan(run)
+    cluster = jobsubmit.ClusterTarget(jobsubmit.Cluster("http://10.0.0.1:8265", "http://10.0.0.1:8265")).plan(run)
     on_slurm = slurm.SlurmTarget(slurm.Options(nodes=1)).plan(run)
     assert docker_mounts(container.commands[0].argv) == want
-    assert docker_mounts(cluster.commands[0].argv) == want
     assert pyxis_mounts(on_slurm.rundir.files["slurm.sbatch"]) == want  # the Slurm container once missed the eval sets
-    assert {m.path for m in container.mounts} == {m.path for m in cluster.mounts} == {m.path for m in on_slurm.mounts} == want
+    assert {m.path for m in container.mounts} == {m.path for m in on_slurm.mounts} == want
+    # A running Ray cluster is submitted to from here: nothing is mounted or run in a container here.
+    assert cluster.mounts == () and cluster.commands[0].argv[:3] == ("ray", "job", "submit")
     # Read-only and writable alike everywhere: data read-only, checkpoints and the run directory writable.
     ro = {m.path for m in container_mounts(recipe, run.out) if not m.writable}
     assert {a.split(":")[0] for a in container.commands[0].argv if a.endswith(":ro")} == ro
@@ -112,7 +113,7 @@ def test_a_run_directory_is_read_back_by_the_target_that_launched_it(tmp_path):
 
     recipe, stack = parse_recipe(with_evals(tmp_path), "test")
     address = "http://10.0.0.1:8265"
-    cases = [(local.ContainerTarget(), local.ContainerTarget), (local.RayClusterTarget(local.ContainerTarget(address), address), local.RayClusterTarget),
+    cases = [(local.ContainerTarget(), local.ContainerTarget), (jobsubmit.ClusterTarget(jobsubmit.Cluster(address, address)), jobsubmit.ClusterTarget),
              (slurm.SlurmTarget(slurm.Options(nodes=1)), slurm.SlurmTarget)]
     for i, (target, kind) in enumerate(cases):
         out = (tmp_path / f"run{i}").resolve()
@@ -120,7 +121,7 @@ def test_a_run_directory_is_read_back_by_the_target_that_launched_it(tmp_path):
         write_run_dir(plan.rundir)
         if kind is slurm.SlurmTarget:
             (out / "slurm_job_id").write_text("42\n")
-        if kind is local.RayClusterTarget:
+        if kind is jobsubmit.ClusterTarget:
             (out / "ray_address").write_text(address + "\n")
         found = launcher.target_of(out)
         assert type(found) is kind and found.name == plan.target

@@ -98,15 +98,18 @@ def doctor(recipe_path: str | None, overrides: Sequence[str] = (), *, cuda: str 
     """`invoke doctor`: a recipe's checks as its launch would run them (its mode, image and prefix
     applied), or without a recipe the host checks against a stack. `gpu_checks`: the kernel check too,
     of the recipe's install or image, or of `prefix` / `image` (an image alone: container mode)."""
-    from ..headstate import state_dir
+    from ..headstate import check_address, state_dir
     from ..recipe import load_recipe, parse_overrides
-    from ..resolve import resolve_mode
+    from ..resolve import command_line_problems, resolve_mode
 
+    if address is not None:
+        check_address(address)
     if recipe_path:
         rec, stack = load_recipe(recipe_path, parse_overrides(list(overrides)))
         rec = resolve_mode(rec, mode, prefix, image, require_image=False)
         return run_checks(rec, stack, mode=mode, address=address, catalog=catalog, skip=skip, network=network,
                           state_dir=state_dir(rec.ray_port), gpu_checks=gpu_checks)
+    command_line_problems(mode, prefix, image)  # as resolve_mode does with a recipe
     if mode is None and image and not prefix:
         mode = "container"  # `invoke doctor --kernels --image IMAGE`: the image's kernels
     return run_checks(None, load_stack(cuda or "cu13"), mode=mode, address=address, catalog=catalog, skip=skip, network=network,

@@ -8,6 +8,7 @@ import re
 import shutil
 from pathlib import Path
 
+from ... import records
 from .findings import Context, Finding, check, error, ok, warning
 
 # Rows of the data file that are read: enough to catch a wrong format, fast on any file size.
@@ -93,7 +94,12 @@ def check_checkpoint(ctx: Context) -> list[Finding]:
     marker = ckpt / "latest_checkpointed_iteration.txt"
     resume = ""
     if marker.is_file():
-        resume = f"; resumes from iteration {marker.read_text().strip()}" if r.resume else "; resume is off: existing checkpoints are kept, not loaded"
+        try:  # Megatron's marker: one number; through the one reader (a FIFO never blocks, a huge file is not read)
+            iteration = records.read_text(marker, marker.name, re.compile(r"[0-9]{1,12}|release"), "an iteration number", follow_symlinks=True)
+        except records.RecordError as exc:
+            out.append(warning("checkpoint", str(exc.problems[0]), "remove the marker, or point checkpoint_dir elsewhere"))
+            iteration = None
+        resume = f"; resumes from iteration {iteration}" if r.resume else "; resume is off: existing checkpoints are kept, not loaded"
     return out or [ok("checkpoint", f"{ckpt} writable, {free / 2**30:.0f} GiB free{resume}")]
 
 

@@ -17,6 +17,7 @@ from ... import paths
 from ...errors import CommandError, ConfigError, Problem
 from ...image.stack import Stack
 from ...proc import Runner
+from ...schema import printable
 from ..recipe import Recipe
 
 ERROR, WARNING, OK = "error", "warning", "ok"
@@ -74,11 +75,12 @@ class Report:
         lines = [f"{'check':<{width}}  {'status':<7}  detail"]
         for f in self.findings:
             status = {ERROR: "ERROR", WARNING: "warn", OK: "ok"}[f.level]
-            first, *rest = f.message.splitlines() or [""]
+            # Messages carry text from tools and reports: each line reaches the terminal without control characters.
+            first, *rest = [printable(line) for line in f.message.splitlines()] or [""]
             lines.append(f"{f.check:<{width}}  {status:<7}  {first}")
             lines += [f"{'':<{width}}  {'':<7}  {line}" for line in rest]
             if f.fix:
-                lines.append(f"{'':<{width}}  {'':<7}  fix: {f.fix}")
+                lines.append(f"{'':<{width}}  {'':<7}  fix: {printable(f.fix)}")
         lines.append(f"{len(self.errors)} error(s), {len(self.warnings)} warning(s) in {self.seconds:.2f} s")
         return "\n".join(lines)
 

@@ -11,11 +11,12 @@ a warning, so neither passes unseen.
 
 from __future__ import annotations
 
-import json
+import shlex
 from typing import Any
 
-from ... import paths
+from ... import paths, records
 from ...errors import CommandError
+from ...schema import printable
 from .findings import Context, Finding, check, error, ok, warning
 
 CHECK = "kernels"
@@ -48,9 +49,9 @@ def parse_report(text: str) -> dict[str, Any]:
     if not lines:
         raise ValueError("it printed nothing")
     try:
-        doc = json.loads(lines[-1])
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"its last line is not JSON ({exc.msg}): {lines[-1][:200]!r}") from None
+        doc = records.json_loads(lines[-1])
+    except ValueError as exc:
+        raise ValueError(f"its last line is not JSON ({getattr(exc, 'msg', exc)}): {printable(lines[-1][:200])}") from None
     pieces = doc.get("pieces") if isinstance(doc, dict) else None
     if not isinstance(pieces, list) or not pieces:
         raise ValueError("its report has no list of pieces")
@@ -62,6 +63,8 @@ def parse_report(text: str) -> dict[str, Any]:
             raise ValueError(f"piece {p['name']!r}: control characters in its report")
     if not (doc.get("gpu") is None or isinstance(doc.get("gpu"), str)):
         raise ValueError("its report's gpu is neither a name nor null")
+    if isinstance(doc.get("gpu"), str):  # a tool's text on the way to the terminal: no escape sequences
+        doc["gpu"] = printable(doc["gpu"])[:200]
     return doc
 
 
@@ -101,22 +104,24 @@ def check_kernels(ctx: Context) -> list[Finding]:
         return [error(CHECK, f"no {'image' if ctx.mode == 'container' else 'install prefix'} to check the kernels of",
                       "give --image IMAGE (container mode) or --prefix PREFIX (host mode), or a recipe")]
     where = f"image {ctx.image}" if ctx.mode == "container" else f"the install at {ctx.install_prefix}"
-    fix = (f"rebuild the image (`invoke build`) and read its smoke test; `{argv[0]} run --gpus all {ctx.image} python "
-           f"/opt/slimeforge/kernel_check.py` shows the whole error") if ctx.mode == "container" else (
-           f"install again (`invoke install`); `{argv[0]} {ctx.install_prefix}/.slimeforge/kernel_check.py` shows the whole error")
+    # The fix is built from validated values (--image by its grammar, --prefix absolute), quoted as
+    # a shell reads them; it runs the image's own copy of the script and mounts nothing from the host.
+    fix = (f"rebuild the image (`invoke build`) and read its smoke test; `{shlex.join([argv[0], 'run', '--rm', '--gpus', 'all', '--entrypoint', f'{ctx.stack.venv}/bin/python', '--', str(ctx.image), '/opt/slimeforge/kernel_check.py'])}` "
+           "shows the whole error") if ctx.mode == "container" else (
+           f"install again (`invoke install`); `{shlex.join([argv[0], f'{ctx.install_prefix}/.slimeforge/kernel_check.py'])}` shows the whole error")
     # The script exits 1 when a piece failed, and still prints its report: read it either way.
     try:
         res = ctx.runner.run(argv, step="kernel check", check=False, timeout=TIMEOUT_S)
     except CommandError as exc:  # not found, or past the timeout (its argv holds the whole script: not shown)
         tail = exc.output.strip().splitlines()[-1:]
         return [error(CHECK, f"the kernel check could not run with {argv[0]} (exit {exc.returncode})"
-                      + (f": {tail[0][:300]}" if tail else ""), fix)]
+                      + (f": {printable(tail[0][:300])}" if tail else ""), fix)]
     try:
         doc = parse_report(res.stdout)
     except ValueError as exc:
         if res.returncode:
             tail = (res.stdout + res.stderr).strip().splitlines()[-1:]
             return [error(CHECK, f"the kernel check could not run with {argv[0]} (exit {res.returncode})"
-                          + (f": {tail[0][:300]}" if tail else ""), fix)]
+                          + (f": {printable(tail[0][:300])}" if tail else ""), fix)]
         return [error(CHECK, f"the kernel check's report cannot be read: {exc}", fix)]
     return kernel_findings(doc, where, fix, ctx.stack.smoke.all_imports)

@@ -1,5 +1,5 @@
-"""Targets that run launch.sh from this machine: on the host, in the image (`docker run`), or
-against a running Ray cluster (`--address`, or the cluster an inventory brought up).
+"""Targets that run launch.sh from this machine: on the host, or in the image (`docker run`).
+A running Ray cluster (`--address`, `--cluster`) is targets/jobsubmit.py's: submitted from here.
 
 launch.sh (templates/launch.sh.j2) owns the head's `ray start` for these targets: it stops the
 head an earlier launch recorded, starts a head (unless RAY_ADDRESS names a running cluster), waits
@@ -233,38 +233,3 @@ class ContainerTarget(LocalTarget):
         say(f"[slimeforge] container {name} exited with {code}; the Ray head inside it is gone with it")
         return 130 if stopping.is_set() and code != 0 else code
 
-
-class RayClusterTarget(Target):
-    """A running Ray cluster (`--address`, or the one `cluster.up` brought up from an inventory):
-    launch.sh runs here, on the host or in the image, and submits to that cluster's Jobs API;
-    no head is started or stopped. `ray start` on its nodes is cluster.up's (cluster/raycluster.py)."""
-
-    name = "ray-cluster"
-
-    def __init__(self, via: HostTarget | ContainerTarget, cluster: str):
-        if not via.address:
-            raise ValueError("a Ray cluster target needs the cluster's address")
-        self.via, self.cluster = via, cluster  # cluster: the inventory, or the address given
-
-    def mounts(self, run: ResolvedRun) -> tuple[Mount, ...]:
-        return self.via.mounts(run)
-
-    def plan(self, run: ResolvedRun) -> LaunchPlan:
-        p = self.via.plan(run)
-        notes = (*p.notes, f"the job goes to the running Ray cluster {self.cluster} (RAY_ADDRESS); no head is started here")
-        return LaunchPlan(self.name, run, amend_plan(p.rundir, target=self.name), p.commands, p.mounts, notes, p.container, p.run_token)
-
-    def preflight(self, plan: LaunchPlan, runner: Runner, say: Say) -> None:
-        self.via.preflight(plan, runner, say)
-
-    def apply(self, plan: LaunchPlan, runner: Runner, say: Say, stream: IO[str]) -> int:
-        return self.via.apply(plan, runner, say, stream)
-
-    def status(self, rundir: Path) -> RunStatus:
-        return self.via.status(rundir)
-
-    def logs(self, rundir: Path, follow: bool, stream: IO[str]) -> int | None:
-        return self.via.logs(rundir, follow, stream)
-
-    def stop(self, rundir: Path, *, head: bool = False, say: Say = print, runner: Runner | None = None) -> int:
-        return self.via.stop(rundir, head=head, say=say, runner=runner)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..recipe import Recipe
+from ...errors import ConfigError, Problem
+from ..recipe import MOUNT_SEPARATORS, Recipe
 from .base import Mount
 
 
@@ -23,6 +24,12 @@ def container_mounts(recipe: Recipe, run_dir: Path) -> tuple[Mount, ...]:
         Mount(recipe.resolved_checkpoint_dir, True, "checkpoint_dir"),
         Mount(str(run_dir), True, "run directory"),
     ]
+    # The recipe's paths were checked by field already; the run directory (--out) is checked here,
+    # and every path again: `docker -v` and pyxis split their value at ':' and ','.
+    bad = [Problem(m.what, f"holds {', '.join(repr(c) for c in MOUNT_SEPARATORS if c in m.path)}, which splits a container mount",
+                   m.path, "a path without ':' or ','") for m in wanted if any(c in m.path for c in MOUNT_SEPARATORS)]
+    if bad:
+        raise ConfigError("container mounts", bad)
     merged: dict[str, Mount] = {}
     for m in wanted:
         seen = merged.get(m.path)

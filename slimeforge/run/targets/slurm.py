@@ -27,11 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ... import __version__, records
+from ... import __version__, records, scripts
 from ...atomic import write_file
 from ...errors import ConfigError, Problem, SlimeforgeError
 from ...proc import Runner
-from ...scripts import node_agent
 from ...templating import render
 from .. import ownership
 from ..recipe import Recipe
@@ -45,7 +44,7 @@ from .slurm_checks import cluster_findings
 # Grammars (re.fullmatch): what Slurm accepts for these names, less anything a shell or an
 # #SBATCH line could read as syntax.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-TIME_RE = re.compile(r"(?:(\d{1,3})-)?(\d{1,2}):([0-5]\d):([0-5]\d)")
+TIME_RE = re.compile(r"(?:([0-9]{1,3})-)?([0-9]{1,2}):([0-5][0-9]):([0-5][0-9])")
 MAX_NODES = 4096
 RAY_AGENT_PORT = 52365  # the dashboard agent's port, fixed (as cluster.up) so the checks can test it
 START_TIMEOUT_S = 300
@@ -68,7 +67,7 @@ class Options:
 def options(partition: str | None = None, account: str | None = None, time: str | None = None, nodes: int | str | None = None) -> Options:
     """Options from the command line (strings), checked; ConfigError lists every problem."""
     if isinstance(nodes, str):
-        nodes = int(nodes) if re.fullmatch(r"[1-9]\d{0,5}", nodes) else nodes  # else reported below
+        nodes = int(nodes) if re.fullmatch(r"[1-9][0-9]{0,5}", nodes) else nodes  # else reported below
     opts = Options(partition=partition, account=account, time=time, nodes=nodes)  # type: ignore[arg-type]
     problems = check_options(opts)
     if problems:
@@ -82,8 +81,9 @@ def check_options(opts: Options) -> list[Problem]:
         value = getattr(opts, name)
         if value is not None and not NAME_RE.fullmatch(value):
             problems.append(Problem(f"--{name}", "is not a Slurm name", value, "letters, digits, '_', '.', '-' (up to 64), starting with a letter or digit"))
-    if opts.time is not None and not TIME_RE.fullmatch(opts.time):
-        problems.append(Problem("--time", "is not a time limit", opts.time, "[D-]HH:MM:SS, e.g. 04:00:00 or 2-00:00:00"))
+    if opts.time is not None and not ((m := TIME_RE.fullmatch(opts.time)) and any(int(g or 0) for g in m.groups())):
+        # All zeros is no limit at all to Slurm (--time=0 means infinite), never a timeout.
+        problems.append(Problem("--time", "is not a time limit", opts.time, "[D-]HH:MM:SS, more than zero, e.g. 04:00:00 or 2-00:00:00"))
     if opts.nodes is not None and not (isinstance(opts.nodes, int) and not isinstance(opts.nodes, bool) and 1 <= opts.nodes <= MAX_NODES):
         problems.append(Problem("--nodes", "is not a node count", opts.nodes, f"an integer from 1 to {MAX_NODES}"))
     if not (isinstance(opts.start_timeout, int) and 1 <= opts.start_timeout <= 86400):
@@ -157,7 +157,8 @@ def sbatch_vars(recipe: Recipe, run_dir: Path, opts: Options, mounts: tuple[Moun
 
 
 def node_agent_source() -> str:
-    return Path(node_agent.__file__).read_text()
+    # One file with its helper module inside: the run directory holds node_agent.py alone.
+    return scripts.node_agent_program()
 
 
 def sbatch_argv(run_dir: Path, run_token: str | None = None) -> list[str]:

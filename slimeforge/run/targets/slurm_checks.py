@@ -10,6 +10,7 @@ from typing import Protocol
 
 from ...errors import CommandError, SlimeforgeError
 from ...proc import Runner
+from ...schema import WHOLE_RE
 from ..preflight import findings as doctor
 from ..recipe import Recipe
 
@@ -86,7 +87,7 @@ def cluster_findings(recipe: Recipe, opts: SlurmAsk, runner: Runner) -> list[doc
     if part.get("State") != "UP":
         found[0] = F("slurm-partition", doctor.ERROR, f"partition {partition} is {part.get('State')}", "another partition, or ask the admins")
     max_nodes = part.get("MaxNodes", "UNLIMITED")
-    if max_nodes.isdigit() and nodes > int(max_nodes):
+    if WHOLE_RE.fullmatch(max_nodes) and nodes > int(max_nodes):
         found.append(F("slurm-nodes", doctor.ERROR, f"{nodes} node(s) asked, partition {partition} allows {max_nodes} per job", "--nodes, or another partition"))
     rows = runner.run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%G|%t"], step="sinfo", check=False).stdout.splitlines()
     per_node: dict[str, int] = {}

@@ -5,6 +5,11 @@
                                   ├── ...
                                   └── veth ── root namespace (10.213.X.254: tests reach every host)
 
+With `private` paths, each host's sshd (and so everything started over ssh: the node agent, Ray,
+a job) runs in a mount namespace of its own too, with an empty tmpfs over each of those paths: a
+host sees its own files there, and only what is not private is shared (as an NFS mount would be).
+`lab.run_in(host, argv)` runs a command in a host's mount namespace (to put per-host files there).
+
 The bridge lives in a namespace of its own, not in the root namespace, because Docker sets the
 root namespace's iptables FORWARD policy to DROP and br_netfilter makes bridged traffic go through
 it; a fresh namespace has empty iptables. Only addresses in 10.213.X.0/24 (X chosen free) are
@@ -59,6 +64,7 @@ class LabHost:
 @dataclass
 class NetLab:
     size: int
+    private: tuple[str, ...] = ()  # paths each host sees as its own (a tmpfs per host); "{workdir}" is the lab's
     tag: str = field(default_factory=lambda: f"sfc{os.getpid() % 10000:04d}{random.randrange(16**2):02x}")
     hosts: list[LabHost] = field(default_factory=list)
     subnet: str = ""
@@ -138,6 +144,8 @@ class NetLab:
         self._fake_gpu_tools()
         self._client_config()
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
+        for path in self.private_paths:
+            Path(path).mkdir(parents=True, exist_ok=True)  # the mount points
         for host in self.hosts:
             self._sshd(host)
         deadline = time.monotonic() + 60
@@ -220,10 +228,27 @@ class NetLab:
         )
         sh(SSHD, "-t", "-f", str(config))
         log = open(w / f"sshd-{host.name}.log", "w")
-        proc = subprocess.Popen(["ip", "netns", "exec", host.netns, SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        argv = ["ip", "netns", "exec", host.netns]
+        if self.private:
+            # A mount namespace of its own (private propagation: nothing mounted here reaches the
+            # root namespace or another host), a tmpfs over each private path, then sshd in it.
+            mounts = " && ".join(f'mount -t tmpfs -o mode=0755,size=256m sf-{host.name} "${i + 1}"' for i in range(len(self.private_paths)))
+            argv += ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", f'{mounts} && shift {len(self.private_paths)} && exec "$@"',
+                     "sh", *self.private_paths]
+        argv += [SSHD, "-D", "-e", "-f", str(config)]
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
         self._procs.append(proc)
         host.sshd_pid = proc.pid
+
+    @property
+    def private_paths(self) -> list[str]:
+        return [p.format(workdir=self.workdir) for p in self.private]
+
+    def run_in(self, host: LabHost, argv: list[str], input: str | None = None) -> subprocess.CompletedProcess:
+        """Run argv in the host's mount namespace (its sshd's): what that host sees of the files."""
+        assert host.sshd_pid is not None
+        return subprocess.run(["nsenter", "--target", str(host.sshd_pid), "--mount", "--", *argv], input=input, capture_output=True, text=True, check=True)
 
     # --- inspection ------------------------------------------------------------------------------
 

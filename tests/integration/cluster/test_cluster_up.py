@@ -1,10 +1,13 @@
 """cluster.up / status / down against real sshd hosts (network namespaces) and a real Ray cluster.
 
-The tests in this file run in order: the last one takes the cluster down.
+Each test stands alone, in any order (`pytest -p random_order`): the ones that use the shared
+cluster ask for `running` (cluster.up, which converges: a no-op when it is up, a bring-up when a
+test before took it down), the ones that need the lab without Ray ask for `idle_lab`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import io
 import json
@@ -35,7 +38,55 @@ def records(lab, name: str) -> dict[str, dict]:
     return out
 
 
-def test_unreachable_host_is_named_and_nothing_starts(lab, tmp_path):
+@contextlib.contextmanager
+def state_home(home):
+    """SLIMEFORGE_STATE_HOME for a module fixture (monkeypatch is per test)."""
+    old = os.environ.get("SLIMEFORGE_STATE_HOME")
+    os.environ["SLIMEFORGE_STATE_HOME"] = str(home)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("SLIMEFORGE_STATE_HOME", None)
+        else:
+            os.environ["SLIMEFORGE_STATE_HOME"] = old
+
+
+@pytest.fixture(scope="module")
+def shared(lab, tmp_path_factory):
+    """The inventory of a 3-node Ray cluster the tests share; taken down at the end whatever happened."""
+    name = f"{lab.tag}-run"
+    home = tmp_path_factory.mktemp("state-home")
+    inv = write_inventory(tmp_path_factory.mktemp("inv") / "lab.yaml", inventory_data(lab, name))
+    try:
+        yield {"inventory": inv, "name": name, "home": home}
+    finally:
+        with state_home(home):
+            cluster.down(inv, control_dir=lab.control_dir, stream=io.StringIO())
+
+
+@pytest.fixture
+def running(lab, shared, monkeypatch):
+    """The shared cluster, up: cluster.up converges, so this is cheap when a test before left it up."""
+    monkeypatch.setenv("SLIMEFORGE_STATE_HOME", str(shared["home"]))
+    out = io.StringIO()
+    address = cluster.up(shared["inventory"], control_dir=lab.control_dir, stream=out)
+    return {**shared, "address": address, "log": out.getvalue()}
+
+
+@pytest.fixture
+def idle_lab(lab, shared):
+    """The lab without Ray (these tests count Ray's processes and need its ports free): the shared
+    cluster is taken down if a test before brought it up."""
+    if records(lab, shared["name"]):
+        with state_home(shared["home"]):
+            cluster.down(shared["inventory"], control_dir=lab.control_dir, stream=io.StringIO())
+    assert lab.ray_processes() == {}
+    return lab
+
+
+def test_unreachable_host_is_named_and_nothing_starts(idle_lab, tmp_path):
+    lab = idle_lab
     name = f"{lab.tag}-unr"
     dead = {"name": "h9", "address": lab.unused_ip(), "gpus": 2, "temp_dir": f"{lab.workdir}/unrh9"}
     inv = write_inventory(tmp_path / "inv.yaml", inventory_data(lab, name, extra_hosts=[dead]))
@@ -56,7 +107,8 @@ def test_unreachable_host_is_named_and_nothing_starts(lab, tmp_path):
     assert "h9" in out.getvalue()  # the plain progress lines name every host as it goes
 
 
-def test_failed_checks_stop_before_ray_and_name_the_host(lab, tmp_path):
+def test_failed_checks_stop_before_ray_and_name_the_host(idle_lab, tmp_path):
+    lab = idle_lab
     name = f"{lab.tag}-chk"
     # h3 declares more GPUs than nvidia-smi shows: preflight stops everything.
     inv = write_inventory(tmp_path / "gpus.yaml", inventory_data(lab, name, overrides={"h3": {"gpus": 4}}))
@@ -106,34 +158,7 @@ def test_failed_checks_stop_before_ray_and_name_the_host(lab, tmp_path):
     assert lab.ray_processes() == {}
 
 
-@pytest.fixture(scope="module")
-def running(lab, tmp_path_factory):
-    """A 3-node Ray cluster brought up by cluster.up; taken down at the end whatever happened."""
-    name = f"{lab.tag}-run"
-    home = tmp_path_factory.mktemp("state-home")
-    inv = write_inventory(tmp_path_factory.mktemp("inv") / "lab.yaml", inventory_data(lab, name))
-    old = os.environ.get("SLIMEFORGE_STATE_HOME")
-    os.environ["SLIMEFORGE_STATE_HOME"] = str(home)
-    try:
-        out = io.StringIO()
-        address = cluster.up(inv, control_dir=lab.control_dir, stream=out)
-        yield {"inventory": inv, "name": name, "address": address, "home": home, "log": out.getvalue()}
-    finally:
-        try:
-            cluster.down(inv, control_dir=lab.control_dir, stream=io.StringIO())
-        finally:
-            if old is None:
-                os.environ.pop("SLIMEFORGE_STATE_HOME", None)
-            else:
-                os.environ["SLIMEFORGE_STATE_HOME"] = old
-
-
-@pytest.fixture
-def state_home(running, monkeypatch):
-    monkeypatch.setenv("SLIMEFORGE_STATE_HOME", str(running["home"]))
-
-
-def test_job_runs_a_task_on_every_node(lab, running, state_home):
+def test_job_runs_a_task_on_every_node(lab, running):
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     ips = sorted(h.ip for h in lab.hosts)
@@ -168,7 +193,7 @@ def test_job_runs_a_task_on_every_node(lab, running, state_home):
     assert "GPUS=6.0" in logs
 
 
-def test_status_shows_every_host(lab, running, state_home):
+def test_status_shows_every_host(lab, running):
     rows = statustable.status(running["inventory"], control_dir=lab.control_dir)
     assert [r["host"] for r in rows] == ["h1", "h2", "h3"]
     for row, host in zip(rows, lab.hosts, strict=True):
@@ -180,7 +205,7 @@ def test_status_shows_every_host(lab, running, state_home):
         assert "error" not in row
 
 
-def test_rerun_converges_restarting_only_what_is_missing(lab, running, state_home):
+def test_rerun_converges_restarting_only_what_is_missing(lab, running):
     before = records(lab, running["name"])
     assert set(before) == {"h1", "h2", "h3"}
     # h3's Ray goes away (a crash, a reboot): up again brings back h3 alone.
@@ -203,7 +228,7 @@ def test_rerun_converges_restarting_only_what_is_missing(lab, running, state_hom
     assert [r["node"] for r in rows] == ["ALIVE"] * 3
 
 
-def test_dry_run_of_the_running_cluster_touches_nothing(lab, running, state_home):
+def test_dry_run_of_the_running_cluster_touches_nothing(lab, running):
     inv = load_inventory(running["inventory"])
     lines = cluster.plan(inv, control_dir=str(lab.workdir / "cm-dry"))
     assert not (lab.workdir / "cm-dry").exists()
@@ -213,7 +238,7 @@ def test_dry_run_of_the_running_cluster_touches_nothing(lab, running, state_home
     assert "--head" in text and "--address HEAD_IP:6379" in text
 
 
-def test_down_stops_exactly_what_up_started(lab, running, state_home):
+def test_down_stops_exactly_what_up_started(lab, running):
     started = records(lab, running["name"])
     pids = {name: rec["pid"] for name, rec in started.items()}
     assert lab.ray_processes(), "Ray should be running before cluster.down"

@@ -114,6 +114,22 @@ RECIPE_CASES: list[tuple[str, object, str | None]] = [
     ("set-unknown", {"__set__": ["bogus_key=1"]}, "--set bogus_key"),
     ("set-key-newline", {"__set__": ["exp_id\n=1"]}, "--set"),
     ("set-secret", {"__set__": ["env.OPENAI_API_KEY=x"]}, "--set env.OPENAI_API_KEY"),
+    # issue 33: booleans are not numbers, text numbers are ASCII digits
+    ("num_gpus-true", {"num_gpus": True, "tp_size": 1, "rollout_gpus_per_engine": 1}, "num_gpus: is a yes/no value"),
+    ("gateway_port-false", {"gateway_port": False}, "gateway_port: is a yes/no value"),
+    ("save_interval-arabic-digits", {"save_interval": "\u0662\u0660"}, "save_interval: is text, not a number"),
+    ("set-num_gpus-true", {"__set__": ["num_gpus=true"]}, "--set num_gpus"),
+    # issue 33: paths a run never uses, mount separators, the environment slimeforge sets
+    ("checkpoint_dir-root", {"checkpoint_dir": "/"}, "checkpoint_dir: is the root directory"),
+    ("checkpoint_dir-boot", {"checkpoint_dir": "/boot/x"}, "checkpoint_dir: is under a system directory"),
+    ("data_path-sys", {"data_path": "/sys/x.jsonl"}, "data_path: is under a system directory"),
+    ("model_dir-colon", {"model_dir": "/models/a:b"}, "model_dir: holds ':'"),
+    ("env-ray-address", {"env": {"RAY_ADDRESS": "http://evil:8265"}}, "env.RAY_ADDRESS: is set by slimeforge itself"),
+    ("env-slimeforge-prefix", {"env": {"SLIMEFORGE_HEAD_TIMEOUT": "1"}}, "env.SLIMEFORGE_HEAD_TIMEOUT"),
+    ("secret_env-path", {"secret_env": ["PATH"]}, "secret_env.0"),
+    ("flag-value-superscript", {"extra_flags": ["--rollout-max-prompt-len", "\u00b2"]}, "extra_flags --rollout-max-prompt-len: is not a whole number"),
+    ("flag-value-arabic-digit", {"extra_flags": ["--context-parallel-size=\u0662"]}, "extra_flags --context-parallel-size"),
+    ("paths-near-system-dirs-ok", {"checkpoint_dir": "/etcetera/ckpt", "data_path": "/data/usr/x.jsonl"}, None),
 ]
 
 # Whole recipe files (bytes): YAML-level problems, found before anything is built from the text.
@@ -190,5 +206,7 @@ INVENTORY_CASES: list[tuple[str, object, str | None]] = [
     ("address-newline", {"hosts": {0: {"address": "10.0.0.11\n"}}}, "hosts.0.address"),
     ("user-newline", {"ssh": {"user": "ubuntu\n"}}, "ssh.user"),
     ("image-not-pinned", {"image": "reg.example.com/slimeforge/cu13:latest"}, "image"),
+    ("gpus-true", {"hosts": {0: {"gpus": True}}}, "hosts.0.gpus: is a yes/no value"),  # issue 33
+    ("ssh-port-true", {"ssh": {"port": True}}, "ssh.port: is a yes/no value"),
     ("good", {}, None),
 ]

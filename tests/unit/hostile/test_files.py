@@ -232,6 +232,27 @@ def test_build_and_install_out_that_is_a_file_is_a_clear_error(tmp_path, task):
     assert not (tmp_path / "prefix").exists()
 
 
+@pytest.mark.parametrize("task", ["build", "install"])
+def test_out_of_someones_files_is_refused_with_exit_2_and_left_as_it_was(tmp_path, task):
+    """Issue 33: `build --dry-run --out DIR` replaced DIR's Dockerfile and deleted its context/lock/."""
+    mine = tmp_path / "mine"
+    (mine / "context" / "lock").mkdir(parents=True)
+    for name, text in (("Dockerfile", "FROM my-own\n"), ("install.sh", "echo mine\n"), ("context/lock/notes.txt", "mine\n")):
+        (mine / name).write_text(text)
+    before = {str(p.relative_to(mine)): p.read_bytes() for p in mine.rglob("*") if p.is_file()}
+    extra = ["--prefix", str(tmp_path / "prefix")] if task == "install" else []
+    out = invoke(task, "--stack", "tests/stacks/test.yaml", "--dry-run", "--out", str(mine), *extra)
+    assert out.returncode == 2 and "--out: is a directory slimeforge did not write" in out.stderr and "Traceback" not in out.stderr
+    assert {str(p.relative_to(mine)): p.read_bytes() for p in mine.rglob("*") if p.is_file()} == before
+    # An empty directory is taken and marked; the next run into it is accepted (it is ours now).
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for _ in range(2):
+        out = invoke(task, "--stack", "tests/stacks/test.yaml", "--dry-run", "--out", str(empty), *extra)
+        assert out.returncode == 0, out.stderr
+    assert (empty / atomic.OUTPUT_MARKER).is_file()
+
+
 def test_doctor_finds_the_catalog_of_a_local_build_of_this_stack(tmp_path):
     """`build` names its directory by the build hash; doctor finds it by the stack id in its report
     (it once looked for build/<flavor>-<stack hash> and never found one)."""

@@ -18,6 +18,7 @@ import copy
 import hashlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -219,3 +220,81 @@ def test_raw_yaml_is_read_or_refused_never_a_traceback(raw):
             assert exc.problems and exc.source == str(path)
             return
         assert isinstance(data, dict)
+
+
+# --- the one reader (issue 33): FIFOs, directories, devices, deep nesting, odd digits ----------------
+
+_SHAPES = st.sampled_from(["fifo", "dir", "dev-null", "dev-zero", "symlink-to-fifo", "bytes"])
+_BRACKETS = st.integers(min_value=0, max_value=3000).flatmap(
+    lambda n: st.sampled_from([("[", "]"), ("{\"a\": ", "}")]).map(lambda p: (p[0] * n + "1" + p[1] * n).encode()))
+_FORMATS = st.sampled_from(["yaml", "json", "toml", "text"])
+
+
+def _place(path: Path, shape: str, raw: bytes) -> None:
+    if shape == "fifo":
+        os.mkfifo(path)
+    elif shape == "dir":
+        path.mkdir()
+    elif shape == "dev-null":
+        path.symlink_to("/dev/null")
+    elif shape == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif shape == "symlink-to-fifo":
+        os.mkfifo(path.with_suffix(".fifo"))
+        path.symlink_to(path.with_suffix(".fifo"))
+    else:
+        path.write_bytes(raw)
+
+
+def _read(fmt: str, path: Path):
+    from slimeforge import records
+
+    if fmt == "yaml":
+        return read_yaml(path)
+    if fmt == "json":
+        return records.read_json(path, "record", "a JSON record")
+    if fmt == "toml":
+        raw = records.read_bytes(path, "lock", "a TOML file", max_bytes=records.MAX_TOML_RECORD, follow_symlinks=True)
+        return None if raw is None else records.parse_toml(path, "lock", "a TOML file", records.decode(path, "lock", "a TOML file", raw))
+    return records.read_text(path, "id", re.compile(r"[0-9a-f]{1,64}"), "hex digits")
+
+
+@FUZZ
+@given(_SHAPES, _FORMATS, st.one_of(_BRACKETS, st.binary(max_size=300)))
+def test_the_one_reader_refuses_what_is_not_a_regular_bounded_file(shape, fmt, raw):
+    """Whatever stands at the path, in whatever format: a value, or a ConfigError naming the file;
+    never a hang (the FIFO would block an open() for reading), a traceback or a deep document."""
+    from slimeforge import records
+
+    with tempfile.TemporaryDirectory(prefix="sf-fuzz-") as tmp:
+        path = Path(tmp) / "f"
+        _place(path, shape, raw)
+        try:
+            doc = _read(fmt, path)
+        except ConfigError as exc:
+            assert exc.problems and (str(path) in str(exc) or "/dev/" in str(exc))  # the file (a symlink: its target)
+            if shape in ("fifo", "dir", "dev-null", "dev-zero", "symlink-to-fifo"):
+                assert any(w in str(exc) for w in ("FIFO", "directory", "device", "symlink", "cannot be read")), str(exc)
+            return
+        assert shape == "bytes", (shape, fmt)
+        assert records.depth_of(doc) <= records.MAX_DEPTH
+
+
+_ODD_DIGITS = "0123456789\u00b2\u00b3\u00b9\u0663\u06f3\u0967\uff13\U0001d7d9_ +-.eE"
+
+
+@FUZZ
+@given(st.one_of(st.text(alphabet=st.sampled_from(_ODD_DIGITS), max_size=25), st.booleans(), st.integers(), st.floats(), st.none()))
+def test_numbers_are_ascii_digits_within_bounds_or_refused(value):
+    """The one number parser: an int in bounds exactly when the value is ASCII digits (or an int
+    that is not a bool) in bounds; otherwise a Problem naming the option; never int()'s traceback."""
+    from slimeforge.schema import WHOLE_RE, parse_whole
+
+    good = (isinstance(value, str) and WHOLE_RE.fullmatch(value) is not None and int(value) <= 999_999) or (
+        type(value) is int and 0 <= value <= 999_999)
+    try:
+        got = parse_whole(value, "--min-free-gb", 0, 999_999)
+    except ConfigError as exc:
+        assert not good and exc.problems[0].where == "--min-free-gb"
+        return
+    assert good and got == int(value)

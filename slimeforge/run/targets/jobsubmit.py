@@ -1,0 +1,261 @@
+"""A running Ray cluster (`invoke run --cluster INVENTORY`, or `--address http://HEAD:8265`):
+the job is submitted FROM THIS MACHINE through Ray's Jobs API. Nothing runs here but the client:
+no container, no GPU, no image. The entrypoint (job.sh, templates/job.sh.j2) runs on the head in
+the cluster's own environment (cluster.up runs Ray in the inventory's image, or from its prefix).
+
+The run directory's files the job reads (job.sh, agentcore.yaml) travel with the submission as
+the runtime env's `working_dir` (only those: not job.log, history/ or the records), and the flags
+that named them in the run directory name them relative to the working directory, where Ray
+unpacks them on every node that runs a task of the job. A flag naming any other file of the run
+directory is refused: it would exist only on this machine.
+
+What the inventory says (mode, image, prefix; the recipe's paths against its volumes, hosts and
+GPUs; the live checks on every host) comes in as a `Cluster` built by the cluster layer
+(cluster/runcheck.py, handed in by tasks.py): this layer never imports that one. With `--address`
+there is no inventory, so nothing is compared (a note says so).
+
+status, logs and stop read the Jobs API records (targets/jobs.py); the job's metadata carries the
+run token (ownership.py), so run.stop proves the job is this run's before stopping it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+from ... import __version__, paths
+from ...atomic import write_file
+from ...errors import ConfigError, Problem, SlimeforgeError
+from ...image.stack import Stack
+from ...proc import Runner
+from ...templating import render
+from .. import ownership
+from ..headstate import check_address
+from ..modelscript import MODEL_ARGS_BASH
+from ..recipe import Recipe
+from ..resolve import resolve_mode
+from ..rundir import RunDir, amend_plan, build_run_dir
+from ..runrecord import new_run_token
+from . import jobs
+from .base import Command, LaunchPlan, Mount, ResolvedRun, RunStatus, Say, Target
+
+JOB_FILES = ("job.sh", "agentcore.yaml")  # the working_dir: what the job reads of the run directory
+ENTRYPOINT = "bash job.sh"
+# Checks of the doctor that mean the same on a cluster as here (the rest read this host's GPUs,
+# ports and paths: the cluster's hosts are checked by Cluster.preflight instead).
+LOCAL_CHECKS = ("flags", "versions", "aws-credentials", "s3", "agentcore")
+WAIT_STATUS_S = 120
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The cluster a job goes to, as the caller found it (tasks.py: cluster/runcheck.cluster_env)."""
+
+    name: str  # the inventory, or the address given
+    address: str  # its Jobs API, http://HEAD:PORT
+    mode: str | None = None  # None: not known (--address)
+    image: str | None = None
+    prefix: str | None = None
+    python: str | None = None  # host mode: the head's environment python (its bin is first on Ray's PATH)
+    adopt: Callable[[Recipe, bool], Recipe] | None = None  # (recipe, mode given) -> the cluster's mode/image/prefix where the recipe names none
+    check: Callable[[Recipe], list[Problem]] | None = None  # static: from the inventory alone
+    preflight: Callable[[Recipe, Say], None] | None = None  # live: on every host; raises naming the hosts
+
+
+def find_cluster_of(address: str | None, cluster: str | None, find: Callable[[str, bool], Cluster] | None, dry_run: bool) -> Cluster:
+    """--address (no inventory: nothing to compare), or the cluster of an inventory, found by the caller's `find`."""
+    if address and cluster:
+        raise ConfigError("command line", [Problem("--address/--cluster", "both name a cluster", f"{address} / {cluster}", "one of them")])
+    if address:
+        return Cluster(address, check_address(address))
+    assert cluster is not None
+    if find is None:
+        raise ConfigError("command line", [Problem("--cluster", "cannot be looked up here", cluster, "--address http://HEAD:8265")])
+    return find(cluster, dry_run)
+
+
+def on_cluster(recipe: Recipe, cluster: Cluster, *, mode: str | None, prefix: str | None, image: str | None, dry_run: bool,
+               stack: Stack | None) -> Recipe:
+    """The recipe as it runs on `cluster`: the command line's options, then the cluster's
+    environment where neither names one; refused (ConfigError naming both values) where they
+    differ, and when its paths, nodes or GPUs do not fit the inventory."""
+    r = resolve_mode(recipe, mode, prefix, image, require_image=False, stack=stack)
+    if cluster.adopt is not None:
+        r = cluster.adopt(r, mode is not None or "mode" in recipe.model_fields_set)
+    r = resolve_mode(r, require_image=not dry_run and cluster.mode is not None, stack=stack)  # slime_dir from an adopted prefix
+    problems = cluster.check(r) if cluster.check is not None else []
+    if problems:
+        raise ConfigError(f"recipe against cluster {cluster.name}", problems)
+    return r
+
+
+def ship(args: list[str], run_dir: Path) -> tuple[list[str], list[Problem]]:
+    """The job's arguments with the run directory's files named where the job finds them
+    (relative to its working directory); a problem for any other path into the run directory."""
+    here = str(run_dir)
+    out, problems = [], []
+    for arg in args:
+        flag, eq, value = arg.partition("=") if arg.startswith("--") and "=" in arg else ("", "", arg)
+        if value == here or value.startswith(here + "/"):
+            name = value[len(here) + 1:]
+            if name in JOB_FILES:
+                out.append(flag + eq + name)
+                continue
+            problems.append(Problem("extra_flags", f"names a file of the run directory that does not travel with the job ({', '.join(JOB_FILES)} do)",
+                                    arg, "a path on the cluster's hosts"))
+        out.append(arg)
+    return out, problems
+
+
+class ClusterTarget(Target):
+    """Submit to a running Ray cluster's Jobs API from here (see the module docstring)."""
+
+    name = "ray-cluster"
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+
+    def mounts(self, run: ResolvedRun) -> tuple[Mount, ...]:
+        return ()  # nothing runs here: the cluster's own volumes apply (checked against the recipe)
+
+    def job_files(self, run: ResolvedRun, rundir: RunDir) -> tuple[list[str], dict[str, str]]:
+        args, problems = ship(rundir.args, rundir.path)
+        if problems:
+            raise ConfigError(f"run directory {rundir.path}", problems)
+        r = run.recipe
+        python = "python3"  # container mode: the image's
+        if r.mode == "host":  # the cluster's environment: the inventory's python, else the recipe's prefix's
+            python = self.cluster.python or (paths.Prefix.at(r.install_prefix).python if r.install_prefix else "python3")
+        job = render("job.sh.j2", {"version": __version__, "stack_id": run.stack.id, "exp_id": r.exp_id, "slime_dir": r.slime_dir,
+                                   "model_type": r.model_type, "python": python, "model_args_bash": MODEL_ARGS_BASH, "args": args})
+        return args, {"job.sh": job, "slime.args": "".join(shlex.quote(a) + "\n" for a in args)}
+
+    def plan(self, run: ResolvedRun) -> LaunchPlan:
+        rundir = build_run_dir(run.recipe, run.stack, run.out, run.recipe_path, run.environ)
+        args, files = self.job_files(run, rundir)
+        rundir = RunDir(rundir.path, args, rundir.env, rundir.files, rundir.plan)
+        content = {**rundir.files, **files}
+        working = {name: hashlib.sha256(content[name].encode()).hexdigest() for name in JOB_FILES}
+        argv = ("ray", "job", "submit", "--address", self.cluster.address, "--working-dir", f"<{', '.join(JOB_FILES)} of {run.out}>",
+                "--runtime-env", str(run.out / "runtime_env.json"), "--no-wait", "--", *shlex.split(ENTRYPOINT))
+        cmd = Command(argv, "Jobs API submit")
+        notes = [f"the job goes to the running Ray cluster {self.cluster.name} through its Jobs API, from this machine "
+                 "(no container, GPU or image here); the entrypoint runs on its head in the cluster's environment",
+                 f"working_dir: {', '.join(JOB_FILES)} travel with the submission; secrets (WANDB_API_KEY, AWS_*) come from the hosts' environment"]
+        env = f"image {run.recipe.image}" if run.recipe.mode == "container" else f"prefix {run.recipe.install_prefix or '(none)'}"
+        notes.append(f"{run.recipe.mode} mode, {env}" + (" (the cluster's)" if self.cluster.mode else ""))
+        if self.cluster.mode is None:
+            notes.append(f"{self.cluster.name} names no inventory: the recipe's mode, image, prefix and paths are not checked against the cluster")
+        rundir = amend_plan(rundir, files=files, target=self.name, commands=[list(argv)], cluster=self.cluster.name,
+                            entrypoint=shlex.split(ENTRYPOINT), working_dir={"files": working})
+        return LaunchPlan(self.name, run, rundir, (cmd,), (), tuple(notes), None, run_token=new_run_token())
+
+    def preflight(self, plan: LaunchPlan, runner: Runner, say: Say) -> None:
+        from ..preflight import PreflightError, run_checks  # only a launch needs it; dry runs stay fast
+
+        run = plan.run
+        # Without the image: the checks here never `docker run` it (it is the cluster's, maybe 14 GB);
+        # the flag catalog comes from --catalog or a local build of the stack.
+        here = run.recipe.model_copy(update={"image": None})
+        report = run_checks(here, run.stack, args=plan.rundir.args, address=self.cluster.address, catalog=run.catalog,
+                            skip=run.skip_checks, only=LOCAL_CHECKS, network=run.network_checks, environ=run.environ,
+                            runner=runner)
+        say(report.table())
+        if report.errors:
+            raise PreflightError(f"preflight of {run.recipe_path}", report)
+        if self.cluster.preflight is not None:
+            self.cluster.preflight(run.recipe, say)
+
+    def apply(self, plan: LaunchPlan, runner: Runner, say: Say, stream: IO[str]) -> int:
+        from .local import write_launch_records
+
+        self.preflight(plan, runner, say)
+        write_launch_records(plan, runner)
+        if runner.dry_run:
+            runner.history.append(list(plan.commands[0].argv))
+            return 0
+        return submit(plan, self.cluster.address, say, stream)
+
+    def status(self, rundir: Path) -> RunStatus:
+        return jobs.status(rundir)
+
+    def logs(self, rundir: Path, follow: bool, stream: IO[str]) -> int | None:
+        jobs.logs(rundir, follow, stream)
+        return None
+
+    def stop(self, rundir: Path, *, head: bool = False, say: Say = print, runner: Runner | None = None) -> int:
+        return jobs.stop(rundir, head=head, say=say, runner=runner)
+
+
+def submit(plan: LaunchPlan, address: str, say: Say, stream: IO[str]) -> int:
+    """Submit with the working_dir, record the submission, stream its log, return its exit code."""
+    from ray.job_submission import JobSubmissionClient
+
+    run, out = plan.run, plan.rundir.path
+    rec = run.recipe
+    sid = f"{rec.exp_id}-{datetime.now().strftime(paths.SUBMISSION_TIME)}-{new_run_token()[:6]}"
+    metadata = {ownership.META_EXP_ID: rec.exp_id, "slimeforge_run_dir": str(out), ownership.META_RUN_TOKEN: plan.run_token or ""}
+    left = f"the cluster at {address} is left running, as it was (run.status/run.logs/run.stop act on this job)"
+    # Recorded first, as launch.sh does: a launch that dies right after the submission still leaves
+    # run.status/run.stop what they need (a submission that never arrived reads as GONE).
+    write_file(out / "submission_id", sid + "\n")
+    write_file(out / "ray_address", address.rstrip("/") + "\n")
+    with (out / "job.log").open("a", encoding="utf-8") as log:
+        log.write(f"--- slimeforge: submission {sid} at {time.strftime('%Y-%m-%d %H:%M:%S')} to {address} ---\n")
+    try:
+        client = JobSubmissionClient(address)
+        with tempfile.TemporaryDirectory(prefix="sf-job-") as staged:
+            for name in JOB_FILES:  # exactly these files: Ray zips the whole directory it is given
+                shutil.copyfile(out / name, Path(staged) / name)
+            say(f"[slimeforge] submitting {sid} to {address} (working_dir: {', '.join(JOB_FILES)})")
+            client.submit_job(entrypoint=ENTRYPOINT, submission_id=sid, metadata=metadata,
+                              runtime_env={"working_dir": staged, "env_vars": dict(plan.rundir.env)})
+    except Exception as exc:  # noqa: BLE001 - the SDK raises ConnectionError, RuntimeError, ...: one clear error
+        raise SlimeforgeError(f"cannot submit {sid} to the Ray Jobs API at {address}: {exc}; is the cluster up (`invoke cluster.status`)?") from None
+    try:
+        jobs.follow(client, sid, out / "job.log", stream)
+        info = wait_ended(client, sid)
+    except KeyboardInterrupt:
+        say(f"\n[slimeforge] interrupted: stopping job {sid}")
+        client.stop_job(sid)
+        try:  # as `ray job stop` does: until it has stopped (a second Ctrl-C leaves it stopping)
+            say(f"[slimeforge] job {sid}: {status_of(wait_ended(client, sid))}")
+        except KeyboardInterrupt:
+            pass
+        say(f"[slimeforge] {left}")
+        return 130
+    code = exit_code(info)
+    say(f"[slimeforge] job {sid}: {status_of(info)}" + (f" ({info.message})" if code and getattr(info, "message", None) else "") + f"; exit code {code}")
+    say(f"[slimeforge] {left}")
+    return code
+
+
+def wait_ended(client: Any, sid: str) -> Any:
+    """The job's info once its status is terminal (the log stream may end a moment before)."""
+    deadline = time.monotonic() + WAIT_STATUS_S
+    while True:
+        info = client.get_job_info(sid)
+        if status_of(info) in jobs.TERMINAL or time.monotonic() > deadline:
+            return info
+        time.sleep(0.5)
+
+
+def status_of(info: Any) -> str:
+    return str(getattr(info.status, "value", info.status))
+
+
+def exit_code(info: Any) -> int:
+    """0 when the job SUCCEEDED; else the entrypoint's exit code when Ray knows it, else 1."""
+    if status_of(info) == "SUCCEEDED":
+        return 0
+    code = getattr(info, "driver_exit_code", None)
+    return code if isinstance(code, int) and 0 < code < 256 else 1
+
