@@ -18,14 +18,16 @@ from slimeforge.errors import SlimeforgeError
 
 
 def clean_errors(fn):
-    """Print our errors as messages, not tracebacks, and exit 2 (1 is a failed job or build)."""
+    """Print our errors as messages, not tracebacks, with the exit status their class carries: 2 bad
+    input or a refused precondition, 1 a failed job, build, install or push (errors.py; the one
+    mapping, docs/exit-codes.md)."""
 
     @functools.wraps(fn)
     def wrapper(c, *args, **kwargs):
         try:
             return fn(c, *args, **kwargs)
         except SlimeforgeError as exc:
-            raise Exit(f"error: {exc}", code=2) from None
+            raise Exit(f"error: {exc}", code=exc.exit_code) from None
 
     return wrapper
 
@@ -199,7 +201,7 @@ def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=
                         skip=list(skip_check or ()), network=not no_network, gpu_checks=kernels)
     print(report.table())
     if report.errors:
-        raise Exit(code=1)
+        raise Exit(code=2)  # a refused precondition (docs/exit-codes.md)
 
 
 # --- publish ---------------------------------------------------------------------------------
@@ -267,7 +269,7 @@ def lock(c, cuda=None, stack=None, all=False, check=False, complete=False, upgra
          router_sha256=None, index_url=None, source=None):
     """Resolve a flavor once, for its target, into images/locks/pylock.<flavor>.toml (--check: verify it;
     --complete: fill what it lacks from outside, resolving nothing)."""
-    from slimeforge.image import lockcheck, outside, resolve
+    from slimeforge.image import lockcheck, lockfacts, uvlock
     from slimeforge.image.stack import available_flavors
 
     if sum((check, complete, upgrade)) > 1:
@@ -275,24 +277,24 @@ def lock(c, cuda=None, stack=None, all=False, check=False, complete=False, upgra
     if (check or complete) and (index_url or source):
         raise Exit("error: --index-url and --source go with a resolution, not with --check or --complete", code=2)
     refs = available_flavors() if all else [stack or cuda or "cu13"]
-    failed = []
+    failed: dict[str, int] = {}  # flavor -> its error's exit status
     for ref in refs:
         try:
             if check:
                 lockcheck.check(ref, echo=lambda s: print(s, flush=True))
             elif complete:
-                outside.complete(ref, echo=lambda s: print(s, flush=True), base_digest=base_digest, router_sha256=router_sha256)
+                lockfacts.complete(ref, echo=lambda s: print(s, flush=True), base_digest=base_digest, router_sha256=router_sha256)
             else:
-                resolve.resolve(resolve.LockOptions(stack=ref, base_digest=base_digest, router_sha256=router_sha256,
-                                                    index_url=index_url, sources=list(source or []), upgrade=upgrade,
-                                                    echo=lambda s: print(s, flush=True)))
+                uvlock.resolve(uvlock.LockOptions(stack=ref, base_digest=base_digest, router_sha256=router_sha256,
+                                                  index_url=index_url, sources=list(source or []), upgrade=upgrade,
+                                                  echo=lambda s: print(s, flush=True)))
         except SlimeforgeError as exc:
             if len(refs) == 1:
                 raise
             print(f"error: {exc}", file=sys.stderr, flush=True)
-            failed.append(ref)
+            failed[ref] = exc.exit_code
     if failed:
-        raise Exit(f"error: {', '.join(failed)}: see above", code=2)
+        raise Exit(f"error: {', '.join(failed)}: see above", code=max(failed.values()))
 
 
 # --- build -----------------------------------------------------------------------------------
@@ -330,14 +332,7 @@ def build(c, cuda="cu13", stack=None, out=None, dry_run=False, base_image=None, 
                         sources=list(source or []), build_args=list(build_arg or []), no_cache=no_cache, force=force,
                         tags=list(tag or []), repository=repository, ca_bundle=ca_bundle, echo=lambda s: print(s, flush=True),
                         use_store=not no_store, wheel_registry=wheel_registry)
-    try:
-        run_build(opts)
-    except SlimeforgeError as exc:
-        from slimeforge.image.build import BuildError
-
-        if isinstance(exc, BuildError):
-            raise Exit(f"error: {exc}", code=1) from None
-        raise
+    run_build(opts)
 
 
 @task(help={
@@ -369,7 +364,7 @@ def patches_check(c, cuda="cu13", stack=None, source=None):
     from slimeforge.image.stack import load_stack
 
     st = load_stack(stack or cuda)
-    rows = check_patches(st, parse_sources(st, list(source or [])), paths.SOURCES_CACHE)
+    rows = check_patches(st, parse_sources(st, list(source or [])), paths.sources_cache())
     print(f"patches of {st.id}: {len(rows)} checked, all apply")
 
 
@@ -394,7 +389,6 @@ def install(c, cuda="cu13", stack=None, prefix="", venv=None, python=None, min_f
     """Install a stack on this host (bare metal), resumably, with the image's steps and checks."""
     from pathlib import Path
 
-    from slimeforge.errors import CommandError
     from slimeforge.image.install import MAX_FREE_GIB, InstallOptions
     from slimeforge.image.install import install as run_install
     from slimeforge.schema import parse_whole
@@ -403,10 +397,7 @@ def install(c, cuda="cu13", stack=None, prefix="", venv=None, python=None, min_f
     free = parse_whole(str(min_free_gb), "--min-free-gb", 0, MAX_FREE_GIB, unit="GiB") if min_free_gb is not None else None
     opts = InstallOptions(stack=stack or cuda, prefix=prefix, venv=venv, python=python, min_free_gb=free, sources=list(source or []),
                           out=Path(out) if out else None, dry_run=dry_run, use_store=not no_store)
-    try:
-        run_install(opts)
-    except CommandError as exc:
-        raise Exit(f"error: install failed (exit {exc.returncode}); see the step log named above", code=1) from None
+    run_install(opts)
 
 
 # --- compiled-wheel store --------------------------------------------------------------------
@@ -422,14 +413,11 @@ WHEELS_HELP = {"cuda": "stack flavor (cu13, cu129)", "stack": "any stack file in
 @clean_errors
 def wheels_build(c, cuda="cu13", stack=None, registry=None, source=None, build_arg=None, dry_run=False):
     """Compile only the compiled steps whose key is not stored (MAX_JOBS from this host's memory), and store them."""
-    from slimeforge.image.build import BuildError, BuildOptions, build_wheels
+    from slimeforge.image.build import BuildOptions, build_wheels
 
     opts = BuildOptions(stack=stack or cuda, sources=list(source or []), build_args=list(build_arg or []), dry_run=dry_run,
                         wheel_registry=registry, echo=lambda s: print(s, flush=True))
-    try:
-        result = build_wheels(opts)
-    except BuildError as exc:
-        raise Exit(f"error: {exc}", code=1) from None
+    result = build_wheels(opts)
     for step, r in result.items():
         print(f"{step:<24} {r['source']:<14} {r['key']}")
 

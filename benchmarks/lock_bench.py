@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from slimeforge.image import lockcheck, lockfile, lockinputs, resolve  # noqa: E402
+from slimeforge.image import lockcheck, lockfile, lockinputs, uvlock  # noqa: E402
 from slimeforge.image.stack import load_stack  # noqa: E402
 
 
@@ -33,7 +33,7 @@ def timed_lock(out: Path, cache: Path, committed: Path) -> float:
     os.environ["UV_CACHE_DIR"] = str(cache)
     shutil.copyfile(committed, out)
     started = time.monotonic()
-    resolve.resolve(resolve.LockOptions(stack="cu13", out=out, echo=lambda _: None))
+    uvlock.resolve(uvlock.LockOptions(stack="cu13", out=out, echo=lambda _: None))
     return time.monotonic() - started
 
 

@@ -5,7 +5,7 @@ Everything is on loopback: a PEP 503/691 index (tests/lock_support.py) serving t
 packages and a router wheel of --router-mib MiB, and a TLS registry with htpasswd auth
 (tests/publish_support.py) holding the base image. Each run restores the lock as it was made,
 then runs the CLI in a fresh process, as a user would (Python start-up and imports included);
-the in-process time of `outside.complete` is given too.
+the in-process time of `lockfacts.complete` is given too.
 
     python benchmarks/lock_complete_bench.py --runs 5 --router-mib 16
 """
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from lock_support import Index, make_wheel, push_tiny_image, router_stack  # noqa: E402
 from publish_support import LocalRegistry  # noqa: E402
 
-from slimeforge.image import lockfile, outside, resolve  # noqa: E402
+from slimeforge.image import lockfacts, lockfile, uvlock  # noqa: E402
 
 
 def main() -> None:
@@ -55,7 +55,7 @@ def main() -> None:
         router_url = f"{index.url.removesuffix('/simple')}/router/sf_router-0.3.2-py3-none-any.whl"
         path = router_stack(work / "s", f"{reg.host}/sf/base:v1", router_url)
         # Locked while neither answers: the registry is not started, the wheel not yet there.
-        resolve.resolve(resolve.LockOptions(stack=str(path), index_url=index.url, echo=lambda _: None))
+        uvlock.resolve(uvlock.LockOptions(stack=str(path), index_url=index.url, echo=lambda _: None))
         lock_path = lockfile.load_lock(str(path)).path
         made = lock_path.read_text()
         make_wheel(index.root / "router", "sf-router", "0.3.2", payload=f"BLOB = {os.urandom(args.router_mib << 19).hex()!r}\n")
@@ -74,7 +74,7 @@ def main() -> None:
                     raise SystemExit(f"invoke lock --complete failed:\n{res.stdout}\n{res.stderr}")
                 lockfile.write_lock(lock_path, made)
                 started = time.monotonic()
-                filled = outside.complete(str(path), echo=lambda _: None)["filled"]
+                filled = lockfacts.complete(str(path), echo=lambda _: None)["filled"]
                 inproc.append(time.monotonic() - started)
                 assert filled == ["base_digest", "router_sha256"], filled
         finally:
@@ -83,7 +83,7 @@ def main() -> None:
     print(f"invoke lock --complete (router wheel {size / 2**20:.1f} MiB over loopback HTTP, base digest from a loopback TLS registry "
           f"with auth), {args.runs} runs")
     print(f"  CLI (fresh process):  median {statistics.median(cli):.2f} s  min {min(cli):.2f} s  max {max(cli):.2f} s")
-    print(f"  outside.complete:     median {statistics.median(inproc):.3f} s  min {min(inproc):.3f} s  max {max(inproc):.3f} s")
+    print(f"  lockfacts.complete:     median {statistics.median(inproc):.3f} s  min {min(inproc):.3f} s  max {max(inproc):.3f} s")
 
 
 if __name__ == "__main__":

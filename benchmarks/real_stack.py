@@ -40,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from slimeforge.atomic import write_file  # noqa: E402
 from slimeforge.image.lockfile import render_lock  # noqa: E402
 from slimeforge.image.lockinputs import inputs  # noqa: E402
 from slimeforge.image.stack import load_stack  # noqa: E402
@@ -173,6 +174,21 @@ def run_env(work: Path) -> dict[str, str]:
     return env
 
 
+def stamp() -> dict[str, object]:
+    """What a result was measured on: the commit (and whether the tree had changes beside it) and
+    the real stack's hash. tests/real reuses a result only when all three still hold."""
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, check=True).stdout.strip() != ""
+    return {"head": head, "dirty": dirty, "stack_hash": load_stack("cu13").hash}
+
+
+def current(result: dict | None, now: dict) -> bool:
+    """A result stands for the code as it is now: it passed, on this commit, from a clean tree
+    (a dirty tree's result says nothing about any commit), on this stack."""
+    return bool(result) and result.get("rc") == 0 and result.get("stamp") == now and not now["dirty"]
+
+
 def du(path: Path) -> int:
     return int(subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True).stdout.split()[0]) if path.exists() else 0
 
@@ -186,7 +202,7 @@ def install(work: Path, results: dict) -> None:
     env = run_env(work)
     rc, secs, out = invoke(args, env, work / "install.log")
     steps = {m.group(1): int(m.group(2)) for m in STEP_DONE.finditer(out)}
-    results["install"] = {"rc": rc, "seconds": round(secs), "steps": steps}
+    results["install"] = {"rc": rc, "seconds": round(secs), "steps": steps, "stamp": stamp()}
     if rc != 0:
         raise SystemExit(f"install failed (exit {rc}); log {work / 'install.log'}")
     venv = prefix / "venv"
@@ -209,7 +225,7 @@ def build(work: Path, results: dict) -> None:
     for s in sources():
         args += ["--source", s]
     rc, secs, out = invoke(args, run_env(work), work / "build.log")
-    results["build"] = {"rc": rc, "seconds": round(secs)}
+    results["build"] = {"rc": rc, "seconds": round(secs), "stamp": stamp()}
     if rc != 0:
         raise SystemExit(f"build failed (exit {rc}); log {work / 'build.log'}")
     m = re.search(r"^report (\S+) ", out, re.M)
@@ -236,7 +252,7 @@ def main() -> None:
         if a.phase in ("build", "all"):
             build(a.work, results)
     finally:
-        res_file.write_text(json.dumps(results, indent=2) + "\n")
+        write_file(res_file, json.dumps(results, indent=2) + "\n")
         print(json.dumps(results, indent=2))
 
 

@@ -35,9 +35,10 @@ from cext_support import STACK, serve_index  # noqa: E402
 from publish_support import LocalRegistry  # noqa: E402
 
 from slimeforge.image import wheelstore  # noqa: E402
-from slimeforge.image.build import BuildOptions, build, parse_progress  # noqa: E402
+from slimeforge.image.build import BuildOptions, build  # noqa: E402
+from slimeforge.image.buildkit import parse_progress  # noqa: E402
 from slimeforge.image.registry import Credentials  # noqa: E402
-from slimeforge.image.resolve import LockOptions, resolve  # noqa: E402
+from slimeforge.image.uvlock import LockOptions, resolve  # noqa: E402
 
 REPO = f"slimeforge-wheels-bench/sfcext-{os.getpid()}"
 
@@ -65,7 +66,7 @@ def main() -> None:
         with serve_index(root / "index", heavy=args.heavy) as index:
             stack = root / "sfcext.yaml"
             stack.write_text(STACK.format(archs='["9.0"]', index=index))
-            resolve(LockOptions(stack=str(stack), build_root=root / "out", echo=lambda s: None))
+            resolve(LockOptions(stack=str(stack), echo=lambda s: None))
 
             def run(store: str, **kw) -> tuple[dict, float]:
                 t = time.monotonic()

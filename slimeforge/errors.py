@@ -33,7 +33,18 @@ class Problem:
 
 
 class SlimeforgeError(Exception):
-    """Base class: every error slimeforge raises on purpose is one of these."""
+    """Base class: every error slimeforge raises on purpose is one of these. Its class says the
+    command line's exit status (`exit_code`; tasks.clean_errors is the one place that maps it):
+    2 for bad input or a refused precondition, the default; 1 for what ran and failed
+    (`OperationFailed`). docs/exit-codes.md has the table."""
+
+    exit_code = 2
+
+
+class OperationFailed(SlimeforgeError):
+    """A job, build, install, push or external command ran and failed: exit 1."""
+
+    exit_code = 1
 
 
 class ConfigError(SlimeforgeError):
@@ -47,7 +58,7 @@ class ConfigError(SlimeforgeError):
         super().__init__("\n".join(lines))
 
 
-class CommandError(SlimeforgeError):
+class CommandError(OperationFailed):
     """An external command failed; names the step so the user knows where to look."""
 
     def __init__(self, step: str, argv: list[str], returncode: int, output: str = ""):

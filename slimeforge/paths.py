@@ -4,6 +4,7 @@ slimeforge's state, and how a bare-metal install lays out its prefix (Prefix).""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,16 +66,23 @@ def run_dir(exp_id: str) -> Path:
 
 # A build directory is named here only: `invoke build` writes build/<flavor>-<build hash, 12>/
 # (relative to the working directory, as runs/ is), and doctor and publish find builds of a flavor
-# by this pattern (the newest complete one first). Checkouts of sources are cached beside them.
+# by this pattern (the newest complete one first).
 BUILDS = Path("build")
 BUILD_REPORT = "report.json"
 
 
-def sources_cache(build_root: Path = BUILDS) -> Path:
-    return Path(build_root) / ".cache" / "sources"
+def user_cache() -> Path:
+    """slimeforge's cache of downloads and what is made from them: $XDG_CACHE_HOME/slimeforge (an
+    absolute path, as the XDG spec asks), else ~/.cache/slimeforge. Never the repository: they are
+    gigabytes, and every checkout shares them. Beside each other there: sources/ (bare copies of
+    pinned commits), wheels/ (patches.check's downloads), compiled/ (the compiled-wheel store)."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return (Path(xdg) if xdg.startswith("/") else Path.home() / ".cache") / "slimeforge"
 
 
-SOURCES_CACHE = sources_cache()
+def sources_cache() -> Path:
+    """Bare repositories of the pinned commits (sources.bare_copy), by name and commit."""
+    return user_cache() / "sources"
 
 
 def build_dir(root: Path, flavor: str, build_hash: str) -> Path:

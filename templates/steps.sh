@@ -26,6 +26,16 @@ unset PIP_FIND_LINKS PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_CONSTRAINT PIP_REQUIR
 sf_log() { printf 'slimeforge: %s\n' "$*" >&2; }
 sf_die() { printf 'slimeforge: ERROR: %s\n' "$*" >&2; exit 1; }
 
+# _sf_script NAME: the path of a slimeforge/scripts/ file the library runs with a venv's Python:
+# $SF_STATE/NAME where the image and install.sh put it, else beside this library in a checkout
+# (templates/../slimeforge/scripts/: tests, patches.check).
+_sf_script() {
+  local here=${BASH_SOURCE[0]%/*}
+  if [[ -f $SF_STATE/$1 ]]; then printf '%s\n' "$SF_STATE/$1"
+  elif [[ -f $here/../slimeforge/scripts/$1 ]]; then printf '%s\n' "$here/../slimeforge/scripts/$1"
+  else sf_die "$1 is missing from $SF_STATE (the image and install.sh put it there)"; fi
+}
+
 # git refuses repositories owned by another user (bind-mounted build contexts, a user's checkout
 # read by root); these repositories are read, never trusted for hooks or config.
 sf_git() { git -c safe.directory='*' -c advice.detachedHead=false "$@"; }
@@ -233,45 +243,7 @@ _sf_explain_uv_failure() {
 sf_lock_verify() {
   local venv=$1 step=$2 exact=${3:-}
   # -I: only the venv's own paths (not the working directory, not PYTHONPATH) are looked at.
-  "$venv/bin/python" -I - "$SF_STATE/lock" "$step" "$exact" <<'PY'
-import importlib.metadata as md, json, pathlib, re, sys
-lock_dir, step, exact = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "--exact"
-norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
-want, whole = {}, {}
-for f in sorted(lock_dir.glob("*.txt")):
-    for line in f.read_text().splitlines():
-        if not line.strip() or line.startswith("#"):
-            continue
-        m = re.match(r"\s*([A-Za-z0-9._-]+)\s*(?:@|==)", line)
-        v = re.search(r"#\s*==(\S+)\s*$", line) or re.match(r"\s*[A-Za-z0-9._-]+==(\S+)", line)
-        want[norm(m.group(1))] = v.group(1) if v else None
-        if f.name == "_all.txt":  # finalize's copy of the whole lock: what must be there
-            whole[norm(m.group(1))] = want[norm(m.group(1))]
-errors, have = [], {}
-for d in md.distributions():
-    name = d.metadata["Name"]
-    if not name:
-        continue
-    n = norm(name)
-    have[n] = d.version
-    if n in want:
-        if want[n] is not None and want[n] != d.version:
-            errors.append(f"{name} is {d.version}, the lock says {want[n]}")
-        continue
-    if n in ("pip", "uv"):
-        continue
-    direct = d.read_text("direct_url.json")
-    if direct and json.loads(direct).get("url", "").startswith("file://") and "dir_info" in json.loads(direct):
-        continue  # a checkout of a pinned source
-    errors.append(f"{name} {d.version} is not in the lock")
-if exact:
-    errors += [f"{n} {v} is in the lock but not installed" for n, v in sorted((whole or want).items()) if n not in have]
-if errors:
-    for e in errors:
-        print(f"slimeforge: ERROR: step {step}: {e}", file=sys.stderr)
-    sys.exit(1)
-print(f"slimeforge: step {step}: {len(have)} distribution(s) installed, all as locked", file=sys.stderr)
-PY
+  "$venv/bin/python" -I "$(_sf_script venvlock.py)" verify "$SF_STATE/lock" "$step" ${exact:+"$exact"}
 }
 
 # sf_pip_step --venv V --step NAME --lock FILE [--find-links DIR]: one `pip` (or wheel) step of the
@@ -364,58 +336,27 @@ _sf_fetch_locked() {
   done
   rm -rf -- "$dir"
   mkdir -p -- "$dir"
-  "$venv/bin/python" -I - "$step" "$file" "$dir" "${links[@]}" <<'PY' || sf_die "step $step: fetching its sources from the lock failed (see above)"
-import hashlib, os, pathlib, re, shutil, sys, urllib.request
-step, file, dest, links = sys.argv[1], pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3]), sys.argv[4:]
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*\.(?:tar\.gz|zip|whl)")
-def sha(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-bad = 0
-for line in file.read_text().splitlines():
-    if not line.strip() or line.startswith("#"):
-        continue
-    m = re.match(r"\s*([A-Za-z0-9._-]+)\s*(?:@\s*(\S+)|==(\S+))\s+--hash=sha256:([0-9a-f]{64})", line)
-    if not m:
-        print(f"slimeforge: ERROR: step {step}: cannot read lock line: {line}", file=sys.stderr); bad = 1; continue
-    name, url, want = m.group(1), m.group(2), m.group(4)
-    if url is None:  # by name: a wheel directory given for this step holds the file with that sha256
-        found = [p for d in links for p in sorted(pathlib.Path(d).iterdir()) if p.is_file() and sha(p) == want]
-        if not found:
-            print(f"slimeforge: ERROR: step {step}: {name}: no file with sha256 {want} in {' '.join(links) or '(no --find-links)'}", file=sys.stderr); bad = 1; continue
-        shutil.copyfile(found[0], dest / found[0].name); continue
-    base = url.rsplit("/", 1)[-1].split("#")[0]
-    if not NAME.fullmatch(base):
-        print(f"slimeforge: ERROR: step {step}: {name}: not a distribution file name: {base!r}", file=sys.stderr); bad = 1; continue
-    part = dest / (base + ".part")
-    try:
-        with urllib.request.urlopen(url, timeout=60) as r, open(part, "wb") as out:
-            shutil.copyfileobj(r, out, 1 << 20)
-    except OSError as exc:
-        print(f"slimeforge: ERROR: step {step}: {name} cannot be fetched from {url}: {exc}", file=sys.stderr); bad = 1; continue
-    got = sha(part)
-    if got != want:
-        part.unlink()
-        print(f"slimeforge: ERROR: step {step}: {name} differs from its sha256 in the lock (got {got}, the lock says {want}): refused", file=sys.stderr); bad = 1; continue
-    os.replace(part, dest / base)
-    print(f"slimeforge: step {step}: {base} fetched, sha256 as locked", file=sys.stderr)
-sys.exit(bad)
-PY
+  "$venv/bin/python" -I "$(_sf_script venvlock.py)" fetch "$step" "$file" "$dir" "${links[@]}" ||
+    sf_die "step $step: fetching its sources from the lock failed (see above)"
+}
+
+# _sf_sums_line LINE: a SHA256SUMS line by its grammar (wheelstore.py's SUMS_LINE_RE, held to it by a
+# pair test): sets SF_SUM_SHA and SF_SUM_FILE, or fails.
+_sf_sums_line() {
+  [[ $1 =~ ^([0-9a-f]{64})\ \ ([A-Za-z0-9_.+-]{1,200}\.whl)$ ]] || return 1
+  SF_SUM_SHA=${BASH_REMATCH[1]} SF_SUM_FILE=${BASH_REMATCH[2]}
 }
 
 # _sf_store_install VENV STEP COUNT: install the wheels of $SF_COMPILED_WHEELS, each by its recorded
 # sha256, with --no-build: nothing can compile here. COUNT: the wheels the step must find there.
 _sf_store_install() {
-  local venv=$1 step=$2 count=$3 dir=$SF_COMPILED_WHEELS sha file reqs=() n=0
+  local venv=$1 step=$2 count=$3 dir=$SF_COMPILED_WHEELS line reqs=() n=0
   [[ -f $dir/SHA256SUMS ]] || sf_die "step $step: store entry $dir has no SHA256SUMS record"
   (cd -- "$dir" && sha256sum --check --strict --quiet SHA256SUMS) ||
     sf_die "step $step: a wheel in $dir differs from its sha256 record: refused (remove the entry and compile again)"
-  while read -r sha file; do
-    [[ $file =~ ^[A-Za-z0-9_.+-]+\.whl$ && $sha =~ ^[0-9a-f]{64}$ ]] || sf_die "step $step: bad line in $dir/SHA256SUMS: $sha $file"
-    reqs+=("$dir/$file --hash=sha256:$sha")
+  while IFS= read -r line; do
+    _sf_sums_line "$line" || sf_die "step $step: bad line in $dir/SHA256SUMS: ${line:0:200}"
+    reqs+=("$dir/$SF_SUM_FILE --hash=sha256:$SF_SUM_SHA")
     n=$((n + 1))
   done <"$dir/SHA256SUMS"
   ((n == count)) || sf_die "step $step: store entry $dir holds $n wheel(s), the step builds $count"
@@ -758,7 +699,8 @@ sf_source_step() {
     # the checkout. Its name and version (from the wheel's file name) join the lock records; it is
     # pinned by the commit it was compiled from (part of the store key).
     local whl
-    whl=$(awk '{print $2}' "$SF_COMPILED_WHEELS/SHA256SUMS")
+    _sf_sums_line "$(head -n 1 -- "$SF_COMPILED_WHEELS/SHA256SUMS")" || sf_die "step $step: bad first line in $SF_COMPILED_WHEELS/SHA256SUMS"
+    whl=$SF_SUM_FILE
     printf '%s==%s\n' "$(cut -d- -f1 <<<"$whl")" "$(cut -d- -f2 <<<"$whl")" >"$SF_STATE/lock/$step.checkout.txt"
   else
     if ((editable)); then args+=(--editable "$dest"); else args+=("$dest"); fi
@@ -795,16 +737,8 @@ sf_finalize() {
   for spec in "${checkouts[@]}"; do
     commits+=("${spec%%=*}=$(sf_git -C "${spec#*=}" rev-parse HEAD)")
   done
-  "$venv/bin/python" - "$lock_in" "$lock_out" "$SF_STATE/patches.applied" "${commits[@]}" <<'PY'
-import importlib.metadata as md, json, pathlib, sys
-lock_in, lock_out, applied = sys.argv[1:4]
-lock = json.loads(pathlib.Path(lock_in).read_text())
-lock["installed"] = dict(sorted((d.metadata["Name"], d.version) for d in md.distributions() if d.metadata["Name"]))
-lock["checkouts"] = dict(a.split("=", 1) for a in sys.argv[4:])
-rows = [line.split("\t") for line in pathlib.Path(applied).read_text().splitlines()] if pathlib.Path(applied).exists() else []
-lock["patches_applied"] = [{"file": r[0], "sha256": r[1], "dir": r[2], "status": r[3]} for r in rows]
-pathlib.Path(lock_out).write_text(json.dumps(lock, indent=2, sort_keys=True) + "\n")
-PY
+  "$venv/bin/python" -I "$(_sf_script venvlock.py)" record "$lock_in" "$lock_out" "$SF_STATE/patches.applied" "${commits[@]}" ||
+    sf_die "finalize: recording what is installed in $lock_out failed (see above)"
   if [[ -n $slime ]]; then sf_flag_catalog "$venv" "$slime" "$megatron" "$flags_out"; fi
 }
 
@@ -822,15 +756,19 @@ sf_flag_catalog() {
     sf_die "flag catalog: $venv/bin/python could not read slime's parsers in $slime (see above)"
 }
 
-# sf_gpu_present: succeeds when an NVIDIA GPU can be used here (a driver that lists one).
-sf_gpu_present() { nvidia-smi -L 2>/dev/null | grep -q '^GPU '; }
+# sf_gpu_present VENV: succeeds when an NVIDIA GPU can be used here (a driver that lists one):
+# $SF_STATE/kernel_check.py --probe, the one "is there a GPU" of the image and the install.
+sf_gpu_present() {
+  [[ -f $SF_STATE/kernel_check.py ]] || sf_die "GPU probe: $SF_STATE/kernel_check.py is missing"
+  PYTHONPATH="" "$1/bin/python" "$SF_STATE/kernel_check.py" --probe >/dev/null
+}
 
 # sf_smoke --venv V [--import M]... [--needs-gpu M]... [--versions LOCK] [--router-marker S]
 #          [--torch-cuda X.Y] [--patch NAME:METHOD:STRIP:FILE:DIR]... [--flags FILE --slime DIR [--megatron DIR]]
 # Every check runs; all failures are listed, and any failure fails the smoke test. An import the
 # stack marks --needs-gpu is skipped where no GPU is present, by name (printed, and counted in the
 # last line), never silently. --versions: each pinned distribution at the lock's version
-# ($SF_STATE/smoke_versions.py, the one comparison).
+# (venvlock.py pins).
 sf_smoke() {
   local venv="" marker="" torch_cuda="" flags="" slime="" megatron="" versions="" failed=0
   local imports=() patches=() needs_gpu=() skipped=() preload=() kernels=0
@@ -852,7 +790,7 @@ sf_smoke() {
     esac
   done
   local m out gpu=0 g need
-  if sf_gpu_present; then gpu=1; fi
+  if sf_gpu_present "$venv"; then gpu=1; fi
   for m in "${imports[@]}"; do
     need=0
     for g in "${needs_gpu[@]}"; do if [[ $g == "$m" ]]; then need=1; fi; done
@@ -869,7 +807,7 @@ sf_smoke() {
       printf 'slimeforge: ERROR: smoke: import %s failed: %s\n' "$m" "$(tail -n 3 <<<"$out")" >&2; failed=1; fi
   done
   if [[ -n $versions ]]; then
-    if "$venv/bin/python" "$SF_STATE/smoke_versions.py" "$versions"; then sf_log "smoke: every pinned version is installed"; else failed=1; fi
+    if "$venv/bin/python" -I "$(_sf_script venvlock.py)" pins "$versions"; then sf_log "smoke: every pinned version is installed"; else failed=1; fi
   fi
   if [[ -n $marker ]]; then
     if out=$("$venv/bin/python" -c 'import sglang_router; print(sglang_router.__version__)' 2>&1) && [[ $out == *"$marker"* ]]; then

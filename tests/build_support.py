@@ -125,7 +125,7 @@ def derived_stack(path: Path, slime_commit: str, lock: bool = True, **extra: str
         lines.append(f"{key}: {value}")
     path.write_text("\n".join(lines) + "\n")
     if lock:
-        from slimeforge.image.resolve import LockOptions, resolve
+        from slimeforge.image.uvlock import LockOptions, resolve
 
         resolve(LockOptions(stack=str(path), echo=lambda _: None))
     return path

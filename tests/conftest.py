@@ -9,9 +9,66 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from helpers import absent
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE_IMAGE = "slimeforge-test/base:bookworm"
+
+# Every integration test names its tier, so `-m "not slurm"` and the like select exactly; tests in a
+# directory of one tier get its marker here (the labs' own directories), every other file says its own.
+TIERS = {"docker", "ray", "ssh", "slurm", "network", "local", "real"}
+DIRECTORY_TIERS = {"integration/slurm": "slurm", "integration/cluster/test_cluster_node_agent.py": "local"}
+
+
+def pytest_collection_modifyitems(config, items):
+    untiered = []
+    for item in items:
+        rel = Path(str(item.fspath)).relative_to(ROOT / "tests").as_posix()
+        for prefix, tier in DIRECTORY_TIERS.items():
+            if rel == prefix or rel.startswith(prefix + "/"):
+                item.add_marker(tier)
+        if rel.startswith(("integration/", "real/")) and not {m.name for m in item.iter_markers()} & TIERS:
+            untiered.append(item.nodeid)
+    if untiered:
+        raise pytest.UsageError("integration tests without a tier marker (one of " + ", ".join(sorted(TIERS)) + "):\n  "
+                                + "\n  ".join(untiered))
+
+
+# No test leaks environment variables: what a module's tests and fixtures set in os.environ is
+# restored by the time its last test is torn down (monkeypatch, or a context scoped to a fixture);
+# a change that outlives its module (a session-wide setenv, a test that never restores) is an error
+# of that module's last test, naming the variables. The next module starts from what this one found.
+_module_env: dict[str, object] = {}
+# Set by the libraries themselves, not by a test: pytest for each phase of each test; Ray on its
+# first import in the process (ray/_private/client_mode_hook.py: RAY_CLIENT_MODE=0).
+OWN_VARIABLES = {"PYTEST_CURRENT_TEST", "RAY_CLIENT_MODE"}
+
+
+def _environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in OWN_VARIABLES}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if _module_env.get("path") != item.path:
+        _module_env.update(path=item.path, env=_environment())
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    result = yield
+    before = _module_env.get("env")
+    if (nextitem is None or nextitem.path != item.path) and isinstance(before, dict) and _environment() != before:
+        after = _environment()
+        changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+        for k in changed:
+            if k in before:
+                os.environ[k] = before[k]
+            else:
+                os.environ.pop(k, None)
+        raise AssertionError(f"{item.path.name} left os.environ changed after its tests: {', '.join(changed)} "
+                             "(set it with monkeypatch, or in a context scoped to the fixture that needs it)")
+    return result
 
 
 def docker_available() -> bool:
@@ -21,9 +78,7 @@ def docker_available() -> bool:
 @pytest.fixture(scope="session")
 def docker_engine():
     if not docker_available():
-        if os.environ.get("CI"):
-            pytest.fail("CI must have a running Docker Engine (.ci/run starts dockerd)")
-        pytest.skip("no Docker Engine running")
+        absent("no Docker Engine running (.ci/run starts dockerd)")
     return "docker"
 
 

@@ -22,6 +22,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import yaml
 from helpers import SEED_RECIPE
@@ -204,22 +205,24 @@ def table(root: Path, port: int) -> list[tuple[str, str, str, str, Answer]]:
     recipe = setup(live, port)["recipe"]
     for sub in ("ray-run", "slurm-run", "state"):
         shutil.copytree(live / sub, pristine / sub)
-    os.environ["SLIMEFORGE_STATE_DIR"] = str(live / "state")
     rows = []
-    for kind, names in (("ray", RAY_RECORDS), ("slurm", SLURM_RECORDS)):
-        run_dir = live / f"{kind}-run"
-        for name in names:
-            path = live / "state" / f"ray-{port}" / "head.json" if name == "state/head.json" else run_dir / name
-            for variant in VARIANTS:
-                for cmd_name, cmd in commands(recipe).items():
-                    reset(pristine, live)
-                    path.unlink(missing_ok=True)
-                    VARIANTS[variant](path)
-                    before = snapshot(run_dir)
-                    ans = answer(cmd, run_dir)
-                    if snapshot(run_dir) != before:
-                        ans.acted.append("the run directory changed")
-                    rows.append((kind, name, variant, cmd_name, ans))
+    # The commands run in this process and read the state directory from the environment: set for
+    # the table only, restored after it (whatever happens), so no later test sees it.
+    with mock.patch.dict(os.environ, {"SLIMEFORGE_STATE_DIR": str(live / "state")}):
+        for kind, names in (("ray", RAY_RECORDS), ("slurm", SLURM_RECORDS)):
+            run_dir = live / f"{kind}-run"
+            for name in names:
+                path = live / "state" / f"ray-{port}" / "head.json" if name == "state/head.json" else run_dir / name
+                for variant in VARIANTS:
+                    for cmd_name, cmd in commands(recipe).items():
+                        reset(pristine, live)
+                        path.unlink(missing_ok=True)
+                        VARIANTS[variant](path)
+                        before = snapshot(run_dir)
+                        ans = answer(cmd, run_dir)
+                        if snapshot(run_dir) != before:
+                            ans.acted.append("the run directory changed")
+                        rows.append((kind, name, variant, cmd_name, ans))
     return rows
 
 

@@ -20,7 +20,7 @@ from pydantic import Field
 
 from .. import paths
 from ..errors import ConfigError, Problem
-from ..image.registry import image_ref_problems
+from ..image.imageref import image_ref_problems
 from ..schema import ENV_NAME_RE, Model, model_problems, secret_name, text_problem
 from ..yamlio import load_with_extends
 from .addresses import address_problem, hostport, jump_hosts, ssh_address, unique_key

@@ -1,9 +1,12 @@
 """The one Docker Engine client (the Docker SDK) of build, publish and the wheel store, and what
-they ask the engine together: the base image as FROM will name it (`resolve_base`)."""
+they ask the engine together: the base image as FROM will name it (`resolve_base`), files read
+out of an image without running it (`read_from_image`)."""
 
 from __future__ import annotations
 
-from typing import Any
+import tarfile
+from dataclasses import dataclass
+from io import BytesIO
 
 from ..errors import ConfigError, Problem, SlimeforgeError
 from .stack import Stack
@@ -25,24 +28,43 @@ def docker_client():
         raise EngineUnavailable(f"docker engine: {exc}; is dockerd running, and DOCKER_HOST right?") from None
 
 
-def resolve_base(stack: Stack, override: str | None, dry_run: bool, locked_digest: str | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ResolvedBase:
+    """The base image as FROM names it: the stack's (or --base-image's) reference, resolved."""
+
+    image: str  # as the stack or --base-image names it
+    from_ref: str  # what FROM names: repository@digest where the digest is known, else the tag
+    digest: str | None  # the registry digest
+    image_id: str | None  # the engine's id (a locally imported base has no registry digest)
+
+    @property
+    def id(self) -> str | None:
+        """What identifies its content: the digest, else the local image id (compiled keys, labels)."""
+        return self.digest or self.image_id
+
+    def to_json(self) -> dict[str, str | None]:
+        """As the input lock and the build report record it."""
+        return {"image": self.image, "from": self.from_ref, "digest": self.digest, "image_id": self.image_id}
+
+
+def resolve_base(stack: Stack, override: str | None, dry_run: bool, locked_digest: str | None = None) -> ResolvedBase:
     """The base as FROM will name it, with its digest (the stack's, else the lock's, else
     RepoDigests) or, for a locally imported image without one, its image id: either goes into the
     lock, so a changed base changes the hash."""
     image = override or stack.base.image
     if "@sha256:" in image:
-        return {"image": image, "from": image, "digest": image.split("@", 1)[1], "image_id": None}
+        return ResolvedBase(image, image, image.split("@", 1)[1], None)
     digest = None if override else (stack.base.digest or locked_digest)
     if digest:
         repo = image.rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
-        return {"image": image, "from": f"{repo}@{digest}", "digest": digest, "image_id": None}
+        return ResolvedBase(image, f"{repo}@{digest}", digest, None)
     import docker
 
     try:
         img = docker_client().images.get(image)
     except docker.errors.ImageNotFound:
         if dry_run:
-            return {"image": image, "from": image, "digest": None, "image_id": None}
+            return ResolvedBase(image, image, None, None)
         raise ConfigError("base image", [Problem("--base-image" if override else "base.image", "is not present locally (pull it, "
                                                  "or pin base.digest in the stack)", image)]) from None
     except docker.errors.DockerException as exc:
@@ -51,6 +73,24 @@ def resolve_base(stack: Stack, override: str | None, dry_run: bool, locked_diges
     for rd in img.attrs.get("RepoDigests") or []:
         name, _, digest = rd.partition("@")
         if name == repo or name.endswith("/" + repo):
-            return {"image": image, "from": f"{repo}@{digest}", "digest": digest, "image_id": img.id}
+            return ResolvedBase(image, f"{repo}@{digest}", digest, img.id)
     # A locally imported base has no registry digest: FROM keeps the tag, the lock records the id.
-    return {"image": image, "from": image, "digest": None, "image_id": img.id}
+    return ResolvedBase(image, image, None, img.id)
+
+
+def read_from_image(client, image_id: str, paths: list[str]) -> dict[str, bytes]:
+    """Files copied out of an image without starting it (a created, never-run container)."""
+    out = {}
+    container = client.containers.create(image_id, command=["true"])
+    try:
+        for p in paths:
+            chunks, _ = container.get_archive(p)
+            with tarfile.open(fileobj=BytesIO(b"".join(chunks))) as tar:
+                member = tar.next()
+                assert member is not None
+                fh = tar.extractfile(member)
+                assert fh is not None
+                out[p] = fh.read()
+    finally:
+        container.remove(force=True)
+    return out

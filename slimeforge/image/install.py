@@ -21,21 +21,23 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .. import paths
 from ..atomic import dir_problem, mark_output_dir, output_dir_problem, write_file
-from ..errors import ConfigError, Problem
+from ..errors import CommandError, ConfigError, OperationFailed, Problem, SlimeforgeError
 from ..proc import Runner
 from ..schema import text_problem, whole_problem
 from ..templating import render
 from .lockcheck import check_patches, checked_lock
+from .lockfacts import lock_for_run, patches_for_run
 from .lockfile import LockFile, normalize
-from .outside import lock_for_run, patches_for_run
 from .patches import PatchContent, read_patches
-from .sources import LocalSource, parse_sources
+from .sources import LocalSource, checked_options
 from .stack import Stack, load_stack
 from .steps import (
     FINALIZE_STEP,
+    LIBRARY_SCRIPTS,
     LOCK_ALL,
     TARGET_SCRIPTS,
     finalize_argv,
@@ -84,7 +86,7 @@ def toolkit_headers(stack: Stack, lock: LockFile) -> list[str]:
 
 
 def render_install_script(stack: Stack, prefix: str, venv: str | None = None, sources: dict[str, LocalSource] | None = None,
-                          cache: Path = paths.SOURCES_CACHE, patches: list[PatchContent] | None = None,
+                          cache: Path | None = None, patches: list[PatchContent] | None = None,
                           lock: LockFile | None = None, store: dict[str, tuple[str, str]] | None = None,
                           base_id: str | None = None, python: str | None = None) -> str:
     """The install script (text). `sources` maps a source name to a LocalSource (see
@@ -103,15 +105,15 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
     pylock = lock or checked_lock(stack)
     slices = lock_files(stack, pylock, layout)
     if patches is None:
-        patches = read_patches(stack, sources or {}, cache)
+        patches = read_patches(stack, sources or {}, cache or paths.sources_cache())
     patch_sha = {p.file: p.sha256 for p in patches}
     check_patches(pylock, patch_sha)
     lock_text = input_lock(stack, pylock, patches, set(sources or {}), install={"prefix": prefix, "venv": layout.venv})
-    steps = []
-    chain = hashlib.sha256(paths.STEP_LIBRARY.read_bytes()).hexdigest()  # a changed library re-does every step
-    for step in step_commands(stack, layout, base_id, store, patch_sha):
-        commands = [step["argv"], *step["post"]]
-        steps.append({"name": step["name"], "env": step["env"], "commands": commands})
+    steps: list[dict[str, Any]] = []  # as the template reads them, each with its hash in the chain
+    # A changed library (steps.sh and its own scripts) re-does every step.
+    chain = hashlib.sha256(b"".join(p.read_bytes() for p in [paths.STEP_LIBRARY, *LIBRARY_SCRIPTS.values()])).hexdigest()
+    for cmd in step_commands(stack, layout, base_id, store, patch_sha):
+        steps.append({"name": cmd.name, "env": cmd.env, "commands": [cmd.argv, *cmd.post]})
     steps.append({"name": FINALIZE_STEP, "env": {}, "commands": [finalize_argv(stack, layout, f"{layout.state}/stack.input.json",
                                                                              paths.Prefix.at(prefix).lock, paths.Prefix.at(prefix).flags)]})
     for step in steps:
@@ -137,13 +139,15 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
         "cuda": stack.cuda,
         "cuda_home": stack.cuda_home or "/usr/local/cuda",
         "driver_min": stack.driver_min or 0,
+        "min_free_max": MAX_FREE_GIB,
         # A host needs compilers only for what it compiles: not for compiled steps from the store.
         "compiles": any(s.compiles and (store or {}).get(s.name, ("",))[0] != "use" for s in stack.steps),
         "disk_gib": disk_need(stack, pylock)[1],
         "toolkit_headers": toolkit_headers(stack, pylock),
         "patches": [{"file": p.file, "sha256": p.sha256, "b64": base64.encodebytes(p.data).decode().rstrip("\n")} for p in patches],
         "lock_b64": base64.encodebytes(lock_text.encode()).decode().rstrip("\n"),
-        "target_scripts": [{"name": n, "b64": base64.encodebytes(p.read_bytes()).decode().rstrip("\n")} for n, p in sorted(TARGET_SCRIPTS.items())],
+        "target_scripts": [{"name": n, "b64": base64.encodebytes(p.read_bytes()).decode().rstrip("\n")}
+                           for n, p in sorted((TARGET_SCRIPTS | LIBRARY_SCRIPTS).items())],
         "lock_dir": layout.lock_dir,
         "slices": [{"file": name, "b64": base64.encodebytes(text.encode()).decode().rstrip("\n")} for name, text in slices.items()],
         "steps": steps,
@@ -160,17 +164,16 @@ def store_plan(stack: Stack, state: str, patches: list[PatchContent], lock: Lock
     from . import wheelstore
     from .dockerapi import resolve_base
 
-    base = resolve_base(stack, None, True, lock.tool.get("base", {}).get("digest") or None)
-    base_id = base["digest"] or base["image_id"]
+    base_id = resolve_base(stack, None, True, lock.tool.get("base", {}).get("digest") or None).id
     store, keys = {}, {}
     for name, info in wheelstore.stack_keys(stack, base_id, {p.file: p.sha256 for p in patches}, lock).items():
-        if not info["storable"]:
+        if not info.storable:
             echo(f"  {name:<24} not stored (an editable checkout, or nothing to compile)")
             continue
-        entry = wheelstore.lookup(info["key"], store_root)
-        store[name] = ("use", str(entry.dir)) if entry else ("make", f"{state}/compiled/{info['key']}")
-        keys[name] = info["key"]
-        echo(f"  {name:<24} {'from the store' if entry else 'compiled, then stored'}  {info['key']}")
+        entry = wheelstore.lookup(info.key, store_root)
+        store[name] = ("use", str(entry.dir)) if entry else ("make", f"{state}/compiled/{info.key}")
+        keys[name] = info.key
+        echo(f"  {name:<24} {'from the store' if entry else 'compiled, then stored'}  {info.key}")
     return store, keys, base_id
 
 
@@ -180,15 +183,25 @@ class InstallOptions:
     prefix: str = ""
     venv: str | None = None
     python: str | None = None  # the interpreter the venv is made with (default: python<ver> on PATH)
-    min_free_gb: int | None = None  # the free disk the prerequisites ask for (default: from the lock)
+    min_free_gb: int | None = None  # the free disk the prerequisites ask for, in GiB (default: from the lock)
     sources: list[str] = field(default_factory=list)
     out: Path | None = None
     dry_run: bool = False
-    build_root: Path = paths.BUILDS
     echo: Callable[[str], None] = print
     use_store: bool = True  # compiled steps from the compiled-wheel store (wheelstore.py)
     store_root: Path | None = None
     runner: Runner = field(default_factory=Runner)  # runs the script (tests read its history)
+
+
+class InstallFailed(OperationFailed):
+    """install.sh ran and a step failed (exit 1); its own output named the step and its log."""
+
+
+class PrerequisitesRefused(SlimeforgeError):
+    """install.sh's prerequisites refused this host (exit 2), before its first step."""
+
+
+PREREQUISITES_REFUSED = 2  # install.sh.j2's sf_prereqs exits with it
 
 
 def install(opts: InstallOptions) -> Path:
@@ -209,15 +222,10 @@ def install(opts: InstallOptions) -> Path:
     elif opts.out is None and opts.prefix and (why := dir_problem(Path(opts.prefix))):
         # The script goes under the prefix: a prefix that is a file is --prefix's problem, not --out's.
         problems.append(Problem("--prefix", why, opts.prefix, "an absolute directory, e.g. /opt/slime"))
-    local = {}
-    try:
-        local = parse_sources(stack, opts.sources)
-    except ConfigError as exc:
-        problems.extend(exc.problems)
-    if problems:
-        raise ConfigError("invoke install", problems)
+    local = checked_options("invoke install", stack, problems, opts.sources)
     prefix = str(Path(opts.prefix).absolute())
-    cache = paths.sources_cache(opts.build_root)
+    min_free = opts.min_free_gb
+    cache = paths.sources_cache()
     store: dict[str, tuple[str, str]] = {}
     keys: dict[str, str] = {}
     base_id: str | None = None
@@ -238,7 +246,7 @@ def install(opts: InstallOptions) -> Path:
                                  patches=patches, lock=pylock, store=store, base_id=base_id, python=opts.python)
     download, need = disk_need(stack, pylock)
     opts.echo(f"disk: the lock downloads {download / 1e9:.1f} GB; the install needs about {need} GiB free at {prefix}"
-              + (f" (--min-free-gb {opts.min_free_gb} asks for {opts.min_free_gb})" if opts.min_free_gb is not None else ""))
+              + (f" (--min-free-gb asks for {min_free})" if min_free is not None else ""))
     out = Path(opts.out) if opts.out else Path(prefix) / ".slimeforge" / "install"
     script = out / SCRIPT
     try:
@@ -254,8 +262,13 @@ def install(opts: InstallOptions) -> Path:
         return script
     opts.echo(f"running {script}")
     # Not captured: the script's progress goes straight to the terminal; the runner raises on failure.
-    env = {"SLIMEFORGE_MIN_FREE_GIB": str(opts.min_free_gb)} if opts.min_free_gb is not None else None
-    opts.runner.run(["bash", str(script)], step="install", capture=False, env=env)
+    env = {"SLIMEFORGE_MIN_FREE_GIB": str(min_free)} if min_free is not None else None
+    try:
+        opts.runner.run(["bash", str(script)], step="install", capture=False, env=env)
+    except CommandError as exc:
+        if exc.returncode == PREREQUISITES_REFUSED:
+            raise PrerequisitesRefused("install refused: a prerequisite is not met (each is named above); nothing was installed") from None
+        raise InstallFailed(f"install failed (exit {exc.returncode}); see the step log named above") from None
     from . import wheelstore
 
     for name, (mode, directory) in store.items():

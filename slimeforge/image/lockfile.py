@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from .. import paths, records
 from ..errors import ConfigError, Problem, SlimeforgeError
+from ..scripts.venvlock import canonical
 from .stack import Stack, load_stack, stack_path
 
 SCHEMA = 1
@@ -48,7 +48,8 @@ class LockError(SlimeforgeError):
 
 
 def normalize(name: str) -> str:
-    return str(canonicalize_name(name))
+    """The PEP 503 name: the one normaliser, the step library's (scripts/venvlock.py canonical)."""
+    return canonical(name)
 
 
 def lock_command(ref: str | Path) -> str:
@@ -145,7 +146,7 @@ class LockFile:
     packages: dict[str, Locked]
     tool: dict[str, Any]
     text: str
-    # A dry run's lock that lacks an outside fact (outside.lock_for_run): the router's slice is
+    # A dry run's lock that lacks an outside fact (lockfacts.lock_for_run): the router's slice is
     # rendered marked, failing if run, instead of refused.
     provisional: bool = False
 

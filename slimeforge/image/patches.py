@@ -8,7 +8,6 @@ or a shallow fetch of slime's git URL).
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
 import subprocess
@@ -33,7 +32,7 @@ class PatchContent:
     strip: int
     data: bytes
     # A dry run's stand-in for a patch file that could not be read (its source unreachable): no
-    # data, the sha256 the lock records (outside.patches_for_run). A real run never has one.
+    # data, the sha256 the lock records (lockfacts.patches_for_run). A real run never has one.
     locked: str = ""
 
     @property
@@ -78,13 +77,6 @@ def _git_blob(repo: Path, spec: str) -> bytes | None:
     return res.stdout if res.returncode == 0 else None
 
 
-def user_cache_dir() -> Path:
-    """slimeforge's download cache: $XDG_CACHE_HOME/slimeforge, else ~/.cache/slimeforge (never the
-    repository: downloads are gigabytes and shared by every checkout)."""
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    return (Path(xdg) if xdg.startswith("/") else Path.home() / ".cache") / "slimeforge"
-
-
 def check_patches(stack: Stack, local: dict[str, LocalSource], cache: Path, echo=print, runner: Runner | None = None,
                   wheel_cache: Path | None = None) -> list[dict]:
     """Apply every patch of the stack to temporary checkouts of the pinned sources (never to the
@@ -92,7 +84,7 @@ def check_patches(stack: Stack, local: dict[str, LocalSource], cache: Path, echo
     to the unpacked wheels of the step that installs its target (downloaded from the index).
 
     Wheels are downloaded for the stack's target (its Python and `Stack.wheel_platform`) into
-    `wheel_cache` (default: user_cache_dir()/wheels).
+    `wheel_cache` (default: paths.user_cache()/wheels).
 
     Returns one row per patch: file, target, sha256, status ("applies", "already applied").
     Raises PatchError naming every patch that does not apply."""
@@ -108,7 +100,7 @@ def check_patches(stack: Stack, local: dict[str, LocalSource], cache: Path, echo
                 step = next(s for s in stack.plan if any(x.file == pc.file for x in s.patches))
                 tree = work / f"site-packages-{step.name}"
                 if not tree.exists():
-                    _unpacked_wheels(stack, step, tree, wheel_cache or user_cache_dir() / "wheels", runner)
+                    _unpacked_wheels(stack, step, tree, wheel_cache or paths.user_cache() / "wheels", runner)
             else:
                 tree = work / pc.target
             if not tree.exists():

@@ -19,31 +19,24 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from .. import paths, records
 from ..atomic import output_problem, write_dir, write_output
-from ..errors import ConfigError, Problem, SlimeforgeError
+from ..errors import ConfigError, OperationFailed, Problem, SlimeforgeError
 from . import dockerapi
 from . import ecr as ecr_api
+from .imageref import DOCKER_HUB, DOMAIN_RE, TAG_RE, ImageRef, image_ref_problems, parse_image_ref, split_registry
 from .registry import (
     DOCKER_CERTS_DIR,
-    DOCKER_HUB,
-    DOMAIN_RE,
-    TAG_RE,
     Credentials,
-    ImageRef,
     RegistryAPI,
     RegistryAuthError,
-    RegistryError,
     RemoteManifest,
     Retry,
     TransientError,
     auth_advice,
     daemon_insecure_registries,
-    image_ref_problems,
-    parse_image_ref,
-    split_registry,
 )
 
 REPORT, LOCK, RECORD = paths.BUILD_REPORT, paths.STACK_LOCK, "publish.json"
@@ -53,7 +46,11 @@ _IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}|[0-9a-f]{12,64}")
 
 
 class PublishError(SlimeforgeError):
-    """Publishing stopped; the message says at which step and what to do."""
+    """Publishing stopped before pushing (refused: exit 2); the message says at which step and what to do."""
+
+
+class PushFailed(PublishError, OperationFailed):
+    """The push itself failed, or the registry does not hold what was pushed (exit 1)."""
 
 
 # --- what to publish, and where ---------------------------------------------------------------
@@ -335,58 +332,22 @@ def publish(
     certs_dir: Path = DOCKER_CERTS_DIR,
 ) -> dict:
     """Push `p.source` to every tag of the destination unless the registry already holds it there,
-    verify the digest each tag reports, and record the publish. Returns the record."""
+    verify the digest each tag reports, and record the publish. Returns the record. Its phases:
+    connect (ECR or any registry), where each tag points now, push, verify, record."""
     retry = retry or Retry()
     docker = docker_client or dockerapi.docker_client()
     image_id = _local_image_id(docker, p.source)
-
-    ecr_client = repo_info = None
-    if p.ecr:
-        ecr_client = ecr_api.client(p.ecr.registry.region, p.ecr.endpoint)
-        credentials, proxy_host = ecr_api.login(ecr_client, p.ecr.registry)
-        push_host = p.ecr.push_host or proxy_host
-        repo_info = ecr_api.ensure_repository(ecr_client, p.ecr.registry, p.repository, p.ecr.settings, echo)
-    else:
-        push_host = p.registry
-        credentials = credentials or docker_config_credentials(p.registry)
-    # Plain HTTP only where the daemon that pushes would use it (loopback, its insecure-registries).
-    api = RegistryAPI(push_host, credentials, certs_dir=certs_dir, retry=retry, echo=echo, insecure=daemon_insecure_registries(docker))
-
-    # Before any push: where does each tag point now?
-    if ecr_client and p.ecr:
-        remote = ecr_api.manifests(ecr_client, p.ecr.registry, p.repository, p.source.tags)
-    else:
-        remote = {t: m for t in p.source.tags if (m := api.manifest(p.repository, t))}
-    current = {t: m for t, m in remote.items() if m.config_digest == image_id}
-    moving = {t: m for t, m in remote.items() if t not in current}
-    if repo_info is not None:
-        refused = [t for t in moving if ecr_api.tag_is_immutable(repo_info, t)]
-        if refused:
-            raise PublishError(_immutable_message(p, refused, moving, image_id))
-    for tag, m in moving.items():
-        echo(f"tag {tag} moves from {m.digest} (image {m.config_digest}) to this image {image_id}")
-
+    dest = _connect(p, credentials, docker, echo, retry, certs_dir)
+    current = _current_tags(p, dest, image_id, echo)
     to_push = [t for t in p.source.tags if t not in current]
     pushed: dict[str, str] = {}
     if not to_push:
         echo(f"{p.registry}/{p.repository}: tags {', '.join(p.source.tags)} already hold image {image_id}; nothing to push")
     for tag in to_push:
-        target = ImageRef(push_host, p.repository, tag)
+        target = ImageRef(dest.push_host, p.repository, tag)
         docker.api.tag(image_id, target.name, tag)
-        pushed[tag] = _push(docker, target, credentials, echo, retry)
-
-    # After: the registry itself must report, for every tag, the digest of a manifest of this image.
-    confirmed = {t: m.digest for t, m in current.items()}
-    for tag, digest in pushed.items():
-        seen = api.manifest(p.repository, tag)
-        if seen is None or seen.digest != digest or seen.config_digest != image_id:
-            reported = f"{seen.digest} (image {seen.config_digest})" if seen else "no manifest"
-            raise PublishError(f"{push_host}/{p.repository}:{tag}: pushed {digest} (image {image_id}) but the registry "
-                               f"reports {reported}; nothing was recorded")
-        if ecr_client and p.ecr and push_host == p.ecr.registry.host:  # a test's split setup pushes elsewhere
-            ecr_api.confirm_digest(ecr_client, p.ecr.registry, p.repository, tag, digest)
-        confirmed[tag] = digest
-
+        pushed[tag] = _push(docker, target, dest.credentials, echo, retry)
+    confirmed = {t: m.digest for t, m in current.items()} | _verified(p, dest, pushed, image_id)
     digest = confirmed[p.source.tags[0]]
     if len(set(confirmed.values())) > 1:
         echo(f"note: the tags hold this image under different manifests: {confirmed}; recording {digest}")
@@ -402,12 +363,73 @@ def publish(
         "time": datetime.now(UTC).isoformat(timespec="seconds"),
         "verified": True,
     }
-    if push_host != p.registry:
-        record["push_host"] = push_host
+    if dest.push_host != p.registry:
+        record["push_host"] = dest.push_host
     _record(p, record, echo)
     echo(f"digest {digest}")
     echo(f"image  {record['reference']}")
     return record
+
+
+@dataclass
+class _Destination:
+    """Where a publish pushes: the host the daemon pushes to, its credentials and registry client,
+    and for ECR its client and the repository's settings."""
+
+    push_host: str
+    credentials: Credentials | None
+    api: RegistryAPI
+    ecr_client: Any = None
+    repo_info: Any = None
+
+
+def _connect(p: Plan, credentials: Credentials | None, docker, echo: Callable[[str], None], retry: Retry,
+             certs_dir: Path) -> _Destination:
+    ecr_client = repo_info = None
+    if p.ecr:
+        ecr_client = ecr_api.client(p.ecr.registry.region, p.ecr.endpoint)
+        credentials, proxy_host = ecr_api.login(ecr_client, p.ecr.registry)
+        push_host = p.ecr.push_host or proxy_host
+        repo_info = ecr_api.ensure_repository(ecr_client, p.ecr.registry, p.repository, p.ecr.settings, echo)
+    else:
+        push_host = p.registry
+        credentials = credentials or docker_config_credentials(p.registry)
+    # Plain HTTP only where the daemon that pushes would use it (loopback, its insecure-registries).
+    api = RegistryAPI(push_host, credentials, certs_dir=certs_dir, retry=retry, echo=echo, insecure=daemon_insecure_registries(docker))
+    return _Destination(push_host, credentials, api, ecr_client, repo_info)
+
+
+def _current_tags(p: Plan, dest: _Destination, image_id: str, echo: Callable[[str], None]) -> dict[str, RemoteManifest]:
+    """Before any push: the tags that already hold this image. A tag that moves is said; on an
+    immutable ECR repository it is refused."""
+    if dest.ecr_client and p.ecr:
+        remote = ecr_api.manifests(dest.ecr_client, p.ecr.registry, p.repository, p.source.tags)
+    else:
+        remote = {t: m for t in p.source.tags if (m := dest.api.manifest(p.repository, t))}
+    current = {t: m for t, m in remote.items() if m.config_digest == image_id}
+    moving = {t: m for t, m in remote.items() if t not in current}
+    if dest.repo_info is not None:
+        refused = [t for t in moving if ecr_api.tag_is_immutable(dest.repo_info, t)]
+        if refused:
+            raise PublishError(_immutable_message(p, refused, moving, image_id))
+    for tag, m in moving.items():
+        echo(f"tag {tag} moves from {m.digest} (image {m.config_digest}) to this image {image_id}")
+    return current
+
+
+def _verified(p: Plan, dest: _Destination, pushed: dict[str, str], image_id: str) -> dict[str, str]:
+    """After: the registry itself must report, for every tag pushed, the digest of a manifest of this image."""
+    confirmed = {}
+    for tag, digest in pushed.items():
+        seen = dest.api.manifest(p.repository, tag)
+        if seen is None or seen.digest != digest or seen.config_digest != image_id:
+            reported = f"{seen.digest} (image {seen.config_digest})" if seen else "no manifest"
+            raise PushFailed(f"{dest.push_host}/{p.repository}:{tag}: pushed {digest} (image {image_id}) but the registry "
+                             f"reports {reported}; nothing was recorded")
+        if dest.ecr_client and p.ecr and dest.push_host == p.ecr.registry.host:  # a test's split setup pushes elsewhere
+            ecr_api.confirm_digest(dest.ecr_client, p.ecr.registry, p.repository, tag, digest)
+        confirmed[tag] = digest
+    return confirmed
 
 
 def docker_config_credentials(registry: str) -> Credentials | None:
@@ -462,9 +484,9 @@ def _push(docker, target: ImageRef, credentials: Credentials | None, echo: Calla
         except APIError as exc:
             raise _push_failure(target, str(exc.explanation or exc), credentials) from None
         except DaemonConnectionError as exc:
-            raise PublishError(f"push {target}: lost the connection to the Docker Engine: {exc}") from None
+            raise PushFailed(f"push {target}: lost the connection to the Docker Engine: {exc}") from None
         if not digest:
-            raise PublishError(f"push {target}: the Docker Engine finished without reporting a digest; nothing was recorded")
+            raise PushFailed(f"push {target}: the Docker Engine finished without reporting a digest; nothing was recorded")
         return digest
 
     return retry.call(f"push {target}", once, echo)
@@ -486,7 +508,7 @@ def _push_failure(target: ImageRef, message: str, credentials: Credentials | Non
         return RegistryAuthError(auth_advice(target.registry, target.repository, credentials, f"push: {message.strip()}"))
     if any(w in low for w in _TRANSIENT_WORDS):
         return TransientError(message.strip())
-    return RegistryError(f"push {target}: {message.strip()}")
+    return PushFailed(f"push {target}: {message.strip()}")
 
 
 class LayerProgress:

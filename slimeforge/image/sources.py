@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,18 +92,34 @@ def parse_sources(stack: Stack, values: list[str] | None, runner: Runner | None 
     return out
 
 
+def checked_options(task: str, stack: Stack, problems: list[Problem], sources: list[str] | None,
+                    runner: Runner | None = None) -> dict[str, LocalSource]:
+    """The opening of build, install and lock: the problems their own options already have, with
+    those of --source (parsed here), refused together as one ConfigError naming the task; else the
+    local sources. Nothing has been touched yet when this raises."""
+    local: dict[str, LocalSource] = {}
+    try:
+        local = parse_sources(stack, sources, runner)
+    except ConfigError as exc:
+        problems = [*problems, *exc.problems]
+    if problems:
+        raise ConfigError(task, problems)
+    return local
+
+
 def bare_copy(url_or_path: str, commit: str, cache: Path, name: str, runner: Runner | None = None) -> Path:
     """A bare repository holding exactly `commit` (shallow), cached by (name, commit).
 
     The same commit always yields the same files, so a build context that carries it hashes the
-    same in BuildKit's cache across builds."""
+    same in BuildKit's cache across builds. The cache is the user's (shared by every checkout and
+    run): each fetch goes into its own temporary directory, renamed into place whole; when another
+    got there first, its copy (the same commit) is taken and this one dropped."""
     runner = runner or Runner()
     target = cache / f"{name}-{commit}.git"
     if (target / "shallow").is_file():
         return target
-    tmp = cache / f".{name}-{commit}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-{commit}.", suffix=".tmp", dir=cache))
     try:
         runner.run([*GIT, "init", "-q", "--bare", str(tmp)], step=f"source {name}")
         runner.run([*GIT, "-C", str(tmp), "fetch", "-q", "--depth", "1", str(url_or_path), commit], step=f"source {name}: fetch {commit}")
@@ -111,9 +128,14 @@ def bare_copy(url_or_path: str, commit: str, cache: Path, name: str, runner: Run
         for leftover in ("FETCH_HEAD", "logs", "hooks", "description", "info"):
             p = tmp / leftover
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
+        if target.exists() and not (target / "shallow").is_file():
+            shutil.rmtree(target, ignore_errors=True)  # a copy left half-made by an older slimeforge
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not (target / "shallow").is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # another process made the same copy first
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

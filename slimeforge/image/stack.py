@@ -23,7 +23,7 @@ from .. import paths
 from ..errors import ConfigError, Problem
 from ..schema import ENV_NAME_RE, Model, validate
 from ..yamlio import deep_merge, load_with_extends
-from .registry import image_ref_problems
+from .imageref import image_ref_problems
 
 # Every value of a stack reaches the Dockerfile, install.sh or an argv (apt-get, git, uv): each is
 # held to the grammar of what it names, so none can begin with '-' (an option to the tool) or

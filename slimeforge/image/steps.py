@@ -23,7 +23,10 @@ STEP_RUNNER = paths.TEMPLATES / "sf"
 # Scripts the step library runs with the target's Python (standard library only; kernel_check.py also
 # torch, which the venv has); the image gets them in /opt/slimeforge, the install script writes them
 # to SF_STATE.
-TARGET_SCRIPTS = {name: paths.SCRIPTS / name for name in ("flag_catalog.py", "smoke_versions.py", "kernel_check.py")}
+TARGET_SCRIPTS = {name: paths.SCRIPTS / name for name in ("flag_catalog.py", "kernel_check.py")}
+# The step library's own Python (the venv against the lock: every step runs it), copied with the
+# library before the first step: a change to it re-does every step, as a change to steps.sh does.
+LIBRARY_SCRIPTS = {name: paths.SCRIPTS / name for name in ("venvlock.py",)}
 # Steps that are not in the stack's list but that both paths run: the venv with the pinned uv
 # comes right after the system packages; finalize (lock + flag catalog) comes last.
 VENV_STEP, FINALIZE_STEP = "venv", "finalize"
@@ -188,7 +191,7 @@ def lock_files(stack: Stack, lock: LockFile, layout: Layout) -> dict[str, str]:
 
 
 def step_commands(stack: Stack, layout: Layout, base: str | None = None, store: dict[str, tuple[str, str]] | None = None,
-                  patch_sha: dict[str, str] | None = None) -> list[dict[str, Any]]:
+                  patch_sha: dict[str, str] | None = None) -> list[StepCommand]:
     """Each step: name, kind, env, compiles (and then its compiled_key), patch files it needs, the
     sf argv. The first non-apt step is preceded by the venv step. A compiled step runs through
     `sf_compiled` (parallelism and its own uv cache), with the arch variables in its env. Every pip,
@@ -196,14 +199,14 @@ def step_commands(stack: Stack, layout: Layout, base: str | None = None, store: 
     `store`: compiled step -> ("use", DIR) to install the store's wheels from DIR (a hit: nothing
     compiles), or ("make", DIR) to compile its wheels into DIR for the store (wheelstore.py)."""
     store = store or {}
-    out: list[dict[str, Any]] = []
+    out: list[StepCommand] = []
     venv_done = False
     versions = stack.versions
     with_python = {s.name for s in stack.steps if s.python}
     python = layout.python or stack.interpreter
     for step in stack.plan:
         if step.kind != "apt" and not venv_done:
-            out.append(_step(VENV_STEP, "venv", ["venv", layout.venv, versions["uv"], python]))
+            out.append(StepCommand(VENV_STEP, "venv", ["venv", layout.venv, versions["uv"], python]))
             venv_done = True
         name, kind = step.name, step.kind
         patch_files = [p.file for p in step.patches]
@@ -237,23 +240,43 @@ def step_commands(stack: Stack, layout: Layout, base: str | None = None, store: 
             mode = store.get(name)
             argv = ["compiled", "--key", key, "--venv", layout.venv,
                     *([f"--{'wheels' if mode[0] == 'use' else 'wheel-out'}", mode[1]] if mode else []), "--", *argv]
-        item = _step(name, kind, argv, env=env, compiles=step.compiles, patch_files=patch_files)
-        item["source"] = step.source
-        item["compiled_key"] = key
-        item["store"] = store.get(name, (None,))[0] if step.compiles else None
-        item["editable"] = bool(step.editable)
         # Patches of installed packages are applied right after the step that installed them.
-        item["post"] = [["apply_patch", p.file, p.method, str(p.strip),
-                         f"{layout.patches_dir}/{p.file}", stack.site_packages.replace(stack.venv, layout.venv, 1)]
-                        for p in step.patches if p.target == "site-packages"]
-        out.append(item)
+        post = [["apply_patch", p.file, p.method, str(p.strip), f"{layout.patches_dir}/{p.file}",
+                 stack.site_packages.replace(stack.venv, layout.venv, 1)] for p in step.patches if p.target == "site-packages"]
+        out.append(StepCommand(name, kind, argv, env, compiles=step.compiles, patch_files=patch_files, post=post, source=step.source,
+                               compiled_key=key, store=store.get(name, (None,))[0] if step.compiles else None,
+                               editable=bool(step.editable)))
     return out
 
 
-def _step(name: str, kind: str, argv: list[str], *, env: dict[str, str] | None = None, compiles: bool = False,
-          patch_files: list[str] | None = None) -> dict[str, Any]:
-    return {"name": name, "kind": kind, "env": dict(env or {}), "compiles": compiles, "patch_files": list(patch_files or []),
-            "argv": argv, "post": [], "source": None, "compiled_key": None, "store": None, "editable": False}
+@dataclass(frozen=True)
+class StepCommand:
+    """One step as both renderers run it: `sf <name> <argv...>`, then each of `post` (patches of
+    what it installed). `compiled_key` and `store` ("use" a store entry, "make" compile into one,
+    None in place) for a compiled step; `source` for a source step."""
+
+    name: str
+    kind: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    compiles: bool = False
+    patch_files: list[str] = field(default_factory=list)
+    post: list[list[str]] = field(default_factory=list)
+    source: str | None = None
+    compiled_key: str | None = None
+    store: str | None = None
+    editable: bool = False
+
+    @property
+    def lock_file(self) -> str | None:
+        """Its slice of the lock, for a step that installs one."""
+        return lock_file(self.name) if self.kind in ("pip", "wheel_url", "source") else None
+
+    def to_json(self) -> dict[str, object]:
+        """As the Dockerfile template reads it (and its values are checked for control characters)."""
+        return {"name": self.name, "kind": self.kind, "argv": self.argv, "env": self.env, "compiles": self.compiles,
+                "patch_files": self.patch_files, "post": self.post, "source": self.source, "compiled_key": self.compiled_key,
+                "store": self.store, "editable": self.editable, "lock_file": self.lock_file}
 
 
 def slime_source(stack: Stack) -> str | None:

@@ -32,11 +32,15 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
-from .. import records
+from .. import paths, records
 from ..errors import ConfigError, Problem, SlimeforgeError
-from .registry import DOMAIN_RE, Credentials, ImageRef, Retry, parse_image_ref
+from .imageref import DOMAIN_RE, ImageRef, parse_image_ref
+from .registry import Credentials, Retry
 
 SUMS, RECORD = "SHA256SUMS", "record.json"
+# A line of SHA256SUMS as `sha256sum` writes it (text mode): the one grammar; steps.sh's
+# _sf_sums_line reads the same (bash, before any Python runs there), and a pair test holds the two.
+SUMS_LINE_RE = re.compile(r"([0-9a-f]{64})  ([A-Za-z0-9_.+-]{1,200}\.whl)")
 REMOTE_REPOSITORY = "slimeforge-compiled"
 # A key as steps.compiled_key makes it (<flavor>-<step>-<16 hex>); also a valid OCI tag.
 KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -49,11 +53,10 @@ class WheelStoreError(SlimeforgeError):
 
 
 def store_root() -> Path:
-    """$SLIMEFORGE_COMPILED_STORE, else $XDG_CACHE_HOME/slimeforge/compiled (~/.cache/... by default)."""
+    """$SLIMEFORGE_COMPILED_STORE, else paths.user_cache()/compiled (~/.cache/slimeforge/compiled by default)."""
     if os.environ.get("SLIMEFORGE_COMPILED_STORE"):
         return Path(os.environ["SLIMEFORGE_COMPILED_STORE"])
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "slimeforge" / "compiled"
+    return paths.user_cache() / "compiled"
 
 
 def check_key(key: str) -> str:
@@ -94,7 +97,7 @@ def read_sums(path: Path, where: str) -> dict[str, str]:
     if text is None:
         raise WheelStoreError(f"{where}: cannot read {path.name}: no such file")
     for n, line in enumerate(text.splitlines(), 1):
-        m = re.fullmatch(r"([0-9a-f]{64}) [ *]([A-Za-z0-9_.+-]{1,200}\.whl)", line)
+        m = SUMS_LINE_RE.fullmatch(line)
         if not m:
             raise WheelStoreError(f"{where}: {path.name} line {n} is not `<sha256>  <file>.whl`: {line[:120]!r}")
         out[m.group(2)] = m.group(1)
@@ -175,7 +178,15 @@ def keys_in(root: Path | None = None) -> list[str]:
 # --- what a stack needs ----------------------------------------------------------------------
 
 
-def stack_keys(stack, base_id: str | None, patch_sha: dict[str, str] | None, lock=None) -> dict[str, dict[str, Any]]:
+@dataclass(frozen=True)
+class CompiledStep:
+    """A compiled step as the store knows it: its key, and whether the store can hold its wheels."""
+
+    key: str
+    storable: bool
+
+
+def stack_keys(stack, base_id: str | None, patch_sha: dict[str, str] | None, lock=None) -> dict[str, CompiledStep]:
     """Each compiled step of `stack`: its key and whether it can come from the store: a checkout
     installed as a path (editable) cannot, nor a pip step with no sdist in its slice of `lock`
     (nothing compiles: cu13's flash-attn step is empty)."""
@@ -190,7 +201,35 @@ def stack_keys(stack, base_id: str | None, patch_sha: dict[str, str] | None, loc
         else:
             names = lock.steps.get(step.name, []) if lock is not None else list(step.requirements or ())
             storable = any(lock.packages[n].kind == "sdist" for n in names) if lock is not None else bool(names)
-        out[step.name] = {"key": compiled_key(stack, step.name, base_id, patch_sha), "storable": storable}
+        out[step.name] = CompiledStep(compiled_key(stack, step.name, base_id, patch_sha), storable)
+    return out
+
+
+@dataclass(frozen=True)
+class CompiledPlan:
+    """How this build gets a compiled step's wheels: `mode` "use" (a verified store entry), "make"
+    (a wheels-only build compiles the miss for the store) or None (compiled in place: store off, or
+    an editable checkout); `source` says where they came from (store, compiled)."""
+
+    key: str
+    storable: bool
+    mode: str | None
+    source: str
+    entry: Entry | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {"key": self.key, "storable": self.storable, "mode": self.mode, "source": self.source}
+
+
+def compiled_plan(stack, base_id: str | None, patch_sha: dict[str, str], lock, *, use_store: bool, wheels_only: bool,
+                  store_root: Path | None) -> dict[str, CompiledPlan]:
+    """Each compiled step's plan for an image build (`wheels_only`: the build that compiles misses
+    for the store). A store entry that differs from its record raises here, before anything is built."""
+    out = {}
+    for name, info in stack_keys(stack, base_id, patch_sha, lock).items():
+        entry = lookup(info.key, store_root) if use_store and info.storable else None
+        mode = "use" if entry else ("make" if wheels_only and info.storable else None)
+        out[name] = CompiledPlan(info.key, info.storable, mode, "store" if entry else "compiled", entry)
     return out
 
 
@@ -332,14 +371,13 @@ def pull(key: str, registry: str, credentials: Credentials | None = None, root: 
 
 def known_stacks(extra: list[str] | None = None) -> list[Any]:
     """The flavors in images/ and any stack files given: what `--unused` measures against."""
-    from .. import paths
     from .stack import load_stack
 
     names = sorted(p.stem for p in (paths.ROOT / "images").glob("*.yaml") if p.stem != "common")
     return [load_stack(n) for n in [*names, *(extra or [])]]
 
 
-def needed(stack) -> dict[str, dict[str, Any]]:
+def needed(stack) -> dict[str, CompiledStep]:
     """The compiled keys a stack's build would use (base as `invoke build` resolves it, patches as
     the lock records them), without side effects."""
     from .dockerapi import resolve_base
@@ -348,7 +386,7 @@ def needed(stack) -> dict[str, dict[str, Any]]:
     pylock = checked_lock(stack)
     base = resolve_base(stack, None, True, pylock.tool.get("base", {}).get("digest") or None)
     patch_sha = dict(pylock.tool.get("patches") or {})
-    return stack_keys(stack, base["digest"] or base["image_id"], patch_sha, pylock)
+    return stack_keys(stack, base.id, patch_sha, pylock)
 
 
 def listing(stack, root: Path | None = None, registry: str | None = None, credentials: Credentials | None = None) -> list[dict[str, Any]]:
@@ -362,13 +400,13 @@ def listing(stack, root: Path | None = None, registry: str | None = None, creden
         api = RegistryAPI(ref.registry, credentials or ecr_credentials(ref, create=False, echo=lambda s: None), echo=lambda s: None)
     rows = []
     for step, info in needed(stack).items():
-        entry = lookup(info["key"], root) if info["storable"] else None
+        entry = lookup(info.key, root) if info.storable else None
         where = [str(entry.dir)] if entry else []
-        if api is not None and registry and info["storable"]:
-            ref = remote_ref(registry, info["key"])
-            if api.manifest(ref.repository, info["key"]) is not None:
+        if api is not None and registry and info.storable:
+            ref = remote_ref(registry, info.key)
+            if api.manifest(ref.repository, info.key) is not None:
                 where.append(str(ref))
-        rows.append({"step": step, "key": info["key"], "status": "hit" if entry else ("miss" if info["storable"] else "not stored"),
+        rows.append({"step": step, "key": info.key, "status": "hit" if entry else ("miss" if info.storable else "not stored"),
                      "where": where, "size": entry.size if entry else 0})
     return rows
 
@@ -380,7 +418,7 @@ def unused(stacks: list[Any], root: Path | None = None) -> list[str]:
     used: set[str] = set()
     for s in stacks:
         try:
-            used |= {info["key"] for info in needed(s).values()}
+            used |= {info.key for info in needed(s).values()}
         except LockError:
             continue  # a flavor with no lock cannot be built: it uses no key
     return [k for k in keys_in(root) if k not in used]

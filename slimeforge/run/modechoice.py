@@ -18,7 +18,7 @@ def command_line_problems(mode: str | None, install_prefix: str | None, image: s
     if mode is not None and mode not in ("container", "host"):
         problems.append(Problem("--mode", "is not a launch mode", mode, "container or host"))
     if image is not None:
-        from ..image.registry import image_ref_problems  # only then: a dry run without --image stays fast
+        from ..image.imageref import image_ref_problems  # only then: a dry run without --image stays fast
 
         problems += image_ref_problems(image, "--image")
     if install_prefix is not None and (not install_prefix.startswith("/") or text_problem(install_prefix)):

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from ..errors import ConfigError, Problem
-from ..image.registry import image_ref_problems
+from ..image.imageref import image_ref_problems
 from ..image.stack import Stack, available_flavors, load_stack, stack_path
 from ..schema import ENV_NAME_RE, Model, did_you_mean, secret_name, secret_value, validate, whole_problem
 from ..yamlio import deep_merge, load_with_extends, parse_set, parse_yaml

@@ -224,7 +224,9 @@ def run_piece(name: str, timeout: float) -> dict:
 
 
 def gpu_name() -> str | None:
-    """The first GPU the driver lists (`nvidia-smi -L`), or None: the kernel check needs one."""
+    """The first GPU the driver lists (`nvidia-smi -L`), or None: "is there a GPU" for the kernel
+    check and the smoke test (`--probe`, steps.sh's sf_gpu_present). The node agent keeps its own
+    copy (its one nvidia-smi query lists every GPU); tests/unit/test_kernel_check.py pairs the two."""
     smi = shutil.which("nvidia-smi")
     if not smi:
         return None
@@ -241,7 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of lines")
     ap.add_argument("--only", action="append", choices=sorted(PIECES), help="check just this piece (repeatable)")
     ap.add_argument("--timeout", type=seconds, default=300.0, help="seconds a piece may take (default 300)")
+    ap.add_argument("--probe", action="store_true", help="only say whether a GPU is present: its name and exit 0, else exit 1")
     args = ap.parse_args(argv)
+    if args.probe:
+        found = gpu_name()
+        print(found or "no GPU")
+        return 0 if found else 1
     start = time.monotonic()
     names = args.only or list(PIECES)
     gpu = gpu_name()

@@ -21,8 +21,8 @@ from build_support import remove_tags
 from cext_support import STACK, serve_index
 
 from slimeforge.image.build import BuildOptions, build
-from slimeforge.image.resolve import LockOptions, resolve
 from slimeforge.image.steps import compiled_key
+from slimeforge.image.uvlock import LockOptions, resolve
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -46,7 +46,7 @@ def images(base_image, index, tmp_path_factory):
             if label == "hopper":
                 # Both stacks share one lock (locks/pylock.sfcext.toml): arch_list is not an input of
                 # the resolution, only of the compiled wheel.
-                resolve(LockOptions(stack=str(path), build_root=root / "out", echo=lambda s: None))
+                resolve(LockOptions(stack=str(path), echo=lambda s: None))
             # Compiled in place (--no-store): the per-key uv caches alone keep the builds apart.
             report = build(BuildOptions(stack=str(path), build_root=root / "out", repository=REPO, force=True, echo=lambda s: None,
                                         use_store=False))

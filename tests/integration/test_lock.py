@@ -11,17 +11,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import absent
 from lock_support import Index, push_tiny_image, router_stack, write_stack
 
 from slimeforge import paths
-from slimeforge.image import lockcheck, lockfile, resolve
+from slimeforge.image import lockcheck, lockfile, uvlock
 from slimeforge.image.build import BuildOptions, prepare
 from slimeforge.image.stack import load_stack
 from slimeforge.image.steps import lock_file, lock_files
 
 UV = str(Path(sys.executable).parent / "uv")
 DIGEST = "sha256:" + "ab" * 32
-
+# Package indexes served here and uv: no outside service (the registry tests add docker).
+pytestmark = pytest.mark.local
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,7 @@ def uv_cache(tmp_path, monkeypatch):
 
 
 def do_lock(path: Path, index: Index, lines: list[str] | None = None, base_digest: str | None = DIGEST) -> lockfile.LockFile:
-    resolve.resolve(resolve.LockOptions(stack=str(path), index_url=index.url, base_digest=base_digest,
+    uvlock.resolve(uvlock.LockOptions(stack=str(path), index_url=index.url, base_digest=base_digest,
                             echo=(lines.append if lines is not None else lambda _: None)))
     return lockfile.load_lock(str(path))
 
@@ -208,8 +210,23 @@ def test_check_of_a_missing_lock_says_how_to_make_it():
 def test_committed_locks_pass_check(flavor):
     if not (Path(__file__).parents[2] / "images" / "locks" / f"pylock.{flavor}.toml").exists():
         pytest.skip(f"no committed lock for {flavor}: `invoke lock --cuda {flavor}` needs its index (download.pytorch.org for cu129)")
-    summary = lockcheck.check(flavor, echo=lambda _: None)
-    assert summary["packages"] > 100 and not summary["sdists"] or set(summary["sdists"]) <= {"flash-attn", "transformer-engine-torch"}
+    assert_a_whole_stack(lockcheck.check(flavor, echo=lambda _: None))
+
+
+def assert_a_whole_stack(summary: dict) -> None:
+    """A committed lock holds the whole stack (hundreds of distributions), and only the steps that
+    compile from source have sdists."""
+    assert summary["packages"] > 100, summary["packages"]
+    assert set(summary["sdists"]) <= {"flash-attn", "transformer-engine-torch"}, summary["sdists"]
+
+
+@pytest.mark.parametrize("mutation", [{"packages": 3}, {"sdists": ["flash-attn", "torch"]}])
+def test_the_committed_lock_check_fails_on_a_mutated_summary(mutation):
+    """The assertion above can fail: a 3-package lock, or an sdist outside the compiled steps
+    (it once read `A and B or C`, which passed for both)."""
+    assert_a_whole_stack({"packages": 283, "sdists": ["flash-attn"]})
+    with pytest.raises(AssertionError):
+        assert_a_whole_stack({"packages": 283, "sdists": ["flash-attn"], **mutation})
 
 
 @pytest.mark.docker
@@ -223,7 +240,7 @@ def test_lock_asks_the_base_image_registry_for_its_digest(indexes, tmp_path, mon
     from publish_support import REGISTRY_BIN, LocalRegistry
 
     if not shutil.which(REGISTRY_BIN) and not Path(REGISTRY_BIN).exists():
-        pytest.skip(f"{REGISTRY_BIN} is not installed (apt-get install docker-registry)")
+        absent(f"{REGISTRY_BIN} is not installed (apt-get install docker-registry)")
     reg = LocalRegistry(tmp_path / "registry", {"puller": "pull-pass-1"}).start()
     try:
         digest = push_tiny_image(reg, "sf/base", "v1", "puller", "pull-pass-1")
@@ -239,7 +256,7 @@ def test_lock_asks_the_base_image_registry_for_its_digest(indexes, tmp_path, mon
         assert f"  base image {reg.host}/sf/base:v1 -> {digest}" in lines
         # The build takes FROM by that digest (and pulls it by digest when absent).
         p = prepare(BuildOptions(stack=str(path), dry_run=True, build_root=tmp_path / "b", echo=lambda _: None))
-        assert p.base["from"] == f"{reg.host}/sf/base@{digest}"
+        assert p.base.from_ref == f"{reg.host}/sf/base@{digest}"
         assert p.dockerfile.count(f"FROM {reg.host}/sf/base@{digest}") == 1
         assert p.labels["ai.slimeforge.lock"] == f"sha256:{lock.hash}"
         # Absent here, the base is pulled by that digest (with a line per layer), not refused.
@@ -252,12 +269,12 @@ def test_lock_asks_the_base_image_registry_for_its_digest(indexes, tmp_path, mon
         try:
             pull_base(client, p.base, seen.append)
             assert seen[0] == f"pulling base {reg.host}/sf/base@{digest} ..." and any("Pull complete" in line for line in seen)
-            assert client.images.get(p.base["from"]).attrs["RepoDigests"] == [f"{reg.host}/sf/base@{digest}"]
+            assert client.images.get(p.base.from_ref).attrs["RepoDigests"] == [f"{reg.host}/sf/base@{digest}"]
             seen.clear()
             pull_base(client, p.base, seen.append)  # present now: nothing to do
             assert seen == []
         finally:
-            client.images.remove(p.base["from"], force=True)
+            client.images.remove(p.base.from_ref, force=True)
         # --base-digest by hand wins over the registry.
         do_lock(path, indexes["main"], base_digest=DIGEST)
         assert lockfile.load_lock(str(path)).tool["base"]["digest"] == DIGEST
@@ -274,7 +291,7 @@ def test_same_lock_same_tag_and_a_changed_lock_changes_it(indexes, tmp_path):
 
     first, again = prepared(), prepared()
     assert first.hash == again.hash and first.labels["ai.slimeforge.lock"] == f"sha256:{lock.hash}"
-    assert first.base["from"] == f"slimeforge-test/base@{DIGEST}"  # FROM by the lock's digest
+    assert first.base.from_ref == f"slimeforge-test/base@{DIGEST}"  # FROM by the lock's digest
     slice_text = (first.dir / "context" / "lock" / "app.txt").read_text()
     assert f"sf-dep @ {indexes['main'].url.removesuffix('/simple')}/files/sf_dep-2.0b1-py3-none-any.whl --hash=sha256:" in slice_text
     do_lock(path, indexes["main"], base_digest="sha256:" + "cd" * 32)  # another base: another lock
@@ -324,7 +341,7 @@ def test_relocking_unchanged_inputs_reuses_the_cutoff_and_gives_the_same_bytes(t
 
         def relock(when: str, upgrade: bool = False) -> tuple[str, list[str]]:
             lines: list[str] = []
-            resolve.resolve(resolve.LockOptions(stack=str(path), index_url=index.url, base_digest=DIGEST, upgrade=upgrade,
+            uvlock.resolve(uvlock.LockOptions(stack=str(path), index_url=index.url, base_digest=DIGEST, upgrade=upgrade,
                                                 now=lambda: datetime.fromisoformat(when), echo=lines.append))
             return lockfile.load_lock(str(path)).path.read_text(), lines
 
@@ -378,10 +395,10 @@ def test_complete_fills_only_the_missing_outside_facts_and_build_does_it_by_itse
     from lock_support import make_wheel
     from publish_support import REGISTRY_BIN, LocalRegistry
 
-    from slimeforge.image import outside
+    from slimeforge.image import lockfacts
 
     if not shutil.which(REGISTRY_BIN) and not Path(REGISTRY_BIN).exists():
-        pytest.skip(f"{REGISTRY_BIN} is not installed (apt-get install docker-registry)")
+        absent(f"{REGISTRY_BIN} is not installed (apt-get install docker-registry)")
     main = indexes["main"]
     reg = LocalRegistry(tmp_path / "registry", {"puller": "pull-pass-1"})  # not started yet: unreachable
     config = tmp_path / "docker-config"
@@ -414,11 +431,11 @@ def test_complete_fills_only_the_missing_outside_facts_and_build_does_it_by_itse
         # A changed input is refused, naming the difference: --complete resolves nothing.
         path.write_text(path.read_text().replace('sf-base: "1.0"', 'sf-base: "1.2"'))
         with pytest.raises(lockfile.LockError, match=r"cannot be completed(.|\n)*pin sf-base==1\.2: the lock holds sf-base 1\.0"):
-            outside.complete(str(path), echo=lambda _: None)
+            lockfacts.complete(str(path), echo=lambda _: None)
         path.write_text(path.read_text().replace('sf-base: "1.2"', 'sf-base: "1.0"'))
 
         out: list[str] = []
-        result = outside.complete(str(path), echo=out.append)
+        result = lockfacts.complete(str(path), echo=out.append)
         sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
         assert result["filled"] == ["base_digest", "router_sha256"]
         after = lock.path.read_text()
@@ -429,9 +446,9 @@ def test_complete_fills_only_the_missing_outside_facts_and_build_does_it_by_itse
         do_lock(path, main, base_digest=None)
         assert lock.path.read_text() == after
         out.clear()
-        assert outside.complete(str(path), echo=out.append)["filled"] == [] and out == [f"{lock.path}: complete (nothing missing)"]
+        assert lockfacts.complete(str(path), echo=out.append)["filled"] == [] and out == [f"{lock.path}: complete (nothing missing)"]
         with pytest.raises(lockfile.LockError, match="changes nothing recorded"):
-            outside.complete(str(path), echo=lambda _: None, router_sha256="0" * 64)
+            lockfacts.complete(str(path), echo=lambda _: None, router_sha256="0" * 64)
 
         # A real build (prepare: everything before `docker build`) fills them by itself and says so.
         lockfile.write_lock(lock.path, made)
@@ -440,7 +457,7 @@ def test_complete_fills_only_the_missing_outside_facts_and_build_does_it_by_itse
         assert lock.path.read_text() == after and not p.provisional
         assert f"{lock.path}: the base image's digest filled in: {digest}" in seen
         assert (p.dir / "context" / "lock" / "router.txt").read_text().endswith(f"sf-router @ {router_url} --hash=sha256:{sha}\n")
-        assert p.base["from"] == f"{reg.host}/sf/base@{digest}"
+        assert p.base.from_ref == f"{reg.host}/sf/base@{digest}"
     finally:
         reg.stop()
     # Where it cannot fill what it needs (the router host gone), a real build refuses, naming it.

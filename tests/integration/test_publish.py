@@ -32,26 +32,38 @@ ECR_HOST = f"123456789012.dkr.ecr.{REGION}.amazonaws.com"  # moto's default acco
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
+def fake_aws(mp: pytest.MonkeyPatch) -> None:
+    """moto's credentials, and no profile or endpoint of the user's: set for one test (or one
+    fixture's setup) at a time, never for the session (no test leaks environment variables)."""
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION}.items():
+        mp.setenv(name, value)
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_ECR"):
+        mp.delenv(name, raising=False)
+
+
 @pytest.fixture(scope="session")
-def moto_ecr():
+def moto_server():
     from moto.server import ThreadedMotoServer
 
-    with pytest.MonkeyPatch.context() as mp:
-        for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION}.items():
-            mp.setenv(name, value)
-        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_ECR"):
-            mp.delenv(name, raising=False)
-        port = free_port()
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-        server.start()
-        yield f"http://127.0.0.1:{port}"
-        server.stop()
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def moto_ecr(moto_server, monkeypatch):
+    fake_aws(monkeypatch)
+    return moto_server
 
 
 @pytest.fixture(scope="session")
-def registry(docker_engine, moto_ecr, tmp_path_factory):
+def registry(docker_engine, moto_server, tmp_path_factory):
     # Users: ours, and the login an ECR token decodes to, so ECR publishes can push here with it.
-    ecr_login, _ = ecr.login(ecr.client(REGION, moto_ecr), ecr.parse_ecr_host(ECR_HOST))
+    with pytest.MonkeyPatch.context() as mp:
+        fake_aws(mp)
+        ecr_login, _ = ecr.login(ecr.client(REGION, moto_server), ecr.parse_ecr_host(ECR_HOST))
     reg = LocalRegistry(tmp_path_factory.mktemp("publish-registry"),
                         {"publisher": PASSWORD, ecr_login.username: ecr_login.password}).start()
     yield reg

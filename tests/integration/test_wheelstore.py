@@ -29,8 +29,8 @@ from slimeforge.image.build import BuildOptions, build, default_ca_bundle
 from slimeforge.image.install import render_install_script, store_plan
 from slimeforge.image.lockcheck import checked_lock
 from slimeforge.image.registry import Credentials
-from slimeforge.image.resolve import LockOptions, resolve
 from slimeforge.image.stack import load_stack
+from slimeforge.image.uvlock import LockOptions, resolve
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -47,7 +47,7 @@ def world(base_image, tmp_path_factory):
         with serve_index(root / "index") as index:
             stack = root / "sfcext.yaml"
             stack.write_text(STACK.format(archs='["9.0"]', index=index))
-            resolve(LockOptions(stack=str(stack), build_root=root / "out", echo=lambda s: None))
+            resolve(LockOptions(stack=str(stack), echo=lambda s: None))
             yield {"root": root, "stack": stack, "registry": reg.host, "creds": Credentials(USER, PASSWORD, "test")}
     finally:
         reg.stop()
@@ -200,7 +200,7 @@ def test_a_compiled_source_checkout_is_stored_and_reused(world):
     stack = world["root"] / "sfcsrc.yaml"
     stack.write_text(SOURCE_STACK.format(commit=commit))
     sources = [f"sfcext={repo}"]
-    resolve(LockOptions(stack=str(stack), sources=sources, build_root=world["root"] / "out", echo=lambda s: None))
+    resolve(LockOptions(stack=str(stack), sources=sources, echo=lambda s: None))
     store = world["root"] / "store-src"
 
     def run(**kw):

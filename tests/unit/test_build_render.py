@@ -3,6 +3,7 @@ and run the same steps in the same order as the stack's plan."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -12,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from slimeforge.errors import ConfigError
-from slimeforge.image.build import parse_build_args, parse_progress, render_dockerfile
+from slimeforge.image.build import parse_build_args, render_dockerfile
+from slimeforge.image.buildkit import parse_progress
 from slimeforge.image.install import render_install_script
 from slimeforge.image.stack import Stack, load_stack
 from slimeforge.image.steps import apex_jobs, compile_jobs, compiled_key, image_layout, step_commands
@@ -55,8 +57,8 @@ def test_steps_in_plan_order_one_run_each(flavor):
     assert positions == sorted(positions)
     assert text.count("\nRUN ") == len(names) + 2  # + venv + finalize
     # Compiled steps build against the installed torch.
-    flash = next(s for s in step_commands(stack, image_layout(stack)) if s["name"] == "flash-attn")
-    assert flash["argv"][-2:] == ["--lock", "/tmp/sf-lock/flash-attn.txt"]
+    flash = next(s for s in step_commands(stack, image_layout(stack)) if s.name == "flash-attn")
+    assert flash.argv[-2:] == ["--lock", "/tmp/sf-lock/flash-attn.txt"] and flash.lock_file == "flash-attn.txt"
 
 
 def run_block(text: str, step: str) -> str:
@@ -209,8 +211,8 @@ def test_base_given_by_digest_needs_no_docker():
 
     ref = "registry.example/cuda@sha256:" + "a" * 64
     base = resolve_base(load_stack("cu13"), ref, dry_run=False)
-    assert base == {"image": ref, "from": ref, "digest": "sha256:" + "a" * 64, "image_id": None}
-    text = render_dockerfile(load_stack("cu13"), base["from"])
+    assert base.to_json() == {"image": ref, "from": ref, "digest": "sha256:" + "a" * 64, "image_id": None} and base.id == base.digest
+    text = render_dockerfile(load_stack("cu13"), base.from_ref)
     assert f"FROM {ref}\n" in text
 
 
@@ -241,7 +243,8 @@ def test_smoke_imports_every_compiled_piece_and_names_the_gpu_ones(flavor, fa):
     assert argv[argv.index("--versions") + 1] == "/opt/slimeforge/stack.input.json"
     assert argv[argv.index("--megatron") + 1] == "/root/Megatron-LM" and argv[argv.index("--slime") + 1] == "/root/slime"
     text = render_dockerfile(stack)
-    assert "COPY flag_catalog.py kernel_check.py smoke_versions.py /opt/slimeforge/" in text
+    assert "COPY flag_catalog.py kernel_check.py /opt/slimeforge/" in text
+    assert "COPY steps.sh sf venvlock.py /opt/slimeforge/" in text  # the library's own script, before the first step
     assert text.rstrip().endswith("--slime /root/slime --megatron /root/Megatron-LM")
 
 
@@ -255,3 +258,23 @@ def test_base_image_and_tags_are_image_references_before_anything_is_read(tmp_pa
         prepare(opts)
     assert [p.where for p in err.value.problems] == ["--base-image", "--tag"] and err.value.problems[1].value == "-evil"
     assert not (tmp_path / "b").exists()
+
+
+def test_the_build_report_reads_back_what_it_writes_and_names_a_damaged_key():
+    from slimeforge.image.buildkit import parse_progress
+    from slimeforge.image.buildreport import BuildReport, CompiledWheels, ReportError, StepTiming
+
+    lines = ["#7 [3/9] RUN /opt/slimeforge/sf torch pip_step", "#7 DONE 12.5s", "#8 [4/9] RUN /opt/slimeforge/sf apex compiled", "#8 CACHED"]
+    report = BuildReport(tag="slimeforge/cu13:0123456789abcdef", human_tags=["slimeforge/cu13:2026.11.1-cu13"], image_id="sha256:" + "1" * 64,
+                         build_hash="ab" * 32, stack="cu13-0123", flavor="cu13", base={"image": "b", "from": "b", "digest": None, "image_id": None},
+                         skipped=False, steps=[StepTiming.from_dict(s) for s in parse_progress(lines)], dir="/b", dockerfile="/b/Dockerfile",
+                         lock="/b/stack.lock.json", log="/b/build.log", command=["docker", "build"], size=10**9, build_duration_s=12.5,
+                         compiled={"apex": CompiledWheels("cu13-apex-1", "store", True)}, published=["r/x@sha256:" + "2" * 64])
+    doc = json.loads(json.dumps(report.to_json()))
+    assert BuildReport.from_dict(doc) == report
+    assert doc["cache"] == {"hits": 1, "steps": 2} and doc["compiled"]["apex"] == {"key": "cu13-apex-1", "source": "store", "from_store": True}
+    assert "store hit, nothing compiled (cu13-apex-1)" in report.summary_table()
+    for key, value, says in [("image_id", None, "`image_id` is missing"), ("human_tags", "x", "`human_tags` has type str, expected list"),
+                             ("size", "big", "`size` has type str, expected int"), ("build_duration_s", True, "`build_duration_s` has type bool")]:
+        with pytest.raises(ReportError, match=says):
+            BuildReport.from_dict({**doc, key: value})

@@ -105,7 +105,7 @@ def test_prerequisite_failure_lists_every_problem_before_step_one(tmp_path):
     path = tmp_path / "install.sh"
     path.write_text(render_install_script(stack, str(tmp_path / "p"), patches=placeholder_patches(stack), lock=render_lock(stack)))
     res = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "CUDA_HOME": str(tmp_path / "nocuda")})
-    assert res.returncode == 1
+    assert res.returncode == 2
     assert "prerequisite: CUDA: no nvcc at" in res.stderr and "nvidia-smi not found" in res.stderr
     assert "step " not in res.stderr.replace("the system step installs it", "")
 
@@ -131,7 +131,7 @@ def test_install_script_carries_interpreter_arch_variables_and_compiled_keys(fla
     # The scripts the venv's Python runs are written next to the records, as in every image.
     assert "base64 -d >\"$SF_STATE/\"flag_catalog.py <<'SF_SCRIPT_1'" in text
     assert "base64 -d >\"$SF_STATE/\"kernel_check.py <<'SF_SCRIPT_2'" in text
-    assert "base64 -d >\"$SF_STATE/\"smoke_versions.py <<'SF_SCRIPT_3'" in text
+    assert "base64 -d >\"$SF_STATE/\"venvlock.py <<'SF_SCRIPT_3'" in text
 
 
 # --- the hosts people have: their interpreter, their toolkit, the disk the lock needs ----------------
@@ -184,7 +184,7 @@ def test_prerequisites_name_headers_neither_the_toolkit_nor_the_lock_provides(tm
     cuda = fake_toolkit(tmp_path, ["nccl.h"])
     res = subprocess.run(["bash", str(path)], capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin", "CUDA_HOME": str(cuda), "SLIMEFORGE_MIN_FREE_GIB": "0"})
-    assert res.returncode == 1
+    assert res.returncode == 2
     assert "prerequisite: CUDA: cusparse.h is not in the toolkit" in res.stderr
     assert "nccl.h" not in res.stderr  # the toolkit has it
     assert "step " not in res.stderr.replace("the system step installs it", "")
@@ -197,7 +197,7 @@ def test_an_interpreter_given_by_path_that_is_not_there_is_a_prerequisite_failur
                                           python="/nowhere/bin/python3.12"))
     res = subprocess.run(["bash", str(path)], capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin", "CUDA_HOME": str(fake_toolkit(tmp_path, []))})
-    assert res.returncode == 1
+    assert res.returncode == 2
     assert "prerequisite: python: /nowhere/bin/python3.12 not found" in res.stderr and "--python" in res.stderr
     assert "sf_venv" not in res.stderr
 
@@ -207,8 +207,8 @@ def test_the_disk_need_can_be_overridden_and_a_bad_override_is_named(tmp_path):
     path = tmp_path / "install.sh"
     path.write_text(render_install_script(stack, str(tmp_path / "p"), patches=placeholder_patches(stack), lock=render_lock(stack)))
     env = {"PATH": "/usr/bin:/bin", "CUDA_HOME": str(fake_toolkit(tmp_path, []))}
-    huge = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={**env, "SLIMEFORGE_MIN_FREE_GIB": "999999"})
-    assert "the install needs about 999999 GiB" in huge.stderr
+    huge = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={**env, "SLIMEFORGE_MIN_FREE_GIB": "100000"})
+    assert "the install needs about 100000 GiB" in huge.stderr
     bad = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={**env, "SLIMEFORGE_MIN_FREE_GIB": "1; rm -rf /"})
     assert "SLIMEFORGE_MIN_FREE_GIB: '1; rm -rf /' is not a whole number of GiB" in bad.stderr
     # bash reads 099999 as octal (an arithmetic error that skipped the check): base 10 it is.
@@ -253,7 +253,7 @@ def test_dry_runs_render_on_a_fresh_clone_naming_each_missing_outside_fact(tmp_p
     lock_text = (tmp_path / "locks" / "pylock.cu13.toml").read_text()
     lines: list[str] = []
     script = install(InstallOptions(stack=str(path), prefix=str(tmp_path / "p"), dry_run=True, use_store=False,
-                                    build_root=tmp_path / "b", echo=lines.append))
+                                    echo=lines.append))
     warnings = [line for line in lines if line.startswith("warning: ")]
     assert [w.split(" is missing from ")[0] for w in warnings[:2]] == ["warning: the router wheel's sha256", "warning: the base image's digest"]
     assert f"`invoke lock --stack {path} --complete` downloads" in warnings[0]
@@ -269,3 +269,43 @@ def test_dry_runs_render_on_a_fresh_clone_naming_each_missing_outside_fact(tmp_p
     assert (p.dir / "context" / "lock" / "router.txt").read_text().startswith("# MISSING")
     assert not (p.dir / "context" / "patches").exists()  # the stand-ins are named, never written
     assert (tmp_path / "locks" / "pylock.cu13.toml").read_text() == lock_text  # a dry run writes no lock
+
+
+@pytest.mark.parametrize("driver", ["575.51.03", "579.99", "580.00", "580.95.05", "600.1"])
+def test_the_install_scripts_driver_check_and_doctors_agree(tmp_path, driver):
+    """The driver minimum is the stack's (driver_min); install.sh must compare in bash (it runs
+    before any Python of ours), so this pair test holds its copy of the rule to doctor's."""
+    from slimeforge.run.preflight.findings import ERROR
+    from slimeforge.run.preflight.host import Gpu, driver_findings
+
+    stack = load_stack("cu13")
+    path = tmp_path / "install.sh"
+    path.write_text(render_install_script(stack, str(tmp_path / "p"), patches=placeholder_patches(stack), lock=render_lock(stack)))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(f'#!/bin/sh\ncase "$*" in *driver_version*) echo {driver}; exit 0 ;; esac\nexit 9\n')
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    res = subprocess.run(["bash", str(path)], capture_output=True, text=True,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin", "CUDA_HOME": str(tmp_path / "nocuda")})
+    assert res.returncode == 2 and "prerequisite: CUDA: no nvcc" in res.stderr  # the prerequisites ran, and refused
+    script_refuses = f"NVIDIA driver {driver} is older than R{stack.driver_min}" in res.stderr
+    doctor_refuses = driver_findings([Gpu(0, "H100", "GPU-1", driver, 81559, "9.0")], stack)[0].level == ERROR
+    assert script_refuses == doctor_refuses == (int(driver.split(".")[0]) < stack.driver_min)
+
+
+@pytest.mark.parametrize("value", ["0", "007", "100000", "999999", "1000000", "-1", "12 ", "lots", "\u00b2"])
+def test_min_free_gb_has_one_rule_for_the_option_and_the_scripts_variable(tmp_path, value):
+    """--min-free-gb (install.py) and SLIMEFORGE_MIN_FREE_GIB (install.sh, which a user may set
+    alone) accept the same values: the script renders the option's bound, this pair test holds them."""
+    from slimeforge.image.install import MAX_FREE_GIB
+    from slimeforge.schema import whole_problem
+
+    stack = load_stack("cu13")
+    path = tmp_path / "install.sh"
+    path.write_text(render_install_script(stack, str(tmp_path / "p"), patches=placeholder_patches(stack), lock=render_lock(stack)))
+    res = subprocess.run(["bash", str(path)], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "CUDA_HOME": str(tmp_path / "nocuda"), "SLIMEFORGE_MIN_FREE_GIB": value})
+    assert res.returncode == 2 and "prerequisite: CUDA: no nvcc" in res.stderr  # the prerequisites ran, and refused
+    script_refuses = "SLIMEFORGE_MIN_FREE_GIB: " in res.stderr
+    option_refuses = whole_problem(value, "--min-free-gb", 0, MAX_FREE_GIB, "GiB") is not None
+    assert script_refuses == option_refuses == (value not in ("0", "007", "100000", "999999")), res.stderr

@@ -136,3 +136,39 @@ def test_container_mode_runs_the_images_python_on_the_gpus():
     assert argv[:9] == ["docker", "run", "--rm", "--gpus", "all", "--entrypoint", "/opt/venv/bin/python", "--", "slimeforge/cu13:1"]
     assert argv[9] == "-c" and argv[10] == SCRIPT.read_text() and argv[11:] == ["--json", "--timeout", "120"]
     assert kernels.kernel_check_argv(Context(stack=load_stack("cu13"), mode="container")) is None
+
+
+# --- "is there a GPU": kernel_check's probe (the image's and the install's) and the node agent's copy ---
+
+SMI_LIST = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1111)\nGPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-2222)\n"
+SMI_QUERY = ("index, name, uuid, driver_version, memory.total [MiB], compute_cap, pci.bus_id\n"
+             "0, NVIDIA H100 80GB HBM3, GPU-1111, 580.95.05, 81559 MiB, 9.0, 00000000:18:00.0\n"
+             "1, NVIDIA H100 80GB HBM3, GPU-2222, 580.95.05, 81559 MiB, 9.0, 00000000:2A:00.0\n")
+NO_DEVICES = "No devices were found\n"
+
+
+@pytest.mark.parametrize(("name", "smi"), [
+    ("no nvidia-smi", None),
+    ("two GPUs", 'case "$*" in *query-gpu*) printf %s "$Q" ;; -L) printf %s "$L" ;; esac'),
+    ("a driver that lists none", 'printf %s "$N"; exit 6'),
+    ("a broken driver", 'echo "Failed to initialize NVML: Driver/library version mismatch"; exit 18'),
+])
+def test_the_gpu_probe_and_the_node_agents_copy_agree(tmp_path, monkeypatch, name, smi):
+    """The node agent keeps its own "is there a GPU" (its one query lists every GPU); it must say
+    what kernel_check's probe says (the smoke test's and the kernel check's) on the same driver."""
+    from slimeforge.scripts import kernel_check, node_agent
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if smi is not None:
+        (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\n{smi}\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setenv("Q", SMI_QUERY)
+    monkeypatch.setenv("L", SMI_LIST)
+    monkeypatch.setenv("N", NO_DEVICES)
+    probe = kernel_check.gpu_name() is not None
+    agent = bool(node_agent.gpus().get("list"))
+    assert probe == agent == (name == "two GPUs")
+    script = subprocess.run([sys.executable, str(SCRIPT), "--probe"], capture_output=True, text=True, timeout=60)
+    assert (script.returncode == 0) == probe, script.stdout

@@ -4,6 +4,7 @@ committed locks against their stacks (offline)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tomllib
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from slimeforge.errors import ConfigError
-from slimeforge.image import lockcheck, lockfile, resolve
+from slimeforge.image import lockcheck, lockfile, uvlock
 from slimeforge.image.stack import load_stack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,7 +24,7 @@ def wheel(name: str, sha: str = SHA) -> dict:
 
 
 def test_target_tags_follow_the_stack_not_this_machine():
-    tags = [str(t) for t in resolve.target_tags(load_stack("cu13"))]
+    tags = [str(t) for t in uvlock.target_tags(load_stack("cu13"))]
     assert tags[0] == "cp312-cp312-manylinux_2_39_x86_64"
     assert "cp312-abi3-manylinux2014_x86_64" in tags and "py3-none-any" in tags
     assert "cp311-abi3-manylinux_2_28_x86_64" in tags  # abi3 wheels of older CPythons load on 3.12
@@ -31,7 +32,7 @@ def test_target_tags_follow_the_stack_not_this_machine():
 
 
 def test_pick_file_takes_the_best_wheel_for_the_target_or_the_sdist():
-    tags = resolve.target_tags(load_stack("cu13"))
+    tags = uvlock.target_tags(load_stack("cu13"))
     pkg = {"sdist": wheel("x-1.tar.gz", "b" * 64), "wheels": [
         wheel("x-1-cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", "1" * 64),
         wheel("x-1-cp312-cp312-manylinux_2_28_x86_64.whl", "2" * 64),
@@ -39,12 +40,12 @@ def test_pick_file_takes_the_best_wheel_for_the_target_or_the_sdist():
         wheel("x-1-cp311-cp311-manylinux_2_28_x86_64.whl", "4" * 64),
         wheel("x-1-cp312-cp312-macosx_11_0_arm64.whl", "5" * 64),
     ]}
-    assert resolve.pick_file(pkg, tags, from_source=False)["sha256"] == "2" * 64
-    assert resolve.pick_file(pkg, tags, from_source=True) == {"kind": "sdist", "name": "x-1.tar.gz", "url": "https://files.example/x-1.tar.gz",
+    assert uvlock.pick_file(pkg, tags, from_source=False)["sha256"] == "2" * 64
+    assert uvlock.pick_file(pkg, tags, from_source=True) == {"kind": "sdist", "name": "x-1.tar.gz", "url": "https://files.example/x-1.tar.gz",
                                                         "size": 10, "sha256": "b" * 64}
     only_foreign = {"sdist": pkg["sdist"], "wheels": pkg["wheels"][2:]}
-    assert resolve.pick_file(only_foreign, tags, from_source=False)["kind"] == "sdist"
-    assert resolve.pick_file({"wheels": pkg["wheels"][2:]}, tags, from_source=False) is None
+    assert uvlock.pick_file(only_foreign, tags, from_source=False)["kind"] == "sdist"
+    assert uvlock.pick_file({"wheels": pkg["wheels"][2:]}, tags, from_source=False) is None
 
 
 def test_annotated_output_is_read_as_a_graph():
@@ -54,7 +55,7 @@ numpy==1.26.4             # via accelerate, scipy, -r in.txt
 Scipy==1.13.1             # via -c cons.txt
 torch==2.11.0             # via accelerate
 """
-    versions, needs = resolve.parse_annotated(text)
+    versions, needs = uvlock.parse_annotated(text)
     assert versions == {"accelerate": "1.15.0", "numpy": "1.26.4", "scipy": "1.13.1", "torch": "2.11.0"}
     assert needs == {"accelerate": {"numpy", "torch"}, "scipy": {"numpy"}}
 
@@ -62,7 +63,7 @@ torch==2.11.0             # via accelerate
 def test_slices_hold_each_package_once_in_the_first_step_that_needs_it():
     graph = {"torch": {"numpy", "filelock"}, "sglang": {"torch", "numpy", "aiohttp"}, "aiohttp": {"yarl"}}
     names = {"torch", "numpy", "filelock", "sglang", "aiohttp", "yarl", "stray"}
-    slices = resolve.step_slices({"torch": ["torch"], "build": ["numpy"], "sglang": ["sglang"], "last": []}, graph, names)
+    slices = uvlock.step_slices({"torch": ["torch"], "build": ["numpy"], "sglang": ["sglang"], "last": []}, graph, names)
     assert slices == {"torch": ["filelock", "numpy", "torch"], "build": [], "sglang": ["aiohttp", "sglang", "yarl"], "last": ["stray"]}
 
 
@@ -174,7 +175,7 @@ def test_committed_cu13_lock_records_commits_and_patches():
 def test_bad_options_are_refused_together_before_anything_runs(tmp_path):
     out = tmp_path / "pylock.cu13.toml"
     with pytest.raises(ConfigError) as err:
-        resolve.resolve(resolve.LockOptions(stack="cu13", base_digest="sha256:xyz", router_sha256="a b", index_url="ftp://x y",
+        uvlock.resolve(uvlock.LockOptions(stack="cu13", base_digest="sha256:xyz", router_sha256="a b", index_url="ftp://x y",
                                 sources=["slime=/nonexistent"], out=out, echo=lambda _: None))
     text = str(err.value)
     for where in ("--base-digest", "--router-sha256", "--index-url", "--source slime"):
@@ -191,12 +192,12 @@ def test_the_cutoff_is_the_previous_locks_only_for_unchanged_inputs_and_no_upgra
     lock = lockfile.load_lock("cu13", stack)
     now = datetime(2027, 1, 2, 3, 4, 5, 678, tzinfo=UTC)
     assert lock.tool["exclude-newer"] == "2026-11-23T18:56:27Z"
-    assert resolve.choose_cutoff(lock, inputs(stack), False, now) == ("2026-11-23T18:56:27Z", "the previous lock's (inputs unchanged; "
+    assert uvlock.choose_cutoff(lock, inputs(stack), False, now) == ("2026-11-23T18:56:27Z", "the previous lock's (inputs unchanged; "
                                                                       "--upgrade moves it)", True)
-    assert resolve.choose_cutoff(lock, inputs(stack), True, now) == ("2027-01-02T03:04:05Z", "now (--upgrade)", False)
-    assert resolve.choose_cutoff(None, inputs(stack), False, now)[1:] == ("now (no previous lock)", False)
+    assert uvlock.choose_cutoff(lock, inputs(stack), True, now) == ("2027-01-02T03:04:05Z", "now (--upgrade)", False)
+    assert uvlock.choose_cutoff(None, inputs(stack), False, now)[1:] == ("now (no previous lock)", False)
     changed = lockfile.LockFile(lock.path, lock.packages, {**lock.tool, "inputs": "0" * 64}, lock.text)
-    assert resolve.choose_cutoff(changed, inputs(stack), False, now)[1] == \
+    assert uvlock.choose_cutoff(changed, inputs(stack), False, now)[1] == \
         "now (the stack's inputs changed since the lock with cutoff 2026-11-23T18:56:27Z)"
 
 
@@ -212,27 +213,27 @@ def test_a_cutoff_is_an_rfc3339_utc_second(tmp_path, cutoff):
 def test_completing_changes_only_the_filled_fields(tmp_path):
     from dataclasses import replace
 
-    from slimeforge.image import outside
+    from slimeforge.image import lockfacts
 
     stack = load_stack("cu13")
     lock = lockfile.load_lock("cu13", stack)
-    assert [f.key for f in outside.missing_facts(stack, lock)] == ["router_sha256", "base_digest"]
+    assert [f.key for f in lockfacts.missing_facts(stack, lock)] == ["router_sha256", "base_digest"]
     lock = replace(lock, path=tmp_path / lock.path.name)
     digest, sha = "sha256:" + "d" * 64, "e" * 64
-    text = outside.with_facts(lock, {"base_digest": digest, "router_sha256": sha})
+    text = lockfacts.with_facts(lock, {"base_digest": digest, "router_sha256": sha})
     before, after = lock.text.splitlines(), text.splitlines()
     changed = [line for line in after if line not in before]
     assert changed == [f'"digest" = "{digest}"', f'"sha256" = "{sha}"'] and len(after) == len(before) + 1
     lockfile.write_lock(lock.path, text)
     done = lockfile.read_lock(lock.path)
-    assert outside.missing_facts(stack, done) == [] and done.packages == lock.packages
+    assert lockfacts.missing_facts(stack, done) == [] and done.packages == lock.packages
     # What --complete writes is what `invoke lock` would have rendered with those facts.
     data = tomllib.loads(text)
     assert lockfile.render_lock({**data, "tool": {"slimeforge": data["tool"]["slimeforge"]}}) == text
     # A lock whose tables are not as `invoke lock` writes them is refused, not patched blindly.
     odd = replace(lock, text=lock.text.replace("[tool.slimeforge.router]\n", "[tool.slimeforge.router]  # by hand\n"))
     with pytest.raises(lockfile.LockError, match=r"has no \[tool.slimeforge.router\] table to complete; re-lock"):
-        outside.with_facts(odd, {"router_sha256": sha})
+        lockfacts.with_facts(odd, {"router_sha256": sha})
 
 
 def test_a_dry_runs_router_slice_is_marked_and_fails_if_run():
@@ -244,3 +245,28 @@ def test_a_dry_runs_router_slice_is_marked_and_fails_if_run():
         lockfile.router_requirement(lock, url)
     text = lockfile.router_requirement(replace(lock, provisional=True), url)
     assert text.startswith("# MISSING: the router wheel's sha256") and text.endswith(f"sglang-router @ {url}\n") and "--hash" not in text
+
+
+@pytest.mark.parametrize("by_name", [False, True])
+def test_every_slice_line_the_lock_writes_is_read_back_by_the_step_librarys_one_parser(by_name):
+    """lockfile writes a step's slice; venvlock.py (the step library's Python: verify, fetch) reads
+    it with parse_slice_line: one grammar, held here line by line on the committed cu13 lock."""
+    from slimeforge.scripts.venvlock import canonical, parse_slice_line
+
+    lock = lockfile.load_lock("cu13")
+    seen = 0
+    for step in lock.steps:
+        for line in lockfile.step_requirements(lock, step, by_name=by_name).splitlines():
+            if line.startswith("#"):
+                continue
+            parsed = parse_slice_line(line)
+            assert parsed is not None, line
+            p = lock.packages[parsed.name]
+            assert (parsed.version, parsed.sha256, parsed.url) == (p.version, p.sha256, None if by_name else p.url), line
+            seen += 1
+    assert seen >= len(lock.packages) - 1  # every distribution (the router's is a slice of its own)
+    with_router = dataclasses.replace(lock, tool={**lock.tool, "router": {"sha256": "a" * 64}})
+    router = lockfile.router_requirement(with_router, "https://example.com/sglang_router-0.3.2-cp38-abi3-any.whl").splitlines()[-1]
+    assert (parse_slice_line(router) or pytest.fail(router)).version is None  # pinned by its sha256 alone
+    assert parse_slice_line("-e git+https://x") is None and parse_slice_line("sf-base==1.0 --hash=sha256:abc") is None
+    assert canonical("Transformer_Engine[pytorch]") == "transformer-engine" == lockfile.normalize("transformer.engine")

@@ -14,6 +14,7 @@ import pytest
 
 from slimeforge.errors import ConfigError
 from slimeforge.image import ecr
+from slimeforge.image.imageref import ImageRef, image_ref_problems, parse_image_ref
 from slimeforge.image.publish import (
     LayerProgress,
     PublishOptions,
@@ -22,13 +23,7 @@ from slimeforge.image.publish import (
     plan,
     read_credentials,
 )
-from slimeforge.image.registry import (
-    ImageRef,
-    RegistryAuthError,
-    TransientError,
-    image_ref_problems,
-    parse_image_ref,
-)
+from slimeforge.image.registry import RegistryAuthError, TransientError
 
 ROOT = Path(__file__).resolve().parents[2]
 D = "sha256:" + "ab" * 32
@@ -156,3 +151,14 @@ def test_dry_run_prints_the_plan_and_pushes_nothing(tmp_path):
     assert "to 123456789012.dkr.ecr.us-east-1.amazonaws.com/team/slime as tags: aaaaaaaaaaaa, 2026.11.1-cu13" in out.stdout
     assert "tags immutable, scan on push off" in out.stdout and "nothing was pushed (dry run)" in out.stdout
     assert not (build / "publish.json").exists()
+
+
+@pytest.mark.parametrize(("text", "ok"), [
+    ("slimeforge/cu13", True), ("localhost:5000/team/slime", True), ("reg.example.com/a/b-c_d.e", True),
+    ("team/Slime", False), ("slimeforge/cu13:1.0", False), (f"slimeforge/cu13@{D}", False), ("-v/:/x", False), ("a//b", False),
+])
+def test_build_repository_is_read_by_the_one_reference_grammar(text, ok):
+    """`invoke build --repository` once had a pattern of its own; it is the reference grammar without a tag or digest."""
+    from slimeforge.image.imageref import repository_problems
+
+    assert (repository_problems(text) == []) == ok

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import SEED_RECIPE
+from helpers import SEED_RECIPE, absent
 from launch_support import read_args
 
 from slimeforge import SlimeRunner
@@ -201,9 +201,7 @@ def test_hostile_values_pass_bash_n_and_shellcheck(hostile_run):
     run, _ = hostile_run
     subprocess.run(["bash", "-n", str(run.path / "launch.sh")], check=True)
     if shutil.which("shellcheck") is None:
-        if os.environ.get("CI"):
-            pytest.fail("shellcheck must be installed in CI")
-        pytest.skip("shellcheck not installed")
+        absent("shellcheck not installed")
     subprocess.run(["shellcheck", str(run.path / "launch.sh")], check=True)
 
 

@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from helpers import absent
 from launch_support import make_recipe
 
 from slimeforge.errors import CommandError, ConfigError, SlimeforgeError
@@ -79,7 +80,7 @@ def test_sbatch_is_shellcheck_clean_and_says_what_slurm_needs(tmp_path, mode):
     path.write_text(text)
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
     if shutil.which("shellcheck") is None:
-        pytest.skip("shellcheck not installed (apt-get install shellcheck)")
+        absent("shellcheck not installed (apt-get install shellcheck)")
     res = subprocess.run(["shellcheck", str(path)], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout
     header = [line for line in text.splitlines() if line.startswith("#SBATCH")]

@@ -119,7 +119,8 @@ def test_names_that_reach_templates_unquoted_are_restricted(tmp_path):
 
 
 def test_patch_check_downloads_for_the_target_into_the_user_cache(monkeypatch, tmp_path):
-    from slimeforge.image.patches import user_cache_dir, wheel_fits
+    from slimeforge.image.patches import wheel_fits
+    from slimeforge.paths import sources_cache, user_cache
 
     cu13 = load_stack("cu13")
     assert cu13.wheel_platform == "manylinux_2_39_x86_64"
@@ -130,7 +131,7 @@ def test_patch_check_downloads_for_the_target_into_the_user_cache(monkeypatch, t
     assert wheel_fits("sglang_router-0.3.2-cp38-abi3-manylinux_2_28_x86_64.whl", cu13)
     assert wheel_fits("six-1.17.0-py2.py3-none-any.whl", cu13)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert user_cache_dir() == tmp_path / "slimeforge"
+    assert user_cache() == tmp_path / "slimeforge" and sources_cache() == tmp_path / "slimeforge" / "sources"
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert user_cache_dir() == tmp_path / "home" / ".cache" / "slimeforge"
+    assert user_cache() == tmp_path / "home" / ".cache" / "slimeforge"

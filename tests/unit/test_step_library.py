@@ -205,12 +205,13 @@ def test_compiled_step_gets_parallelism_and_a_cache_of_its_key(tmp_path):
 
 
 def test_smoke_skips_gpu_imports_by_name_and_checks_versions(tmp_path):
-    from slimeforge.image.steps import TARGET_SCRIPTS
+    from slimeforge.image.steps import LIBRARY_SCRIPTS, TARGET_SCRIPTS
 
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").symlink_to(sys.executable)
-    (tmp_path / "smoke_versions.py").write_bytes(TARGET_SCRIPTS["smoke_versions.py"].read_bytes())
+    (tmp_path / "venvlock.py").write_bytes(LIBRARY_SCRIPTS["venvlock.py"].read_bytes())
+    (tmp_path / "kernel_check.py").write_bytes(TARGET_SCRIPTS["kernel_check.py"].read_bytes())  # the GPU probe
     # The version of pip as the stand-in venv's Python sees it.
     pip_version = subprocess.run([str(venv / "bin" / "python"), "-c", "import importlib.metadata as m; print(m.version('pip'))"],
                                  capture_output=True, text=True, check=True).stdout.strip()
@@ -233,7 +234,8 @@ def test_smoke_skips_gpu_imports_by_name_and_checks_versions(tmp_path):
 
 
 def test_version_comparison_reads_local_labels_extras_and_specifiers():
-    from slimeforge.scripts.smoke_versions import compare, expected_versions
+    from slimeforge.scripts.venvlock import expected_versions
+    from slimeforge.scripts.venvlock import pin_problems as compare
 
     expected = expected_versions({"pins": {"pip.torch": "2.11.0", "pip.transformer_engine[pytorch,core-cu13]": "2.11.0",
                                            "pip.numpy": "<2", "slime-req.ray[default]": "2.60.0", "base.image": "x"}})

@@ -87,13 +87,13 @@ def test_the_remote_reference_is_one_tag_per_key():
 def test_cu13_keys_and_what_is_stored():
     keys = wheelstore.needed(load_stack("cu13"))
     # cu13 has no FA2: its flash-attn step has nothing to compile, so nothing to store.
-    assert not keys["flash-attn"]["storable"]
-    assert all(keys[s]["storable"] for s in ("transformer-engine", "apex", "torch-memory-saver"))
+    assert not keys["flash-attn"].storable
+    assert all(keys[s].storable for s in ("transformer-engine", "apex", "torch-memory-saver"))
 
 
 def test_unused_lists_only_keys_no_stack_uses(tmp_path):
     stack = load_stack("cu13")
-    used = wheelstore.needed(stack)["apex"]["key"]
+    used = wheelstore.needed(stack)["apex"].key
     for key in (used, "cu13-apex-00000000deadbeef"):
         wheelstore.put(key, made(tmp_path / key, {"apex-0.1-cp312-cp312-linux_x86_64.whl": b"w"}), {}, tmp_path / "store")
     assert wheelstore.unused([stack], tmp_path / "store") == ["cu13-apex-00000000deadbeef"]
@@ -148,10 +148,10 @@ def test_a_torch_change_misses_and_a_slime_commit_change_hits(tmp_path):
     from test_build_render import derived
 
     base = "sha256:" + "a" * 64
-    stored = wheelstore.stack_keys(load_stack("cu13"), base, {})["apex"]["key"]
+    stored = wheelstore.stack_keys(load_stack("cu13"), base, {})["apex"].key
     wheelstore.put(stored, made(tmp_path / "w", {"apex-0.1-cp312-cp312-linux_x86_64.whl": b"w"}), {}, tmp_path / "store")
-    newer_torch = wheelstore.stack_keys(derived(tmp_path, "torch", versions="{torch: '2.11.1'}"), base, {})["apex"]["key"]
-    newer_slime = wheelstore.stack_keys(derived(tmp_path, "slime", sources="{slime: {commit: '" + "d" * 40 + "'}}"), base, {})["apex"]["key"]
+    newer_torch = wheelstore.stack_keys(derived(tmp_path, "torch", versions="{torch: '2.11.1'}"), base, {})["apex"].key
+    newer_slime = wheelstore.stack_keys(derived(tmp_path, "slime", sources="{slime: {commit: '" + "d" * 40 + "'}}"), base, {})["apex"].key
     assert wheelstore.lookup(newer_torch, tmp_path / "store") is None
     assert wheelstore.lookup(newer_slime, tmp_path / "store").key == stored
 
@@ -182,3 +182,20 @@ def test_an_ecr_store_logs_in_with_a_token_and_creates_an_immutable_repository(m
         assert wheelstore.ecr_credentials(wheelstore.remote_ref("127.0.0.1:5000", KEY), create=True) is None
     finally:
         server.stop()
+
+
+SUMS_LINES = [f"{'ab' * 32}  torch_memory_saver-0.0.9-cp312-cp312-linux_x86_64.whl", f"{'0' * 64}  a.whl",
+              f"{'0' * 64} *a.whl", f"{'0' * 64} a.whl", f" {'0' * 64}  a.whl", f"{'0' * 64}  a.whl ", f"{'0' * 64}  a b.whl",
+              f"{'0' * 64}  {'x' * 200}.whl", f"{'0' * 64}  {'x' * 201}.whl", f"{'A' * 64}  a.whl", "deadbeef  a.whl",
+              f"{'0' * 64}  ../a.whl", f"{'0' * 64}  a.tar.gz", f"{'0' * 64}  a.whl\x1b", f"{'0' * 64}  -rf.whl", ""]
+
+
+def test_sha256sums_has_one_grammar_in_python_and_in_the_step_library():
+    """steps.sh reads SHA256SUMS in bash (_sf_sums_line); a pair test holds it to SUMS_LINE_RE."""
+    lib = Path(__file__).resolve().parents[2] / "templates" / "steps.sh"
+    script = 'source "$1"; shift; for l in "$@"; do if _sf_sums_line "$l"; then echo "ok $SF_SUM_SHA $SF_SUM_FILE"; else echo no; fi; done'
+    res = subprocess.run(["bash", "-c", script, "sf", str(lib), *SUMS_LINES], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0, res.stderr
+    python = [f"ok {m.group(1)} {m.group(2)}" if (m := wheelstore.SUMS_LINE_RE.fullmatch(line)) else "no" for line in SUMS_LINES]
+    assert res.stdout.splitlines() == python
+    assert python.count("no") == len(SUMS_LINES) - 4  # not vacuous: four lines pass (-rf.whl too: it is only ever $dir/-rf.whl)

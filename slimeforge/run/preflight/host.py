@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ...errors import CommandError
-from ...image.stack import Stack
+from ...image.stack import Stack, available_flavors, load_stack
 from ...scripts.node_agent import QUERY_GPU, parse_gpus
 from ..headstate import recorded_head
 from .findings import Context, Finding, Run, check, describe_failure, error, ok, warning
@@ -60,8 +60,15 @@ def driver_findings(gpus: list[Gpu] | Exception, stack: Stack, where: str = "") 
     bad = sorted({g.driver for g in gpus if _driver_major(g.driver) < need})
     if bad:
         return [error("driver", f"driver {', '.join(bad)}{at} is too old for CUDA {stack.cuda} (stack {stack.name} needs R{stack.driver_min} or newer)",
-                      f"install an R{stack.driver_min}+ NVIDIA driver, or use a stack built for an older CUDA (e.g. --set stack=cu129 needs R575+)")]
+                      f"install an R{stack.driver_min}+ NVIDIA driver{_older_stacks(stack)}")]
     return [ok("driver", f"{gpus[0].driver}{at} >= R{stack.driver_min} (CUDA {stack.cuda})")]
+
+
+def _older_stacks(stack: Stack) -> str:
+    """The flavors an older driver can run, each with its minimum as its stack says (never a copy here)."""
+    need = stack.driver_min or 0
+    older = sorted((s.driver_min, s.name) for s in map(load_stack, available_flavors()) if s.driver_min and s.driver_min < need)
+    return ", or use a stack built for an older CUDA (" + "; ".join(f"--set stack={n} needs R{d}+" for d, n in older) + ")" if older else ""
 
 
 def _driver_major(version: str) -> int:

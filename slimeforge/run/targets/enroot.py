@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 
 from ...errors import CommandError, ConfigError, Problem
-from ...image.registry import DOCKER_HUB, ImageRef, parse_image_ref
+from ...image.imageref import DOCKER_HUB, ImageRef, parse_image_ref
 from ...proc import Runner
 
 VERSION_RE = re.compile(r"([0-9]{1,3})\.([0-9]{1,3})(?:\.([0-9]{1,3}))?(?:[-+~][0-9A-Za-z.+~-]{1,64})?")

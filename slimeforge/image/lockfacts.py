@@ -212,8 +212,9 @@ def complete(ref: str, echo: Callable[[str], None] = print, base_digest: str | N
 def base_image_digest(image: str, echo: Callable[[str], None]) -> str | None:
     """The digest the base image's tag points at, asked of its registry (any OCI registry, Docker
     Hub included); None, with a warning, where the registry cannot be reached."""
+    from .imageref import parse_image_ref
     from .publish import docker_config_credentials
-    from .registry import RegistryAPI, Retry, parse_image_ref
+    from .registry import RegistryAPI, Retry
 
     ref = parse_image_ref(image, "base.image")
     if ref.digest:
@@ -233,7 +234,7 @@ def base_image_digest(image: str, echo: Callable[[str], None]) -> str | None:
     return manifest.digest
 
 
-def patch_hashes(stack: Stack, local: dict, build_root: Path, echo: Callable[[str], None]) -> dict[str, str] | None:
+def patch_hashes(stack: Stack, local: dict, echo: Callable[[str], None]) -> dict[str, str] | None:
     """sha256 of every patch file a step applies, read from the pinned source (a local checkout
     given with --source, else fetched); None, with a warning, where neither can be read."""
     if not stack.patches:
@@ -241,7 +242,7 @@ def patch_hashes(stack: Stack, local: dict, build_root: Path, echo: Callable[[st
     from .patches import read_patches
 
     try:
-        contents = read_patches(stack, local, paths.sources_cache(build_root))
+        contents = read_patches(stack, local, paths.sources_cache())
     except SlimeforgeError as exc:
         echo(f"  patches: cannot read them ({str(exc).splitlines()[0]}); the lock records no patch sha256 "
              f"(pass --source {stack.patches.from_source}=PATH)")

@@ -3,7 +3,7 @@ image's glibc), and write images/locks/pylock.<flavor>.toml (see lockfile.py for
 
     resolve(opts) -> dict    two uv calls: the resolution with its graph (which step installs what),
                              then the files and hashes of exactly those versions; then the outside
-                             facts (outside.py) and the steps' slices
+                             facts (lockfacts.py) and the steps' slices
 
 The resolution's cutoff (uv's `--exclude-newer`) is recorded in the lock and reused by the next
 `invoke lock` of unchanged inputs, so re-locking later gives the same bytes; `--upgrade`, or
@@ -28,10 +28,10 @@ from typing import Any
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from .. import paths
-from ..errors import ConfigError, Problem, SlimeforgeError
+from ..errors import Problem, SlimeforgeError
 from ..proc import Runner
 from .lockcheck import summarize
+from .lockfacts import base_image_digest, patch_hashes, url_sha256
 from .lockfile import (
     DIGEST_RE,
     SCHEMA,
@@ -48,7 +48,6 @@ from .lockfile import (
     write_lock,
 )
 from .lockinputs import Inputs, inputs
-from .outside import base_image_digest, patch_hashes, url_sha256
 from .stack import Stack, load_stack
 
 PYPI = "https://pypi.org/simple"
@@ -110,7 +109,6 @@ class LockOptions:
     base_digest: str | None = None  # sha256:... set by hand; else asked of the base image's registry
     router_sha256: str | None = None  # set by hand where the router URL cannot be reached
     sources: list[str] = field(default_factory=list)  # NAME=PATH: where the patches' source is read (else fetched)
-    build_root: Path = paths.BUILDS
     out: Path | None = None
     upgrade: bool = False  # move the cutoff to now even where the inputs are unchanged
     uv: str | None = None
@@ -166,24 +164,12 @@ def _index_args(inp: Inputs, index_url: str | None) -> list[str]:
 
 
 def resolve(opts: LockOptions) -> dict[str, Any]:
-    """Resolve the flavor once for its target and write its lock. Returns the lock's summary."""
+    """Resolve the flavor once for its target and write its lock. Returns the lock's summary.
+    Its phases: the options; the cutoff; [1/3] the versions (with the graph that divides the lock
+    into steps); [2/3] the files and hashes of exactly those versions; [3/3] the outside facts;
+    then the lock written and read back."""
     stack = load_stack(opts.stack)
-    problems = []
-    if opts.base_digest is not None and not DIGEST_RE.fullmatch(opts.base_digest):
-        problems.append(Problem("--base-digest", "is not a digest", opts.base_digest, "sha256:<64 lowercase hex>"))
-    if opts.router_sha256 is not None and not SHA256_RE.fullmatch(opts.router_sha256):
-        problems.append(Problem("--router-sha256", "is not a sha256", opts.router_sha256, "64 lowercase hex digits"))
-    if opts.index_url is not None and not URL_RE.fullmatch(opts.index_url):
-        problems.append(Problem("--index-url", "is not an http(s) or file URL", opts.index_url))
-    local: dict = {}
-    try:
-        from .sources import parse_sources
-
-        local = parse_sources(stack, opts.sources)
-    except ConfigError as exc:
-        problems.extend(exc.problems)
-    if problems:
-        raise ConfigError("invoke lock", problems)
+    local = _checked_options(stack, opts)
     uv = uv_binary(stack, opts.uv)
     inp = inputs(stack)
     echo = opts.echo
@@ -208,78 +194,13 @@ def resolve(opts: LockOptions) -> dict[str, Any]:
         # among them, and uv would no longer name them in a hint.
         prereleases: list[str] = [p for p in previous.tool.get("prereleases") or [] if isinstance(p, str) and PINNED_RE.fullmatch(p)] \
             if previous and reused else []
-
-        def common() -> list[str]:
-            return ["--python-version", inp.python, "--python-platform", inp.platform, "--no-header",
-                    "--prerelease", "if-necessary-or-explicit", *(["--exclude-newer", cutoff] if cutoff else []),
-                    # A new cutoff is now: index pages uv cached minutes ago would hide files from
-                    # before it that a later re-lock sees. Fresh pages, so both see the same.
-                    *([] if reused else ["--refresh"]),
-                    *_index_args(inp, opts.index_url)]
-
-        # 1. The resolution, with the graph ("# via") that divides the lock into steps.
-        for attempt in range(1, 7):
-            (work / "prereleases.txt").write_text("".join(f"{p}\n" for p in prereleases))
-            echo(f"[1/3] resolving (round {attempt}) ...")
-            argv = [uv, "pip", "compile", "-v", *common(), "--annotation-style", "line", "--override", str(work / "overrides.txt"),
-                    *(["--constraint", str(work / "prereleases.txt")] if prereleases else []),
-                    str(work / "in.txt"), "-o", str(work / "resolved.txt")]
-            rc, text = _stream_uv(opts.runner, argv, echo)
-            if rc == 0:
-                break
-            unreachable = re.search(r"Failed to fetch: `(https?://[^/`]+)[^`]*`", text)
-            if unreachable and re.search(r"dns error|client error \(Connect\)|timed out", text):
-                raise LockError(f"lock {stack.name}: the index {unreachable.group(1)} cannot be reached from here; run "
-                                f"`{lock_command(stack_ref(stack))}` where it can be, and commit {lock_path(stack)}")
-            # An exact pre-release pinned by a dependency (sglang: flash-attn-4==4.0.0b15) is allowed,
-            # that one version only.
-            hints = [f"{m.group(2)}=={m.group(3)}" for m in PRERELEASE_HINT_RE.finditer(text.replace("\n      ", " "))
-                     if normalize(m.group(1)) == normalize(m.group(2))]
-            new = [h for h in hints if h not in prereleases]
-            for h in new:
-                echo(f"  allowing the exact pre-release {h} (a dependency pins it)")
-            prereleases += new
-            if not new and cutoff and "is missing an upload date" in text:
-                # An index without upload times (PEP 700) gives uv nothing to compare with the cutoff,
-                # so it drops every file of it: resolve without one, and say that re-locking moves.
-                echo(f"  warning: an index gives no upload times, so no cutoff can apply: resolving without one "
-                     f"(re-locking later may choose newer versions of what no pin names)\n{_missing_dates(text)}")
-                cutoff = ""
-            elif not new:  # any other failure is the user's to fix
-                raise LockError(f"lock {stack.name}: uv could not resolve the flavor:\n{_tail(text)}")
-        else:
-            raise LockError(f"lock {stack.name}: still unresolved after allowing {prereleases}")
-        resolved = (work / "resolved.txt").read_text()
-        versions, graph = parse_annotated(resolved)
+        run = _Resolution(stack, inp, uv, work, opts, reused)
+        versions, graph, prereleases, cutoff = run.versions(prereleases, cutoff)
         echo(f"  {len(versions)} distributions resolved in {time.monotonic() - started:.0f}s")
-        # 2. The files and hashes of exactly those versions (no second resolution: --no-deps).
-        echo("[2/3] file hashes ...")
-        pins = work / "pins.txt"
-        pins.write_text("".join(f"{n}=={v}\n" for n, v in sorted(versions.items())))
-        argv = [uv, "pip", "compile", "--quiet", *common(), "--no-deps", "--format", "pylock.toml", "--generate-hashes", str(pins),
-                "-o", str(work / "pylock.all.toml")]
-        rc, text = _stream_uv(opts.runner, argv, echo)
-        if rc != 0:
-            raise LockError(f"lock {stack.name}: uv could not list the files of the resolved set:\n{_tail(text)}")
-        pylock = tomllib.loads((work / "pylock.all.toml").read_text())
+        pylock = run.hashes(versions, cutoff)
     echo("[3/3] base image digest, router wheel, steps ...")
-    # The outside facts of the previous lock stand where its inputs (base image, router URL, patch
-    # files by commit) are unchanged and this is no --upgrade: given by hand, else kept, else asked.
-    kept = previous.tool if previous and previous.tool.get("inputs") == inp.hash and not opts.upgrade else {}
-    base_digest = (opts.base_digest or stack.base.digest or (kept.get("base") or {}).get("digest")
-                   or base_image_digest(stack.base.image, echo))
-    router = None
-    if inp.router:
-        router = {"url": inp.router, "sha256": opts.router_sha256 or (kept.get("router") or {}).get("sha256")
-                  or url_sha256(inp.router, echo)}
-    patches = patch_hashes(stack, local, opts.build_root, echo)
-    recorded = {f: sha for f, sha in (kept.get("patches") or {}).items() if isinstance(sha, str) and SHA256_RE.fullmatch(sha)}
-    if patches is None and recorded:
-        echo("  patches: the previous lock's sha256 kept (the same patch files at the same commit)")
-        patches = recorded
-    data = build_lock(stack, inp, pylock, graph, prereleases, base_digest, router, patches, cutoff)
-    text = render_lock(data)
-    write_lock(out, text)
+    base_digest, router, patches = _outside_facts(stack, inp, opts, previous, local)
+    write_lock(out, render_lock(build_lock(stack, inp, pylock, graph, prereleases, base_digest, router, patches, cutoff)))
     summary = summarize(read_lock(out, stack), stack)
     summary.update(path=str(out), seconds=round(time.monotonic() - started, 1))
     echo(f"wrote {out}: {summary['packages']} distributions ({summary['packages'] - summary['named_by_stack']} of them named by no pin "
@@ -287,6 +208,109 @@ def resolve(opts: LockOptions) -> dict[str, Any]:
     for warn in summary["warnings"]:
         echo(f"  warning: {warn}")
     return summary
+
+
+def _checked_options(stack: Stack, opts: LockOptions) -> dict:
+    problems = []
+    if opts.base_digest is not None and not DIGEST_RE.fullmatch(opts.base_digest):
+        problems.append(Problem("--base-digest", "is not a digest", opts.base_digest, "sha256:<64 lowercase hex>"))
+    if opts.router_sha256 is not None and not SHA256_RE.fullmatch(opts.router_sha256):
+        problems.append(Problem("--router-sha256", "is not a sha256", opts.router_sha256, "64 lowercase hex digits"))
+    if opts.index_url is not None and not URL_RE.fullmatch(opts.index_url):
+        problems.append(Problem("--index-url", "is not an http(s) or file URL", opts.index_url))
+    from .sources import checked_options
+
+    return checked_options("invoke lock", stack, problems, opts.sources)
+
+
+@dataclass
+class _Resolution:
+    """The two uv runs of a lock, in one work directory."""
+
+    stack: Stack
+    inp: Inputs
+    uv: str
+    work: Path
+    opts: LockOptions
+    reused: bool  # the previous lock's versions are preferred (inputs unchanged)
+
+    def common(self, cutoff: str) -> list[str]:
+        return ["--python-version", self.inp.python, "--python-platform", self.inp.platform, "--no-header",
+                "--prerelease", "if-necessary-or-explicit", *(["--exclude-newer", cutoff] if cutoff else []),
+                # A new cutoff is now: index pages uv cached minutes ago would hide files from
+                # before it that a later re-lock sees. Fresh pages, so both see the same.
+                *([] if self.reused else ["--refresh"]),
+                *_index_args(self.inp, self.opts.index_url)]
+
+    def versions(self, prereleases: list[str], cutoff: str) -> tuple[dict[str, str], dict, list[str], str]:
+        """[1/3] The resolution, with the graph ("# via") that divides the lock into steps; exact
+        pre-releases a dependency pins are allowed one by one. Returns versions, graph, the
+        pre-releases allowed and the cutoff (dropped for an index without upload times)."""
+        work, echo, name = self.work, self.opts.echo, self.stack.name
+        for attempt in range(1, 7):
+            (work / "prereleases.txt").write_text("".join(f"{p}\n" for p in prereleases))
+            echo(f"[1/3] resolving (round {attempt}) ...")
+            argv = [self.uv, "pip", "compile", "-v", *self.common(cutoff), "--annotation-style", "line",
+                    "--override", str(work / "overrides.txt"), *(["--constraint", str(work / "prereleases.txt")] if prereleases else []),
+                    str(work / "in.txt"), "-o", str(work / "resolved.txt")]
+            rc, text = _stream_uv(self.opts.runner, argv, echo)
+            if rc == 0:
+                versions, graph = parse_annotated((work / "resolved.txt").read_text())
+                return versions, graph, prereleases, cutoff
+            unreachable = re.search(r"Failed to fetch: `(https?://[^/`]+)[^`]*`", text)
+            if unreachable and re.search(r"dns error|client error \(Connect\)|timed out", text):
+                raise LockError(f"lock {name}: the index {unreachable.group(1)} cannot be reached from here; run "
+                                f"`{lock_command(stack_ref(self.stack))}` where it can be, and commit {lock_path(self.stack)}")
+            # An exact pre-release pinned by a dependency (sglang: flash-attn-4==4.0.0b15) is allowed,
+            # that one version only.
+            hints = [f"{m.group(2)}=={m.group(3)}" for m in PRERELEASE_HINT_RE.finditer(text.replace("\n      ", " "))
+                     if normalize(m.group(1)) == normalize(m.group(2))]
+            new = [h for h in hints if h not in prereleases]
+            for h in new:
+                echo(f"  allowing the exact pre-release {h} (a dependency pins it)")
+            prereleases = prereleases + new
+            if not new and cutoff and "is missing an upload date" in text:
+                # An index without upload times (PEP 700) gives uv nothing to compare with the cutoff,
+                # so it drops every file of it: resolve without one, and say that re-locking moves.
+                echo(f"  warning: an index gives no upload times, so no cutoff can apply: resolving without one "
+                     f"(re-locking later may choose newer versions of what no pin names)\n{_missing_dates(text)}")
+                cutoff = ""
+            elif not new:  # any other failure is the user's to fix
+                raise LockError(f"lock {name}: uv could not resolve the flavor:\n{_tail(text)}")
+        raise LockError(f"lock {name}: still unresolved after allowing {prereleases}")
+
+    def hashes(self, versions: dict[str, str], cutoff: str) -> dict[str, Any]:
+        """[2/3] The files and hashes of exactly those versions (no second resolution: --no-deps)."""
+        self.opts.echo("[2/3] file hashes ...")
+        pins = self.work / "pins.txt"
+        pins.write_text("".join(f"{n}=={v}\n" for n, v in sorted(versions.items())))
+        argv = [self.uv, "pip", "compile", "--quiet", *self.common(cutoff), "--no-deps", "--format", "pylock.toml", "--generate-hashes",
+                str(pins), "-o", str(self.work / "pylock.all.toml")]
+        rc, text = _stream_uv(self.opts.runner, argv, self.opts.echo)
+        if rc != 0:
+            raise LockError(f"lock {self.stack.name}: uv could not list the files of the resolved set:\n{_tail(text)}")
+        return tomllib.loads((self.work / "pylock.all.toml").read_text())
+
+
+def _outside_facts(stack: Stack, inp: Inputs, opts: LockOptions, previous: LockFile | None,
+                   local: dict) -> tuple[str | None, dict[str, Any] | None, dict[str, str] | None]:
+    """[3/3] The base digest, the router wheel's sha256 and the patch hashes. Those of the previous
+    lock stand where its inputs (base image, router URL, patch files by commit) are unchanged and
+    this is no --upgrade: given by hand, else kept, else asked."""
+    echo = opts.echo
+    kept = previous.tool if previous and previous.tool.get("inputs") == inp.hash and not opts.upgrade else {}
+    base_digest = (opts.base_digest or stack.base.digest or (kept.get("base") or {}).get("digest")
+                   or base_image_digest(stack.base.image, echo))
+    router = None
+    if inp.router:
+        router = {"url": inp.router, "sha256": opts.router_sha256 or (kept.get("router") or {}).get("sha256")
+                  or url_sha256(inp.router, echo)}
+    patches = patch_hashes(stack, local, echo)
+    recorded = {f: sha for f, sha in (kept.get("patches") or {}).items() if isinstance(sha, str) and SHA256_RE.fullmatch(sha)}
+    if patches is None and recorded:
+        echo("  patches: the previous lock's sha256 kept (the same patch files at the same commit)")
+        patches = recorded
+    return base_digest, router, patches
 
 
 def _missing_dates(text: str, n: int = 3) -> str:

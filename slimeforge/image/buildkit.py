@@ -1,0 +1,111 @@
+"""BuildKit's side of a build: the build directory written (the context, file by file, wheels hard
+linked), and the plain progress read back (one line per instruction while it runs; per step,
+whether it came from cache and its time; the step library's ERROR lines of a failure)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .. import paths
+from ..atomic import write_dir
+from ..proc import Runner
+from .sources import dist_files
+
+
+def link_files(src: Path, names: list[str], target: Path) -> None:
+    """Hard links where possible (wheels can be gigabytes), else copies."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (target / name).unlink(missing_ok=True)
+        try:
+            os.link(src / name, target / name)
+        except OSError:
+            shutil.copy2(src / name, target / name)
+
+
+def copy_wheels(src: Path, target: Path) -> None:
+    """The wheels of a --source wheel directory into the context (hard links where possible: wheels
+    can be gigabytes). Their content is in the hash through the lock's wheel_dirs digest."""
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    for whl in dist_files(src):
+        try:
+            os.link(whl, target / whl.name)
+        except OSError:
+            shutil.copy2(whl, target / whl.name)
+
+
+def write_tree(root: Path, files: dict[str, str | bytes], modes: dict[str, int]) -> None:
+    """Write nested files, each replaced atomically (write_dir works one directory at a time)."""
+    by_dir: dict[str, dict[str, str | bytes]] = {}
+    for name, content in files.items():
+        parent, _, base = name.rpartition("/")
+        by_dir.setdefault(parent, {})[base] = content
+    for parent, group in sorted(by_dir.items()):
+        prefix = f"{parent}/" if parent else ""
+        write_dir(root / parent if parent else root, group, modes={b: modes[prefix + b] for b in group if prefix + b in modes})
+
+
+# --- the progress of a build ------------------------------------------------------------------
+
+VERTEX_RE = re.compile(r"^#(\d+) \[(?:[^\]]*? )?(\d+)/(\d+)\] (.+)$")
+STATUS_RE = re.compile(r"^#(\d+) (CACHED|DONE (\d+(?:\.\d+)?)s|ERROR\b.*)$")
+STEP_RE = re.compile(re.escape(paths.IMAGE_STATE) + r"/sf (\S+)")
+
+
+def parse_progress(lines: list[str]) -> list[dict[str, Any]]:
+    """Per Dockerfile instruction: its stack step, whether BuildKit took it from cache, its time."""
+    steps: dict[str, dict[str, Any]] = {}
+    for line in lines:
+        m = VERTEX_RE.match(line)
+        if m:
+            vid, idx, total, text = m.groups()
+            step = STEP_RE.search(text)
+            steps.setdefault(vid, {"index": int(idx), "of": int(total), "name": step.group(1).strip("'") if step else text.split(" ", 1)[0].lower(),
+                                   "instruction": text[:160], "cached": False, "duration_s": None})
+            continue
+        m = STATUS_RE.match(line)
+        if m and m.group(1) in steps:
+            item = steps[m.group(1)]
+            if m.group(2) == "CACHED":
+                item["cached"] = True
+            elif m.group(3):
+                item["duration_s"] = float(m.group(3))
+            else:
+                item["error"] = True
+    return sorted(steps.values(), key=lambda s: s["index"])
+
+
+def stream_build(runner: Runner, argv: list[str], env: dict[str, str], log: Path, echo: Callable[[str], None]) -> tuple[int, list[str]]:
+    """Run the build, keep every line in build.log, and show progress: one line per instruction."""
+    lines: list[str] = []
+    seen: dict[str, str] = {}
+    with log.open("w") as fh:
+
+        def on_line(line: str) -> None:
+            fh.write(line + "\n")
+            lines.append(line)
+            m = VERTEX_RE.match(line)
+            if m and m.group(1) not in seen:
+                step = STEP_RE.search(m.group(4))
+                seen[m.group(1)] = f"[{m.group(2)}/{m.group(3)}] {step.group(1) if step else m.group(4)[:60]}"
+                return
+            m = STATUS_RE.match(line)
+            if m and m.group(1) in seen:
+                echo(f"  {seen[m.group(1)]:<48} {m.group(2)}")
+            elif "slimeforge: ERROR:" in line:
+                echo("  " + line)
+        rc = runner.stream(argv, on_line, step="docker build", env=env)
+    return rc, lines
+
+
+def failure_text(lines: list[str]) -> str:
+    errors = [line.split("slimeforge: ERROR:", 1)[1].strip() for line in lines if "slimeforge: ERROR:" in line]
+    if errors:
+        return "\n".join(dict.fromkeys(errors))
+    return "\n".join(lines[-15:])

@@ -1,0 +1,164 @@
+"""The build report (build/<flavor>-<hash>/report.json): what `invoke build` made, typed.
+
+`BuildReport` is written with `to_json` and read back with `from_dict`, as pip's pylock.py reads
+a lock: one small typed getter per key (`_get`, `_get_required`, `_get_list`) that names the key
+and the type it wanted, so a damaged record is an error naming what is wrong, never a KeyError.
+publish adds `digest` and `published` to the file; a later build keeps them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from .. import paths
+
+REPORT = paths.BUILD_REPORT
+T = TypeVar("T")
+
+
+class ReportError(ValueError):
+    """report.json is not what `invoke build` writes: names the key and what it should hold."""
+
+
+def _get(d: Mapping[str, Any], expected: type[T], key: str) -> T | None:
+    value = d.get(key)
+    if value is not None and not isinstance(value, expected):
+        raise ReportError(f"{REPORT}: `{key}` has type {type(value).__name__}, expected {expected.__name__}")
+    return value
+
+
+def _get_required(d: Mapping[str, Any], expected: type[T], key: str) -> T:
+    value = _get(d, expected, key)
+    if value is None:
+        raise ReportError(f"{REPORT}: `{key}` is missing")
+    return value
+
+
+def _get_number(d: Mapping[str, Any], key: str) -> float | None:
+    value = d.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+        raise ReportError(f"{REPORT}: `{key}` has type {type(value).__name__}, expected a number")
+    return value
+
+
+def _get_list(d: Mapping[str, Any], expected: type[T], key: str) -> list[T]:
+    value = _get(d, list, key) or []
+    for item in value:
+        if not isinstance(item, expected):
+            raise ReportError(f"{REPORT}: `{key}` holds a {type(item).__name__}, expected {expected.__name__} items")
+    return value
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """One Dockerfile instruction as BuildKit's plain progress told it (buildkit.parse_progress)."""
+
+    name: str
+    index: int
+    of: int
+    instruction: str
+    cached: bool
+    duration_s: float | None
+    error: bool = False
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> StepTiming:
+        duration = _get_number(d, "duration_s")
+        return cls(_get_required(d, str, "name"), _get_required(d, int, "index"), _get_required(d, int, "of"),
+                   _get(d, str, "instruction") or "", bool(_get(d, bool, "cached")), duration, bool(_get(d, bool, "error")))
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"index": self.index, "of": self.of, "name": self.name, "instruction": self.instruction,
+                               "cached": self.cached, "duration_s": self.duration_s}
+        if self.error:
+            out["error"] = True
+        return out
+
+
+@dataclass(frozen=True)
+class CompiledWheels:
+    """Where a compiled step's wheels came from this time: store, registry (pulled into the store),
+    compiled (for the store by this build, then installed from it); from_store False: in place."""
+
+    key: str
+    source: str
+    from_store: bool
+    log: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "source": self.source, "from_store": self.from_store, **({"log": self.log} if self.log else {})}
+
+
+@dataclass(frozen=True)
+class BuildReport:
+    tag: str
+    human_tags: list[str]
+    image_id: str
+    build_hash: str
+    stack: str
+    flavor: str
+    base: dict[str, str | None]  # ResolvedBase.to_json()
+    skipped: bool  # up to date: nothing was built
+    steps: list[StepTiming]
+    dir: str
+    dockerfile: str
+    lock: str
+    log: str
+    command: list[str]
+    size: int | None = None
+    build_duration_s: float | None = None
+    duration_s: float | None = None
+    flags: str | None = None
+    digest: str | None = None  # publish's, kept across builds
+    published: list[str] = field(default_factory=list)
+    compiled: dict[str, CompiledWheels] = field(default_factory=dict)
+    patches: dict[str, str] = field(default_factory=dict)  # file -> sha256
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> BuildReport:
+        compiled = _get(d, dict, "compiled") or {}
+        for c in compiled.values():
+            if not isinstance(c, dict):
+                raise ReportError(f"{REPORT}: `compiled` holds a {type(c).__name__}, expected objects")
+        return cls(
+            tag=_get_required(d, str, "tag"), human_tags=_get_list(d, str, "human_tags"), image_id=_get_required(d, str, "image_id"),
+            build_hash=_get_required(d, str, "build_hash"), stack=_get_required(d, str, "stack"), flavor=_get_required(d, str, "flavor"),
+            base=_get(d, dict, "base") or {}, skipped=bool(_get(d, bool, "skipped")),
+            steps=[StepTiming.from_dict(s) for s in _get_list(d, dict, "steps")],
+            dir=_get_required(d, str, "dir"), dockerfile=_get(d, str, "dockerfile") or "", lock=_get(d, str, "lock") or "",
+            log=_get(d, str, "log") or "", command=_get_list(d, str, "command"), size=_get(d, int, "size"),
+            build_duration_s=_get_number(d, "build_duration_s"), duration_s=_get_number(d, "duration_s"), flags=_get(d, str, "flags"),
+            digest=_get(d, str, "digest"), published=_get_list(d, str, "published"),
+            compiled={n: CompiledWheels(_get_required(c, str, "key"), _get_required(c, str, "source"), bool(_get(c, bool, "from_store")),
+                                        _get(c, str, "log")) for n, c in compiled.items()},
+            patches=_get(d, dict, "patches") or {},
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as report.json holds it (the keys publish and the tests read)."""
+        return {
+            "tag": self.tag, "human_tags": self.human_tags, "image_id": self.image_id, "digest": self.digest,
+            "published": self.published, "size": self.size, "build_hash": self.build_hash, "stack": self.stack,
+            "flavor": self.flavor, "base": self.base, "skipped": self.skipped, "build_duration_s": self.build_duration_s,
+            "duration_s": self.duration_s, "steps": [s.to_json() for s in self.steps],
+            "cache": {"hits": sum(1 for s in self.steps if s.cached), "steps": len(self.steps)},
+            "compiled": {n: c.to_json() for n, c in self.compiled.items()}, "patches": self.patches, "dir": self.dir,
+            "dockerfile": self.dockerfile, "lock": self.lock, "flags": self.flags, "log": self.log, "command": self.command,
+        }
+
+    def summary_table(self) -> str:
+        how = {"store": "store hit, nothing compiled", "registry": "pulled into the store, nothing compiled",
+               "compiled": "a miss: compiled for the store first"}
+        rows = [f"{'step':<24} {'cached':<7} {'seconds':>8}  compiled wheels"]
+        for s in self.steps:
+            dur = "" if s.duration_s is None else f"{s.duration_s:.1f}"
+            c = self.compiled.get(s.name)
+            note = "" if not c else (f"{how.get(c.source, c.source)} ({c.key})" if c.from_store else f"compiled in place ({c.key})")
+            rows.append(f"{s.name[:24]:<24} {'yes' if s.cached else 'no':<7} {dur:>8}  {note}".rstrip())
+        hits = sum(1 for s in self.steps if s.cached)
+        rows.append(f"image {self.tag}  id {self.image_id[:19]}  size {(self.size or 0) / 1e6:.1f} MB  "
+                    f"cache {hits}/{len(self.steps)}" + ("  (skipped: up to date)" if self.skipped else ""))
+        rows.append(f"report {self.dir}/{REPORT}  flags {self.flags}")
+        return "\n".join(rows)

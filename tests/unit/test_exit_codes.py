@@ -1,0 +1,63 @@
+"""Exit codes by rule (docs/exit-codes.md): an error's class carries its status and tasks.py's
+clean_errors is the one mapping: 2 bad input or a refused precondition, 1 what ran and failed."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+from invoke import Context, Exit
+
+from slimeforge.errors import CommandError, ConfigError, OperationFailed, Problem, SlimeforgeError
+from slimeforge.image.build import BuildError
+from slimeforge.image.install import InstallFailed
+from slimeforge.image.lockfile import LockError
+from slimeforge.image.publish import PublishError, PushFailed
+from slimeforge.image.registry import RegistryAuthError
+from slimeforge.records import RecordError
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+import tasks  # noqa: E402
+
+
+@pytest.mark.parametrize(("error", "code"), [
+    (ConfigError("recipe", [Problem("lr", "must be a number", "x")]), 2),
+    (LockError("no lock for cu129"), 2),
+    (RegistryAuthError("registry refused access"), 2),
+    (PublishError("no such local image"), 2),
+    (RecordError("plan.json", "plan.json", "is not JSON", "a JSON object"), 2),
+    (CommandError("install", ["bash", "install.sh"], 3), 1),
+    (BuildError("smoke test failed"), 1),
+    (InstallFailed("install failed (exit 1)"), 1),
+    (PushFailed("push r/x:1: blob upload unknown"), 1),
+])
+def test_clean_errors_exits_with_the_status_the_class_carries(error, code):
+    @tasks.clean_errors
+    def task(c):
+        raise error
+
+    with pytest.raises(Exit) as exc:
+        task(Context())
+    assert exc.value.code == code and str(exc.value.message).startswith("error: ")
+    assert isinstance(error, OperationFailed) == (code == 1)
+
+
+def test_every_error_class_has_a_status_of_the_rule():
+    seen, todo = set(), [SlimeforgeError]
+    while todo:
+        cls = todo.pop()
+        seen.add(cls)
+        todo += cls.__subclasses__()
+    assert {cls.exit_code for cls in seen} == {1, 2}
+    assert all(cls.exit_code == 1 for cls in seen if issubclass(cls, OperationFailed))
+
+
+def test_tasks_pick_no_status_of_their_own_beyond_the_rule():
+    """A literal exit status in tasks.py is 1 or 2 (a job's own status passes through as a name)."""
+    tree = ast.parse((ROOT / "tasks.py").read_text())
+    literal = [kw.value.value for node in ast.walk(tree) if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Exit"
+               for kw in node.keywords if kw.arg == "code" and isinstance(kw.value, ast.Constant)]
+    assert literal and set(literal) <= {1, 2}
