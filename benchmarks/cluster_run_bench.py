@@ -48,7 +48,7 @@ from netlab import NetLab, can_create_namespaces  # noqa: E402
 from slimeforge.cluster import raycluster as cluster  # noqa: E402
 from slimeforge.cluster import runcheck  # noqa: E402
 from slimeforge.cluster.inventory import load_inventory  # noqa: E402
-from slimeforge.run.recipe import parse_recipe  # noqa: E402
+from slimeforge.run.recipecheck import parse_recipe  # noqa: E402
 
 MODEL = "Qwen2.5-3B-Instruct"
 

@@ -41,7 +41,7 @@ def refusals(runs: int) -> dict[str, list[float]]:
     from helpers import SEED_RECIPE
 
     from slimeforge.errors import ConfigError
-    from slimeforge.run.recipe import load_recipe
+    from slimeforge.run.recipecheck import load_recipe
 
     bomb = "a: &a [x,x,x,x,x,x,x,x,x,x]\n" + "".join(
         f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]\n" for i in range(9))

@@ -29,7 +29,7 @@ from launch_support import VENV_BIN, fake_nvidia_smi, head_extra_args, make_reci
 
 from slimeforge.run import preflight as doctor  # noqa: E402
 from slimeforge.run.headstate import state_dir  # noqa: E402
-from slimeforge.run.recipe import parse_recipe  # noqa: E402
+from slimeforge.run.recipecheck import parse_recipe  # noqa: E402
 
 NO_GPU_NO_NETWORK = ["shm", "limits", "ports", "model-config", "data", "checkpoint", "flags"]
 

@@ -39,7 +39,7 @@ import yaml  # noqa: E402
 from launch_support import VENV_BIN, make_recipe, write_catalog  # noqa: E402
 from slurmlab import SlurmLab, can_run_slurm  # noqa: E402
 
-from slimeforge.run.recipe import parse_recipe  # noqa: E402
+from slimeforge.run.recipecheck import parse_recipe  # noqa: E402
 
 PHASES = ("queue", "checks", "head", "workers", "submit", "total")
 

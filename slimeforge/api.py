@@ -26,7 +26,8 @@ from . import paths
 from .atomic import write_file
 from .errors import ConfigError, Problem
 from .image.stack import Stack
-from .run.recipe import RUNNER_FIELDS, Recipe, load_recipe_data, parse_recipe
+from .run.recipe import RUNNER_FIELDS, Recipe, load_recipe_data
+from .run.recipecheck import parse_recipe
 from .run.rundir import RunDir, build_run_dir, write_run_dir
 
 

@@ -85,7 +85,7 @@ def _replace(path: Path, shape: str) -> Path:
 
 def _load(kind: str, path: Path) -> None:
     if kind == "recipe":
-        from slimeforge.run.recipe import load_recipe
+        from slimeforge.run.recipecheck import load_recipe
 
         load_recipe(path)
     elif kind == "inventory":
@@ -167,7 +167,7 @@ def _history(entry: str, as_file: bool) -> Callable[[Path], str | None]:
 
 def _recipe_value(**changes) -> Callable[[Path], None]:
     def act(tmp: Path) -> None:
-        from slimeforge.run.recipe import load_recipe
+        from slimeforge.run.recipecheck import load_recipe
 
         load_recipe(_recipe(tmp, **changes))
 
@@ -194,7 +194,7 @@ def _inventory_value(**changes) -> Callable[[Path], None]:
 def _address(value: str) -> Callable[[Path], None]:
     def act(tmp: Path) -> None:
         from slimeforge.run.launch import local_target
-        from slimeforge.run.recipe import load_recipe
+        from slimeforge.run.recipecheck import load_recipe
 
         recipe, _ = load_recipe(_recipe(tmp))
         local_target(recipe, value)
@@ -277,7 +277,7 @@ def _model_config(tmp: Path) -> str | None:
     from slimeforge.image.stack import load_stack
     from slimeforge.run.preflight.findings import Context
     from slimeforge.run.preflight.model import check_model_config
-    from slimeforge.run.recipe import load_recipe
+    from slimeforge.run.recipecheck import load_recipe
 
     (tmp / "model").mkdir()
     os.mkfifo(tmp / "model" / "config.json")

@@ -75,7 +75,7 @@ class Answer:
 
 def setup(root: Path, port: int) -> dict[str, Path]:
     """A recipe, its Ray run directory (records of a launch whose head is gone) and its Slurm run directory."""
-    from slimeforge.run.recipe import parse_recipe
+    from slimeforge.run.recipecheck import parse_recipe
     from slimeforge.run.rundir import build_run_dir, write_run_dir
     from slimeforge.run.targets import slurm
     from slimeforge.run.targets.base import ResolvedRun

@@ -7,15 +7,11 @@ Model architecture flags are not here: they come from slime's own model script a
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import paths
 from ..image.stack import Stack
-
-if TYPE_CHECKING:
-    # Only the type: the recipe module renders these flags to check extra_flags against them, so a
-    # runtime import here would be a circle.
-    from .recipe import Recipe
+from .recipe import Recipe
 
 GENERATE_FN = "agentcore_rl_toolkit.backends.slime.integration.rollout.generate"
 REWARD_FN = "agentcore_rl_toolkit.backends.slime.integration.rewards.normalize_episode_rewards"

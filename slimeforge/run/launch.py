@@ -27,7 +27,8 @@ from ..proc import Runner
 from ..yamlio import deep_merge
 from .headstate import check_address
 from .modechoice import resolve_mode
-from .recipe import EXP_ID_RE, Recipe, load_recipe, load_recipe_data, parse_overrides, parse_recipe
+from .recipe import EXP_ID_RE, Recipe, load_recipe_data, parse_overrides
+from .recipecheck import load_recipe, parse_recipe
 from .rundir import HEAD_TIMEOUT_S, read_plan, write_run_dir
 from .targets.base import LaunchPlan, ResolvedRun, Target, describe
 from .targets.local import ContainerTarget, HostTarget

@@ -16,10 +16,9 @@ from pydantic import Field
 
 from ..errors import ConfigError, Problem
 from ..image.imageref import image_ref_problems
-from ..image.stack import Stack, available_flavors, load_stack, stack_path
-from ..schema import ENV_NAME_RE, Model, did_you_mean, secret_name, secret_value, validate, whole_problem
+from ..image.stack import Stack
+from ..schema import ENV_NAME_RE, Model, did_you_mean, secret_name, secret_value, whole_problem
 from ..yamlio import deep_merge, load_with_extends, parse_set, parse_yaml
-from .flags import render_flags
 from .slime_facts import load_facts, model_types_in
 
 # Names and defaults exactly as the seed's SlimeRunner (shared/reference/seeds/slimerunner-api.txt).
@@ -466,7 +465,7 @@ def load_recipe_data(path: str | os.PathLike[str], overrides: dict[str, Any] | N
     return deep_merge(data, overrides or {})
 
 
-def _blame(problems: list[Problem], overrides: dict[str, Any], source: str) -> ConfigError:
+def blame_overrides(problems: list[Problem], overrides: dict[str, Any], source: str) -> ConfigError:
     """Problems of values that came from `--set` name the command line, not the recipe file."""
     def from_set(where: str) -> bool:
         node: Any = overrides
@@ -483,26 +482,3 @@ def _blame(problems: list[Problem], overrides: dict[str, Any], source: str) -> C
     if overrides and all(p.where.startswith("--set ") for p in marked):
         source = "command line"
     return ConfigError(source, marked)
-
-
-def parse_recipe(data: dict[str, Any], source: str, overrides: dict[str, Any] | None = None) -> tuple[Recipe, Stack]:
-    """Schema validation, then the cross-field rules; raises ConfigError listing every problem."""
-    try:
-        recipe = validate(Recipe, data, source)
-    except ConfigError as exc:
-        raise _blame(exc.problems, overrides or {}, source) from None
-    if not (stack_path(recipe.stack).exists() or stack_path(recipe.stack).is_symlink()):  # a FIFO or directory: the reader says what it is
-        raise _blame([Problem("stack", "names no stack file", recipe.stack, ", ".join(available_flavors()) + " or a path to a stack YAML")],
-                     overrides or {}, source)
-    stack = load_stack(recipe.stack)
-    # The flags the recipe renders itself, to spot repeats in extra_flags.
-    own = recipe.model_copy(update={"extra_flags": []})
-    rendered = {a for a in render_flags(own, stack, config_path="agentcore.yaml", env_json="{}", wandb=True) if a.startswith("--")}
-    problems = check(recipe, stack, rendered)
-    if problems:
-        raise _blame(problems, overrides or {}, source)
-    return recipe, stack
-
-
-def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> tuple[Recipe, Stack]:
-    return parse_recipe(load_recipe_data(path, overrides), str(path), overrides)

@@ -30,7 +30,7 @@ from slimeforge.run import preflight as doctor
 from slimeforge.run.headstate import state_dir
 from slimeforge.run.modelscript import eval_model_script, model_script
 from slimeforge.run.preflight.versions import local_versions
-from slimeforge.run.recipe import parse_recipe
+from slimeforge.run.recipecheck import parse_recipe
 from slimeforge.run.targets import jobs
 from slimeforge.run.targets.base import ResolvedRun
 from slimeforge.run.targets.local import ContainerTarget

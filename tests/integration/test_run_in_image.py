@@ -29,7 +29,7 @@ import yaml
 from helpers import free_port
 from launch_support import FIXTURES, write_catalog, write_data
 
-from slimeforge.run.recipe import parse_recipe
+from slimeforge.run.recipecheck import parse_recipe
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]

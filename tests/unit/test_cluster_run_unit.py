@@ -18,7 +18,7 @@ from launch_support import make_recipe
 from slimeforge.cluster import runcheck
 from slimeforge.cluster.inventory import load_inventory
 from slimeforge.errors import ConfigError
-from slimeforge.run.recipe import parse_recipe
+from slimeforge.run.recipecheck import parse_recipe
 from slimeforge.run.targets import jobsubmit
 from slimeforge.run.targets.base import ResolvedRun
 

@@ -18,7 +18,7 @@ from slimeforge.run.launch import launch
 from slimeforge.run.modelscript import eval_model_script, model_script
 from slimeforge.run.preflight import host
 from slimeforge.run.preflight import versions as pf_versions
-from slimeforge.run.recipe import parse_recipe
+from slimeforge.run.recipecheck import parse_recipe
 from slimeforge.scripts.node_agent import QUERY_GPU
 
 CU13 = load_stack("cu13")

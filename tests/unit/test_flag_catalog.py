@@ -18,7 +18,7 @@ from launch_support import make_recipe, write_catalog
 from slimeforge.errors import ConfigError
 from slimeforge.run import preflight as doctor
 from slimeforge.run.flagcatalog import CatalogError, load_catalog, make_catalog, parse_catalog
-from slimeforge.run.recipe import parse_recipe
+from slimeforge.run.recipecheck import parse_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 

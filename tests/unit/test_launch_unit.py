@@ -18,7 +18,7 @@ from slimeforge.errors import ConfigError
 from slimeforge.proc import Runner, pid_alive
 from slimeforge.run import launch as launcher
 from slimeforge.run.modechoice import resolve_mode
-from slimeforge.run.recipe import parse_recipe
+from slimeforge.run.recipecheck import parse_recipe
 from slimeforge.run.targets import local
 from slimeforge.run.targets.base import Command, ResolvedRun
 

@@ -5,7 +5,8 @@ import yaml
 from helpers import SEED_RECIPE
 
 from slimeforge.errors import ConfigError
-from slimeforge.run.recipe import RUNNER_FIELDS, load_recipe, parse_recipe
+from slimeforge.run.recipe import RUNNER_FIELDS
+from slimeforge.run.recipecheck import load_recipe, parse_recipe
 from slimeforge.yamlio import parse_set
 
 GOOD = SEED_RECIPE

@@ -16,7 +16,7 @@ from launch_support import read_args
 
 from slimeforge import SlimeRunner
 from slimeforge.atomic import LOCK_NAME
-from slimeforge.run.recipe import load_recipe, parse_recipe
+from slimeforge.run.recipecheck import load_recipe, parse_recipe
 from slimeforge.run.rundir import RUN_FILES, build_run_dir, write_run_dir
 from slimeforge.run.slime_facts import load_facts
 

@@ -15,7 +15,7 @@ from helpers import SEED_RECIPE, free_port
 from slimeforge.errors import ConfigError
 from slimeforge.proc import Result, Runner, pid_alive
 from slimeforge.run import ownership
-from slimeforge.run.recipe import parse_recipe
+from slimeforge.run.recipecheck import parse_recipe
 from slimeforge.run.rundir import build_run_dir, write_run_dir
 from slimeforge.run.runrecord import guard_render, read_run
 from slimeforge.run.targets import jobs

@@ -19,7 +19,7 @@ from launch_support import make_recipe
 
 from slimeforge.errors import CommandError, ConfigError, SlimeforgeError
 from slimeforge.proc import Result, Runner
-from slimeforge.run.recipe import parse_recipe
+from slimeforge.run.recipecheck import parse_recipe
 from slimeforge.run.targets import enroot, slurm, slurm_checks
 from slimeforge.run.targets.base import Command, ResolvedRun
 from slimeforge.scripts.node_agent import gate

@@ -14,7 +14,7 @@ from launch_support import fake_nvidia_smi, make_recipe, write_catalog, write_da
 
 from slimeforge.proc import Runner
 from slimeforge.run import launch as launcher
-from slimeforge.run.recipe import parse_recipe
+from slimeforge.run.recipecheck import parse_recipe
 from slimeforge.run.targets import jobsubmit, local, slurm
 from slimeforge.run.targets.base import ResolvedRun, describe
 from slimeforge.run.targets.mounts import container_mounts

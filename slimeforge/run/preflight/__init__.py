@@ -101,7 +101,8 @@ def doctor(recipe_path: str | None, overrides: Sequence[str] = (), *, cuda: str 
     of the recipe's install or image, or of `prefix` / `image` (an image alone: container mode)."""
     from ..headstate import check_address, state_dir
     from ..modechoice import command_line_problems, resolve_mode
-    from ..recipe import load_recipe, parse_overrides
+    from ..recipe import parse_overrides
+    from ..recipecheck import load_recipe
 
     if address is not None:
         check_address(address)

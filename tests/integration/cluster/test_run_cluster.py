@@ -30,7 +30,7 @@ from launch_support import FIXTURES, write_catalog
 from netlab import NetLab, can_create_namespaces
 
 from slimeforge.cluster import raycluster as cluster
-from slimeforge.run.recipe import parse_recipe
+from slimeforge.run.recipecheck import parse_recipe
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[3]

@@ -20,7 +20,7 @@ from launch_support import VENV_BIN, make_recipe, wait_for, write_catalog  # noq
 
 from slimeforge.run import preflight as doctor
 from slimeforge.run.launch import launch  # noqa: E402
-from slimeforge.run.recipe import parse_recipe  # noqa: E402
+from slimeforge.run.recipecheck import parse_recipe  # noqa: E402
 from slimeforge.run.targets import slurm  # noqa: E402
 
 INVOKE = [str(VENV_BIN / "invoke"), "--search-root", str(Path(__file__).resolve().parents[3])]

@@ -23,7 +23,8 @@ from slimeforge.cluster.inventory import load_inventory
 from slimeforge.errors import ConfigError
 from slimeforge.image.build import render_dockerfile
 from slimeforge.image.stack import load_stack
-from slimeforge.run.recipe import load_recipe, parse_overrides
+from slimeforge.run.recipe import parse_overrides
+from slimeforge.run.recipecheck import load_recipe
 from slimeforge.run.rundir import RUN_FILES, build_run_dir, write_run_dir
 
 ROOT = Path(__file__).resolve().parents[3]

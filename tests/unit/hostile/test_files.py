@@ -20,7 +20,8 @@ from slimeforge import atomic
 from slimeforge.api import SlimeRunner
 from slimeforge.errors import ConfigError
 from slimeforge.run import preflight as doctor
-from slimeforge.run.recipe import RUNNER_FIELDS, Recipe, parse_recipe
+from slimeforge.run.recipe import RUNNER_FIELDS, Recipe
+from slimeforge.run.recipecheck import parse_recipe
 from slimeforge.run.rundir import RUN_FILES, build_run_dir, write_run_dir
 from slimeforge.run.targets.jobs import recorded
 

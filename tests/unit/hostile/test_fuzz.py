@@ -32,7 +32,8 @@ from slimeforge.cluster.inventory import InventoryFile, load_inventory
 from slimeforge.errors import ConfigError
 from slimeforge.image.build import render_dockerfile
 from slimeforge.image.stack import Stack, load_stack
-from slimeforge.run.recipe import Recipe, load_recipe, parse_overrides
+from slimeforge.run.recipe import Recipe, parse_overrides
+from slimeforge.run.recipecheck import load_recipe
 from slimeforge.run.rundir import build_run_dir, write_run_dir
 from slimeforge.yamlio import read_yaml
 
