@@ -72,10 +72,13 @@ BUILD_REPORT = "report.json"
 
 
 def user_cache() -> Path:
-    """slimeforge's cache of downloads and what is made from them: $XDG_CACHE_HOME/slimeforge (an
-    absolute path, as the XDG spec asks), else ~/.cache/slimeforge. Never the repository: they are
+    """slimeforge's cache of downloads and what is made from them: $SLIMEFORGE_CACHE_DIR, else
+    $XDG_CACHE_HOME/slimeforge (absolute paths, as the XDG spec asks), else ~/.cache/slimeforge. Never the repository: they are
     gigabytes, and every checkout shares them. Beside each other there: sources/ (bare copies of
     pinned commits), wheels/ (patches.check's downloads), compiled/ (the compiled-wheel store)."""
+    own = os.environ.get("SLIMEFORGE_CACHE_DIR", "")
+    if own.startswith("/"):  # slimeforge's alone (the test suite's, a shared disk), not uv's or pip's
+        return Path(own)
     xdg = os.environ.get("XDG_CACHE_HOME", "")
     return (Path(xdg) if xdg.startswith("/") else Path.home() / ".cache") / "slimeforge"
 

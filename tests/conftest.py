@@ -34,6 +34,23 @@ def pytest_collection_modifyitems(config, items):
                                 + "\n  ".join(untiered))
 
 
+def pytest_configure(config):
+    """The suite never reads or writes the user's slimeforge cache (~/.cache/slimeforge: bare copies
+    of sources, downloaded wheels, the compiled store): a cache a real install filled would change
+    what a test sees (a fresh clone's unreadable patches become readable). One temp dir for the
+    session instead, set before any test runs; the real tier (SLIMEFORGE_REAL=1) keeps the user's."""
+    if not os.environ.get("SLIMEFORGE_REAL") and not os.environ.get("SLIMEFORGE_CACHE_DIR"):
+        config._slimeforge_cache = tempfile.mkdtemp(prefix="sf-test-cache-")
+        os.environ["SLIMEFORGE_CACHE_DIR"] = config._slimeforge_cache
+
+
+def pytest_unconfigure(config):
+    cache = getattr(config, "_slimeforge_cache", None)
+    if cache:
+        os.environ.pop("SLIMEFORGE_CACHE_DIR", None)
+        shutil.rmtree(cache, ignore_errors=True)
+
+
 # No test leaks environment variables: what a module's tests and fixtures set in os.environ is
 # restored by the time its last test is torn down (monkeypatch, or a context scoped to a fixture);
 # a change that outlives its module (a session-wide setenv, a test that never restores) is an error

@@ -1,6 +1,7 @@
 """Small helpers shared by test modules (a module of its own: several conftest.py files exist)."""
 
 import os
+import random
 import socket
 from typing import NoReturn
 
@@ -22,7 +23,24 @@ def absent(why: str) -> NoReturn:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port free now, between Ray's worker ports (10002-19999 by default) and the kernel's
+    ephemeral range (32768- here): a port the kernel hands out (bind to 0) can be taken a moment
+    later by a Ray process of the same test binding its own ephemeral ports."""
+    low = 32768
+    try:
+        low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    top = max(20001, min(low, 32768))
+    for _ in range(200):
+        port = random.randrange(20000, top)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # the range is full: any free port
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

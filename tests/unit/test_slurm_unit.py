@@ -236,7 +236,7 @@ def test_stop_refuses_a_job_id_that_is_someone_elses_now(tmp_path, field, value,
     assert slurm.stop(run, runner, say=said.append) == 1
     assert ["scancel", "--", "77"] not in runner.history
     assert said[0].startswith("refused: Slurm job 77 is not this run's")
-    assert repr(value.split("(1001)")[0]) in said[0] or value == "(null)" and "comment None" in said[0]
+    assert (repr(value.split("(1001)")[0]) in said[0]) or (value == "(null)" and "comment None" in said[0])
     with pytest.raises(SlimeforgeError, match="refused"):  # status and logs refuse it too: never shown as ours
         slurm.status(run, runner)
 

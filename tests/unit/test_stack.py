@@ -130,6 +130,9 @@ def test_patch_check_downloads_for_the_target_into_the_user_cache(monkeypatch, t
     assert not wheel_fits("x-1-cp312-cp312-manylinux_2_40_x86_64.whl", cu13)
     assert wheel_fits("sglang_router-0.3.2-cp38-abi3-manylinux_2_28_x86_64.whl", cu13)
     assert wheel_fits("six-1.17.0-py2.py3-none-any.whl", cu13)
+    monkeypatch.setenv("SLIMEFORGE_CACHE_DIR", str(tmp_path / "own"))  # slimeforge's own, before XDG's
+    assert user_cache() == tmp_path / "own" and sources_cache() == tmp_path / "own" / "sources"
+    monkeypatch.delenv("SLIMEFORGE_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert user_cache() == tmp_path / "slimeforge" and sources_cache() == tmp_path / "slimeforge" / "sources"
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")
