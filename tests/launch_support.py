@@ -16,6 +16,8 @@ from pathlib import Path
 
 from helpers import free_port
 
+from slimeforge.proc import Result, Runner
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 VENV_BIN = Path(sys.executable).parent
 ARN = "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/gsm8k_agent-a1B2c3D4e5"
@@ -258,3 +260,21 @@ def slime_in_place(slime: Path, recipe, stack) -> Path:
     (slime / "slime" / "utils" / "arguments.py").write_text(IN_PLACE_ARGUMENTS.format(flags=flags))
     (slime / "train.py").write_text(IN_PLACE_TRAIN.format())
     return slime
+
+
+class Canned(Runner):
+    """A runner that answers from a table ({argv prefix: stdout, (code, stdout) or (code, stdout, stderr)})
+    and records every argv (the Slurm tests' scontrol, squeue, sbatch, ...)."""
+
+    def __init__(self, answers: dict[tuple[str, ...], str | tuple]):
+        super().__init__()
+        self.answers = answers
+
+    def run(self, argv, **kwargs):
+        argv = [str(a) for a in argv]
+        self.history.append(argv)
+        for prefix, answer in self.answers.items():
+            if tuple(argv[: len(prefix)]) == prefix:
+                code, out, err = (*answer, "")[:3] if isinstance(answer, tuple) else (0, answer, "")
+                return Result(argv, code, out, err)
+        raise AssertionError(f"unexpected command {argv}")

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 from helpers import absent
-from launch_support import make_recipe
+from launch_support import Canned, make_recipe
 
 from slimeforge.errors import CommandError, ConfigError, SlimeforgeError
-from slimeforge.proc import Result, Runner
 from slimeforge.run.recipecheck import parse_recipe
 from slimeforge.run.targets import enroot, slurm, slurm_checks
 from slimeforge.run.targets.base import Command, ResolvedRun
@@ -27,24 +26,6 @@ from slimeforge.scripts.node_agent import gate
 # No newline or tab: recipes refuse control characters in every value (tests/unit/hostile).
 HOSTILE = "it's \"q\" $(touch /tmp/sf-slurm-pwned) `id` ; rm -rf * \\ $HOME"
 DIGEST = "reg.example/slimeforge@sha256:" + "0123456789abcdef" * 4
-
-
-class Canned(Runner):
-    """A runner that answers from a table ({argv prefix: stdout, (code, stdout) or (code, stdout, stderr)})
-    and records every argv."""
-
-    def __init__(self, answers: dict[tuple[str, ...], str | tuple]):
-        super().__init__()
-        self.answers = answers
-
-    def run(self, argv, **kwargs):
-        argv = [str(a) for a in argv]
-        self.history.append(argv)
-        for prefix, answer in self.answers.items():
-            if tuple(argv[: len(prefix)]) == prefix:
-                code, out, err = (*answer, "")[:3] if isinstance(answer, tuple) else (0, answer, "")
-                return Result(argv, code, out, err)
-        raise AssertionError(f"unexpected command {argv}")
 
 
 def recipe(tmp: Path, **over):

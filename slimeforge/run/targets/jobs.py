@@ -26,7 +26,7 @@ from ...records import RecordError
 from .. import ownership
 from ..headstate import HEAD_RECORD, state_dir
 from ..runrecord import RunRecord, Unreachable, container_check, head_check, head_gone, jobs_api, ray_job, ray_job_check, read_run
-from .base import RunStatus
+from .base import RunStatus, Say, Target
 
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
@@ -241,3 +241,18 @@ def _stop_container(rec: RunRecord, report: StopReport, say, runner: Runner, doc
         report.add("stopped", f"container {cid[:12]} (the Ray head inside it with it); docker said: {said or '(nothing)'}", say)
     else:
         report.add("failed", f"docker stop {cid[:12]} exited with {r.returncode}: {said}", say)
+
+
+class JobsApiTarget(Target):
+    """status, logs and stop of a run whose job went through a Ray Jobs API (launch.sh's head here,
+    or a running cluster's): read from the run's records, each proved this run's first."""
+
+    def status(self, rundir: Path) -> RunStatus:
+        return status(rundir)
+
+    def logs(self, rundir: Path, follow: bool, stream: IO[str]) -> int | None:
+        logs(rundir, follow, stream)
+        return None
+
+    def stop(self, rundir: Path, *, head: bool = False, say: Say = print, runner: Runner | None = None) -> int:
+        return stop(rundir, head=head, say=say, runner=runner)

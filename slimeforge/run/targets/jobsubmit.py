@@ -45,7 +45,7 @@ from ..recipe import Recipe
 from ..rundir import RunDir, amend_plan, build_run_dir
 from ..runrecord import new_run_token
 from . import jobs
-from .base import Command, LaunchPlan, Mount, ResolvedRun, RunStatus, Say, Target
+from .base import Command, LaunchPlan, Mount, ResolvedRun, Say
 
 JOB_FILES = ("job.sh", "agentcore.yaml")  # the working_dir: what the job reads of the run directory
 ENTRYPOINT = "bash job.sh"
@@ -115,7 +115,7 @@ def ship(args: list[str], run_dir: Path) -> tuple[list[str], list[Problem]]:
     return out, problems
 
 
-class ClusterTarget(Target):
+class ClusterTarget(jobs.JobsApiTarget):
     """Submit to a running Ray cluster's Jobs API from here (see the module docstring)."""
 
     name = "ray-cluster"
@@ -183,16 +183,6 @@ class ClusterTarget(Target):
             runner.history.append(list(plan.commands[0].argv))
             return 0
         return submit(plan, self.cluster.address, say, stream)
-
-    def status(self, rundir: Path) -> RunStatus:
-        return jobs.status(rundir)
-
-    def logs(self, rundir: Path, follow: bool, stream: IO[str]) -> int | None:
-        jobs.logs(rundir, follow, stream)
-        return None
-
-    def stop(self, rundir: Path, *, head: bool = False, say: Say = print, runner: Runner | None = None) -> int:
-        return jobs.stop(rundir, head=head, say=say, runner=runner)
 
 
 def submit(plan: LaunchPlan, address: str, say: Say, stream: IO[str]) -> int:

@@ -30,7 +30,7 @@ from ..recipe import Recipe
 from ..rundir import HEAD_TIMEOUT_S, RunDir, amend_plan, build_run_dir, write_run_dir
 from ..runrecord import guard_render, read_record, write_run_token
 from . import jobs
-from .base import Command, LaunchPlan, Mount, ResolvedRun, RunStatus, Say, Target
+from .base import Command, LaunchPlan, Mount, ResolvedRun, Say
 from .mounts import container_mounts, docker_volume_args
 
 # Secrets and credentials reach the container by name only (`-e NAME`): their values never appear
@@ -49,7 +49,7 @@ def host_tools(recipe: Recipe, python: str | None = None) -> tuple[str, str]:
     return python or "python3", str(here) if here.exists() else "ray"
 
 
-class LocalTarget(Target):
+class LocalTarget(jobs.JobsApiTarget):
     """What host and container mode share: preflight here, the Jobs API records."""
 
     address: str | None = None  # a running cluster's dashboard; None: launch.sh starts a head
@@ -67,16 +67,6 @@ class LocalTarget(Target):
         say(report.table())
         if report.errors:
             raise PreflightError(f"preflight of {run.recipe_path}", report)
-
-    def status(self, rundir: Path) -> RunStatus:
-        return jobs.status(rundir)
-
-    def logs(self, rundir: Path, follow: bool, stream: IO[str]) -> int | None:
-        jobs.logs(rundir, follow, stream)
-        return None
-
-    def stop(self, rundir: Path, *, head: bool = False, say: Say = print, runner: Runner | None = None) -> int:
-        return jobs.stop(rundir, head=head, say=say, runner=runner)
 
 
 class HostTarget(LocalTarget):

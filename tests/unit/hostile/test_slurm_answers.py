@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 import pytest
+from launch_support import Canned
 
 from slimeforge.errors import ConfigError, SlimeforgeError
 from slimeforge.proc import Result, Runner
@@ -30,21 +31,6 @@ from slimeforge.run.targets.slurm_job import CannotTell, from_json, from_line
 TOKEN = "0123456789abcdef0123456789abcdef"
 USER = getpass.getuser()
 NO_JSON = (1, "", "squeue: unrecognized option '--json'\n")
-
-
-class Canned(Runner):
-    def __init__(self, answers):
-        super().__init__()
-        self.answers = answers
-
-    def run(self, argv, **kwargs):
-        argv = [str(a) for a in argv]
-        self.history.append(argv)
-        for prefix, answer in self.answers.items():
-            if tuple(argv[: len(prefix)]) == prefix:
-                code, out, err = (*answer, "")[:3] if isinstance(answer, tuple) else (0, answer, "")
-                return Result(argv, code, out, err)
-        raise AssertionError(f"unexpected command {argv}")
 
 
 def run_dir(tmp: Path) -> Path:
