@@ -28,6 +28,7 @@ from typing import Any
 
 from ...errors import SlimeforgeError
 from ...proc import Runner
+from ...records import json_loads
 
 MAX_ANSWER_CHARS = 64 << 20  # Slurm 22.05 lists every job it knows: tens of thousands fit
 TIMEOUT_S = 30
@@ -95,8 +96,8 @@ def from_json(job_id: str, text: str) -> dict[str, str]:
     if len(text) > MAX_ANSWER_CHARS:
         raise CannotTell(f"Slurm's answer about job {job_id} is over {MAX_ANSWER_CHARS} characters")
     try:
-        doc = json.loads(text)
-    except (ValueError, RecursionError):
+        doc = json_loads(text)  # the one reader's JSON from outside: bounded depth, a ValueError
+    except ValueError:
         raise CannotTell(f"Slurm's answer about job {job_id} is not JSON") from None
     jobs = doc.get("jobs") if isinstance(doc, dict) else None
     errors = doc.get("errors") if isinstance(doc, dict) else None
