@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import sys
 
-from invoke import Collection, Exit, task
+import invoke
+from invoke import Collection, Exit
+from invoke.parser import parser as invoke_parser
 
 from slimeforge import paths
 from slimeforge.errors import SlimeforgeError
@@ -30,6 +33,79 @@ def clean_errors(fn):
             raise Exit(f"error: {exc}", code=exc.exit_code) from None
 
     return wrapper
+
+
+# --- the command line people expect (docs/cli.md) ---------------------------------------------
+
+# The only short flags, each as docker/kubectl/ray users know it; `-v` is kept for --verbose, and
+# `-h` is invoke's help on every task.
+SHORT_FLAGS = {"tag": "t", "follow": "f"}
+
+
+class CliTask(invoke.Task):
+    """A task without invoke's generated short flags (a name's first free letter: `lock -h` was
+    --check, `run -e` --time, `run -u` --slurm), given only the conventional ones of SHORT_FLAGS."""
+
+    def __init__(self, body, **kwargs):
+        kwargs["auto_shortflags"] = False
+        super().__init__(body, **kwargs)
+
+    def arg_opts(self, name, default, taken_names):
+        opts = super().arg_opts(name, default, taken_names)
+        if name in SHORT_FLAGS:
+            opts["names"].append(SHORT_FLAGS[name])
+        return opts
+
+
+task = functools.partial(invoke.task, klass=CliTask)
+
+
+# invoke's parser, given two answers a user expects: `-h`/`--help` is help also where a task still
+# waits for its positional argument (it was taken for that argument: `invoke run -h` looked for a
+# recipe named -h), and a missing positional argument gets a usage line and an example (invoke's
+# own: "'run.start' did not receive required positional arguments: 'recipe'"). Its state machine
+# cannot be subclassed (the states are class-level), so its two methods are wrapped in place.
+# (Loading tasks.py again, as the tests do, wraps invoke's own methods again, not these.)
+_invoke_handle = getattr(invoke_parser.ParseMachine.handle, "invoke_own", invoke_parser.ParseMachine.handle)
+_invoke_complete_context = getattr(invoke_parser.ParseMachine.complete_context, "invoke_own",
+                                   invoke_parser.ParseMachine.complete_context)
+
+
+def _handle(machine, token):
+    waiting = machine.context is not machine.initial and machine.context.missing_positional_args
+    if token in ("-h", "--help") and waiting and machine.current_state != "unknown" and not machine.waiting_for_flag_value:
+        machine.initial.flags["--help"].value = machine.context.name
+        return
+    _invoke_handle(machine, token)
+
+
+def _complete_context(machine):
+    missing = machine.context.missing_positional_args if machine.context is not None else []
+    if missing and machine.initial.flags["--help"].value is None:
+        raise Exit(usage(machine.context, missing), code=2)  # bad input (docs/exit-codes.md)
+    if missing:  # help was asked for: it needs no argument
+        if machine.context not in machine.result:
+            machine.result.append(machine.context)
+        return
+    _invoke_complete_context(machine)
+
+
+_handle.invoke_own = _invoke_handle  # type: ignore[attr-defined]
+_complete_context.invoke_own = _invoke_complete_context  # type: ignore[attr-defined]
+invoke_parser.ParseMachine.handle = _handle  # type: ignore[method-assign]
+invoke_parser.ParseMachine.complete_context = _complete_context  # type: ignore[method-assign]
+
+
+def usage(ctx, missing) -> str:
+    """What a task needs, how it is called, and one call to copy (each positional's help says `e.g. X`)."""
+    name = min((ctx.name, *ctx.aliases), key=len)  # `invoke run` for run.start
+    args = " ".join(a.name.upper() for a in ctx.positional_args)
+    examples = " ".join(m.group(1) if (m := re.search(r"e\.g\. (\S+)", a.help or "")) else a.name.upper() for a in ctx.positional_args)
+    needs = "; ".join(f"{a.name.upper()}, {a.help}" for a in missing)
+    return (f"error: `invoke {name}` needs {needs}\n"
+            f"usage: invoke {name} [--options] {args}\n"
+            f"e.g.:  invoke {name} {examples}\n"
+            f"(`invoke {name} --help` lists its options)")
 
 
 # --- stack -----------------------------------------------------------------------------------
@@ -128,7 +204,7 @@ def _inventory(path, ssh_config):
 
 # --- launch ----------------------------------------------------------------------------------
 
-RUN_HELP = {"run": "the run directory (runs/<exp_id>), or the recipe that was launched"}
+RUN_HELP = {"run": "the run directory or the recipe that was launched, e.g. runs/gsm8k-3b-smoke"}
 
 
 @task(positional=["run"], help={**RUN_HELP, "as_json": "print JSON"})
@@ -209,7 +285,6 @@ def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=
 
 @task(
     iterable=["tag"],
-    auto_shortflags=False,  # 15 options: generated one-letter flags would be arbitrary (and one comes out empty)
     help={
         "cuda": "publish the newest build of this flavor (build/<flavor>-<hash>/report.json)",
         "image": "publish any local image instead (REF); its record goes to --record or stdout",
@@ -498,7 +573,7 @@ def cluster_up(c, inventory, dry_run=False, nccl_check=False, ssh_config=None):
     print(f"launch on it: invoke run RECIPE --cluster {inventory}" + (f" --ssh-config {ssh_config}" if ssh_config else ""))
 
 
-@task(positional=["inventory"], help={"inventory": "cluster inventory YAML", "as_json": "print JSON", "ssh_config": SSH_CONFIG_HELP})
+@task(positional=["inventory"], help={"inventory": "cluster inventory YAML, e.g. recipes/clusters/example.yaml", "as_json": "print JSON", "ssh_config": SSH_CONFIG_HELP})
 @clean_errors
 def cluster_status(c, inventory, as_json=False, ssh_config=None):
     """Show each host of a cluster: our Ray process, its node, GPUs (Ray / nvidia-smi), Python and Ray versions."""
@@ -511,7 +586,7 @@ def cluster_status(c, inventory, as_json=False, ssh_config=None):
     print_table(f"cluster {inventory}", rows)
 
 
-@task(positional=["inventory"], help={"inventory": "cluster inventory YAML", "ssh_config": SSH_CONFIG_HELP})
+@task(positional=["inventory"], help={"inventory": "cluster inventory YAML, e.g. recipes/clusters/example.yaml", "ssh_config": SSH_CONFIG_HELP})
 @clean_errors
 def cluster_down(c, inventory, ssh_config=None):
     """Stop the Ray processes that cluster.up started on the inventory's hosts, and nothing else (each proved ours on its host)."""

@@ -1,0 +1,143 @@
+"""The flags people expect, over every task (docs/cli.md): `-h`/`--help` is help and runs nothing,
+the only short flags are the conventional ones, a missing positional argument gets a usage line and
+an example, and shell completion completes task names and options."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from invoke import Collection, Executor, Program
+from invoke.loader import FilesystemLoader
+
+ROOT = Path(__file__).resolve().parents[2]
+# Each short flag as docker, kubectl and ray users know it (tasks.SHORT_FLAGS); `-v` is --verbose's.
+CONVENTIONAL = {"-t": "--tag", "-f": "--follow", "-v": "--verbose"}
+
+
+def namespace() -> Collection:
+    """tasks.py's namespace, loaded anew: invoke hands each task's help texts to the first parser
+    made from it, so each parse gets its own."""
+    module, _ = FilesystemLoader(start=str(ROOT)).load("tasks")
+    return Collection.from_module(module)
+
+
+CONTEXTS = {ctx.name: ctx for ctx in namespace().to_contexts()}
+POSITIONAL = sorted(name for name, ctx in CONTEXTS.items() if ctx.positional_args)
+
+
+class RecordingExecutor(Executor):
+    """invoke's executor, noting each task it is asked to run: help must run none."""
+
+    ran: list = []
+
+    def execute(self, *tasks):
+        RecordingExecutor.ran.extend(tasks)
+        return super().execute(*tasks)
+
+
+def run_program(argv, capsys):
+    RecordingExecutor.ran = []
+    program = Program(namespace=namespace(), executor_class=RecordingExecutor, binary="invoke")
+    with pytest.raises(SystemExit) as exited:
+        program.run(["invoke", *argv])
+    out = capsys.readouterr()
+    return exited.value.code or 0, out.out, out.err
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_the_positional_tasks_are_found():
+    assert {"run.start", "run.status", "run.logs", "run.stop", "cluster.up", "cluster.status", "cluster.down"} <= set(POSITIONAL)
+    assert len(CONTEXTS) >= 19  # every task of tasks.py
+
+
+@pytest.mark.parametrize("name", sorted(CONTEXTS))
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_help_flag_prints_help_and_runs_nothing(name, flag, capsys):
+    code, out, err = run_program([name, flag], capsys)
+    assert code == 0, err
+    assert out.startswith(f"Usage: invoke [--core-opts] {name} "), out
+    assert "Options:" in out
+    assert RecordingExecutor.ran == []
+
+
+@pytest.mark.parametrize("name", POSITIONAL)
+def test_help_after_the_positional_argument_is_help_too(name, capsys):
+    code, out, _ = run_program([name, "somewhere.yaml", "-h"], capsys)
+    assert code == 0
+    assert out.startswith(f"Usage: invoke [--core-opts] {name} ")
+    assert RecordingExecutor.ran == []
+
+
+@pytest.mark.parametrize("name", sorted(CONTEXTS))
+def test_only_conventional_short_flags(name):
+    ctx = CONTEXTS[name]
+    for flag, arg in ctx.flags.items():
+        if flag.startswith("--"):
+            continue
+        assert flag in CONVENTIONAL, f"{name}: unconventional short flag {flag} ({arg.name})"
+        assert f"--{arg.name.replace('_', '-')}" == CONVENTIONAL[flag], f"{name}: {flag} is --{arg.name}, not {CONVENTIONAL[flag]}"
+
+
+def test_the_short_flags_that_surprised_are_gone():
+    run_flags = set(CONTEXTS["run.start"].flags)
+    assert not {"-e", "-u", "-l"} & run_flags
+    assert "-h" not in CONTEXTS["lock"].flags
+    assert CONTEXTS["build"].flags["-t"].name == "tag" and CONTEXTS["run.logs"].flags["-f"].name == "follow"
+
+
+@pytest.mark.parametrize("name", POSITIONAL)
+def test_a_missing_positional_argument_gets_usage_and_an_example(name, capsys):
+    code, out, err = run_program([name], capsys)
+    assert code == 2
+    assert RecordingExecutor.ran == []
+    ctx = CONTEXTS[name]
+    shown = min((name, *ctx.aliases), key=len)
+    arg = ctx.positional_args[0].name.upper()
+    lines = err.splitlines()
+    assert lines[0].startswith(f"error: `invoke {shown}` needs {arg}, ")
+    assert lines[1] == f"usage: invoke {shown} [--options] {arg}"
+    example = lines[2].removeprefix(f"e.g.:  invoke {shown} ")
+    assert example != lines[2] and example != arg and "/" in example  # a real path, taken from the argument's help
+    assert "did not receive required positional arguments" not in err
+
+
+def test_invoke_run_without_a_recipe_as_a_user_runs_it():
+    out = cli("run")
+    assert out.returncode == 2
+    assert out.stderr.splitlines()[:3] == ["error: `invoke run` needs RECIPE, recipe YAML, e.g. recipes/gsm8k.yaml",
+                                           "usage: invoke run [--options] RECIPE", "e.g.:  invoke run recipes/gsm8k.yaml"]
+    assert (ROOT / "recipes" / "gsm8k.yaml").is_file()  # the example is one to copy
+
+
+@pytest.mark.parametrize("argv", [["lock", "-h"], ["run", "-h"], ["run.status", "--help"]])
+def test_help_as_a_user_runs_it(argv):
+    out = cli(*argv)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("Usage: inv[oke] [--core-opts] ")
+    assert "ok (" not in out.stdout  # `lock -h` was --check: it checked the lock
+
+
+def completions(words: str) -> list[str]:
+    """What bash completes for `words` (ending in the word being completed), through the script
+    `invoke --print-completion-script bash` prints, with this interpreter's invoke first on PATH."""
+    script = cli("--print-completion-script", "bash")
+    assert script.returncode == 0 and "complete -F _complete_invoke" in script.stdout
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    program = (f'{script.stdout}\nCOMP_WORDS=({words}); _complete_invoke invoke "${{COMP_WORDS[-1]}}" invoke\n'
+               'printf "%s\\n" "${COMPREPLY[@]}"\n')
+    out = subprocess.run(["bash", "-c", program], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def test_bash_completion_completes_task_names_and_options():
+    assert set(completions("invoke run.s")) == {"run.start", "run.status", "run.stop"}
+    assert "--router-sha256" in completions("invoke lock --r")
+    assert "--complete" in completions("invoke lock --c")
