@@ -103,7 +103,7 @@ def usage(ctx, missing) -> str:
     examples = " ".join(m.group(1) if (m := re.search(r"e\.g\. (\S+)", a.help or "")) else a.name.upper() for a in ctx.positional_args)
     needs = "; ".join(f"{a.name.upper()}, {a.help}" for a in missing)
     return (f"error: `invoke {name}` needs {needs}\n"
-            f"usage: invoke {name} [--options] {args}\n"
+            f"usage: invoke {name} [OPTIONS] {args}\n"
             f"e.g.:  invoke {name} {examples}\n"
             f"(`invoke {name} --help` lists its options)")
 
@@ -130,8 +130,8 @@ def stack_show(c, cuda="cu13", as_json=False):
     try:
         pylock = lockfile.load_lock(cuda, stack)
         print(f"lock {pylock.path}  (sha256 {pylock.hash[:16]}, {len(pylock.packages)} distributions)")
-    except lockfile.LockError:
-        print(f"lock: none yet ({lockfile.lock_command(lockfile.stack_ref(stack))} makes it)")
+    except lockfile.LockError as exc:  # it names its remedy (image/remedies.py)
+        print(f"lock: {exc}")
     print("steps:")
     for i, step in enumerate(stack.plan, 1):
         what = step.requirements or step.packages or ()

@@ -268,3 +268,17 @@ def push_tiny_image(reg, repository: str, tag: str, user: str, password: str) ->
     }).encode()
     _registry_put(reg, user, password, "PUT", f"{base}/manifests/{tag}", manifest, "application/vnd.docker.distribution.manifest.v2+json")
     return "sha256:" + hashlib.sha256(manifest).hexdigest()
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fresh_clone_stack(directory: Path) -> Path:
+    """cu13 as a fresh clone sees it where GitHub and Docker Hub cannot be reached: slime's git URL
+    unreachable (the patch files cannot be read), the committed lock without the router wheel's
+    sha256 and the base digest (the URL is no input of the lock, so the lock still matches)."""
+    path = directory / "cu13.yaml"
+    path.write_text(f"extends: {ROOT / 'images' / 'cu13.yaml'}\nsources:\n  slime:\n    git: https://git.invalid/slime.git\n")
+    (directory / "locks").mkdir()
+    (directory / "locks" / "pylock.cu13.toml").write_text((ROOT / "images" / "locks" / "pylock.cu13.toml").read_text())
+    return path

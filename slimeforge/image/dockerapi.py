@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from io import BytesIO
 
 from ..errors import ConfigError, Problem, SlimeforgeError
+from .lockfile import stack_ref
+from .remedies import remedy
 from .stack import Stack
 
 
@@ -65,8 +67,9 @@ def resolve_base(stack: Stack, override: str | None, dry_run: bool, locked_diges
     except docker.errors.ImageNotFound:
         if dry_run:
             return ResolvedBase(image, image, None, None)
-        raise ConfigError("base image", [Problem("--base-image" if override else "base.image", "is not present locally (pull it, "
-                                                 "or pin base.digest in the stack)", image)]) from None
+        fix = "pull it" if override else f"pull it, or record its digest: {remedy('base_digest', stack_ref(stack))}"
+        raise ConfigError("base image", [Problem("--base-image" if override else "base.image",
+                                                 f"is not present locally, and no digest of it is known ({fix})", image)]) from None
     except docker.errors.DockerException as exc:
         raise EngineUnavailable(f"cannot reach the Docker Engine to inspect the base image {image}: {exc}") from None
     repo = image.rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image

@@ -31,8 +31,9 @@ from ..schema import text_problem, whole_problem
 from ..templating import render
 from .lockcheck import check_patches, checked_lock
 from .lockfacts import lock_for_run, patches_for_run
-from .lockfile import LockFile, normalize
+from .lockfile import LockFile, normalize, stack_ref
 from .patches import PatchContent, read_patches
+from .remedies import remedy
 from .sources import LocalSource, checked_options
 from .stack import Stack, load_stack
 from .steps import (
@@ -241,7 +242,8 @@ def install(opts: InstallOptions) -> Path:
         except EngineUnavailable as exc:
             # A bare-metal host need not run Docker: with no digest of the base in the stack or the
             # lock, the wheels' keys cannot be known here, so the compiled steps compile in place.
-            opts.echo(f"  the compiled-wheel store is not used ({exc}); pin the base (invoke lock --base-digest sha256:...) to use it")
+            opts.echo(f"  the compiled-wheel store is not used ({exc}); its keys need the base image's digest: "
+                      f"{remedy('base_digest', stack_ref(stack))}")
     text = render_install_script(stack, prefix, str(Path(opts.venv).absolute()) if opts.venv else None, local, cache,
                                  patches=patches, lock=pylock, store=store, base_id=base_id, python=opts.python)
     download, need = disk_need(stack, pylock)

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from .lockfile import SHA256_RE, LockError, LockFile, load_lock, lock_command, lock_path, normalize, read_lock, stack_ref
+from .lockfile import SHA256_RE, LockError, LockFile, load_lock, lock_command, lock_path, lock_ref, normalize, read_lock, stack_ref
 from .lockinputs import inputs, req_name
+from .remedies import remedy
 from .stack import Stack, load_stack
 
 
@@ -133,6 +135,40 @@ def check_lock(stack: Stack, lock: LockFile, ref: str | Path | None = None) -> l
     return problems
 
 
+@dataclass(frozen=True)
+class Missing:
+    """An outside fact the lock lacks: what it is, where it goes, what fills it, and what holds until then."""
+
+    key: str  # base_digest | router_sha256
+    what: str
+    field: str  # where in the lock it goes
+    ref: str  # the stack, as `invoke lock` takes it
+    meanwhile: str
+    required: bool  # a real build or install cannot go on without it
+
+    @property
+    def remedy(self) -> str:
+        return remedy(self.key, self.ref)
+
+    def warning(self, path: Path) -> str:
+        return f"{self.what} is missing from {path} ({self.field}): {self.remedy} ({self.meanwhile})"
+
+
+def missing_facts(stack: Stack | None, lock: LockFile) -> list[Missing]:
+    """The outside facts `lock` lacks (without its stack: those its own tables name)."""
+    ref = stack_ref(stack) if stack else lock_ref(lock)
+    out = []
+    router = lock.tool.get("router") or {}
+    if (stack.router if stack else router.get("url")) and not router.get("sha256"):
+        out.append(Missing("router_sha256", "the router wheel's sha256", "tool.slimeforge.router.sha256", ref,
+                           "a real build or install fills it by itself where the wheel can be downloaded", True))
+    if not (stack and stack.base.digest) and not (lock.tool.get("base") or {}).get("digest"):
+        out.append(Missing("base_digest", "the base image's digest", "tool.slimeforge.base.digest", ref,
+                           "until then the base is taken by its tag as found here, and the compiled-wheel keys are provisional",
+                           False))
+    return out
+
+
 def check(ref: str, echo: Callable[[str], None] = print) -> dict[str, Any]:
     """`invoke lock --check`: offline. Raises LockError listing every problem."""
     stack = load_stack(ref)
@@ -150,15 +186,10 @@ def check(ref: str, echo: Callable[[str], None] = print) -> dict[str, Any]:
 
 def summarize(lock: LockFile, stack: Stack | None = None) -> dict[str, Any]:
     tool = lock.tool
-    warnings = []
-    if not (tool.get("base") or {}).get("digest"):
-        warnings.append("the base image has no digest in the lock (pass --base-digest sha256:... or lock where its registry is reachable)")
-    if tool.get("router") and not tool["router"].get("sha256"):
-        warnings.append(f"the router wheel has no sha256 in the lock: its step cannot be built or installed until "
-                        f"`{lock_command(stack_ref(stack) if stack else tool.get('flavor', '?'))} --router-sha256 <sha256>` "
-                        f"(or a re-lock where {tool['router'].get('url')} is reachable)")
+    warnings = [fact.warning(lock.path) for fact in missing_facts(stack, lock)]
     if stack is not None and stack.patches and not tool.get("patches"):
-        warnings.append(f"no patch sha256 in the lock: re-lock with --source {stack.patches.from_source}=PATH (a checkout holding the commit)")
+        warnings.append(f"the patch files' sha256 are missing from {lock.path} (tool.slimeforge.patches): "
+                        f"{remedy('patch_sha256', stack_ref(stack), stack.patches.from_source)}")
     sdists = sorted(p.name for p in lock.packages.values() if p.kind == "sdist")
     named = set()
     if stack is not None:

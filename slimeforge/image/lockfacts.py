@@ -5,7 +5,7 @@
     patch_hashes(stack, ...)   the sha256 of each patch file, read from the pinned slime commit
 
 A lock made where GitHub or the base image's registry cannot be reached lacks some of them. Each
-is then a `Missing` fact: a dry run renders the plan anyway and names it (and what fills it);
+is then a `Missing` fact (lockcheck.py; its one remedy: remedies.py): a dry run renders the plan anyway and names it (and what fills it);
 `invoke lock --complete` fills only those, without resolving again; a real build or install fills
 them itself where it can (`lock_for_run`), writes them into the lock file and says so, and refuses
 only for what it cannot fill.
@@ -19,47 +19,18 @@ import json
 import tomllib
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from .. import paths
 from ..errors import ConfigError, Problem, SlimeforgeError
 from ..schema import WHOLE_RE
-from .lockcheck import check_lock, checked_lock
-from .lockfile import DIGEST_RE, SHA256_RE, LockError, LockFile, load_lock, lock_command, read_lock, stack_ref, write_lock
+from .lockcheck import Missing, check_lock, checked_lock, missing_facts
+from .lockfile import DIGEST_RE, SHA256_RE, LockError, LockFile, load_lock, lock_command, lock_ref, read_lock, write_lock
 from .stack import Stack, load_stack
 
 ROUTER_LIMIT = 256 << 20  # the router wheel is tens of MB; anything this large is not it
-
-
-@dataclass(frozen=True)
-class Missing:
-    """An outside fact the lock lacks: what it is, where it goes, and what fills it."""
-
-    key: str  # base_digest | router_sha256
-    what: str
-    field: str  # where in the lock it goes
-    fills: str
-    required: bool  # a real build or install cannot go on without it
-
-    def warning(self, path: Path) -> str:
-        return f"{self.what} is missing from {path} ({self.field}): {self.fills}"
-
-
-def missing_facts(stack: Stack, lock: LockFile) -> list[Missing]:
-    complete = f"`{lock_command(stack_ref(stack))} --complete`"
-    out = []
-    router = lock.tool.get("router") or {}
-    if stack.router and not router.get("sha256"):
-        out.append(Missing("router_sha256", "the router wheel's sha256", "tool.slimeforge.router.sha256",
-                           f"{complete} downloads {stack.router.wheel} once and hashes it (or give it: --router-sha256 <sha256>); "
-                           "a real build or install does the same by itself", True))
-    if not stack.base.digest and not (lock.tool.get("base") or {}).get("digest"):
-        out.append(Missing("base_digest", "the base image's digest", "tool.slimeforge.base.digest",
-                           f"{complete} asks the registry of {stack.base.image} (or give it: --base-digest sha256:...); until then "
-                           "the base is taken by its tag as found here, and the compiled-wheel keys are provisional", False))
-    return out
 
 
 def ask(fact: Missing, stack: Stack, echo: Callable[[str], None]) -> str | None:
@@ -90,7 +61,7 @@ def with_facts(lock: LockFile, facts: dict[str, str]) -> str:
         node[name] = value
     if tomllib.loads(text) != expected:
         raise LockError(f"{lock.path}: its [tool.slimeforge] tables are not as `invoke lock` writes them; re-lock "
-                        f"(`{lock_command(lock.tool.get('flavor', '?'))}`)")
+                        f"(`{lock_command(lock_ref(lock))}`)")
     return text
 
 
@@ -146,7 +117,11 @@ def lock_for_run(stack: Stack, dry_run: bool, echo: Callable[[str], None]) -> Lo
             echo(f"warning: {fact.warning(lock.path)}")
         return replace(lock, provisional=True)
     lock = fill(stack, lock, echo)
-    needed = [f for f in missing_facts(stack, lock) if f.required]
+    left = missing_facts(stack, lock)
+    for fact in left:
+        if not fact.required:
+            echo(f"warning: {fact.warning(lock.path)}")
+    needed = [f for f in left if f.required]
     if needed:
         raise LockError(f"{lock.path}: cannot build or install without {', '.join(f.what for f in needed)}, and it could not be "
                         "filled from here:\n" + "\n".join(f"  - {f.warning(lock.path)}" for f in needed))
@@ -225,8 +200,7 @@ def base_image_digest(image: str, echo: Callable[[str], None]) -> str | None:
         api = RegistryAPI(ref.registry, credentials, retry=Retry(attempts=2), echo=echo, timeout=20)
         manifest = api.manifest(ref.repository, ref.tag or "latest")
     except (SlimeforgeError, OSError) as exc:
-        echo(f"  base image {image}: its registry cannot be reached ({str(exc).splitlines()[0]}); "
-             "the lock records no digest (set one with --base-digest sha256:...)")
+        echo(f"  base image {image}: its registry cannot be reached ({str(exc).splitlines()[0]}); the lock records no digest")
         return None
     if manifest is None:
         raise LockError(f"base image {image}: its registry has no such tag")
@@ -244,8 +218,7 @@ def patch_hashes(stack: Stack, local: dict, echo: Callable[[str], None]) -> dict
     try:
         contents = read_patches(stack, local, paths.sources_cache())
     except SlimeforgeError as exc:
-        echo(f"  patches: cannot read them ({str(exc).splitlines()[0]}); the lock records no patch sha256 "
-             f"(pass --source {stack.patches.from_source}=PATH)")
+        echo(f"  patches: cannot read them ({str(exc).splitlines()[0]}); the lock records no patch sha256")
         return None
     return {p.file: p.sha256 for p in contents}
 
@@ -266,6 +239,6 @@ def url_sha256(url: str, echo: Callable[[str], None], limit: int = ROUTER_LIMIT)
                     raise LockError(f"{url}: larger than {limit >> 20} MiB")
                 digest.update(chunk)
     except (OSError, ValueError) as exc:
-        echo(f"  {url}: cannot be fetched ({exc}); the lock records no sha256 (set one with --router-sha256)")
+        echo(f"  {url}: cannot be fetched ({exc}); the lock records no sha256")
         return None
     return digest.hexdigest()

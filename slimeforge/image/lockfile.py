@@ -28,6 +28,7 @@ from packaging.version import InvalidVersion, Version
 from .. import paths, records
 from ..errors import ConfigError, Problem, SlimeforgeError
 from ..scripts.venvlock import canonical
+from .remedies import lock_command, remedy
 from .stack import Stack, load_stack, stack_path
 
 SCHEMA = 1
@@ -50,12 +51,6 @@ class LockError(SlimeforgeError):
 def normalize(name: str) -> str:
     """The PEP 503 name: the one normaliser, the step library's (scripts/venvlock.py canonical)."""
     return canonical(name)
-
-
-def lock_command(ref: str | Path) -> str:
-    """The command that (re)makes the lock of a flavor name or a stack file."""
-    text = str(ref)
-    return f"invoke lock --stack {text}" if text.endswith((".yaml", ".yml")) else f"invoke lock --cuda {text}"
 
 
 def lock_path(ref: str | Path | Stack) -> Path:
@@ -149,6 +144,8 @@ class LockFile:
     # A dry run's lock that lacks an outside fact (lockfacts.lock_for_run): the router's slice is
     # rendered marked, failing if run, instead of refused.
     provisional: bool = False
+    # What `invoke lock` takes to remake it (its stack's flavor or file): the remedies name it.
+    ref: str = ""
 
     @property
     def hash(self) -> str:
@@ -228,8 +225,7 @@ def read_lock(path: Path, stack: Stack | None = None, ref: str | Path | None = N
     raw = records.read_bytes(path, "lock", LOCK_ACCEPTED, max_bytes=records.MAX_TOML_RECORD, follow_symlinks=True)
     if raw is None:
         flavor = stack.name if stack else path.stem.removeprefix("pylock.")
-        raise LockError(f"{path}: no lock for {flavor}; make it with `{lock_command(ref or flavor)}` where the flavor's indexes "
-                        "are reachable, and commit it")
+        raise LockError(f"{path}: no lock for {flavor}: {remedy('lock', ref or flavor)}")
     text = records.decode(path, "lock", LOCK_ACCEPTED, raw)
     data = records.parse_toml(path, "lock", LOCK_ACCEPTED, text)
     if shape := shape_problems(data):
@@ -286,7 +282,12 @@ def read_lock(path: Path, stack: Stack | None = None, ref: str | Path | None = N
         problems.append(Problem("tool.slimeforge.router.sha256", "is not a sha256", router["sha256"]))
     if problems:
         raise ConfigError(where, problems)
-    return LockFile(path, packages, tool, text)
+    return LockFile(path, packages, tool, text, ref=stack_ref(stack) if stack else str(tool.get("flavor") or ""))
+
+
+def lock_ref(lock: LockFile) -> str:
+    """What `invoke lock` takes to remake this lock (in its hints)."""
+    return lock.ref or str(lock.tool.get("flavor") or "?")
 
 
 def load_lock(ref: str | Path, stack: Stack | None = None) -> LockFile:
@@ -305,7 +306,7 @@ def step_requirements(lock: LockFile, step: str, *, by_name: bool = False) -> st
     exactly that file and nothing else (`by_name`: `name==version --hash=sha256:H`, for a local
     wheel directory: the same files, found there instead of at their URL)."""
     if step not in lock.steps:
-        raise LockError(f"{lock.path}: step {step} has no slice; re-lock with `{lock_command(lock.tool.get('flavor', '?'))}`")
+        raise LockError(f"{lock.path}: step {step} has no slice; re-lock with `{lock_command(lock_ref(lock))}`")
     lines = [f"# step {step}: {len(lock.steps[step])} distribution(s) from {lock.path.name}"]
     # Wheels first, then what builds from an sdist (sf_lock_install installs them in two calls):
     # a build without isolation finds its build dependencies already in the venv.
@@ -326,12 +327,11 @@ def router_requirement(lock: LockFile, url: str) -> str:
     if not sha and lock.provisional:
         # Without a hash, `uv pip install --require-hashes` refuses the line: a dry run's plan run as is
         # stops here, naming what is missing, instead of installing an unverified wheel.
-        return (f"# MISSING: the router wheel's sha256 is not in {lock.path.name} (tool.slimeforge.router.sha256);\n"
-                f"# `{lock_command(lock.tool.get('flavor', '?'))} --complete` fills it. Until then this step fails.\n"
+        return (f"# MISSING: the router wheel's sha256 is not in {lock.path.name} (tool.slimeforge.router.sha256): "
+                f"{remedy('router_sha256', lock_ref(lock))}. Until then this step fails.\n"
                 f"{normalize(name)} @ {url}\n")
     if not sha:
-        raise LockError(f"{lock.path}: the router wheel {url} has no sha256; re-lock where it is reachable, "
-                        f"or `{lock_command(lock.tool.get('flavor', '?'))} --complete`")
+        raise LockError(f"{lock.path}: the router wheel {url} has no sha256: {remedy('router_sha256', lock_ref(lock))}")
     return f"# the router wheel, by sha256\n{normalize(name)} @ {url} --hash=sha256:{sha}\n"
 
 

@@ -102,7 +102,7 @@ def test_a_missing_positional_argument_gets_usage_and_an_example(name, capsys):
     arg = ctx.positional_args[0].name.upper()
     lines = err.splitlines()
     assert lines[0].startswith(f"error: `invoke {shown}` needs {arg}, ")
-    assert lines[1] == f"usage: invoke {shown} [--options] {arg}"
+    assert lines[1] == f"usage: invoke {shown} [OPTIONS] {arg}"
     example = lines[2].removeprefix(f"e.g.:  invoke {shown} ")
     assert example != lines[2] and example != arg and "/" in example  # a real path, taken from the argument's help
     assert "did not receive required positional arguments" not in err
@@ -112,7 +112,7 @@ def test_invoke_run_without_a_recipe_as_a_user_runs_it():
     out = cli("run")
     assert out.returncode == 2
     assert out.stderr.splitlines()[:3] == ["error: `invoke run` needs RECIPE, recipe YAML, e.g. recipes/gsm8k.yaml",
-                                           "usage: invoke run [--options] RECIPE", "e.g.:  invoke run recipes/gsm8k.yaml"]
+                                           "usage: invoke run [OPTIONS] RECIPE", "e.g.:  invoke run recipes/gsm8k.yaml"]
     assert (ROOT / "recipes" / "gsm8k.yaml").is_file()  # the example is one to copy
 
 

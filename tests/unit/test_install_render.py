@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 import build_support as bs  # noqa: E402
 from build_support import placeholder_patches, render_lock  # noqa: E402
+from lock_support import fresh_clone_stack  # noqa: E402
 
 
 def normalise(argv: list[str], layout) -> list[str]:
@@ -232,17 +233,6 @@ def test_cli_refuses_a_bad_interpreter_or_disk_option_before_anything(tmp_path, 
     assert res.returncode == 2, res.stderr
     assert says in res.stderr
     assert not (tmp_path / "p").exists()
-
-
-def fresh_clone_stack(tmp_path: Path) -> Path:
-    """cu13 as a fresh clone sees it where GitHub and Docker Hub cannot be reached: slime's git URL
-    unreachable (the patch files cannot be read), the committed lock without the router wheel's
-    sha256 and the base digest (the URL is no input of the lock, so the lock still matches)."""
-    path = tmp_path / "cu13.yaml"
-    path.write_text(f"extends: {ROOT / 'images' / 'cu13.yaml'}\nsources:\n  slime:\n    git: https://git.invalid/slime.git\n")
-    (tmp_path / "locks").mkdir()
-    (tmp_path / "locks" / "pylock.cu13.toml").write_text((ROOT / "images" / "locks" / "pylock.cu13.toml").read_text())
-    return path
 
 
 def test_dry_runs_render_on_a_fresh_clone_naming_each_missing_outside_fact(tmp_path):
