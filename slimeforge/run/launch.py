@@ -189,6 +189,7 @@ def run_recipe(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster |
     target, run = resolve(req, dry_run=dry_run, find_cluster=find_cluster, environ=environ)
     plan = target.plan(run)
     if dry_run:
+        from .localpaths import dry_run_warnings
         from .runrecord import guard_render
 
         # A dry run renders into the run directory too: never over a live run's record; an ended one's goes to history/<n>/.
@@ -198,6 +199,8 @@ def run_recipe(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster |
             stream.write(f"the record of the earlier launch is kept in {plan.rundir.path / 'history' / str(kept)}\n")
         stream.write("\n".join(describe(plan)) + "\n")
         print(f"  (train.py and {len(plan.rundir.args)} arguments; see {plan.rundir.path / 'slime.args'})", file=sys.stderr)
+        for warning in dry_run_warnings(plan.run.recipe, plan.run.environ):
+            print(f"warning: {warning}", file=sys.stderr)
         return 0
     return apply(target, plan, runner or Runner(), stream)
 

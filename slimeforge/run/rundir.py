@@ -52,6 +52,15 @@ def wandb_enabled(recipe: Recipe, environ: dict[str, str]) -> bool:
     return bool(recipe.wandb_project and environ.get("WANDB_API_KEY"))
 
 
+def wandb_off_warning(recipe: Recipe, environ: dict[str, str]) -> str | None:
+    """The one warning when the recipe asks for wandb and this run cannot log to it (once: the
+    preflight's `wandb` finding, or a dry run's warning)."""
+    if recipe.wandb_project and not environ.get("WANDB_API_KEY"):
+        return (f"wandb_project is {recipe.wandb_project!r} but WANDB_API_KEY is not set here: this run logs nothing to wandb "
+                "(export WANDB_API_KEY before the launch to log)")
+    return None
+
+
 def build_run_dir(recipe: Recipe, stack: Stack, out: str | os.PathLike[str], recipe_path: str = "(api)", environ: dict[str, str] | None = None) -> RunDir:
     """Compute every file's content (nothing is written here)."""
     environ = dict(os.environ if environ is None else environ)

@@ -7,6 +7,8 @@ a check's errors into warnings. One module per concept:
 
   findings   Finding, Report, Context, the registry (`check`), PreflightError
   host       GPUs, driver, GPU architecture, /dev/shm, limits, ports
+  engine     container mode: Docker answers, the NVIDIA Container Toolkit runs a --gpus container
+  toolfix    a failing tool's own message, and a fix only from what it says
   model      the model script's flags against config.json
   data       data files, checkpoint directory, runtime env values
   flagcheck  every rendered flag is in the flag catalog
@@ -32,7 +34,7 @@ from ..recipe import Recipe
 
 # isort: off
 # Importing a module registers its checks: these lines are the report's order.
-from . import host, model, data, flagcheck, aws, versions, kernels  # noqa: F401
+from . import host, engine, model, data, flagcheck, aws, versions, kernels  # noqa: F401
 # isort: on
 from .findings import CHECKS, ERROR, OK, WARNING, Context, Finding, PreflightError, Report, Run, error
 

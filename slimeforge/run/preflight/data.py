@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 from ... import records
+from ..rundir import wandb_off_warning
 from .findings import Context, Finding, check, error, ok, warning
 
 # Rows of the data file that are read: enough to catch a wrong format, fast on any file size.
@@ -121,3 +122,14 @@ def check_runtime_env(ctx: Context) -> list[Finding]:
                              f"write the value of env.{key} without '$NAME' / '${{NAME}}' (e.g. spell out the path)"))
     return out or [ok("runtime-env", f"{len(r.env)} recipe env value(s) reach the job unchanged")]
 
+
+
+@check("wandb", "recipe", needs_recipe=True)
+def check_wandb(ctx: Context) -> list[Finding]:
+    """A recipe that names a wandb_project logs to wandb only with WANDB_API_KEY set."""
+    r = ctx.recipe
+    assert r is not None
+    said = wandb_off_warning(r, ctx.environ)
+    if said:
+        return [warning("wandb", said, "export WANDB_API_KEY=... (wandb.ai/authorize), or remove wandb_project from the recipe")]
+    return [ok("wandb", f"logs to wandb project {r.wandb_project}" if r.wandb_project else "off (no wandb_project)")]

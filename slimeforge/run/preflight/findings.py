@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from ... import paths
-from ...errors import CommandError, ConfigError, Problem
+from ...errors import ConfigError, Problem
 from ...image.stack import Stack
 from ...proc import Runner
 from ...schema import printable
 from ..recipe import Recipe
+from .toolfix import tool_message
 
 ERROR, WARNING, OK = "error", "warning", "ok"
 
@@ -161,9 +162,6 @@ def check(name: str, scope: str, needs_recipe: bool = False):
 
 
 def describe_failure(exc: Exception) -> str:
-    """One line for a failed read: the command and its last line of output, or the exception."""
-    if isinstance(exc, CommandError):
-        tail = exc.output.strip().splitlines()[-1:] if exc.output.strip() else []
-        return f"`{' '.join(exc.argv)}` exited with {exc.returncode}" + (f": {tail[0]}" if tail else "")
-    return str(exc)
+    """A failed read: the command and the tool's own message, verbatim (toolfix.py), or the exception."""
+    return tool_message(exc)
 

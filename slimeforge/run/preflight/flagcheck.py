@@ -11,6 +11,7 @@ from ...schema import did_you_mean
 from ..flagcatalog import Catalog, catalog_in_place, load_catalog, parse_catalog
 from .findings import Context, Finding, check, describe_failure, error, ok
 from .model import is_flag, model_args
+from .toolfix import known_fix
 
 
 def find_catalog(ctx: Context) -> tuple[Catalog, str] | None:
@@ -55,7 +56,8 @@ def check_flags(ctx: Context) -> list[Finding]:
     try:
         found = find_catalog(ctx)
     except Exception as exc:  # noqa: BLE001
-        return [error("flags", f"cannot read the flag catalog: {describe_failure(exc)}", "point at a catalog with --catalog PATH, or rebuild the image")]
+        return [error("flags", f"cannot read the flag catalog: {describe_failure(exc)}",
+                      known_fix(exc, "point at a catalog with --catalog PATH, or rebuild the image"))]
     if found is None:
         return [error("flags", "no flag catalog found, so a flag slime would silently ignore cannot be caught",
                       "build or install first (it writes flags.json), point at one with --catalog PATH, or --skip-check flags")]

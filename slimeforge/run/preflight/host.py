@@ -13,6 +13,7 @@ from ...image.stack import Stack, available_flavors, load_stack
 from ...scripts.node_agent import QUERY_GPU, parse_gpus
 from ..headstate import recorded_head
 from .findings import Context, Finding, Run, check, describe_failure, error, ok, warning
+from .toolfix import known_fix
 
 SHM_MIN_GIB = 1  # NCCL and Ray's object store fail outright below this
 SHM_GOOD_GIB = 16  # SGLang and NCCL's shared-memory transport want this much or more
@@ -42,7 +43,8 @@ def gpu_findings(gpus: list[Gpu] | Exception, need: int, where: str = "") -> lis
     if isinstance(gpus, Exception):
         if isinstance(gpus, CommandError) and gpus.returncode == 127:
             return [error("gpus", f"nvidia-smi not found{at}: no NVIDIA driver", "install the NVIDIA driver (it provides nvidia-smi), or run on a GPU host")]
-        return [error("gpus", f"cannot list GPUs{at}: {describe_failure(gpus)}", "check the driver with `nvidia-smi`; a driver/library version mismatch needs a reboot or a driver reload")]
+        return [error("gpus", f"cannot list GPUs{at}: {describe_failure(gpus)}",
+                      known_fix(gpus, "what nvidia-smi said above is the cause (`nvidia-smi` on the host shows it again)"))]
     if len(gpus) < need:
         return [error("gpus", f"{len(gpus)} GPU(s){at}, the recipe needs {need} per host",
                       f"run on a host with {need} GPUs, or set num_gpus: {len(gpus)} in the recipe (tp_size and rollout_gpus_per_engine must divide it)")]

@@ -11,6 +11,7 @@ from typing import Any
 from ... import records
 from ..modelscript import eval_in_image, eval_model_script, model_script
 from .findings import Context, Finding, check, describe_failure, error, ok
+from .toolfix import known_fix
 
 # slime model flag -> keys of the HF config.json that hold the same value (first present wins).
 MODEL_FLAG_KEYS: dict[str, tuple[str, ...]] = {
@@ -144,7 +145,7 @@ def check_model_config(ctx: Context) -> list[Finding]:
     margs = model_args(ctx)
     if isinstance(margs, Exception):
         out.append(error("model-config", f"cannot read MODEL_ARGS of {model_script(r)}: {describe_failure(margs)}",
-                         "check slime_dir and model_type in the recipe (model_type names scripts/models/<model_type>.sh)"))
+                         known_fix(margs, "check slime_dir and model_type in the recipe (model_type names scripts/models/<model_type>.sh)")))
         return out
     if config is None:
         return out

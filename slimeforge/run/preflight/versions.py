@@ -8,6 +8,7 @@ import sys
 from ... import paths
 from ..headstate import dashboard_url
 from .findings import Context, Finding, check, describe_failure, error, ok
+from .toolfix import known_fix
 
 
 def local_versions() -> tuple[str, str]:
@@ -19,7 +20,7 @@ def local_versions() -> tuple[str, str]:
 def version_findings(theirs: tuple[str, str] | Exception, mine: tuple[str, str], where: str) -> list[Finding]:
     if isinstance(theirs, Exception):
         return [error("versions", f"cannot read the Ray and Python versions of {where}: {describe_failure(theirs)}",
-                      "install the same image (or install prefix) on every host")]
+                      known_fix(theirs, "install the same image (or install prefix) on every host"))]
     out = []
     if theirs[0] != mine[0]:
         out.append(error("versions", f"Ray {theirs[0]} on {where}, {mine[0]} here", f"use Ray {mine[0]} everywhere (the same image or install on every host)"))

@@ -107,8 +107,13 @@ class LaunchPlan:
 
 def describe(plan: LaunchPlan) -> list[str]:
     """The plan as `invoke run --dry-run` prints it."""
+    from ..localpaths import dry_run_warnings
+
     rec = plan.run.recipe
-    lines = [f"recipe {plan.run.recipe_path}: valid ({rec.exp_id}, stack {plan.run.stack.id}); target {plan.target}",
+    warned = len(dry_run_warnings(rec, plan.run.environ))
+    # "valid" only where nothing is in doubt: a path missing here is a warning (stderr), not a refusal.
+    verdict = f"valid as a recipe, {warned} warning(s) (stderr)" if warned else "valid"
+    lines = [f"recipe {plan.run.recipe_path}: {verdict} ({rec.exp_id}, stack {plan.run.stack.id}); target {plan.target}",
              f"run directory {plan.rundir.path}:", *(f"  {name}" for name in plan.rundir.files)]
     if plan.mounts:
         lines.append("mounts (same path inside):")

@@ -51,7 +51,7 @@ JOB_FILES = ("job.sh", "agentcore.yaml")  # the working_dir: what the job reads 
 ENTRYPOINT = "bash job.sh"
 # Checks of the doctor that mean the same on a cluster as here (the rest read this host's GPUs,
 # ports and paths: the cluster's hosts are checked by Cluster.preflight instead).
-LOCAL_CHECKS = ("flags", "versions", "aws-credentials", "s3", "agentcore")
+LOCAL_CHECKS = ("flags", "versions", "aws-credentials", "s3", "agentcore", "wandb")
 WAIT_STATUS_S = 120
 
 
