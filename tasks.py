@@ -73,16 +73,23 @@ _invoke_complete_context = getattr(invoke_parser.ParseMachine.complete_context, 
 
 def _handle(machine, token):
     waiting = machine.context is not machine.initial and machine.context.missing_positional_args
-    if token in ("-h", "--help") and waiting and machine.current_state != "unknown" and not machine.waiting_for_flag_value:
-        machine.initial.flags["--help"].value = machine.context.name
-        return
+    if waiting and machine.current_state != "unknown" and not machine.waiting_for_flag_value:
+        if token in ("-h", "--help"):
+            machine.initial.flags["--help"].value = machine.context.name
+            return
+        # invoke would take any token for the missing argument: `invoke run --nope` looked for a recipe named --nope.
+        known = token.split("=", 1)[0] in machine.context.flags or token in machine.context.inverse_flags
+        if token.startswith("-") and not known:
+            raise Exit(f"error: `invoke {short_name(machine.context)}` has no option {token}\n{usage(machine.context)}", code=2)
     _invoke_handle(machine, token)
 
 
 def _complete_context(machine):
     missing = machine.context.missing_positional_args if machine.context is not None else []
     if missing and machine.initial.flags["--help"].value is None:
-        raise Exit(usage(machine.context, missing), code=2)  # bad input (docs/exit-codes.md)
+        needs = "; ".join(f"{a.name.upper()}, {a.help}" for a in missing)
+        # bad input (docs/exit-codes.md)
+        raise Exit(f"error: `invoke {short_name(machine.context)}` needs {needs}\n{usage(machine.context)}", code=2)
     if missing:  # help was asked for: it needs no argument
         if machine.context not in machine.result:
             machine.result.append(machine.context)
@@ -96,16 +103,18 @@ invoke_parser.ParseMachine.handle = _handle  # type: ignore[method-assign]
 invoke_parser.ParseMachine.complete_context = _complete_context  # type: ignore[method-assign]
 
 
-def usage(ctx, missing) -> str:
-    """What a task needs, how it is called, and one call to copy (each positional's help says `e.g. X`)."""
-    name = min((ctx.name, *ctx.aliases), key=len)  # `invoke run` for run.start
+def usage(ctx) -> str:
+    """How a task is called, and one call to copy (each positional's help says `e.g. X`)."""
+    name = short_name(ctx)  # `invoke run` for run.start
     args = " ".join(a.name.upper() for a in ctx.positional_args)
     examples = " ".join(m.group(1) if (m := re.search(r"e\.g\. (\S+)", a.help or "")) else a.name.upper() for a in ctx.positional_args)
-    needs = "; ".join(f"{a.name.upper()}, {a.help}" for a in missing)
-    return (f"error: `invoke {name}` needs {needs}\n"
-            f"usage: invoke {name} [OPTIONS] {args}\n"
+    return (f"usage: invoke {name} [OPTIONS] {args}\n"
             f"e.g.:  invoke {name} {examples}\n"
             f"(`invoke {name} --help` lists its options)")
+
+
+def short_name(ctx) -> str:
+    return min((ctx.name, *ctx.aliases), key=len)
 
 
 # --- stack -----------------------------------------------------------------------------------

@@ -152,3 +152,21 @@ def test_bash_completion_completes_task_names_and_options():
     assert set(completions("invoke run.s")) == {"run.start", "run.status", "run.stop"}
     assert "--router-sha256" in completions("invoke lock --r")
     assert "--complete" in completions("invoke lock --c")
+
+
+@pytest.mark.parametrize("name", POSITIONAL)
+def test_an_unknown_option_is_not_taken_for_the_argument(name, capsys):
+    """invoke took any token for a missing positional: `invoke run --nope` looked for a recipe named --nope."""
+    code, _, err = run_program([name, "--nope"], capsys)
+    assert code == 2
+    assert RecordingExecutor.ran == []
+    lines = err.splitlines()
+    shown = min((name, *CONTEXTS[name].aliases), key=len)
+    assert lines[0] == f"error: `invoke {shown}` has no option --nope"
+    assert lines[1].startswith(f"usage: invoke {shown} [OPTIONS] ")
+
+
+def test_options_before_the_argument_still_work(tmp_path):
+    out = cli("run", "--dry-run", "--out", str(tmp_path / "run"), "--set", "num_rollout=3", "recipes/gsm8k.yaml")
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "run" / "plan.json").is_file()
