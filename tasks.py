@@ -77,7 +77,7 @@ def _handle(machine, token):
         if token in ("-h", "--help"):
             machine.initial.flags["--help"].value = machine.context.name
             return
-        # invoke would take any token for the missing argument: `invoke run --nope` looked for a recipe named --nope.
+        # Any token was taken for the missing argument: an unknown option became a recipe named "--nope".
         known = token.split("=", 1)[0] in machine.context.flags or token in machine.context.inverse_flags
         if token.startswith("-") and not known:
             raise Exit(f"error: `invoke {short_name(machine.context)}` has no option {token}\n{usage(machine.context)}", code=2)
