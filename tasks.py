@@ -37,9 +37,9 @@ def clean_errors(fn):
 
 # --- the command line people expect (docs/cli.md) ---------------------------------------------
 
-# The only short flags, each as docker/kubectl/ray users know it; `-v` is kept for --verbose, and
-# `-h` is invoke's help on every task.
-SHORT_FLAGS = {"tag": "t", "follow": "f"}
+# The only short flags, each as docker/kubectl/ray users know it (`-v` for a task's --verbose, where
+# one has it); `-h` is invoke's help on every task.
+SHORT_FLAGS = {"tag": "t", "follow": "f", "verbose": "v"}
 
 
 class CliTask(invoke.Task):
