@@ -80,7 +80,8 @@ def _handle(machine, token):
         # Any token was taken for the missing argument: an unknown option became a recipe named "--nope".
         known = token.split("=", 1)[0] in machine.context.flags or token in machine.context.inverse_flags
         if token.startswith("-") and not known:
-            raise Exit(f"error: `invoke {short_name(machine.context)}` has no option {token}\n{usage(machine.context)}", code=2)
+            raise UsageError(f"error: `invoke {short_name(machine.context)}` has no option {token}\n{usage(machine.context)}",
+                             machine.context)
     _invoke_handle(machine, token)
 
 
@@ -88,13 +89,24 @@ def _complete_context(machine):
     missing = machine.context.missing_positional_args if machine.context is not None else []
     if missing and machine.initial.flags["--help"].value is None:
         needs = "; ".join(f"{a.name.upper()}, {a.help}" for a in missing)
-        # bad input (docs/exit-codes.md)
-        raise Exit(f"error: `invoke {short_name(machine.context)}` needs {needs}\n{usage(machine.context)}", code=2)
+        raise UsageError(f"error: `invoke {short_name(machine.context)}` needs {needs}\n{usage(machine.context)}", machine.context)
     if missing:  # help was asked for: it needs no argument
         if machine.context not in machine.result:
             machine.result.append(machine.context)
         return
     _invoke_complete_context(machine)
+
+
+class UsageError(invoke.ParseError, Exit):
+    """A command line refused with its usage: a ParseError, as invoke's own (so tab completion still
+    finds the task being typed), that exits 2 (bad input, docs/exit-codes.md) and prints once."""
+
+    def __init__(self, text, context):
+        super().__init__(text, context)
+        self.text, self.message, self._code = text, None, 2  # printed once, as the ParseError it is
+
+    def __str__(self) -> str:
+        return self.text
 
 
 _handle.invoke_own = _invoke_handle  # type: ignore[attr-defined]

@@ -152,6 +152,9 @@ def test_bash_completion_completes_task_names_and_options():
     assert set(completions("invoke run.s")) == {"run.start", "run.status", "run.stop"}
     assert "--router-sha256" in completions("invoke lock --r")
     assert "--complete" in completions("invoke lock --c")
+    # A task awaiting its argument completes its options too (its usage error is a ParseError, as invoke's are).
+    assert "--dry-run" in completions("invoke run --d")
+    assert set(completions("invoke run.status --")) == {"--as-json", "--run"}
 
 
 @pytest.mark.parametrize("name", POSITIONAL)
