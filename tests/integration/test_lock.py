@@ -203,7 +203,10 @@ def test_check_of_a_missing_lock_says_how_to_make_it():
     if (Path(__file__).parents[2] / "images" / "locks" / "pylock.cu129.toml").exists():
         pytest.skip("the cu129 lock exists (made where download.pytorch.org is reachable): see test_committed_locks_pass_check")
     assert res.returncode == 2
-    assert "no lock for cu129; make it with `invoke lock --cuda cu129`" in res.stderr and "Traceback" not in res.stderr
+    from slimeforge.image.remedies import remedy
+
+    assert f"no lock for cu129: {remedy('lock', 'cu129')}" in res.stderr and "Traceback" not in res.stderr
+    assert "`invoke lock --cuda cu129` makes it" in res.stderr
 
 
 @pytest.mark.parametrize("flavor", ["cu13", "cu129"])
