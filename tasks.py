@@ -102,8 +102,9 @@ class UsageError(invoke.ParseError, Exit):
     finds the task being typed), that exits 2 (bad input, docs/exit-codes.md) and prints once."""
 
     def __init__(self, text, context):
-        super().__init__(text, context)
-        self.text, self.message, self._code = text, None, 2  # printed once, as the ParseError it is
+        super().__init__(text, context)  # ParseError's, which hands the text on to Exit's as its message
+        Exit.__init__(self, None, 2)  # no Exit message: it is printed once, as the ParseError it is
+        self.text = text
 
     def __str__(self) -> str:
         return self.text
