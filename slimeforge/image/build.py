@@ -37,6 +37,7 @@ from ..templating import render
 from .buildkit import copy_wheels, failure_text, link_files, parse_progress, stream_build, write_tree
 from .buildreport import BuildReport, CompiledWheels, ReportError, StepTiming
 from .dockerapi import EngineUnavailable, ResolvedBase, docker_client, read_from_image, resolve_base
+from .compilejobs import apex_jobs, compile_share
 from .imageref import TAG_RE, image_ref_problems, repository_problems
 from .lockcheck import check_patches
 from .lockfacts import lock_for_run, patches_for_run
@@ -49,8 +50,6 @@ from .steps import (
     LOCK_ALL,
     STEP_RUNNER,
     TARGET_SCRIPTS,
-    apex_jobs,
-    compile_jobs,
     compiled_key,
     finalize_argv,
     image_layout,
