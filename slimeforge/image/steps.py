@@ -241,6 +241,25 @@ class StepCommand:
                 "store": self.store, "editable": self.editable, "lock_file": self.lock_file}
 
 
+def together_groups(commands: list[StepCommand]) -> list[list[int]]:
+    """Indices of the runs of compiled steps next to each other that compile here (not from the
+    store, not an editable checkout, which cannot be installed from a wheel): each needs only the
+    steps before its run (torch and the build tools), never another of the run, so they compile side
+    by side (install.sh.j2 `sf_run_together`; one BuildKit stage each in the Dockerfile) and install
+    their wheels in step order. A step between them that compiles nothing ends the run: what comes
+    after it may need it."""
+    groups: list[list[int]] = []
+    run: list[int] = []
+    for i, cmd in enumerate([*commands, None]):
+        if cmd is not None and cmd.compiles and cmd.store != "use" and not cmd.editable:
+            run.append(i)
+            continue
+        if run:
+            groups.append(run)
+        run = []
+    return groups
+
+
 def slime_source(stack: Stack) -> str | None:
     """The source whose train.py defines the flag catalog (the one named slime)."""
     return "slime" if "slime" in stack.sources else None
