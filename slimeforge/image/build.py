@@ -190,7 +190,7 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
         for i in group:
             if i >= len(rendered):
                 break
-            name = rendered[i]["name"]
+            name = steps[i].name
             rendered[i]["compile_stage"] = f"sf-compile-{name}"
             pieces.append({**compile_steps[name].to_json(), "compile_stage": f"sf-compile-{name}"})
         rendered[group[0]].update(group=pieces, stage_from=stage_from, stage_next=stage_next)
@@ -203,8 +203,8 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
         "patches_dir": layout.patches_dir,
         "steps": rendered,
         "first_compile": first_compile,
-        "compiled_out": [{"stage": s["compile_stage"], "key": s["compiled_key"]} for s in rendered
-                         if s["compile_stage"] and (store or {}).get(s["name"]) == "make"],
+        "compiled_out": [{"stage": r["compile_stage"], "key": s.compiled_key} for s, r in zip(steps, rendered, strict=True)
+                         if r["compile_stage"] and (store or {}).get(s.name) == "make"],
         "local_sources": sorted(n for n, s in (local_sources or {}).items() if getattr(s, "kind", "git") == "git"),
         "wheel_steps": sorted(layout.wheel_dirs),
         "patch_files": [p.file for p in stack.used_patches()],

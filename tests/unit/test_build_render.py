@@ -15,9 +15,9 @@ import pytest
 from slimeforge.errors import ConfigError
 from slimeforge.image.build import parse_build_args, render_dockerfile
 from slimeforge.image.buildkit import parse_progress
+from slimeforge.image.compilejobs import apex_jobs, compile_jobs
 from slimeforge.image.install import render_install_script
 from slimeforge.image.stack import Stack, load_stack
-from slimeforge.image.compilejobs import apex_jobs, compile_jobs, compile_share
 from slimeforge.image.steps import compiled_key, image_layout, step_commands
 
 ROOT = Path(__file__).resolve().parents[2]
