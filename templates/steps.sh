@@ -269,7 +269,7 @@ sf_pip_step() {
 # --- compiled steps -------------------------------------------------------------------------
 
 # sf_compile_jobs CORES MEM_KIB: "MAX_JOBS NVCC_THREADS" for a build host, the rule of
-# slimeforge.image.steps.compile_jobs (image builds get its result as build args; hosts compute it here):
+# slimeforge.image.compilejobs.compile_jobs (image builds get its result as build args; hosts compute it here):
 # about 6 GiB per nvcc job, never more jobs than cores, the spare cores to nvcc threads (at most 4).
 # apex splits its share further (sf_apex_jobs, below); measured figures in docs/build.md.
 sf_compile_jobs() {
@@ -887,7 +887,7 @@ sf_smoke() {
 # --- compile parallelism and the kernel check (issue 21) --------------------------------------
 
 # sf_apex_jobs JOBS: "APEX_PARALLEL_BUILD MAX_JOBS" for apex on a host whose MAX_JOBS is JOBS, the
-# rule of slimeforge.image.steps.apex_jobs: at most 4 jobs per extension, twice JOBS in all (an apex
+# rule of slimeforge.image.compilejobs.apex_jobs: at most 4 jobs per extension, twice JOBS in all (an apex
 # nvcc job peaks at 2.7 GiB: two fit the 6 GiB per job of sf_compile_jobs). On 16 cores: 8 x 4, 158 s
 # cold (MAX_JOBS=16 alone, extensions one after another: over 480 s).
 sf_apex_jobs() {
