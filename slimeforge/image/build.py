@@ -194,7 +194,9 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
             rendered[i]["compile_stage"] = f"sf-compile-{name}"
             pieces.append({**compile_steps[name].to_json(), "compile_stage": f"sf-compile-{name}"})
         rendered[group[0]].update(group=pieces, stage_from=stage_from, stage_next=stage_next)
-    first_compile = next((i for i, s in enumerate(rendered) if s["compiles"] and s["store"] != "use" and not s["compile_stage"]), -1)
+    # Parallelism for a step that compiles in place (an editable checkout): the ARGs before it.
+    first_compile = next((i for i, (s, r) in enumerate(zip(steps, rendered, strict=True))
+                          if s.compiles and not s.compiles_nothing and s.store != "use" and not r["compile_stage"]), -1)
     return _render_dockerfile({
         "stack_id": stack.id,
         "base_ref": base_from or (f"{stack.base.image}@{stack.base.digest}" if stack.base.digest else stack.base.image),

@@ -135,7 +135,7 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
     for step in steps:
         step.update(what="installed", together=False, together_last=False)
     for step, cmd in zip(steps, commands, strict=False):  # steps has finalize besides
-        step["what"] = "store hit" if cmd.store == "use" else "compiled" if cmd.compiles else "installed"
+        step["what"] = "store hit" if cmd.store == "use" else "compiled" if cmd.compiles and not cmd.compiles_nothing else "installed"
     for group in together_groups(commands):
         for i in group:
             steps[i]["together"] = True

@@ -207,7 +207,7 @@ def step_commands(stack: Stack, layout: Layout, base: str | None = None, store: 
                  stack.site_packages.replace(stack.venv, layout.venv, 1)] for p in step.patches if p.target == "site-packages"]
         out.append(StepCommand(name, kind, argv, env, compiles=step.compiles, patch_files=patch_files, post=post, source=step.source,
                                compiled_key=key, store=store.get(name, (None,))[0] if step.compiles else None,
-                               editable=bool(step.editable)))
+                               editable=bool(step.editable), compiles_nothing=kind == "pip" and not step.requirements))
     return out
 
 
@@ -228,6 +228,7 @@ class StepCommand:
     compiled_key: str | None = None
     store: str | None = None
     editable: bool = False
+    compiles_nothing: bool = False  # a compiled step whose flavor gives it nothing to install (cu13's flash-attn)
 
     @property
     def lock_file(self) -> str | None:
@@ -246,11 +247,14 @@ def together_groups(commands: list[StepCommand]) -> list[list[int]]:
     store, not an editable checkout, which cannot be installed from a wheel): each needs only the
     steps before its run (torch and the build tools), never another of the run, so they compile side
     by side (install.sh.j2 `sf_run_together`; one BuildKit stage each in the Dockerfile) and install
-    their wheels in step order. A step between them that compiles nothing ends the run: what comes
-    after it may need it."""
+    their wheels in step order. A step between them that is not compiled ends the run: what comes
+    after it may need it. A compiled step with nothing to install (cu13's flash-attn) is no piece:
+    it runs in place, and takes no share of the budget."""
     groups: list[list[int]] = []
     run: list[int] = []
     for i, cmd in enumerate([*commands, None]):
+        if cmd is not None and cmd.compiles and cmd.compiles_nothing:
+            continue  # installs nothing (an empty slice): neither a piece nor an end of the run
         if cmd is not None and cmd.compiles and cmd.store != "use" and not cmd.editable:
             run.append(i)
             continue
