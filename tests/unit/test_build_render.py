@@ -158,7 +158,7 @@ def test_blackwell_is_one_arch_list_change_that_reaches_every_compiled_piece(tmp
         assert "TORCH_CUDA_ARCH_LIST='9.0 10.0' FLASH_ATTN_CUDA_ARCHS='90;100' NVTE_CUDA_ARCHS='90;100' " in block, name
         assert f"id=sf-uv-{compiled_key(both, name)}," in block
     # Nothing else moves: the steps before the first compiled one render the same.
-    cut = before.index("# --- compiled side by side")
+    cut = before.index("# --- step 5: flash-attn")
     assert after[after.index("# --- step 1:"):cut] == before[before.index("# --- step 1:"):cut]
     # The install script gets the same variables (its env per step) and keys.
     script = render_install_script(both, "/opt/sf", patches=[], lock=render_lock(both))
