@@ -146,6 +146,27 @@ def test_the_bare_metal_install_uses_the_same_wheel(world, cold, fresh):
     assert res.stdout.strip().splitlines()[-1] == run_in(cold["report"]["tag"], "/opt/venv/bin/python", "-c", SO)
 
 
+def test_the_bare_metal_install_compiles_in_its_two_phases(world, cold):
+    """Without the store the compiled step runs through sf_run_together: compiled into its wheel
+    directory as a background job with its own log, then installed from there (nothing compiles in
+    the install phase), with progress lines and the summary."""
+    stack = load_stack(str(world["stack"]))
+    script = world["root"] / "install-nostore.sh"
+    script.write_text(render_install_script(stack, "/opt/sf", patches=[], lock=checked_lock(stack), store={}))
+    ca = default_ca_bundle()
+    mounts = ["-v", f"{ca}:/etc/slimeforge-ca.crt:ro", "-e", "SF_CA_BUNDLE=/etc/slimeforge-ca.crt"] if ca else []
+    res = subprocess.run(["docker", "run", "--rm", "-v", f"{world['root']}:{world['root']}:ro", *mounts, "slimeforge-test/base:bookworm",
+                          "bash", "-c", f"bash {script} && cat /opt/sf/.slimeforge/logs/sfcext.log && /opt/sf/venv/bin/python -c \"{SO}\""],
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "compiling side by side: sfcext (at most 1 at once" in res.stderr
+    assert re.search(r"step [0-9]+/[0-9]+ sfcext: compiled in [0-9]+s", res.stderr)
+    assert re.search(r"^slimeforge: sfcext +[0-9]+s  compiled$", res.stderr, re.M)  # the summary's row
+    # The compile phase built the wheel; the install phase installed it with --no-build.
+    assert "Created wheel for sfcext" in res.stdout and "installing 1 compiled wheel(s) from the store" in res.stdout
+    assert re.fullmatch(r"[0-9a-f]{64}", res.stdout.strip().splitlines()[-1])  # the extension imports
+
+
 def test_a_tampered_wheel_is_refused(world, cold):
     store = world["root"] / "store-tampered"
     shutil.copytree(cold["store"] / cold["key"], store / cold["key"])
