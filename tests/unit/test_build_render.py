@@ -15,7 +15,7 @@ import pytest
 from slimeforge.errors import ConfigError
 from slimeforge.image.build import parse_build_args, render_dockerfile
 from slimeforge.image.buildkit import parse_progress
-from slimeforge.image.compilejobs import apex_jobs, compile_jobs
+from slimeforge.image.compilejobs import apex_jobs, compile_jobs, compile_share
 from slimeforge.image.install import render_install_script
 from slimeforge.image.stack import Stack, load_stack
 from slimeforge.image.steps import compiled_key, image_layout, step_commands
@@ -286,3 +286,18 @@ def test_the_build_report_reads_back_what_it_writes_and_names_a_damaged_key():
                              ("size", "big", "`size` has type str, expected int"), ("build_duration_s", True, "`build_duration_s` has type bool")]:
         with pytest.raises(ReportError, match=says):
             BuildReport.from_dict({**doc, key: value})
+
+
+def test_compile_stages_share_the_host():
+    from slimeforge.image.build import compile_pieces
+
+    # The pieces BuildKit compiles at once: cu13's three (its flash-attn installs nothing), cu129's four;
+    # store hits compile nothing.
+    assert compile_pieces(load_stack("cu13"), {}) == 3 and compile_pieces(load_stack("cu129"), {}) == 4
+    assert compile_pieces(load_stack("cu13"), dict.fromkeys(COMPILED, "use")) == 1
+    # Their share on the H100 host: 6 jobs each (memory: 125 GiB / 3 over 6 GiB a job), apex 3 x 4;
+    # on this 2-core machine two at a time with one job each, so both cores stay busy as in series.
+    assert compile_share(3, 125 << 30, 16) == (3, 6, 1) and apex_jobs(6) == (3, 4)
+    assert compile_share(3, 24 << 30, 2) == (2, 1, 1) and compile_share(1, 125 << 30, 16) == (1, 16, 1)
+    # One piece alone gets the whole host, as before.
+    assert compile_share(1, 24 << 30, 2)[1:] == compile_jobs(24 << 30, 2)
