@@ -301,3 +301,21 @@ def test_compile_stages_share_the_host():
     assert compile_share(3, 24 << 30, 2) == (2, 1, 1) and compile_share(1, 125 << 30, 16) == (1, 16, 1)
     # One piece alone gets the whole host, as before.
     assert compile_share(1, 24 << 30, 2)[1:] == compile_jobs(24 << 30, 2)
+
+
+@pytest.mark.parametrize("flavor", ["cu13", "cu129"])
+def test_compile_stages_depend_on_the_steps_before_them_only(flavor):
+    """BuildKit builds stages that do not depend on each other at once: each compile stage starts
+    FROM the stage of the steps before the compiled ones and reads no other stage; the main stage
+    installs from each in step order."""
+    text = render_dockerfile(load_stack(flavor))
+    stages = re.findall(r"^FROM (\S+) AS (\S+)$", text, re.M)
+    compile_stages = [(parent, name) for parent, name in stages if name.startswith("sf-compile-")]
+    assert compile_stages and all(parent == "sf-s0" for parent, _ in compile_stages)
+    blocks = text.split("\nFROM ")
+    for block in blocks:
+        if block.split(" AS ", 1)[-1].startswith("sf-compile-"):
+            assert "from=sf-compile-" not in block and "SF_COMPILED_PHASE=compile " in block
+    main = blocks[[i for i, b in enumerate(blocks) if b.startswith("sf-s0 AS sf-s1")][0]]
+    order = re.findall(r"--mount=type=bind,from=(sf-compile-\S+?),", main)
+    assert order == [name for _, name in compile_stages]  # installed in step order
