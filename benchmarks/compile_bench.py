@@ -12,6 +12,14 @@ A run that passes its limit is stopped and reported as "over LIMIT s".
         --run apex-before:apex:480:MAX_JOBS=16,NVCC_APPEND_FLAGS=--threads_1 \
         --run apex-after:apex:600:APEX_PARALLEL_BUILD=4,MAX_JOBS=4,NVCC_APPEND_FLAGS=--threads_1
 
+The whole compiled set (apex, Transformer Engine's torch extension, torch_memory_saver), cold, one
+piece after another under the per-piece rule, then side by side under the shared budget that the
+install and the image build use (slimeforge/image/compilejobs.py `compile_share`), each set's wall
+time against the cores' limit (its CPU-seconds / cores):
+
+    python benchmarks/compile_bench.py --sources DIR --work /tmp/cb --out RESULTS.json \
+        --set series:900 --set parallel:900
+
 SOURCES holds apex.tar.gz, tms.tar.gz (git archives with a top directory) and
 transformer_engine_torch-*.tar.gz (the sdist). In a setting, "_" stands for a space.
 """
@@ -28,8 +36,12 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from slimeforge.image.compilejobs import apex_jobs, compile_jobs, compile_share  # noqa: E402  (standard library only)
 
 ARCH = "9.0"
 # What each piece needs besides parallelism (the stack's step env and arch variables).
@@ -39,6 +51,7 @@ PIECES = {
     "te": ("transformer_engine_torch-*.tar.gz",
            {"NVTE_PYTORCH_FORCE_BUILD": "TRUE", "NVTE_CUDA_ARCHS": ARCH.replace(".", ""), "TORCH_CUDA_ARCH_LIST": ARCH}),
 }
+SET_RE = re.compile(r"(series|parallel):([0-9]{1,4})")
 RUN_RE = re.compile(r"([a-z0-9][a-z0-9_.-]*):(apex|tms|te):([0-9]{1,4}):((?:[A-Z_][A-Z0-9_]*=[^,]*)(?:,[A-Z_][A-Z0-9_]*=[^,]*)*)?")
 
 
@@ -106,16 +119,80 @@ def parse_run(text: str) -> tuple[str, str, int, dict[str, str]]:
     return m.group(1), m.group(2), int(m.group(3)), {k: v.replace("_", " ") for k, v in settings.items()}
 
 
+def piece_settings(piece: str, jobs: int, threads: int) -> dict[str, str]:
+    """What templates/steps.sh `sf_compiled` exports for a piece given MAX_JOBS and NVCC_THREADS."""
+    out = {"MAX_JOBS": str(jobs), "NVCC_THREADS": str(threads), "NVTE_BUILD_THREADS_PER_JOB": str(threads),
+           "NVCC_APPEND_FLAGS": f"--threads {threads}"}
+    if piece == "apex":
+        parallel, per = apex_jobs(jobs)
+        out.update(APEX_PARALLEL_BUILD=str(parallel), MAX_JOBS=str(per))
+    return out
+
+
+def build_set(mode: str, limit: int, sources: Path, work: Path) -> dict:
+    """The whole set cold: `series` each piece alone with the host's whole budget (compile_jobs), one
+    after another; `parallel` every piece at once, each with its share (compile_share). The cores'
+    limit is the set's CPU-seconds / cores."""
+    pieces = list(PIECES)
+    cores = os.cpu_count() or 1
+    start = time.monotonic()
+    if mode == "series":
+        jobs, threads = compile_jobs()
+        runs = [build(f"{mode}-{p}", p, limit, piece_settings(p, jobs, threads), sources, work) for p in pieces]
+        at_once = 1
+    else:
+        at_once, jobs, threads = compile_share(len(pieces))
+        runs = [{} for _ in pieces]
+        # At most AT_ONCE pieces at a time, as the install's scheduler (sf_run_group) runs them.
+        slots = threading.Semaphore(at_once)
+
+        def one(i: int, p: str) -> None:
+            with slots:
+                runs[i] = build(f"{mode}-{p}", p, limit, piece_settings(p, jobs, threads), sources, work)
+
+        threads_ = [threading.Thread(target=one, args=(i, p)) for i, p in enumerate(pieces)]
+        for t in threads_:
+            t.start()
+        for t in threads_:
+            t.join()
+    wall = time.monotonic() - start
+    cpu = sum(r["cpu_s"] for r in runs)
+    return {"set": mode, "at_once": at_once, "jobs": jobs, "threads": threads, "wall_s": round(wall, 1),
+            "cpu_s": round(cpu, 1), "cores": cores, "cores_limit_s": round(cpu / cores, 1),
+            "ratio": round(wall / (cpu / cores), 2) if cpu else None, "ok": all(r["ok"] for r in runs), "pieces": runs}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sources", type=Path, required=True)
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--run", action="append", required=True, help="NAME:PIECE:LIMIT_S:KEY=VAL,...")
+    ap.add_argument("--run", action="append", default=[], help="NAME:PIECE:LIMIT_S:KEY=VAL,...")
+    ap.add_argument("--set", action="append", default=[], help="series|parallel:LIMIT_S (per piece): the whole compiled set")
     args = ap.parse_args()
     runs = [parse_run(r) for r in args.run]
+    sets = []
+    for text in args.set:
+        m = SET_RE.fullmatch(text)
+        if not m:
+            raise SystemExit(f"--set {text!r}: expected series:LIMIT_S or parallel:LIMIT_S")
+        sets.append((m.group(1), int(m.group(2))))
+    if not runs and not sets:
+        raise SystemExit("nothing to do: give --run or --set")
     cores = os.cpu_count() or 1
-    results = []
+    results: list[dict] = []
+    for mode, limit in sets:
+        r = build_set(mode, limit, args.sources, args.work)
+        results.append(r)
+        args.out.write_text(json.dumps({"cores": cores, "results": results}, indent=2) + "\n")
+        print(f"set {mode:9} {'ok' if r['ok'] else 'FAILED':6} wall {r['wall_s']:>7} s  cpu {r['cpu_s']:>7} s  "
+              f"cores' limit {r['cores_limit_s']:6.1f} s  ratio {r['ratio']}  at once {r['at_once']}, "
+              f"MAX_JOBS={r['jobs']} NVCC_THREADS={r['threads']}", flush=True)
+        for p in r["pieces"]:
+            print(f"    {p['piece']:5} {'ok' if p['ok'] else 'FAILED':6} wall {p['wall_s']:>7} s  cpu {p['cpu_s']:>7} s  "
+                  f"peak RSS {p['peak_rss_mib']} MiB  {' '.join(f'{k}={v}' for k, v in p['settings'].items())}", flush=True)
+            if p["log_tail"]:
+                print(p["log_tail"], flush=True)
     for name, piece, limit, settings in runs:
         r = build(name, piece, limit, settings, args.sources, args.work)
         results.append(r)
@@ -126,7 +203,7 @@ def main() -> int:
               f"{' '.join(f'{k}={v}' for k, v in settings.items())}", flush=True)
         if r["log_tail"]:
             print(r["log_tail"], flush=True)
-    return 0 if all(r["ok"] or r["timed_out"] for r in results) else 1
+    return 0 if all(r["ok"] or r.get("timed_out") for r in results) else 1
 
 
 if __name__ == "__main__":

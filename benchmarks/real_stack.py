@@ -149,7 +149,7 @@ def base_image(work: Path, python: str) -> None:
 
 # --- install ---------------------------------------------------------------------------------
 
-STEP_DONE = re.compile(r"slimeforge: step (\S+): done in (\d+)s")
+STEP_DONE = re.compile(r"slimeforge: step (?:[0-9]+/[0-9]+ )?(\S+): done in (\d+)s")
 
 
 def invoke(args: list[str], env: dict[str, str], log: Path) -> tuple[int, float, str]:

@@ -183,7 +183,8 @@ sf_lock_install() {
         _sf_store_make "$venv" "$step" "$src"/*
         rm -rf -- "$src"
       fi
-      _sf_store_install "$venv" "$step" "$(grep -c '^[^#]' "$sdists")"
+      # The compile phase of pieces compiled side by side: the wheels only; the install comes after.
+      if [[ ${SF_COMPILED_ONLY:-} != 1 ]]; then _sf_store_install "$venv" "$step" "$(grep -c '^[^#]' "$sdists")"; fi
     else
       _sf_uv_slice "$venv" "$step" "$sdists" "${args[@]}"
     fi
@@ -262,13 +263,13 @@ sf_pip_step() {
   done
   [[ -n $venv && -n $step && -n $lock ]] || sf_die "sf_pip_step: --venv, --step and --lock are required"
   sf_lock_install "$venv" "$step" "$lock" "${args[@]}"
-  sf_lock_verify "$venv" "$step"
+  if [[ ${SF_COMPILED_ONLY:-} != 1 ]]; then sf_lock_verify "$venv" "$step"; fi
 }
 
 # --- compiled steps -------------------------------------------------------------------------
 
 # sf_compile_jobs CORES MEM_KIB: "MAX_JOBS NVCC_THREADS" for a build host, the rule of
-# slimeforge.image.steps.compile_jobs (image builds get its result as build args; hosts compute it here):
+# slimeforge.image.compilejobs.compile_jobs (image builds get its result as build args; hosts compute it here):
 # about 6 GiB per nvcc job, never more jobs than cores, the spare cores to nvcc threads (at most 4).
 # apex splits its share further (sf_apex_jobs, below); measured figures in docs/build.md.
 sf_compile_jobs() {
@@ -280,6 +281,19 @@ sf_compile_jobs() {
   ((threads <= 4)) || threads=4
   ((threads >= 1)) || threads=1
   printf '%s %s\n' "$jobs" "$threads"
+}
+
+# sf_compile_share PIECES CORES MEM_KIB: "AT_ONCE MAX_JOBS NVCC_THREADS" for PIECES compiled steps that
+# compile side by side, the rule of slimeforge.image.compilejobs.compile_share: at most as many at
+# once as the host has jobs (sf_compile_jobs), each given the per-piece rule on its share (the
+# memory divided, rounded down; the cores divided, rounded up).
+sf_compile_share() {
+  local pieces=$1 cores=$2 mem_kib=$3 host at_once
+  host=$(sf_compile_jobs "$cores" "$mem_kib")
+  at_once=${host% *}
+  ((pieces >= at_once)) || at_once=$pieces
+  ((at_once >= 1)) || at_once=1
+  printf '%s %s\n' "$at_once" "$(sf_compile_jobs $(((cores + at_once - 1) / at_once)) $((mem_kib / at_once)))"
 }
 
 # --- the compiled-wheel store (slimeforge/image/wheelstore.py) -------------------------------------
@@ -377,6 +391,9 @@ _sf_store_install() {
 # builds APEX_PARALLEL_BUILD extensions at once (given, else sf_apex_jobs), each with its own MAX_JOBS.
 # Parallelism is never part of a step's env: that env is part of the key. The uv cache is the one of KEY (steps.compiled_key):
 # a wheel compiled for one flavor, torch, CUDA, arch list, Python or base is never reused by another.
+# SF_COMPILED_PHASE (set by whoever runs pieces side by side, never part of the key): `compile` compiles
+# the wheels into their directory and installs none of them; `install` installs the wheels that the
+# compile phase left there, as a store hit does (or compiles here, when they are not there).
 sf_compiled() {
   local key="" wheels="" mode="" venv="" scratch=0
   while (($#)); do
@@ -419,10 +436,29 @@ sf_compiled() {
   # Without the store, the wheels are compiled into a scratch directory all the same: one way to
   # compile (the inputs fetched by sha256 first, then compiled with no network), then installed.
   if [[ -z $wheels ]]; then wheels="$SF_STATE/compiled/$key" mode=make scratch=1; fi
+  case ${SF_COMPILED_PHASE:-} in
+    "") ;;
+    compile)
+      [[ $mode == make ]] || { sf_log "compiled step: its wheels come from the store: nothing to compile"; return 0; }
+      export SF_COMPILED_ONLY=1
+      scratch=0 ;;  # kept for the install phase
+    install)
+      if [[ $mode == make && -f $wheels/SHA256SUMS ]]; then mode=use
+      elif [[ $mode == make ]]; then sf_log "compiled step: no wheels from a compile phase in $wheels: compiling them here"; fi ;;
+    *) sf_die "compiled step: SF_COMPILED_PHASE must be compile or install, got '${SF_COMPILED_PHASE:0:40}'" ;;
+  esac
   export SF_COMPILED_WHEELS=$wheels SF_COMPILED_MODE=$mode SF_COMPILED_KEY=$key
   if [[ $mode == make ]]; then rm -rf -- "$wheels"; fi
   local fn=$1
   shift
+  if [[ ${SF_COMPILED_PHASE:-} == compile ]]; then
+    mkdir -p -- "$wheels"
+    "sf_$fn" "$@"
+    # A step with nothing to compile (an empty slice) leaves an empty record: the install phase
+    # then finds the directory (an image bind-mounts it) and installs nothing from it.
+    if [[ ! -f $wheels/SHA256SUMS ]]; then : >"$wheels/SHA256SUMS"; fi
+    return 0
+  fi
   "sf_$fn" "$@"
   if ((scratch)); then rm -rf -- "$wheels"; fi
 }
@@ -443,8 +479,10 @@ _sf_compile_env() {
     [[ ! -e $cuda_home/lib64/stubs/libcuda.so && ! -e $cuda_home/lib64/libcuda.so ]]; then
     if [[ ! -e $SF_STATE/stubs/libcuda.so ]]; then
       mkdir -p -- "$SF_STATE/stubs"
-      gcc -shared -Wl,-soname,libcuda.so.1 -x c /dev/null -o "$SF_STATE/stubs/libcuda.so" ||
+      # Made under a name of its own, then renamed: pieces compiled side by side may both make it.
+      gcc -shared -Wl,-soname,libcuda.so.1 -x c /dev/null -o "$SF_STATE/stubs/.libcuda.so.$$.$BASHPID" ||
         sf_die "compiled step: no libcuda.so here (no driver, no toolkit stubs) and gcc could not make a stub"
+      mv -f -- "$SF_STATE/stubs/.libcuda.so.$$.$BASHPID" "$SF_STATE/stubs/libcuda.so"
     fi
     lib+=("$SF_STATE/stubs")
     # The stub defines no symbol, so the linker's default --as-needed would drop it and the
@@ -694,6 +732,8 @@ sf_source_step() {
   if [[ -n ${SF_COMPILED_WHEELS:-} ]]; then
     ((!editable)) || sf_die "step $step: an editable checkout cannot be installed from the compiled-wheel store"
     if [[ ${SF_COMPILED_MODE:-} == make ]]; then _sf_store_make "$venv" "$step" "${settings[@]/#--config-setting/--config-settings}" "$dest"; fi
+    # The compile phase of pieces compiled side by side: the wheel only; the install comes after.
+    if [[ ${SF_COMPILED_ONLY:-} == 1 ]]; then return 0; fi
     _sf_store_install "$venv" "$step" 1
     # Installed from a wheel file, not from the checkout's path: sf_lock_verify would not know it as
     # the checkout. Its name and version (from the wheel's file name) join the lock records; it is
@@ -847,7 +887,7 @@ sf_smoke() {
 # --- compile parallelism and the kernel check (issue 21) --------------------------------------
 
 # sf_apex_jobs JOBS: "APEX_PARALLEL_BUILD MAX_JOBS" for apex on a host whose MAX_JOBS is JOBS, the
-# rule of slimeforge.image.steps.apex_jobs: at most 4 jobs per extension, twice JOBS in all (an apex
+# rule of slimeforge.image.compilejobs.apex_jobs: at most 4 jobs per extension, twice JOBS in all (an apex
 # nvcc job peaks at 2.7 GiB: two fit the 6 GiB per job of sf_compile_jobs). On 16 cores: 8 x 4, 158 s
 # cold (MAX_JOBS=16 alone, extensions one after another: over 480 s).
 sf_apex_jobs() {

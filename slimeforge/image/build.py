@@ -36,6 +36,7 @@ from ..schema import ENV_NAME_RE, WHOLE_RE, text_problem, text_problems
 from ..templating import render
 from .buildkit import copy_wheels, failure_text, link_files, parse_progress, stream_build, write_tree
 from .buildreport import BuildReport, CompiledWheels, ReportError, StepTiming
+from .compilejobs import apex_jobs, compile_share
 from .dockerapi import EngineUnavailable, ResolvedBase, docker_client, read_from_image, resolve_base
 from .imageref import TAG_RE, image_ref_problems, repository_problems
 from .lockcheck import check_patches
@@ -49,8 +50,6 @@ from .steps import (
     LOCK_ALL,
     STEP_RUNNER,
     TARGET_SCRIPTS,
-    apex_jobs,
-    compile_jobs,
     compiled_key,
     finalize_argv,
     image_layout,
@@ -59,6 +58,7 @@ from .steps import (
     slime_source,
     smoke_argv,
     step_commands,
+    together_groups,
 )
 
 if TYPE_CHECKING:
@@ -170,19 +170,43 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
     layout = image_layout(stack, local_sources)
     keys = {s.name: compiled_key(stack, s.name, base_id, patch_sha) for s in stack.plan if s.compiles}
     modes = {n: (m, f"{STORE_MOUNT if m == 'use' else STORE_OUT}/{keys[n]}") for n, m in (store or {}).items()}
-    steps = step_commands(stack, layout, base_id, modes, patch_sha)
+    # The compiled steps that compile here, in runs (steps.together_groups): each compiles in a stage
+    # of its own from the stage before its run (BuildKit builds them at once), its wheels in
+    # STORE_OUT/<key>; the main stage then installs them in step order, bind-mounted from that
+    # stage, as it installs a store hit's.
+    plain = step_commands(stack, layout, base_id, modes, patch_sha)
+    groups = together_groups(plain)
+    grouped = {plain[i].name for g in groups for i in g}
+    compile_steps = {s.name: s for s in step_commands(stack, layout, base_id, {**modes, **{n: ("make", f"{STORE_OUT}/{keys[n]}") for n in grouped}},
+                                                        patch_sha)}
+    steps = step_commands(stack, layout, base_id, {**modes, **{n: ("use", f"{STORE_MOUNT}/{keys[n]}") for n in grouped}}, patch_sha)
     if wheels_only:
-        last = max((i for i, s in enumerate(steps) if s.store == "make"), default=-1)
+        last = max((i for i, s in enumerate(steps) if s.compiles and (store or {}).get(s.name) == "make"), default=-1)
         steps = steps[:last + 1]
-    first_compile = next((i for i, s in enumerate(steps) if s.compiles), -1)
+    rendered = [{**s.to_json(), "group": None, "compile_stage": None} for s in steps]
+    for number, group in enumerate(g for g in groups if g[0] < len(rendered)):
+        stage_from, stage_next = f"sf-s{number}", f"sf-s{number + 1}"
+        pieces = []
+        for i in group:
+            if i >= len(rendered):
+                break
+            name = steps[i].name
+            rendered[i]["compile_stage"] = f"sf-compile-{name}"
+            pieces.append({**compile_steps[name].to_json(), "compile_stage": f"sf-compile-{name}"})
+        rendered[group[0]].update(group=pieces, stage_from=stage_from, stage_next=stage_next)
+    # Parallelism for a step that compiles in place (an editable checkout): the ARGs before it.
+    first_compile = next((i for i, (s, r) in enumerate(zip(steps, rendered, strict=True))
+                          if s.compiles and not s.compiles_nothing and s.store != "use" and not r["compile_stage"]), -1)
     return _render_dockerfile({
         "stack_id": stack.id,
         "base_ref": base_from or (f"{stack.base.image}@{stack.base.digest}" if stack.base.digest else stack.base.image),
         "state": layout.state,
         "venv": layout.venv,
         "patches_dir": layout.patches_dir,
-        "steps": [s.to_json() for s in steps],
+        "steps": rendered,
         "first_compile": first_compile,
+        "compiled_out": [{"stage": r["compile_stage"], "key": s.compiled_key} for s, r in zip(steps, rendered, strict=True)
+                         if r["compile_stage"] and (store or {}).get(s.name) == "make"],
         "local_sources": sorted(n for n, s in (local_sources or {}).items() if getattr(s, "kind", "git") == "git"),
         "wheel_steps": sorted(layout.wheel_dirs),
         "patch_files": [p.file for p in stack.used_patches()],
@@ -196,6 +220,13 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
         "store_out": STORE_OUT,
         "wheels_only": wheels_only,
     })
+
+
+def compile_pieces(stack: Stack, store: dict[str, str]) -> int:
+    """How many compile stages BuildKit runs at once at most (the longest run of compiled steps that
+    compile in this build): the build args give each that share of the host."""
+    steps = step_commands(stack, image_layout(stack), None, {n: (m, "") for n, m in store.items()})
+    return max((len(g) for g in together_groups(steps)), default=1)
 
 
 def _render_dockerfile(variables: dict[str, Any]) -> str:
@@ -257,7 +288,7 @@ def prepare(opts: BuildOptions) -> Prepared:
     _write_build_dir(out, dockerfile, context, hits, stack, local, from_sources, cache)
     epoch = _source_date_epoch(stack, cache, opts.runner)
     labels = _labels(stack, base, build_hash, pylock.hash, pins, patches, epoch)
-    argv = _argv(opts, out, build_args, labels, epoch)
+    argv = _argv(opts, out, build_args, labels, epoch, compile_pieces(stack, store))
     return Prepared(stack, local, base, patches, dockerfile, json.loads(lock_text), build_args, build_hash, out,
                     opts.repository or f"slimeforge/{stack.name}", argv, {"DOCKER_BUILDKIT": "1"}, labels, compiled,
                     provisional=pylock.provisional or any(p.missing for p in patches))
@@ -368,9 +399,10 @@ def _labels(stack: Stack, base: ResolvedBase, build_hash: str, lock_hash: str, p
     }
 
 
-def _argv(opts: BuildOptions, out: Path, build_args: dict[str, str], labels: dict[str, str], epoch: int) -> list[str]:
-    """The docker build command: parallelism sized to this host, the user's build args, the labels."""
-    jobs, threads = compile_jobs()
+def _argv(opts: BuildOptions, out: Path, build_args: dict[str, str], labels: dict[str, str], epoch: int, pieces: int = 1) -> list[str]:
+    """The docker build command: parallelism sized to this host (the host's share for each of the
+    `pieces` compile stages that BuildKit runs at once), the user's build args, the labels."""
+    _, jobs, threads = compile_share(pieces)
     cli_args = {"MAX_JOBS": str(jobs), "NVCC_THREADS": str(threads), "APEX_PARALLEL_BUILD": str(apex_jobs(jobs)[0]),
                 **build_args, "SOURCE_DATE_EPOCH": str(epoch)}
     argv = [docker_cli(), "build", "--progress=plain", "-f", str(out / "Dockerfile")]

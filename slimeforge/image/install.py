@@ -48,6 +48,7 @@ from .steps import (
     lock_files,
     smoke_argv,
     step_commands,
+    together_groups,
 )
 
 SCRIPT = "install.sh"
@@ -113,7 +114,8 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
     steps: list[dict[str, Any]] = []  # as the template reads them, each with its hash in the chain
     # A changed library (steps.sh and its own scripts) re-does every step.
     chain = hashlib.sha256(b"".join(p.read_bytes() for p in [paths.STEP_LIBRARY, *LIBRARY_SCRIPTS.values()])).hexdigest()
-    for cmd in step_commands(stack, layout, base_id, store, patch_sha):
+    commands = step_commands(stack, layout, base_id, store, patch_sha)
+    for cmd in commands:
         steps.append({"name": cmd.name, "env": cmd.env, "commands": [cmd.argv, *cmd.post]})
     steps.append({"name": FINALIZE_STEP, "env": {}, "commands": [finalize_argv(stack, layout, f"{layout.state}/stack.input.json",
                                                                              paths.Prefix.at(prefix).lock, paths.Prefix.at(prefix).flags)]})
@@ -129,6 +131,16 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
         chain = hashlib.sha256((chain + json.dumps(inputs, sort_keys=True)).encode()).hexdigest()
         step["hash"] = chain
         step["fn"] = step["name"].replace("-", "_")
+    # How each step runs, set after the hashes (it changes nothing a step installs): what running it
+    # does (the summary's outcome), and which compiled steps compile side by side.
+    for step in steps:
+        step.update(what="installed", together=False, together_last=False)
+    for step, cmd in zip(steps, commands, strict=False):  # steps has finalize besides
+        step["what"] = "store hit" if cmd.store == "use" else "compiled" if cmd.compiles and not cmd.compiles_nothing else "installed"
+    for group in together_groups(commands):
+        for i in group:
+            steps[i]["together"] = True
+        steps[group[-1]]["together_last"] = True
     return render("install.sh.j2", {
         "stack_id": stack.id,
         "state": layout.state,

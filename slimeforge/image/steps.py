@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,43 +66,6 @@ def host_layout(stack: Stack, prefix: str, venv: str | None = None, sources: dic
     urls.update({n: str(s.path) for n, s in local.items() if s.kind == "git"})
     wheels = {n: str(s.path) for n, s in local.items() if s.kind == "wheels"}
     return Layout(p.root, venv or p.venv, f"{p.state}/patches", p.state, urls, wheels, f"{p.state}/lock-in", python)
-
-
-# Parallelism of the compiled steps: a runtime setting only (it does not change what is built), so it
-# is never in a step's env (that env is part of compiled_key). Measured cold on a 16-core, 125 GiB
-# H100 host (benchmarks/compile_bench.py, docs/build.md "Compile parallelism"): an nvcc job of
-# Transformer Engine peaks at 2.4 GiB, of apex at 2.7 GiB, flash-attn's kernels at about 6 GiB.
-NVCC_JOB_BYTES = 6 << 30
-NVCC_THREADS_MAX = 4
-APEX_JOBS_PER_EXTENSION = 4
-
-
-def compile_jobs(mem_bytes: int | None = None, cores: int | None = None) -> tuple[int, int]:
-    """MAX_JOBS and NVCC threads that fit the build host: about 6 GiB per nvcc job (flash-attn's
-    kernels peak there), never more jobs than cores; the spare cores go to NVCC threads (at most 4;
-    nvcc's --threads only runs its per-architecture passes side by side, so with one arch it adds
-    nothing and costs nothing). templates/steps.sh `sf_compile_jobs` is the same rule."""
-    cores = cores or os.cpu_count() or 1
-    if mem_bytes is None:
-        try:
-            mem_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError):
-            mem_bytes = 8 << 30
-    jobs = max(1, min(cores, mem_bytes // NVCC_JOB_BYTES))
-    threads = max(1, min(NVCC_THREADS_MAX, cores // jobs))
-    return int(jobs), int(threads)
-
-
-def apex_jobs(jobs: int) -> tuple[int, int]:
-    """(APEX_PARALLEL_BUILD, MAX_JOBS for apex) from the host's MAX_JOBS. apex builds its ~15
-    extensions one after another unless APEX_PARALLEL_BUILD is set, and each extension's ninja runs
-    at most MAX_JOBS of its own files: with MAX_JOBS=16 alone it took over 480 s on the H100 host.
-    The fastest split measured there was 8 extensions at once with 4 jobs each (158 s; 4x4: 271 s,
-    16x2: over 260 s, 8x8: 189 s): at most 4 jobs per extension, and twice the host's jobs in all,
-    since an apex job peaks at 2.7 GiB, so two fit the 6 GiB that MAX_JOBS budgets per job.
-    templates/steps.sh `sf_apex_jobs` is the same rule."""
-    per_extension = max(1, min(APEX_JOBS_PER_EXTENSION, jobs))
-    return max(1, 2 * jobs // per_extension), per_extension
 
 
 def arch_env(stack: Stack) -> dict[str, str]:
@@ -245,7 +207,7 @@ def step_commands(stack: Stack, layout: Layout, base: str | None = None, store: 
                  stack.site_packages.replace(stack.venv, layout.venv, 1)] for p in step.patches if p.target == "site-packages"]
         out.append(StepCommand(name, kind, argv, env, compiles=step.compiles, patch_files=patch_files, post=post, source=step.source,
                                compiled_key=key, store=store.get(name, (None,))[0] if step.compiles else None,
-                               editable=bool(step.editable)))
+                               editable=bool(step.editable), compiles_nothing=kind == "pip" and not step.requirements))
     return out
 
 
@@ -266,6 +228,7 @@ class StepCommand:
     compiled_key: str | None = None
     store: str | None = None
     editable: bool = False
+    compiles_nothing: bool = False  # a compiled step whose flavor gives it nothing to install (cu13's flash-attn)
 
     @property
     def lock_file(self) -> str | None:
@@ -277,6 +240,28 @@ class StepCommand:
         return {"name": self.name, "kind": self.kind, "argv": self.argv, "env": self.env, "compiles": self.compiles,
                 "patch_files": self.patch_files, "post": self.post, "source": self.source, "compiled_key": self.compiled_key,
                 "store": self.store, "editable": self.editable, "lock_file": self.lock_file}
+
+
+def together_groups(commands: list[StepCommand]) -> list[list[int]]:
+    """Indices of the runs of compiled steps next to each other that compile here (not from the
+    store, not an editable checkout, which cannot be installed from a wheel): each needs only the
+    steps before its run (torch and the build tools), never another of the run, so they compile side
+    by side (install.sh.j2 `sf_run_together`; one BuildKit stage each in the Dockerfile) and install
+    their wheels in step order. A step between them that is not compiled ends the run: what comes
+    after it may need it. A compiled step with nothing to install (cu13's flash-attn) is no piece:
+    it runs in place, and takes no share of the budget."""
+    groups: list[list[int]] = []
+    run: list[int] = []
+    for i, cmd in enumerate([*commands, None]):
+        if cmd is not None and cmd.compiles and cmd.compiles_nothing:
+            continue  # installs nothing (an empty slice): neither a piece nor an end of the run
+        if cmd is not None and cmd.compiles and cmd.store != "use" and not cmd.editable:
+            run.append(i)
+            continue
+        if run:
+            groups.append(run)
+        run = []
+    return groups
 
 
 def slime_source(stack: Stack) -> str | None:

@@ -75,7 +75,9 @@ def test_each_arch_list_compiles_its_own_wheel(images):
     for report, key in zip((hopper, both), keys, strict=True):
         dockerfile = (Path(report["dir"]) / "Dockerfile").read_text()
         assert f"--mount=type=cache,id=sf-uv-{key},target=/root/.cache/uv" in dockerfile
-        assert f"sf sfcext compiled --key {key} --venv /opt/venv -- pip_step" in dockerfile
+        # Compiled in a stage of its own, then installed in the main stage from that stage's wheels.
+        assert f"sf sfcext compiled --key {key} --venv /opt/venv --wheel-out /opt/sf-compiled/{key} -- pip_step" in dockerfile
+        assert f"sf sfcext compiled --key {key} --venv /opt/venv --wheels /tmp/sf-compiled/{key} -- pip_step" in dockerfile
         assert "--step sfcext --lock /tmp/sf-lock/sfcext.txt" in dockerfile
         log = (Path(report["dir"]) / "build.log").read_text()
         assert f"uv cache /root/.cache/uv/compiled/{key}" in log

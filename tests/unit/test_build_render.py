@@ -15,9 +15,10 @@ import pytest
 from slimeforge.errors import ConfigError
 from slimeforge.image.build import parse_build_args, render_dockerfile
 from slimeforge.image.buildkit import parse_progress
+from slimeforge.image.compilejobs import apex_jobs, compile_jobs, compile_share
 from slimeforge.image.install import render_install_script
 from slimeforge.image.stack import Stack, load_stack
-from slimeforge.image.steps import apex_jobs, compile_jobs, compiled_key, image_layout, step_commands
+from slimeforge.image.steps import compiled_key, image_layout, step_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -55,7 +56,9 @@ def test_steps_in_plan_order_one_run_each(flavor):
     names = [s.name for s in stack.plan]
     positions = [text.index(f"/opt/slimeforge/sf {n} ") for n in names]
     assert positions == sorted(positions)
-    assert text.count("\nRUN ") == len(names) + 2  # + venv + finalize
+    # + venv + finalize, + one stage of its own for each compiled step that compiles here
+    staged = [s.name for s in stack.plan if s.compiles and (s.kind, s.requirements) != ("pip", ())]  # cu13 flash-attn: nothing
+    assert text.count("\nRUN ") == len(names) + 2 + len(staged)
     # Compiled steps build against the installed torch.
     flash = next(s for s in step_commands(stack, image_layout(stack)) if s.name == "flash-attn")
     assert flash.argv[-2:] == ["--lock", "/tmp/sf-lock/flash-attn.txt"] and flash.lock_file == "flash-attn.txt"
@@ -91,7 +94,8 @@ def test_every_compiled_step_gets_every_arch_variable_and_its_own_caches(flavor)
     for name in COMPILED:
         block = run_block(text, name)
         assert "TORCH_CUDA_ARCH_LIST=9.0 FLASH_ATTN_CUDA_ARCHS=90 NVTE_CUDA_ARCHS=90 " in block, name
-        key = re.search(rf"sf {name} compiled --key ({re.escape(flavor)}-{name}-[0-9a-f]{{16}}) --venv /opt/venv -- ", block).group(1)
+        key = re.search(rf"sf {name} compiled --key ({re.escape(flavor)}-{name}-[0-9a-f]{{16}}) --venv /opt/venv (--wheels /tmp/sf-compiled/\1 )?-- ",
+                        block).group(1)
         assert f"--mount=type=cache,id=sf-uv-{key},target=/root/.cache/uv " in block
         assert f"--mount=type=cache,id=sf-pip-{key},target=/root/.cache/pip " in block
         keys[name] = key
@@ -99,7 +103,11 @@ def test_every_compiled_step_gets_every_arch_variable_and_its_own_caches(flavor)
     # Steps that compile nothing share the one uv cache (their wheels are tagged for what they need).
     assert "--mount=type=cache,target=/root/.cache/uv " in run_block(text, "sglang")
     assert "id=sf-" not in run_block(text, "sglang") and "compiled --key" not in run_block(text, "sglang")
-    assert text.count("ARG MAX_JOBS") == 1 and text.index("ARG MAX_JOBS") < text.index("sf flash-attn compiled")
+    # Parallelism reaches the compile stages only (one each), not the main stage's later layers.
+    # cu13's flash-attn installs nothing: no stage of its own, no share of the budget.
+    staged = COMPILED[1:] if flavor == "cu13" else COMPILED
+    assert [n for n in COMPILED if f"AS sf-compile-{n}\n" in text] == staged
+    assert text.count("ARG MAX_JOBS") == len(staged) and text.rindex("ARG MAX_JOBS") < text.index("# --- step 6: transformer-engine")
 
 
 def test_compiled_keys_differ_per_flavor():
@@ -213,7 +221,7 @@ def test_base_given_by_digest_needs_no_docker():
     base = resolve_base(load_stack("cu13"), ref, dry_run=False)
     assert base.to_json() == {"image": ref, "from": ref, "digest": "sha256:" + "a" * 64, "image_id": None} and base.id == base.digest
     text = render_dockerfile(load_stack("cu13"), base.from_ref)
-    assert f"FROM {ref}\n" in text
+    assert f"FROM {ref} AS sf-s0\n" in text
 
 
 def test_a_host_without_a_docker_engine_gets_engine_unavailable(monkeypatch, tmp_path):
@@ -278,3 +286,36 @@ def test_the_build_report_reads_back_what_it_writes_and_names_a_damaged_key():
                              ("size", "big", "`size` has type str, expected int"), ("build_duration_s", True, "`build_duration_s` has type bool")]:
         with pytest.raises(ReportError, match=says):
             BuildReport.from_dict({**doc, key: value})
+
+
+def test_compile_stages_share_the_host():
+    from slimeforge.image.build import compile_pieces
+
+    # The pieces BuildKit compiles at once: cu13's three (its flash-attn installs nothing), cu129's four;
+    # store hits compile nothing.
+    assert compile_pieces(load_stack("cu13"), {}) == 3 and compile_pieces(load_stack("cu129"), {}) == 4
+    assert compile_pieces(load_stack("cu13"), dict.fromkeys(COMPILED, "use")) == 1
+    # Their share on the H100 host: 6 jobs each (memory: 125 GiB / 3 over 6 GiB a job), apex 3 x 4;
+    # on this 2-core machine two at a time with one job each, so both cores stay busy as in series.
+    assert compile_share(3, 125 << 30, 16) == (3, 6, 1) and apex_jobs(6) == (3, 4)
+    assert compile_share(3, 24 << 30, 2) == (2, 1, 1) and compile_share(1, 125 << 30, 16) == (1, 16, 1)
+    # One piece alone gets the whole host, as before.
+    assert compile_share(1, 24 << 30, 2)[1:] == compile_jobs(24 << 30, 2)
+
+
+@pytest.mark.parametrize("flavor", ["cu13", "cu129"])
+def test_compile_stages_depend_on_the_steps_before_them_only(flavor):
+    """BuildKit builds stages that do not depend on each other at once: each compile stage starts
+    FROM the stage of the steps before the compiled ones and reads no other stage; the main stage
+    installs from each in step order."""
+    text = render_dockerfile(load_stack(flavor))
+    stages = re.findall(r"^FROM (\S+) AS (\S+)$", text, re.M)
+    compile_stages = [(parent, name) for parent, name in stages if name.startswith("sf-compile-")]
+    assert compile_stages and all(parent == "sf-s0" for parent, _ in compile_stages)
+    blocks = text.split("\nFROM ")
+    for block in blocks:
+        if block.split(" AS ", 1)[-1].startswith("sf-compile-"):
+            assert "from=sf-compile-" not in block and "SF_COMPILED_PHASE=compile " in block
+    main = blocks[[i for i, b in enumerate(blocks) if b.startswith("sf-s0 AS sf-s1")][0]]
+    order = re.findall(r"--mount=type=bind,from=(sf-compile-\S+?),", main)
+    assert order == [name for _, name in compile_stages]  # installed in step order

@@ -40,8 +40,12 @@ def dockerfile_steps(text: str, layout) -> list[tuple[str, list[list[str]]]]:
     joined = text.replace("\\\n", " ")
     steps = []
     for line in joined.splitlines():
-        if not line.startswith("RUN ") or "/opt/slimeforge/sf " not in line or " finalize finalize " in line:
+        # The compile stages' RUNs (SF_COMPILED_PHASE=compile) are the same steps compiled side by side.
+        if not line.startswith("RUN ") or "/opt/slimeforge/sf " not in line or " finalize finalize " in line or "SF_COMPILED_PHASE=compile" in line:
             continue
+        # The main stage installs a compiled step's wheels from its compile stage (--wheels DIR);
+        # the install script's step compiles them itself in its two phases (sf_run_together).
+        line = re.sub(r" --wheels /tmp/sf-compiled/\S+", "", line)
         cmds = [shlex.split(part.split("/opt/slimeforge/sf ", 1)[1]) for part in line.split(" && ")]
         steps.append((cmds[0][0], [normalise(c[1:], layout) for c in cmds]))
     return steps

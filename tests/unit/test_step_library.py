@@ -130,7 +130,7 @@ def test_shell_files_pass_shellcheck():
 def test_host_compile_jobs_follow_the_image_build_rule(cores, gib, tmp_path):
     # One rule in two places: the image build's (Python, build args) and a host's (bash), for the
     # host's jobs and threads and for apex's split of them.
-    from slimeforge.image.steps import apex_jobs, compile_jobs
+    from slimeforge.image.compilejobs import apex_jobs, compile_jobs
 
     res = sf("sf_compile_jobs", str(cores), str(gib * 1024 * 1024), state=tmp_path)
     assert res.returncode == 0, res.stderr

@@ -109,9 +109,11 @@ def test_a_hit_mounts_the_wheels_and_a_miss_compiles_into_the_store_dir():
     assert f"compiled --key {key} --venv /opt/venv --wheel-out /opt/sf-compiled/{key} -- source_step" in only
     # Up to the compiled step, then a scratch stage with the wheels: no later step, no finalize.
     assert "sf torch-memory-saver" not in only and "finalize" not in only
-    assert only.rstrip().endswith("FROM scratch AS sf-compiled\nCOPY --from=sf-build /opt/sf-compiled/ /")
-    # Without the store the Dockerfile is what it was: the compiled step compiles in place.
-    assert "--wheels" not in render_dockerfile(stack) and "sf-compiled" not in render_dockerfile(stack)
+    # The wheels come straight from the miss's own compile stage.
+    assert only.rstrip().endswith(f"FROM scratch AS sf-compiled\nCOPY --from=sf-compile-apex /opt/sf-compiled/{key} /{key}")
+    # Without the store each compiled step compiles in its stage and nothing comes from the context.
+    plain = render_dockerfile(stack)
+    assert "source=compiled/" not in plain and "FROM scratch" not in plain and "FROM sf-s0 AS sf-compile-apex" in plain
 
 
 def test_a_patch_change_changes_the_key_only_of_its_step():

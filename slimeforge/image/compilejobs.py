@@ -1,0 +1,66 @@
+"""How many compile jobs the compiled steps get: the per-piece rule, and its share when pieces compile at once.
+
+A runtime setting only (it does not change what is built), so it is never in a step's env (that env
+is part of compiled_key). Measured cold on a 16-core, 125 GiB H100 host (benchmarks/compile_bench.py,
+docs/build.md "Compile parallelism"): an nvcc job of Transformer Engine peaks at 2.4 GiB, of apex at
+2.7 GiB, flash-attn's kernels at about 6 GiB. templates/steps.sh (`sf_compile_jobs`, `sf_apex_jobs`,
+`sf_compile_share`) is the same rule for hosts; tests hold the two to each other. Standard library only:
+benchmarks/compile_bench.py imports it on a GPU host that has nothing else of slimeforge's.
+"""
+
+from __future__ import annotations
+
+import os
+
+NVCC_JOB_BYTES = 6 << 30
+NVCC_THREADS_MAX = 4
+APEX_JOBS_PER_EXTENSION = 4
+
+
+def host_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 8 << 30
+
+
+def compile_jobs(mem_bytes: int | None = None, cores: int | None = None) -> tuple[int, int]:
+    """MAX_JOBS and NVCC threads that fit the build host: about 6 GiB per nvcc job (flash-attn's
+    kernels peak there), never more jobs than cores; the spare cores go to NVCC threads (at most 4;
+    nvcc's --threads only runs its per-architecture passes side by side, so with one arch it adds
+    nothing and costs nothing). templates/steps.sh `sf_compile_jobs` is the same rule."""
+    cores = cores or os.cpu_count() or 1
+    if mem_bytes is None:
+        mem_bytes = host_memory()
+    jobs = max(1, min(cores, mem_bytes // NVCC_JOB_BYTES))
+    threads = max(1, min(NVCC_THREADS_MAX, cores // jobs))
+    return int(jobs), int(threads)
+
+
+def apex_jobs(jobs: int) -> tuple[int, int]:
+    """(APEX_PARALLEL_BUILD, MAX_JOBS for apex) from the host's MAX_JOBS. apex builds its ~15
+    extensions one after another unless APEX_PARALLEL_BUILD is set, and each extension's ninja runs
+    at most MAX_JOBS of its own files: with MAX_JOBS=16 alone it took over 480 s on the H100 host.
+    The fastest split measured there was 8 extensions at once with 4 jobs each (158 s; 4x4: 271 s,
+    16x2: over 260 s, 8x8: 189 s): at most 4 jobs per extension, and twice the host's jobs in all,
+    since an apex job peaks at 2.7 GiB, so two fit the 6 GiB that MAX_JOBS budgets per job.
+    templates/steps.sh `sf_apex_jobs` is the same rule."""
+    per_extension = max(1, min(APEX_JOBS_PER_EXTENSION, jobs))
+    return max(1, 2 * jobs // per_extension), per_extension
+
+
+def compile_share(pieces: int, mem_bytes: int | None = None, cores: int | None = None) -> tuple[int, int, int]:
+    """(AT_ONCE, MAX_JOBS, NVCC_THREADS) for `pieces` compiled steps that may compile side by side:
+    at most as many at once as the host has jobs (compile_jobs), and each of those running gets the
+    per-piece rule applied to its share of the memory and the cores. On a 2-core host two pieces run
+    at once with one job each, which keeps both cores busy as one piece with two jobs did; on 16
+    cores and 125 GiB three pieces get 6 jobs each (apex: 3 extensions x 4). templates/steps.sh `sf_compile_share` is the same rule."""
+    cores = cores or os.cpu_count() or 1
+    if mem_bytes is None:
+        mem_bytes = host_memory()
+    host_jobs, _ = compile_jobs(mem_bytes, cores)
+    at_once = max(1, min(pieces, host_jobs))
+    # Cores rounded up: a piece's jobs are not all busy all the time (its setup, its link, the one
+    # long file at the end), so a share a little over the cores keeps them busy; memory rounded down.
+    jobs, threads = compile_jobs(mem_bytes // at_once, -(-cores // at_once))
+    return at_once, jobs, threads
