@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from slimeforge.image.compilejobs import apex_jobs, compile_jobs, compile_share  # noqa: E402  (standard library only)
+from slimeforge.image.compilejobs import apex_jobs, apex_shared, compile_jobs, compile_share  # noqa: E402  (standard library only)
 
 ARCH = "9.0"
 # What each piece needs besides parallelism (the stack's step env and arch variables).
@@ -119,12 +119,13 @@ def parse_run(text: str) -> tuple[str, str, int, dict[str, str]]:
     return m.group(1), m.group(2), int(m.group(3)), {k: v.replace("_", " ") for k, v in settings.items()}
 
 
-def piece_settings(piece: str, jobs: int, threads: int) -> dict[str, str]:
-    """What templates/steps.sh `sf_compiled` exports for a piece given MAX_JOBS and NVCC_THREADS."""
+def piece_settings(piece: str, jobs: int, threads: int, shared: bool = False) -> dict[str, str]:
+    """What templates/steps.sh `sf_compiled` exports for a piece given MAX_JOBS and NVCC_THREADS
+    (`shared`: its share beside other pieces, where apex keeps the host's extension count: apex_shared)."""
     out = {"MAX_JOBS": str(jobs), "NVCC_THREADS": str(threads), "NVTE_BUILD_THREADS_PER_JOB": str(threads),
            "NVCC_APPEND_FLAGS": f"--threads {threads}"}
     if piece == "apex":
-        parallel, per = apex_jobs(jobs)
+        parallel, per = apex_shared(jobs) if shared else apex_jobs(jobs)
         out.update(APEX_PARALLEL_BUILD=str(parallel), MAX_JOBS=str(per))
     return out
 
@@ -148,7 +149,7 @@ def build_set(mode: str, limit: int, sources: Path, work: Path) -> dict:
 
         def one(i: int, p: str) -> None:
             with slots:
-                runs[i] = build(f"{mode}-{p}", p, limit, piece_settings(p, jobs, threads), sources, work)
+                runs[i] = build(f"{mode}-{p}", p, limit, piece_settings(p, jobs, threads, shared=True), sources, work)
 
         threads_ = [threading.Thread(target=one, args=(i, p)) for i, p in enumerate(pieces)]
         for t in threads_:

@@ -36,7 +36,7 @@ from ..schema import ENV_NAME_RE, WHOLE_RE, text_problem, text_problems
 from ..templating import render
 from .buildkit import copy_wheels, failure_text, link_files, parse_progress, stream_build, write_tree
 from .buildreport import BuildReport, CompiledWheels, ReportError, StepTiming
-from .compilejobs import apex_jobs, compile_share
+from .compilejobs import apex_shared, compile_share
 from .dockerapi import EngineUnavailable, ResolvedBase, docker_client, read_from_image, resolve_base
 from .imageref import TAG_RE, image_ref_problems, repository_problems
 from .lockcheck import check_patches
@@ -403,7 +403,7 @@ def _argv(opts: BuildOptions, out: Path, build_args: dict[str, str], labels: dic
     """The docker build command: parallelism sized to this host (the host's share for each of the
     `pieces` compile stages that BuildKit runs at once), the user's build args, the labels."""
     _, jobs, threads = compile_share(pieces)
-    cli_args = {"MAX_JOBS": str(jobs), "NVCC_THREADS": str(threads), "APEX_PARALLEL_BUILD": str(apex_jobs(jobs)[0]),
+    cli_args = {"MAX_JOBS": str(jobs), "NVCC_THREADS": str(threads), "APEX_PARALLEL_BUILD": str(apex_shared(jobs)[0]),
                 **build_args, "SOURCE_DATE_EPOCH": str(epoch)}
     argv = [docker_cli(), "build", "--progress=plain", "-f", str(out / "Dockerfile")]
     # The wheels-only build exports its last stage (the compiled wheels) to a directory, no image.

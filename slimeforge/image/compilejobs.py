@@ -64,3 +64,17 @@ def compile_share(pieces: int, mem_bytes: int | None = None, cores: int | None =
     # long file at the end), so a share a little over the cores keeps them busy; memory rounded down.
     jobs, threads = compile_jobs(mem_bytes // at_once, -(-cores // at_once))
     return at_once, jobs, threads
+
+
+def apex_shared(share_jobs: int, mem_bytes: int | None = None, cores: int | None = None) -> tuple[int, int]:
+    """(APEX_PARALLEL_BUILD, MAX_JOBS for apex) when apex compiles beside other pieces with a share
+    of `share_jobs`: its extensions at once as on the whole host (apex_jobs of compile_jobs), each with
+    the jobs of its share. apex's wall time is set by how many of its ~15 small extensions build at
+    once, not by its total jobs, and it is the set's longest piece: measured on the 16-core, 125 GiB
+    H100 host, the whole cold set (apex, TE, torch_memory_saver) took 324 s with apex cut to its share
+    (3 extensions x 4 jobs), 228 s with 8 x 4 beside TE's 6 jobs (1.23 x the cores' limit; in series
+    282 s, 1.61 x). Memory still fits: 32 apex jobs at 2.7 GiB, 6 TE jobs at 2.4 GiB and
+    torch_memory_saver's one small file peak at about 101 GiB of 125. templates/steps.sh
+    (sf_run_together, sf_compiled) is the same rule."""
+    host_jobs, _ = compile_jobs(mem_bytes, cores)
+    return apex_jobs(host_jobs)[0], apex_jobs(share_jobs)[1]

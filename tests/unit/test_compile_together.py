@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import build_support as bs  # noqa: E402
 
-from slimeforge.image.compilejobs import compile_share  # noqa: E402
+from slimeforge.image.compilejobs import apex_shared, compile_share  # noqa: E402
 from slimeforge.image.install import render_install_script  # noqa: E402
 from slimeforge.image.stack import load_stack  # noqa: E402
 from slimeforge.image.steps import compiled_key  # noqa: E402
@@ -148,6 +148,21 @@ def test_host_share_follows_the_image_build_rule(cores, gib, tmp_path):
         assert tuple(int(x) for x in res.stdout.split()) == compile_share(pieces, gib << 30, cores)
     # On this machine's size two pieces run at once with one job each: both cores busy, as in series.
     assert compile_share(3, 24 << 30, 2) == (2, 1, 1)
+
+
+@pytest.mark.parametrize("cores,gib", [(2, 24), (16, 125), (1, 4), (64, 512)])
+def test_apex_beside_others_keeps_the_hosts_extension_count(cores, gib, tmp_path):
+    """install.sh's group hands apex the extension count sf_apex_jobs gives the whole host's jobs, and
+    sf_compiled splits its share into jobs per extension: the pair equals compilejobs.apex_shared."""
+    lib = Path(__file__).resolve().parents[2] / "templates" / "steps.sh"
+    _, share, _ = compile_share(3, gib << 30, cores)
+    script = ('source "$1"; host=$(sf_compile_jobs "$2" "$3"); ext=$(sf_apex_jobs "${host%% *}"); '
+              'per=$(sf_apex_jobs "$4"); echo "${ext%% *} ${per#* }"')
+    res = subprocess.run(["bash", "-c", script, "sf", str(lib), str(cores), str(gib * 1024 * 1024), str(share)],
+                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "SF_STATE": str(tmp_path)})
+    assert tuple(int(x) for x in res.stdout.split()) == apex_shared(share, gib << 30, cores)
+    # The H100 host's measured setting (docs/build.md): 8 extensions x 4 jobs beside TE's 6.
+    assert apex_shared(compile_share(3, 125 << 30, 16)[1], 125 << 30, 16) == (8, 4)
 
 
 # compiled_key values at 1a0fe99, before the pieces compiled side by side: running them together
