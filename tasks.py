@@ -20,14 +20,21 @@ from slimeforge.errors import SlimeforgeError
 def clean_errors(fn):
     """Print our errors as messages, not tracebacks, with the exit status their class carries: 2 bad
     input or a refused precondition, 1 a failed job, build, install or push (errors.py; the one
-    mapping, docs/exit-codes.md)."""
+    mapping, docs/exit-codes.md). An error whose details were printed already (a preflight's table)
+    says only its one line. A closed stdout (`| head`) ends the task quietly: 141, as SIGPIPE would."""
 
     @functools.wraps(fn)
     def wrapper(c, *args, **kwargs):
         try:
-            return fn(c, *args, **kwargs)
+            result = fn(c, *args, **kwargs)
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+            return result
         except SlimeforgeError as exc:
-            raise Exit(f"error: {exc}", code=exc.exit_code) from None
+            raise Exit(f"error: {exc.headline()}", code=exc.exit_code) from None
+        except BrokenPipeError:
+            from slimeforge.console import quiet_on_closed_pipe
+
+            raise Exit(code=quiet_on_closed_pipe()) from None
 
     return wrapper
 

@@ -197,7 +197,6 @@ def run_recipe(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster |
         if kept:
             stream.write(f"the record of the earlier launch is kept in {plan.rundir.path / 'history' / str(kept)}\n")
         stream.write("\n".join(describe(plan)) + "\n")
-        print(f"  (train.py and {len(plan.rundir.args)} arguments; see {plan.rundir.path / 'slime.args'})", file=sys.stderr)
         return 0
     return apply(target, plan, runner or Runner(), stream)
 

@@ -56,6 +56,13 @@ class PreflightError(ConfigError):
         self.report = report
         super().__init__(source, [Problem(f.check, f"{f.message}; fix: {f.fix}", show_value=False) for f in report.errors])
 
+    def headline(self) -> str:
+        # Every launch prints the report's table (each error with its fix) before raising this:
+        # the command line says so once rather than listing the same errors again.
+        checks = ", ".join(dict.fromkeys(f.check for f in self.report.errors))
+        return (f"{self.source}: {len(self.report.errors)} error(s) ({checks}), each with its fix in the table above; "
+                "--skip-check CHECK turns one into a warning")
+
 
 @dataclass(repr=False)
 class Report:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from ...console import shell_lines
 from ...image.stack import Stack
 from ...proc import Runner
 from ..recipe import Recipe
@@ -65,6 +66,11 @@ class Command:
         unset = " ".join(f"-u {k}" for k in self.unset_env)
         prefix = f"env {unset} {env} ".replace("  ", " ") if (env or unset) else ""
         return prefix + shlex.join(self.argv)
+
+    def shell(self) -> str:
+        """The same command as `text`, as multi-line shell a person reads and pastes (console.shell_lines)."""
+        env = [*(w for k in self.unset_env for w in ("-u", k)), *(f"{k}={v}" for k, v in self.set_env)]
+        return shell_lines([*(["env", *env] if env else []), *self.argv])
 
 
 @dataclass(frozen=True)
@@ -114,7 +120,9 @@ def describe(plan: LaunchPlan) -> list[str]:
         lines.append("mounts (same path inside):")
         lines += [f"  {m.path} ({'rw' if m.writable else 'ro'}; {m.what})" for m in plan.mounts]
     lines.append("would run:")
-    lines += [f"  {c.text()}" for c in plan.commands]
+    lines += [f"  {line}" for c in plan.commands for line in c.shell().splitlines()]
+    if plan.rundir.args:
+        lines.append(f"  (train.py and {len(plan.rundir.args)} arguments; see {plan.rundir.path / 'slime.args'})")
     lines += [f"note: {n}" for n in plan.notes]
     return lines
 
