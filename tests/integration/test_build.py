@@ -154,7 +154,7 @@ def test_cli_dry_run_prints_the_command(env, tmp_path):
                           "--source", f"slime={r['slime']}", "--source", f"libdemo={r['libdemo']}", "--repository", REPO],
                          cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    assert "would run: DOCKER_BUILDKIT=1" in res.stdout and "--progress=plain" in res.stdout
+    assert "would run:\n  DOCKER_BUILDKIT=1 " in res.stdout and "--progress=plain" in res.stdout
     assert (tmp_path / "b" / "Dockerfile").is_file() and (tmp_path / "b" / "context" / "sources" / "slime.git").is_dir()
     assert not (tmp_path / "b" / "report.json").exists()
 

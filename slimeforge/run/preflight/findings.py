@@ -83,6 +83,11 @@ class Report:
     def warnings(self) -> list[Finding]:
         return [f for f in self.findings if f.level == WARNING]
 
+    def to_json(self) -> dict[str, Any]:
+        """The report as `invoke doctor --json` prints it (slimeforge.doctor/1, docs/json.md)."""
+        return {"errors": len(self.errors), "warnings": len(self.warnings), "seconds": round(self.seconds, 3),
+                "findings": [{"check": f.check, "level": f.level, "message": f.message, "fix": f.fix} for f in self.findings]}
+
     def table(self) -> str:
         width = max([len(f.check) for f in self.findings] + [5])
         lines = [f"{'check':<{width}}  {'status':<7}  detail"]

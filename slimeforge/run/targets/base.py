@@ -127,9 +127,23 @@ def describe(plan: LaunchPlan) -> list[str]:
     return lines
 
 
+def plan_doc(plan: LaunchPlan) -> dict[str, Any]:
+    """The plan as `invoke run --dry-run --json` prints it (slimeforge.run-plan/1, docs/json.md):
+    what describe() says, as data. plan.json in the run directory stays the full record."""
+    rec = plan.run.recipe
+    return {
+        "recipe": plan.run.recipe_path, "exp_id": rec.exp_id, "stack": plan.run.stack.id, "target": plan.target,
+        "run_dir": str(plan.rundir.path), "files": list(plan.rundir.files),
+        "mounts": [{"path": m.path, "writable": m.writable, "what": m.what} for m in plan.mounts],
+        "commands": [{"step": c.step, "argv": list(c.argv), "set_env": dict(c.set_env), "unset_env": list(c.unset_env)}
+                     for c in plan.commands],
+        "train_args": len(plan.rundir.args), "notes": list(plan.notes),
+    }
+
+
 @dataclass(frozen=True)
 class RunStatus:
-    """What `run.status` reads back: lines for people, a dict for --as-json."""
+    """What `run.status` reads back: lines for people, a dict for --json (docs/json.md)."""
 
     lines: tuple[str, ...]
     data: dict[str, Any]
