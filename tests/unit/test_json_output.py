@@ -8,9 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import json_shapes
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
