@@ -301,11 +301,11 @@ def lock(c, cuda=None, stack=None, all=False, check=False, complete=False, upgra
             if check:
                 lockcheck.check(ref, echo=lambda s: print(s, flush=True))
             elif complete:
-                lockfacts.complete(ref, echo=lambda s: print(s, flush=True), base_digest=base_digest, router_sha256=router_sha256)
+                lockfacts.complete(ref, echo=diag, base_digest=base_digest, router_sha256=router_sha256)
             else:
                 uvlock.resolve(uvlock.LockOptions(stack=ref, base_digest=base_digest, router_sha256=router_sha256,
                                                   index_url=index_url, sources=list(source or []), upgrade=upgrade,
-                                                  echo=lambda s: print(s, flush=True)))
+                                                  echo=diag))
         except SlimeforgeError as exc:
             if len(refs) == 1:
                 raise
@@ -441,7 +441,7 @@ def wheels_build(c, cuda="cu13", stack=None, registry=None, source=None, build_a
     from slimeforge.image.build import BuildOptions, build_wheels
 
     opts = BuildOptions(stack=stack or cuda, sources=list(source or []), build_args=list(build_arg or []), dry_run=dry_run,
-                        wheel_registry=registry, echo=lambda s: print(s, flush=True))
+                        wheel_registry=registry, echo=diag)
     result = build_wheels(opts)
     for step, r in result.items():
         print(f"{step:<24} {r['source']:<14} {r['key']}")
@@ -454,7 +454,7 @@ def wheels_push(c, cuda="cu13", stack=None, registry=""):
     from slimeforge.image.stack import load_stack
     from slimeforge.image.wheelstore import push_stack
 
-    for step, what in push_stack(load_stack(stack or cuda), registry, echo=lambda s: print(s, flush=True)).items():
+    for step, what in push_stack(load_stack(stack or cuda), registry, echo=diag).items():
         print(f"{step:<24} {what}")
 
 
@@ -465,7 +465,7 @@ def wheels_pull(c, cuda="cu13", stack=None, registry=""):
     from slimeforge.image.stack import load_stack
     from slimeforge.image.wheelstore import pull_stack
 
-    for step, what in pull_stack(load_stack(stack or cuda), registry, echo=lambda s: print(s, flush=True)).items():
+    for step, what in pull_stack(load_stack(stack or cuda), registry, echo=diag).items():
         print(f"{step:<24} {what}")
 
 
