@@ -29,8 +29,10 @@ MAX_TIMES_FILES = 64  # the newest this many earlier builds are read for estimat
 
 
 def took(seconds: float) -> str:
-    """A duration as a person reads it: 42s, 7m 05s, 1h 02m."""
+    """A duration as a person reads it: <1s, 42s, 7m 05s, 1h 02m."""
     s = max(0, math.floor(seconds))
+    if s < 1:
+        return "<1s"
     if s < 60:
         return f"{s}s"
     if s < 3600:
@@ -105,6 +107,7 @@ class Progress:
     def __post_init__(self) -> None:
         self._t0 = self.clock()
         self._vertices: dict[str, _Vertex] = {}
+        self._ended: set[str] = set()  # labels said to have ended: BuildKit shows a FROM twice (resolved, then cached)
         self._lock = threading.Lock()
 
     def _say(self, text: str) -> None:
@@ -132,8 +135,9 @@ class Progress:
         """CACHED, DONE <seconds> or ERROR of a vertex."""
         with self._lock:
             v = self._vertices.pop(vid, None)
-            if v is None:
+            if v is None or (v.label in self._ended and v.started is None):
                 return
+            self._ended.add(v.label)
             if how == "CACHED":
                 self._say(f"{v.label}: cached")
             elif how == "DONE":
