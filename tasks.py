@@ -434,14 +434,15 @@ WHEELS_HELP = {"cuda": "stack flavor (cu13, cu129)", "stack": "any stack file in
 @task(iterable=["source", "build_arg"], help={**WHEELS_HELP, "registry": "pull misses from this registry before compiling",
                                                "source": "NAME=PATH: a local checkout (repeatable)",
                                                "build_arg": "KEY=VALUE for docker build, e.g. MAX_JOBS=4 (repeatable)",
-                                               "dry_run": "say what would be compiled, compile nothing"})
+                                               "dry_run": "say what would be compiled, compile nothing",
+                                               "verbose": "also show BuildKit's raw output (wheels.log has it always)"})
 @clean_errors
-def wheels_build(c, cuda="cu13", stack=None, registry=None, source=None, build_arg=None, dry_run=False):
+def wheels_build(c, cuda="cu13", stack=None, registry=None, source=None, build_arg=None, dry_run=False, verbose=False):
     """Compile only the compiled steps whose key is not stored (MAX_JOBS from this host's memory), and store them."""
     from slimeforge.image.build import BuildOptions, build_wheels
 
     opts = BuildOptions(stack=stack or cuda, sources=list(source or []), build_args=list(build_arg or []), dry_run=dry_run,
-                        wheel_registry=registry, echo=diag)
+                        wheel_registry=registry, echo=diag, verbose=verbose)
     result = build_wheels(opts)
     for step, r in result.items():
         print(f"{step:<24} {r['source']:<14} {r['key']}")
