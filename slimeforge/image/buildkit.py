@@ -14,6 +14,7 @@ from typing import Any
 from .. import paths
 from ..atomic import write_dir
 from ..proc import Runner
+from ..schema import printable
 from .buildprogress import HEARTBEAT_S, Heartbeat, Progress, write_times
 from .sources import dist_files
 
@@ -106,7 +107,7 @@ def stream_build(runner: Runner, argv: list[str], env: dict[str, str], log: Path
             elif m := OUTPUT_RE.match(line):
                 progress.output(m.group(1))
             if "slimeforge: ERROR:" in line and not verbose:
-                echo("  " + line)
+                echo("  " + printable(line))
 
         with Heartbeat(progress):
             rc = runner.stream(argv, on_line, step="docker build", env=env)

@@ -20,6 +20,7 @@ from typing import Any
 
 from .. import records
 from ..atomic import write_file
+from ..schema import printable
 
 TIMES = "step-times.json"  # in a build directory: each step that ran (not cached) and its seconds
 TIMES_SCHEMA = "slimeforge.step-times/1"
@@ -47,8 +48,8 @@ def _times_problem(doc: Any) -> str | None:
     if not isinstance(steps, dict):
         return "`steps` is not an object"
     for name, seconds in steps.items():
-        if len(name) > MAX_STEP_NAME or not name.isprintable():
-            return f"step name {name[:40]!r} is not printable text of at most {MAX_STEP_NAME} characters"
+        if len(name) > MAX_STEP_NAME or printable(name) != name:
+            return f"step name {name[:40]!r} is not text without control characters, of at most {MAX_STEP_NAME} characters"
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < 1e7:
             return f"step {name!r}: seconds {seconds!r} is not a number from 0 to 1e7"
     return None
@@ -120,7 +121,9 @@ class Progress:
     def vertex(self, vid: str, index: str, total: str, name: str) -> None:
         """BuildKit named an instruction (#vid [index/total] ...): it starts, or comes from cache."""
         with self._lock:
-            self._vertices.setdefault(vid, _Vertex(f"step {index}/{total} {name[:60]}", name[:MAX_STEP_NAME]))
+            # BuildKit's text reaches the terminal and step-times.json: never a control character.
+            name = printable(name)[:MAX_STEP_NAME]
+            self._vertices.setdefault(vid, _Vertex(f"step {index}/{total} {name[:60]}", name))
 
     def output(self, vid: str) -> None:
         """A line of a vertex's own output: it is running (said once, with its estimate)."""
@@ -161,7 +164,7 @@ class Progress:
     def raw(self, line: str) -> None:
         if self.verbose:
             with self._lock:
-                self.echo(line)
+                self.echo(printable(line))
 
 
 class Heartbeat:

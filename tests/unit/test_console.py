@@ -147,3 +147,25 @@ def test_preflight_errors_are_printed_once(tmp_path):
     assert all(f.strip()[5:] not in res.stderr for f in fixes)
     (line,) = res.stderr.splitlines()
     assert line.startswith("error: preflight of recipes/gsm8k.yaml: ") and "each with its fix in the table above" in line
+
+
+@pytest.mark.parametrize("steps, why", [
+    ('{"apex": "soon"}', "seconds 'soon' is not a number"),
+    ('{"apex": -1}', "is not a number from 0 to 1e7"),
+    ('{"apex": true}', "is not a number"),
+    ('{"a\\u001b[2J": 1}', "without control characters"),
+    ('[]', "`steps` is not an object"),
+])
+def test_a_damaged_step_times_record_is_refused_by_name(tmp_path, steps, why):
+    (tmp_path / buildprogress.TIMES).write_text(f'{{"schema": "slimeforge.step-times/1", "steps": {steps}}}')
+    with pytest.raises(records.RecordError, match=re.escape(why)):
+        buildprogress.read_times(tmp_path / buildprogress.TIMES)
+
+
+def test_buildkit_text_reaches_the_screen_and_the_record_without_control_characters(tmp_path):
+    script = tmp_path / "buildkit.sh"
+    script.write_text("printf '#2 [1/1] RUN echo \\033[2Jgone\\n#2 0.1 x\\n#2 DONE 1.0s\\n'\n")
+    said: list[str] = []
+    rc, _ = stream_build(Runner(), ["bash", str(script)], {}, tmp_path / "build.log", said.append, verbose=True)
+    assert rc == 0 and not any("\x1b" in s for s in said) and "step 1/1 RUN echo ?[2Jgone: done in 1s" in said[-1]
+    assert buildprogress.read_times(tmp_path / buildprogress.TIMES) == {"RUN echo ?[2Jgone": 1.0}
