@@ -7,7 +7,7 @@ Figures:
 - first_step_line_s: to the first line naming a Dockerfile step ("step N/M" or BuildKit's "[N/M]");
 - longest_step: the step that ran longest (build.log), when BuildKit started it, and when the
   screen first named it (before progress lines, a step was named only once it had ended);
-- lines: how many lines the build printed; total_s; timeline: the first lines, each with its time.
+- lines: how many lines the build printed; total_s; timeline: the first lines, each with its time; last_lines: the end (the summary table).
 The build runs twice (--no-cache --force, same build directory): the figures are the second
 run's, when the last run's time of each step is known (the estimates appear where the code has them).
 
@@ -93,6 +93,7 @@ def main() -> None:
             "estimates_shown": sum("(last run " in text for _, text in lines),
             "lines": len(lines),
             "timeline": [f"{t:6.2f} {text[:110]}" for t, text in lines[:14]],
+            "last_lines": [text[:140] for _, text in lines[-16:]],
             "total_s": round(lines[-1][0], 2),
         }, indent=2))
     finally:
