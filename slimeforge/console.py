@@ -22,6 +22,8 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Any
 
+from .schema import printable
+
 CLOSED_PIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
 WIDE = 10_000  # off a terminal: wide enough that rich never folds or cuts a table's cell
 
@@ -55,14 +57,17 @@ def diag(text: str) -> None:
 
 
 def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], stream: IO[str] | None = None) -> None:
-    """A table (a result: stdout unless told), None cells empty, no cell cut off a terminal."""
+    """A table (a result: stdout unless told), None cells empty, no cell cut off a terminal. Cells
+    hold other tools' text (ssh's errors): each is plain text, never rich markup ("[/]" in a
+    message would be read as a tag), with control characters replaced (schema.printable)."""
     from rich.table import Table
+    from rich.text import Text
 
-    t = Table(title=title, title_justify="left")
+    t = Table(title=None if title is None else Text(printable(title)), title_justify="left")
     for col in columns:
-        t.add_column(col, overflow="fold")
+        t.add_column(Text(col), overflow="fold")
     for row in rows:
-        t.add_row(*("" if v is None else str(v) for v in row))
+        t.add_row(*(Text("" if v is None else printable(str(v))) for v in row))
     console(stream).print(t)
 
 

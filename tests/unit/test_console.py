@@ -169,3 +169,13 @@ def test_buildkit_text_reaches_the_screen_and_the_record_without_control_charact
     rc, _ = stream_build(Runner(), ["bash", str(script)], {}, tmp_path / "build.log", said.append, verbose=True)
     assert rc == 0 and not any("\x1b" in s for s in said) and "step 1/1 RUN echo ?[2Jgone: done in 1s" in said[-1]
     assert buildprogress.read_times(tmp_path / buildprogress.TIMES) == {"RUN echo ?[2Jgone": 1.0}
+
+
+def test_a_cell_is_plain_text_never_markup_nor_an_escape_sequence():
+    """Cells carry other tools' text (ssh's errors): rich markup in it is shown as written (a stray
+    "[/]" would otherwise stop the table), a control character as "?"."""
+    import io
+
+    out = io.StringIO()
+    console.table("hosts", ["host", "error"], [["a", "ssh: [Errno 111] [bold]refused[/bold] [/] \x1b[2J"], ["b", None]], out)
+    assert "ssh: [Errno 111] [bold]refused[/bold] [/] ?[2J" in out.getvalue() and "\x1b" not in out.getvalue()
