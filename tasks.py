@@ -8,29 +8,39 @@ are imported inside the functions that need them, so `invoke --list` and dry run
 from __future__ import annotations
 
 import functools
-import json
 import re
 import sys
+import textwrap
 
 import invoke
 from invoke import Collection, Exit
 from invoke.parser import parser as invoke_parser
 
 from slimeforge import paths
+from slimeforge.console import diag, json_doc, shell_lines
 from slimeforge.errors import SlimeforgeError
+
+JSON_HELP = "print the result as one JSON document (its schema: docs/json.md); diagnostics stay on stderr"
 
 
 def clean_errors(fn):
     """Print our errors as messages, not tracebacks, with the exit status their class carries: 2 bad
     input or a refused precondition, 1 a failed job, build, install or push (errors.py; the one
-    mapping, docs/exit-codes.md)."""
+    mapping, docs/exit-codes.md). An error whose details were printed already (a preflight's table)
+    says only its one line. A closed stdout (`| head`) ends the task quietly: 141, as SIGPIPE would."""
 
     @functools.wraps(fn)
     def wrapper(c, *args, **kwargs):
         try:
-            return fn(c, *args, **kwargs)
+            result = fn(c, *args, **kwargs)
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+            return result
         except SlimeforgeError as exc:
-            raise Exit(f"error: {exc}", code=exc.exit_code) from None
+            raise Exit(f"error: {exc.headline()}", code=exc.exit_code) from None
+        except BrokenPipeError:
+            from slimeforge.console import quiet_on_closed_pipe
+
+            raise Exit(code=quiet_on_closed_pipe()) from None
 
     return wrapper
 
@@ -133,15 +143,17 @@ def short_name(ctx) -> str:
 # --- stack -----------------------------------------------------------------------------------
 
 
-@task(help={"cuda": "stack flavor (cu13, cu129) or a stack YAML path", "as_json": "print JSON"})
+@task(help={"cuda": "stack flavor (cu13, cu129) or a stack YAML path", "json_": JSON_HELP})
 @clean_errors
-def stack_show(c, cuda="cu13", as_json=False):
+def stack_show(c, cuda="cu13", json_=False):
     """Print a stack's resolved pins and ordered install steps."""
     from slimeforge.image.stack import load_stack
 
     stack = load_stack(cuda)
-    if as_json:
-        print(json.dumps({"id": stack.id, "hash": stack.hash, "pins": stack.pins(), "steps": [s.to_json() for s in stack.plan]}, indent=2))
+    if json_:
+        print(json_doc("slimeforge.stack/1", {"id": stack.id, "hash": stack.hash, "version": stack.version, "cuda": stack.cuda,
+                                               "python": stack.python, "driver_min": stack.driver_min, "pins": stack.pins(),
+                                               "steps": [s.to_json() for s in stack.plan]}))
         return
     print(f"stack {stack.id}  (version {stack.version}, CUDA {stack.cuda}, Python {stack.python}, driver >= R{stack.driver_min})")
     width = max(len(k) for k in stack.pins())
@@ -192,21 +204,24 @@ SSH_CONFIG_HELP = "your own ssh config file for the hosts (ssh -F), used as is i
         "time": "--slurm: the time limit, [D-]HH:MM:SS",
         "nodes": "--slurm: nodes (default: the recipe's num_nodes)",
         "squashfs_dir": "--slurm, container mode: import the image once to a squashfs in this shared directory; every node reads it",
+        "json_": "with --dry-run: " + JSON_HELP,
     },
     default=True,
 )
 @clean_errors
 def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=None, image=None, prefix=None, catalog=None,
               skip_check=None, no_network=False, cluster=None, slurm=False, partition=None, account=None, time=None, nodes=None,
-              squashfs_dir=None, ssh_config=None):
+              squashfs_dir=None, ssh_config=None, json_=False):
     """Validate a recipe, preflight, start Ray, submit, stream the logs (--dry-run: print the plan, start nothing)."""
     from slimeforge.run.launch import LaunchRequest, run_recipe
 
+    if json_ and not dry_run:
+        raise Exit("error: --json: the plan is printed as JSON by a dry run; add --dry-run (a launch streams the job's logs)", code=2)
     req = LaunchRequest(recipe=recipe, out=out, overrides=tuple(set_ or ()), address=address, mode=mode, image=image, prefix=prefix,
                         catalog=catalog, skip_checks=tuple(skip_check or ()), network_checks=not no_network, cluster=cluster,
                         slurm=slurm, partition=partition, account=account, time=time, nodes=None if nodes is None else str(nodes),
                         squashfs_dir=squashfs_dir)
-    code = run_recipe(req, dry_run=dry_run, find_cluster=lambda inventory, dry: _cluster_jobs_api(inventory, dry, ssh_config))
+    code = run_recipe(req, dry_run=dry_run, plan_json=json_, find_cluster=lambda inventory, dry: _cluster_jobs_api(inventory, dry, ssh_config))
     if code:
         raise Exit(code=code)
 
@@ -229,17 +244,19 @@ def _inventory(path, ssh_config):
 RUN_HELP = {"run": "the run directory or the recipe that was launched, e.g. runs/gsm8k-3b-smoke"}
 
 
-@task(positional=["run"], help={**RUN_HELP, "as_json": "print JSON"})
+@task(positional=["run"], help={**RUN_HELP, "json_": JSON_HELP})
 @clean_errors
-def run_status(c, run, as_json=False):
+def run_status(c, run, json_=False):
     """Status of a launched run's job (and whether the Ray head slimeforge started is up; a Slurm run: its job)."""
     from slimeforge.run.launch import run_dir_of, target_of
     from slimeforge.schema import printable
 
     path = run_dir_of(run)
-    st = target_of(path).status(path)
+    target = target_of(path)
+    st = target.status(path)
     # The lines carry Ray's and Slurm's text (a job's message, a reason): no escape sequence reaches the terminal.
-    print(json.dumps(st.data, indent=2, default=str) if as_json else "\n".join(printable(line) for line in st.lines))
+    print(json_doc("slimeforge.run-status/1", {"target": "slurm" if target.name == "slurm" else "ray-job", **st.data}) if json_
+          else "\n".join(printable(line) for line in st.lines))
 
 
 @task(positional=["run"], help={**RUN_HELP, "follow": "keep streaming until the job ends"})
@@ -284,11 +301,12 @@ def run_stop(c, run, head=False):
         "no_network": "leave out the checks that need the network",
         "list_checks": "list the checks and exit",
         "kernels": "also run every compiled piece on this host's GPU (the install's or image's kernel check; seconds per piece)",
+        "json_": JSON_HELP,
     },
 )
 @clean_errors
 def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=None, prefix=None, catalog=None, skip_check=None,
-           no_network=False, list_checks=False, kernels=False):
+           no_network=False, list_checks=False, kernels=False, json_=False):
     """Preflight: report every problem (with its fix) that would stop a launch, before anything starts."""
     from slimeforge.run import preflight as doc
 
@@ -297,7 +315,7 @@ def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=
         return
     report = doc.doctor(recipe, list(set_ or ()), cuda=cuda, address=address, mode=mode, image=image, prefix=prefix, catalog=catalog,
                         skip=list(skip_check or ()), network=not no_network, gpu_checks=kernels)
-    print(report.table())
+    print(json_doc("slimeforge.doctor/1", report.to_json()) if json_ else report.table())
     if report.errors:
         raise Exit(code=2)  # a refused precondition (docs/exit-codes.md)
 
@@ -380,11 +398,11 @@ def lock(c, cuda=None, stack=None, all=False, check=False, complete=False, upgra
             if check:
                 lockcheck.check(ref, echo=lambda s: print(s, flush=True))
             elif complete:
-                lockfacts.complete(ref, echo=lambda s: print(s, flush=True), base_digest=base_digest, router_sha256=router_sha256)
+                lockfacts.complete(ref, echo=diag, base_digest=base_digest, router_sha256=router_sha256)
             else:
                 uvlock.resolve(uvlock.LockOptions(stack=ref, base_digest=base_digest, router_sha256=router_sha256,
                                                   index_url=index_url, sources=list(source or []), upgrade=upgrade,
-                                                  echo=lambda s: print(s, flush=True)))
+                                                  echo=diag))
         except SlimeforgeError as exc:
             if len(refs) == 1:
                 raise
@@ -414,11 +432,12 @@ def lock(c, cuda=None, stack=None, all=False, check=False, complete=False, upgra
         "ca_bundle": "CA bundle for downloads during the build (default: $SSL_CERT_FILE)",
         "no_store": "compile the compiled steps in place, without the compiled-wheel store",
         "wheel_registry": "also pull compiled wheels missing here from REGISTRY (see wheels.pull)",
+        "verbose": "also show BuildKit's raw output (build.log in the build directory has it always)",
     },
 )
 @clean_errors
 def build(c, cuda="cu13", stack=None, out=None, dry_run=False, base_image=None, source=None, build_arg=None, no_cache=False,
-          force=False, tag=None, repository=None, ca_bundle=None, no_store=False, wheel_registry=None):
+          force=False, tag=None, repository=None, ca_bundle=None, no_store=False, wheel_registry=None, verbose=False):
     """Build the image of a stack with BuildKit: content-addressed, patched, smoke-tested, reported."""
     from pathlib import Path
 
@@ -427,9 +446,15 @@ def build(c, cuda="cu13", stack=None, out=None, dry_run=False, base_image=None, 
 
     opts = BuildOptions(stack=stack or cuda, out=Path(out) if out else None, dry_run=dry_run, base_image=base_image,
                         sources=list(source or []), build_args=list(build_arg or []), no_cache=no_cache, force=force,
-                        tags=list(tag or []), repository=repository, ca_bundle=ca_bundle, echo=lambda s: print(s, flush=True),
-                        use_store=not no_store, wheel_registry=wheel_registry)
-    run_build(opts)
+                        tags=list(tag or []), repository=repository, ca_bundle=ca_bundle, echo=diag,
+                        use_store=not no_store, wheel_registry=wheel_registry, verbose=verbose)
+    result = run_build(opts)  # progress went to stderr (diag); the result goes to stdout
+    if dry_run:
+        print("would run:\n" + textwrap.indent(shell_lines(result["command"], result["env"], trailing=1), "  "))
+    else:
+        from slimeforge.image.buildreport import BuildReport
+
+        print(BuildReport.from_dict(result).summary_table())
 
 
 @task(help={
@@ -506,14 +531,15 @@ WHEELS_HELP = {"cuda": "stack flavor (cu13, cu129)", "stack": "any stack file in
 @task(iterable=["source", "build_arg"], help={**WHEELS_HELP, "registry": "pull misses from this registry before compiling",
                                                "source": "NAME=PATH: a local checkout (repeatable)",
                                                "build_arg": "KEY=VALUE for docker build, e.g. MAX_JOBS=4 (repeatable)",
-                                               "dry_run": "say what would be compiled, compile nothing"})
+                                               "dry_run": "say what would be compiled, compile nothing",
+                                               "verbose": "also show BuildKit's raw output (wheels.log has it always)"})
 @clean_errors
-def wheels_build(c, cuda="cu13", stack=None, registry=None, source=None, build_arg=None, dry_run=False):
+def wheels_build(c, cuda="cu13", stack=None, registry=None, source=None, build_arg=None, dry_run=False, verbose=False):
     """Compile only the compiled steps whose key is not stored (MAX_JOBS from this host's memory), and store them."""
     from slimeforge.image.build import BuildOptions, build_wheels
 
     opts = BuildOptions(stack=stack or cuda, sources=list(source or []), build_args=list(build_arg or []), dry_run=dry_run,
-                        wheel_registry=registry, echo=lambda s: print(s, flush=True))
+                        wheel_registry=registry, echo=diag, verbose=verbose)
     result = build_wheels(opts)
     for step, r in result.items():
         print(f"{step:<24} {r['source']:<14} {r['key']}")
@@ -526,7 +552,7 @@ def wheels_push(c, cuda="cu13", stack=None, registry=""):
     from slimeforge.image.stack import load_stack
     from slimeforge.image.wheelstore import push_stack
 
-    for step, what in push_stack(load_stack(stack or cuda), registry, echo=lambda s: print(s, flush=True)).items():
+    for step, what in push_stack(load_stack(stack or cuda), registry, echo=diag).items():
         print(f"{step:<24} {what}")
 
 
@@ -537,23 +563,24 @@ def wheels_pull(c, cuda="cu13", stack=None, registry=""):
     from slimeforge.image.stack import load_stack
     from slimeforge.image.wheelstore import pull_stack
 
-    for step, what in pull_stack(load_stack(stack or cuda), registry, echo=lambda s: print(s, flush=True)).items():
+    for step, what in pull_stack(load_stack(stack or cuda), registry, echo=diag).items():
         print(f"{step:<24} {what}")
 
 
 @task(iterable=["stack"], help={"cuda": "stack flavor (cu13, cu129)", "stack": "a stack file (repeatable; with --unused: also counted as used)",
                                 "unused": "list the stored keys that no stack uses (images/*.yaml and --stack files)",
                                 "registry": "also say which keys this registry has (credentials: the docker config)",
-                                "as_json": "print JSON"})
+                                "json_": JSON_HELP})
 @clean_errors
-def wheels_ls(c, cuda="cu13", stack=None, unused=False, registry=None, as_json=False):
+def wheels_ls(c, cuda="cu13", stack=None, unused=False, registry=None, json_=False):
     """Compiled keys of a stack: hit or miss here, where each is stored, its size."""
     from slimeforge.image import wheelstore
     from slimeforge.image.stack import load_stack
 
     if unused:
         keys = wheelstore.unused(wheelstore.known_stacks(list(stack or [])))
-        print(json.dumps(keys) if as_json else "\n".join(f"{wheelstore.store_root() / k}" for k in keys) or "no unused keys")
+        print(json_doc("slimeforge.wheels-unused/1", {"store": str(wheelstore.store_root()), "unused": keys}) if json_
+              else "\n".join(f"{wheelstore.store_root() / k}" for k in keys) or "no unused keys")
         return
     creds = None
     if registry:
@@ -561,8 +588,8 @@ def wheels_ls(c, cuda="cu13", stack=None, unused=False, registry=None, as_json=F
 
         creds = docker_config_credentials(wheelstore.remote_ref(registry, "k").registry)
     rows = [r for s in (stack or [cuda]) for r in wheelstore.listing(load_stack(s), registry=registry, credentials=creds)]
-    if as_json:
-        print(json.dumps(rows, indent=2))
+    if json_:
+        print(json_doc("slimeforge.wheels/1", {"store": str(wheelstore.store_root()), "keys": rows}))
         return
     print(f"store {wheelstore.store_root()}")
     for r in rows:
@@ -595,15 +622,15 @@ def cluster_up(c, inventory, dry_run=False, nccl_check=False, ssh_config=None):
     print(f"launch on it: invoke run RECIPE --cluster {inventory}" + (f" --ssh-config {ssh_config}" if ssh_config else ""))
 
 
-@task(positional=["inventory"], help={"inventory": "cluster inventory YAML, e.g. recipes/clusters/example.yaml", "as_json": "print JSON", "ssh_config": SSH_CONFIG_HELP})
+@task(positional=["inventory"], help={"inventory": "cluster inventory YAML, e.g. recipes/clusters/example.yaml", "json_": JSON_HELP, "ssh_config": SSH_CONFIG_HELP})
 @clean_errors
-def cluster_status(c, inventory, as_json=False, ssh_config=None):
+def cluster_status(c, inventory, json_=False, ssh_config=None):
     """Show each host of a cluster: our Ray process, its node, GPUs (Ray / nvidia-smi), Python and Ray versions."""
     from slimeforge.cluster.statustable import print_table, status
 
     rows = status(_inventory(inventory, ssh_config))
-    if as_json:
-        print(json.dumps(rows, indent=2))
+    if json_:
+        print(json_doc("slimeforge.cluster-status/1", {"inventory": inventory, "hosts": rows}))
         return
     print_table(f"cluster {inventory}", rows)
 

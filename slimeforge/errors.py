@@ -40,6 +40,10 @@ class SlimeforgeError(Exception):
 
     exit_code = 2
 
+    def headline(self) -> str:
+        """What the command line prints: the whole message, unless it was shown already."""
+        return str(self)
+
 
 class OperationFailed(SlimeforgeError):
     """A job, build, install, push or external command ran and failed: exit 1."""

@@ -77,12 +77,7 @@ COLUMNS = ("host", "role", "address", "node_ip", "ray_process", "node", "gpus_ra
 
 
 def print_table(title: str, rows: list[dict[str, Any]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    """The rows as a table on stdout: full width off a terminal (console.table), no cell cut."""
+    from ..console import table
 
-    table = Table(title=title, title_justify="left")
-    for col in COLUMNS:
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*("" if row.get(col) is None else str(row[col]) for col in COLUMNS))
-    Console().print(table)
+    table(title, COLUMNS, ([row.get(col) for col in COLUMNS] for row in rows))

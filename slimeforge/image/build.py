@@ -35,6 +35,7 @@ from ..proc import Runner
 from ..schema import ENV_NAME_RE, WHOLE_RE, text_problem, text_problems
 from ..templating import render
 from .buildkit import copy_wheels, failure_text, link_files, parse_progress, stream_build, write_tree
+from .buildprogress import past_times
 from .buildreport import BuildReport, CompiledWheels, ReportError, StepTiming
 from .compilejobs import apex_shared, compile_share
 from .dockerapi import EngineUnavailable, ResolvedBase, docker_client, read_from_image, resolve_base
@@ -89,7 +90,8 @@ class BuildOptions:
     # TLS-intercepting proxy. Default: the host's SSL_CERT_FILE. Not part of the content hash.
     ca_bundle: str | None = None
     build_root: Path = paths.BUILDS
-    echo: Callable[[str], None] = print
+    echo: Callable[[str], None] = print  # progress and warnings (the command line: stderr)
+    verbose: bool = False  # also echo BuildKit's every raw line (build.log has them always)
     # The compiled-wheel store (wheelstore.py): a compiled step whose key is stored installs its
     # wheels (nothing compiles); a miss is compiled first (`wheels_only` build) and stored.
     use_store: bool = True
@@ -520,10 +522,11 @@ def build_wheels(opts: BuildOptions) -> dict[str, dict[str, Any]]:
         for n in make:
             result[n]["source"] = "would compile"
         return result
-    opts.echo(f"compiling {', '.join(make)} for the store ({p.dir})")
+    opts.echo(f"compiling {', '.join(make)} for the store ({p.dir}; log {p.dir / 'wheels.log'})")
     export = p.dir / "compiled-out"
     shutil.rmtree(export, ignore_errors=True)
-    rc, lines = stream_build(opts.runner, p.argv, p.env, p.dir / "wheels.log", opts.echo)
+    rc, lines = stream_build(opts.runner, p.argv, p.env, p.dir / "wheels.log", opts.echo, verbose=opts.verbose,
+                             estimates=past_times(opts.build_root, p.stack.name, p.dir))
     if rc != 0:
         raise BuildError(f"compiling the wheels of {p.stack.id} failed (log: {p.dir / 'wheels.log'}):\n{failure_text(lines)}")
     for name, c in make.items():
@@ -539,6 +542,7 @@ def build(opts: BuildOptions) -> dict[str, Any]:
     """Build (or recognise as built) the image of a stack. Returns the report (also report.json)."""
     started = time.monotonic()
     echo = opts.echo
+    echo(f"build of {opts.stack}: checking the lock, base image, patches and compiled wheels ...")
     store_result = build_wheels(opts) if opts.use_store and not opts.wheels_only and not opts.dry_run else {}
     p = prepare(opts)
     echo(f"stack {p.stack.id}: build {p.hash[:12]} in {p.dir}")
@@ -546,13 +550,12 @@ def build(opts: BuildOptions) -> dict[str, Any]:
         echo(f"  compiled step {name}: " + ("from the store" if c.mode == "use" else "compiled for the store first" if
                                             opts.dry_run and c.storable and opts.use_store else "compiled in place") + f" ({c.key})")
     if opts.dry_run:
-        import shlex
-
-        echo("would run: " + " ".join(f"{k}={v}" for k, v in p.env.items()) + " " + shlex.join(p.argv))
         if p.provisional:
             echo("the plan is provisional: what the warnings above name is missing, so this build hash and the compiled keys "
                  "are not yet the real build's; a real `invoke build` fills what it can reach first")
-        return {"dry_run": True, "provisional": p.provisional, "build_hash": p.hash, "dir": str(p.dir), "tag": p.tag, "human_tags": p.human_tags, "command": p.argv}
+        # The command itself is the dry run's result: the caller prints it (tasks.build: as multi-line shell).
+        return {"dry_run": True, "provisional": p.provisional, "build_hash": p.hash, "dir": str(p.dir), "tag": p.tag,
+                "human_tags": p.human_tags, "command": p.argv, "env": p.env}
 
     client = docker_client()
     pull_base(client, p.base, echo)
@@ -564,7 +567,9 @@ def build(opts: BuildOptions) -> dict[str, Any]:
         echo(f"image {p.tag} ({image_id[:19]}) is up to date: nothing to build (--force rebuilds)")
         steps, duration, skipped = previous.steps if previous else [], previous.build_duration_s if previous else None, True
     else:
-        rc, lines = stream_build(opts.runner, p.argv, p.env, p.dir / LOG, echo)
+        echo(f"building with BuildKit (every line in {p.dir / LOG}{'' if opts.verbose else '; --verbose shows them'})")
+        rc, lines = stream_build(opts.runner, p.argv, p.env, p.dir / LOG, echo, verbose=opts.verbose,
+                                 estimates=past_times(opts.build_root, p.stack.name, p.dir))
         if rc != 0:
             raise BuildError(f"docker build of {p.stack.id} failed (log: {p.dir / LOG}):\n{failure_text(lines)}")
         image_id = records.read_text(p.dir / "image.id", "image.id", IMAGE_ID_RE, "sha256:<64 hex digits> (docker build --iidfile)") or ""
@@ -595,8 +600,7 @@ def build(opts: BuildOptions) -> dict[str, Any]:
         out_files[FLAGS] = files[in_flags]
     out_files[REPORT] = json.dumps(report.to_json(), indent=2) + "\n"
     write_dir(p.dir, out_files, last=REPORT)
-    echo(report.summary_table())
-    return report.to_json()
+    return report.to_json()  # the result: the caller prints it (tasks.build: report.summary_table())
 
 
 def _previous_report(path: Path) -> BuildReport | None:

@@ -14,6 +14,8 @@ from typing import Any
 from .. import paths
 from ..atomic import write_dir
 from ..proc import Runner
+from ..schema import printable
+from .buildprogress import HEARTBEAT_S, Heartbeat, Progress, write_times
 from .sources import dist_files
 
 
@@ -55,6 +57,7 @@ def write_tree(root: Path, files: dict[str, str | bytes], modes: dict[str, int])
 
 VERTEX_RE = re.compile(r"^#(\d+) \[(?:[^\]]*? )?(\d+)/(\d+)\] (.+)$")
 STATUS_RE = re.compile(r"^#(\d+) (CACHED|DONE (\d+(?:\.\d+)?)s|ERROR\b.*)$")
+OUTPUT_RE = re.compile(r"^#(\d+) \d+(?:\.\d+)? ")  # a vertex's own output: "#12 3.141 text"
 STEP_RE = re.compile(re.escape(paths.IMAGE_STATE) + r"/sf (\S+)")
 
 
@@ -81,26 +84,35 @@ def parse_progress(lines: list[str]) -> list[dict[str, Any]]:
     return sorted(steps.values(), key=lambda s: s["index"])
 
 
-def stream_build(runner: Runner, argv: list[str], env: dict[str, str], log: Path, echo: Callable[[str], None]) -> tuple[int, list[str]]:
-    """Run the build, keep every line in build.log, and show progress: one line per instruction."""
+def stream_build(runner: Runner, argv: list[str], env: dict[str, str], log: Path, echo: Callable[[str], None], *,
+                 estimates: dict[str, float] | None = None, verbose: bool = False,
+                 heartbeat_s: float = HEARTBEAT_S) -> tuple[int, list[str]]:
+    """Run the build, keep every line in `log`, and show progress (buildprogress.Progress): "step
+    N/M name" as each runs, with its last run's time, a heartbeat for a long one, its time or
+    "cached" at the end; every raw line too when `verbose`. The steps' times go to step-times.json
+    beside the log, for the next build's estimates (also when the build fails: what ran, ran)."""
     lines: list[str] = []
-    seen: dict[str, str] = {}
+    progress = Progress(echo, log, dict(estimates or {}), verbose, heartbeat_s)
     with log.open("w") as fh:
 
         def on_line(line: str) -> None:
             fh.write(line + "\n")
             lines.append(line)
-            m = VERTEX_RE.match(line)
-            if m and m.group(1) not in seen:
+            progress.raw(line)
+            if m := VERTEX_RE.match(line):
                 step = STEP_RE.search(m.group(4))
-                seen[m.group(1)] = f"[{m.group(2)}/{m.group(3)}] {step.group(1) if step else m.group(4)[:60]}"
-                return
-            m = STATUS_RE.match(line)
-            if m and m.group(1) in seen:
-                echo(f"  {seen[m.group(1)]:<48} {m.group(2)}")
-            elif "slimeforge: ERROR:" in line:
-                echo("  " + line)
-        rc = runner.stream(argv, on_line, step="docker build", env=env)
+                progress.vertex(m.group(1), m.group(2), m.group(3), step.group(1).strip("'") if step else m.group(4))
+            elif m := STATUS_RE.match(line):
+                progress.ended(m.group(1), m.group(2).split(" ", 1)[0], float(m.group(3)) if m.group(3) else None)
+            elif m := OUTPUT_RE.match(line):
+                progress.output(m.group(1))
+            if "slimeforge: ERROR:" in line and not verbose:
+                echo("  " + printable(line))
+
+        with Heartbeat(progress):
+            rc = runner.stream(argv, on_line, step="docker build", env=env)
+    if progress.measured:
+        write_times(log.parent, progress.measured, estimates or {})
     return rc, lines
 
 

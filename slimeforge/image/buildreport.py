@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .. import paths
+from .buildprogress import took  # the one way a duration is written for people
 
 REPORT = paths.BUILD_REPORT
 T = TypeVar("T")
@@ -160,5 +161,7 @@ class BuildReport:
         hits = sum(1 for s in self.steps if s.cached)
         rows.append(f"image {self.tag}  id {self.image_id[:19]}  size {(self.size or 0) / 1e6:.1f} MB  "
                     f"cache {hits}/{len(self.steps)}" + ("  (skipped: up to date)" if self.skipped else ""))
+        if self.duration_s is not None and not self.skipped:
+            rows.append(f"took {took(self.duration_s)}" + ("" if self.build_duration_s is None else f" (BuildKit {took(self.build_duration_s)})"))
         rows.append(f"report {self.dir}/{REPORT}  flags {self.flags}")
         return "\n".join(rows)

@@ -280,7 +280,7 @@ class PlanStep:
     editable: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The step as JSON: what `invoke stack.show --as-json` prints and compiled keys hash (a pip
+        """The step as JSON: what `invoke stack.show --json` prints and compiled keys hash (a pip
         step always has index_url, null when it uses the default index)."""
         out: dict[str, Any] = {"name": self.name, "kind": self.kind, "env": dict(self.env), "compiles": self.compiles,
                                "no_deps": self.no_deps, "constrain_later": self.constrain_later,

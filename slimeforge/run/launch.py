@@ -30,7 +30,7 @@ from .modechoice import resolve_mode
 from .recipe import EXP_ID_RE, Recipe, load_recipe_data, parse_overrides
 from .recipecheck import load_recipe, parse_recipe
 from .rundir import HEAD_TIMEOUT_S, read_plan, write_run_dir
-from .targets.base import LaunchPlan, ResolvedRun, Target, describe
+from .targets.base import LaunchPlan, ResolvedRun, Target, describe, plan_doc
 from .targets.local import ContainerTarget, HostTarget
 
 if TYPE_CHECKING:
@@ -181,10 +181,11 @@ def local_target(recipe: Recipe, address: str | None, cluster: str | None = None
 
 
 def run_recipe(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | None = None, stream: IO[str] | None = None,
-               runner: Runner | None = None, environ: dict[str, str] | None = None) -> int:
+               runner: Runner | None = None, environ: dict[str, str] | None = None, plan_json: bool = False) -> int:
     """`invoke run` and `SlimeRunner.train()`: plan; then print it (dry run: the run directory is
-    written, nothing starts) or apply it (preflight, write the run directory, run the plan's
-    commands); the job's exit code. `runner`: a proc.Runner (a dry-run one records argv lists)."""
+    written, nothing starts; `plan_json`: as slimeforge.run-plan/1, docs/json.md) or apply it
+    (preflight, write the run directory, run the plan's commands); the job's exit code. `runner`:
+    a proc.Runner (a dry-run one records argv lists)."""
     stream = stream or sys.stdout
     target, run = resolve(req, dry_run=dry_run, find_cluster=find_cluster, environ=environ)
     plan = target.plan(run)
@@ -195,10 +196,14 @@ def run_recipe(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster |
         # A dry run renders into the run directory too: never over a live run's record; an ended one's goes to history/<n>/.
         kept = guard_render(plan.rundir.path, exp_id=plan.run.recipe.exp_id)
         write_run_dir(plan.rundir)
+        if plan_json:
+            from ..console import json_doc
+
+            stream.write(json_doc("slimeforge.run-plan/1", {**plan_doc(plan), "kept_history": kept or None}) + "\n")
+            return 0
         if kept:
             stream.write(f"the record of the earlier launch is kept in {plan.rundir.path / 'history' / str(kept)}\n")
         stream.write("\n".join(describe(plan)) + "\n")
-        print(f"  (train.py and {len(plan.rundir.args)} arguments; see {plan.rundir.path / 'slime.args'})", file=sys.stderr)
         for warning in dry_run_warnings(plan.run.recipe, plan.run.environ):
             print(f"warning: {warning}", file=sys.stderr)
         return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import build_support as bs
 import pytest
 
 from slimeforge.errors import ConfigError
-from slimeforge.image.build import BuildError, BuildOptions, build
+from slimeforge.image.build import BuildError, BuildOptions, build, docker_cli
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -154,7 +155,11 @@ def test_cli_dry_run_prints_the_command(env, tmp_path):
                           "--source", f"slime={r['slime']}", "--source", f"libdemo={r['libdemo']}", "--repository", REPO],
                          cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    assert "would run: DOCKER_BUILDKIT=1" in res.stdout and "--progress=plain" in res.stdout
+    # stdout is the result alone: the command as shell, one option a line, ending with the context; progress went to stderr.
+    assert res.stdout.startswith("would run:\n  DOCKER_BUILDKIT=1 ") and "\n      --progress=plain \\\n" in res.stdout
+    words = shlex.split(res.stdout.removeprefix("would run:\n").replace("\\\n", ""))
+    assert words[:3] == ["DOCKER_BUILDKIT=1", docker_cli(), "build"] and words[-1] == str(tmp_path / "b" / "context")
+    assert "build of " in res.stderr and "build of " not in res.stdout
     assert (tmp_path / "b" / "Dockerfile").is_file() and (tmp_path / "b" / "context" / "sources" / "slime.git").is_dir()
     assert not (tmp_path / "b" / "report.json").exists()
 

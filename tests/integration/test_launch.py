@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import json_shapes
 import pytest
 import yaml
 from launch_support import (
@@ -190,6 +191,11 @@ def test_run_stop_head_stops_a_running_job_and_its_head_and_a_live_run_is_never_
 
         status = subprocess.run([sys.executable, "-m", "invoke", "run.status", str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert status.returncode == 0 and f"{sid}: RUNNING" in status.stdout and f"Ray head pid {pid} (started by slimeforge for this run)" in status.stdout
+        as_json = subprocess.run([sys.executable, "-m", "invoke", "run.status", str(run_dir), "--json"], cwd=ROOT, capture_output=True, text=True,
+                                 timeout=120)
+        doc = json.loads(as_json.stdout)  # stdout holds the one document (docs/json.md), nothing else
+        json_shapes.check(doc, "slimeforge.run-status/1")
+        assert (doc["target"], doc["status"], doc["submission_id"], doc["head_pid"], doc["run_dir"]) == ("ray-job", "RUNNING", sid, pid, str(run_dir))
 
         stop = subprocess.run([sys.executable, "-m", "invoke", "run.stop", str(run_dir), "--head"], cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert stop.returncode == 0, stop.stdout + stop.stderr

@@ -119,5 +119,5 @@ def test_container_mode_job_runs_in_the_image_and_reads_only_what_travels(head_i
     assert seen["files"] == ["agentcore.yaml", "job.sh"]  # what travelled: the job's files, nothing else of the run directory
     (shard,) = (shared / "ckpt").iterdir()
     assert shard.name.startswith("shard-")
-    st = subprocess.run([sys.executable, "-m", "invoke", "run.status", str(out), "--as-json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    st = subprocess.run([sys.executable, "-m", "invoke", "run.status", str(out), "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert st.returncode == 0 and json.loads(st.stdout)["status"] == "SUCCEEDED", st.stdout + st.stderr

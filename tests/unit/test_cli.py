@@ -65,9 +65,9 @@ def test_wheels_tasks_refuse_a_bad_registry_and_list_keys(tmp_path):
                              capture_output=True, text=True, timeout=120, env={**os.environ, **env_store})
         assert out.returncode == 2 and "--registry: is not a registry host[:port][/path] (got 'myhost/team')" in out.stderr, out.stderr
         assert "Traceback" not in out.stderr
-    out = subprocess.run([sys.executable, "-m", "invoke", "wheels.ls", "--cuda", "cu13", "--as-json"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "invoke", "wheels.ls", "--cuda", "cu13", "--json"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120, env={**os.environ, **env_store})
     assert out.returncode == 0, out.stderr
-    rows = {r["step"]: r for r in json.loads(out.stdout)}
+    rows = {r["step"]: r for r in json.loads(out.stdout)["keys"]}
     assert rows["apex"]["status"] == "miss" and rows["flash-attn"]["status"] == "not stored"
     assert not (tmp_path / "store").exists()  # listing writes nothing

@@ -50,14 +50,15 @@ def test_every_command_on_the_page_runs_as_far_as_this_machine_allows(tmp_path, 
         ran.append(task)
         out = r.stdout + r.stderr
         if task == "build":
-            assert r.returncode == 0 and "would run: DOCKER_BUILDKIT=1" in out, out
+            assert r.returncode == 0 and "would run:\n  DOCKER_BUILDKIT=1 " in out, out
         elif task == "publish":  # nothing was built here: the dry run says so, naming the step to run first
             assert r.returncode == 2 and "run invoke build --cuda cu13 first" in out, out
         elif task == "cluster.up":
             assert r.returncode == 0 and "gpu-a (head, 10.0.0.11, 8 GPU(s))" in out and "gpu-b (worker, gpu-b, 8 GPU(s))" in out, out
         elif task == "run" and "--dry-run" in argv:
             assert r.returncode == 0, out
-            assert "target ray-cluster" in out and "bash job.sh" in out and "container mode, image 123456789012.dkr.ecr" in out, out
+            joined = re.sub(r" \\\n\s+", " ", out)  # the command as the shell reads it: continuations joined
+            assert "target ray-cluster" in out and "bash job.sh" in joined and "container mode, image 123456789012.dkr.ecr" in out, out
             assert (run_dir / "job.sh").exists() and "--custom-config-path\nagentcore.yaml" in (run_dir / "slime.args").read_text()
         elif task == "run":  # no cluster was brought up from here
             assert r.returncode == 2 and "run `invoke cluster.up recipes/clusters/example.yaml` first" in out, out

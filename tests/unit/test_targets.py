@@ -101,7 +101,11 @@ def test_dry_run_prints_the_plan_the_launch_executes(gpu_host, monkeypatch, mode
     plan = executed["plan"]
     assert describe(plan) == shown  # the same plan, line for line
     assert executed["argv"] == [list(c.argv) for c in plan.commands]  # and that is what ran
-    assert [line.strip() for line in would_run if not line.startswith("note:")] == [c.text() for c in plan.commands]
+    # Each command as multi-line shell (one option per line), then the count of train.py's arguments, then the notes.
+    commands = [line for line in would_run if not line.startswith(("note:", "  (train.py and "))]
+    assert "\n".join(commands) == "\n".join(f"  {line}" for c in plan.commands for line in c.shell().splitlines())
+    # The same words once the shell joins the ` \` continuations.
+    assert [shlex.split(c.shell().replace("\\\n", "")) for c in plan.commands] == [shlex.split(c.text()) for c in plan.commands]
     assert shlex.split(plan.commands[-1].text())[-1].endswith("launch.sh")
     if mode == "container":
         assert executed["argv"][0][:2] == ["docker", "run"] and IMAGE in executed["argv"][0]

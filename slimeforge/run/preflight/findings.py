@@ -57,6 +57,13 @@ class PreflightError(ConfigError):
         self.report = report
         super().__init__(source, [Problem(f.check, f"{f.message}; fix: {f.fix}", show_value=False) for f in report.errors])
 
+    def headline(self) -> str:
+        # Every launch prints the report's table (each error with its fix) before raising this:
+        # the command line says so once rather than listing the same errors again.
+        checks = ", ".join(dict.fromkeys(f.check for f in self.report.errors))
+        return (f"{self.source}: {len(self.report.errors)} error(s) ({checks}), each with its fix in the table above; "
+                "--skip-check CHECK turns one into a warning")
+
 
 @dataclass(repr=False)
 class Report:
@@ -76,6 +83,11 @@ class Report:
     @property
     def warnings(self) -> list[Finding]:
         return [f for f in self.findings if f.level == WARNING]
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as `invoke doctor --json` prints it (slimeforge.doctor/1, docs/json.md)."""
+        return {"errors": len(self.errors), "warnings": len(self.warnings), "seconds": round(self.seconds, 3),
+                "findings": [{"check": f.check, "level": f.level, "message": f.message, "fix": f.fix} for f in self.findings]}
 
     def table(self) -> str:
         width = max([len(f.check) for f in self.findings] + [5])

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from ...console import shell_lines
 from ...image.stack import Stack
 from ...proc import Runner
 from ..recipe import Recipe
@@ -65,6 +66,11 @@ class Command:
         unset = " ".join(f"-u {k}" for k in self.unset_env)
         prefix = f"env {unset} {env} ".replace("  ", " ") if (env or unset) else ""
         return prefix + shlex.join(self.argv)
+
+    def shell(self) -> str:
+        """The same command as `text`, as multi-line shell a person reads and pastes (console.shell_lines)."""
+        env = [*(w for k in self.unset_env for w in ("-u", k)), *(f"{k}={v}" for k, v in self.set_env)]
+        return shell_lines([*(["env", *env] if env else []), *self.argv])
 
 
 @dataclass(frozen=True)
@@ -119,14 +125,30 @@ def describe(plan: LaunchPlan) -> list[str]:
         lines.append("mounts (same path inside):")
         lines += [f"  {m.path} ({'rw' if m.writable else 'ro'}; {m.what})" for m in plan.mounts]
     lines.append("would run:")
-    lines += [f"  {c.text()}" for c in plan.commands]
+    lines += [f"  {line}" for c in plan.commands for line in c.shell().splitlines()]
+    if plan.rundir.args:
+        lines.append(f"  (train.py and {len(plan.rundir.args)} arguments; see {plan.rundir.path / 'slime.args'})")
     lines += [f"note: {n}" for n in plan.notes]
     return lines
 
 
+def plan_doc(plan: LaunchPlan) -> dict[str, Any]:
+    """The plan as `invoke run --dry-run --json` prints it (slimeforge.run-plan/1, docs/json.md):
+    what describe() says, as data. plan.json in the run directory stays the full record."""
+    rec = plan.run.recipe
+    return {
+        "recipe": plan.run.recipe_path, "exp_id": rec.exp_id, "stack": plan.run.stack.id, "target": plan.target,
+        "run_dir": str(plan.rundir.path), "files": list(plan.rundir.files),
+        "mounts": [{"path": m.path, "writable": m.writable, "what": m.what} for m in plan.mounts],
+        "commands": [{"step": c.step, "argv": list(c.argv), "set_env": dict(c.set_env), "unset_env": list(c.unset_env)}
+                     for c in plan.commands],
+        "train_args": len(plan.rundir.args), "notes": list(plan.notes),
+    }
+
+
 @dataclass(frozen=True)
 class RunStatus:
-    """What `run.status` reads back: lines for people, a dict for --as-json."""
+    """What `run.status` reads back: lines for people, a dict for --json (docs/json.md)."""
 
     lines: tuple[str, ...]
     data: dict[str, Any]

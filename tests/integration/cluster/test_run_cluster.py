@@ -145,7 +145,7 @@ def test_run_on_the_cluster_reads_everything_on_the_hosts(up):
     shards = sorted(p.name for p in (up["shared"] / "ckpt" / "sf-cluster-run").iterdir())
     assert shards == sorted(f"shard-{h.ip}" for h in lab.hosts)
     # status and logs read the Jobs API records of this run.
-    st = invoke("run.status", str(out), "--as-json")
+    st = invoke("run.status", str(out), "--json")
     assert st.returncode == 0, st.stdout + st.stderr
     data = json.loads(st.stdout)
     assert data["status"] == "SUCCEEDED" and data["address"] == up["address"].dashboard and data["attached"]
@@ -168,7 +168,7 @@ def test_stop_stops_the_job_on_the_cluster(up):
         while not ((out / "job.log").exists() and "standin: waiting" in (out / "job.log").read_text()):
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.stdout else ""
             time.sleep(1)
-        assert json.loads(invoke("run.status", str(out), "--as-json").stdout)["status"] == "RUNNING"
+        assert json.loads(invoke("run.status", str(out), "--json").stdout)["status"] == "RUNNING"
         stop = invoke("run.stop", str(out), "--head")
         assert stop.returncode == 0, stop.stdout + stop.stderr
         assert "stopped: job" in stop.stdout and "no head of ours to stop" in stop.stdout  # the cluster is cluster.up's
@@ -177,7 +177,7 @@ def test_stop_stops_the_job_on_the_cluster(up):
         if proc.poll() is None:
             proc.kill()
     assert code == 1
-    assert json.loads(invoke("run.status", str(out), "--as-json").stdout)["status"] == "STOPPED"
+    assert json.loads(invoke("run.status", str(out), "--json").stdout)["status"] == "STOPPED"
 
 
 def test_refusals_name_the_host_before_anything_is_submitted(up):
