@@ -90,7 +90,8 @@ def test_only_conventional_short_flags(name):
 
 
 def test_the_short_flags_are_found_where_they_are():
-    assert short_flags(CONTEXTS["build"]) == {"-t": "--tag"}
+    assert short_flags(CONTEXTS["build"]) == {"-t": "--tag", "-v": "--verbose"}
+    assert short_flags(CONTEXTS["wheels.build"]) == {"-v": "--verbose"}
     assert short_flags(CONTEXTS["publish"]) == {"-t": "--tag"}
     assert short_flags(CONTEXTS["run.logs"]) == {"-f": "--follow"}
     assert {flag for ctx in CONTEXTS.values() for flag in short_flags(ctx)} <= set(CONVENTIONAL)
