@@ -24,6 +24,9 @@ STEP_RUNNER = paths.TEMPLATES / "sf"
 # torch, which the venv has); the image gets them in /opt/slimeforge, the install script writes them
 # to SF_STATE.
 TARGET_SCRIPTS = {name: paths.SCRIPTS / name for name in ("flag_catalog.py", "kernel_check.py")}
+# Run only in images, by the last RUN (after finalize): the venv's largest directories, for the build report.
+IMAGE_SCRIPTS = {name: paths.SCRIPTS / name for name in ("venv_sizes.py",)}
+VENV_SIZES_RECORD = "venv-sizes.json"
 # The step library's own Python (the venv against the lock: every step runs it), copied with the
 # library before the first step: a change to it re-does every step, as a change to steps.sh does.
 LIBRARY_SCRIPTS = {name: paths.SCRIPTS / name for name in ("venvlock.py",)}
@@ -328,3 +331,8 @@ def smoke_argv(stack: Stack, layout: Layout, flags: str | None = None) -> list[s
     if slime_source(stack):
         argv += ["--flags", flags or f"{layout.state}/flags.json", *catalog_args(stack, layout)]
     return argv
+
+
+def venv_sizes_argv(layout: Layout) -> list[str]:
+    """The image's last command: scripts/venv_sizes.py with the venv's Python, into the state directory."""
+    return [f"{layout.venv}/bin/python", "-I", f"{layout.state}/venv_sizes.py", layout.venv, f"{layout.state}/{VENV_SIZES_RECORD}"]
