@@ -108,12 +108,18 @@ def fetch(host: str, repo: str, digest: str, dest: Path) -> float:
     return time.monotonic() - started
 
 
-def decompress(blob: Path, compression: str) -> float:
-    """Decompression alone (into /dev/null), timed: the part of unpack the compression decides."""
+def decompress(blob: Path, compression: str) -> tuple[float, int]:
+    """Decompression alone (its output counted, then dropped), timed: the part of unpack the
+    compression decides; and the uncompressed bytes."""
     started = time.monotonic()
-    with open("/dev/null", "wb") as sink:
-        subprocess.run([compression, "-dc", str(blob)], stdout=sink, check=True)
-    return time.monotonic() - started
+    proc = subprocess.Popen([compression, "-dc", str(blob)], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    total = 0
+    while chunk := proc.stdout.read(1 << 20):
+        total += len(chunk)
+    if proc.wait() != 0:
+        raise RuntimeError(f"{compression} -dc {blob} failed")
+    return time.monotonic() - started, total
 
 
 def unpack(blob: Path, compression: str, into: Path) -> tuple[float, int]:
@@ -152,7 +158,8 @@ def ctr_cleanup() -> None:
         subprocess.run(["ctr", "--address", CONTAINERD, "namespaces", "rm", CTR_NS], capture_output=True)
 
 
-def measure(client, image_id: str, workdir: Path, compressions: list[str], changed_step: str, with_ctr: bool) -> dict:
+def measure(client, image_id: str, workdir: Path, compressions: list[str], changed_step: str, with_ctr: bool,
+            with_unpack: bool = True) -> dict:
     inspect = client.api.inspect_image(image_id)
     out: dict = {"image": image_id, "size": inspect.get("Size"), "compressions": {}}
     registry = LocalRegistry(workdir / "registry", None, tls=False).start()
@@ -179,19 +186,19 @@ def measure(client, image_id: str, workdir: Path, compressions: list[str], chang
             for i, (desc, diff_id) in enumerate(zip(doc["layers"], config["rootfs"]["diff_ids"], strict=True)):
                 blob = workdir / f"blob-{compression}-{i}"
                 download_s = fetch(registry.host, repo, desc["digest"], blob)
-                decompress_s = decompress(blob, compression)
-                unpack_s, raw = unpack(blob, compression, workdir / f"rootfs-{compression}-{i}")
+                decompress_s, raw = decompress(blob, compression)
+                unpack_s = unpack(blob, compression, workdir / f"rootfs-{compression}-{i}")[0] if with_unpack else None
                 blob.unlink()
                 push_layer = per_layer_push.get(diff_id[7:19]) if figures is None else (figures[i].compress_s + (figures[i].upload_s or 0))
                 layers.append({"index": i + 1, "step": labels[i], "size": desc["size"], "uncompressed": raw,
                                "push_s": None if push_layer is None else round(push_layer, 3), "download_s": round(download_s, 3),
-                               "decompress_s": round(decompress_s, 3), "unpack_s": round(unpack_s, 3)})
+                               "decompress_s": round(decompress_s, 3), "unpack_s": None if unpack_s is None else round(unpack_s, 3)})
             pull_s = ctr_pull(registry.host, repo, tag) if with_ctr else None
             first = next((i for i, lay in enumerate(layers) if lay["step"] == changed_step), None)
             out["compressions"][compression] = {
                 "push_s": round(push_s, 2), "bytes": sum(lay["size"] for lay in layers),
                 "uncompressed": sum(lay["uncompressed"] for lay in layers),
-                "download_s": round(sum(lay["download_s"] for lay in layers), 2), "unpack_s": round(sum(lay["unpack_s"] for lay in layers), 2),
+                "download_s": round(sum(lay["download_s"] for lay in layers), 2), "unpack_s": round(sum(lay["unpack_s"] for lay in layers), 2) if with_unpack else None,
                 "decompress_s": round(sum(lay["decompress_s"] for lay in layers), 2),
                 "containerd_pull_s": None if pull_s is None else round(pull_s, 2),
                 "changed_step": changed_step,
@@ -217,8 +224,10 @@ def table(result: dict) -> str:
         rows.append(f"  {'#':>3} {'step':<24} {'MB':>9} {'MB raw':>9} {'push s':>8} {'get s':>7} {'decomp s':>9} {'unpack s':>9}")
         for lay in r["layers"]:
             push = "" if lay["push_s"] is None else f"{lay['push_s']:.2f}"
-            rows.append(f"  {lay['index']:>3} {lay['step'][:24]:<24} {lay['size'] / 1e6:>9.1f} {lay['uncompressed'] / 1e6:>9.1f} "
-                        f"{push:>8} {lay['download_s']:>7.2f} {lay['decompress_s']:>9.2f} {lay['unpack_s']:>9.2f}")
+            raw = f"{lay['uncompressed'] / 1e6:.1f}"
+            unpacked = "" if lay["unpack_s"] is None else f"{lay['unpack_s']:.2f}"
+            rows.append(f"  {lay['index']:>3} {lay['step'][:24]:<24} {lay['size'] / 1e6:>9.1f} {raw:>9} "
+                        f"{push:>8} {lay['download_s']:>7.2f} {lay['decompress_s']:>9.2f} {unpacked:>9}")
     return "\n".join(rows)
 
 
@@ -229,6 +238,7 @@ def main() -> int:
     parser.add_argument("--compression", action="append", choices=layerpush.COMPRESSIONS, help="default: both")
     parser.add_argument("--changed-step", default="slime")
     parser.add_argument("--no-containerd", action="store_true", help="skip the end-to-end containerd pull")
+    parser.add_argument("--no-unpack", action="store_true", help="skip tar -x of each layer (containerd's pull unpacks too)")
     parser.add_argument("--workdir", default="/var/tmp")
     parser.add_argument("--json", help="write the figures here too")
     args = parser.parse_args()
@@ -243,7 +253,7 @@ def main() -> int:
     image_id = client.images.get(image).id
     with tempfile.TemporaryDirectory(prefix="sf-pull-bench-", dir=args.workdir) as tmp:
         result = measure(client, image_id, Path(tmp), args.compression or list(layerpush.COMPRESSIONS), args.changed_step,
-                         not args.no_containerd)
+                         not args.no_containerd, not args.no_unpack)
     result["ref"] = image
     print(table(result))
     if args.json:

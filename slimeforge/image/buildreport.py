@@ -112,7 +112,7 @@ class VenvSizes:
     largest first: a size regression shows in the build that made it."""
 
     venv: str
-    bytes: int
+    total: int  # bytes (the record's key `bytes`)
     largest: list[tuple[str, int]]
 
     @classmethod
@@ -150,10 +150,10 @@ class VenvSizes:
         return cls.from_dict(doc, where)
 
     def to_json(self) -> dict[str, Any]:
-        return {"venv": self.venv, "bytes": self.bytes, "largest": [{"path": p, "bytes": b} for p, b in self.largest]}
+        return {"venv": self.venv, "bytes": self.total, "largest": [{"path": p, "bytes": b} for p, b in self.largest]}
 
     def lines(self) -> list[str]:
-        rows = [f"venv {self.venv}: {self.bytes / 1e9:.2f} GB; largest directories:"]
+        rows = [f"venv {self.venv}: {self.total / 1e9:.2f} GB; largest directories:"]
         rows += [f"  {b / 1e9:>7.2f} GB  {p}" for p, b in self.largest]
         return rows
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import paths
@@ -203,6 +203,10 @@ def step_commands(stack: Stack, layout: Layout, base: str | None = None, store: 
     compiles), or ("make", DIR) to compile its wheels into DIR for the store (wheelstore.py)."""
     store = store or {}
     out: list[StepCommand] = []
+    late_patches: list[list[str]] = []  # apply_patch argv of every patch that waits for the patches step
+    late_files: list[str] = []
+    late_source: StepCommand | None = None
+    latest = latest_source(stack)
     venv_done = False
     versions = stack.versions
     with_python = {s.name for s in stack.steps if s.python}
@@ -228,8 +232,14 @@ def step_commands(stack: Stack, layout: Layout, base: str | None = None, store: 
             argv = ["source_step", "--venv", layout.venv, "--step", name, "--name", src, "--url", layout.source_urls.get(src, step.git),
                     "--commit", step.commit, "--dest", layout.source_dir(stack, src), "--lock", f"{layout.lock_dir}/{lock_file(name)}"]
             for p in step.patches:
-                if p.target == src:
+                # An editable checkout is read where it lies, so its patch can wait for the patches
+                # step; any other is copied by its install, so its patch goes first.
+                if p.target == src and not step.editable:
                     argv += ["--patch", patch_spec(p, layout)]
+                elif p.target == src:
+                    late_patches.append(["apply_patch", p.file, p.method, str(p.strip), f"{layout.patches_dir}/{p.file}",
+                                         layout.source_dir(stack, src)])
+                    late_files.append(p.file)
             if step.editable:
                 argv.append("--editable")
                 # Megatron's editable install must be a plain path entry (`megatron.training` is
@@ -243,13 +253,43 @@ def step_commands(stack: Stack, layout: Layout, base: str | None = None, store: 
             mode = store.get(name)
             argv = ["compiled", "--key", key, "--venv", layout.venv,
                     *([f"--{'wheels' if mode[0] == 'use' else 'wheel-out'}", mode[1]] if mode else []), "--", *argv]
-        # Patches of installed packages are applied right after the step that installed them.
-        post = [["apply_patch", p.file, p.method, str(p.strip), f"{layout.patches_dir}/{p.file}",
-                 stack.site_packages.replace(stack.venv, layout.venv, 1)] for p in step.patches if p.target == "site-packages"]
-        out.append(StepCommand(name, kind, argv, env, compiles=step.compiles, patch_files=patch_files, post=post, source=step.source,
-                               compiled_key=key, store=store.get(name, (None,))[0] if step.compiles else None,
-                               editable=bool(step.editable)))
+        # Patches of installed packages wait for the patches step (see PATCHES_STEP).
+        late = [p for p in step.patches if p.target == "site-packages"]
+        late_patches += [["apply_patch", p.file, p.method, str(p.strip), f"{layout.patches_dir}/{p.file}",
+                          stack.site_packages.replace(stack.venv, layout.venv, 1)] for p in late]
+        late_files += [p.file for p in late]
+        own_files = [f for f in patch_files if f not in late_files]
+        cmd = StepCommand(name, kind, argv, env, compiles=step.compiles, patch_files=own_files, source=step.source,
+                          compiled_key=key, store=store.get(name, (None,))[0] if step.compiles else None,
+                          editable=bool(step.editable), slice_of=name if kind in ("pip", "wheel_url", "source") else None)
+        if kind == "source" and step.source == latest and step.editable and not step.compiles:
+            # Its requirements stay here; the checkout itself goes last (see PATCHES_STEP).
+            if "--lock" in argv:
+                at = argv.index("--lock")
+                out.append(StepCommand(f"{name}{REQUIREMENTS_SUFFIX}", "pip", ["pip_step", "--venv", layout.venv, "--step", name,
+                                                                             "--lock", argv[at + 1]], slice_of=name))
+                cmd = replace(cmd, argv=argv[:at] + argv[at + 2:], slice_of=None)
+            late_source = cmd
+            continue
+        out.append(cmd)
+    if late_patches:
+        out.append(StepCommand(PATCHES_STEP, "patches", late_patches[0], post=late_patches[1:], patch_files=late_files))
+    if late_source is not None:
+        out.append(late_source)
     return out
+
+
+# What changes most often goes last, so that it moves few bytes: a new slime commit (and the patches,
+# which come from slime's tree) re-does only these layers, and every earlier layer stays the same
+# layer on every node. In order: the patches of installed packages and of editable checkouts (one
+# small layer of the files they change), then the checkout of the most often bumped source (slime),
+# whose requirements stay at its place in the stack's list, as `<step>-requirements`.
+PATCHES_STEP, REQUIREMENTS_SUFFIX = "patches", "-requirements"
+
+
+def latest_source(stack: Stack) -> str | None:
+    """The source bumped most often: slime (the patches come from its tree too)."""
+    return slime_source(stack)
 
 
 @dataclass(frozen=True)
@@ -269,11 +309,12 @@ class StepCommand:
     compiled_key: str | None = None
     store: str | None = None
     editable: bool = False
+    slice_of: str | None = None  # the stack step whose slice of the lock it installs (none: None)
 
     @property
     def lock_file(self) -> str | None:
         """Its slice of the lock, for a step that installs one."""
-        return lock_file(self.name) if self.kind in ("pip", "wheel_url", "source") else None
+        return lock_file(self.slice_of) if self.slice_of else None
 
     def to_json(self) -> dict[str, object]:
         """As the Dockerfile template reads it (and its values are checked for control characters)."""

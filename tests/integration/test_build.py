@@ -126,7 +126,10 @@ def test_new_slime_commit_rebuilds_only_the_last_layers(first, env):
     report = run_build(env, stack=stack)
     assert report["build_hash"] != first["build_hash"]
     cached = {s["name"]: s["cached"] for s in report["steps"] if s["name"] not in ("copy", "from")}
-    assert cached == {"venv": True, "build-tools": True, "six": True, "libdemo": True, "idna": True, "slime": False, "finalize": False}
+    # slime's checkout is the last step (its requirements, and the patches, stay cached before it).
+    assert cached == {"venv": True, "build-tools": True, "six": True, "libdemo": True, "idna": True, "slime-requirements": True,
+                      "patches": True, "slime": False, "finalize": False}
+    assert [s["name"] for s in report["steps"] if s["name"] not in ("copy", "from")][-3:] == ["patches", "slime", "finalize"]
     # What a node pulls for it: every layer before slime's is the very same layer (same diff_id).
     before, after = inspect(first["image_id"])["RootFS"]["Layers"], inspect(report["image_id"])["RootFS"]["Layers"]
     assert len(before) == len(after) and before != after

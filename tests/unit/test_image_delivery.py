@@ -175,7 +175,7 @@ def test_venv_sizes_script_measures_each_directory_once(tmp_path):
     assert venv_sizes.main([str(venv), str(out)]) == 0
     sizes = VenvSizes.parse(out.read_bytes(), str(out))
     assert sizes.largest == [("lib/python3.12/site-packages/torch", 5000), ("bin", 300), ("lib/python3.12/site-packages/six", 100)]
-    assert sizes.bytes == 5407 and sizes.venv == str(venv)
+    assert sizes.total == 5407 and sizes.venv == str(venv)
 
 
 def sizes_doc(**over) -> dict:
