@@ -138,6 +138,35 @@ def unpack(blob: Path, compression: str, into: Path) -> tuple[float, int]:
     return seconds, int(m.group(1)) if m else -1
 
 
+def tree_bytes(image_id: str, paths: list[str], compression: str) -> tuple[int, int]:
+    """(uncompressed tar bytes, compressed bytes) of `paths` in the image, as a layer holding only
+    them would be: `tar -c` in a container, compressed here (gzip -6, Docker's; zstd -3, publish's)."""
+    tar = subprocess.Popen(["docker", "run", "--rm", "--network", "none", image_id, "tar", "-c", "-C", "/",
+                            *[p.lstrip("/") for p in paths]], stdout=subprocess.PIPE)
+    level = "-6" if compression == "gzip" else "-3"
+    comp = subprocess.Popen([compression, level, "-c"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert tar.stdout is not None and comp.stdin is not None and comp.stdout is not None
+    raw = 0
+    import threading
+
+    packed = [0]
+
+    def count() -> None:
+        while chunk := comp.stdout.read(1 << 20):
+            packed[0] += len(chunk)
+
+    reader = threading.Thread(target=count)
+    reader.start()
+    while chunk := tar.stdout.read(1 << 20):
+        raw += len(chunk)
+        comp.stdin.write(chunk)
+    comp.stdin.close()
+    reader.join()
+    if tar.wait() != 0 or comp.wait() != 0:
+        raise RuntimeError(f"tar of {paths} in {image_id} failed")
+    return raw, packed[0]
+
+
 def ctr_pull(host: str, repo: str, tag: str) -> float | None:
     if not Path(CONTAINERD).exists() or not shutil.which("ctr"):
         return None
@@ -241,6 +270,9 @@ def main() -> int:
     parser.add_argument("--no-unpack", action="store_true", help="skip tar -x of each layer (containerd's pull unpacks too)")
     parser.add_argument("--workdir", default="/var/tmp")
     parser.add_argument("--json", help="write the figures here too")
+    parser.add_argument("--late-tree", action="append", default=[],
+                        help="a path in the image (repeatable) whose layer alone a change moves in the new layer order "
+                             "(e.g. /root/slime: the checkout, which is the last step): its size as a layer, per compression")
     args = parser.parse_args()
 
     import docker
@@ -255,6 +287,13 @@ def main() -> int:
         result = measure(client, image_id, Path(tmp), args.compression or list(layerpush.COMPRESSIONS), args.changed_step,
                          not args.no_containerd, not args.no_unpack)
     result["ref"] = image
+    if args.late_tree:
+        result["late_tree"] = {"paths": args.late_tree, **{c: dict(zip(("uncompressed", "bytes"), tree_bytes(image_id, args.late_tree, c),
+                                                                         strict=True))
+                                                             for c in args.compression or list(layerpush.COMPRESSIONS)}}
+        print(f"a layer of {', '.join(args.late_tree)} alone: " + ", ".join(
+            f"{c} {v['bytes'] / 1e6:.1f} MB ({v['uncompressed'] / 1e6:.1f} MB raw)" for c, v in result["late_tree"].items()
+            if c in layerpush.COMPRESSIONS))
     print(table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
