@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -108,18 +109,21 @@ def fetch(host: str, repo: str, digest: str, dest: Path) -> float:
     return time.monotonic() - started
 
 
-def decompress(blob: Path, compression: str) -> tuple[float, int]:
-    """Decompression alone (its output counted, then dropped), timed: the part of unpack the
-    compression decides; and the uncompressed bytes."""
+def decompress(blob: Path, compression: str) -> tuple[float, float, int]:
+    """Decompression alone (its output counted, then dropped): wall seconds, the decompressor's own
+    CPU seconds (user + system: what it costs a node, whatever else shares the host's cores), and
+    the uncompressed bytes."""
     started = time.monotonic()
     proc = subprocess.Popen([compression, "-dc", str(blob)], stdout=subprocess.PIPE)
     assert proc.stdout is not None
     total = 0
     while chunk := proc.stdout.read(1 << 20):
         total += len(chunk)
-    if proc.wait() != 0:
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
         raise RuntimeError(f"{compression} -dc {blob} failed")
-    return time.monotonic() - started, total
+    return time.monotonic() - started, usage.ru_utime + usage.ru_stime, total
 
 
 def unpack(blob: Path, compression: str, into: Path) -> tuple[float, int]:
@@ -259,13 +263,14 @@ def measure(client, image_id: str, workdir: Path, compressions: list[str], chang
             for i, (desc, diff_id) in enumerate(zip(doc["layers"], config["rootfs"]["diff_ids"], strict=True)):
                 blob = workdir / f"blob-{compression}-{i}"
                 download_s = fetch(registry.host, repo, desc["digest"], blob)
-                decompress_s, raw = decompress(blob, compression)
+                decompress_s, decompress_cpu_s, raw = decompress(blob, compression)
                 unpack_s = unpack(blob, compression, workdir / f"rootfs-{compression}-{i}")[0] if with_unpack else None
                 blob.unlink()
                 push_layer = per_layer_push.get(diff_id[7:19]) if figures is None else (figures[i].compress_s + (figures[i].upload_s or 0))
                 layers.append({"index": i + 1, "step": labels[i], "size": desc["size"], "uncompressed": raw,
                                "push_s": None if push_layer is None else round(push_layer, 3), "download_s": round(download_s, 3),
-                               "decompress_s": round(decompress_s, 3), "unpack_s": None if unpack_s is None else round(unpack_s, 3)})
+                               "decompress_s": round(decompress_s, 3),
+                               "decompress_cpu_s": round(decompress_cpu_s, 3), "unpack_s": None if unpack_s is None else round(unpack_s, 3)})
             pull_s = ctr_pull(registry.host, repo, tag) if with_ctr else None
             first = next((i for i, lay in enumerate(layers) if lay["step"] == changed_step), None)
             out["compressions"][compression] = {
@@ -274,6 +279,7 @@ def measure(client, image_id: str, workdir: Path, compressions: list[str], chang
                 "uncompressed": sum(lay["uncompressed"] for lay in layers),
                 "download_s": round(sum(lay["download_s"] for lay in layers), 2), "unpack_s": round(sum(lay["unpack_s"] for lay in layers), 2) if with_unpack else None,
                 "decompress_s": round(sum(lay["decompress_s"] for lay in layers), 2),
+                "decompress_cpu_s": round(sum(lay["decompress_cpu_s"] for lay in layers), 2),
                 "containerd_pull_s": None if pull_s is None else round(pull_s, 2),
                 "changed_step": changed_step,
                 "changed_step_bytes": None if first is None else sum(lay["size"] for lay in layers[first:]),
@@ -293,7 +299,7 @@ def table(result: dict) -> str:
         changed = ("is not in the image" if r["changed_step_bytes"] is None else
                    f"pulls {r['changed_step_bytes'] / 1e6:.1f} MB ({r['changed_step_uncompressed'] / 1e6:.1f} MB unpacked)")
         rows.append(f"{compression}: {r['bytes'] / 1e6:.1f} MB compressed of {r['uncompressed'] / 1e6:.1f} MB; push {r['push_s']} s, "
-                    f"download {r['download_s']} s, decompress {r['decompress_s']} s, unpack {r['unpack_s']} s, "
+                    f"download {r['download_s']} s, decompress {r['decompress_s']} s ({r['decompress_cpu_s']} CPU s), unpack {r['unpack_s']} s, "
                     f"containerd pull {r['containerd_pull_s']} s; a change of step {r['changed_step']} {changed}")
         rows.append(f"  {'#':>3} {'step':<24} {'MB':>9} {'MB raw':>9} {'push s':>8} {'get s':>7} {'decomp s':>9} {'unpack s':>9}")
         for lay in r["layers"]:
