@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from ..errors import SlimeforgeError
+from ..errors import OperationFailed
 from .registry import RegistryAPI
 
 COMPRESSIONS = ("gzip", "zstd")  # gzip: the Engine's own push (the default); zstd: this module
@@ -47,8 +47,9 @@ _MEMBER_RE = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+){0,2}")  # <id>/layer
 CHUNK = 1 << 20
 
 
-class LayerPushError(SlimeforgeError):
-    """The image read out of the Docker Engine is not what its config says, or cannot be pushed as asked."""
+class LayerPushError(OperationFailed):
+    """The image read out of the Docker Engine is not what its config says (exit 1; the whole archive
+    is read and checked before the first upload, so nothing was sent)."""
 
 
 @dataclass(frozen=True)

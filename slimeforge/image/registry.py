@@ -330,11 +330,10 @@ class RegistryAPI:
         return self.retry.call(f"{self.registry}: manifest {repository}:{tag}", once, self.echo)
 
     def _same_origin(self, url: str) -> str:
-        """An upload location the registry handed out, refused when it leaves the registry's own
-        site (our credentials would go with the bytes)."""
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https") or not same_site(api_host(self.registry), parts.netloc) or (
-                parts.scheme == "http" and not self._base.startswith("http://")):
+        """An upload location the registry handed out, refused unless it is on the registry's own
+        origin (scheme, host and port as reached): our credentials would go with the bytes."""
+        parts, base = urllib.parse.urlsplit(url), urllib.parse.urlsplit(self._base)
+        if (parts.scheme, parts.netloc.lower()) != (base.scheme, base.netloc.lower()):
             raise RegistryError(f"{self.registry}: the registry sent the upload to {parts.scheme}://{parts.netloc}, which is not "
                                 "its own host; slimeforge uploads only to the registry itself")
         return url

@@ -236,3 +236,22 @@ def test_the_dockerfile_measures_the_venv_last(tmp_path):
     assert last_run.rstrip().endswith("&& /opt/venv/bin/python -I /opt/slimeforge/venv_sizes.py /opt/venv /opt/slimeforge/venv-sizes.json")
     assert "venv_sizes.py" in text[text.rindex("\nCOPY "):]  # copied with the scripts that run last
     assert Path(venv_sizes.__file__).name == "venv_sizes.py"
+
+
+@pytest.mark.parametrize("location", ["https://uploads.example.net/v2/r/blobs/uploads/x", "ftp://127.0.0.1:5000/x",
+                                      "http://127.0.0.1:5000/v2/r/blobs/uploads/x"])
+def test_an_upload_location_off_the_registry_is_refused(location):
+    """The bytes (and the Authorization header) go only to the registry itself; plain HTTP only
+    where the registry was reached over it."""
+    from slimeforge.image.registry import RegistryAPI, RegistryError
+
+    with pytest.raises(RegistryError, match="not its own host"):
+        RegistryAPI("127.0.0.1:5000")._same_origin(location)
+    assert RegistryAPI("127.0.0.1:5000")._same_origin("https://127.0.0.1:5000/v2/r/blobs/uploads/x?_state=s")
+
+
+def test_an_upload_location_on_another_port_is_refused():
+    from slimeforge.image.registry import RegistryAPI, RegistryError
+
+    with pytest.raises(RegistryError, match="not its own host"):
+        RegistryAPI("127.0.0.1:5000")._same_origin("https://127.0.0.1:5001/v2/r/blobs/uploads/x")
