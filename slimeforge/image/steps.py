@@ -199,6 +199,8 @@ def step_commands(stack: Stack, layout: Layout, base: str | None = None, store: 
     sf argv. The first non-apt step is preceded by the venv step. A compiled step runs through
     `sf_compiled` (parallelism and its own uv cache), with the arch variables in its env. Every pip,
     wheel and source step installs its slice of the lock, `<layout.lock_dir>/<step>.txt` (see lock_files).
+    The plan's order, but for what a slime bump changes (see PATCHES_STEP): slime's requirements stay
+    at its place as `slime-requirements`, then come the patches step and slime's checkout, last.
     `store`: compiled step -> ("use", DIR) to install the store's wheels from DIR (a hit: nothing
     compiles), or ("make", DIR) to compile its wheels into DIR for the store (wheelstore.py)."""
     store = store or {}
@@ -294,8 +296,8 @@ def latest_source(stack: Stack) -> str | None:
 
 @dataclass(frozen=True)
 class StepCommand:
-    """One step as both renderers run it: `sf <name> <argv...>`, then each of `post` (patches of
-    what it installed). `compiled_key` and `store` ("use" a store entry, "make" compile into one,
+    """One step as both renderers run it: `sf <name> <argv...>`, then each of `post` (the patches
+    step's further patches). `compiled_key` and `store` ("use" a store entry, "make" compile into one,
     None in place) for a compiled step; `source` for a source step."""
 
     name: str
