@@ -336,14 +336,19 @@ def main() -> int:
     else:
         image = args.image or small_image(client)
     image_id = client.images.get(image).id
-    with tempfile.TemporaryDirectory(prefix="sf-pull-bench-", dir=args.workdir) as tmp:
-        result = measure(client, image_id, Path(tmp), args.compression or list(layerpush.COMPRESSIONS), args.changed_step,
-                         not args.no_containerd, not args.no_unpack, args.transcode)
-    result["ref"] = image
+    try:
+        with tempfile.TemporaryDirectory(prefix="sf-pull-bench-", dir=args.workdir) as tmp:
+            result = measure(client, image_id, Path(tmp), args.compression or list(layerpush.COMPRESSIONS), args.changed_step,
+                             not args.no_containerd, not args.no_unpack, args.transcode)
+        result["ref"] = image
+        if args.late_tree:
+            result["late_tree"] = {"paths": args.late_tree, **{c: dict(zip(("uncompressed", "bytes"), tree_bytes(image_id, args.late_tree, c),
+                                                                             strict=True))
+                                                                 for c in args.compression or list(layerpush.COMPRESSIONS)}}
+    finally:
+        if not (args.real or args.image):
+            client.api.remove_image(image_id, force=True)  # the small image this run built
     if args.late_tree:
-        result["late_tree"] = {"paths": args.late_tree, **{c: dict(zip(("uncompressed", "bytes"), tree_bytes(image_id, args.late_tree, c),
-                                                                         strict=True))
-                                                             for c in args.compression or list(layerpush.COMPRESSIONS)}}
         print(f"a layer of {', '.join(args.late_tree)} alone: " + ", ".join(
             f"{c} {v['bytes'] / 1e6:.1f} MB ({v['uncompressed'] / 1e6:.1f} MB raw)" for c, v in result["late_tree"].items()
             if c in layerpush.COMPRESSIONS))
