@@ -339,20 +339,21 @@ def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=
         "ecr_push_host": "push to this registry host instead of ECR's own (a test registry)",
         "tag_immutability": "ECR: create a missing repository with immutable tags (--no-tag-immutability: mutable)",
         "scan_on_push": "ECR: create a missing repository with scan on push (--no-scan-on-push: off)",
+        "compression": "layer compression: gzip (default; every runtime reads it) or zstd (faster to unpack; docs/publish.md)",
         "dry_run": "print what would be pushed where, push nothing",
     },
 )
 @clean_errors
 def publish(c, cuda=None, image=None, registry=None, build_dir=None, tag=None, record=None, username=None,
             password_stdin=False, password_env=None, ecr_endpoint=None, ecr_push_host=None,
-            tag_immutability=True, scan_on_push=True, dry_run=False):
+            tag_immutability=True, scan_on_push=True, dry_run=False, compression="gzip"):
     """Push an image to a registry or ECR by digest, verify it there, and record the digest."""
     from slimeforge.image import publish as pub
 
     opts = pub.PublishOptions(cuda=cuda, image=image, registry=registry, build_dir=build_dir, tags=tag or [],
                               record=record, username=username, password_stdin=password_stdin,
                               password_env=password_env, ecr_endpoint=ecr_endpoint, ecr_push_host=ecr_push_host,
-                              tag_immutability=tag_immutability, scan_on_push=scan_on_push)
+                              tag_immutability=tag_immutability, scan_on_push=scan_on_push, compression=compression)
     plan = pub.plan(opts)
     if dry_run:
         print("\n".join(pub.describe(plan)))

@@ -36,7 +36,7 @@ from ..schema import ENV_NAME_RE, WHOLE_RE, text_problem, text_problems
 from ..templating import render
 from .buildkit import copy_wheels, failure_text, link_files, parse_progress, stream_build, write_tree
 from .buildprogress import past_times
-from .buildreport import BuildReport, CompiledWheels, ReportError, StepTiming
+from .buildreport import BuildReport, CompiledWheels, ReportError, StepTiming, VenvSizes
 from .compilejobs import apex_shared, compile_share
 from .dockerapi import EngineUnavailable, ResolvedBase, docker_client, read_from_image, resolve_base
 from .imageref import TAG_RE, image_ref_problems, repository_problems
@@ -47,10 +47,12 @@ from .patches import PatchContent
 from .sources import GIT, LocalSource, checked_options
 from .stack import Stack, load_stack
 from .steps import (
+    IMAGE_SCRIPTS,
     LIBRARY_SCRIPTS,
     LOCK_ALL,
     STEP_RUNNER,
     TARGET_SCRIPTS,
+    VENV_SIZES_RECORD,
     compiled_key,
     finalize_argv,
     image_layout,
@@ -60,6 +62,7 @@ from .steps import (
     smoke_argv,
     step_commands,
     together_groups,
+    venv_sizes_argv,
 )
 
 if TYPE_CHECKING:
@@ -214,7 +217,8 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
         "patch_files": [p.file for p in stack.used_patches()],
         "patches_from": stack.pins().get("patches.dir", ""),
         "finalize_argv": finalize_argv(stack, layout, f"{layout.state}/stack.input.json"),
-        "target_scripts": sorted(TARGET_SCRIPTS),
+        "target_scripts": sorted(TARGET_SCRIPTS | IMAGE_SCRIPTS),
+        "venv_sizes_argv": venv_sizes_argv(layout),
         "library_scripts": sorted(LIBRARY_SCRIPTS),
         "lock_dir": layout.lock_dir,
         "lock_all": LOCK_ALL,
@@ -343,7 +347,7 @@ def _context(stack: Stack, pylock: LockFile, patches: list[PatchContent], lock_t
         "steps.sh": paths.STEP_LIBRARY.read_bytes(),
         "sf": STEP_RUNNER.read_bytes(),
         "stack.lock.json": lock_text,
-        **{name: path.read_bytes() for name, path in (TARGET_SCRIPTS | LIBRARY_SCRIPTS).items()},
+        **{name: path.read_bytes() for name, path in (TARGET_SCRIPTS | LIBRARY_SCRIPTS | IMAGE_SCRIPTS).items()},
     }
     context.update({f"patches/{p.file}": p.data for p in patches if not p.missing})
     context.update({f"lock/{name}": text for name, text in lock_files(stack, pylock, image_layout(stack, from_sources)).items()})
@@ -581,6 +585,7 @@ def build(opts: BuildOptions) -> dict[str, Any]:
             echo(f"  {line}")
     in_lock, in_flags = f"{paths.IMAGE_STATE}/{LOCK}", f"{paths.IMAGE_STATE}/{FLAGS}"
     files = read_from_image(client, image_id, [in_lock, in_flags] if slime_source(p.stack) else [in_lock])
+    venv_sizes = _venv_sizes(client, image_id, echo)
     _apply_tags(client, image_id, tags)
     image = client.images.get(image_id)
     digest, published = (previous.digest, previous.published) if previous else (None, [])
@@ -593,7 +598,7 @@ def build(opts: BuildOptions) -> dict[str, Any]:
         compiled={n: CompiledWheels(c.key, store_result.get(n, {}).get("source", c.source), c.mode == "use", store_result.get(n, {}).get("log"))
                   for n, c in p.compiled.items()},
         patches={x.file: x.sha256 for x in p.patches}, dir=str(p.dir), dockerfile=str(p.dir / "Dockerfile"), lock=str(p.dir / LOCK),
-        flags=str(p.dir / FLAGS) if slime_source(p.stack) else None, log=str(p.dir / LOG), command=p.argv,
+        flags=str(p.dir / FLAGS) if slime_source(p.stack) else None, log=str(p.dir / LOG), command=p.argv, venv_sizes=venv_sizes,
     )
     out_files: dict[str, str | bytes] = {LOCK: json.dumps(lock, indent=2, sort_keys=True) + "\n"}
     if slime_source(p.stack):
@@ -601,6 +606,22 @@ def build(opts: BuildOptions) -> dict[str, Any]:
     out_files[REPORT] = json.dumps(report.to_json(), indent=2) + "\n"
     write_dir(p.dir, out_files, last=REPORT)
     return report.to_json()  # the result: the caller prints it (tasks.build: report.summary_table())
+
+
+def _venv_sizes(client, image_id: str, echo: Callable[[str], None]) -> VenvSizes | None:
+    """The image's venv-sizes.json (its last RUN wrote it), validated; None, said, for an image without one."""
+    import docker
+
+    where = f"{paths.IMAGE_STATE}/{VENV_SIZES_RECORD} in image {image_id[:19]}"
+    try:
+        data = read_from_image(client, image_id, [f"{paths.IMAGE_STATE}/{VENV_SIZES_RECORD}"])
+    except docker.errors.NotFound:
+        echo(f"note: {where} is missing (an image built before slimeforge measured its venv): no sizes in the report")
+        return None
+    try:
+        return VenvSizes.parse(next(iter(data.values())), where)
+    except ReportError as exc:
+        raise BuildError(f"{exc} (the image's last RUN writes it with scripts/venv_sizes.py)") from None
 
 
 def _previous_report(path: Path) -> BuildReport | None:

@@ -8,11 +8,13 @@ publish adds `digest` and `published` to the file; a later build keeps them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .. import paths
+from .. import paths, records
+from ..schema import text_problem
 from .buildprogress import took  # the one way a duration is written for people
 
 REPORT = paths.BUILD_REPORT
@@ -92,6 +94,71 @@ class CompiledWheels:
         return {"key": self.key, "source": self.source, "from_store": self.from_store, **({"log": self.log} if self.log else {})}
 
 
+VENV_SIZES_MAX_BYTES = 64 << 10
+VENV_SIZES_TOP = 10
+_REL_PATH_RE = re.compile(r"[A-Za-z0-9_+=-][A-Za-z0-9._+=-]{0,254}(/[A-Za-z0-9_+=-][A-Za-z0-9._+=-]{0,254}){0,7}")
+_ABS_PATH_RE = re.compile(r"(/[A-Za-z0-9_+=-][A-Za-z0-9._+=-]{0,254}){1,16}")
+_BYTES_MAX = 1 << 50  # 1 PiB: any real venv is below it
+
+
+def _size(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _BYTES_MAX:
+        raise ReportError(f"{where} is {value!r:.80}, expected a whole number of bytes (0 to 2**50)")
+    return value
+
+
+@dataclass(frozen=True)
+class VenvSizes:
+    """The venv's total bytes and its largest directories (path relative to the venv, bytes), the
+    largest first: a size regression shows in the build that made it."""
+
+    venv: str
+    total: int  # bytes (the record's key `bytes`)
+    largest: list[tuple[str, int]]
+
+    @classmethod
+    def from_dict(cls, doc: Any, where: str = "the venv sizes record") -> VenvSizes:
+        """Validated in full: the record is read out of an image, and back from report.json."""
+        if not isinstance(doc, dict):
+            raise ReportError(f"{where}: is a {type(doc).__name__}, expected an object")
+        venv = doc.get("venv")
+        if not isinstance(venv, str) or not _ABS_PATH_RE.fullmatch(venv) or ".." in venv.split("/"):
+            raise ReportError(f"{where}: `venv` is {venv!r:.80}, expected an absolute path")
+        largest = doc.get("largest")
+        if not isinstance(largest, list) or len(largest) > VENV_SIZES_TOP:
+            raise ReportError(f"{where}: `largest` is not a list of at most {VENV_SIZES_TOP} directories")
+        rows = []
+        for i, item in enumerate(largest):
+            path = item.get("path") if isinstance(item, dict) else None
+            if not isinstance(path, str) or not _REL_PATH_RE.fullmatch(path) or ".." in path.split("/") or text_problem(path):
+                raise ReportError(f"{where}: `largest[{i}].path` is {path!r:.80}, expected a path inside the venv")
+            rows.append((path, _size(item.get("bytes"), f"{where}: `largest[{i}].bytes`")))
+        if [b for _, b in rows] != sorted((b for _, b in rows), reverse=True):
+            raise ReportError(f"{where}: `largest` is not ordered largest first")
+        return cls(venv, _size(doc.get("bytes"), f"{where}: `bytes`"), rows)
+
+    @classmethod
+    def parse(cls, data: bytes, where: str) -> VenvSizes:
+        """The record as the image holds it: bounded, UTF-8 JSON of bounded depth, then from_dict."""
+        if len(data) > VENV_SIZES_MAX_BYTES:
+            raise ReportError(f"{where}: is more than {VENV_SIZES_MAX_BYTES} bytes")
+        try:
+            doc = records.json_loads(data)
+        except ValueError as exc:
+            raise ReportError(f"{where}: is not JSON ({exc})") from None
+        if not isinstance(doc, dict) or doc.get("schema") != 1:
+            raise ReportError(f"{where}: is not a venv sizes record of schema 1")
+        return cls.from_dict(doc, where)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"venv": self.venv, "bytes": self.total, "largest": [{"path": p, "bytes": b} for p, b in self.largest]}
+
+    def lines(self) -> list[str]:
+        rows = [f"venv {self.venv}: {self.total / 1e9:.2f} GB; largest directories:"]
+        rows += [f"  {b / 1e9:>7.2f} GB  {p}" for p, b in self.largest]
+        return rows
+
+
 @dataclass(frozen=True)
 class BuildReport:
     tag: str
@@ -116,6 +183,7 @@ class BuildReport:
     published: list[str] = field(default_factory=list)
     compiled: dict[str, CompiledWheels] = field(default_factory=dict)
     patches: dict[str, str] = field(default_factory=dict)  # file -> sha256
+    venv_sizes: VenvSizes | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> BuildReport:
@@ -135,6 +203,7 @@ class BuildReport:
             compiled={n: CompiledWheels(_get_required(c, str, "key"), _get_required(c, str, "source"), bool(_get(c, bool, "from_store")),
                                         _get(c, str, "log")) for n, c in compiled.items()},
             patches=_get(d, dict, "patches") or {},
+            venv_sizes=VenvSizes.from_dict(d["venv_sizes"], f"{REPORT}: venv_sizes") if d.get("venv_sizes") is not None else None,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -147,6 +216,7 @@ class BuildReport:
             "cache": {"hits": sum(1 for s in self.steps if s.cached), "steps": len(self.steps)},
             "compiled": {n: c.to_json() for n, c in self.compiled.items()}, "patches": self.patches, "dir": self.dir,
             "dockerfile": self.dockerfile, "lock": self.lock, "flags": self.flags, "log": self.log, "command": self.command,
+            "venv_sizes": self.venv_sizes.to_json() if self.venv_sizes else None,
         }
 
     def summary_table(self) -> str:
@@ -163,5 +233,7 @@ class BuildReport:
                     f"cache {hits}/{len(self.steps)}" + ("  (skipped: up to date)" if self.skipped else ""))
         if self.duration_s is not None and not self.skipped:
             rows.append(f"took {took(self.duration_s)}" + ("" if self.build_duration_s is None else f" (BuildKit {took(self.build_duration_s)})"))
+        if self.venv_sizes:
+            rows += self.venv_sizes.lines()
         rows.append(f"report {self.dir}/{REPORT}  flags {self.flags}")
         return "\n".join(rows)

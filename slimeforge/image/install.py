@@ -44,7 +44,6 @@ from .steps import (
     finalize_argv,
     host_layout,
     input_lock,
-    lock_file,
     lock_files,
     smoke_argv,
     step_commands,
@@ -116,13 +115,13 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
     chain = hashlib.sha256(b"".join(p.read_bytes() for p in [paths.STEP_LIBRARY, *LIBRARY_SCRIPTS.values()])).hexdigest()
     commands = step_commands(stack, layout, base_id, store, patch_sha)
     for cmd in commands:
-        steps.append({"name": cmd.name, "env": cmd.env, "commands": [cmd.argv, *cmd.post]})
+        steps.append({"name": cmd.name, "env": cmd.env, "commands": [cmd.argv, *cmd.post], "slice": cmd.lock_file})
     steps.append({"name": FINALIZE_STEP, "env": {}, "commands": [finalize_argv(stack, layout, f"{layout.state}/stack.input.json",
                                                                              paths.Prefix.at(prefix).lock, paths.Prefix.at(prefix).flags)]})
     for step in steps:
         inputs: dict[str, object] = {"step": step, "patches": {f: patch_sha[f] for f in sorted(patch_sha) if any(f in " ".join(c) for c in step["commands"])}}
         # A changed slice of the lock re-does its step (and, through the chain, every later one).
-        own = LOCK_ALL if step["name"] == FINALIZE_STEP else lock_file(step["name"])
+        own = LOCK_ALL if step["name"] == FINALIZE_STEP else step.get("slice")
         if own in slices:
             inputs["lock"] = hashlib.sha256(slices[own].encode()).hexdigest()
         if step["name"] == FINALIZE_STEP:

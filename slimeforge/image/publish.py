@@ -27,6 +27,7 @@ from ..errors import ConfigError, OperationFailed, Problem, SlimeforgeError
 from . import dockerapi
 from . import ecr as ecr_api
 from .imageref import DOCKER_HUB, DOMAIN_RE, TAG_RE, ImageRef, image_ref_problems, parse_image_ref, split_registry
+from .layerpush import COMPRESSION_RE, COMPRESSIONS
 from .registry import (
     DOCKER_CERTS_DIR,
     Credentials,
@@ -73,6 +74,7 @@ class PublishOptions:
     ecr_push_host: str | None = None
     tag_immutability: bool = True
     scan_on_push: bool = True
+    compression: str = "gzip"  # of the layers: gzip (the Docker Engine's push) or zstd (layerpush.py)
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,7 @@ class Plan:
     ecr: EcrTarget | None = None
     password_from: str | None = None  # "stdin" or "env:NAME"; the password itself is read later
     username: str | None = None
+    compression: str = "gzip"
 
 
 def plan(opts: PublishOptions, environ: Mapping[str, str] = os.environ, build_root: Path = paths.BUILDS) -> Plan:
@@ -122,6 +125,9 @@ def plan(opts: PublishOptions, environ: Mapping[str, str] = os.environ, build_ro
     if opts.cuda and opts.tags:
         problems.append(Problem("--tag", "only applies with --image; a build is pushed with its content-addressed "
                                 "and human tags", opts.tags))
+    if not (isinstance(opts.compression, str) and COMPRESSION_RE.fullmatch(opts.compression)):
+        problems.append(Problem("--compression", "is not a layer compression slimeforge pushes", opts.compression,
+                                " or ".join(COMPRESSIONS) + " (gzip: every runtime reads it; zstd: docs/publish.md says which do)"))
     for tag in opts.tags:
         if not TAG_RE.fullmatch(tag):
             problems.append(Problem("--tag", "is not a valid tag", tag, "letters, digits, _ . -, at most 128 characters"))
@@ -164,7 +170,7 @@ def plan(opts: PublishOptions, environ: Mapping[str, str] = os.environ, build_ro
         raise ConfigError("invoke publish", problems)
     assert source is not None and registry is not None
     return Plan(source, registry, repository or source.repository, Path(opts.record) if opts.record else None,
-                ecr, password_from, opts.username)
+                ecr, password_from, opts.username, opts.compression)
 
 
 def _destination(text: str, problems: list[Problem]) -> tuple[str | None, str | None]:
@@ -293,7 +299,10 @@ def describe(p: Plan) -> list[str]:
         lines.append(f"  credentials: user {p.username!r}, password from {p.password_from}")
     else:
         lines.append(f"  credentials: the docker config (and its credential helpers) for {p.registry}")
-    lines.append("  skip tags that already point at this image; push the others; verify each tag's digest at the registry")
+    lines.append(f"  layers compressed with {p.compression}" + (" by slimeforge (docker save, then an OCI manifest)" if p.compression != "gzip"
+                                                                   else " by the Docker Engine's push"))
+    lines.append(f"  skip tags that already point at this image ({p.compression} layers); push the others; "
+                 "verify each tag's digest at the registry")
     if src.build_dir:
         lines.append(f"  record: {src.build_dir / RECORD}; digest and published in {REPORT} and {LOCK}")
     else:
@@ -343,7 +352,11 @@ def publish(
     pushed: dict[str, str] = {}
     if not to_push:
         echo(f"{p.registry}/{p.repository}: tags {', '.join(p.source.tags)} already hold image {image_id}; nothing to push")
-    for tag in to_push:
+    elif p.compression != "gzip":
+        from . import layerpush
+
+        pushed = layerpush.push(docker, image_id, dest.api, p.repository, to_push, compression=p.compression, echo=echo).manifests
+    for tag in to_push if p.compression == "gzip" else []:
         target = ImageRef(dest.push_host, p.repository, tag)
         docker.api.tag(image_id, target.name, tag)
         pushed[tag] = _push(docker, target, dest.credentials, echo, retry)
@@ -360,6 +373,7 @@ def publish(
         "image_id": image_id,
         "source": p.source.image,
         "pushed": list(pushed),
+        "compression": p.compression,
         "time": datetime.now(UTC).isoformat(timespec="seconds"),
         "verified": True,
     }
@@ -406,14 +420,17 @@ def _current_tags(p: Plan, dest: _Destination, image_id: str, echo: Callable[[st
         remote = ecr_api.manifests(dest.ecr_client, p.ecr.registry, p.repository, p.source.tags)
     else:
         remote = {t: m for t in p.source.tags if (m := dest.api.manifest(p.repository, t))}
-    current = {t: m for t, m in remote.items() if m.config_digest == image_id}
+    # A tag holds this image as asked when its config is this image and its layers do not have
+    # another known compression (a gzip manifest of the same image is pushed over by a zstd publish, and back).
+    current = {t: m for t, m in remote.items() if m.config_digest == image_id and m.layer_compression in (None, p.compression)}
     moving = {t: m for t, m in remote.items() if t not in current}
     if dest.repo_info is not None:
         refused = [t for t in moving if ecr_api.tag_is_immutable(dest.repo_info, t)]
         if refused:
             raise PublishError(_immutable_message(p, refused, moving, image_id))
     for tag, m in moving.items():
-        echo(f"tag {tag} moves from {m.digest} (image {m.config_digest}) to this image {image_id}")
+        how = f" ({m.layer_compression or 'mixed'} layers, now {p.compression})" if m.config_digest == image_id else ""
+        echo(f"tag {tag} moves from {m.digest} (image {m.config_digest}) to this image {image_id}{how}")
     return current
 
 

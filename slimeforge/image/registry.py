@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from email.message import Message
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..errors import SlimeforgeError
 from .imageref import DOCKER_HUB
@@ -112,6 +112,17 @@ class RemoteManifest:
             raise RegistryError(f"{where}: manifest is not JSON ({exc})") from None
         config = doc.get("config") or {}
         return cls(digest, doc.get("mediaType") or media_type, config.get("digest"), body)
+
+    @property
+    def layer_compression(self) -> str | None:
+        """How its layers are compressed: "gzip" or "zstd" when all of them are (by media type:
+        OCI's `...tar+gzip`/`...tar+zstd`, Docker's `...diff.tar.gzip`), else None."""
+        try:
+            layers = json.loads(self.raw).get("layers") or []
+        except (ValueError, AttributeError):
+            return None
+        kinds = {str(layer.get("mediaType", "")).rsplit("+", 1)[-1].rsplit(".", 1)[-1] for layer in layers if isinstance(layer, dict)}
+        return kinds.pop() if len(kinds) == 1 and kinds <= {"gzip", "zstd"} else None
 
 
 def tls_context(registry: str, certs_dir: Path = DOCKER_CERTS_DIR) -> ssl.SSLContext:
@@ -272,31 +283,94 @@ class RegistryAPI:
         return RemoteManifest.parse(body, digest, f"{self.registry}: {repository}:{reference}",
                                     headers.get("Content-Type", "").split(";")[0])
 
+    # -- pushing (layerpush.py: an image whose layers slimeforge compressed itself) --
+
+    def has_blob(self, repository: str, digest: str) -> bool:
+        """Whether the repository holds the blob already (then it is not uploaded again)."""
+        def once() -> bool:
+            status, _, body = self._request("HEAD", f"/v2/{repository}/blobs/{digest}", repository, {}, actions="pull,push")
+            if status not in (200, 404):
+                raise RegistryError(f"{self.registry}: HEAD blob {digest} of {repository} answered HTTP {status}: {_short(body)}")
+            return status == 200
+        return self.retry.call(f"{self.registry}: blob {digest}", once, self.echo)
+
+    def upload_blob(self, repository: str, digest: str, size: int, path: Path) -> None:
+        """Upload the file at `path` as the blob `digest` (one monolithic PUT: POST for an upload
+        location, then PUT the bytes there with ?digest=); the registry checks the digest itself."""
+        def once() -> None:
+            status, headers, body = self._request("POST", f"/v2/{repository}/blobs/uploads/", repository,
+                                                  {"Content-Length": "0"}, data=b"", actions="pull,push")
+            location = headers.get("Location") if status == 202 else None
+            if not location:
+                raise RegistryError(f"{self.registry}: starting an upload to {repository} answered HTTP {status}: {_short(body)}")
+            url = self._same_origin(urllib.parse.urljoin(self._base + "/", location))
+            url += ("&" if "?" in url else "?") + urllib.parse.urlencode({"digest": digest})
+            with path.open("rb") as fh:
+                status, headers, body = self._request("PUT", url, repository, {"Content-Type": "application/octet-stream",
+                                                      "Content-Length": str(size)}, data=fh, actions="pull,push")
+            if status != 201:
+                raise RegistryError(f"{self.registry}: uploading blob {digest} to {repository} answered HTTP {status}: {_short(body)}")
+        self.retry.call(f"{self.registry}: upload {digest}", once, self.echo)
+
+    def put_manifest(self, repository: str, tag: str, body: bytes, media_type: str) -> str:
+        """Put `body` under `tag`; its digest, which the registry must confirm."""
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+
+        def once() -> str:
+            status, headers, answer = self._request("PUT", f"/v2/{repository}/manifests/{urllib.parse.quote(tag, safe='')}", repository,
+                                                    {"Content-Type": media_type, "Content-Length": str(len(body))}, data=body,
+                                                    actions="pull,push")
+            if status != 201:
+                raise RegistryError(f"{self.registry}: PUT manifest {repository}:{tag} answered HTTP {status}: {_short(answer)}")
+            claimed = headers.get("Docker-Content-Digest")
+            if claimed and claimed != digest:
+                raise RegistryError(f"{self.registry}: {repository}:{tag}: the registry says it stored {claimed}, "
+                                    f"but the manifest sent is {digest}")
+            return digest
+        return self.retry.call(f"{self.registry}: manifest {repository}:{tag}", once, self.echo)
+
+    def _same_origin(self, url: str) -> str:
+        """An upload location the registry handed out, refused unless it is on the registry's own
+        origin (scheme, host and port as reached): our credentials would go with the bytes."""
+        parts, base = urllib.parse.urlsplit(url), urllib.parse.urlsplit(self._base)
+        if (parts.scheme, parts.netloc.lower()) != (base.scheme, base.netloc.lower()):
+            raise RegistryError(f"{self.registry}: the registry sent the upload to {parts.scheme}://{parts.netloc}, which is not "
+                                "its own host; slimeforge uploads only to the registry itself")
+        return url
+
     # -- plumbing --
 
-    def _request(self, method: str, path: str, repository: str, headers: dict[str, str]) -> tuple[int, Message, bytes]:
-        scope = f"repository:{repository}:pull"
-        status, resp_headers, body = self._send_registry(method, path, {**headers, **self._auth_header(scope)})
+    def _request(self, method: str, path: str, repository: str, headers: dict[str, str], *, data: Any = None,
+                 actions: str = "pull") -> tuple[int, Message, bytes]:
+        """`path` below the registry's /v2 root, or a whole URL on it (an upload location)."""
+        scope = f"repository:{repository}:{actions}"
+        status, resp_headers, body = self._send_registry(method, path, {**headers, **self._auth_header(scope)}, data)
         if status == 401 and scope not in self._authorization:
             challenge = resp_headers.get("WWW-Authenticate", "")
             self._authorization[scope] = self._answer(challenge, scope)
-            status, resp_headers, body = self._send_registry(method, path, {**headers, **self._auth_header(scope)})
+            if hasattr(data, "seek"):
+                data.seek(0)
+            status, resp_headers, body = self._send_registry(method, path, {**headers, **self._auth_header(scope)}, data)
         if status in (401, 403):
             raise self._auth_error(status, repository)
         if status == 429 or status >= 500:
             raise TransientError(f"HTTP {status} from {self.registry}")
         return status, resp_headers, body
 
-    def _send_registry(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, Message, bytes]:
+    def _send_registry(self, method: str, path: str, headers: dict[str, str], data: Any = None) -> tuple[int, Message, bytes]:
+        if path.startswith(("http://", "https://")):
+            return self._send(method, path, headers, data)
         try:
-            return self._send(method, self._base + path, headers)
+            return self._send(method, self._base + path, headers, data)
         except _NotTLS:
             if not (self.plain_http and self._base.startswith("https://")):
                 raise RegistryError(f"{self.registry}: the registry does not speak TLS (a plain-HTTP registry?). slimeforge, like "
                                     "Docker, speaks plain HTTP only to a loopback registry or one in the Docker daemon's "
                                     "insecure-registries (/etc/docker/daemon.json)") from None
             self._base = f"http://{api_host(self.registry)}"  # as Docker falls back for an insecure registry
-            return self._send(method, self._base + path, headers)
+            if hasattr(data, "seek"):
+                data.seek(0)
+            return self._send(method, self._base + path, headers, data)
 
     def _auth_header(self, scope: str) -> dict[str, str]:
         value = self._authorization.get(scope)
@@ -352,8 +426,8 @@ class RegistryAPI:
     def _auth_error(self, status: int, repository: str) -> RegistryAuthError:
         return RegistryAuthError(auth_advice(self.registry, repository, self.credentials, f"HTTP {status}"))
 
-    def _send(self, method: str, url: str, headers: dict[str, str]) -> tuple[int, Message, bytes]:
-        request = urllib.request.Request(url, method=method, headers=headers)
+    def _send(self, method: str, url: str, headers: dict[str, str], data: Any = None) -> tuple[int, Message, bytes]:
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
             with self._opener.open(request, timeout=self.timeout) as resp:
                 return resp.status, resp.headers, resp.read()

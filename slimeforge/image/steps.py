@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import paths
@@ -23,6 +23,9 @@ STEP_RUNNER = paths.TEMPLATES / "sf"
 # torch, which the venv has); the image gets them in /opt/slimeforge, the install script writes them
 # to SF_STATE.
 TARGET_SCRIPTS = {name: paths.SCRIPTS / name for name in ("flag_catalog.py", "kernel_check.py")}
+# Run only in images, by the last RUN (after finalize): the venv's largest directories, for the build report.
+IMAGE_SCRIPTS = {name: paths.SCRIPTS / name for name in ("venv_sizes.py",)}
+VENV_SIZES_RECORD = "venv-sizes.json"
 # The step library's own Python (the venv against the lock: every step runs it), copied with the
 # library before the first step: a change to it re-does every step, as a change to steps.sh does.
 LIBRARY_SCRIPTS = {name: paths.SCRIPTS / name for name in ("venvlock.py",)}
@@ -158,10 +161,16 @@ def step_commands(stack: Stack, layout: Layout, base: str | None = None, store: 
     sf argv. The first non-apt step is preceded by the venv step. A compiled step runs through
     `sf_compiled` (parallelism and its own uv cache), with the arch variables in its env. Every pip,
     wheel and source step installs its slice of the lock, `<layout.lock_dir>/<step>.txt` (see lock_files).
+    The plan's order, but for what a slime bump changes (see PATCHES_STEP): slime's requirements stay
+    at its place as `slime-requirements`, then come the patches step and slime's checkout, last.
     `store`: compiled step -> ("use", DIR) to install the store's wheels from DIR (a hit: nothing
     compiles), or ("make", DIR) to compile its wheels into DIR for the store (wheelstore.py)."""
     store = store or {}
     out: list[StepCommand] = []
+    late_patches: list[list[str]] = []  # apply_patch argv of every patch that waits for the patches step
+    late_files: list[str] = []
+    late_source: StepCommand | None = None
+    latest = latest_source(stack)
     venv_done = False
     versions = stack.versions
     with_python = {s.name for s in stack.steps if s.python}
@@ -187,8 +196,14 @@ def step_commands(stack: Stack, layout: Layout, base: str | None = None, store: 
             argv = ["source_step", "--venv", layout.venv, "--step", name, "--name", src, "--url", layout.source_urls.get(src, step.git),
                     "--commit", step.commit, "--dest", layout.source_dir(stack, src), "--lock", f"{layout.lock_dir}/{lock_file(name)}"]
             for p in step.patches:
-                if p.target == src:
+                # An editable checkout is read where it lies, so its patch can wait for the patches
+                # step; any other is copied by its install, so its patch goes first.
+                if p.target == src and not step.editable:
                     argv += ["--patch", patch_spec(p, layout)]
+                elif p.target == src:
+                    late_patches.append(["apply_patch", p.file, p.method, str(p.strip), f"{layout.patches_dir}/{p.file}",
+                                         layout.source_dir(stack, src)])
+                    late_files.append(p.file)
             if step.editable:
                 argv.append("--editable")
                 # Megatron's editable install must be a plain path entry (`megatron.training` is
@@ -202,19 +217,50 @@ def step_commands(stack: Stack, layout: Layout, base: str | None = None, store: 
             mode = store.get(name)
             argv = ["compiled", "--key", key, "--venv", layout.venv,
                     *([f"--{'wheels' if mode[0] == 'use' else 'wheel-out'}", mode[1]] if mode else []), "--", *argv]
-        # Patches of installed packages are applied right after the step that installed them.
-        post = [["apply_patch", p.file, p.method, str(p.strip), f"{layout.patches_dir}/{p.file}",
-                 stack.site_packages.replace(stack.venv, layout.venv, 1)] for p in step.patches if p.target == "site-packages"]
-        out.append(StepCommand(name, kind, argv, env, compiles=step.compiles, patch_files=patch_files, post=post, source=step.source,
-                               compiled_key=key, store=store.get(name, (None,))[0] if step.compiles else None,
-                               editable=bool(step.editable), compiles_nothing=kind == "pip" and not step.requirements))
+        # Patches of installed packages wait for the patches step (see PATCHES_STEP).
+        late = [p for p in step.patches if p.target == "site-packages"]
+        late_patches += [["apply_patch", p.file, p.method, str(p.strip), f"{layout.patches_dir}/{p.file}",
+                          stack.site_packages.replace(stack.venv, layout.venv, 1)] for p in late]
+        late_files += [p.file for p in late]
+        own_files = [f for f in patch_files if f not in late_files]
+        cmd = StepCommand(name, kind, argv, env, compiles=step.compiles, patch_files=own_files, source=step.source,
+                          compiled_key=key, store=store.get(name, (None,))[0] if step.compiles else None,
+                          editable=bool(step.editable), compiles_nothing=kind == "pip" and not step.requirements,
+                          slice_of=name if kind in ("pip", "wheel_url", "source") else None)
+        if kind == "source" and step.source == latest and step.editable and not step.compiles:
+            # Its requirements stay here; the checkout itself goes last (see PATCHES_STEP).
+            if "--lock" in argv:
+                at = argv.index("--lock")
+                out.append(StepCommand(f"{name}{REQUIREMENTS_SUFFIX}", "pip", ["pip_step", "--venv", layout.venv, "--step", name,
+                                                                             "--lock", argv[at + 1]], slice_of=name))
+                cmd = replace(cmd, argv=argv[:at] + argv[at + 2:], slice_of=None)
+            late_source = cmd
+            continue
+        out.append(cmd)
+    if late_patches:
+        out.append(StepCommand(PATCHES_STEP, "patches", late_patches[0], post=late_patches[1:], patch_files=late_files))
+    if late_source is not None:
+        out.append(late_source)
     return out
+
+
+# What changes most often goes last, so that it moves few bytes: a new slime commit (and the patches,
+# which come from slime's tree) re-does only these layers, and every earlier layer stays the same
+# layer on every node. In order: the patches of installed packages and of editable checkouts (one
+# small layer of the files they change), then the checkout of the most often bumped source (slime),
+# whose requirements stay at its place in the stack's list, as `<step>-requirements`.
+PATCHES_STEP, REQUIREMENTS_SUFFIX = "patches", "-requirements"
+
+
+def latest_source(stack: Stack) -> str | None:
+    """The source bumped most often: slime (the patches come from its tree too)."""
+    return slime_source(stack)
 
 
 @dataclass(frozen=True)
 class StepCommand:
-    """One step as both renderers run it: `sf <name> <argv...>`, then each of `post` (patches of
-    what it installed). `compiled_key` and `store` ("use" a store entry, "make" compile into one,
+    """One step as both renderers run it: `sf <name> <argv...>`, then each of `post` (the patches
+    step's further patches). `compiled_key` and `store` ("use" a store entry, "make" compile into one,
     None in place) for a compiled step; `source` for a source step."""
 
     name: str
@@ -229,11 +275,12 @@ class StepCommand:
     store: str | None = None
     editable: bool = False
     compiles_nothing: bool = False  # a compiled step whose flavor gives it nothing to install (cu13's flash-attn)
+    slice_of: str | None = None  # the stack step whose slice of the lock it installs (none: None)
 
     @property
     def lock_file(self) -> str | None:
         """Its slice of the lock, for a step that installs one."""
-        return lock_file(self.name) if self.kind in ("pip", "wheel_url", "source") else None
+        return lock_file(self.slice_of) if self.slice_of else None
 
     def to_json(self) -> dict[str, object]:
         """As the Dockerfile template reads it (and its values are checked for control characters)."""
@@ -313,3 +360,8 @@ def smoke_argv(stack: Stack, layout: Layout, flags: str | None = None) -> list[s
     if slime_source(stack):
         argv += ["--flags", flags or f"{layout.state}/flags.json", *catalog_args(stack, layout)]
     return argv
+
+
+def venv_sizes_argv(layout: Layout) -> list[str]:
+    """The image's last command: scripts/venv_sizes.py with the venv's Python, into the state directory."""
+    return [f"{layout.venv}/bin/python", "-I", f"{layout.state}/venv_sizes.py", layout.venv, f"{layout.state}/{VENV_SIZES_RECORD}"]

@@ -100,6 +100,21 @@ def test_build_labels_lock_flags(first, env):
     assert {s["name"] for s in report["steps"]} >= {"venv", "build-tools", "six", "libdemo", "idna", "slime", "finalize"}
 
 
+def test_report_names_the_largest_directories_of_the_venv(first):
+    """The image's last RUN measures the venv; the report holds its 10 largest directories, and
+    each is a directory of the image at least that large (du counts its directories too)."""
+    sizes = first["venv_sizes"]
+    assert sizes["venv"] == "/opt/venv" and sizes == json.loads((Path(first["dir"]) / "report.json").read_text())["venv_sizes"]
+    largest = [(r["path"], r["bytes"]) for r in sizes["largest"]]
+    assert 3 <= len(largest) <= 10 and [b for _, b in largest] == sorted((b for _, b in largest), reverse=True)
+    assert sum(b for _, b in largest) <= sizes["bytes"]
+    assert any(p.endswith("site-packages/setuptools") for p, _ in largest)  # the build-tools step's largest
+    script = 'for p; do printf "%s\\n" "$(du -sb "/opt/venv/$p" | cut -f1)"; done'
+    out = subprocess.run(["docker", "run", "--rm", first["tag"], "sh", "-c", script, "_", *[p for p, _ in largest]],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert len(out) == len(largest) and all(int(du) >= b > 0 for du, (_, b) in zip(out, largest, strict=True))
+
+
 def test_second_build_is_a_skip(first, env):
     again = run_build(env)
     assert again["skipped"] is True
@@ -112,7 +127,16 @@ def test_new_slime_commit_rebuilds_only_the_last_layers(first, env):
     report = run_build(env, stack=stack)
     assert report["build_hash"] != first["build_hash"]
     cached = {s["name"]: s["cached"] for s in report["steps"] if s["name"] not in ("copy", "from")}
-    assert cached == {"venv": True, "build-tools": True, "six": True, "libdemo": True, "idna": True, "slime": False, "finalize": False}
+    # slime's checkout is the last step (its requirements, and the patches, stay cached before it).
+    assert cached == {"venv": True, "build-tools": True, "six": True, "libdemo": True, "idna": True, "slime-requirements": True,
+                      "patches": True, "slime": False, "finalize": False}
+    assert [s["name"] for s in report["steps"] if s["name"] not in ("copy", "from")][-3:] == ["patches", "slime", "finalize"]
+    # What a node pulls for it: every layer before slime's is the very same layer (same diff_id).
+    before, after = inspect(first["image_id"])["RootFS"]["Layers"], inspect(report["image_id"])["RootFS"]["Layers"]
+    assert len(before) == len(after) and before != after
+    slime_at = next(i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b)
+    # At most the slime RUN, the three COPYs after it and finalize's RUN differ.
+    assert before[:slime_at] == after[:slime_at] and slime_at >= len(before) - 5, (slime_at, len(before))
     lock = json.loads((Path(report["dir"]) / "stack.lock.json").read_text())
     assert lock["checkouts"]["slime"] == fresh and lock["checkouts"]["libdemo"] == bs.LIBDEMO_COMMIT
 

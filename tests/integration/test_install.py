@@ -71,8 +71,11 @@ def test_script_passes_bash_n_and_shellcheck(host):
 
 def test_fresh_install(installed, host):
     _, res = installed
-    for step in ("venv", "build-tools", "six", "libdemo", "idna", "slime", "finalize"):
-        assert re.search(rf"step [0-9]+/7 {step}: running \(log: {PREFIX}/\.slimeforge/logs/{step}\.log\)", res.stderr), step
+    # The image's order: slime's requirements at slime's place, the patches and slime's checkout last.
+    steps = ("venv", "build-tools", "six", "libdemo", "idna", "slime-requirements", "patches", "slime", "finalize")
+    at = [re.search(rf"step [0-9]+/[0-9]+ {step}: running \(log: {PREFIX}/\.slimeforge/logs/{step}\.log\)", res.stderr) for step in steps]
+    assert all(at), [s for s, m in zip(steps, at, strict=True) if not m]
+    assert [m.start() for m in at] == sorted(m.start() for m in at)
     assert "smoke test passed" in res.stderr
     flags = json.loads(cat(host, f"{PREFIX}/flags.json"))
     assert flags["slime_commit"] == bs.SLIME_S1 and "--lr" in flags["flags"] and "--sglang-mem-fraction-static" in flags["flags"]
@@ -87,7 +90,7 @@ def test_rerun_is_a_noop(installed, host):
     res = run(host, script)
     assert res.returncode == 0, res.stderr
     assert "running" not in res.stderr
-    assert res.stderr.count(": done\n") == 7
+    assert res.stderr.count(": done\n") == 9
 
 
 def test_failing_step_stops_and_the_next_run_resumes_there(installed, host):

@@ -258,3 +258,55 @@ def test_publish_to_a_plain_http_loopback_registry(plain_registry, built_image, 
     seen = api.manifest("publish-test/plain", "plain")
     assert (seen.digest, seen.config_digest) == (record["digest"], built_image["id"])
     assert api._base.startswith("http://")  # after HTTPS was tried and the server answered in plain text
+
+
+def _blob(registry: LocalRegistry, repository: str, digest: str) -> bytes:
+    """A blob as any reader gets it: GET over TLS with the registry's CA and our login."""
+    import ssl
+    import urllib.request
+
+    request = urllib.request.Request(f"https://{registry.host}/v2/{repository}/blobs/{digest}", headers={
+        "Authorization": "Basic " + base64.b64encode(f"publisher:{PASSWORD}".encode()).decode()})
+    with urllib.request.urlopen(request, context=ssl.create_default_context(cafile=str(registry.ca)), timeout=60) as resp:
+        return resp.read()
+
+
+def test_publish_with_zstd_layers_keeps_the_image_and_is_read_back_layer_by_layer(registry, built_image, tmp_path):
+    """--compression zstd: an OCI manifest of zstd layers whose config is the built image (so its
+    digest verifies like a gzip push), each layer decompressing to the config's diff_id; a second
+    zstd publish is a no-op, and a gzip publish to the same tag moves it back to gzip layers."""
+    import zstandard
+
+    build = make_build(tmp_path / "build", built_image)
+    dest, repository = f"{registry.host}/publish-test/zstd", "publish-test/zstd"
+    args = ["--cuda", "cu13", "--build-dir", str(tmp_path / "build"), "--registry", dest, "--username", "publisher", "--password-stdin"]
+    out = cli(*args, "--compression", "zstd", input=PASSWORD + "\n")
+    assert out.returncode == 0, out.stdout + out.stderr
+    record = json.loads((build / "publish.json").read_text())
+    assert record["compression"] == "zstd" and record["verified"] is True
+    assert record["pushed"] == [built_image["tag"], built_image["human"]]
+
+    api = RegistryAPI(registry.host, Credentials("publisher", PASSWORD))
+    seen = api.manifest(repository, built_image["tag"])
+    assert (seen.digest, seen.config_digest, seen.layer_compression) == (record["digest"], built_image["id"], "zstd")
+    manifest = json.loads(seen.raw)
+    assert manifest["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
+    config = _blob(registry, repository, built_image["id"])
+    assert "sha256:" + hashlib.sha256(config).hexdigest() == built_image["id"]
+    diff_ids = json.loads(config)["rootfs"]["diff_ids"]
+    assert len(manifest["layers"]) == len(diff_ids) >= 2  # the base's layer and the RUN's
+    for layer, diff_id in zip(manifest["layers"], diff_ids, strict=True):
+        packed = _blob(registry, repository, layer["digest"])
+        assert ("sha256:" + hashlib.sha256(packed).hexdigest(), len(packed)) == (layer["digest"], layer["size"])
+        raw = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(packed)).read()
+        assert "sha256:" + hashlib.sha256(raw).hexdigest() == diff_id
+
+    again = cli(*args, "--compression", "zstd", input=PASSWORD + "\n")
+    assert again.returncode == 0 and "nothing to push" in again.stdout, again.stdout + again.stderr
+
+    back = cli(*args, input=PASSWORD + "\n")  # the default, gzip: the Engine's own push
+    assert back.returncode == 0, back.stdout + back.stderr
+    assert "gzip" in back.stdout and "moves from" in back.stdout
+    seen = api.manifest(repository, built_image["tag"])
+    assert (seen.config_digest, seen.layer_compression) == (built_image["id"], "gzip")
+    assert json.loads((build / "publish.json").read_text())["compression"] == "gzip"

@@ -54,11 +54,18 @@ def test_steps_in_plan_order_one_run_each(flavor):
     stack = load_stack(flavor)
     text = render_dockerfile(stack)
     names = [s.name for s in stack.plan]
-    positions = [text.index(f"/opt/slimeforge/sf {n} ") for n in names]
+    # The plan's order, but for what changes most often, last: slime's requirements stay at slime's
+    # place, the patches and slime's checkout come after every other step (steps.PATCHES_STEP).
+    order = [f"{n}-requirements" if n == "slime" else n for n in names] + ["patches", "slime"]
+    positions = [text.index(f"/opt/slimeforge/sf {n} ") for n in order]
     assert positions == sorted(positions)
     # + venv + finalize, + one stage of its own for each compiled step that compiles here
     staged = [s.name for s in stack.plan if s.compiles and (s.kind, s.requirements) != ("pip", ())]  # cu13 flash-attn: nothing
-    assert text.count("\nRUN ") == len(names) + 2 + len(staged)
+    assert text.count("\nRUN ") == len(order) + 2 + len(staged)
+    late = text[text.index("/opt/slimeforge/sf patches "):]
+    assert "sf slime source_step" in late and "--lock" not in late.split("sf slime source_step")[1].split("\n")[0]
+    assert "sf slime-requirements pip_step --venv /opt/venv --step slime --lock /tmp/sf-lock/slime.txt" in text
+    assert all(f"sf patches apply_patch {p.file} " in late for p in stack.used_patches())
     # Compiled steps build against the installed torch.
     flash = next(s for s in step_commands(stack, image_layout(stack)) if s.name == "flash-attn")
     assert flash.argv[-2:] == ["--lock", "/tmp/sf-lock/flash-attn.txt"] and flash.lock_file == "flash-attn.txt"
@@ -176,12 +183,16 @@ def test_arch_list_is_validated(tmp_path, bad):
     assert "arch_list" in str(exc.value)
 
 
-def test_patch_steps_bind_only_their_patch_files():
+def test_patches_wait_for_their_own_late_step():
+    """A patch (from slime's tree: a slime bump may change it) is bound only into the patches step,
+    so its bytes are in no earlier layer's cache key: sglang's and Megatron's layers stay."""
     text = render_dockerfile(load_stack("cu13"))
-    megatron_run = text.split("# --- step ")[[i for i, b in enumerate(text.split("# --- step ")) if ": megatron (" in b][0]]
-    assert "source=patches/megatron.patch" in megatron_run
-    assert "sglang.patch" not in megatron_run
-    assert "--patch megatron.patch:git:1:/tmp/sf-patches/megatron.patch" in megatron_run
+    for step in ("sglang", "megatron"):
+        assert "patches/" not in run_block(text, step) and "--patch " not in run_block(text, step), step
+    patches = run_block(text, "patches")
+    assert "source=patches/megatron.patch,target=/tmp/sf-patches/megatron.patch" in patches
+    assert "sf patches apply_patch megatron.patch git 1 /tmp/sf-patches/megatron.patch /root/Megatron-LM" in patches
+    assert "sf patches apply_patch sglang.patch patch 2 /tmp/sf-patches/sglang.patch /opt/venv/lib/python3.12/site-packages" in patches
 
 
 def test_compile_jobs_fit_memory_and_cores():
@@ -251,9 +262,10 @@ def test_smoke_imports_every_compiled_piece_and_names_the_gpu_ones(flavor, fa):
     assert argv[argv.index("--versions") + 1] == "/opt/slimeforge/stack.input.json"
     assert argv[argv.index("--megatron") + 1] == "/root/Megatron-LM" and argv[argv.index("--slime") + 1] == "/root/slime"
     text = render_dockerfile(stack)
-    assert "COPY flag_catalog.py kernel_check.py /opt/slimeforge/" in text
+    assert "COPY flag_catalog.py kernel_check.py venv_sizes.py /opt/slimeforge/" in text
     assert "COPY steps.sh sf venvlock.py /opt/slimeforge/" in text  # the library's own script, before the first step
-    assert text.rstrip().endswith("--slime /root/slime --megatron /root/Megatron-LM")
+    assert text.rstrip().endswith("--slime /root/slime --megatron /root/Megatron-LM \\\n"
+                                  "    && /opt/venv/bin/python -I /opt/slimeforge/venv_sizes.py /opt/venv /opt/slimeforge/venv-sizes.json")
 
 
 def test_base_image_and_tags_are_image_references_before_anything_is_read(tmp_path):
