@@ -81,7 +81,7 @@ SSH_CONFIG_HELP = "your own ssh config file for the hosts (ssh -F), used as is i
         "set_": "override a recipe key, key=value (repeatable)",
         "address": "submit to a running Ray cluster (its dashboard, http://HOST:8265) instead of starting a head",
         "mode": "host (an `invoke install` prefix or checkouts) or container (the recipe's image); default: the recipe's",
-        "image": "container mode: the image to run (default: the recipe's image)",
+        "image": "container mode: the image to run (default: the recipe's image); any slime image, docs/run.md#any-slime-image",
         "prefix": "host mode: the install prefix (slime, Megatron-LM and the venv come from there)",
         "catalog": "the flag catalog (flags.json) to check flags against (default: from the image or install)",
         "skip_check": "turn this preflight check's errors into warnings (repeatable; see `invoke doctor --list-checks`)",
