@@ -101,7 +101,8 @@ def convert(src: str | Path, out: str | Path, limit: int | None = None) -> int:
         pre.append(Problem("--out", why, str(out), "a new file in an existing directory, or a regular file to replace"))
     if pre:
         raise ConfigError("data.gsm8k", pre)
-    lines, problems = [], []
+    lines: list[str] = []
+    problems: list[Problem] = []
     for n, row in _source_rows(src_path):
         if limit is not None and len(lines) >= limit:
             break
