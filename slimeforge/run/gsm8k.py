@@ -34,23 +34,25 @@ ACCEPTED_ROW = '{"question": "...", "answer": "... #### 72"} (the Hugging Face o
 
 def _source_rows(src: Path) -> Iterator[tuple[int, Any]]:
     """(row number, row) of a JSONL or Parquet file; a JSONL line that is not JSON is its text."""
+    # Through the one reader, bounded: a FIFO or a device named as --src is refused, never read forever.
+    data = records.read_bytes(src, "--src", "a GSM8K JSONL or Parquet file", max_bytes=MAX_SOURCE_BYTES, follow_symlinks=True)
+    if data is None:
+        raise ConfigError("data.gsm8k", [Problem("--src", "does not exist", str(src), "a GSM8K JSONL or Parquet file you downloaded")])
     if src.suffix == ".parquet":
         try:
-            import pyarrow.parquet as pq  # optional: only Parquet needs it (pip install pyarrow)
+            import pyarrow as pa  # optional: only Parquet needs it (pip install pyarrow)
+            import pyarrow.parquet as pq
         except ImportError:
             raise ConfigError("data.gsm8k", [Problem("--src", "is Parquet, which needs pyarrow (not installed)", str(src),
                                                      "pip install pyarrow, or a JSONL file of the same rows")]) from None
         try:
-            table = pq.read_table(src, columns=["question", "answer"])
+            table = pq.read_table(pa.BufferReader(data), columns=["question", "answer"])
         except Exception as exc:  # noqa: BLE001 - pyarrow's own message names what is wrong
             raise ConfigError("data.gsm8k", [Problem("--src", f"is not a Parquet file with question and answer columns: {exc}", str(src))]) from None
         if table.num_rows > MAX_ROWS:
             raise ConfigError("data.gsm8k", [Problem("--src", f"has {table.num_rows} rows, more than {MAX_ROWS}", str(src))])
         yield from enumerate(table.to_pylist(), start=1)
         return
-    data = records.read_bytes(src, "--src", "a GSM8K JSONL or Parquet file", max_bytes=MAX_SOURCE_BYTES, follow_symlinks=True)
-    if data is None:
-        raise ConfigError("data.gsm8k", [Problem("--src", "does not exist", str(src), "a GSM8K JSONL or Parquet file you downloaded")])
     text = records.decode(src, "--src", "UTF-8 JSONL", data)
     for n, line in enumerate(text.splitlines(), start=1):
         if n > MAX_ROWS:

@@ -167,3 +167,6 @@ def test_invoke_doctor_and_run_take_a_foreign_image(foreign_image, tmp_path):
         assert f"{DROPPED} (from slime.args) is not a flag of slime {foreign_image['slime_commit'][:12]}" in out
         assert f"read from slime's parsers at /root/slime in {tag}" in out
     assert not (tmp_path / "run" / "container.id").exists()
+    # Without a recipe: the host checks, and what the image holds to run slime with.
+    r = subprocess.run([sys.executable, "-m", "invoke", "doctor", "--image", tag], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert f"Ray {RAY}, Python 3.11" in r.stdout and f"in {tag} (image {image_id(tag)[7:19]})" in r.stdout, r.stdout + r.stderr

@@ -20,6 +20,11 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "tests" / "fixtures" / "gsm8k" / "train-sample.jsonl"
 
 
+def _copy(src: Path, dst: Path) -> Path:
+    dst.write_bytes(src.read_bytes())
+    return dst
+
+
 def rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -79,6 +84,8 @@ def test_parquet_as_hugging_face_ships_it(tmp_path):
     pq.write_table(pa.table({"question": [r["question"] for r in source], "answer": [r["answer"] for r in source]}), src)
     out = tmp_path / "gsm8k.jsonl"
     assert convert(src, out) == 3
+    with pytest.raises(ConfigError, match="--src: is not a Parquet file with question and answer columns"):
+        convert(_copy(SAMPLE, tmp_path / "not.parquet"), tmp_path / "x.jsonl")
     assert rows(out) == [{"prompt": r["question"], "metadata": {"prompt": r["question"], "answer": a}} for r, a in zip(source, ["7", "1200", "25"], strict=True)]
 
 
