@@ -43,6 +43,7 @@ VERSION_RE = re.compile(r"[0-9]+(\.[0-9A-Za-z+_-]+){0,5}")
 COMMIT_RE = re.compile(r"[0-9a-f]{40}")
 MAX_BYTES = 12 << 20  # the catalog (tens of kB; at most 8 MiB) and a few short fields
 MAX_PROBLEM = 2000
+MAX_SEARCH_PATH = 16384  # an image's PYTHONPATH or LD_LIBRARY_PATH
 PROBE_TIMEOUT_S = 600  # importing slime's parsers imports torch: seconds, a minute on a cold disk
 SOURCES = (IMAGE_CATALOG, "parsers")
 
@@ -65,6 +66,11 @@ class ImageFacts:
     catalog_source: str | None  # IMAGE_CATALOG (slimeforge built it) or "parsers" (made by the probe)
     catalog_problem: str | None  # why there is no catalog
     cached: bool  # read from the cache, not probed now
+    # slimeforge built it (/opt/slimeforge is there); else runs in it are rendered for its own
+    # layout (run/layout.py), adding to its PYTHONPATH and LD_LIBRARY_PATH (None: unset there).
+    slimeforge_image: bool = False
+    pythonpath: str | None = None
+    ld_library_path: str | None = None
 
     @property
     def short_id(self) -> str:
@@ -95,12 +101,15 @@ def probe_argv(docker: str, image_id: str, slime_dir: str, megatron_dir: str) ->
             f"{MOUNT}/image_probe.py", "--slime", slime_dir, "--megatron", megatron_dir]
 
 
-def image_id(image: str, docker: str, runner: Runner) -> str:
-    """The local ID of `image`, pulled first when it is not here (as `docker run` would)."""
+def image_id(image: str, docker: str, runner: Runner, pull: bool = True) -> str:
+    """The local ID of `image`, pulled first when it is not here (as `docker run` would); with
+    pull=False (a dry run) an image not here is a ProbeError."""
     def inspect() -> Any:
         return runner.run([docker, "image", "inspect", "--format", "{{.Id}}", "--", image], step=f"docker image inspect {image}", check=False, timeout=60)
 
     res = inspect()
+    if not res.ok and not pull:
+        raise ProbeError(f"{image} is not on this host (a dry run pulls nothing)")
     if not res.ok:
         runner.run([docker, "pull", "--", image], step=f"docker pull {image}", timeout=3600)
         res = inspect()
@@ -138,6 +147,10 @@ def parse_facts(doc: Any, expect_id: str, where: str, cached: bool) -> ImageFact
     problem = doc.get("catalog_problem")
     if problem is not None and not (isinstance(problem, str) and len(problem) <= 100_000):
         raise ValueError(f"{where}: catalog_problem is not a message")
+    slimeforge_image = doc.get("slimeforge_image")
+    if not isinstance(slimeforge_image, bool):
+        raise ValueError(f"{where}: slimeforge_image is {str(slimeforge_image)[:20]!r}, not true or false")
+    search = {k: _optional(doc, k, limit=MAX_SEARCH_PATH) for k in ("pythonpath", "ld_library_path")}
     catalog = None
     if doc.get("catalog") is not None:
         if source is None:
@@ -150,7 +163,8 @@ def parse_facts(doc: Any, expect_id: str, where: str, cached: bool) -> ImageFact
         raise ValueError(f"{where}: neither a catalog nor why there is none")
     return ImageFacts(expect_id, python, _optional(doc, "ray", VERSION_RE, 40), dirs["executable"], dirs["slime_dir"], dirs["megatron_dir"],
                       _optional(doc, "slime_commit", COMMIT_RE), _optional(doc, "megatron_commit", COMMIT_RE), catalog, source,
-                      problem[:MAX_PROBLEM] if isinstance(problem, str) else None, cached)
+                      problem[:MAX_PROBLEM] if isinstance(problem, str) else None, cached, slimeforge_image,
+                      search["pythonpath"], search["ld_library_path"])
 
 
 def read_cached(path: Path, expect_id: str) -> ImageFacts | None:
@@ -163,12 +177,14 @@ def read_cached(path: Path, expect_id: str) -> ImageFacts | None:
         return None
 
 
-def image_facts(image: str, slime_dir: str, megatron_dir: str, *, docker: str = "docker", runner: Runner | None = None) -> ImageFacts:
+def image_facts(image: str, slime_dir: str, megatron_dir: str, *, docker: str = "docker", runner: Runner | None = None,
+                pull: bool = True) -> ImageFacts:
     """What `image` holds (see the module doc): from the cache by the image's ID, else probed now
     and cached. Raises CommandError when the image cannot be found or pulled, ProbeError when the
-    probe cannot run in it (no python3) or its answer is not one."""
+    probe cannot run in it (no python3) or its answer is not one (or, with pull=False, when the
+    image is not here)."""
     runner = runner or Runner()
-    iid = image_id(image, docker, runner)
+    iid = image_id(image, docker, runner, pull)
     path = cache_path(iid, slime_dir, megatron_dir)
     cached = read_cached(path, iid)
     if cached is not None:

@@ -11,6 +11,9 @@ it; otherwise it is made here from slime's real parsers (flag_catalog.py, beside
 is looked for at --slime, then where `import slime` resolves; Megatron at --megatron, then where
 `import megatron` resolves. What cannot be learned (no slime, parsers that do not import) is said
 in `catalog_problem`, never a failure: the last line of stdout is always one JSON object.
+It also says whether slimeforge built the image (/opt/slimeforge is there) and the image's own
+PYTHONPATH and LD_LIBRARY_PATH (null when unset): a run in another image is rendered for its
+layout, adding to those rather than replacing them (run/layout.py).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import env_probe
 import flag_catalog
 
 FORMAT, VERSION = "slimeforge.image-probe", 1
-IMAGE_CATALOG = "/opt/slimeforge/flags.json"  # paths.IMAGE_STATE/paths.FLAGS, where `invoke build` puts it
+IMAGE_STATE = "/opt/slimeforge"  # paths.IMAGE_STATE: every image `invoke build` made has it
+IMAGE_CATALOG = IMAGE_STATE + "/flags.json"  # paths.IMAGE_STATE/paths.FLAGS, where `invoke build` puts it
 MAX_CATALOG_BYTES = 8 << 20
 SHA_RE = re.compile(r"[0-9a-f]{40}")
 
@@ -93,7 +97,9 @@ def _common_dir(git: str) -> str:
 def probe(slime: str | None, megatron: str | None) -> dict:
     out: dict = {"format": FORMAT, "version": VERSION, **env_probe.facts(), "catalog": None, "catalog_source": None, "catalog_problem": None}
     slime_dir, megatron_dir = checkout(slime, "slime"), checkout(megatron, "megatron")
-    out.update(slime_dir=slime_dir, megatron_dir=megatron_dir, slime_commit=git_commit(slime_dir), megatron_commit=git_commit(megatron_dir))
+    out.update(slime_dir=slime_dir, megatron_dir=megatron_dir, slime_commit=git_commit(slime_dir), megatron_commit=git_commit(megatron_dir),
+               slimeforge_image=os.path.isdir(IMAGE_STATE), pythonpath=os.environ.get("PYTHONPATH"),
+               ld_library_path=os.environ.get("LD_LIBRARY_PATH"))
     if os.path.isfile(IMAGE_CATALOG):  # slimeforge built it: the catalog its build made
         with open(IMAGE_CATALOG, "rb") as fh:
             data = fh.read(MAX_CATALOG_BYTES + 1)

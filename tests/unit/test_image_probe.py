@@ -51,6 +51,16 @@ def test_the_probe_reads_slimes_parsers_and_the_commit_from_git_files(checkouts)
     assert (facts.slime_dir, facts.megatron_dir, facts.python) == (str(slime), str(megatron), ".".join(map(str, sys.version_info[:3])))
 
 
+def test_the_probe_says_whether_slimeforge_built_the_image_and_reads_its_search_paths(checkouts):
+    slime, megatron = checkouts
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    r = subprocess.run([sys.executable, str(SCRIPT), "--slime", str(slime), "--megatron", str(megatron)], capture_output=True, text=True,
+                       timeout=120, check=True, env={**env, "PYTHONPATH": "/opt/image-extra:/usr/src"})
+    facts = imageprobe.parse_facts(json.loads(r.stdout.strip().splitlines()[-1]), ID, "probe", cached=False)
+    assert (facts.pythonpath, facts.ld_library_path) == ("/opt/image-extra:/usr/src", None)
+    assert facts.slimeforge_image is os.path.isdir(paths.IMAGE_STATE)  # this machine is no image slimeforge built
+
+
 def test_what_cannot_be_learned_is_said_not_failed(checkouts, tmp_path):
     slime, _ = checkouts
     none = probe("--slime", str(tmp_path / "nowhere"))
@@ -73,6 +83,9 @@ def test_an_answer_is_input_every_field_is_checked(checkouts):
         "a catalog edited by hand": {"catalog": {**good["catalog"], "flags": [*good["catalog"]["flags"], "--extra"]}},
         "no catalog and no reason": {"catalog": None},
         "another format": {"version": 99},
+        "slimeforge_image that is not true or false": {"slimeforge_image": "yes"},
+        "a PYTHONPATH with a control character": {"pythonpath": "/opt/x\x1b[2J"},
+        "an LD_LIBRARY_PATH that is not text": {"ld_library_path": ["/opt/x"]},
     }
     assert imageprobe.parse_facts(good, ID, "cache", cached=True).cached
     for what, change in bad.items():
@@ -92,4 +105,4 @@ def test_a_bad_cache_entry_is_not_believed(checkouts, tmp_path):
 
 def test_the_probe_and_slimeforge_name_the_same_catalog_path():
     text = SCRIPT.read_text()
-    assert f'IMAGE_CATALOG = "{paths.IMAGE_STATE}/{paths.FLAGS}"' in text
+    assert f'IMAGE_STATE = "{paths.IMAGE_STATE}"' in text and f'IMAGE_CATALOG = IMAGE_STATE + "/{paths.FLAGS}"' in text

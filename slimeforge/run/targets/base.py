@@ -30,6 +30,7 @@ from typing import IO, Any
 
 from ...image.stack import Stack
 from ...proc import Runner
+from ..layout import SLIMEFORGE, Layout
 from ..recipe import Recipe
 from ..rundir import RunDir
 
@@ -82,6 +83,10 @@ class ResolvedRun:
     # Host mode: the interpreter that runs launch.sh and train.py when the request named one (in
     # place: this one); the preflight reads the flag catalog and the versions with it.
     python: str | None = None
+    # slimeforge's layout or the image's (run/layout.py): what the run directory is rendered for;
+    # `layout_note` says why the image's layout could not be learned, when it could not.
+    layout: Layout = SLIMEFORGE
+    layout_note: str | None = None
 
 
 @dataclass(frozen=True, repr=False)
@@ -113,6 +118,8 @@ def describe(plan: LaunchPlan) -> list[str]:
     if plan.mounts:
         lines.append("mounts (same path inside):")
         lines += [f"  {m.path} ({'rw' if m.writable else 'ro'}; {m.what})" for m in plan.mounts]
+    if plan.run.layout != SLIMEFORGE or plan.run.layout_note:
+        lines.append(f"layout: {plan.run.layout_note or plan.run.layout.why}")
     lines.append("would run:")
     lines += [f"  {c.text()}" for c in plan.commands]
     lines += [f"note: {n}" for n in plan.notes]

@@ -55,7 +55,7 @@ class LocalTarget(jobs.JobsApiTarget):
     address: str | None = None  # a running cluster's dashboard; None: launch.sh starts a head
 
     def render(self, run: ResolvedRun) -> RunDir:
-        return build_run_dir(run.recipe, run.stack, run.out, run.recipe_path, run.environ)
+        return build_run_dir(run.recipe, run.stack, run.out, run.recipe_path, run.environ, run.layout)
 
     def preflight(self, plan: LaunchPlan, runner: Runner, say: Say) -> None:
         from ..preflight import PreflightError, run_checks  # only a launch needs it; dry runs stay fast

@@ -238,7 +238,7 @@ class SlurmTarget(Target):
                                     "--mode container, or leave it out"))
         if problems:
             raise ConfigError("--slurm options", problems)
-        rundir = build_run_dir(recipe, run.stack, run.out, run.recipe_path, run.environ)
+        rundir = build_run_dir(recipe, run.stack, run.out, run.recipe_path, run.environ, run.layout)
         py, ray = host_tools(recipe)
         python = run.environ.get("SLIMEFORGE_PYTHON") or py
         env_bin = str(Path(ray).parent) if os.sep in ray else None
