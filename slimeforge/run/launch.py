@@ -26,7 +26,7 @@ from ..image.stack import Stack
 from ..proc import Runner
 from ..yamlio import deep_merge
 from .headstate import check_address
-from .layout import SLIMEFORGE, layout_of_image
+from .layout import SLIMEFORGE, layout_here, layout_of_image
 from .modechoice import resolve_mode
 from .recipe import EXP_ID_RE, Recipe, load_recipe_data, parse_overrides
 from .recipecheck import load_recipe, parse_recipe
@@ -145,10 +145,11 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
         raise ConfigError("command line", [Problem("--address/--cluster", "--slurm starts its own Ray cluster in the allocation",
                                                    req.address or req.cluster, "leave out --address/--cluster")])
     recipe, stack = load(req)
-    if req.in_place:
-        recipe = in_place(recipe, req.recipe)
     target: Target
     layout, layout_note = SLIMEFORGE, None
+    if req.in_place:
+        recipe = in_place(recipe, req.recipe)
+        layout = layout_here(recipe, environ, req.python or sys.executable)
     if req.slurm:
         from .targets import slurm  # only then: sbatch's template and the node agent
 

@@ -3,6 +3,7 @@
     SLIMEFORGE                                 an image `invoke build` made (or an install prefix)
     layout_of_image(recipe, pull=...) -> (Layout, recipe, note)   container mode: probe the image, choose
     layout_from_facts(facts, recipe) -> (Layout, recipe)           the choice, from the probe's answer
+    layout_here(recipe, environ) -> Layout     in place (SlimeRunner where slime is installed): this environment's
 
 slimeforge's layout is what its build and install make: the stack's venv, the empty libcudart.so.12
 at /opt/slimeforge/cudart-decoy, cuDNN and the CUDA libraries under the venv's site-packages, all
@@ -19,9 +20,12 @@ recipe adds to LD_LIBRARY_PATH goes after the image's own entries. The plan says
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import SlimeforgeError
+from .. import paths
+from ..errors import ConfigError, Problem, SlimeforgeError
+from ..schema import text_problem
 from .recipe import Recipe
 
 if TYPE_CHECKING:
@@ -86,3 +90,19 @@ def layout_from_facts(facts: ImageFacts, recipe: Recipe) -> tuple[Layout, Recipe
         return Layout(SLIMEFORGE_NAME, f"slimeforge's own layout: image {facts.short_id} has /opt/slimeforge"), recipe
     found = {k: v for k, v in (("slime_dir", facts.slime_dir), ("megatron_dir", facts.megatron_dir)) if v and v != getattr(recipe, k)}
     return image_layout(facts), recipe.model_copy(update=found) if found else recipe
+
+
+def layout_here(recipe: Recipe, environ: dict[str, str], python: str) -> Layout:
+    """In place (host mode in this environment: slime's container, or the environment its
+    bare-metal script built): slimeforge's layout only where slimeforge built it (/opt/slimeforge
+    here); else this environment's own, keeping its PYTHONPATH and LD_LIBRARY_PATH after what the
+    run adds. Their values reach the run directory: text without control characters, or a
+    ConfigError naming the variable."""
+    if Path(paths.IMAGE_STATE).is_dir():
+        return Layout(SLIMEFORGE_NAME, f"slimeforge's own layout: {paths.IMAGE_STATE} is here")
+    bad = [Problem(k, f"{why}: it is kept in the job's environment", environ[k], "a ':'-separated list of directories")
+           for k in ("PYTHONPATH", "LD_LIBRARY_PATH") if k in environ and (why := text_problem(environ[k]))]
+    if bad:
+        raise ConfigError("this environment", bad)
+    return Layout(IMAGE_NAME, f"this environment's own layout (in place; no {paths.IMAGE_STATE} here): slime at {recipe.slime_dir}, "
+                  f"Megatron-LM at {recipe.megatron_dir}, {python}", environ.get("PYTHONPATH"), environ.get("LD_LIBRARY_PATH"))

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TAG = "slimeforge-test/foreign-slime:probe"
 DROPPED = "--rollout-batch-size"  # rendered by every recipe; missing from the image's slime
 RAY = "2.49.1"
+IMAGE_SITE, IMAGE_LIB = "/opt/image-site", "/opt/image-lib"
 
 MEGATRON = '''import argparse
 
@@ -96,9 +97,14 @@ def foreign_image(base_image, tmp_path_factory):
     meta = ctx / f"ray-{RAY}.dist-info"
     meta.mkdir()
     (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: ray\nVersion: {RAY}\n")
+    # The image's own search paths: a run in it keeps them (after Megatron, after its own libraries).
+    (ctx / "image-site").mkdir()
+    (ctx / "image-site" / "imagemod.py").write_text("WHERE = 'the image'\n")
     (ctx / "Dockerfile").write_text(
         f"FROM {base_image}\n"
         "COPY slime /root/slime\nCOPY Megatron-LM /root/Megatron-LM\n"
+        f"COPY image-site {IMAGE_SITE}\n"
+        f"ENV PYTHONPATH={IMAGE_SITE} LD_LIBRARY_PATH={IMAGE_LIB}\n"
         f"COPY ray-{RAY}.dist-info /usr/lib/python3/dist-packages/ray-{RAY}.dist-info\n")
     # Debian's docker client runs BuildKit without buildx (DESIGN.md), as test_run_in_image does.
     subprocess.run(["/usr/bin/docker", "build", "-q", "-t", TAG, str(ctx)], check=True, capture_output=True, env={**os.environ, "DOCKER_BUILDKIT": "1"})
@@ -170,3 +176,68 @@ def test_invoke_doctor_and_run_take_a_foreign_image(foreign_image, tmp_path):
     # Without a recipe: the host checks, and what the image holds to run slime with.
     r = subprocess.run([sys.executable, "-m", "invoke", "doctor", "--image", tag], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert f"Ray {RAY}, Python 3.11" in r.stdout and f"in {tag} (image {image_id(tag)[7:19]})" in r.stdout, r.stdout + r.stderr
+
+
+# launch.sh's environment part, run in the image as Ray runs the job there: the variables launch.sh
+# sets (SLIME_DIR, MODEL_SCRIPT, PYTHON, ARGS) and its MODEL_ARGS line, read from the rendered file;
+# then train.py with runtime_env.json's env_vars over the image's own environment.
+IN_IMAGE = r"""set -euo pipefail
+cd "$1"
+eval "$(sed -n -e '/^SLIME_DIR=/p' -e '/^MODEL_SCRIPT=/p' -e '/^PYTHON=/p' launch.sh)"
+eval "$(sed -n '/^ARGS=($/,/^)$/p' launch.sh)"
+eval "$(grep "^mapfile -d '' MODEL_ARGS" launch.sh)"
+with_job_env() {
+  "$PYTHON" -c 'import json, os, sys; env = json.load(open("runtime_env.json"))["env_vars"]; os.execvpe(sys.argv[1], sys.argv[1:], {**os.environ, **env})' "$@"
+}
+with_job_env "$PYTHON" -c 'import os, sys, imagemod, megatron.training.arguments as m; print("python", sys.executable); print("megatron", m.__file__); print("imagemod", imagemod.WHERE); print("ld", os.environ["LD_LIBRARY_PATH"])'
+# train.py imports slime beside it, and slime imports Megatron's parser.
+with_job_env "$PYTHON" "$SLIME_DIR/train.py" "${MODEL_ARGS[@]}" "${ARGS[@]}"
+echo "train.py exited 0 with ${#MODEL_ARGS[@]} model arguments and ${#ARGS[@]} more"
+# Without the job's environment Megatron is not found: the rendered PYTHONPATH is what resolves it.
+if "$PYTHON" "$SLIME_DIR/train.py" 2>/dev/null; then echo "train.py ran without the job's environment"; exit 1; fi
+"""
+
+
+def test_a_run_in_a_foreign_image_is_rendered_for_its_layout_and_its_paths_resolve_there(foreign_image, tmp_path):
+    """`invoke run --dry-run --image` of an image without /opt/slimeforge: the plan says it used the
+    image's layout, nothing of slimeforge's layout is in the run directory, and launch.sh's
+    environment part, run in the image, finds slime, Megatron and the image's own module."""
+    tag = foreign_image["tag"]
+    data = recipe_data(tmp_path, "unused:tag")
+    del data["image"]
+    data["env"] = {"LD_LIBRARY_PATH": "/opt/recipe-lib"}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(data))
+    run_dir = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "invoke", "run", str(tmp_path / "r.yaml"), "--image", tag, "--dry-run", "--out", str(run_dir)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    layout = f"layout: the image's own layout: image {image_id(tag)[7:19]} has no /opt/slimeforge; slime at /root/slime, Megatron-LM at /root/Megatron-LM, its python3"
+    assert layout in r.stdout.splitlines(), r.stdout
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["layout"]["name"] == "image" and plan["layout"]["pythonpath"] == IMAGE_SITE
+    env = json.loads((run_dir / "runtime_env.json").read_text())["env_vars"]
+    assert env == {"PYTHONPATH": f"/root/Megatron-LM:{IMAGE_SITE}", "LD_LIBRARY_PATH": f"{IMAGE_LIB}:/opt/recipe-lib", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    for name in ("launch.sh", "slime.args", "runtime_env.json"):
+        assert "/opt/slimeforge" not in (run_dir / name).read_text(), name
+
+    ran = subprocess.run(["docker", "run", "--rm", "--network", "none", "-v", f"{run_dir}:{run_dir}:ro", "--entrypoint", "bash", tag,
+                          "-c", IN_IMAGE, "in-image", str(run_dir)], capture_output=True, text=True, timeout=300)
+    out = ran.stdout + ran.stderr
+    assert ran.returncode == 0, out
+    lines = ran.stdout.splitlines()
+    assert lines[:4] == ["python /usr/bin/python3", "megatron /root/Megatron-LM/megatron/training/arguments.py",
+                         "imagemod the image", f"ld {IMAGE_LIB}:/opt/recipe-lib"], out
+    assert len(lines) == 5 and lines[4].startswith("train.py exited 0 with ") and " with 0 model" not in lines[4], out
+
+
+def test_a_dry_run_pulls_nothing_and_says_the_layout_is_not_known(tmp_path):
+    data = recipe_data(tmp_path, "unused:tag")
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(data))
+    absent = "slimeforge-test/not-here:none"
+    r = subprocess.run([sys.executable, "-m", "invoke", "run", str(tmp_path / "r.yaml"), "--image", absent, "--dry-run", "--out", str(tmp_path / "run")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (f"layout: the image's layout is not known ({absent} is not on this host (a dry run pulls nothing)): "
+            "rendered for slimeforge's layout") in r.stdout.splitlines()
+    assert json.loads((tmp_path / "run" / "plan.json").read_text())["layout"]["name"] == "slimeforge"
+    assert subprocess.run(["docker", "image", "inspect", absent], capture_output=True).returncode != 0

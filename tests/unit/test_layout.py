@@ -7,12 +7,16 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from pathlib import Path
 
+import pytest
 from helpers import SEED_RECIPE
 
+from slimeforge import paths
+from slimeforge.errors import ConfigError
 from slimeforge.image.stack import load_stack
 from slimeforge.run.imageprobe import ImageFacts
-from slimeforge.run.layout import IMAGE_NAME, SLIMEFORGE, SLIMEFORGE_NAME, layout_from_facts, search_path
+from slimeforge.run.layout import IMAGE_NAME, SLIMEFORGE, SLIMEFORGE_NAME, layout_from_facts, layout_here, search_path
 from slimeforge.run.preflight import kernels
 from slimeforge.run.preflight.findings import Context
 from slimeforge.run.recipecheck import parse_recipe
@@ -106,3 +110,15 @@ def test_the_kernel_checks_fix_names_the_interpreter_it_ran(tmp_path):
             assert shlex.join(["--entrypoint", f"{stack.venv}/bin/python"]) in finding.fix
         else:
             assert "slimerl/slime:latest's own (its python3 ran slimeforge's kernel check" in finding.fix
+
+
+def test_in_place_without_opt_slimeforge_keeps_this_environments_own_layout():
+    if Path(paths.IMAGE_STATE).is_dir():
+        pytest.skip(f"this machine has {paths.IMAGE_STATE}: slimeforge's own layout here")
+    recipe, stack = parse_recipe({**SEED_RECIPE, "install_prefix": None}, "test")
+    layout = layout_here(recipe, {"PYTHONPATH": "/opt/site", "LD_LIBRARY_PATH": "/usr/lib/x"}, "/usr/bin/python3")
+    assert layout.name == IMAGE_NAME and layout.why.endswith("Megatron-LM at /root/Megatron-LM, /usr/bin/python3")
+    assert build_run_dir(recipe, stack, "/tmp/sf-layout-run", environ={}, layout=layout).env["PYTHONPATH"] == "/root/Megatron-LM:/opt/site"
+    with pytest.raises(ConfigError, match="LD_LIBRARY_PATH") as bad:
+        layout_here(recipe, {"LD_LIBRARY_PATH": "/usr/lib\x1b[2J"}, "/usr/bin/python3")
+    assert "control character" in str(bad.value)
