@@ -172,6 +172,8 @@ def test_invoke_doctor_and_run_take_a_foreign_image(foreign_image, tmp_path):
         assert r.returncode == 2, out  # the dropped flag, found in the image's own parsers
         assert f"{DROPPED} (from slime.args) is not a flag of slime {foreign_image['slime_commit'][:12]}" in out
         assert f"read from slime's parsers at /root/slime in {tag}" in out
+        if argv[0] == "run":  # the launch says which layout it rendered, before the preflight's table
+            assert f"layout: the image's own layout: image {image_id(tag)[7:19]} has no /opt/slimeforge" in r.stdout, out
     assert not (tmp_path / "run" / "container.id").exists()
     # Without a recipe: the host checks, and what the image holds to run slime with.
     r = subprocess.run([sys.executable, "-m", "invoke", "doctor", "--image", tag], cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -64,6 +64,8 @@ class LocalTarget(jobs.JobsApiTarget):
         report = run_checks(run.recipe, run.stack, args=plan.rundir.args, address=self.address, catalog=run.catalog,
                             skip=run.skip_checks, network=run.network_checks, state_dir=state_dir(run.recipe.ray_port, run.environ),
                             environ=run.environ, python=run.python)
+        if run.layout_note or not run.layout.is_slimeforge:  # a launch says it as the dry run does (base.describe)
+            say(f"layout: {run.layout_note or run.layout.why}")
         say(report.table())
         if report.errors:
             raise PreflightError(f"preflight of {run.recipe_path}", report)
