@@ -135,8 +135,10 @@ def target_options(req: LaunchRequest, recipe: Recipe) -> dict[str, Any]:
 def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | None = None,
             environ: dict[str, str] | None = None, probe_image: bool = True) -> tuple[Target, ResolvedRun]:
     """The target `req` names and the run it plans from; ConfigError for bad options. Container
-    mode here: the image is probed for its layout (run/layout.py; a dry run pulls nothing), unless
-    `probe_image` is False (a dry-run Runner's launch: commands are recorded, none run)."""
+    mode: the image is probed for its layout (run/layout.py; a dry run pulls nothing), unless
+    `probe_image` is False (a dry-run Runner's launch: commands are recorded, none run). Slurm's
+    container mode too (its preflight probes the image here as well); a running Ray cluster's image
+    is the inventory's, on its hosts: rendered for slimeforge's layout."""
     environ = dict(os.environ if environ is None else environ)
     slurm_only = {"--partition": req.partition, "--account": req.account, "--time": req.time, "--nodes": req.nodes, "--squashfs-dir": req.squashfs_dir}
     if not req.slurm and any(v is not None for v in slurm_only.values()):
@@ -158,6 +160,8 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
             opts = replace(opts, start_timeout=req.start_timeout)
         target = slurm.SlurmTarget(opts, follow_log=req.follow_log)
         recipe = slurm.on_slurm(resolve_mode(recipe, req.mode, req.prefix, req.image, stack=stack), opts)
+        if recipe.mode == "container" and recipe.image and probe_image:  # as the preflight's probe of it, here
+            layout, recipe, layout_note = layout_of_image(recipe, pull=not dry_run, docker=req.docker)
     elif req.cluster or recipe.cluster or req.address:
         from .targets.jobsubmit import ClusterTarget, find_cluster_of, on_cluster
 

@@ -231,6 +231,14 @@ def test_a_run_in_a_foreign_image_is_rendered_for_its_layout_and_its_paths_resol
                          "imagemod the image", f"ld {IMAGE_LIB}:/opt/recipe-lib"], out
     assert len(lines) == 5 and lines[4].startswith("train.py exited 0 with ") and " with 0 model" not in lines[4], out
 
+    # Slurm's container mode renders the same run directory for the same image.
+    slurm_dir = tmp_path / "slurm-run"
+    r = subprocess.run([sys.executable, "-m", "invoke", "run", str(tmp_path / "r.yaml"), "--image", tag, "--slurm", "--dry-run", "--out", str(slurm_dir)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and layout in r.stdout.splitlines(), r.stdout + r.stderr
+    assert json.loads((slurm_dir / "runtime_env.json").read_text())["env_vars"] == env
+    assert json.loads((slurm_dir / "plan.json").read_text())["layout"]["name"] == "image"
+
 
 def test_a_dry_run_pulls_nothing_and_says_the_layout_is_not_known(tmp_path):
     data = recipe_data(tmp_path, "unused:tag")

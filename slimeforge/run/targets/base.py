@@ -118,12 +118,20 @@ def describe(plan: LaunchPlan) -> list[str]:
     if plan.mounts:
         lines.append("mounts (same path inside):")
         lines += [f"  {m.path} ({'rw' if m.writable else 'ro'}; {m.what})" for m in plan.mounts]
-    if plan.run.layout != SLIMEFORGE or plan.run.layout_note:
-        lines.append(f"layout: {plan.run.layout_note or plan.run.layout.why}")
+    if (layout := layout_line(plan.run, always_when_probed=True)) is not None:
+        lines.append(layout)
     lines.append("would run:")
     lines += [f"  {c.text()}" for c in plan.commands]
     lines += [f"note: {n}" for n in plan.notes]
     return lines
+
+
+def layout_line(run: ResolvedRun, *, always_when_probed: bool = False) -> str | None:
+    """What the run directory is rendered for (run/layout.py), one line: a dry run says it whenever
+    the image was probed; a launch, before its preflight, when it is not slimeforge's layout or the
+    image's could not be learned."""
+    said = run.layout_note or not run.layout.is_slimeforge or (always_when_probed and run.layout != SLIMEFORGE)
+    return f"layout: {run.layout_note or run.layout.why}" if said else None
 
 
 @dataclass(frozen=True)
