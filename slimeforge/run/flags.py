@@ -155,11 +155,15 @@ def runtime_env_vars(recipe: Recipe, stack: Stack, wandb_entity: str | None = No
 
 
 def image_env_vars(recipe: Recipe, layout: Layout, wandb_entity: str | None = None) -> dict[str, str]:
-    """The job's environment in an image slimeforge did not build: Megatron first on PYTHONPATH,
-    then the image's own entries (Ray's env_vars replace a variable); nothing of slimeforge's layout
+    """The job's environment in an image slimeforge did not build: Megatron first on PYTHONPATH
+    (unless `import megatron` finds it there already), then the image's own entries (Ray's env_vars
+    replace a variable); nothing of slimeforge's layout
     (no cudart decoy, no cuDNN or CUDA library under the stack's venv, no CUDA_HOME unless the recipe
     sets one); LD_LIBRARY_PATH only when the recipe adds to it, after the image's own entries."""
-    env = {"PYTHONPATH": search_path(recipe.megatron_dir, layout.pythonpath), "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    env = {"PYTHONPATH": search_path(None if layout.megatron_imported else recipe.megatron_dir, layout.pythonpath),
+           "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    if not env["PYTHONPATH"]:  # Megatron imports without it and the image sets none: left unset
+        del env["PYTHONPATH"]
     if recipe.env.get("LD_LIBRARY_PATH"):
         env["LD_LIBRARY_PATH"] = search_path(layout.ld_library_path, recipe.env["LD_LIBRARY_PATH"])
     if wandb_entity and recipe.wandb_project:

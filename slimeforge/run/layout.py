@@ -41,6 +41,10 @@ class Layout:
     # The image's own search paths (IMAGE_NAME only; None: unset there), kept after what the run adds.
     pythonpath: str | None = None
     ld_library_path: str | None = None
+    # Megatron-LM is where `import megatron` resolves in the image (not at the recipe's
+    # megatron_dir): it needs no PYTHONPATH entry, and its directory (site-packages, maybe) gets
+    # none ahead of the standard library.
+    megatron_imported: bool = False
 
     @property
     def is_slimeforge(self) -> bool:
@@ -60,11 +64,12 @@ def search_path(*parts: str | None) -> str:
     return ":".join(dict.fromkeys(e for part in parts if part for e in part.split(":") if e))
 
 
-def image_layout(facts: ImageFacts) -> Layout:
+def image_layout(facts: ImageFacts, megatron_imported: bool = False) -> Layout:
     """The layout of an image slimeforge did not build, from its probe (imageprobe.ImageFacts)."""
-    found = f"slime at {facts.slime_dir or '(not found)'}, Megatron-LM at {facts.megatron_dir or '(not found)'}"
+    how = " (by `import megatron`)" if megatron_imported else ""
+    found = f"slime at {facts.slime_dir or '(not found)'}, Megatron-LM at {facts.megatron_dir or '(not found)'}{how}"
     return Layout(IMAGE_NAME, f"the image's own layout: image {facts.short_id} has no /opt/slimeforge; {found}, its python3",
-                  facts.pythonpath, facts.ld_library_path)
+                  facts.pythonpath, facts.ld_library_path, megatron_imported)
 
 
 def layout_of_image(recipe: Recipe, *, pull: bool, docker: str = "docker") -> tuple[Layout, Recipe, str | None]:
@@ -89,7 +94,8 @@ def layout_from_facts(facts: ImageFacts, recipe: Recipe) -> tuple[Layout, Recipe
     if facts.slimeforge_image:
         return Layout(SLIMEFORGE_NAME, f"slimeforge's own layout: image {facts.short_id} has /opt/slimeforge"), recipe
     found = {k: v for k, v in (("slime_dir", facts.slime_dir), ("megatron_dir", facts.megatron_dir)) if v and v != getattr(recipe, k)}
-    return image_layout(facts), recipe.model_copy(update=found) if found else recipe
+    # The probe takes the recipe's megatron_dir when it holds megatron/, else where `import megatron` resolves.
+    return image_layout(facts, "megatron_dir" in found), recipe.model_copy(update=found) if found else recipe
 
 
 def layout_here(recipe: Recipe, environ: dict[str, str], python: str) -> Layout:

@@ -48,13 +48,15 @@ def test_an_image_slimeforge_built_keeps_slimeforges_layout_exactly():
 
 def test_a_foreign_image_is_rendered_for_its_own_layout():
     recipe, stack = container_recipe(slime_dir="/root/slime", megatron_dir="/opt/missing-megatron")
-    layout, moved = layout_from_facts(facts(slimeforge_image=False, megatron="/usr/src/Megatron-LM", pythonpath="/opt/extra::/usr/src/Megatron-LM",
+    # The image's slime at the recipe's slime_dir; its Megatron found by `import megatron` (an editable install's checkout).
+    layout, moved = layout_from_facts(facts(slimeforge_image=False, megatron="/usr/src/Megatron-LM", pythonpath="/opt/extra::/opt/more:/opt/extra",
                                             ld="/usr/local/nvidia/lib64:/opt/img/lib"), recipe)
-    assert layout.name == IMAGE_NAME and "has no /opt/slimeforge" in layout.why and "Megatron-LM at /usr/src/Megatron-LM" in layout.why
+    assert layout.name == IMAGE_NAME and "has no /opt/slimeforge" in layout.why
+    assert "Megatron-LM at /usr/src/Megatron-LM (by `import megatron`)" in layout.why and layout.megatron_imported
     assert (moved.slime_dir, moved.megatron_dir) == ("/root/slime", "/usr/src/Megatron-LM")  # where the probe found them
     run = build_run_dir(moved, stack, "/tmp/sf-layout-run", environ={}, layout=layout)
-    # Megatron first, then the image's own entries, each once, no empty one (it would put the cwd on sys.path).
-    assert run.env == {"PYTHONPATH": "/usr/src/Megatron-LM:/opt/extra", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    # Megatron imports already: nothing ahead of the image's own entries, each once, no empty one (it would put the cwd on sys.path).
+    assert run.env == {"PYTHONPATH": "/opt/extra:/opt/more", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     for name, text in run.files.items():
         if name != "plan.json":  # the plan records the stack the recipe names
             assert "/opt/slimeforge" not in text and stack.venv not in text, name
@@ -66,6 +68,9 @@ def test_a_foreign_image_is_rendered_for_its_own_layout():
     plan = json.loads(run.files["plan.json"])
     assert plan["layout"] == layout.record() and plan["layout"]["name"] == IMAGE_NAME
     assert plan["recipe"]["megatron_dir"] == "/usr/src/Megatron-LM"
+    # Neither Megatron's directory nor the image's PYTHONPATH to add: the variable is left as the image has it.
+    installed, moved = layout_from_facts(facts(slimeforge_image=False, megatron="/usr/lib/python3/dist-packages"), recipe)
+    assert build_run_dir(moved, stack, "/tmp/sf-layout-run", environ={}, layout=installed).env == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
 
 
 def test_what_the_recipe_adds_to_the_library_path_goes_after_the_images_own():
