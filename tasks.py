@@ -191,7 +191,7 @@ SSH_CONFIG_HELP = "your own ssh config file for the hosts (ssh -F), used as is i
         "set_": "override a recipe key, key=value (repeatable)",
         "address": "submit to a running Ray cluster (its dashboard, http://HOST:8265) instead of starting a head",
         "mode": "host (an `invoke install` prefix or checkouts) or container (the recipe's image); default: the recipe's",
-        "image": "container mode: the image to run (default: the recipe's image)",
+        "image": "container mode: the image to run (default: the recipe's image); any slime image, docs/run.md#any-slime-image",
         "prefix": "host mode: the install prefix (slime, Megatron-LM and the venv come from there)",
         "catalog": "the flag catalog (flags.json) to check flags against (default: from the image or install)",
         "skip_check": "turn this preflight check's errors into warnings (repeatable; see `invoke doctor --list-checks`)",
@@ -473,6 +473,21 @@ def flags_catalog(c, python="", slime="", megatron=None, out="flags.json"):
     print(f"wrote {out}")
 
 
+@task(help={
+    "src": "the GSM8K file you downloaded: JSONL, or Parquet (needs pyarrow), rows {question, answer}",
+    "out": "training data to write (JSONL of {prompt, metadata}, replaced whole)",
+    "limit": "only the first N rows (a small set for a smoke run)",
+})
+@clean_errors
+def data_gsm8k(c, src="", out="gsm8k.jsonl", limit=None):
+    """GSM8K rows as training data: one {"prompt", "metadata": {"prompt", "answer"}} a line (docs/quickstart.md)."""
+    from slimeforge.run.gsm8k import convert
+    from slimeforge.schema import parse_whole
+
+    rows = convert(src, out, None if limit is None else parse_whole(limit, "--limit", 1, 1_000_000))
+    print(f"wrote {out}: {rows} rows")
+
+
 @task(
     iterable=["source"],
     help={"cuda": "stack flavor (cu13, cu129)", "stack": "any stack file instead (a YAML path)",
@@ -652,6 +667,7 @@ ns.add_task(doctor)
 ns.add_task(publish)
 ns.add_collection(Collection("patches", check=patches_check))
 ns.add_collection(Collection("flags", catalog=flags_catalog))
+ns.add_collection(Collection("data", gsm8k=data_gsm8k))
 ns.add_task(lock)
 ns.add_task(build)
 ns.add_task(install)

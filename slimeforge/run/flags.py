@@ -11,6 +11,7 @@ from typing import Any
 
 from .. import paths
 from ..image.stack import Stack
+from .layout import SLIMEFORGE, Layout, search_path
 from .recipe import Recipe
 
 GENERATE_FN = "agentcore_rl_toolkit.backends.slime.integration.rollout.generate"
@@ -117,8 +118,11 @@ def scrub_library_path(inherited: str) -> list[str]:
     return kept
 
 
-def runtime_env_vars(recipe: Recipe, stack: Stack, wandb_entity: str | None = None) -> dict[str, str]:
-    """Environment of the Ray job (and, through --train-env-vars, of slime's train actors)."""
+def runtime_env_vars(recipe: Recipe, stack: Stack, wandb_entity: str | None = None, layout: Layout = SLIMEFORGE) -> dict[str, str]:
+    """Environment of the Ray job (and, through --train-env-vars, of slime's train actors), for
+    slimeforge's layout or the image's (run/layout.py)."""
+    if not layout.is_slimeforge:
+        return image_env_vars(recipe, layout, wandb_entity)
     sp = site_packages(recipe, stack)
     cuda_home = recipe.env.get("CUDA_HOME", stack.cuda_home)
     lib = []
@@ -147,6 +151,24 @@ def runtime_env_vars(recipe: Recipe, stack: Stack, wandb_entity: str | None = No
     for key, value in recipe.env.items():
         if key not in ("LD_LIBRARY_PATH", "CUDA_HOME"):
             env[key] = value
+    return env
+
+
+def image_env_vars(recipe: Recipe, layout: Layout, wandb_entity: str | None = None) -> dict[str, str]:
+    """The job's environment in an image slimeforge did not build: Megatron first on PYTHONPATH
+    (unless `import megatron` finds it there already), then the image's own entries (Ray's env_vars
+    replace a variable); nothing of slimeforge's layout
+    (no cudart decoy, no cuDNN or CUDA library under the stack's venv, no CUDA_HOME unless the recipe
+    sets one); LD_LIBRARY_PATH only when the recipe adds to it, after the image's own entries."""
+    env = {"PYTHONPATH": search_path(None if layout.megatron_imported else recipe.megatron_dir, layout.pythonpath),
+           "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    if not env["PYTHONPATH"]:  # Megatron imports without it and the image sets none: left unset
+        del env["PYTHONPATH"]
+    if recipe.env.get("LD_LIBRARY_PATH"):
+        env["LD_LIBRARY_PATH"] = search_path(layout.ld_library_path, recipe.env["LD_LIBRARY_PATH"])
+    if wandb_entity and recipe.wandb_project:
+        env["WANDB_ENTITY"] = wandb_entity
+    env.update((k, v) for k, v in recipe.env.items() if k != "LD_LIBRARY_PATH")
     return env
 
 

@@ -26,6 +26,7 @@ from ..image.stack import Stack
 from ..proc import Runner
 from ..yamlio import deep_merge
 from .headstate import check_address
+from .layout import SLIMEFORGE, layout_here, layout_of_image
 from .modechoice import resolve_mode
 from .recipe import EXP_ID_RE, Recipe, load_recipe_data, parse_overrides
 from .recipecheck import load_recipe, parse_recipe
@@ -132,8 +133,12 @@ def target_options(req: LaunchRequest, recipe: Recipe) -> dict[str, Any]:
 
 
 def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | None = None,
-            environ: dict[str, str] | None = None) -> tuple[Target, ResolvedRun]:
-    """The target `req` names and the run it plans from; ConfigError for bad options."""
+            environ: dict[str, str] | None = None, probe_image: bool = True) -> tuple[Target, ResolvedRun]:
+    """The target `req` names and the run it plans from; ConfigError for bad options. Container
+    mode: the image is probed for its layout (run/layout.py; a dry run pulls nothing), unless
+    `probe_image` is False (a dry-run Runner's launch: commands are recorded, none run). Slurm's
+    container mode too (its preflight probes the image here as well); a running Ray cluster's image
+    is the inventory's, on its hosts: rendered for slimeforge's layout."""
     environ = dict(os.environ if environ is None else environ)
     slurm_only = {"--partition": req.partition, "--account": req.account, "--time": req.time, "--nodes": req.nodes, "--squashfs-dir": req.squashfs_dir}
     if not req.slurm and any(v is not None for v in slurm_only.values()):
@@ -142,9 +147,11 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
         raise ConfigError("command line", [Problem("--address/--cluster", "--slurm starts its own Ray cluster in the allocation",
                                                    req.address or req.cluster, "leave out --address/--cluster")])
     recipe, stack = load(req)
+    target: Target
+    layout, layout_note = SLIMEFORGE, None
     if req.in_place:
         recipe = in_place(recipe, req.recipe)
-    target: Target
+        layout = layout_here(recipe, environ, req.python or sys.executable)
     if req.slurm:
         from .targets import slurm  # only then: sbatch's template and the node agent
 
@@ -153,6 +160,8 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
             opts = replace(opts, start_timeout=req.start_timeout)
         target = slurm.SlurmTarget(opts, follow_log=req.follow_log)
         recipe = slurm.on_slurm(resolve_mode(recipe, req.mode, req.prefix, req.image, stack=stack), opts)
+        if recipe.mode == "container" and recipe.image and probe_image:  # as the preflight's probe of it, here
+            layout, recipe, layout_note = layout_of_image(recipe, pull=not dry_run, docker=req.docker)
     elif req.cluster or recipe.cluster or req.address:
         from .targets.jobsubmit import ClusterTarget, find_cluster_of, on_cluster
 
@@ -163,10 +172,12 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
     else:
         recipe = resolve_mode(recipe, req.mode, req.prefix, req.image, require_image=not dry_run, stack=stack)
         target = local_target(recipe, None, **target_options(req, recipe))
+        if recipe.mode == "container" and recipe.image and probe_image:
+            layout, recipe, layout_note = layout_of_image(recipe, pull=not dry_run, docker=req.docker)
     out = Path(req.out) if req.out else paths.run_dir(recipe.exp_id)
     python = req.python or (sys.executable if req.in_place else None)
     return target, ResolvedRun(recipe, stack, out.resolve(), req.recipe, environ, req.catalog, tuple(req.skip_checks), req.network_checks,
-                               python=python)
+                               python=python, layout=layout, layout_note=layout_note)
 
 
 def local_target(recipe: Recipe, address: str | None, cluster: str | None = None, **options: Any) -> Target:
@@ -187,7 +198,7 @@ def run_recipe(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster |
     (preflight, write the run directory, run the plan's commands); the job's exit code. `runner`:
     a proc.Runner (a dry-run one records argv lists)."""
     stream = stream or sys.stdout
-    target, run = resolve(req, dry_run=dry_run, find_cluster=find_cluster, environ=environ)
+    target, run = resolve(req, dry_run=dry_run, find_cluster=find_cluster, environ=environ, probe_image=not (runner and runner.dry_run))
     plan = target.plan(run)
     if dry_run:
         from .localpaths import dry_run_warnings

@@ -19,6 +19,7 @@ from ..errors import ConfigError, Problem
 from ..image.stack import Stack
 from ..templating import render
 from .flags import agentcore_config, agentcore_config_doc, env_json, render_flags, runtime_env_vars
+from .layout import SLIMEFORGE, Layout
 from .modelscript import MODEL_ARGS_BASH
 from .recipe import EXP_ID_RE, Recipe
 
@@ -61,11 +62,13 @@ def wandb_off_warning(recipe: Recipe, environ: dict[str, str]) -> str | None:
     return None
 
 
-def build_run_dir(recipe: Recipe, stack: Stack, out: str | os.PathLike[str], recipe_path: str = "(api)", environ: dict[str, str] | None = None) -> RunDir:
-    """Compute every file's content (nothing is written here)."""
+def build_run_dir(recipe: Recipe, stack: Stack, out: str | os.PathLike[str], recipe_path: str = "(api)", environ: dict[str, str] | None = None,
+                  layout: Layout = SLIMEFORGE) -> RunDir:
+    """Compute every file's content (nothing is written here), for slimeforge's layout or the
+    image's (run/layout.py; plan.json says which)."""
     environ = dict(os.environ if environ is None else environ)
     out = Path(out).resolve()
-    env = runtime_env_vars(recipe, stack, wandb_entity=environ.get("WANDB_ENTITY"))
+    env = runtime_env_vars(recipe, stack, wandb_entity=environ.get("WANDB_ENTITY"), layout=layout)
     wandb = wandb_enabled(recipe, environ)
     args = render_flags(recipe, stack, config_path=str(out / "agentcore.yaml"), env_json=env_json(env), wandb=wandb)
 
@@ -98,6 +101,7 @@ def build_run_dir(recipe: Recipe, stack: Stack, out: str | os.PathLike[str], rec
         "stack": {"id": stack.id, "name": stack.name, "hash": stack.hash, "slime_commit": stack.sources["slime"].commit if "slime" in stack.sources else None},
         "wandb": "enabled" if wandb else ("disabled: WANDB_API_KEY is not set" if recipe.wandb_project else "disabled: no wandb_project"),
         "run_dir": str(out),
+        "layout": layout.record(),
         "files": {name: hashlib.sha256(content.encode()).hexdigest() for name, content in files.items()},
         "entrypoint": ["python3", f"{recipe.slime_dir}/train.py", f"<MODEL_ARGS of {recipe.slime_dir}/scripts/models/{recipe.model_type}.sh>", *args],
         "commands": [

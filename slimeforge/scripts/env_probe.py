@@ -22,12 +22,18 @@ def ray_version() -> "str | None":
         return None
 
 
-ray = ray_version()
-out: "dict[str, str | None]" = {"python": platform.python_version(), "ray": ray, "executable": sys.executable}
-if len(sys.argv) > 1 and sys.argv[1]:
-    try:
-        with open(sys.argv[1], "rb") as f:
-            out["lock_sha256"] = hashlib.sha256(f.read()).hexdigest()
-    except OSError as exc:
-        out["lock_error"] = str(exc)
-print(json.dumps(out))
+def facts(lock_path: "str | None" = None) -> "dict[str, str | None]":
+    """Python, Ray and the interpreter; with `lock_path`, that file's sha256 (or why it is unreadable)."""
+    out: dict[str, str | None] = {"python": platform.python_version(), "ray": ray_version(), "executable": sys.executable}
+    if lock_path:
+        try:
+            with open(lock_path, "rb") as f:
+                out["lock_sha256"] = hashlib.sha256(f.read()).hexdigest()
+        except OSError as exc:
+            out["lock_error"] = str(exc)
+    return out
+
+
+# `python - < env_probe.py` and `python -c TEXT` run it as __main__; image_probe.py imports it.
+if __name__ == "__main__":
+    print(json.dumps(facts(sys.argv[1] if len(sys.argv) > 1 else None)))

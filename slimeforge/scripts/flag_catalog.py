@@ -83,6 +83,17 @@ def catalog(entry: str) -> dict:
             "parsers": parsers, "stopped_by": stopped_by, "flags": flags}
 
 
+def catalog_of(slime: str, megatron: str | None, entry: str = "slime.utils.arguments:parse_args") -> dict:
+    """The catalog of the slime checkout at `slime` (Megatron's from `megatron`, else from wherever
+    this Python finds it). Raises SystemExit with one line when it cannot be made whole."""
+    # Checkouts first on the path, as slime's launch does (PYTHONPATH=<Megatron-LM>); argv is only
+    # what train.py would see with no arguments, so no option is set.
+    sys.path[:0] = [d for d in (slime, megatron) if d]
+    sys.argv = [os.path.join(slime, "train.py")]
+    with contextlib.redirect_stdout(sys.stderr):
+        return catalog(entry)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--slime", required=True, help="slime checkout (holds the slime package)")
@@ -92,12 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--entry", default="slime.utils.arguments:parse_args")
     ap.add_argument("--out", required=True, help="the catalog file to write")
     opts = ap.parse_args(argv)
-    # Checkouts first on the path, as slime's launch does (PYTHONPATH=<Megatron-LM>); argv is only
-    # what train.py would see with no arguments, so no option is set.
-    sys.path[:0] = [d for d in (opts.slime, opts.megatron) if d]
-    sys.argv = [os.path.join(opts.slime, "train.py")]
-    with contextlib.redirect_stdout(sys.stderr):
-        doc = catalog(opts.entry)
+    doc = catalog_of(opts.slime, opts.megatron, opts.entry)
     doc["slime_commit"] = opts.slime_commit
     doc["megatron_commit"] = opts.megatron_commit
     tmp = f"{opts.out}.tmp{os.getpid()}"

@@ -83,6 +83,12 @@ def check_run(root: Path, exp_id: str, runner: SlimeRunner, record: dict, status
     argv = record["argv"]
     assert argv[argv.index("--num-rollout") + 1] == "1" and argv[argv.index("--hf-checkpoint") + 1] == runner.model_dir
     assert status == "SUCCEEDED"
+    # In place where slimeforge did not build the environment: its own layout (run/layout.py), said in the plan.
+    layout = json.loads((run_dir / "plan.json").read_text())["layout"]
+    if Path("/opt/slimeforge").is_dir():
+        assert layout["name"] == "slimeforge", layout
+    else:
+        assert layout["name"] == "image" and layout["why"].startswith("this environment's own layout (in place"), layout
 
 
 def test_the_guides_example_trains_in_place_and_from_yaml(env, monkeypatch, capsys):

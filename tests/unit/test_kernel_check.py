@@ -15,6 +15,7 @@ import pytest
 
 from slimeforge.image.stack import load_stack
 from slimeforge.run import preflight as doctor
+from slimeforge.run.imageprobe import ImageFacts
 from slimeforge.run.preflight import kernels
 from slimeforge.run.preflight.findings import ERROR, OK, WARNING, Context
 
@@ -131,7 +132,9 @@ def test_doctor_kernels_reads_a_failed_report_and_a_broken_python(tmp_path):
 
 
 def test_container_mode_runs_the_images_python_on_the_gpus():
-    ctx = Context(stack=load_stack("cu13"), mode="container", image="slimeforge/cu13:1")
+    # The probe found /opt/slimeforge in it: the stack's venv (any other image: test_layout.py).
+    found = {"image-facts": ImageFacts("sha256:" + "ab" * 32, "3.12.3", None, None, None, None, None, None, None, None, "-", False, True)}
+    ctx = Context(stack=load_stack("cu13"), mode="container", image="slimeforge/cu13:1", cache=found)
     argv = kernels.kernel_check_argv(ctx)
     assert argv[:9] == ["docker", "run", "--rm", "--gpus", "all", "--entrypoint", "/opt/venv/bin/python", "--", "slimeforge/cu13:1"]
     assert argv[9] == "-c" and argv[10] == SCRIPT.read_text() and argv[11:] == ["--json", "--timeout", "120"]

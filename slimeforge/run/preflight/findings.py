@@ -143,6 +143,16 @@ class Context:
         """How the host checks read the host: `run`, else through the runner."""
         return self.run or reader(self.runner)
 
+    def image_facts(self) -> Any:
+        """What the image holds (its Python, Ray, slime and flag catalog: run/imageprobe.py), learned
+        once per preflight and cached by the image's ID across them; an Exception when it cannot be."""
+        from ..imageprobe import image_facts
+        from ..recipe import RUNNER_FIELDS
+
+        r = self.recipe
+        slime, megatron = (r.slime_dir, r.megatron_dir) if r else (RUNNER_FIELDS["slime_dir"], RUNNER_FIELDS["megatron_dir"])
+        return self.once("image-facts", lambda: image_facts(str(self.image), slime, megatron, docker=self.docker, runner=self.runner))
+
     def once(self, key: str, fn: Callable[[], Any]) -> Any:
         if key not in self.cache:
             try:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from ... import paths, records
 from ...schema import did_you_mean
-from ..flagcatalog import Catalog, catalog_in_place, load_catalog, parse_catalog
-from .findings import Context, Finding, check, describe_failure, error, ok
+from ..flagcatalog import Catalog, catalog_in_place, load_catalog
+from ..imageprobe import ProbeError
+from .findings import Context, Finding, check, describe_failure, error, ok, warning
 from .model import is_flag, model_args
 from .toolfix import known_fix
 
@@ -19,11 +20,17 @@ def find_catalog(ctx: Context) -> tuple[Catalog, str] | None:
     if ctx.catalog:
         return load_catalog(ctx.catalog), ctx.catalog
     if ctx.mode == "container" and ctx.image:
-        in_image = f"{paths.IMAGE_STATE}/{paths.FLAGS}"
-        text = ctx.runner.run([ctx.docker, "run", "--rm", "--entrypoint", "cat", ctx.image, in_image],
-                              step="flag catalog (in the image)", timeout=120).stdout
-        where = f"{ctx.image}:{in_image}"
-        return parse_catalog(text, where), where
+        # Any image: slimeforge's probe runs in it (its own flags.json when slimeforge built it,
+        # else slime's parsers read there), once per image ID.
+        facts = ctx.image_facts()
+        if isinstance(facts, Exception):
+            raise facts
+        if facts.catalog is None:
+            raise ProbeError(str(facts.catalog_problem))
+        how = "cached" if facts.cached else "probed now"
+        if facts.catalog_source == "parsers":
+            return facts.catalog, f"read from slime's parsers at {facts.slime_dir} in {ctx.image} (image {facts.short_id}, {how})"
+        return facts.catalog, f"{ctx.image}:{facts.catalog_source} (image {facts.short_id}, {how})"
     if ctx.mode == "host" and ctx.install_prefix:
         path = Path(paths.Prefix.at(ctx.install_prefix).flags)
         if path.is_file():
@@ -55,6 +62,10 @@ def check_flags(ctx: Context) -> list[Finding]:
     assert r is not None
     try:
         found = find_catalog(ctx)
+    except ProbeError as exc:  # the image runs, but what it holds cannot be learned: not a reason to refuse
+        return [warning("flags", f"flag catalog unknown, flags not checked: {exc}",
+                        f"set slime_dir / megatron_dir to where {ctx.image} holds slime and Megatron-LM (its python3 must import "
+                        "slime's parsers), or point at a catalog with --catalog PATH (invoke flags.catalog makes one)")]
     except Exception as exc:  # noqa: BLE001
         return [error("flags", f"cannot read the flag catalog: {describe_failure(exc)}",
                       known_fix(exc, "point at a catalog with --catalog PATH, or rebuild the image"))]

@@ -4,7 +4,8 @@ one small operation right on this host's GPU, before a launch finds out an hour 
 The check is scripts/kernel_check.py (apex's fused norms and a multi-tensor op, Transformer
 Engine's Linear in bf16 and fp8, torch_memory_saver's pause/resume, FA4 (cu13) or FA2 (cu129)
 attention, each against torch), run with the Python of the install (host mode: <prefix>/venv) or
-of the image (container mode: `docker run --gpus all`). Its one JSON report becomes findings here:
+of the image (container mode: `docker run --gpus all`; its python3 when slimeforge did not build it).
+Its one JSON report becomes findings here:
 a failed piece is an error, a skipped one (not installed; no GPU: one warning for the whole check)
 a warning, so neither passes unseen.
 """
@@ -33,11 +34,19 @@ def kernel_check_argv(ctx: Context) -> list[str] | None:
     if ctx.mode == "container":
         if not ctx.image:
             return None
-        return [ctx.docker, "run", "--rm", "--gpus", "all", "--entrypoint", f"{ctx.stack.venv}/bin/python", "--", ctx.image,
+        return [ctx.docker, "run", "--rm", "--gpus", "all", "--entrypoint", image_python(ctx), "--", ctx.image,
                 "-c", code, "--json", "--timeout", "120"]
     if not ctx.install_prefix:
         return None
     return [paths.Prefix.at(ctx.install_prefix).python, "-c", code, "--json", "--timeout", "120"]
+
+
+def image_python(ctx: Context) -> str:
+    """The image's interpreter: the stack's venv in an image slimeforge built; in any other one
+    (no /opt/slimeforge, as its probe found: run/imageprobe.py) its own python3, the one launch.sh
+    runs there. An image that could not be probed is taken for slimeforge's, as before."""
+    facts = ctx.image_facts()
+    return "python3" if not isinstance(facts, Exception) and not facts.slimeforge_image else f"{ctx.stack.venv}/bin/python"
 
 
 def parse_report(text: str) -> dict[str, Any]:
@@ -106,9 +115,14 @@ def check_kernels(ctx: Context) -> list[Finding]:
     where = f"image {ctx.image}" if ctx.mode == "container" else f"the install at {ctx.install_prefix}"
     # The fix is built from validated values (--image by its grammar, --prefix absolute), quoted as
     # a shell reads them; it runs the image's own copy of the script and mounts nothing from the host.
-    fix = (f"rebuild the image (`invoke build`) and read its smoke test; `{shlex.join([argv[0], 'run', '--rm', '--gpus', 'all', '--entrypoint', f'{ctx.stack.venv}/bin/python', '--', str(ctx.image), '/opt/slimeforge/kernel_check.py'])}` "
-           "shows the whole error") if ctx.mode == "container" else (
-           f"install again (`invoke install`); `{shlex.join([argv[0], f'{ctx.install_prefix}/.slimeforge/kernel_check.py'])}` shows the whole error")
+    if ctx.mode != "container":
+        fix = f"install again (`invoke install`); `{shlex.join([argv[0], f'{ctx.install_prefix}/.slimeforge/kernel_check.py'])}` shows the whole error"
+    elif (python := argv[argv.index("--entrypoint") + 1]) == "python3":  # not slimeforge's image: no copy of the script in it
+        fix = (f"a piece that fails is one of {ctx.image}'s own (its python3 ran slimeforge's kernel check, given as text, nothing mounted): "
+               "rebuild that image, or build one with `invoke build`")
+    else:
+        fix = (f"rebuild the image (`invoke build`) and read its smoke test; `{shlex.join([argv[0], 'run', '--rm', '--gpus', 'all', '--entrypoint', python, '--', str(ctx.image), '/opt/slimeforge/kernel_check.py'])}` "
+               "shows the whole error")
     # The script exits 1 when a piece failed, and still prints its report: read it either way.
     try:
         res = ctx.runner.run(argv, step="kernel check", check=False, timeout=TIMEOUT_S)

@@ -7,7 +7,7 @@ import sys
 
 from ... import paths
 from ..headstate import dashboard_url
-from .findings import Context, Finding, check, describe_failure, error, ok
+from .findings import Context, Finding, check, describe_failure, error, ok, warning
 from .toolfix import known_fix
 
 
@@ -68,12 +68,26 @@ def environment_versions(ctx: Context) -> list[Finding]:
     return [ok("versions", f"Ray {found['ray']}, Python {found.get('python')} in this environment ({python}): the head starts with them")]
 
 
+def image_versions(ctx: Context) -> list[Finding]:
+    """Container mode: the image's python3 (launch.sh's there) and the Ray beside it, from the probe."""
+    facts = ctx.image_facts()
+    if isinstance(facts, Exception):  # the flags check reports an image that cannot be found as its error
+        return [warning("versions", f"the Ray and Python of {ctx.image} cannot be learned: {describe_failure(facts)}",
+                        "an image whose python3 is the one that runs slime (launch.sh runs python3 and ray there)")]
+    if not facts.ray:
+        return [error("versions", f"Ray is not installed beside python3 ({facts.executable}) in {ctx.image}, which would start the head and run the job",
+                      "an image with Ray (pip install 'ray[default]' into the environment of its python3), as slime's image has")]
+    return [ok("versions", f"Ray {facts.ray}, Python {facts.python} in {ctx.image} (image {facts.short_id}): the head starts with them")]
+
+
 @check("versions", "network")
 def check_versions(ctx: Context) -> list[Finding]:
     """The Ray and Python versions of this client match the cluster's (with --address)."""
     if not ctx.address:
         if ctx.in_place:
             return environment_versions(ctx)
+        if ctx.mode == "container" and ctx.image:
+            return image_versions(ctx)
         return [ok("versions", "no --address: the launch starts its own head with this install's Ray")]
     try:
         theirs: tuple[str, str] | Exception = cluster_versions(ctx.address)

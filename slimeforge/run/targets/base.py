@@ -31,6 +31,7 @@ from typing import IO, Any
 from ...console import shell_lines
 from ...image.stack import Stack
 from ...proc import Runner
+from ..layout import SLIMEFORGE, Layout
 from ..recipe import Recipe
 from ..rundir import RunDir
 
@@ -88,6 +89,10 @@ class ResolvedRun:
     # Host mode: the interpreter that runs launch.sh and train.py when the request named one (in
     # place: this one); the preflight reads the flag catalog and the versions with it.
     python: str | None = None
+    # slimeforge's layout or the image's (run/layout.py): what the run directory is rendered for;
+    # `layout_note` says why the image's layout could not be learned, when it could not.
+    layout: Layout = SLIMEFORGE
+    layout_note: str | None = None
 
 
 @dataclass(frozen=True, repr=False)
@@ -124,6 +129,8 @@ def describe(plan: LaunchPlan) -> list[str]:
     if plan.mounts:
         lines.append("mounts (same path inside):")
         lines += [f"  {m.path} ({'rw' if m.writable else 'ro'}; {m.what})" for m in plan.mounts]
+    if (layout := layout_line(plan.run, always_when_probed=True)) is not None:
+        lines.append(layout)
     lines.append("would run:")
     lines += [f"  {line}" for c in plan.commands for line in c.shell().splitlines()]
     if plan.rundir.args:
@@ -144,6 +151,14 @@ def plan_doc(plan: LaunchPlan) -> dict[str, Any]:
                      for c in plan.commands],
         "train_args": len(plan.rundir.args), "notes": list(plan.notes),
     }
+
+
+def layout_line(run: ResolvedRun, *, always_when_probed: bool = False) -> str | None:
+    """What the run directory is rendered for (run/layout.py), one line: a dry run says it whenever
+    the image was probed; a launch, before its preflight, when it is not slimeforge's layout or the
+    image's could not be learned."""
+    said = run.layout_note or not run.layout.is_slimeforge or (always_when_probed and run.layout != SLIMEFORGE)
+    return f"layout: {run.layout_note or run.layout.why}" if said else None
 
 
 @dataclass(frozen=True)

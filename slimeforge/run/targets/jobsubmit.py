@@ -139,7 +139,7 @@ class ClusterTarget(jobs.JobsApiTarget):
         return args, {"job.sh": job, "slime.args": "".join(shlex.quote(a) + "\n" for a in args)}
 
     def plan(self, run: ResolvedRun) -> LaunchPlan:
-        rundir = build_run_dir(run.recipe, run.stack, run.out, run.recipe_path, run.environ)
+        rundir = build_run_dir(run.recipe, run.stack, run.out, run.recipe_path, run.environ, run.layout)
         args, files = self.job_files(run, rundir)
         rundir = RunDir(rundir.path, args, rundir.env, rundir.files, rundir.plan)
         content = {**rundir.files, **files}

@@ -30,7 +30,7 @@ from ..recipe import Recipe
 from ..rundir import HEAD_TIMEOUT_S, RunDir, amend_plan, build_run_dir, write_run_dir
 from ..runrecord import guard_render, read_record, write_run_token
 from . import jobs
-from .base import Command, LaunchPlan, Mount, ResolvedRun, Say
+from .base import Command, LaunchPlan, Mount, ResolvedRun, Say, layout_line
 from .mounts import container_mounts, docker_volume_args
 
 # Secrets and credentials reach the container by name only (`-e NAME`): their values never appear
@@ -55,7 +55,7 @@ class LocalTarget(jobs.JobsApiTarget):
     address: str | None = None  # a running cluster's dashboard; None: launch.sh starts a head
 
     def render(self, run: ResolvedRun) -> RunDir:
-        return build_run_dir(run.recipe, run.stack, run.out, run.recipe_path, run.environ)
+        return build_run_dir(run.recipe, run.stack, run.out, run.recipe_path, run.environ, run.layout)
 
     def preflight(self, plan: LaunchPlan, runner: Runner, say: Say) -> None:
         from ..preflight import PreflightError, run_checks  # only a launch needs it; dry runs stay fast
@@ -64,6 +64,8 @@ class LocalTarget(jobs.JobsApiTarget):
         report = run_checks(run.recipe, run.stack, args=plan.rundir.args, address=self.address, catalog=run.catalog,
                             skip=run.skip_checks, network=run.network_checks, state_dir=state_dir(run.recipe.ray_port, run.environ),
                             environ=run.environ, python=run.python)
+        if (layout := layout_line(run)) is not None:
+            say(layout)
         say(report.table())
         if report.errors:
             raise PreflightError(f"preflight of {run.recipe_path}", report)

@@ -37,7 +37,7 @@ from ..recipe import Recipe
 from ..rundir import amend_plan, build_run_dir, read_plan, write_run_dir
 from ..runrecord import JOB_ID_RE, RunRecord, Unreachable, guard_render, job_info, new_run_token, read_run, slurm_check, write_run_token
 from . import enroot
-from .base import Command, LaunchPlan, Mount, ResolvedRun, RunStatus, Say, Target
+from .base import Command, LaunchPlan, Mount, ResolvedRun, RunStatus, Say, Target, layout_line
 from .local import host_tools
 from .mounts import container_mounts, pyxis_mounts_arg
 from .slurm_checks import cluster_findings, enroot_findings
@@ -238,7 +238,7 @@ class SlurmTarget(Target):
                                     "--mode container, or leave it out"))
         if problems:
             raise ConfigError("--slurm options", problems)
-        rundir = build_run_dir(recipe, run.stack, run.out, run.recipe_path, run.environ)
+        rundir = build_run_dir(recipe, run.stack, run.out, run.recipe_path, run.environ, run.layout)
         py, ray = host_tools(recipe)
         python = run.environ.get("SLIMEFORGE_PYTHON") or py
         env_bin = str(Path(ray).parent) if os.sep in ray else None
@@ -274,6 +274,8 @@ class SlurmTarget(Target):
                                    network=run.network_checks, environ=run.environ)
         report.findings += cluster_findings(run.recipe, self.opts, runner)
         report.findings += enroot_findings(run.recipe, plan.rundir.plan["slurm"], self.opts.squashfs_dir)
+        if (layout := layout_line(run)) is not None:
+            say(layout)
         say(report.table())
         if report.errors:
             raise doctor.PreflightError(f"preflight of {run.recipe_path} (Slurm)", report)
