@@ -381,11 +381,12 @@ def patches_check(c, cuda="cu13", stack=None, source=None):
         "out": "where to write install.sh (default <prefix>/.slimeforge/install/)",
         "dry_run": "render the script, print its path, run nothing",
         "no_store": "compile the compiled steps in place, without the compiled-wheel store",
+        "verify": "run the smoke test even when it passed before with the same inputs (a re-run skips it)",
     },
 )
 @clean_errors
 def install(c, cuda="cu13", stack=None, prefix="", venv=None, python=None, min_free_gb=None, source=None, out=None, dry_run=False,
-            no_store=False):
+            no_store=False, verify=False):
     """Install a stack on this host (bare metal), resumably, with the image's steps and checks."""
     from pathlib import Path
 
@@ -396,7 +397,8 @@ def install(c, cuda="cu13", stack=None, prefix="", venv=None, python=None, min_f
     # The one number parser (ASCII digits, bounded): the script's bash reads the value again.
     free = parse_whole(str(min_free_gb), "--min-free-gb", 0, MAX_FREE_GIB, unit="GiB") if min_free_gb is not None else None
     opts = InstallOptions(stack=stack or cuda, prefix=prefix, venv=venv, python=python, min_free_gb=free, sources=list(source or []),
-                          out=Path(out) if out else None, dry_run=dry_run, use_store=not no_store)
+                          out=Path(out) if out else None, dry_run=dry_run, use_store=not no_store,
+                          verify=verify)
     run_install(opts)
 
 

@@ -844,6 +844,29 @@ sf_smoke() {
   fi
 }
 
+# --- the smoke test's record (install.sh) -----------------------------------------------------
+# $SF_STATE/smoke.passed: one line, the hash install.sh gives (every step's chained hash and the
+# smoke test's own arguments), written when the smoke test passed, by rename (never half there).
+
+# sf_smoke_recorded HASH: succeeds when the record says the smoke test passed with HASH and no step
+# finished after it (a step's .done file newer than the record: the venv may have changed since).
+# The record is input: a regular file of exactly 65 bytes, 64 hex digits and a newline, else it is
+# no record (the test runs).
+sf_smoke_recorded() {
+  local want=$1 rec="$SF_STATE/smoke.passed" have=""
+  [[ -f $rec && ! -L $rec && $(stat -c %s -- "$rec") == 65 ]] || return 1
+  IFS= read -r have <"$rec" || return 1
+  [[ $have =~ ^[0-9a-f]{64}$ && $have == "$want" ]] || return 1
+  [[ -z $(find "$SF_STATE/steps" -name '*.done' -newer "$rec" -print -quit 2>/dev/null) ]]
+}
+
+# sf_smoke_record HASH: the smoke test passed with HASH (written to a temporary name, then renamed).
+sf_smoke_record() {
+  [[ $1 =~ ^[0-9a-f]{64}$ ]] || sf_die "smoke record: '$1' is not a sha256 (64 hex digits)"
+  printf '%s\n' "$1" >"$SF_STATE/smoke.passed.tmp.$$"
+  mv -f -- "$SF_STATE/smoke.passed.tmp.$$" "$SF_STATE/smoke.passed"
+}
+
 # --- compile parallelism and the kernel check (issue 21) --------------------------------------
 
 # sf_apex_jobs JOBS: "APEX_PARALLEL_BUILD MAX_JOBS" for apex on a host whose MAX_JOBS is JOBS, the
