@@ -245,3 +245,58 @@ def test_version_comparison_reads_local_labels_extras_and_specifiers():
     problems, _ = compare(expected, {"torch": "2.11.1", "transformer-engine": "2.11.0", "numpy": "2.1.0"})
     assert problems == ["numpy: installed 2.1.0, the lock pins <2", "ray: not installed (the lock pins 2.60.0)",
                         "torch: installed 2.11.1, the lock pins 2.11.0"]
+
+
+H1, H2 = "a" * 64, "b" * 64
+
+
+def test_the_smoke_record_is_kept_by_rename_and_matches_only_its_hash(tmp_path):
+    (tmp_path / "steps").mkdir()
+    assert sf("sf_smoke_recorded", H1, state=tmp_path).returncode == 1  # no record: the test runs
+    res = sf("sf_smoke_record", H1, state=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "smoke.passed").read_text() == H1 + "\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["smoke.passed", "steps"]  # no temporary file left
+    assert sf("sf_smoke_recorded", H1, state=tmp_path).returncode == 0
+    assert sf("sf_smoke_recorded", H2, state=tmp_path).returncode == 1  # another input: runs again
+    bad = sf("sf_smoke_record", "x; touch p", state=tmp_path)
+    assert bad.returncode != 0 and "is not a sha256" in bad.stderr and (tmp_path / "smoke.passed").read_text() == H1 + "\n"
+
+
+def test_a_step_that_finished_after_the_record_makes_the_smoke_test_run_again(tmp_path):
+    import os
+
+    (tmp_path / "steps").mkdir()
+    assert sf("sf_smoke_record", H1, state=tmp_path).returncode == 0
+    done = tmp_path / "steps" / "torch.done"
+    done.write_text("x\n")
+    rec = os.stat(tmp_path / "smoke.passed")
+    os.utime(done, ns=(rec.st_mtime_ns - 10**9, rec.st_mtime_ns - 10**9))  # before the record: still a pass
+    assert sf("sf_smoke_recorded", H1, state=tmp_path).returncode == 0
+    os.utime(done, ns=(rec.st_mtime_ns + 10**9, rec.st_mtime_ns + 10**9))  # a step ran since: the venv may differ
+    assert sf("sf_smoke_recorded", H1, state=tmp_path).returncode == 1
+
+
+@pytest.mark.parametrize("content", [
+    H1,  # no newline: not the record the library writes
+    H1.upper() + "\n",
+    H1 + "\n" + H1 + "\n",
+    H1[:-1] + "\0\n",
+    "\0" * 64 + "\n",
+    H1 + "\n" + "x" * 10**6,
+])
+def test_a_tampered_smoke_record_is_no_record(tmp_path, content):
+    (tmp_path / "steps").mkdir()
+    (tmp_path / "smoke.passed").write_bytes(content.encode())
+    res = sf("sf_smoke_recorded", H1, state=tmp_path)
+    assert res.returncode == 1 and res.stderr == ""
+
+
+def test_a_smoke_record_that_is_a_link_or_a_directory_is_no_record(tmp_path):
+    (tmp_path / "steps").mkdir()
+    (tmp_path / "elsewhere").write_text(H1 + "\n")
+    (tmp_path / "smoke.passed").symlink_to(tmp_path / "elsewhere")
+    assert sf("sf_smoke_recorded", H1, state=tmp_path).returncode == 1
+    (tmp_path / "smoke.passed").unlink()
+    (tmp_path / "smoke.passed").mkdir()
+    assert sf("sf_smoke_recorded", H1, state=tmp_path).returncode == 1
