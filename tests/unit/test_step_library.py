@@ -300,3 +300,23 @@ def test_a_smoke_record_that_is_a_link_or_a_directory_is_no_record(tmp_path):
     (tmp_path / "smoke.passed").unlink()
     (tmp_path / "smoke.passed").mkdir()
     assert sf("sf_smoke_recorded", H1, state=tmp_path).returncode == 1
+
+
+def test_only_wheels_the_venv_already_holds_are_reinstalled(tmp_path):
+    """A re-run re-fetches and re-checks what the venv holds (--reinstall-package); a fresh venv's
+    wheels come from uv's cache by their sha256 (no --reinstall, which uv takes as --refresh)."""
+    site = tmp_path / "venv" / "lib" / "python3.12" / "site-packages"
+    for d in ("Six-1.17.0.dist-info", "typing_extensions-4.15.0.dist-info", "zope.interface-7.0.dist-info", "idna-3.10.egg-info"):
+        (site / d).mkdir(parents=True)
+    (tmp_path / "slice.txt").write_text(
+        "six @ https://files.example/six-1.17.0-py2.py3-none-any.whl --hash=sha256:" + "0" * 64 + "  # ==1.17.0\n"
+        "typing-extensions==4.15.0 --hash=sha256:" + "1" * 64 + "\n"
+        "Zope_Interface @ https://files.example/z.whl --hash=sha256:" + "2" * 64 + "\n"
+        "idna @ https://files.example/idna.whl --hash=sha256:" + "3" * 64 + "\n"  # an egg-info is not a wheel's record
+        "torch @ https://files.example/torch.whl --hash=sha256:" + "4" * 64 + "\n"
+        "# --- built from source\n")
+    res = sf("_sf_installed_of", str(tmp_path / "venv"), str(tmp_path / "slice.txt"), state=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["six", "typing-extensions", "zope-interface"]
+    empty = sf("_sf_installed_of", str(tmp_path / "none"), str(tmp_path / "slice.txt"), state=tmp_path)
+    assert empty.returncode == 0 and empty.stdout == ""
