@@ -310,8 +310,9 @@ def lock(c, cuda=None, stack=None, all=False, check=False, complete=False, upgra
         "base_image": "base image REF instead of the stack's (resolved to a digest or image id)",
         "source": "NAME=PATH: a local checkout instead of the source's git URL (repeatable)",
         "build_arg": "KEY=VALUE for docker build, e.g. MAX_JOBS=4 (repeatable)",
-        "no_cache": "build without BuildKit's layer cache",
+        "no_cache": "build without BuildKit's layer cache (even when an image with this content hash exists)",
         "force": "build even when an image with this content hash exists",
+        "verify": "smoke-test an image with this content hash that exists again (it is not rebuilt)",
         "tag": "an extra tag: a full REF, or a tag for the repository (repeatable)",
         "repository": "image repository (default slimeforge/<flavor>)",
         "ca_bundle": "CA bundle for downloads during the build (default: $SSL_CERT_FILE)",
@@ -321,7 +322,7 @@ def lock(c, cuda=None, stack=None, all=False, check=False, complete=False, upgra
 )
 @clean_errors
 def build(c, cuda="cu13", stack=None, out=None, dry_run=False, base_image=None, source=None, build_arg=None, no_cache=False,
-          force=False, tag=None, repository=None, ca_bundle=None, no_store=False, wheel_registry=None):
+          force=False, tag=None, repository=None, ca_bundle=None, no_store=False, wheel_registry=None, verify=False):
     """Build the image of a stack with BuildKit: content-addressed, patched, smoke-tested, reported."""
     from pathlib import Path
 
@@ -331,7 +332,7 @@ def build(c, cuda="cu13", stack=None, out=None, dry_run=False, base_image=None, 
     opts = BuildOptions(stack=stack or cuda, out=Path(out) if out else None, dry_run=dry_run, base_image=base_image,
                         sources=list(source or []), build_args=list(build_arg or []), no_cache=no_cache, force=force,
                         tags=list(tag or []), repository=repository, ca_bundle=ca_bundle, echo=lambda s: print(s, flush=True),
-                        use_store=not no_store, wheel_registry=wheel_registry)
+                        use_store=not no_store, wheel_registry=wheel_registry, verify=verify)
     run_build(opts)
 
 

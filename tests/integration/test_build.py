@@ -100,9 +100,16 @@ def test_build_labels_lock_flags(first, env):
 
 
 def test_second_build_is_a_skip(first, env):
-    again = run_build(env)
+    said: list[str] = []
+    again = build(opts(env, echo=said.append))
     assert again["skipped"] is True
     assert again["image_id"] == first["image_id"] and again["build_hash"] == first["build_hash"]
+    assert not any(line.startswith("smoke test") for line in said)  # passed when it was built: not run again
+    # --verify smoke-tests the image that exists again, and builds nothing.
+    said.clear()
+    verified = build(opts(env, echo=said.append, verify=True))
+    assert verified["skipped"] is True and verified["image_id"] == first["image_id"]
+    assert "smoke test (--verify) ..." in said and any("smoke test passed" in line for line in said), said
 
 
 def test_new_slime_commit_rebuilds_only_the_last_layers(first, env):
