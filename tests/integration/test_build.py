@@ -35,7 +35,7 @@ def env(base_image, tmp_path_factory):
 def opts(env, stack=bs.TEST_STACK, **kw) -> BuildOptions:
     r = env["repos"]
     return BuildOptions(stack=str(stack), sources=[f"slime={r['slime']}", f"libdemo={r['libdemo']}"], build_root=env["root"] / "out",
-                        repository=REPO, echo=lambda s: None, **kw)
+                        repository=REPO, **{"echo": lambda s: None, **kw})
 
 
 def run_build(env, **kw) -> dict:
