@@ -156,6 +156,8 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
         "steps": steps,
         "smoke": smoke,
         "smoke_hash": smoke_hash,
+        "smoke_flags": "--flags" in smoke,
+        "finalize": FINALIZE_STEP,
     })
 
 

@@ -76,6 +76,8 @@ def test_fresh_install(installed, host):
     for step in ("venv", "build-tools", "six", "libdemo", "idna", "slime", "finalize"):
         assert f"step {step}: running (log: {PREFIX}/.slimeforge/logs/{step}.log)" in res.stderr
     assert "smoke test passed" in res.stderr
+    # Finalize made the flag catalog in this run: the smoke test does not make it again to compare.
+    assert f"smoke: flag catalog {PREFIX}/flags.json made from slime's parsers by finalize in this run: not made again" in res.stderr
     flags = json.loads(cat(host, f"{PREFIX}/flags.json"))
     assert flags["slime_commit"] == bs.SLIME_S1 and "--lr" in flags["flags"] and "--sglang-mem-fraction-static" in flags["flags"]
     assert "smoke: every pinned version is installed" in res.stderr
@@ -101,6 +103,7 @@ def test_verify_runs_the_smoke_test_again(installed, host, args, env):
     res = run(host, script, *args, env=env)
     assert res.returncode == 0, res.stderr
     assert "running" not in res.stderr and "smoke: import six ok" in res.stderr and "smoke test passed" in res.stderr
+    assert f"smoke: flag catalog {PREFIX}/flags.json matches slime's parsers" in res.stderr  # made again and compared
     assert cat(host, f"{PREFIX}/.slimeforge/smoke.passed").strip() == re.search(r"sf_smoke_record ([0-9a-f]{64})", script.read_text())[1]
 
 

@@ -320,3 +320,24 @@ def test_only_wheels_the_venv_already_holds_are_reinstalled(tmp_path):
     assert res.stdout.splitlines() == ["six", "typing-extensions", "zope-interface"]
     empty = sf("_sf_installed_of", str(tmp_path / "none"), str(tmp_path / "slice.txt"), state=tmp_path)
     assert empty.returncode == 0 and empty.stdout == ""
+
+
+def test_a_flag_catalog_made_in_this_run_is_checked_for_presence_only(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    from slimeforge.image.steps import TARGET_SCRIPTS
+
+    (tmp_path / "kernel_check.py").write_bytes(TARGET_SCRIPTS["kernel_check.py"].read_bytes())
+    flags = tmp_path / "flags.json"
+    # --slime names no checkout: a catalog made again would fail; with --flags-made-now none is made.
+    missing = sf("sf_smoke", "--venv", str(venv), "--flags", str(flags), "--slime", str(tmp_path / "nowhere"), "--flags-made-now",
+                 state=tmp_path)
+    assert missing.returncode != 0 and f"smoke: flag catalog {flags} is missing" in missing.stderr
+    flags.write_text('{"flags": []}\n')
+    res = sf("sf_smoke", "--venv", str(venv), "--flags", str(flags), "--slime", str(tmp_path / "nowhere"), "--flags-made-now",
+             state=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "made from slime's parsers by finalize in this run: not made again" in res.stderr
+    again = sf("sf_smoke", "--venv", str(venv), "--flags", str(flags), "--slime", str(tmp_path / "nowhere"), state=tmp_path)
+    assert again.returncode != 0 and "flag catalog" in again.stderr  # without it, made again (and here it cannot be)
