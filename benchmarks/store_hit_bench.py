@@ -60,9 +60,11 @@ def split_lines(lines: list[str]) -> tuple[dict[str, dict[str, float]], dict[str
             if phase != "end":
                 open_phase[(stream, step)] = (phase, at)
             current[stream] = step
-        elif (m := UV.match(line)) and stream in current:
-            key = "download" if m.group(1) == "Prepared" else "uv-link"
-            phases[current[stream]][key] += uv_seconds(m.group(2))
+        elif m := UV.match(line):
+            # A step log is its step's stream (a script without phase marks still splits uv's lines).
+            step = current.get(stream) or (stream if stream and not stream.isdigit() else "")
+            if step:
+                phases[step]["download" if m.group(1) == "Prepared" else "uv-link"] += uv_seconds(m.group(2))
     out: dict[str, dict[str, float]] = {}
     for step, ph in phases.items():
         row = dict(ph)
