@@ -401,8 +401,13 @@ def smoke_test(client, image_id: str, stack: Stack, built: bool = True) -> str:
     import docker
 
     layout = image_layout(stack)
+    argv = smoke_argv(stack, layout)
+    if built and "--flags" in argv:
+        # The image's last step (finalize) made the flag catalog from slime's parsers in this image:
+        # making it again here only compares the same code's output with itself (half a minute on cu13).
+        argv.append("--flags-made-now")
     try:
-        out = client.containers.run(image_id, [f"{layout.state}/sf", "smoke", *smoke_argv(stack, layout)], remove=True,
+        out = client.containers.run(image_id, [f"{layout.state}/sf", "smoke", *argv], remove=True,
                                     stdout=True, stderr=True, network_disabled=True)
     except docker.errors.ContainerError as exc:
         text = (exc.stderr or b"").decode(errors="replace")
