@@ -372,3 +372,27 @@ def test_the_script_refuses_an_unknown_argument_before_anything(tmp_path, args, 
     res = subprocess.run(["bash", str(tmp_path / "install.sh"), *args], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", **env})
     assert res.returncode == 2 and says in res.stderr, res.stderr
     assert "prerequisite" not in res.stderr and not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_install_verify_reaches_the_script_as_its_variable(tmp_path, verify):
+    """`invoke install --verify` runs the script with SLIMEFORGE_VERIFY=1 (the script's own
+    `--verify`, tested with real bash in tests/integration/test_install.py)."""
+    from dataclasses import dataclass, field
+
+    from slimeforge.image.install import InstallOptions, install
+    from slimeforge.proc import Result, Runner
+
+    @dataclass
+    class Recorder(Runner):  # the runner injection point of slimeforge.proc; records instead of running the script
+        envs: list = field(default_factory=list)
+
+        def run(self, argv, **kw):
+            self.envs.append(kw.get("env"))
+            return Result(list(argv), 0, "", "")
+
+    repos = bs.make_repos(tmp_path / "repos")
+    runner = Recorder()
+    install(InstallOptions(stack=str(bs.TEST_STACK), prefix=str(tmp_path / "p"), use_store=False, verify=verify, echo=lambda s: None,
+                           sources=[f"slime={repos['slime']}", f"libdemo={repos['libdemo']}"], runner=runner))
+    assert runner.envs == [{"SLIMEFORGE_VERIFY": "1"} if verify else None]
