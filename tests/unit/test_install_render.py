@@ -396,3 +396,21 @@ def test_install_verify_reaches_the_script_as_its_variable(tmp_path, verify):
     install(InstallOptions(stack=str(bs.TEST_STACK), prefix=str(tmp_path / "p"), use_store=False, verify=verify, echo=lambda s: None,
                            sources=[f"slime={repos['slime']}", f"libdemo={repos['libdemo']}"], runner=runner))
     assert runner.envs == [{"SLIMEFORGE_VERIFY": "1"} if verify else None]
+
+
+def test_a_compiled_steps_hash_does_not_depend_on_where_its_wheels_come_from(tmp_path):
+    """A cold install compiles (--wheel-out) and stores; its re-run finds the key in the store
+    (--wheels): the same wheels by key, so no step may run again (they all did: 187 s on cu13)."""
+    stack = load_stack("cu13")
+    names = ("transformer-engine", "apex", "torch-memory-saver")
+
+    def hashes(mode: str) -> dict[str, str]:
+        store = {n: (mode, f"/{mode}/{n}") for n in names}
+        text = render_install_script(stack, "/opt/slime", patches=placeholder_patches(stack), lock=render_lock(stack), store=store)
+        return dict(re.findall(r"^sf_run_step (\S+) ([0-9a-f]{64}) ", text, re.M))
+
+    made, used, plain = hashes("make"), hashes("use"), render_install_script(stack, "/opt/slime", patches=placeholder_patches(stack),
+                                                                             lock=render_lock(stack))
+    assert made == used and made == dict(re.findall(r"^sf_run_step (\S+) ([0-9a-f]{64}) ", plain, re.M))
+    assert "--wheels /use/apex" in render_install_script(stack, "/opt/slime", patches=placeholder_patches(stack), lock=render_lock(stack),
+                                                          store={"apex": ("use", "/use/apex")})  # the script still says where
