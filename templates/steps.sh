@@ -837,6 +837,15 @@ sf_smoke() {
   local m out gpu=0 g need
   sf_phase smoke imports
   if sf_gpu_present "$venv"; then gpu=1; fi
+  # Each import in a fresh interpreter, after the --preload modules, as its users import it (torch
+  # first: its C++ extensions need libc10 loaded); a module is never its own preload. They are
+  # independent, so several run at once (one per core, at most 4: each holds torch, about 1.5 GB),
+  # and are reported in their order.
+  local scratch i=0 par todo=() pids=()
+  par=$(nproc 2>/dev/null || echo 1)
+  ((par <= 4)) || par=4
+  ((par >= 1)) || par=1
+  scratch=$(mktemp -d)
   for m in "${imports[@]}"; do
     need=0
     for g in "${needs_gpu[@]}"; do if [[ $g == "$m" ]]; then need=1; fi; done
@@ -845,13 +854,22 @@ sf_smoke() {
       skipped+=("$m")
       continue
     fi
-    # Each in a fresh interpreter, after the --preload modules, as its users import it (torch first:
-    # its C++ extensions need libc10 loaded); a module is never its own preload.
     local pre="" p
     for p in "${preload[@]}"; do if [[ $p != "$m" ]]; then pre+="import $p; "; fi; done
-    if out=$("$venv/bin/python" -c "${pre}import $m" 2>&1); then sf_log "smoke: import $m ok"; else
-      printf 'slimeforge: ERROR: smoke: import %s failed: %s\n' "$m" "$(tail -n 3 <<<"$out")" >&2; failed=1; fi
+    while (($(jobs -rp | wc -l) >= par)); do wait -n || true; done
+    # In an `if`, so that a failing import is recorded (its status) rather than ending the subshell.
+    (if "$venv/bin/python" -c "${pre}import $m" >"$scratch/$i.out" 2>&1; then echo 0; else echo 1; fi >"$scratch/$i.rc") &
+    pids+=("$!")
+    todo+=("$m")
+    i=$((i + 1))
   done
+  if ((${#pids[@]})); then wait "${pids[@]}"; fi
+  for i in "${!todo[@]}"; do
+    m=${todo[i]}
+    if [[ $(<"$scratch/$i.rc") == 0 ]]; then sf_log "smoke: import $m ok"; else
+      printf 'slimeforge: ERROR: smoke: import %s failed: %s\n' "$m" "$(tail -n 3 "$scratch/$i.out")" >&2; failed=1; fi
+  done
+  rm -rf -- "$scratch"
   sf_phase smoke versions
   if [[ -n $versions ]]; then
     if "$venv/bin/python" -I "$(_sf_script venvlock.py)" pins "$versions"; then sf_log "smoke: every pinned version is installed"; else failed=1; fi

@@ -341,3 +341,20 @@ def test_a_flag_catalog_made_in_this_run_is_checked_for_presence_only(tmp_path):
     assert "made from slime's parsers by finalize in this run: not made again" in res.stderr
     again = sf("sf_smoke", "--venv", str(venv), "--flags", str(flags), "--slime", str(tmp_path / "nowhere"), state=tmp_path)
     assert again.returncode != 0 and "flag catalog" in again.stderr  # without it, made again (and here it cannot be)
+
+
+def test_smoke_imports_run_side_by_side_and_are_reported_in_order(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    from slimeforge.image.steps import TARGET_SCRIPTS
+
+    (tmp_path / "kernel_check.py").write_bytes(TARGET_SCRIPTS["kernel_check.py"].read_bytes())
+    mods = ["json", "no_such_mod_a", "csv", "no_such_mod_b", "zlib", "shlex"]
+    res = sf("sf_smoke", "--venv", str(venv), *[a for m in mods for a in ("--import", m)], state=tmp_path)
+    assert res.returncode != 0 and "smoke test failed" in res.stderr
+    said = [line for line in res.stderr.splitlines() if "smoke: import " in line]
+    assert [line.split("import ")[1].split()[0] for line in said] == mods  # in the stack's order, whatever finished first
+    assert "smoke: import no_such_mod_a failed:" in said[1] and "No module named 'no_such_mod_a'" in res.stderr
+    assert said[0].endswith("import json ok") and said[5].endswith("import shlex ok")
+    assert not list(tmp_path.glob("tmp*"))  # the scratch directory is removed
