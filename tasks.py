@@ -426,8 +426,9 @@ def lock(c, cuda=None, stack=None, all=False, check=False, complete=False, upgra
         "base_image": "base image REF instead of the stack's (resolved to a digest or image id)",
         "source": "NAME=PATH: a local checkout instead of the source's git URL (repeatable)",
         "build_arg": "KEY=VALUE for docker build, e.g. MAX_JOBS=4 (repeatable)",
-        "no_cache": "build without BuildKit's layer cache",
+        "no_cache": "build without BuildKit's layer cache (even when an image with this content hash exists)",
         "force": "build even when an image with this content hash exists",
+        "verify": "smoke-test an image with this content hash that exists again (it is not rebuilt)",
         "tag": "an extra tag: a full REF, or a tag for the repository (repeatable)",
         "repository": "image repository (default slimeforge/<flavor>)",
         "ca_bundle": "CA bundle for downloads during the build (default: $SSL_CERT_FILE)",
@@ -438,7 +439,7 @@ def lock(c, cuda=None, stack=None, all=False, check=False, complete=False, upgra
 )
 @clean_errors
 def build(c, cuda="cu13", stack=None, out=None, dry_run=False, base_image=None, source=None, build_arg=None, no_cache=False,
-          force=False, tag=None, repository=None, ca_bundle=None, no_store=False, wheel_registry=None, verbose=False):
+          force=False, tag=None, repository=None, ca_bundle=None, no_store=False, wheel_registry=None, verbose=False, verify=False):
     """Build the image of a stack with BuildKit: content-addressed, patched, smoke-tested, reported."""
     from pathlib import Path
 
@@ -448,7 +449,7 @@ def build(c, cuda="cu13", stack=None, out=None, dry_run=False, base_image=None, 
     opts = BuildOptions(stack=stack or cuda, out=Path(out) if out else None, dry_run=dry_run, base_image=base_image,
                         sources=list(source or []), build_args=list(build_arg or []), no_cache=no_cache, force=force,
                         tags=list(tag or []), repository=repository, ca_bundle=ca_bundle, echo=diag,
-                        use_store=not no_store, wheel_registry=wheel_registry, verbose=verbose)
+                        use_store=not no_store, wheel_registry=wheel_registry, verbose=verbose, verify=verify)
     result = run_build(opts)  # progress went to stderr (diag); the result goes to stdout
     if dry_run:
         print("would run:\n" + textwrap.indent(shell_lines(result["command"], result["env"], trailing=1), "  "))
@@ -519,11 +520,12 @@ def patches_check(c, cuda="cu13", stack=None, source=None):
         "out": "where to write install.sh (default <prefix>/.slimeforge/install/)",
         "dry_run": "render the script, print its path, run nothing",
         "no_store": "compile the compiled steps in place, without the compiled-wheel store",
+        "verify": "run the smoke test even when it passed before with the same inputs (a re-run skips it)",
     },
 )
 @clean_errors
 def install(c, cuda="cu13", stack=None, prefix="", venv=None, python=None, min_free_gb=None, source=None, out=None, dry_run=False,
-            no_store=False):
+            no_store=False, verify=False):
     """Install a stack on this host (bare metal), resumably, with the image's steps and checks."""
     from pathlib import Path
 
@@ -534,7 +536,8 @@ def install(c, cuda="cu13", stack=None, prefix="", venv=None, python=None, min_f
     # The one number parser (ASCII digits, bounded): the script's bash reads the value again.
     free = parse_whole(str(min_free_gb), "--min-free-gb", 0, MAX_FREE_GIB, unit="GiB") if min_free_gb is not None else None
     opts = InstallOptions(stack=stack or cuda, prefix=prefix, venv=venv, python=python, min_free_gb=free, sources=list(source or []),
-                          out=Path(out) if out else None, dry_run=dry_run, use_store=not no_store)
+                          out=Path(out) if out else None, dry_run=dry_run, use_store=not no_store,
+                          verify=verify)
     run_install(opts)
 
 

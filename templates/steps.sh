@@ -24,6 +24,9 @@ unset PIP_FIND_LINKS PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_CONSTRAINT PIP_REQUIR
   PIP_ONLY_BINARY PIP_NO_BINARY PIP_TARGET PIP_PREFIX PIP_USER PIP_REQUIRE_VIRTUALENV
 
 sf_log() { printf 'slimeforge: %s\n' "$*" >&2; }
+# sf_phase STEP PHASE: marks where a phase of a step begins (PHASE "end": where the last one ends),
+# with the wall clock, so that benchmarks/store_hit_bench.py can split a step into its phases.
+sf_phase() { printf 'slimeforge: phase %s %s %s\n' "$1" "$2" "${EPOCHREALTIME/,/.}" >&2; }
 sf_die() { printf 'slimeforge: ERROR: %s\n' "$*" >&2; exit 1; }
 
 # _sf_script NAME: the path of a slimeforge/scripts/ file the library runs with a venv's Python:
@@ -169,10 +172,18 @@ sf_lock_install() {
   local wheels="$SF_STATE/lock/.$step.wheels" sdists="$SF_STATE/lock/.$step.sdists"
   awk -v w="$wheels" -v s="$sdists" 'BEGIN{o=w} /^# --- built from source/{o=s} {print > o}' "$file"
   touch "$wheels" "$sdists"
-  # --reinstall: a wheel already present (a re-run on a host) is fetched and hash-checked again,
-  # never taken as it is (uv checks hashes only of what it downloads). Not for the sdists: that
-  # would recompile them (hours for flash-attn); their hash was checked when they were built.
-  if grep -q '^[^#]' "$wheels"; then _sf_uv_slice "$venv" "$step" "$wheels" "${args[@]}" --reinstall; fi
+  # --reinstall-package for each wheel the venv already holds (a re-run on a host): it is fetched
+  # and hash-checked again, never taken as it is (uv checks nothing of an installed package). Not
+  # --reinstall for all: uv takes it as --refresh, and a fresh venv's wheels were downloaded again
+  # though uv's cache held them; a cached archive is taken only when the sha256 uv recorded when it
+  # downloaded it is the lock's --hash. Not for the sdists: that would recompile them (hours for
+  # flash-attn); their hash was checked when they were built.
+  if grep -q '^[^#]' "$wheels"; then
+    local present=()
+    mapfile -t present < <(_sf_installed_of "$venv" "$wheels")
+    sf_phase "$step" install
+    _sf_uv_slice "$venv" "$step" "$wheels" "${args[@]}" "${present[@]/#/--reinstall-package=}"
+  fi
   if grep -q '^[^#]' "$sdists"; then
     # A compiled step with a store directory (sf_compiled --wheels/--wheel-out): the sdists become
     # wheels there once, and are installed from there as wheels.
@@ -190,6 +201,26 @@ sf_lock_install() {
     fi
   fi
   rm -f -- "$wheels" "$sdists"
+}
+
+# _sf_installed_of VENV FILE: the names of FILE's requirement lines (`name @ URL ...`, `name==V ...`)
+# that VENV holds a distribution of (a *.dist-info directory), one per line, normalized (PEP 503).
+_sf_installed_of() {
+  local venv=$1 file=$2 d n line
+  local -A have=()
+  for d in "$venv"/lib/python*/site-packages/*.dist-info; do
+    [[ -d $d ]] || continue
+    n=${d##*/}
+    n=${n%%-*}
+    n=${n,,}
+    have[${n//[_.]/-}]=1
+  done
+  while IFS= read -r line; do
+    [[ $line =~ ^([A-Za-z0-9][A-Za-z0-9._-]*)[[:space:]]*(@|==) ]] || continue
+    n=${BASH_REMATCH[1],,}
+    n=${n//[_.]/-}
+    if [[ -n ${have[$n]:-} ]]; then printf '%s\n' "$n"; fi
+  done <"$file"
 }
 
 _sf_uv_slice() {
@@ -243,8 +274,10 @@ _sf_explain_uv_failure() {
 # (a file:// direct_url) and the venv's own pip and uv are the only other distributions allowed.
 sf_lock_verify() {
   local venv=$1 step=$2 exact=${3:-}
+  sf_phase "$step" verify
   # -I: only the venv's own paths (not the working directory, not PYTHONPATH) are looked at.
   "$venv/bin/python" -I "$(_sf_script venvlock.py)" verify "$SF_STATE/lock" "$step" ${exact:+"$exact"}
+  sf_phase "$step" end
 }
 
 # sf_pip_step --venv V --step NAME --lock FILE [--find-links DIR]: one `pip` (or wheel) step of the
@@ -366,6 +399,7 @@ _sf_sums_line() {
 _sf_store_install() {
   local venv=$1 step=$2 count=$3 dir=$SF_COMPILED_WHEELS line reqs=() n=0
   [[ -f $dir/SHA256SUMS ]] || sf_die "step $step: store entry $dir has no SHA256SUMS record"
+  sf_phase "$step" store-check
   (cd -- "$dir" && sha256sum --check --strict --quiet SHA256SUMS) ||
     sf_die "step $step: a wheel in $dir differs from its sha256 record: refused (remove the entry and compile again)"
   while IFS= read -r line; do
@@ -378,6 +412,7 @@ _sf_store_install() {
   mkdir -p -- "$SF_STATE/lock"
   printf '%s\n' "${reqs[@]}" >"$req"
   sf_log "step $step: installing $n compiled wheel(s) from the store ($dir, sha256 verified); nothing is compiled"
+  sf_phase "$step" install
   sf_uv "$venv" --no-deps --no-index --no-build --require-hashes -r "$req"
   rm -f -- "$req"
 }
@@ -710,6 +745,8 @@ sf_source_step() {
       *) sf_die "sf_source_step: unknown option $1" ;;
     esac
   done
+  [[ -n $step ]] || step=$name
+  sf_phase "$step" fetch
   sf_fetch_source "$name" "$url" "$commit" "$dest"
   if [[ ${SF_COMPILED_MODE:-} == make ]]; then
     # A compile starts from the pinned commit alone: pip builds a checkout in place, and setuptools
@@ -720,13 +757,14 @@ sf_source_step() {
     sf_log "source $name: reset to $commit, untracked and build files removed: the compile starts clean"
   fi
   local spec pname method strip file
+  sf_phase "$step" patch
   for spec in "${patches[@]}"; do
     IFS=: read -r pname method strip file <<<"$spec"
     sf_apply_patch "$pname" "$method" "$strip" "$file" "$dest"
   done
-  [[ -n $step ]] || step=$name
   # The slice holds the checkout's requirements, never the store's wheels (those are the checkout's).
   if [[ -n $lock ]]; then SF_COMPILED_WHEELS="" sf_lock_install "$venv" "$step" "$lock"; fi
+  sf_phase "$step" install
   # The checkout is pinned by its commit, not by a hash uv could check: no --require-hashes here.
   local args=(--no-deps --no-build-isolation --no-index "${settings[@]}")
   if [[ -n ${SF_COMPILED_WHEELS:-} ]]; then
@@ -769,17 +807,20 @@ sf_finalize() {
     esac
   done
   sf_lock_verify "$venv" finalize --exact
-  # Every step installs with --reinstall, which uv takes to mean --refresh: a re-run fetches its
-  # files again and leaves the old unpacked copies unreachable in the cache (5 re-runs of cu13 left
-  # 54 GiB). Prune what nothing refers to any more.
+  # A step re-run on a venv that holds its wheels installs them with --reinstall-package, which uv
+  # takes to mean --refresh-package: it fetches them again and leaves the old unpacked copies
+  # unreachable in the cache (5 re-runs of cu13 left 54 GiB). Prune what nothing refers to any more.
+  sf_phase finalize prune
   "$venv/bin/uv" cache prune --quiet || sf_log "finalize: uv cache prune failed (the cache keeps its unreachable entries)"
+  sf_phase finalize record
   local spec commits=()
   for spec in "${checkouts[@]}"; do
     commits+=("${spec%%=*}=$(sf_git -C "${spec#*=}" rev-parse HEAD)")
   done
   "$venv/bin/python" -I "$(_sf_script venvlock.py)" record "$lock_in" "$lock_out" "$SF_STATE/patches.applied" "${commits[@]}" ||
     sf_die "finalize: recording what is installed in $lock_out failed (see above)"
-  if [[ -n $slime ]]; then sf_flag_catalog "$venv" "$slime" "$megatron" "$flags_out"; fi
+  if [[ -n $slime ]]; then sf_phase finalize flags; sf_flag_catalog "$venv" "$slime" "$megatron" "$flags_out"; fi
+  sf_phase finalize end
 }
 
 # sf_flag_catalog VENV SLIME_DIR MEGATRON_DIR OUT: the flag catalog of slime's real parsers (every
@@ -805,12 +846,15 @@ sf_gpu_present() {
 
 # sf_smoke --venv V [--import M]... [--needs-gpu M]... [--versions LOCK] [--router-marker S]
 #          [--torch-cuda X.Y] [--patch NAME:METHOD:STRIP:FILE:DIR]... [--flags FILE --slime DIR [--megatron DIR]]
+#          [--flags-made-now]
 # Every check runs; all failures are listed, and any failure fails the smoke test. An import the
 # stack marks --needs-gpu is skipped where no GPU is present, by name (printed, and counted in the
 # last line), never silently. --versions: each pinned distribution at the lock's version
-# (venvlock.py pins).
+# (venvlock.py pins). --flags-made-now: finalize made the flag catalog from slime's parsers in this
+# same run (install.sh knows), so making it again to compare (half a minute on cu13: slime, SGLang
+# and Megatron imported) would compare the same code's output with itself: only its presence is checked.
 sf_smoke() {
-  local venv="" marker="" torch_cuda="" flags="" slime="" megatron="" versions="" failed=0
+  local venv="" marker="" torch_cuda="" flags="" slime="" megatron="" versions="" failed=0 flags_now=0
   local imports=() patches=() needs_gpu=() skipped=() preload=() kernels=0
   while (($#)); do
     case $1 in
@@ -826,11 +870,22 @@ sf_smoke() {
       --flags) flags=$2; shift 2 ;;
       --slime) slime=$2; shift 2 ;;
       --megatron) megatron=$2; shift 2 ;;
+      --flags-made-now) flags_now=1; shift ;;
       *) sf_die "sf_smoke: unknown option $1" ;;
     esac
   done
   local m out gpu=0 g need
+  sf_phase smoke imports
   if sf_gpu_present "$venv"; then gpu=1; fi
+  # Each import in a fresh interpreter, after the --preload modules, as its users import it (torch
+  # first: its C++ extensions need libc10 loaded); a module is never its own preload. They are
+  # independent, so several run at once (one per core, at most 4: each holds torch, about 1.5 GB),
+  # and are reported in their order.
+  local scratch i=0 par todo=() pids=()
+  par=$(nproc 2>/dev/null || echo 1)
+  ((par <= 4)) || par=4
+  ((par >= 1)) || par=1
+  scratch=$(mktemp -d)
   for m in "${imports[@]}"; do
     need=0
     for g in "${needs_gpu[@]}"; do if [[ $g == "$m" ]]; then need=1; fi; done
@@ -839,13 +894,23 @@ sf_smoke() {
       skipped+=("$m")
       continue
     fi
-    # Each in a fresh interpreter, after the --preload modules, as its users import it (torch first:
-    # its C++ extensions need libc10 loaded); a module is never its own preload.
     local pre="" p
     for p in "${preload[@]}"; do if [[ $p != "$m" ]]; then pre+="import $p; "; fi; done
-    if out=$("$venv/bin/python" -c "${pre}import $m" 2>&1); then sf_log "smoke: import $m ok"; else
-      printf 'slimeforge: ERROR: smoke: import %s failed: %s\n' "$m" "$(tail -n 3 <<<"$out")" >&2; failed=1; fi
+    while (($(jobs -rp | wc -l) >= par)); do wait -n || true; done
+    # In an `if`, so that a failing import is recorded (its status) rather than ending the subshell.
+    (if "$venv/bin/python" -c "${pre}import $m" >"$scratch/$i.out" 2>&1; then echo 0; else echo 1; fi >"$scratch/$i.rc") &
+    pids+=("$!")
+    todo+=("$m")
+    i=$((i + 1))
   done
+  if ((${#pids[@]})); then wait "${pids[@]}"; fi
+  for i in "${!todo[@]}"; do
+    m=${todo[i]}
+    if [[ $(<"$scratch/$i.rc") == 0 ]]; then sf_log "smoke: import $m ok"; else
+      printf 'slimeforge: ERROR: smoke: import %s failed: %s\n' "$m" "$(tail -n 3 "$scratch/$i.out")" >&2; failed=1; fi
+  done
+  rm -rf -- "$scratch"
+  sf_phase smoke versions
   if [[ -n $versions ]]; then
     if "$venv/bin/python" -I "$(_sf_script venvlock.py)" pins "$versions"; then sf_log "smoke: every pinned version is installed"; else failed=1; fi
   fi
@@ -859,10 +924,15 @@ sf_smoke() {
       sf_log "smoke: torch built for CUDA $out"
     else printf 'slimeforge: ERROR: smoke: torch CUDA %s does not match the flavor %s\n' "$out" "$torch_cuda" >&2; failed=1; fi
   fi
+  sf_phase smoke patches
   if ((${#patches[@]})); then
     if (sf_patches_applied "${patches[@]}"); then sf_log "smoke: all ${#patches[@]} patch(es) present"; else failed=1; fi
   fi
-  if [[ -n $flags ]]; then
+  sf_phase smoke flags
+  if [[ -n $flags ]] && ((flags_now)); then
+    if [[ -s $flags ]]; then sf_log "smoke: flag catalog $flags made from slime's parsers by finalize in this run: not made again"
+    else printf 'slimeforge: ERROR: smoke: flag catalog %s is missing\n' "$flags" >&2; failed=1; fi
+  elif [[ -n $flags ]]; then
     local fresh
     fresh=$(mktemp)
     if (sf_flag_catalog "$venv" "$slime" "$megatron" "$fresh") && [[ -s $flags ]] && cmp -s "$fresh" "$flags"; then
@@ -871,17 +941,42 @@ sf_smoke() {
     rm -f "$fresh"
   fi
   # On a GPU host, each compiled piece runs one small operation against torch (sf_kernel_check).
+  sf_phase smoke kernels
   if ((kernels && gpu)); then
     if (sf_kernel_check "$venv"); then sf_log "smoke: kernel check passed"; else failed=1; fi
   elif ((kernels)); then
     sf_log "smoke: SKIPPED the kernel check: no GPU is present"
   fi
+  sf_phase smoke end
   ((failed == 0)) || sf_die "smoke test failed"
   if ((${#skipped[@]})); then
     sf_log "smoke test passed, with ${#skipped[@]} GPU import(s) skipped (no GPU here): ${skipped[*]}"
   else
     sf_log "smoke test passed"
   fi
+}
+
+# --- the smoke test's record (install.sh) -----------------------------------------------------
+# $SF_STATE/smoke.passed: one line, the hash install.sh gives (every step's chained hash and the
+# smoke test's own arguments), written when the smoke test passed, by rename (never half there).
+
+# sf_smoke_recorded HASH: succeeds when the record says the smoke test passed with HASH and no step
+# finished after it (a step's .done file newer than the record: the venv may have changed since).
+# The record is input: a regular file of exactly 65 bytes, 64 hex digits and a newline, else it is
+# no record (the test runs).
+sf_smoke_recorded() {
+  local want=$1 rec="$SF_STATE/smoke.passed" have=""
+  [[ -f $rec && ! -L $rec && $(stat -c %s -- "$rec") == 65 ]] || return 1
+  IFS= read -r have <"$rec" || return 1
+  [[ $have =~ ^[0-9a-f]{64}$ && $have == "$want" ]] || return 1
+  [[ -z $(find "$SF_STATE/steps" -name '*.done' -newer "$rec" -print -quit 2>/dev/null) ]]
+}
+
+# sf_smoke_record HASH: the smoke test passed with HASH (written to a temporary name, then renamed).
+sf_smoke_record() {
+  [[ $1 =~ ^[0-9a-f]{64}$ ]] || sf_die "smoke record: '$1' is not a sha256 (64 hex digits)"
+  printf '%s\n' "$1" >"$SF_STATE/smoke.passed.tmp.$$"
+  mv -f -- "$SF_STATE/smoke.passed.tmp.$$" "$SF_STATE/smoke.passed"
 }
 
 # --- compile parallelism and the kernel check (issue 21) --------------------------------------

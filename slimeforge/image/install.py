@@ -31,9 +31,8 @@ from ..schema import text_problem, whole_problem
 from ..templating import render
 from .lockcheck import check_patches, checked_lock
 from .lockfacts import lock_for_run, patches_for_run
-from .lockfile import LockFile, normalize, stack_ref
+from .lockfile import LockFile, normalize
 from .patches import PatchContent, read_patches
-from .remedies import remedy
 from .sources import LocalSource, checked_options
 from .stack import Stack, load_stack
 from .steps import (
@@ -93,8 +92,8 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
     """The install script (text). `sources` maps a source name to a LocalSource (see
     sources.parse_sources); patches are read from the pinned slime commit (local or fetched)
     unless given (`patches.read_patches` output); the lock is the stack's committed one unless given.
-    `store`: compiled step -> ("use", DIR) or ("make", DIR) (see store_plan); `base_id`: the base as
-    the image build resolves it, so that the compiled keys are the image's; `python`: the
+    `store`: compiled step -> ("use", DIR) or ("make", DIR) (see store_plan); `base_id`: the base part
+    of the compiled keys (install_base: its pinned digest, or None); `python`: the
     interpreter the venv is made with (default: the stack's by its version, on PATH)."""
     if not prefix.startswith("/"):
         raise ConfigError("install", [Problem("--prefix", "must be an absolute path", prefix)])
@@ -119,7 +118,7 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
     steps.append({"name": FINALIZE_STEP, "env": {}, "commands": [finalize_argv(stack, layout, f"{layout.state}/stack.input.json",
                                                                              paths.Prefix.at(prefix).lock, paths.Prefix.at(prefix).flags)]})
     for step in steps:
-        inputs: dict[str, object] = {"step": step, "patches": {f: patch_sha[f] for f in sorted(patch_sha) if any(f in " ".join(c) for c in step["commands"])}}
+        inputs: dict[str, object] = {"step": {**step, "commands": [_without_store_dir(c) for c in step["commands"]]}, "patches": {f: patch_sha[f] for f in sorted(patch_sha) if any(f in " ".join(c) for c in step["commands"])}}
         # A changed slice of the lock re-does its step (and, through the chain, every later one).
         own = LOCK_ALL if step["name"] == FINALIZE_STEP else step.get("slice")
         if own in slices:
@@ -140,6 +139,9 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
         for i in group:
             steps[i]["together"] = True
         steps[group[-1]]["together_last"] = True
+    smoke = smoke_argv(stack, layout, flags=f"{prefix}/flags.json")[1:]
+    # What the smoke test's pass is recorded with (sf_smoke_recorded): every step (the chain) and its own arguments.
+    smoke_hash = hashlib.sha256((chain + json.dumps({"smoke": smoke})).encode()).hexdigest()
     return render("install.sh.j2", {
         "stack_id": stack.id,
         "state": layout.state,
@@ -163,26 +165,55 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
         "lock_dir": layout.lock_dir,
         "slices": [{"file": name, "b64": base64.encodebytes(text.encode()).decode().rstrip("\n")} for name, text in slices.items()],
         "steps": steps,
-        "smoke": smoke_argv(stack, layout, flags=f"{prefix}/flags.json")[1:],
+        "smoke": smoke,
+        "smoke_hash": smoke_hash,
+        "smoke_flags": "--flags" in smoke,
+        "finalize": FINALIZE_STEP,
     })
+
+
+def install_base(stack: Stack, lock: LockFile) -> str | None:
+    """The base part of a bare-metal install's compiled keys: the base's digest where the stack or
+    the lock pins one (then the keys are the image build's, and wheels compiled on that base serve
+    the host), else None (compiled_key then takes the stack's base by name). Never a local image's
+    id: the install does not use any image, so whether one happens to be present here must not
+    change its keys (it did, and TE and apex compiled again)."""
+    return stack.base.digest or lock.tool.get("base", {}).get("digest") or None
+
+
+def _without_store_dir(argv: list[str]) -> list[str]:
+    """A step's command as its hash sees it: without where its compiled wheels come from (sf_compiled's
+    --wheels DIR, a store hit, or --wheel-out DIR, compiled here): the key names the wheels either way.
+    A cold install stores its wheels, and the re-run that found them in the store re-did every step
+    from the first compiled one (187 s on cu13) though nothing had changed."""
+    out: list[str] = []
+    skip = False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+        elif a in ("--wheels", "--wheel-out") and argv[0] == "compiled" and "--" in argv and i < argv.index("--"):
+            skip = True
+        else:
+            out.append(a)
+    return out
 
 
 def store_plan(stack: Stack, state: str, patches: list[PatchContent], lock: LockFile, store_root: Path | None = None,
                echo: Callable[[str], None] = print) -> tuple[dict[str, tuple[str, str]], dict[str, str], str | None]:
-    """How each compiled step gets its wheels on this host: a verified store entry ("use", its
-    directory), or compiled into <state>/compiled/<key> ("make") and stored after the install.
-    The keys are the image build's (same base as resolved there): the wheels are those compiled
-    on the stack's base image. Returns (store, key per step, base id). A damaged entry raises."""
+    """How each compiled step gets its wheels on this host: a store entry ("use", its directory),
+    or compiled into <state>/compiled/<key> ("make") and stored after the install. The keys hold
+    the base by its pinned digest only (install_base); no Docker Engine is asked. Returns (store,
+    key per step, base). A damaged entry raises; the wheels' own sha256 are checked by install.sh
+    right before it installs them (_sf_store_install), not hashed twice."""
     from . import wheelstore
-    from .dockerapi import resolve_base
 
-    base_id = resolve_base(stack, None, True, lock.tool.get("base", {}).get("digest") or None).id
+    base_id = install_base(stack, lock)
     store, keys = {}, {}
     for name, info in wheelstore.stack_keys(stack, base_id, {p.file: p.sha256 for p in patches}, lock).items():
         if not info.storable:
             echo(f"  {name:<24} not stored (an editable checkout, or nothing to compile)")
             continue
-        entry = wheelstore.lookup(info.key, store_root)
+        entry = wheelstore.lookup(info.key, store_root, hash_wheels=False)
         store[name] = ("use", str(entry.dir)) if entry else ("make", f"{state}/compiled/{info.key}")
         keys[name] = info.key
         echo(f"  {name:<24} {'from the store' if entry else 'compiled, then stored'}  {info.key}")
@@ -199,6 +230,7 @@ class InstallOptions:
     sources: list[str] = field(default_factory=list)
     out: Path | None = None
     dry_run: bool = False
+    verify: bool = False  # run the smoke test even where its record says it passed with these inputs
     echo: Callable[[str], None] = print
     use_store: bool = True  # compiled steps from the compiled-wheel store (wheelstore.py)
     store_root: Path | None = None
@@ -246,15 +278,7 @@ def install(opts: InstallOptions) -> Path:
     patches = patches_for_run(stack, local, cache, pylock, opts.dry_run, opts.echo)
     if opts.use_store and any(s.compiles for s in stack.steps):
         opts.echo("compiled steps:")
-        from .dockerapi import EngineUnavailable
-
-        try:
-            store, keys, base_id = store_plan(stack, f"{prefix}/.slimeforge", patches, pylock, opts.store_root, opts.echo)
-        except EngineUnavailable as exc:
-            # A bare-metal host need not run Docker: with no digest of the base in the stack or the
-            # lock, the wheels' keys cannot be known here, so the compiled steps compile in place.
-            opts.echo(f"  the compiled-wheel store is not used ({exc}); its keys need the base image's digest: "
-                      f"{remedy('base_digest', stack_ref(stack))}")
+        store, keys, base_id = store_plan(stack, f"{prefix}/.slimeforge", patches, pylock, opts.store_root, opts.echo)
     text = render_install_script(stack, prefix, str(Path(opts.venv).absolute()) if opts.venv else None, local, cache,
                                  patches=patches, lock=pylock, store=store, base_id=base_id, python=opts.python)
     download, need = disk_need(stack, pylock)
@@ -275,9 +299,11 @@ def install(opts: InstallOptions) -> Path:
         return script
     opts.echo(f"running {script}")
     # Not captured: the script's progress goes straight to the terminal; the runner raises on failure.
-    env = {"SLIMEFORGE_MIN_FREE_GIB": str(min_free)} if min_free is not None else None
+    env = {"SLIMEFORGE_MIN_FREE_GIB": str(min_free)} if min_free is not None else {}
+    if opts.verify:
+        env["SLIMEFORGE_VERIFY"] = "1"
     try:
-        opts.runner.run(["bash", str(script)], step="install", capture=False, env=env)
+        opts.runner.run(["bash", str(script)], step="install", capture=False, env=env or None)
     except CommandError as exc:
         if exc.returncode == PREREQUISITES_REFUSED:
             raise PrerequisitesRefused("install refused: a prerequisite is not met (each is named above); nothing was installed") from None

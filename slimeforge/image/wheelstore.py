@@ -106,9 +106,10 @@ def read_sums(path: Path, where: str) -> dict[str, str]:
     return out
 
 
-def verify(directory: Path, key: str) -> Entry:
+def verify(directory: Path, key: str, hash_wheels: bool = True) -> Entry:
     """The entry in `directory`, every wheel checked against SHA256SUMS (and record.json, where
-    present): a missing, extra or changed wheel raises WheelStoreError; nothing is installed from it."""
+    present): a missing, extra or changed wheel raises WheelStoreError; nothing is installed from it.
+    hash_wheels=False leaves the wheels' bytes to the installer's own check (see lookup)."""
     where = f"compiled-wheel store entry {key} ({directory})"
     sums = read_sums(directory / SUMS, where)
     present = sorted(p.name for p in directory.glob("*.whl"))
@@ -123,7 +124,7 @@ def verify(directory: Path, key: str) -> Entry:
             raise WheelStoreError(f"{where}: {RECORD} {exc.problems[0].message}") from None
         if record.get("key") != key or record.get("wheels") != sums:
             raise WheelStoreError(f"{where}: {RECORD} does not match the entry (its key or wheels differ from {SUMS}); refused")
-    for name, want in sums.items():
+    for name, want in sums.items() if hash_wheels else ():
         have = sha256_file(directory / name)
         if have != want:
             raise WheelStoreError(f"{where}: {name} has sha256 {have}, its record says {want}: refused "
@@ -131,10 +132,12 @@ def verify(directory: Path, key: str) -> Entry:
     return Entry(key, directory, sums, record)
 
 
-def lookup(key: str, root: Path | None = None) -> Entry | None:
-    """The verified entry of `key`, or None (a miss). A damaged entry raises: it is never a silent miss."""
+def lookup(key: str, root: Path | None = None, hash_wheels: bool = True) -> Entry | None:
+    """The verified entry of `key`, or None (a miss). A damaged entry raises: it is never a silent miss.
+    hash_wheels=False: the record and the wheels' names only, for a caller whose installer checks
+    every wheel against SHA256SUMS itself right before installing it (install.sh)."""
     directory = (root or store_root()) / check_key(key)
-    return verify(directory, key) if directory.is_dir() else None
+    return verify(directory, key, hash_wheels) if directory.is_dir() else None
 
 
 def put(key: str, source: Path, meta: dict[str, Any], root: Path | None = None) -> Entry:

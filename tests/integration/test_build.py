@@ -36,7 +36,7 @@ def env(base_image, tmp_path_factory):
 def opts(env, stack=bs.TEST_STACK, **kw) -> BuildOptions:
     r = env["repos"]
     return BuildOptions(stack=str(stack), sources=[f"slime={r['slime']}", f"libdemo={r['libdemo']}"], build_root=env["root"] / "out",
-                        repository=REPO, echo=lambda s: None, **kw)
+                        repository=REPO, **{"echo": lambda s: None, **kw})
 
 
 def run_build(env, **kw) -> dict:
@@ -116,9 +116,18 @@ def test_report_names_the_largest_directories_of_the_venv(first):
 
 
 def test_second_build_is_a_skip(first, env):
-    again = run_build(env)
+    said: list[str] = []
+    again = build(opts(env, echo=said.append))
     assert again["skipped"] is True
     assert again["image_id"] == first["image_id"] and again["build_hash"] == first["build_hash"]
+    assert not any(line.startswith("smoke test") for line in said)  # passed when it was built: not run again
+    # --verify smoke-tests the image that exists again, and builds nothing.
+    said.clear()
+    verified = build(opts(env, echo=said.append, verify=True))
+    assert verified["skipped"] is True and verified["image_id"] == first["image_id"]
+    assert "smoke test (--verify) ..." in said and any("smoke test passed" in line for line in said), said
+    # --verify makes the flag catalog again and compares; the smoke test right after a build does not (finalize just made it).
+    assert any("flag catalog /opt/slimeforge/flags.json matches slime's parsers" in line for line in said), said
 
 
 def test_new_slime_commit_rebuilds_only_the_last_layers(first, env):

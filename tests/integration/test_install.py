@@ -1,6 +1,7 @@
 """The rendered install script of the test stack, run with real bash inside a container from the
 local Debian base (real pip/uv from PyPI, real git sources and patches): fresh install, no-op
-re-run, a failing step resumed, an already-patched tree recognised."""
+re-run (the smoke test not run again; --verify runs it), a failing step resumed, an already-patched
+tree recognised."""
 
 from __future__ import annotations
 
@@ -46,8 +47,9 @@ def script_for(host, stack_path=bs.TEST_STACK, name="install.sh", lock=None) -> 
     return path
 
 
-def run(host, script: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["docker", "exec", host["cid"], "bash", str(script)], capture_output=True, text=True, timeout=900)
+def run(host, script: Path, *args: str, env: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", "exec", *[f"-e{e}" for e in env], host["cid"], "bash", str(script), *args],
+                          capture_output=True, text=True, timeout=900)
 
 
 def cat(host, path: str) -> str:
@@ -77,6 +79,8 @@ def test_fresh_install(installed, host):
     assert all(at), [s for s, m in zip(steps, at, strict=True) if not m]
     assert [m.start() for m in at] == sorted(m.start() for m in at)
     assert "smoke test passed" in res.stderr
+    # Finalize made the flag catalog in this run: the smoke test does not make it again to compare.
+    assert f"smoke: flag catalog {PREFIX}/flags.json made from slime's parsers by finalize in this run: not made again" in res.stderr
     flags = json.loads(cat(host, f"{PREFIX}/flags.json"))
     assert flags["slime_commit"] == bs.SLIME_S1 and "--lr" in flags["flags"] and "--sglang-mem-fraction-static" in flags["flags"]
     assert "smoke: every pinned version is installed" in res.stderr
@@ -91,6 +95,19 @@ def test_rerun_is_a_noop(installed, host):
     assert res.returncode == 0, res.stderr
     assert "running" not in res.stderr
     assert res.stderr.count(": done\n") == 9
+    # Its pass is recorded with every step's hash: nothing changed, so the smoke test is not run again.
+    assert "smoke test: passed with these inputs before, and no step ran since: not run again" in res.stderr
+    assert "smoke test passed" not in res.stderr and "smoke: import" not in res.stderr
+
+
+@pytest.mark.parametrize("args, env", [(("--verify",), ()), ((), ("SLIMEFORGE_VERIFY=1",))])
+def test_verify_runs_the_smoke_test_again(installed, host, args, env):
+    script, _ = installed
+    res = run(host, script, *args, env=env)
+    assert res.returncode == 0, res.stderr
+    assert "running" not in res.stderr and "smoke: import six ok" in res.stderr and "smoke test passed" in res.stderr
+    assert f"smoke: flag catalog {PREFIX}/flags.json matches slime's parsers" in res.stderr  # made again and compared
+    assert cat(host, f"{PREFIX}/.slimeforge/smoke.passed").strip() == re.search(r"sf_smoke_record ([0-9a-f]{64})", script.read_text())[1]
 
 
 def test_failing_step_stops_and_the_next_run_resumes_there(installed, host):
@@ -118,4 +135,5 @@ def test_already_patched_tree_is_recognised(installed, host):
     res = run(host, script)
     assert res.returncode == 0, res.stderr
     assert "patch libdemo.patch: already applied" in cat(host, f"{PREFIX}/.slimeforge/logs/libdemo.log")
+    assert "smoke test passed" in res.stderr  # a step ran after the smoke test's record: it runs again
     assert cat(host, f"{PREFIX}/libdemo/libdemo/__init__.py").count("PATCHED") == 1

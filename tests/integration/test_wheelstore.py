@@ -6,7 +6,8 @@
   compiled step cannot come from BuildKit's cache (--no-cache; a changed MAX_JOBS no longer does:
   it reaches the compile stages only): the key is pulled, nothing compiles
   (from the step's log), the compiled file is byte-identical;
-- the bare-metal install script in a container installs the same wheel;
+- the bare-metal install script in a container installs the same wheel (stored under the install's
+  own key: the install's keys never hold a local image's id);
 - a tampered wheel is refused, by slimeforge before the build and by the step library itself.
 """
 
@@ -132,8 +133,15 @@ def test_a_fresh_builder_pulls_and_compiles_nothing(world, cold, fresh):
 def test_the_bare_metal_install_uses_the_same_wheel(world, cold, fresh):
     stack = load_stack(str(world["stack"]))
     lock = checked_lock(stack)
+    # The install uses no image: its key holds the base by its pinned digest only, never the local
+    # base image's id that the image build's key holds (this base has no digest), so the keys differ.
+    _, keys, base_id = store_plan(stack, "/opt/sf/.slimeforge", [], lock, fresh["store"], echo=lambda s: None)
+    assert base_id is None and keys["sfcext"] != cold["key"]
+    # The same wheel stored under the install's key (as a host whose base is pinned shares one key
+    # with its image builds) is what the install takes, sha256-checked, compiling nothing.
+    wheelstore.put(keys["sfcext"], cold["store"] / cold["key"], {"flavor": "sfcext", "step": "sfcext"}, fresh["store"])
     store, keys, base_id = store_plan(stack, "/opt/sf/.slimeforge", [], lock, fresh["store"], echo=lambda s: None)
-    assert store == {"sfcext": ("use", str(fresh["store"] / cold["key"]))} and keys == {"sfcext": cold["key"]}
+    assert store == {"sfcext": ("use", str(fresh["store"] / keys["sfcext"]))}
     script = world["root"] / "install.sh"
     script.write_text(render_install_script(stack, "/opt/sf", patches=[], lock=lock, store=store, base_id=base_id))
     ca = default_ca_bundle()

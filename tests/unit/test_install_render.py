@@ -305,3 +305,108 @@ def test_min_free_gb_has_one_rule_for_the_option_and_the_scripts_variable(tmp_pa
     script_refuses = "SLIMEFORGE_MIN_FREE_GIB: " in res.stderr
     option_refuses = whole_problem(value, "--min-free-gb", 0, MAX_FREE_GIB, "GiB") is not None
     assert script_refuses == option_refuses == (value not in ("0", "007", "100000", "999999")), res.stderr
+
+
+def _plan_keys(stack, lock, store: Path) -> dict[str, str]:
+    from slimeforge.image.install import store_plan
+
+    return store_plan(stack, "/opt/slime/.slimeforge", placeholder_patches(stack), lock, store, echo=lambda s: None)[1]
+
+
+def test_the_install_keys_never_depend_on_a_local_docker_image(tmp_path, monkeypatch):
+    """The bare-metal install uses no image: its compiled keys hold the base by its pinned digest, or
+    by the stack's name for it, never a local image's id (with one present, TE and apex got other
+    keys and compiled again). No Docker Engine is asked: an unreachable one changes nothing."""
+    from slimeforge.image.steps import compiled_key
+
+    stack = load_stack("cu13")
+    lock = render_lock(stack)
+    lock.tool["base"] = {"image": stack.base.image, "digest": ""}
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    unpinned = _plan_keys(stack, lock, tmp_path / "store")
+    assert unpinned == {n: compiled_key(stack, n, None, {p.file: p.sha256 for p in placeholder_patches(stack)}) for n in unpinned}
+    assert set(unpinned) == {"transformer-engine", "apex", "torch-memory-saver"}
+    # A digest pinned in the lock: the keys are an image build's on that base (resolve_base takes the digest).
+    from slimeforge.image.dockerapi import resolve_base
+
+    digest = "sha256:" + "ab" * 32
+    lock.tool["base"]["digest"] = digest
+    pinned = _plan_keys(stack, lock, tmp_path / "store")
+    base = resolve_base(stack, None, True, digest)
+    assert pinned == {n: compiled_key(stack, n, base.id, {p.file: p.sha256 for p in placeholder_patches(stack)}) for n in pinned}
+    assert pinned != unpinned
+
+
+def _cu13_script(tmp_path: Path, prefix: str = "/opt/slime", lock=None) -> tuple[str, str]:
+    stack = load_stack("cu13")
+    text = render_install_script(stack, prefix, patches=placeholder_patches(stack), lock=lock or render_lock(stack))
+    found = re.search(r"sf_smoke_record ([0-9a-f]{64})\n", text)
+    assert found
+    return text, found.group(1)
+
+
+def test_the_smoke_record_hash_follows_every_input(tmp_path):
+    text, same = _cu13_script(tmp_path)
+    assert _cu13_script(tmp_path)[1] == same  # rendered again with nothing changed: the same
+    assert f"sf_smoke_recorded {same}; then" in text
+    assert _cu13_script(tmp_path, prefix="/opt/other")[1] != same  # the smoke test's own arguments
+    lock = render_lock(load_stack("cu13"))
+    name = next(n for n in lock.steps["torch"] if lock.packages[n].kind == "wheel")
+    lock.packages[name].sha256 = "0" * 64  # one step's slice of the lock: that step and every later one, the smoke test too
+    assert _cu13_script(tmp_path, lock=lock)[1] != same
+
+
+@pytest.mark.parametrize("args, env, says", [
+    (["--verfy"], {}, "install.sh: unknown argument --verfy (accepted: --verify)"),
+    (["--"], {}, "install.sh: unknown argument -- (accepted: --verify)"),
+    ([], {"SLIMEFORGE_VERIFY": "yes"}, "SLIMEFORGE_VERIFY: yes is not 0 or 1"),
+    ([], {"SLIMEFORGE_VERIFY": "1\n"}, "SLIMEFORGE_VERIFY: $'1\\n' is not 0 or 1"),
+])
+def test_the_script_refuses_an_unknown_argument_before_anything(tmp_path, args, env, says):
+    text, _ = _cu13_script(tmp_path, prefix=str(tmp_path / "p"))
+    (tmp_path / "install.sh").write_text(text)
+    res = subprocess.run(["bash", str(tmp_path / "install.sh"), *args], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", **env})
+    assert res.returncode == 2 and says in res.stderr, res.stderr
+    assert "prerequisite" not in res.stderr and not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_install_verify_reaches_the_script_as_its_variable(tmp_path, verify):
+    """`invoke install --verify` runs the script with SLIMEFORGE_VERIFY=1 (the script's own
+    `--verify`, tested with real bash in tests/integration/test_install.py)."""
+    from dataclasses import dataclass, field
+
+    from slimeforge.image.install import InstallOptions, install
+    from slimeforge.proc import Result, Runner
+
+    @dataclass
+    class Recorder(Runner):  # the runner injection point of slimeforge.proc; records instead of running the script
+        envs: list = field(default_factory=list)
+
+        def run(self, argv, **kw):
+            self.envs.append(kw.get("env"))
+            return Result(list(argv), 0, "", "")
+
+    repos = bs.make_repos(tmp_path / "repos")
+    runner = Recorder()
+    install(InstallOptions(stack=str(bs.TEST_STACK), prefix=str(tmp_path / "p"), use_store=False, verify=verify, echo=lambda s: None,
+                           sources=[f"slime={repos['slime']}", f"libdemo={repos['libdemo']}"], runner=runner))
+    assert runner.envs == [{"SLIMEFORGE_VERIFY": "1"} if verify else None]
+
+
+def test_a_compiled_steps_hash_does_not_depend_on_where_its_wheels_come_from(tmp_path):
+    """A cold install compiles (--wheel-out) and stores; its re-run finds the key in the store
+    (--wheels): the same wheels by key, so no step may run again (they all did: 187 s on cu13)."""
+    stack = load_stack("cu13")
+    names = ("transformer-engine", "apex", "torch-memory-saver")
+
+    def hashes(mode: str) -> dict[str, str]:
+        store = {n: (mode, f"/{mode}/{n}") for n in names}
+        text = render_install_script(stack, "/opt/slime", patches=placeholder_patches(stack), lock=render_lock(stack), store=store)
+        return dict(re.findall(r"^sf_run_step (\S+) ([0-9a-f]{64}) ", text, re.M))
+
+    made, used, plain = hashes("make"), hashes("use"), render_install_script(stack, "/opt/slime", patches=placeholder_patches(stack),
+                                                                             lock=render_lock(stack))
+    assert made == used and made == dict(re.findall(r"^sf_run_step (\S+) ([0-9a-f]{64}) ", plain, re.M))
+    assert "--wheels /use/apex" in render_install_script(stack, "/opt/slime", patches=placeholder_patches(stack), lock=render_lock(stack),
+                                                          store={"apex": ("use", "/use/apex")})  # the script still says where

@@ -245,3 +245,116 @@ def test_version_comparison_reads_local_labels_extras_and_specifiers():
     problems, _ = compare(expected, {"torch": "2.11.1", "transformer-engine": "2.11.0", "numpy": "2.1.0"})
     assert problems == ["numpy: installed 2.1.0, the lock pins <2", "ray: not installed (the lock pins 2.60.0)",
                         "torch: installed 2.11.1, the lock pins 2.11.0"]
+
+
+H1, H2 = "a" * 64, "b" * 64
+
+
+def test_the_smoke_record_is_kept_by_rename_and_matches_only_its_hash(tmp_path):
+    (tmp_path / "steps").mkdir()
+    assert sf("sf_smoke_recorded", H1, state=tmp_path).returncode == 1  # no record: the test runs
+    res = sf("sf_smoke_record", H1, state=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "smoke.passed").read_text() == H1 + "\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["smoke.passed", "steps"]  # no temporary file left
+    assert sf("sf_smoke_recorded", H1, state=tmp_path).returncode == 0
+    assert sf("sf_smoke_recorded", H2, state=tmp_path).returncode == 1  # another input: runs again
+    bad = sf("sf_smoke_record", "x; touch p", state=tmp_path)
+    assert bad.returncode != 0 and "is not a sha256" in bad.stderr and (tmp_path / "smoke.passed").read_text() == H1 + "\n"
+
+
+def test_a_step_that_finished_after_the_record_makes_the_smoke_test_run_again(tmp_path):
+    import os
+
+    (tmp_path / "steps").mkdir()
+    assert sf("sf_smoke_record", H1, state=tmp_path).returncode == 0
+    done = tmp_path / "steps" / "torch.done"
+    done.write_text("x\n")
+    rec = os.stat(tmp_path / "smoke.passed")
+    os.utime(done, ns=(rec.st_mtime_ns - 10**9, rec.st_mtime_ns - 10**9))  # before the record: still a pass
+    assert sf("sf_smoke_recorded", H1, state=tmp_path).returncode == 0
+    os.utime(done, ns=(rec.st_mtime_ns + 10**9, rec.st_mtime_ns + 10**9))  # a step ran since: the venv may differ
+    assert sf("sf_smoke_recorded", H1, state=tmp_path).returncode == 1
+
+
+@pytest.mark.parametrize("content", [
+    H1,  # no newline: not the record the library writes
+    H1.upper() + "\n",
+    H1 + "\n" + H1 + "\n",
+    H1[:-1] + "\0\n",
+    "\0" * 64 + "\n",
+    H1 + "\n" + "x" * 10**6,
+])
+def test_a_tampered_smoke_record_is_no_record(tmp_path, content):
+    (tmp_path / "steps").mkdir()
+    (tmp_path / "smoke.passed").write_bytes(content.encode())
+    res = sf("sf_smoke_recorded", H1, state=tmp_path)
+    assert res.returncode == 1 and res.stderr == ""
+
+
+def test_a_smoke_record_that_is_a_link_or_a_directory_is_no_record(tmp_path):
+    (tmp_path / "steps").mkdir()
+    (tmp_path / "elsewhere").write_text(H1 + "\n")
+    (tmp_path / "smoke.passed").symlink_to(tmp_path / "elsewhere")
+    assert sf("sf_smoke_recorded", H1, state=tmp_path).returncode == 1
+    (tmp_path / "smoke.passed").unlink()
+    (tmp_path / "smoke.passed").mkdir()
+    assert sf("sf_smoke_recorded", H1, state=tmp_path).returncode == 1
+
+
+def test_only_wheels_the_venv_already_holds_are_reinstalled(tmp_path):
+    """A re-run re-fetches and re-checks what the venv holds (--reinstall-package); a fresh venv's
+    wheels come from uv's cache by their sha256 (no --reinstall, which uv takes as --refresh)."""
+    site = tmp_path / "venv" / "lib" / "python3.12" / "site-packages"
+    for d in ("Six-1.17.0.dist-info", "typing_extensions-4.15.0.dist-info", "zope.interface-7.0.dist-info", "idna-3.10.egg-info"):
+        (site / d).mkdir(parents=True)
+    (tmp_path / "slice.txt").write_text(
+        "six @ https://files.example/six-1.17.0-py2.py3-none-any.whl --hash=sha256:" + "0" * 64 + "  # ==1.17.0\n"
+        "typing-extensions==4.15.0 --hash=sha256:" + "1" * 64 + "\n"
+        "Zope_Interface @ https://files.example/z.whl --hash=sha256:" + "2" * 64 + "\n"
+        "idna @ https://files.example/idna.whl --hash=sha256:" + "3" * 64 + "\n"  # an egg-info is not a wheel's record
+        "torch @ https://files.example/torch.whl --hash=sha256:" + "4" * 64 + "\n"
+        "# --- built from source\n")
+    res = sf("_sf_installed_of", str(tmp_path / "venv"), str(tmp_path / "slice.txt"), state=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["six", "typing-extensions", "zope-interface"]
+    empty = sf("_sf_installed_of", str(tmp_path / "none"), str(tmp_path / "slice.txt"), state=tmp_path)
+    assert empty.returncode == 0 and empty.stdout == ""
+
+
+def test_a_flag_catalog_made_in_this_run_is_checked_for_presence_only(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    from slimeforge.image.steps import TARGET_SCRIPTS
+
+    (tmp_path / "kernel_check.py").write_bytes(TARGET_SCRIPTS["kernel_check.py"].read_bytes())
+    flags = tmp_path / "flags.json"
+    # --slime names no checkout: a catalog made again would fail; with --flags-made-now none is made.
+    missing = sf("sf_smoke", "--venv", str(venv), "--flags", str(flags), "--slime", str(tmp_path / "nowhere"), "--flags-made-now",
+                 state=tmp_path)
+    assert missing.returncode != 0 and f"smoke: flag catalog {flags} is missing" in missing.stderr
+    flags.write_text('{"flags": []}\n')
+    res = sf("sf_smoke", "--venv", str(venv), "--flags", str(flags), "--slime", str(tmp_path / "nowhere"), "--flags-made-now",
+             state=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "made from slime's parsers by finalize in this run: not made again" in res.stderr
+    again = sf("sf_smoke", "--venv", str(venv), "--flags", str(flags), "--slime", str(tmp_path / "nowhere"), state=tmp_path)
+    assert again.returncode != 0 and "flag catalog" in again.stderr  # without it, made again (and here it cannot be)
+
+
+def test_smoke_imports_run_side_by_side_and_are_reported_in_order(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    from slimeforge.image.steps import TARGET_SCRIPTS
+
+    (tmp_path / "kernel_check.py").write_bytes(TARGET_SCRIPTS["kernel_check.py"].read_bytes())
+    mods = ["json", "no_such_mod_a", "csv", "no_such_mod_b", "zlib", "shlex"]
+    res = sf("sf_smoke", "--venv", str(venv), *[a for m in mods for a in ("--import", m)], state=tmp_path)
+    assert res.returncode != 0 and "smoke test failed" in res.stderr
+    said = [line for line in res.stderr.splitlines() if "smoke: import " in line]
+    assert [line.split("import ")[1].split()[0] for line in said] == mods  # in the stack's order, whatever finished first
+    assert "smoke: import no_such_mod_a failed:" in said[1] and "No module named 'no_such_mod_a'" in res.stderr
+    assert said[0].endswith("import json ok") and said[5].endswith("import shlex ok")
+    assert not list(tmp_path.glob("tmp*"))  # the scratch directory is removed

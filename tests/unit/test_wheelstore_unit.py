@@ -201,3 +201,18 @@ def test_sha256sums_has_one_grammar_in_python_and_in_the_step_library():
     python = [f"ok {m.group(1)} {m.group(2)}" if (m := wheelstore.SUMS_LINE_RE.fullmatch(line)) else "no" for line in SUMS_LINES]
     assert res.stdout.splitlines() == python
     assert python.count("no") == len(SUMS_LINES) - 4  # not vacuous: four lines pass (-rf.whl too: it is only ever $dir/-rf.whl)
+
+
+def test_without_hashing_the_record_is_still_checked_and_the_bytes_left_to_the_installer(tmp_path):
+    """install.sh checks every wheel against SHA256SUMS right before it installs it: the install's
+    plan reads the record and the names only (the bytes are not hashed twice), and still refuses a
+    record that disagrees or a wheel too many."""
+    src = made(tmp_path, {"apex-0.1-cp312-cp312-linux_x86_64.whl": b"wheel bytes"})
+    entry = wheelstore.put(KEY, src, {}, tmp_path / "store")
+    (entry.dir / "apex-0.1-cp312-cp312-linux_x86_64.whl").write_bytes(b"wheel bytez")
+    assert wheelstore.lookup(KEY, tmp_path / "store", hash_wheels=False).wheels == entry.wheels
+    with pytest.raises(wheelstore.WheelStoreError, match="refused"):
+        wheelstore.lookup(KEY, tmp_path / "store")
+    (entry.dir / "evil-1.0-py3-none-any.whl").write_bytes(b"x")
+    with pytest.raises(wheelstore.WheelStoreError, match="refused"):
+        wheelstore.lookup(KEY, tmp_path / "store", hash_wheels=False)
