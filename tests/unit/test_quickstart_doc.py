@@ -103,7 +103,7 @@ def test_the_page_from_zero_to_a_refused_launch(tmp_path):
         elif task == "lock":
             assert r.returncode == 0 and "pylock.cu13.toml: ok (" in out, out
         elif task == "build":
-            assert r.returncode == 0 and "would run: DOCKER_BUILDKIT=1" in out, out
+            assert r.returncode == 0 and "would run:\n  DOCKER_BUILDKIT=1 " in out, out
         elif task == "publish":  # nothing was built here: the dry run says so, naming the step to run first
             assert r.returncode == 2 and "run invoke build --cuda cu13 first" in out, out
         elif task == "run":  # refused before anything starts: no image named yet, no GPU
