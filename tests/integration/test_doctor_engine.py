@@ -65,10 +65,12 @@ def test_an_image_not_here_is_named_and_nothing_is_pulled():
 
 
 def test_a_docker_run_that_fails_shows_dockers_message_not_its_last_line(tmp_path):
-    """The issue's case: `docker run` of an image whose registry does not resolve. doctor used to say
-    "exited with 125: Run 'docker run --help' for more information" and guess a fix."""
+    """The issue's case: an image whose registry does not resolve. doctor used to say "exited with
+    125: Run 'docker run --help' for more information" and guess a fix. The flag catalog is now read
+    by the image probe (run/imageprobe.py), which pulls an image that is not here first: Docker's
+    own lines of that pull are what doctor shows."""
     recipe, _ = parse_recipe(make_recipe(tmp_path, mode="container", image=UNRESOLVABLE), "test")
-    code, said = docker_says("run", "--rm", "--entrypoint", "cat", UNRESOLVABLE, "/opt/slimeforge/flags.json")
+    code, said = docker_says("pull", "--", UNRESOLVABLE)
     assert code != 0
     (finding,) = [f for f in doctor.run_checks(recipe, only=["flags"], network=False).findings if f.level == doctor.ERROR]
     shown = finding.message.splitlines()
