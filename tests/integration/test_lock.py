@@ -6,6 +6,7 @@ file, a replaced file, a package outside the lock, a pin a later step tries to m
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from lock_support import Index, push_tiny_image, router_stack, write_stack
 from slimeforge import paths
 from slimeforge.image import lockcheck, lockfile, uvlock
 from slimeforge.image.build import BuildOptions, prepare
+from slimeforge.image.remedies import remedy
 from slimeforge.image.stack import load_stack
 from slimeforge.image.steps import lock_file, lock_files
 
@@ -193,7 +195,8 @@ def test_check_names_a_stale_lock_and_an_unsatisfied_pin(indexes, tmp_path):
 
 def test_build_refuses_a_stack_without_a_lock_with_the_command_that_makes_one(tmp_path):
     path = write_stack(tmp_path, "nolock")
-    with pytest.raises(lockfile.LockError, match=rf"no lock for nolock; make it with `invoke lock --stack {path}`"):
+    # The one remedy for a missing lock (image/remedies.py), worded as every command words it.
+    with pytest.raises(lockfile.LockError, match=rf"no lock for nolock: {re.escape(remedy('lock', str(path)))}"):
         prepare(BuildOptions(stack=str(path), dry_run=True, build_root=tmp_path / "b", echo=lambda _: None))
 
 
@@ -322,7 +325,9 @@ def test_a_step_builds_its_sdists_after_its_wheels_without_isolation(indexes, tm
     alone = make_venv(tmp_path / "alone")
     sdist_only = tmp_path / "sdist-only.txt"
     sdist_only.write_text(text.split(lockfile.SDIST_MARK, 1)[1])
-    res = steps_sh(tmp_path / "state2", f"sf_lock_install {alone} built {sdist_only}")
+    # Its own uv cache: the first install's cache holds the wheel uv built of this sdist (a fresh venv
+    # takes cached wheels by their sha256), and the point here is a build.
+    res = steps_sh(tmp_path / "state2", f"UV_CACHE_DIR={tmp_path / 'uv-cache-alone'} sf_lock_install {alone} built {sdist_only}")
     assert res.returncode == 1 and "No module named 'sf_helper'" in res.stderr
 
 

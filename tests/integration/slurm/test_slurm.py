@@ -256,8 +256,9 @@ def test_cli_dry_run_and_bad_options(env, slurm_lab):
     inv = INVOKE
     r = subprocess.run([*inv, "run", str(path), "--slurm", "--dry-run", "--nodes", "2", "--out", str(env / "dry")], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+    one_line = re.sub(r" \\\n +", " ", r.stdout)  # the command is printed as multi-line shell, one option a line
     assert re.search(f"sbatch --parsable --chdir={re.escape(str(env / 'dry'))} --comment=slimeforge:[0-9a-f]{{32}} -- "
-                     + re.escape(str(env / "dry" / "slurm.sbatch")), r.stdout), r.stdout
+                     + re.escape(str(env / "dry" / "slurm.sbatch")), one_line), r.stdout
     assert "#SBATCH --nodes=2" in (env / "dry" / "slurm.sbatch").read_text()
     r = subprocess.run([*inv, "run", str(path), "--slurm", "--time", "90", "--out", str(env / "bad")], capture_output=True, text=True)
     assert r.returncode == 2 and "--time: is not a time limit (got '90')" in r.stderr and "Traceback" not in r.stderr
