@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 MARK = re.compile(r"slimeforge: phase (\S+) (\S+) ([0-9]+\.[0-9]+)\s*$")
 UV = re.compile(r"^(Prepared|Installed|Uninstalled) \d+ packages?(?: [a-z ]+?)? in (.+?)\s*$")
-DONE = re.compile(r"slimeforge: step (\S+): done in (\d+)s")
+DONE = re.compile(r"slimeforge: step (?:[0-9]+/[0-9]+ )?(\S+): done in (\d+)s")  # "step N/M NAME" (install.sh), or "step NAME"
 BUILDKIT = re.compile(r"^#([A-Za-z0-9._-]+) [0-9.]+ ")  # a RUN's output line in BuildKit's plain progress (#N), or a step log's (#STEP)
 
 
