@@ -159,7 +159,8 @@ def invoke(args: list[str], env: dict[str, str], log: Path) -> tuple[int, float,
                                 stderr=subprocess.STDOUT, text=True)
         text = []
         for line in proc.stdout:
-            fh.write(line)
+            # Each line with the seconds since the command started: where the time went, from the log alone.
+            fh.write(f"[{time.time() - t0:7.1f}] {line}")
             fh.flush()
             text.append(line)
             sys.stdout.write(line)

@@ -823,6 +823,31 @@ sf_finalize() {
   sf_phase finalize end
 }
 
+# sf_finalize_smoked FINALIZE_ARGS... -- SMOKE_ARGS...: the image's last step. finalize and the smoke
+# test run side by side: the flag catalog is one Python on one core while the smoke test's imports
+# take the others, and both write bytecode, so a module is compiled once, by whichever imports it
+# first, and read by the other (and by every process of a run). Both are waited for, each failure is
+# named, and either fails the step: an image whose smoke test failed is never made. The smoke test's
+# arguments hold no --flags: finalize fails when the catalog cannot be made whole.
+# A BuildKit RUN cannot drop its network on Docker 20.10's builder (no `RUN --network=none`, no
+# `unshare --net`), so the smoke test's HTTP is sent to a closed local port through every proxy
+# variable (Python's HTTP clients, libcurl and gRPC read them): an import that fetches fails as it
+# would offline. `invoke build --verify` runs it again in a container without a network.
+sf_finalize_smoked() {
+  local fin=() fin_pid fin_rc=0 smoke_rc=0 closed=http://127.0.0.1:9
+  while (($#)) && [[ $1 != -- ]]; do fin+=("$1"); shift; done
+  (($#)) || sf_die "sf_finalize_smoked: '--' and the smoke test's arguments are required"
+  shift
+  (PYTHONDONTWRITEBYTECODE="" sf_finalize "${fin[@]}") &
+  fin_pid=$!
+  (PYTHONDONTWRITEBYTECODE="" http_proxy=$closed https_proxy=$closed HTTP_PROXY=$closed HTTPS_PROXY=$closed \
+    all_proxy=$closed ALL_PROXY=$closed grpc_proxy=$closed no_proxy="" NO_PROXY="" sf_smoke "$@") || smoke_rc=$?
+  wait "$fin_pid" || fin_rc=$?
+  ((fin_rc == 0)) || printf 'slimeforge: ERROR: finalize failed (exit %s; its error is above)\n' "$fin_rc" >&2
+  ((smoke_rc == 0)) || printf 'slimeforge: ERROR: the smoke test failed (exit %s; its errors are above)\n' "$smoke_rc" >&2
+  ((fin_rc == 0 && smoke_rc == 0))
+}
+
 # sf_flag_catalog VENV SLIME_DIR MEGATRON_DIR OUT: the flag catalog of slime's real parsers (every
 # parser slime builds, each option with its parser; not `train.py --help`, which only the last
 # parser answers), made by $SF_STATE/flag_catalog.py (slimeforge/scripts/flag_catalog.py) run with
@@ -832,8 +857,11 @@ sf_flag_catalog() {
   [[ -f $SF_STATE/flag_catalog.py ]] || sf_die "flag catalog: $SF_STATE/flag_catalog.py is missing"
   args=(--slime "$slime" --out "$out" --slime-commit "$(sf_git -C "$slime" rev-parse HEAD)")
   if [[ -n $megatron ]]; then args+=(--megatron "$megatron" --megatron-commit "$(sf_git -C "$megatron" rev-parse HEAD)"); fi
-  # PYTHONPATH of the caller must not decide what is imported; no GPU is asked for.
-  PYTHONPATH="" CUDA_VISIBLE_DEVICES="" "$venv/bin/python" "$SF_STATE/flag_catalog.py" "${args[@]}" ||
+  # PYTHONPATH of the caller must not decide what is imported; no GPU is asked for. Bytecode is
+  # written (the image sets PYTHONDONTWRITEBYTECODE for its steps; uv installs none): of the
+  # catalog's 34 s on cu13, 20 s is compiling what slime, SGLang and Megatron import, done here once
+  # and then read by the smoke test and every process of a run (`import sglang` 15 s -> 7 s).
+  PYTHONDONTWRITEBYTECODE="" PYTHONPATH="" CUDA_VISIBLE_DEVICES="" "$venv/bin/python" "$SF_STATE/flag_catalog.py" "${args[@]}" ||
     sf_die "flag catalog: $venv/bin/python could not read slime's parsers in $slime (see above)"
 }
 

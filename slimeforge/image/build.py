@@ -218,6 +218,8 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
         "patch_files": [p.file for p in stack.used_patches()],
         "patches_from": stack.pins().get("patches.dir", ""),
         "finalize_argv": finalize_argv(stack, layout, f"{layout.state}/stack.input.json"),
+        # The smoke test runs in the last step, beside finalize (which makes the flag catalog).
+        "final_smoke_argv": smoke_argv(stack, layout, catalog=False),
         "target_scripts": sorted(TARGET_SCRIPTS | IMAGE_SCRIPTS),
         "venv_sizes_argv": venv_sizes_argv(layout),
         "library_scripts": sorted(LIBRARY_SCRIPTS),
@@ -433,25 +435,31 @@ def _argv(opts: BuildOptions, out: Path, build_args: dict[str, str], labels: dic
 IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")  # what docker build --iidfile writes
 
 
-def smoke_test(client, image_id: str, stack: Stack, built: bool = True) -> str:
-    """Run the stack's smoke checks inside the image; raise BuildError listing the failures.
-    built=False: an image that existed (--verify), whose tags stay as they are."""
+def smoke_test(client, image_id: str, stack: Stack) -> str:
+    """Run the stack's smoke checks again inside an image that exists (--verify), in a container
+    without a network, the flag catalog made again and compared; raise BuildError listing the
+    failures. (A build runs them in the image's last step, beside finalize: `smoke_lines`.)"""
     import docker
 
     layout = image_layout(stack)
-    argv = smoke_argv(stack, layout)
-    if built and "--flags" in argv:
-        # The image's last step (finalize) made the flag catalog from slime's parsers in this image:
-        # making it again here only compares the same code's output with itself (half a minute on cu13).
-        argv.append("--flags-made-now")
     try:
-        out = client.containers.run(image_id, [f"{layout.state}/sf", "smoke", *argv], remove=True,
+        out = client.containers.run(image_id, [f"{layout.state}/sf", "smoke", *smoke_argv(stack, layout)], remove=True,
                                     stdout=True, stderr=True, network_disabled=True)
     except docker.errors.ContainerError as exc:
         text = (exc.stderr or b"").decode(errors="replace")
-        what = "image left untagged" if built else "an existing image, checked again by --verify: rebuild it with --force"
-        raise BuildError(f"smoke test of image {image_id[:19]} failed ({what}):\n{failure_text(text.splitlines())}") from None
+        raise BuildError(f"smoke test of image {image_id[:19]} failed (an existing image, checked again by --verify: rebuild it "
+                         f"with --force):\n{failure_text(text.splitlines())}") from None
     return out.decode(errors="replace")
+
+
+# A line the smoke test printed in the image's last step, as BuildKit's plain progress shows it
+# ("#29 12.34 slimeforge: smoke: import torch ok").
+SMOKE_LINE_RE = re.compile(r"#\d+ \d+(?:\.\d+)? slimeforge: (smoke[ :].*)")
+
+
+def smoke_lines(lines: list[str]) -> list[str]:
+    """What the smoke test said in the build's last step, in order."""
+    return [m.group(1) for line in lines if (m := SMOKE_LINE_RE.fullmatch(line.rstrip("\n")))]
 
 
 def _built_image(client, p: Prepared) -> str | None:
@@ -582,7 +590,7 @@ def build(opts: BuildOptions) -> dict[str, Any]:
         steps, duration, skipped = previous.steps if previous else [], previous.build_duration_s if previous else None, True
         if opts.verify:
             echo("smoke test (--verify) ...")
-            for line in smoke_test(client, image_id, p.stack, built=False).splitlines():
+            for line in smoke_test(client, image_id, p.stack).splitlines():
                 echo(f"  {line}")
     else:
         echo(f"building with BuildKit (every line in {p.dir / LOG}{'' if opts.verbose else '; --verbose shows them'})")
@@ -594,9 +602,14 @@ def build(opts: BuildOptions) -> dict[str, Any]:
         if not image_id:
             raise BuildError(f"docker build of {p.stack.id} wrote no image id ({p.dir / 'image.id'})")
         steps, duration, skipped = [StepTiming.from_dict(s) for s in parse_progress(lines)], round(time.monotonic() - started, 2), False
-        echo("smoke test ...")
-        for line in smoke_test(client, image_id, p.stack).splitlines():
-            echo(f"  {line}")
+        # The last step runs the smoke test and fails when it fails: the build succeeded, so it passed.
+        if any(s.name == "finalize" and s.cached for s in steps):
+            echo("smoke test: passed in the image's last step when BuildKit built it (that step is cached: the same layers; "
+                 "--verify runs it again)")
+        else:
+            echo("smoke test: run in the image's last step, beside finalize:")
+            for line in smoke_lines(lines):
+                echo(f"  {line}")
     in_lock, in_flags = f"{paths.IMAGE_STATE}/{LOCK}", f"{paths.IMAGE_STATE}/{FLAGS}"
     files = read_from_image(client, image_id, [in_lock, in_flags] if slime_source(p.stack) else [in_lock])
     venv_sizes = _venv_sizes(client, image_id, echo)

@@ -337,7 +337,9 @@ def finalize_argv(stack: Stack, layout: Layout, lock_in: str, lock_out: str | No
     return argv + catalog_args(stack, layout)
 
 
-def smoke_argv(stack: Stack, layout: Layout, flags: str | None = None) -> list[str]:
+def smoke_argv(stack: Stack, layout: Layout, flags: str | None = None, catalog: bool = True) -> list[str]:
+    """The smoke test's arguments. catalog=False: no --flags (the image's last step, where finalize
+    beside it makes the catalog and fails when it cannot)."""
     argv = ["smoke", "--venv", layout.venv]
     for m in stack.smoke.all_imports:
         argv += ["--import", m]
@@ -357,7 +359,7 @@ def smoke_argv(stack: Stack, layout: Layout, flags: str | None = None) -> list[s
     for p in stack.used_patches():
         target = site if p.target == "site-packages" else layout.source_dir(stack, p.target)
         argv += ["--patch", f"{p.file}:{p.method}:{p.strip}:{layout.state}/patches/{p.file}:{target}"]
-    if slime_source(stack):
+    if catalog and slime_source(stack):
         argv += ["--flags", flags or f"{layout.state}/flags.json", *catalog_args(stack, layout)]
     return argv
 

@@ -15,7 +15,7 @@ import build_support as bs
 import pytest
 
 from slimeforge.errors import ConfigError
-from slimeforge.image.build import BuildError, BuildOptions, build, docker_cli
+from slimeforge.image.build import HASH_LABEL, BuildError, BuildOptions, build, docker_cli
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -47,8 +47,11 @@ def run_build(env, **kw) -> dict:
 
 @pytest.fixture(scope="module")
 def first(env):
-    # --force: an image of this content may exist from an earlier session (it would be a skip).
-    return run_build(env, force=True)
+    # --no-cache: an image of this content may exist from an earlier session (it would be a skip), or
+    # BuildKit's cache of its steps (the last one, with the smoke test, would not run).
+    said: list[str] = []
+    report = run_build(env, no_cache=True, echo=said.append)
+    return {**report, "said": said}
 
 
 def inspect(ref: str) -> dict:
@@ -92,12 +95,26 @@ def test_build_labels_lock_flags(first, env):
     assert flags["version"] == 2 and [p["add_help"] for p in flags["parsers"]] == [False, False, True]
     assert {"--sglang-mem-fraction-static", "--router-policy", "--debug-train-only"} <= set(flags["flags"])
     assert first["flags"] == str(d / "flags.json")
+
     in_image = subprocess.run(["docker", "run", "--rm", first["tag"], "cat", "/opt/slimeforge/flags.json"], capture_output=True, text=True)
     assert json.loads(in_image.stdout) == flags
     # The user's checkout was only read.
     assert subprocess.run(["git", "-C", str(env["repos"]["slime"]), "status", "--porcelain"], capture_output=True, text=True).stdout == ""
     report = json.loads((d / "report.json").read_text())
     assert {s["name"] for s in report["steps"]} >= {"venv", "build-tools", "six", "libdemo", "idna", "slime", "finalize"}
+
+
+def test_the_smoke_test_runs_in_the_last_step_and_the_image_keeps_its_bytecode(first):
+    """The smoke test ran beside finalize in the image's last step (its lines printed by the build),
+    and the modules the flag catalog and the smoke test imported are in the image as bytecode."""
+    said = first["said"]
+    at = said.index("smoke test: run in the image's last step, beside finalize:")
+    assert "  smoke: import six ok" in said[at:] and any(line.startswith("  smoke test passed") for line in said[at:]), said
+    pyc = subprocess.run(["docker", "run", "--rm", first["tag"], "sh", "-c",
+                          "find /root/slime /opt/venv/lib/python3*/site-packages/__pycache__ -name '*.pyc'"],
+                         capture_output=True, text=True).stdout.split()
+    assert any(p.startswith("/root/slime/slime/") for p in pyc), pyc  # slime's parsers, imported by the flag catalog
+    assert any("/site-packages/__pycache__/six." in p for p in pyc), pyc  # six, imported by the smoke test
 
 
 def test_report_names_the_largest_directories_of_the_venv(first):
@@ -161,8 +178,12 @@ def test_failing_smoke_check_fails_the_build(first, env):
     stack = bs.derived_stack(env["root"] / "smoke.yaml", bs.SLIME_S1, smoke="{imports: [six, no_such_module_xyz]}")
     with pytest.raises(BuildError) as exc:
         build(opts(env, stack=stack))
-    assert "import no_such_module_xyz failed" in str(exc.value)
-    # Left untagged: building again does not take the failed image as up to date.
+    text = str(exc.value)
+    assert "import no_such_module_xyz failed" in text and "the smoke test failed" in text and "finalize failed" not in text
+    # The smoke test runs in the image's last step: no image of this build exists, and building again fails again.
+    build_hash = build(opts(env, stack=stack, dry_run=True))["build_hash"]
+    assert subprocess.run(["docker", "images", "-aq", "--filter", f"label={HASH_LABEL}={build_hash}"], capture_output=True, text=True,
+                          check=True).stdout.strip() == ""
     with pytest.raises(BuildError, match="import no_such_module_xyz failed"):
         build(opts(env, stack=stack))
 

@@ -264,8 +264,14 @@ def test_smoke_imports_every_compiled_piece_and_names_the_gpu_ones(flavor, fa):
     text = render_dockerfile(stack)
     assert "COPY flag_catalog.py kernel_check.py venv_sizes.py /opt/slimeforge/" in text
     assert "COPY steps.sh sf venvlock.py /opt/slimeforge/" in text  # the library's own script, before the first step
-    assert text.rstrip().endswith("--slime /root/slime --megatron /root/Megatron-LM \\\n"
-                                  "    && /opt/venv/bin/python -I /opt/slimeforge/venv_sizes.py /opt/venv /opt/slimeforge/venv-sizes.json")
+    # The last step: finalize (which makes the flag catalog) and the smoke test side by side, the smoke
+    # test without --flags (finalize fails when the catalog cannot be made); then the venv's sizes.
+    last = text[text.index("ARG SOURCE_DATE_EPOCH"):]
+    fin, smoke = last.split("\n    -- ", 1)
+    assert "/opt/slimeforge/sf finalize finalize_smoked /opt/venv " in fin and fin.endswith("--slime /root/slime --megatron /root/Megatron-LM \\")
+    assert smoke.startswith("--venv /opt/venv --import torch ") and "--flags" not in smoke and "--patch megatron.patch:git:1:" in smoke
+    assert smoke_argv(stack, image_layout(stack), catalog=False) == ["smoke", *smoke.split(" \\\n")[0].split(" ")]
+    assert text.rstrip().endswith(" \\\n    && /opt/venv/bin/python -I /opt/slimeforge/venv_sizes.py /opt/venv /opt/slimeforge/venv-sizes.json")
 
 
 def test_base_image_and_tags_are_image_references_before_anything_is_read(tmp_path):

@@ -358,3 +358,50 @@ def test_smoke_imports_run_side_by_side_and_are_reported_in_order(tmp_path):
     assert "smoke: import no_such_mod_a failed:" in said[1] and "No module named 'no_such_mod_a'" in res.stderr
     assert said[0].endswith("import json ok") and said[5].endswith("import shlex ok")
     assert not list(tmp_path.glob("tmp*"))  # the scratch directory is removed
+
+
+def _finalize_smoked(tmp_path: Path, *args: str, fin_rc: int = 0, smoke_rc: int = 0) -> subprocess.CompletedProcess:
+    """sf_finalize_smoked with finalize and the smoke test replaced by functions that say what they were given."""
+    script = r'''source "$1"; shift
+sf_finalize() { printf 'finalize [%s] pyc=[%s] proxy=[%s]\n' "$*" "${PYTHONDONTWRITEBYTECODE-unset}" "${https_proxy-unset}" >&2
+  sleep 0.5; : >"$SF_STATE/fin.done"; return "$FIN_RC"; }
+sf_smoke() { printf 'smoke [%s] pyc=[%s] proxy=[%s %s]\n' "$*" "${PYTHONDONTWRITEBYTECODE-unset}" "$https_proxy" "$HTTP_PROXY" >&2
+  if [[ ! -e $SF_STATE/fin.done ]]; then echo "smoke: finalize still running" >&2; fi; return "$SMOKE_RC"; }
+sf_finalize_smoked "$@"'''
+    return subprocess.run(["bash", "-c", script, "sf", str(LIB), *args], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "SF_STATE": str(tmp_path), "HOME": str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1",
+                               "FIN_RC": str(fin_rc), "SMOKE_RC": str(smoke_rc)})
+
+
+def test_finalize_and_the_smoke_test_run_side_by_side_writing_bytecode(tmp_path):
+    res = _finalize_smoked(tmp_path, "/opt/venv", "in.json", "--", "--venv", "/opt/venv", "--import", "six")
+    assert res.returncode == 0, res.stderr
+    # Each got its own arguments; both write bytecode (the image's steps do not); the smoke test ran while
+    # finalize did; only the smoke test's HTTP goes to a closed port.
+    assert "finalize [/opt/venv in.json] pyc=[] proxy=[unset]" in res.stderr
+    assert "smoke [--venv /opt/venv --import six] pyc=[] proxy=[http://127.0.0.1:9 http://127.0.0.1:9]" in res.stderr
+    assert "smoke: finalize still running" in res.stderr and (tmp_path / "fin.done").exists()
+
+
+@pytest.mark.parametrize("fin_rc,smoke_rc,named", [(1, 0, ["finalize failed (exit 1"]), (0, 3, ["the smoke test failed (exit 3"]),
+                                                   (1, 1, ["finalize failed", "the smoke test failed"])])
+def test_finalize_smoked_fails_naming_what_failed_after_waiting_for_both(tmp_path, fin_rc, smoke_rc, named):
+    res = _finalize_smoked(tmp_path, "/opt/venv", "--", "--venv", "/opt/venv", fin_rc=fin_rc, smoke_rc=smoke_rc)
+    assert res.returncode != 0 and all(f"slimeforge: ERROR: {n}" in res.stderr for n in named), res.stderr
+    assert (tmp_path / "fin.done").exists()  # finalize was waited for, even where the smoke test failed first
+    assert ("finalize failed" in res.stderr) == bool(fin_rc) and ("smoke test failed" in res.stderr) == bool(smoke_rc)
+
+
+def test_finalize_smoked_needs_the_smoke_tests_arguments(tmp_path):
+    res = _finalize_smoked(tmp_path, "/opt/venv", "in.json")
+    assert res.returncode != 0 and "'--' and the smoke test's arguments are required" in res.stderr
+    assert not (tmp_path / "fin.done").exists()  # refused before anything ran
+
+
+def test_smoke_lines_are_read_from_buildkits_progress():
+    from slimeforge.image.build import smoke_lines
+
+    lines = ["#29 0.31 slimeforge: phase smoke imports 1795717981.8", "#29 12.34 slimeforge: smoke: import torch ok\n",
+             "#29 35.1 slimeforge: smoke test passed, with 7 GPU import(s) skipped", "#29 100 slimeforge: smoke: import x ok",
+             "#29 1.0 slimeforge: smoked: no", "#30 exporting layers", "#29 2.0 other: smoke: import y ok"]
+    assert smoke_lines(lines) == ["smoke: import torch ok", "smoke test passed, with 7 GPU import(s) skipped", "smoke: import x ok"]
