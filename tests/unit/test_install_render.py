@@ -41,7 +41,7 @@ def dockerfile_steps(text: str, layout) -> list[tuple[str, list[list[str]]]]:
     steps = []
     for line in joined.splitlines():
         # The compile stages' RUNs (SF_COMPILED_PHASE=compile) are the same steps compiled side by side.
-        if not line.startswith("RUN ") or "/opt/slimeforge/sf " not in line or " finalize finalize " in line or "SF_COMPILED_PHASE=compile" in line:
+        if not line.startswith("RUN ") or "/opt/slimeforge/sf " not in line or " finalize finalize_smoked " in line or "SF_COMPILED_PHASE=compile" in line:
             continue
         # The main stage installs a compiled step's wheels from its compile stage (--wheels DIR);
         # the install script's step compiles them itself in its two phases (sf_run_together).
