@@ -149,10 +149,13 @@ class Probe(Model):
     commands: list[Command] = Field(default_factory=list)
     files: list[AbsPath] = Field(default_factory=list)
     dnf: list[DistroPackage] = Field(default_factory=list)
+    # A package that only makes things faster (ccache): installed where apt can, named and skipped
+    # where it cannot (a host without apt, or without root), never a reason to stop.
+    optional: bool = False
 
     def spec(self, package: str) -> str:
-        """PKG:COMMANDS:FILES:DNF, the form sf_system reads (no field can hold ':' or ',')."""
-        return ":".join([package, ",".join(self.commands), ",".join(self.files), ",".join(self.dnf)])
+        """PKG:COMMANDS:FILES:DNF[:optional], the form sf_system reads (no field can hold ':' or ',')."""
+        return ":".join([package, ",".join(self.commands), ",".join(self.files), ",".join(self.dnf), *(["optional"] if self.optional else [])])
 
 
 class Step(Model):

@@ -52,6 +52,39 @@ def test_a_host_without_apt_is_told_what_is_missing_with_dnf_names(tmp_path):
     assert "git" not in err.split("missing:")[1].split("(apt names)")[0]  # git is there
 
 
+def test_an_optional_package_is_named_and_skipped_where_it_cannot_be_installed(tmp_path):
+    """ccache only makes a compile faster: a host without apt goes on without it; a required package
+    that is missing still stops the step, and the optional one is not in its list."""
+    path = bin_dir(tmp_path, "bash", "cat", "grep", "sed", "awk", "id", "git")
+    res = sf("sf_system", "--need", "git:git::git", "--need", "ccache:sf-no-such-ccache::ccache:optional", state=tmp_path, path=str(path))
+    assert res.returncode == 0, res.stderr
+    assert "system: optional, not installed (no apt-get here, or not root): ccache; the install goes on without them" in res.stderr
+    assert "system: all required packages present" in res.stderr
+    bad = sf("sf_system", "--need", "rsync:sf-no-such-rsync::rsync", "--need", "ccache:sf-no-such-ccache::ccache:optional",
+             state=tmp_path, path=str(path))
+    assert bad.returncode == 1 and "these are missing: rsync (apt names)" in bad.stderr and "dnf install -y rsync\n" in bad.stderr + "\n"
+    # Present (its command is here): neither installed nor named.
+    ok = sf("sf_system", "--need", "git:git::git:optional", state=tmp_path, path=str(path))
+    assert ok.returncode == 0 and "optional" not in ok.stderr
+
+
+def test_compiles_in_place_go_through_ccache_where_it_is_installed(tmp_path):
+    """_sf_with_ccache: CC and CXX through ccache when it is on PATH (once, never twice), untouched without it."""
+    show = ["bash", "-c", 'printf "CC=[%s] CXX=[%s]\\n" "${CC-unset}" "${CXX-unset}"']
+    bash_only = bin_dir(tmp_path, "bash")
+    without = sf("_sf_with_ccache", *show, state=tmp_path, path=str(bash_only))
+    assert without.returncode == 0 and without.stdout == "CC=[unset] CXX=[unset]\n"
+    fake = tmp_path / "cc-bin"
+    fake.mkdir()
+    (fake / "ccache").write_text("#!/bin/sh\nexec \"$@\"\n")
+    (fake / "ccache").chmod(0o755)
+    path = f"{fake}:{bash_only}"
+    plain = sf("_sf_with_ccache", *show, state=tmp_path, path=path)
+    assert plain.stdout == "CC=[ccache gcc] CXX=[ccache g++]\n", plain.stderr
+    theirs = sf("_sf_with_ccache", *show, state=tmp_path, path=path, env={"CC": "clang", "CXX": "ccache clang++"})
+    assert theirs.stdout == "CC=[ccache clang] CXX=[ccache clang++]\n"
+
+
 def test_an_interpreter_that_is_there_is_never_installed(tmp_path):
     # This very interpreter (a venv's or pyenv's, never apt's) has venv and its headers.
     python = sys.executable
