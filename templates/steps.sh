@@ -795,18 +795,22 @@ sf_source_step() {
   sf_lock_verify "$venv" "$step"
 }
 
-# _sf_with_ccache CMD...: CMD with C and C++ compiles through ccache where it is installed (the
+# _sf_with_ccache CMD...: CMD with its C and C++ compiles through ccache where it is installed (the
 # system step installs it where apt can). A checkout built in place (Megatron's editable install
 # compiles its dataset helpers) compiles again on every image build and fresh install: setuptools
-# builds an editable install's extensions in a temporary directory. ccache keys each compile by
-# its preprocessed source, flags and compiler, so a hit is the same object: on cu13, Megatron's
-# install 17.1 s -> 3.5 s. An image build keeps its cache in a BuildKit cache mount.
+# builds an editable install's extensions in a temporary directory. By ccache's own compiler links
+# first on PATH (Debian and Ubuntu: /usr/lib/ccache, RHEL: /usr/lib64/ccache, beside its bin/), the
+# build runs the very commands it runs without it (Python's sysconfig CC: gcc, x86_64-linux-gnu-gcc),
+# each keyed by its preprocessed source, flags and compiler, so a hit is the same object: on cu13,
+# Megatron's install 17.1 s -> 3.5 s. An image build keeps its cache in a BuildKit cache mount.
 _sf_with_ccache() {
-  if ! command -v ccache >/dev/null; then "$@"; return; fi
-  local cc=${CC:-gcc} cxx=${CXX:-g++}
-  [[ $cc == ccache\ * ]] || cc="ccache $cc"
-  [[ $cxx == ccache\ * ]] || cxx="ccache $cxx"
-  CC=$cc CXX=$cxx "$@"
+  local bin dir
+  if bin=$(command -v ccache); then
+    for dir in "${bin%/bin/ccache}/lib/ccache" "${bin%/bin/ccache}/lib64/ccache"; do
+      if [[ -x $dir/gcc && -x $dir/g++ ]]; then PATH="$dir:$PATH" "$@"; return; fi
+    done
+  fi
+  "$@"
 }
 
 # --- read back and verify -------------------------------------------------------------------

@@ -69,20 +69,27 @@ def test_an_optional_package_is_named_and_skipped_where_it_cannot_be_installed(t
 
 
 def test_compiles_in_place_go_through_ccache_where_it_is_installed(tmp_path):
-    """_sf_with_ccache: CC and CXX through ccache when it is on PATH (once, never twice), untouched without it."""
-    show = ["bash", "-c", 'printf "CC=[%s] CXX=[%s]\\n" "${CC-unset}" "${CXX-unset}"']
-    bash_only = bin_dir(tmp_path, "bash")
-    without = sf("_sf_with_ccache", *show, state=tmp_path, path=str(bash_only))
-    assert without.returncode == 0 and without.stdout == "CC=[unset] CXX=[unset]\n"
-    fake = tmp_path / "cc-bin"
-    fake.mkdir()
-    (fake / "ccache").write_text("#!/bin/sh\nexec \"$@\"\n")
-    (fake / "ccache").chmod(0o755)
-    path = f"{fake}:{bash_only}"
-    plain = sf("_sf_with_ccache", *show, state=tmp_path, path=path)
-    assert plain.stdout == "CC=[ccache gcc] CXX=[ccache g++]\n", plain.stderr
-    theirs = sf("_sf_with_ccache", *show, state=tmp_path, path=path, env={"CC": "clang", "CXX": "ccache clang++"})
-    assert theirs.stdout == "CC=[ccache clang] CXX=[ccache clang++]\n"
+    """_sf_with_ccache: ccache's compiler links (lib/ccache beside its bin/) first on PATH, so `gcc`
+    is ccache's and the command is the same; untouched where ccache or its links are absent."""
+    show = ["bash", "-c", 'printf "gcc=[%s] CC=[%s]\\n" "$(command -v gcc)" "${CC-unset}"']
+    host = tmp_path / "host"
+    (host / "bin").mkdir(parents=True)
+    for tool in ("bash", "gcc"):
+        (host / "bin" / tool).symlink_to(shutil.which(tool) or "/bin/false")
+    path = str(host / "bin")
+    without = sf("_sf_with_ccache", *show, state=tmp_path, path=path)
+    assert without.returncode == 0 and without.stdout == f"gcc=[{host}/bin/gcc] CC=[unset]\n", without.stderr
+    (host / "bin" / "ccache").write_text("#!/bin/sh\nexit 0\n")
+    (host / "bin" / "ccache").chmod(0o755)
+    no_links = sf("_sf_with_ccache", *show, state=tmp_path, path=path)
+    assert no_links.stdout == f"gcc=[{host}/bin/gcc] CC=[unset]\n"  # a ccache without its links: compiles as before
+    (host / "lib" / "ccache").mkdir(parents=True)
+    for tool in ("gcc", "g++"):
+        (host / "lib" / "ccache" / tool).symlink_to("../../bin/ccache")
+    linked = sf("_sf_with_ccache", *show, state=tmp_path, path=path)
+    assert linked.stdout == f"gcc=[{host}/lib/ccache/gcc] CC=[unset]\n", linked.stderr
+    theirs = sf("_sf_with_ccache", *show, state=tmp_path, path=path, env={"CC": "clang"})
+    assert theirs.stdout == f"gcc=[{host}/lib/ccache/gcc] CC=[clang]\n"  # the user's CC is theirs
 
 
 def test_an_interpreter_that_is_there_is_never_installed(tmp_path):
