@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import SlimeforgeError
 from ..proc import Runner
 from ..scripts.node_agent import hostport
-from .agent import VERSIONS_SNIPPET, agent, first_line, last_json
+from .agent import VERSIONS_SNIPPET, agent, first_line, last_json, read_nodes
 from .bringup import Node, make_nodes
 from .inventory import Inventory, load_inventory
 from .record import read_state
@@ -58,8 +58,9 @@ def status(inventory: Inventory | str | Path, *, runner: Runner | None = None, c
     if dashboard and head.facts:
         try:
             answer = agent(head.ssh, head.host, "nodes", {"url": f"{dashboard}/api/v0/nodes?limit=10000&detail=false", "timeout": 10}, timeout=60)
+            nodes, _ = read_nodes(answer, head.name)  # validated: every node has node_ip, state, GPUs
             # A host whose Ray was restarted has a DEAD entry beside the ALIVE one: ALIVE wins.
-            for n in sorted(answer.get("nodes", []), key=lambda n: n.get("state") == "ALIVE"):
+            for n in sorted(nodes, key=lambda n: n["state"] == "ALIVE"):
                 cluster_nodes[n["node_ip"]] = n
         except SlimeforgeError:
             pass
