@@ -221,7 +221,7 @@ def live(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
                 differ = weights_differ(head_weights, answer.weights)
                 if differ:
                     bad.append(f"model_dir {recipe.model_dir}: its weight files are not the head's ({differ}); "
-                               f"fix: copy the head's {recipe.model_dir} to this host (same files, same sizes), or put it on a filesystem every host mounts")
+                               f"fix: copy the head's {on_host(recipe.model_dir)} to this host (same files, same sizes), or put it on a filesystem every host mounts")
         if bad:
             raise _Failed(bad)
         return f"{len(items)} path(s) found, {len(answer.weights)} weight file(s)" + (", marker written" if h.is_head else " as the head's")
@@ -388,6 +388,10 @@ def weights_differ(head: dict[str, int], here: dict[str, int]) -> str:
 NODES_PATH = "/api/v0/nodes?limit=10000&detail=false"
 
 
+def _repair(inv: Inventory) -> str:
+    return f"`invoke cluster.up {inv.path}` starts Ray again on the hosts where it is not running (`invoke cluster.status {inv.path}` shows each)"
+
+
 class GateRefused(SlimeforgeError):
     """Ray's ALIVE nodes do not cover num_nodes x num_gpus: nothing was submitted (exit 2)."""
 
@@ -399,8 +403,6 @@ def gate(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
     Callable again at any time (before a restart too): it only reads."""
     from .record import address, read_state
 
-    need = f"num_nodes x num_gpus ({recipe.num_nodes} x {recipe.num_gpus})"
-    repair = f"`invoke cluster.up {inv.path}` starts Ray again on the hosts where it is not running (`invoke cluster.status {inv.path}` shows each)"
     url = address(inv).dashboard.rstrip("/") + NODES_PATH
     state = read_state(inv) or {}
     recorded = state.get("hosts")
@@ -424,7 +426,14 @@ def gate(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
                           f"({first_line(exc)}); nothing was submitted. fix: check the head with `invoke cluster.status {inv.path}`") from None
     if error is not None:
         raise GateRefused(f"cluster {inv.name}: Ray's dashboard on the head {head.name} does not answer ({head.name} says {error!r}); "
-                          f"nothing was submitted. fix: {repair}")
+                          f"nothing was submitted. fix: {_repair(inv)}")
+    return judge(recipe, inv, ip_of, nodes)
+
+
+def judge(recipe: Recipe, inv: Inventory, ip_of: dict[str, str | None], nodes: list[dict[str, Any]]) -> str:
+    """The gate's verdict on Ray's node list (read_nodes'): a line when the ALIVE nodes cover the
+    recipe, else GateRefused naming every inventory host that is not ALIVE with its GPUs."""
+    need = f"num_nodes x num_gpus ({recipe.num_nodes} x {recipe.num_gpus})"
     verdict = node_agent.gate(nodes, {ip: h.gpus for h in inv.hosts if (ip := ip_of[h.name])})
     alive = [n for n in nodes if n["state"] == "ALIVE"]
     by_ip = {ip: name for name, ip in ip_of.items() if ip}
@@ -438,7 +447,7 @@ def gate(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
             lines = [f"  {by_ip.get(n['node_ip'], n['node_ip'] + ' (not in the inventory)')}: ALIVE with {node_agent.node_gpus(n)} GPU(s)" for n in alive]
         raise GateRefused(f"cluster {inv.name}: Ray's ALIVE nodes do not cover {need}: {len(fits)} node(s) with {recipe.num_gpus} GPU(s) "
                           f"or more, {gpus} GPU(s) in all; nothing was submitted (slime would wait for the missing GPUs without end):\n"
-                          + "\n".join(lines) + f"\nfix: {repair}; or lower num_nodes")
+                          + "\n".join(lines) + f"\nfix: {_repair(inv)}; or lower num_nodes")
     note = "" if not down else "; not ALIVE, not needed: " + ", ".join(f"{name} ({why})" for name, why in down.items())
     return f"[slimeforge] cluster {inv.name}: Ray has {len(alive)} ALIVE node(s) with {gpus} GPU(s): covers {need}{note}"
 

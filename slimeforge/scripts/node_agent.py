@@ -493,8 +493,9 @@ def read_config(config):
     out = {}  # type: dict[str, object]
     for k in CONFIG_KEYS:
         v = doc.get(k)
-        if k == "tie_word_embeddings" and isinstance(v, bool):
-            out[k] = v
+        if k == "tie_word_embeddings":
+            if isinstance(v, bool):
+                out[k] = v
         elif type(v) is int and 0 < v < CONFIG_INT_MAX:
             out[k] = v
     return out, None
