@@ -190,7 +190,7 @@ def live(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
         return SHARED_FIX
 
     def problems_of(host: str, answer: RunAnswer, back: dict[str, str]) -> list[str]:
-        return [f"{what} {back.get(path, path)}: {host_words(host, why)}; fix: {fix(what, why)}" for what, path, why in answer.problems]
+        return [f"{what} {printable(back.get(path, path))}: {host_words(host, why)}; fix: {fix(what, why)}" for what, path, why in answer.problems]
 
     ck_dir = recipe.resolved_checkpoint_dir
     head_weights: dict[str, int] | None = None  # the head's weight files, once its first round answered
@@ -284,7 +284,7 @@ AGENT_WHY = frozenset({
     "is not a path", "is not an absolute path", "no such file here", "is not a readable file", "no such directory here",
     "has no readable config.json here", "is not an absolute path with a 32-hex-digit token",
     "is not the head's filesystem: the marker the head wrote there is not here", "config.json is not a regular file",
-    "config.json is not a JSON object", f"is not a usable path (a NUL byte, or longer than {node_agent.PATH_MAX} characters)",
+    "config.json is not a JSON object", node_agent.UNUSABLE_PATH,
     f"has more than {node_agent.MAX_WEIGHT_FILES} weights files",
 })
 AGENT_WHY_PREFIX = ("config.json cannot be opened: ", "config.json cannot be read: ", "config.json is not JSON: ", "config.json is ",
@@ -417,8 +417,8 @@ def gate(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
         ip_of[h.name] = ip
     head = next(n for n in make_nodes(inv, runner, control_dir) if n.host.is_head)
     try:
-        nodes, error = read_nodes(agent(head.ssh, head.host, "nodes", {"url": url, "timeout": 10}, timeout=inv.ssh_options.connect_timeout + 30),
-                                  head.name)
+        answer = agent(head.ssh, head.host, "nodes", {"url": url, "timeout": 10}, timeout=inv.ssh_options.connect_timeout + 30)
+        nodes, error = read_nodes(answer, head.name)
     except OddAnswer:
         raise
     except SlimeforgeError as exc:
@@ -427,10 +427,12 @@ def gate(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
     if error is not None:
         raise GateRefused(f"cluster {inv.name}: Ray's dashboard on the head {head.name} does not answer ({head.name} says {error!r}); "
                           f"nothing was submitted. fix: {_repair(inv)}")
-    return judge(recipe, inv, ip_of, nodes)
+    odd = answer.get("odd")
+    odd = [printable(x[:200]) for x in odd[:20] if isinstance(x, str)] if isinstance(odd, list) else []
+    return judge(recipe, inv, ip_of, nodes, odd)
 
 
-def judge(recipe: Recipe, inv: Inventory, ip_of: dict[str, str | None], nodes: list[dict[str, Any]]) -> str:
+def judge(recipe: Recipe, inv: Inventory, ip_of: dict[str, str | None], nodes: list[dict[str, Any]], odd: Sequence[str] = ()) -> str:
     """The gate's verdict on Ray's node list (read_nodes'): a line when the ALIVE nodes cover the
     recipe, else GateRefused naming every inventory host that is not ALIVE with its GPUs."""
     need = f"num_nodes x num_gpus ({recipe.num_nodes} x {recipe.num_gpus})"
@@ -447,7 +449,9 @@ def judge(recipe: Recipe, inv: Inventory, ip_of: dict[str, str | None], nodes: l
             lines = [f"  {by_ip.get(n['node_ip'], n['node_ip'] + ' (not in the inventory)')}: ALIVE with {node_agent.node_gpus(n)} GPU(s)" for n in alive]
         raise GateRefused(f"cluster {inv.name}: Ray's ALIVE nodes do not cover {need}: {len(fits)} node(s) with {recipe.num_gpus} GPU(s) "
                           f"or more, {gpus} GPU(s) in all; nothing was submitted (slime would wait for the missing GPUs without end):\n"
-                          + "\n".join(lines) + f"\nfix: {_repair(inv)}; or lower num_nodes")
+                          + "\n".join(lines)
+                          + ("".join(f"\n  (the dashboard's list, an entry left out: {x!r})" for x in odd))
+                          + f"\nfix: {_repair(inv)}; or lower num_nodes")
     note = "" if not down else "; not ALIVE, not needed: " + ", ".join(f"{name} ({why})" for name, why in down.items())
     return f"[slimeforge] cluster {inv.name}: Ray has {len(alive)} ALIVE node(s) with {gpus} GPU(s): covers {need}{note}"
 

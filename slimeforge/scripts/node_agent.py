@@ -447,14 +447,19 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 WEIGHT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,254}")
 MAX_WEIGHT_FILES = 10000
 PATH_MAX = 4096
+UNUSABLE_PATH = f"is not a usable path (a NUL byte, a character no file name holds, or longer than {PATH_MAX} characters)"
 
 
 def path_problem(path):
     """Why `path` (from the caller's JSON) cannot be looked at here, or None."""
     if not isinstance(path, str) or not path:
         return "is not a path"
+    try:
+        path.encode("utf-8", "surrogateescape")  # a lone surrogate has no bytes: no file has that name
+    except UnicodeEncodeError:
+        return UNUSABLE_PATH
     if "\0" in path or len(path) > PATH_MAX:
-        return f"is not a usable path (a NUL byte, or longer than {PATH_MAX} characters)"
+        return UNUSABLE_PATH
     if not os.path.isabs(path):
         return "is not an absolute path"
     return None
@@ -542,7 +547,7 @@ def cmd_runcheck(p):
         what, path, kind = item["what"], item["path"], item["kind"]
         why = path_problem(path)
         if why:
-            bad(what, path if isinstance(path, str) and "\0" not in path else ascii(path), why)
+            bad(what, path if isinstance(path, str) else ascii(path), why)
         elif kind == "file" and not (os.path.isfile(path) and os.access(path, os.R_OK)):
             bad(what, path, "no such file here" if not os.path.exists(path) else "is not a readable file")
         elif kind == "dir" and not os.path.isdir(path):
@@ -566,7 +571,7 @@ def cmd_runcheck(p):
     if ck:
         d, token = ck["dir"], ck["token"]
         if path_problem(d) or not (isinstance(token, str) and re.fullmatch(r"[0-9a-f]{32}", token)):
-            bad("checkpoint_dir", d if isinstance(d, str) and "\0" not in d else ascii(d), "is not an absolute path with a 32-hex-digit token")
+            bad("checkpoint_dir", d if isinstance(d, str) else ascii(d), "is not an absolute path with a 32-hex-digit token")
             return out
         marker = os.path.join(d, MARKER_PREFIX + token)
         try:
@@ -588,8 +593,10 @@ def cmd_runcheck(p):
             if read_marker(marker) != token:  # "" when it is not there, or not a regular file
                 bad("checkpoint_dir", d, "is not the head's filesystem: the marker the head wrote there is not here")
         if ck.get("remove"):
-            if os.path.lexists(marker):
+            try:
                 os.remove(marker)
+            except OSError:
+                pass  # gone already, or not ours to remove (a directory by that name): a leftover is never read again
     return out
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from slimeforge.cluster.agent import agent_source
+from slimeforge.scripts.node_agent import UNUSABLE_PATH
 
 OLDEST = Path("/root/.pyenv/versions/3.8.18/bin/python")  # the oldest python3 the agent supports
 
@@ -153,7 +154,7 @@ def test_a_nul_in_a_path_is_a_problem(tmp_path):
                                            {"what": "data_path", "path": "/d\0", "kind": "file"}],
                                  "checkpoint": {"dir": f"{tmp_path}/c\0k", "token": secrets.token_hex(16), "write": True}})
     assert [p["what"] for p in out["problems"]] == ["model_dir", "data_path", "checkpoint_dir"]
-    assert whys(out)[:2] == ["is not a usable path (a NUL byte, or longer than 4096 characters)"] * 2
+    assert whys(out)[:2] == [UNUSABLE_PATH] * 2
 
 
 def test_a_failing_command_still_answers_json(tmp_path):
@@ -226,3 +227,16 @@ def test_gate_reads_a_raw_list_with_odd_entries():
         "10.0.0.3": (True, "10.0.0.3 ALIVE, 2 GPU(s)"),
     }
     assert gate({"not": "a list"}, {"10.0.0.1": 1})["10.0.0.1"][0] is False
+
+
+def test_a_path_with_a_lone_surrogate_is_a_problem(tmp_path):
+    out = run_agent("runcheck", {"paths": [{"what": "model_dir", "path": f"{tmp_path}/m\ud800", "kind": "model"},
+                                           {"what": "data_path", "path": f"{tmp_path}/d\ud800", "kind": "file"}]})
+    assert whys(out) == [UNUSABLE_PATH] * 2
+
+
+def test_a_marker_that_is_a_directory_is_left_alone(tmp_path):
+    token = secrets.token_hex(16)
+    (tmp_path / f".slimeforge-fs-{token}").mkdir()
+    out = run_agent("runcheck", {"checkpoint": {"dir": str(tmp_path), "token": token, "remove": True}})
+    assert out["problems"] == [] and (tmp_path / f".slimeforge-fs-{token}").is_dir()

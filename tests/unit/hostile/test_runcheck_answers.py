@@ -282,3 +282,9 @@ def test_checkpoint_bytes_never_trusts_a_value(weights, config):
 
 def test_the_answers_are_json_the_agent_can_send():
     json.dumps(good("a", {"paths": []}))
+
+
+def test_the_gate_shows_the_entries_it_could_not_read_quoted(tmp_path):
+    with pytest.raises(runcheck.GateRefused) as e:
+        runcheck.judge(recipe(tmp_path), inventory(tmp_path), IPS, [node("10.0.0.1"), node("10.0.0.2")], ["entry 2 node_ip is not an IP address: None"])
+    assert "(the dashboard's list, an entry left out: 'entry 2 node_ip is not an IP address: None')" in str(e.value)
