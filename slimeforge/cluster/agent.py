@@ -59,7 +59,7 @@ def last_json(text: str) -> dict[str, Any]:
                 continue
             if isinstance(doc, dict):
                 return doc
-    raise SlimeforgeError(f"expected a JSON object line in the output, got: {shown(text.strip()[-500:], 600)}")
+    raise SlimeforgeError(f"expected a JSON line (one object) in the output, got: {shown(text.strip()[-500:], 600)}")
 
 
 def agent(ssh: SSH, host: Host, command: str, params: dict[str, Any], timeout: float) -> dict[str, Any]:
