@@ -38,9 +38,9 @@ class OddAnswer(SlimeforgeError):
     """A host's answer that is not what the node agent sends (exit 2: nothing was started on it).
     Names the host, the command and what came back, quoted (shown: no control characters)."""
 
-    def __init__(self, host: str, command: str, why: str, value: object = None):
+    def __init__(self, host: str, command: str, why: str, value: object = ...):
         self.host, self.command = host, command
-        got = f" (got {shown(value)})" if value is not None else ""
+        got = f" (got {shown(value)})" if value is not ... else ""
         super().__init__(f"host {host}: the node agent's {command} answer {why}{got}; nothing was done with it: "
                          f"check what runs as python3 there (the node agent runs with it) and what prints at login")
 

@@ -330,8 +330,9 @@ def read_answer(host: str, answer: dict[str, Any], paths: set[str], whats: set[s
     name only a path and field it was asked about. Anything else is an OddAnswer naming the host."""
     if "error" in answer:  # the agent itself failed there (main's catch-all): its words, quoted
         err = answer["error"]
-        raise OddAnswer(host, "runcheck", "is an error" + (f": {printable(err[:500])!r}" if isinstance(err, str) else ""),
-                        None if isinstance(err, str) else err)
+        if isinstance(err, str):
+            raise OddAnswer(host, "runcheck", f"is the agent's own failure there: {printable(err[:500])!r}")
+        raise OddAnswer(host, "runcheck", "is an error that is not text", err)
     raw = answer.get("problems")
     if not isinstance(raw, list) or len(raw) > MAX_PROBLEMS:
         raise OddAnswer(host, "runcheck", f"has no list of problems (at most {MAX_PROBLEMS})", raw)
