@@ -244,7 +244,8 @@ def live(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
 
     with table:
         try:
-            failures = parallel(nodes, first, table, "paths")
+            # The head first: the workers wait for its weight list, and the pool runs at most 32 at once.
+            failures = parallel(sorted(nodes, key=lambda n: not n.host.is_head), first, table, "paths")
             head = answers.get(inv.head.name)
             if head is not None:
                 check.need_bytes, check.how = checkpoint_bytes(head.weights_bytes, head.config)
