@@ -175,6 +175,7 @@ def sbatch_vars(recipe: Recipe, run_dir: Path, opts: Options, mounts: tuple[Moun
                                     "programs": [] if container else [ray],
                                     "visible": {"path": str(run_dir / VISIBLE), "token": marker},
                                     "paths": node_paths(recipe, image_file), "checkpoint": checkpoint}),
+        "table_params": json.dumps({"gpus": recipe.num_gpus}),
         "mark_params": json.dumps({"checkpoint": checkpoint}),
         "unmark_params": json.dumps({"checkpoint": checkpoint, "remove": True}),
         "head_params": json.dumps({"argv": ray_argv(recipe, ray_cmd, head=True)}),
