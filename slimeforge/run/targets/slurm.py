@@ -222,7 +222,9 @@ class SlurmTarget(Target):
         if self.opts.squashfs_dir is None:
             return ref, info
         sqsh = enroot.squashfs_file(self.opts.squashfs_dir, recipe.image)
-        return str(sqsh), {**info, "squashfs": str(sqsh)}
+        # What is at the digest's name is judged by its content and slimeforge's record of it: the
+        # pinned image as imported (used), nothing (imported), anything else (refused, named).
+        return str(sqsh), {**info, "squashfs": str(sqsh), "squashfs_ready": enroot.squashfs_ready(sqsh, recipe.image)}
 
     def mounts(self, run: ResolvedRun) -> tuple[Mount, ...]:
         return container_mounts(run.recipe, run.out) if run.recipe.mode == "container" else ()
@@ -252,7 +254,7 @@ class SlurmTarget(Target):
         argv = sbatch_argv(rundir.path, token)
         commands = []
         sqsh = image_info.get("squashfs")
-        if sqsh and not os.path.lexists(sqsh):  # one pull, here, for every node (and every later run: the name is the digest)
+        if sqsh and not image_info["squashfs_ready"]:  # one pull, here, for every node (and every later run, while the record holds)
             commands.append(Command(tuple(enroot.import_argv(image_info["reference"], enroot.partial(Path(sqsh), token))), "enroot import"))
         # sbatch hands its environment to the job (--export=ALL, Slurm's default): launch.sh reads the token there.
         commands.append(Command(tuple(argv), "sbatch", (("SLIMEFORGE_RUN_TOKEN", token),)))
@@ -290,8 +292,12 @@ class SlurmTarget(Target):
         Path(plan.run.recipe.resolved_checkpoint_dir).mkdir(parents=True, exist_ok=True)
         run_dir = plan.rundir.path
         assert plan.run_token is not None, "a Slurm plan carries its run token"
+        sqsh = plan.rundir.plan["slurm"].get("squashfs")
         for cmd in plan.commands[:-1]:  # enroot import: once, before a node is allocated
-            import_squashfs(cmd, Path(plan.rundir.plan["slurm"]["squashfs"]), runner, say)
+            import_squashfs(cmd, Path(sqsh), runner, say, plan.run.recipe.image)
+        if sqsh and not runner.dry_run and not enroot.squashfs_ready(Path(sqsh), str(plan.run.recipe.image)):
+            raise ConfigError("--squashfs-dir", [Problem(sqsh, "was there when the launch was planned, and is gone now", None,
+                                                         "run again: the launch imports it", show_value=False)])
         job_id = submit(run_dir, plan.commands[-1], runner, plan.run_token)
         if runner.dry_run:
             return 0
@@ -319,24 +325,19 @@ class SlurmTarget(Target):
         return stop(rundir, runner=runner, say=say)  # Ray in the allocation ends with the job: `head` adds nothing
 
 
-def import_squashfs(cmd: Command, sqsh: Path, runner: Runner, say: Say) -> None:
-    """`enroot import` to a partial file beside `sqsh`, renamed into place once complete (all or
-    nothing); a file another run put there meanwhile is the same image (its name is the digest)."""
+def import_squashfs(cmd: Command, sqsh: Path, runner: Runner, say: Say, image: str | None = None) -> None:
+    """`enroot import` to a partial file beside `sqsh`, checked (a whole squashfs), hashed, linked
+    into place and recorded (enroot.record_import: all or nothing); a file another run put there
+    meanwhile is used only when it is the recorded import of this image."""
     partial = Path(cmd.argv[cmd.argv.index("--output") + 1])
     say(f"[slimeforge] importing the image once, for every node: {sqsh}")
     try:
         runner.run(list(cmd.argv), step=cmd.step, capture=False)
-    except BaseException:
-        if partial.is_file() and not partial.is_symlink():
+        if not runner.dry_run:
+            enroot.record_import(partial, sqsh, image or "")
+    finally:
+        if os.path.lexists(partial) and not os.path.islink(partial) and os.path.isfile(partial):
             partial.unlink()  # ours: its name carries this launch's token
-        raise
-    if runner.dry_run:
-        return
-    try:
-        os.link(partial, sqsh)  # never over a file: one another run imported meanwhile is this image too (its name is the digest)
-    except FileExistsError:
-        pass
-    partial.unlink()
 
 
 def submit(run_dir: Path, sbatch: Command, runner: Runner, run_token: str) -> str:

@@ -136,7 +136,7 @@ def enroot_findings(recipe: Recipe, planned: dict, squashfs_dir: str | None) -> 
         return []
     found = []
     sqsh = planned.get("squashfs")
-    have_file = isinstance(sqsh, str) and os.path.isfile(sqsh)
+    have_file = isinstance(sqsh, str) and planned.get("squashfs_ready") is True  # judged by content at plan time (enroot.squashfs_ready)
     if planned.get("enroot"):
         form = f"squashfs {sqsh}" + (" (there: nothing to pull)" if have_file else " (imported once, before sbatch)") if sqsh else planned["reference"]
         found.append(F("slurm-enroot", doctor.OK, f"enroot {planned['enroot']} on this login node: the image as {form}"))
