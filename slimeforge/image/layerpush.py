@@ -183,9 +183,9 @@ def _read_save(chunks: Iterable[bytes], workdir: Path, level: int) -> tuple[dict
     return blobs, links
 
 
-def read_save(docker, image_id: str, workdir: Path, level: int) -> tuple[dict[str, _Blob], dict[str, str]]:
-    """`docker save` of `image_id`, every member read (and the large ones compressed) through
-    `_read_save`. A stream that is not a tar, is cut short, or fails midway (the Engine, the
+def read_image(docker, image_id: str, workdir: Path, level: int) -> tuple[bytes, list[_Blob]]:
+    """`docker save` of `image_id`: its config and its layers, each checked against the config and
+    compressed (`_read_save`, `_image_parts`). A stream that is not a tar, is cut short, or fails midway (the Engine, the
     connection to it, the disk the compressed layers go to) is a LayerPushError naming the image and
     the step, before anything is uploaded: the whole archive is read and checked first."""
     import requests
@@ -195,7 +195,11 @@ def read_save(docker, image_id: str, workdir: Path, level: int) -> tuple[dict[st
 
     step = f"docker save of image {image_id}"
     try:
-        return _read_save(docker.api.get_image(image_id, chunk_size=CHUNK), workdir, level)
+        blobs, links = _read_save(docker.api.get_image(image_id, chunk_size=CHUNK), workdir, level)
+        config, layers = _image_parts(blobs, links, image_id)
+        for blob in layers:
+            _finish_small(blob, workdir, level)
+        return config, layers
     except LayerPushError as exc:
         raise LayerPushError(f"{step}: {str(exc).removeprefix('docker save: ')}; nothing was pushed") from None
     except (tarfile.TarError, EOFError) as exc:
@@ -286,12 +290,10 @@ def push(docker, image_id: str, api: RegistryAPI, repository: str, tags: list[st
     result = PushResult()
     with tempfile.TemporaryDirectory(prefix="sf-layerpush-", dir=workdir) as tmp:
         echo(f"reading image {image_id[:19]} from the Docker Engine and compressing its layers ({compression} level {level})")
-        blobs, links = read_save(docker, image_id, Path(tmp), level)
-        config, layers = _image_parts(blobs, links, image_id)
+        config, layers = read_image(docker, image_id, Path(tmp), level)
         descriptors = []
         for i, blob in enumerate(layers, 1):
-            _finish_small(blob, Path(tmp), level)
-            assert blob.compressed is not None
+            assert blob.compressed is not None  # read_image compressed every layer
             upload_s = None
             if api.has_blob(repository, blob.compressed_sha256, blob.compressed_size):
                 echo(f"  layer {i}/{len(layers)} {blob.compressed_sha256[7:19]}  already in the registry")

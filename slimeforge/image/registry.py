@@ -135,7 +135,9 @@ class _Deadline:
     def __exit__(self, *exc: object) -> None:
         self._timer.cancel()
 
-    def track(self, conn: http.client.HTTPConnection) -> None:
+    def track(self, conn: http.client.HTTPConnection | socket.socket) -> None:
+        """A connection while it connects (its socket during the TLS handshake), then its socket:
+        urllib lets go of the connection once the headers are read, the body still comes through the socket."""
         with self._lock:
             self._conns.append(conn)
             if self.expired:
@@ -148,11 +150,11 @@ class _Deadline:
                 _shut(conn)
 
 
-def _shut(conn: http.client.HTTPConnection) -> None:
-    sock = conn.sock
+def _shut(conn: http.client.HTTPConnection | socket.socket) -> None:
+    sock = conn.sock if isinstance(conn, http.client.HTTPConnection) else conn
     if sock is not None:
         try:
-            sock.shutdown(socket.SHUT_RDWR)
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the plain socket's: wakes a read blocked under TLS too
         except OSError:
             pass
 
@@ -167,9 +169,12 @@ class _DeadlineHandlers:
         def tracked(base: type[http.client.HTTPConnection]) -> type[http.client.HTTPConnection]:
             class Tracked(base):  # type: ignore[valid-type,misc]
                 def connect(self) -> None:
-                    if outer.current is not None:
-                        outer.current.track(self)
+                    deadline = outer.current
+                    if deadline is not None:
+                        deadline.track(self)
                     super().connect()
+                    if deadline is not None and self.sock is not None:
+                        deadline.track(self.sock)
             return Tracked
 
         plain, tls = tracked(http.client.HTTPConnection), tracked(http.client.HTTPSConnection)
