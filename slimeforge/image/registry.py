@@ -123,7 +123,7 @@ class _Deadline:
     def __init__(self, seconds: float):
         self.seconds = seconds
         self.expired = False
-        self._conns: list[http.client.HTTPConnection] = []
+        self._conns: list[http.client.HTTPConnection | socket.socket] = []
         self._lock = threading.Lock()
         self._timer = threading.Timer(seconds, self._expire)
         self._timer.daemon = True
@@ -180,11 +180,11 @@ class _DeadlineHandlers:
         plain, tls = tracked(http.client.HTTPConnection), tracked(http.client.HTTPSConnection)
 
         class Http(urllib.request.HTTPHandler):
-            def http_open(self, req):  # type: ignore[no-untyped-def]
+            def http_open(self, req):
                 return self.do_open(plain, req)
 
         class Https(urllib.request.HTTPSHandler):
-            def https_open(self, req):  # type: ignore[no-untyped-def]
+            def https_open(self, req):
                 return self.do_open(tls, req, context=ctx)
 
         self.handlers = [Http(), Https()]
@@ -208,10 +208,11 @@ class RemoteManifest:
             raise RegistryError(f"{where}: manifest is not JSON ({printable(str(exc))[:200]})") from None
         if not isinstance(doc, dict):
             raise RegistryError(f"{where}: manifest is not a JSON object")
-        config = doc.get("config") if isinstance(doc.get("config"), dict) else {}
-        config_digest = config.get("digest") if isinstance(config.get("digest"), str) and _DIGEST_RE.fullmatch(config["digest"]) else None
-        kind = doc.get("mediaType") if isinstance(doc.get("mediaType"), str) else media_type
-        return cls(digest, printable(kind)[:200], config_digest, body)
+        config = doc.get("config")
+        found = config.get("digest") if isinstance(config, dict) else None
+        config_digest = found if isinstance(found, str) and _DIGEST_RE.fullmatch(found) else None
+        kind = doc.get("mediaType")
+        return cls(digest, printable(kind if isinstance(kind, str) else media_type)[:200], config_digest, body)
 
     @property
     def layer_compression(self) -> str | None:

@@ -106,7 +106,7 @@ def read_answer(line):
     problems = doc.get("problems")
     if not (isinstance(problems, list) and len(problems) <= PROBLEMS_MAX and all(isinstance(x, str) for x in problems)):
         return node, None, f"its answer's problems are not a list of at most {PROBLEMS_MAX} texts: {printable(repr(problems), 120)}"
-    answer = {"problems": [printable(x, PROBLEM_MAX_CHARS) for x in problems]}
+    answer: dict = {"problems": [printable(x, PROBLEM_MAX_CHARS) for x in problems]}
     if problems:
         return node, answer, None  # its own problems fail it; the rest need not be there
     ip, dev, seen = _ip(doc.get("ip")), doc.get("dev"), doc.get("gpus_seen")
@@ -123,8 +123,9 @@ def read_answer(line):
 def read_checks(path, nodes, gpus=0):
     """Every node's answer in `path` against the allocation's `nodes`: {node: answer}, each answer
     with "problems" (empty when the node passed), and the lines that named no node of the allocation."""
-    problems = {n: [] for n in nodes}
-    answers, stray = {}, []
+    problems: dict = {n: [] for n in nodes}
+    answers: dict = {}
+    stray: list = []
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
     except OSError as exc:
@@ -141,7 +142,7 @@ def read_checks(path, nodes, gpus=0):
         os.close(fd)
     if len(data) > CHECKS_MAX_BYTES:
         return {n: {"problems": [f"{path} is over {CHECKS_MAX_BYTES} bytes: not the nodes' answers"]} for n in nodes}, stray
-    count = {}
+    count: dict = {}
     for raw in data.decode("utf-8", errors="replace").splitlines():
         if not raw.strip():
             continue
@@ -156,7 +157,7 @@ def read_checks(path, nodes, gpus=0):
                 problems[node].append(why)
         elif count[node] == 2:
             problems[node].append("answered more than once (which answer is this node's?)")
-    by_ip = {}
+    by_ip: dict = {}
     for node in nodes:
         a = answers.get(node)
         if a is None and not problems[node]:

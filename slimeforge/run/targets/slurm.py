@@ -29,8 +29,9 @@ from typing import IO, Any
 
 from ... import __version__, records, scripts
 from ...atomic import write_file
-from ...errors import ConfigError, Problem, SlimeforgeError
+from ...errors import ConfigError, OperationFailed, Problem, SlimeforgeError
 from ...proc import Runner
+from ...schema import printable
 from ...templating import render
 from .. import ownership
 from ..recipe import Recipe
@@ -349,9 +350,14 @@ def submit(run_dir: Path, sbatch: Command, runner: Runner, run_token: str) -> st
     result = runner.run(list(sbatch.argv), step=sbatch.step, env=dict(sbatch.set_env))
     if runner.dry_run:
         return "DRYRUN"
-    job_id = result.stdout.strip().split(";")[0]  # --parsable: "ID" or "ID;CLUSTER"
+    lines = [line.strip() for line in result.stdout[:1 << 16].splitlines() if line.strip()]
+    m = re.fullmatch(r"([0-9]{1,12})(?:;[A-Za-z0-9_.-]{1,64})?", lines[0]) if len(lines) == 1 else None  # --parsable: "ID" or "ID;CLUSTER"
+    job_id = m.group(1) if m else ""
     if not JOB_ID_RE.fullmatch(job_id):
-        raise SlimeforgeError(f"sbatch: expected a job id, got {result.stdout.strip()!r}")
+        # sbatch exited 0: a job may be queued that this run cannot name. Say so, never guess its id.
+        raise OperationFailed(f"sbatch: expected a job id (--parsable: ID or ID;CLUSTER), got {printable(result.stdout[:300])!r}; "
+                              f"a job may have been queued all the same: `squeue --me -o '%i %j %k'` lists your jobs with their comments "
+                              f"(this run's is {ownership.SLURM_COMMENT_PREFIX}{run_token}); `scancel ID` it if it is there")
     write_file(run_dir / "slurm_job_id", job_id + "\n")
     write_file(run_dir / "slurm_submitted_at", f"{submitted_at:.3f}\n")
     return job_id
@@ -482,7 +488,7 @@ def stop(run_dir: str | os.PathLike, runner: Runner | None = None, say=print) ->
         return 1
     r = runner.run(["scancel", "--", job_id], step="scancel", check=False, timeout=60)
     if r.returncode != 0:
-        say(f"failed: scancel {job_id} exited with {r.returncode}: {(r.stderr or r.stdout).strip()[-300:]}")
+        say(f"failed: scancel {job_id} exited with {r.returncode}: {printable((r.stderr or r.stdout).strip()[-300:])!r}")
         return 1
     say(f"stopped: Slurm job {job_id}: cancel sent (Ray and the job in the allocation stop with it)")
     return 0
