@@ -348,7 +348,7 @@ class RegistryAPI:
         *,
         certs_dir: Path = DOCKER_CERTS_DIR,
         timeout: float = 30.0,
-        deadline: float = DEADLINE_S,
+        deadline: float | None = None,
         retry: Retry | None = None,
         echo: Callable[[str], None] = print,
         insecure: Iterable[str] = (),
@@ -356,7 +356,7 @@ class RegistryAPI:
         self.registry = registry
         self.credentials = credentials
         self.timeout = timeout
-        self.deadline = deadline
+        self.deadline = deadline or DEADLINE_S  # read here, not at import: a test (or a caller) may set the module's
         self.retry = retry or Retry()
         self.echo = echo
         self.plain_http = plain_http_allowed(registry, insecure)
