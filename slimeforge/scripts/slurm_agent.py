@@ -286,7 +286,7 @@ def main(argv):
         return 2
     try:
         result = COMMANDS[argv[1]](json.loads(argv[2]))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
         # One line for the job's output, never a traceback: the batch script stops on the exit status.
         sys.stderr.write(f"slurm_agent {argv[1]}: {type(exc).__name__}: {printable(exc)}\n")
         sys.stdout.write(json.dumps({"ok": False, "error": printable(exc)}) + "\n")

@@ -51,6 +51,10 @@ MAX_NODES = 4096
 RAY_AGENT_PORT = 52365  # the dashboard agent's port, fixed (as cluster.up) so the checks can test it
 START_TIMEOUT_S = 300
 VISIBLE = "visible.token"  # in the run directory: each node reads it back (the run directory is shared)
+# Bounded waits: sbatch retries a controller that does not answer for a while (MessageTimeout,
+# its own retries), then gives up; an import pulls the whole image once (tens of GB at worst).
+SBATCH_TIMEOUT_S = 300
+IMPORT_TIMEOUT_S = 4 * 3600
 UNANSWERED_S = 600.0  # follow: how long Slurm may leave the job's state untold before we stop following
 ENDED = ownership.SLURM_ENDED
 
@@ -333,7 +337,7 @@ def import_squashfs(cmd: Command, sqsh: Path, runner: Runner, say: Say, image: s
     partial = Path(cmd.argv[cmd.argv.index("--output") + 1])
     say(f"[slimeforge] importing the image once, for every node: {sqsh}")
     try:
-        runner.run(list(cmd.argv), step=cmd.step, capture=False)
+        runner.run(list(cmd.argv), step=cmd.step, capture=False, timeout=IMPORT_TIMEOUT_S)
         if not runner.dry_run:
             enroot.record_import(partial, sqsh, image or "")
     finally:
@@ -347,7 +351,7 @@ def submit(run_dir: Path, sbatch: Command, runner: Runner, run_token: str) -> st
     if not runner.dry_run:
         write_run_token(run_dir, run_token)
     submitted_at = time.time()
-    result = runner.run(list(sbatch.argv), step=sbatch.step, env=dict(sbatch.set_env))
+    result = runner.run(list(sbatch.argv), step=sbatch.step, env=dict(sbatch.set_env), timeout=SBATCH_TIMEOUT_S)
     if runner.dry_run:
         return "DRYRUN"
     lines = [line.strip() for line in result.stdout[:1 << 16].splitlines() if line.strip()]
