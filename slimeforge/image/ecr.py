@@ -45,12 +45,13 @@ def parse_ecr_host(host: str) -> EcrRegistry | None:
 
 
 def client(region: str, endpoint_url: str | None = None):
-    """An ECR client; botocore's standard retry mode backs off on throttling and 5xx."""
+    """An ECR client; botocore's standard retry mode backs off on throttling and 5xx. Bounded
+    waits: connecting 10 s, each read 60 s (every call of the control plane answers small)."""
     import boto3
     from botocore.config import Config
 
     return boto3.client("ecr", region_name=region, endpoint_url=endpoint_url or None,
-                        config=Config(retries={"mode": "standard", "max_attempts": 5}))
+                        config=Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=10, read_timeout=60))
 
 
 def decode_token(token: str) -> Credentials:

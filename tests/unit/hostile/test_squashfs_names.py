@@ -143,6 +143,14 @@ def _forged_record(p: Path) -> None:
     enroot.record_path(p).write_text(rec)
 
 
+def _record_a_symlink(p: Path) -> None:
+    """A record that names this image, but beside another file, reached through a link."""
+    other = p.with_name("other.sqsh")
+    imported(other)
+    p.write_bytes(squashfs())
+    enroot.record_path(p).symlink_to(enroot.record_path(other))
+
+
 CASES = {
     "empty file": (lambda p: p.write_bytes(b""), "did not import"),
     "other content": (lambda p: p.write_bytes(b"#!/bin/sh\necho hi\n"), "did not import"),
@@ -159,6 +167,7 @@ CASES = {
     "record is not JSON": (_record_garbage, "record beside it that is not slimeforge's"),
     "record is a FIFO": (_record_a_fifo, "record beside it that is not slimeforge's"),
     "record of the wrong types": (_record_wrong_types, "record beside it that is not slimeforge's"),
+    "record is a symlink to another's": (_record_a_symlink, "record beside it that is not slimeforge's"),
     "forged record beside other content": (_forged_record, "changed since"),
 }
 
