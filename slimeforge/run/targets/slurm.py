@@ -299,7 +299,7 @@ class SlurmTarget(Target):
         assert plan.run_token is not None, "a Slurm plan carries its run token"
         sqsh = plan.rundir.plan["slurm"].get("squashfs")
         for cmd in plan.commands[:-1]:  # enroot import: once, before a node is allocated
-            import_squashfs(cmd, Path(sqsh), runner, say, plan.run.recipe.image)
+            import_squashfs(cmd, Path(sqsh), runner, say, str(plan.run.recipe.image))
         if sqsh and not runner.dry_run and not enroot.squashfs_ready(Path(sqsh), str(plan.run.recipe.image)):
             raise ConfigError("--squashfs-dir", [Problem(sqsh, "was there when the launch was planned, and is gone now", None,
                                                          "run again: the launch imports it", show_value=False)])
@@ -330,7 +330,7 @@ class SlurmTarget(Target):
         return stop(rundir, runner=runner, say=say)  # Ray in the allocation ends with the job: `head` adds nothing
 
 
-def import_squashfs(cmd: Command, sqsh: Path, runner: Runner, say: Say, image: str | None = None) -> None:
+def import_squashfs(cmd: Command, sqsh: Path, runner: Runner, say: Say, image: str) -> None:
     """`enroot import` to a partial file beside `sqsh`, checked (a whole squashfs), hashed, linked
     into place and recorded (enroot.record_import: all or nothing); a file another run put there
     meanwhile is used only when it is the recorded import of this image."""
@@ -339,7 +339,7 @@ def import_squashfs(cmd: Command, sqsh: Path, runner: Runner, say: Say, image: s
     try:
         runner.run(list(cmd.argv), step=cmd.step, capture=False, timeout=IMPORT_TIMEOUT_S)
         if not runner.dry_run:
-            enroot.record_import(partial, sqsh, image or "")
+            enroot.record_import(partial, sqsh, image)
     finally:
         if os.path.lexists(partial) and not os.path.islink(partial) and os.path.isfile(partial):
             partial.unlink()  # ours: its name carries this launch's token
