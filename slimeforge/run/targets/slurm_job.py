@@ -123,6 +123,8 @@ def from_json(job_id: str, text: str) -> dict[str, str]:
         if isinstance(value, str) and value:
             info[key] = _clean(value)
     submitted = _number(job.get("submit_time"))
+    if submitted is not None and not 0 < submitted < 1 << 34:  # 2514: beyond, no clock's time (datetime would overflow)
+        raise CannotTell(f"Slurm's answer about job {job_id} has a submit_time out of range: {str(submitted)[:40]}")
     if submitted:
         info["SubmitTime"] = datetime.fromtimestamp(submitted).strftime("%Y-%m-%dT%H:%M:%S")
     restarts = _number(job.get("restart_cnt"))

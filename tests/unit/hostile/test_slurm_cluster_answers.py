@@ -5,6 +5,8 @@ never a check that passes; sbatch's unreadable answer is a failure that says a j
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from launch_support import Canned, make_recipe
 
@@ -81,3 +83,12 @@ def test_a_plain_sbatch_answer_is_the_job_id(tmp_path, answer, job_id):
     cmd = Command(("sbatch", "--parsable", "--", str(tmp_path / "slurm.sbatch")), "sbatch")
     assert slurm.submit(tmp_path, cmd, Canned({("sbatch",): answer}), "0" * 32) == job_id
     assert (tmp_path / "slurm_job_id").read_text() == job_id + "\n"
+
+
+@pytest.mark.parametrize("submit_time", [10**20, -5, 2**63, {"set": True, "number": 10**30}])
+def test_a_submit_time_out_of_range_is_cannot_tell(submit_time):
+    from slimeforge.run.targets.slurm_job import CannotTell, from_json
+
+    job = {"job_id": 77, "name": "sf-x", "user_name": "u", "job_state": "RUNNING", "submit_time": submit_time}
+    with pytest.raises(CannotTell, match="submit_time out of range"):
+        from_json("77", json.dumps({"errors": [], "jobs": [job]}))
