@@ -62,7 +62,7 @@ def read_version(runner: Runner) -> tuple[Version | None, str]:
         r = runner.run(["enroot", "version"], step="enroot version", check=False, timeout=30)
     except CommandError as exc:
         return None, str(exc.output).strip()[-200:] or "enroot not found"
-    said = re.sub(r"[\x00-\x1f\x7f]", "?", (r.stdout.strip() or r.stderr.strip())[:200])
+    said = printable((r.stdout.strip() or r.stderr.strip())[:200])
     return (parse_version(r.stdout) if r.returncode == 0 else None), said or f"exit {r.returncode}"
 
 

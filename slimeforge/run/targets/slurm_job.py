@@ -29,6 +29,7 @@ from typing import Any
 from ...errors import SlimeforgeError
 from ...proc import Runner
 from ...records import json_loads
+from ...schema import printable
 
 MAX_ANSWER_CHARS = 64 << 20  # Slurm 22.05 lists every job it knows: tens of thousands fit
 TIMEOUT_S = 30
@@ -37,7 +38,6 @@ JSON_KEYS = {"JobName": "name", "UserId": "user_name", "JobState": "job_state", 
              "WorkDir": "current_working_directory", "NodeList": "nodes"}
 REQUIRED = ("JobId", "JobName", "UserId", "JobState")
 _KEY_AT = re.compile(r"(?:^| )([A-Za-z][A-Za-z0-9_:/]*)=")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 class CannotTell(SlimeforgeError):
@@ -63,7 +63,7 @@ def _answered(job_id: str, code: int, out: str, err: str, parse) -> dict[str, st
 
 
 def _clean(text: str) -> str:
-    return _CONTROL.sub("?", text)
+    return printable(text)  # control and bidirectional characters as '?': Slurm's text never forges a line
 
 
 def _number(value: Any) -> int | None:
