@@ -65,7 +65,7 @@ def test_every_problem_is_reported_at_once(tmp_path):
     assert "pinned by digest" in found["image"]
     assert "names no file" in found["ssh.key"]
     assert "is not an ssh option slimeforge passes" in found["ssh.options"]
-    assert "must differ" in found["ray"]
+    assert "must differ" in found["ray.dashboard_port"]
     assert text.startswith(f"{tmp_path / 'lab.yaml'}: {len(err.value.problems)} problem(s):")
 
 
