@@ -31,11 +31,12 @@ ALL = "all"
 @dataclass(frozen=True)
 class RayPort:
     key: str  # the inventory's key under `ray:`
-    flag: str  # the `ray start` option that pins it
+    flag: str | None  # the `ray start` option that pins it, or None: set by `env` instead
     default: int
     hosts: str  # HEAD: listens on the head only; ALL: on every node (the head too)
     peers: str  # who connects to it: what a firewall must let in
     what: str
+    env: str | None = None  # the environment variable Ray reads it from, where no option of `ray start` sets it
 
 
 # Order: head-only first, then every node's, as the firewall table lists them.
@@ -43,12 +44,16 @@ PORTS: tuple[RayPort, ...] = (
     RayPort("port", "--port", 6379, HEAD, "all nodes", "GCS: the cluster's state (every node's raylet and workers)"),
     RayPort("dashboard_port", "--dashboard-port", 8265, HEAD, "the submitting machine (and the head itself)", "dashboard and Jobs API (`invoke run --cluster`, run.status/logs/stop)"),
     RayPort("client_port", "--ray-client-server-port", 10001, HEAD, "Ray Client users (`ray://HEAD:10001`)", "Ray Client server"),
-    RayPort("node_manager_port", "--node-manager-port", 10002, ALL, "all nodes", "raylet (node manager): task and actor scheduling"),
-    RayPort("object_manager_port", "--object-manager-port", 10003, ALL, "all nodes", "object manager: objects moved between nodes"),
-    RayPort("runtime_env_agent_port", "--runtime-env-agent-port", 10004, ALL, "the node itself", "runtime env agent (its raylet asks it for a job's working_dir)"),
-    RayPort("dashboard_agent_grpc_port", "--dashboard-agent-grpc-port", 10005, ALL, "the head, the node itself", "dashboard agent, gRPC (metrics from the node's processes; logs and state for the head)"),
-    RayPort("dashboard_agent_listen_port", "--dashboard-agent-listen-port", 10006, ALL, "the head", "dashboard agent, HTTP (the Jobs API starts a job's driver through it)"),
-    RayPort("metrics_export_port", "--metrics-export-port", 10007, ALL, "your Prometheus, if any", "metrics for Prometheus"),
+    # Two Prometheus exporters of the head that `ray start` has no option for (Ray's own defaults,
+    # 44217 and 44227, on every interface): pinned through the variables Ray reads at start.
+    RayPort("autoscaler_metrics_port", None, 10002, HEAD, "your Prometheus, if any", "autoscaler (monitor) metrics", env="AUTOSCALER_METRIC_PORT"),
+    RayPort("dashboard_metrics_port", None, 10003, HEAD, "your Prometheus, if any", "dashboard metrics", env="DASHBOARD_METRIC_PORT"),
+    RayPort("node_manager_port", "--node-manager-port", 10004, ALL, "all nodes", "raylet (node manager): task and actor scheduling"),
+    RayPort("object_manager_port", "--object-manager-port", 10005, ALL, "all nodes", "object manager: objects moved between nodes"),
+    RayPort("runtime_env_agent_port", "--runtime-env-agent-port", 10006, ALL, "the node itself", "runtime env agent (its raylet asks it for a job's working_dir)"),
+    RayPort("dashboard_agent_grpc_port", "--dashboard-agent-grpc-port", 10007, ALL, "the head, the node itself", "dashboard agent, gRPC (metrics from the node's processes; logs and state for the head)"),
+    RayPort("dashboard_agent_listen_port", "--dashboard-agent-listen-port", 10008, ALL, "the head", "dashboard agent, HTTP (the Jobs API starts a job's driver through it)"),
+    RayPort("metrics_export_port", "--metrics-export-port", 10009, ALL, "your Prometheus, if any", "metrics of the node's processes, for Prometheus"),
 )
 # Worker processes (one per task or actor) each bind one port of this range; Ray skips a port
 # that is already taken, so the range is not checked port by port before Ray starts.
@@ -100,9 +105,14 @@ def node_argv(ray: Mapping[str, Any], head: bool) -> list[str]:
     """The `ray start` options that pin this node's ports (head: the head's own too)."""
     argv: list[str] = []
     for p in PORTS:
-        if head or p.hosts == ALL:
+        if p.flag and (head or p.hosts == ALL):
             argv += [p.flag, str(ray[p.key])]
-    return argv + [WORKERS.flag, str(ray[WORKERS.key]), MAX_WORKER.flag, str(ray[MAX_WORKER.key])]
+    return argv + [WORKERS.flag or "", str(ray[WORKERS.key]), MAX_WORKER.flag or "", str(ray[MAX_WORKER.key])]
+
+
+def node_env(ray: Mapping[str, Any]) -> dict[str, str]:
+    """The environment that pins the ports `ray start` has no option for (read on the head only)."""
+    return {p.env: str(ray[p.key]) for p in PORTS if p.env}
 
 
 def fixed_ports(ray: Mapping[str, Any], head: bool) -> list[int]:
@@ -127,12 +137,14 @@ def firewall_table(ray: Mapping[str, Any] | None = None) -> str:
     lines = ["| TCP port | inventory key (`ray:`) | `ray start` option | listens on | connected from | what |",
              "| --- | --- | --- | --- | --- | --- |"]
     for p in PORTS:
-        lines.append(f"| {values[p.key]} | `{p.key}` | `{p.flag}` | {'the head' if p.hosts == HEAD else 'every host'} | {p.peers} | {p.what} |")
+        how = f"`{p.flag}`" if p.flag else f"environment `{p.env}`"
+        lines.append(f"| {values[p.key]} | `{p.key}` | {how} | {'the head' if p.hosts == HEAD else 'every host'} | {p.peers} | {p.what} |")
     lo, hi = values[WORKERS.key], values[MAX_WORKER.key]
     lines.append(f"| {lo}-{hi} | `{WORKERS.key}`, `{MAX_WORKER.key}` | `{WORKERS.flag}`, `{MAX_WORKER.flag}` | every host | {WORKERS.peers} | {WORKERS.what} |")
-    every = _spans([values[p.key] for p in PORTS if p.hosts == ALL] + list(range(lo, hi + 1)))
+    every = _spans([values[p.key] for p in PORTS if p.hosts == ALL and p.key != "metrics_export_port"] + list(range(lo, hi + 1)))
+    metrics = _spans([values[p.key] for p in PORTS if p.env] + [values["metrics_export_port"]])
     lines += ["", f"In short: on the head, TCP {values['port']} from every host of the cluster, TCP {values['dashboard_port']} from the "
-              f"submitting machine, and TCP {values['client_port']} from Ray Client users if you have any; on every host (the head too), "
-              f"TCP {every} from every host of the cluster. Nothing else of Ray's needs to be open (ssh aside: port 22, or the "
-              "inventory's, from the submitting machine or its bastion)."]
+              f"submitting machine, TCP {values['client_port']} from Ray Client users if you have any; on every host (the head too), "
+              f"TCP {every} from every host of the cluster; metrics ({metrics}) from your Prometheus if you scrape them. Nothing else "
+              "of Ray's needs to be open (ssh aside: port 22, or the inventory's, from the submitting machine or its bastion)."]
     return "\n".join(lines)

@@ -53,6 +53,8 @@ class RaySettings(Model):
     port: int = Field(rayports.DEFAULTS["port"], ge=1, le=65535)  # GCS, on the head
     dashboard_port: int = Field(rayports.DEFAULTS["dashboard_port"], ge=1, le=65535)  # dashboard and Jobs API, on the head
     client_port: int = Field(rayports.DEFAULTS["client_port"], ge=1, le=65535)  # Ray Client server, on the head
+    autoscaler_metrics_port: int = Field(rayports.DEFAULTS["autoscaler_metrics_port"], ge=1, le=65535)  # on the head, by environment
+    dashboard_metrics_port: int = Field(rayports.DEFAULTS["dashboard_metrics_port"], ge=1, le=65535)  # on the head, by environment
     node_manager_port: int = Field(rayports.DEFAULTS["node_manager_port"], ge=1, le=65535)  # on every node, as the rest
     object_manager_port: int = Field(rayports.DEFAULTS["object_manager_port"], ge=1, le=65535)
     runtime_env_agent_port: int = Field(rayports.DEFAULTS["runtime_env_agent_port"], ge=1, le=65535)
@@ -356,7 +358,8 @@ def load_inventory(path: str | Path, ssh_config: str | Path | None = None) -> In
                 num_cpus=h.num_cpus if h.num_cpus is not None else spec.ray.num_cpus,
                 temp_dir=h.temp_dir or spec.ray.temp_dir or default_temp_dir(name, h.name),
                 state_dir=f"{spec.state_dir.rstrip('/')}/{name}/{h.name}",
-                env={**spec.ray.env, **h.env},
+                # The head's ports `ray start` has no option for (rayports.node_env): the inventory's, whatever ray.env says.
+                env={**spec.ray.env, **h.env, **(rayports.node_env(spec.ray.model_dump()) if h.role == "head" else {})},
             )
         )
     return Inventory(

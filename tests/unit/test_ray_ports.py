@@ -40,7 +40,7 @@ def test_every_listening_port_ray_start_takes_is_an_inventory_key():
     ray = Path(sys.executable).parent / "ray"
     text = subprocess.run([str(ray), "start", "--help"], capture_output=True, text=True, check=True).stdout
     flags = set(re.findall(r"^\s+(--[a-z-]+-port|--port) ", text, re.M))
-    pinned = {p.flag for p in (*rayports.PORTS, rayports.WORKERS, rayports.MAX_WORKER)}
+    pinned = {p.flag for p in (*rayports.PORTS, rayports.WORKERS, rayports.MAX_WORKER) if p.flag}
     assert flags == pinned
     assert set(rayports.ALL_KEYS) <= set(RaySettings.model_fields)
     assert {k: RaySettings.model_fields[k].default for k in rayports.ALL_KEYS} == rayports.DEFAULTS
@@ -64,18 +64,22 @@ def test_head_and_worker_argv_pin_every_port(tmp_path):
     on_head = pinned(nodestart.ray_start_argv(inv, head, "10.0.0.1", "10.0.0.1"))
     on_worker = pinned(nodestart.ray_start_argv(inv, worker, "10.0.0.2", "10.0.0.1"))
     assert on_head == {"--port": "6379", "--dashboard-port": "8265", "--ray-client-server-port": "10001", "--node-manager-port": "31000",
-                       "--object-manager-port": "10003", "--runtime-env-agent-port": "10004", "--dashboard-agent-grpc-port": "10005",
-                       "--dashboard-agent-listen-port": "10006", "--metrics-export-port": "10007", "--min-worker-port": "40000",
+                       "--object-manager-port": "10005", "--runtime-env-agent-port": "10006", "--dashboard-agent-grpc-port": "10007",
+                       "--dashboard-agent-listen-port": "10008", "--metrics-export-port": "10009", "--min-worker-port": "40000",
                        "--max-worker-port": "40999"}
     assert on_worker == {k: v for k, v in on_head.items() if k not in ("--port", "--dashboard-port", "--ray-client-server-port")}
     # What preflight checks free: each fixed port of the node (the head's own on the head only).
-    assert nodestart.ports_for(inv, head) == [6379, 8265, 10001, 31000, 10003, 10004, 10005, 10006, 10007]
-    assert nodestart.ports_for(inv, worker) == [31000, 10003, 10004, 10005, 10006, 10007]
+    assert nodestart.ports_for(inv, head) == [6379, 8265, 10001, 10002, 10003, 31000, 10005, 10006, 10007, 10008, 10009]
+    assert nodestart.ports_for(inv, worker) == [31000, 10005, 10006, 10007, 10008, 10009]
+    # The head's two metrics exporters have no `ray start` option: the head's environment pins them.
+    assert head.env["AUTOSCALER_METRIC_PORT"] == "10002" and head.env["DASHBOARD_METRIC_PORT"] == "10003"
+    assert "AUTOSCALER_METRIC_PORT" not in worker.env
 
 
 @pytest.mark.parametrize(("ray", "where", "says"), [
     ({"port": 8265}, "ray.dashboard_port", "must differ"),
-    ({"metrics_export_port": 10002}, "ray.metrics_export_port", "same port as ray.node_manager_port"),
+    ({"metrics_export_port": 10004}, "ray.metrics_export_port", "same port as ray.node_manager_port"),
+    ({"dashboard_metrics_port": 6379}, "ray.dashboard_metrics_port", "same port as ray.port"),
     ({"min_worker_port": 20000, "max_worker_port": 20000}, "ray.min_worker_port", "must be below ray.max_worker_port (20000)"),
     ({"min_worker_port": 30000, "max_worker_port": 20000}, "ray.min_worker_port", "must be below"),
     ({"min_worker_port": 6000, "max_worker_port": 7000}, "ray.port", "inside the worker port range 6000-7000"),
@@ -95,7 +99,7 @@ def test_bad_ports_are_refused_naming_the_key(tmp_path, ray, where, says):
 
 def test_every_problem_between_ports_at_once(tmp_path):
     with pytest.raises(ConfigError) as err:
-        load_inventory(inventory(tmp_path, {"port": 8265, "node_manager_port": 10003, "min_worker_port": 10000}))
+        load_inventory(inventory(tmp_path, {"port": 8265, "node_manager_port": 10005, "min_worker_port": 10000}))
     assert {"ray.dashboard_port", "ray.object_manager_port", "ray.client_port"} <= set(problems(err.value))
 
 
@@ -120,4 +124,4 @@ def test_the_firewall_table_follows_the_values():
     table = rayports.firewall_table({"min_worker_port": 30000, "max_worker_port": 30999, "metrics_export_port": 9090})
     assert "| 30000-30999 | `min_worker_port`, `max_worker_port` |" in table
     assert "| 9090 | `metrics_export_port` | `--metrics-export-port` | every host |" in table
-    assert "on every host (the head too), TCP 9090, 10002-10006, 30000-30999 from every host of the cluster" in table
+    assert "on every host (the head too), TCP 10004-10008, 30000-30999 from every host of the cluster; metrics (9090, 10002-10003)" in table
