@@ -67,13 +67,13 @@ def walled(tmp_path_factory):
             "s3_bucket": "sf-cluster-test", "model_dir": str(w / "models" / MODEL), "data_path": str(w / "data" / "train.jsonl"),
             "model_type": "qwen2.5-3B", "num_gpus": 2, "num_nodes": 1, "tp_size": 1, "rollout_batch_size": 8, "rollout_gpus_per_engine": 1,
             "slime_dir": str(w / "slime"), "megatron_dir": str(w / "Megatron-LM"), "mode": "host",
-            "checkpoint_dir": str(w / "ckpt" / "sf-tunnel-run"),
+            "checkpoint_dir": str(w / "ckpt" / "sf-tunnel-run"), "env": {"STANDIN_CHECK_FLAGS": "1"},
         }
         parsed, stack = parse_recipe({**recipe, "install_prefix": str(w / "prefix")}, "test")
         catalog = write_catalog(tmp / "flags.json", parsed, stack)
         (tmp / "tunnel.yaml").write_text(yaml.safe_dump(recipe))
         address = cluster.up(inv, control_dir=lab.control_dir, stream=io.StringIO())
-        yield {"lab": lab, "inventory": inv, "recipe": tmp / "tunnel.yaml", "catalog": catalog, "tmp": tmp, "address": address}
+        yield {"lab": lab, "home": home, "inventory": inv, "recipe": tmp / "tunnel.yaml", "catalog": catalog, "tmp": tmp, "address": address}
     finally:
         try:
             if inv is not None:
@@ -84,6 +84,13 @@ def walled(tmp_path_factory):
                 os.environ.pop("SLIMEFORGE_STATE_HOME", None)
             else:
                 os.environ["SLIMEFORGE_STATE_HOME"] = old
+
+
+@pytest.fixture(autouse=True)
+def _cluster_state_home(request, monkeypatch):
+    # cluster.up recorded the head's address in the module's state home (conftest gives each test its own).
+    if "walled" in request.fixturenames:
+        monkeypatch.setenv("SLIMEFORGE_STATE_HOME", str(request.getfixturevalue("walled")["home"]))
 
 
 def listening(netns: str) -> dict[int, tuple[str, str]]:
@@ -134,6 +141,7 @@ def test_run_goes_through_an_ssh_tunnel_over_the_bastion(walled):
     assert said, text
     local, pid = said.group(1), int(said.group(2))
     assert "submitting sf-tunnel-run-" in text and f"to {local}" in text
-    assert "standin: 1 node(s) read every path and wrote a shard" in text
+    assert "standin: 1 node(s) read every path and wrote a shard" in text and "exit code 0" in text
+    assert "standin: 1 node(s) read every path" in (out / "job.log").read_text()  # the logs came back through the tunnel
     assert not pid_alive(pid)  # the launch stopped its tunnel
     assert (out / "submission_id").is_file()
