@@ -131,3 +131,25 @@ def test_tunnel_that_cannot_log_in_says_what_ssh_said(tmp_path):
     text = str(err.value)
     assert "head: cannot tunnel to the Jobs API at 10.0.0.1:8265 over ssh: ssh: connect to host 10.0.0.1 port 2222: Connection refused" in text
     assert "docs/cluster.md#ports" in text
+
+
+def test_run_cluster_dry_run_says_the_jobs_api_goes_through_a_tunnel(tmp_path):
+    """cluster_env (what `invoke run --cluster` resolves): ssh.tunnel or --tunnel reach the Cluster and
+    the plan's notes; a dry run starts nothing."""
+    from launch_support import make_recipe
+
+    from slimeforge.cluster import runcheck
+    from slimeforge.run.recipecheck import parse_recipe
+    from slimeforge.run.targets import jobsubmit
+    from slimeforge.run.targets.base import ResolvedRun
+
+    path = inventory(tmp_path, {"tunnel": "always"})
+    data = yaml.safe_load(path.read_text())
+    data["hosts"][0]["node_ip"] = "10.0.0.1"  # the address without a record of cluster.up
+    path.write_text(yaml.safe_dump(data))
+    cluster = runcheck.cluster_env(str(path), dry_run=True)
+    assert cluster.address == "http://10.0.0.1:8265" and cluster.via and "ssh tunnel to head" in cluster.via
+    assert runcheck.cluster_env(str(path), dry_run=True, tunnel="never").via is None  # the command line's word wins
+    r, stack = parse_recipe(make_recipe(tmp_path, mode="host"), "test")
+    plan = jobsubmit.ClusterTarget(cluster).plan(ResolvedRun(r, stack, (tmp_path / "run").resolve(), "test", {}, None, (), False))
+    assert cluster.via in plan.notes
