@@ -4,6 +4,8 @@
 host); it answers with one JSON line (login shells may print banners first: the last JSON line
 counts). Commands: facts (GPUs, addresses, routes, ports, our records), start, wait, stop, nodes,
 runcheck (a recipe's paths on the host: cluster/runcheck.py).
+Every answer is input: last_json reads it bounded and strict, read_nodes and runcheck.read_answer
+validate it, and an answer that is not the agent's is an OddAnswer naming the host (exit 2).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from functools import cache
 from typing import Any
 
 from .. import paths, scripts
-from ..errors import CommandError, SlimeforgeError
+from ..errors import CommandError, SlimeforgeError, shown
+from ..schema import printable
+from ..scripts.node_agent import loads_strict, node_problem
 from .inventory import Host
 from .ssh import SSH, HostUnreachable
 
@@ -27,22 +31,64 @@ def agent_source() -> str:
     return scripts.node_agent_program()
 
 
+ANSWER_MAX_CHARS = 16 << 20  # the largest answer read: a runcheck of 10,000 weight files is ~1 MiB
+
+
+class OddAnswer(SlimeforgeError):
+    """A host's answer that is not what the node agent sends (exit 2: nothing was started on it).
+    Names the host, the command and what came back, quoted (shown: no control characters)."""
+
+    def __init__(self, host: str, command: str, why: str, value: object = ...):
+        self.host, self.command = host, command
+        got = f" (got {shown(value)})" if value is not ... else ""
+        super().__init__(f"host {host}: the node agent's {command} answer {why}{got}; nothing was done with it: "
+                         f"check what runs as python3 there (the node agent runs with it) and what prints at login")
+
+
 def last_json(text: str) -> dict[str, Any]:
-    """The last line of output that is a JSON object (login shells may print banners first)."""
+    """The last line of output that is a JSON object (login shells may print banners first): no
+    NaN or Infinity, nesting the parser can hold, at most ANSWER_MAX_CHARS read."""
+    if len(text) > ANSWER_MAX_CHARS:  # the answer is the last line: a flood before it is a banner
+        text = text[-ANSWER_MAX_CHARS:]
     for line in reversed(text.strip().splitlines()):
         line = line.strip()
         if line.startswith("{"):
             try:
-                return json.loads(line)
+                doc = loads_strict(line)
             except ValueError:
                 continue
-    raise SlimeforgeError(f"expected a JSON line in the output, got: {text.strip()[-500:]!r}")
+            if isinstance(doc, dict):
+                return doc
+    raise SlimeforgeError(f"expected a JSON line (one object) in the output, got: {shown(text.strip()[-500:], 600)}")
 
 
 def agent(ssh: SSH, host: Host, command: str, params: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Run the node agent on the host: `python3 - COMMAND JSON` with the agent's source on stdin."""
     result = ssh.run([host.system_python, "-", command, json.dumps(params, sort_keys=True)], step=f"node agent {command}", input=agent_source(), timeout=timeout)
-    return last_json(result.stdout)
+    try:
+        return last_json(result.stdout)
+    except SlimeforgeError as exc:
+        raise OddAnswer(host.name, command, "is not one JSON object line: " + str(exc)) from None
+
+
+def read_nodes(answer: dict[str, Any], host: str) -> tuple[list[dict[str, Any]], str | None]:
+    """The `nodes` answer, validated: (nodes, None), or ([], the dashboard's error, printable).
+    Every node has node_ip, state, is_head_node and resources_total.GPU as the agent writes them."""
+    if "error" in answer:
+        err = answer["error"]
+        if not isinstance(err, str):
+            raise OddAnswer(host, "nodes", "has an error that is not text", err)
+        return [], printable(err[:1000])
+    nodes = answer.get("nodes")
+    if not isinstance(nodes, list) or len(nodes) > 100_000:
+        raise OddAnswer(host, "nodes", "has no list of nodes", nodes)
+    for i, n in enumerate(nodes):
+        why = node_problem(n)
+        if why is None and not isinstance(n.get("is_head_node"), bool):
+            why = "is_head_node is not true or false"
+        if why:
+            raise OddAnswer(host, "nodes", f"has a node {i} that {why}", n)
+    return nodes, None
 
 
 def put_file(ssh: SSH, path: str, text: str) -> None:

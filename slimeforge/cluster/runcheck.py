@@ -11,6 +11,12 @@
                                          everywhere), the data on the head, checkpoint_dir writable
                                          and ONE filesystem (a marker with a random token written on
                                          the head, read on every host), free space for a checkpoint
+    gate(recipe, inv) -> str             Ray's own view, asked of the head's node agent: its ALIVE
+                                         nodes (IPs mapped to the inventory's hosts) and their GPUs
+                                         cover num_nodes x num_gpus, else GateRefused naming the
+                                         dead or missing hosts and the repair (cluster.up)
+    read_answer(host, answer, ...)       a host's runcheck answer, validated (types, bounds, which
+                                         paths it may name); its words are quoted, never our fix
     cluster_env(inventory) -> Cluster    what the run layer submits to (address, environment, the
                                          two checks above as callables: the run layer never imports
                                          this one)
@@ -24,8 +30,10 @@ twice unless the embeddings are tied; bf16).
 
 from __future__ import annotations
 
+import re
 import secrets
 import sys
+import threading
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -36,8 +44,10 @@ from ..errors import Problem, SlimeforgeError
 from ..proc import Runner
 from ..run.recipe import Recipe
 from ..run.targets.jobsubmit import Cluster
+from ..schema import printable
+from ..scripts import node_agent
 from ..scripts.node_agent import checkpoint_bytes  # the one estimate: the Slurm nodes make it too
-from .agent import agent
+from .agent import OddAnswer, agent, first_line, read_nodes
 from .bringup import Node, make_nodes, parallel
 from .hosttable import HostTable
 from .inventory import Inventory, load_inventory
@@ -166,7 +176,8 @@ def live(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
     table = HostTable(f"run {recipe.exp_id} on cluster {inv.name}", [(h.name, h.role) for h in inv.hosts], ["paths", "checkpoint"],
                       stream=stream, live=live_table)
     check = RunCheck(table)
-    answers: dict[str, dict[str, Any]] = {}
+    answers: dict[str, RunAnswer] = {}
+    answered: set[str] = set()  # hosts whose agent ran the first round (the head's wrote the marker)
 
     def on_host(path: str) -> str:
         found = host_path(path, vols) if vols else None
@@ -181,48 +192,72 @@ def live(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
             return "put it on the head at this path (slime reads the data there), or on a filesystem the head mounts"
         return SHARED_FIX
 
-    def problems_of(answer: dict[str, Any], back: dict[str, str]) -> list[str]:
-        return [f"{p['what']} {back.get(p['path'], p['path'])}: {p['why']}; fix: {fix(p['what'], p['why'])}" for p in answer.get("problems", [])]
+    def problems_of(host: str, answer: RunAnswer, back: dict[str, str]) -> list[str]:
+        return [f"{what} {printable(back.get(path, path))}: {host_words(host, why)}; fix: {fix(what, why)}" for what, path, why in answer.problems]
 
     ck_dir = recipe.resolved_checkpoint_dir
+    head_weights: dict[str, int] | None = None  # the head's weight files, once its first round answered
+    head_done = threading.Event()
 
     def first(node: Node) -> str:
+        nonlocal head_weights
         h = node.host
-        items = [(n, path, kind) for n, path, kind, where in recipe_paths(recipe) if kind != "checkpoint" and (where == "all" or h.is_head)]
-        back = {on_host(path): path for _, path, _ in items} | {on_host(ck_dir): ck_dir}
-        params = {"paths": [{"what": n, "path": on_host(path), "kind": kind} for n, path, kind in items],
-                  "checkpoint": {"dir": on_host(ck_dir), "token": token, "write": h.is_head}}
-        answer = answers[node.name] = agent(node.ssh, h, "runcheck", params, timeout=inv.ssh_options.connect_timeout + 60)
-        bad = problems_of(answer, back)
+        try:
+            items = [(n, path, kind) for n, path, kind, where in recipe_paths(recipe) if kind != "checkpoint" and (where == "all" or h.is_head)]
+            back = {on_host(path): path for _, path, _ in items} | {on_host(ck_dir): ck_dir}
+            params = {"paths": [{"what": n, "path": on_host(path), "kind": kind} for n, path, kind in items],
+                      "checkpoint": {"dir": on_host(ck_dir), "token": token, "write": h.is_head}}
+            raw = agent(node.ssh, h, "runcheck", params, timeout=inv.ssh_options.connect_timeout + 60)
+            answered.add(node.name)
+            answer = answers[node.name] = read_answer(node.name, raw, {on_host(path) for _, path, _ in items} | {on_host(ck_dir)},
+                                                      {n for n, _, _ in items} | {"checkpoint_dir"})
+            bad = problems_of(node.name, answer, back)
+            if h.is_head and not bad:
+                head_weights = answer.weights
+        finally:
+            if h.is_head:
+                head_done.set()
+        if not h.is_head and not bad:
+            # Every rank loads the model: a worker's copy is the head's, file for file and byte for byte.
+            head_done.wait(inv.ssh_options.connect_timeout + 120)
+            if head_weights is not None:
+                differ = weights_differ(head_weights, answer.weights)
+                if differ:
+                    bad.append(f"model_dir {recipe.model_dir}: its weight files are not the head's ({differ}); "
+                               f"fix: copy the head's {on_host(recipe.model_dir)} to this host (same files, same sizes), or put it on a filesystem every host mounts")
         if bad:
             raise _Failed(bad)
-        return f"{len(items)} path(s) found" + (", marker written" if h.is_head else "")
+        return f"{len(items)} path(s) found, {len(answer.weights)} weight file(s)" + (", marker written" if h.is_head else " as the head's")
 
     def second(node: Node) -> str:
         h = node.host
         params = {"checkpoint": {"dir": on_host(ck_dir), "token": token, "read": True}}
-        answer = agent(node.ssh, h, "runcheck", params, timeout=inv.ssh_options.connect_timeout + 60)
-        bad = problems_of(answer, {on_host(ck_dir): ck_dir})
-        free = answer.get("free_bytes")
-        if check.need_bytes is not None and isinstance(free, int) and free < check.need_bytes:
+        raw = agent(node.ssh, h, "runcheck", params, timeout=inv.ssh_options.connect_timeout + 60)
+        answer = read_answer(node.name, raw, {on_host(ck_dir)}, {"checkpoint_dir"})
+        bad = problems_of(node.name, answer, {on_host(ck_dir): ck_dir})
+        free = answer.free_bytes
+        if not bad and free is None:
+            raise OddAnswer(node.name, "runcheck", "has no free_bytes for a checkpoint_dir it found writable")
+        if check.need_bytes is not None and free is not None and free < check.need_bytes:
             bad.append(f"checkpoint_dir {ck_dir}: {_gib(free)} free, a checkpoint needs {_gib(check.need_bytes)} ({check.how}); "
                        "fix: free space there or point checkpoint_dir at a larger filesystem")
         if bad:
             raise _Failed(bad)
-        return f"one filesystem with the head's, {_gib(free) if isinstance(free, int) else '?'} free"
+        return f"one filesystem with the head's, {_gib(free) if free is not None else '?'} free"
 
     with table:
         try:
-            failures = parallel(nodes, first, table, "paths")
+            # The head first: the workers wait for its weight list, and the pool runs at most 32 at once.
+            failures = parallel(sorted(nodes, key=lambda n: not n.host.is_head), first, table, "paths")
             head = answers.get(inv.head.name)
             if head is not None:
-                check.need_bytes, check.how = checkpoint_bytes(int(head.get("weights_bytes") or 0), head.get("config"))
+                check.need_bytes, check.how = checkpoint_bytes(head.weights_bytes, head.config)
             # A host whose first round failed has said why; the others read the head's marker.
             # Without the head's marker there is nothing to compare against.
             if inv.head.name not in failures:
                 failures.update(parallel([n for n in nodes if n.name not in failures], second, table, "checkpoint"))
         finally:
-            if inv.head.name in answers:  # the head wrote the marker: the head removes it
+            if inv.head.name in answered:  # the head wrote the marker: the head removes it
                 head_node = next(n for n in nodes if n.host.is_head)
                 try:
                     agent(head_node.ssh, head_node.host, "runcheck", {"checkpoint": {"dir": on_host(ck_dir), "token": token, "remove": True}},
@@ -240,6 +275,190 @@ class _Failed(SlimeforgeError):
 
     def __init__(self, problems: list[str]):
         super().__init__(" | ".join(problems))
+
+
+
+# --- the node agent's runcheck answer, read as input ---------------------------------------------
+
+SIZE_MAX = 1 << 60  # bytes: a size beyond an exbibyte is not a file's or a filesystem's
+MAX_PROBLEMS = 1000
+# What the agent says, word for word, and what it says before a detail (an OS error, a name): the
+# rest of any text is the host's own words, shown quoted (printable) and never read as a fix.
+AGENT_WHY = frozenset({
+    "is not a path", "is not an absolute path", "no such file here", "is not a readable file", "no such directory here",
+    "has no readable config.json here", "is not an absolute path with a 32-hex-digit token",
+    "is not the head's filesystem: the marker the head wrote there is not here", "config.json is not a regular file",
+    "config.json is not a JSON object", node_agent.UNUSABLE_PATH,
+    f"has more than {node_agent.MAX_WEIGHT_FILES} weights files",
+})
+AGENT_WHY_PREFIX = ("config.json cannot be opened: ", "config.json cannot be read: ", "config.json is not JSON: ", "config.json is ",
+                    "has a weights file whose name is not plain text: ", "cannot be listed: ", "is not writable here: ",
+                    )
+WEIGHT_SEP = re.compile(r"has a weights file ([A-Za-z0-9][A-Za-z0-9._+-]{0,254}) that cannot be read: (.*)", re.S)
+
+
+def host_words(host: str, why: str) -> str:
+    """A problem as the agent states it; text it does not state is quoted as the host's."""
+    if why in AGENT_WHY:
+        return why
+    m = WEIGHT_SEP.fullmatch(why)
+    if m:
+        return f"has a weights file {m.group(1)} that cannot be read: {printable(m.group(2)[:300])!r}"
+    for prefix in AGENT_WHY_PREFIX:
+        if why.startswith(prefix) and len(why) > len(prefix):
+            return prefix + repr(printable(why[len(prefix):][:300]))
+    return f"{host} says {printable(why[:300])!r}"
+
+
+@dataclass(frozen=True)
+class RunAnswer:
+    """One host's runcheck answer, validated: problems as (what, path, why) over the paths asked."""
+
+    problems: list[tuple[str, str, str]]
+    weights: dict[str, int]
+    weights_bytes: int
+    config: dict[str, int | bool] | None
+    free_bytes: int | None
+
+
+def _size(host: str, name: str, value: object, *, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if type(value) is not int or not 0 <= value <= SIZE_MAX:  # bool, float (1e400 is inf), str, list: not a size
+        raise OddAnswer(host, "runcheck", f"has a {name} that is not a byte count (0 to 2**60)", value)
+    return value
+
+
+def read_answer(host: str, answer: dict[str, Any], paths: set[str], whats: set[str]) -> RunAnswer:
+    """The runcheck answer of `host`, checked field by field (types, bounds, grammar): a problem may
+    name only a path and field it was asked about. Anything else is an OddAnswer naming the host."""
+    if "error" in answer:  # the agent itself failed there (main's catch-all): its words, quoted
+        err = answer["error"]
+        if isinstance(err, str):
+            raise OddAnswer(host, "runcheck", f"is the agent's own failure there: {printable(err[:500])!r}")
+        raise OddAnswer(host, "runcheck", "is an error that is not text", err)
+    raw = answer.get("problems")
+    if not isinstance(raw, list) or len(raw) > MAX_PROBLEMS:
+        raise OddAnswer(host, "runcheck", f"has no list of problems (at most {MAX_PROBLEMS})", raw)
+    problems = []
+    for p in raw:
+        if not (isinstance(p, dict) and isinstance(p.get("what"), str) and isinstance(p.get("path"), str) and isinstance(p.get("why"), str)
+                and len(p["why"]) <= 2000):
+            raise OddAnswer(host, "runcheck", "has a problem that is not {what, path, why} as text", p)
+        if p["what"] not in whats or p["path"] not in paths:
+            raise OddAnswer(host, "runcheck", "names a field or path it was not asked about", {"what": p["what"], "path": p["path"]})
+        problems.append((p["what"], p["path"], p["why"]))
+    weights = answer.get("weights")
+    if not isinstance(weights, dict) or len(weights) > node_agent.MAX_WEIGHT_FILES:
+        raise OddAnswer(host, "runcheck", "has no weights {file: bytes}", weights)
+    for name, size in weights.items():
+        if not node_agent.WEIGHT_NAME_RE.fullmatch(name):
+            raise OddAnswer(host, "runcheck", "names a weights file that is not a plain file name", name)
+        _size(host, f"size of {name}", size)
+    total = _size(host, "weights_bytes", answer.get("weights_bytes"))
+    assert total is not None
+    if total != sum(weights.values()):
+        raise OddAnswer(host, "runcheck", f"has a weights_bytes that is not the sum of its weights ({sum(weights.values())})", total)
+    config = answer.get("config")
+    if config is not None:
+        ok = isinstance(config, dict) and all(
+            k in node_agent.CONFIG_KEYS and (isinstance(v, bool) if k == "tie_word_embeddings" else type(v) is int and 0 < v < node_agent.CONFIG_INT_MAX)
+            for k, v in config.items())
+        if not ok:
+            raise OddAnswer(host, "runcheck", "has a config that is not config.json's shape (positive integers)", config)
+    return RunAnswer(problems, dict(weights), total, config, _size(host, "free_bytes", answer.get("free_bytes"), optional=True))
+
+
+def weights_differ(head: dict[str, int], here: dict[str, int]) -> str:
+    """How a worker's weight files differ from the head's, in a few words ("" when they do not)."""
+    missing = sorted(set(head) - set(here))
+    extra = sorted(set(here) - set(head))
+    sized = sorted(n for n in set(head) & set(here) if head[n] != here[n])
+
+    def few(names: list[str]) -> str:
+        return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+    parts = []
+    if missing:
+        parts.append(f"missing here: {few(missing)}")
+    if sized:
+        parts.append("other sizes: " + few([f"{n} ({here[n]} B here, {head[n]} B on the head)" for n in sized]))
+    if extra:
+        parts.append(f"not on the head: {few(extra)}")
+    return "; ".join(parts)
+
+
+# --- the gate: Ray's ALIVE nodes cover the recipe --------------------------------------------------
+
+NODES_PATH = "/api/v0/nodes?limit=10000&detail=false"
+
+
+def _repair(inv: Inventory) -> str:
+    return f"`invoke cluster.up {inv.path}` starts Ray again on the hosts where it is not running (`invoke cluster.status {inv.path}` shows each)"
+
+
+class GateRefused(SlimeforgeError):
+    """Ray's ALIVE nodes do not cover num_nodes x num_gpus: nothing was submitted (exit 2)."""
+
+
+def gate(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, control_dir: str | None = None) -> str:
+    """Ask the cluster's Ray, through the head's node agent (the dashboard need not be reachable from
+    here), for its ALIVE nodes and their GPUs; refuse when they do not cover the recipe's
+    num_nodes x num_gpus, naming the hosts that are dead or missing. Returns a line for the log.
+    Callable again at any time (before a restart too): it only reads."""
+    from .record import address, read_state
+
+    url = address(inv).dashboard.rstrip("/") + NODES_PATH
+    state = read_state(inv) or {}
+    recorded = state.get("hosts")
+    recorded = recorded if isinstance(recorded, dict) else {}
+    ip_of: dict[str, str | None] = {}
+    for h in inv.hosts:
+        rec = recorded.get(h.name)
+        ip = rec.get("node_ip") if isinstance(rec, dict) else None
+        ip = ip if isinstance(ip, str) and node_agent.NODE_IP_RE.fullmatch(ip) else h.node_ip
+        if ip is None and h.is_head:
+            ip = url.split("//", 1)[1].rsplit(":", 1)[0].strip("[]")  # the dashboard is the head's
+        ip_of[h.name] = ip
+    head = next(n for n in make_nodes(inv, runner, control_dir) if n.host.is_head)
+    try:
+        answer = agent(head.ssh, head.host, "nodes", {"url": url, "timeout": 10}, timeout=inv.ssh_options.connect_timeout + 30)
+        nodes, error = read_nodes(answer, head.name)
+    except OddAnswer:
+        raise
+    except SlimeforgeError as exc:
+        raise GateRefused(f"cluster {inv.name}: cannot ask Ray which nodes are alive: the head {head.name} did not answer "
+                          f"({first_line(exc)}); nothing was submitted. fix: check the head with `invoke cluster.status {inv.path}`") from None
+    if error is not None:
+        raise GateRefused(f"cluster {inv.name}: Ray's dashboard on the head {head.name} does not answer ({head.name} says {error!r}); "
+                          f"nothing was submitted. fix: {_repair(inv)}")
+    odd = answer.get("odd")
+    odd = [printable(x[:200]) for x in odd[:20] if isinstance(x, str)] if isinstance(odd, list) else []
+    return judge(recipe, inv, ip_of, nodes, odd)
+
+
+def judge(recipe: Recipe, inv: Inventory, ip_of: dict[str, str | None], nodes: list[dict[str, Any]], odd: Sequence[str] = ()) -> str:
+    """The gate's verdict on Ray's node list (read_nodes'): a line when the ALIVE nodes cover the
+    recipe, else GateRefused naming every inventory host that is not ALIVE with its GPUs."""
+    need = f"num_nodes x num_gpus ({recipe.num_nodes} x {recipe.num_gpus})"
+    verdict = node_agent.gate(nodes, {ip: h.gpus for h in inv.hosts if (ip := ip_of[h.name])})
+    alive = [n for n in nodes if n["state"] == "ALIVE"]
+    by_ip = {ip: name for name, ip in ip_of.items() if ip}
+    fits = [n for n in alive if node_agent.node_gpus(n) >= recipe.num_gpus]
+    down = {h.name: (verdict[ip][1] if (ip := ip_of[h.name]) else "its node IP is not known here (no bring-up record from this machine)")
+            for h in inv.hosts if not (ip_of[h.name] and verdict[ip_of[h.name]][0])}
+    gpus = sum(node_agent.node_gpus(n) or 0 for n in alive)
+    if len(fits) < recipe.num_nodes or gpus < recipe.num_nodes * recipe.num_gpus:
+        lines = [f"  {name} ({ip_of[name] or '?'}): {why}" for name, why in down.items()]
+        if not lines:  # every host is up, with fewer GPUs than the recipe names
+            lines = [f"  {by_ip.get(n['node_ip'], n['node_ip'] + ' (not in the inventory)')}: ALIVE with {node_agent.node_gpus(n)} GPU(s)" for n in alive]
+        raise GateRefused(f"cluster {inv.name}: Ray's ALIVE nodes do not cover {need}: {len(fits)} node(s) with {recipe.num_gpus} GPU(s) "
+                          f"or more, {gpus} GPU(s) in all; nothing was submitted (slime would wait for the missing GPUs without end):\n"
+                          + "\n".join(lines)
+                          + ("".join(f"\n  (the dashboard's list, an entry left out: {x!r})" for x in odd))
+                          + f"\nfix: {_repair(inv)}; or lower num_nodes")
+    note = "" if not down else "; not ALIVE, not needed: " + ", ".join(f"{name} ({why})" for name, why in down.items())
+    return f"[slimeforge] cluster {inv.name}: Ray has {len(alive)} ALIVE node(s) with {gpus} GPU(s): covers {need}{note}"
 
 
 def cluster_env(inventory: str, *, dry_run: bool, ssh_config: str | None = None, runner: Runner | None = None,
@@ -262,7 +481,11 @@ def cluster_env(inventory: str, *, dry_run: bool, ssh_config: str | None = None,
         dashboard, via = jobs_api(inv, dashboard, mode=tunnel or inv.ssh_options.tunnel, dry_run=dry_run, stack=tunnels, runner=runner,
                                   say=lambda line: print(line, file=stream or sys.stdout, flush=True))
 
+    def ray_gate(recipe: Recipe, say) -> None:
+        say(gate(recipe, inv, runner=runner, control_dir=control_dir))
+
     def preflight(recipe: Recipe, say) -> None:
+        ray_gate(recipe, say)  # Ray's view first: one ssh round trip, and the likeliest refusal on a cluster left running
         check = live(recipe, inv, runner=runner, control_dir=control_dir, stream=stream, live_table=False if stream is not None else None)
         if check.failures:
             raise RunCheckFailed(inv.name, check)
@@ -270,4 +493,5 @@ def cluster_env(inventory: str, *, dry_run: bool, ssh_config: str | None = None,
             + (f" with room for a checkpoint ({_gib(check.need_bytes)}: {check.how})" if check.need_bytes else " (checkpoint size unknown: " + check.how + ")"))
 
     return Cluster(name=str(inventory), address=dashboard, via=via, mode=inv.mode, image=inv.image, prefix=inv.head.prefix,
-                   python=inv.head.python, adopt=lambda r, mode_given: adopt(r, inv, mode_given), check=lambda r: static(r, inv), preflight=preflight)
+                   python=inv.head.python, adopt=lambda r, mode_given: adopt(r, inv, mode_given), check=lambda r: static(r, inv), preflight=preflight,
+                   gate=ray_gate)

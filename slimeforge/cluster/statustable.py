@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import SlimeforgeError
 from ..proc import Runner
 from ..scripts.node_agent import hostport
-from .agent import VERSIONS_SNIPPET, agent, first_line, last_json
+from .agent import VERSIONS_SNIPPET, agent, first_line, last_json, read_nodes
 from .bringup import Node, make_nodes
 from .inventory import Inventory, load_inventory
 from .record import read_state
@@ -58,8 +58,9 @@ def status(inventory: Inventory | str | Path, *, runner: Runner | None = None, c
     if dashboard and head.facts:
         try:
             answer = agent(head.ssh, head.host, "nodes", {"url": f"{dashboard}/api/v0/nodes?limit=10000&detail=false", "timeout": 10}, timeout=60)
+            ray_nodes, _ = read_nodes(answer, head.name)  # validated: every node has node_ip, state, GPUs
             # A host whose Ray was restarted has a DEAD entry beside the ALIVE one: ALIVE wins.
-            for n in sorted(answer.get("nodes", []), key=lambda n: n.get("state") == "ALIVE"):
+            for n in sorted(ray_nodes, key=lambda n: n["state"] == "ALIVE"):
                 cluster_nodes[n["node_ip"]] = n
         except SlimeforgeError:
             pass
@@ -67,9 +68,9 @@ def status(inventory: Inventory | str | Path, *, runner: Runner | None = None, c
         row = rows[node.name]
         ip = (state or {}).get("hosts", {}).get(node.name, {}).get("node_ip") or node.host.node_ip or (node.facts.get("ssh_server_ip") if node.host.is_head else None)
         row["node_ip"] = ip
-        n = cluster_nodes.get(ip or "")
-        row["node"] = n["state"] if n else "not in the cluster"
-        row["gpus_ray"] = int((n.get("resources_total") or {}).get("GPU", 0)) if n else None
+        seen = cluster_nodes.get(ip or "")
+        row["node"] = seen["state"] if seen else "not in the cluster"
+        row["gpus_ray"] = seen["resources_total"]["GPU"] if seen else None
     return [rows[n.name] for n in nodes]
 
 

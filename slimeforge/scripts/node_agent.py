@@ -346,38 +346,208 @@ def cmd_stop(p):
     return {"ok": True, "stopped": True, "pid": pid, "processes": 1 + len(tree), "forced": forced}
 
 
+NODES_MAX_BYTES = 32 << 20  # the dashboard's node list: ~1 KiB a node; more is not a node list
+NODE_IP_RE = re.compile(r"[0-9A-Fa-f.:]{2,45}")
+NODE_STATE_RE = re.compile(r"[A-Z_]{1,32}")
+NODE_ID_RE = re.compile(r"[0-9A-Za-z_-]{1,128}")
+MAX_NODE_GPUS = 4096
+ODD_SHOWN = 10
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def loads_strict(text):
+    """json.loads without NaN/Infinity; a nesting too deep for the parser is a ValueError too."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def node_gpus(node):
+    """The GPUs a node registered (resources_total.GPU), or None when that is not a count."""
+    res = node.get("resources_total")
+    if res is None:
+        return 0
+    if not isinstance(res, dict):
+        return None
+    g = res.get("GPU", 0)
+    if isinstance(g, bool) or not isinstance(g, (int, float)) or g != g or not 0 <= g <= MAX_NODE_GPUS:
+        return None
+    return int(g)
+
+
+def node_problem(n):
+    """Why one entry of the dashboard's node list is not a node we can read, or None."""
+    if not isinstance(n, dict):
+        return "is not an object"
+    ip, state = n.get("node_ip"), n.get("state")
+    if not (isinstance(ip, str) and NODE_IP_RE.fullmatch(ip)):
+        return "node_ip is not an IP address: " + ascii(ip)[:80]
+    if not (isinstance(state, str) and NODE_STATE_RE.fullmatch(state)):
+        return "state is not a node state: " + ascii(state)[:80]
+    if node_gpus(n) is None:
+        return "resources_total.GPU is not a GPU count: " + ascii(n.get("resources_total"))[:80]
+    nid = n.get("node_id")
+    if nid is not None and not (isinstance(nid, str) and NODE_ID_RE.fullmatch(nid)):
+        return "node_id is not a node id: " + ascii(nid)[:80]
+    return None
+
+
+def dashboard_nodes(body):
+    """(nodes, odd, error) from the state API's answer: each readable node as {node_id, node_ip,
+    is_head_node, state, resources_total: {GPU}}; odd: why the other entries were left out."""
+    try:
+        entries = body["data"]["result"]["result"]
+    except (TypeError, KeyError, IndexError):
+        return [], [], "not a node list (no data.result.result): " + ascii(body)[:200]
+    if not isinstance(entries, list):
+        return [], [], "data.result.result is not a list: " + ascii(entries)[:200]
+    nodes, odd = [], []
+    for i, n in enumerate(entries):
+        why = node_problem(n)
+        if why:
+            odd.append(f"entry {i} {why}")
+            continue
+        nodes.append({"node_id": n.get("node_id"), "node_ip": n["node_ip"], "is_head_node": n.get("is_head_node") is True,
+                      "state": n["state"], "resources_total": {"GPU": node_gpus(n)}})
+    return nodes, odd[:ODD_SHOWN] + ([f"... {len(odd) - ODD_SHOWN} more"] if len(odd) > ODD_SHOWN else []), None
+
+
 def cmd_nodes(p):
+    url = p["url"]
     try:
         # No proxy: this is the head asking its own dashboard, and http_proxy may be set for the internet.
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(p["url"], timeout=p.get("timeout", 10)) as r:
-            body = json.load(r)
+        with opener.open(url, timeout=p.get("timeout", 10)) as r:
+            raw = r.read(NODES_MAX_BYTES + 1)
     except (OSError, ValueError) as exc:  # not up yet, or not answering: the caller polls again
-        return {"error": f"{p['url']}: {exc}"}
-    nodes = body["data"]["result"]["result"]
-    keep = ("node_id", "node_ip", "is_head_node", "state", "resources_total")
-    return {"nodes": [{k: n.get(k) for k in keep} for n in nodes]}
+        return {"error": f"{url}: {exc}"}
+    if len(raw) > NODES_MAX_BYTES:
+        return {"error": f"{url}: answered more than {NODES_MAX_BYTES} bytes: not a node list"}
+    try:
+        body = loads_strict(raw.decode("utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError included
+        return {"error": f"{url}: not JSON ({exc}): " + ascii(raw[:200])}
+    nodes, odd, why = dashboard_nodes(body)
+    if why:
+        return {"error": f"{url}: {why}"}
+    return {"nodes": nodes, "odd": odd}
 
 
 # --- a recipe's paths on this host (cluster/runcheck.py) -------------------------------------
 
 MARKER_PREFIX = ".slimeforge-fs-"
 CONFIG_KEYS = ("hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size", "tie_word_embeddings")
+CONFIG_MAX_BYTES = 16 << 20  # a model's config.json is a few KiB; more is not one
+CONFIG_INT_MAX = 1 << 31  # a layer count, width or vocabulary beyond this is not a model's
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+WEIGHT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,254}")
+MAX_WEIGHT_FILES = 10000
+PATH_MAX = 4096
+UNUSABLE_PATH = f"is not a usable path (a NUL byte, a character no file name holds, or longer than {PATH_MAX} characters)"
+
+
+def path_problem(path):
+    """Why `path` (from the caller's JSON) cannot be looked at here, or None."""
+    if not isinstance(path, str) or not path:
+        return "is not a path"
+    try:
+        path.encode("utf-8", "surrogateescape")  # a lone surrogate has no bytes: no file has that name
+    except UnicodeEncodeError:
+        return UNUSABLE_PATH
+    if "\0" in path or len(path) > PATH_MAX:
+        return UNUSABLE_PATH
+    if not os.path.isabs(path):
+        return "is not an absolute path"
+    return None
+
+
+def read_config(config):
+    """config.json's shape keys (only well-formed values), or the reason it cannot be read: never
+    blocks on a FIFO, never reads more than CONFIG_MAX_BYTES, never recurses without bound."""
+    try:
+        fd = os.open(config, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        return None, f"config.json cannot be opened: {exc.strerror or exc}"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, "config.json is not a regular file"
+        if st.st_size > CONFIG_MAX_BYTES:
+            return None, f"config.json is {st.st_size} bytes (a model's is a few KiB)"
+        chunks, left = [], CONFIG_MAX_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        return None, f"config.json cannot be read: {exc.strerror or exc}"
+    finally:
+        os.close(fd)
+    try:
+        doc = loads_strict(b"".join(chunks).decode("utf-8"))
+    except ValueError as exc:
+        return None, f"config.json is not JSON: {str(exc)[:200]}"
+    if not isinstance(doc, dict):
+        return None, "config.json is not a JSON object"
+    out = {}  # type: dict[str, object]
+    for k in CONFIG_KEYS:
+        v = doc.get(k)
+        if k == "tie_word_embeddings":
+            if isinstance(v, bool):
+                out[k] = v
+        elif type(v) is int and 0 < v < CONFIG_INT_MAX:
+            out[k] = v
+    return out, None
+
+
+def weight_files(path):
+    """({name: bytes} of the model's weight files, [problems]): what a checkpoint's size follows and
+    what a worker's copy must match. Symlinks are followed (a Hugging Face snapshot is symlinks)."""
+    files, problems = {}, []
+    try:
+        with os.scandir(path) as entries:
+            for e in entries:
+                if not e.name.endswith(WEIGHT_SUFFIXES):
+                    continue
+                if not WEIGHT_NAME_RE.fullmatch(e.name):
+                    problems.append("has a weights file whose name is not plain text: " + ascii(e.name)[:300])
+                    continue
+                try:
+                    st = os.stat(e.path)
+                except OSError as exc:  # a dangling link, a link loop, no permission
+                    problems.append(f"has a weights file {e.name} that cannot be read: {exc.strerror or exc}")
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    files[e.name] = st.st_size
+                    if len(files) > MAX_WEIGHT_FILES:
+                        problems.append(f"has more than {MAX_WEIGHT_FILES} weights files")
+                        break
+    except OSError as exc:
+        problems.append(f"cannot be listed: {exc.strerror or exc}")
+    return files, problems
 
 
 def cmd_runcheck(p):
     """p: {"paths": [{"what", "path", "kind": model|file|dir}], "checkpoint": {"dir", "token", "write"|"read"|"remove"}}.
-    Answers {"problems": [{"what", "path", "why"}], "weights_bytes", "config", "free_bytes"}; the caller adds the fixes."""
-    problems, weights = [], 0  # type: list[dict[str, str]], int
-    out = {"problems": problems, "weights_bytes": 0, "config": None, "free_bytes": None}
+    Answers {"problems": [{"what", "path", "why"}], "weights": {name: bytes}, "weights_bytes", "config",
+    "free_bytes"}; the caller adds the fixes. Whatever the host's files are, the answer is JSON."""
+    problems, weights = [], {}  # type: list[dict[str, str]], dict[str, int]
+    out = {"problems": problems, "weights": weights, "weights_bytes": 0, "config": None, "free_bytes": None}
 
     def bad(what, path, why):
         problems.append({"what": what, "path": path, "why": why})
 
     for item in p.get("paths", []):
         what, path, kind = item["what"], item["path"], item["kind"]
-        if not os.path.isabs(path):
-            bad(what, path, "is not an absolute path")
+        why = path_problem(path)
+        if why:
+            bad(what, path if isinstance(path, str) else ascii(path), why)
         elif kind == "file" and not (os.path.isfile(path) and os.access(path, os.R_OK)):
             bad(what, path, "no such file here" if not os.path.exists(path) else "is not a readable file")
         elif kind == "dir" and not os.path.isdir(path):
@@ -389,21 +559,19 @@ def cmd_runcheck(p):
             elif not (os.path.isfile(config) and os.access(config, os.R_OK)):
                 bad(what, path, "has no readable config.json here")
             else:
-                try:
-                    with open(config) as f:
-                        doc = json.load(f)
-                    out["config"] = {k: doc[k] for k in CONFIG_KEYS if isinstance(doc, dict) and k in doc}
-                except (OSError, ValueError) as exc:
-                    bad(what, path, f"config.json is not JSON: {exc}")
-                with os.scandir(path) as entries:  # the weights: what a checkpoint's size follows
-                    weights += sum(e.stat().st_size for e in entries
-                                                if e.is_file() and e.name.endswith((".safetensors", ".bin", ".pt")))
-    out["weights_bytes"] = weights
+                out["config"], why = read_config(config)
+                if why:
+                    bad(what, path, why)
+                found, whys = weight_files(path)
+                weights.update(found)
+                for why in whys:
+                    bad(what, path, why)
+    out["weights_bytes"] = sum(weights.values())
     ck = p.get("checkpoint")
     if ck:
         d, token = ck["dir"], ck["token"]
-        if not os.path.isabs(d) or not re.fullmatch(r"[0-9a-f]{32}", token):
-            bad("checkpoint_dir", d, "is not an absolute path with a 32-hex-digit token")
+        if path_problem(d) or not (isinstance(token, str) and re.fullmatch(r"[0-9a-f]{32}", token)):
+            bad("checkpoint_dir", d if isinstance(d, str) else ascii(d), "is not an absolute path with a 32-hex-digit token")
             return out
         marker = os.path.join(d, MARKER_PREFIX + token)
         try:
@@ -422,27 +590,32 @@ def cmd_runcheck(p):
             bad("checkpoint_dir", d, f"is not writable here: {exc.strerror or exc}")
             return out
         if ck.get("read"):
-            if tail(marker, 1) != token:  # "" when it is not there
+            if read_marker(marker) != token:  # "" when it is not there, or not a regular file
                 bad("checkpoint_dir", d, "is not the head's filesystem: the marker the head wrote there is not here")
         if ck.get("remove"):
-            if os.path.exists(marker):
+            try:
                 os.remove(marker)
+            except OSError:
+                pass  # gone already, or not ours to remove (a directory by that name): a leftover is never read again
     return out
 
 
 def gate(nodes, want):
-    """The health gate's test, for cluster.up and for a Slurm allocation alike.
+    """The health gate's test, for cluster.up, for a Slurm allocation, and before a run is submitted.
 
     nodes: the dashboard's node list (cmd_nodes); want: {node IP: GPUs it must register with}.
-    Returns {ip: (ok, detail)}: ok when an ALIVE node has that IP and exactly those GPUs."""
-    alive = {n["node_ip"]: n for n in nodes if n.get("state") == "ALIVE"}
+    Returns {ip: (ok, detail)}: ok when an ALIVE node has that IP and exactly those GPUs. Entries
+    that are not nodes (cmd_nodes leaves them out; a caller may pass the raw list) count for nothing."""
+    readable = [n for n in nodes if node_problem(n) is None] if isinstance(nodes, list) else []
+    alive = {n["node_ip"]: n for n in readable if n["state"] == "ALIVE"}
+    other = {n["node_ip"]: n["state"] for n in readable if n["state"] != "ALIVE"}
     out = {}
     for ip, gpus in want.items():
         node = alive.get(ip)
         if node is None:
-            out[ip] = (False, f"no ALIVE node with IP {ip}")
+            out[ip] = (False, f"no ALIVE node with IP {ip}" + (f" (Ray lists it {other[ip]})" if ip in other else ""))
             continue
-        got = int((node.get("resources_total") or {}).get("GPU", 0))
+        got = node_gpus(node)
         out[ip] = (True, f"{ip} ALIVE, {got} GPU(s)") if got == gpus else (False, f"registered from {ip} with {got} GPU(s), expected {gpus}")
     return out
 
@@ -506,12 +679,16 @@ def checkpoint_bytes(weights, config):
     """The size of a checkpoint with optimizer state, and how it was found: from the weights' bytes,
     else from config.json's shape; (None, why) when neither is known. cluster/runcheck.py and the
     Slurm nodes' slurm-check both use it."""
-    if weights:
+    if type(weights) is int and 0 < weights < 1 << 62:
         return CHECKPOINT_FACTOR * weights, f"{CHECKPOINT_FACTOR} x the weights' {weights / 2**30:.2f} GiB"
-    c = config or {}
-    if all(isinstance(c.get(k), int) for k in ("hidden_size", "num_hidden_layers", "vocab_size")):
+    c = config if isinstance(config, dict) else {}
+
+    def dim(k):  # a positive int, never a bool, a float or a string
+        return type(c.get(k)) is int and 0 < c[k] < CONFIG_INT_MAX
+
+    if all(dim(k) for k in ("hidden_size", "num_hidden_layers", "vocab_size")):
         h = c["hidden_size"]
-        inter = c.get("intermediate_size") if isinstance(c.get("intermediate_size"), int) else 4 * h
+        inter = c["intermediate_size"] if dim("intermediate_size") else 4 * h
         # Per layer: attention's four h x h projections and a gated MLP's three h x intermediate ones;
         # the embedding, and the output layer unless tied to it.
         params = c["num_hidden_layers"] * (4 * h * h + 3 * h * inter) + (1 if c.get("tie_word_embeddings") else 2) * c["vocab_size"] * h
@@ -548,7 +725,10 @@ def main(argv):
     if len(argv) != 3 or argv[1] not in COMMANDS:
         sys.stderr.write("usage: node_agent.py {" + ",".join(COMMANDS) + "} JSON\n")
         return 2
-    result = COMMANDS[argv[1]](json.loads(argv[2]))
+    try:
+        result = COMMANDS[argv[1]](json.loads(argv[2]))
+    except Exception as exc:  # whatever this host holds, the caller gets one JSON answer naming it
+        result = {"ok": False, "error": f"node agent {argv[1]} failed on this host: {type(exc).__name__}: {str(exc)[:500]}"}
     sys.stdout.write(json.dumps(result) + "\n")
     # The Slurm commands gate a batch script: their exit status says whether to go on.
     return 1 if argv[1].startswith("slurm-") and not result.get("ok", True) else 0

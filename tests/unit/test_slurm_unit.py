@@ -298,7 +298,7 @@ def test_the_health_gate_test():
     assert gate(nodes, {"10.0.0.1": 2, "10.0.0.2": 2, "10.0.0.3": 2}) == {
         "10.0.0.1": (True, "10.0.0.1 ALIVE, 2 GPU(s)"),
         "10.0.0.2": (False, "registered from 10.0.0.2 with 1 GPU(s), expected 2"),
-        "10.0.0.3": (False, "no ALIVE node with IP 10.0.0.3"),
+        "10.0.0.3": (False, "no ALIVE node with IP 10.0.0.3 (Ray lists it DEAD)"),
     }
 
 

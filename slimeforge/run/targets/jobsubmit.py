@@ -69,6 +69,7 @@ class Cluster:
     adopt: Callable[[Recipe, bool], Recipe] | None = None  # (recipe, mode given) -> the cluster's mode/image/prefix where the recipe names none
     check: Callable[[Recipe], list[Problem]] | None = None  # static: from the inventory alone
     preflight: Callable[[Recipe, Say], None] | None = None  # live: on every host; raises naming the hosts
+    gate: Callable[[Recipe, Say], None] | None = None  # Ray's ALIVE nodes cover the recipe (preflight runs it first); again before a restart
 
 
 def find_cluster_of(address: str | None, cluster: str | None, find: Callable[[str, bool], Cluster] | None, dry_run: bool) -> Cluster:

@@ -56,6 +56,12 @@ def put(lab: NetLab, host, path: Path, text: str) -> None:
     lab.run_in(host, ["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "sh", str(path)], input=text)
 
 
+def put_model(lab: NetLab, host, model: Path) -> None:
+    """The host's own copy of the model: config.json and the weights (the same on every host: the run gate compares them)."""
+    put(lab, host, model / "config.json", (FIXTURES / "models" / MODEL / "config.json").read_text())
+    put(lab, host, model / "model.safetensors", "w" * 4096)
+
+
 def sees(lab: NetLab, host, path: Path) -> bool:
     return subprocess.run(["nsenter", "--target", str(host.sshd_pid), "--mount", "--", "test", "-e", str(path)]).returncode == 0
 
@@ -67,10 +73,8 @@ def up(isolated, tmp_path_factory):
     w = lab.workdir
     local, shared = w / "local", w / "shared"
     shutil.copytree(FIXTURES / "slime", shared / "slime")
-    config = (FIXTURES / "models" / MODEL / "config.json").read_text()
-    for h in lab.hosts:  # each host its own copy of the model, at the same path
-        put(lab, h, local / "models" / MODEL / "config.json", config)
-        put(lab, h, local / "models" / MODEL / "model.safetensors", "w" * 4096)  # the weights: what a checkpoint's size follows
+    for h in lab.hosts:  # each host its own copy of the model, at the same path (the weights: what a checkpoint's size follows)
+        put_model(lab, h, local / "models" / MODEL)
     head = lab.hosts[0]
     put(lab, head, local / "data" / "train.jsonl", json.dumps({"prompt": "1 + 1?", "metadata": {"answer": "2"}}) + "\n")
     assert not sees(lab, lab.hosts[1], local / "data" / "train.jsonl") and sees(lab, head, local / "data" / "train.jsonl")
@@ -194,7 +198,7 @@ def test_refusals_name_the_host_before_anything_is_submitted(up):
         assert f"model_dir {model}: no such directory here" in line and "FAILED" in line
         assert all("FAILED" not in x for x in text.splitlines() if x.startswith(("h1 ", "h2 ")))
     finally:
-        put(lab, h3, model / "config.json", (FIXTURES / "models" / MODEL / "config.json").read_text())
+        put_model(lab, h3, model)
 
     # A checkpoint dir each host has for itself: the head's marker is not on h2 or h3.
     r = invoke(*run_cmd(up, recipe_file(up, "perhost", checkpoint_dir=str(local / "ckpt")), up["tmp"] / "run-perhost"))
@@ -254,6 +258,6 @@ def test_container_paths_are_checked_where_their_volumes_put_them_on_each_host(u
     try:
         check = runcheck.live(recipe, inv, stream=io.StringIO(), live_table=False)
     finally:
-        put(lab, h2, local / "models" / MODEL / "config.json", (FIXTURES / "models" / MODEL / "config.json").read_text())
+        put_model(lab, h2, local / "models" / MODEL)
     assert list(check.failures) == ["h2"]
     assert check.failures["h2"].startswith(f"model_dir /models/{MODEL}: no such directory here")  # the recipe's path, as the container sees it
