@@ -1,7 +1,7 @@
 """A cluster this machine reaches only through a bastion: `invoke run --cluster` submits through an
 ssh tunnel, and Ray listens on exactly the ports the inventory pins.
 
-The lab: h1 is the head (the inventory's only host), h2 the bastion (`ssh.proxy_jump`). A firewall
+The lab: h1 is the head, h3 a worker, h2 the bastion (`ssh.proxy_jump`, for both). A firewall
 rule in h1's network namespace (iptables there only) drops everything from this machine (the lab's
 gateway address): ssh to h1 goes through h2 (`-J`), and the head's dashboard does not answer from
 here, so the Jobs API goes through `ssh -N -L` over the same jump, started and stopped by the launch.
@@ -42,13 +42,13 @@ def walled(tmp_path_factory):
         if os.environ.get("CI"):
             pytest.fail(f"CI must be able to create network namespaces with sshd: {why}")
         pytest.skip(f"cannot create network namespaces with sshd here: {why}")
-    lab = NetLab(2).start()
+    lab = NetLab(3).start()
     home = tmp_path_factory.mktemp("state-home")
     old = os.environ.get("SLIMEFORGE_STATE_HOME")
     os.environ["SLIMEFORGE_STATE_HOME"] = str(home)
     inv = None
     try:
-        head, bastion = lab.hosts
+        head, bastion, _ = lab.hosts
         # Only in the head's own network namespace: nothing from this machine gets in.
         sh("ip", "netns", "exec", head.netns, "iptables", "-A", "INPUT", "-s", lab.gateway, "-j", "DROP")
         w = lab.workdir
@@ -58,7 +58,7 @@ def walled(tmp_path_factory):
         (w / "data").mkdir()
         (w / "data" / "train.jsonl").write_text('{"prompt": "1 + 1?", "metadata": {"answer": "2"}}\n')
         data = inventory_data(lab, f"{lab.tag}-tn", gpus=2)
-        data["hosts"] = data["hosts"][:1]  # h1 alone; h2 is the bastion
+        data["hosts"] = [data["hosts"][0], data["hosts"][2]]  # h1 and h3; h2 is the bastion
         data["ssh"]["proxy_jump"] = bastion.ip  # User and host key from the lab's ssh config
         inv = write_inventory(w / "walled.yaml", data)
         tmp = tmp_path_factory.mktemp("recipes")
@@ -111,19 +111,23 @@ def listening(netns: str) -> dict[int, tuple[str, str]]:
     return found
 
 
-def test_ray_listens_on_the_pinned_ports_and_no_others(walled):
-    head = walled["lab"].hosts[0]
-    ports = listening(head.netns)
+@pytest.mark.parametrize("which", [0, 2], ids=["head", "worker"])
+def test_ray_listens_on_the_pinned_ports_and_no_others(walled, which):
+    host = walled["lab"].hosts[which]
+    is_head = which == 0
+    ports = listening(host.netns)
     outside = {p: v for p, v in ports.items() if not v[0].startswith("127.") and v[0] != "::1" and not v[1].startswith("sshd")}
-    fixed = set(rayports.fixed_ports(rayports.DEFAULTS, head=True))
+    fixed = set(rayports.fixed_ports(rayports.DEFAULTS, head=is_head))
     workers = range(rayports.DEFAULTS["min_worker_port"], rayports.DEFAULTS["max_worker_port"] + 1)
     # Every port Ray listens on beyond loopback is one the inventory pinned (or a worker's, in the range).
     strays = {p: v for p, v in outside.items() if p not in fixed and p not in workers}
     assert not strays, f"Ray listens on ports nobody pinned: {strays} (all: {ports})"
-    # And the pinned ones are Ray's: GCS, dashboard, raylet, object manager, both agents, metrics.
-    for key in ("port", "dashboard_port", "node_manager_port", "object_manager_port", "dashboard_agent_grpc_port",
-                "dashboard_agent_listen_port", "runtime_env_agent_port", "metrics_export_port"):
-        assert rayports.DEFAULTS[key] in ports, f"{key} {rayports.DEFAULTS[key]} is not listening: {ports}"
+    # And the pinned ones are Ray's, each listening: on every node the raylet, object manager, both
+    # agents and metrics; on the head also GCS, dashboard, client server and the two metrics exporters.
+    keys = [p.key for p in rayports.PORTS if is_head or p.hosts == rayports.ALL]
+    assert len(keys) == (11 if is_head else 6)
+    for key in keys:
+        assert rayports.DEFAULTS[key] in ports, f"{key} {rayports.DEFAULTS[key]} is not listening on {host.name}: {ports}"
 
 
 def test_run_goes_through_an_ssh_tunnel_over_the_bastion(walled):
@@ -141,7 +145,7 @@ def test_run_goes_through_an_ssh_tunnel_over_the_bastion(walled):
     assert said, text
     local, pid = said.group(1), int(said.group(2))
     assert "submitting sf-tunnel-run-" in text and f"to {local}" in text
-    assert "standin: 1 node(s) read every path and wrote a shard" in text and "exit code 0" in text
-    assert "standin: 1 node(s) read every path" in (out / "job.log").read_text()  # the logs came back through the tunnel
+    assert "standin: 2 node(s) read every path and wrote a shard" in text and "exit code 0" in text  # a task on h3 too
+    assert "standin: 2 node(s) read every path" in (out / "job.log").read_text()  # the logs came back through the tunnel
     assert not pid_alive(pid)  # the launch stopped its tunnel
     assert (out / "submission_id").is_file()
