@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from .. import paths
+from .. import paths, rayports
 from ..errors import ConfigError, Problem
 from ..image.imageref import image_ref_problems
 from ..schema import ENV_NAME_RE, Model, model_problems, secret_name, text_problem
@@ -44,13 +44,25 @@ class SSHSettings(Model):
     options: dict[str, str] = Field(default_factory=dict)  # extra `-o Key=Value`: the allow list of sshconfig.OPTIONS
     proxy_jump: str | None = None  # a bastion: `ssh -J [user@]host[:port][,...]`
     proxy_command: str | None = None  # a command proxy (e.g. AWS SSM), run by ssh on this machine: explicit, shown by cluster.up --dry-run
+    tunnel: Literal["auto", "always", "never"] = "auto"  # the Jobs API over ssh (tunnel.py); auto: when the dashboard does not answer directly
 
 
 class RaySettings(Model):
-    port: int = Field(6379, ge=1, le=65535)  # GCS, on the head
-    dashboard_port: int = Field(8265, ge=1, le=65535)  # dashboard and Jobs API, on the head
-    client_port: int = Field(10001, ge=1, le=65535)  # Ray Client server, on the head
-    dashboard_agent_port: int = Field(52365, ge=1, le=65535)  # on every node
+    # Every port a Ray node listens on, pinned (rayports.py: the defaults, one range, the firewall
+    # table of docs/cluster.md); the rules between them are rayports.port_problems.
+    port: int = Field(rayports.DEFAULTS["port"], ge=1, le=65535)  # GCS, on the head
+    dashboard_port: int = Field(rayports.DEFAULTS["dashboard_port"], ge=1, le=65535)  # dashboard and Jobs API, on the head
+    client_port: int = Field(rayports.DEFAULTS["client_port"], ge=1, le=65535)  # Ray Client server, on the head
+    autoscaler_metrics_port: int = Field(rayports.DEFAULTS["autoscaler_metrics_port"], ge=1, le=65535)  # on the head, by environment
+    dashboard_metrics_port: int = Field(rayports.DEFAULTS["dashboard_metrics_port"], ge=1, le=65535)  # on the head, by environment
+    node_manager_port: int = Field(rayports.DEFAULTS["node_manager_port"], ge=1, le=65535)  # on every node, as the rest
+    object_manager_port: int = Field(rayports.DEFAULTS["object_manager_port"], ge=1, le=65535)
+    runtime_env_agent_port: int = Field(rayports.DEFAULTS["runtime_env_agent_port"], ge=1, le=65535)
+    dashboard_agent_grpc_port: int = Field(rayports.DEFAULTS["dashboard_agent_grpc_port"], ge=1, le=65535)
+    dashboard_agent_listen_port: int = Field(rayports.DEFAULTS["dashboard_agent_listen_port"], ge=1, le=65535)
+    metrics_export_port: int = Field(rayports.DEFAULTS["metrics_export_port"], ge=1, le=65535)
+    min_worker_port: int = Field(rayports.DEFAULTS["min_worker_port"], ge=1, le=65535)
+    max_worker_port: int = Field(rayports.DEFAULTS["max_worker_port"], ge=1, le=65535)
     num_cpus: int | None = Field(None, ge=0, le=4096)  # default: Ray counts the host's cores
     object_store_memory: int | None = Field(None, ge=78643200, le=1 << 50)  # bytes; Ray's minimum is 75 MiB
     temp_dir: str | None = None  # default: /tmp/sfr-<8 hex digits of cluster and host name>
@@ -272,11 +284,7 @@ def check(data: dict[str, Any], base: Path, trusted_config: bool = False) -> lis
     temp_dir = ray.get("temp_dir")
     if isinstance(temp_dir, str) and not temp_dir.startswith("/"):
         p.append(Problem("ray.temp_dir", "must be an absolute path on the hosts", temp_dir, "/path/on/the/hosts, e.g. /tmp/ray"))
-    ports = {k: ray.get(k, RaySettings.model_fields[k].default) for k in ("port", "dashboard_port", "client_port", "dashboard_agent_port")}
-    # Each port's range is the schema's (which also reads 6379.0 as 6379); here, that they differ.
-    values = [v for v in ports.values() if isinstance(v, int | float) and not isinstance(v, bool)]
-    if len(set(values)) != len(values):
-        p.append(Problem("ray", "the Ray ports must differ from each other", ports))
+    p += rayports.port_problems(ray)
     name = data.get("name")
     if isinstance(name, str) and not NAME_RE.fullmatch(name):
         p.append(Problem("name", "is used in paths and container names", name, "letters, digits, '.', '_', '-', starting with a letter or digit"))
@@ -320,7 +328,8 @@ def load_inventory(path: str | Path, ssh_config: str | Path | None = None) -> In
         raise ConfigError(str(path), [Problem("name", "the file name is not a usable cluster name: set name:", name, "letters, digits, '.', '_', '-'")])
     config = Path(ssh_config).expanduser().resolve() if ssh_config is not None else _resolve(base, spec.ssh.config) if spec.ssh.config is not None else None
     options = SSHOptions(config_file=str(config) if config else None, connect_timeout=spec.ssh.connect_timeout, extra=dict(spec.ssh.options),
-                         proxy_jump=jump_hosts(spec.ssh.proxy_jump) if spec.ssh.proxy_jump else None, proxy_command=spec.ssh.proxy_command)
+                         proxy_jump=jump_hosts(spec.ssh.proxy_jump) if spec.ssh.proxy_jump else None, proxy_command=spec.ssh.proxy_command,
+                         tunnel=spec.ssh.tunnel)
     hosts = []
     for h in spec.hosts:
         prefix = h.prefix or spec.prefix
@@ -349,7 +358,8 @@ def load_inventory(path: str | Path, ssh_config: str | Path | None = None) -> In
                 num_cpus=h.num_cpus if h.num_cpus is not None else spec.ray.num_cpus,
                 temp_dir=h.temp_dir or spec.ray.temp_dir or default_temp_dir(name, h.name),
                 state_dir=f"{spec.state_dir.rstrip('/')}/{name}/{h.name}",
-                env={**spec.ray.env, **h.env},
+                # The head's ports `ray start` has no option for (rayports.node_env): the inventory's, whatever ray.env says.
+                env={**spec.ray.env, **h.env, **(rayports.node_env(spec.ray.model_dump()) if h.role == "head" else {})},
             )
         )
     return Inventory(

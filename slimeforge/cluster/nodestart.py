@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import rayports
 from ..scripts.hostrecord import LABEL_CLUSTER, LABEL_TOKEN
 from ..scripts.node_agent import hostport
 from .inventory import Host, Inventory
@@ -17,23 +18,22 @@ def ray_start_argv(inv: Inventory, host: Host, node_ip: str, head_ip: str) -> li
     r = inv.ray
     ray = host.ray if host.mode == "host" else "ray"
     argv = [ray, "start", "--block"]
+    ports = r.model_dump()
     if host.is_head:
         argv += [
             "--head",
-            "--port", str(r.port),
             # Reachable on the cluster network (for workers, `invoke run --cluster` and the
             # health gate), not on every interface: the dashboard has no authentication.
             "--dashboard-host", node_ip,
-            "--dashboard-port", str(r.dashboard_port),
-            "--ray-client-server-port", str(r.client_port),
         ]
     else:
         argv += ["--address", hostport(head_ip, r.port)]
     argv += [
         "--node-ip-address", node_ip,
         "--num-gpus", str(host.gpus),
-        # Fixed rather than random, so preflight can check that it is free.
-        "--dashboard-agent-listen-port", str(r.dashboard_agent_port),
+        # Every port pinned (rayports.py), none left to Ray's random choice: preflight checks
+        # them free, and a firewall can be written from docs/cluster.md's table ahead of time.
+        *rayports.node_argv(ports, host.is_head),
         # Our own temp dir per node: several nodes may share /tmp, and `ray stop` elsewhere
         # never finds our sessions through /tmp/ray.
         "--temp-dir", host.temp_dir,
@@ -91,5 +91,5 @@ def start_argv(inv: Inventory, host: Host, node_ip: str, head_ip: str, env: dict
 
 
 def ports_for(inv: Inventory, host: Host) -> list[int]:
-    r = inv.ray
-    return [r.port, r.dashboard_port, r.client_port, r.dashboard_agent_port] if host.is_head else [r.dashboard_agent_port]
+    """The node's fixed ports, checked free before Ray starts (Ray skips a taken worker port itself)."""
+    return rayports.fixed_ports(inv.ray.model_dump(), host.is_head)

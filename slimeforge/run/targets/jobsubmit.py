@@ -60,7 +60,8 @@ class Cluster:
     """The cluster a job goes to, as the caller found it (tasks.py: cluster/runcheck.cluster_env)."""
 
     name: str  # the inventory, or the address given
-    address: str  # its Jobs API, http://HEAD:PORT
+    address: str  # its Jobs API, http://HEAD:PORT (or an ssh tunnel's http://127.0.0.1:PORT, alive while the launch runs)
+    via: str | None = None  # how the Jobs API is reached when not directly (cluster/tunnel.py), for the plan's notes
     mode: str | None = None  # None: not known (--address)
     image: str | None = None
     prefix: str | None = None
@@ -153,6 +154,8 @@ class ClusterTarget(jobs.JobsApiTarget):
                  f"working_dir: {', '.join(JOB_FILES)} travel with the submission; secrets (WANDB_API_KEY, AWS_*) come from the hosts' environment"]
         env = f"image {run.recipe.image}" if run.recipe.mode == "container" else f"prefix {run.recipe.install_prefix or '(none)'}"
         notes.append(f"{run.recipe.mode} mode, {env}" + (" (the cluster's)" if self.cluster.mode else ""))
+        if self.cluster.via:
+            notes.append(self.cluster.via)
         if self.cluster.mode is None:
             notes.append(f"{self.cluster.name} names no inventory: the recipe's mode, image, prefix and paths are not checked against the cluster")
         rundir = amend_plan(rundir, files=files, target=self.name, commands=[list(argv)], cluster=self.cluster.name,
