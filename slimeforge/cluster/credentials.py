@@ -160,6 +160,7 @@ def check_hosts(recipe: Recipe, inv: Inventory, *, network: bool = True, runner:
     if network:
         args.update(bucket=bucket_name(recipe.s3_bucket), runtime_id=runtime_id(recipe.agent_runtime_arn), region=region_of(recipe.agent_runtime_arn))
     answers: dict[str, dict[str, Any]] = {}
+    said: dict[str, str] = {}
 
     def secrets(node: Node) -> str:
         h = node.host
@@ -177,14 +178,15 @@ def check_hosts(recipe: Recipe, inv: Inventory, *, network: bool = True, runner:
             problems.append(answer["error"])
         if problems:
             raise _Failed(problems)
-        return ", ".join(wanted) + " in Ray's environment" if wanted else "none named"
+        said[node.name] = ", ".join(wanted) + " in Ray's environment" if wanted else "no secrets named"
+        return said[node.name]
 
     def aws(node: Node) -> str:
         probe = answers[node.name].get("probe") or {}
         problems, detail = aws_problems(probe, recipe, inv.mode)
         if problems:
             raise _Failed(problems)
-        return detail
+        return f"{said[node.name]}; {detail}"  # one detail per row: the secrets' stays in it
 
     with table:
         failures = parallel(nodes, secrets, table, "secrets")
@@ -192,7 +194,10 @@ def check_hosts(recipe: Recipe, inv: Inventory, *, network: bool = True, runner:
             failures.update(parallel([n for n in nodes if n.name in answers and "probe" in answers[n.name]], aws, table, "aws"))
         for node in nodes:
             if not network or "probe" not in answers.get(node.name, {}):
-                table.set(node.name, "aws", SKIPPED, "not checked" + (" (--no-network)" if not network else ""))
+                if node.name in said:
+                    table.set(node.name, "aws", SKIPPED, f"{said[node.name]}; AWS not checked" + (" (--no-network)" if not network else ""))
+                else:
+                    table.set(node.name, "aws", SKIPPED)
     for node in nodes:
         node.ssh.close()
     return table, failures
