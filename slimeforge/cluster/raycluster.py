@@ -133,6 +133,10 @@ def plan(inventory: Inventory | str | Path, *, nccl_check: bool = False, control
         "  HEAD_IP: the address the head answers ssh on (set node_ip on the head to choose it);",
         "  NODE_IP, IFACE: source address and interface of `ip -o route get HEAD_IP` on each host, found in preflight",
     ]
+    if inv.secret_env:
+        unset = [n for n in inv.secret_env if not os.environ.get(n)]
+        lines.append(f"  secrets (secret_env, names only): {', '.join(inv.secret_env)}"
+                     + (f"; NOT exported here: {', '.join(unset)} (cluster.up refuses until they are)" if unset else "; each exported here"))
     if inv.ssh_options.proxy_command:
         lines.append(f"  ssh proxy command (ssh.proxy_command; ssh runs it on THIS machine for every connection): {inv.ssh_options.proxy_command}")
     if inv.ssh_options.proxy_jump:

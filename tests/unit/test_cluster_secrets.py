@@ -294,3 +294,58 @@ def test_a_record_with_secret_names_reads_and_one_with_anything_else_is_refused(
     assert hostrecord.record_problem(rec) is None
     assert hostrecord.record_problem({**rec, "secret_env": ["HF_TOKEN"]}) is None
     assert "secret_env" in hostrecord.record_problem({**rec, "secret_env": ["HF_TOKEN=" + VALUE]})
+
+
+def test_container_awscheck_runs_the_probe_inside_the_nodes_container(monkeypatch):
+    cid = "c" * 64
+    record = {"container": cid, "argv": ["docker", "run"], "token": TOKEN, "cluster": "lab", "started_at": 1.0, "secret_env": ["HF_TOKEN"]}
+    monkeypatch.setattr(node_agent, "record_state", lambda state_dir: (record, hostrecord.OURS, "", True))
+    calls = []
+
+    def run(argv, **kw):
+        calls.append((argv, kw))
+        return subprocess.CompletedProcess(argv, 0, json.dumps({"secret_env_set": ["HF_TOKEN"]}) + "\n", "")
+
+    monkeypatch.setattr(node_agent.subprocess, "run", run)
+    answer = node_agent.cmd_awscheck({"state_dir": "/s", "args": {"aws": False}})
+    assert answer == {"secret_env": ["HF_TOKEN"], "probe": {"secret_env_set": ["HF_TOKEN"]}}
+    ((argv, kw),) = calls
+    # In the container, with its environment (docker exec inherits the container's, --env-file's included).
+    assert argv == ["docker", "exec", "-i", "--", cid, "python3", "-", json.dumps({"aws": False, "secret_env": ["HF_TOKEN"]})]
+    assert kw["input"] == node_agent.AWS_PROBE and kw["env"] is None
+
+
+def test_invoke_run_refuses_a_recipe_secret_the_cluster_does_not_deliver(tmp_path):
+    """Issue 40.6 through the real command line: exit 2, the secret and the fix named, nothing written."""
+    inv = inventory(tmp_path, secret_env=["AWS_SECRET_ACCESS_KEY"])
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(make_recipe(tmp_path, mode="container", model_dir="/models/m", data_path="/data/train.jsonl",
+                                               checkpoint_dir="/root/checkpoints/x", num_gpus=8, num_nodes=2, secret_env=["HF_TOKEN"])))
+    r = subprocess.run([sys.executable, "-m", "invoke", "run", str(path), "--cluster", str(inv), "--out", str(tmp_path / "run"), "--dry-run"],
+                       cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "secret_env.0" in r.stderr and "HF_TOKEN" in r.stderr and "is not delivered by cluster lab" in r.stderr and "cluster.up" in r.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_dry_run_says_which_secret_is_not_exported(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", VALUE)
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+    text = "\n".join(raycluster.plan(inventory(tmp_path)))
+    assert "NOT exported here: AWS_SECRET_ACCESS_KEY (cluster.up refuses until they are)" in text and VALUE not in text
+
+
+def test_a_local_launch_refuses_a_secret_not_set_here_and_address_refuses_any(tmp_path):
+    from slimeforge.run.launch import LaunchRequest, missing_secrets, resolve
+
+    r = recipe(tmp_path, mode="host", secret_env=["HF_TOKEN"])
+    (p,) = missing_secrets(r, {})
+    assert p.where == "secret_env.0" and p.value == "HF_TOKEN" and "export HF_TOKEN" in p.accepted
+    assert missing_secrets(r, {"HF_TOKEN": VALUE}) == []
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(make_recipe(tmp_path, secret_env=["HF_TOKEN"])))
+    with pytest.raises(ConfigError, match="secret_env.0.*HF_TOKEN"):
+        resolve(LaunchRequest(recipe=str(path)), dry_run=False, environ={})
+    with pytest.raises(ConfigError) as e:
+        resolve(LaunchRequest(recipe=str(path), address="http://10.0.0.1:8265"), dry_run=True, environ={"HF_TOKEN": VALUE})
+    assert "secrets travel only to a cluster cluster.up brought up with them" in str(e.value) and VALUE not in str(e.value)
