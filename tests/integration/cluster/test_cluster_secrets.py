@@ -6,6 +6,9 @@ job's own environment there, against moto's server on the lab's gateway (what th
   the node agent reads into `ray start`'s environment and removes. A job pinned to each node sees
   it; no process's argv, no file under the state directories or Ray's temp dirs, no record, the
   dry run, the bring-up's table and the job's log never hold it.
+- container mode, on this machine's Docker Engine with the node agent run here as on a host: the
+  file goes to `docker run --env-file` and is removed; the container has the value, its argv does
+  not; the AWS probe runs inside the container (`docker exec`), where boto3 is missing: a finding.
 - h1 has AWS credentials of its own (a config file named by AWS_CONFIG_FILE in its env); h2 has
   none. This process exports moto's credentials, which must NOT count for the hosts: the check
   passes h1 (S3 bucket and AgentCore runtime reached) and names h2 with the fix.
@@ -32,8 +35,8 @@ from slimeforge.cluster import raycluster as cluster
 from slimeforge.run.recipe import ARN_RE
 from slimeforge.run.recipecheck import parse_recipe
 
-pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 REGION = "us-west-2"
+ARN_EXAMPLE = "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/gsm8k_agent-a1B2c3D4e5"
 BUCKET = "sf-secrets-test"
 VALUE = "hf_" + hashlib.sha256(str(time.time()).encode()).hexdigest()[:30]  # never seen outside the job
 
@@ -137,6 +140,8 @@ def files_holding(root: Path, needle: bytes, cap: int = 8 << 20) -> list[str]:
     return hits
 
 
+@pytest.mark.ssh
+@pytest.mark.slow
 def test_the_secret_reaches_every_node_and_nothing_else(lab, up):
     from ray.job_submission import JobStatus, JobSubmissionClient
 
@@ -175,6 +180,8 @@ def test_the_secret_reaches_every_node_and_nothing_else(lab, up):
     assert VALUE not in up["table"]
 
 
+@pytest.mark.ssh
+@pytest.mark.slow
 def test_aws_is_proved_on_each_host_with_its_own_credentials(lab, up):
     from slimeforge.cluster.inventory import load_inventory
 
@@ -198,3 +205,43 @@ def test_aws_is_proved_on_each_host_with_its_own_credentials(lab, up):
                                               control_dir=lab.control_dir, stream=io.StringIO(), live_table=False)
     assert sorted(failures) == ["h1", "h2"]
     assert all("WANDB_API_KEY: not in this host's Ray" in why and "cluster.up" in why for why in failures.values())
+
+
+@pytest.mark.docker
+def test_container_mode_hands_the_file_to_docker_and_probes_inside_the_container(tmp_path, base_image):
+    import secrets as _secrets
+    import subprocess
+
+    from slimeforge.cluster.agent import PUT_SCRIPT, env_file_text, secret_file
+    from slimeforge.scripts import hostrecord, node_agent
+
+    state = tmp_path / "state"
+    state.mkdir()
+    token = _secrets.token_hex(16)
+    env_file = secret_file(str(state), token)
+    subprocess.run(["sh", "-c", PUT_SCRIPT, "sh", env_file], input=env_file_text({"HF_TOKEN": VALUE}), text=True, check=True)
+    # cluster.up's `docker run` (nodestart.start_argv) with a stand-in for `ray start` (the test base has no Ray).
+    argv = ["docker", "run", "--detach", "--name", f"sf-secrets-{token[:12]}", "--label", f"{hostrecord.LABEL_CLUSTER}=lab",
+            "--label", f"{hostrecord.LABEL_TOKEN}={token}", "--init", "--env-file", env_file, base_image,
+            "sh", "-c", "echo 'Ray runtime started.'; exec sleep 300"]
+    result = node_agent.cmd_start({"state_dir": str(state), "argv": argv, "token": token, "cluster": "lab", "container": True,
+                                   "env_file": env_file, "marker": "Ray runtime started.", "timeout": 60})
+    try:
+        assert result["ok"], result
+        assert not os.path.exists(env_file)
+        cid = result["record"]["container"]
+        seen = subprocess.run(["docker", "exec", cid, "sh", "-c", 'printf %s "$HF_TOKEN"'], capture_output=True, text=True, check=True).stdout
+        assert seen == VALUE
+        shown = subprocess.run(["docker", "inspect", "--format", "{{json .Path}} {{json .Args}} {{json .Config.Labels}}", cid],
+                               capture_output=True, text=True, check=True).stdout
+        assert VALUE not in shown
+        record = (state / hostrecord.RECORD).read_text()
+        assert json.loads(record)["secret_env"] == ["HF_TOKEN"] and VALUE not in record
+        answer = node_agent.cmd_awscheck({"state_dir": str(state), "args": {"aws": True, "bucket": BUCKET, "runtime_id": "r"}})
+        assert answer["secret_env"] == ["HF_TOKEN"] and answer["probe"]["secret_env_set"] == ["HF_TOKEN"], answer
+        assert "boto3 is not installed in the job's environment here" in answer["probe"]["error"]
+        r, _ = parse_recipe(make_recipe(tmp_path, agent_runtime_arn=ARN_EXAMPLE, s3_bucket=BUCKET), "test")
+        (problem,), _ = credentials.aws_problems(answer["probe"], r, "container")
+        assert "fix: install boto3 in the image (rebuild it with boto3)" in problem
+    finally:
+        assert node_agent.cmd_stop({"state_dir": str(state), "timeout": 10})["ok"]
