@@ -161,6 +161,7 @@ def check_hosts(recipe: Recipe, inv: Inventory, *, network: bool = True, runner:
         args.update(bucket=bucket_name(recipe.s3_bucket), runtime_id=runtime_id(recipe.agent_runtime_arn), region=region_of(recipe.agent_runtime_arn))
     answers: dict[str, dict[str, Any]] = {}
     said: dict[str, str] = {}
+    secret_problems: dict[str, list[str]] = {}
 
     def secrets(node: Node) -> str:
         h = node.host
@@ -177,6 +178,7 @@ def check_hosts(recipe: Recipe, inv: Inventory, *, network: bool = True, runner:
         if answer.get("error"):
             problems.append(answer["error"])
         if problems:
+            secret_problems[node.name] = problems
             raise _Failed(problems)
         said[node.name] = ", ".join(wanted) + " in Ray's environment" if wanted else "no secrets named"
         return said[node.name]
@@ -184,13 +186,17 @@ def check_hosts(recipe: Recipe, inv: Inventory, *, network: bool = True, runner:
     def aws(node: Node) -> str:
         probe = answers[node.name].get("probe") or {}
         problems, detail = aws_problems(probe, recipe, inv.mode)
+        before = secret_problems.get(node.name, [])
         if problems:
-            raise _Failed(problems)
-        return f"{said[node.name]}; {detail}"  # one detail per row: the secrets' stays in it
+            raise _Failed(before + problems)  # one detail per row: the secrets' problems stay in it
+        if before:
+            return " | ".join(before) + "; AWS: " + detail
+        return f"{said[node.name]}; {detail}"
 
     with table:
         failures = parallel(nodes, secrets, table, "secrets")
         if network:
+            # A host's aws failure repeats its secrets problems: one message per host, every problem in it.
             failures.update(parallel([n for n in nodes if n.name in answers and "probe" in answers[n.name]], aws, table, "aws"))
         for node in nodes:
             if not network or "probe" not in answers.get(node.name, {}):

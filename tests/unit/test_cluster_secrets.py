@@ -6,6 +6,7 @@ becomes a problem with its fix. The node agent's `start` runs a real (stand-in) 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
@@ -349,3 +350,30 @@ def test_a_local_launch_refuses_a_secret_not_set_here_and_address_refuses_any(tm
     with pytest.raises(ConfigError) as e:
         resolve(LaunchRequest(recipe=str(path), address="http://10.0.0.1:8265"), dry_run=True, environ={"HF_TOKEN": VALUE})
     assert "secrets travel only to a cluster cluster.up brought up with them" in str(e.value) and VALUE not in str(e.value)
+
+
+def test_check_hosts_names_each_failing_host_with_every_problem(tmp_path, monkeypatch):
+    inv = load_inventory(inventory(tmp_path, secret_env=["HF_TOKEN"]))
+    ok = {"boto3": "1.35", "credentials": {"method": "iam-role"}, "identity": {"arn": "arn:aws:sts::123456789012:assumed-role/gpu/i-1"},
+          "s3": {"ok": True}, "agentcore": {"status": "READY"}}
+    answers = {"a": {"secret_env": ["HF_TOKEN"], "probe": {**ok, "secret_env_set": ["HF_TOKEN"]}},
+               # b: Ray started before HF_TOKEN was in secret_env, and no AWS credentials of its own
+               "b": {"secret_env": [], "probe": {"secret_env_set": [], "boto3": "1.35", "credentials": {"error": "no AWS credentials"}}}}
+    seen = []
+
+    def fake_agent(ssh, host, command, params, timeout):
+        seen.append((host.name, command, params))
+        return answers[host.name]
+
+    monkeypatch.setattr(credentials, "agent", fake_agent)
+    table, failures = credentials.check_hosts(recipe(tmp_path, image=IMAGE, secret_env=["HF_TOKEN"]), inv, stream=io.StringIO(), live_table=False)
+    assert list(failures) == ["b"], table.text()
+    assert "HF_TOKEN: not in this host's Ray" in failures["b"] and "cluster.down" in failures["b"]
+    text = table.text()
+    a = next(line for line in text.splitlines() if line.startswith("a "))
+    assert "HF_TOKEN in Ray's environment; arn:aws:sts::123456789012:assumed-role/gpu/i-1 (from iam-role)" in a
+    b = next(line for line in text.splitlines() if line.startswith("b "))
+    assert "FAILED" in b and "no AWS credentials" in b
+    assert {c for _, c, _ in seen} == {"awscheck"}
+    params = seen[0][2]["args"]
+    assert params["bucket"] == "sf-launch-test-bucket" and params["aws"] is True and "region" in params
