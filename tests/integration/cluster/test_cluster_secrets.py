@@ -25,9 +25,10 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from cluster_helpers import environment_python, inventory_data, write_inventory
 from helpers import free_port
-from launch_support import make_recipe
+from launch_support import make_recipe, write_catalog
 from netlab import NetLab, can_create_namespaces
 
 from slimeforge.cluster import credentials
@@ -35,6 +36,7 @@ from slimeforge.cluster import raycluster as cluster
 from slimeforge.run.recipe import ARN_RE
 from slimeforge.run.recipecheck import parse_recipe
 
+ROOT = Path(__file__).resolve().parents[3]
 REGION = "us-west-2"
 ARN_EXAMPLE = "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/gsm8k_agent-a1B2c3D4e5"
 BUCKET = "sf-secrets-test"
@@ -205,6 +207,35 @@ def test_aws_is_proved_on_each_host_with_its_own_credentials(lab, up):
                                               control_dir=lab.control_dir, stream=io.StringIO(), live_table=False)
     assert sorted(failures) == ["h1", "h2"]
     assert all("WANDB_API_KEY: not in this host's Ray" in why and "cluster.up" in why for why in failures.values())
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+def test_invoke_run_refuses_a_host_without_credentials_and_submits_nothing(lab, up, tmp_path, monkeypatch):
+    """The real command line: the hosts' checks run with each host's own credentials, never this
+    machine's (which it has: moto's), and h2, which has none, is named with the fix; exit 2."""
+    import subprocess
+    import sys
+
+    from ray.job_submission import JobSubmissionClient
+
+    monkeypatch.setenv("SLIMEFORGE_STATE_HOME", str(up["home"]))  # where cluster.up recorded the head (conftest gives each test its own)
+    data = make_recipe(lab.workdir / "recipe-run", exp_id="sf-secrets-run", agent_runtime_arn=up["arn"], s3_bucket=BUCKET, num_gpus=2, num_nodes=2,
+                       rollout_batch_size=16, checkpoint_dir=str(lab.workdir / "ckpt"), secret_env=["HF_TOKEN"])
+    data = {k: v for k, v in data.items() if k not in ("ray_port", "ray_dashboard_port", "gateway_port")}
+    parsed, stack = parse_recipe({**data, "install_prefix": up["data"]["prefix"]}, "test")
+    catalog = write_catalog(tmp_path / "flags.json", parsed, stack)
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(data))
+    before = [j.submission_id for j in JobSubmissionClient(up["address"].dashboard).list_jobs()]
+    r = subprocess.run([sys.executable, "-m", "invoke", "run", str(path), "--cluster", str(up["inventory"]), "--out", str(tmp_path / "run"),
+                        "--catalog", str(catalog)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    text = r.stdout + r.stderr
+    assert r.returncode == 2, text
+    h2 = next((line for line in text.splitlines() if line.startswith("h2 ") and "FAILED" in line), "")
+    assert "no AWS credentials" in h2 and "instance role" in h2, text
+    assert "credentials do not hold on 1 host(s) (h2); nothing was submitted" in text and VALUE not in text
+    assert [j.submission_id for j in JobSubmissionClient(up["address"].dashboard).list_jobs()] == before
 
 
 @pytest.mark.docker
