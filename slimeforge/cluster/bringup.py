@@ -349,11 +349,11 @@ def ray_phase(b: Bringup) -> None:
         }
         if env_file is not None:
             params["env_file"] = env_file
-            put_secret_file(node.ssh, env_file, {k: b.secret_values[k] for k in inv.secret_env})
             try:
+                put_secret_file(node.ssh, env_file, {k: b.secret_values[k] for k in inv.secret_env})
                 result = agent(node.ssh, h, "start", params, timeout=inv.ray.start_timeout + 60)
             except BaseException:
-                remove_secret_file(node.ssh, env_file)  # the agent removes it itself once it ran
+                remove_secret_file(node.ssh, env_file)  # a partial write, or a start that never ran (the agent removes it once it runs)
                 raise
         else:
             result = agent(node.ssh, h, "start", params, timeout=inv.ray.start_timeout + 60)
