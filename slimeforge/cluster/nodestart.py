@@ -64,9 +64,12 @@ def container_name(inv: Inventory, host: Host) -> str:
     return f"sf-ray-{inv.name}-{host.name}"
 
 
-def start_argv(inv: Inventory, host: Host, node_ip: str, head_ip: str, env: dict[str, str], token: str) -> list[str]:
+def start_argv(inv: Inventory, host: Host, node_ip: str, head_ip: str, env: dict[str, str], token: str, env_file: str | None = None) -> list[str]:
     """What the node agent runs on the host: `ray start` itself, or `docker run` around it.
-    `token`: the cluster token of the record (host mode: the agent puts it in the environment)."""
+    `token`: the cluster token of the record (host mode: the agent puts it in the environment).
+    `env_file`: the secrets file on the host (credentials.secret_file): container mode names it to
+    docker, which reads the values itself, so none is ever in this argv; host mode: the agent
+    reads it into `ray start`'s environment."""
     ray_argv = ray_start_argv(inv, host, node_ip, head_ip)
     if host.mode == "host":
         return ray_argv
@@ -83,6 +86,8 @@ def start_argv(inv: Inventory, host: Host, node_ip: str, head_ip: str, env: dict
         argv += ["--gpus", "all"]
     for key, value in env.items():
         argv += ["--env", f"{key}={value}"]
+    if env_file is not None:
+        argv += ["--env-file", env_file]
     argv += ["--volume", f"{host.temp_dir}:{host.temp_dir}"]
     for vol in c.volumes:
         argv += ["--volume", vol]

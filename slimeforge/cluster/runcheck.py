@@ -492,6 +492,16 @@ def cluster_env(inventory: str, *, dry_run: bool, ssh_config: str | None = None,
         say(f"[slimeforge] cluster {inv.name}: every host holds the recipe's paths; checkpoint_dir is one filesystem"
             + (f" with room for a checkpoint ({_gib(check.need_bytes)}: {check.how})" if check.need_bytes else " (checkpoint size unknown: " + check.how + ")"))
 
+    def credentials(recipe: Recipe, say, network: bool) -> None:
+        from .credentials import preflight as check_credentials
+
+        check_credentials(recipe, inv, say, network=network, runner=runner, control_dir=control_dir, stream=stream)
+
+    def check(recipe: Recipe) -> list[Problem]:
+        from .credentials import recipe_secret_problems
+
+        return static(recipe, inv) + recipe_secret_problems(recipe, inv)
+
     return Cluster(name=str(inventory), address=dashboard, via=via, mode=inv.mode, image=inv.image, prefix=inv.head.prefix,
-                   python=inv.head.python, adopt=lambda r, mode_given: adopt(r, inv, mode_given), check=lambda r: static(r, inv), preflight=preflight,
-                   gate=ray_gate)
+                   python=inv.head.python, adopt=lambda r, mode_given: adopt(r, inv, mode_given), check=check, preflight=preflight,
+                   gate=ray_gate, credentials=credentials)
