@@ -5,6 +5,7 @@ the TARGET venv's interpreter ($SF_STATE/venvlock.py; slimeforge/scripts/venvloc
     python venvlock.py fetch STEP FILE DIR [LINK_DIR...]   a compiled step's locked sources, by sha256
     python venvlock.py record LOCK_IN LOCK_OUT APPLIED [NAME=COMMIT...]   finalize's stack.lock.json
     python venvlock.py pins LOCK_JSON                      the smoke test: each pin of the stack installed
+    python venvlock.py present SLICE                       a step's done record: its slice is still installed
 
 One of each fact the step library needs from Python: `canonical` (the package-name normaliser),
 `parse_slice_line` (the grammar of a step's slice, as lockfile.step_requirements writes it) and
@@ -247,6 +248,33 @@ def pins(lock_json: Path) -> int:
     return 1 if problems else 0
 
 
+def missing_of(lines: list[SliceLine], installed: dict[str, str]) -> list[str]:
+    """What of a slice the venv does not hold as the slice says: a distribution missing, or at
+    another version (the slice's version, when it names one)."""
+    out = []
+    for item in lines:
+        have = installed.get(item.name)
+        if have is None:
+            out.append(f"{item.name} is not installed")
+        elif item.version is not None and item.version != have:
+            out.append(f"{item.name} is {have}, its slice says {item.version}")
+    return out
+
+
+def present(slice_file: Path) -> int:
+    """install.sh's done record of a step holds only while its slice is installed (sf_done_holds):
+    reported as plain lines (not errors: the step runs again)."""
+    try:
+        lines, unreadable = read_slice(slice_file)
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"slimeforge: {slice_file.name}: cannot be read ({exc.__class__.__name__})", file=sys.stderr)
+        return 1
+    problems = [f"cannot read lock line: {line[:200]!r}" for line in unreadable] + missing_of(lines, installed_versions())
+    for line in problems[:20]:
+        print(f"slimeforge: {slice_file.name}: {line}", file=sys.stderr)
+    return 1 if problems else 0
+
+
 USAGE = __doc__.split("\n\n")[1]
 
 
@@ -258,6 +286,8 @@ def main(argv: list[str]) -> int:
         return fetch(args[0], Path(args[1]), Path(args[2]), args[3:])
     if command == "record" and len(args) >= 3:
         return record(Path(args[0]), Path(args[1]), Path(args[2]), args[3:])
+    if command == "present" and len(args) == 1:
+        return present(Path(args[0]))
     if command == "pins" and len(args) == 1:
         return pins(Path(args[0]))
     print(f"usage:\n{USAGE}", file=sys.stderr)
