@@ -905,14 +905,39 @@ sf_source_step() {
 # build runs the very commands it runs without it (Python's sysconfig CC: gcc, x86_64-linux-gnu-gcc),
 # each keyed by its preprocessed source, flags and compiler, so a hit is the same object: on cu13,
 # Megatron's install 17.1 s -> 3.5 s. An image build keeps its cache in a BuildKit cache mount.
+# ccache only makes a compile faster, so it never makes one fail: before its links go first on
+# PATH, one tiny compile goes through them (CCACHE_RECACHE: compiled and stored, never a hit, so the
+# cache is written). A cache directory that cannot be written, a bad configuration file or a broken
+# ccache fails that compile: ccache steps aside, with a note naming why, and the build compiles as
+# it does without it.
 _sf_with_ccache() {
-  local bin dir
+  local bin dir why
   if bin=$(command -v ccache); then
     for dir in "${bin%/bin/ccache}/lib/ccache" "${bin%/bin/ccache}/lib64/ccache"; do
-      if [[ -x $dir/gcc && -x $dir/g++ ]]; then PATH="$dir:$PATH" "$@"; return; fi
+      if [[ -x $dir/gcc && -x $dir/g++ ]]; then
+        if why=$(_sf_ccache_probe "$dir"); then PATH="$dir:$PATH" "$@"; return; fi
+        sf_log "ccache: not used for this compile: a test compile through it failed ($why); compiling without it (fix: a writable CCACHE_DIR, or ccache's config: ccache -p)"
+        break
+      fi
     done
   fi
   "$@"
+}
+
+# _sf_ccache_probe DIR: succeeds when a tiny C compile through DIR's gcc works and writes the cache;
+# otherwise prints ccache's first error line (printable, at most 200 characters).
+_sf_ccache_probe() {
+  local dir=$1 t out rc=0
+  t=$(mktemp -d) || { printf 'no temporary directory'; return 1; }
+  printf 'int sf_ccache_probe(void) { return 0; }\n' >"$t/probe.c"
+  out=$(cd "$t" && CCACHE_RECACHE=1 PATH="$dir:$PATH" timeout 60 gcc -c probe.c -o probe.o 2>&1) || rc=$?
+  if ((rc == 0)) && [[ ! -s $t/probe.o ]]; then rc=1 out="no object file was written"; fi
+  rm -rf -- "$t"
+  ((rc == 0)) && return 0
+  out=$(printf '%s\n' "$out" | grep -m1 -i 'error' || printf '%s\n' "$out" | head -n 1)
+  out=$(printf '%s' "$out" | LC_ALL=C tr -c '[:print:]' '?')
+  printf '%s' "${out:0:200}"
+  return 1
 }
 
 # --- read back and verify -------------------------------------------------------------------
