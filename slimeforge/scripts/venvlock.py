@@ -155,8 +155,16 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def _printable(text: str) -> str:
+    """What a venv's metadata says (a version, a name) reaches the terminal without escape sequences."""
+    return _UNPRINTABLE.sub("?", text)
+
+
 def _error(text: str) -> None:
-    print(f"slimeforge: ERROR: {text}", file=sys.stderr)
+    print(f"slimeforge: ERROR: {_printable(text)}", file=sys.stderr)
 
 
 # --- commands ----------------------------------------------------------------------------------
@@ -271,7 +279,7 @@ def present(slice_file: Path) -> int:
         return 1
     problems = [f"cannot read lock line: {line[:200]!r}" for line in unreadable] + missing_of(lines, installed_versions())
     for line in problems[:20]:
-        print(f"slimeforge: {slice_file.name}: {line}", file=sys.stderr)
+        print(_printable(f"slimeforge: {slice_file.name}: {line}"), file=sys.stderr)
     return 1 if problems else 0
 
 
