@@ -102,13 +102,14 @@ _SHOWN_MAX = 512
 _BYTES_MAX = 1 << 50  # 1 PiB: any real venv is below it
 
 
-def _path_problem(path: Any, absolute: bool) -> bool:
+def _path_of(path: Any, absolute: bool) -> str | None:
+    """`path` when it is such a path (absolute or relative, as asked), else None."""
     if not isinstance(path, str) or not 0 < len(path) <= _SHOWN_MAX or text_problem(path):
-        return True
+        return None
     if path.startswith("/") != absolute:
-        return True
+        return None
     parts = path[1:].split("/") if absolute else path.split("/")
-    return any(part in ("", ".", "..") for part in parts)
+    return None if any(part in ("", ".", "..") for part in parts) else path
 
 
 def _size(value: Any, where: str) -> int:
@@ -131,17 +132,18 @@ class VenvSizes:
         """Validated in full: the record is read out of an image, and back from report.json."""
         if not isinstance(doc, dict):
             raise ReportError(f"{where}: is a {type(doc).__name__}, expected an object")
-        venv = doc.get("venv")
-        if _path_problem(venv, absolute=True):
-            raise ReportError(f"{where}: `venv` is {printable(repr(venv)[:80])}, expected an absolute path (printable, at most {_SHOWN_MAX} characters)")
+        venv = _path_of(doc.get("venv"), absolute=True)
+        if venv is None:
+            raise ReportError(f"{where}: `venv` is {printable(repr(doc.get('venv'))[:80])}, expected an absolute path (printable, at most {_SHOWN_MAX} characters)")
         largest = doc.get("largest")
         if not isinstance(largest, list) or len(largest) > VENV_SIZES_TOP:
             raise ReportError(f"{where}: `largest` is not a list of at most {VENV_SIZES_TOP} directories")
         rows = []
         for i, item in enumerate(largest):
-            path = item.get("path") if isinstance(item, dict) else None
-            if _path_problem(path, absolute=False):
-                raise ReportError(f"{where}: `largest[{i}].path` is {printable(repr(path)[:80])}, expected a path inside the venv "
+            raw = item.get("path") if isinstance(item, dict) else None
+            path = _path_of(raw, absolute=False)
+            if path is None:
+                raise ReportError(f"{where}: `largest[{i}].path` is {printable(repr(raw)[:80])}, expected a path inside the venv "
                                   f"(printable, at most {_SHOWN_MAX} characters)")
             rows.append((path, _size(item.get("bytes"), f"{where}: `largest[{i}].bytes`")))
         if [b for _, b in rows] != sorted((b for _, b in rows), reverse=True):
