@@ -17,13 +17,11 @@ slices allow; `pin_problems`: the stack's pins, specifiers too). Messages go to 
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata as md
 import json
 import os
 import re
 import shutil
 import sys
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,11 +71,15 @@ def read_slice(path: Path) -> tuple[list[SliceLine], list[str]]:
 
 
 def installed_versions() -> dict[str, str]:
+    import importlib.metadata as md  # here, not at the top: `present` runs on every step of a re-run, mostly without it
+
     return {canonical(d.metadata["Name"]): d.version for d in md.distributions() if d.metadata["Name"]}
 
 
 def _checkouts() -> set[str]:
     """Distributions installed from a local directory (a source step's checkout: file:// and dir_info)."""
+    import importlib.metadata as md
+
     out = set()
     for d in md.distributions():
         direct = d.read_text("direct_url.json")
@@ -194,6 +196,8 @@ def verify(lock_dir: Path, step: str, exact: bool) -> int:
 def fetch(step: str, file: Path, dest: Path, links: list[str]) -> int:
     """Every line of `file` into `dest`, checked against its sha256, so that the compile after it
     needs no network: by URL, or by name from a wheel directory of `links`."""
+    import urllib.request
+
     bad = 0
     lines, unreadable = read_slice(file)
     for line in unreadable:
@@ -238,6 +242,8 @@ def fetch(step: str, file: Path, dest: Path, links: list[str]) -> int:
 
 def record(lock_in: Path, lock_out: Path, applied: Path, commits: list[str]) -> int:
     """finalize: the input lock with what is installed, each checkout's commit and the patches applied."""
+    import importlib.metadata as md
+
     lock = json.loads(lock_in.read_text())
     lock["installed"] = dict(sorted((d.metadata["Name"], d.version) for d in md.distributions() if d.metadata["Name"]))
     lock["checkouts"] = dict(a.split("=", 1) for a in commits)
@@ -269,14 +275,37 @@ def missing_of(lines: list[SliceLine], installed: dict[str, str]) -> list[str]:
     return out
 
 
+def _dist_info_versions() -> dict[str, str]:
+    """name -> version from the names of this interpreter's *.dist-info directories alone
+    (`{name}-{version}.dist-info`, as installers write them): no METADATA is read, so the check of
+    every step of a re-run costs a directory listing each."""
+    import sysconfig
+
+    out: dict[str, str] = {}
+    for site in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
+        try:
+            entries = os.listdir(site)
+        except OSError:
+            continue
+        for entry in entries:
+            name, sep, version = entry.removesuffix(".dist-info").partition("-")
+            if entry.endswith(".dist-info") and sep and "-" not in version:
+                out[canonical(name)] = version
+    return out
+
+
 def present(slice_file: Path) -> int:
     """install.sh's done record of a step holds only while its slice is installed (sf_done_holds):
-    reported as plain lines (not errors: the step runs again)."""
+    reported as plain lines (not errors: the step runs again). The directory names answer when
+    every line is there as the slice says; otherwise the installed metadata decides (a name or a
+    version an installer wrote differently in the directory name is not taken for missing)."""
     try:
         lines, unreadable = read_slice(slice_file)
     except (OSError, UnicodeDecodeError) as exc:
         print(f"slimeforge: {slice_file.name}: cannot be read ({exc.__class__.__name__})", file=sys.stderr)
         return 1
+    if not unreadable and not missing_of(lines, _dist_info_versions()):
+        return 0
     problems = [f"cannot read lock line: {line[:200]!r}" for line in unreadable] + missing_of(lines, installed_versions())
     for line in problems[:20]:
         print(_printable(f"slimeforge: {slice_file.name}: {line}"), file=sys.stderr)

@@ -111,7 +111,9 @@ def test_a_package_uninstalled_from_the_venv_runs_its_step_again(installed, head
 
 def test_a_package_at_another_version_runs_its_step_again(installed, head):
     site = next((installed / "prefix" / "venv").glob("lib/python*/site-packages"))
-    (site / "demo-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: demo\nVersion: 0.9\n")
+    # What `pip install demo==0.9` leaves: another dist-info directory, its METADATA saying so.
+    (site / "demo-1.0.dist-info").rename(site / "demo-0.9.dist-info")
+    (site / "demo-0.9.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: demo\nVersion: 0.9\n")
     res = run(installed, head)
     assert "demo is 0.9, its slice says 1.0" in res.stderr and events(installed) == ["pkg", "fin", "smoke"]
 
