@@ -144,6 +144,8 @@ sf_system() {
 sf_venv() {
   local venv=$1 uv_version=$2 python=${3:-python3}
   if [[ -e $venv/bin/python || -L $venv/bin/python ]] && ! "$venv/bin/python" -I -c '' >/dev/null 2>&1; then
+    # --clear empties the directory: only one that is a venv (its pyvenv.cfg), never another's.
+    [[ -f $venv/pyvenv.cfg ]] || sf_die "venv: $venv/bin/python does not run and $venv has no pyvenv.cfg (not a venv): move it away, or name another --venv"
     sf_log "venv: $venv/bin/python does not run: the venv is made again (every step after it runs again)"
     command -v "$python" >/dev/null || sf_die "venv: $python not found (the system step installs it; on a host: apt-get install $python $python-venv $python-dev)"
     "$python" -m venv --clear "$venv"
@@ -234,8 +236,8 @@ sf_done_holds() {
   [[ -n $hash && -f $file && ! -L $file ]] || return 1
   (($(stat -c %s -- "$file" 2>/dev/null || echo 9999) <= 512)) || return 1
   mapfile -t -n 4 lines <"$file" || return 1
-  [[ ${#lines[@]} == 3 && ${lines[0]} == "$hash" ]] || return 1
-  if [[ ! ${lines[1]} =~ ^proof\ [0-9a-f]{64}$ || ! ${lines[2]} =~ ^run\ [0-9a-f]{32}$ ]]; then
+  [[ ${#lines[@]} -ge 1 && ${lines[0]} == "$hash" ]] || return 1
+  if [[ ${#lines[@]} != 3 || ! ${lines[1]} =~ ^proof\ [0-9a-f]{64}$ || ! ${lines[2]} =~ ^run\ [0-9a-f]{32}$ ]]; then
     sf_log "${file##*/}: not a done record of this version (no proof of what the step left): the step runs again"
     return 1
   fi

@@ -173,3 +173,17 @@ def test_a_venv_whose_python_no_longer_runs_is_made_again(tmp_path):
     (venv / "bin" / "python").symlink_to(tmp_path / "gone")
     assert subprocess.run(["bash", "-c", 'source "$1"; _sf_venv_id "$2"', "sf", str(lib), str(venv)], capture_output=True, text=True,
                           env=env).stdout == ""  # no identity while its python does not run
+
+
+def test_sf_venv_remakes_a_venv_whose_python_does_not_run_but_never_empties_another_directory(tmp_path):
+    lib = ROOT / "templates" / "steps.sh"
+    env = {"PATH": os.environ["PATH"], "SF_STATE": str(tmp_path / "state"), "HOME": str(tmp_path)}
+    other = tmp_path / "other"
+    (other / "bin").mkdir(parents=True)
+    (other / "bin" / "python").symlink_to(tmp_path / "gone")
+    (other / "theirs.txt").write_text("keep\n")
+    # uv's version check never comes: the broken directory is refused first.
+    res = subprocess.run(["bash", "-c", 'source "$1"; sf_venv "$2" 0.0.0 python3', "sf", str(lib), str(other)], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert res.returncode == 1 and "has no pyvenv.cfg (not a venv)" in res.stderr
+    assert (other / "theirs.txt").read_text() == "keep\n"
