@@ -28,6 +28,13 @@ sf_log() { printf 'slimeforge: %s\n' "$*" >&2; }
 # with the wall clock, so that benchmarks/store_hit_bench.py can split a step into its phases.
 sf_phase() { printf 'slimeforge: phase %s %s %s\n' "$1" "$2" "${EPOCHREALTIME/,/.}" >&2; }
 sf_die() { printf 'slimeforge: ERROR: %s\n' "$*" >&2; exit 1; }
+# _sf_printable < TEXT: text another program wrote (a compiler, uv, a package's build) as it may reach
+# a terminal, line by line: control characters (C0, DEL, C1 in UTF-8), line separators and
+# bidirectional controls each become '?', a tab a space (schema.printable's rule, in sed).
+_sf_printable() {
+  LC_ALL=C sed -e 's/\t/ /g' -e 's/[[:cntrl:]]/?/g' -e 's/\xc2[\x80-\x9f]/?/g' -e 's/\xe2\x80[\x8e\x8f\xa8-\xae]/?/g' \
+    -e 's/\xe2\x81[\xa6-\xa9]/?/g' -e 's/\xd8\x9c/?/g'
+}
 
 # _sf_script NAME: the path of a slimeforge/scripts/ file the library runs with a venv's Python:
 # $SF_STATE/NAME where the image and install.sh put it, else beside this library in a checkout

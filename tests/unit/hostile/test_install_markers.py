@@ -187,3 +187,17 @@ def test_sf_venv_remakes_a_venv_whose_python_does_not_run_but_never_empties_anot
                          text=True, env=env, timeout=120)
     assert res.returncode == 1 and "has no pyvenv.cfg (not a venv)" in res.stderr
     assert (other / "theirs.txt").read_text() == "keep\n"
+
+
+@pytest.mark.parametrize("line", ["slimeforge: ERROR: build failed \x1b]0;owned\x07 \x1b[2J", "cc1: \x1b[31merror\u202e: x\r"])
+def test_a_failed_steps_log_reaches_the_terminal_printable(tmp_path, head, line):
+    """What a compiler or a package's build wrote is the log's; _sf_failed shows it without escapes."""
+    (tmp_path / "said").write_text(line + "\n")
+    body = head.replace("/PREFIX", str(tmp_path / "prefix")) + "SF_STEPS_TOTAL=1\n" + \
+        f"sf_step_bad() {{ cat {tmp_path}/said; return 1; }}\nsf_run_step bad h -- sf_step_bad\n"
+    (tmp_path / "run.sh").write_text(body)
+    res = subprocess.run(["bash", str(tmp_path / "run.sh")], capture_output=True, text=True, timeout=60,
+                         env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)})
+    assert res.returncode == 1 and "step bad failed" in res.stderr
+    assert "\x1b" not in res.stderr and "\x07" not in res.stderr and "\u202e" not in res.stderr and "\r" not in res.stderr
+    assert ("build failed" in res.stderr) or ("error" in res.stderr)
