@@ -76,3 +76,15 @@ def test_a_record_that_leaves_the_venv_or_is_unprintable_is_still_refused(path):
 def test_any_venv_path_a_host_may_have_is_accepted(venv):
     doc = {"schema": 1, "venv": venv, "bytes": 10, "largest": [{"path": "bin", "bytes": 1}]}
     assert VenvSizes.parse(json.dumps(doc).encode(), "venv-sizes.json").venv == venv
+
+
+@pytest.mark.parametrize("data", [b"\xff\xfe", b"{}", json.dumps({"schema": 1, "venv": "rel", "bytes": 1, "largest": []}).encode()])
+def test_a_record_that_cannot_be_read_is_a_note_never_a_failed_build(monkeypatch, data):
+    """The image is built; its venv measurement is a report's line: an odd one is said and left out."""
+    from slimeforge.image import build
+
+    monkeypatch.setattr(build, "read_from_image", lambda client, image_id, names: {names[0]: data})
+    said: list[str] = []
+    assert build._venv_sizes(None, "sha256:" + "1" * 64, said.append) is None
+    assert len(said) == 1 and said[0].startswith("note: ") and "no sizes in the report" in said[0]
+    assert text_problem(said[0]) is None
