@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO, Any
 
 from .errors import ConfigError, Problem
 from .schema import text_problem
@@ -213,6 +214,30 @@ def output_problem(path: str | os.PathLike[str], follow_symlinks: bool = False) 
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"cannot be written: {parent} is not writable"
     return None
+
+
+def open_log(path: str | os.PathLike[str], mode: str = "a") -> IO[Any]:
+    """A log slimeforge writes as it goes (a build's build.log, a started process's output): opened
+    only as a regular file or a new name, the one check of write_dir applied as it opens. Never
+    through a symlink (O_NOFOLLOW: a link planted at the name would have us truncate its target),
+    never a FIFO or a device (O_NONBLOCK for the open: a FIFO without a reader would hang us).
+    `mode`: "a"/"w" (text) or "ab"/"wb"."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_APPEND if mode.startswith("a") else 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        why = replace_problem(path) or f"cannot be opened: {exc.strerror}"
+        raise _not_a_file(Path(path), why, "a regular file or a new name: move the other thing away") from None
+    try:
+        if kind := _kind_problem(os.fstat(fd)):
+            raise _not_a_file(Path(path), kind, "a regular file or a new name: move the other thing away")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        if mode.startswith("w"):
+            os.ftruncate(fd, 0)
+        return os.fdopen(fd, mode) if "b" in mode else os.fdopen(fd, mode, encoding="utf-8", errors="replace")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def write_output(path: str | os.PathLike[str], content: str | bytes, *, where: str = "--out", follow_symlinks: bool = False,

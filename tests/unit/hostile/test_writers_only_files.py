@@ -112,3 +112,37 @@ def test_a_regular_file_or_a_new_name_is_written(tmp_path):
     (tmp_path / "link").symlink_to(tmp_path / "run")
     atomic.write_dir(tmp_path / "link", {"more": "m\n"})
     assert (tmp_path / "link").is_symlink() and (tmp_path / "run" / "more").read_text() == "m\n"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("mode", ["a", "w", "ab"])
+def test_a_log_is_opened_only_as_a_regular_file(tmp_path, kind, mode):
+    """build.log, a started process's log: never written through a planted link (its target truncated),
+    never a FIFO (a hang without a reader) or a device."""
+    target = make_target(tmp_path, kind)
+    before = snapshot(tmp_path)
+    with pytest.raises(ConfigError, match="target"):
+        atomic.open_log(target, mode).close()
+    assert snapshot(tmp_path) == before
+
+
+def test_a_log_that_is_a_regular_file_is_appended_or_replaced(tmp_path):
+    log = tmp_path / "build.log"
+    with atomic.open_log(log, "w") as fh:
+        fh.write("one\n")
+    with atomic.open_log(log, "a") as fh:
+        fh.write("two\n")
+    assert log.read_text() == "one\ntwo\n"
+    with atomic.open_log(log, "w") as fh:
+        fh.write("three\n")
+    assert log.read_text() == "three\n"
+
+
+def test_a_started_process_never_writes_through_a_planted_link(tmp_path):
+    from slimeforge.proc import Runner
+
+    (tmp_path / "theirs").write_text("theirs\n")
+    (tmp_path / "job.log").symlink_to(tmp_path / "theirs")
+    with pytest.raises(ConfigError, match="symlink"):
+        Runner().start(["echo", "hi"], log=tmp_path / "job.log")
+    assert (tmp_path / "theirs").read_text() == "theirs\n"
