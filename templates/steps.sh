@@ -224,14 +224,22 @@ sf_step_proof() {
   } | sha256sum | cut -d' ' -f1
 }
 
+# sf_record_clear FILE: a record about to be written again is removed; a directory at its name is
+# not ours to remove (and `mv` would move the new record into it): the install stops naming it.
+sf_record_clear() {
+  if [[ -d $1 && ! -L $1 ]]; then sf_die "$1 is a directory, not a record slimeforge writes: move it away and run again"; fi
+  rm -f -- "$1"
+}
+
 # sf_done_write FILE HASH PROOF: the record, written whole (a temporary name, then renamed).
 sf_done_write() {
   local file=$1 run
   [[ $2 =~ ^[A-Za-z0-9._-]{1,128}$ ]] || sf_die "done record: '$2' is not a step hash"
   [[ $3 =~ ^[0-9a-f]{64}$ ]] || sf_die "done record: '$3' is not a sha256"
   run=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+  sf_record_clear "$file"
   printf '%s\nproof %s\nrun %s\n' "$2" "$3" "$run" >"$file.tmp.$$"
-  mv -f -- "$file.tmp.$$" "$file"
+  mv -fT -- "$file.tmp.$$" "$file"
 }
 
 # sf_done_holds FILE HASH PROOF [VENV SLICE]: succeeds when FILE is the record of a run with HASH
@@ -1182,8 +1190,9 @@ sf_smoke_recorded() {
 # (written to a temporary name, then renamed).
 sf_smoke_record() {
   [[ $1 =~ ^[0-9a-f]{64}$ ]] || sf_die "smoke record: '$1' is not a sha256 (64 hex digits)"
+  sf_record_clear "$SF_STATE/smoke.passed"
   _sf_smoke_content "$1" >"$SF_STATE/smoke.passed.tmp.$$"
-  mv -f -- "$SF_STATE/smoke.passed.tmp.$$" "$SF_STATE/smoke.passed"
+  mv -fT -- "$SF_STATE/smoke.passed.tmp.$$" "$SF_STATE/smoke.passed"
 }
 
 # --- compile parallelism and the kernel check (issue 21) --------------------------------------

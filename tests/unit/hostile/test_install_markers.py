@@ -201,3 +201,26 @@ def test_a_failed_steps_log_reaches_the_terminal_printable(tmp_path, head, line)
     assert res.returncode == 1 and "step bad failed" in res.stderr
     assert "\x1b" not in res.stderr and "\x07" not in res.stderr and "\u202e" not in res.stderr and "\r" not in res.stderr
     assert ("build failed" in res.stderr) or ("error" in res.stderr)
+
+
+@pytest.mark.parametrize("record", ["steps/co.done", "smoke.passed"])
+def test_a_directory_at_a_records_name_stops_the_install_naming_it(installed, head, record):
+    path = installed / "prefix" / ".slimeforge" / record
+    path.unlink()
+    path.mkdir()
+    (path / "theirs").write_text("keep\n")
+    if record == "smoke.passed":
+        (installed / "prefix" / ".slimeforge" / "steps" / "fin.done").unlink()  # so that the smoke test runs
+    res = run(installed, head)
+    assert res.returncode == 1 and f"{path} is a directory, not a record slimeforge writes: move it away" in res.stderr
+    assert (path / "theirs").read_text() == "keep\n"
+
+
+@pytest.mark.parametrize("record", ["steps/co.done", "smoke.passed"])
+def test_a_fifo_at_a_records_name_is_no_record_and_never_hangs(installed, head, record):
+    path = installed / "prefix" / ".slimeforge" / record
+    path.unlink()
+    os.mkfifo(path)
+    res = run(installed, head)
+    assert res.returncode == 0, res.stderr
+    assert events(installed)[-1] == "smoke" and path.is_file()
