@@ -224,3 +224,19 @@ def test_a_fifo_at_a_records_name_is_no_record_and_never_hangs(installed, head, 
     res = run(installed, head)
     assert res.returncode == 0, res.stderr
     assert events(installed)[-1] == "smoke" and path.is_file()
+
+
+def test_a_step_before_the_venv_done_on_another_host_runs_here(tmp_path, head):
+    """A state directory copied from another host: its system step's record stands for that host."""
+    def once(other_host: bool) -> subprocess.CompletedProcess:
+        body = head.replace("/PREFIX", str(tmp_path / "prefix")) + "SF_STEPS_TOTAL=1\n" + \
+            "sf_step_sys() { printf 'sys\\n' >>\"$T/events\"; }\n" + \
+            ("_sf_host_id() { echo another-host; }\n" if other_host else "") + "sf_run_step sys h-sys -- sf_step_sys\n"
+        (tmp_path / "run.sh").write_text(body)
+        (tmp_path / "events").write_text("")
+        return subprocess.run(["bash", str(tmp_path / "run.sh")], capture_output=True, text=True, timeout=60,
+                              env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), "T": str(tmp_path)})
+    assert once(False).returncode == 0 and events(tmp_path) == ["sys"]
+    assert once(False).returncode == 0 and events(tmp_path) == []  # this host: done
+    res = once(True)
+    assert res.returncode == 0 and events(tmp_path) == ["sys"] and "sys.done: what the step left is not there as it was" in res.stderr
