@@ -69,11 +69,19 @@ def tree_bytes(root: str, seen: set[tuple[int, int]]) -> int:
     return total
 
 
+def _dirs(parent: Path) -> list[Path]:
+    """The directories directly in `parent` (not links); none where it cannot be listed."""
+    try:
+        return [d for d in sorted(parent.iterdir()) if d.is_dir() and not d.is_symlink()]
+    except OSError:
+        return []
+
+
 def sizes(venv: Path) -> dict:
     seen: set[tuple[int, int]] = set()
     site = sorted(venv.glob("lib/python*/site-packages"))
-    candidates = [d for s in site for d in sorted(s.iterdir()) if d.is_dir() and not d.is_symlink()]
-    candidates += [d for d in sorted(venv.iterdir()) if d.is_dir() and not d.is_symlink() and d.name not in ("lib", "lib64")]
+    candidates = [d for s in site for d in _dirs(s)]
+    candidates += [d for d in _dirs(venv) if d.name not in ("lib", "lib64")]
     measured = [(shown(str(d.relative_to(venv))), tree_bytes(str(d), seen)) for d in candidates]
     total = sum(b for _, b in measured) + tree_bytes(str(venv), seen)  # what is left: files outside the candidates
     largest = sorted(measured, key=lambda item: (-item[1], item[0]))[:TOP]
@@ -88,9 +96,15 @@ def main(argv: list[str]) -> int:
     if not venv.is_dir():
         print(f"venv_sizes: {shown(str(venv))} is not a directory", file=sys.stderr)
         return 1
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(sizes(venv), indent=1) + "\n")
-    os.replace(tmp, out)
+    # A measurement: what cannot be measured or written is said, and the image is made all the same
+    # (the build then reports no sizes).
+    try:
+        record = json.dumps(sizes(venv), indent=1) + "\n"
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text(record)
+        os.replace(tmp, out)
+    except (OSError, ValueError) as exc:
+        print(f"venv_sizes: not measured ({shown(str(exc))})", file=sys.stderr)
     return 0
 
 

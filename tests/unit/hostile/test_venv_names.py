@@ -88,3 +88,17 @@ def test_a_record_that_cannot_be_read_is_a_note_never_a_failed_build(monkeypatch
     assert build._venv_sizes(None, "sha256:" + "1" * 64, said.append) is None
     assert len(said) == 1 and said[0].startswith("note: ") and "no sizes in the report" in said[0]
     assert text_problem(said[0]) is None
+
+
+def test_a_directory_that_cannot_be_listed_is_left_out_and_the_script_never_fails(tmp_path):
+    venv = make_venv(tmp_path, [b"ok", b"locked"])
+    locked = next(venv.glob("lib/python*/site-packages")) / "locked"
+    (locked / "inner").mkdir()
+    locked.chmod(0)
+    try:
+        out = tmp_path / "venv-sizes.json"
+        assert venv_sizes.main([str(venv), str(out)]) == 0
+        assert VenvSizes.parse(out.read_bytes(), str(out)).largest[0][0].endswith("/ok") or os.geteuid() == 0
+        assert venv_sizes.main([str(venv), str(tmp_path / "no-such-dir" / "out.json")]) == 0  # not written: said, not failed
+    finally:
+        locked.chmod(0o755)
