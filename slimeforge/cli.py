@@ -1,0 +1,701 @@
+"""slimeforge's command line: thin invoke tasks over the `slimeforge` package, run two ways: the
+installed `slimeforge` command (`main`, from any directory) and `invoke TASK` in a checkout (its
+tasks.py hands invoke this module's `ns`).
+
+Each task parses its options, calls one library function and prints the outcome; the functions
+work without invoke (the SlimeRunner API uses the same ones). Heavy libraries (ray, boto3, docker)
+are imported inside the functions that need them, so `invoke --list` and dry runs start fast
+(benchmarks/start_bench.py): this module imports invoke and slimeforge's small core only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+import sys
+import textwrap
+
+import invoke
+from invoke import Collection, Exit
+from invoke.parser import parser as invoke_parser
+
+from slimeforge import paths
+from slimeforge.console import diag, json_doc, shell_lines
+from slimeforge.errors import SlimeforgeError
+
+# The command a usage line names: `invoke` in a checkout, `slimeforge` once main() runs.
+PROGRAM = "invoke"
+
+JSON_HELP = "print the result as one JSON document (its schema: docs/json.md); diagnostics stay on stderr"
+
+
+def clean_errors(fn):
+    """Print our errors as messages, not tracebacks, with the exit status their class carries: 2 bad
+    input or a refused precondition, 1 a failed job, build, install or push (errors.py; the one
+    mapping, docs/exit-codes.md). An error whose details were printed already (a preflight's table)
+    says only its one line. A closed stdout (`| head`) ends the task quietly: 141, as SIGPIPE would."""
+
+    @functools.wraps(fn)
+    def wrapper(c, *args, **kwargs):
+        try:
+            result = fn(c, *args, **kwargs)
+            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+            return result
+        except SlimeforgeError as exc:
+            raise Exit(f"error: {exc.headline()}", code=exc.exit_code) from None
+        except BrokenPipeError:
+            from slimeforge.console import quiet_on_closed_pipe
+
+            raise Exit(code=quiet_on_closed_pipe()) from None
+
+    return wrapper
+
+
+# --- the command line people expect (docs/cli.md) ---------------------------------------------
+
+# The only short flags, each as docker/kubectl/ray users know it (`-v` for a task's --verbose, where
+# one has it); `-h` is invoke's help on every task.
+SHORT_FLAGS = {"tag": "t", "follow": "f", "verbose": "v"}
+
+
+class CliTask(invoke.Task):
+    """A task without invoke's generated short flags (a name's first free letter: `lock -h` was
+    --check, `run -e` --time, `run -u` --slurm), given only the conventional ones of SHORT_FLAGS."""
+
+    def __init__(self, body, **kwargs):
+        kwargs["auto_shortflags"] = False
+        super().__init__(body, **kwargs)
+
+    def arg_opts(self, name, default, taken_names):
+        opts = super().arg_opts(name, default, taken_names)
+        if name in SHORT_FLAGS:
+            opts["names"].append(SHORT_FLAGS[name])
+        return opts
+
+
+task = functools.partial(invoke.task, klass=CliTask)
+
+
+# invoke's parser, given two answers a user expects: `-h`/`--help` is help also where a task still
+# waits for its positional argument (it was taken for that argument: `invoke run -h` looked for a
+# recipe named -h), and a missing positional argument gets a usage line and an example (invoke's
+# own: "'run.start' did not receive required positional arguments: 'recipe'"). Its state machine
+# cannot be subclassed (the states are class-level), so its two methods are wrapped in place.
+# (Loading tasks.py again, as the tests do, wraps invoke's own methods again, not these.)
+_invoke_handle = getattr(invoke_parser.ParseMachine.handle, "invoke_own", invoke_parser.ParseMachine.handle)
+_invoke_complete_context = getattr(invoke_parser.ParseMachine.complete_context, "invoke_own",
+                                   invoke_parser.ParseMachine.complete_context)
+
+
+def _handle(machine, token):
+    waiting = machine.context is not machine.initial and machine.context.missing_positional_args
+    if waiting and machine.current_state != "unknown" and not machine.waiting_for_flag_value:
+        if token in ("-h", "--help"):
+            machine.initial.flags["--help"].value = machine.context.name
+            return
+        # Any token was taken for the missing argument: an unknown option became a recipe named "--nope".
+        known = token.split("=", 1)[0] in machine.context.flags or token in machine.context.inverse_flags
+        if token.startswith("-") and not known:
+            raise UsageError(f"error: `{PROGRAM} {short_name(machine.context)}` has no option {token}\n{usage(machine.context)}",
+                             machine.context)
+    _invoke_handle(machine, token)
+
+
+def _complete_context(machine):
+    missing = machine.context.missing_positional_args if machine.context is not None else []
+    if missing and machine.initial.flags["--help"].value is None:
+        needs = "; ".join(f"{a.name.upper()}, {a.help}" for a in missing)
+        raise UsageError(f"error: `{PROGRAM} {short_name(machine.context)}` needs {needs}\n{usage(machine.context)}", machine.context)
+    if missing:  # help was asked for: it needs no argument
+        if machine.context not in machine.result:
+            machine.result.append(machine.context)
+        return
+    _invoke_complete_context(machine)
+
+
+class UsageError(invoke.ParseError, Exit):
+    """A command line refused with its usage: a ParseError, as invoke's own (so tab completion still
+    finds the task being typed), that exits 2 (bad input, docs/exit-codes.md) and prints once."""
+
+    def __init__(self, text, context):
+        super().__init__(text, context)  # ParseError's, which hands the text on to Exit's as its message
+        Exit.__init__(self, None, 2)  # no Exit message: it is printed once, as the ParseError it is
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+_handle.invoke_own = _invoke_handle  # type: ignore[attr-defined]
+_complete_context.invoke_own = _invoke_complete_context  # type: ignore[attr-defined]
+invoke_parser.ParseMachine.handle = _handle  # type: ignore[method-assign]
+invoke_parser.ParseMachine.complete_context = _complete_context  # type: ignore[method-assign]
+
+
+def usage(ctx) -> str:
+    """How a task is called, and one call to copy (each positional's help says `e.g. X`)."""
+    name = short_name(ctx)  # `invoke run` for run.start
+    args = " ".join(a.name.upper() for a in ctx.positional_args)
+    examples = " ".join(m.group(1) if (m := re.search(r"e\.g\. (\S+)", a.help or "")) else a.name.upper() for a in ctx.positional_args)
+    return (f"usage: {PROGRAM} {name} [OPTIONS] {args}\n"
+            f"e.g.:  {PROGRAM} {name} {examples}\n"
+            f"(`{PROGRAM} {name} --help` lists its options)")
+
+
+def short_name(ctx) -> str:
+    return min((ctx.name, *ctx.aliases), key=len)
+
+
+# --- stack -----------------------------------------------------------------------------------
+
+
+@task(help={"cuda": "stack flavor (cu13, cu129) or a stack YAML path", "json_": JSON_HELP})
+@clean_errors
+def stack_show(c, cuda="cu13", json_=False):
+    """Print a stack's resolved pins and ordered install steps."""
+    from slimeforge.image.stack import load_stack
+
+    stack = load_stack(cuda)
+    if json_:
+        print(json_doc("slimeforge.stack/1", {"id": stack.id, "hash": stack.hash, "version": stack.version, "cuda": stack.cuda,
+                                               "python": stack.python, "driver_min": stack.driver_min, "pins": stack.pins(),
+                                               "steps": [s.to_json() for s in stack.plan]}))
+        return
+    print(f"stack {stack.id}  (version {stack.version}, CUDA {stack.cuda}, Python {stack.python}, driver >= R{stack.driver_min})")
+    width = max(len(k) for k in stack.pins())
+    for key, value in stack.pins().items():
+        print(f"  {key:<{width}}  {value}")
+    from slimeforge.image import lockfile
+
+    try:
+        pylock = lockfile.load_lock(cuda, stack)
+        print(f"lock {pylock.path}  (sha256 {pylock.hash[:16]}, {len(pylock.packages)} distributions)")
+    except lockfile.LockError as exc:  # it names its remedy (image/remedies.py)
+        print(f"lock: {exc}")
+    print("steps:")
+    for i, step in enumerate(stack.plan, 1):
+        what = step.requirements or step.packages or ()
+        extra = f" @ {step.commit[:12]}" if step.kind == "source" and step.commit else ""
+        print(f"  {i:2}. {step.name:<20} {step.kind:<9}{extra} {' '.join(what)}")
+
+
+# An ssh config the inventory may not name (one with ProxyCommand, Match exec, forwarding, ...):
+# the user's own, passed by the user (docs/cluster.md#ssh).
+SSH_CONFIG_HELP = "your own ssh config file for the hosts (ssh -F), used as is in place of the inventory's ssh.config"
+
+
+# --- run -------------------------------------------------------------------------------------
+
+
+@task(
+    positional=["recipe"],
+    iterable=["set_", "skip_check"],
+    help={
+        "recipe": "recipe YAML, e.g. recipes/gsm8k.yaml",
+        "dry_run": "validate and render the run directory, print the plan, start nothing",
+        "out": "run directory (default runs/<exp_id>)",
+        "set_": "override a recipe key, key=value (repeatable)",
+        "address": "submit to a running Ray cluster (its dashboard, http://HOST:8265) instead of starting a head",
+        "mode": "host (an `invoke install` prefix or checkouts) or container (the recipe's image); default: the recipe's",
+        "image": "container mode: the image to run (default: the recipe's image); any slime image, docs/run.md#any-slime-image",
+        "prefix": "host mode: the install prefix (slime, Megatron-LM and the venv come from there)",
+        "catalog": "the flag catalog (flags.json) to check flags against (default: from the image or install)",
+        "skip_check": "turn this preflight check's errors into warnings (repeatable; see `invoke doctor --list-checks`)",
+        "no_network": "leave out the checks that need the network (AWS, the cluster)",
+        "cluster": "launch on the cluster of this inventory (brought up with cluster.up; default: the recipe's cluster)",
+        "ssh_config": SSH_CONFIG_HELP,
+        "tunnel": "--cluster: reach the Jobs API through an ssh tunnel to the head even when it answers directly (default: only when not; docs/cluster.md#ports)",
+        "slurm": "submit to Slurm: Ray starts inside an sbatch allocation (docs/slurm.md)",
+        "partition": "--slurm: the partition (default: the cluster's default)",
+        "account": "--slurm: the account to charge",
+        "time": "--slurm: the time limit, [D-]HH:MM:SS",
+        "nodes": "--slurm: nodes (default: the recipe's num_nodes)",
+        "squashfs_dir": "--slurm, container mode: import the image once to a squashfs in this shared directory; every node reads it",
+        "json_": "with --dry-run: " + JSON_HELP,
+    },
+    default=True,
+)
+@clean_errors
+def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=None, image=None, prefix=None, catalog=None,
+              skip_check=None, no_network=False, cluster=None, slurm=False, partition=None, account=None, time=None, nodes=None,
+              squashfs_dir=None, ssh_config=None, json_=False, tunnel=False):
+    """Validate a recipe, preflight, start Ray, submit, stream the logs (--dry-run: print the plan, start nothing)."""
+    from slimeforge.run.launch import LaunchRequest, run_recipe
+
+    if json_ and not dry_run:
+        raise Exit("error: --json: the plan is printed as JSON by a dry run; add --dry-run (a launch streams the job's logs)", code=2)
+    req = LaunchRequest(recipe=recipe, out=out, overrides=tuple(set_ or ()), address=address, mode=mode, image=image, prefix=prefix,
+                        catalog=catalog, skip_checks=tuple(skip_check or ()), network_checks=not no_network, cluster=cluster,
+                        slurm=slurm, partition=partition, account=account, time=time, nodes=None if nodes is None else str(nodes),
+                        squashfs_dir=squashfs_dir)
+    with contextlib.ExitStack() as tunnels:  # an ssh tunnel to the Jobs API lives until the job's logs end
+        code = run_recipe(req, dry_run=dry_run, plan_json=json_,
+                          find_cluster=lambda inventory, dry: _cluster_jobs_api(inventory, dry, ssh_config, "always" if tunnel else None, tunnels))
+    if code:
+        raise Exit(code=code)
+
+
+def _cluster_jobs_api(inventory, dry_run, ssh_config=None, tunnel=None, tunnels=None):
+    """The cluster `cluster.up` brought up from this inventory: its Jobs API (over ssh where needed), environment and checks."""
+    from slimeforge.cluster.runcheck import cluster_env
+
+    return cluster_env(inventory, dry_run=dry_run, ssh_config=ssh_config, tunnel=tunnel, tunnels=tunnels)
+
+
+def _inventory(path, ssh_config):
+    from slimeforge.cluster.inventory import load_inventory
+
+    return load_inventory(path, ssh_config=ssh_config)
+
+
+# --- launch ----------------------------------------------------------------------------------
+
+RUN_HELP = {"run": "the run directory or the recipe that was launched, e.g. runs/gsm8k-3b-smoke"}
+
+
+@task(positional=["run"], help={**RUN_HELP, "json_": JSON_HELP})
+@clean_errors
+def run_status(c, run, json_=False):
+    """Status of a launched run's job (and whether the Ray head slimeforge started is up; a Slurm run: its job)."""
+    from slimeforge.run.launch import run_dir_of, target_of
+    from slimeforge.schema import printable
+
+    path = run_dir_of(run)
+    target = target_of(path)
+    st = target.status(path)
+    # The lines carry Ray's and Slurm's text (a job's message, a reason): no escape sequence reaches the terminal.
+    print(json_doc("slimeforge.run-status/1", {"target": "slurm" if target.name == "slurm" else "ray-job", **st.data}) if json_
+          else "\n".join(printable(line) for line in st.lines))
+
+
+@task(positional=["run"], help={**RUN_HELP, "follow": "keep streaming until the job ends"})
+@clean_errors
+def run_logs(c, run, follow=False):
+    """Print a launched run's job logs (from the cluster; job.log keeps them too; a Slurm run: its output file)."""
+    from slimeforge.run.launch import run_dir_of, target_of
+
+    path = run_dir_of(run)
+    code = target_of(path).logs(path, follow, sys.stdout)
+    if code:
+        raise Exit(code=code)
+
+
+@task(positional=["run"], help={**RUN_HELP, "head": "also stop the Ray head (and container) that slimeforge started for it"})
+@clean_errors
+def run_stop(c, run, head=False):
+    """Stop a launched run's job; --head also stops the Ray head (or container) slimeforge started for it.
+    Each is first proved to be this run's; anything else is refused. A Slurm run: scancel of its
+    recorded job, proved to be this run's (Ray in the allocation ends with it). Exit 0 when what was
+    asked for was stopped or had already ended; 1 with the reason otherwise."""
+    from slimeforge.run.launch import run_dir_of, target_of
+
+    path = run_dir_of(run)
+    code = target_of(path).stop(path, head=head)
+    if code:
+        raise Exit(code=code)
+
+
+@task(
+    iterable=["skip_check", "set_"],
+    help={
+        "recipe": "check this recipe too (model vs config.json, data, checkpoint dir, flags, AWS); without: host checks only",
+        "set_": "override a recipe key, key=value (repeatable)",
+        "cuda": "without a recipe: the stack whose driver and architectures to check (default cu13)",
+        "address": "the running cluster to compare Ray and Python versions with",
+        "mode": "host or container (default: the recipe's)",
+        "image": "container mode: the image (its flag catalog and model scripts)",
+        "prefix": "host mode: the install prefix",
+        "catalog": "the flag catalog (flags.json)",
+        "skip_check": "turn this check's errors into warnings (repeatable)",
+        "no_network": "leave out the checks that need the network",
+        "list_checks": "list the checks and exit",
+        "kernels": "also run every compiled piece on this host's GPU (the install's or image's kernel check; seconds per piece)",
+        "json_": JSON_HELP,
+    },
+)
+@clean_errors
+def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=None, prefix=None, catalog=None, skip_check=None,
+           no_network=False, list_checks=False, kernels=False, json_=False):
+    """Preflight: report every problem (with its fix) that would stop a launch, before anything starts."""
+    from slimeforge.run import preflight as doc
+
+    if list_checks:
+        checks = [{"name": chk.name, "scope": chk.scope, "needs_recipe": chk.needs_recipe, "doc": chk.doc} for chk in doc.CHECKS.values()]
+        print(json_doc("slimeforge.doctor-checks/1", {"checks": checks}) if json_ else "\n".join(doc.list_checks()))
+        return
+    report = doc.doctor(recipe, list(set_ or ()), cuda=cuda, address=address, mode=mode, image=image, prefix=prefix, catalog=catalog,
+                        skip=list(skip_check or ()), network=not no_network, gpu_checks=kernels)
+    print(json_doc("slimeforge.doctor/1", report.to_json()) if json_ else report.table())
+    if report.errors:
+        raise Exit(code=2)  # a refused precondition (docs/exit-codes.md)
+
+
+# --- publish ---------------------------------------------------------------------------------
+
+
+@task(
+    iterable=["tag"],
+    help={
+        "cuda": "publish the newest build of this flavor (build/<flavor>-<hash>/report.json)",
+        "image": "publish any local image instead (REF); its record goes to --record or stdout",
+        "registry": "destination REGISTRY[/REPOSITORY]; an ECR host (<account>.dkr.ecr.<region>.amazonaws.com) uses ECR",
+        "build_dir": "a build directory, or a directory holding <flavor>-* builds (default build/)",
+        "tag": "with --image: a tag to push (repeatable; the image's own tag is pushed too)",
+        "record": "with --image: write the publish record (JSON) to this file",
+        "username": "registry user; the password comes from --password-stdin or --password-env",
+        "password_stdin": "read the password from standard input",
+        "password_env": "read the password from this environment variable",
+        "ecr_endpoint": "ECR API endpoint URL (default: AWS's, or AWS_ENDPOINT_URL_ECR)",
+        "ecr_push_host": "push to this registry host instead of ECR's own (a test registry)",
+        "tag_immutability": "ECR: create a missing repository with immutable tags (--no-tag-immutability: mutable)",
+        "scan_on_push": "ECR: create a missing repository with scan on push (--no-scan-on-push: off)",
+        "compression": "layer compression: gzip (default; every runtime reads it) or zstd (faster to unpack; docs/publish.md)",
+        "dry_run": "print what would be pushed where, push nothing",
+    },
+)
+@clean_errors
+def publish(c, cuda=None, image=None, registry=None, build_dir=None, tag=None, record=None, username=None,
+            password_stdin=False, password_env=None, ecr_endpoint=None, ecr_push_host=None,
+            tag_immutability=True, scan_on_push=True, dry_run=False, compression="gzip"):
+    """Push an image to a registry or ECR by digest, verify it there, and record the digest."""
+    from slimeforge.image import publish as pub
+
+    opts = pub.PublishOptions(cuda=cuda, image=image, registry=registry, build_dir=build_dir, tags=tag or [],
+                              record=record, username=username, password_stdin=password_stdin,
+                              password_env=password_env, ecr_endpoint=ecr_endpoint, ecr_push_host=ecr_push_host,
+                              tag_immutability=tag_immutability, scan_on_push=scan_on_push, compression=compression)
+    plan = pub.plan(opts)
+    if dry_run:
+        print("\n".join(pub.describe(plan)))
+        print("nothing was pushed (dry run)")
+        return
+    pub.publish(plan, pub.read_credentials(plan, sys.stdin))
+
+
+# --- lock ------------------------------------------------------------------------------------
+
+
+@task(
+    iterable=["source"],
+    help={
+        "cuda": "stack flavor (cu13, cu129)",
+        "stack": "lock any stack file instead (a YAML path); its lock goes to locks/ beside it",
+        "source": "NAME=PATH: a local checkout of a source (the patches are read from slime's), instead of fetching it",
+        "all": "lock every flavor under images/",
+        "check": "offline: the committed lock satisfies every pin, holds every step's packages, mixes no CUDA majors",
+        "complete": "fill only the outside facts the committed lock lacks (router wheel sha256, base digest); resolves nothing",
+        "upgrade": "resolve at a new cutoff (now) instead of the lock's: what no pin names moves to its newest",
+        "base_digest": "sha256:... of the base image (else asked of its registry)",
+        "router_sha256": "sha256 of the router wheel (else downloaded once and hashed)",
+        "index_url": "an index instead of PyPI (a mirror)",
+    },
+)
+@clean_errors
+def lock(c, cuda=None, stack=None, all=False, check=False, complete=False, upgrade=False, base_digest=None,  # noqa: A002
+         router_sha256=None, index_url=None, source=None):
+    """Resolve a flavor once, for its target, into images/locks/pylock.<flavor>.toml (--check: verify it;
+    --complete: fill what it lacks from outside, resolving nothing)."""
+    from slimeforge.image import lockcheck, lockfacts, uvlock
+    from slimeforge.image.stack import available_flavors
+
+    if sum((check, complete, upgrade)) > 1:
+        raise Exit("error: --check, --complete and --upgrade exclude each other; give one", code=2)
+    if (check or complete) and (index_url or source):
+        raise Exit("error: --index-url and --source go with a resolution, not with --check or --complete", code=2)
+    refs = available_flavors() if all else [stack or cuda or "cu13"]
+    failed: dict[str, int] = {}  # flavor -> its error's exit status
+    for ref in refs:
+        try:
+            if check:
+                lockcheck.check(ref, echo=lambda s: print(s, flush=True))
+            elif complete:
+                lockfacts.complete(ref, echo=diag, base_digest=base_digest, router_sha256=router_sha256)
+            else:
+                uvlock.resolve(uvlock.LockOptions(stack=ref, base_digest=base_digest, router_sha256=router_sha256,
+                                                  index_url=index_url, sources=list(source or []), upgrade=upgrade,
+                                                  echo=diag))
+        except SlimeforgeError as exc:
+            if len(refs) == 1:
+                raise
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            failed[ref] = exc.exit_code
+    if failed:
+        raise Exit(f"error: {', '.join(failed)}: see above", code=max(failed.values()))
+
+
+# --- build -----------------------------------------------------------------------------------
+
+
+@task(
+    iterable=["source", "build_arg", "tag"],
+    help={
+        "cuda": "stack flavor (cu13, cu129)",
+        "stack": "build any stack file instead (a YAML path)",
+        "out": "build directory (default build/<flavor>-<hash>/)",
+        "dry_run": "render the build directory, print the exact command, build nothing",
+        "base_image": "base image REF instead of the stack's (resolved to a digest or image id)",
+        "source": "NAME=PATH: a local checkout instead of the source's git URL (repeatable)",
+        "build_arg": "KEY=VALUE for docker build, e.g. MAX_JOBS=4 (repeatable)",
+        "no_cache": "build without BuildKit's layer cache (even when an image with this content hash exists)",
+        "force": "build even when an image with this content hash exists",
+        "verify": "smoke-test an image with this content hash that exists again (it is not rebuilt)",
+        "tag": "an extra tag: a full REF, or a tag for the repository (repeatable)",
+        "repository": "image repository (default slimeforge/<flavor>)",
+        "ca_bundle": "CA bundle for downloads during the build (default: $SSL_CERT_FILE)",
+        "no_store": "compile the compiled steps in place, without the compiled-wheel store",
+        "wheel_registry": "also pull compiled wheels missing here from REGISTRY (see wheels.pull)",
+        "verbose": "also show BuildKit's raw output (build.log in the build directory has it always)",
+    },
+)
+@clean_errors
+def build(c, cuda="cu13", stack=None, out=None, dry_run=False, base_image=None, source=None, build_arg=None, no_cache=False,
+          force=False, tag=None, repository=None, ca_bundle=None, no_store=False, wheel_registry=None, verbose=False, verify=False):
+    """Build the image of a stack with BuildKit: content-addressed, patched, smoke-tested, reported."""
+    from pathlib import Path
+
+    from slimeforge.image.build import BuildOptions
+    from slimeforge.image.build import build as run_build
+
+    opts = BuildOptions(stack=stack or cuda, out=Path(out) if out else None, dry_run=dry_run, base_image=base_image,
+                        sources=list(source or []), build_args=list(build_arg or []), no_cache=no_cache, force=force,
+                        tags=list(tag or []), repository=repository, ca_bundle=ca_bundle, echo=diag,
+                        use_store=not no_store, wheel_registry=wheel_registry, verbose=verbose, verify=verify)
+    result = run_build(opts)  # progress went to stderr (diag); the result goes to stdout
+    if dry_run:
+        print("would run:\n" + textwrap.indent(shell_lines(result["command"], result["env"], trailing=1), "  "))
+    else:
+        from slimeforge.image.buildreport import BuildReport
+
+        print(BuildReport.from_dict(result).summary_table())
+
+
+@task(help={
+    "python": "the target interpreter: one that imports slime (e.g. /opt/venv/bin/python); no GPU needed",
+    "slime": "slime checkout",
+    "megatron": "Megatron-LM checkout (what slime's Megatron parser is built from)",
+    "out": "catalog file to write (JSON, replaced whole)",
+})
+@clean_errors
+def flags_catalog(c, python="", slime="", megatron=None, out="flags.json"):
+    """The flag catalog from slime's real parsers (every one, each option with its parser), as doctor reads it."""
+    from slimeforge.run.flagcatalog import make_catalog, summary
+
+    print(summary(make_catalog(python, slime, megatron, out)))
+    print(f"wrote {out}")
+
+
+@task(help={
+    "src": "the GSM8K file you downloaded: JSONL, or Parquet (needs pyarrow), rows {question, answer}",
+    "out": "training data to write (JSONL of {prompt, metadata}, replaced whole)",
+    "limit": "only the first N rows (a small set for a smoke run)",
+})
+@clean_errors
+def data_gsm8k(c, src="", out="gsm8k.jsonl", limit=None):
+    """GSM8K rows as training data: one {"prompt", "metadata": {"prompt", "answer"}} a line (docs/quickstart.md)."""
+    from slimeforge.run.gsm8k import convert
+    from slimeforge.schema import parse_whole
+
+    rows = convert(src, out, None if limit is None else parse_whole(limit, "--limit", 1, 1_000_000))
+    print(f"wrote {out}: {rows} rows")
+
+
+@task(
+    iterable=["source"],
+    help={"cuda": "stack flavor (cu13, cu129)", "stack": "any stack file instead (a YAML path)",
+          "source": "NAME=PATH: a local checkout of a source (repeatable); others are fetched by their git URL"},
+)
+@clean_errors
+def patches_check(c, cuda="cu13", stack=None, source=None):
+    """Check, without Docker and without touching the given checkouts, that every patch applies."""
+
+    from slimeforge.image.patches import check_patches
+    from slimeforge.image.sources import parse_sources
+    from slimeforge.image.stack import load_stack
+
+    st = load_stack(stack or cuda)
+    rows = check_patches(st, parse_sources(st, list(source or [])), paths.sources_cache())
+    print(f"patches of {st.id}: {len(rows)} checked, all apply")
+
+
+@task(
+    iterable=["source"],
+    help={
+        "cuda": "stack flavor (cu13, cu129)",
+        "stack": "any stack file instead (a YAML path)",
+        "prefix": "install directory (checkouts, venv, records, stack.lock.json, flags.json)",
+        "venv": "reuse this venv instead of <prefix>/venv",
+        "python": "the interpreter to make the venv with (a path, or a name on PATH; default python<ver> of the stack)",
+        "min_free_gb": "free disk (GiB) the prerequisites ask for at the prefix (default: computed from the lock)",
+        "source": "NAME=PATH: a local checkout instead of the source's git URL (repeatable)",
+        "out": "where to write install.sh (default <prefix>/.slimeforge/install/)",
+        "dry_run": "render the script, print its path, run nothing",
+        "no_store": "compile the compiled steps in place, without the compiled-wheel store",
+        "verify": "run the smoke test even when it passed before with the same inputs (a re-run skips it)",
+    },
+)
+@clean_errors
+def install(c, cuda="cu13", stack=None, prefix="", venv=None, python=None, min_free_gb=None, source=None, out=None, dry_run=False,
+            no_store=False, verify=False):
+    """Install a stack on this host (bare metal), resumably, with the image's steps and checks."""
+    from pathlib import Path
+
+    from slimeforge.image.install import MAX_FREE_GIB, InstallOptions
+    from slimeforge.image.install import install as run_install
+    from slimeforge.schema import parse_whole
+
+    # The one number parser (ASCII digits, bounded): the script's bash reads the value again.
+    free = parse_whole(str(min_free_gb), "--min-free-gb", 0, MAX_FREE_GIB, unit="GiB") if min_free_gb is not None else None
+    opts = InstallOptions(stack=stack or cuda, prefix=prefix, venv=venv, python=python, min_free_gb=free, sources=list(source or []),
+                          out=Path(out) if out else None, dry_run=dry_run, use_store=not no_store,
+                          verify=verify)
+    run_install(opts)
+
+
+# --- compiled-wheel store --------------------------------------------------------------------
+
+WHEELS_HELP = {"cuda": "stack flavor (cu13, cu129)", "stack": "any stack file instead (a YAML path)",
+               "registry": "OCI registry host[:port][/path] of the remote store (ECR: docker login to it first)"}
+
+
+@task(iterable=["source", "build_arg"], help={**WHEELS_HELP, "registry": "pull misses from this registry before compiling",
+                                               "source": "NAME=PATH: a local checkout (repeatable)",
+                                               "build_arg": "KEY=VALUE for docker build, e.g. MAX_JOBS=4 (repeatable)",
+                                               "dry_run": "say what would be compiled, compile nothing",
+                                               "verbose": "also show BuildKit's raw output (wheels.log has it always)"})
+@clean_errors
+def wheels_build(c, cuda="cu13", stack=None, registry=None, source=None, build_arg=None, dry_run=False, verbose=False):
+    """Compile only the compiled steps whose key is not stored (MAX_JOBS from this host's memory), and store them."""
+    from slimeforge.image.build import BuildOptions, build_wheels
+
+    opts = BuildOptions(stack=stack or cuda, sources=list(source or []), build_args=list(build_arg or []), dry_run=dry_run,
+                        wheel_registry=registry, echo=diag, verbose=verbose)
+    result = build_wheels(opts)
+    for step, r in result.items():
+        print(f"{step:<24} {r['source']:<14} {r['key']}")
+
+
+@task(help=WHEELS_HELP)
+@clean_errors
+def wheels_push(c, cuda="cu13", stack=None, registry=""):
+    """Push this stack's stored compiled wheels to REGISTRY/slimeforge-compiled:<key>."""
+    from slimeforge.image.stack import load_stack
+    from slimeforge.image.wheelstore import push_stack
+
+    for step, what in push_stack(load_stack(stack or cuda), registry, echo=diag).items():
+        print(f"{step:<24} {what}")
+
+
+@task(help=WHEELS_HELP)
+@clean_errors
+def wheels_pull(c, cuda="cu13", stack=None, registry=""):
+    """Pull the compiled wheels this stack needs and this host lacks from REGISTRY (verified by sha256)."""
+    from slimeforge.image.stack import load_stack
+    from slimeforge.image.wheelstore import pull_stack
+
+    for step, what in pull_stack(load_stack(stack or cuda), registry, echo=diag).items():
+        print(f"{step:<24} {what}")
+
+
+@task(iterable=["stack"], help={"cuda": "stack flavor (cu13, cu129)", "stack": "a stack file (repeatable; with --unused: also counted as used)",
+                                "unused": "list the stored keys that no stack uses (images/*.yaml and --stack files)",
+                                "registry": "also say which keys this registry has (credentials: the docker config)",
+                                "json_": JSON_HELP})
+@clean_errors
+def wheels_ls(c, cuda="cu13", stack=None, unused=False, registry=None, json_=False):
+    """Compiled keys of a stack: hit or miss here, where each is stored, its size."""
+    from slimeforge.image import wheelstore
+    from slimeforge.image.stack import load_stack
+
+    if unused:
+        keys = wheelstore.unused(wheelstore.known_stacks(list(stack or [])))
+        print(json_doc("slimeforge.wheels-unused/1", {"store": str(wheelstore.store_root()), "unused": keys}) if json_
+              else "\n".join(f"{wheelstore.store_root() / k}" for k in keys) or "no unused keys")
+        return
+    creds = None
+    if registry:
+        from slimeforge.image.publish import docker_config_credentials
+
+        creds = docker_config_credentials(wheelstore.remote_ref(registry, "k").registry)
+    rows = [r for s in (stack or [cuda]) for r in wheelstore.listing(load_stack(s), registry=registry, credentials=creds)]
+    if json_:
+        print(json_doc("slimeforge.wheels/1", {"store": str(wheelstore.store_root()), "keys": rows}))
+        return
+    print(f"store {wheelstore.store_root()}")
+    for r in rows:
+        print(f"{r['step']:<24} {r['status']:<13} {r['key']:<40} {r['size'] / 1e6:8.1f} MB  {' '.join(r['where'])}")
+
+
+# --- cluster ---------------------------------------------------------------------------------
+
+
+@task(
+    positional=["inventory"],
+    help={
+        "inventory": "cluster inventory YAML, e.g. recipes/clusters/example.yaml",
+        "dry_run": "print the per-host plan; connect to nothing, start nothing",
+        "nccl_check": "also run an NCCL all-reduce across each host's GPUs and report bus bandwidth",
+        "ssh_config": SSH_CONFIG_HELP,
+    },
+)
+@clean_errors
+def cluster_up(c, inventory, dry_run=False, nccl_check=False, ssh_config=None):
+    """Bring up a Ray cluster on the inventory's hosts over SSH: checks on every host first, then Ray."""
+    from slimeforge.cluster import raycluster as cluster
+
+    inv = _inventory(inventory, ssh_config)
+    if dry_run:
+        print("\n".join(cluster.plan(inv, nccl_check=nccl_check)))
+        return
+    addr = cluster.up(inv, nccl_check=nccl_check)
+    print(f"cluster is up: GCS {addr.gcs}, dashboard and Jobs API {addr.dashboard}")
+    print(f"launch on it: {PROGRAM} run RECIPE --cluster {inventory}" + (f" --ssh-config {ssh_config}" if ssh_config else ""))
+
+
+@task(positional=["inventory"], help={"inventory": "cluster inventory YAML, e.g. recipes/clusters/example.yaml", "json_": JSON_HELP, "ssh_config": SSH_CONFIG_HELP})
+@clean_errors
+def cluster_status(c, inventory, json_=False, ssh_config=None):
+    """Show each host of a cluster: our Ray process, its node, GPUs (Ray / nvidia-smi), Python and Ray versions."""
+    from slimeforge.cluster.statustable import print_table, status
+
+    rows = status(_inventory(inventory, ssh_config))
+    if json_:
+        print(json_doc("slimeforge.cluster-status/1", {"inventory": inventory, "hosts": rows}))
+        return
+    print_table(f"cluster {inventory}", rows)
+
+
+@task(positional=["inventory"], help={"inventory": "cluster inventory YAML, e.g. recipes/clusters/example.yaml", "ssh_config": SSH_CONFIG_HELP})
+@clean_errors
+def cluster_down(c, inventory, ssh_config=None):
+    """Stop the Ray processes that cluster.up started on the inventory's hosts, and nothing else (each proved ours on its host)."""
+    from slimeforge.cluster import raycluster as cluster
+
+    cluster.down(_inventory(inventory, ssh_config))
+
+
+ns = Collection()
+ns.add_collection(Collection("stack", show=stack_show))
+ns.add_collection(Collection("run", start=run_start, status=run_status, logs=run_logs, stop=run_stop))
+ns.add_task(doctor)
+ns.add_task(publish)
+ns.add_collection(Collection("patches", check=patches_check))
+ns.add_collection(Collection("flags", catalog=flags_catalog))
+ns.add_collection(Collection("data", gsm8k=data_gsm8k))
+ns.add_task(lock)
+ns.add_task(build)
+ns.add_task(install)
+ns.add_collection(Collection("wheels", build=wheels_build, push=wheels_push, pull=wheels_pull, ls=wheels_ls))
+ns.add_collection(Collection("cluster", up=cluster_up, status=cluster_status, down=cluster_down))
+
+
+def main() -> None:
+    """The `slimeforge` command ([project.scripts]): these tasks, their options and help, through
+    invoke's Program, from any directory. Recipes, inventories and --out are read relative to the
+    working directory; runs/ and build/ are made there (paths.RUNS, paths.BUILDS); the stacks and
+    templates come with the package (paths.IMAGES, paths.TEMPLATES)."""
+    global PROGRAM
+    PROGRAM = "slimeforge"
+    from slimeforge import __version__
+
+    invoke.Program(namespace=ns, name="slimeforge", binary="slimeforge", version=__version__).run()

@@ -1,0 +1,102 @@
+"""The `slimeforge` command as a user gets it (issue 42): the package built into a wheel and
+installed, not editable, into a fresh venv, then run from a directory that holds nothing but a
+recipe. Its stacks and templates must come from the installed package (package data), its run and
+build directories must appear where it runs, and its help must name it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.local, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+UV = Path(sys.executable).parent / "uv"  # the project's own uv (a dependency, pinned)
+# What a checkout holds that a wheel is not built from (and a copy need not carry).
+NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "runs", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".ruff_cache",
+                                    ".mypy_cache", "tests", "benchmarks", "docs", "reference")
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """A fresh venv with the package installed from a copy of the checkout (the build writes
+    build/ and *.egg-info beside its sources: never into the user's checkout)."""
+    if not UV.exists():
+        pytest.fail(f"no uv at {UV}: install the project's dependencies (pip install -e '.[dev]')")
+    tmp = tmp_path_factory.mktemp("console")
+    src = tmp / "src"
+    shutil.copytree(ROOT, src, symlinks=True, ignore=NOT_SOURCE)
+    venv = tmp / "venv"
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    subprocess.run([str(UV), "venv", "-q", "--python", sys.executable, str(venv)], check=True, env=env)
+    res = subprocess.run([str(UV), "pip", "install", "-q", "--python", str(venv / "bin" / "python"), str(src)], env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    shutil.rmtree(src)  # nothing of the checkout may be read from here on
+    return venv
+
+
+def user_env(venv: Path) -> dict[str, str]:
+    """A user's shell with the venv's bin on PATH; nothing that points Python at the checkout."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")}
+    env["PATH"] = f"{venv / 'bin'}:/usr/bin:/bin"
+    return env
+
+
+def slimeforge(venv: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(venv / "bin" / "slimeforge"), *args], cwd=cwd, env=user_env(venv), capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_the_installed_package_reads_its_data_from_itself(installed, tmp_path):
+    probe = ("import slimeforge, slimeforge.paths as p; "
+             "print(slimeforge.__file__); print(p.IMAGES); print(p.TEMPLATES); print(sorted(x.name for x in p.IMAGES.glob('*.yaml'))); "
+             "print(sorted(x.name for x in (p.IMAGES / 'locks').iterdir())); print(sorted(x.name for x in p.TEMPLATES.iterdir()))")
+    out = subprocess.run([str(installed / "bin" / "python"), "-c", probe], cwd=tmp_path, env=user_env(installed), capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    site = installed.resolve()
+    assert all(Path(line).resolve().is_relative_to(site) for line in out[:3]), out  # not the checkout's
+    assert "cu13.yaml" in out[3] and "common.yaml" in out[3]
+    assert "pylock.cu13.toml" in out[4]
+    assert all(name in out[5] for name in ("Dockerfile.j2", "install.sh.j2", "launch.sh.j2", "steps.sh", "'sf'"))
+
+
+def test_help_and_list_name_the_command_and_every_task(installed, tmp_path):
+    res = slimeforge(installed, tmp_path, "--help")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("Usage: slimeforge ") and "Traceback" not in res.stderr
+    res = slimeforge(installed, tmp_path, "--list")
+    assert res.returncode == 0, res.stderr
+    listed = {line.split()[0] for line in res.stdout.splitlines() if line.startswith("  ") and not line.startswith("   ")}
+    assert listed >= {"run.start", "run.status", "doctor", "build", "install", "lock", "publish", "cluster.up", "stack.show", "wheels.ls"}
+    assert "run.start (run)" in res.stdout  # `slimeforge run` is run.start, as `invoke run` is
+    res = slimeforge(installed, tmp_path, "run", "--help")
+    assert res.returncode == 0 and "Usage: slimeforge " in res.stdout and "--dry-run" in res.stdout
+    # A usage error names the command that was typed, not `invoke`.
+    res = slimeforge(installed, tmp_path, "run")
+    assert res.returncode == 2 and "usage: slimeforge run [OPTIONS] RECIPE" in res.stderr, res.stderr
+
+
+def test_a_dry_run_from_an_empty_directory_writes_there(installed, tmp_path):
+    shutil.copy(ROOT / "recipes" / "gsm8k.yaml", tmp_path / "gsm8k.yaml")
+    res = slimeforge(installed, tmp_path, "run", "gsm8k.yaml", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr
+    run = tmp_path / "runs" / "gsm8k-3b-smoke"
+    assert {"launch.sh", "plan.json", "slime.args"} <= {p.name for p in run.iterdir()}
+    assert str(run) in res.stdout or "runs/gsm8k-3b-smoke" in res.stdout
+    assert "stack cu13-" in res.stdout  # the stack, read from the package's data
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gsm8k.yaml", "runs"]  # nothing else written here
+
+
+def test_a_build_dry_run_renders_from_the_package_into_build_here(installed, tmp_path):
+    res = slimeforge(installed, tmp_path, "build", "--cuda", "cu13", "--dry-run", "--base-image", "sha256:" + "ab" * 32)
+    assert res.returncode == 0, res.stdout + res.stderr
+    [build] = (tmp_path / "build").iterdir()
+    assert build.name.startswith("cu13-") and (build / "Dockerfile").is_file()
+    assert (build / "context" / "steps.sh").read_text() == (ROOT / "templates" / "steps.sh").read_text()
