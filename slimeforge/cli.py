@@ -1,11 +1,11 @@
 """slimeforge's command line: thin invoke tasks over the `slimeforge` package, run two ways: the
 installed `slimeforge` command (`main`, from any directory) and `invoke TASK` in a checkout (its
-tasks.py hands invoke this module's `ns`).
+tasks.py re-exports this module's `ns` for Invoke).
 
 Each task parses its options, calls one library function and prints the outcome; the functions
 work without invoke (the SlimeRunner API uses the same ones). Heavy libraries (ray, boto3, docker)
 are imported inside the functions that need them, so `invoke --list` and dry runs start fast
-(benchmarks/start_bench.py): this module imports invoke and slimeforge's small core only.
+(benchmarks/start_bench.py): this module imports Invoke and slimeforge's small core only.
 """
 
 from __future__ import annotations
