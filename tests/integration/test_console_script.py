@@ -25,7 +25,8 @@ NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "runs", "build", "*.egg-inf
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """A fresh venv with the package installed from a copy of the checkout (the build writes
-    build/ and *.egg-info beside its sources: never into the user's checkout)."""
+    build/ and *.egg-info beside its sources: never into the user's checkout), its bytecode
+    compiled at install time as pip does (uv only when asked)."""
     if not UV.exists():
         pytest.fail(f"no uv at {UV}: install the project's dependencies (pip install -e '.[dev]')")
     tmp = tmp_path_factory.mktemp("console")
@@ -34,7 +35,7 @@ def installed(tmp_path_factory):
     venv = tmp / "venv"
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     subprocess.run([str(UV), "venv", "-q", "--python", sys.executable, str(venv)], check=True, env=env)
-    res = subprocess.run([str(UV), "pip", "install", "-q", "--python", str(venv / "bin" / "python"), str(src)], env=env,
+    res = subprocess.run([str(UV), "pip", "install", "-q", "--compile-bytecode", "--python", str(venv / "bin" / "python"), str(src)], env=env,
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     shutil.rmtree(src)  # nothing of the checkout may be read from here on
