@@ -698,4 +698,9 @@ def main() -> None:
     PROGRAM = "slimeforge"
     from slimeforge import __version__
 
-    invoke.Program(namespace=ns, name="slimeforge", binary="slimeforge", version=__version__).run()
+    try:
+        invoke.Program(namespace=ns, name="slimeforge", binary="slimeforge", version=__version__).run()
+    except BrokenPipeError:  # `slimeforge --list | head`: invoke's own listing and help, outside clean_errors
+        from slimeforge.console import quiet_on_closed_pipe
+
+        sys.exit(quiet_on_closed_pipe())

@@ -101,3 +101,10 @@ def test_a_build_dry_run_renders_from_the_package_into_build_here(installed, tmp
     [build] = (tmp_path / "build").iterdir()
     assert build.name.startswith("cu13-") and (build / "Dockerfile").is_file()
     assert (build / "context" / "steps.sh").read_text() == (ROOT / "templates" / "steps.sh").read_text()
+
+
+def test_a_closed_pipe_ends_the_listing_quietly(installed, tmp_path):
+    res = subprocess.run(["bash", "-c", f'{installed / "bin" / "slimeforge"} --list | head -1; exit "${{PIPESTATUS[0]}}"'], cwd=tmp_path,
+                         env=user_env(installed), capture_output=True, text=True, timeout=60)
+    # 141 when head had gone before the listing was written, 0 when the pipe took it all first.
+    assert res.stdout == "Subcommands:\n" and res.stderr == "" and res.returncode in (0, 141), res
