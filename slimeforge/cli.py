@@ -1,6 +1,6 @@
 """slimeforge's command line: thin invoke tasks over the `slimeforge` package, run two ways: the
 installed `slimeforge` command (`main`, from any directory) and `invoke TASK` in a checkout (its
-tasks.py re-exports this module's `ns` for Invoke).
+tasks/ package re-exports this module's `ns` for Invoke).
 
 Each task parses its options, calls one library function and prints the outcome; the functions
 work without invoke (the SlimeRunner API uses the same ones). Heavy libraries (ray, boto3, docker)
@@ -82,7 +82,7 @@ task = functools.partial(invoke.task, klass=CliTask)
 # recipe named -h), and a missing positional argument gets a usage line and an example (invoke's
 # own: "'run.start' did not receive required positional arguments: 'recipe'"). Its state machine
 # cannot be subclassed (the states are class-level), so its two methods are wrapped in place.
-# (Loading tasks.py again, as the tests do, wraps invoke's own methods again, not these.)
+# (Loading this module again, as the tests do, wraps invoke's own methods again, not these.)
 _invoke_handle = getattr(invoke_parser.ParseMachine.handle, "invoke_own", invoke_parser.ParseMachine.handle)
 _invoke_complete_context = getattr(invoke_parser.ParseMachine.complete_context, "invoke_own",
                                    invoke_parser.ParseMachine.complete_context)

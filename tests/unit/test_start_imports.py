@@ -30,7 +30,7 @@ def test_help_and_list_load_no_library_a_task_needs():
     for argv in (["slimeforge", "--help"], ["slimeforge", "--list"], ["slimeforge", "run", "--help"]):
         loaded = modules_after(f"sys.argv = {argv!r}\nfrom slimeforge.cli import main\nmain()", ROOT)
         assert "invoke" in loaded and not loaded & (HEAVY | RECIPE_ONLY), (argv, sorted(loaded & (HEAVY | RECIPE_ONLY)))
-    # The checkout's tasks.py is the same module: `invoke --list` loads no more.
+    # The checkout's tasks/ is the same module: `invoke --list` loads no more.
     loaded = modules_after("import tasks", ROOT)
     assert not loaded & (HEAVY | RECIPE_ONLY), sorted(loaded & (HEAVY | RECIPE_ONLY))
 
