@@ -29,7 +29,7 @@ from .headstate import check_address
 from .layout import SLIMEFORGE, layout_here, layout_of_image
 from .modechoice import resolve_mode
 from .recipe import EXP_ID_RE, Recipe, load_recipe_data, parse_overrides
-from .recipecheck import load_recipe, parse_recipe
+from .recipecheck import RecipeProblems, load_recipe, parse_recipe, top
 from .rundir import HEAD_TIMEOUT_S, read_plan, write_run_dir
 from .targets.base import LaunchPlan, ResolvedRun, Target, describe, plan_doc
 from .targets.local import ContainerTarget, HostTarget
@@ -146,7 +146,14 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
     if req.slurm and (req.address or req.cluster):
         raise ConfigError("command line", [Problem("--address/--cluster", "--slurm starts its own Ray cluster in the allocation",
                                                    req.address or req.cluster, "leave out --address/--cluster")])
-    recipe, stack = load(req)
+    pending: RecipeProblems | None = None  # the recipe's own problems, held until the cluster's fit joins them
+    try:
+        recipe, stack = load(req)
+    except RecipeProblems as exc:
+        on_a_cluster = exc.recipe is not None and not req.slurm and (req.cluster or exc.recipe.cluster or req.address)
+        if not on_a_cluster or exc.recipe is None:
+            raise
+        recipe, stack, pending = exc.recipe, exc.stack, exc  # type: ignore[assignment]  # never reaches a target: raised below
     target: Target
     layout, layout_note = SLIMEFORGE, None
     if req.in_place:
@@ -166,8 +173,16 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
         from .targets.jobsubmit import ClusterTarget, find_cluster_of, on_cluster
 
         # First: a cluster that is not up (or an inventory that does not load) is the first thing to fix.
-        cluster = find_cluster_of(req.address, req.cluster or recipe.cluster, find_cluster, dry_run)
-        recipe = on_cluster(recipe, cluster, mode=req.mode, prefix=req.prefix, image=req.image, dry_run=dry_run, stack=stack)
+        try:
+            cluster = find_cluster_of(req.address, req.cluster or recipe.cluster, find_cluster, dry_run)
+            recipe = on_cluster(recipe, cluster, mode=req.mode, prefix=req.prefix, image=req.image, dry_run=dry_run, stack=stack)
+        except ConfigError as exc:  # one round: the recipe's problems and the cluster's fit together
+            if pending is None:
+                raise
+            raise pending.joined([Problem(f"{p.where} ({exc.source})" if top(p.where) not in Recipe.model_fields else p.where,
+                                          p.message, p.value, p.accepted, p.show_value) for p in exc.problems]) from None
+        if pending is not None:
+            raise pending
         target = ClusterTarget(cluster)
     else:
         recipe = resolve_mode(recipe, req.mode, req.prefix, req.image, require_image=not dry_run, stack=stack)
