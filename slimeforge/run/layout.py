@@ -84,8 +84,8 @@ def layout_of_image(recipe: Recipe, *, pull: bool, docker: str = "docker") -> tu
         facts = image_facts(image, recipe.slime_dir, recipe.megatron_dir, docker=docker, pull=pull)
     except (SlimeforgeError, OSError) as exc:
         # Docker's own words, cut between lines: a cut inside one read as "Error respon): rendered ...".
-        said = exc.output if isinstance(exc, CommandError) and exc.output.strip() else str(exc)
-        return SLIMEFORGE, recipe, f"the image's layout is not known ({excerpt(said)}): rendered for slimeforge's layout"
+        said = f"{exc.step}: {excerpt(exc.output)}" if isinstance(exc, CommandError) and exc.output.strip() else excerpt(str(exc))
+        return SLIMEFORGE, recipe, f"the image's layout is not known ({said}): rendered for slimeforge's layout"
     return (*layout_from_facts(facts, recipe), None)
 
 

@@ -123,4 +123,4 @@ def test_the_layout_note_of_an_image_that_cannot_be_had_has_no_cut_line(monkeypa
 
     monkeypatch.setattr(imageprobe, "image_facts", fail)
     _, _, note = layout_of_image(recipe(image=IMAGE), pull=True)
-    assert note == "the image's layout is not known (Unable to find image locally; ...): rendered for slimeforge's layout"
+    assert note == f"the image's layout is not known (docker pull {IMAGE}: Unable to find image locally; ...): rendered for slimeforge's layout"
