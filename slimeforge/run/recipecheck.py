@@ -57,24 +57,22 @@ def trusted(problems: list[Problem], failed: frozenset[str]) -> list[Problem]:
     return [p for p in problems if top(p.where) not in failed and not failed.intersection(RELATED.get(top(p.where), ()))]
 
 
-def schema_problems(data: dict[str, Any]) -> tuple[dict[str, Any], list[Problem], frozenset[str]]:
-    """The schema field by field: (the keys that passed, every problem, the keys that failed)."""
+def schema_problems(data: dict[str, Any]) -> tuple[Recipe | None, list[Problem], frozenset[str]]:
+    """The schema key by key: (the recipe, or the stand-in the rules run on; every problem; the
+    keys that failed). The stand-in: the keys that passed, defaults for the rest, placeholders for
+    the required keys that failed (None if the keys that passed one by one fail together)."""
     problems = text_problems(data)
     bad_text = {top(p.where) for p in problems}
-    rest = {k: v for k, v in data.items() if k not in bad_text}
+    rest = {k: v for k, v in data.items() if k not in bad_text} if problems else data
     model, more = model_problems(Recipe, rest)
+    if model is not None and not problems:
+        return model, [], frozenset()
     problems += [p for p in more if top(p.where) not in bad_text]  # a key taken out for its text is not also "missing"
     failed = frozenset(bad_text | {top(p.where) for p in more})
     good = {k: v for k, v in rest.items() if k not in failed and k in Recipe.model_fields}
-    return good, problems, failed
-
-
-def stand_in(good: dict[str, Any], failed: frozenset[str]) -> Recipe | None:
-    """The recipe the rules run on: the keys that passed, defaults for the rest, placeholders
-    for the required keys that failed; None if the keys that passed one by one fail together."""
     fill = {k: v for k, v in STAND_IN.items() if k not in good}
-    recipe, problems = model_problems(Recipe, {**fill, **good})
-    return recipe if not problems else None
+    stand_in, left = model_problems(Recipe, {**fill, **good})
+    return (stand_in if not left else None), problems, failed
 
 
 def default_stack() -> Stack | None:
@@ -90,8 +88,7 @@ def parse_recipe(data: dict[str, Any], source: str, overrides: dict[str, Any] | 
     if not isinstance(data, dict):
         _, problems = model_problems(Recipe, data)
         raise RecipeProblems(source, problems, overrides=overrides)
-    good, problems, failed = schema_problems(data)
-    recipe = stand_in(good, failed) if failed else Recipe.model_validate(good)
+    recipe, problems, failed = schema_problems(data)
     if recipe is None:
         raise RecipeProblems(source, problems, failed=failed, overrides=overrides)
     stack: Stack | None = None
