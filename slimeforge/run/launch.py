@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from .. import paths
-from ..errors import ConfigError, Problem
+from ..errors import ConfigError, Problem, SlimeforgeError
 from ..image.stack import Stack
 from ..proc import Runner
 from ..yamlio import deep_merge
@@ -176,9 +176,11 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
         try:
             cluster = find_cluster_of(req.address, req.cluster or recipe.cluster, find_cluster, dry_run)
             recipe = on_cluster(recipe, cluster, mode=req.mode, prefix=req.prefix, image=req.image, dry_run=dry_run, stack=stack)
-        except ConfigError as exc:  # one round: the recipe's problems and the cluster's fit together
+        except SlimeforgeError as exc:  # one round: the recipe's problems and the cluster's fit (or why it has none) together
             if pending is None:
                 raise
+            if not isinstance(exc, ConfigError):
+                raise pending.joined([Problem("cluster", exc.headline(), show_value=False)]) from None
             raise pending.joined([Problem(f"{p.where} ({exc.source})" if top(p.where) not in Recipe.model_fields else p.where,
                                           p.message, p.value, p.accepted, p.show_value) for p in exc.problems]) from None
         if pending is not None:

@@ -102,3 +102,16 @@ def test_a_failed_key_silences_the_clusters_rule_that_reads_it(tmp_path):
     with pytest.raises(ConfigError) as exc:
         resolve(req, dry_run=True, find_cluster=lambda name, dry: cluster_env(name, dry_run=dry))
     assert {p.where for p in exc.value.problems} == {"--set num_gpus"}
+
+
+def test_a_cluster_that_cannot_be_found_is_named_beside_the_recipes_problems(tmp_path):
+    from slimeforge.errors import SlimeforgeError
+
+    def not_up(name, dry):
+        raise SlimeforgeError(f"cluster {name}: no record of a bring-up from this machine: run `invoke cluster.up {name}` first")
+
+    req = LaunchRequest(recipe="recipes/gsm8k-2node.yaml", cluster="lab.yaml", overrides=("lr=fast",))
+    with pytest.raises(ConfigError) as exc:
+        resolve(req, dry_run=False, find_cluster=not_up)
+    by = {p.where: p.message for p in exc.value.problems}
+    assert set(by) == {"--set lr", "cluster"} and "invoke cluster.up lab.yaml" in by["cluster"]
