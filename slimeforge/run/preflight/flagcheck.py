@@ -71,7 +71,7 @@ def check_flags(ctx: Context) -> list[Finding]:
     except Exception as exc:  # noqa: BLE001
         return [error("flags", f"cannot read the flag catalog: {describe_failure(exc)}",
                       known_fix(exc, "point at a catalog with --catalog PATH, or rebuild the image"))]
-    if found is None and ctx.mode == "container" and not ctx.image:
+    if found is None and ctx.mode == "container" and not ctx.image and not ctx.address:  # with --address the image is the cluster's
         return [error("flags", "no flag catalog found (no image given to read one in, no --catalog, no local build), so a flag slime "
                                "would silently ignore cannot be caught",
                       "give --image IMAGE (its catalog is read there), point at one with --catalog PATH, or --skip-check flags")]
