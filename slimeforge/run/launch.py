@@ -146,12 +146,13 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
     if req.slurm and (req.address or req.cluster):
         raise ConfigError("command line", [Problem("--address/--cluster", "--slurm starts its own Ray cluster in the allocation",
                                                    req.address or req.cluster, "leave out --address/--cluster")])
-    pending: RecipeProblems | None = None  # the recipe's own problems, held until the cluster's fit joins them
+    # The recipe's own problems are held until the options and the cluster's fit join them: one
+    # round (Slurm and in place check theirs on a valid recipe only).
+    pending: RecipeProblems | None = None
     try:
         recipe, stack = load(req)
     except RecipeProblems as exc:
-        on_a_cluster = exc.recipe is not None and not req.slurm and (req.cluster or exc.recipe.cluster or req.address)
-        if not on_a_cluster or exc.recipe is None:
+        if exc.recipe is None or req.slurm or req.in_place:
             raise
         recipe, stack, pending = exc.recipe, exc.stack, exc  # type: ignore[assignment]  # never reaches a target: raised below
     target: Target
@@ -176,18 +177,22 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
         try:
             cluster = find_cluster_of(req.address, req.cluster or recipe.cluster, find_cluster, dry_run)
             recipe = on_cluster(recipe, cluster, mode=req.mode, prefix=req.prefix, image=req.image, dry_run=dry_run, stack=stack)
-        except SlimeforgeError as exc:  # one round: the recipe's problems and the cluster's fit (or why it has none) together
+        except SlimeforgeError as exc:  # the cluster's fit, or why it has none, beside the recipe's problems
             if pending is None:
                 raise
-            if not isinstance(exc, ConfigError):
-                raise pending.joined([Problem("cluster", exc.headline(), show_value=False)]) from None
-            raise pending.joined([Problem(f"{p.where} ({exc.source})" if top(p.where) not in Recipe.model_fields else p.where,
-                                          p.message, p.value, p.accepted, p.show_value) for p in exc.problems]) from None
+            raise joined(pending, exc, "cluster") from None
         if pending is not None:
             raise pending
         target = ClusterTarget(cluster)
     else:
-        recipe = resolve_mode(recipe, req.mode, req.prefix, req.image, require_image=not dry_run, stack=stack)
+        try:
+            recipe = resolve_mode(recipe, req.mode, req.prefix, req.image, require_image=not dry_run, stack=stack)
+        except ConfigError as exc:  # the options' problems (container mode needs an image) beside the recipe's
+            if pending is None:
+                raise
+            raise joined(pending, exc, "launch") from None
+        if pending is not None:
+            raise pending
         target = local_target(recipe, None, **target_options(req, recipe))
         if recipe.mode == "container" and recipe.image and probe_image:
             layout, recipe, layout_note = layout_of_image(recipe, pull=not dry_run, docker=req.docker)
@@ -195,6 +200,15 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
     python = req.python or (sys.executable if req.in_place else None)
     return target, ResolvedRun(recipe, stack, out.resolve(), req.recipe, environ, req.catalog, tuple(req.skip_checks), req.network_checks,
                                python=python, layout=layout, layout_note=layout_note)
+
+
+def joined(pending: RecipeProblems, exc: SlimeforgeError, where: str) -> RecipeProblems:
+    """The recipe's problems with what the next step found: its problems (a key of the recipe keeps
+    its name, anything else names the step's source), or its message as one problem at `where`."""
+    if not isinstance(exc, ConfigError):
+        return pending.joined([Problem(where, exc.headline(), show_value=False)])
+    return pending.joined([Problem(f"{p.where} ({exc.source})" if top(p.where) not in Recipe.model_fields else p.where,
+                                   p.message, p.value, p.accepted, p.show_value) for p in exc.problems])
 
 
 def local_target(recipe: Recipe, address: str | None, cluster: str | None = None, **options: Any) -> Target:

@@ -115,3 +115,12 @@ def test_a_cluster_that_cannot_be_found_is_named_beside_the_recipes_problems(tmp
         resolve(req, dry_run=False, find_cluster=not_up)
     by = {p.where: p.message for p in exc.value.problems}
     assert set(by) == {"--set lr", "cluster"} and "invoke cluster.up lab.yaml" in by["cluster"]
+
+
+def test_the_launch_options_join_the_recipes_problems(tmp_path):
+    # Container mode with no image, beside a bad value: both at once, not one per try.
+    req = LaunchRequest(recipe="recipes/gsm8k.yaml", overrides=("lr=fast",), out=str(tmp_path / "run"))
+    with pytest.raises(ConfigError) as exc:
+        resolve(req, dry_run=False)
+    assert {p.where for p in exc.value.problems} == {"--set lr", "image"}
+    assert "container mode needs an image" in str(exc.value) and not (tmp_path / "run").exists()
