@@ -8,7 +8,8 @@ import tarfile
 from dataclasses import dataclass
 from io import BytesIO
 
-from ..errors import ConfigError, Problem, SlimeforgeError
+from ..errors import ConfigError, OperationFailed, Problem, SlimeforgeError
+from ..schema import printable
 from .lockfile import stack_ref
 from .remedies import remedy
 from .stack import Stack
@@ -81,19 +82,62 @@ def resolve_base(stack: Stack, override: str | None, dry_run: bool, locked_diges
     return ResolvedBase(image, image, None, img.id)
 
 
-def read_from_image(client, image_id: str, paths: list[str]) -> dict[str, bytes]:
-    """Files copied out of an image without starting it (a created, never-run container)."""
+READ_MAX_BYTES = 64 << 20  # a record read out of an image (the lock, the flag catalog): far below this
+
+
+def read_from_image(client, image_id: str, paths: list[str], max_bytes: int = READ_MAX_BYTES) -> dict[str, bytes]:
+    """Files copied out of an image without starting it (a created, never-run container). What the
+    Engine streams back is read as input: at most `max_bytes` per file, a tar whose first member is
+    a regular file of that name; anything else (not a tar, cut short, a link, the Engine failing
+    midway) is an OperationFailed naming the image and the file, never a traceback. docker's
+    NotFound (no such file in the image) passes through: callers read it as "absent"."""
+    import docker
+
     out = {}
     container = client.containers.create(image_id, command=["true"])
     try:
         for p in paths:
+            where = f"{p} in image {image_id[:19]}"
             chunks, _ = container.get_archive(p)
-            with tarfile.open(fileobj=BytesIO(b"".join(chunks))) as tar:
-                member = tar.next()
-                assert member is not None
-                fh = tar.extractfile(member)
-                assert fh is not None
-                out[p] = fh.read()
+            out[p] = _one_file(chunks, where, max_bytes)
+    except docker.errors.NotFound:
+        raise
+    except (docker.errors.DockerException, ConnectionError, OSError) as exc:
+        raise OperationFailed(f"reading {paths} out of image {image_id[:19]}: the Docker Engine failed midway "
+                              f"({type(exc).__name__}: {printable(str(exc))[:300]})") from None
     finally:
-        container.remove(force=True)
+        try:
+            container.remove(force=True)
+        except docker.errors.DockerException:
+            pass  # the engine went away: nothing more we can do about a created container here
     return out
+
+
+def _one_file(chunks, where: str, max_bytes: int) -> bytes:
+    import requests
+    import urllib3
+
+    buf, size = [], 0
+    try:
+        for chunk in chunks:
+            size += len(chunk)
+            if size > max_bytes + (1 << 20):  # the tar's headers and padding besides the file
+                raise OperationFailed(f"{where}: the Engine sent over {max_bytes} bytes for one file")
+            buf.append(chunk)
+    except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
+        raise OperationFailed(f"{where}: the Docker Engine's stream failed midway ({type(exc).__name__})") from None
+    try:
+        with tarfile.open(fileobj=BytesIO(b"".join(buf)), mode="r:") as tar:
+            member = tar.next()
+            if member is None or not member.isfile():
+                raise OperationFailed(f"{where}: the Engine's archive holds no regular file "
+                                      f"({'empty' if member is None else 'a link or directory'})")
+            if member.size > max_bytes:
+                raise OperationFailed(f"{where}: is {member.size} bytes, over {max_bytes}")
+            fh = tar.extractfile(member)
+            data = fh.read() if fh is not None else b""
+            if len(data) != member.size:
+                raise OperationFailed(f"{where}: the Engine's archive is cut short")
+            return data
+    except (tarfile.TarError, EOFError) as exc:
+        raise OperationFailed(f"{where}: the Engine's answer is not a whole tar archive ({printable(str(exc))[:200]})") from None

@@ -16,7 +16,10 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .registry import MANIFEST_TYPES, Credentials, RegistryAuthError, RegistryError, RemoteManifest
+from ..schema import printable
+from .registry import MANIFEST_TYPES, Credentials, RegistryAuthError, RegistryError, RegistryFailed, RemoteManifest
+
+_DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 
 ECR_HOST_RE = re.compile(r"^(?P<account>\d{12})\.dkr\.ecr(?:-fips)?\.(?P<region>[a-z]{2}(?:-[a-z]+)+-\d)\.amazonaws\.com(?:\.cn)?$")
 _AUTH_CODES = {"AccessDeniedException", "UnrecognizedClientException", "InvalidSignatureException",
@@ -45,12 +48,13 @@ def parse_ecr_host(host: str) -> EcrRegistry | None:
 
 
 def client(region: str, endpoint_url: str | None = None):
-    """An ECR client; botocore's standard retry mode backs off on throttling and 5xx."""
+    """An ECR client; botocore's standard retry mode backs off on throttling and 5xx. Bounded
+    waits: connecting 10 s, each read 60 s (every call of the control plane answers small)."""
     import boto3
     from botocore.config import Config
 
     return boto3.client("ecr", region_name=region, endpoint_url=endpoint_url or None,
-                        config=Config(retries={"mode": "standard", "max_attempts": 5}))
+                        config=Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=10, read_timeout=60))
 
 
 def decode_token(token: str) -> Credentials:
@@ -107,16 +111,27 @@ def manifests(ecr, registry: EcrRegistry, name: str, tags: list[str]) -> dict[st
     """The manifest each of `tags` points at in the repository (tags with none are left out)."""
     reply = _call(ecr, "batch_get_image", registry, registryId=registry.account, repositoryName=name,
                   imageIds=[{"imageTag": t} for t in tags], acceptedMediaTypes=list(MANIFEST_TYPES))
-    found = {}
-    for image in reply.get("images", []):
-        tag = image["imageId"]["imageTag"]
-        body = image["imageManifest"].encode()
-        found[tag] = RemoteManifest.parse(body, image["imageId"]["imageDigest"], f"ECR {name}:{tag}",
-                                          image.get("imageManifestMediaType", ""))
-    for failure in reply.get("failures", []):
-        if failure.get("failureCode") not in ("ImageNotFound", "ImageTagDoesNotMatchDigest"):
-            raise RegistryError(f"ECR {registry.host}/{name}: batch_get_image: {failure.get('failureCode')}: "
-                                f"{failure.get('failureReason')}")
+    found: dict[str, RemoteManifest] = {}
+    where = f"ECR {registry.host}/{name}: batch_get_image"
+    images, failures = reply.get("images", []), reply.get("failures", [])
+    if not (isinstance(images, list) and isinstance(failures, list)):
+        raise RegistryError(f"{where}: answered without lists of images and failures")
+    for image in images:
+        # ECR's answer, read as input: each entry one of the tags asked for, once, with a manifest and its digest.
+        ident = image.get("imageId") if isinstance(image, dict) else None
+        tag = ident.get("imageTag") if isinstance(ident, dict) else None
+        digest = ident.get("imageDigest") if isinstance(ident, dict) else None
+        body = image.get("imageManifest") if isinstance(image, dict) else None
+        kind = image.get("imageManifestMediaType", "") if isinstance(image, dict) else ""
+        if tag not in tags or tag in found or not isinstance(body, str) or not (isinstance(digest, str) and _DIGEST_RE.fullmatch(digest)):
+            raise RegistryError(f"{where}: answered an entry that is not one of the tags asked for, once, with a manifest "
+                                f"and its digest: {printable(repr(image))[:300]}")
+        found[tag] = RemoteManifest.parse(body.encode(), digest, f"ECR {name}:{tag}", kind if isinstance(kind, str) else "")
+    for failure in failures:
+        code = failure.get("failureCode") if isinstance(failure, dict) else None
+        if code not in ("ImageNotFound", "ImageTagDoesNotMatchDigest"):
+            reason = failure.get("failureReason") if isinstance(failure, dict) else failure
+            raise RegistryError(f"{where}: {printable(str(code))[:100]}: {printable(str(reason))[:300]}")
     return found
 
 
@@ -124,10 +139,11 @@ def confirm_digest(ecr, registry: EcrRegistry, name: str, tag: str, digest: str)
     """Raise unless ECR reports `tag` at `digest` (what we pushed is what it holds)."""
     reply = _call(ecr, "describe_images", registry, registryId=registry.account, repositoryName=name,
                   imageIds=[{"imageTag": tag}])
-    seen = [d["imageDigest"] for d in reply.get("imageDetails", [])]
+    details = reply.get("imageDetails", [])
+    seen = [d.get("imageDigest") if isinstance(d, dict) else d for d in details] if isinstance(details, list) else [details]
     if seen != [digest]:
-        raise RegistryError(f"ECR {registry.host}/{name}:{tag}: describe_images reports {seen or 'no image'}, "
-                            f"but {digest} was pushed; nothing was recorded")
+        raise RegistryFailed(f"ECR {registry.host}/{name}:{tag}: describe_images reports {printable(repr(seen or 'no image'))[:300]}, "
+                             f"but {digest} was pushed; nothing was recorded")
 
 
 def _describe(repo: dict) -> str:
@@ -155,10 +171,11 @@ def _translate(exc: Exception, action: str, registry: EcrRegistry) -> Exception:
         if code in _AUTH_CODES:
             return RegistryAuthError(f"{where}: {action} refused ({code}): check that the AWS identity shown by "
                                      f"`aws sts get-caller-identity` may call ecr:{_pascal(action)} on this registry")
-        return RegistryError(f"{where}: {action} failed ({code}): {exc.response.get('Error', {}).get('Message', exc)}")
+        return RegistryError(f"{where}: {action} failed ({printable(str(code))[:100]}): "
+                             f"{printable(str(exc.response.get('Error', {}).get('Message', exc)))[:500]}")
     if isinstance(exc, RegistryError):
         return exc
-    return RegistryError(f"{where}: {action} failed: {type(exc).__name__}: {exc}")
+    return RegistryError(f"{where}: {action} failed: {type(exc).__name__}: {printable(str(exc))[:500]}")
 
 
 def _pascal(action: str) -> str:

@@ -28,6 +28,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from ..errors import OperationFailed
+from ..schema import printable
 from .registry import RegistryAPI
 
 COMPRESSIONS = ("gzip", "zstd")  # gzip: the Engine's own push (the default); zstd: this module
@@ -45,6 +46,7 @@ MANIFEST_JSON_MAX = 1 << 20
 _DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 _MEMBER_RE = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+){0,2}")  # <id>/layer.tar, blobs/sha256/<hex>, <id>.json
 CHUNK = 1 << 20
+MAX_MEMBERS = 100_000  # an image of a few hundred layers has a few per layer
 
 
 class LayerPushError(OperationFailed):
@@ -147,20 +149,27 @@ def _read_save(chunks: Iterable[bytes], workdir: Path, level: int) -> tuple[dict
     """Every regular member of a `docker save` stream, by name; symlinks as name -> target name."""
     blobs: dict[str, _Blob] = {}
     links: dict[str, str] = {}
+    count = 0
     with tarfile.open(fileobj=io.BufferedReader(_ChunkReader(chunks), CHUNK), mode="r|") as tar:
         for member in tar:
             name = member.name.removeprefix("./")
             if member.isdir():
                 continue
             if not _MEMBER_RE.fullmatch(name) or ".." in name.split("/"):
-                raise LayerPushError(f"docker save: unexpected member {member.name!r}")
+                raise LayerPushError(f"docker save: unexpected member {printable(member.name)[:200]!r}")
+            if name in blobs or name in links:
+                raise LayerPushError(f"docker save: member {name!r} appears twice (which one is the image's?)")
+            count += 1
+            if count > MAX_MEMBERS:
+                raise LayerPushError(f"docker save: more than {MAX_MEMBERS} members: not an image archive")
             if member.issym():
                 links[name] = str(PurePosixPath(name).parent / member.linkname)
                 continue
             if not member.isfile():
                 continue
             fh = tar.extractfile(member)
-            assert fh is not None  # a regular file
+            if fh is None:
+                raise LayerPushError(f"docker save: member {name!r} cannot be read")
             if member.size <= SMALL_BYTES:
                 data = fh.read()
                 blobs[name] = _Blob("sha256:" + hashlib.sha256(data).hexdigest(), len(data), data=data)
@@ -172,6 +181,38 @@ def _read_save(chunks: Iterable[bytes], workdir: Path, level: int) -> tuple[dict
             blobs[name] = _Blob(sha, size, compressed=target, compressed_sha256=csha, compressed_size=csize,
                                 compress_s=time.monotonic() - started)
     return blobs, links
+
+
+def read_image(docker, image_id: str, workdir: Path, level: int) -> tuple[bytes, list[_Blob]]:
+    """`docker save` of `image_id`: its config and its layers, each checked against the config and
+    compressed (`_read_save`, `_image_parts`). A stream that is not a tar, is cut short, or fails midway (the Engine, the
+    connection to it, the disk the compressed layers go to) is a LayerPushError naming the image and
+    the step, before anything is uploaded: the whole archive is read and checked first."""
+    import requests
+    import urllib3
+    import zstandard
+    from docker.errors import DockerException
+
+    step = f"docker save of image {image_id}"
+    try:
+        blobs, links = _read_save(docker.api.get_image(image_id, chunk_size=CHUNK), workdir, level)
+        config, layers = _image_parts(blobs, links, image_id)
+        for blob in layers:
+            _finish_small(blob, workdir, level)
+        return config, layers
+    except LayerPushError as exc:
+        raise LayerPushError(f"{step}: {str(exc).removeprefix('docker save: ')}; nothing was pushed") from None
+    except (tarfile.TarError, EOFError) as exc:
+        raise LayerPushError(f"{step}: the Docker Engine's stream is not a whole tar archive ({printable(str(exc))[:200]}); "
+                             "nothing was pushed: check `docker save` of it works here, then publish again") from None
+    except (DockerException, requests.RequestException, urllib3.exceptions.HTTPError, ConnectionError) as exc:
+        raise LayerPushError(f"{step}: the Docker Engine failed midway ({type(exc).__name__}: {printable(str(exc))[:300]}); "
+                             "nothing was pushed: publish again once `docker info` answers") from None
+    except zstandard.ZstdError as exc:
+        raise LayerPushError(f"{step}: compressing a layer failed ({printable(str(exc))[:200]}); nothing was pushed") from None
+    except OSError as exc:
+        raise LayerPushError(f"{step}: cannot write the compressed layers to {workdir} ({exc.strerror or exc}); nothing was pushed: "
+                             "free space there (or set TMPDIR), then publish again") from None
 
 
 def _resolve(name: str, blobs: dict[str, _Blob], links: dict[str, str]) -> _Blob:
@@ -199,7 +240,7 @@ def _image_parts(blobs: dict[str, _Blob], links: dict[str, str], image_id: str) 
         raise LayerPushError("docker save: no manifest.json (or one over 1 MB) in the archive")
     try:
         entries = json.loads(index.data)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise LayerPushError(f"docker save: manifest.json is not JSON ({exc})") from None
     if not (isinstance(entries, list) and len(entries) == 1 and isinstance(entries[0], dict)):
         raise LayerPushError("docker save: manifest.json does not describe exactly one image")
@@ -214,8 +255,8 @@ def _image_parts(blobs: dict[str, _Blob], links: dict[str, str], image_id: str) 
         raise LayerPushError(f"docker save: the config's digest {config_blob.sha256} is not the image {image_id}")
     try:
         diff_ids = json.loads(config_blob.data)["rootfs"]["diff_ids"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise LayerPushError(f"docker save: the image config has no rootfs.diff_ids ({exc})") from None
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise LayerPushError(f"docker save: the image config has no rootfs.diff_ids ({printable(str(exc))[:200]})") from None
     if not isinstance(diff_ids, list) or len(diff_ids) != len(layer_names):
         raise LayerPushError(f"docker save: {len(layer_names)} layers, but the config lists {diff_ids!r:.200}")
     layers = []
@@ -249,14 +290,12 @@ def push(docker, image_id: str, api: RegistryAPI, repository: str, tags: list[st
     result = PushResult()
     with tempfile.TemporaryDirectory(prefix="sf-layerpush-", dir=workdir) as tmp:
         echo(f"reading image {image_id[:19]} from the Docker Engine and compressing its layers ({compression} level {level})")
-        blobs, links = _read_save(docker.api.get_image(image_id, chunk_size=CHUNK), Path(tmp), level)
-        config, layers = _image_parts(blobs, links, image_id)
+        config, layers = read_image(docker, image_id, Path(tmp), level)
         descriptors = []
         for i, blob in enumerate(layers, 1):
-            _finish_small(blob, Path(tmp), level)
-            assert blob.compressed is not None
+            assert blob.compressed is not None  # read_image compressed every layer
             upload_s = None
-            if api.has_blob(repository, blob.compressed_sha256):
+            if api.has_blob(repository, blob.compressed_sha256, blob.compressed_size):
                 echo(f"  layer {i}/{len(layers)} {blob.compressed_sha256[7:19]}  already in the registry")
             else:
                 started = time.monotonic()
@@ -267,7 +306,7 @@ def push(docker, image_id: str, api: RegistryAPI, repository: str, tags: list[st
             result.layers.append(LayerFigures(blob.sha256, blob.compressed_sha256, blob.compressed_size, blob.size,
                                               blob.compress_s, upload_s))
             descriptors.append({"mediaType": LAYER_TYPES[compression], "digest": blob.compressed_sha256, "size": blob.compressed_size})
-        if not api.has_blob(repository, image_id):
+        if not api.has_blob(repository, image_id, len(config)):
             with tempfile.NamedTemporaryFile(dir=tmp, delete=False) as fh:
                 fh.write(config)
             api.upload_blob(repository, image_id, len(config), Path(fh.name))

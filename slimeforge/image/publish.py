@@ -24,6 +24,7 @@ from typing import IO, Any
 from .. import paths, records
 from ..atomic import output_problem, write_dir, write_output
 from ..errors import ConfigError, OperationFailed, Problem, SlimeforgeError
+from ..schema import printable
 from . import dockerapi
 from . import ecr as ecr_api
 from .imageref import DOCKER_HUB, DOMAIN_RE, TAG_RE, ImageRef, image_ref_problems, parse_image_ref, split_registry
@@ -44,6 +45,7 @@ REPORT, LOCK, RECORD = paths.BUILD_REPORT, paths.STACK_LOCK, "publish.json"
 REPORT_KEYS = {"tag": str, "human_tags": list, "image_id": str}
 _FLAVOR_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 _IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}|[0-9a-f]{12,64}")
+_DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 class PublishError(SlimeforgeError):
@@ -472,13 +474,18 @@ def local_image(p: Plan, docker_client=None) -> str:
 
 
 def _local_image_id(docker, source: Source) -> str:
-    from docker.errors import ImageNotFound
+    from docker.errors import DockerException, ImageNotFound
+    from requests.exceptions import RequestException
 
     try:
-        image_id = docker.api.inspect_image(source.image)["Id"]
+        image_id = docker.api.inspect_image(source.image).get("Id")
     except ImageNotFound:
         hint = f"run invoke build --cuda {source.flavor} first" if source.flavor else "see `docker images`"
         raise PublishError(f"{source.image}: no such local image; {hint}") from None
+    except (DockerException, RequestException) as exc:
+        raise dockerapi.EngineUnavailable(f"docker engine: inspecting {source.image} failed: {printable(str(exc))[:300]}") from None
+    if not (isinstance(image_id, str) and _DIGEST_RE.fullmatch(image_id)):
+        raise PushFailed(f"{source.image}: the Docker Engine names its image {printable(repr(image_id))[:100]}, not sha256:<64 hex>")
     if source.image_id and image_id != source.image_id:
         raise PublishError(f"{source.image} is now image {image_id}, but {source.build_dir}/{REPORT} says "
                            f"{source.image_id}: the tag moved after that build; rebuild (invoke build --cuda {source.flavor}) "
@@ -490,6 +497,7 @@ def _push(docker, target: ImageRef, credentials: Credentials | None, echo: Calla
     """Push one tag through the Docker Engine, streaming per-layer progress; return its digest."""
     from docker.errors import APIError
     from requests.exceptions import ConnectionError as DaemonConnectionError
+    from requests.exceptions import RequestException
 
     # None lets the docker SDK read the user's docker config and credential helpers, as `docker push` does.
     auth = credentials.auth_config(target.registry) if credentials else None
@@ -499,15 +507,28 @@ def _push(docker, target: ImageRef, credentials: Credentials | None, echo: Calla
         progress, digest = LayerProgress(echo), None
         try:
             for event in docker.api.push(target.name, tag=target.tag, stream=True, decode=True, auth_config=auth):
+                # The Engine's progress stream, read as input: an object per event, its fields of the types it documents.
+                if not isinstance(event, dict):
+                    raise PushFailed(f"push {target}: the Docker Engine sent {printable(repr(event))[:200]}, not a progress event")
                 if "error" in event or "errorDetail" in event:
-                    message = (event.get("errorDetail") or {}).get("message") or event.get("error", "")
-                    raise _push_failure(target, message, credentials)
-                digest = (event.get("aux") or {}).get("Digest") or digest
+                    detail = event.get("errorDetail")
+                    message = detail.get("message") if isinstance(detail, dict) else None
+                    message = message if isinstance(message, str) and message else event.get("error")
+                    raise _push_failure(target, printable(str(message or "(no message)"))[:1000], credentials)
+                aux = event.get("aux")
+                said = aux.get("Digest") if isinstance(aux, dict) else None
+                if said is not None:
+                    if not (isinstance(said, str) and _DIGEST_RE.fullmatch(said)):
+                        raise PushFailed(f"push {target}: the Docker Engine reported the digest {printable(repr(said))[:100]}, "
+                                         "not sha256:<64 hex>; nothing was recorded")
+                    digest = said
                 progress.update(event)
         except APIError as exc:
-            raise _push_failure(target, str(exc.explanation or exc), credentials) from None
-        except DaemonConnectionError as exc:
-            raise PushFailed(f"push {target}: lost the connection to the Docker Engine: {exc}") from None
+            raise _push_failure(target, printable(str(exc.explanation or exc))[:1000], credentials) from None
+        except (DaemonConnectionError, RequestException, ValueError) as exc:
+            # ValueError: a line of the stream that is not JSON (the SDK's decode).
+            raise PushFailed(f"push {target}: lost the connection to the Docker Engine, or it sent what is not a progress event: "
+                             f"{printable(str(exc))[:300]}") from None
         if not digest:
             raise PushFailed(f"push {target}: the Docker Engine finished without reporting a digest; nothing was recorded")
         return digest
@@ -545,16 +566,21 @@ class LayerProgress:
 
     def update(self, event: dict) -> None:
         layer, status = event.get("id"), event.get("status", "")
-        if not layer or not status:
+        if not (isinstance(layer, str) and isinstance(status, str) and layer and status):
             return
+        layer = printable(layer)[:80]
         if status == "Pushing":
-            detail = event.get("progressDetail") or {}
-            current, total = detail.get("current") or 0, detail.get("total") or 0
+            detail = event.get("progressDetail")
+            detail = detail if isinstance(detail, dict) else {}
+            current, total = detail.get("current"), detail.get("total")
+            current = current if isinstance(current, int) and not isinstance(current, bool) and current >= 0 else 0
+            total = total if isinstance(total, int) and not isinstance(total, bool) and total > 0 else 0
             quarter = 4 * current // total if total else 0
             if quarter > self.quarters.get(layer, 0) and quarter < 4:
                 self.quarters[layer] = quarter
                 self.echo(f"  {layer}  pushing {25 * quarter:3d}% of {_size(total)}")
         elif status.startswith(self.DONE):
+            status = printable(status)[:200]
             self.echo(f"  {layer}  {status[0].lower()}{status[1:]}")
 
 

@@ -176,6 +176,11 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
         # First: a cluster that is not up (or an inventory that does not load) is the first thing to fix.
         try:
             cluster = find_cluster_of(req.address, req.cluster or recipe.cluster, find_cluster, dry_run)
+            if cluster.check is None and recipe.secret_env:  # --address: no inventory, nothing delivers them
+                raise ConfigError(req.recipe, [Problem(f"secret_env.{i}", f"cannot reach a job on {cluster.name}: secrets travel only to a cluster "
+                                                       "cluster.up brought up with them (the inventory's secret_env)", name,
+                                                       "--cluster INVENTORY with the name in its secret_env, or remove it from the recipe "
+                                                       "(the hosts' own environment must then have it)") for i, name in enumerate(recipe.secret_env)])
             recipe = on_cluster(recipe, cluster, mode=req.mode, prefix=req.prefix, image=req.image, dry_run=dry_run, stack=stack)
         except SlimeforgeError as exc:  # the cluster's fit, or why it has none, beside the recipe's problems
             if pending is None:
@@ -187,6 +192,8 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
     else:
         try:
             recipe = resolve_mode(recipe, req.mode, req.prefix, req.image, require_image=not dry_run, stack=stack)
+            if not dry_run and (missing := missing_secrets(recipe, environ)):  # a dry run warns (run_recipe)
+                raise ConfigError(req.recipe, missing)
         except ConfigError as exc:  # the options' problems (container mode needs an image) beside the recipe's
             if pending is None:
                 raise
@@ -209,6 +216,13 @@ def joined(pending: RecipeProblems, exc: SlimeforgeError, where: str) -> RecipeP
         return pending.joined([Problem(where, exc.headline(), show_value=False)])
     return pending.joined([Problem(f"{p.where} ({exc.source})" if top(p.where) not in Recipe.model_fields else p.where,
                                    p.message, p.value, p.accepted, p.show_value) for p in exc.problems])
+
+
+def missing_secrets(recipe: Recipe, environ: dict[str, str]) -> list[Problem]:
+    """A local launch's secrets come from this environment: one named but not set would be missing in the job."""
+    return [Problem(f"secret_env.{i}", "is not set in this environment, so the job would run without it", name,
+                    f"export {name}=... in the shell that runs `invoke run`, or remove it from secret_env")
+            for i, name in enumerate(recipe.secret_env) if not environ.get(name)]
 
 
 def local_target(recipe: Recipe, address: str | None, cluster: str | None = None, **options: Any) -> Target:
@@ -248,6 +262,9 @@ def run_recipe(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster |
         stream.write("\n".join(describe(plan)) + "\n")
         for warning in dry_run_warnings(plan.run.recipe, plan.run.environ):
             print(f"warning: {warning}", file=sys.stderr)
+        if isinstance(target, (HostTarget, ContainerTarget)):
+            for p in missing_secrets(plan.run.recipe, plan.run.environ):
+                print(f"warning: {p} (a launch refuses it)", file=sys.stderr)
         return 0
     return apply(target, plan, runner or Runner(), stream)
 

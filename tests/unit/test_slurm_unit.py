@@ -385,6 +385,11 @@ def test_the_login_nodes_enroot_decides_the_rendered_form(tmp_path):
     assert [f.level for f in found] == ["error"] and "cannot read enroot's version" in found[0].message and "enroot version" in found[0].fix
 
 
+# A squashfs 4 superblock (magic, version 4.0, bytes_used = the file's size) and a body: what the
+# import's checks read (enroot.superblock_problem).
+FAKE_SQSH = (b"hsqs" + bytes(24) + (4).to_bytes(2, "little") + bytes(10) + (4096).to_bytes(8, "little")).ljust(4096, b"\0")
+
+
 def test_squashfs_dir_imports_once_and_points_pyxis_at_the_file(tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -405,12 +410,12 @@ def test_squashfs_dir_imports_once_and_points_pyxis_at_the_file(tmp_path):
     # The import writes a partial file; only a complete one is renamed into place.
     class Importer(Canned):
         def run(self, argv, **kw):
-            Path(argv[3]).write_bytes(b"hsqs")
+            Path(argv[3]).write_bytes(FAKE_SQSH)
             return super().run(argv, **kw)
 
     said: list[str] = []
-    slurm.import_squashfs(imp, sqsh, Importer({("enroot", "import"): ""}), said.append)
-    assert sqsh.read_bytes() == b"hsqs" and not partial.exists()
+    slurm.import_squashfs(imp, sqsh, Importer({("enroot", "import"): ""}), said.append, image)
+    assert sqsh.read_bytes() == FAKE_SQSH and not partial.exists()
     # A file that is there (named by the digest) is reused: nothing to import.
     assert [c.step for c in target.plan(run).commands] == ["sbatch"]
     assert slurm_checks.enroot_findings(rec, target.plan(run).rundir.plan["slurm"], str(shared))[0].level == "ok"
@@ -424,7 +429,7 @@ def test_squashfs_dir_imports_once_and_points_pyxis_at_the_file(tmp_path):
             raise CommandError("enroot import", argv, 1, "401 Unauthorized")
 
     with pytest.raises(CommandError):
-        slurm.import_squashfs(imp, sqsh, Failing({}), said.append)
+        slurm.import_squashfs(imp, sqsh, Failing({}), said.append, image)
     assert not sqsh.exists() and not partial.exists()  # all or nothing
     assert failed.history == []
 

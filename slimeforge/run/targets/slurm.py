@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ... import __version__, records, scripts
+from ... import __version__, rayports, records, scripts
 from ...atomic import write_file
-from ...errors import ConfigError, Problem, SlimeforgeError
+from ...errors import ConfigError, OperationFailed, Problem, SlimeforgeError
 from ...proc import Runner
+from ...schema import printable
 from ...templating import render
 from .. import ownership
 from ..recipe import Recipe
@@ -47,9 +48,13 @@ from .slurm_checks import cluster_findings, enroot_findings
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 TIME_RE = re.compile(r"(?:([0-9]{1,3})-)?([0-9]{1,2}):([0-5][0-9]):([0-5][0-9])")
 MAX_NODES = 4096
-RAY_AGENT_PORT = 52365  # the dashboard agent's port, fixed (as cluster.up) so the checks can test it
+RAY_AGENT_PORT = rayports.DEFAULTS["dashboard_agent_listen_port"]  # every port fixed as cluster.up does (rayports.py), so the checks can test them
 START_TIMEOUT_S = 300
 VISIBLE = "visible.token"  # in the run directory: each node reads it back (the run directory is shared)
+# Bounded waits: sbatch retries a controller that does not answer for a while (MessageTimeout,
+# its own retries), then gives up; an import pulls the whole image once (tens of GB at worst).
+SBATCH_TIMEOUT_S = 300
+IMPORT_TIMEOUT_S = 4 * 3600
 UNANSWERED_S = 600.0  # follow: how long Slurm may leave the job's state untold before we stop following
 ENDED = ownership.SLURM_ENDED
 
@@ -117,17 +122,23 @@ def ray_argv(recipe: Recipe, ray: str, *, head: bool) -> list[str]:
     argv = [ray, "start", "--block"]
     if head:
         # The dashboard (Jobs API) on the cluster network only: it has no authentication.
-        argv += ["--head", "--port", str(recipe.ray_port), "--dashboard-host", "@NODE_IP@", "--dashboard-port", str(recipe.ray_dashboard_port)]
+        argv += ["--head", "--dashboard-host", "@NODE_IP@"]
     else:
         argv += ["--address", f"@HEAD_IP@:{recipe.ray_port}"]
     return argv + [
         "--node-ip-address", "@NODE_IP@",
         "--num-gpus", str(recipe.num_gpus),
-        "--dashboard-agent-listen-port", str(RAY_AGENT_PORT),
+        # Every port pinned, with cluster.up's defaults (rayports.py; docs/cluster.md's firewall table).
+        *rayports.node_argv(ray_ports(recipe), head),
         # Short (Ray's socket paths live below it), per job and node: nodes may share /tmp.
         "--temp-dir", "/tmp/sfr-@JOB@-@NODE@",
         "--disable-usage-stats",
     ]
+
+
+def ray_ports(recipe: Recipe) -> dict[str, int]:
+    """cluster.up's default ports, with the recipe's GCS and dashboard ports."""
+    return {**rayports.DEFAULTS, "port": recipe.ray_port, "dashboard_port": recipe.ray_dashboard_port}
 
 
 def node_paths(recipe: Recipe, image_file: str | None) -> list[dict[str, Any]]:
@@ -154,7 +165,8 @@ def sbatch_vars(recipe: Recipe, run_dir: Path, opts: Options, mounts: tuple[Moun
     checkpoint = {"dir": recipe.resolved_checkpoint_dir, "token": marker}
     image_file = container_image if container and container_image and container_image.startswith("/") else None
     ray_cmd = "ray" if container else ray
-    head_ports = [recipe.ray_port, recipe.ray_dashboard_port]
+    node_ports = rayports.fixed_ports(ray_ports(recipe), head=False)
+    head_ports = [p for p in rayports.fixed_ports(ray_ports(recipe), head=True) if p not in node_ports]
     return {
         "version": __version__,
         "exp_id": recipe.exp_id,
@@ -171,10 +183,11 @@ def sbatch_vars(recipe: Recipe, run_dir: Path, opts: Options, mounts: tuple[Moun
         "python": "python3" if container else python,
         "dashboard_port": recipe.ray_dashboard_port,
         "container_args": container_args,
-        "check_params": json.dumps({"gpus": recipe.num_gpus, "ports": [RAY_AGENT_PORT], "head_ports": head_ports,
+        "check_params": json.dumps({"gpus": recipe.num_gpus, "ports": node_ports, "head_ports": head_ports,
                                     "programs": [] if container else [ray],
                                     "visible": {"path": str(run_dir / VISIBLE), "token": marker},
                                     "paths": node_paths(recipe, image_file), "checkpoint": checkpoint}),
+        "table_params": json.dumps({"gpus": recipe.num_gpus}),
         "mark_params": json.dumps({"checkpoint": checkpoint}),
         "unmark_params": json.dumps({"checkpoint": checkpoint, "remove": True}),
         "head_params": json.dumps({"argv": ray_argv(recipe, ray_cmd, head=True)}),
@@ -221,7 +234,9 @@ class SlurmTarget(Target):
         if self.opts.squashfs_dir is None:
             return ref, info
         sqsh = enroot.squashfs_file(self.opts.squashfs_dir, recipe.image)
-        return str(sqsh), {**info, "squashfs": str(sqsh)}
+        # What is at the digest's name is judged by its content and slimeforge's record of it: the
+        # pinned image as imported (used), nothing (imported), anything else (refused, named).
+        return str(sqsh), {**info, "squashfs": str(sqsh), "squashfs_ready": enroot.squashfs_ready(sqsh, recipe.image)}
 
     def mounts(self, run: ResolvedRun) -> tuple[Mount, ...]:
         return container_mounts(run.recipe, run.out) if run.recipe.mode == "container" else ()
@@ -251,7 +266,7 @@ class SlurmTarget(Target):
         argv = sbatch_argv(rundir.path, token)
         commands = []
         sqsh = image_info.get("squashfs")
-        if sqsh and not os.path.lexists(sqsh):  # one pull, here, for every node (and every later run: the name is the digest)
+        if sqsh and not image_info["squashfs_ready"]:  # one pull, here, for every node (and every later run, while the record holds)
             commands.append(Command(tuple(enroot.import_argv(image_info["reference"], enroot.partial(Path(sqsh), token))), "enroot import"))
         # sbatch hands its environment to the job (--export=ALL, Slurm's default): launch.sh reads the token there.
         commands.append(Command(tuple(argv), "sbatch", (("SLIMEFORGE_RUN_TOKEN", token),)))
@@ -289,8 +304,12 @@ class SlurmTarget(Target):
         Path(plan.run.recipe.resolved_checkpoint_dir).mkdir(parents=True, exist_ok=True)
         run_dir = plan.rundir.path
         assert plan.run_token is not None, "a Slurm plan carries its run token"
+        sqsh = plan.rundir.plan["slurm"].get("squashfs")
         for cmd in plan.commands[:-1]:  # enroot import: once, before a node is allocated
-            import_squashfs(cmd, Path(plan.rundir.plan["slurm"]["squashfs"]), runner, say)
+            import_squashfs(cmd, Path(sqsh), runner, say, str(plan.run.recipe.image))
+        if sqsh and not runner.dry_run and not enroot.squashfs_ready(Path(sqsh), str(plan.run.recipe.image)):
+            raise ConfigError("--squashfs-dir", [Problem(sqsh, "was there when the launch was planned, and is gone now", None,
+                                                         "run again: the launch imports it", show_value=False)])
         job_id = submit(run_dir, plan.commands[-1], runner, plan.run_token)
         if runner.dry_run:
             return 0
@@ -318,24 +337,19 @@ class SlurmTarget(Target):
         return stop(rundir, runner=runner, say=say)  # Ray in the allocation ends with the job: `head` adds nothing
 
 
-def import_squashfs(cmd: Command, sqsh: Path, runner: Runner, say: Say) -> None:
-    """`enroot import` to a partial file beside `sqsh`, renamed into place once complete (all or
-    nothing); a file another run put there meanwhile is the same image (its name is the digest)."""
+def import_squashfs(cmd: Command, sqsh: Path, runner: Runner, say: Say, image: str) -> None:
+    """`enroot import` to a partial file beside `sqsh`, checked (a whole squashfs), hashed, linked
+    into place and recorded (enroot.record_import: all or nothing); a file another run put there
+    meanwhile is used only when it is the recorded import of this image."""
     partial = Path(cmd.argv[cmd.argv.index("--output") + 1])
     say(f"[slimeforge] importing the image once, for every node: {sqsh}")
     try:
-        runner.run(list(cmd.argv), step=cmd.step, capture=False)
-    except BaseException:
-        if partial.is_file() and not partial.is_symlink():
+        runner.run(list(cmd.argv), step=cmd.step, capture=False, timeout=IMPORT_TIMEOUT_S)
+        if not runner.dry_run:
+            enroot.record_import(partial, sqsh, image)
+    finally:
+        if os.path.lexists(partial) and not os.path.islink(partial) and os.path.isfile(partial):
             partial.unlink()  # ours: its name carries this launch's token
-        raise
-    if runner.dry_run:
-        return
-    try:
-        os.link(partial, sqsh)  # never over a file: one another run imported meanwhile is this image too (its name is the digest)
-    except FileExistsError:
-        pass
-    partial.unlink()
 
 
 def submit(run_dir: Path, sbatch: Command, runner: Runner, run_token: str) -> str:
@@ -344,12 +358,17 @@ def submit(run_dir: Path, sbatch: Command, runner: Runner, run_token: str) -> st
     if not runner.dry_run:
         write_run_token(run_dir, run_token)
     submitted_at = time.time()
-    result = runner.run(list(sbatch.argv), step=sbatch.step, env=dict(sbatch.set_env))
+    result = runner.run(list(sbatch.argv), step=sbatch.step, env=dict(sbatch.set_env), timeout=SBATCH_TIMEOUT_S)
     if runner.dry_run:
         return "DRYRUN"
-    job_id = result.stdout.strip().split(";")[0]  # --parsable: "ID" or "ID;CLUSTER"
+    lines = [line.strip() for line in result.stdout[:1 << 16].splitlines() if line.strip()]
+    m = re.fullmatch(r"([0-9]{1,12})(?:;[A-Za-z0-9_.-]{1,64})?", lines[0]) if len(lines) == 1 else None  # --parsable: "ID" or "ID;CLUSTER"
+    job_id = m.group(1) if m else ""
     if not JOB_ID_RE.fullmatch(job_id):
-        raise SlimeforgeError(f"sbatch: expected a job id, got {result.stdout.strip()!r}")
+        # sbatch exited 0: a job may be queued that this run cannot name. Say so, never guess its id.
+        raise OperationFailed(f"sbatch: expected a job id (--parsable: ID or ID;CLUSTER), got {printable(result.stdout[:300])!r}; "
+                              f"a job may have been queued all the same: `squeue --me -o '%i %j %k'` lists your jobs with their comments "
+                              f"(this run's is {ownership.SLURM_COMMENT_PREFIX}{run_token}); `scancel ID` it if it is there")
     write_file(run_dir / "slurm_job_id", job_id + "\n")
     write_file(run_dir / "slurm_submitted_at", f"{submitted_at:.3f}\n")
     return job_id
@@ -480,7 +499,7 @@ def stop(run_dir: str | os.PathLike, runner: Runner | None = None, say=print) ->
         return 1
     r = runner.run(["scancel", "--", job_id], step="scancel", check=False, timeout=60)
     if r.returncode != 0:
-        say(f"failed: scancel {job_id} exited with {r.returncode}: {(r.stderr or r.stdout).strip()[-300:]}")
+        say(f"failed: scancel {job_id} exited with {r.returncode}: {printable((r.stderr or r.stdout).strip()[-300:])!r}")
         return 1
     say(f"stopped: Slurm job {job_id}: cancel sent (Ray and the job in the allocation stop with it)")
     return 0

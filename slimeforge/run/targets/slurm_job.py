@@ -29,6 +29,7 @@ from typing import Any
 from ...errors import SlimeforgeError
 from ...proc import Runner
 from ...records import json_loads
+from ...schema import printable
 
 MAX_ANSWER_CHARS = 64 << 20  # Slurm 22.05 lists every job it knows: tens of thousands fit
 TIMEOUT_S = 30
@@ -37,7 +38,6 @@ JSON_KEYS = {"JobName": "name", "UserId": "user_name", "JobState": "job_state", 
              "WorkDir": "current_working_directory", "NodeList": "nodes"}
 REQUIRED = ("JobId", "JobName", "UserId", "JobState")
 _KEY_AT = re.compile(r"(?:^| )([A-Za-z][A-Za-z0-9_:/]*)=")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 class CannotTell(SlimeforgeError):
@@ -63,7 +63,7 @@ def _answered(job_id: str, code: int, out: str, err: str, parse) -> dict[str, st
 
 
 def _clean(text: str) -> str:
-    return _CONTROL.sub("?", text)
+    return printable(text)  # control and bidirectional characters as '?': Slurm's text never forges a line
 
 
 def _number(value: Any) -> int | None:
@@ -123,6 +123,8 @@ def from_json(job_id: str, text: str) -> dict[str, str]:
         if isinstance(value, str) and value:
             info[key] = _clean(value)
     submitted = _number(job.get("submit_time"))
+    if submitted is not None and not 0 < submitted < 1 << 34:  # 2514: beyond, no clock's time (datetime would overflow)
+        raise CannotTell(f"Slurm's answer about job {job_id} has a submit_time out of range: {str(submitted)[:40]}")
     if submitted:
         info["SubmitTime"] = datetime.fromtimestamp(submitted).strftime("%Y-%m-%dT%H:%M:%S")
     restarts = _number(job.get("restart_cnt"))
