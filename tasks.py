@@ -315,7 +315,8 @@ def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=
     from slimeforge.run import preflight as doc
 
     if list_checks:
-        print("\n".join(doc.list_checks()))
+        checks = [{"name": chk.name, "scope": chk.scope, "needs_recipe": chk.needs_recipe, "doc": chk.doc} for chk in doc.CHECKS.values()]
+        print(json_doc("slimeforge.doctor-checks/1", {"checks": checks}) if json_ else "\n".join(doc.list_checks()))
         return
     report = doc.doctor(recipe, list(set_ or ()), cuda=cuda, address=address, mode=mode, image=image, prefix=prefix, catalog=catalog,
                         skip=list(skip_check or ()), network=not no_network, gpu_checks=kernels)

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from . import paths
-from .atomic import write_file
+from .atomic import write_output
 from .errors import ConfigError, Problem
 from .image.stack import Stack
 from .run.recipe import RUNNER_FIELDS, Recipe, load_recipe_data
@@ -77,11 +77,10 @@ class SlimeRunner:
     def to_yaml(self, path: str | os.PathLike) -> Path:
         """Write the keyword arguments as a recipe file (replaced atomically); returns its path."""
         path = Path(path)
-        if path.is_dir() or not path.parent.is_dir():
-            what = "is a directory" if path.is_dir() else "is not under an existing directory"
-            raise ConfigError("SlimeRunner.to_yaml", [Problem("path", what, str(path), "a file path such as recipes/my-run.yaml")])
+        # write_output: a new name or a regular file only; a device node, a FIFO, a directory or a
+        # symlink (/dev/stdout) is refused, never replaced by a file.
         try:
-            write_file(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
+            write_output(path, yaml.safe_dump(self.to_dict(), sort_keys=False), where="SlimeRunner.to_yaml", field="path")
         except OSError as exc:
             raise ConfigError("SlimeRunner.to_yaml", [Problem("path", f"cannot be written: {exc.strerror}", str(path))]) from None
         return path

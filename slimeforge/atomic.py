@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO, Any
 
 from .errors import ConfigError, Problem
 from .schema import text_problem
@@ -34,7 +35,15 @@ def write_dir(target: Path, files: Mapping[str, str | bytes], modes: dict[str, i
     """
     modes = modes or {}
     target = Path(target)
+    # Writers write only files: a directory that is a dangling link or not a directory, and a name
+    # in it that is a link, a device, a FIFO or a directory, are refused, never replaced.
+    if os.path.lexists(target) and not target.is_dir():
+        raise _not_a_file(target, "is not a directory (a file, a link to nothing, a device)", "a directory, or a new name")
     target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_dir():
+        for name in files:
+            if why := replace_problem(target / name):
+                raise _not_a_file(target / name, why, "a regular file or a new name: move the other thing away, or write elsewhere")
     if not target.exists():
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
@@ -147,6 +156,31 @@ def _write(path: Path, content: str | bytes, mode: int | None) -> None:
 # --- files written for the user (--out, --record) ------------------------------------------------
 
 
+def _kind_problem(st: os.stat_result) -> str | None:
+    if stat.S_ISREG(st.st_mode):
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symlink (not followed: name its target)"
+    kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a device, FIFO or socket, not a regular file"
+    return f"is {kind}; only a regular file is replaced"
+
+
+def replace_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why the thing at `path` may not be replaced by a file slimeforge writes, or None (nothing
+    there, or a regular file): the one check of every writer (write_dir, write_file, write_output)."""
+    try:
+        return _kind_problem(os.lstat(path))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot be examined: {exc.strerror}"
+
+
+def _not_a_file(path: Path, why: str, accepted: str) -> ConfigError:
+    return ConfigError(str(path), [Problem("path", why, str(path), accepted)])
+
+
+
 def output_problem(path: str | os.PathLike[str], follow_symlinks: bool = False) -> str | None:
     """Why `path` may not be (re)written as an output file, or None.
 
@@ -172,9 +206,8 @@ def output_problem(path: str | os.PathLike[str], follow_symlinks: bool = False) 
             return "is a symlink to nothing"
         except OSError as exc:
             return f"is a symlink that cannot be followed: {exc.strerror}"
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a device, FIFO or socket, not a regular file"
-        return f"is {kind}; only a regular file is replaced"
+    if st is not None and (why := _kind_problem(st)):
+        return why
     parent = Path(os.path.realpath(path)).parent if st is not None else path.parent
     if not parent.is_dir():
         return f"cannot be created: {parent} is not a directory"
@@ -183,13 +216,39 @@ def output_problem(path: str | os.PathLike[str], follow_symlinks: bool = False) 
     return None
 
 
+def open_log(path: str | os.PathLike[str], mode: str = "a") -> IO[Any]:
+    """A log slimeforge writes as it goes (a build's build.log, a started process's output): opened
+    only as a regular file or a new name, the one check of write_dir applied as it opens. Never
+    through a symlink (O_NOFOLLOW: a link planted at the name would have us truncate its target),
+    never a FIFO or a device (O_NONBLOCK for the open: a FIFO without a reader would hang us).
+    `mode`: "a"/"w" (text) or "ab"/"wb"."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_APPEND if mode.startswith("a") else 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        why = replace_problem(path) or f"cannot be opened: {exc.strerror}"
+        raise _not_a_file(Path(path), why, "a regular file or a new name: move the other thing away") from None
+    try:
+        if kind := _kind_problem(os.fstat(fd)):
+            raise _not_a_file(Path(path), kind, "a regular file or a new name: move the other thing away")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        if mode.startswith("w"):
+            os.ftruncate(fd, 0)
+        return os.fdopen(fd, mode) if "b" in mode else os.fdopen(fd, mode, encoding="utf-8", errors="replace")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def write_output(path: str | os.PathLike[str], content: str | bytes, *, where: str = "--out", follow_symlinks: bool = False,
-                 mode: int | None = None) -> Path:
+                 mode: int | None = None, field: str | None = None) -> Path:
     """Write a file the user named: judged by `output_problem` first, then written under a temporary
     name in the same directory and renamed over the old one (old content or new, never a mix).
-    With `follow_symlinks`, the symlink's target is replaced and the link is kept. Returns the path written."""
+    With `follow_symlinks`, the symlink's target is replaced and the link is kept. Returns the path
+    written. `where` names the command, `field` the option or argument (default: `where`)."""
+    field = field or where
     if why := output_problem(path, follow_symlinks):
-        raise ConfigError(where, [Problem(where, why, str(path), "a new file in an existing directory, or a regular file to replace")])
+        raise ConfigError(where, [Problem(field, why, str(path), "a new file in an existing directory, or a regular file to replace")])
     target = Path(os.path.realpath(path)) if follow_symlinks else Path(os.path.abspath(path))
     data = content.encode() if isinstance(content, str) else content
     if mode is None:
@@ -207,7 +266,7 @@ def write_output(path: str | os.PathLike[str], content: str | bytes, *, where: s
             os.fsync(fh.fileno())
         os.chmod(tmp, mode)
         if why := output_problem(target):  # again at the last moment: the path may have changed meanwhile
-            raise ConfigError(where, [Problem(where, why, str(path), "a new file in an existing directory, or a regular file to replace")])
+            raise ConfigError(where, [Problem(field, why, str(path), "a new file in an existing directory, or a regular file to replace")])
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -9,6 +9,8 @@ SHOWN_CHARS = 120  # a value in a message: enough to recognise it, never a whole
 
 def shown(value: object, limit: int = SHOWN_CHARS) -> str:
     """`repr(value)`, cut to `limit` characters (repr escapes newlines and control characters)."""
+    if isinstance(value, int) and value.bit_length() > 1000:  # repr of over 4300 digits raises
+        return f"(a number of {value.bit_length()} bits)"
     text = repr(value)
     return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text)} characters)"
 

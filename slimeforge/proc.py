@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .atomic import open_log
 from .errors import CommandError
 
 
@@ -124,7 +125,7 @@ class Runner:
         if self.dry_run:
             return None
         full_env = None if env is None else {**os.environ, **env}
-        out = open(log, "ab") if log is not None else None  # noqa: SIM115 - the child owns it from here
+        out = open_log(log, "ab") if log is not None else None  # the child owns it from here; a regular file only
         try:
             return subprocess.Popen(argv, env=full_env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT if out else None,
                                     stdin=subprocess.DEVNULL, start_new_session=new_session)

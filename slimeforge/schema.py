@@ -96,7 +96,10 @@ class Model(BaseModel):
 _BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
 # An environment variable name (bounded): stack env, recipe env and secrets, inventory env, build args.
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-_CONTROL_RE = re.compile(f"[\x00-\x1f\x7f-\x9f\u2028\u2029{_BIDI}]")
+# Lone surrogates: bytes that are not UTF-8 in an argv or a file name (Python's surrogateescape); they
+# cannot be written to a UTF-8 file or terminal, so they are refused (and shown as '?') like controls.
+_SURROGATES = "\ud800-\udfff"
+_CONTROL_RE = re.compile(f"[\x00-\x1f\x7f-\x9f\u2028\u2029{_BIDI}{_SURROGATES}]")
 _CONTROL_NAMES = {"\n": "newline", "\r": "carriage return", "\t": "tab", "\x00": "NUL", "\x1b": "escape"}
 MAX_TEXT = 4096  # longest string accepted anywhere (a path is at most 4096 bytes on Linux)
 
@@ -106,6 +109,10 @@ def text_problem(value: str) -> str | None:
     m = _CONTROL_RE.search(value)
     if m:
         ch = m.group()
+        if 0xDC80 <= ord(ch) <= 0xDCFF:
+            return f"holds a byte that is not UTF-8 text (0x{ord(ch) - 0xDC00:02x}) at position {m.start()}"
+        if 0xD800 <= ord(ch) <= 0xDFFF:
+            return f"holds a lone surrogate (U+{ord(ch):04X}), not text, at position {m.start()}"
         name = _CONTROL_NAMES.get(ch) or unicodedata.name(ch, None) or "a control character"
         return f"holds a control character ({name}, U+{ord(ch):04X}) at position {m.start()}"
     if len(value) > MAX_TEXT:
@@ -134,6 +141,13 @@ def excerpt(text: str, limit: int = 300, sep: str = "; ") -> str:
     return sep.join(kept) + (f"{sep}..." if len(kept) < len(lines) else "")
 
 
+def _key_text(key: Any) -> str:
+    """A mapping key as a field path shows it: a number too long for str() by its size."""
+    if isinstance(key, int) and key.bit_length() > 1000:
+        return f"(a number of {key.bit_length()} bits)"
+    return str(key)
+
+
 def text_problems(data: Any, where: str = "") -> list[Problem]:
     """Every key and string value under `data` that `text_problem` refuses, by its field path."""
     out: list[Problem] = []
@@ -143,7 +157,7 @@ def text_problems(data: Any, where: str = "") -> list[Problem]:
         items: list[tuple[str, Any]] = []
         if isinstance(node, dict):
             for key, value in node.items():
-                sub = f"{path}.{key}" if path else str(key)
+                sub = f"{path}.{_key_text(key)}" if path else _key_text(key)
                 if isinstance(key, str) and (why := text_problem(key)):
                     out.append(Problem(sub, f"key {why}", key, "printable text without control or bidirectional characters"))
                 items.append((sub, value))
@@ -224,9 +238,36 @@ def problems_from(cls: type[BaseModel], exc: pydantic.ValidationError) -> list[P
     return problems
 
 
+# Every whole number of every input fits in 64 bits (the largest real one is a byte count); sizes are
+# bounded before anything formats, compares or renders a number: Python refuses to turn an int of
+# more than 4300 digits into text (a ValueError in any str(), f-string or repr).
+MAX_INT_BITS = 63
+
+
+def number_problems(data: Any, where: str = "") -> list[Problem]:
+    """Every whole number under `data` outside +-2**63 (bool aside), by its field path; its size in
+    bits is said, never the number (it may be too long to print)."""
+    out: list[Problem] = []
+    stack: list[tuple[str, Any]] = [(where, data)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                sub = f"{path}.{_key_text(key)}" if path else _key_text(key)
+                if isinstance(key, int) and not isinstance(key, bool) and key.bit_length() > MAX_INT_BITS:
+                    out.append(Problem(path or "(top level)", f"has a key that is a number of {key.bit_length()} bits", show_value=False))
+                stack.append((sub, value))
+        elif isinstance(node, list | tuple):
+            stack.extend((f"{path}.{i}" if path else str(i), v) for i, v in enumerate(node))
+        elif isinstance(node, int) and not isinstance(node, bool) and node.bit_length() > MAX_INT_BITS:
+            out.append(Problem(path or "(value)", f"is a number of {node.bit_length()} bits (about {int(node.bit_length() * 0.30103) + 1} digits)",
+                               show_value=False, accepted=f"a whole number from -2**{MAX_INT_BITS} to 2**{MAX_INT_BITS}"))
+    return out
+
+
 def model_problems(cls: type[M], data: Any) -> tuple[M | None, list[Problem]]:
-    """(the model, []) or (None, every problem): control characters first, then the schema's."""
-    problems = text_problems(data)
+    """(the model, []) or (None, every problem): control characters and sizes first, then the schema's."""
+    problems = text_problems(data) + number_problems(data)
     if problems:
         return None, problems
     try:

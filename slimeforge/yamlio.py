@@ -9,6 +9,7 @@ silently), and a file that is not UTF-8 is refused naming the byte where it stop
 from __future__ import annotations
 
 import copy
+import errno
 import re
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,11 @@ def parse_yaml(text: str, source: str) -> Any:
         raise ConfigError(source, [Problem(where, f"is not valid YAML: {getattr(exc, 'problem', None) or exc}", show_value=False)]) from None
     except RecursionError:
         raise ConfigError(source, [Problem("file", f"nests deeper than {MAX_DEPTH} levels", show_value=False)]) from None
+    except ValueError as exc:
+        # PyYAML turns a scalar into an int with int(): over 4300 digits Python refuses.
+        what = "a number too long to read (over 4300 digits)" if "digits" in str(exc) else "a value that cannot be read"
+        raise ConfigError(source, [Problem("value" if source == "--set" else "file", f"holds {what}", show_value=False,
+                                           accepted="whole numbers of at most 19 digits")]) from None
     finally:
         if loader is not None:
             loader.dispose()
@@ -155,7 +161,13 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 
 def load_with_extends(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """Load `path`, resolving `extends:` (a path relative to the file) recursively."""
-    path = Path(path).resolve()
+    try:
+        path = Path(path).resolve()
+    except (RuntimeError, OSError) as exc:  # RuntimeError: Python before 3.13 on a symlink loop
+        why = "is a symlink loop" if isinstance(exc, RuntimeError) or getattr(exc, "errno", None) == errno.ELOOP else \
+            f"cannot be resolved: {exc.strerror if isinstance(exc, OSError) else exc}"
+        raise ConfigError(str(_seen[0] if _seen else path), [Problem("extends" if _seen else "file", why, str(path),
+                                                                     "a regular YAML file, or a symlink that ends at one")]) from None
     if path in _seen:
         chain = " -> ".join(str(p) for p in (*_seen, path))
         raise ConfigError(str(_seen[0]), [Problem("extends", f"forms a cycle: {chain}", show_value=False,

@@ -28,6 +28,13 @@ sf_log() { printf 'slimeforge: %s\n' "$*" >&2; }
 # with the wall clock, so that benchmarks/store_hit_bench.py can split a step into its phases.
 sf_phase() { printf 'slimeforge: phase %s %s %s\n' "$1" "$2" "${EPOCHREALTIME/,/.}" >&2; }
 sf_die() { printf 'slimeforge: ERROR: %s\n' "$*" >&2; exit 1; }
+# _sf_printable < TEXT: text another program wrote (a compiler, uv, a package's build) as it may reach
+# a terminal, line by line: control characters (C0, DEL, C1 in UTF-8), line separators and
+# bidirectional controls each become '?', a tab a space (schema.printable's rule, in sed).
+_sf_printable() {
+  LC_ALL=C sed -e 's/\t/ /g' -e 's/[[:cntrl:]]/?/g' -e 's/\xc2[\x80-\x9f]/?/g' -e 's/\xe2\x80[\x8e\x8f\xa8-\xae]/?/g' \
+    -e 's/\xe2\x81[\xa6-\xa9]/?/g' -e 's/\xd8\x9c/?/g'
+}
 
 # _sf_script NAME: the path of a slimeforge/scripts/ file the library runs with a venv's Python:
 # $SF_STATE/NAME where the image and install.sh put it, else beside this library in a checkout
@@ -137,11 +144,25 @@ sf_system() {
 
 # sf_venv VENV UV_VERSION PYTHON: creates the venv with the stack's interpreter, called by its
 # version (python3.12): a CUDA base has no python3, and on a host python3 may be another version.
+# The venv gets an identity when it is made ($VENV/slimeforge-venv.id, 32 random hex digits): a
+# step's done record names it (sf_step_proof), so a venv removed or made again is never taken for
+# the one the steps installed into. A venv whose python no longer runs (its interpreter removed or
+# upgraded under it) is made again, with a new identity.
 sf_venv() {
   local venv=$1 uv_version=$2 python=${3:-python3}
-  if [[ ! -x $venv/bin/python ]]; then
+  if [[ -e $venv/bin/python || -L $venv/bin/python ]] && ! "$venv/bin/python" -I -c '' >/dev/null 2>&1; then
+    # --clear empties the directory: only one that is a venv (its pyvenv.cfg), never another's.
+    [[ -f $venv/pyvenv.cfg ]] || sf_die "venv: $venv/bin/python does not run and $venv has no pyvenv.cfg (not a venv): move it away, or name another --venv"
+    sf_log "venv: $venv/bin/python does not run: the venv is made again (every step after it runs again)"
+    command -v "$python" >/dev/null || sf_die "venv: $python not found (the system step installs it; on a host: apt-get install $python $python-venv $python-dev)"
+    "$python" -m venv --clear "$venv"
+    _sf_venv_new_id "$venv"
+  elif [[ ! -x $venv/bin/python ]]; then
     command -v "$python" >/dev/null || sf_die "venv: $python not found (the system step installs it; on a host: apt-get install $python $python-venv $python-dev)"
     "$python" -m venv "$venv"
+    _sf_venv_new_id "$venv"
+  elif [[ -z $(_sf_venv_id "$venv") ]]; then
+    _sf_venv_new_id "$venv"  # a venv made before venvs had an identity: from now on it has one
   fi
   local have=""
   if [[ -x $venv/bin/uv ]]; then have=$("$venv/bin/uv" --version | awk '{print $2}'); fi
@@ -149,6 +170,104 @@ sf_venv() {
     "$venv/bin/python" -m pip install --disable-pip-version-check -q "uv==$uv_version"
   fi
   mkdir -p "$SF_STATE/constraints"
+}
+
+_sf_venv_new_id() {
+  local id
+  id=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+  [[ $id =~ ^[0-9a-f]{32}$ ]] || sf_die "venv: no random identity could be read from /dev/urandom"
+  printf '%s\n' "$id" >"$1/.slimeforge-venv.id.tmp.$$"
+  mv -f -- "$1/.slimeforge-venv.id.tmp.$$" "$1/slimeforge-venv.id"
+}
+
+# _sf_venv_id VENV: the venv's identity, printed only while its python runs and its id file is a
+# regular file of the grammar sf_venv writes; nothing otherwise (no venv, a removed or broken one).
+_sf_venv_id() {
+  local file="$1/slimeforge-venv.id" id=""
+  [[ -f $file && ! -L $file && $(stat -c %s -- "$file" 2>/dev/null) == 33 ]] || return 0
+  IFS= read -r id <"$file" || return 0
+  [[ $id =~ ^[0-9a-f]{32}$ ]] || return 0
+  "$1/bin/python" -I -c '' >/dev/null 2>&1 || return 0
+  printf '%s\n' "$id"
+}
+
+# --- what a step's "done" stands for (install.sh) ---------------------------------------------
+# A step's record, $SF_STATE/steps/NAME.done, is three lines: the step's hash (its inputs, chained),
+# `proof P` and `run R`. P is sha256 over what the step left behind, as it is when the record is
+# written: the venv's identity (steps from the venv step on), the sha256 of its slice of the lock,
+# and each of its outputs (a file by its sha256, a directory by its git HEAD, or its absence). A
+# re-run takes the step as done only while P is what is there now, and, for a step with a slice,
+# every distribution of the slice is installed at its version (venvlock.py present): a removed or
+# remade venv, an uninstalled package or a deleted checkout runs the step again. R is random, new
+# each time the step runs: the smoke test's record names every step's record (sf_smoke_record), so a
+# step that ran since is seen by content, whatever the files' mtimes say.
+
+# sf_step_proof VENV SLICE [OUTPUT...]: P (VENV or SLICE empty: not part of it).
+sf_step_proof() {
+  local venv=$1 slice=$2 o head
+  shift 2
+  {
+    if [[ -n $venv ]]; then printf 'venv %s\n' "$(_sf_venv_id "$venv")"; fi
+    if [[ -n $slice ]]; then
+      if [[ -f $slice ]]; then printf 'slice %s\n' "$(sha256sum <"$slice" | cut -d' ' -f1)"; else printf 'slice missing\n'; fi
+    fi
+    for o in "$@"; do
+      if [[ -L $o ]]; then printf 'link %s\n' "$(readlink -- "$o" | sha256sum | cut -d' ' -f1)"
+      elif [[ -f $o ]]; then printf 'file %s\n' "$(sha256sum <"$o" | cut -d' ' -f1)"
+      elif [[ -d $o ]]; then
+        head=""
+        if [[ -e $o/.git ]]; then head=$(sf_git -C "$o" rev-parse -q --verify HEAD 2>/dev/null || true); fi
+        printf 'dir %s\n' "${head:-plain}"
+      elif [[ -e $o ]]; then printf 'other\n'
+      else printf 'missing\n'; fi
+    done
+  } | sha256sum | cut -d' ' -f1
+}
+
+# sf_record_clear FILE: a record about to be written again is removed; a directory at its name is
+# not ours to remove (and `mv` would move the new record into it): the install stops naming it.
+sf_record_clear() {
+  if [[ -d $1 && ! -L $1 ]]; then sf_die "$1 is a directory, not a record slimeforge writes: move it away and run again"; fi
+  rm -f -- "$1"
+}
+
+# sf_done_write FILE HASH PROOF: the record, written whole (a temporary name, then renamed).
+sf_done_write() {
+  local file=$1 run
+  [[ $2 =~ ^[A-Za-z0-9._-]{1,128}$ ]] || sf_die "done record: '$2' is not a step hash"
+  [[ $3 =~ ^[0-9a-f]{64}$ ]] || sf_die "done record: '$3' is not a sha256"
+  run=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+  sf_record_clear "$file"
+  printf '%s\nproof %s\nrun %s\n' "$2" "$3" "$run" >"$file.tmp.$$"
+  mv -fT -- "$file.tmp.$$" "$file"
+}
+
+# sf_done_holds FILE HASH PROOF [VENV SLICE]: succeeds when FILE is the record of a run with HASH
+# whose proof is PROOF (what is there now: sf_step_proof) and, given VENV and SLICE, every
+# distribution of the slice is installed at its version. A record that does not hold is said
+# (stderr); one of another hash, or none, is silent: the step runs.
+sf_done_holds() {
+  local file=$1 hash=$2 proof=$3 venv=${4:-} slice=${5:-} lines=() out
+  [[ -n $hash && -f $file && ! -L $file ]] || return 1
+  (($(stat -c %s -- "$file" 2>/dev/null || echo 9999) <= 512)) || return 1
+  mapfile -t -n 4 lines <"$file" || return 1
+  [[ ${#lines[@]} -ge 1 && ${lines[0]} == "$hash" ]] || return 1
+  if [[ ${#lines[@]} != 3 || ! ${lines[1]} =~ ^proof\ [0-9a-f]{64}$ || ! ${lines[2]} =~ ^run\ [0-9a-f]{32}$ ]]; then
+    sf_log "${file##*/}: not a done record of this version (no proof of what the step left): the step runs again"
+    return 1
+  fi
+  if [[ ${lines[1]} != "proof $proof" ]]; then
+    sf_log "${file##*/}: what the step left is not there as it was (the venv, its slice, an output or an earlier step changed or is gone): the step runs again"
+    return 1
+  fi
+  if [[ -n $venv && -n $slice ]] && grep -q '^[^#]' "$slice" 2>/dev/null; then
+    if ! out=$("$venv/bin/python" -I "$(_sf_script venvlock.py)" present "$slice" 2>&1); then
+      printf '%s\n' "$out" | head -n 20 >&2
+      sf_log "${file##*/}: a distribution of its slice of the lock is missing or at another version: the step runs again"
+      return 1
+    fi
+  fi
+  return 0
 }
 
 # --- installs from the lock -----------------------------------------------------------------
@@ -803,14 +922,39 @@ sf_source_step() {
 # build runs the very commands it runs without it (Python's sysconfig CC: gcc, x86_64-linux-gnu-gcc),
 # each keyed by its preprocessed source, flags and compiler, so a hit is the same object: on cu13,
 # Megatron's install 17.1 s -> 3.5 s. An image build keeps its cache in a BuildKit cache mount.
+# ccache only makes a compile faster, so it never makes one fail: before its links go first on
+# PATH, one tiny compile goes through them (CCACHE_RECACHE: compiled and stored, never a hit, so the
+# cache is written). A cache directory that cannot be written, a bad configuration file or a broken
+# ccache fails that compile: ccache steps aside, with a note naming why, and the build compiles as
+# it does without it.
 _sf_with_ccache() {
-  local bin dir
+  local bin dir why
   if bin=$(command -v ccache); then
     for dir in "${bin%/bin/ccache}/lib/ccache" "${bin%/bin/ccache}/lib64/ccache"; do
-      if [[ -x $dir/gcc && -x $dir/g++ ]]; then PATH="$dir:$PATH" "$@"; return; fi
+      if [[ -x $dir/gcc && -x $dir/g++ ]]; then
+        if why=$(_sf_ccache_probe "$dir"); then PATH="$dir:$PATH" "$@"; return; fi
+        sf_log "ccache: not used for this compile: a test compile through it failed ($why); compiling without it (fix: a writable CCACHE_DIR, or ccache's config: ccache -p)"
+        break
+      fi
     done
   fi
   "$@"
+}
+
+# _sf_ccache_probe DIR: succeeds when a tiny C compile through DIR's gcc works and writes the cache;
+# otherwise prints ccache's first error line (printable, at most 200 characters).
+_sf_ccache_probe() {
+  local dir=$1 t out rc=0
+  t=$(mktemp -d) || { printf 'no temporary directory'; return 1; }
+  printf 'int sf_ccache_probe(void) { return 0; }\n' >"$t/probe.c"
+  out=$(cd "$t" && CCACHE_RECACHE=1 PATH="$dir:$PATH" timeout 60 gcc -c probe.c -o probe.o 2>&1) || rc=$?
+  if ((rc == 0)) && [[ ! -s $t/probe.o ]]; then rc=1 out="no object file was written"; fi
+  rm -rf -- "$t"
+  ((rc == 0)) && return 0
+  out=$(printf '%s\n' "$out" | grep -m1 -i 'error' || printf '%s\n' "$out" | head -n 1)
+  out=$(printf '%s' "$out" | LC_ALL=C tr -c '[:print:]' '?')
+  printf '%s' "${out:0:200}"
+  return 1
 }
 
 # --- read back and verify -------------------------------------------------------------------
@@ -1011,26 +1155,44 @@ sf_smoke() {
 }
 
 # --- the smoke test's record (install.sh) -----------------------------------------------------
-# $SF_STATE/smoke.passed: one line, the hash install.sh gives (every step's chained hash and the
-# smoke test's own arguments), written when the smoke test passed, by rename (never half there).
+# $SF_STATE/smoke.passed: the hash install.sh gives (every step's chained hash and the smoke test's
+# own arguments), then one line per step, `step NAME SHA256`, the sha256 of the step's done record
+# when the test passed. Written when the smoke test passed, by rename (never half there). The steps
+# are SF_STEP_NAMES (install.sh's sf_run_step lists every step it saw in this run).
 
-# sf_smoke_recorded HASH: succeeds when the record says the smoke test passed with HASH and no step
-# finished after it (a step's .done file newer than the record: the venv may have changed since).
-# The record is input: a regular file of exactly 65 bytes, 64 hex digits and a newline, else it is
-# no record (the test runs).
-sf_smoke_recorded() {
-  local want=$1 rec="$SF_STATE/smoke.passed" have=""
-  [[ -f $rec && ! -L $rec && $(stat -c %s -- "$rec") == 65 ]] || return 1
-  IFS= read -r have <"$rec" || return 1
-  [[ $have =~ ^[0-9a-f]{64}$ && $have == "$want" ]] || return 1
-  [[ -z $(find "$SF_STATE/steps" -name '*.done' -newer "$rec" -print -quit 2>/dev/null) ]]
+# _sf_smoke_content HASH: the record as it would be written now.
+_sf_smoke_content() {
+  local name rec sum
+  printf '%s\n' "$1"
+  for name in ${SF_STEP_NAMES[@]+"${SF_STEP_NAMES[@]}"}; do
+    rec="$SF_STATE/steps/$name.done"
+    if [[ -f $rec && ! -L $rec ]]; then sum=$(sha256sum <"$rec" | cut -d' ' -f1); else sum=missing; fi
+    printf 'step %s %s\n' "$name" "$sum"
+  done
 }
 
-# sf_smoke_record HASH: the smoke test passed with HASH (written to a temporary name, then renamed).
+# sf_smoke_recorded HASH: succeeds when the record says the smoke test passed with HASH and with
+# every step's done record as it is now: a step that ran since wrote a new record (a new `run`
+# line), so it differs by content; no file times are compared (a copied state directory, a clock
+# set wrong). The record is input: a regular file, at most 64 KiB, exactly the content above, else
+# it is no record (the test runs).
+sf_smoke_recorded() {
+  local want=$1 rec="$SF_STATE/smoke.passed" size have expect
+  [[ $want =~ ^[0-9a-f]{64}$ && -f $rec && ! -L $rec ]] || return 1
+  size=$(stat -c %s -- "$rec" 2>/dev/null) || return 1
+  ((size <= 65536)) || return 1
+  expect=$(_sf_smoke_content "$want" | sha256sum | cut -d' ' -f1)
+  have=$(sha256sum <"$rec" | cut -d' ' -f1)
+  [[ $have == "$expect" ]]
+}
+
+# sf_smoke_record HASH: the smoke test passed with HASH and the steps' records as they are now
+# (written to a temporary name, then renamed).
 sf_smoke_record() {
   [[ $1 =~ ^[0-9a-f]{64}$ ]] || sf_die "smoke record: '$1' is not a sha256 (64 hex digits)"
-  printf '%s\n' "$1" >"$SF_STATE/smoke.passed.tmp.$$"
-  mv -f -- "$SF_STATE/smoke.passed.tmp.$$" "$SF_STATE/smoke.passed"
+  sf_record_clear "$SF_STATE/smoke.passed"
+  _sf_smoke_content "$1" >"$SF_STATE/smoke.passed.tmp.$$"
+  mv -fT -- "$SF_STATE/smoke.passed.tmp.$$" "$SF_STATE/smoke.passed"
 }
 
 # --- compile parallelism and the kernel check (issue 21) --------------------------------------

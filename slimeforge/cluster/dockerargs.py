@@ -96,10 +96,20 @@ def docker_args_problems(args: list[Any]) -> list[Problem]:
     return p
 
 
+# Docker's volume names ([a-zA-Z0-9][a-zA-Z0-9_.-]+), then an absolute target and an optional mode.
+NAMED_VOLUME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}:/[^:,\s]{0,4095}(?::(?:ro|rw))?")
+
+
 def volume_problem(index: int, value: Any) -> Problem | None:
     field = f"container.volumes.{index}"
     accepted = "SRC:DST[:ro|rw], both absolute paths without ':' or ',' (e.g. /data/models:/models:ro)"
     m = VOLUME_RE.fullmatch(value) if isinstance(value, str) and not text_problem(value) else None
+    if m is None and isinstance(value, str) and not text_problem(value) and NAMED_VOLUME_RE.fullmatch(value):
+        # Docker would take it: a named volume. It lives inside one host's Docker, so every node
+        # of the cluster would mount its own, different (likely empty) data under that name.
+        return Problem(field, f"names a Docker volume ({value.split(':', 1)[0]!r}): a named volume lives inside one host's Docker "
+                              "and is not the same data on every host of a cluster", value,
+                       "a host path on a filesystem every host shares (NFS, Lustre), e.g. /shared/models:/models:ro")
     if m is None:
         return Problem(field, "is not a bind mount docker reads as given", value, accepted)
     for part in ("src", "dst"):

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import paths
-from ..atomic import write_dir
+from ..atomic import open_log, write_dir
 from ..proc import Runner
 from ..schema import printable
 from .buildprogress import HEARTBEAT_S, Heartbeat, Progress, write_times
@@ -93,7 +93,7 @@ def stream_build(runner: Runner, argv: list[str], env: dict[str, str], log: Path
     beside the log, for the next build's estimates (also when the build fails: what ran, ran)."""
     lines: list[str] = []
     progress = Progress(echo, log, dict(estimates or {}), verbose, heartbeat_s)
-    with log.open("w") as fh:
+    with open_log(log, "w") as fh:  # a regular file or a new name only (never through a planted link)
 
         def on_line(line: str) -> None:
             fh.write(line + "\n")

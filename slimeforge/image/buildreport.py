@@ -8,13 +8,12 @@ publish adds `digest` and `published` to the file; a later build keeps them.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .. import paths, records
-from ..schema import text_problem
+from ..schema import printable, text_problem
 from .buildprogress import took  # the one way a duration is written for people
 
 REPORT = paths.BUILD_REPORT
@@ -96,9 +95,21 @@ class CompiledWheels:
 
 VENV_SIZES_MAX_BYTES = 64 << 10
 VENV_SIZES_TOP = 10
-_REL_PATH_RE = re.compile(r"[A-Za-z0-9_+=-][A-Za-z0-9._+=-]{0,254}(/[A-Za-z0-9_+=-][A-Za-z0-9._+=-]{0,254}){0,7}")
-_ABS_PATH_RE = re.compile(r"(/[A-Za-z0-9_+=-][A-Za-z0-9._+=-]{0,254}){1,16}")
+# A directory in a venv may be named anything (pip's `~orch` leftovers, spaces, non-ASCII, `.venv`):
+# venv_sizes.py writes each path as printable text (bytes that are not UTF-8 as \\xNN), at most 512
+# characters. Read back: printable, bounded, made of components that are names (not '', '.', '..').
+_SHOWN_MAX = 512
 _BYTES_MAX = 1 << 50  # 1 PiB: any real venv is below it
+
+
+def _path_of(path: Any, absolute: bool) -> str | None:
+    """`path` when it is such a path (absolute or relative, as asked), else None."""
+    if not isinstance(path, str) or not 0 < len(path) <= _SHOWN_MAX or text_problem(path):
+        return None
+    if path.startswith("/") != absolute:
+        return None
+    parts = path[1:].split("/") if absolute else path.split("/")
+    return None if any(part in ("", ".", "..") for part in parts) else path
 
 
 def _size(value: Any, where: str) -> int:
@@ -121,17 +132,19 @@ class VenvSizes:
         """Validated in full: the record is read out of an image, and back from report.json."""
         if not isinstance(doc, dict):
             raise ReportError(f"{where}: is a {type(doc).__name__}, expected an object")
-        venv = doc.get("venv")
-        if not isinstance(venv, str) or not _ABS_PATH_RE.fullmatch(venv) or ".." in venv.split("/"):
-            raise ReportError(f"{where}: `venv` is {venv!r:.80}, expected an absolute path")
+        venv = _path_of(doc.get("venv"), absolute=True)
+        if venv is None:
+            raise ReportError(f"{where}: `venv` is {printable(repr(doc.get('venv'))[:80])}, expected an absolute path (printable, at most {_SHOWN_MAX} characters)")
         largest = doc.get("largest")
         if not isinstance(largest, list) or len(largest) > VENV_SIZES_TOP:
             raise ReportError(f"{where}: `largest` is not a list of at most {VENV_SIZES_TOP} directories")
         rows = []
         for i, item in enumerate(largest):
-            path = item.get("path") if isinstance(item, dict) else None
-            if not isinstance(path, str) or not _REL_PATH_RE.fullmatch(path) or ".." in path.split("/") or text_problem(path):
-                raise ReportError(f"{where}: `largest[{i}].path` is {path!r:.80}, expected a path inside the venv")
+            raw = item.get("path") if isinstance(item, dict) else None
+            path = _path_of(raw, absolute=False)
+            if path is None:
+                raise ReportError(f"{where}: `largest[{i}].path` is {printable(repr(raw)[:80])}, expected a path inside the venv "
+                                  f"(printable, at most {_SHOWN_MAX} characters)")
             rows.append((path, _size(item.get("bytes"), f"{where}: `largest[{i}].bytes`")))
         if [b for _, b in rows] != sorted((b for _, b in rows), reverse=True):
             raise ReportError(f"{where}: `largest` is not ordered largest first")
@@ -154,8 +167,8 @@ class VenvSizes:
         return {"venv": self.venv, "bytes": self.total, "largest": [{"path": p, "bytes": b} for p, b in self.largest]}
 
     def lines(self) -> list[str]:
-        rows = [f"venv {self.venv}: {self.total / 1e9:.2f} GB; largest directories:"]
-        rows += [f"  {b / 1e9:>7.2f} GB  {p}" for p, b in self.largest]
+        rows = [f"venv {printable(self.venv)}: {self.total / 1e9:.2f} GB; largest directories:"]
+        rows += [f"  {b / 1e9:>7.2f} GB  {printable(p)}" for p, b in self.largest]
         return rows
 
 
@@ -236,4 +249,5 @@ class BuildReport:
         if self.venv_sizes:
             rows += self.venv_sizes.lines()
         rows.append(f"report {self.dir}/{REPORT}  flags {self.flags}")
-        return "\n".join(rows)
+        # The report is read back from a file: what reaches the terminal is printable, line by line.
+        return "\n".join(printable(r) for r in rows)

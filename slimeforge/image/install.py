@@ -39,7 +39,9 @@ from .steps import (
     FINALIZE_STEP,
     LIBRARY_SCRIPTS,
     LOCK_ALL,
+    PATCHES_STEP,
     TARGET_SCRIPTS,
+    VENV_STEP,
     finalize_argv,
     host_layout,
     input_lock,
@@ -132,7 +134,11 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
     # How each step runs, set after the hashes (it changes nothing a step installs): what running it
     # does (the summary's outcome), and which compiled steps compile side by side.
     for step in steps:
-        step.update(what="installed", together=False, together_last=False)
+        step.update(what="installed", together=False, together_last=False, **_proof_of(step, layout.lock_dir))
+    at_venv = next((i for i, st in enumerate(steps) if st["name"] == VENV_STEP), len(steps))
+    for i, step in enumerate(steps):
+        step["in_venv"] = i >= at_venv
+        step["after_all"] = step["name"] in (PATCHES_STEP, FINALIZE_STEP)
     for step, cmd in zip(steps, commands, strict=False):  # steps has finalize besides
         step["what"] = "store hit" if cmd.store == "use" else "compiled" if cmd.compiles and not cmd.compiles_nothing else "installed"
     for group in together_groups(commands):
@@ -170,6 +176,18 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
         "smoke_flags": "--flags" in smoke,
         "finalize": FINALIZE_STEP,
     })
+
+
+def _proof_of(step: dict[str, Any], lock_dir: str) -> dict[str, Any]:
+    """What a step's done record stands for, besides the venv (install.sh's sf_run_step): its slice
+    of the lock (installed as it says) and its outputs: a source step's checkout, finalize's lock
+    and flag catalog. A record whose outputs are gone or changed is not taken as done."""
+    outputs: list[str] = []
+    for argv in step["commands"]:
+        outputs += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--dest"]
+    if step["name"] == FINALIZE_STEP:
+        outputs += step["commands"][0][3:5]  # sf_finalize VENV LOCK_IN LOCK_OUT FLAGS_OUT: the two it writes
+    return {"slice_path": f"{lock_dir}/{step['slice']}" if step.get("slice") else None, "outputs": outputs}
 
 
 def install_base(stack: Stack, lock: LockFile) -> str | None:

@@ -9,6 +9,10 @@ OUT (JSON): {"schema": 1, "venv": VENV, "bytes": total, "largest": [{"path", "by
 flashinfer_cubin, ...) and each top-level directory of the venv other than lib (bin, include,
 share). Bytes are the regular files' sizes (what a layer's tar holds), a hard-linked file counted
 once; symbolic links are not followed. Paths are relative to VENV.
+
+A directory may be named anything a file system holds (pip's `~orch` leftovers, spaces, non-ASCII,
+bytes that are not UTF-8, `.venv`): every path is written as printable text (`shown`), never
+refused, so that an odd name in a venv never fails the build that measured it.
 """
 
 from __future__ import annotations
@@ -16,9 +20,31 @@ from __future__ import annotations
 import json
 import os
 import sys
+import unicodedata
 from pathlib import Path
 
 TOP = 10
+SHOWN_MAX = 512  # characters of a path as the record holds it (buildreport.VenvSizes reads up to this)
+_UNPRINTABLE = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")
+
+
+def shown(text: str) -> str:
+    """A path as printable text: a byte that is not UTF-8 (Python's surrogateescape) as \\xNN, a control,
+    format (bidirectional), separator or unassigned character as \\uNNNN, a backslash doubled; at
+    most SHOWN_MAX characters (a longer one ends in '...')."""
+    out = []
+    for ch in text:
+        o = ord(ch)
+        if 0xDC80 <= o <= 0xDCFF:
+            out.append(f"\\x{o - 0xDC00:02x}")
+        elif ch == "\\":
+            out.append("\\\\")
+        elif unicodedata.category(ch) in _UNPRINTABLE:
+            out.append(f"\\u{o:04x}" if o <= 0xFFFF else f"\\U{o:08x}")
+        else:
+            out.append(ch)
+    text = "".join(out)
+    return text if len(text) <= SHOWN_MAX else text[:SHOWN_MAX - 3] + "..."
 
 
 def tree_bytes(root: str, seen: set[tuple[int, int]]) -> int:
@@ -43,15 +69,23 @@ def tree_bytes(root: str, seen: set[tuple[int, int]]) -> int:
     return total
 
 
+def _dirs(parent: Path) -> list[Path]:
+    """The directories directly in `parent` (not links); none where it cannot be listed."""
+    try:
+        return [d for d in sorted(parent.iterdir()) if d.is_dir() and not d.is_symlink()]
+    except OSError:
+        return []
+
+
 def sizes(venv: Path) -> dict:
     seen: set[tuple[int, int]] = set()
     site = sorted(venv.glob("lib/python*/site-packages"))
-    candidates = [d for s in site for d in sorted(s.iterdir()) if d.is_dir() and not d.is_symlink()]
-    candidates += [d for d in sorted(venv.iterdir()) if d.is_dir() and not d.is_symlink() and d.name not in ("lib", "lib64")]
-    measured = [(str(d.relative_to(venv)), tree_bytes(str(d), seen)) for d in candidates]
+    candidates = [d for s in site for d in _dirs(s)]
+    candidates += [d for d in _dirs(venv) if d.name not in ("lib", "lib64")]
+    measured = [(shown(str(d.relative_to(venv))), tree_bytes(str(d), seen)) for d in candidates]
     total = sum(b for _, b in measured) + tree_bytes(str(venv), seen)  # what is left: files outside the candidates
     largest = sorted(measured, key=lambda item: (-item[1], item[0]))[:TOP]
-    return {"schema": 1, "venv": str(venv), "bytes": total, "largest": [{"path": p, "bytes": b} for p, b in largest]}
+    return {"schema": 1, "venv": shown(str(venv)), "bytes": total, "largest": [{"path": p, "bytes": b} for p, b in largest]}
 
 
 def main(argv: list[str]) -> int:
@@ -60,11 +94,17 @@ def main(argv: list[str]) -> int:
         return 2
     venv, out = Path(argv[0]), Path(argv[1])
     if not venv.is_dir():
-        print(f"venv_sizes: {venv} is not a directory", file=sys.stderr)
+        print(f"venv_sizes: {shown(str(venv))} is not a directory", file=sys.stderr)
         return 1
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(sizes(venv), indent=1) + "\n")
-    os.replace(tmp, out)
+    # A measurement: what cannot be measured or written is said, and the image is made all the same
+    # (the build then reports no sizes).
+    try:
+        record = json.dumps(sizes(venv), indent=1) + "\n"
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text(record)
+        os.replace(tmp, out)
+    except (OSError, ValueError) as exc:
+        print(f"venv_sizes: not measured ({shown(str(exc))})", file=sys.stderr)
     return 0
 
 

@@ -5,6 +5,7 @@ the TARGET venv's interpreter ($SF_STATE/venvlock.py; slimeforge/scripts/venvloc
     python venvlock.py fetch STEP FILE DIR [LINK_DIR...]   a compiled step's locked sources, by sha256
     python venvlock.py record LOCK_IN LOCK_OUT APPLIED [NAME=COMMIT...]   finalize's stack.lock.json
     python venvlock.py pins LOCK_JSON                      the smoke test: each pin of the stack installed
+    python venvlock.py present SLICE                       a step's done record: its slice is still installed
 
 One of each fact the step library needs from Python: `canonical` (the package-name normaliser),
 `parse_slice_line` (the grammar of a step's slice, as lockfile.step_requirements writes it) and
@@ -16,13 +17,11 @@ slices allow; `pin_problems`: the stack's pins, specifiers too). Messages go to 
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata as md
 import json
 import os
 import re
 import shutil
 import sys
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,11 +71,15 @@ def read_slice(path: Path) -> tuple[list[SliceLine], list[str]]:
 
 
 def installed_versions() -> dict[str, str]:
+    import importlib.metadata as md  # here, not at the top: `present` runs on every step of a re-run, mostly without it
+
     return {canonical(d.metadata["Name"]): d.version for d in md.distributions() if d.metadata["Name"]}
 
 
 def _checkouts() -> set[str]:
     """Distributions installed from a local directory (a source step's checkout: file:// and dir_info)."""
+    import importlib.metadata as md
+
     out = set()
     for d in md.distributions():
         direct = d.read_text("direct_url.json")
@@ -154,8 +157,16 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def _printable(text: str) -> str:
+    """What a venv's metadata says (a version, a name) reaches the terminal without escape sequences."""
+    return _UNPRINTABLE.sub("?", text)
+
+
 def _error(text: str) -> None:
-    print(f"slimeforge: ERROR: {text}", file=sys.stderr)
+    print(f"slimeforge: ERROR: {_printable(text)}", file=sys.stderr)
 
 
 # --- commands ----------------------------------------------------------------------------------
@@ -185,6 +196,8 @@ def verify(lock_dir: Path, step: str, exact: bool) -> int:
 def fetch(step: str, file: Path, dest: Path, links: list[str]) -> int:
     """Every line of `file` into `dest`, checked against its sha256, so that the compile after it
     needs no network: by URL, or by name from a wheel directory of `links`."""
+    import urllib.request
+
     bad = 0
     lines, unreadable = read_slice(file)
     for line in unreadable:
@@ -229,6 +242,8 @@ def fetch(step: str, file: Path, dest: Path, links: list[str]) -> int:
 
 def record(lock_in: Path, lock_out: Path, applied: Path, commits: list[str]) -> int:
     """finalize: the input lock with what is installed, each checkout's commit and the patches applied."""
+    import importlib.metadata as md
+
     lock = json.loads(lock_in.read_text())
     lock["installed"] = dict(sorted((d.metadata["Name"], d.version) for d in md.distributions() if d.metadata["Name"]))
     lock["checkouts"] = dict(a.split("=", 1) for a in commits)
@@ -247,6 +262,56 @@ def pins(lock_json: Path) -> int:
     return 1 if problems else 0
 
 
+def missing_of(lines: list[SliceLine], installed: dict[str, str]) -> list[str]:
+    """What of a slice the venv does not hold as the slice says: a distribution missing, or at
+    another version (the slice's version, when it names one)."""
+    out = []
+    for item in lines:
+        have = installed.get(item.name)
+        if have is None:
+            out.append(f"{item.name} is not installed")
+        elif item.version is not None and item.version != have:
+            out.append(f"{item.name} is {have}, its slice says {item.version}")
+    return out
+
+
+def _dist_info_versions() -> dict[str, str]:
+    """name -> version from the names of this interpreter's *.dist-info directories alone
+    (`{name}-{version}.dist-info`, as installers write them): no METADATA is read, so the check of
+    every step of a re-run costs a directory listing each."""
+    import sysconfig
+
+    out: dict[str, str] = {}
+    for site in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
+        try:
+            entries = os.listdir(site)
+        except OSError:
+            continue
+        for entry in entries:
+            name, sep, version = entry.removesuffix(".dist-info").partition("-")
+            if entry.endswith(".dist-info") and sep and "-" not in version:
+                out[canonical(name)] = version
+    return out
+
+
+def present(slice_file: Path) -> int:
+    """install.sh's done record of a step holds only while its slice is installed (sf_done_holds):
+    reported as plain lines (not errors: the step runs again). The directory names answer when
+    every line is there as the slice says; otherwise the installed metadata decides (a name or a
+    version an installer wrote differently in the directory name is not taken for missing)."""
+    try:
+        lines, unreadable = read_slice(slice_file)
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"slimeforge: {slice_file.name}: cannot be read ({exc.__class__.__name__})", file=sys.stderr)
+        return 1
+    if not unreadable and not missing_of(lines, _dist_info_versions()):
+        return 0
+    problems = [f"cannot read lock line: {line[:200]!r}" for line in unreadable] + missing_of(lines, installed_versions())
+    for line in problems[:20]:
+        print(_printable(f"slimeforge: {slice_file.name}: {line}"), file=sys.stderr)
+    return 1 if problems else 0
+
+
 USAGE = __doc__.split("\n\n")[1]
 
 
@@ -258,6 +323,8 @@ def main(argv: list[str]) -> int:
         return fetch(args[0], Path(args[1]), Path(args[2]), args[3:])
     if command == "record" and len(args) >= 3:
         return record(Path(args[0]), Path(args[1]), Path(args[2]), args[3:])
+    if command == "present" and len(args) == 1:
+        return present(Path(args[0]))
     if command == "pins" and len(args) == 1:
         return pins(Path(args[0]))
     print(f"usage:\n{USAGE}", file=sys.stderr)

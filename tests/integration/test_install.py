@@ -107,7 +107,7 @@ def test_verify_runs_the_smoke_test_again(installed, host, args, env):
     assert res.returncode == 0, res.stderr
     assert "running" not in res.stderr and "smoke: import six ok" in res.stderr and "smoke test passed" in res.stderr
     assert f"smoke: flag catalog {PREFIX}/flags.json matches slime's parsers" in res.stderr  # made again and compared
-    assert cat(host, f"{PREFIX}/.slimeforge/smoke.passed").strip() == re.search(r"sf_smoke_record ([0-9a-f]{64})", script.read_text())[1]
+    assert cat(host, f"{PREFIX}/.slimeforge/smoke.passed").split("\n")[0] == re.search(r"sf_smoke_record ([0-9a-f]{64})", script.read_text())[1]
 
 
 def test_failing_step_stops_and_the_next_run_resumes_there(installed, host):
@@ -137,3 +137,20 @@ def test_already_patched_tree_is_recognised(installed, host):
     assert "patch libdemo.patch: already applied" in cat(host, f"{PREFIX}/.slimeforge/logs/libdemo.log")
     assert "smoke test passed" in res.stderr  # a step ran after the smoke test's record: it runs again
     assert cat(host, f"{PREFIX}/libdemo/libdemo/__init__.py").count("PATCHED") == 1
+
+
+def test_a_removed_venv_is_installed_again_and_the_smoke_test_runs(installed, host):
+    """Issue 40: the steps' records and the smoke test's record prove what they stand for: after
+    `rm -rf <venv>` (and the smoke record dated in the future), every step from the venv on runs
+    again, and so does the smoke test."""
+    script, _ = installed
+    subprocess.run(["docker", "exec", host["cid"], "rm", "-rf", f"{PREFIX}/venv"], check=True)
+    subprocess.run(["docker", "exec", host["cid"], "touch", "-d", "2099-01-01", f"{PREFIX}/.slimeforge/smoke.passed"], check=True)
+    res = run(host, script)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for step in ("venv", "build-tools", "six", "libdemo", "idna", "slime-requirements", "patches", "slime", "finalize"):
+        assert re.search(rf"step [0-9]+/9 {step}: running", res.stderr), step
+    assert "smoke test passed" in res.stderr and "passed with these inputs before" not in res.stderr
+    assert subprocess.run(["docker", "exec", host["cid"], f"{PREFIX}/venv/bin/python", "-c", "import six, libdemo"]).returncode == 0
+    again = run(host, script)  # and then nothing runs
+    assert again.returncode == 0 and "running" not in again.stderr and again.stderr.count(": done\n") == 9, again.stderr[-3000:]

@@ -263,18 +263,27 @@ def test_the_smoke_record_is_kept_by_rename_and_matches_only_its_hash(tmp_path):
     assert bad.returncode != 0 and "is not a sha256" in bad.stderr and (tmp_path / "smoke.passed").read_text() == H1 + "\n"
 
 
-def test_a_step_that_finished_after_the_record_makes_the_smoke_test_run_again(tmp_path):
+def test_a_step_that_ran_after_the_record_makes_the_smoke_test_run_again(tmp_path):
+    """By the steps' records' content, never by mtime: a record dated in the future hides nothing."""
     import os
 
     (tmp_path / "steps").mkdir()
-    assert sf("sf_smoke_record", H1, state=tmp_path).returncode == 0
     done = tmp_path / "steps" / "torch.done"
-    done.write_text("x\n")
-    rec = os.stat(tmp_path / "smoke.passed")
-    os.utime(done, ns=(rec.st_mtime_ns - 10**9, rec.st_mtime_ns - 10**9))  # before the record: still a pass
-    assert sf("sf_smoke_recorded", H1, state=tmp_path).returncode == 0
-    os.utime(done, ns=(rec.st_mtime_ns + 10**9, rec.st_mtime_ns + 10**9))  # a step ran since: the venv may differ
-    assert sf("sf_smoke_recorded", H1, state=tmp_path).returncode == 1
+    done.write_text("h\nproof " + "1" * 64 + "\nrun " + "2" * 32 + "\n")
+    with_steps = 'SF_STEP_NAMES=(torch); "$@"'
+    def lib(*args):
+        return subprocess.run(["bash", "-c", f'source "$1"; shift; {with_steps}', "sf", str(LIB), *args], capture_output=True,
+                              text=True, env={"PATH": "/usr/bin:/bin", "SF_STATE": str(tmp_path), "HOME": str(tmp_path)})
+    assert lib("sf_smoke_record", H1).returncode == 0
+    assert (tmp_path / "smoke.passed").read_text().splitlines()[1].startswith("step torch ")
+    far = 4_000_000_000 * 10**9  # 2096: a copied state directory, a clock set wrong
+    os.utime(tmp_path / "smoke.passed", ns=(far, far))
+    assert lib("sf_smoke_recorded", H1).returncode == 0
+    done.write_text("h\nproof " + "1" * 64 + "\nrun " + "3" * 32 + "\n")  # the step ran again since
+    os.utime(done, ns=(10**9, 10**9))
+    assert lib("sf_smoke_recorded", H1).returncode == 1
+    done.unlink()  # its record is gone: no pass stands for it
+    assert lib("sf_smoke_recorded", H1).returncode == 1
 
 
 @pytest.mark.parametrize("content", [

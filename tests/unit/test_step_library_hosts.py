@@ -74,12 +74,14 @@ def test_compiles_in_place_go_through_ccache_where_it_is_installed(tmp_path):
     show = ["bash", "-c", 'printf "gcc=[%s] CC=[%s]\\n" "$(command -v gcc)" "${CC-unset}"']
     host = tmp_path / "host"
     (host / "bin").mkdir(parents=True)
-    for tool in ("bash", "gcc"):
-        (host / "bin" / tool).symlink_to(shutil.which(tool) or "/bin/false")
+    for tool in ("bash", "gcc", "mktemp", "timeout", "rm", "grep", "head", "tr", "as", "ld"):  # and what its ccache probe runs
+        if shutil.which(tool):
+            (host / "bin" / tool).symlink_to(shutil.which(tool) or "/bin/false")
     path = str(host / "bin")
     without = sf("_sf_with_ccache", *show, state=tmp_path, path=path)
     assert without.returncode == 0 and without.stdout == f"gcc=[{host}/bin/gcc] CC=[unset]\n", without.stderr
-    (host / "bin" / "ccache").write_text("#!/bin/sh\nexit 0\n")
+    # A stand-in that compiles as ccache does through its links: the real compiler, by its name.
+    (host / "bin" / "ccache").write_text(f"#!{shutil.which('bash')}\nexec {shutil.which('gcc')} \"$@\"\n")
     (host / "bin" / "ccache").chmod(0o755)
     no_links = sf("_sf_with_ccache", *show, state=tmp_path, path=path)
     assert no_links.stdout == f"gcc=[{host}/bin/gcc] CC=[unset]\n"  # a ccache without its links: compiles as before
