@@ -7,6 +7,7 @@ are imported inside the functions that need them, so `invoke --list` and dry run
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import sys
@@ -198,6 +199,7 @@ SSH_CONFIG_HELP = "your own ssh config file for the hosts (ssh -F), used as is i
         "no_network": "leave out the checks that need the network (AWS, the cluster)",
         "cluster": "launch on the cluster of this inventory (brought up with cluster.up; default: the recipe's cluster)",
         "ssh_config": SSH_CONFIG_HELP,
+        "tunnel": "--cluster: reach the Jobs API through an ssh tunnel to the head even when it answers directly (default: only when not; docs/cluster.md#ports)",
         "slurm": "submit to Slurm: Ray starts inside an sbatch allocation (docs/slurm.md)",
         "partition": "--slurm: the partition (default: the cluster's default)",
         "account": "--slurm: the account to charge",
@@ -211,7 +213,7 @@ SSH_CONFIG_HELP = "your own ssh config file for the hosts (ssh -F), used as is i
 @clean_errors
 def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=None, image=None, prefix=None, catalog=None,
               skip_check=None, no_network=False, cluster=None, slurm=False, partition=None, account=None, time=None, nodes=None,
-              squashfs_dir=None, ssh_config=None, json_=False):
+              squashfs_dir=None, ssh_config=None, json_=False, tunnel=False):
     """Validate a recipe, preflight, start Ray, submit, stream the logs (--dry-run: print the plan, start nothing)."""
     from slimeforge.run.launch import LaunchRequest, run_recipe
 
@@ -221,16 +223,18 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
                         catalog=catalog, skip_checks=tuple(skip_check or ()), network_checks=not no_network, cluster=cluster,
                         slurm=slurm, partition=partition, account=account, time=time, nodes=None if nodes is None else str(nodes),
                         squashfs_dir=squashfs_dir)
-    code = run_recipe(req, dry_run=dry_run, plan_json=json_, find_cluster=lambda inventory, dry: _cluster_jobs_api(inventory, dry, ssh_config))
+    with contextlib.ExitStack() as tunnels:  # an ssh tunnel to the Jobs API lives until the job's logs end
+        code = run_recipe(req, dry_run=dry_run, plan_json=json_,
+                          find_cluster=lambda inventory, dry: _cluster_jobs_api(inventory, dry, ssh_config, "always" if tunnel else None, tunnels))
     if code:
         raise Exit(code=code)
 
 
-def _cluster_jobs_api(inventory, dry_run, ssh_config=None):
-    """The cluster `cluster.up` brought up from this inventory: its Jobs API, environment and checks."""
+def _cluster_jobs_api(inventory, dry_run, ssh_config=None, tunnel=None, tunnels=None):
+    """The cluster `cluster.up` brought up from this inventory: its Jobs API (over ssh where needed), environment and checks."""
     from slimeforge.cluster.runcheck import cluster_env
 
-    return cluster_env(inventory, dry_run=dry_run, ssh_config=ssh_config)
+    return cluster_env(inventory, dry_run=dry_run, ssh_config=ssh_config, tunnel=tunnel, tunnels=tunnels)
 
 
 def _inventory(path, ssh_config):

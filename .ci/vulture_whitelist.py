@@ -29,3 +29,18 @@ _.hook_mode  # scripts/kernel_check.py: torch_memory_saver.hook_mode = "torch" (
 # io.RawIOBase's protocol, called by io.BufferedReader (image/layerpush.py _ChunkReader: the `docker save` stream).
 _.readable
 _.readinto
+
+# Ray's ports: pydantic fields read by key (rayports.py reads RaySettings.model_dump() by its keys).
+_.client_port
+_.autoscaler_metrics_port
+_.dashboard_metrics_port
+_.node_manager_port
+_.object_manager_port
+_.runtime_env_agent_port
+_.dashboard_agent_grpc_port
+_.dashboard_agent_listen_port
+_.metrics_export_port
+_.min_worker_port
+_.max_worker_port
+_.firewall_table  # rayports.py: docs/cluster.md's table (tests/unit/test_ray_ports.py compares the page with it)
+_.RAY_AGENT_PORT  # run/targets/slurm.py: the port tests/integration/slurm holds busy on a node

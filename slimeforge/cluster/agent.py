@@ -3,7 +3,9 @@
 `python3 - COMMAND JSON` with the agent's source on stdin (standard library only, no copy on the
 host); it answers with one JSON line (login shells may print banners first: the last JSON line
 counts). Commands: facts (GPUs, addresses, routes, ports, our records), start, wait, stop, nodes,
-runcheck (a recipe's paths on the host: cluster/runcheck.py).
+runcheck (a recipe's paths on the host: cluster/runcheck.py), awscheck (the secrets and AWS
+credentials of the job's environment there: cluster/credentials.py). Secrets never enter the JSON
+argument: `put_secret_file` writes them over stdin into a 0600 file that `start` reads and removes.
 Every answer is input: last_json reads it bounded and strict, read_nodes and runcheck.read_answer
 validate it, and an answer that is not the agent's is an OddAnswer naming the host (exit 2).
 """
@@ -11,6 +13,8 @@ validate it, and an answer that is not the agent's is an OddAnswer naming the ho
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
@@ -94,6 +98,37 @@ def read_nodes(answer: dict[str, Any], host: str) -> tuple[list[dict[str, Any]],
 def put_file(ssh: SSH, path: str, text: str) -> None:
     """Write `text` to `path` on the host (through stdin: no scp, no quoting of the content)."""
     ssh.run(["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "sh", path], step=f"write {path}", input=text, timeout=60)
+
+
+# --- secrets: over ssh's stdin into a 0600 file the node agent's `start` reads and removes -------
+# Written by `sh` on the host: umask first, so the file is 0600 from the moment it exists; an
+# old file of that name is removed and `set -C` refuses to write through anything made since.
+PUT_SCRIPT = 'umask 077 && mkdir -p -- "${1%/*}" && rm -f -- "$1" && set -C && cat > "$1"'
+
+
+def secret_file(state_dir: str, token: str) -> str:
+    """The env file on a host: in its (expanded) state directory, named by the bring-up's token."""
+    assert state_dir.startswith("/") and re.fullmatch(r"[0-9a-f]{32}", token)
+    return f"{state_dir.rstrip('/')}/secrets-{token}.env"
+
+
+def env_file_text(values: Mapping[str, str]) -> str:
+    """`NAME=value` lines: the format of `docker run --env-file`, and what the node agent reads."""
+    return "".join(f"{k}={v}\n" for k, v in values.items())
+
+
+def put_secret_file(ssh: SSH, path: str, values: Mapping[str, str]) -> None:
+    """The values to `path` on the host through ssh's stdin (never an argv), mode 0600."""
+    ssh.run(["sh", "-c", PUT_SCRIPT, "sh", path], step="write the secrets file (names: " + ", ".join(values) + ")",
+            input=env_file_text(values), timeout=60)
+
+
+def remove_secret_file(ssh: SSH, path: str) -> None:
+    """Best effort, after a start that may not have reached the agent (which removes it itself)."""
+    try:
+        ssh.run(["rm", "-f", "--", path], step="remove the secrets file", check=False, timeout=30)
+    except SlimeforgeError:
+        pass
 
 
 def first_line(exc: BaseException) -> str:

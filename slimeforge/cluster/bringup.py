@@ -16,6 +16,7 @@ bring-up with the table (`Bringup.stop_if_failed`).
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -28,7 +29,7 @@ from ..proc import Runner
 from ..run.preflight.findings import ERROR
 from ..run.preflight.host import limits_findings, shm_findings
 from ..scripts.node_agent import gate, hostport
-from .agent import SCRIPTS, VERSIONS_SNIPPET, agent, first_line, last_json, put_file
+from .agent import SCRIPTS, VERSIONS_SNIPPET, agent, first_line, last_json, put_file, put_secret_file, remove_secret_file, secret_file
 from .hosttable import FAILED, OK, RUNNING, HostTable
 from .inventory import Host, Inventory
 from .nodestart import READY_MARKER, ports_for, ray_env, start_argv
@@ -203,6 +204,9 @@ class Bringup:
     # Written into every record this bring-up starts (and the process's environment or the
     # container's labels): cluster.down stops only what carries it.
     token: str = field(default_factory=lambda: secrets.token_hex(16))
+    # The inventory's secret_env with its values (credentials.secret_values, read before any host is
+    # touched): written to each host it starts Ray on, never into the table, a record or an argv.
+    secret_values: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def head(self) -> Node:
@@ -281,12 +285,25 @@ def node_problems(inv: Inventory, node: Node, head_ip: str) -> list[Problem | st
     if rec.get("refused"):
         problems.append(f"{rec['refused']}: run cluster.down to see it, or remove the record once you have checked")
     elif node.ours_running:
-        planned = start_argv(inv, h, node.node_ip or "", head_ip, ray_env(h, node.interface or "", f.get("path")), rec.get("token", ""))
+        token = rec.get("token", "")
+        env_file = node_env_file(inv, h, f.get("state_dir"), token) if re.fullmatch(r"[0-9a-f]{32}", str(token)) else None
+        planned = start_argv(inv, h, node.node_ip or "", head_ip, ray_env(h, node.interface or "", f.get("path")), token, env_file)
         if rec.get("argv") != planned:
             problems.append("Ray started by an earlier cluster.up runs here with other settings: run cluster.down first to apply the inventory's")
+        elif sorted(rec.get("secret_env") or []) != sorted(inv.secret_env):
+            problems.append(f"Ray started by an earlier cluster.up runs here with the secrets {', '.join(sorted(rec.get('secret_env') or [])) or 'none'}, "
+                            f"the inventory names {', '.join(sorted(inv.secret_env)) or 'none'}: run cluster.down first (secrets reach Ray when it starts)")
     elif f.get("ports_busy"):
         problems.append(f"port(s) {', '.join(map(str, f['ports_busy']))} in use (another Ray? we only stop what we started): free them or change ray ports in the inventory")
     return problems
+
+
+def node_env_file(inv: Inventory, host: Host, state_dir: str | None, token: str) -> str | None:
+    """The secrets file `start` gets on this host (None without secret_env): container mode names it
+    in `docker run --env-file`, so it is part of the recorded argv."""
+    if not inv.secret_env or not state_dir or not state_dir.startswith("/"):
+        return None
+    return secret_file(state_dir, token)
 
 
 def environment_phase(b: Bringup, make_environment: MakeEnvironment, nccl_check: bool) -> None:
@@ -312,9 +329,14 @@ def ray_phase(b: Bringup) -> None:
     def start(node: Node) -> str:
         h = node.host
         env = ray_env(h, node.interface or "", node.facts.get("path"))
+        # Not for a node already running ours (preflight proved it has these secret names): start
+        # answers "already" and the values would travel for nothing.
+        env_file = None if node.ours_running else node_env_file(inv, h, node.facts.get("state_dir"), b.token)
+        if inv.secret_env and not node.ours_running and env_file is None:
+            raise CheckFailed([f"the node agent reported no absolute state directory ({node.facts.get('state_dir')!r}) to write the secrets file in"])
         params = {
             "state_dir": h.state_dir,
-            "argv": start_argv(inv, h, node.node_ip or "", head_ip, env, b.token),
+            "argv": start_argv(inv, h, node.node_ip or "", head_ip, env, b.token, env_file if h.mode == "container" else None),
             "token": b.token,
             "cluster": inv.name,
             # host mode: in the process's environment; container mode: already in `docker run -e`.
@@ -325,7 +347,16 @@ def ray_phase(b: Bringup) -> None:
             "wait_tcp": [head_ip, inv.ray.port] if h.is_head else None,
             "reach_first": None if h.is_head else [head_ip, inv.ray.port],
         }
-        result = agent(node.ssh, h, "start", params, timeout=inv.ray.start_timeout + 60)
+        if env_file is not None:
+            params["env_file"] = env_file
+            try:
+                put_secret_file(node.ssh, env_file, {k: b.secret_values[k] for k in inv.secret_env})
+                result = agent(node.ssh, h, "start", params, timeout=inv.ray.start_timeout + 60)
+            except BaseException:
+                remove_secret_file(node.ssh, env_file)  # a partial write, or a start that never ran (the agent removes it once it runs)
+                raise
+        else:
+            result = agent(node.ssh, h, "start", params, timeout=inv.ray.start_timeout + 60)
         check_started(result)
         node.facts["record"] = {**result["record"], "running": True}
         rec = result["record"]

@@ -18,10 +18,10 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from .. import paths
+from .. import paths, rayports
 from ..errors import ConfigError, Problem
 from ..image.imageref import image_ref_problems
-from ..schema import ENV_NAME_RE, Model, model_problems, secret_name, text_problem
+from ..schema import ENV_NAME_RE, Model, model_problems, secret_name, secret_value, text_problem
 from ..yamlio import load_with_extends
 from .addresses import address_problem, hostport, jump_hosts, ssh_address, unique_key
 from .dockerargs import container_problems
@@ -44,13 +44,25 @@ class SSHSettings(Model):
     options: dict[str, str] = Field(default_factory=dict)  # extra `-o Key=Value`: the allow list of sshconfig.OPTIONS
     proxy_jump: str | None = None  # a bastion: `ssh -J [user@]host[:port][,...]`
     proxy_command: str | None = None  # a command proxy (e.g. AWS SSM), run by ssh on this machine: explicit, shown by cluster.up --dry-run
+    tunnel: Literal["auto", "always", "never"] = "auto"  # the Jobs API over ssh (tunnel.py); auto: when the dashboard does not answer directly
 
 
 class RaySettings(Model):
-    port: int = Field(6379, ge=1, le=65535)  # GCS, on the head
-    dashboard_port: int = Field(8265, ge=1, le=65535)  # dashboard and Jobs API, on the head
-    client_port: int = Field(10001, ge=1, le=65535)  # Ray Client server, on the head
-    dashboard_agent_port: int = Field(52365, ge=1, le=65535)  # on every node
+    # Every port a Ray node listens on, pinned (rayports.py: the defaults, one range, the firewall
+    # table of docs/cluster.md); the rules between them are rayports.port_problems.
+    port: int = Field(rayports.DEFAULTS["port"], ge=1, le=65535)  # GCS, on the head
+    dashboard_port: int = Field(rayports.DEFAULTS["dashboard_port"], ge=1, le=65535)  # dashboard and Jobs API, on the head
+    client_port: int = Field(rayports.DEFAULTS["client_port"], ge=1, le=65535)  # Ray Client server, on the head
+    autoscaler_metrics_port: int = Field(rayports.DEFAULTS["autoscaler_metrics_port"], ge=1, le=65535)  # on the head, by environment
+    dashboard_metrics_port: int = Field(rayports.DEFAULTS["dashboard_metrics_port"], ge=1, le=65535)  # on the head, by environment
+    node_manager_port: int = Field(rayports.DEFAULTS["node_manager_port"], ge=1, le=65535)  # on every node, as the rest
+    object_manager_port: int = Field(rayports.DEFAULTS["object_manager_port"], ge=1, le=65535)
+    runtime_env_agent_port: int = Field(rayports.DEFAULTS["runtime_env_agent_port"], ge=1, le=65535)
+    dashboard_agent_grpc_port: int = Field(rayports.DEFAULTS["dashboard_agent_grpc_port"], ge=1, le=65535)
+    dashboard_agent_listen_port: int = Field(rayports.DEFAULTS["dashboard_agent_listen_port"], ge=1, le=65535)
+    metrics_export_port: int = Field(rayports.DEFAULTS["metrics_export_port"], ge=1, le=65535)
+    min_worker_port: int = Field(rayports.DEFAULTS["min_worker_port"], ge=1, le=65535)
+    max_worker_port: int = Field(rayports.DEFAULTS["max_worker_port"], ge=1, le=65535)
     num_cpus: int | None = Field(None, ge=0, le=4096)  # default: Ray counts the host's cores
     object_store_memory: int | None = Field(None, ge=78643200, le=1 << 50)  # bytes; Ray's minimum is 75 MiB
     temp_dir: str | None = None  # default: /tmp/sfr-<8 hex digits of cluster and host name>
@@ -62,6 +74,7 @@ class ContainerSettings(Model):
     volumes: list[str] = Field(default_factory=list)  # `-v SRC:DST[:ro|rw]` for model, data and checkpoint paths (dockerargs.py)
     shm_size: str = "16g"
     docker_args: list[str] = Field(default_factory=list)  # `docker run` options of dockerargs.DOCKER_RUN_OPTIONS, each with its value
+    env: dict[str, str] = Field(default_factory=dict)  # extra environment of the container (no secrets: secret_env carries those)
 
 
 class HostSpec(Model):
@@ -94,6 +107,9 @@ class InventoryFile(Model):
     ssh: SSHSettings = Field(default_factory=SSHSettings)
     ray: RaySettings = Field(default_factory=RaySettings)
     container: ContainerSettings = Field(default_factory=ContainerSettings)
+    # Names of secrets read from the environment of `invoke cluster.up` and delivered to every host's
+    # Ray (an env file of mode 0600, removed once read): cluster/credentials.py.
+    secret_env: list[str] = Field(default_factory=list)
     hosts: list[HostSpec]
 
 
@@ -143,6 +159,7 @@ class Inventory:
     ray: RaySettings
     container: ContainerSettings
     hosts: tuple[Host, ...]
+    secret_env: tuple[str, ...] = ()
 
     @property
     def head(self) -> Host:
@@ -226,9 +243,7 @@ def check(data: dict[str, Any], base: Path, trusted_config: bool = False) -> lis
             value = h.get(key_field, ssh.get(key_field))
             if isinstance(value, str) and not _resolve(base, value).is_file():
                 p.append(Problem(f"{where}.{key_field}" if key_field in h else f"ssh.{key_field}", "names no file on this machine", value, "a private key file (or leave it out: the ssh agent and ssh config apply)"))
-        for env_key in (h.get("env") or {}) if isinstance(h.get("env"), dict) else {}:
-            if not ENV_NAME_RE.fullmatch(str(env_key)):
-                p.append(Problem(f"{where}.env", "is not an environment variable name", env_key, "letters, digits and '_', not starting with a digit"))
+        p += env_problems(f"{where}.env", h.get("env"))
         if mode == "container":
             for field in ("prefix", "python"):
                 if field in h:
@@ -263,24 +278,69 @@ def check(data: dict[str, Any], base: Path, trusted_config: bool = False) -> lis
     p += container_problems(_mapping(data.get("container")))
 
     ray = _mapping(data.get("ray"))
-    for env_key in ray["env"] if isinstance(ray.get("env"), dict) else {}:
-        if not ENV_NAME_RE.fullmatch(str(env_key)):
-            p.append(Problem("ray.env", "is not an environment variable name", env_key, "letters, digits and '_', not starting with a digit"))
-        elif secret_name(str(env_key)):
-            p.append(Problem(f"ray.env.{env_key}", "looks like a secret; an inventory is not the place for one", None,
-                             "set it in the environment of the hosts (their shell profile or a secrets manager)", show_value=False))
+    p += env_problems("ray.env", ray.get("env"))
+    container = _mapping(data.get("container"))
+    p += env_problems("container.env", container.get("env"))
+    if mode == "host" and container.get("env"):
+        p.append(Problem("container.env", "is used in container mode only; this inventory has mode: host", None,
+                         "ray.env (the environment of `ray start` on every host)", show_value=False))
+    p += secret_env_problems(data.get("secret_env"), [("ray.env", ray.get("env")), ("container.env", container.get("env"))]
+                             + [(f"hosts.{i}.env", h.get("env")) for i, h in enumerate(hosts)])
     temp_dir = ray.get("temp_dir")
     if isinstance(temp_dir, str) and not temp_dir.startswith("/"):
         p.append(Problem("ray.temp_dir", "must be an absolute path on the hosts", temp_dir, "/path/on/the/hosts, e.g. /tmp/ray"))
-    ports = {k: ray.get(k, RaySettings.model_fields[k].default) for k in ("port", "dashboard_port", "client_port", "dashboard_agent_port")}
-    # Each port's range is the schema's (which also reads 6379.0 as 6379); here, that they differ.
-    values = [v for v in ports.values() if isinstance(v, int | float) and not isinstance(v, bool)]
-    if len(set(values)) != len(values):
-        p.append(Problem("ray", "the Ray ports must differ from each other", ports))
+    p += rayports.port_problems(ray)
     name = data.get("name")
     if isinstance(name, str) and not NAME_RE.fullmatch(name):
         p.append(Problem("name", "is used in paths and container names", name, "letters, digits, '.', '_', '-', starting with a letter or digit"))
     return p
+
+
+SECRET_FIX = ("list its NAME under the inventory's secret_env and export it where you run `invoke cluster.up` "
+              "(it reaches every host's Ray in a file of mode 0600, never an argv), or give the hosts an instance role")
+
+
+def env_problems(where: str, env: Any) -> list[Problem]:
+    """ray.env, container.env and hosts[].env alike: names by grammar, and no secret by its name
+    or its value's shape (these values are shown by dry runs and land in argv lists and records)."""
+    p: list[Problem] = []
+    for key, value in env.items() if isinstance(env, dict) else ():
+        if not (isinstance(key, str) and ENV_NAME_RE.fullmatch(key)):
+            p.append(Problem(where, "is not an environment variable name", key, "letters, digits and '_', not starting with a digit"))
+        elif secret_name(key) or secret_value(value):
+            p.append(Problem(f"{where}.{key}", "looks like a secret; its value would be shown by dry runs, in `ps` and in records",
+                             None, SECRET_FIX, show_value=False))
+    return p
+
+
+MAX_SECRETS = 64
+
+
+def secret_env_problems(names: Any, envs: list[tuple[str, Any]]) -> list[Problem]:
+    """secret_env: names only (as a recipe's), each once, none also set with a value in an env section."""
+    if names is None or not isinstance(names, list):
+        return []  # pydantic names a wrong type
+    p: list[Problem] = []
+    if len(names) > MAX_SECRETS:
+        return [Problem("secret_env", f"lists {len(names)} names", len(names), f"at most {MAX_SECRETS}")]
+    seen: set[str] = set()
+    for i, name in enumerate(names):
+        if not (isinstance(name, str) and ENV_NAME_RE.fullmatch(name)):
+            p.append(Problem(f"secret_env.{i}", "is not an environment variable name", name, "letters, digits and '_', not starting with a digit"))
+            continue
+        if name in seen:
+            p.append(Problem(f"secret_env.{i}", "is listed twice", name, "each name once"))
+        seen.add(name)
+        if name in RESERVED_SECRET_ENV:
+            p.append(Problem(f"secret_env.{i}", "is set by cluster.up itself and may not be replaced", name, "any other name"))
+        for where, env in envs:
+            if isinstance(env, dict) and name in env:
+                p.append(Problem(f"secret_env.{i}", f"is also set in {where}; a secret's value never goes into an inventory", name, f"remove it from {where}"))
+    return p
+
+
+# Set by cluster.up in every node's environment (nodestart.ray_env, the record's token).
+RESERVED_SECRET_ENV = frozenset({"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "PATH", "SLIMEFORGE_CLUSTER_TOKEN"})
 
 
 def ssh_problems(ssh: dict) -> list[Problem]:
@@ -320,7 +380,8 @@ def load_inventory(path: str | Path, ssh_config: str | Path | None = None) -> In
         raise ConfigError(str(path), [Problem("name", "the file name is not a usable cluster name: set name:", name, "letters, digits, '.', '_', '-'")])
     config = Path(ssh_config).expanduser().resolve() if ssh_config is not None else _resolve(base, spec.ssh.config) if spec.ssh.config is not None else None
     options = SSHOptions(config_file=str(config) if config else None, connect_timeout=spec.ssh.connect_timeout, extra=dict(spec.ssh.options),
-                         proxy_jump=jump_hosts(spec.ssh.proxy_jump) if spec.ssh.proxy_jump else None, proxy_command=spec.ssh.proxy_command)
+                         proxy_jump=jump_hosts(spec.ssh.proxy_jump) if spec.ssh.proxy_jump else None, proxy_command=spec.ssh.proxy_command,
+                         tunnel=spec.ssh.tunnel)
     hosts = []
     for h in spec.hosts:
         prefix = h.prefix or spec.prefix
@@ -349,7 +410,9 @@ def load_inventory(path: str | Path, ssh_config: str | Path | None = None) -> In
                 num_cpus=h.num_cpus if h.num_cpus is not None else spec.ray.num_cpus,
                 temp_dir=h.temp_dir or spec.ray.temp_dir or default_temp_dir(name, h.name),
                 state_dir=f"{spec.state_dir.rstrip('/')}/{name}/{h.name}",
-                env={**spec.ray.env, **h.env},
+                # The head's ports `ray start` has no option for (rayports.node_env): the inventory's, whatever ray.env says.
+                env={**spec.ray.env, **(spec.container.env if spec.mode == "container" else {}), **h.env,
+                     **(rayports.node_env(spec.ray.model_dump()) if h.role == "head" else {})},
             )
         )
     return Inventory(
@@ -362,4 +425,5 @@ def load_inventory(path: str | Path, ssh_config: str | Path | None = None) -> In
         ray=spec.ray,
         container=spec.container,
         hosts=tuple(hosts),
+        secret_env=tuple(spec.secret_env),
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import rayports
 from ..scripts.hostrecord import LABEL_CLUSTER, LABEL_TOKEN
 from ..scripts.node_agent import hostport
 from .inventory import Host, Inventory
@@ -17,23 +18,22 @@ def ray_start_argv(inv: Inventory, host: Host, node_ip: str, head_ip: str) -> li
     r = inv.ray
     ray = host.ray if host.mode == "host" else "ray"
     argv = [ray, "start", "--block"]
+    ports = r.model_dump()
     if host.is_head:
         argv += [
             "--head",
-            "--port", str(r.port),
             # Reachable on the cluster network (for workers, `invoke run --cluster` and the
             # health gate), not on every interface: the dashboard has no authentication.
             "--dashboard-host", node_ip,
-            "--dashboard-port", str(r.dashboard_port),
-            "--ray-client-server-port", str(r.client_port),
         ]
     else:
         argv += ["--address", hostport(head_ip, r.port)]
     argv += [
         "--node-ip-address", node_ip,
         "--num-gpus", str(host.gpus),
-        # Fixed rather than random, so preflight can check that it is free.
-        "--dashboard-agent-listen-port", str(r.dashboard_agent_port),
+        # Every port pinned (rayports.py), none left to Ray's random choice: preflight checks
+        # them free, and a firewall can be written from docs/cluster.md's table ahead of time.
+        *rayports.node_argv(ports, host.is_head),
         # Our own temp dir per node: several nodes may share /tmp, and `ray stop` elsewhere
         # never finds our sessions through /tmp/ray.
         "--temp-dir", host.temp_dir,
@@ -64,9 +64,12 @@ def container_name(inv: Inventory, host: Host) -> str:
     return f"sf-ray-{inv.name}-{host.name}"
 
 
-def start_argv(inv: Inventory, host: Host, node_ip: str, head_ip: str, env: dict[str, str], token: str) -> list[str]:
+def start_argv(inv: Inventory, host: Host, node_ip: str, head_ip: str, env: dict[str, str], token: str, env_file: str | None = None) -> list[str]:
     """What the node agent runs on the host: `ray start` itself, or `docker run` around it.
-    `token`: the cluster token of the record (host mode: the agent puts it in the environment)."""
+    `token`: the cluster token of the record (host mode: the agent puts it in the environment).
+    `env_file`: the secrets file on the host (credentials.secret_file): container mode names it to
+    docker, which reads the values itself, so none is ever in this argv; host mode: the agent
+    reads it into `ray start`'s environment."""
     ray_argv = ray_start_argv(inv, host, node_ip, head_ip)
     if host.mode == "host":
         return ray_argv
@@ -83,6 +86,8 @@ def start_argv(inv: Inventory, host: Host, node_ip: str, head_ip: str, env: dict
         argv += ["--gpus", "all"]
     for key, value in env.items():
         argv += ["--env", f"{key}={value}"]
+    if env_file is not None:
+        argv += ["--env-file", env_file]
     argv += ["--volume", f"{host.temp_dir}:{host.temp_dir}"]
     for vol in c.volumes:
         argv += ["--volume", vol]
@@ -91,5 +96,5 @@ def start_argv(inv: Inventory, host: Host, node_ip: str, head_ip: str, env: dict
 
 
 def ports_for(inv: Inventory, host: Host) -> list[int]:
-    r = inv.ray
-    return [r.port, r.dashboard_port, r.client_port, r.dashboard_agent_port] if host.is_head else [r.dashboard_agent_port]
+    """The node's fixed ports, checked free before Ray starts (Ray skips a taken worker port itself)."""
+    return rayports.fixed_ports(inv.ray.model_dump(), host.is_head)

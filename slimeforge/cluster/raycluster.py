@@ -27,6 +27,7 @@ Seams (the defaults are what `invoke cluster.up` runs; tests inject others):
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ from .bringup import (
     preflight_phase,
     ray_phase,
 )
+from .credentials import secret_values
 from .hosttable import HostTable
 from .inventory import Inventory, load_inventory
 from .nodestart import ports_for, ray_env, start_argv
@@ -70,8 +72,10 @@ def up(
 ) -> ClusterAddress:
     """Bring the cluster up (see the module docstring); returns its address. The dry run: `plan`."""
     inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
+    values = secret_values(inv, os.environ)  # a secret named but not exported stops here, before any host is touched
     b = Bringup(inv, make_nodes(inv, runner, control_dir),
-                HostTable(f"cluster {inv.name}", [(h.name, h.role) for h in inv.hosts], PHASES, stream=stream, live=live))
+                HostTable(f"cluster {inv.name}", [(h.name, h.role) for h in inv.hosts], PHASES, stream=stream, live=live),
+                secret_values=values)
     with b.table:
         connect_phase(b)
         preflight_phase(b, host_checks)
@@ -129,6 +133,10 @@ def plan(inventory: Inventory | str | Path, *, nccl_check: bool = False, control
         "  HEAD_IP: the address the head answers ssh on (set node_ip on the head to choose it);",
         "  NODE_IP, IFACE: source address and interface of `ip -o route get HEAD_IP` on each host, found in preflight",
     ]
+    if inv.secret_env:
+        unset = [n for n in inv.secret_env if not os.environ.get(n)]
+        lines.append(f"  secrets (secret_env, names only): {', '.join(inv.secret_env)}"
+                     + (f"; NOT exported here: {', '.join(unset)} (cluster.up refuses until they are)" if unset else "; each exported here"))
     if inv.ssh_options.proxy_command:
         lines.append(f"  ssh proxy command (ssh.proxy_command; ssh runs it on THIS machine for every connection): {inv.ssh_options.proxy_command}")
     if inv.ssh_options.proxy_jump:
@@ -154,7 +162,11 @@ def plan(inventory: Inventory | str | Path, *, nccl_check: bool = False, control
             lines.append(f"  environment  docker pull {h.image}; docker image inspect; versions in the image (same digest, Python and Ray as the head)")
         if nccl_check and h.gpus > 0:
             lines.append(f"  environment  nccl_check.py --size-mb {NCCL_SIZE_MB} across {h.gpus} GPUs")
-        argv = start_argv(inv, h, ip, head_ip, env, "TOKEN")
+        env_file = f"{h.state_dir}/secrets-TOKEN.env" if inv.secret_env else None
+        if env_file:
+            lines.append(f"  secrets      {', '.join(inv.secret_env)} (names only): values from this environment, over ssh's stdin into "
+                         f"{env_file} (mode 0600), read by {'docker run --env-file' if h.mode == 'container' else 'the node agent into ray start' + chr(39) + 's environment'}, then removed")
+        argv = start_argv(inv, h, ip, head_ip, env, "TOKEN", env_file if h.mode == "container" else None)
         env_text = " ".join(f"{k}={v}" for k, v in env.items()) if h.mode == "host" else ""
         lines.append(f"  ray          {env_text + ' ' if env_text else ''}{' '.join(argv)}")
         lines.append("               (detached; pid, start time, boot id, argv and a cluster token recorded; ready when it prints 'Ray runtime started.')")

@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import re
 import secrets
+import sys
 import threading
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
@@ -49,6 +51,7 @@ from .agent import OddAnswer, agent, first_line, read_nodes
 from .bringup import Node, make_nodes, parallel
 from .hosttable import HostTable
 from .inventory import Inventory, load_inventory
+from .tunnel import jobs_api
 
 SHARED_FIX = "put it on a filesystem every host mounts at this path (NFS, Lustre, ...), or copy it to each host"
 
@@ -459,9 +462,11 @@ def judge(recipe: Recipe, inv: Inventory, ip_of: dict[str, str | None], nodes: l
 
 
 def cluster_env(inventory: str, *, dry_run: bool, ssh_config: str | None = None, runner: Runner | None = None,
-                control_dir: str | None = None, stream=None) -> Cluster:
-    """`invoke run --cluster INVENTORY`'s cluster: its Jobs API (from cluster.up's record), its
-    environment, and the recipe checks above as the run layer's callables."""
+                control_dir: str | None = None, stream=None, tunnel: str | None = None, tunnels: ExitStack | None = None) -> Cluster:
+    """`invoke run --cluster INVENTORY`'s cluster: its Jobs API (from cluster.up's record; over an
+    ssh tunnel that lives as long as `tunnels` when the dashboard does not answer directly, or
+    `tunnel` (else ssh.tunnel) says always), its environment, and the recipe checks above as the
+    run layer's callables."""
     from .record import address
 
     inv = load_inventory(inventory, ssh_config=ssh_config)  # --ssh-config: the user's own, as is
@@ -471,6 +476,10 @@ def cluster_env(inventory: str, *, dry_run: bool, ssh_config: str | None = None,
         if not dry_run:
             raise
         dashboard = f"<Jobs API of cluster {inv.name}: run cluster.up first>"  # a dry run shows the plan all the same
+    via = None
+    if dashboard.startswith("http"):
+        dashboard, via = jobs_api(inv, dashboard, mode=tunnel or inv.ssh_options.tunnel, dry_run=dry_run, stack=tunnels, runner=runner,
+                                  say=lambda line: print(line, file=stream or sys.stdout, flush=True))
 
     def ray_gate(recipe: Recipe, say) -> None:
         say(gate(recipe, inv, runner=runner, control_dir=control_dir))
@@ -483,6 +492,16 @@ def cluster_env(inventory: str, *, dry_run: bool, ssh_config: str | None = None,
         say(f"[slimeforge] cluster {inv.name}: every host holds the recipe's paths; checkpoint_dir is one filesystem"
             + (f" with room for a checkpoint ({_gib(check.need_bytes)}: {check.how})" if check.need_bytes else " (checkpoint size unknown: " + check.how + ")"))
 
-    return Cluster(name=str(inventory), address=dashboard, mode=inv.mode, image=inv.image, prefix=inv.head.prefix,
-                   python=inv.head.python, adopt=lambda r, mode_given: adopt(r, inv, mode_given), check=lambda r: static(r, inv), preflight=preflight,
-                   gate=ray_gate)
+    def credentials(recipe: Recipe, say, network: bool) -> None:
+        from .credentials import preflight as check_credentials
+
+        check_credentials(recipe, inv, say, network=network, runner=runner, control_dir=control_dir, stream=stream)
+
+    def check(recipe: Recipe) -> list[Problem]:
+        from .credentials import recipe_secret_problems
+
+        return static(recipe, inv) + recipe_secret_problems(recipe, inv)
+
+    return Cluster(name=str(inventory), address=dashboard, via=via, mode=inv.mode, image=inv.image, prefix=inv.head.prefix,
+                   python=inv.head.python, adopt=lambda r, mode_given: adopt(r, inv, mode_given), check=check, preflight=preflight,
+                   gate=ray_gate, credentials=credentials)

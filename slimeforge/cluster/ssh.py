@@ -57,6 +57,7 @@ class SSHOptions:
     extra: Mapping[str, str] = field(default_factory=dict)  # the allow list of sshconfig.OPTIONS (none runs a command)
     proxy_jump: str | None = None  # -J: a bastion
     proxy_command: str | None = None  # ProxyCommand: the inventory's explicit command proxy (e.g. AWS SSM)
+    tunnel: str = "auto"  # the Jobs API over ssh: auto, always, never (tunnel.py; no option of ssh's own)
 
 
 def default_control_dir() -> str:
@@ -90,8 +91,9 @@ class SSH:
     def name(self) -> str:
         return self.target.name
 
-    def base_argv(self) -> list[str]:
-        """`ssh` and its options, without destination and command."""
+    def base_argv(self, *, multiplex: bool = True) -> list[str]:
+        """`ssh` and its options, without destination and command. multiplex=False: a connection
+        of its own, never a ControlMaster's (a tunnel: its forward must end when its process does)."""
         o = self.options
         argv = ["ssh"]
         if o.config_file:
@@ -109,17 +111,27 @@ class SSH:
             # interval * count seconds instead of hanging until TCP gives up (hours).
             "-o", f"ServerAliveInterval={o.alive_interval}",
             "-o", f"ServerAliveCountMax={o.alive_count_max}",
-            # Reuse one connection per host for the dozen commands a bring-up sends: the first
-            # command opens a master, the others skip the TCP and key exchange handshakes.
-            "-o", "ControlMaster=auto",
-            # %C is a hash of (local host, remote host, port, user): short and unique per login.
-            "-o", f"ControlPath={self._control_dir}/%C",
-            # Keep the master for a while after the last command, so `cluster.status` right
-            # after `cluster.up` is quick too; it exits by itself afterwards.
-            "-o", f"ControlPersist={o.control_persist}",
-            # No "Warning: Permanently added ..." banners mixed into captured output.
-            "-o", "LogLevel=ERROR",
         ]
+        if multiplex:
+            argv += [
+                # Reuse one connection per host for the dozen commands a bring-up sends: the first
+                # command opens a master, the others skip the TCP and key exchange handshakes.
+                "-o", "ControlMaster=auto",
+                # %C is a hash of (local host, remote host, port, user): short and unique per login.
+                "-o", f"ControlPath={self._control_dir}/%C",
+                # Keep the master for a while after the last command, so `cluster.status` right
+                # after `cluster.up` is quick too; it exits by itself afterwards.
+                "-o", f"ControlPersist={o.control_persist}",
+            ]
+        else:
+            argv += [
+                # Neither use a master nor become one: a forward asked of a master would live on in
+                # the master after our process ends, and a master would keep our process alive.
+                "-o", "ControlMaster=no",
+                "-o", "ControlPath=none",
+            ]
+        # No "Warning: Permanently added ..." banners mixed into captured output.
+        argv += ["-o", "LogLevel=ERROR"]
         for key, value in o.extra.items():
             # The inventory's ssh.options, for what ssh_config cannot say per cluster (none that runs a command).
             argv += ["-o", f"{key}={value}"]

@@ -167,17 +167,31 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
 
         # First: a cluster that is not up (or an inventory that does not load) is the first thing to fix.
         cluster = find_cluster_of(req.address, req.cluster or recipe.cluster, find_cluster, dry_run)
+        if cluster.check is None and recipe.secret_env:  # --address: no inventory, nothing delivers them
+            raise ConfigError(req.recipe, [Problem(f"secret_env.{i}", f"cannot reach a job on {cluster.name}: secrets travel only to a cluster "
+                                                   "cluster.up brought up with them (the inventory's secret_env)", name,
+                                                   "--cluster INVENTORY with the name in its secret_env, or remove it from the recipe "
+                                                   "(the hosts' own environment must then have it)") for i, name in enumerate(recipe.secret_env)])
         recipe = on_cluster(recipe, cluster, mode=req.mode, prefix=req.prefix, image=req.image, dry_run=dry_run, stack=stack)
         target = ClusterTarget(cluster)
     else:
         recipe = resolve_mode(recipe, req.mode, req.prefix, req.image, require_image=not dry_run, stack=stack)
         target = local_target(recipe, None, **target_options(req, recipe))
+        if not dry_run and (missing := missing_secrets(recipe, environ)):  # a dry run warns (run_recipe)
+            raise ConfigError(req.recipe, missing)
         if recipe.mode == "container" and recipe.image and probe_image:
             layout, recipe, layout_note = layout_of_image(recipe, pull=not dry_run, docker=req.docker)
     out = Path(req.out) if req.out else paths.run_dir(recipe.exp_id)
     python = req.python or (sys.executable if req.in_place else None)
     return target, ResolvedRun(recipe, stack, out.resolve(), req.recipe, environ, req.catalog, tuple(req.skip_checks), req.network_checks,
                                python=python, layout=layout, layout_note=layout_note)
+
+
+def missing_secrets(recipe: Recipe, environ: dict[str, str]) -> list[Problem]:
+    """A local launch's secrets come from this environment: one named but not set would be missing in the job."""
+    return [Problem(f"secret_env.{i}", "is not set in this environment, so the job would run without it", name,
+                    f"export {name}=... in the shell that runs `invoke run`, or remove it from secret_env")
+            for i, name in enumerate(recipe.secret_env) if not environ.get(name)]
 
 
 def local_target(recipe: Recipe, address: str | None, cluster: str | None = None, **options: Any) -> Target:
@@ -217,6 +231,9 @@ def run_recipe(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster |
         stream.write("\n".join(describe(plan)) + "\n")
         for warning in dry_run_warnings(plan.run.recipe, plan.run.environ):
             print(f"warning: {warning}", file=sys.stderr)
+        if isinstance(target, (HostTarget, ContainerTarget)):
+            for p in missing_secrets(plan.run.recipe, plan.run.environ):
+                print(f"warning: {p} (a launch refuses it)", file=sys.stderr)
         return 0
     return apply(target, plan, runner or Runner(), stream)
 

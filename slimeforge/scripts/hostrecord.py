@@ -45,6 +45,10 @@ TOKEN_RE, BOOT_ID_RE = procproof.TOKEN_RE, procproof.BOOT_ID_RE
 CONTAINER_ID_RE = re.compile(r"[0-9a-f]{64}")
 CLUSTER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # inventory.NAME_RE
 OURS, ENDED, FOREIGN = procproof.OURS, procproof.ENDED, procproof.FOREIGN
+# The NAMES of the secrets `start` put in Ray's environment (never a value): optional, as records
+# written before it have none.
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+MAX_SECRETS = 64
 PROCESS_KEYS = {"pid", "starttime", "boot_id", "argv", "token", "cluster", "started_at"}
 CONTAINER_KEYS = {"container", "argv", "token", "cluster", "started_at"}
 
@@ -52,7 +56,7 @@ CONTAINER_KEYS = {"container", "argv", "token", "cluster", "started_at"}
 # The safe reading of a record and the proofs about a pid: procproof.py, shared with headrecord.py
 # (the names stay here for the node agent).
 RecordError, read_regular = procproof.RecordError, procproof.read_regular
-proc_stat, boot_id, argv_matches = procproof.proc_stat, procproof.boot_id, procproof.argv_matches
+proc_stat, boot_id, argv_matches, proc_words = procproof.proc_stat, procproof.boot_id, procproof.argv_matches, procproof.proc_words
 
 
 # --- the record ----------------------------------------------------------------------------------
@@ -77,8 +81,11 @@ def record_problem(doc):
     if not isinstance(doc, dict):
         return "is not a JSON object"
     keys = PROCESS_KEYS if "pid" in doc else CONTAINER_KEYS
-    if set(doc) != keys:
-        return f"has the keys {sorted(doc)[:12]}, not {sorted(keys)}"
+    if set(doc) - {"secret_env"} != keys:
+        return f"has the keys {sorted(doc)[:12]}, not {sorted(keys)} (and secret_env)"
+    names = doc.get("secret_env", [])
+    if not (isinstance(names, list) and len(names) <= MAX_SECRETS and all(isinstance(n, str) and ENV_NAME_RE.fullmatch(n) for n in names)):
+        return "has a secret_env that is not a list of environment variable names"
     argv = doc["argv"]
     if not (isinstance(argv, list) and 1 <= len(argv) <= MAX_ARGV
             and all(isinstance(a, str) and len(a) <= MAX_ARG and "\0" not in a for a in argv)):

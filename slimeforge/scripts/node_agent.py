@@ -228,7 +228,66 @@ def _start_problem(p):
     return None if hostrecord.is_ray_start(argv) else "argv is not `ray start --block ...`"
 
 
+# --- secrets: the env file cluster.up writes over ssh's stdin (cluster/credentials.py) ----------
+
+SECRET_FILE_RE = re.compile(r"secrets-[0-9a-f]{32}\.env")
+ENV_LINE_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]{0,127})=([^\n\0]*)")
+MAX_SECRET_FILE = 1 << 20
+
+
+def secret_file_problem(path, state_dir):
+    """Why `path` is not an env file cluster.up may name (in the state dir, by its token)."""
+    if not (isinstance(path, str) and os.path.isabs(path) and os.path.dirname(path) == state_dir
+            and SECRET_FILE_RE.fullmatch(os.path.basename(path))):
+        return "env_file is not secrets-<token>.env in this host's state directory"
+    return None
+
+
+def read_env_file(path):
+    """{NAME: value} of the env file: a regular file of ours, mode 0600, `NAME=value` lines (the
+    format of `docker run --env-file`). Raises RecordError naming the file, never showing a value."""
+    data = hostrecord.read_regular(path, MAX_SECRET_FILE)
+    if data is None:
+        raise RecordError(path + ": the secrets file is not there (cluster.up writes it right before the start)")
+    st = os.stat(path)
+    if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        raise RecordError(path + ": the secrets file is not this user's alone (mode 0600): nothing started with it")
+    out = {}
+    for n, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+        m = ENV_LINE_RE.fullmatch(line)
+        if not m:
+            raise RecordError(f"{path}: line {n} is not NAME=value")
+        out[m.group(1)] = m.group(2)
+    return out
+
+
+def remove_quietly(path):
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
 def cmd_start(p):
+    """start, and in every case the secrets file (if named) removed before the answer."""
+    env_file = p.get("env_file")
+    if env_file is None:
+        return _start(p, None)
+    state_dir = os.path.expanduser(p.get("state_dir", ""))
+    why = secret_file_problem(env_file, state_dir)
+    if why:
+        return {"ok": False, "error": why + "; nothing started"}
+    try:
+        try:
+            secrets = read_env_file(env_file)
+        except RecordError as exc:
+            return {"ok": False, "error": f"{exc}; nothing started"}
+        return _start(p, secrets)
+    finally:
+        remove_quietly(env_file)  # docker has read it (`docker run` returned) or it is in ray start's environment
+
+
+def _start(p, secrets):
     why = _start_problem(p)
     if why:
         return {"ok": False, "error": why + "; nothing started"}
@@ -254,6 +313,12 @@ def cmd_start(p):
     env = dict(os.environ, **p.get("env", {}), **{hostrecord.TOKEN_ENV: p["token"]})
     argv = p["argv"]
     base = {"argv": argv, "token": p["token"], "cluster": p["cluster"], "started_at": time.time()}
+    if secrets is not None:
+        if p.get("container") and "--env-file" not in argv:
+            return {"ok": False, "error": "a secrets file was sent but argv has no --env-file; nothing started"}
+        if not p.get("container"):
+            env.update(secrets)  # `ray start`'s environment: every raylet and worker inherits it
+        base["secret_env"] = sorted(secrets)  # names only: `invoke run --cluster` compares a recipe's secret_env
     if p.get("container"):
         r = subprocess.run(argv, capture_output=True, text=True, env=env)
         cid = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
@@ -435,6 +500,95 @@ def cmd_nodes(p):
     if why:
         return {"error": f"{url}: {why}"}
     return {"nodes": nodes, "odd": odd}
+
+
+# --- AWS credentials as the job on this host sees them (cluster/credentials.py) ---------------
+# Run with the job's own python and environment: host mode, the environment of the recorded
+# `ray start` (every Ray worker inherits it); container mode, `docker exec` in the recorded
+# container. Standard library and boto3 (boto3 missing there is itself the finding).
+AWS_PROBE = r"""
+import json, os, sys
+a = json.loads(sys.argv[1])
+hide = [os.environ[n] for n in a.get("secret_env", []) + ["AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"] if len(os.environ.get(n, "")) >= 4]
+def said(text):
+    for v in hide:
+        text = text.replace(v, "***")
+    return text[:300]
+out = {"secret_env_set": [n for n in a.get("secret_env", []) if os.environ.get(n)]}
+if not a.get("aws"):
+    print(json.dumps(out)); sys.exit(0)
+try:
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import ClientError
+except ImportError as exc:
+    out["error"] = "boto3 is not installed in the job's environment here (%s)" % exc
+    print(json.dumps(out)); sys.exit(0)
+out["boto3"] = boto3.__version__
+def err(exc):
+    if isinstance(exc, ClientError):
+        e = exc.response.get("Error", {})
+        return said("%s: %s" % (e.get("Code", "?"), e.get("Message", "")))
+    return said("%s: %s" % (type(exc).__name__, exc))
+cfg = Config(connect_timeout=5, read_timeout=10, retries={"max_attempts": 1})
+try:
+    s = boto3.Session(region_name=a.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1")
+    c = s.get_credentials()
+except Exception as exc:
+    out["credentials"] = {"error": err(exc)}
+    c = None
+if c is None:
+    out.setdefault("credentials", {"error": "no AWS credentials (environment, ~/.aws files, instance role)"})
+else:
+    out["credentials"] = {"method": c.method}
+    try:
+        out["identity"] = {"arn": s.client("sts", config=cfg).get_caller_identity()["Arn"]}
+    except Exception as exc:
+        out["identity"] = {"error": err(exc)}
+    if a.get("bucket"):
+        try:
+            s.client("s3", config=cfg).head_bucket(Bucket=a["bucket"])
+            out["s3"] = {"ok": True}
+        except Exception as exc:
+            out["s3"] = {"error": err(exc)}
+    if a.get("runtime_id"):
+        try:
+            r = s.client("bedrock-agentcore-control", config=cfg).get_agent_runtime(agentRuntimeId=a["runtime_id"])
+            out["agentcore"] = {"status": str(r.get("status"))}
+        except Exception as exc:
+            out["agentcore"] = {"error": err(exc)}
+print(json.dumps(out))
+"""
+
+
+def cmd_awscheck(p):
+    """p: {"state_dir", "python" (host mode: the environment's), "args": {"bucket", "runtime_id", "region"}}.
+    Answers {"secret_env": names delivered at start, "probe": AWS_PROBE's answer} or {"error"}."""
+    state_dir = os.path.expanduser(p["state_dir"])
+    record, state, why, running = record_state(state_dir)
+    if record is None or state == hostrecord.FOREIGN or not running:
+        return {"error": f"no Ray of ours runs here ({why}): run `invoke cluster.up` first"}
+    names = record.get("secret_env", [])
+    payload = json.dumps(dict(p.get("args", {}), secret_env=names))
+    if "container" in record:
+        argv, env = ["docker", "exec", "-i", "--", record["container"], "python3", "-", payload], None
+    else:
+        words = hostrecord.proc_words(record["pid"], "environ")
+        if words is None:
+            return {"secret_env": names, "error": f"cannot read the environment of pid {record['pid']}"}
+        env = dict(w.split("=", 1) for w in words if "=" in w)
+        argv = [p.get("python") or "python3", "-", payload]
+    try:
+        r = subprocess.run(argv, input=AWS_PROBE, capture_output=True, text=True, env=env, timeout=p.get("timeout", 90))
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"secret_env": names, "error": f"{argv[0]}: {exc}"}
+    for line in reversed(r.stdout.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                return {"secret_env": names, "probe": json.loads(line)}
+            except ValueError:
+                break
+    return {"secret_env": names, "error": f"the probe exited {r.returncode}: {r.stderr.strip()[-300:]}"}
 
 
 # --- a recipe's paths on this host (cluster/runcheck.py) -------------------------------------
@@ -718,7 +872,7 @@ def slurm_paths(p, is_head):
 
 
 COMMANDS = {"facts": cmd_facts, "start": cmd_start, "wait": cmd_wait, "stop": cmd_stop, "nodes": cmd_nodes, "runcheck": cmd_runcheck,
-            "slurm-check": cmd_slurm_check}
+            "awscheck": cmd_awscheck, "slurm-check": cmd_slurm_check}
 
 
 def main(argv):

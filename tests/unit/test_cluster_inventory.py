@@ -65,7 +65,7 @@ def test_every_problem_is_reported_at_once(tmp_path):
     assert "pinned by digest" in found["image"]
     assert "names no file" in found["ssh.key"]
     assert "is not an ssh option slimeforge passes" in found["ssh.options"]
-    assert "must differ" in found["ray"]
+    assert "must differ" in found["ray.dashboard_port"]
     assert text.startswith(f"{tmp_path / 'lab.yaml'}: {len(err.value.problems)} problem(s):")
 
 
@@ -120,7 +120,8 @@ def test_effective_settings_per_host(tmp_path):
     assert b.python == "/other/venv/bin/python" and b.ray == "/other/venv/bin/ray"
     assert a.lock_path == "/opt/sf/stack.lock.json"
     assert (a.num_cpus, b.num_cpus) == (4, 2)
-    assert a.env == {"NCCL_IB_HCA": "mlx5", "X": "cluster"} and b.env["X"] == "host"
+    # The head's also pins the two metrics ports `ray start` has no option for (rayports.py).
+    assert a.env == {"NCCL_IB_HCA": "mlx5", "X": "cluster", "AUTOSCALER_METRIC_PORT": "10002", "DASHBOARD_METRIC_PORT": "10003"} and b.env["X"] == "host"
     # Per-host state and temp dirs: hosts may share a home directory or /tmp.
     assert (a.state_dir, b.state_dir) == ("/var/lib/sf/lab/a", "/var/lib/sf/lab/b")
     assert a.temp_dir == default_temp_dir("lab", "a") != b.temp_dir

@@ -39,14 +39,21 @@ def test_ray_start_argv_head_and_worker(host_inventory):
     inv = host_inventory
     head, worker = inv.hosts
     assert nodestart.ray_start_argv(inv, head, "10.0.0.1", "10.0.0.1") == [
-        "/opt/sf/venv/bin/ray", "start", "--block", "--head", "--port", "6379",
-        "--dashboard-host", "10.0.0.1", "--dashboard-port", "8265", "--ray-client-server-port", "10001",
-        "--node-ip-address", "10.0.0.1", "--num-gpus", "8", "--dashboard-agent-listen-port", "52365",
+        "/opt/sf/venv/bin/ray", "start", "--block", "--head", "--dashboard-host", "10.0.0.1",
+        "--node-ip-address", "10.0.0.1", "--num-gpus", "8",
+        # Every port pinned (rayports.py): the head's own, then every node's, then the worker range.
+        "--port", "6379", "--dashboard-port", "8265", "--ray-client-server-port", "10001",
+        "--node-manager-port", "10004", "--object-manager-port", "10005", "--runtime-env-agent-port", "10006",
+        "--dashboard-agent-grpc-port", "10007", "--dashboard-agent-listen-port", "10008", "--metrics-export-port", "10009",
+        "--min-worker-port", "10100", "--max-worker-port", "19999",
         "--temp-dir", head.temp_dir, "--disable-usage-stats", "--num-cpus", "1", "--object-store-memory", "104857600",
     ]  # fmt: skip
     argv = nodestart.ray_start_argv(inv, worker, "10.0.0.2", "10.0.0.1")
     assert argv[:5] == ["/opt/sf/venv/bin/ray", "start", "--block", "--address", "10.0.0.1:6379"]
     assert "--head" not in argv and "--dashboard-host" not in argv
+    # A worker pins every node's ports, not the head's own (GCS, dashboard, client server).
+    assert not {"--port", "--dashboard-port", "--ray-client-server-port"} & set(argv)
+    assert argv[argv.index("--node-manager-port") + 1] == "10004" and argv[argv.index("--max-worker-port") + 1] == "19999"
     assert argv[argv.index("--node-ip-address") + 1] == "10.0.0.2" and argv[argv.index("--num-gpus") + 1] == "0"
 
 

@@ -52,6 +52,8 @@ ENTRYPOINT = "bash job.sh"
 # Checks of the doctor that mean the same on a cluster as here (the rest read this host's GPUs,
 # ports and paths: the cluster's hosts are checked by Cluster.preflight instead).
 LOCAL_CHECKS = ("flags", "versions", "aws-credentials", "s3", "agentcore", "wandb")
+# With an inventory, AWS is checked on every host (cluster/credentials.py), never with this machine's credentials.
+CLUSTER_CHECKS = ("flags", "versions", "wandb")
 WAIT_STATUS_S = 120
 
 
@@ -60,7 +62,8 @@ class Cluster:
     """The cluster a job goes to, as the caller found it (tasks.py: cluster/runcheck.cluster_env)."""
 
     name: str  # the inventory, or the address given
-    address: str  # its Jobs API, http://HEAD:PORT
+    address: str  # its Jobs API, http://HEAD:PORT (or an ssh tunnel's http://127.0.0.1:PORT, alive while the launch runs)
+    via: str | None = None  # how the Jobs API is reached when not directly (cluster/tunnel.py), for the plan's notes
     mode: str | None = None  # None: not known (--address)
     image: str | None = None
     prefix: str | None = None
@@ -69,6 +72,8 @@ class Cluster:
     check: Callable[[Recipe], list[Problem]] | None = None  # static: from the inventory alone
     preflight: Callable[[Recipe, Say], None] | None = None  # live: on every host; raises naming the hosts
     gate: Callable[[Recipe, Say], None] | None = None  # Ray's ALIVE nodes cover the recipe (preflight runs it first); again before a restart
+    # live, on every host in the job's own environment (secrets delivered, AWS); (recipe, say, network)
+    credentials: Callable[[Recipe, Say, bool], None] | None = None
 
 
 def find_cluster_of(address: str | None, cluster: str | None, find: Callable[[str, bool], Cluster] | None, dry_run: bool) -> Cluster:
@@ -150,9 +155,13 @@ class ClusterTarget(jobs.JobsApiTarget):
         cmd = Command(argv, "Jobs API submit")
         notes = [f"the job goes to the running Ray cluster {self.cluster.name} through its Jobs API, from this machine "
                  "(no container, GPU or image here); the entrypoint runs on its head in the cluster's environment",
-                 f"working_dir: {', '.join(JOB_FILES)} travel with the submission; secrets (WANDB_API_KEY, AWS_*) come from the hosts' environment"]
+                 f"working_dir: {', '.join(JOB_FILES)} travel with the submission; secrets: "
+                 + (f"{', '.join(run.recipe.secret_env)} (names only), delivered to every host's Ray by cluster.up (the inventory's secret_env)"
+                    if run.recipe.secret_env else "none named; AWS credentials are the hosts' own (instance role, ~/.aws or the inventory's secret_env)")]
         env = f"image {run.recipe.image}" if run.recipe.mode == "container" else f"prefix {run.recipe.install_prefix or '(none)'}"
         notes.append(f"{run.recipe.mode} mode, {env}" + (" (the cluster's)" if self.cluster.mode else ""))
+        if self.cluster.via:
+            notes.append(self.cluster.via)
         if self.cluster.mode is None:
             notes.append(f"{self.cluster.name} names no inventory: the recipe's mode, image, prefix and paths are not checked against the cluster")
         rundir = amend_plan(rundir, files=files, target=self.name, commands=[list(argv)], cluster=self.cluster.name,
@@ -167,13 +176,16 @@ class ClusterTarget(jobs.JobsApiTarget):
         # the flag catalog comes from --catalog or a local build of the stack.
         here = run.recipe.model_copy(update={"image": None})
         report = run_checks(here, run.stack, args=plan.rundir.args, address=self.cluster.address, catalog=run.catalog,
-                            skip=run.skip_checks, only=LOCAL_CHECKS, network=run.network_checks, environ=run.environ,
+                            skip=run.skip_checks, only=LOCAL_CHECKS if self.cluster.credentials is None else CLUSTER_CHECKS,
+                            network=run.network_checks, environ=run.environ,
                             runner=runner)
         say(report.table())
         if report.errors:
             raise PreflightError(f"preflight of {run.recipe_path}", report)
         if self.cluster.preflight is not None:
             self.cluster.preflight(run.recipe, say)
+        if self.cluster.credentials is not None:
+            self.cluster.credentials(run.recipe, say, run.network_checks)
 
     def apply(self, plan: LaunchPlan, runner: Runner, say: Say, stream: IO[str]) -> int:
         from .local import write_launch_records

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ... import __version__, records, scripts
+from ... import __version__, rayports, records, scripts
 from ...atomic import write_file
 from ...errors import ConfigError, OperationFailed, Problem, SlimeforgeError
 from ...proc import Runner
@@ -48,7 +48,7 @@ from .slurm_checks import cluster_findings, enroot_findings
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 TIME_RE = re.compile(r"(?:([0-9]{1,3})-)?([0-9]{1,2}):([0-5][0-9]):([0-5][0-9])")
 MAX_NODES = 4096
-RAY_AGENT_PORT = 52365  # the dashboard agent's port, fixed (as cluster.up) so the checks can test it
+RAY_AGENT_PORT = rayports.DEFAULTS["dashboard_agent_listen_port"]  # every port fixed as cluster.up does (rayports.py), so the checks can test them
 START_TIMEOUT_S = 300
 VISIBLE = "visible.token"  # in the run directory: each node reads it back (the run directory is shared)
 # Bounded waits: sbatch retries a controller that does not answer for a while (MessageTimeout,
@@ -122,17 +122,23 @@ def ray_argv(recipe: Recipe, ray: str, *, head: bool) -> list[str]:
     argv = [ray, "start", "--block"]
     if head:
         # The dashboard (Jobs API) on the cluster network only: it has no authentication.
-        argv += ["--head", "--port", str(recipe.ray_port), "--dashboard-host", "@NODE_IP@", "--dashboard-port", str(recipe.ray_dashboard_port)]
+        argv += ["--head", "--dashboard-host", "@NODE_IP@"]
     else:
         argv += ["--address", f"@HEAD_IP@:{recipe.ray_port}"]
     return argv + [
         "--node-ip-address", "@NODE_IP@",
         "--num-gpus", str(recipe.num_gpus),
-        "--dashboard-agent-listen-port", str(RAY_AGENT_PORT),
+        # Every port pinned, with cluster.up's defaults (rayports.py; docs/cluster.md's firewall table).
+        *rayports.node_argv(ray_ports(recipe), head),
         # Short (Ray's socket paths live below it), per job and node: nodes may share /tmp.
         "--temp-dir", "/tmp/sfr-@JOB@-@NODE@",
         "--disable-usage-stats",
     ]
+
+
+def ray_ports(recipe: Recipe) -> dict[str, int]:
+    """cluster.up's default ports, with the recipe's GCS and dashboard ports."""
+    return {**rayports.DEFAULTS, "port": recipe.ray_port, "dashboard_port": recipe.ray_dashboard_port}
 
 
 def node_paths(recipe: Recipe, image_file: str | None) -> list[dict[str, Any]]:
@@ -159,7 +165,8 @@ def sbatch_vars(recipe: Recipe, run_dir: Path, opts: Options, mounts: tuple[Moun
     checkpoint = {"dir": recipe.resolved_checkpoint_dir, "token": marker}
     image_file = container_image if container and container_image and container_image.startswith("/") else None
     ray_cmd = "ray" if container else ray
-    head_ports = [recipe.ray_port, recipe.ray_dashboard_port]
+    node_ports = rayports.fixed_ports(ray_ports(recipe), head=False)
+    head_ports = [p for p in rayports.fixed_ports(ray_ports(recipe), head=True) if p not in node_ports]
     return {
         "version": __version__,
         "exp_id": recipe.exp_id,
@@ -176,7 +183,7 @@ def sbatch_vars(recipe: Recipe, run_dir: Path, opts: Options, mounts: tuple[Moun
         "python": "python3" if container else python,
         "dashboard_port": recipe.ray_dashboard_port,
         "container_args": container_args,
-        "check_params": json.dumps({"gpus": recipe.num_gpus, "ports": [RAY_AGENT_PORT], "head_ports": head_ports,
+        "check_params": json.dumps({"gpus": recipe.num_gpus, "ports": node_ports, "head_ports": head_ports,
                                     "programs": [] if container else [ray],
                                     "visible": {"path": str(run_dir / VISIBLE), "token": marker},
                                     "paths": node_paths(recipe, image_file), "checkpoint": checkpoint}),
