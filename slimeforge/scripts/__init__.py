@@ -12,7 +12,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 # The scripts each script imports (by name, registered first): a program carries them all.
-NEEDS: dict[str, tuple[str, ...]] = {"hostrecord": ("procproof",), "headrecord": ("procproof",), "node_agent": ("hostrecord",)}
+NEEDS: dict[str, tuple[str, ...]] = {"hostrecord": ("procproof",), "headrecord": ("procproof",), "node_agent": ("hostrecord",),
+                                     "slurm_agent": ("node_agent",)}
 
 
 def _with_needs(names: tuple[str, ...]) -> list[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -269,3 +270,13 @@ def test_the_program_launch_sh_runs_needs_only_the_standard_library(tmp_path, st
         r = run_program(*bad)
         assert r.returncode == 2 and r.stderr and "Traceback" not in r.stderr, bad
     assert all(line != "PY" for line in scripts.headrecord_program().splitlines())  # launch.sh's heredoc ends at PY
+
+
+def test_every_script_a_script_imports_travels_in_its_program():
+    """A script imports another by name (registered by scripts.program): NEEDS must say so, or the
+    program sent to a host lacks it."""
+    for path in sorted(scripts.HERE.glob("*.py")):
+        imported = set(re.findall(r'import_module\("([a-z_]+)"\)', path.read_text()))
+        assert imported == set(scripts.NEEDS.get(path.stem, ())), path.name
+        program = scripts.program(path.stem) if path.stem != "__init__" else ""
+        assert all(f"'{name}'" in program for name in imported), path.name
