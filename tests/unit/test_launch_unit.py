@@ -243,7 +243,7 @@ def test_launch_sh_stops_only_the_head_its_record_proves(gpu_host):
     argv = ["ray", "start", "--head", "--block", "--port", str(recipe.ray_port)]
     impostors = {
         # `--head` is one of its words, and it was recorded with the right pid, start time and boot id.
-        "is not the recorded `ray start --head`": [sys.executable, "-c", "import time; time.sleep(300)", "--head"],
+        "is not the `ray start --head` recorded": [sys.executable, "-c", "import time; time.sleep(300)", "--head"],
         # The exact argv of a head (the stand-in `ray`), started by hand: no run token in its environment.
         "does not carry the run token": [str(bin_dir / "ray"), *argv[1:]],
     }
