@@ -19,6 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 STANDIN_SLIME = ROOT / "tests" / "fixtures" / "slime"
 REPO = "slimeforge-test/lab-ray"
+# The lab registry's storage, kept between runs like the image itself: an image pushed once (by
+# its id) is not pushed again. Only ever written by netlab.NetLab.publish.
+REGISTRY_STORE = Path("/var/tmp/slimeforge-test/lab-registry")
 
 # The Ray steps are those of tests/integration/test_run_in_image.py: BuildKit reuses its layers.
 DOCKERFILE = """\

@@ -29,7 +29,6 @@ Used by tests/integration/cluster/conftest.py and benchmarks/cluster_bench.py.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -38,6 +37,8 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,6 +89,7 @@ class NetLab:
     size: int
     private: tuple[str, ...] = ()  # paths each host sees as its own (a tmpfs per host); "{workdir}" is the lab's
     docker: bool = False  # a Docker daemon per host, in its namespaces, and a registry on the gateway
+    registry_store: Path | None = None  # the registry's storage, kept between runs (default: in the workdir)
     tag: str = field(default_factory=lambda: f"sfc{os.getpid() % 10000:04d}{random.randrange(16**2):02x}")
     hosts: list[LabHost] = field(default_factory=list)
     subnet: str = ""
@@ -301,19 +303,37 @@ class NetLab:
         host.sshd_pid = proc.pid
 
     def _registry(self) -> None:
-        """A distribution registry on the gateway's address (plain HTTP: the daemons allow it)."""
+        """The lab's distribution registry on the gateway's address (plain HTTP: the daemons allow it)."""
+        proc, _ = self._registry_process(self.registry, "lab")
+        self._daemons.append(proc)
+        self._wait_for_registry(self.registry, proc)
+
+    def _registry_process(self, addr: str, name: str) -> tuple[subprocess.Popen, str]:
         w = self.workdir / "registry"
-        w.mkdir()
-        (w / "config.yml").write_text(
+        w.mkdir(exist_ok=True)
+        store = self.registry_store or w / "data"
+        (w / f"{name}.yml").write_text(
             "version: 0.1\n"
             "log: {level: warn}\n"
-            f"storage: {{filesystem: {{rootdirectory: {w / 'data'}}}, delete: {{enabled: true}}}}\n"
-            f"http: {{addr: '{self.registry}'}}\n"
+            f"storage: {{filesystem: {{rootdirectory: '{store}'}}}}\n"
+            f"http: {{addr: '{addr}'}}\n"
         )
-        log = open(w / "registry.log", "w")
-        proc = subprocess.Popen([REGISTRY, "serve", str(w / "config.yml")], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log = open(w / f"{name}.log", "w")
+        proc = subprocess.Popen([REGISTRY, "serve", str(w / f"{name}.yml")], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
-        self._daemons.append(proc)
+        return proc, addr
+
+    def _wait_for_registry(self, addr: str, proc: subprocess.Popen) -> None:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                _direct.open(f"http://{addr}/v2/", timeout=5).close()
+                return
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    logs = "".join(f"\n--- {p.name}: {p.read_text()[-1500:]}" for p in sorted((self.workdir / "registry").glob("*.log")))
+                    raise RuntimeError(f"registry on {addr} did not answer{logs}") from None
+                time.sleep(0.1)
 
     def _dockerd(self, host: LabHost) -> None:
         """dockerd in the host's network and mount namespaces (its sshd's): `--network host` is the
@@ -356,21 +376,43 @@ class NetLab:
 
     def publish(self, image: str, repo: str = "slimeforge-lab") -> str:
         """Put `image` (of this machine's engine) in the lab's registry: REGISTRY/REPO@sha256:...
-        It goes through the first host's daemon (this machine's engine cannot reach the registry
-        over plain HTTP); the other hosts pull it from the registry themselves."""
-        h = self.hosts[0]
-        save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
-        load = subprocess.run(["docker", "-H", f"unix://{self.docker_socket(h)}", "load"], stdin=save.stdout, capture_output=True, timeout=900)
-        assert save.stdout is not None
-        save.stdout.close()
-        if save.wait() != 0 or load.returncode != 0:
-            raise RuntimeError(f"docker save {image} | docker load on {h.name} failed: {load.stderr.decode(errors='replace')[-1000:]}")
-        tagged = f"{self.registry}/{repo}:lab"
-        self.docker_cli(h, "tag", image, tagged)
-        self.docker_cli(h, "push", tagged, timeout=900)
-        digests = json.loads(self.docker_cli(h, "image", "inspect", "--format", "{{json .RepoDigests}}", tagged).stdout)
-        ref = next(d for d in digests if d.startswith(f"{self.registry}/{repo}@sha256:"))
-        return ref
+        (what `invoke publish` prints). This machine's engine pushes it to a second registry process
+        on 127.0.0.1 (plain HTTP is allowed there) that writes the same storage; with a
+        `registry_store` kept between runs, an image pushed once is found there by its id."""
+        image_id = sh("docker", "image", "inspect", "--format", "{{.Id}}", image).stdout.strip()
+        tag = image_id.removeprefix("sha256:")[:16]
+        digest = self.manifest_digest(repo, tag)
+        if digest is None:
+            feeder = self._registry_process(f"127.0.0.1:{_free_port()}", "feeder")
+            try:
+                self._wait_for_registry(feeder[1], feeder[0])
+                local = f"{feeder[1]}/{repo}:{tag}"
+                sh("docker", "tag", image, local)
+                try:
+                    r = sh("docker", "push", local, check=False)
+                    if r.returncode != 0:
+                        raise RuntimeError(f"docker push {local} failed: {r.stderr[-1000:]}")
+                finally:
+                    sh("docker", "image", "rm", local, check=False)  # the tag only: the image stays
+            finally:
+                feeder[0].terminate()
+                feeder[0].wait(timeout=30)
+            digest = self.manifest_digest(repo, tag)
+        if digest is None:
+            raise RuntimeError(f"the lab registry {self.registry} has no {repo}:{tag} after the push")
+        return f"{self.registry}/{repo}@{digest}"
+
+    def manifest_digest(self, repo: str, tag: str) -> str | None:
+        """The digest the lab's registry serves for repo:tag (None: not there)."""
+        req = urllib.request.Request(f"http://{self.registry}/v2/{repo}/manifests/{tag}", method="HEAD",
+                                     headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+        try:
+            with _direct.open(req, timeout=30) as resp:
+                return resp.headers.get("Docker-Content-Digest")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
 
     @property
     def private_paths(self) -> list[str]:
@@ -459,6 +501,15 @@ class NetLab:
             except OSError:
                 pass
         self._made.clear()
+
+
+_direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the lab's addresses: never through a proxy
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def cgroup_mounts() -> list[tuple[str, str, str]]:

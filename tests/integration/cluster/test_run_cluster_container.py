@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cluster_helpers import write_inventory
+from lab_image import REGISTRY_STORE
 from launch_support import FIXTURES, write_catalog
 from netlab import NetLab, can_create_namespaces, can_run_docker_lab
 
@@ -46,7 +47,7 @@ def clab(tmp_path_factory, request):
         pytest.skip(f"cannot run a Docker daemon per lab host here: {why}")
     image = request.getfixturevalue("ray_image_for_lab")  # after the checks: a machine without the lab builds nothing
     hidden = str(tmp_path_factory.getbasetemp())  # this machine's run directories: no host sees them
-    lab = NetLab(3, docker=True, private=("{workdir}/local", "{workdir}/ray", "{workdir}/state", hidden)).start()
+    lab = NetLab(3, docker=True, registry_store=REGISTRY_STORE, private=("{workdir}/local", "{workdir}/ray", "{workdir}/state", hidden)).start()
     try:
         yield lab, lab.publish(image)
     finally:
@@ -170,7 +171,10 @@ def watch_running(out: Path, dashboard: str, seen: dict[str, float], stop: threa
         sid = out / "submission_id"
         if sid.exists() and sid.read_text().strip():
             client = client or JobSubmissionClient(dashboard)
-            status = str(client.get_job_status(sid.read_text().strip()))
+            try:
+                status = str(client.get_job_status(sid.read_text().strip()))
+            except RuntimeError:  # recorded before it is submitted: not there yet
+                status = ""
             if status.endswith(("RUNNING", "SUCCEEDED", "FAILED", "STOPPED")):
                 seen[status.rsplit(".", 1)[-1]] = time.monotonic()
                 return
