@@ -363,7 +363,11 @@ class NetLab:
         log.close()
         self._daemons.append(proc)
 
-    storage_driver = "overlay2"
+    @property
+    def storage_driver(self) -> str:
+        # overlay2 cannot stack on overlayfs (a workdir inside a container): vfs there, slow but sure.
+        fs = sh("stat", "-f", "-c", "%T", str(self.workdir), check=False).stdout.strip()
+        return "vfs" if fs == "overlayfs" else "overlay2"
 
     def _wait_for_dockerd(self) -> None:
         deadline = time.monotonic() + 90
