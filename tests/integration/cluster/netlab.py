@@ -347,11 +347,9 @@ class NetLab:
         config.write_text("{}\n")  # not /etc/docker/daemon.json: this machine's engine's
         # `ip netns exec` gave the host's namespace a sysfs of its own, without this machine's
         # cgroup hierarchies under /sys/fs/cgroup: mount the same ones there (dockerd needs them).
-        mounts = ["mount -t tmpfs -o mode=0755 cgroup /sys/fs/cgroup"]
-        for target, fstype, options in cgroup_mounts():
-            mounts.append(f"mkdir -p {target} && mount -t {fstype} -o {options} {fstype} {target}")
+        mounts = [f"mkdir -p {target} && mount -t {fstype} -o {options} {fstype} {target}" for target, fstype, options in cgroup_mounts()]
         argv = ["nsenter", "--target", str(host.sshd_pid), "--mount", "--net", "--",
-                "sh", "-c", " && ".join(mounts) + ' && exec "$@"', "sh",
+                "sh", "-c", " && ".join([*mounts, 'exec "$@"']), "sh",
                 "dockerd", "--config-file", str(config), "--host", f"unix://{self.docker_socket(host)}",
                 "--data-root", str(w / "dr" / host.name), "--exec-root", str(w / "dx" / host.name),
                 "--pidfile", str(w / "dx" / f"{host.name}.pid"), "--storage-driver", self.storage_driver,
@@ -517,13 +515,16 @@ def _free_port() -> int:
 
 
 def cgroup_mounts() -> list[tuple[str, str, str]]:
-    """(mount point, fstype, options) of this machine's cgroup hierarchies under /sys/fs/cgroup."""
+    """(mount point, fstype, options) of this machine's /sys/fs/cgroup, in mount order: cgroup v1's
+    tmpfs and a hierarchy per controller below it, or cgroup v2's one hierarchy there."""
     found = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         left, _, right = line.partition(" - ")
         target = left.split()[4]
         fstype, _source, options = right.split()[:3]
-        if fstype in ("cgroup", "cgroup2") and target.startswith("/sys/fs/cgroup/") and re.fullmatch(r"/sys/fs/cgroup/[a-z0-9_,=]+", target):
+        if target == "/sys/fs/cgroup" and fstype in ("tmpfs", "cgroup2"):
+            found = [(target, fstype, "mode=0755" if fstype == "tmpfs" else "rw")]  # the last one mounted there counts
+        elif fstype in ("cgroup", "cgroup2") and re.fullmatch(r"/sys/fs/cgroup/[a-z0-9_,=]+", target):
             keep = [o for o in options.split(",") if o not in ("rw", "ro")] if fstype == "cgroup" else []
             found.append((target, fstype, ",".join(keep) or "rw"))
     return found
