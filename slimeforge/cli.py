@@ -197,7 +197,7 @@ SSH_CONFIG_HELP = "your own ssh config file for the hosts (ssh -F), used as is i
         "out": "run directory (default runs/<exp_id>)",
         "set_": "override a recipe key, key=value (repeatable)",
         "address": "submit to a running Ray cluster (its dashboard, http://HOST:8265) instead of starting a head",
-        "mode": "host (an `invoke install` prefix or checkouts) or container (the recipe's image); default: the recipe's",
+        "mode": "host (a prefix `invoke install` made, or checkouts) or container (the recipe's image); default: the recipe's",
         "image": "container mode: the image to run (default: the recipe's image); any slime image, docs/run.md#any-slime-image",
         "prefix": "host mode: the install prefix (slime, Megatron-LM and the venv come from there)",
         "catalog": "the flag catalog (flags.json) to check flags against (default: from the image or install)",
@@ -699,6 +699,7 @@ def main() -> None:
     templates come with the package (paths.IMAGES, paths.TEMPLATES)."""
     global PROGRAM
     PROGRAM = "slimeforge"
+    _name_in_help(ns, PROGRAM)
     from slimeforge import __version__
 
     try:
@@ -707,3 +708,11 @@ def main() -> None:
         from slimeforge.console import quiet_on_closed_pipe
 
         sys.exit(quiet_on_closed_pipe())
+
+
+def _name_in_help(coll: Collection, program: str) -> None:
+    """A task's help that names another task (`invoke doctor --list-checks`) names it as typed here."""
+    for t in coll.tasks.values():
+        t.help = {k: v.replace("`invoke ", f"`{program} ") for k, v in t.help.items()}
+    for sub in coll.collections.values():
+        _name_in_help(sub, program)

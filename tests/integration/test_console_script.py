@@ -78,6 +78,7 @@ def test_help_and_list_name_the_command_and_every_task(installed, tmp_path):
     assert "run.start (run)" in res.stdout  # `slimeforge run` is run.start, as `invoke run` is
     res = slimeforge(installed, tmp_path, "run", "--help")
     assert res.returncode == 0 and "Usage: slimeforge " in res.stdout and "--dry-run" in res.stdout
+    assert "`slimeforge doctor --list-checks`" in res.stdout and "`invoke " not in res.stdout  # another task, named as typed here
     # A usage error names the command that was typed, not `invoke`.
     res = slimeforge(installed, tmp_path, "run")
     assert res.returncode == 2 and "usage: slimeforge run [OPTIONS] RECIPE" in res.stderr, res.stderr
