@@ -5,6 +5,7 @@ build directories must appear where it runs, and its help must name it."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -54,17 +55,23 @@ def slimeforge(venv: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess
                           timeout=120)
 
 
-def test_the_installed_package_reads_its_data_from_itself(installed, tmp_path):
-    probe = ("import slimeforge, slimeforge.paths as p; "
-             "print(slimeforge.__file__); print(p.IMAGES); print(p.TEMPLATES); print(sorted(x.name for x in p.IMAGES.glob('*.yaml'))); "
-             "print(sorted(x.name for x in (p.IMAGES / 'locks').iterdir())); print(sorted(x.name for x in p.TEMPLATES.iterdir()))")
+def files_under(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+
+
+def test_the_installed_package_carries_every_stack_and_template(installed, tmp_path):
+    probe = ("import json, slimeforge, slimeforge.paths as p; "
+             "print(json.dumps([slimeforge.__file__, str(p.IMAGES), str(p.TEMPLATES), str(p.SCRIPTS)]))")
     out = subprocess.run([str(installed / "bin" / "python"), "-c", probe], cwd=tmp_path, env=user_env(installed), capture_output=True,
-                         text=True, check=True).stdout.splitlines()
+                         text=True, check=True).stdout
+    package, images, templates, scripts = (Path(x) for x in json.loads(out))
     site = installed.resolve()
-    assert all(Path(line).resolve().is_relative_to(site) for line in out[:3]), out  # not the checkout's
-    assert "cu13.yaml" in out[3] and "common.yaml" in out[3]
-    assert "pylock.cu13.toml" in out[4]
-    assert all(name in out[5] for name in ("Dockerfile.j2", "install.sh.j2", "launch.sh.j2", "steps.sh", "'sf'"))
+    assert all(p.resolve().is_relative_to(site) for p in (package, images, templates, scripts))  # not the checkout's
+    # Every file of the checkout's images/ and templates/ (a new kind of file included), byte for byte.
+    for ours, theirs in ((ROOT / "images", images), (ROOT / "templates", templates), (ROOT / "slimeforge" / "scripts", scripts)):
+        assert files_under(theirs) == files_under(ours), ours
+        assert all((theirs / f).read_bytes() == (ours / f).read_bytes() for f in files_under(ours))
+    assert not any((package.parent / d).is_symlink() for d in ("stacks", "templates"))  # the files themselves in a wheel, no links
 
 
 def test_help_and_list_name_the_command_and_every_task(installed, tmp_path):
