@@ -702,12 +702,41 @@ def main() -> None:
     _name_in_help(ns, PROGRAM)
     from slimeforge import __version__
 
+    hints = hint_pattern(ns)
+    sys.stdout, sys.stderr = AsTyped(sys.stdout, hints, PROGRAM), AsTyped(sys.stderr, hints, PROGRAM)
     try:
         invoke.Program(namespace=ns, name="slimeforge", binary="slimeforge", version=__version__).run()
     except BrokenPipeError:  # `slimeforge --list | head`: invoke's own listing and help, outside clean_errors
         from slimeforge.console import quiet_on_closed_pipe
 
         sys.exit(quiet_on_closed_pipe())
+
+
+def hint_pattern(coll: Collection) -> re.Pattern[str]:
+    """`invoke` where a message names one of these tasks to run (`run invoke build --cuda cu13
+    first`, `error: invoke publish: ...`): the word alone, before a task's name or alias as a word."""
+    names = sorted({n for name, aliases in coll.task_names.items() for n in (name, *aliases)} | {"--list", "--help"}, key=len, reverse=True)
+    return re.compile(r"(?<![\w/.-])invoke(?=[ \t]+(?:" + "|".join(map(re.escape, names)) + r")(?![\w.-]))")
+
+
+class AsTyped:
+    """A text stream whose messages name the command as it was typed: the library's hints say
+    `invoke TASK` (a checkout's command); under the `slimeforge` command they say `slimeforge TASK`.
+    Everything but write() is the stream's own (fileno, isatty, flush: a closed pipe still shows)."""
+
+    def __init__(self, stream, pattern: re.Pattern[str], program: str):
+        self._stream, self._pattern, self._program = stream, pattern, program
+
+    def write(self, text: str) -> int:
+        self._stream.write(self._pattern.sub(self._program, text))
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
 
 
 def _name_in_help(coll: Collection, program: str) -> None:

@@ -116,3 +116,8 @@ def test_a_closed_pipe_ends_the_listing_quietly(installed, tmp_path):
                          env=user_env(installed), capture_output=True, text=True, timeout=60)
     # 141 when head had gone before the listing was written, 0 when the pipe took it all first.
     assert res.stdout == "Subcommands:\n" and res.stderr == "" and res.returncode in (0, 141), res
+
+
+def test_an_error_names_the_command_to_run_as_slimeforge(installed, tmp_path):
+    res = slimeforge(installed, tmp_path, "publish", "--cuda", "cu13", "--registry", "127.0.0.1:5000/slime", "--dry-run")
+    assert res.returncode == 2 and "run slimeforge build --cuda cu13 first" in res.stderr and "invoke" not in res.stderr, res.stderr
