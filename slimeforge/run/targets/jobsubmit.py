@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from ... import __version__, paths
 from ...atomic import write_file
@@ -46,13 +46,14 @@ from ..rundir import RunDir, amend_plan, build_run_dir
 from ..runrecord import new_run_token
 from . import jobs
 from .base import Command, LaunchPlan, Mount, ResolvedRun, Say
+from .jobsapi import JobInfo, JobsApi, NoAnswer, check_versions
 
 JOB_FILES = ("job.sh", "agentcore.yaml")  # the working_dir: what the job reads of the run directory
 ENTRYPOINT = "bash job.sh"
 # Checks of the doctor that mean the same on a cluster as here (the rest read this host's GPUs,
 # ports and paths: the cluster's hosts are checked by Cluster.preflight instead).
 LOCAL_CHECKS = ("flags", "versions", "aws-credentials", "s3", "agentcore", "wandb")
-WAIT_STATUS_S = 120
+PENDING_WAIT_S = 300  # --detach: returns when the job runs, or says it is still PENDING after this long
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,10 @@ class Cluster:
     adopt: Callable[[Recipe, bool], Recipe] | None = None  # (recipe, mode given) -> the cluster's mode/image/prefix where the recipe names none
     check: Callable[[Recipe], list[Problem]] | None = None  # static: from the inventory alone
     preflight: Callable[[Recipe, Say], None] | None = None  # live: on every host; raises naming the hosts
+    # --max-restarts: which hosts of the cluster were lost (their Ray is not up), and bringing them
+    # back (cluster.up's own repair; raises when it cannot). None: a restart is not offered.
+    lost: Callable[[], list[str]] | None = None
+    heal: Callable[[Say], None] | None = None
 
 
 def find_cluster_of(address: str | None, cluster: str | None, find: Callable[[str, bool], Cluster] | None, dry_run: bool) -> Cluster:
@@ -120,8 +125,10 @@ class ClusterTarget(jobs.JobsApiTarget):
 
     name = "ray-cluster"
 
-    def __init__(self, cluster: Cluster):
+    def __init__(self, cluster: Cluster, *, detach: bool = False, max_restarts: int = 0):
         self.cluster = cluster
+        self.detach = detach
+        self.max_restarts = max_restarts
 
     def mounts(self, run: ResolvedRun) -> tuple[Mount, ...]:
         return ()  # nothing runs here: the cluster's own volumes apply (checked against the recipe)
@@ -177,75 +184,128 @@ class ClusterTarget(jobs.JobsApiTarget):
     def apply(self, plan: LaunchPlan, runner: Runner, say: Say, stream: IO[str]) -> int:
         from .local import write_launch_records
 
+        if not runner.dry_run:  # first: a cluster of another Ray, or one that does not answer, is the first thing to fix
+            try:
+                check_versions(JobsApi(self.cluster.address), f"cluster {self.cluster.name}")
+            except NoAnswer as exc:
+                raise SlimeforgeError(f"{exc}; nothing was submitted: is the cluster up (`invoke cluster.status`)?") from None
         self.preflight(plan, runner, say)
         write_launch_records(plan, runner)
         if runner.dry_run:
             runner.history.append(list(plan.commands[0].argv))
             return 0
-        return submit(plan, self.cluster.address, say, stream)
+        return submit(plan, self.cluster, say, stream, detach=self.detach, max_restarts=self.max_restarts)
 
 
-def submit(plan: LaunchPlan, address: str, say: Say, stream: IO[str]) -> int:
-    """Submit with the working_dir, record the submission, stream its log, return its exit code."""
-    from ray.job_submission import JobSubmissionClient
+def follow_hints(exp_id: str, sid: str, out: Path, cluster: Cluster) -> list[str]:
+    """How to follow, inspect and stop the job from here (the run directory) or any machine that
+    has the inventory (or reaches the address): the job's metadata carries what those need."""
+    where = f"--cluster {shlex.quote(cluster.name)}" if cluster.mode is not None else f"--address {cluster.address}"
+    return [f"[slimeforge] job {sid} goes on running on the cluster; from any machine with {'the inventory' if cluster.mode else 'its address'}:",
+            f"  follow:  invoke run.logs {exp_id} {where} --follow",
+            f"  inspect: invoke run.status {exp_id} {where}",
+            f"  stop:    invoke run.stop {exp_id} {where}",
+            f"  (on this machine the run directory names it too: invoke run.status {shlex.quote(str(out))})"]
 
+
+def submit(plan: LaunchPlan, cluster: Cluster, say: Say, stream: IO[str], *, detach: bool = False, max_restarts: int = 0) -> int:
+    """Submit with the working_dir, record the submission, follow its log until it ends (or return
+    once it runs, with `detach`); its exit code. Ctrl-C detaches, never stops the job."""
+    api = JobsApi(cluster.address)
     run, out = plan.run, plan.rundir.path
     rec = run.recipe
-    sid = f"{rec.exp_id}-{datetime.now().strftime(paths.SUBMISSION_TIME)}-{new_run_token()[:6]}"
-    metadata = {ownership.META_EXP_ID: rec.exp_id, "slimeforge_run_dir": str(out), ownership.META_RUN_TOKEN: plan.run_token or ""}
-    left = f"the cluster at {address} is left running, as it was (run.status/run.logs/run.stop act on this job)"
-    # Recorded first, as launch.sh does: a launch that dies right after the submission still leaves
-    # run.status/run.stop what they need (a submission that never arrived reads as GONE).
-    write_file(out / "submission_id", sid + "\n")
-    write_file(out / "ray_address", address.rstrip("/") + "\n")
-    with (out / "job.log").open("a", encoding="utf-8") as log:
-        log.write(f"--- slimeforge: submission {sid} at {time.strftime('%Y-%m-%d %H:%M:%S')} to {address} ---\n")
-    try:
-        client = JobSubmissionClient(address)
-        with tempfile.TemporaryDirectory(prefix="sf-job-") as staged:
-            for name in JOB_FILES:  # exactly these files: Ray zips the whole directory it is given
-                shutil.copyfile(out / name, Path(staged) / name)
-            say(f"[slimeforge] submitting {sid} to {address} (working_dir: {', '.join(JOB_FILES)})")
-            client.submit_job(entrypoint=ENTRYPOINT, submission_id=sid, metadata=metadata,
-                              runtime_env={"working_dir": staged, "env_vars": dict(plan.rundir.env)})
-    except Exception as exc:  # noqa: BLE001 - the SDK raises ConnectionError, RuntimeError, ...: one clear error
-        raise SlimeforgeError(f"cannot submit {sid} to the Ray Jobs API at {address}: {exc}; is the cluster up (`invoke cluster.status`)?") from None
-    try:
-        jobs.follow(client, sid, out / "job.log", stream)
-        info = wait_ended(client, sid)
-    except KeyboardInterrupt:
-        say(f"\n[slimeforge] interrupted: stopping job {sid}")
-        client.stop_job(sid)
-        try:  # as `ray job stop` does: until it has stopped (a second Ctrl-C leaves it stopping)
-            say(f"[slimeforge] job {sid}: {status_of(wait_ended(client, sid))}")
+    left = f"the cluster at {cluster.address} is left running, as it was"
+    attempt = 1
+    while True:
+        sid = submit_once(api, plan, say, attempt)
+        hints = follow_hints(rec.exp_id, sid, out, cluster)
+        lost: SlimeforgeError | None = None
+        info: JobInfo | None = None
+        try:
+            if detach:
+                info = jobs.wait_running(api, sid, timeout=PENDING_WAIT_S)
+                if not info.ended:
+                    say(f"[slimeforge] job {sid} is {info.status}; detached (--detach): this command returns, the job does not stop")
+                    for line in hints:
+                        say(line)
+                    return 0
+            else:
+                info = jobs.follow(api, sid, out / "job.log", stream, say)
         except KeyboardInterrupt:
-            pass
-        say(f"[slimeforge] {left}")
-        return 130
-    code = exit_code(info)
-    say(f"[slimeforge] job {sid}: {status_of(info)}" + (f" ({info.message})" if code and getattr(info, "message", None) else "") + f"; exit code {code}")
+            say(f"\n[slimeforge] interrupted: detached from job {sid} (Ctrl-C never stops it; `run.stop` does)")
+            for line in hints:
+                say(line)
+            return 130
+        except (NoAnswer, jobs.JobVanished) as exc:
+            lost = exc
+        if lost is None and info is not None and info.status != "FAILED":
+            break
+        cause = lost_node(api, sid, lost, cluster)
+        if cause is None or attempt > max_restarts:
+            if lost is not None:
+                note = "" if cause is None or max_restarts == 0 else f"; {max_restarts} restart(s) spent"
+                raise type(lost)(f"{lost}{note}. The job's state cannot be learned from the cluster now: if its head was lost, the job went "
+                                 f"with it. `invoke run.status {rec.exp_id} ...` tells once the cluster answers "
+                                 + ("(--max-restarts N restarts a run whose node or head was lost)" if max_restarts == 0 else "")) from None
+            if cause is not None and max_restarts:
+                say(f"[slimeforge] {cause}: all {max_restarts} restart(s) spent")
+            break
+        say(f"[slimeforge] {cause}; restart {attempt} of {max_restarts}: waiting for the cluster to heal, then the gate, then "
+            "the same run again (it resumes from the newest checkpoint in checkpoint_dir)")
+        restart_gate(cluster, rec, say)
+        attempt += 1
+    assert info is not None
+    code = jobs.exit_code(info)
+    say(f"[slimeforge] job {sid}: {info.status}" + (f" ({info.shown_message})" if code and info.shown_message else "") + f"; exit code {code}")
     say(f"[slimeforge] {left}")
     return code
 
 
-def wait_ended(client: Any, sid: str) -> Any:
-    """The job's info once its status is terminal (the log stream may end a moment before)."""
-    deadline = time.monotonic() + WAIT_STATUS_S
-    while True:
-        info = client.get_job_info(sid)
-        if status_of(info) in jobs.TERMINAL or time.monotonic() > deadline:
-            return info
-        time.sleep(0.5)
+def submit_once(api: JobsApi, plan: LaunchPlan, say: Say, attempt: int) -> str:
+    """One submission of the run: recorded first, then the working_dir uploaded and the job submitted; its id."""
+    run, out = plan.run, plan.rundir.path
+    rec = run.recipe
+    sid = f"{rec.exp_id}-{datetime.now().strftime(paths.SUBMISSION_TIME)}-{new_run_token()[:6]}"
+    metadata = {ownership.META_EXP_ID: rec.exp_id, "slimeforge_run_dir": str(out), ownership.META_RUN_TOKEN: plan.run_token or "",
+                jobs.META_ATTEMPT: str(attempt)}
+    # Recorded first, as launch.sh does: a launch that dies right after the submission still leaves
+    # run.status/run.stop what they need (a submission that never arrived reads as GONE).
+    write_file(out / "submission_id", sid + "\n")
+    write_file(out / "ray_address", api.address + "\n")
+    with (out / "job.log").open("a", encoding="utf-8") as log:
+        log.write(f"--- slimeforge: submission {sid} (attempt {attempt}) at {time.strftime('%Y-%m-%d %H:%M:%S')} to {api.address} ---\n")
+    with tempfile.TemporaryDirectory(prefix="sf-job-") as staged:
+        for name in JOB_FILES:  # exactly these files: Ray zips the whole directory it is given
+            shutil.copyfile(out / name, Path(staged) / name)
+        say(f"[slimeforge] submitting {sid} to {api.address} (working_dir: {', '.join(JOB_FILES)})")
+        try:
+            uri = api.upload_dir(staged)
+            api.submit(entrypoint=ENTRYPOINT, submission_id=sid, metadata=metadata,
+                       runtime_env={"working_dir": uri, "env_vars": dict(plan.rundir.env)})
+        except NoAnswer as exc:
+            raise NoAnswer(f"cannot submit {sid}: {exc}; is the cluster up (`invoke cluster.status`)? "
+                           f"Whether it arrived: `invoke run.status {sid} --address {api.address}`") from None
+    return sid
 
 
-def status_of(info: Any) -> str:
-    return str(getattr(info.status, "value", info.status))
+def lost_node(api: JobsApi, sid: str, lost: SlimeforgeError | None, cluster: Cluster) -> str | None:
+    """Why the job ended by the loss of a node or of the head (a restart may help), or None when it
+    failed by its own error (a restart would fail the same way)."""
+    if lost is not None:
+        return f"the Ray head was lost while job {sid} ran ({lost})"
+    if cluster.lost is None:
+        return None
+    try:
+        gone = cluster.lost()
+    except SlimeforgeError as exc:
+        return f"job {sid} failed and the cluster cannot be checked ({exc})"
+    return f"job {sid} failed and {', '.join(gone)} of the cluster was lost" if gone else None
 
 
-def exit_code(info: Any) -> int:
-    """0 when the job SUCCEEDED; else the entrypoint's exit code when Ray knows it, else 1."""
-    if status_of(info) == "SUCCEEDED":
-        return 0
-    code = getattr(info, "driver_exit_code", None)
-    return code if isinstance(code, int) and 0 < code < 256 else 1
-
+def restart_gate(cluster: Cluster, recipe: Recipe, say: Say) -> None:
+    """Before a restart: the cluster healed (cluster.up's own repair, where the operator allows it)
+    and the gate passed again; raises (naming what is missing) when it cannot be."""
+    if cluster.heal is not None:
+        cluster.heal(say)
+    if cluster.preflight is not None:
+        cluster.preflight(recipe, say)
