@@ -311,9 +311,9 @@ def run_logs(c, run, follow=False, cluster=None, address=None, ssh_config=None):
         else:
             path = run_dir_of(run)
             code = target_of(path).logs(path, follow, sys.stdout)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # the user stopped reading: done, and the job goes on
         print("\n[slimeforge] stopped following; the job goes on (`invoke run.stop` stops it)", file=sys.stderr)
-        raise Exit(code=130) from None
+        return
     if code:
         raise Exit(code=code)
 

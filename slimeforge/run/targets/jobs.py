@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from ...errors import ConfigError, Problem, SlimeforgeError
+from ...errors import ConfigError, OperationFailed, Problem, SlimeforgeError
 from ...proc import Runner
 from ...records import RecordError
 from ...schema import printable
@@ -34,6 +34,17 @@ from .jobsapi import TERMINAL, JobInfo, JobsApi, NoAnswer, TooLarge
 
 POLL_S = 2.0  # how often a follower asks for the job's state and log
 LOST_S = 90.0  # a follower gives up after the Jobs API has not answered for this long (a head restarting takes less)
+LOST_S_ENV = "SLIMEFORGE_HEAD_LOST_S"
+
+
+def lost_seconds(environ: dict[str, str] | None = None) -> float:
+    """LOST_S, or $SLIMEFORGE_HEAD_LOST_S (whole seconds, 1..86400) where it is set."""
+    value = (os.environ if environ is None else environ).get(LOST_S_ENV)
+    if value is None:
+        return LOST_S
+    if not re.fullmatch(r"[0-9]{1,5}", value) or not 1 <= int(value) <= 86400:
+        raise ConfigError("environment", [Problem(LOST_S_ENV, "is not a number of seconds", value, "whole seconds, 1..86400")])
+    return float(value)
 
 
 def terminal_text(text: str) -> str:
@@ -43,18 +54,17 @@ def terminal_text(text: str) -> str:
     return "\n".join(printable(line) for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"))
 
 
-class JobVanished(SlimeforgeError):
+class JobVanished(OperationFailed):
     """The head no longer knows a job it ran a moment ago: it was restarted or replaced (exit 1)."""
-
-    exit_code = 1
 
 
 def follow(api: JobsApi, sid: str, log_path: Path | None, stream: IO[str], say: Say = print, *, poll_s: float = POLL_S,
-           lost_s: float = LOST_S, clock: Callable[[], float] = time.monotonic) -> JobInfo:
+           lost_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> JobInfo:
     """Print the job's log as it grows (and append it to `log_path`) until the job has ended; its
     final info. The log is read again whenever the job still runs: a stream that ends early is never
     an end. NoAnswer when the Jobs API has not answered for `lost_s` seconds; JobVanished when the
     head no longer knows the job."""
+    lost_s = lost_seconds() if lost_s is None else lost_s
     shown, logs_ok, last_answer, said_quiet = 0, True, clock(), False
     while True:
         try:
