@@ -260,5 +260,12 @@ def cluster_env(inventory: str, *, dry_run: bool, ssh_config: str | None = None,
         say(f"[slimeforge] cluster {inv.name}: every host holds the recipe's paths; checkpoint_dir is one filesystem"
             + (f" with room for a checkpoint ({_gib(check.need_bytes)}: {check.how})" if check.need_bytes else " (checkpoint size unknown: " + check.how + ")"))
 
+    def heal(say) -> None:  # --max-restarts: cluster.up converges (hosts running our Ray are left as they are)
+        from .raycluster import up
+
+        say(f"[slimeforge] cluster {inv.name}: bringing lost hosts back with cluster.up's repair")
+        up(inv, runner=runner, control_dir=control_dir, stream=stream)
+
     return Cluster(name=str(inventory), address=dashboard, mode=inv.mode, image=inv.image, prefix=inv.head.prefix,
-                   python=inv.head.python, adopt=lambda r, mode_given: adopt(r, inv, mode_given), check=lambda r: static(r, inv), preflight=preflight)
+                   python=inv.head.python, adopt=lambda r, mode_given: adopt(r, inv, mode_given), check=lambda r: static(r, inv), preflight=preflight,
+                   heal=heal)

@@ -41,6 +41,7 @@ TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 CONNECT_S = 10.0
 READ_S = 30.0
 TOTAL_S = 60.0
+SUBMIT_RETRY_S = 120.0  # a head whose job agent is still starting answers 500 "try again later"
 UPLOAD_TOTAL_S = 600.0  # the working_dir package: a few small files, but over a slow link
 MAX_ANSWER = 8 << 20  # a job's info, a stop, the version
 MAX_JOBS_ANSWER = 32 << 20  # every job the head remembers
@@ -62,6 +63,10 @@ class NoAnswer(Unreachable):
     Jobs API answer: the job's state cannot be learned from it (exit 3)."""
 
     exit_code = 3
+
+    def __init__(self, message: str, http_status: int | None = None):
+        super().__init__(message)
+        self.http_status = http_status  # the HTTP status it answered with, when it answered one
 
 
 class TooLarge(NoAnswer):
@@ -230,7 +235,7 @@ class JobsApi:
             return None
         text = raw[:300].decode("utf-8", "replace")
         if status != 200:
-            raise NoAnswer(f"{what} answered HTTP {status}: {printable(text.strip())[:300]!r}")
+            raise NoAnswer(f"{what} answered HTTP {status}: {printable(text.strip())[:300]!r}", status)
         try:
             return json.loads(raw)
         except (ValueError, RecursionError):
@@ -265,6 +270,25 @@ class JobsApi:
         where = f"the Ray Jobs API at {self.address} (GET /api/jobs/)"
         return [JobInfo.parse(d, where) for d in doc if isinstance(d, dict) and d.get("submission_id") is not None]
 
+    def nodes(self) -> dict[str, tuple[str, str]]:
+        """Every node the cluster knows: node id -> (state, node ip), from the dashboard's state API
+        (GET /api/v0/nodes); a restarted host has a DEAD entry beside its new ALIVE one."""
+        path = "/api/v0/nodes?limit=10000&detail=false"
+        doc = self.json("GET", path, max_bytes=MAX_JOBS_ANSWER)
+        rows = doc.get("data", {}).get("result", {}).get("result") if isinstance(doc, dict) and isinstance(doc.get("data"), dict) \
+            and isinstance(doc["data"].get("result"), dict) else None
+        if not isinstance(rows, list):
+            raise NoAnswer(f"the Ray dashboard at {self.address} (GET {path}) answered no list of nodes")
+        out: dict[str, tuple[str, str]] = {}
+        for row in rows:
+            nid, state, ip = (row.get(k) if isinstance(row, dict) else None for k in ("node_id", "state", "node_ip"))
+            if not (isinstance(nid, str) and re.fullmatch(r"[0-9a-f]{16,64}", nid) and state in ("ALIVE", "DEAD")
+                    and isinstance(ip, str) and re.fullmatch(r"[0-9A-Fa-f.:]{2,45}", ip)):
+                raise NoAnswer(f"the Ray dashboard at {self.address} (GET {path}) answered a node that is not one: "
+                               f"{printable(repr(row))[:200]}")
+            out[nid] = (state, ip)
+        return out
+
     def logs(self, sid: str) -> str:
         path = f"/api/jobs/{_quoted_id(sid)}/logs"
         doc = self.json("GET", path, total_s=max(self.total_s, 120), max_bytes=MAX_LOG_ANSWER)
@@ -273,9 +297,24 @@ class JobsApi:
             raise NoAnswer(f"the Ray Jobs API at {self.address} (GET {path}) answered no logs text")
         return logs
 
-    def submit(self, *, entrypoint: str, submission_id: str, metadata: dict[str, str], runtime_env: dict[str, Any]) -> str:
-        doc = self.json("POST", "/api/jobs/", {"entrypoint": entrypoint, "submission_id": submission_id, "metadata": metadata,
-                                              "runtime_env": runtime_env})
+    def submit(self, *, entrypoint: str, submission_id: str, metadata: dict[str, str], runtime_env: dict[str, Any],
+               retry_s: float = SUBMIT_RETRY_S) -> str:
+        """Submit; a head that answers 5xx (Ray: "No available agent to submit job, please try again
+        later" while its agent starts) is asked again for up to `retry_s`. The submission id makes a
+        repeat safe: a job that did arrive is found under it, never submitted twice."""
+        body = {"entrypoint": entrypoint, "submission_id": submission_id, "metadata": metadata, "runtime_env": runtime_env}
+        deadline = time.monotonic() + retry_s
+        while True:
+            try:
+                doc = self.json("POST", "/api/jobs/", body)
+                break
+            except NoAnswer as exc:
+                there = self.job(submission_id)
+                if there is not None and all(there.metadata.get(k) == v for k, v in metadata.items()):
+                    return submission_id
+                if exc.http_status is None or exc.http_status < 500 or time.monotonic() > deadline:
+                    raise
+                time.sleep(2)
         got = doc.get("submission_id") if isinstance(doc, dict) else None
         if got != submission_id:
             raise NoAnswer(f"the Ray Jobs API at {self.address} (POST /api/jobs/) answered submission id "

@@ -33,7 +33,7 @@ from typing import IO
 
 from ... import __version__, paths
 from ...atomic import write_file
-from ...errors import ConfigError, Problem, SlimeforgeError
+from ...errors import ConfigError, OperationFailed, Problem, SlimeforgeError
 from ...image.stack import Stack
 from ...proc import Runner
 from ...templating import render
@@ -53,6 +53,7 @@ ENTRYPOINT = "bash job.sh"
 # Checks of the doctor that mean the same on a cluster as here (the rest read this host's GPUs,
 # ports and paths: the cluster's hosts are checked by Cluster.preflight instead).
 LOCAL_CHECKS = ("flags", "versions", "aws-credentials", "s3", "agentcore", "wandb")
+HEAL_WAIT_S = 600  # --max-restarts: how long the cluster has to be whole again
 PENDING_WAIT_S = 300  # --detach: returns when the job runs, or says it is still PENDING after this long
 
 
@@ -69,9 +70,8 @@ class Cluster:
     adopt: Callable[[Recipe, bool], Recipe] | None = None  # (recipe, mode given) -> the cluster's mode/image/prefix where the recipe names none
     check: Callable[[Recipe], list[Problem]] | None = None  # static: from the inventory alone
     preflight: Callable[[Recipe, Say], None] | None = None  # live: on every host; raises naming the hosts
-    # --max-restarts: which hosts of the cluster were lost (their Ray is not up), and bringing them
-    # back (cluster.up's own repair; raises when it cannot). None: a restart is not offered.
-    lost: Callable[[], list[str]] | None = None
+    # --max-restarts: bring lost hosts back (cluster.up's own repair; raises naming the hosts when it
+    # cannot). None (--address): the cluster is waited for, as it heals by itself or by its operator.
     heal: Callable[[Say], None] | None = None
 
 
@@ -217,6 +217,7 @@ def submit(plan: LaunchPlan, cluster: Cluster, say: Say, stream: IO[str], *, det
     left = f"the cluster at {cluster.address} is left running, as it was"
     attempt = 1
     while True:
+        alive = alive_nodes(api) if max_restarts else {}
         sid = submit_once(api, plan, say, attempt)
         hints = follow_hints(rec.exp_id, sid, out, cluster)
         lost: SlimeforgeError | None = None
@@ -240,7 +241,7 @@ def submit(plan: LaunchPlan, cluster: Cluster, say: Say, stream: IO[str], *, det
             lost = exc
         if lost is None and info is not None and info.status != "FAILED":
             break
-        cause = lost_node(api, sid, lost, cluster)
+        cause = lost_node(api, sid, lost, alive) if max_restarts else None
         if cause is None or attempt > max_restarts:
             if lost is not None:
                 note = "" if cause is None or max_restarts == 0 else f"; {max_restarts} restart(s) spent"
@@ -252,7 +253,7 @@ def submit(plan: LaunchPlan, cluster: Cluster, say: Say, stream: IO[str], *, det
             break
         say(f"[slimeforge] {cause}; restart {attempt} of {max_restarts}: waiting for the cluster to heal, then the gate, then "
             "the same run again (it resumes from the newest checkpoint in checkpoint_dir)")
-        restart_gate(cluster, rec, say)
+        restart_gate(api, cluster, rec, say, len(alive))
         attempt += 1
     assert info is not None
     code = jobs.exit_code(info)
@@ -288,24 +289,47 @@ def submit_once(api: JobsApi, plan: LaunchPlan, say: Say, attempt: int) -> str:
     return sid
 
 
-def lost_node(api: JobsApi, sid: str, lost: SlimeforgeError | None, cluster: Cluster) -> str | None:
+def alive_nodes(api: JobsApi) -> dict[str, str]:
+    """The nodes alive now, id -> ip ({} when the dashboard cannot tell: a later loss is then a head's only)."""
+    try:
+        return {nid: ip for nid, (state, ip) in api.nodes().items() if state == "ALIVE"}
+    except NoAnswer:
+        return {}
+
+
+def lost_node(api: JobsApi, sid: str, lost: SlimeforgeError | None, alive: dict[str, str]) -> str | None:
     """Why the job ended by the loss of a node or of the head (a restart may help), or None when it
-    failed by its own error (a restart would fail the same way)."""
+    failed by its own error while every node it started with is still alive (a restart would fail
+    the same way)."""
     if lost is not None:
         return f"the Ray head was lost while job {sid} ran ({lost})"
-    if cluster.lost is None:
-        return None
     try:
-        gone = cluster.lost()
-    except SlimeforgeError as exc:
-        return f"job {sid} failed and the cluster cannot be checked ({exc})"
-    return f"job {sid} failed and {', '.join(gone)} of the cluster was lost" if gone else None
+        now = api.nodes()
+    except NoAnswer as exc:
+        return f"job {sid} failed and the cluster's head does not answer ({exc})"
+    gone = sorted({ip for nid, ip in alive.items() if now.get(nid, ("DEAD", ip))[0] != "ALIVE"})
+    return f"job {sid} failed and the Ray node(s) on {', '.join(gone)} were lost" if gone else None
 
 
-def restart_gate(cluster: Cluster, recipe: Recipe, say: Say) -> None:
-    """Before a restart: the cluster healed (cluster.up's own repair, where the operator allows it)
-    and the gate passed again; raises (naming what is missing) when it cannot be."""
+def restart_gate(api: JobsApi, cluster: Cluster, recipe: Recipe, say: Say, nodes: int) -> None:
+    """Before a restart: the cluster healed (cluster.up's own repair with an inventory; else waited
+    for), as many nodes alive as the job started with, and the gate passed again; raises (naming what
+    is missing) when it cannot be."""
     if cluster.heal is not None:
         cluster.heal(say)
+    deadline = time.monotonic() + HEAL_WAIT_S
+    while True:
+        try:
+            now = sum(1 for state, _ in api.nodes().values() if state == "ALIVE")
+        except NoAnswer:
+            now = -1
+        if now >= nodes:
+            break
+        if time.monotonic() > deadline:
+            raise OperationFailed(f"cluster {cluster.name} did not heal within {HEAL_WAIT_S:g} s: {max(now, 0)} Ray node(s) alive, the job "
+                                  f"started with {nodes}; bring the hosts back (`invoke cluster.up`) and run the recipe again: it resumes "
+                                  "from checkpoint_dir")
+        time.sleep(2)
+    say(f"[slimeforge] cluster {cluster.name}: {now} Ray node(s) alive again")
     if cluster.preflight is not None:
         cluster.preflight(recipe, say)
