@@ -58,13 +58,14 @@ class JobVanished(OperationFailed):
     """The head no longer knows a job it ran a moment ago: it was restarted or replaced (exit 1)."""
 
 
-def follow(api: JobsApi, sid: str, log_path: Path | None, stream: IO[str], say: Say = print, *, poll_s: float = POLL_S,
+def follow(api: JobsApi, sid: str, log_path: Path | None, stream: IO[str], say: Say = print, *, poll_s: float | None = None,
            lost_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> JobInfo:
     """Print the job's log as it grows (and append it to `log_path`) until the job has ended; its
     final info. The log is read again whenever the job still runs: a stream that ends early is never
     an end. NoAnswer when the Jobs API has not answered for `lost_s` seconds; JobVanished when the
     head no longer knows the job."""
     lost_s = lost_seconds() if lost_s is None else lost_s
+    poll_s = POLL_S if poll_s is None else poll_s
     shown, logs_ok, last_answer, said_quiet = 0, True, clock(), False
     while True:
         try:

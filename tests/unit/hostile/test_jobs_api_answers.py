@@ -35,6 +35,7 @@ class Dashboard:
     def __init__(self):
         self.routes: dict[str, object] = {}
         self.calls: list[str] = []
+        self.bodies: list[bytes] = []
         self.release = threading.Event()
         outer = self
 
@@ -49,6 +50,14 @@ class Dashboard:
                     data += chunk
                 method, path = data.split(b" ", 2)[:2]
                 key = f"{method.decode()} {path.decode()}"
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0)
+                while len(body) < length:
+                    chunk = self.request.recv(65536)
+                    if not chunk:
+                        return
+                    body += chunk
+                outer.bodies.append(body)
                 outer.calls.append(key)
                 behave = outer.routes.get(key, outer.routes.get("*"))
                 if behave is None:
@@ -235,3 +244,90 @@ def test_remote_stop_refuses_a_job_slimeforge_did_not_submit(dash):
     with pytest.raises(Exception, match="refused"):
         jobs.remote_stop(dash.address, SID)
     assert not any("stop" in c for c in dash.calls)
+
+
+# --- restarts (--max-restarts): a stand-in cluster whose jobs and nodes the test scripts ---------
+
+class Cluster:
+    """Serves the upload, the submission and each submitted job's state: attempt n's final state is
+    outcomes[n-1] (after one RUNNING poll); `dead_after` marks a node DEAD once that attempt ended."""
+
+    def __init__(self, outcomes: list[str], dead_after: set[int]):
+        self.outcomes, self.dead_after = outcomes, dead_after
+        self.submitted: list[dict] = []
+        self.polls: dict[str, int] = {}
+        self.nodes = {"a" * 32: ["ALIVE", "10.0.0.1"], "b" * 32: ["ALIVE", "10.0.0.2"]}
+
+    def __call__(self, sock, dash):
+        key = dash.calls[-1]
+        method, path = key.split(" ", 1)
+        if method == "PUT" or method == "GET" and path.startswith("/api/packages/"):
+            send(sock, 200 if method == "PUT" else 404, b"{}")
+        elif key == "GET /api/version":
+            from slimeforge.run.targets.jobsapi import local_ray_version
+            send(sock, 200, json.dumps({"ray_version": local_ray_version()}).encode())
+        elif key == "GET /api/v0/nodes?limit=10000&detail=false":
+            rows = [{"node_id": k, "state": v[0], "node_ip": v[1]} for k, v in self.nodes.items()]
+            send(sock, 200, json.dumps({"result": True, "data": {"result": {"result": rows}}}).encode())
+        elif key == "POST /api/jobs/":
+            self.submitted.append(json.loads(dash.bodies[-1]))
+            send(sock, 200, json.dumps({"submission_id": self.submitted[-1]["submission_id"]}).encode())
+        elif path.startswith("/api/jobs/") and path.endswith("/logs"):
+            send(sock, 200, json.dumps({"logs": f"attempt {len(self.submitted)}\n"}).encode())
+        elif path.startswith("/api/jobs/"):
+            sid = path.split("/")[3]
+            n = next(i for i, s in enumerate(self.submitted, 1) if s["submission_id"] == sid)
+            self.polls[sid] = self.polls.get(sid, 0) + 1
+            status = "RUNNING" if self.polls[sid] < 3 else self.outcomes[n - 1]
+            if status != "RUNNING" and n in self.dead_after:
+                self.nodes["b" * 32][0] = "DEAD"
+            send(sock, 200, json.dumps({"submission_id": sid, "status": status, "metadata": self.submitted[n - 1]["metadata"],
+                                        "driver_exit_code": 1 if status == "FAILED" else 0}).encode())
+        else:
+            send(sock, 404, b"{}")
+
+
+def cluster_plan(tmp_path):
+    from launch_support import make_recipe
+
+    from slimeforge.run.recipecheck import parse_recipe
+    from slimeforge.run.rundir import write_run_dir
+    from slimeforge.run.targets import jobsubmit
+    from slimeforge.run.targets.base import ResolvedRun
+
+    r, stack = parse_recipe(make_recipe(tmp_path, mode="host", install_prefix="/opt/sf"), "test")
+    plan = jobsubmit.ClusterTarget(jobsubmit.Cluster("x", "http://x:1")).plan(ResolvedRun(r, stack, (tmp_path / "run").resolve(), "test", {}))
+    write_run_dir(plan.rundir)
+    return plan
+
+
+@pytest.mark.parametrize(("outcomes", "dead_after", "restarts", "submissions", "code", "healed"), [
+    (["FAILED", "SUCCEEDED"], {1}, 2, 2, 0, 1),  # a node lost: healed, resubmitted, resumed, done
+    (["FAILED", "FAILED", "FAILED"], {1, 2, 3}, 1, 2, 1, 1),  # lost every time: one restart, then its exit code
+    (["FAILED", "SUCCEEDED"], set(), 2, 1, 1, 0),  # its own error, every node alive: never restarted
+    (["FAILED", "SUCCEEDED"], {1}, 0, 1, 1, 0),  # restarts not asked for
+])
+def test_a_job_is_restarted_only_when_a_node_was_lost(tmp_path, monkeypatch, outcomes, dead_after, restarts, submissions, code, healed):
+    from slimeforge.run.targets import jobsubmit
+
+    monkeypatch.setattr(jobs, "POLL_S", 0.01)
+    plan = cluster_plan(tmp_path)
+    stand_in = Cluster(outcomes, dead_after)
+    heals: list[int] = []
+    with Dashboard() as dash:
+        dash.routes["*"] = stand_in
+
+        def heal(say):
+            heals.append(1)
+            stand_in.nodes["b" * 32][0] = "ALIVE"
+
+        gates: list[str] = []
+        cluster = jobsubmit.Cluster("lab.yaml", dash.address, mode="host", heal=heal, preflight=lambda r, say: gates.append(r.exp_id))
+        said: list[str] = []
+        got = jobsubmit.submit(plan, cluster, said.append, io.StringIO(), max_restarts=restarts)
+    assert (got, len(stand_in.submitted), len(heals), len(gates)) == (code, submissions, healed, healed), said
+    attempts = [s["metadata"]["slimeforge_attempt"] for s in stand_in.submitted]
+    assert attempts == [str(i) for i in range(1, submissions + 1)]
+    assert len({s["metadata"]["slimeforge_run_token"] for s in stand_in.submitted}) == 1  # one run, several attempts
+    if healed:
+        assert any("Ray node(s) on 10.0.0.2 were lost" in s and "restart 1 of" in s for s in said), said
