@@ -27,7 +27,6 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .. import records
 from ..atomic import dir_lock, write_file
@@ -138,11 +137,6 @@ def head_check(rec: RunRecord, state_dir: Path) -> tuple[HeadRecord | None, Verd
 
 
 # --- the Ray Jobs API --------------------------------------------------------------------------------
-
-
-def jobs_api(address: str, method: str, path: str, timeout: float = API_TIMEOUT_S) -> Any:
-    """One request to the Jobs API through its one client (targets/jobsapi.py); None for 404."""
-    return JobsApi(address, total_s=timeout).json(method, path, {} if method == "POST" else None, none_on_404=True)
 
 
 def ray_job(rec: RunRecord) -> dict | None:
