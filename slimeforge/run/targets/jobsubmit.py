@@ -210,55 +210,60 @@ def follow_hints(exp_id: str, sid: str, out: Path, cluster: Cluster) -> list[str
 
 def submit(plan: LaunchPlan, cluster: Cluster, say: Say, stream: IO[str], *, detach: bool = False, max_restarts: int = 0) -> int:
     """Submit with the working_dir, record the submission, follow its log until it ends (or return
-    once it runs, with `detach`); its exit code. Ctrl-C detaches, never stops the job."""
+    once it runs, with `detach`); its exit code. Ctrl-C detaches, never stops the job. With
+    `max_restarts`, a job that ended by a lost node or head is submitted again once the cluster healed."""
     api = JobsApi(cluster.address)
-    run, out = plan.run, plan.rundir.path
-    rec = run.recipe
-    left = f"the cluster at {cluster.address} is left running, as it was"
-    attempt = 1
-    while True:
-        alive = alive_nodes(api) if max_restarts else {}
-        sid = submit_once(api, plan, say, attempt)
-        hints = follow_hints(rec.exp_id, sid, out, cluster)
-        lost: SlimeforgeError | None = None
-        info: JobInfo | None = None
-        try:
-            if detach:
-                info = jobs.wait_running(api, sid, timeout=PENDING_WAIT_S)
-                if not info.ended:
-                    say(f"[slimeforge] job {sid} is {info.status}; detached (--detach): this command returns, the job does not stop")
-                    for line in hints:
-                        say(line)
-                    return 0
-            else:
-                info = jobs.follow(api, sid, out / "job.log", stream, say)
-        except KeyboardInterrupt:
-            say(f"\n[slimeforge] interrupted: detached from job {sid} (Ctrl-C never stops it; `run.stop` does)")
-            for line in hints:
-                say(line)
+    rec, out = plan.run.recipe, plan.rundir.path
+    sid: str | None = None
+    try:
+        attempt = 1
+        while True:
+            alive = alive_nodes(api) if max_restarts else {}
+            sid = None
+            sid = submit_once(api, plan, say, attempt)
+            lost: SlimeforgeError | None = None
+            info: JobInfo | None = None
+            try:
+                if detach:
+                    info = jobs.wait_running(api, sid, timeout=PENDING_WAIT_S)
+                    if not info.ended:
+                        say(f"[slimeforge] job {sid} is {info.status}; detached (--detach): this command returns, the job does not stop")
+                        for line in follow_hints(rec.exp_id, sid, out, cluster):
+                            say(line)
+                        return 0
+                else:
+                    info = jobs.follow(api, sid, out / "job.log", stream, say)
+            except (NoAnswer, jobs.JobVanished) as exc:
+                lost = exc
+            if lost is None and info is not None and info.status != "FAILED":
+                break
+            cause = lost_node(api, sid, lost, alive) if max_restarts else None
+            if cause is None or attempt > max_restarts:
+                if lost is not None:
+                    note = "" if cause is None or max_restarts == 0 else f"; {max_restarts} restart(s) spent"
+                    raise type(lost)(f"{lost}{note}. The job's state cannot be learned from the cluster now: if its head was lost, the job "
+                                     f"went with it. `invoke run.status {rec.exp_id} ...` tells once the cluster answers"
+                                     + (" (--max-restarts N restarts a run whose node or head was lost)" if max_restarts == 0 else "")) from None
+                if cause is not None:
+                    say(f"[slimeforge] {cause}: all {max_restarts} restart(s) spent")
+                break
+            say(f"[slimeforge] {cause}; restart {attempt} of {max_restarts}: waiting for the cluster to heal, then the gate, then "
+                "the same run again (it resumes from the newest checkpoint in checkpoint_dir)")
+            restart_gate(api, cluster, rec, say, len(alive))
+            attempt += 1
+    except KeyboardInterrupt:
+        if sid is None:  # between submissions, or while one was on its way: say how to find out
+            say(f"\n[slimeforge] interrupted before a job was confirmed submitted; whether one runs: invoke run.status {rec.exp_id} "
+                + (f"--cluster {shlex.quote(cluster.name)}" if cluster.mode is not None else f"--address {cluster.address}"))
             return 130
-        except (NoAnswer, jobs.JobVanished) as exc:
-            lost = exc
-        if lost is None and info is not None and info.status != "FAILED":
-            break
-        cause = lost_node(api, sid, lost, alive) if max_restarts else None
-        if cause is None or attempt > max_restarts:
-            if lost is not None:
-                note = "" if cause is None or max_restarts == 0 else f"; {max_restarts} restart(s) spent"
-                raise type(lost)(f"{lost}{note}. The job's state cannot be learned from the cluster now: if its head was lost, the job went "
-                                 f"with it. `invoke run.status {rec.exp_id} ...` tells once the cluster answers "
-                                 + ("(--max-restarts N restarts a run whose node or head was lost)" if max_restarts == 0 else "")) from None
-            if cause is not None and max_restarts:
-                say(f"[slimeforge] {cause}: all {max_restarts} restart(s) spent")
-            break
-        say(f"[slimeforge] {cause}; restart {attempt} of {max_restarts}: waiting for the cluster to heal, then the gate, then "
-            "the same run again (it resumes from the newest checkpoint in checkpoint_dir)")
-        restart_gate(api, cluster, rec, say, len(alive))
-        attempt += 1
+        say(f"\n[slimeforge] interrupted: detached from job {sid} (Ctrl-C never stops it; `run.stop` does)")
+        for line in follow_hints(rec.exp_id, sid, out, cluster):
+            say(line)
+        return 130
     assert info is not None
     code = jobs.exit_code(info)
     say(f"[slimeforge] job {sid}: {info.status}" + (f" ({info.shown_message})" if code and info.shown_message else "") + f"; exit code {code}")
-    say(f"[slimeforge] {left}")
+    say(f"[slimeforge] the cluster at {cluster.address} is left running, as it was")
     return code
 
 
