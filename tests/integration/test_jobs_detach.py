@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,16 +22,41 @@ import yaml
 from launch_support import RayHead, make_recipe, wait_for, write_catalog
 
 from slimeforge.run.recipecheck import parse_recipe
-from slimeforge.run.targets.jobsapi import JobsApi
+from slimeforge.run.targets.jobsapi import JobsApi, NoAnswer
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 EXP = "sf-detach-test"
 
 
+def node_alive(address: str) -> bool:
+    try:
+        return any(state == "ALIVE" for state, _ in JobsApi(address).nodes().values())
+    except NoAnswer:
+        return False
+
+
+def steady_head(tries: int = 3) -> RayHead:
+    """A head whose node has registered and that stays up: on a loaded machine `ray start --block`
+    can give up on its own subprocesses in its first minute (ray_client_server: "Timed out waiting
+    for node info") and stop everything; such a head is started again."""
+    for _ in range(tries):
+        head = RayHead(num_gpus=1).start()
+        try:
+            wait_for(lambda address=head.address: node_alive(address), 180, "the head's node")
+            time.sleep(20)  # past the subprocesses' own start-up deadlines
+            JobsApi(head.address).version()
+            if head.proc is not None and head.proc.poll() is None:
+                return head
+        except Exception:  # noqa: BLE001 - it died while starting: try again
+            pass
+        head.stop()
+    raise RuntimeError(f"no Ray head stayed up in {tries} tries")
+
+
 @pytest.fixture(scope="module")
 def ray_head():
-    head = RayHead(num_gpus=1).start()
+    head = steady_head()
     yield head
     head.stop()
 
@@ -97,7 +123,7 @@ def test_ctrl_c_while_following_detaches_and_the_job_keeps_running(env, ray_head
 
 
 def test_a_head_killed_under_a_following_run_is_a_clear_exit_3(env):
-    head = RayHead(num_gpus=1).start()
+    head = steady_head()
     try:
         proc = subprocess.Popen([sys.executable, "-m", "invoke", *launch_args(env, head.address, exp_id="sf-head-killed")], cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
