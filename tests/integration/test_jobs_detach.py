@@ -140,3 +140,64 @@ def test_a_head_killed_under_a_following_run_is_a_clear_exit_3(env):
     assert "Traceback" not in out + err
     assert f"the Ray Jobs API at {head.address}" in err and "while following job sf-head-killed-" in err, err
     assert "does not answer" in err and "no answer for 5 s" in err and "run.status sf-head-killed" in err, err
+
+
+class Worker:
+    """A second Ray node on this machine (`ray start --address HEAD --block`), killed with its process group."""
+
+    def __init__(self, head: RayHead):
+        from launch_support import VENV_BIN, free_port
+
+        self.argv = [str(VENV_BIN / "ray"), "start", "--block", "--address", f"127.0.0.1:{head.port}", "--num-cpus", "1",
+                     "--node-manager-port", str(free_port()), "--object-manager-port", str(free_port()),
+                     "--dashboard-agent-listen-port", str(free_port()), "--metrics-export-port", str(free_port()),
+                     "--runtime-env-agent-port", str(free_port()), "--min-worker-port", "0", "--max-worker-port", "0",
+                     "--object-store-memory", str(100 * 2**20), "--disable-usage-stats"]
+        self.head = head
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Worker:
+        before = alive_count(self.head.address)
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        wait_for(lambda: alive_count(self.head.address) > before, 240, "the worker node to join")
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=60)
+
+
+def alive_count(address: str) -> int:
+    try:
+        return sum(1 for state, _ in JobsApi(address).nodes().values() if state == "ALIVE")
+    except NoAnswer:
+        return -1
+
+
+def test_a_lost_worker_restarts_the_run_which_resumes_from_its_checkpoint(env, ray_head):
+    """--max-restarts 1: the worker's Ray is killed mid-run; the stand-in trainer (which saved
+    iteration 1 as its checkpoint) fails on the lost node; once the node is back (no inventory:
+    waited for), the same run is submitted again and resumes from iteration 1."""
+    worker = Worker(ray_head).start()
+    resumed = env / "resumed.txt"
+    args = launch_args(env, ray_head.address, exp_id="sf-restart", STANDIN_CHECKPOINT="1", STANDIN_RESUMED=str(resumed),
+                       STANDIN_WATCH_NODES="1")
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", *args, "--max-restarts", "1"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: (env / "run" / "job.log").exists() and "standin: watching 2 node(s)" in (env / "run" / "job.log").read_text(),
+                 240, "the job to watch both nodes")
+        worker.kill()
+        time.sleep(5)
+        worker = Worker(ray_head).start()  # the node comes back (an inventory's cluster.up would bring it)
+        out, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        worker.kill()
+    assert proc.returncode == 0, out
+    assert "were lost; restart 1 of 1" in out and "(attempt 2)" in (env / "run" / "job.log").read_text(), out
+    assert resumed.read_text() == "resumed from 1\n"
+    st = invoke("run.status", "sf-restart", "--address", ray_head.address)
+    assert "attempts (2, --max-restarts):" in st.stdout and "1. sf-restart-" in st.stdout and ": FAILED" in st.stdout and ": SUCCEEDED" in st.stdout, st.stdout

@@ -193,9 +193,15 @@ def status(run_dir: str | os.PathLike[str]) -> RunStatus:
             else f"Ray head pid {st['head_pid']} (started by slimeforge for this run)" if st["head_pid"]
             else "in container " + st["container_id"][:12] if st["container_id"] else "no live Ray head of this run here")
     said = printable(st["message"].strip())[:2000]
-    lines = (f"{st['submission_id']}: {st['status']}" + (f' (Ray says: "{said}")' if said else ""),
-             f"  cluster {st['address']}; {head}", f"  run directory {st['run_dir']} (job.log)")
-    return RunStatus(lines, st)
+    lines = [f"{st['submission_id']}: {st['status']}" + (f' (Ray says: "{said}")' if said else ""),
+             f"  cluster {st['address']}; {head}", f"  run directory {st['run_dir']} (job.log)"]
+    if st["attached"] and st["run_token"] and st["status"] != "GONE":  # --max-restarts: every attempt of this run
+        attempts = attempts_of(JobsApi(st["address"]), st["exp_id"], st["run_token"])
+        st["attempts"] = [{"submission_id": a.submission_id, "attempt": a.metadata.get(META_ATTEMPT, "1"), "status": a.status} for a in attempts]
+        if len(attempts) > 1:
+            lines.append(f"  attempts ({len(attempts)}, --max-restarts): "
+                         + "; ".join(f"{a.metadata.get(META_ATTEMPT, '?')}. {a.submission_id} {a.status}" for a in attempts))
+    return RunStatus(tuple(lines), st)
 
 
 def logs(run_dir: str | os.PathLike[str], follow_logs: bool = False, stream: IO[str] | None = None) -> None:
@@ -388,9 +394,11 @@ def remote_status(address: str, ref: str) -> RunStatus:
     info, _ = find_job(api, ref)
     exp_id = info.metadata[ownership.META_EXP_ID]
     attempts = attempts_of(api, exp_id, info.metadata[ownership.META_RUN_TOKEN])
-    data = {"exp_id": exp_id, "submission_id": info.submission_id, "address": api.address, "status": info.status,
-            "message": info.message, "start_time": info.start_time, "end_time": info.end_time, "driver_exit_code": info.driver_exit_code,
-            "run_dir": info.metadata.get("slimeforge_run_dir"),
+    # The keys of a run directory's status (docs/json.md), those only a run directory knows null.
+    data = {"run_dir": info.metadata.get("slimeforge_run_dir"), "exp_id": exp_id, "submission_id": info.submission_id, "address": api.address,
+            "container_id": None, "ray_port": None, "run_token": info.metadata[ownership.META_RUN_TOKEN], "attached": True,
+            "status": info.status, "message": info.message, "start_time": info.start_time, "end_time": info.end_time, "head_pid": None,
+            "driver_exit_code": info.driver_exit_code,
             "attempts": [{"submission_id": a.submission_id, "attempt": a.metadata.get(META_ATTEMPT, "1"), "status": a.status,
                           "message": a.message, "start_time": a.start_time, "end_time": a.end_time} for a in attempts]}
     lines = [f"{info.submission_id}: {info.status}" + (f" ({info.shown_message})" if info.shown_message else ""),
