@@ -230,7 +230,7 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
 
 
 def _count(option, value):
-    """A whole number given on the command line (invoke hands a string for an option without a default)."""
+    """A whole number given on the command line (an option without a default arrives as a string)."""
     if value is None:
         return None
     text = str(value)
