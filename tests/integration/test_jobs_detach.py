@@ -189,7 +189,7 @@ def test_a_lost_worker_restarts_the_run_which_resumes_from_its_checkpoint(env, r
         wait_for(lambda: (env / "run" / "job.log").exists() and "standin: watching 2 node(s)" in (env / "run" / "job.log").read_text(),
                  240, "the job to watch both nodes")
         worker.kill()
-        time.sleep(5)
+        wait_for(lambda: alive_count(ray_head.address) == 1, 180, "Ray to see the worker's node dead")
         worker = Worker(ray_head).start()  # the node comes back (an inventory's cluster.up would bring it)
         out, _ = proc.communicate(timeout=400)
     finally:
