@@ -213,13 +213,16 @@ SSH_CONFIG_HELP = "your own ssh config file for the hosts (ssh -F), used as is i
         "nodes": "--slurm: nodes (default: the recipe's num_nodes)",
         "squashfs_dir": "--slurm, container mode: import the image once to a squashfs in this shared directory; every node reads it",
         "json_": "with --dry-run: " + JSON_HELP,
+        "detach": "--cluster/--address: return once the job runs, printing how to follow, inspect and stop it (Ctrl-C while following detaches too)",
+        "max_restarts": "--cluster: resubmit the run, resuming from its checkpoint, when a node or the head was lost (up to N times; "
+                        "default: the recipe's max_restarts, 0)",
     },
     default=True,
 )
 @clean_errors
 def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=None, image=None, prefix=None, catalog=None,
               skip_check=None, no_network=False, cluster=None, slurm=False, partition=None, account=None, time=None, nodes=None,
-              squashfs_dir=None, ssh_config=None, json_=False, tunnel=False):
+              squashfs_dir=None, ssh_config=None, json_=False, tunnel=False, detach=False, max_restarts=None):
     """Validate a recipe, preflight, start Ray, submit, stream the logs (--dry-run: print the plan, start nothing)."""
     from slimeforge.run.launch import LaunchRequest, run_recipe
 
@@ -228,12 +231,22 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
     req = LaunchRequest(recipe=recipe, out=out, overrides=tuple(set_ or ()), address=address, mode=mode, image=image, prefix=prefix,
                         catalog=catalog, skip_checks=tuple(skip_check or ()), network_checks=not no_network, cluster=cluster,
                         slurm=slurm, partition=partition, account=account, time=time, nodes=None if nodes is None else str(nodes),
-                        squashfs_dir=squashfs_dir)
+                        squashfs_dir=squashfs_dir, detach=detach, max_restarts=_count("--max-restarts", max_restarts))
     with contextlib.ExitStack() as tunnels:  # an ssh tunnel to the Jobs API lives until the job's logs end
         code = run_recipe(req, dry_run=dry_run, plan_json=json_,
                           find_cluster=lambda inventory, dry: _cluster_jobs_api(inventory, dry, ssh_config, "always" if tunnel else None, tunnels))
     if code:
         raise Exit(code=code)
+
+
+def _count(option, value):
+    """A whole number given on the command line (an option without a default arrives as a string)."""
+    if value is None:
+        return None
+    text = str(value)
+    if not re.fullmatch(r"[0-9]{1,3}", text):
+        raise Exit(f"error: {option}: {text!r} is not a whole number (0..100)", code=2)
+    return int(text)
 
 
 def _cluster_jobs_api(inventory, dry_run, ssh_config=None, tunnel=None, tunnels=None):
@@ -251,16 +264,39 @@ def _inventory(path, ssh_config):
 
 # --- launch ----------------------------------------------------------------------------------
 
-RUN_HELP = {"run": "the run directory or the recipe that was launched, e.g. runs/gsm8k-3b-smoke"}
+RUN_HELP = {"run": "the run directory or the recipe that was launched, e.g. runs/gsm8k-3b-smoke; with --cluster/--address: "
+                   "the exp_id or submission id of a job on that cluster",
+            "cluster": "find the job on the cluster of this inventory, from any machine (RUN: its exp_id or submission id)",
+            "address": "find the job on the Ray cluster at this address, http://HEAD:8265 (RUN: its exp_id or submission id)",
+            "ssh_config": SSH_CONFIG_HELP}
+
+
+def _jobs_api_of(cluster, address, ssh_config):
+    """--cluster INVENTORY / --address URL of run.status/logs/stop: the Jobs API to ask; None: neither given."""
+    from slimeforge.run.headstate import check_address
+
+    if cluster and address:
+        raise Exit("error: --cluster and --address both name a cluster; give one", code=2)
+    if address:
+        return check_address(address)
+    return _cluster_jobs_api(cluster, False, ssh_config).address if cluster else None
 
 
 @task(positional=["run"], help={**RUN_HELP, "json_": JSON_HELP})
 @clean_errors
-def run_status(c, run, json_=False):
-    """Status of a launched run's job (and whether the Ray head slimeforge started is up; a Slurm run: its job)."""
+def run_status(c, run, json_=False, cluster=None, address=None, ssh_config=None):
+    """Status of a launched run's job (and whether the Ray head slimeforge started is up; a Slurm run: its job).
+    With --cluster/--address: the job found on that cluster by its exp_id or submission id, from any machine."""
     from slimeforge.run.launch import run_dir_of, target_of
     from slimeforge.schema import printable
 
+    api = _jobs_api_of(cluster, address, ssh_config)
+    if api is not None:
+        from slimeforge.run.targets.jobs import remote_status
+
+        st = remote_status(api, run)
+        print(json_doc("slimeforge.run-status/1", {"target": "ray-job", **st.data}) if json_ else "\n".join(printable(line) for line in st.lines))
+        return
     path = run_dir_of(run)
     target = target_of(path)
     st = target.status(path)
@@ -269,27 +305,49 @@ def run_status(c, run, json_=False):
           else "\n".join(printable(line) for line in st.lines))
 
 
-@task(positional=["run"], help={**RUN_HELP, "follow": "keep streaming until the job ends"})
+@task(positional=["run"], help={**RUN_HELP, "follow": "keep streaming until the job ends (Ctrl-C stops following, never the job)"})
 @clean_errors
-def run_logs(c, run, follow=False):
-    """Print a launched run's job logs (from the cluster; job.log keeps them too; a Slurm run: its output file)."""
+def run_logs(c, run, follow=False, cluster=None, address=None, ssh_config=None):
+    """Print a launched run's job logs (from the cluster; job.log keeps them too; a Slurm run: its output file).
+    With --cluster/--address: the job found on that cluster by its exp_id or submission id, from any machine."""
     from slimeforge.run.launch import run_dir_of, target_of
 
-    path = run_dir_of(run)
-    code = target_of(path).logs(path, follow, sys.stdout)
+    api = _jobs_api_of(cluster, address, ssh_config)
+    try:
+        if api is not None:
+            from slimeforge.run.targets.jobs import remote_logs
+
+            code = remote_logs(api, run, follow, sys.stdout, lambda text: print(text, file=sys.stderr))
+        else:
+            path = run_dir_of(run)
+            code = target_of(path).logs(path, follow, sys.stdout)
+    except KeyboardInterrupt:  # the user stopped reading: done, and the job goes on
+        print("\n[slimeforge] stopped following; the job goes on (`invoke run.stop` stops it)", file=sys.stderr)
+        return
     if code:
         raise Exit(code=code)
 
 
 @task(positional=["run"], help={**RUN_HELP, "head": "also stop the Ray head (and container) that slimeforge started for it"})
 @clean_errors
-def run_stop(c, run, head=False):
+def run_stop(c, run, head=False, cluster=None, address=None, ssh_config=None):
     """Stop a launched run's job; --head also stops the Ray head (or container) slimeforge started for it.
     Each is first proved to be this run's; anything else is refused. A Slurm run: scancel of its
     recorded job, proved to be this run's (Ray in the allocation ends with it). Exit 0 when what was
-    asked for was stopped or had already ended; 1 with the reason otherwise."""
+    asked for was stopped or had already ended; 1 with the reason otherwise. With --cluster/--address:
+    the job found on that cluster by its exp_id or submission id (proved slimeforge's by its metadata)."""
     from slimeforge.run.launch import run_dir_of, target_of
 
+    api = _jobs_api_of(cluster, address, ssh_config)
+    if api is not None:
+        from slimeforge.run.targets.jobs import remote_stop
+
+        if head:
+            raise Exit("error: --head stops a head slimeforge started for a run on this machine; a cluster's head: `invoke cluster.down`", code=2)
+        code = remote_stop(api, run)
+        if code:
+            raise Exit(code=code)
+        return
     path = run_dir_of(run)
     code = target_of(path).stop(path, head=head)
     if code:
