@@ -52,3 +52,6 @@ _.stat_start_time  # run/ownership.py: the start time of /proc/PID/stat as owner
 # urllib's OpenerDirector calls a handler's `<scheme>_open` by name (image/registry.py's deadline handler).
 _.http_open
 _.https_open
+
+# The text stream protocol (slimeforge/cli.py AsTyped stands in for sys.stdout and sys.stderr: whoever writes lines calls it).
+_.writelines

@@ -1,8 +1,11 @@
-"""slimeforge's command line: thin invoke tasks over the `slimeforge` package.
+"""slimeforge's command line: thin invoke tasks over the `slimeforge` package, run two ways: the
+installed `slimeforge` command (`main`, from any directory) and `invoke TASK` in a checkout (its
+tasks/ package re-exports this module's `ns` for Invoke).
 
 Each task parses its options, calls one library function and prints the outcome; the functions
 work without invoke (the SlimeRunner API uses the same ones). Heavy libraries (ray, boto3, docker)
-are imported inside the functions that need them, so `invoke --list` and dry runs start fast.
+are imported inside the functions that need them, so `invoke --list` and dry runs start fast
+(benchmarks/start_bench.py): this module imports Invoke and slimeforge's small core only.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from invoke.parser import parser as invoke_parser
 from slimeforge import paths
 from slimeforge.console import diag, json_doc, shell_lines
 from slimeforge.errors import SlimeforgeError
+
+# The command a usage line names: `invoke` in a checkout, `slimeforge` once main() runs.
+PROGRAM = "invoke"
 
 JSON_HELP = "print the result as one JSON document (its schema: docs/json.md); diagnostics stay on stderr"
 
@@ -76,7 +82,7 @@ task = functools.partial(invoke.task, klass=CliTask)
 # recipe named -h), and a missing positional argument gets a usage line and an example (invoke's
 # own: "'run.start' did not receive required positional arguments: 'recipe'"). Its state machine
 # cannot be subclassed (the states are class-level), so its two methods are wrapped in place.
-# (Loading tasks.py again, as the tests do, wraps invoke's own methods again, not these.)
+# (Loading this module again, as the tests do, wraps invoke's own methods again, not these.)
 _invoke_handle = getattr(invoke_parser.ParseMachine.handle, "invoke_own", invoke_parser.ParseMachine.handle)
 _invoke_complete_context = getattr(invoke_parser.ParseMachine.complete_context, "invoke_own",
                                    invoke_parser.ParseMachine.complete_context)
@@ -91,7 +97,7 @@ def _handle(machine, token):
         # Any token was taken for the missing argument: an unknown option became a recipe named "--nope".
         known = token.split("=", 1)[0] in machine.context.flags or token in machine.context.inverse_flags
         if token.startswith("-") and not known:
-            raise UsageError(f"error: `invoke {short_name(machine.context)}` has no option {token}\n{usage(machine.context)}",
+            raise UsageError(f"error: `{PROGRAM} {short_name(machine.context)}` has no option {token}\n{usage(machine.context)}",
                              machine.context)
     _invoke_handle(machine, token)
 
@@ -100,7 +106,7 @@ def _complete_context(machine):
     missing = machine.context.missing_positional_args if machine.context is not None else []
     if missing and machine.initial.flags["--help"].value is None:
         needs = "; ".join(f"{a.name.upper()}, {a.help}" for a in missing)
-        raise UsageError(f"error: `invoke {short_name(machine.context)}` needs {needs}\n{usage(machine.context)}", machine.context)
+        raise UsageError(f"error: `{PROGRAM} {short_name(machine.context)}` needs {needs}\n{usage(machine.context)}", machine.context)
     if missing:  # help was asked for: it needs no argument
         if machine.context not in machine.result:
             machine.result.append(machine.context)
@@ -132,9 +138,9 @@ def usage(ctx) -> str:
     name = short_name(ctx)  # `invoke run` for run.start
     args = " ".join(a.name.upper() for a in ctx.positional_args)
     examples = " ".join(m.group(1) if (m := re.search(r"e\.g\. (\S+)", a.help or "")) else a.name.upper() for a in ctx.positional_args)
-    return (f"usage: invoke {name} [OPTIONS] {args}\n"
-            f"e.g.:  invoke {name} {examples}\n"
-            f"(`invoke {name} --help` lists its options)")
+    return (f"usage: {PROGRAM} {name} [OPTIONS] {args}\n"
+            f"e.g.:  {PROGRAM} {name} {examples}\n"
+            f"(`{PROGRAM} {name} --help` lists its options)")
 
 
 def short_name(ctx) -> str:
@@ -191,7 +197,7 @@ SSH_CONFIG_HELP = "your own ssh config file for the hosts (ssh -F), used as is i
         "out": "run directory (default runs/<exp_id>)",
         "set_": "override a recipe key, key=value (repeatable)",
         "address": "submit to a running Ray cluster (its dashboard, http://HOST:8265) instead of starting a head",
-        "mode": "host (an `invoke install` prefix or checkouts) or container (the recipe's image); default: the recipe's",
+        "mode": "host (a prefix `invoke install` made, or checkouts) or container (the recipe's image); default: the recipe's",
         "image": "container mode: the image to run (default: the recipe's image); any slime image, docs/run.md#any-slime-image",
         "prefix": "host mode: the install prefix (slime, Megatron-LM and the venv come from there)",
         "catalog": "the flag catalog (flags.json) to check flags against (default: from the image or install)",
@@ -703,7 +709,7 @@ def cluster_up(c, inventory, dry_run=False, nccl_check=False, ssh_config=None):
         return
     addr = cluster.up(inv, nccl_check=nccl_check)
     print(f"cluster is up: GCS {addr.gcs}, dashboard and Jobs API {addr.dashboard}")
-    print(f"launch on it: invoke run RECIPE --cluster {inventory}" + (f" --ssh-config {ssh_config}" if ssh_config else ""))
+    print(f"launch on it: {PROGRAM} run RECIPE --cluster {inventory}" + (f" --ssh-config {ssh_config}" if ssh_config else ""))
 
 
 @task(positional=["inventory"], help={"inventory": "cluster inventory YAML, e.g. recipes/clusters/example.yaml", "json_": JSON_HELP, "ssh_config": SSH_CONFIG_HELP})
@@ -742,3 +748,58 @@ ns.add_task(build)
 ns.add_task(install)
 ns.add_collection(Collection("wheels", build=wheels_build, push=wheels_push, pull=wheels_pull, ls=wheels_ls))
 ns.add_collection(Collection("cluster", up=cluster_up, status=cluster_status, down=cluster_down))
+
+
+def main() -> None:
+    """The `slimeforge` command ([project.scripts]): these tasks, their options and help, through
+    invoke's Program, from any directory. Recipes, inventories and --out are read relative to the
+    working directory; runs/ and build/ are made there (paths.RUNS, paths.BUILDS); the stacks and
+    templates come with the package (paths.IMAGES, paths.TEMPLATES)."""
+    global PROGRAM
+    PROGRAM = "slimeforge"
+    _name_in_help(ns, PROGRAM)
+    from slimeforge import __version__
+
+    hints = hint_pattern(ns)
+    sys.stdout, sys.stderr = AsTyped(sys.stdout, hints, PROGRAM), AsTyped(sys.stderr, hints, PROGRAM)
+    try:
+        invoke.Program(namespace=ns, name="slimeforge", binary="slimeforge", version=__version__).run()
+    except BrokenPipeError:  # `slimeforge --list | head`: invoke's own listing and help, outside clean_errors
+        from slimeforge.console import quiet_on_closed_pipe
+
+        sys.exit(quiet_on_closed_pipe())
+
+
+def hint_pattern(coll: Collection) -> re.Pattern[str]:
+    """`invoke` where a message names one of these tasks to run (`run invoke build --cuda cu13
+    first`, `error: invoke publish: ...`): the word alone, before a task's name or alias as a word."""
+    names = sorted({n for name, aliases in coll.task_names.items() for n in (name, *aliases)} | {"--list", "--help"}, key=len, reverse=True)
+    return re.compile(r"(?<![\w/.-])invoke(?=[ \t]+(?:" + "|".join(map(re.escape, names)) + r")(?![\w.-]))")
+
+
+class AsTyped:
+    """A text stream whose messages name the command as it was typed: the library's hints say
+    `invoke TASK` (a checkout's command); under the `slimeforge` command they say `slimeforge TASK`.
+    Everything but write() is the stream's own (fileno, isatty, flush: a closed pipe still shows)."""
+
+    def __init__(self, stream, pattern: re.Pattern[str], program: str):
+        self._stream, self._pattern, self._program = stream, pattern, program
+
+    def write(self, text: str) -> int:
+        self._stream.write(self._pattern.sub(self._program, text))
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _name_in_help(coll: Collection, program: str) -> None:
+    """A task's help that names another task (`invoke doctor --list-checks`) names it as typed here."""
+    for t in coll.tasks.values():
+        t.help = {k: v.replace("`invoke ", f"`{program} ") for k, v in t.help.items()}
+    for sub in coll.collections.values():
+        _name_in_help(sub, program)
