@@ -51,12 +51,14 @@ def test_a_lost_worker_heals_and_the_run_resumes_from_its_saved_step(up):
     out = up["tmp"] / "run-restart"
     recipe = recipe_file(up, "restart", exp_id="sf-restart", checkpoint_dir=str(ckpt),
                          env={"STANDIN_STEPS": str(STEPS), "STANDIN_STEP_S": "3", "STANDIN_WATCH_NODES": "1"})
-    proc = subprocess.Popen([sys.executable, "-m", "invoke", *run_cmd(up, recipe, out, "--max-restarts", "1")], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    said = up["tmp"] / "run-restart.out"  # a file, not a pipe: nobody reads it while the run goes on
+    with said.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "invoke", *run_cmd(up, recipe, out, "--max-restarts", "1")], cwd=ROOT,
+                                stdout=sink, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 400
         while not ("standin: watching 3 node(s)" in log_text(out) and saved_step(ckpt) >= 1):
-            assert proc.poll() is None and time.monotonic() < deadline, (proc.stdout.read() if proc.stdout else "") + log_text(out)
+            assert proc.poll() is None and time.monotonic() < deadline, said.read_text() + log_text(out)
             time.sleep(0.5)
         inv = load_inventory(inv_path)
         h3 = next(n for n in make_nodes(inv, control_dir=lab.control_dir) if n.name == "h3")
@@ -75,11 +77,10 @@ def test_a_lost_worker_heals_and_the_run_resumes_from_its_saved_step(up):
             assert time.monotonic() < deadline, log_text(out)
             time.sleep(0.5)
         t_end = time.monotonic()
-        text = proc.stdout.read() if proc.stdout else ""
     finally:
         if proc.poll() is None:
             proc.kill()
-    log = log_text(out)
+    log, text = log_text(out), said.read_text()
     assert proc.returncode == 0, text + log
     assert list(marks) == ["failed", "submitted", "resumed"], (marks, log)
     assert "were lost; restart 1 of 1" in text and "bringing lost hosts back with cluster.up's repair" in text, text
