@@ -73,7 +73,7 @@ class CliTask(invoke.Task):
     def get_arguments(self, ignore_unknown_help=None):
         args = super().get_arguments(ignore_unknown_help)
         for arg in args:
-            arg.may_omit = arg.name in self.may_omit
+            arg.may_omit = arg.name in self.may_omit  # type: ignore[attr-defined]
         return args
 
     def arg_opts(self, name, default, taken_names):
@@ -204,7 +204,7 @@ def _print_task_help(program, name: str) -> None:
 
 
 _print_task_help.invoke_own = _invoke_print_task_help  # type: ignore[attr-defined]
-invoke.Program.print_task_help = _print_task_help  # type: ignore[method-assign]
+invoke.Program.print_task_help = _print_task_help  # type: ignore[method-assign,assignment]
 
 
 # --- stack -----------------------------------------------------------------------------------
@@ -214,10 +214,9 @@ invoke.Program.print_task_help = _print_task_help  # type: ignore[method-assign]
 @clean_errors
 def stack_show(c, cuda="cu13", json_=False):
     """Print a stack's resolved pins and ordered install steps."""
+    from slimeforge.image import lockfile
     from slimeforge.image.stack import load_stack
     from slimeforge.schema import printable
-
-    from slimeforge.image import lockfile
 
     stack = load_stack(cuda)
     try:
