@@ -26,7 +26,7 @@ _.renderable_flags  # run/slime_facts.py SlimeFacts (tests/unit/test_render.py c
 # Set on a library object, read by that library.
 _.hook_mode  # scripts/kernel_check.py: torch_memory_saver.hook_mode = "torch" (its setter picks the hook)
 
-# io.RawIOBase's protocol, called by io.BufferedReader (image/layerpush.py _ChunkReader: the `docker save` stream).
+# io.RawIOBase's protocol, called by io.BufferedReader (image/publish/layerpush.py _ChunkReader: the `docker save` stream).
 _.readable
 _.readinto
 

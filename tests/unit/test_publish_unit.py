@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from slimeforge.errors import ConfigError
-from slimeforge.image import ecr
 from slimeforge.image.imageref import ImageRef, image_ref_problems, parse_image_ref
-from slimeforge.image.publish import (
+from slimeforge.image.publish.publish import (
     LayerProgress,
     PublishOptions,
     _push_failure,
@@ -23,7 +22,8 @@ from slimeforge.image.publish import (
     plan,
     read_credentials,
 )
-from slimeforge.image.registry import RegistryAuthError, TransientError
+from slimeforge.image.remote import ecr
+from slimeforge.image.remote.registry import RegistryAuthError, TransientError
 
 ROOT = Path(__file__).resolve().parents[2]
 D = "sha256:" + "ab" * 32

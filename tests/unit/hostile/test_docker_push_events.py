@@ -9,8 +9,8 @@ import pytest
 import requests
 
 from slimeforge.image.imageref import ImageRef
-from slimeforge.image.publish import LayerProgress, PushFailed, _push
-from slimeforge.image.registry import Retry
+from slimeforge.image.publish.publish import LayerProgress, PushFailed, _push
+from slimeforge.image.remote.registry import Retry
 
 TARGET = ImageRef("127.0.0.1:5000", "sf/x", "t1")
 DIGEST = "sha256:" + "d" * 64

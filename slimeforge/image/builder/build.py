@@ -28,25 +28,21 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import paths, records
-from ..atomic import mark_output_dir, output_dir_problem, write_dir
-from ..errors import ConfigError, OperationFailed, Problem
-from ..proc import Runner
-from ..schema import ENV_NAME_RE, WHOLE_RE, printable, text_problem, text_problems
-from ..templating import render
-from .buildkit import copy_wheels, failure_text, link_files, parse_progress, stream_build, write_tree
-from .buildprogress import past_times
-from .buildreport import BuildReport, CompiledWheels, ReportError, StepTiming, VenvSizes
-from .compilejobs import apex_shared, compile_share
-from .dockerapi import EngineUnavailable, ResolvedBase, docker_client, read_from_image, resolve_base
-from .imageref import TAG_RE, image_ref_problems, repository_problems
-from .lockcheck import check_patches
-from .lockfacts import lock_for_run, patches_for_run
-from .lockfile import LockFile
-from .patches import PatchContent
-from .sources import GIT, LocalSource, checked_options
-from .stack import Stack, load_stack
-from .steps import (
+from ... import paths, records
+from ...atomic import mark_output_dir, output_dir_problem, write_dir
+from ...errors import ConfigError, OperationFailed, Problem
+from ...proc import Runner
+from ...schema import ENV_NAME_RE, WHOLE_RE, printable, text_problem, text_problems
+from ...templating import render
+from ..dockerapi import EngineUnavailable, ResolvedBase, docker_client, read_from_image, resolve_base
+from ..imageref import TAG_RE, image_ref_problems, repository_problems
+from ..lock.lockcheck import check_patches
+from ..lock.lockfacts import lock_for_run, patches_for_run
+from ..lock.lockfile import LockFile
+from ..patches import PatchContent
+from ..sources import GIT, LocalSource, checked_options
+from ..stack import Stack, load_stack
+from ..steps import (
     IMAGE_SCRIPTS,
     LIBRARY_SCRIPTS,
     LOCK_ALL,
@@ -64,9 +60,13 @@ from .steps import (
     together_groups,
     venv_sizes_argv,
 )
+from .buildkit import copy_wheels, failure_text, link_files, parse_progress, stream_build, write_tree
+from .buildprogress import past_times
+from .buildreport import BuildReport, CompiledWheels, ReportError, StepTiming, VenvSizes
+from .compilejobs import apex_shared, compile_share
 
 if TYPE_CHECKING:
-    from .wheelstore import CompiledPlan, Entry
+    from ..wheels.wheelstore import CompiledPlan, Entry
 
 LABEL_NS = "ai.slimeforge"
 REPORT, LOCK, FLAGS, LOG = paths.BUILD_REPORT, paths.STACK_LOCK, paths.FLAGS, "build.log"
@@ -279,7 +279,7 @@ def prepare(opts: BuildOptions) -> Prepared:
     patch_sha = {p.file: p.sha256 for p in patches}
     check_patches(pylock, patch_sha)
     from_sources = {n: s for n, s in local.items() if (s.kind == "git" and stack.builds_from(n)) or s.kind == "wheels"}
-    from .wheelstore import compiled_plan
+    from ..wheels.wheelstore import compiled_plan
 
     compiled = compiled_plan(stack, base.id, patch_sha, pylock, use_store=opts.use_store, wheels_only=opts.wheels_only,
                              store_root=opts.store_root)
@@ -382,7 +382,7 @@ def _write_build_dir(out: Path, dockerfile: str, context: dict[str, str | bytes]
             continue
         target = out / "context" / "sources" / f"{name}.git"
         if not target.exists():
-            from .sources import source_repo
+            from ..sources import source_repo
 
             shutil.copytree(source_repo(stack, name, local, cache), target, symlinks=True)
 
@@ -496,8 +496,8 @@ def pull_base(client, base: ResolvedBase, echo: Callable[[str], None]) -> None:
         return
     except docker.errors.ImageNotFound:
         pass
-    from .imageref import parse_image_ref
-    from .publish import docker_config_credentials
+    from ..imageref import parse_image_ref
+    from ..publish.publish import docker_config_credentials
 
     repo, _, digest = base.from_ref.partition("@")
     creds = docker_config_credentials(parse_image_ref(repo, "base.image").registry)
@@ -522,7 +522,7 @@ def build_wheels(opts: BuildOptions) -> dict[str, dict[str, Any]]:
     compiled), log."""
     from dataclasses import replace
 
-    from . import wheelstore
+    from ..wheels import wheelstore
 
     wopts = replace(opts, wheels_only=True, use_store=True, force=False)
     p = prepare(wopts)

@@ -28,9 +28,9 @@ from email.message import Message
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import OperationFailed, SlimeforgeError
-from ..schema import printable
-from .imageref import DOCKER_HUB
+from ...errors import OperationFailed, SlimeforgeError
+from ...schema import printable
+from ..imageref import DOCKER_HUB
 
 # --- credentials and errors ------------------------------------------------------------------
 

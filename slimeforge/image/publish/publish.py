@@ -21,15 +21,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from .. import paths, records
-from ..atomic import output_problem, write_dir, write_output
-from ..errors import ConfigError, OperationFailed, Problem, SlimeforgeError
-from ..schema import printable
-from . import dockerapi
-from . import ecr as ecr_api
-from .imageref import DOCKER_HUB, DOMAIN_RE, TAG_RE, ImageRef, image_ref_problems, parse_image_ref, split_registry
-from .layerpush import COMPRESSION_RE, COMPRESSIONS
-from .registry import (
+from ... import paths, records
+from ...atomic import output_problem, write_dir, write_output
+from ...errors import ConfigError, OperationFailed, Problem, SlimeforgeError
+from ...schema import printable
+from .. import dockerapi
+from ..imageref import DOCKER_HUB, DOMAIN_RE, TAG_RE, ImageRef, image_ref_problems, parse_image_ref, split_registry
+from ..remote import ecr as ecr_api
+from ..remote.registry import (
     DOCKER_CERTS_DIR,
     Credentials,
     RegistryAPI,
@@ -40,6 +39,7 @@ from .registry import (
     auth_advice,
     daemon_insecure_registries,
 )
+from .layerpush import COMPRESSION_RE, COMPRESSIONS
 
 REPORT, LOCK, RECORD = paths.BUILD_REPORT, paths.STACK_LOCK, "publish.json"
 REPORT_KEYS = {"tag": str, "human_tags": list, "image_id": str}
