@@ -608,7 +608,7 @@ def wheels_ls(c, cuda="cu13", stack=None, unused=False, registry=None, json_=Fal
         return
     creds = None
     if registry:
-        from slimeforge.image.publish.publish import docker_config_credentials
+        from slimeforge.image.remote.credentials import docker_config_credentials
 
         creds = docker_config_credentials(wheelstore.remote_ref(registry, "k").registry)
     rows = [r for s in (stack or [cuda]) for r in wheelstore.listing(load_stack(s), registry=registry, credentials=creds)]

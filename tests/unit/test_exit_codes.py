@@ -14,7 +14,7 @@ from slimeforge.errors import CommandError, ConfigError, OperationFailed, Proble
 from slimeforge.image.builder.build import BuildError
 from slimeforge.image.builder.install import InstallFailed
 from slimeforge.image.lock.lockfile import LockError
-from slimeforge.image.publish.publish import PublishError, PushFailed
+from slimeforge.image.publish.push import PublishError, PushFailed
 from slimeforge.image.remote.registry import RegistryAuthError
 from slimeforge.records import RecordError
 

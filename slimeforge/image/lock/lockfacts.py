@@ -188,7 +188,7 @@ def base_image_digest(image: str, echo: Callable[[str], None]) -> str | None:
     """The digest the base image's tag points at, asked of its registry (any OCI registry, Docker
     Hub included); None, with a warning, where the registry cannot be reached."""
     from ..imageref import parse_image_ref
-    from ..publish.publish import docker_config_credentials
+    from ..remote.credentials import docker_config_credentials
     from ..remote.registry import RegistryAPI, Retry
 
     ref = parse_image_ref(image, "base.image")

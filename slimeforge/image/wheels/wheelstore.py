@@ -281,12 +281,12 @@ def _docker():
 def push(key: str, registry: str, credentials: Credentials | None = None, root: Path | None = None,
          echo: Callable[[str], None] = print, retry: Retry | None = None) -> str:
     """Push the (verified) local entry of `key` as <registry>/slimeforge-compiled:<key>; its digest."""
-    from ..publish.publish import _push
+    from ..publish.push import push_tag
 
     entry = lookup(key, root)
     if entry is None:
         raise WheelStoreError(f"compiled-wheel store: no local entry {key} to push (invoke wheels.build first)")
-    from ..publish.publish import docker_config_credentials
+    from ..remote.credentials import docker_config_credentials
     from ..remote.registry import RegistryAPI
 
     ref = remote_ref(registry, key)
@@ -313,7 +313,7 @@ def push(key: str, registry: str, credentials: Credentials | None = None, root: 
             client.images.build(path=str(ctx), tag=f"{ref.name}:{key}", rm=True, labels={"ai.slimeforge.compiled-key": key})
         except (BuildError, DockerException) as exc:
             raise WheelStoreError(f"compiled-wheel store: making the image of {key} failed: {exc}") from None
-    return _push(client, ref, credentials, echo, retry or Retry())
+    return push_tag(client, ref, credentials, echo, retry or Retry())
 
 
 def pull(key: str, registry: str, credentials: Credentials | None = None, root: Path | None = None,
@@ -322,7 +322,7 @@ def pull(key: str, registry: str, credentials: Credentials | None = None, root: 
     registry has no such tag (a miss). Any other failure raises."""
     from docker.errors import APIError, NotFound
 
-    from ..publish.publish import _push_failure
+    from ..publish.push import push_failure
 
     ref = remote_ref(registry, key)
     credentials = credentials or ecr_credentials(ref, create=False, echo=echo)
@@ -335,13 +335,13 @@ def pull(key: str, registry: str, credentials: Credentials | None = None, root: 
                 message = (event.get("errorDetail") or {}).get("message") or event.get("error", "")
                 if "not found" in message.lower() or "manifest unknown" in message.lower():
                     return None
-                raise _push_failure(ref, message, credentials)
+                raise push_failure(ref, message, credentials)
     except NotFound:
         return None
     except APIError as exc:
         if "not found" in str(exc.explanation or exc).lower() or "manifest unknown" in str(exc.explanation or exc).lower():
             return None
-        raise _push_failure(ref, str(exc.explanation or exc), credentials) from None
+        raise push_failure(ref, str(exc.explanation or exc), credentials) from None
     container = client.containers.create(f"{ref.name}:{key}", command=["true"])
     try:
         chunks, _ = container.get_archive(f"/wheels/{key}")
