@@ -362,6 +362,8 @@ def publish(c, cuda=None, image=None, registry=None, build_dir=None, tag=None, r
     plan = pub.plan(opts)
     if dry_run:
         print("\n".join(pub.describe(plan)))
+        # What the publish checks first, the dry run checks too: the local image is there (exit 2 if not).
+        print(f"local image: {plan.source.image} is {pub.local_image(plan)}")
         print("nothing was pushed (dry run)")
         return
     pub.publish(plan, pub.read_credentials(plan, sys.stdin))
@@ -650,13 +652,14 @@ def cluster_up(c, inventory, dry_run=False, nccl_check=False, ssh_config=None):
 @clean_errors
 def cluster_status(c, inventory, json_=False, ssh_config=None):
     """Show each host of a cluster: our Ray process, its node, GPUs (Ray / nvidia-smi), Python and Ray versions."""
-    from slimeforge.cluster.statustable import print_table, status
+    from slimeforge.cluster.statustable import check_answered, print_table, status
 
     rows = status(_inventory(inventory, ssh_config))
     if json_:
         print(json_doc("slimeforge.cluster-status/1", {"inventory": inventory, "hosts": rows}))
-        return
-    print_table(f"cluster {inventory}", rows)
+    else:
+        print_table(f"cluster {inventory}", rows)
+    check_answered(inventory, rows)  # a host that does not answer: exit 2, after the whole report (docs/exit-codes.md)
 
 
 @task(positional=["inventory"], help={"inventory": "cluster inventory YAML, e.g. recipes/clusters/example.yaml", "ssh_config": SSH_CONFIG_HELP})

@@ -126,6 +126,21 @@ def printable(text: str) -> str:
     return _CONTROL_RE.sub("?", text)
 
 
+def excerpt(text: str, limit: int = 300, sep: str = "; ") -> str:
+    """Another program's words (Docker's, ssh's) fit for one line of ours: whole lines, blank ones
+    dropped, as many as `limit` characters hold, joined by `sep`, each `printable`. A cut never
+    falls inside a line, except the first one when it alone is longer (then it ends in '...')."""
+    lines = [printable(line.strip()) for line in text.splitlines() if line.strip()]
+    kept: list[str] = []
+    for line in lines:
+        if len(sep.join([*kept, line])) > limit:
+            break
+        kept.append(line)
+    if not kept and lines:
+        return lines[0][: max(limit - 3, 1)] + "..."
+    return sep.join(kept) + (f"{sep}..." if len(kept) < len(lines) else "")
+
+
 def _key_text(key: Any) -> str:
     """A mapping key as a field path shows it: a number too long for str() by its size."""
     if isinstance(key, int) and key.bit_length() > 1000:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -16,8 +17,11 @@ BASE_IMAGE = "slimeforge-test/base:bookworm"
 
 # Every integration test names its tier, so `-m "not slurm"` and the like select exactly; tests in a
 # directory of one tier get its marker here (the labs' own directories), every other file says its own.
-TIERS = {"docker", "ray", "ssh", "slurm", "network", "local", "real"}
-DIRECTORY_TIERS = {"integration/slurm": "slurm", "integration/cluster/test_cluster_node_agent.py": "local"}
+# tests/integration/heavy holds what needs no service but real tools and seconds each (compiles, venvs,
+# whole doc pages, shellcheck, bash completion): out of the unit tier, which stays fast.
+TIERS = {"docker", "ray", "ssh", "slurm", "network", "local", "heavy", "real"}
+DIRECTORY_TIERS = {"integration/slurm": "slurm", "integration/cluster/test_cluster_node_agent.py": "local",
+                   "integration/heavy": "heavy"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -102,6 +106,15 @@ def docker_engine():
 @pytest.fixture(scope="session")
 def base_image(docker_engine) -> str:
     """A Debian bookworm base made with debootstrap (nothing can be pulled from Docker Hub here)."""
+    # One maker at a time: CI's parallel workers (pytest-xdist) and other sessions on this machine
+    # each ask for it; the second waits for the first's image instead of making its own.
+    with open(Path(tempfile.gettempdir()) / f"slimeforge-test-base-{os.getuid()}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _make_base_image()
+    return BASE_IMAGE
+
+
+def _make_base_image() -> None:
     have = subprocess.run(["docker", "image", "inspect", BASE_IMAGE], capture_output=True).returncode == 0
     if not have:
         root = Path(tempfile.mkdtemp(prefix="slimeforge-rootfs-"))
@@ -116,4 +129,3 @@ def base_image(docker_engine) -> str:
             tar.wait()
         finally:
             subprocess.run(["rm", "-rf", str(root)], check=False)
-    return BASE_IMAGE

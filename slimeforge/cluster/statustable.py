@@ -20,7 +20,7 @@ def status(inventory: Inventory | str | Path, *, runner: Runner | None = None, c
     """One row per host: reachable?, our Ray process, its node in the cluster, GPUs, versions."""
     inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
     nodes = make_nodes(inv, runner, control_dir)
-    rows: dict[str, dict[str, Any]] = {n.name: {"host": n.name, "role": n.host.role, "address": n.host.address} for n in nodes}
+    rows: dict[str, dict[str, Any]] = {n.name: {"host": n.name, "role": n.host.role, "address": n.host.address, "answered": False} for n in nodes}
 
     def probe(node: Node) -> None:
         row = rows[node.name]
@@ -29,6 +29,7 @@ def status(inventory: Inventory | str | Path, *, runner: Runner | None = None, c
         except SlimeforgeError as exc:
             row["error"] = first_line(exc)
             return
+        row["answered"] = True
         rec = node.record or {}
         if rec.get("refused"):
             row["ray_process"] = "record refused"
@@ -72,6 +73,22 @@ def status(inventory: Inventory | str | Path, *, runner: Runner | None = None, c
         row["node"] = seen["state"] if seen else "not in the cluster"
         row["gpus_ray"] = seen["resources_total"]["GPU"] if seen else None
     return [rows[n.name] for n in nodes]
+
+
+class HostsDown(SlimeforgeError):
+    """cluster.status found hosts that do not answer (exit 2, as a launch on the cluster would be
+    refused: docs/exit-codes.md); raised after the table or document is printed."""
+
+    def __init__(self, inventory: str, rows: list[dict[str, Any]]):
+        self.hosts = [row["host"] for row in rows if not row.get("answered")]
+        super().__init__(f"cluster {inventory}: {len(self.hosts)} of {len(rows)} host(s) do not answer ({', '.join(self.hosts)}): "
+                         "their errors are in the table above; check each host is up and reachable over ssh, then run cluster.status again")
+
+
+def check_answered(inventory: str, rows: list[dict[str, Any]]) -> None:
+    """Raise HostsDown when any host did not answer."""
+    if any(not row.get("answered") for row in rows):
+        raise HostsDown(inventory, rows)
 
 
 COLUMNS = ("host", "role", "address", "node_ip", "ray_process", "node", "gpus_ray", "gpus_seen", "python", "ray", "error")

@@ -17,11 +17,11 @@ from typing import Any
 
 from .. import records
 from ..errors import ConfigError, Problem
+from ..scripts import headrecord
 from . import ownership
 from .ownership import HeadRecord
 
-HEAD_RECORD = "head.json"
-_EXP_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # recipe.EXP_ID_RE (not imported: recipe pulls in the stack)
+HEAD_RECORD = headrecord.RECORD
 
 
 def state_dir(ray_port: int, environ: dict[str, str] | None = None) -> Path:
@@ -31,30 +31,17 @@ def state_dir(ray_port: int, environ: dict[str, str] | None = None) -> Path:
     return Path(base) / f"ray-{ray_port}"
 
 
-_HEAD_KEYS = {"pid", "start_time", "boot_id", "exp_id", "run_token"}
-
-
 def _head_problem(doc: Any) -> str | None:
-    # argv: the exact `ray start --head ...` (launch.sh records it since issue 33; older records lack it).
-    if not isinstance(doc, dict) or set(doc) not in (_HEAD_KEYS, _HEAD_KEYS | {"argv"}):
-        return "is not a head record {pid, start_time, boot_id, exp_id, run_token, argv}"
-    argv = doc.get("argv", ["ray", "start", "--head"])
-    if not (isinstance(argv, list) and len(argv) <= 512 and all(isinstance(a, str) and len(a) <= 8192 for a in argv) and argv[:3] == ["ray", "start", "--head"]):
-        return "has malformed argv (the `ray start --head ...` launch.sh ran)"
-    checks = {"pid": lambda v: type(v) is int and 1 <= v < 1 << 31, "start_time": lambda v: type(v) is int and v >= 0,
-              "boot_id": lambda v: isinstance(v, str) and ownership.BOOT_ID_RE.fullmatch(v),
-              "exp_id": lambda v: isinstance(v, str) and _EXP_ID_RE.fullmatch(v),
-              "run_token": lambda v: isinstance(v, str) and ownership.RUN_TOKEN_RE.fullmatch(v)}
-    bad = [k for k, ok in checks.items() if not ok(doc[k])]
-    return f"has malformed {', '.join(bad)}" if bad else None
+    # The grammar of scripts/headrecord.py, which writes the record; records older than issue 33 (no argv) are still read.
+    return headrecord.record_problem(doc, legacy=True)
 
 
 def read_head(sdir: Path | None) -> HeadRecord | None:
     """The head record launch.sh wrote on this port (validated); None when there is none."""
     if sdir is None:
         return None
-    doc = records.read_json(sdir / HEAD_RECORD, HEAD_RECORD, "the head record launch.sh writes", _head_problem, max_bytes=64 * 1024)
-    return None if doc is None else HeadRecord(**{**doc, "argv": tuple(doc.get("argv", ()))})
+    doc = records.read_json(sdir / HEAD_RECORD, HEAD_RECORD, "the head record launch.sh writes", _head_problem, max_bytes=headrecord.MAX_RECORD)
+    return None if doc is None else headrecord.from_doc(doc)
 
 
 def recorded_head(sdir: Path | None) -> int | None:

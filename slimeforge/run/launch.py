@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from .. import paths
-from ..errors import ConfigError, Problem
+from ..errors import ConfigError, Problem, SlimeforgeError
 from ..image.stack import Stack
 from ..proc import Runner
 from ..yamlio import deep_merge
@@ -29,7 +29,7 @@ from .headstate import check_address
 from .layout import SLIMEFORGE, layout_here, layout_of_image
 from .modechoice import resolve_mode
 from .recipe import EXP_ID_RE, Recipe, load_recipe_data, parse_overrides
-from .recipecheck import load_recipe, parse_recipe
+from .recipecheck import RecipeProblems, load_recipe, parse_recipe, top
 from .rundir import HEAD_TIMEOUT_S, read_plan, write_run_dir
 from .targets.base import LaunchPlan, ResolvedRun, Target, describe, plan_doc
 from .targets.local import ContainerTarget, HostTarget
@@ -146,7 +146,15 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
     if req.slurm and (req.address or req.cluster):
         raise ConfigError("command line", [Problem("--address/--cluster", "--slurm starts its own Ray cluster in the allocation",
                                                    req.address or req.cluster, "leave out --address/--cluster")])
-    recipe, stack = load(req)
+    # The recipe's own problems are held until the options and the cluster's fit join them: one
+    # round (Slurm and in place check theirs on a valid recipe only).
+    pending: RecipeProblems | None = None
+    try:
+        recipe, stack = load(req)
+    except RecipeProblems as exc:
+        if exc.recipe is None or req.slurm or req.in_place:
+            raise
+        recipe, stack, pending = exc.recipe, exc.stack, exc  # type: ignore[assignment]  # never reaches a target: raised below
     target: Target
     layout, layout_note = SLIMEFORGE, None
     if req.in_place:
@@ -166,25 +174,48 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
         from .targets.jobsubmit import ClusterTarget, find_cluster_of, on_cluster
 
         # First: a cluster that is not up (or an inventory that does not load) is the first thing to fix.
-        cluster = find_cluster_of(req.address, req.cluster or recipe.cluster, find_cluster, dry_run)
-        if cluster.check is None and recipe.secret_env:  # --address: no inventory, nothing delivers them
-            raise ConfigError(req.recipe, [Problem(f"secret_env.{i}", f"cannot reach a job on {cluster.name}: secrets travel only to a cluster "
-                                                   "cluster.up brought up with them (the inventory's secret_env)", name,
-                                                   "--cluster INVENTORY with the name in its secret_env, or remove it from the recipe "
-                                                   "(the hosts' own environment must then have it)") for i, name in enumerate(recipe.secret_env)])
-        recipe = on_cluster(recipe, cluster, mode=req.mode, prefix=req.prefix, image=req.image, dry_run=dry_run, stack=stack)
+        try:
+            cluster = find_cluster_of(req.address, req.cluster or recipe.cluster, find_cluster, dry_run)
+            if cluster.check is None and recipe.secret_env:  # --address: no inventory, nothing delivers them
+                raise ConfigError(req.recipe, [Problem(f"secret_env.{i}", f"cannot reach a job on {cluster.name}: secrets travel only to a cluster "
+                                                       "cluster.up brought up with them (the inventory's secret_env)", name,
+                                                       "--cluster INVENTORY with the name in its secret_env, or remove it from the recipe "
+                                                       "(the hosts' own environment must then have it)") for i, name in enumerate(recipe.secret_env)])
+            recipe = on_cluster(recipe, cluster, mode=req.mode, prefix=req.prefix, image=req.image, dry_run=dry_run, stack=stack)
+        except SlimeforgeError as exc:  # the cluster's fit, or why it has none, beside the recipe's problems
+            if pending is None:
+                raise
+            raise joined(pending, exc, "cluster") from None
+        if pending is not None:
+            raise pending
         target = ClusterTarget(cluster)
     else:
-        recipe = resolve_mode(recipe, req.mode, req.prefix, req.image, require_image=not dry_run, stack=stack)
+        try:
+            recipe = resolve_mode(recipe, req.mode, req.prefix, req.image, require_image=not dry_run, stack=stack)
+            if not dry_run and (missing := missing_secrets(recipe, environ)):  # a dry run warns (run_recipe)
+                raise ConfigError(req.recipe, missing)
+        except ConfigError as exc:  # the options' problems (container mode needs an image) beside the recipe's
+            if pending is None:
+                raise
+            raise joined(pending, exc, "launch") from None
+        if pending is not None:
+            raise pending
         target = local_target(recipe, None, **target_options(req, recipe))
-        if not dry_run and (missing := missing_secrets(recipe, environ)):  # a dry run warns (run_recipe)
-            raise ConfigError(req.recipe, missing)
         if recipe.mode == "container" and recipe.image and probe_image:
             layout, recipe, layout_note = layout_of_image(recipe, pull=not dry_run, docker=req.docker)
     out = Path(req.out) if req.out else paths.run_dir(recipe.exp_id)
     python = req.python or (sys.executable if req.in_place else None)
     return target, ResolvedRun(recipe, stack, out.resolve(), req.recipe, environ, req.catalog, tuple(req.skip_checks), req.network_checks,
                                python=python, layout=layout, layout_note=layout_note)
+
+
+def joined(pending: RecipeProblems, exc: SlimeforgeError, where: str) -> RecipeProblems:
+    """The recipe's problems with what the next step found: its problems (a key of the recipe keeps
+    its name, anything else names the step's source), or its message as one problem at `where`."""
+    if not isinstance(exc, ConfigError):
+        return pending.joined([Problem(where, exc.headline(), show_value=False)])
+    return pending.joined([Problem(f"{p.where} ({exc.source})" if top(p.where) not in Recipe.model_fields else p.where,
+                                   p.message, p.value, p.accepted, p.show_value) for p in exc.problems])
 
 
 def missing_secrets(recipe: Recipe, environ: dict[str, str]) -> list[Problem]:

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import paths
-from ..errors import ConfigError, Problem, SlimeforgeError
-from ..schema import text_problem
+from ..errors import CommandError, ConfigError, Problem, SlimeforgeError
+from ..schema import excerpt, text_problem
 from .recipe import Recipe
 
 if TYPE_CHECKING:
@@ -83,7 +83,9 @@ def layout_of_image(recipe: Recipe, *, pull: bool, docker: str = "docker") -> tu
     try:
         facts = image_facts(image, recipe.slime_dir, recipe.megatron_dir, docker=docker, pull=pull)
     except (SlimeforgeError, OSError) as exc:
-        return SLIMEFORGE, recipe, f"the image's layout is not known ({str(exc)[:300]}): rendered for slimeforge's layout"
+        # Docker's own words, cut between lines: a cut inside one read as "Error respon): rendered ...".
+        said = f"{exc.step}: {excerpt(exc.output)}" if isinstance(exc, CommandError) and exc.output.strip() else excerpt(str(exc))
+        return SLIMEFORGE, recipe, f"the image's layout is not known ({said}): rendered for slimeforge's layout"
     return (*layout_from_facts(facts, recipe), None)
 
 

@@ -9,7 +9,9 @@ What is compared, per kind:
   reboot) AND the exact `ray start --head ...` argv launch.sh recorded, with the run token in the
   process's environment, AND the run it was started for (exp_id and the run token of the run
   directory). A pid the kernel gave to another process, or a record edited by hand, never matches
-  them all. (The node agent proves what cluster.up started the same way: scripts/hostrecord.py.)
+  them all. The process proof is scripts/headrecord.py's, the one launch.sh runs before it stops
+  an earlier head (the node agent proves what cluster.up started the same way: scripts/hostrecord.py,
+  both with scripts/procproof.py).
 - Ray job: its metadata, set at submit by launch.sh (slimeforge_exp_id, slimeforge_run_token).
 - Container: the labels slimeforge puts on the containers it starts (slimeforge.exp_id,
   slimeforge.run_token) and the full id docker recorded (--cidfile).
@@ -28,16 +30,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
-from ..proc import pid_alive
-from ..schema import WHOLE_RE
-from ..scripts.hostrecord import argv_matches
+from ..scripts import headrecord, procproof
+from ..scripts.headrecord import HeadRecord, ProcFacts
 
-OURS, ENDED, FOREIGN = "ours", "ended", "foreign"
-RUN_TOKEN_RE = re.compile(r"[0-9a-f]{32}")
-BOOT_ID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+OURS, ENDED, FOREIGN = procproof.OURS, procproof.ENDED, procproof.FOREIGN
+RUN_TOKEN_RE, BOOT_ID_RE = procproof.TOKEN_RE, procproof.BOOT_ID_RE
 CONTAINER_ID_RE = re.compile(r"[0-9a-f]{64}")
 LABEL_EXP_ID, LABEL_RUN_TOKEN = "slimeforge.exp_id", "slimeforge.run_token"
 META_EXP_ID, META_RUN_TOKEN = "slimeforge_exp_id", "slimeforge_run_token"
@@ -70,64 +69,15 @@ def foreign(reason: str) -> Verdict:
 # --- Ray head ------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class HeadRecord:
-    """What launch.sh records about the head it started (state dir, head.json)."""
-
-    pid: int
-    start_time: int  # clock ticks after boot, /proc/PID/stat field 22
-    boot_id: str
-    exp_id: str
-    run_token: str
-    argv: tuple[str, ...] = ()  # the exact `ray start --head ...`; () in records older than issue 33
-
-
-@dataclass(frozen=True)
-class ProcFacts:
-    """What the kernel says about a pid now."""
-
-    pid: int
-    start_time: int
-    boot_id: str
-    argv: tuple[str, ...]
-    zombie: bool = False
-    environ: tuple[str, ...] = ()  # its initial environment (/proc/PID/environ): launch.sh puts the run token there
+# The record (HeadRecord), the facts of a pid (ProcFacts) and the proof that it still is the
+# recorded head: headrecord.py, the program launch.sh runs; here, whether that head is this run's.
+proc_facts, boot_id, is_recorded_head = headrecord.proc_facts, procproof.boot_id, headrecord.is_recorded_head
 
 
 def stat_start_time(stat_text: str) -> tuple[int, str] | None:
-    """(start time, state) from the text of /proc/PID/stat, or None if it is not one.
-    The command name (field 2) is in parentheses and may hold spaces and ')': split after the last ')'."""
-    _, paren, rest = stat_text.rpartition(")")
-    fields = rest.split()
-    if not paren or len(fields) < 20 or not WHOLE_RE.fullmatch(fields[19]):
-        return None
-    return int(fields[19]), fields[0]  # fields[0] is field 3 (state), fields[19] is field 22 (starttime)
-
-
-def boot_id() -> str:
-    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-
-
-def proc_facts(pid: int) -> ProcFacts | None:
-    """The pid's start time, state and argv from /proc; None when no such process runs (a zombie
-    counts as gone, as proc.pid_alive says)."""
-    if not pid_alive(pid):
-        return None
-    try:
-        stat_text = Path(f"/proc/{pid}/stat").read_text()
-        argv = tuple(a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a)
-        boot = boot_id()
-        try:
-            environ = tuple(a.decode(errors="replace") for a in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if a)
-        except PermissionError:  # another user's process: it cannot carry our token either
-            environ = ()
-    except OSError:
-        return None
-    parsed = stat_start_time(stat_text)
-    if parsed is None:
-        return None
-    start, state = parsed
-    return ProcFacts(pid, start, boot, argv, zombie=state == "Z", environ=environ)
+    """(start time, state) from the text of /proc/PID/stat, or None if it is not one."""
+    parsed = procproof.parse_stat(stat_text)
+    return None if parsed is None else (parsed[2], parsed[0])
 
 
 def head_verdict(record: HeadRecord, now: ProcFacts | None, exp_id: str, run_token: str | None) -> Verdict:
@@ -135,32 +85,16 @@ def head_verdict(record: HeadRecord, now: ProcFacts | None, exp_id: str, run_tok
     if record.exp_id != exp_id or run_token is None or record.run_token != run_token:
         return foreign(f"the Ray head recorded on this port (pid {record.pid}) was started for run {record.exp_id!r} "
                        f"(token {record.run_token[:8]}...), not this one ({exp_id!r}, token {(run_token or 'none')[:8]}...)")
-    if now is None or now.zombie:
-        return ended(f"the Ray head (pid {record.pid}) has exited")
-    if now.boot_id != record.boot_id:
-        return ended(f"the Ray head (pid {record.pid}) was recorded before the host rebooted; pid {record.pid} is another process now")
-    if now.start_time != record.start_time:
-        return ended(f"the Ray head (pid {record.pid}) has exited; pid {record.pid} is another process now "
-                     f"(started at tick {now.start_time}, the head at {record.start_time})")
-    if not is_recorded_head(record, now):
-        return foreign(f"pid {record.pid} started when the head did but is not the `ray start --head` recorded, with this run's token "
-                       f"({' '.join(now.argv)[:120]!r})")
+    state, why = headrecord.head_state(record, now)
+    if state != OURS:
+        return Verdict(state, why)
     return ours(f"Ray head pid {record.pid} (started for {exp_id}, start time and boot id match)")
 
 
 def head_alive(record: HeadRecord, now: ProcFacts | None) -> bool:
-    """The recorded head still runs (whatever run it was started for): pid, start time and boot id match."""
-    return (now is not None and not now.zombie and now.boot_id == record.boot_id and now.start_time == record.start_time
-            and is_recorded_head(record, now))
-
-
-def is_recorded_head(record: HeadRecord, now: ProcFacts) -> bool:
-    """The live argv is the recorded `ray start --head ...` (its #! interpreter in front) and the run
-    token is in its environment, as the node agent proves its `ray start` (scripts/hostrecord.py);
-    a record older than issue 33 (no argv): `--head` among the words."""
-    if not record.argv:
-        return "--head" in now.argv
-    return argv_matches(list(record.argv), list(now.argv)) and f"SLIMEFORGE_RUN_TOKEN={record.run_token}" in now.environ
+    """The recorded head still runs (whatever run it was started for): pid, start time, boot id,
+    argv and run token match."""
+    return headrecord.head_state(record, now)[0] == OURS
 
 
 # --- Ray job -------------------------------------------------------------------------------------

@@ -82,6 +82,19 @@ MOUNT_SEPARATORS = (":", ",")
 RESERVED_ENV = frozenset({"PATH", "PYTHONPATH", "PYTHONHOME", "HOME", "LD_PRELOAD", "RAY_ADDRESS", "CUDA_VISIBLE_DEVICES",
                           "CUDA_DEVICE_MAX_CONNECTIONS", "CUDNN_HOME", "CUDNN_PATH", "CUDNN_FRONTEND_CUDART_LIB_NAME", "WANDB_ENTITY"})
 RESERVED_ENV_PREFIXES = ("SLIMEFORGE_", "SF_", "SLURM_")
+# The keys each rule's problem (by the key it names) is computed from, besides that key: where one
+# of them failed the schema, the rule ran on a stand-in value and its problem is dropped
+# (recipecheck.trusted), so one cause gives one problem. The cluster's fit (cluster/runcheck.py
+# static) names num_nodes for num_nodes x num_gpus.
+_BATCH = ("rollout_batch_size", "n_samples_per_prompt", "num_steps_per_rollout", "num_gpus", "num_nodes", "tp_size")
+ARITHMETIC = (*_BATCH, "rollout_gpus_per_engine", "rollout_max_response_len", "max_tokens_per_gpu")
+RELATED: dict[str, tuple[str, ...]] = {
+    "tp_size": ("num_gpus",), "rollout_gpus_per_engine": ("num_gpus", "num_nodes"), "num_nodes": ("num_gpus",),
+    "rollout_batch_size": _BATCH, "num_steps_per_rollout": _BATCH,
+    "max_tokens_per_gpu": ("rollout_max_response_len", "extra_flags"), "model_type": ("slime_dir", "stack"),
+    "ports": ("gateway_port", "ray_dashboard_port", "ray_port"), "install_prefix": ("mode", "slime_dir"),
+    "image": ("mode",), "secret_env": ("env",), "extra_flags": ("stack",),
+}
 
 
 def host_path_problem(path: str) -> str | None:
@@ -252,13 +265,13 @@ def check(recipe: Recipe, stack: Stack, rendered_flags: set[str]) -> list[Proble
         p.append(Problem("model_type", f"has no model script in {where}" + (f"; did you mean {hint!r}?" if hint else ""), r.model_type, ", ".join(known)))
 
     positive = ["num_gpus", "tp_size", "rollout_gpus_per_engine", "rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len", "max_tokens_per_gpu", "num_rollout", "num_nodes", "num_steps_per_rollout", "acr_timeout", "acr_tps_limit", "max_concurrent", "save_interval", "n_samples_per_eval_prompt"]
-    bad_int = False
+    bad_int = False  # the GPU and batch arithmetic below divides by these: not on a value out of range
     highest = {"num_gpus": MAX_GPUS_PER_HOST, "tp_size": MAX_GPUS_PER_HOST, "num_nodes": MAX_NODES}
     for name in positive:
         top = highest.get(name, MAX_COUNT)
         if not 1 <= getattr(r, name) <= top:
             p.append(Problem(name, "must be a positive integer" + (f" of at most {top}" if top != MAX_COUNT else ""), getattr(r, name), f"1..{top}"))
-            bad_int = True
+            bad_int = bad_int or name in ARITHMETIC
     if r.rollout_gpus_per_engine > MAX_GPUS_PER_HOST * MAX_NODES:
         p.append(Problem("rollout_gpus_per_engine", "is more GPUs than any cluster has", r.rollout_gpus_per_engine, f"1..{MAX_GPUS_PER_HOST * MAX_NODES}"))
         bad_int = True

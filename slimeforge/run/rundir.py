@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from .. import __version__, paths, records
+from .. import __version__, paths, records, scripts
 from ..atomic import LOCK_NAME, dir_lock, dir_problem, write_dir
 from ..errors import ConfigError, Problem
 from ..image.stack import Stack
@@ -84,6 +84,7 @@ def build_run_dir(recipe: Recipe, stack: Stack, out: str | os.PathLike[str], rec
             "exp_id": recipe.exp_id,
             "submission_time": paths.SUBMISSION_TIME,
             "head_timeout": HEAD_TIMEOUT_S,
+            "headrecord_program": scripts.headrecord_program(),
             "model_args_bash": MODEL_ARGS_BASH,
             "slime_dir": recipe.slime_dir,
             "model_type": recipe.model_type,

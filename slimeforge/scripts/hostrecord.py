@@ -2,8 +2,9 @@
 (ray.json in the host's state directory) and the verdicts the agent acts on.
 
 Standard library only, Python >= 3.8: it runs on the hosts, inside the node agent's program
-(slimeforge.scripts.program). The proofs are the ones slimeforge/run/ownership.py makes for the
-head a launch starts, applied to what `cluster.up` starts on each host:
+(slimeforge.scripts.program) with procproof.py, which reads records and proves pids for it and
+for headrecord.py (the head a launch starts). The proofs, applied to what `cluster.up` starts on
+each host:
 
 - a process: its pid AND its start time (field 22 of /proc/PID/stat) AND the boot id (a start
   time means nothing after a reboot) AND the exact `ray start --block` argv recorded (the live
@@ -20,27 +21,30 @@ RecordError naming the file: read before anything is signalled, never a tracebac
 
 from __future__ import annotations
 
-import errno
+import importlib
 import json
 import os
 import re
 import signal
-import stat
 import subprocess
 import time
+
+try:
+    from . import procproof  # imported as slimeforge.scripts.hostrecord
+except ImportError:  # on a host: one program (slimeforge.scripts.program) that registered it first
+    procproof = importlib.import_module("procproof")
 
 RECORD = "ray.json"
 MAX_RECORD = 64 * 1024  # an argv and a few ids; a bigger file is not ours
 MAX_DEPTH = 4  # {"argv": [...]} is 2 deep
 MAX_ARGV, MAX_ARG = 512, 8192
-PID_MAX = 1 << 22  # the kernel's limit (pid_max)
+PID_MAX = procproof.PID_MAX
 TOKEN_ENV = "SLIMEFORGE_CLUSTER_TOKEN"
 LABEL_CLUSTER, LABEL_TOKEN = "slimeforge.cluster", "slimeforge.cluster_token"
-TOKEN_RE = re.compile(r"[0-9a-f]{32}")
-BOOT_ID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+TOKEN_RE, BOOT_ID_RE = procproof.TOKEN_RE, procproof.BOOT_ID_RE
 CONTAINER_ID_RE = re.compile(r"[0-9a-f]{64}")
 CLUSTER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # inventory.NAME_RE
-OURS, ENDED, FOREIGN = "ours", "ended", "foreign"
+OURS, ENDED, FOREIGN = procproof.OURS, procproof.ENDED, procproof.FOREIGN
 # The NAMES of the secrets `start` put in Ray's environment (never a value): optional, as records
 # written before it have none.
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -49,59 +53,13 @@ PROCESS_KEYS = {"pid", "starttime", "boot_id", "argv", "token", "cluster", "star
 CONTAINER_KEYS = {"container", "argv", "token", "cluster", "started_at"}
 
 
-class RecordError(Exception):
-    """The record exists but is not one the node agent writes; the message names the file."""
+# The safe reading of a record and the proofs about a pid: procproof.py, shared with headrecord.py
+# (the names stay here for the node agent).
+RecordError, read_regular = procproof.RecordError, procproof.read_regular
+proc_stat, boot_id, argv_matches, proc_words = procproof.proc_stat, procproof.boot_id, procproof.argv_matches, procproof.proc_words
 
 
-# --- reading files that may be anything ----------------------------------------------------------
-
-
-def _kind(mode):
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symlink")):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def read_regular(path, cap, last=False):
-    """The bytes of the regular file at `path`: at most `cap` (the last `cap` with last=True, for
-    logs; else more is an error). None when nothing is there. Opened with O_NONBLOCK|O_NOFOLLOW and
-    judged by fstat of what was opened: a FIFO never blocks the reader, a device is never read."""
-    try:
-        # Judged before open(): opening a device can itself have effects (a tape rewinds).
-        first = os.lstat(path)
-        if not stat.S_ISREG(first.st_mode):
-            raise RecordError(f"{path}: is {_kind(first.st_mode)}, not a regular file slimeforge wrote")
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        what = "is a symlink" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})"
-        raise RecordError(f"{path}: {what}, not a regular file slimeforge wrote") from None
-    try:
-        st = os.fstat(fd)  # what was opened, not the name: it may have been replaced since the lstat
-        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (first.st_dev, first.st_ino):
-            raise RecordError(f"{path}: is {_kind(st.st_mode)}, not a regular file slimeforge wrote")
-        if st.st_size > cap:
-            if not last:
-                raise RecordError(f"{path}: is {st.st_size} bytes, more than a record holds ({cap})")
-            os.lseek(fd, st.st_size - cap, os.SEEK_SET)
-        chunks, left = [], cap + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 16))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if len(data) > cap:
-        if not last:
-            raise RecordError(f"{path}: is more than {cap} bytes, more than a record holds")
-        data = data[-cap:]
-    return data
+# --- the record ----------------------------------------------------------------------------------
 
 
 def tail(path, lines=25, cap=64 * 1024):
@@ -111,34 +69,6 @@ def tail(path, lines=25, cap=64 * 1024):
     except RecordError:
         return ""
     return "".join((data or b"").decode("utf-8", "replace").splitlines(True)[-lines:])
-
-
-def _depth(text):
-    """The deepest nesting of [ and { outside strings: checked before json.loads, which recurses."""
-    depth = deepest = 0
-    in_str = esc = False
-    for ch in text:
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-            if deepest > MAX_DEPTH:
-                break
-        elif ch in "]}":
-            depth -= 1
-    return deepest
-
-
-def _whole(value, lo, hi):
-    return type(value) is int and lo <= value <= hi  # not bool, not "123", not 1.0
 
 
 def is_ray_start(argv):
@@ -168,9 +98,9 @@ def record_problem(doc):
     if not (type(doc["started_at"]) in (int, float) and 0 <= doc["started_at"] < 1e11):
         bad.append("started_at (seconds)")
     if "pid" in doc:
-        if not _whole(doc["pid"], 1, PID_MAX):
+        if not procproof.whole(doc["pid"], 1, PID_MAX):
             bad.append(f"pid (a whole number 1..{PID_MAX})")
-        if not _whole(doc["starttime"], 0, 1 << 63):
+        if not procproof.whole(doc["starttime"], 0, 1 << 63):
             bad.append("starttime (clock ticks)")
         if not (isinstance(doc["boot_id"], str) and BOOT_ID_RE.fullmatch(doc["boot_id"])):
             bad.append("boot_id")
@@ -186,24 +116,7 @@ def record_problem(doc):
 
 def read_record(state_dir):
     """The validated record of what `start` started here; None when there is none."""
-    path = os.path.join(state_dir, RECORD)
-    data = read_regular(path, MAX_RECORD)
-    if data is None:
-        return None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RecordError(f"{path}: is not UTF-8 text (byte {exc.start}): not a record slimeforge wrote") from None
-    if _depth(text) > MAX_DEPTH:
-        raise RecordError(f"{path}: nests deeper than {MAX_DEPTH}: not a record slimeforge wrote")
-    try:
-        doc = json.loads(text)
-    except (ValueError, RecursionError):
-        raise RecordError(f"{path}: is not JSON: not a record slimeforge wrote") from None
-    why = record_problem(doc)
-    if why:
-        raise RecordError(f"{path}: {why}: not a record slimeforge wrote")
-    return doc
+    return procproof.read_json(os.path.join(state_dir, RECORD), MAX_RECORD, MAX_DEPTH, record_problem)
 
 
 def write_record(state_dir, record):
@@ -224,44 +137,6 @@ def remove_record(state_dir):
 # --- processes -----------------------------------------------------------------------------------
 
 
-def proc_stat(pid):
-    """(state, ppid, starttime) from /proc/<pid>/stat, or None when there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read().decode("utf-8", "replace")
-    except OSError:
-        return None
-    # The command name is in parentheses and may hold spaces and ')': split after the last one.
-    rest = data[data.rindex(")") + 2 :].split()
-    return rest[0], int(rest[1]), int(rest[19])
-
-
-def boot_id():
-    with open("/proc/sys/kernel/random/boot_id") as f:
-        return f.read().strip()
-
-
-def _proc_words(pid, name):
-    try:
-        with open(f"/proc/{pid}/{name}", "rb") as f:
-            data = f.read(1 << 20)
-    except OSError:
-        return None
-    return [w.decode("utf-8", "replace") for w in data.split(b"\0") if w]
-
-
-def argv_matches(recorded, live):
-    """The live cmdline is the recorded argv, run as it was: exactly, or with the interpreter of its
-    `#!` line in front (python for the `ray` script: up to two words, `/usr/bin/env python3`) and
-    argv[0] as the kernel found it on PATH when the record gave a bare name."""
-    if live is None or len(live) < len(recorded) or len(live) - len(recorded) > 2:
-        return False
-    tail = live[len(live) - len(recorded):]
-    if tail[1:] != recorded[1:]:
-        return False
-    return tail[0] == recorded[0] or ("/" not in recorded[0] and os.path.basename(tail[0]) == recorded[0])
-
-
 def process_verdict(record):
     """(verdict, reason) for a process record, from what /proc says now."""
     pid = record["pid"]
@@ -272,16 +147,16 @@ def process_verdict(record):
         return ENDED, f"recorded pid {pid} was started before this host rebooted; pid {pid} is another process now"
     if st[2] != record["starttime"]:
         return ENDED, f"recorded pid {pid} is no longer running (pid {pid} is another process now, started at tick {st[2]}, ours at {record['starttime']})"
-    live = _proc_words(pid, "cmdline")
+    live = procproof.proc_words(pid, "cmdline")
     # Right after Popen returns (the exec has closed the parent's pipe), the kernel has not yet set
     # up the new argv: /proc/PID/cmdline reads empty for a moment. No process we start has none.
     deadline = time.monotonic() + 2
     while live == [] and time.monotonic() < deadline:
         time.sleep(0.01)
-        live = _proc_words(pid, "cmdline")
+        live = procproof.proc_words(pid, "cmdline")
     if not argv_matches(record["argv"], live):
         return FOREIGN, f"pid {pid} is not the `ray start` slimeforge recorded: it runs {' '.join(live or [])[:160]!r}"
-    env = _proc_words(pid, "environ")
+    env = procproof.proc_words(pid, "environ")
     if env is None or f"{TOKEN_ENV}={record['token']}" not in env:
         return FOREIGN, f"pid {pid} runs `ray start` but without this cluster's token ({TOKEN_ENV}): another cluster.up or a hand started it"
     return OURS, f"pid {pid} (start time, boot id, argv and cluster token match)"

@@ -573,7 +573,7 @@ def cmd_awscheck(p):
     if "container" in record:
         argv, env = ["docker", "exec", "-i", "--", record["container"], "python3", "-", payload], None
     else:
-        words = hostrecord._proc_words(record["pid"], "environ")
+        words = hostrecord.proc_words(record["pid"], "environ")
         if words is None:
             return {"secret_env": names, "error": f"cannot read the environment of pid {record['pid']}"}
         env = dict(w.split("=", 1) for w in words if "=" in w)

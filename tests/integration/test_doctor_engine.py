@@ -57,11 +57,21 @@ def test_an_engine_that_does_not_answer_is_dockers_own_message(tmp_path, monkeyp
     assert "start Docker Engine" in finding.fix  # "Cannot connect to the Docker daemon" named the cause
 
 
-def test_an_image_not_here_is_named_and_nothing_is_pulled():
+def test_an_image_that_cannot_be_had_is_one_error_and_the_checks_that_need_it_say_so(tmp_path):
+    """Issue 42.8: an image not here is pulled once (as the launch's `docker run` would); when that
+    fails, the docker check holds the one error, in Docker's words with the fix they name, and the
+    other checks that need the image are skipped naming it (they were 3 more reports, 3 fixes)."""
     engine, absent = docker_findings(image=UNRESOLVABLE)
     assert engine.level == doctor.OK
-    assert absent.level == doctor.WARNING and f"image {UNRESOLVABLE} is not on this host" in absent.message
-    assert f"docker pull {UNRESOLVABLE}" in absent.fix
+    code, said = docker_says("pull", "--", UNRESOLVABLE)
+    assert absent.level == doctor.ERROR and absent.message.startswith(f"image {UNRESOLVABLE} cannot be had here: ")
+    assert absent.message.splitlines()[0].endswith(f"exited with {code}:")
+    recipe, _ = parse_recipe(make_recipe(tmp_path, mode="container", image=UNRESOLVABLE, slime_dir="/root/slime"), "test")
+    report = doctor.run_checks(recipe, only=["docker", "model-config", "flags", "versions"])
+    needing = [f for f in report.findings if f.check != "docker" and f.needs]
+    assert [f.check for f in report.errors if "cannot be had" in f.message] == ["docker"]
+    assert {f.check for f in needing} == {"model-config", "flags", "versions"}
+    assert all(f.needs == "docker" and f.level == doctor.WARNING and not f.fix for f in needing)
 
 
 def test_a_docker_run_that_fails_shows_dockers_message_not_its_last_line(tmp_path):

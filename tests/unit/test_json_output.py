@@ -83,12 +83,13 @@ def test_cluster_status_json_names_each_unreachable_host(tmp_path):
     inventory.write_text("name: unreachable\nmode: host\nprefix: /opt/slimeforge\nssh: {user: root, connect_timeout: 2, port: 1}\n"
                          "hosts:\n  - {name: a, address: 127.0.0.1, role: head, gpus: 1}\n  - {name: b, address: 127.0.0.2, gpus: 1}\n")
     res = invoke("cluster.status", str(inventory), "--json")
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 2, res.stderr  # no host answers: the document, then exit 2 (docs/exit-codes.md)
+    assert "2 of 2 host(s) do not answer (a, b)" in res.stderr
     doc = one_document(res)
     json_shapes.check(doc, "slimeforge.cluster-status/1")
     assert [h["host"] for h in doc["hosts"]] == ["a", "b"]
-    assert all("port 1" in h["error"] and h["node"] == "not in the cluster" for h in doc["hosts"])
+    assert all("port 1" in h["error"] and h["node"] == "not in the cluster" and h["answered"] is False for h in doc["hosts"])
     # The table, piped, keeps its full width: ssh's whole message, no column cut to "…".
     table = invoke("cluster.status", str(inventory))
-    assert table.returncode == 0 and "ssh: connect to host 127.0.0.2 port 1: Connection refused" in table.stdout, table.stdout
+    assert table.returncode == 2 and "ssh: connect to host 127.0.0.2 port 1: Connection refused" in table.stdout, table.stdout
     assert "…" not in table.stdout and "\x1b[" not in table.stdout

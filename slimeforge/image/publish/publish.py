@@ -444,6 +444,12 @@ def _verified(p: Plan, dest: _Destination, pushed: dict[str, str], image_id: str
     return confirmed
 
 
+def local_image(p: Plan, docker_client=None) -> str:
+    """The local image ID a publish of `p` would push: its dry run checks it as the publish does
+    first (no such local image, or a tag that moved since the build: PublishError, exit 2)."""
+    return _local_image_id(docker_client or dockerapi.docker_client(), p.source)
+
+
 def _local_image_id(docker, source: Source) -> str:
     from docker.errors import DockerException, ImageNotFound
     from requests.exceptions import RequestException

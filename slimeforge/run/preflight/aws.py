@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..recipe import ARN_RE, Recipe, bucket_name
-from .findings import Context, Finding, check, error, ok, warning
+from .findings import Context, Finding, check, error, ok, skipped, warning
 
 
 def _boto_config():
@@ -46,7 +46,7 @@ def check_s3(ctx: Context) -> list[Finding]:
     bucket = bucket_name(r.s3_bucket)
     session = _session(ctx)
     if isinstance(session, Exception) or session.get_credentials() is None:
-        return [error("s3", f"bucket {bucket} not checked: no AWS credentials", "see aws-credentials")]
+        return [skipped("s3", "aws-credentials", f"bucket {bucket} needs AWS credentials (the aws-credentials error above)")]
     try:
         session.client("s3", region_name=_region(r), config=_boto_config()).head_bucket(Bucket=bucket)
     except ClientError as exc:
@@ -75,7 +75,7 @@ def check_agentcore(ctx: Context) -> list[Finding]:
     runtime_id = arn.split(":runtime/", 1)[1]
     session = _session(ctx)
     if isinstance(session, Exception) or session.get_credentials() is None:
-        return [warning("agentcore", f"runtime {runtime_id}: well formed; not described (no AWS credentials)")]
+        return [skipped("agentcore", "aws-credentials", f"runtime {runtime_id} is well formed; describing it needs AWS credentials (the aws-credentials error above)")]
     try:
         client = session.client("bedrock-agentcore-control", region_name=_region(r), config=_boto_config())
         resp = client.get_agent_runtime(agentRuntimeId=runtime_id)

@@ -4,7 +4,7 @@ Docker's own words (toolfix.py), with a fix only where those words name the caus
 
 from __future__ import annotations
 
-from .findings import Context, Finding, check, error, ok, warning
+from .findings import Context, Finding, check, error, ok, skipped
 from .toolfix import known_fix, tool_message
 
 CHECK = "docker"
@@ -17,20 +17,19 @@ def engine_findings(ctx: Context) -> list[Finding]:
     try:
         version = ctx.runner.run([docker, "version", "--format", "{{.Server.Version}}"], step="docker version", timeout=30).stdout.strip()
     except Exception as exc:  # noqa: BLE001 - Docker's own message is the finding
+        # The checks that need the image read it through Docker: they name this error, not a second one.
+        ctx.cache.setdefault("image-facts", exc)
+        ctx.cache.setdefault("image-blocked-by", CHECK)
         return [error(CHECK, f"Docker Engine does not answer: {tool_message(exc)}",
                       known_fix(exc, "install Docker Engine, or start it (what Docker said above is why it does not answer)"))]
     out = [ok(CHECK, f"Docker Engine {version or '(version not given)'} answers")]
     if not ctx.image:
-        return out + [warning(CHECK, "no image given, so the NVIDIA Container Toolkit is not checked",
+        return out + [skipped(CHECK, "--image", "the NVIDIA Container Toolkit starts a --gpus container of the image, and no image is given",
                               "give --image IMAGE (or image: in the recipe)")]
-    # Only an image already here: doctor pulls nothing (the launch pulls a missing one itself).
-    present = ctx.runner.run([docker, "image", "inspect", "--format", "{{.Id}}", "--", ctx.image], step="docker image inspect",
-                             check=False, timeout=30)
-    if present.returncode != 0:
-        said = (present.stderr or present.stdout).strip().splitlines()
-        return out + [warning(CHECK, f"image {ctx.image} is not on this host, so a --gpus container of it was not started"
-                              + (f" (Docker: {said[-1]})" if said else ""),
-                              f"`docker pull {ctx.image}` (the launch pulls it too), then run doctor again")]
+    # The image once for every check that needs it: pulled here if it is not on this host, as the
+    # launch's `docker run` would; one that cannot be had is this check's one error (Docker's words).
+    if blocker := ctx.image_blocker(CHECK):
+        return out + [blocker]
     argv = [docker, "run", "--rm", "--pull", "never", "--gpus", "all", "--entrypoint", "nvidia-smi", "--", ctx.image, "-L"]
     try:
         listed = ctx.runner.run(argv, step="docker run --gpus all", timeout=120).stdout

@@ -19,7 +19,7 @@ from ...image.stack import Stack
 from ...proc import Runner
 from ...schema import printable
 from ..recipe import Recipe
-from .toolfix import tool_message
+from .toolfix import known_fix, tool_message
 
 ERROR, WARNING, OK = "error", "warning", "ok"
 
@@ -32,6 +32,9 @@ class Finding:
     level: str  # ERROR, WARNING or OK
     message: str
     fix: str = ""
+    # Not checked because what it needs failed in another check (a warning naming it): the cause is
+    # that check's one error, with its one fix, never a second error here.
+    needs: str = ""
 
     def __str__(self) -> str:
         text = f"[{self.check}] {self.message}"
@@ -48,6 +51,11 @@ def warning(check: str, message: str, fix: str = "") -> Finding:
 
 def ok(check: str, message: str) -> Finding:
     return Finding(check, OK, message)
+
+
+def skipped(check: str, needs: str, message: str, fix: str = "") -> Finding:
+    """`check` did not run: it needs `needs` (what another check found missing, or an option not given)."""
+    return Finding(check, WARNING, f"not checked: {message}", fix, needs=needs)
 
 
 class PreflightError(ConfigError):
@@ -93,14 +101,16 @@ class Report:
         width = max([len(f.check) for f in self.findings] + [5])
         lines = [f"{'check':<{width}}  {'status':<7}  detail"]
         for f in self.findings:
-            status = {ERROR: "ERROR", WARNING: "warn", OK: "ok"}[f.level]
+            status = "skip" if f.needs else {ERROR: "ERROR", WARNING: "warn", OK: "ok"}[f.level]
             # Messages carry text from tools and reports: each line reaches the terminal without control characters.
             first, *rest = [printable(line) for line in f.message.splitlines()] or [""]
             lines.append(f"{f.check:<{width}}  {status:<7}  {first}")
             lines += [f"{'':<{width}}  {'':<7}  {line}" for line in rest]
             if f.fix:
                 lines.append(f"{'':<{width}}  {'':<7}  fix: {printable(f.fix)}")
-        lines.append(f"{len(self.errors)} error(s), {len(self.warnings)} warning(s) in {self.seconds:.2f} s")
+        held = sum(1 for f in self.findings if f.needs)
+        lines.append(f"{len(self.errors)} error(s), {len(self.warnings)} warning(s)" + (f" ({held} not checked: each names what it needs)" if held else "")
+                     + f" in {self.seconds:.2f} s")
         return "\n".join(lines)
 
 
@@ -152,6 +162,21 @@ class Context:
         r = self.recipe
         slime, megatron = (r.slime_dir, r.megatron_dir) if r else (RUNNER_FIELDS["slime_dir"], RUNNER_FIELDS["megatron_dir"])
         return self.once("image-facts", lambda: image_facts(str(self.image), slime, megatron, docker=self.docker, runner=self.runner))
+
+    def image_blocker(self, check: str) -> Finding | None:
+        """None when the image can be had here (pulled if need be; a probe that ran in it and failed is
+        each check's own finding). Else the one error of the first check that needs the image, with
+        the fix Docker's words name, and for every later check a skip naming that one."""
+        from ..imageprobe import ProbeError
+
+        facts = self.image_facts()
+        if not isinstance(facts, Exception) or isinstance(facts, ProbeError):
+            return None
+        first = self.cache.setdefault("image-blocked-by", check)
+        if first != check:
+            return skipped(check, first, f"needs image {self.image}, which cannot be had here (the {first} error above says why)")
+        return error(check, f"image {self.image} cannot be had here: {tool_message(facts)}",
+                     known_fix(facts, f"check the image's name (`docker pull {self.image}` must work on this host), or give another with --image"))
 
     def once(self, key: str, fn: Callable[[], Any]) -> Any:
         if key not in self.cache:

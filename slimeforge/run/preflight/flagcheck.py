@@ -60,6 +60,8 @@ def check_flags(ctx: Context) -> list[Finding]:
     """Every rendered flag (slime.args + MODEL_ARGS) is in the image's flag catalog."""
     r = ctx.recipe
     assert r is not None
+    if ctx.mode == "container" and ctx.image and not ctx.catalog and (blocker := ctx.image_blocker("flags")):
+        return [blocker]
     try:
         found = find_catalog(ctx)
     except ProbeError as exc:  # the image runs, but what it holds cannot be learned: not a reason to refuse
@@ -69,6 +71,10 @@ def check_flags(ctx: Context) -> list[Finding]:
     except Exception as exc:  # noqa: BLE001
         return [error("flags", f"cannot read the flag catalog: {describe_failure(exc)}",
                       known_fix(exc, "point at a catalog with --catalog PATH, or rebuild the image"))]
+    if found is None and ctx.mode == "container" and not ctx.image and not ctx.address:  # with --address the image is the cluster's
+        return [error("flags", "no flag catalog found (no image given to read one in, no --catalog, no local build), so a flag slime "
+                               "would silently ignore cannot be caught",
+                      "give --image IMAGE (its catalog is read there), point at one with --catalog PATH, or --skip-check flags")]
     if found is None:
         return [error("flags", "no flag catalog found, so a flag slime would silently ignore cannot be caught",
                       "build or install first (it writes flags.json), point at one with --catalog PATH, or --skip-check flags")]

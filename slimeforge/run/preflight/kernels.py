@@ -112,6 +112,8 @@ def check_kernels(ctx: Context) -> list[Finding]:
     if argv is None:
         return [error(CHECK, f"no {'image' if ctx.mode == 'container' else 'install prefix'} to check the kernels of",
                       "give --image IMAGE (container mode) or --prefix PREFIX (host mode), or a recipe")]
+    if ctx.mode == "container" and (blocker := ctx.image_blocker(CHECK)):
+        return [blocker]
     where = f"image {ctx.image}" if ctx.mode == "container" else f"the install at {ctx.install_prefix}"
     # The fix is built from validated values (--image by its grammar, --prefix absolute), quoted as
     # a shell reads them; it runs the image's own copy of the script and mounts nothing from the host.

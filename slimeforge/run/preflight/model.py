@@ -10,7 +10,7 @@ from typing import Any
 
 from ... import records
 from ..modelscript import eval_in_image, eval_model_script, model_script
-from .findings import Context, Finding, check, describe_failure, error, ok
+from .findings import Context, Finding, check, describe_failure, error, ok, skipped
 from .toolfix import known_fix
 
 # slime model flag -> keys of the HF config.json that hold the same value (first present wins).
@@ -142,6 +142,14 @@ def check_model_config(ctx: Context) -> list[Finding]:
         out.append(error("model-config", f"{config_path} holds a JSON {type(config).__name__}, not an object",
                          "model_dir must be a Hugging Face checkpoint directory, whose config.json is a JSON object"))
         config = None
+    script = model_script(r)
+    if ctx.mode == "container" and not script.is_file():  # read in the image: one that is missing is said once, by its name
+        if not ctx.image:
+            out.append(skipped("model-config", "--image", f"the model script {script} is read in the image, and no image is given",
+                               "give --image IMAGE (or image: in the recipe)"))
+            return out
+        if blocker := ctx.image_blocker("model-config"):
+            return [*out, blocker]
     margs = model_args(ctx)
     if isinstance(margs, Exception):
         out.append(error("model-config", f"cannot read MODEL_ARGS of {model_script(r)}: {describe_failure(margs)}",

@@ -70,8 +70,10 @@ def environment_versions(ctx: Context) -> list[Finding]:
 
 def image_versions(ctx: Context) -> list[Finding]:
     """Container mode: the image's python3 (launch.sh's there) and the Ray beside it, from the probe."""
+    if blocker := ctx.image_blocker("versions"):
+        return [blocker]
     facts = ctx.image_facts()
-    if isinstance(facts, Exception):  # the flags check reports an image that cannot be found as its error
+    if isinstance(facts, Exception):  # the probe ran in the image and failed: the flags check says how
         return [warning("versions", f"the Ray and Python of {ctx.image} cannot be learned: {describe_failure(facts)}",
                         "an image whose python3 is the one that runs slime (launch.sh runs python3 and ray there)")]
     if not facts.ray:

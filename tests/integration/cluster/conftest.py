@@ -30,6 +30,15 @@ def lab():
         lab.stop()
 
 
+@pytest.fixture(scope="session")
+def ray_image_for_lab(base_image) -> str:
+    """The container lab's image in this machine's engine: the test base, Ray at the lock's version,
+    the stand-in slime at /root/slime (lab_image.py); built once, then found by its content tag."""
+    from lab_image import lab_ray_image
+
+    return lab_ray_image(base_image)
+
+
 @pytest.fixture(autouse=True)
 def _own_state_home(tmp_path, monkeypatch):
     # cluster.up records the head's address for `invoke run --cluster`; keep it out of ~.

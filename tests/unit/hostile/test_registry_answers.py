@@ -149,7 +149,8 @@ def test_a_registry_that_never_answers_ends_by_the_read_timeout(fake):
     started = time.monotonic()
     with pytest.raises(RegistryError) as exc:
         api(f, timeout=0.5, deadline=5).manifest("sf/x", "t1")
-    assert time.monotonic() - started < 5 and "Timeout" in str(exc.value) or "within" in str(exc.value)
+    assert time.monotonic() - started < 5
+    assert "Timeout" in str(exc.value) or "within" in str(exc.value)
 
 
 def test_an_answer_over_its_size_bound_is_refused(fake):

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from cext_support import make_sdist  # noqa: E402
 from helpers import in_ci  # noqa: E402
 
-LIB = Path(__file__).resolve().parents[2] / "templates" / "steps.sh"
+LIB = Path(__file__).resolve().parents[3] / "templates" / "steps.sh"
 
 
 def sf(*args: str, state: Path, path: str = "/usr/bin:/bin", env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

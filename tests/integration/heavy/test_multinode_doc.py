@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PAGE = ROOT / "docs" / "multinode.md"
 RUN_DIR = "runs/gsm8k-3b-2node"
 # These reach the inventory's hosts over ssh, build with Docker or push to a registry: their dry

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PAGE = ROOT / "docs" / "quickstart.md"
 FIXTURES = ROOT / "tests" / "fixtures"
 PARQUET = "/root/data/gsm8k/main/train-00000-of-00001.parquet"
