@@ -30,6 +30,10 @@ _.hook_mode  # scripts/kernel_check.py: torch_memory_saver.hook_mode = "torch" (
 _.readable
 _.readinto
 
+# urllib's handler protocol: OpenerDirector calls <scheme>_open (image/remote/registry.py _DeadlineHandlers).
+_.http_open
+_.https_open
+
 # Ray's ports: pydantic fields read by key (rayports.py reads RaySettings.model_dump() by its keys).
 _.client_port
 _.autoscaler_metrics_port
@@ -44,3 +48,7 @@ _.min_worker_port
 _.max_worker_port
 _.firewall_table  # rayports.py: docs/cluster.md's table (tests/unit/test_ray_ports.py compares the page with it)
 _.RAY_AGENT_PORT  # run/targets/slurm.py: the port tests/integration/slurm holds busy on a node
+
+# Kept for the tests, which prove processes with them; the code does it through scripts/procproof.py.
+_.pid_alive  # proc.py: the one liveness test of tests/launch_support.py, test_launch and the cluster lab tests
+_.stat_start_time  # run/ownership.py: the start time of /proc/PID/stat as ownership's unit tests read it (procproof.parse_stat)
