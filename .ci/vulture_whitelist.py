@@ -52,3 +52,10 @@ _.RAY_AGENT_PORT  # run/targets/slurm.py: the port tests/integration/slurm holds
 # Kept for the tests, which prove processes with them; the code does it through scripts/procproof.py.
 _.pid_alive  # proc.py: the one liveness test of tests/launch_support.py, test_launch and the cluster lab tests
 _.stat_start_time  # run/ownership.py: the start time of /proc/PID/stat as ownership's unit tests read it (procproof.parse_stat)
+
+# urllib's OpenerDirector calls a handler's `<scheme>_open` by name (image/registry.py's deadline handler).
+_.http_open
+_.https_open
+
+# The text stream protocol (slimeforge/cli.py AsTyped stands in for sys.stdout and sys.stderr: whoever writes lines calls it).
+_.writelines

@@ -22,8 +22,6 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Any
 
-from .schema import printable
-
 CLOSED_PIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
 WIDE = 10_000  # off a terminal: wide enough that rich never folds or cuts a table's cell
 
@@ -62,6 +60,8 @@ def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any
     message would be read as a tag), with control characters replaced (schema.printable)."""
     from rich.table import Table
     from rich.text import Text
+
+    from .schema import printable  # pydantic comes with it: not at import, `--help` stays fast
 
     t = Table(title=None if title is None else Text(printable(title)), title_justify="left")
     for col in columns:

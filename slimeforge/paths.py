@@ -8,16 +8,21 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-IMAGES = ROOT / "images"
-TEMPLATES = ROOT / "templates"
+PACKAGE = Path(__file__).resolve().parent
+ROOT = PACKAGE.parent  # a checkout's root (or site-packages, installed)
+# The stacks (images/*.yaml, their locks, slime's facts) and the templates ship inside the package:
+# in a checkout slimeforge/stacks and slimeforge/templates are links to images/ and templates/
+# (resolved, so paths read the same as the checkout's), in a wheel the directories themselves.
+IMAGES = (PACKAGE / "stacks").resolve()
+TEMPLATES = (PACKAGE / "templates").resolve()
 # The step library every image build and bare-metal install runs (bash functions).
 STEP_LIBRARY = TEMPLATES / "steps.sh"
 # Python scripts that run on a target (node agent, flag catalog, versions probe): copied or
 # shipped as files, so they are found by path, not by import.
-SCRIPTS = ROOT / "slimeforge" / "scripts"
+SCRIPTS = PACKAGE / "scripts"
 
-# Run directories: `invoke run` (and `invoke run --dry-run`) write runs/<exp_id>/ (relative to the working directory).
+# Run directories: `invoke run` (and `invoke run --dry-run`) write runs/<exp_id>/, relative to the
+# working directory (the user's, for the installed `slimeforge` command), never the package's.
 RUNS = Path("runs")
 
 # In an image: the step library, the locks, the flag catalog and the step records.

@@ -479,7 +479,7 @@ def cluster_env(inventory: str, *, dry_run: bool, ssh_config: str | None = None,
     via = None
     if dashboard.startswith("http"):
         dashboard, via = jobs_api(inv, dashboard, mode=tunnel or inv.ssh_options.tunnel, dry_run=dry_run, stack=tunnels, runner=runner,
-                                  say=lambda line: print(line, file=stream or sys.stdout, flush=True))
+                                  say=lambda line: print(line, file=stream or sys.stderr, flush=True))
 
     def ray_gate(recipe: Recipe, say) -> None:
         say(gate(recipe, inv, runner=runner, control_dir=control_dir))
@@ -502,6 +502,12 @@ def cluster_env(inventory: str, *, dry_run: bool, ssh_config: str | None = None,
 
         return static(recipe, inv) + recipe_secret_problems(recipe, inv)
 
+    def heal(say) -> None:  # --max-restarts: cluster.up converges (hosts running our Ray are left as they are)
+        from .raycluster import up
+
+        say(f"[slimeforge] cluster {inv.name}: bringing lost hosts back with cluster.up's repair")
+        up(inv, runner=runner, control_dir=control_dir, stream=stream)
+
     return Cluster(name=str(inventory), address=dashboard, via=via, mode=inv.mode, image=inv.image, prefix=inv.head.prefix,
                    python=inv.head.python, adopt=lambda r, mode_given: adopt(r, inv, mode_given), check=check, preflight=preflight,
-                   gate=ray_gate, credentials=credentials)
+                   gate=ray_gate, credentials=credentials, heal=heal)

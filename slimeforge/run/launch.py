@@ -78,6 +78,8 @@ class LaunchRequest:
     shm_size: str = "64g"
     start_timeout: int | None = None  # Slurm: seconds for the head, then each node, to join (default: the target's)
     follow_log: bool = True  # Slurm: False returns once submitted
+    detach: bool = False  # a running Ray cluster: return once the job runs (Ctrl-C while following detaches too)
+    max_restarts: int | None = None  # a running Ray cluster: restarts after a lost node or head (default: the recipe's max_restarts)
 
     def __post_init__(self) -> None:
         # The API hands Python values (the command line's are typed by invoke): each option's type
@@ -155,6 +157,12 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
         if exc.recipe is None or req.slurm or req.in_place:
             raise
         recipe, stack, pending = exc.recipe, exc.stack, exc  # type: ignore[assignment]  # never reaches a target: raised below
+    if req.max_restarts is not None and not 0 <= req.max_restarts <= 100:
+        raise ConfigError("command line", [Problem("--max-restarts", "is not a number of restarts", req.max_restarts, "0..100")])
+    on_a_cluster = bool(req.cluster or recipe.cluster or req.address) and not req.slurm
+    if not on_a_cluster and (req.detach or req.max_restarts):
+        raise ConfigError("command line", [Problem("--detach" if req.detach else "--max-restarts", "goes with a running Ray cluster",
+                                                   True if req.detach else req.max_restarts, "--cluster INVENTORY or --address http://HEAD:8265")])
     target: Target
     layout, layout_note = SLIMEFORGE, None
     if req.in_place:
@@ -188,7 +196,8 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
             raise joined(pending, exc, "cluster") from None
         if pending is not None:
             raise pending
-        target = ClusterTarget(cluster)
+        restarts = recipe.max_restarts if req.max_restarts is None else req.max_restarts
+        target = ClusterTarget(cluster, detach=req.detach, max_restarts=restarts)
     else:
         try:
             recipe = resolve_mode(recipe, req.mode, req.prefix, req.image, require_image=not dry_run, stack=stack)

@@ -178,6 +178,8 @@ class Recipe(Model):
     secret_env: list[str] = Field(default_factory=list)
     ray_dashboard_port: int = 8265
     ray_port: int = 6379
+    # --cluster: resubmit the run (resuming from checkpoint_dir) when a node or the head was lost
+    max_restarts: int = Field(default=0, ge=0, le=100)
 
     # --- derived ---
     @property

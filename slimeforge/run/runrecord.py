@@ -25,11 +25,8 @@ import re
 import secrets
 import shutil
 import tempfile
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .. import records
 from ..atomic import dir_lock, write_file
@@ -40,6 +37,7 @@ from . import ownership
 from .headstate import HEAD_RECORD, read_head, state_dir
 from .ownership import HeadRecord, Verdict
 from .rundir import read_plan
+from .targets.jobsapi import JobsApi, Unreachable
 from .targets.slurm_job import CannotTell, job_answer
 
 JOB_ID_RE = re.compile(r"[1-9][0-9]{0,11}")
@@ -50,7 +48,6 @@ SUBMITTED_AT_RE = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,6})?")
 LAUNCH_RECORDS = ("run_token", "submission_id", "ray_address", "container.id", "slurm_job_id", "slurm_submitted_at")
 HISTORY = "history"
 API_TIMEOUT_S = 5.0
-MAX_API_BYTES = 8 << 20
 
 _LINE_RECORDS: dict[str, tuple[re.Pattern[str], str]] = {
     "run_token": (ownership.RUN_TOKEN_RE, "32 lowercase hex digits (written at launch)"),
@@ -142,34 +139,11 @@ def head_check(rec: RunRecord, state_dir: Path) -> tuple[HeadRecord | None, Verd
 # --- the Ray Jobs API --------------------------------------------------------------------------------
 
 
-class Unreachable(SlimeforgeError):
-    """A service that would tell whether the job runs did not answer."""
-
-
-def jobs_api(address: str, method: str, path: str, timeout: float = API_TIMEOUT_S) -> Any:
-    """One request to the Jobs API; None for 404 (the head does not know the job)."""
-    url = address.rstrip("/") + path
-    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - the recorded address was checked to be http(s)://HOST:PORT
-            body = resp.read(MAX_API_BYTES + 1)
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return None
-        raise Unreachable(f"the Ray Jobs API at {address} answered {exc.code} to {method} {path}") from None
-    except (OSError, ValueError) as exc:
-        raise Unreachable(f"the Ray Jobs API at {address} does not answer ({getattr(exc, 'reason', exc)})") from None
-    try:
-        return records.json_loads(body)
-    except ValueError:
-        raise Unreachable(f"the Ray Jobs API at {address} answered something that is not JSON to {method} {path}") from None
-
-
 def ray_job(rec: RunRecord) -> dict | None:
-    doc = jobs_api(rec.address, "GET", f"/api/jobs/{rec.submission_id}")
-    if doc is not None and not isinstance(doc, dict):
-        raise Unreachable(f"the Ray Jobs API at {rec.address} answered {type(doc).__name__} for job {rec.submission_id}")
-    return doc
+    """The job's info, validated (JobInfo.parse), as a dict; None when the head does not know it."""
+    assert rec.submission_id is not None
+    info = JobsApi(rec.address, total_s=API_TIMEOUT_S).job(rec.submission_id)
+    return None if info is None else info.as_dict()
 
 
 def ray_job_check(rec: RunRecord) -> tuple[dict | None, Verdict]:

@@ -106,25 +106,7 @@ def test_run_on_a_running_cluster_args_env_exit_codes_and_rerun(env, ray_head, c
     assert log.count("--- slimeforge: submission") == 2 and "standin: exiting with 0" in log
 
 
-def test_sigint_stops_the_job_and_says_what_is_left(env, ray_head):
-    recipe_data = make_recipe(env, env={"STANDIN_RECORD": str(env / "record.json"), "STANDIN_SLEEP": "600"})
-    recipe, stack = parse_recipe(recipe_data, "test")
-    catalog = write_catalog(env / "flags.json", recipe, stack)
-    (env / "recipe.yaml").write_text(yaml.safe_dump(recipe_data))
-    run_dir = env / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "invoke", "run", str(env / "recipe.yaml"), "--out", str(run_dir),
-                             "--address", ray_head.address, "--catalog", catalog],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ.copy())
-    try:
-        wait_for(lambda: (run_dir / "job.log").exists() and "standin: waiting" in (run_dir / "job.log").read_text(), 180, "the job to run")
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, out
-    assert "interrupted: stopping job" in out and "left running" in out
-    assert jobs.status(run_dir).data["status"] == "STOPPED"
+# SIGINT to `invoke run` on a running cluster detaches (the job goes on): test_jobs_detach.py.
 
 
 def head_pid(sdir: Path) -> int:

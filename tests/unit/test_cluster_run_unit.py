@@ -170,8 +170,9 @@ def test_a_cluster_that_does_not_answer_is_one_clear_error_with_the_records_kept
     address = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     plan = jobsubmit.ClusterTarget(jobsubmit.Cluster(address, address)).plan(ResolvedRun(r, stack, (tmp_path / "run").resolve(), "test", {}))
     write_run_dir(plan.rundir)
-    with pytest.raises(SlimeforgeError, match=r"cannot submit sf-launch-test-\d{8}-\d{6}-[0-9a-f]{6} to the Ray Jobs API at http://127\.0\.0\.1:\d+"):
-        jobsubmit.submit(plan, address, lambda s: None, io.StringIO())
+    with pytest.raises(SlimeforgeError, match=r"cannot submit sf-launch-test-\d{8}-\d{6}-[0-9a-f]{6}: the Ray Jobs API at http://127\.0\.0\.1:\d+ .* does not answer") as e:
+        jobsubmit.submit(plan, jobsubmit.Cluster(address, address), lambda s: None, io.StringIO())
+    assert e.value.exit_code == 3  # whether a job arrived cannot be learned (docs/exit-codes.md)
     assert (plan.rundir.path / "ray_address").read_text() == address + "\n"
     assert (plan.rundir.path / "submission_id").read_text().startswith("sf-launch-test-")
 

@@ -13,7 +13,7 @@ from invoke.loader import FilesystemLoader
 from lock_support import fresh_clone_stack
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = [*sorted((ROOT / "slimeforge").rglob("*.py")), ROOT / "tasks.py", *sorted((ROOT / "templates").iterdir()),
+SOURCES = [*sorted((ROOT / "slimeforge").rglob("*.py")), ROOT / "tasks" / "__init__.py", *sorted((ROOT / "templates").iterdir()),
            *sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md", *sorted((ROOT / "recipes").rglob("*.yaml")),
            *sorted((ROOT / "images").glob("*.yaml")), *sorted((ROOT / "benchmarks").glob("*.py")), ROOT / ".ci" / "run"]
 # `invoke TASK ...` up to the end of the hint: a closing backtick or quote, a bracket, a comment,

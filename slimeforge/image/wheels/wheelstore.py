@@ -376,7 +376,7 @@ def known_stacks(extra: list[str] | None = None) -> list[Any]:
     """The flavors in images/ and any stack files given: what `--unused` measures against."""
     from ..stack import load_stack
 
-    names = sorted(p.stem for p in (paths.ROOT / "images").glob("*.yaml") if p.stem != "common")
+    names = sorted(p.stem for p in paths.IMAGES.glob("*.yaml") if p.stem != "common")
     return [load_stack(n) for n in [*names, *(extra or [])]]
 
 

@@ -13,40 +13,116 @@ run's (ownership.py); anything else is refused, saying what was found and what w
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from ...errors import ConfigError, Problem, SlimeforgeError
+from ...errors import ConfigError, OperationFailed, Problem, SlimeforgeError
 from ...proc import Runner
 from ...records import RecordError
+from ...schema import printable
 from .. import ownership
 from ..headstate import HEAD_RECORD, state_dir
-from ..runrecord import RunRecord, Unreachable, container_check, head_check, head_gone, jobs_api, ray_job, ray_job_check, read_run
+from ..runrecord import SUBMISSION_ID_RE, RunRecord, Unreachable, container_check, head_check, head_gone, ray_job, ray_job_check, read_run
 from .base import RunStatus, Say, Target
+from .jobsapi import TERMINAL, JobInfo, JobsApi, NoAnswer, TooLarge
 
-TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+POLL_S = 2.0  # how often a follower asks for the job's state and log
+LOST_S = 90.0  # a follower gives up after the Jobs API has not answered for this long (a head restarting takes less)
+LOST_S_ENV = "SLIMEFORGE_HEAD_LOST_S"
 
 
-def follow(client: Any, submission_id: str, log_path: Path, stream: IO[str]) -> None:
-    """Stream the job's logs to `stream` and append them to `log_path` until the job ends."""
-    import asyncio  # here: run.status and dry runs never need it
+def lost_seconds(environ: dict[str, str] | None = None) -> float:
+    """LOST_S, or $SLIMEFORGE_HEAD_LOST_S (whole seconds, 1..86400) where it is set."""
+    value = (os.environ if environ is None else environ).get(LOST_S_ENV)
+    if value is None:
+        return LOST_S
+    if not re.fullmatch(r"[0-9]{1,5}", value) or not 1 <= int(value) <= 86400:
+        raise ConfigError("environment", [Problem(LOST_S_ENV, "is not a number of seconds", value, "whole seconds, 1..86400")])
+    return float(value)
 
-    async def tail() -> None:
-        with log_path.open("a", encoding="utf-8") as log:
-            async for chunk in client.tail_job_logs(submission_id):
-                stream.write(chunk)
-                stream.flush()
-                log.write(chunk)
-                log.flush()
 
-    try:
-        asyncio.run(tail())
-    except Exception as exc:  # noqa: BLE001 - the log stream broke; the job's status still decides
-        stream.write(f"[slimeforge] log stream ended: {exc}\n")
+def terminal_text(text: str) -> str:
+    """A job's log as it may reach a terminal: line by line, every control character but the line
+    ends replaced (schema.printable): a log cannot move the cursor, recolour or retitle the terminal.
+    job.log keeps the bytes as they came."""
+    return "\n".join(printable(line) for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"))
+
+
+class JobVanished(OperationFailed):
+    """The head no longer knows a job it ran a moment ago: it was restarted or replaced (exit 1)."""
+
+
+def follow(api: JobsApi, sid: str, log_path: Path | None, stream: IO[str], say: Say = print, *, poll_s: float | None = None,
+           lost_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> JobInfo:
+    """Print the job's log as it grows (and append it to `log_path`) until the job has ended; its
+    final info. The log is read again whenever the job still runs: a stream that ends early is never
+    an end. NoAnswer when the Jobs API has not answered for `lost_s` seconds; JobVanished when the
+    head no longer knows the job."""
+    lost_s = lost_seconds() if lost_s is None else lost_s
+    poll_s = POLL_S if poll_s is None else poll_s
+    shown, logs_ok, last_answer, said_quiet = 0, True, clock(), False
+    while True:
+        try:
+            info = api.job(sid)
+            if info is None:
+                raise JobVanished(f"job {sid} is no longer known to the Ray head at {api.address}: the head was restarted or replaced, "
+                                  "and the job with it")
+            if logs_ok:
+                try:
+                    text = api.logs(sid)
+                except TooLarge as exc:
+                    logs_ok = False
+                    say(f"[slimeforge] {exc}; following the job's state only (the whole log stays on the head)")
+                else:
+                    if len(text) < shown:  # not the log we were printing (the head's log was replaced): print it anew
+                        say(f"[slimeforge] the log of job {sid} started over on the head; printing it from its start")
+                        shown = 0
+                    new = text[shown:]
+                    shown = len(text)
+                    if new:
+                        if log_path is not None:
+                            with log_path.open("a", encoding="utf-8") as log:
+                                log.write(new)
+                        stream.write(terminal_text(new))
+                        stream.flush()
+            last_answer, said_quiet = clock(), False
+        except NoAnswer as exc:
+            if clock() - last_answer >= lost_s:
+                raise NoAnswer(f"{exc}; no answer for {lost_s:g} s while following job {sid}") from None
+            if not said_quiet:
+                say(f"[slimeforge] the Jobs API does not answer ({exc}); asking again for up to {lost_s:g} s")
+                said_quiet = True
+            time.sleep(poll_s)
+            continue
+        if info.ended:
+            return info
+        time.sleep(poll_s)
+
+
+def wait_running(api: JobsApi, sid: str, *, timeout: float, poll_s: float = 0.5) -> JobInfo:
+    """The job's info once it runs or has ended (or is still PENDING after `timeout` s)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = api.job(sid)
+        if info is None:
+            raise JobVanished(f"job {sid} is not known to the Ray head at {api.address} right after its submission")
+        if info.status != "PENDING" or time.monotonic() > deadline:
+            return info
+        time.sleep(poll_s)
+
+
+def exit_code(info: JobInfo) -> int:
+    """0 when the job SUCCEEDED; else the entrypoint's exit code when Ray knows it (1..255), else 1."""
+    if info.status == "SUCCEEDED":
+        return 0
+    code = info.driver_exit_code
+    return code if code is not None and 0 < code < 256 else 1
 
 
 @dataclass
@@ -86,8 +162,8 @@ def _proved_job(rec: RunRecord) -> tuple[dict | None, ownership.Verdict]:
     try:
         job, verdict = ray_job_check(rec)
     except Unreachable as exc:
-        raise SlimeforgeError(f"{rec.run_dir}: {exc}; the head that ran job {rec.submission_id} is gone or unreachable "
-                              "(its job.log is in the run directory)") from None
+        raise NoAnswer(f"{rec.run_dir}: {exc}; the head that ran job {rec.submission_id} is gone or unreachable "
+                       "(its job.log is in the run directory)") from None
     if verdict.state == ownership.FOREIGN:
         raise SlimeforgeError(f"{rec.run_dir}: refused: {verdict.reason}")
     return job, verdict
@@ -116,9 +192,16 @@ def status(run_dir: str | os.PathLike[str]) -> RunStatus:
     head = ("a cluster slimeforge did not start (no head of ours)" if st["attached"]
             else f"Ray head pid {st['head_pid']} (started by slimeforge for this run)" if st["head_pid"]
             else "in container " + st["container_id"][:12] if st["container_id"] else "no live Ray head of this run here")
-    lines = (f"{st['submission_id']}: {st['status']}" + (f" ({st['message']})" if st["message"] else ""),
-             f"  cluster {st['address']}; {head}", f"  run directory {st['run_dir']} (job.log)")
-    return RunStatus(lines, st)
+    said = printable(st["message"].strip())[:2000]
+    lines = [f"{st['submission_id']}: {st['status']}" + (f' (Ray says: "{said}")' if said else ""),
+             f"  cluster {st['address']}; {head}", f"  run directory {st['run_dir']} (job.log)"]
+    if st["attached"] and st["run_token"] and st["status"] != "GONE":  # --max-restarts: every attempt of this run
+        attempts = attempts_of(JobsApi(st["address"]), st["exp_id"], st["run_token"])
+        st["attempts"] = [{"submission_id": a.submission_id, "attempt": a.metadata.get(META_ATTEMPT, "1"), "status": a.status} for a in attempts]
+        if len(attempts) > 1:
+            lines.append(f"  attempts ({len(attempts)}, --max-restarts): "
+                         + "; ".join(f"{a.metadata.get(META_ATTEMPT, '?')}. {a.submission_id} {a.status}" for a in attempts))
+    return RunStatus(tuple(lines), st)
 
 
 def logs(run_dir: str | os.PathLike[str], follow_logs: bool = False, stream: IO[str] | None = None) -> None:
@@ -127,13 +210,11 @@ def logs(run_dir: str | os.PathLike[str], follow_logs: bool = False, stream: IO[
     job, verdict = _proved_job(rec)
     if job is None:
         raise SlimeforgeError(f"{rec.run_dir}: {verdict.reason}; its log up to then is in {rec.run_dir / 'job.log'}")
+    api = JobsApi(rec.address)
     if follow_logs:
-        from ray.job_submission import JobSubmissionClient
-
-        follow(JobSubmissionClient(rec.address), _launched(rec), rec.run_dir / "job.log", stream)
+        follow(api, _launched(rec), None, stream, lambda text: print(text, file=sys.stderr))
         return
-    doc = jobs_api(rec.address, "GET", f"/api/jobs/{rec.submission_id}/logs", timeout=60)
-    stream.write(doc.get("logs", "") if isinstance(doc, dict) else "")
+    stream.write(terminal_text(api.logs(_launched(rec))))
 
 
 def _wait_ended(rec: RunRecord, timeout: float = 120) -> str:
@@ -187,8 +268,9 @@ def _stop_job(rec: RunRecord, report: StopReport, say, head: bool) -> None:
     if verdict.state == ownership.ENDED:
         report.add("ended", verdict.reason, say)
         return
+    assert sid is not None
     try:
-        answer = jobs_api(rec.address, "POST", f"/api/jobs/{sid}/stop", timeout=30)
+        answer = {"stopped": JobsApi(rec.address).stop(sid)}
         final = _wait_ended(rec)
     except Unreachable as exc:
         report.add("failed", f"job {sid}: {exc}", say)
@@ -256,3 +338,109 @@ class JobsApiTarget(Target):
 
     def stop(self, rundir: Path, *, head: bool = False, say: Say = print, runner: Runner | None = None) -> int:
         return stop(rundir, head=head, say=say, runner=runner)
+
+
+# --- a job found on the cluster, from any machine (no run directory) -------------------------------
+#
+# What ownership needs travels with the job: its metadata carries the exp_id and the run token
+# (jobsubmit.submit), so run.status/run.logs/run.stop work from any machine that can reach the
+# Jobs API (`--cluster INVENTORY` or `--address`), given the exp_id or the submission id.
+
+EXP_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # recipe.EXP_ID_RE (recipe pulls in the stack)
+META_ATTEMPT = "slimeforge_attempt"  # 1, 2, ...: which submission of the run (--max-restarts)
+
+
+def _ref_problem(ref: str) -> ConfigError:
+    return ConfigError("command line", [Problem("RUN", "is neither an exp_id nor a submission id", ref,
+                                                "the recipe's exp_id, e.g. gsm8k-3b, or a submission id <exp_id>-YYYYmmdd-HHMMSS-<6 hex>")])
+
+
+def attempts_of(api: JobsApi, exp_id: str, run_token: str | None = None) -> list[JobInfo]:
+    """The jobs of experiment `exp_id` on the cluster (of one run, when `run_token` is given), oldest first."""
+    found = [j for j in api.jobs() if j.metadata.get(ownership.META_EXP_ID) == exp_id
+             and (run_token is None or j.metadata.get(ownership.META_RUN_TOKEN) == run_token)]
+    return sorted(found, key=lambda j: (j.start_time or 0, j.submission_id))
+
+
+def find_job(api: JobsApi, ref: str) -> tuple[JobInfo, ownership.Verdict]:
+    """The job `ref` names on the cluster (a submission id, or the newest job of an exp_id), proved
+    to be slimeforge's job of that experiment by its metadata (ownership.ray_job_verdict)."""
+    if len(ref) > 200 or not (SUBMISSION_ID_RE.fullmatch(ref) or EXP_ID_RE.fullmatch(ref)):
+        raise _ref_problem(ref)
+    if SUBMISSION_ID_RE.fullmatch(ref):
+        info = api.job(ref)
+        exp_id = ref[: -len("-YYYYmmdd-HHMMSS-abcdef")]
+        if info is None:
+            raise ConfigError(api.address, [Problem("RUN", "is a job the Ray head does not know (it was never submitted there, or the head "
+                                                    "was restarted since)", ref, "an exp_id or submission id shown by `invoke run.status`")])
+    else:
+        exp_id = ref
+        jobs = attempts_of(api, ref)
+        if not jobs:
+            raise ConfigError(api.address, [Problem("RUN", "names no job slimeforge submitted to this cluster (no job's metadata carries "
+                                                    "this exp_id)", ref, "the exp_id of a run launched there")])
+        info = jobs[-1]
+    token = info.metadata.get(ownership.META_RUN_TOKEN)
+    token = token if token is not None and ownership.RUN_TOKEN_RE.fullmatch(token) else None
+    verdict = ownership.ray_job_verdict(info.submission_id, info.metadata, info.status, exp_id, token)
+    if verdict.state == ownership.FOREIGN or token is None:
+        raise SlimeforgeError(f"job {info.submission_id} at {api.address}: refused: " +
+                              (verdict.reason if verdict.state == ownership.FOREIGN else "it carries no slimeforge run token: slimeforge did not submit it"))
+    return info, verdict
+
+
+def remote_status(address: str, ref: str) -> RunStatus:
+    api = JobsApi(address)
+    info, _ = find_job(api, ref)
+    exp_id = info.metadata[ownership.META_EXP_ID]
+    attempts = attempts_of(api, exp_id, info.metadata[ownership.META_RUN_TOKEN])
+    # The keys of a run directory's status (docs/json.md), those only a run directory knows null.
+    data = {"run_dir": info.metadata.get("slimeforge_run_dir"), "exp_id": exp_id, "submission_id": info.submission_id, "address": api.address,
+            "container_id": None, "ray_port": None, "run_token": info.metadata[ownership.META_RUN_TOKEN], "attached": True,
+            "status": info.status, "message": info.message, "start_time": info.start_time, "end_time": info.end_time, "head_pid": None,
+            "driver_exit_code": info.driver_exit_code,
+            "attempts": [{"submission_id": a.submission_id, "attempt": a.metadata.get(META_ATTEMPT, "1"), "status": a.status,
+                          "message": a.message, "start_time": a.start_time, "end_time": a.end_time} for a in attempts]}
+    lines = [f"{info.submission_id}: {info.status}" + (f" ({info.shown_message})" if info.shown_message else ""),
+             f"  experiment {exp_id} on the cluster at {api.address} (found by the job's metadata; no run directory needed)"]
+    if len(attempts) > 1:
+        lines.append(f"  attempts ({len(attempts)}, --max-restarts):")
+        lines += [f"    {a.metadata.get(META_ATTEMPT, '?')}. {a.submission_id}: {a.status}" + (f" ({a.shown_message})" if a.shown_message else "")
+                  for a in attempts]
+    return RunStatus(tuple(lines), data)
+
+
+def remote_logs(address: str, ref: str, follow_logs: bool, stream: IO[str], say: Say) -> int | None:
+    api = JobsApi(address)
+    info, _ = find_job(api, ref)
+    if not follow_logs:
+        stream.write(terminal_text(api.logs(info.submission_id)))
+        return None
+    final = follow(api, info.submission_id, None, stream, say)
+    say(f"[slimeforge] job {final.submission_id}: {final.status}" + (f" ({final.shown_message})" if final.shown_message else ""))
+    return None
+
+
+def remote_stop(address: str, ref: str, say: Say = print, timeout: float = 120) -> int:
+    """Stop the job `ref` names on the cluster, once proved slimeforge's job of that experiment."""
+    api = JobsApi(address)
+    report = StopReport()
+    info, verdict = find_job(api, ref)
+    sid = info.submission_id
+    if verdict.state == ownership.ENDED:
+        report.add("ended", verdict.reason, say)
+        return report.code
+    stopped = api.stop(sid)
+    deadline = time.monotonic() + timeout
+    final: JobInfo | None = info
+    while time.monotonic() < deadline:
+        final = api.job(sid)
+        if final is None or final.ended:
+            break
+        time.sleep(0.5)
+    state = "GONE" if final is None else final.status
+    if final is None or final.ended:
+        report.add("stopped" if stopped else "ended", f"job {sid}: {state}", say)
+    else:
+        report.add("failed", f"job {sid}: stop requested, still {state} after {timeout:g} s", say)
+    return report.code

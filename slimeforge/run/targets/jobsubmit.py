@@ -29,11 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from ... import __version__, paths
 from ...atomic import write_file
-from ...errors import ConfigError, Problem, SlimeforgeError
+from ...errors import ConfigError, OperationFailed, Problem, SlimeforgeError
 from ...image.stack import Stack
 from ...proc import Runner
 from ...templating import render
@@ -46,6 +46,7 @@ from ..rundir import RunDir, amend_plan, build_run_dir
 from ..runrecord import new_run_token
 from . import jobs
 from .base import Command, LaunchPlan, Mount, ResolvedRun, Say
+from .jobsapi import JobInfo, JobsApi, NoAnswer, check_versions
 
 JOB_FILES = ("job.sh", "agentcore.yaml")  # the working_dir: what the job reads of the run directory
 ENTRYPOINT = "bash job.sh"
@@ -54,7 +55,8 @@ ENTRYPOINT = "bash job.sh"
 LOCAL_CHECKS = ("flags", "versions", "aws-credentials", "s3", "agentcore", "wandb")
 # With an inventory, AWS is checked on every host (cluster/credentials.py), never with this machine's credentials.
 CLUSTER_CHECKS = ("flags", "versions", "wandb")
-WAIT_STATUS_S = 120
+HEAL_WAIT_S = 600  # --max-restarts: how long the cluster has to be whole again
+PENDING_WAIT_S = 300  # --detach: returns when the job runs, or says it is still PENDING after this long
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,9 @@ class Cluster:
     gate: Callable[[Recipe, Say], None] | None = None  # Ray's ALIVE nodes cover the recipe (preflight runs it first); again before a restart
     # live, on every host in the job's own environment (secrets delivered, AWS); (recipe, say, network)
     credentials: Callable[[Recipe, Say, bool], None] | None = None
+    # --max-restarts: bring lost hosts back (cluster.up's own repair; raises naming the hosts when it
+    # cannot). None (--address): the cluster is waited for, as it heals by itself or by its operator.
+    heal: Callable[[Say], None] | None = None
 
 
 def find_cluster_of(address: str | None, cluster: str | None, find: Callable[[str, bool], Cluster] | None, dry_run: bool) -> Cluster:
@@ -126,8 +131,10 @@ class ClusterTarget(jobs.JobsApiTarget):
 
     name = "ray-cluster"
 
-    def __init__(self, cluster: Cluster):
+    def __init__(self, cluster: Cluster, *, detach: bool = False, max_restarts: int = 0):
         self.cluster = cluster
+        self.detach = detach
+        self.max_restarts = max_restarts
 
     def mounts(self, run: ResolvedRun) -> tuple[Mount, ...]:
         return ()  # nothing runs here: the cluster's own volumes apply (checked against the recipe)
@@ -190,75 +197,157 @@ class ClusterTarget(jobs.JobsApiTarget):
     def apply(self, plan: LaunchPlan, runner: Runner, say: Say, stream: IO[str]) -> int:
         from .local import write_launch_records
 
+        if not runner.dry_run:  # first: a cluster of another Ray, or one that does not answer, is the first thing to fix
+            try:
+                check_versions(JobsApi(self.cluster.address), f"cluster {self.cluster.name}")
+            except NoAnswer as exc:
+                raise SlimeforgeError(f"{exc}; nothing was submitted: is the cluster up (`invoke cluster.status`)?") from None
         self.preflight(plan, runner, say)
         write_launch_records(plan, runner)
         if runner.dry_run:
             runner.history.append(list(plan.commands[0].argv))
             return 0
-        return submit(plan, self.cluster.address, say, stream)
+        return submit(plan, self.cluster, say, stream, detach=self.detach, max_restarts=self.max_restarts)
 
 
-def submit(plan: LaunchPlan, address: str, say: Say, stream: IO[str]) -> int:
-    """Submit with the working_dir, record the submission, stream its log, return its exit code."""
-    from ray.job_submission import JobSubmissionClient
+def follow_hints(exp_id: str, sid: str, out: Path, cluster: Cluster) -> list[str]:
+    """How to follow, inspect and stop the job from here (the run directory) or any machine that
+    has the inventory (or reaches the address): the job's metadata carries what those need."""
+    where = f"--cluster {shlex.quote(cluster.name)}" if cluster.mode is not None else f"--address {cluster.address}"
+    return [f"[slimeforge] job {sid} goes on running on the cluster; from any machine with {'the inventory' if cluster.mode else 'its address'}:",
+            f"  follow:  invoke run.logs {exp_id} {where} --follow",
+            f"  inspect: invoke run.status {exp_id} {where}",
+            f"  stop:    invoke run.stop {exp_id} {where}",
+            f"  (on this machine the run directory names it too: invoke run.status {shlex.quote(str(out))})"]
 
-    run, out = plan.run, plan.rundir.path
-    rec = run.recipe
-    sid = f"{rec.exp_id}-{datetime.now().strftime(paths.SUBMISSION_TIME)}-{new_run_token()[:6]}"
-    metadata = {ownership.META_EXP_ID: rec.exp_id, "slimeforge_run_dir": str(out), ownership.META_RUN_TOKEN: plan.run_token or ""}
-    left = f"the cluster at {address} is left running, as it was (run.status/run.logs/run.stop act on this job)"
-    # Recorded first, as launch.sh does: a launch that dies right after the submission still leaves
-    # run.status/run.stop what they need (a submission that never arrived reads as GONE).
-    write_file(out / "submission_id", sid + "\n")
-    write_file(out / "ray_address", address.rstrip("/") + "\n")
-    with (out / "job.log").open("a", encoding="utf-8") as log:
-        log.write(f"--- slimeforge: submission {sid} at {time.strftime('%Y-%m-%d %H:%M:%S')} to {address} ---\n")
+
+def submit(plan: LaunchPlan, cluster: Cluster, say: Say, stream: IO[str], *, detach: bool = False, max_restarts: int = 0) -> int:
+    """Submit with the working_dir, record the submission, follow its log until it ends (or return
+    once it runs, with `detach`); its exit code. Ctrl-C detaches, never stops the job. With
+    `max_restarts`, a job that ended by a lost node or head is submitted again once the cluster healed."""
+    api = JobsApi(cluster.address)
+    rec, out = plan.run.recipe, plan.rundir.path
+    sid: str | None = None
     try:
-        client = JobSubmissionClient(address)
-        with tempfile.TemporaryDirectory(prefix="sf-job-") as staged:
-            for name in JOB_FILES:  # exactly these files: Ray zips the whole directory it is given
-                shutil.copyfile(out / name, Path(staged) / name)
-            say(f"[slimeforge] submitting {sid} to {address} (working_dir: {', '.join(JOB_FILES)})")
-            client.submit_job(entrypoint=ENTRYPOINT, submission_id=sid, metadata=metadata,
-                              runtime_env={"working_dir": staged, "env_vars": dict(plan.rundir.env)})
-    except Exception as exc:  # noqa: BLE001 - the SDK raises ConnectionError, RuntimeError, ...: one clear error
-        raise SlimeforgeError(f"cannot submit {sid} to the Ray Jobs API at {address}: {exc}; is the cluster up (`invoke cluster.status`)?") from None
-    try:
-        jobs.follow(client, sid, out / "job.log", stream)
-        info = wait_ended(client, sid)
+        attempt = 1
+        while True:
+            alive = alive_nodes(api) if max_restarts else {}
+            sid = None
+            sid = submit_once(api, plan, say, attempt)
+            lost: SlimeforgeError | None = None
+            info: JobInfo | None = None
+            try:
+                if detach:
+                    info = jobs.wait_running(api, sid, timeout=PENDING_WAIT_S)
+                    if not info.ended:
+                        say(f"[slimeforge] job {sid} is {info.status}; detached (--detach): this command returns, the job does not stop")
+                        for line in follow_hints(rec.exp_id, sid, out, cluster):
+                            say(line)
+                        return 0
+                else:
+                    info = jobs.follow(api, sid, out / "job.log", stream, say)
+            except (NoAnswer, jobs.JobVanished) as exc:
+                lost = exc
+            if lost is None and info is not None and info.status != "FAILED":
+                break
+            cause = lost_node(api, sid, lost, alive) if max_restarts else None
+            if cause is None or attempt > max_restarts:
+                if lost is not None:
+                    note = "" if cause is None or max_restarts == 0 else f"; {max_restarts} restart(s) spent"
+                    raise type(lost)(f"{lost}{note}. The job's state cannot be learned from the cluster now: if its head was lost, the job "
+                                     f"went with it. `invoke run.status {rec.exp_id} ...` tells once the cluster answers"
+                                     + (" (--max-restarts N restarts a run whose node or head was lost)" if max_restarts == 0 else "")) from None
+                if cause is not None:
+                    say(f"[slimeforge] {cause}: all {max_restarts} restart(s) spent")
+                break
+            say(f"[slimeforge] {cause}; restart {attempt} of {max_restarts}: waiting for the cluster to heal, then the gate, then "
+                "the same run again (it resumes from the newest checkpoint in checkpoint_dir)")
+            restart_gate(api, cluster, rec, say, len(alive))
+            attempt += 1
     except KeyboardInterrupt:
-        say(f"\n[slimeforge] interrupted: stopping job {sid}")
-        client.stop_job(sid)
-        try:  # as `ray job stop` does: until it has stopped (a second Ctrl-C leaves it stopping)
-            say(f"[slimeforge] job {sid}: {status_of(wait_ended(client, sid))}")
-        except KeyboardInterrupt:
-            pass
-        say(f"[slimeforge] {left}")
+        if sid is None:  # between submissions, or while one was on its way: say how to find out
+            say(f"\n[slimeforge] interrupted before a job was confirmed submitted; whether one runs: invoke run.status {rec.exp_id} "
+                + (f"--cluster {shlex.quote(cluster.name)}" if cluster.mode is not None else f"--address {cluster.address}"))
+            return 130
+        say(f"\n[slimeforge] interrupted: detached from job {sid} (Ctrl-C never stops it; `run.stop` does)")
+        for line in follow_hints(rec.exp_id, sid, out, cluster):
+            say(line)
         return 130
-    code = exit_code(info)
-    say(f"[slimeforge] job {sid}: {status_of(info)}" + (f" ({info.message})" if code and getattr(info, "message", None) else "") + f"; exit code {code}")
-    say(f"[slimeforge] {left}")
+    assert info is not None
+    code = jobs.exit_code(info)
+    say(f"[slimeforge] job {sid}: {info.status}" + (f" ({info.shown_message})" if code and info.shown_message else "") + f"; exit code {code}")
+    say(f"[slimeforge] the cluster at {cluster.address} is left running, as it was")
     return code
 
 
-def wait_ended(client: Any, sid: str) -> Any:
-    """The job's info once its status is terminal (the log stream may end a moment before)."""
-    deadline = time.monotonic() + WAIT_STATUS_S
+def submit_once(api: JobsApi, plan: LaunchPlan, say: Say, attempt: int) -> str:
+    """One submission of the run: recorded first, then the working_dir uploaded and the job submitted; its id."""
+    run, out = plan.run, plan.rundir.path
+    rec = run.recipe
+    sid = f"{rec.exp_id}-{datetime.now().strftime(paths.SUBMISSION_TIME)}-{new_run_token()[:6]}"
+    metadata = {ownership.META_EXP_ID: rec.exp_id, "slimeforge_run_dir": str(out), ownership.META_RUN_TOKEN: plan.run_token or "",
+                jobs.META_ATTEMPT: str(attempt)}
+    # Recorded first, as launch.sh does: a launch that dies right after the submission still leaves
+    # run.status/run.stop what they need (a submission that never arrived reads as GONE).
+    write_file(out / "submission_id", sid + "\n")
+    write_file(out / "ray_address", api.address + "\n")
+    with (out / "job.log").open("a", encoding="utf-8") as log:
+        log.write(f"--- slimeforge: submission {sid} (attempt {attempt}) at {time.strftime('%Y-%m-%d %H:%M:%S')} to {api.address} ---\n")
+    with tempfile.TemporaryDirectory(prefix="sf-job-") as staged:
+        for name in JOB_FILES:  # exactly these files: Ray zips the whole directory it is given
+            shutil.copyfile(out / name, Path(staged) / name)
+        say(f"[slimeforge] submitting {sid} to {api.address} (working_dir: {', '.join(JOB_FILES)})")
+        try:
+            uri = api.upload_dir(staged)
+            api.submit(entrypoint=ENTRYPOINT, submission_id=sid, metadata=metadata,
+                       runtime_env={"working_dir": uri, "env_vars": dict(plan.rundir.env)})
+        except NoAnswer as exc:
+            raise NoAnswer(f"cannot submit {sid}: {exc}; is the cluster up (`invoke cluster.status`)? "
+                           f"Whether it arrived: `invoke run.status {sid} --address {api.address}`") from None
+    return sid
+
+
+def alive_nodes(api: JobsApi) -> dict[str, str]:
+    """The nodes alive now, id -> ip ({} when the dashboard cannot tell: a later loss is then a head's only)."""
+    try:
+        return {nid: ip for nid, (state, ip) in api.nodes().items() if state == "ALIVE"}
+    except NoAnswer:
+        return {}
+
+
+def lost_node(api: JobsApi, sid: str, lost: SlimeforgeError | None, alive: dict[str, str]) -> str | None:
+    """Why the job ended by the loss of a node or of the head (a restart may help), or None when it
+    failed by its own error while every node it started with is still alive (a restart would fail
+    the same way)."""
+    if lost is not None:
+        return f"the Ray head was lost while job {sid} ran ({lost})"
+    try:
+        now = api.nodes()
+    except NoAnswer as exc:
+        return f"job {sid} failed and the cluster's head does not answer ({exc})"
+    gone = sorted({ip for nid, ip in alive.items() if now.get(nid, ("DEAD", ip))[0] != "ALIVE"})
+    return f"job {sid} failed and the Ray node(s) on {', '.join(gone)} were lost" if gone else None
+
+
+def restart_gate(api: JobsApi, cluster: Cluster, recipe: Recipe, say: Say, nodes: int) -> None:
+    """Before a restart: the cluster healed (cluster.up's own repair with an inventory; else waited
+    for), as many nodes alive as the job started with, and the gate passed again; raises (naming what
+    is missing) when it cannot be."""
+    if cluster.heal is not None:
+        cluster.heal(say)
+    deadline = time.monotonic() + HEAL_WAIT_S
     while True:
-        info = client.get_job_info(sid)
-        if status_of(info) in jobs.TERMINAL or time.monotonic() > deadline:
-            return info
-        time.sleep(0.5)
-
-
-def status_of(info: Any) -> str:
-    return str(getattr(info.status, "value", info.status))
-
-
-def exit_code(info: Any) -> int:
-    """0 when the job SUCCEEDED; else the entrypoint's exit code when Ray knows it, else 1."""
-    if status_of(info) == "SUCCEEDED":
-        return 0
-    code = getattr(info, "driver_exit_code", None)
-    return code if isinstance(code, int) and 0 < code < 256 else 1
-
+        try:
+            now = sum(1 for state, _ in api.nodes().values() if state == "ALIVE")
+        except NoAnswer:
+            now = -1
+        if now >= nodes:
+            break
+        if time.monotonic() > deadline:
+            raise OperationFailed(f"cluster {cluster.name} did not heal within {HEAL_WAIT_S:g} s: {max(now, 0)} Ray node(s) alive, the job "
+                                  f"started with {nodes}; bring the hosts back (`invoke cluster.up`) and run the recipe again: it resumes "
+                                  "from checkpoint_dir")
+        time.sleep(2)
+    say(f"[slimeforge] cluster {cluster.name}: {now} Ray node(s) alive again")
+    if cluster.preflight is not None:
+        cluster.preflight(recipe, say)

@@ -34,4 +34,4 @@ def test_bash_completion_completes_task_names_and_options():
     assert "--complete" in completions("invoke lock --c")
     # A task awaiting its argument completes its options too (its usage error is a ParseError, as invoke's are).
     assert "--dry-run" in completions("invoke run --d")
-    assert set(completions("invoke run.status --")) == {"--json", "--run"}
+    assert set(completions("invoke run.status --")) == {"--json", "--run", "--cluster", "--address", "--ssh-config"}

@@ -1,8 +1,11 @@
-"""slimeforge's command line: thin invoke tasks over the `slimeforge` package.
+"""slimeforge's command line: thin invoke tasks over the `slimeforge` package, run two ways: the
+installed `slimeforge` command (`main`, from any directory) and `invoke TASK` in a checkout (its
+tasks/ package re-exports this module's `ns` for Invoke).
 
 Each task parses its options, calls one library function and prints the outcome; the functions
 work without invoke (the SlimeRunner API uses the same ones). Heavy libraries (ray, boto3, docker)
-are imported inside the functions that need them, so `invoke --list` and dry runs start fast.
+are imported inside the functions that need them, so `invoke --list` and dry runs start fast
+(benchmarks/start_bench.py): this module imports Invoke and slimeforge's small core only.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from invoke.parser import parser as invoke_parser
 from slimeforge import paths
 from slimeforge.console import diag, json_doc, shell_lines
 from slimeforge.errors import SlimeforgeError
+
+# The command a usage line names: `invoke` in a checkout, `slimeforge` once main() runs.
+PROGRAM = "invoke"
 
 JSON_HELP = "print the result as one JSON document (its schema: docs/json.md); diagnostics stay on stderr"
 
@@ -76,7 +82,7 @@ task = functools.partial(invoke.task, klass=CliTask)
 # recipe named -h), and a missing positional argument gets a usage line and an example (invoke's
 # own: "'run.start' did not receive required positional arguments: 'recipe'"). Its state machine
 # cannot be subclassed (the states are class-level), so its two methods are wrapped in place.
-# (Loading tasks.py again, as the tests do, wraps invoke's own methods again, not these.)
+# (Loading this module again, as the tests do, wraps invoke's own methods again, not these.)
 _invoke_handle = getattr(invoke_parser.ParseMachine.handle, "invoke_own", invoke_parser.ParseMachine.handle)
 _invoke_complete_context = getattr(invoke_parser.ParseMachine.complete_context, "invoke_own",
                                    invoke_parser.ParseMachine.complete_context)
@@ -91,7 +97,7 @@ def _handle(machine, token):
         # Any token was taken for the missing argument: an unknown option became a recipe named "--nope".
         known = token.split("=", 1)[0] in machine.context.flags or token in machine.context.inverse_flags
         if token.startswith("-") and not known:
-            raise UsageError(f"error: `invoke {short_name(machine.context)}` has no option {token}\n{usage(machine.context)}",
+            raise UsageError(f"error: `{PROGRAM} {short_name(machine.context)}` has no option {token}\n{usage(machine.context)}",
                              machine.context)
     _invoke_handle(machine, token)
 
@@ -100,7 +106,7 @@ def _complete_context(machine):
     missing = machine.context.missing_positional_args if machine.context is not None else []
     if missing and machine.initial.flags["--help"].value is None:
         needs = "; ".join(f"{a.name.upper()}, {a.help}" for a in missing)
-        raise UsageError(f"error: `invoke {short_name(machine.context)}` needs {needs}\n{usage(machine.context)}", machine.context)
+        raise UsageError(f"error: `{PROGRAM} {short_name(machine.context)}` needs {needs}\n{usage(machine.context)}", machine.context)
     if missing:  # help was asked for: it needs no argument
         if machine.context not in machine.result:
             machine.result.append(machine.context)
@@ -132,9 +138,9 @@ def usage(ctx) -> str:
     name = short_name(ctx)  # `invoke run` for run.start
     args = " ".join(a.name.upper() for a in ctx.positional_args)
     examples = " ".join(m.group(1) if (m := re.search(r"e\.g\. (\S+)", a.help or "")) else a.name.upper() for a in ctx.positional_args)
-    return (f"usage: invoke {name} [OPTIONS] {args}\n"
-            f"e.g.:  invoke {name} {examples}\n"
-            f"(`invoke {name} --help` lists its options)")
+    return (f"usage: {PROGRAM} {name} [OPTIONS] {args}\n"
+            f"e.g.:  {PROGRAM} {name} {examples}\n"
+            f"(`{PROGRAM} {name} --help` lists its options)")
 
 
 def short_name(ctx) -> str:
@@ -191,7 +197,7 @@ SSH_CONFIG_HELP = "your own ssh config file for the hosts (ssh -F), used as is i
         "out": "run directory (default runs/<exp_id>)",
         "set_": "override a recipe key, key=value (repeatable)",
         "address": "submit to a running Ray cluster (its dashboard, http://HOST:8265) instead of starting a head",
-        "mode": "host (an `invoke install` prefix or checkouts) or container (the recipe's image); default: the recipe's",
+        "mode": "host (a prefix `invoke install` made, or checkouts) or container (the recipe's image); default: the recipe's",
         "image": "container mode: the image to run (default: the recipe's image); any slime image, docs/run.md#any-slime-image",
         "prefix": "host mode: the install prefix (slime, Megatron-LM and the venv come from there)",
         "catalog": "the flag catalog (flags.json) to check flags against (default: from the image or install)",
@@ -207,13 +213,16 @@ SSH_CONFIG_HELP = "your own ssh config file for the hosts (ssh -F), used as is i
         "nodes": "--slurm: nodes (default: the recipe's num_nodes)",
         "squashfs_dir": "--slurm, container mode: import the image once to a squashfs in this shared directory; every node reads it",
         "json_": "with --dry-run: " + JSON_HELP,
+        "detach": "--cluster/--address: return once the job runs, printing how to follow, inspect and stop it (Ctrl-C while following detaches too)",
+        "max_restarts": "--cluster: resubmit the run, resuming from its checkpoint, when a node or the head was lost (up to N times; "
+                        "default: the recipe's max_restarts, 0)",
     },
     default=True,
 )
 @clean_errors
 def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=None, image=None, prefix=None, catalog=None,
               skip_check=None, no_network=False, cluster=None, slurm=False, partition=None, account=None, time=None, nodes=None,
-              squashfs_dir=None, ssh_config=None, json_=False, tunnel=False):
+              squashfs_dir=None, ssh_config=None, json_=False, tunnel=False, detach=False, max_restarts=None):
     """Validate a recipe, preflight, start Ray, submit, stream the logs (--dry-run: print the plan, start nothing)."""
     from slimeforge.run.launch import LaunchRequest, run_recipe
 
@@ -222,12 +231,22 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
     req = LaunchRequest(recipe=recipe, out=out, overrides=tuple(set_ or ()), address=address, mode=mode, image=image, prefix=prefix,
                         catalog=catalog, skip_checks=tuple(skip_check or ()), network_checks=not no_network, cluster=cluster,
                         slurm=slurm, partition=partition, account=account, time=time, nodes=None if nodes is None else str(nodes),
-                        squashfs_dir=squashfs_dir)
+                        squashfs_dir=squashfs_dir, detach=detach, max_restarts=_count("--max-restarts", max_restarts))
     with contextlib.ExitStack() as tunnels:  # an ssh tunnel to the Jobs API lives until the job's logs end
         code = run_recipe(req, dry_run=dry_run, plan_json=json_,
                           find_cluster=lambda inventory, dry: _cluster_jobs_api(inventory, dry, ssh_config, "always" if tunnel else None, tunnels))
     if code:
         raise Exit(code=code)
+
+
+def _count(option, value):
+    """A whole number given on the command line (an option without a default arrives as a string)."""
+    if value is None:
+        return None
+    text = str(value)
+    if not re.fullmatch(r"[0-9]{1,3}", text):
+        raise Exit(f"error: {option}: {text!r} is not a whole number (0..100)", code=2)
+    return int(text)
 
 
 def _cluster_jobs_api(inventory, dry_run, ssh_config=None, tunnel=None, tunnels=None):
@@ -245,16 +264,39 @@ def _inventory(path, ssh_config):
 
 # --- launch ----------------------------------------------------------------------------------
 
-RUN_HELP = {"run": "the run directory or the recipe that was launched, e.g. runs/gsm8k-3b-smoke"}
+RUN_HELP = {"run": "the run directory or the recipe that was launched, e.g. runs/gsm8k-3b-smoke; with --cluster/--address: "
+                   "the exp_id or submission id of a job on that cluster",
+            "cluster": "find the job on the cluster of this inventory, from any machine (RUN: its exp_id or submission id)",
+            "address": "find the job on the Ray cluster at this address, http://HEAD:8265 (RUN: its exp_id or submission id)",
+            "ssh_config": SSH_CONFIG_HELP}
+
+
+def _jobs_api_of(cluster, address, ssh_config):
+    """--cluster INVENTORY / --address URL of run.status/logs/stop: the Jobs API to ask; None: neither given."""
+    from slimeforge.run.headstate import check_address
+
+    if cluster and address:
+        raise Exit("error: --cluster and --address both name a cluster; give one", code=2)
+    if address:
+        return check_address(address)
+    return _cluster_jobs_api(cluster, False, ssh_config).address if cluster else None
 
 
 @task(positional=["run"], help={**RUN_HELP, "json_": JSON_HELP})
 @clean_errors
-def run_status(c, run, json_=False):
-    """Status of a launched run's job (and whether the Ray head slimeforge started is up; a Slurm run: its job)."""
+def run_status(c, run, json_=False, cluster=None, address=None, ssh_config=None):
+    """Status of a launched run's job (and whether the Ray head slimeforge started is up; a Slurm run: its job).
+    With --cluster/--address: the job found on that cluster by its exp_id or submission id, from any machine."""
     from slimeforge.run.launch import run_dir_of, target_of
     from slimeforge.schema import printable
 
+    api = _jobs_api_of(cluster, address, ssh_config)
+    if api is not None:
+        from slimeforge.run.targets.jobs import remote_status
+
+        st = remote_status(api, run)
+        print(json_doc("slimeforge.run-status/1", {"target": "ray-job", **st.data}) if json_ else "\n".join(printable(line) for line in st.lines))
+        return
     path = run_dir_of(run)
     target = target_of(path)
     st = target.status(path)
@@ -263,27 +305,49 @@ def run_status(c, run, json_=False):
           else "\n".join(printable(line) for line in st.lines))
 
 
-@task(positional=["run"], help={**RUN_HELP, "follow": "keep streaming until the job ends"})
+@task(positional=["run"], help={**RUN_HELP, "follow": "keep streaming until the job ends (Ctrl-C stops following, never the job)"})
 @clean_errors
-def run_logs(c, run, follow=False):
-    """Print a launched run's job logs (from the cluster; job.log keeps them too; a Slurm run: its output file)."""
+def run_logs(c, run, follow=False, cluster=None, address=None, ssh_config=None):
+    """Print a launched run's job logs (from the cluster; job.log keeps them too; a Slurm run: its output file).
+    With --cluster/--address: the job found on that cluster by its exp_id or submission id, from any machine."""
     from slimeforge.run.launch import run_dir_of, target_of
 
-    path = run_dir_of(run)
-    code = target_of(path).logs(path, follow, sys.stdout)
+    api = _jobs_api_of(cluster, address, ssh_config)
+    try:
+        if api is not None:
+            from slimeforge.run.targets.jobs import remote_logs
+
+            code = remote_logs(api, run, follow, sys.stdout, lambda text: print(text, file=sys.stderr))
+        else:
+            path = run_dir_of(run)
+            code = target_of(path).logs(path, follow, sys.stdout)
+    except KeyboardInterrupt:  # the user stopped reading: done, and the job goes on
+        print("\n[slimeforge] stopped following; the job goes on (`invoke run.stop` stops it)", file=sys.stderr)
+        return
     if code:
         raise Exit(code=code)
 
 
 @task(positional=["run"], help={**RUN_HELP, "head": "also stop the Ray head (and container) that slimeforge started for it"})
 @clean_errors
-def run_stop(c, run, head=False):
+def run_stop(c, run, head=False, cluster=None, address=None, ssh_config=None):
     """Stop a launched run's job; --head also stops the Ray head (or container) slimeforge started for it.
     Each is first proved to be this run's; anything else is refused. A Slurm run: scancel of its
     recorded job, proved to be this run's (Ray in the allocation ends with it). Exit 0 when what was
-    asked for was stopped or had already ended; 1 with the reason otherwise."""
+    asked for was stopped or had already ended; 1 with the reason otherwise. With --cluster/--address:
+    the job found on that cluster by its exp_id or submission id (proved slimeforge's by its metadata)."""
     from slimeforge.run.launch import run_dir_of, target_of
 
+    api = _jobs_api_of(cluster, address, ssh_config)
+    if api is not None:
+        from slimeforge.run.targets.jobs import remote_stop
+
+        if head:
+            raise Exit("error: --head stops a head slimeforge started for a run on this machine; a cluster's head: `invoke cluster.down`", code=2)
+        code = remote_stop(api, run)
+        if code:
+            raise Exit(code=code)
+        return
     path = run_dir_of(run)
     code = target_of(path).stop(path, head=head)
     if code:
@@ -645,7 +709,7 @@ def cluster_up(c, inventory, dry_run=False, nccl_check=False, ssh_config=None):
         return
     addr = cluster.up(inv, nccl_check=nccl_check)
     print(f"cluster is up: GCS {addr.gcs}, dashboard and Jobs API {addr.dashboard}")
-    print(f"launch on it: invoke run RECIPE --cluster {inventory}" + (f" --ssh-config {ssh_config}" if ssh_config else ""))
+    print(f"launch on it: {PROGRAM} run RECIPE --cluster {inventory}" + (f" --ssh-config {ssh_config}" if ssh_config else ""))
 
 
 @task(positional=["inventory"], help={"inventory": "cluster inventory YAML, e.g. recipes/clusters/example.yaml", "json_": JSON_HELP, "ssh_config": SSH_CONFIG_HELP})
@@ -684,3 +748,58 @@ ns.add_task(build)
 ns.add_task(install)
 ns.add_collection(Collection("wheels", build=wheels_build, push=wheels_push, pull=wheels_pull, ls=wheels_ls))
 ns.add_collection(Collection("cluster", up=cluster_up, status=cluster_status, down=cluster_down))
+
+
+def main() -> None:
+    """The `slimeforge` command ([project.scripts]): these tasks, their options and help, through
+    invoke's Program, from any directory. Recipes, inventories and --out are read relative to the
+    working directory; runs/ and build/ are made there (paths.RUNS, paths.BUILDS); the stacks and
+    templates come with the package (paths.IMAGES, paths.TEMPLATES)."""
+    global PROGRAM
+    PROGRAM = "slimeforge"
+    _name_in_help(ns, PROGRAM)
+    from slimeforge import __version__
+
+    hints = hint_pattern(ns)
+    sys.stdout, sys.stderr = AsTyped(sys.stdout, hints, PROGRAM), AsTyped(sys.stderr, hints, PROGRAM)
+    try:
+        invoke.Program(namespace=ns, name="slimeforge", binary="slimeforge", version=__version__).run()
+    except BrokenPipeError:  # `slimeforge --list | head`: invoke's own listing and help, outside clean_errors
+        from slimeforge.console import quiet_on_closed_pipe
+
+        sys.exit(quiet_on_closed_pipe())
+
+
+def hint_pattern(coll: Collection) -> re.Pattern[str]:
+    """`invoke` where a message names one of these tasks to run (`run invoke build --cuda cu13
+    first`, `error: invoke publish: ...`): the word alone, before a task's name or alias as a word."""
+    names = sorted({n for name, aliases in coll.task_names.items() for n in (name, *aliases)} | {"--list", "--help"}, key=len, reverse=True)
+    return re.compile(r"(?<![\w/.-])invoke(?=[ \t]+(?:" + "|".join(map(re.escape, names)) + r")(?![\w.-]))")
+
+
+class AsTyped:
+    """A text stream whose messages name the command as it was typed: the library's hints say
+    `invoke TASK` (a checkout's command); under the `slimeforge` command they say `slimeforge TASK`.
+    Everything but write() is the stream's own (fileno, isatty, flush: a closed pipe still shows)."""
+
+    def __init__(self, stream, pattern: re.Pattern[str], program: str):
+        self._stream, self._pattern, self._program = stream, pattern, program
+
+    def write(self, text: str) -> int:
+        self._stream.write(self._pattern.sub(self._program, text))
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _name_in_help(coll: Collection, program: str) -> None:
+    """A task's help that names another task (`invoke doctor --list-checks`) names it as typed here."""
+    for t in coll.tasks.values():
+        t.help = {k: v.replace("`invoke ", f"`{program} ") for k, v in t.help.items()}
+    for sub in coll.collections.values():
+        _name_in_help(sub, program)
