@@ -30,10 +30,6 @@ _.hook_mode  # scripts/kernel_check.py: torch_memory_saver.hook_mode = "torch" (
 _.readable
 _.readinto
 
-# urllib's handler protocol: OpenerDirector calls <scheme>_open (image/remote/registry.py _DeadlineHandlers).
-_.http_open
-_.https_open
-
 # Ray's ports: pydantic fields read by key (rayports.py reads RaySettings.model_dump() by its keys).
 _.client_port
 _.autoscaler_metrics_port
@@ -53,7 +49,7 @@ _.RAY_AGENT_PORT  # run/targets/slurm.py: the port tests/integration/slurm holds
 _.pid_alive  # proc.py: the one liveness test of tests/launch_support.py, test_launch and the cluster lab tests
 _.stat_start_time  # run/ownership.py: the start time of /proc/PID/stat as ownership's unit tests read it (procproof.parse_stat)
 
-# urllib's OpenerDirector calls a handler's `<scheme>_open` by name (image/registry.py's deadline handler).
+# urllib's OpenerDirector calls a handler's `<scheme>_open` by name (image/remote/registry.py's deadline handler).
 _.http_open
 _.https_open
 

@@ -2,10 +2,10 @@
 
     python benchmarks/cuda_path.py [--cuda cu13] [--list]
 
-Runs the build task's dry run (tasks.build, as `invoke build --cuda FLAVOR --dry-run` does: it writes
+Runs the build task's dry run (slimeforge/cli.py build, as `invoke build --cuda FLAVOR --dry-run` does: it writes
 the build directory under build/, builds nothing) under a profiler, from the task until the Dockerfile
 is rendered (templating.render of Dockerfile.j2 returns), and counts, over the project's files
-(slimeforge/ and tasks.py; code run while a module is imported left out):
+(slimeforge/ and tasks/; code run while a module is imported left out):
 
     files        every file a function of which runs on the way
     value files  the files whose functions are called with the value itself: the flavor string, or what
@@ -14,7 +14,7 @@ is rendered (templating.render of Dockerfile.j2 returns), and counts, over the p
                  the step before; and caller -> callee edges into a higher layer (callbacks)
 
 Layers are the import-linter contracts of pyproject.toml: the package's (api -> ... -> core) and, inside
-a container (image/, image/lock/, ...), its own; tasks.py is above them all.
+a container (image/, image/lock/, ...), its own; the invoke namespace (tasks/) is above them all.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def layer_ranks() -> list[tuple[str, list[list[str]]]]:
 
 
 def rank(module: str, contracts: list[tuple[str, list[list[str]]]]) -> tuple[int, ...]:
-    """The module's position at each depth of containment: smaller is higher; tasks.py is (-1,)."""
+    """The module's position at each depth of containment: smaller is higher; tasks/ is (-1,)."""
     if module == "tasks":
         return (-1,)
     found = []
@@ -70,8 +70,7 @@ def main() -> None:
     ap.add_argument("--list", action="store_true", help="list the files")
     args = ap.parse_args()
     os.chdir(ROOT)
-    import tasks
-    from slimeforge import templating
+    from slimeforge import cli, templating
 
     contracts = layer_ranks()
     calls: list[tuple[str, str | None, bool]] = []  # file, caller file, called with the value
@@ -82,7 +81,7 @@ def main() -> None:
             rel = Path(filename).resolve().relative_to(ROOT).as_posix()
         except ValueError:
             return None
-        return rel if rel.startswith("slimeforge/") or rel == "tasks.py" else None
+        return rel if rel.startswith(("slimeforge/", "tasks/")) else None
 
     def profile(frame, event, arg):
         if done[0] or event != "call" or (rel := project(frame.f_code.co_filename)) is None or frame.f_code.co_name == "<module>":
@@ -108,7 +107,7 @@ def main() -> None:
     templating.render = watched
     sys.setprofile(profile)
     try:
-        tasks.build.body(None, cuda=args.cuda, dry_run=True)
+        cli.build.body(None, cuda=args.cuda, dry_run=True)
     finally:
         sys.setprofile(None)
     if not done[0]:
