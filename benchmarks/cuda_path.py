@@ -14,7 +14,7 @@ is rendered (templating.render of Dockerfile.j2 returns), and counts, over the p
                  the step before; and caller -> callee edges into a higher layer (callbacks)
 
 Layers are the import-linter contracts of pyproject.toml: the package's (api -> ... -> core) and, inside
-a container (image/, image/lock/, ...), its own; the invoke namespace (tasks/) is above them all.
+a container (image/, image/lock/, ...), its own; the task namespace (tasks/) is above them all.
 """
 
 from __future__ import annotations
