@@ -182,7 +182,7 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
         if req.start_timeout is not None:
             opts = replace(opts, start_timeout=req.start_timeout)
         target = slurm.SlurmTarget(opts, follow_log=req.follow_log)
-        recipe = slurm.on_slurm(resolve_mode(recipe, req.mode, req.prefix, req.image, stack=stack), opts)
+        recipe = slurm.on_slurm(resolve_mode(recipe, req.mode, req.prefix, req.image, require_image=not dry_run, stack=stack), opts)
         if recipe.mode == "container" and recipe.image and probe_image:  # as the preflight's probe of it, here
             layout, recipe, layout_note = layout_of_image(recipe, pull=not dry_run, docker=req.docker)
     elif req.cluster or recipe.cluster or req.address:
