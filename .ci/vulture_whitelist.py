@@ -26,7 +26,7 @@ _.renderable_flags  # run/slime_facts.py SlimeFacts (tests/unit/test_render.py c
 # Set on a library object, read by that library.
 _.hook_mode  # scripts/kernel_check.py: torch_memory_saver.hook_mode = "torch" (its setter picks the hook)
 
-# io.RawIOBase's protocol, called by io.BufferedReader (image/layerpush.py _ChunkReader: the `docker save` stream).
+# io.RawIOBase's protocol, called by io.BufferedReader (image/publish/layerpush.py _ChunkReader: the `docker save` stream).
 _.readable
 _.readinto
 
@@ -49,7 +49,7 @@ _.RAY_AGENT_PORT  # run/targets/slurm.py: the port tests/integration/slurm holds
 _.pid_alive  # proc.py: the one liveness test of tests/launch_support.py, test_launch and the cluster lab tests
 _.stat_start_time  # run/ownership.py: the start time of /proc/PID/stat as ownership's unit tests read it (procproof.parse_stat)
 
-# urllib's OpenerDirector calls a handler's `<scheme>_open` by name (image/registry.py's deadline handler).
+# urllib's OpenerDirector calls a handler's `<scheme>_open` by name (image/remote/registry.py's deadline handler).
 _.http_open
 _.https_open
 

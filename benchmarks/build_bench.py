@@ -26,7 +26,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import build_support as bs  # noqa: E402
 
-from slimeforge.image.build import BuildOptions, build, docker_cli  # noqa: E402
+from slimeforge.image.builder.build import BuildOptions, build, docker_cli  # noqa: E402
 
 REPO = f"slimeforge-build-bench/sftest-{os.getpid()}"
 

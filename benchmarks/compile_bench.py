@@ -14,7 +14,7 @@ A run that passes its limit is stopped and reported as "over LIMIT s".
 
 The whole compiled set (apex, Transformer Engine's torch extension, torch_memory_saver), cold, one
 piece after another under the per-piece rule, then side by side under the shared budget that the
-install and the image build use (slimeforge/image/compilejobs.py `compile_share`), each set's wall
+install and the image build use (slimeforge/image/builder/compilejobs.py `compile_share`), each set's wall
 time against the cores' limit (its CPU-seconds / cores):
 
     python benchmarks/compile_bench.py --sources DIR --work /tmp/cb --out RESULTS.json \
@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from slimeforge.image.compilejobs import apex_jobs, apex_shared, compile_jobs, compile_share  # noqa: E402  (standard library only)
+from slimeforge.image.builder.compilejobs import apex_jobs, apex_shared, compile_jobs, compile_share  # noqa: E402  (standard library only)
 
 ARCH = "9.0"
 # What each piece needs besides parallelism (the stack's step env and arch variables).

@@ -5,7 +5,7 @@ write its files (unpack). This measures each part per layer, for the same image 
 
   push      gzip: the Docker Engine's own push (what `invoke publish` does by default), seconds per
             layer from the Engine's progress events; zstd: `invoke publish --compression zstd`'s
-            path (slimeforge/image/layerpush.py), compress and upload seconds per layer.
+            path (slimeforge/image/publish/layerpush.py), compress and upload seconds per layer.
   download  GET of each blob from the registry (loopback: no network limit, so the bytes are
             reported too, for any link: seconds = bytes / link speed).
   unpack    `gzip -dc` / `zstd -dc` piped into `tar -x` into an empty directory: the decompression
@@ -49,8 +49,8 @@ sys.path.insert(0, str(ROOT))
 
 from publish_support import LocalRegistry  # noqa: E402
 
-from slimeforge.image import layerpush  # noqa: E402
-from slimeforge.image.registry import RegistryAPI  # noqa: E402
+from slimeforge.image.publish import layerpush  # noqa: E402
+from slimeforge.image.remote.registry import RegistryAPI  # noqa: E402
 
 BASE = "slimeforge-test/base:bookworm"
 REAL_RESULTS = Path("/var/tmp/slimeforge-real/results.json")

@@ -19,8 +19,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import build_support as bs  # noqa: E402
 
-from slimeforge.image.build import default_ca_bundle  # noqa: E402
-from slimeforge.image.install import render_install_script  # noqa: E402
+from slimeforge.image.builder.build import default_ca_bundle  # noqa: E402
+from slimeforge.image.builder.install import render_install_script  # noqa: E402
 from slimeforge.image.sources import parse_sources  # noqa: E402
 from slimeforge.image.stack import load_stack  # noqa: E402
 

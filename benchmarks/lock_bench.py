@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from slimeforge.image import lockcheck, lockfile, lockinputs, uvlock  # noqa: E402
+from slimeforge.image.lock import lockcheck, lockfile, lockinputs, uvlock  # noqa: E402
 from slimeforge.image.stack import load_stack  # noqa: E402
 
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from lock_support import Index, make_wheel, push_tiny_image, router_stack  # noqa: E402
 from publish_support import LocalRegistry  # noqa: E402
 
-from slimeforge.image import lockfacts, lockfile, uvlock  # noqa: E402
+from slimeforge.image.lock import lockfacts, lockfile, uvlock  # noqa: E402
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from slimeforge import records  # noqa: E402
-from slimeforge.image.lockfile import LOCK_ACCEPTED, shape_problems  # noqa: E402
+from slimeforge.image.lock.lockfile import LOCK_ACCEPTED, shape_problems  # noqa: E402
 from slimeforge.yamlio import MAX_FILE_BYTES, read_yaml  # noqa: E402
 
 

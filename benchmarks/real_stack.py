@@ -41,8 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from slimeforge.atomic import write_file  # noqa: E402
-from slimeforge.image.lockfile import render_lock  # noqa: E402
-from slimeforge.image.lockinputs import inputs  # noqa: E402
+from slimeforge.image.lock.lockfile import render_lock  # noqa: E402
+from slimeforge.image.lock.lockinputs import inputs  # noqa: E402
 from slimeforge.image.stack import load_stack  # noqa: E402
 
 BASE_IMAGE = "slimeforge-real/base:cu13-bookworm"

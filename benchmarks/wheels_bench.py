@@ -34,11 +34,11 @@ from build_support import remove_tags  # noqa: E402
 from cext_support import STACK, serve_index  # noqa: E402
 from publish_support import LocalRegistry  # noqa: E402
 
-from slimeforge.image import wheelstore  # noqa: E402
-from slimeforge.image.build import BuildOptions, build  # noqa: E402
-from slimeforge.image.buildkit import parse_progress  # noqa: E402
-from slimeforge.image.registry import Credentials  # noqa: E402
-from slimeforge.image.uvlock import LockOptions, resolve  # noqa: E402
+from slimeforge.image.builder.build import BuildOptions, build  # noqa: E402
+from slimeforge.image.builder.buildkit import parse_progress  # noqa: E402
+from slimeforge.image.lock.uvlock import LockOptions, resolve  # noqa: E402
+from slimeforge.image.remote.registry import Credentials  # noqa: E402
+from slimeforge.image.wheels import wheelstore  # noqa: E402
 
 REPO = f"slimeforge-wheels-bench/sfcext-{os.getpid()}"
 

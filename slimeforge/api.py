@@ -18,17 +18,19 @@ from __future__ import annotations
 import inspect
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import yaml
 
-from . import paths
 from .atomic import write_output
 from .errors import ConfigError, Problem
-from .image.stack import Stack
 from .run.recipe import RUNNER_FIELDS, Recipe, load_recipe_data
 from .run.recipecheck import parse_recipe
-from .run.rundir import RunDir, build_run_dir, write_run_dir
+from .run.rundir import RunDir, write_run_dir
+
+if TYPE_CHECKING:
+    from .run.launch import LaunchRequest
+    from .run.targets.base import LaunchPlan
 
 
 def _signature() -> inspect.Signature:
@@ -85,38 +87,65 @@ class SlimeRunner:
             raise ConfigError("SlimeRunner.to_yaml", [Problem("path", f"cannot be written: {exc.strerror}", str(path))]) from None
         return path
 
-    def _with(self, num_rollout: int | None) -> tuple[Recipe, Stack]:
-        if num_rollout is None or num_rollout == self.recipe.num_rollout:
-            return self.recipe, self.stack
-        return parse_recipe({**self._kwargs, "num_rollout": num_rollout}, self._source)
-
-    def render(self, out: str | os.PathLike | None = None, num_rollout: int | None = None) -> RunDir:
-        """Validate and write the run directory (default runs/<exp_id>); starts nothing."""
-        recipe, stack = self._with(num_rollout)
-        run = build_run_dir(recipe, stack, out or paths.run_dir(recipe.exp_id), self._source)
-        write_run_dir(run)
-        return run
-
-    dry_run = render
-
-    def train(self, num_rollout: int = 1, out: str | os.PathLike | None = None, **options: Any) -> int:
-        """Preflight, start Ray, submit, stream logs; blocks until the job ends and returns its exit code.
+    def request(self, num_rollout: int | None = None, out: str | os.PathLike | None = None, **options: Any) -> LaunchRequest:
+        """The one LaunchRequest of this runner, for render() and train() alike (run/launch.py).
 
         Without mode, image or install_prefix (in the keyword arguments or `options`) it runs in
-        place: this interpreter, with slime and Megatron at slime_dir / megatron_dir (slime's
-        container, or the environment its bare-metal script built). `options`: the launch options
-        of `invoke run`, by keyword (address, mode, image, prefix, catalog, skip_checks, cluster, ...).
-        The same request, checks, target and errors as `invoke run` (run/launch.py)."""
-        from .run.launch import LAUNCH_OPTIONS, LaunchRequest, run_recipe, sequences_as_tuples
+        place: host mode in this interpreter's environment, with slime and Megatron at slime_dir /
+        megatron_dir. `num_rollout` None keeps the recipe's."""
+        from .run.launch import LAUNCH_OPTIONS, LaunchRequest, sequences_as_tuples
 
         unknown = sorted(set(options) - set(LAUNCH_OPTIONS))
         if unknown:
             raise ConfigError("SlimeRunner.train", [Problem(k, "is not a launch option", options[k], ", ".join(LAUNCH_OPTIONS)) for k in unknown])
         chosen = [k for k in ("mode", "image", "install_prefix") if self._kwargs.get(k) is not None]
         chosen += [k for k in ("mode", "image", "prefix") if options.get(k) is not None]
-        req = LaunchRequest(recipe=self._source, data={**self._kwargs, "num_rollout": num_rollout}, out=None if out is None else str(out),
-                            in_place=not chosen, **sequences_as_tuples(options))
-        return run_recipe(req, dry_run=False)
+        data = self._kwargs if num_rollout is None else {**self._kwargs, "num_rollout": num_rollout}
+        return LaunchRequest(recipe=self._source, data=data, out=None if out is None else str(out), in_place=not chosen,
+                             **sequences_as_tuples(options))
+
+    def plan(self, num_rollout: int | None = None, out: str | os.PathLike | None = None, **options: Any) -> LaunchPlan:
+        """What train() with these arguments would run: the request resolved as a dry run (mode,
+        layout, environment, commands) and planned; writes nothing, starts nothing."""
+        from .run.launch import resolve
+
+        target, run = resolve(self.request(num_rollout, out, **options), dry_run=True)
+        return target.plan(run)
+
+    def render(self, out: str | os.PathLike | None = None, num_rollout: int | None = None) -> RunDir:
+        """Validate and write the run directory (default runs/<exp_id>) that train() would launch:
+        the same resolution (in place unless mode, image or install_prefix); starts nothing."""
+        return _written(self.plan(num_rollout, out)).rundir
+
+    dry_run = render
+
+    @overload
+    def train(self, num_rollout: int = 1, out: str | os.PathLike | None = None, *, dry_run: Literal[False] = False, **options: Any) -> int: ...
+    @overload
+    def train(self, num_rollout: int = 1, out: str | os.PathLike | None = None, *, dry_run: Literal[True], **options: Any) -> LaunchPlan: ...
+
+    def train(self, num_rollout: int = 1, out: str | os.PathLike | None = None, *, dry_run: bool = False, **options: Any) -> int | LaunchPlan:
+        """Preflight, start Ray, submit, stream logs; blocks until the job ends and returns its exit code.
+
+        `dry_run=True`: the LaunchPlan this call would run (its run directory written, as render()
+        writes it; nothing started, no preflight). `options`: the launch options of `invoke run`,
+        by keyword (address, mode, image, prefix, catalog, skip_checks, cluster, ...). The same
+        request (request()), checks, target and errors as `invoke run` (run/launch.py)."""
+        from .run.launch import run_recipe
+
+        if dry_run:
+            return _written(self.plan(num_rollout, out, **options))
+        return run_recipe(self.request(num_rollout, out, **options), dry_run=False)
+
+
+def _written(plan: LaunchPlan) -> LaunchPlan:
+    """A dry run's run directory, written as `invoke run --dry-run` writes it: never over a live
+    run's record (an ended one's goes to history/<n>/)."""
+    from .run.runrecord import guard_render
+
+    guard_render(plan.rundir.path, exp_id=plan.run.recipe.exp_id)
+    write_run_dir(plan.rundir)
+    return plan
 
 
 SlimeRunner.__signature__ = _signature()  # type: ignore[attr-defined]

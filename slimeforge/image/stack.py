@@ -244,7 +244,7 @@ class Smoke(Model):
 
 
 class LockSpec(Model):
-    """Inputs of `invoke lock` beyond the steps' own pins (see slimeforge/image/lockinputs.py)."""
+    """Inputs of `invoke lock` beyond the steps' own pins (see slimeforge/image/lock/lockinputs.py)."""
 
     # Runtime dependencies that a source step's checkout declares (its pyproject/setup.py at the
     # pinned commit): the source itself installs with --no-deps, so the lock must hold these.

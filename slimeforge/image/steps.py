@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import paths
-from .lockfile import LockFile, expected_versions, router_requirement, step_requirements
+from .lock.lockfile import LockFile, expected_versions, router_requirement, step_requirements
 from .stack import PatchFile, Stack
 
 STEP_RUNNER = paths.TEMPLATES / "sf"

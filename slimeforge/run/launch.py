@@ -111,14 +111,19 @@ def load(req: LaunchRequest) -> tuple[Recipe, Stack]:
     return load_recipe(req.recipe, overrides)
 
 
-def in_place(recipe: Recipe, source: str) -> Recipe:
-    """Host mode where this process runs, once slime is proved to be at slime_dir here."""
-    slime = Path(recipe.slime_dir)
-    if not ((slime / "train.py").is_file() and (slime / "slime").is_dir()):
+def in_place(recipe: Recipe, source: str, dry_run: bool = False) -> Recipe:
+    """Host mode where this process runs, once slime is proved to be at slime_dir here (a dry run
+    plans it all the same, and says so: resolve's layout note; a launch refuses)."""
+    if not dry_run and not slime_here(recipe):
         raise ConfigError(source, [Problem("slime_dir", "has no slime here (no train.py and slime/ package), so it cannot run in place",
                                            recipe.slime_dir, "slime_dir= where slime is installed; image=REG/repo@sha256:... for "
                                            "container mode; or install_prefix= of `invoke install`")])
     return recipe.model_copy(update={"mode": "host"})
+
+
+def slime_here(recipe: Recipe) -> bool:
+    slime = Path(recipe.slime_dir)
+    return (slime / "train.py").is_file() and (slime / "slime").is_dir()
 
 
 def sequences_as_tuples(options: dict[str, Any]) -> dict[str, Any]:
@@ -166,8 +171,10 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
     target: Target
     layout, layout_note = SLIMEFORGE, None
     if req.in_place:
-        recipe = in_place(recipe, req.recipe)
+        recipe = in_place(recipe, req.recipe, dry_run)
         layout = layout_here(recipe, environ, req.python or sys.executable)
+        if not slime_here(recipe):  # a dry run only (in_place refuses a launch)
+            layout_note = f"{layout.why}; but slime is not at {recipe.slime_dir} here: a launch refuses it"
     if req.slurm:
         from .targets import slurm  # only then: sbatch's template and the node agent
 
@@ -175,7 +182,7 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
         if req.start_timeout is not None:
             opts = replace(opts, start_timeout=req.start_timeout)
         target = slurm.SlurmTarget(opts, follow_log=req.follow_log)
-        recipe = slurm.on_slurm(resolve_mode(recipe, req.mode, req.prefix, req.image, stack=stack), opts)
+        recipe = slurm.on_slurm(resolve_mode(recipe, req.mode, req.prefix, req.image, require_image=not dry_run, stack=stack), opts)
         if recipe.mode == "container" and recipe.image and probe_image:  # as the preflight's probe of it, here
             layout, recipe, layout_note = layout_of_image(recipe, pull=not dry_run, docker=req.docker)
     elif req.cluster or recipe.cluster or req.address:

@@ -15,7 +15,7 @@ import build_support as bs
 import pytest
 
 from slimeforge.errors import ConfigError
-from slimeforge.image.build import HASH_LABEL, BuildError, BuildOptions, build, docker_cli
+from slimeforge.image.builder.build import HASH_LABEL, BuildError, BuildOptions, build, docker_cli
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -69,7 +69,7 @@ def test_build_labels_lock_flags(first, env):
     assert labels["ai.slimeforge.build-hash"] == first["build_hash"]
     assert labels["ai.slimeforge.pin.source.slime"] == bs.SLIME_S1
     assert labels["ai.slimeforge.pin.pip.six"] == "1.17.0"
-    from slimeforge.image.lockfile import read_lock
+    from slimeforge.image.lock.lockfile import read_lock
 
     assert labels["ai.slimeforge.lock"] == f"sha256:{read_lock(bs.TEST_LOCK).hash}"
     # Each step kept its slice of the lock in the image, by URL and sha256.

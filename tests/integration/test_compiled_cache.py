@@ -20,9 +20,9 @@ import pytest
 from build_support import remove_tags
 from cext_support import STACK, serve_index
 
-from slimeforge.image.build import BuildOptions, build
+from slimeforge.image.builder.build import BuildOptions, build
+from slimeforge.image.lock.uvlock import LockOptions, resolve
 from slimeforge.image.steps import compiled_key
-from slimeforge.image.uvlock import LockOptions, resolve
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import build_support as bs
 import pytest
 
-from slimeforge.image.build import default_ca_bundle
-from slimeforge.image.install import render_install_script
+from slimeforge.image.builder.build import default_ca_bundle
+from slimeforge.image.builder.install import render_install_script
 from slimeforge.image.sources import parse_sources
 from slimeforge.image.stack import load_stack
 

@@ -16,9 +16,9 @@ from helpers import absent
 from lock_support import Index, push_tiny_image, router_stack, write_stack
 
 from slimeforge import paths
-from slimeforge.image import lockcheck, lockfile, uvlock
-from slimeforge.image.build import BuildOptions, prepare
-from slimeforge.image.remedies import remedy
+from slimeforge.image.builder.build import BuildOptions, prepare
+from slimeforge.image.lock import lockcheck, lockfile, uvlock
+from slimeforge.image.lock.remedies import remedy
 from slimeforge.image.stack import load_stack
 from slimeforge.image.steps import lock_file, lock_files
 
@@ -195,7 +195,7 @@ def test_check_names_a_stale_lock_and_an_unsatisfied_pin(indexes, tmp_path):
 
 def test_build_refuses_a_stack_without_a_lock_with_the_command_that_makes_one(tmp_path):
     path = write_stack(tmp_path, "nolock")
-    # The one remedy for a missing lock (image/remedies.py), worded as every command words it.
+    # The one remedy for a missing lock (image/lock/remedies.py), worded as every command words it.
     with pytest.raises(lockfile.LockError, match=rf"no lock for nolock: {re.escape(remedy('lock', str(path)))}"):
         prepare(BuildOptions(stack=str(path), dry_run=True, build_root=tmp_path / "b", echo=lambda _: None))
 
@@ -206,7 +206,7 @@ def test_check_of_a_missing_lock_says_how_to_make_it():
     if (Path(__file__).parents[2] / "images" / "locks" / "pylock.cu129.toml").exists():
         pytest.skip("the cu129 lock exists (made where download.pytorch.org is reachable): see test_committed_locks_pass_check")
     assert res.returncode == 2
-    from slimeforge.image.remedies import remedy
+    from slimeforge.image.lock.remedies import remedy
 
     assert f"no lock for cu129: {remedy('lock', 'cu129')}" in res.stderr and "Traceback" not in res.stderr
     assert "`invoke lock --cuda cu129` makes it" in res.stderr
@@ -268,7 +268,7 @@ def test_lock_asks_the_base_image_registry_for_its_digest(indexes, tmp_path, mon
         # Absent here, the base is pulled by that digest (with a line per layer), not refused.
         import docker
 
-        from slimeforge.image.build import pull_base
+        from slimeforge.image.builder.build import pull_base
 
         client = docker.from_env()
         seen: list[str] = []
@@ -403,7 +403,7 @@ def test_complete_fills_only_the_missing_outside_facts_and_build_does_it_by_itse
     from lock_support import make_wheel
     from publish_support import REGISTRY_BIN, LocalRegistry
 
-    from slimeforge.image import lockfacts
+    from slimeforge.image.lock import lockfacts
 
     if not shutil.which(REGISTRY_BIN) and not Path(REGISTRY_BIN).exists():
         absent(f"{REGISTRY_BIN} is not installed (apt-get install docker-registry)")

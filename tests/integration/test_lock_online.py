@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from helpers import absent
 
-from slimeforge.image import lockfile
+from slimeforge.image.lock import lockfile
 
 pytestmark = [pytest.mark.network]
 PEP691 = "application/vnd.pypi.simple.v1+json"

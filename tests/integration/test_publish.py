@@ -18,9 +18,9 @@ import pytest
 from helpers import free_port
 from publish_support import LocalRegistry, ResetProxy
 
-from slimeforge.image import ecr
-from slimeforge.image.publish import PublishError, PublishOptions, plan, publish, read_credentials
-from slimeforge.image.registry import Credentials, RegistryAPI, RegistryError, Retry
+from slimeforge.image.publish.publish import PublishError, PublishOptions, plan, publish, read_credentials
+from slimeforge.image.remote import ecr
+from slimeforge.image.remote.registry import Credentials, RegistryAPI, RegistryError, Retry
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 from publish_support import LocalRegistry
 
-from slimeforge.image import registry as registry_mod
-from slimeforge.image.publish import PublishOptions, plan, publish
-from slimeforge.image.registry import RegistryAPI, RegistryFailed, Retry
+from slimeforge.image.publish.publish import PublishOptions, plan, publish
+from slimeforge.image.remote import registry as registry_mod
+from slimeforge.image.remote.registry import RegistryAPI, RegistryFailed, Retry
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,13 +25,13 @@ from build_support import remove_tags
 from cext_support import STACK, serve_index
 from publish_support import LocalRegistry
 
-from slimeforge.image import wheelstore
-from slimeforge.image.build import BuildOptions, build, default_ca_bundle
-from slimeforge.image.install import render_install_script, store_plan
-from slimeforge.image.lockcheck import checked_lock
-from slimeforge.image.registry import Credentials
+from slimeforge.image.builder.build import BuildOptions, build, default_ca_bundle
+from slimeforge.image.builder.install import render_install_script, store_plan
+from slimeforge.image.lock.lockcheck import checked_lock
+from slimeforge.image.lock.uvlock import LockOptions, resolve
+from slimeforge.image.remote.registry import Credentials
 from slimeforge.image.stack import load_stack
-from slimeforge.image.uvlock import LockOptions, resolve
+from slimeforge.image.wheels import wheelstore
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from slimeforge.errors import ConfigError
-from slimeforge.image.build import parse_build_args, render_dockerfile
-from slimeforge.image.buildkit import parse_progress
-from slimeforge.image.compilejobs import apex_jobs, compile_jobs, compile_share
-from slimeforge.image.install import render_install_script
+from slimeforge.image.builder.build import parse_build_args, render_dockerfile
+from slimeforge.image.builder.buildkit import parse_progress
+from slimeforge.image.builder.compilejobs import apex_jobs, compile_jobs, compile_share
+from slimeforge.image.builder.install import render_install_script
 from slimeforge.image.stack import Stack, load_stack
 from slimeforge.image.steps import compiled_key, image_layout, step_commands
 
@@ -276,7 +276,7 @@ def test_smoke_imports_every_compiled_piece_and_names_the_gpu_ones(flavor, fa):
 
 def test_base_image_and_tags_are_image_references_before_anything_is_read(tmp_path):
     """--base-image and --tag by the OCI grammar: `-v/:/x` is no image, and never an option."""
-    from slimeforge.image.build import BuildOptions, prepare
+    from slimeforge.image.builder.build import BuildOptions, prepare
 
     opts = BuildOptions(stack="cu13", dry_run=True, base_image="-v/:/x", tags=["-evil", "v1", "reg.example.com/a/b:c"],
                         build_root=tmp_path / "b", echo=lambda _: None)
@@ -287,8 +287,8 @@ def test_base_image_and_tags_are_image_references_before_anything_is_read(tmp_pa
 
 
 def test_the_build_report_reads_back_what_it_writes_and_names_a_damaged_key():
-    from slimeforge.image.buildkit import parse_progress
-    from slimeforge.image.buildreport import BuildReport, CompiledWheels, ReportError, StepTiming
+    from slimeforge.image.builder.buildkit import parse_progress
+    from slimeforge.image.builder.buildreport import BuildReport, CompiledWheels, ReportError, StepTiming
 
     lines = ["#7 [3/9] RUN /opt/slimeforge/sf torch pip_step", "#7 DONE 12.5s", "#8 [4/9] RUN /opt/slimeforge/sf apex compiled", "#8 CACHED"]
     report = BuildReport(tag="slimeforge/cu13:0123456789abcdef", human_tags=["slimeforge/cu13:2026.11.1-cu13"], image_id="sha256:" + "1" * 64,
@@ -307,7 +307,7 @@ def test_the_build_report_reads_back_what_it_writes_and_names_a_damaged_key():
 
 
 def test_compile_stages_share_the_host():
-    from slimeforge.image.build import compile_pieces
+    from slimeforge.image.builder.build import compile_pieces
 
     # The pieces BuildKit compiles at once: cu13's three (its flash-attn installs nothing), cu129's four;
     # store hits compile nothing.

@@ -15,8 +15,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import build_support as bs  # noqa: E402
 
-from slimeforge.image.compilejobs import apex_shared, compile_share  # noqa: E402
-from slimeforge.image.install import render_install_script  # noqa: E402
+from slimeforge.image.builder.compilejobs import apex_shared, compile_share  # noqa: E402
+from slimeforge.image.builder.install import render_install_script  # noqa: E402
 from slimeforge.image.stack import load_stack  # noqa: E402
 from slimeforge.image.steps import compiled_key  # noqa: E402
 

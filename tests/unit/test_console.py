@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from slimeforge import console, records
-from slimeforge.image import buildprogress
-from slimeforge.image.buildkit import stream_build
+from slimeforge.image.builder import buildprogress
+from slimeforge.image.builder.buildkit import stream_build
 from slimeforge.proc import Runner
 
 ROOT = Path(__file__).resolve().parents[2]

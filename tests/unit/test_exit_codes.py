@@ -11,11 +11,11 @@ import pytest
 from invoke import Context, Exit
 
 from slimeforge.errors import CommandError, ConfigError, OperationFailed, Problem, SlimeforgeError
-from slimeforge.image.build import BuildError
-from slimeforge.image.install import InstallFailed
-from slimeforge.image.lockfile import LockError
-from slimeforge.image.publish import PublishError, PushFailed
-from slimeforge.image.registry import RegistryAuthError
+from slimeforge.image.builder.build import BuildError
+from slimeforge.image.builder.install import InstallFailed
+from slimeforge.image.lock.lockfile import LockError
+from slimeforge.image.publish.push import PublishError, PushFailed
+from slimeforge.image.remote.registry import RegistryAuthError
 from slimeforge.records import RecordError
 from slimeforge.run.targets.jobsapi import NoAnswer  # noqa: F401 - its classes are among those walked
 

@@ -13,7 +13,7 @@ import pytest
 from docker.errors import ImageNotFound
 
 from slimeforge.cluster.statustable import HostsDown, check_answered
-from slimeforge.image.publish import PublishError, PublishOptions, local_image, plan
+from slimeforge.image.publish.publish import PublishError, PublishOptions, local_image, plan
 
 ROOT = Path(__file__).resolve().parents[2]
 ID = "sha256:" + "cd" * 32

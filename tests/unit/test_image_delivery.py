@@ -14,10 +14,10 @@ import pytest
 import zstandard
 
 from slimeforge.errors import ConfigError
-from slimeforge.image import layerpush
-from slimeforge.image.buildreport import BuildReport, ReportError, VenvSizes
-from slimeforge.image.publish import PublishOptions, describe, plan
-from slimeforge.image.registry import RemoteManifest
+from slimeforge.image.builder.buildreport import BuildReport, ReportError, VenvSizes
+from slimeforge.image.publish import layerpush
+from slimeforge.image.publish.publish import PublishOptions, describe, plan
+from slimeforge.image.remote.registry import RemoteManifest
 from slimeforge.scripts import venv_sizes
 
 D = "sha256:" + "ab" * 32
@@ -227,7 +227,7 @@ def test_the_report_keeps_the_sizes_and_shows_them():
 
 
 def test_the_dockerfile_measures_the_venv_last(tmp_path):
-    from slimeforge.image.build import render_dockerfile
+    from slimeforge.image.builder.build import render_dockerfile
     from slimeforge.image.stack import load_stack
 
     text = render_dockerfile(load_stack("cu13"))
@@ -243,7 +243,7 @@ def test_the_dockerfile_measures_the_venv_last(tmp_path):
 def test_an_upload_location_off_the_registry_is_refused(location):
     """The bytes (and the Authorization header) go only to the registry itself; plain HTTP only
     where the registry was reached over it."""
-    from slimeforge.image.registry import RegistryAPI, RegistryError
+    from slimeforge.image.remote.registry import RegistryAPI, RegistryError
 
     with pytest.raises(RegistryError, match="not its own host"):
         RegistryAPI("127.0.0.1:5000")._same_origin(location)
@@ -251,7 +251,7 @@ def test_an_upload_location_off_the_registry_is_refused(location):
 
 
 def test_an_upload_location_on_another_port_is_refused():
-    from slimeforge.image.registry import RegistryAPI, RegistryError
+    from slimeforge.image.remote.registry import RegistryAPI, RegistryError
 
     with pytest.raises(RegistryError, match="not its own host"):
         RegistryAPI("127.0.0.1:5000")._same_origin("https://127.0.0.1:5001/v2/r/blobs/uploads/x")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from slimeforge.image.build import render_dockerfile
-from slimeforge.image.install import render_install_script
+from slimeforge.image.builder.build import render_dockerfile
+from slimeforge.image.builder.install import render_install_script
 from slimeforge.image.stack import load_stack
 from slimeforge.image.steps import host_layout, image_layout, lock_files
 
@@ -135,14 +135,14 @@ def test_install_script_carries_interpreter_arch_variables_and_compiled_keys(fla
     ("python", False), ("/opt/py\nthon", False), ("relative/python3.12", False),
 ])
 def test_the_python_option_is_a_path_or_an_interpreter_name(value, ok):
-    from slimeforge.image.install import python_problem
+    from slimeforge.image.builder.install import python_problem
 
     assert (python_problem(value) is None) is ok
 
 
 def test_the_disk_need_comes_from_the_lock_and_reaches_the_script():
-    from slimeforge.image.install import disk_need
-    from slimeforge.image.lockcheck import checked_lock
+    from slimeforge.image.builder.install import disk_need
+    from slimeforge.image.lock.lockcheck import checked_lock
 
     stack = load_stack("cu13")
     download, need = disk_need(stack, checked_lock(stack))
@@ -227,8 +227,8 @@ def test_cli_refuses_a_bad_interpreter_or_disk_option_before_anything(tmp_path, 
 
 
 def test_dry_runs_render_on_a_fresh_clone_naming_each_missing_outside_fact(tmp_path):
-    from slimeforge.image.build import BuildOptions, prepare
-    from slimeforge.image.install import InstallOptions, install
+    from slimeforge.image.builder.build import BuildOptions, prepare
+    from slimeforge.image.builder.install import InstallOptions, install
 
     path = fresh_clone_stack(tmp_path)
     lock_text = (tmp_path / "locks" / "pylock.cu13.toml").read_text()
@@ -278,7 +278,7 @@ def test_the_install_scripts_driver_check_and_doctors_agree(tmp_path, driver):
 def test_min_free_gb_has_one_rule_for_the_option_and_the_scripts_variable(tmp_path, value):
     """--min-free-gb (install.py) and SLIMEFORGE_MIN_FREE_GIB (install.sh, which a user may set
     alone) accept the same values: the script renders the option's bound, this pair test holds them."""
-    from slimeforge.image.install import MAX_FREE_GIB
+    from slimeforge.image.builder.install import MAX_FREE_GIB
     from slimeforge.schema import whole_problem
 
     stack = load_stack("cu13")
@@ -293,7 +293,7 @@ def test_min_free_gb_has_one_rule_for_the_option_and_the_scripts_variable(tmp_pa
 
 
 def _plan_keys(stack, lock, store: Path) -> dict[str, str]:
-    from slimeforge.image.install import store_plan
+    from slimeforge.image.builder.install import store_plan
 
     return store_plan(stack, "/opt/slime/.slimeforge", placeholder_patches(stack), lock, store, echo=lambda s: None)[1]
 
@@ -361,7 +361,7 @@ def test_install_verify_reaches_the_script_as_its_variable(tmp_path, verify):
     `--verify`, tested with real bash in tests/integration/test_install.py)."""
     from dataclasses import dataclass, field
 
-    from slimeforge.image.install import InstallOptions, install
+    from slimeforge.image.builder.install import InstallOptions, install
     from slimeforge.proc import Result, Runner
 
     @dataclass

@@ -114,10 +114,10 @@ def reports_of_missing_outside_facts(tmp_path: Path) -> tuple[str, dict[str, str
     (cu13's committed lock, as a fresh clone has it), where neither can be fetched: GitHub and the
     base image's registry are reached only through a proxy whose port is closed (so a host with
     the network fetches nothing either)."""
-    from slimeforge.image import lockcheck, lockfacts
-    from slimeforge.image.build import BuildOptions, prepare
-    from slimeforge.image.install import InstallOptions, install
-    from slimeforge.image.lockfile import LockError, stack_ref
+    from slimeforge.image.builder.build import BuildOptions, prepare
+    from slimeforge.image.builder.install import InstallOptions, install
+    from slimeforge.image.lock import lockcheck, lockfacts
+    from slimeforge.image.lock.lockfile import LockError, stack_ref
     from slimeforge.image.stack import load_stack
 
     path = fresh_clone_stack(tmp_path)
@@ -153,7 +153,7 @@ def test_each_missing_outside_fact_has_one_remedy_from_every_command(tmp_path, m
 
     from helpers import free_port
 
-    from slimeforge.image.remedies import remedy
+    from slimeforge.image.lock.remedies import remedy
 
     for name in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY"):
         monkeypatch.setenv(name, f"http://127.0.0.1:{free_port()}")
@@ -183,11 +183,11 @@ def test_a_flavor_without_a_lock_has_one_remedy_from_every_command(tmp_path):
     import subprocess
     import sys
 
-    from slimeforge.image import lockcheck
-    from slimeforge.image.build import BuildOptions, prepare
-    from slimeforge.image.install import InstallOptions, install
-    from slimeforge.image.lockfile import LockError
-    from slimeforge.image.remedies import remedy
+    from slimeforge.image.builder.build import BuildOptions, prepare
+    from slimeforge.image.builder.install import InstallOptions, install
+    from slimeforge.image.lock import lockcheck
+    from slimeforge.image.lock.lockfile import LockError
+    from slimeforge.image.lock.remedies import remedy
 
     assert not (ROOT / "images" / "locks" / "pylock.cu129.toml").exists()  # cu129 has no lock committed
     sentence = remedy("lock", "cu129")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from slimeforge.errors import ConfigError
-from slimeforge.image import lockcheck, lockfile, uvlock
+from slimeforge.image.lock import lockcheck, lockfile, uvlock
 from slimeforge.image.stack import load_stack
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -186,7 +186,7 @@ def test_bad_options_are_refused_together_before_anything_runs(tmp_path):
 def test_the_cutoff_is_the_previous_locks_only_for_unchanged_inputs_and_no_upgrade():
     from datetime import UTC, datetime
 
-    from slimeforge.image.lockinputs import inputs
+    from slimeforge.image.lock.lockinputs import inputs
 
     stack = load_stack("cu13")
     lock = lockfile.load_lock("cu13", stack)
@@ -213,7 +213,7 @@ def test_a_cutoff_is_an_rfc3339_utc_second(tmp_path, cutoff):
 def test_completing_changes_only_the_filled_fields(tmp_path):
     from dataclasses import replace
 
-    from slimeforge.image import lockfacts
+    from slimeforge.image.lock import lockfacts
 
     stack = load_stack("cu13")
     lock = lockfile.load_lock("cu13", stack)

@@ -13,17 +13,11 @@ from pathlib import Path
 import pytest
 
 from slimeforge.errors import ConfigError
-from slimeforge.image import ecr
 from slimeforge.image.imageref import ImageRef, image_ref_problems, parse_image_ref
-from slimeforge.image.publish import (
-    LayerProgress,
-    PublishOptions,
-    _push_failure,
-    find_build_dir,
-    plan,
-    read_credentials,
-)
-from slimeforge.image.registry import RegistryAuthError, TransientError
+from slimeforge.image.publish.publish import PublishOptions, find_build_dir, plan, read_credentials
+from slimeforge.image.publish.push import LayerProgress, push_failure
+from slimeforge.image.remote import ecr
+from slimeforge.image.remote.registry import RegistryAuthError, TransientError
 
 ROOT = Path(__file__).resolve().parents[2]
 D = "sha256:" + "ab" * 32
@@ -124,10 +118,10 @@ def test_immutability_rules():
 
 def test_engine_push_errors_are_sorted():
     ref = ImageRef("reg.example.com", "team/slime", "t")
-    auth = _push_failure(ref, "unauthorized: authentication required", None)
+    auth = push_failure(ref, "unauthorized: authentication required", None)
     assert isinstance(auth, RegistryAuthError) and "reg.example.com" in str(auth) and "docker login reg.example.com" in str(auth)
-    assert isinstance(_push_failure(ref, 'Put "https://reg/v2/x/blobs": read: connection reset by peer', None), TransientError)
-    assert not isinstance(_push_failure(ref, "manifest invalid", None), TransientError | RegistryAuthError)
+    assert isinstance(push_failure(ref, 'Put "https://reg/v2/x/blobs": read: connection reset by peer', None), TransientError)
+    assert not isinstance(push_failure(ref, "manifest invalid", None), TransientError | RegistryAuthError)
 
 
 def test_layer_progress_is_compact():

@@ -141,7 +141,7 @@ def test_flags_catalog_out_dev_null_is_refused_before_anything_runs(tmp_path):
 
 
 def test_publish_record_that_is_a_symlink_or_device_is_refused_in_the_plan(tmp_path):
-    from slimeforge.image import publish as pub
+    from slimeforge.image.publish import publish as pub
 
     (tmp_path / "link").symlink_to(tmp_path / "target")
     for record in ("/dev/null", str(tmp_path / "link"), str(tmp_path)):

@@ -125,7 +125,7 @@ def test_flag_catalog_reads_every_parser_of_the_fixture_slime(repos, tmp_path):
 def test_host_compile_jobs_follow_the_image_build_rule(cores, gib, tmp_path):
     # One rule in two places: the image build's (Python, build args) and a host's (bash), for the
     # host's jobs and threads and for apex's split of them.
-    from slimeforge.image.compilejobs import apex_jobs, compile_jobs
+    from slimeforge.image.builder.compilejobs import apex_jobs, compile_jobs
 
     res = sf("sf_compile_jobs", str(cores), str(gib * 1024 * 1024), state=tmp_path)
     assert res.returncode == 0, res.stderr
@@ -403,7 +403,7 @@ def test_finalize_smoked_needs_the_smoke_tests_arguments(tmp_path):
 
 
 def test_smoke_lines_are_read_from_buildkits_progress():
-    from slimeforge.image.build import smoke_lines
+    from slimeforge.image.builder.build import smoke_lines
 
     lines = ["#29 0.31 slimeforge: phase smoke imports 1795717981.8", "#29 12.34 slimeforge: smoke: import torch ok\n",
              "#29 35.1 slimeforge: smoke test passed, with 7 GPU import(s) skipped", "#29 100 slimeforge: smoke: import x ok",

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from slimeforge.errors import ConfigError
-from slimeforge.image import wheelstore
-from slimeforge.image.build import render_dockerfile
+from slimeforge.image.builder.build import render_dockerfile
 from slimeforge.image.stack import load_stack
 from slimeforge.image.steps import compiled_key
+from slimeforge.image.wheels import wheelstore
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "cu13-apex-0123456789abcdef"

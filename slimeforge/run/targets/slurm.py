@@ -39,9 +39,11 @@ from ..rundir import amend_plan, build_run_dir, read_plan, write_run_dir
 from ..runrecord import JOB_ID_RE, RunRecord, Unreachable, guard_render, job_info, new_run_token, read_run, slurm_check, write_run_token
 from . import enroot
 from .base import Command, LaunchPlan, Mount, ResolvedRun, RunStatus, Say, Target, layout_line
-from .local import host_tools
+from .local import ContainerTarget, host_tools
 from .mounts import container_mounts, pyxis_mounts_arg
 from .slurm_checks import cluster_findings, enroot_findings
+
+IMAGE_PLACEHOLDER = ContainerTarget.IMAGE_PLACEHOLDER  # a dry run without an image, as `invoke run --dry-run` shows it
 
 # Grammars (re.fullmatch): what Slurm accepts for these names, less anything a shell or an
 # #SBATCH line could read as syntax.
@@ -160,7 +162,7 @@ def sbatch_vars(recipe: Recipe, run_dir: Path, opts: Options, mounts: tuple[Moun
     `marker`: the random token of this render, in <run dir>/visible.token and checkpoint_dir's marker."""
     nodes = opts.nodes or recipe.num_nodes
     container = recipe.mode == "container"
-    container_args = [f"--container-image={container_image or recipe.image}", f"--container-mounts={pyxis_mounts_arg(mounts)}",
+    container_args = [f"--container-image={container_image or recipe.image or IMAGE_PLACEHOLDER}", f"--container-mounts={pyxis_mounts_arg(mounts)}",
                       f"--container-workdir={run_dir}"] if container else []
     checkpoint = {"dir": recipe.resolved_checkpoint_dir, "token": marker}
     image_file = container_image if container and container_image and container_image.startswith("/") else None
@@ -273,9 +275,11 @@ class SlurmTarget(Target):
         rundir = amend_plan(rundir, files, target=self.name, commands=[list(c.argv) for c in commands],
                             slurm={"partition": opts.partition, "account": opts.account, "time": opts.time, "nodes": opts.nodes or recipe.num_nodes,
                                    **image_info})
-        notes = () if "enroot" not in image_info or image_info["enroot"] else (
+        notes: tuple[str, ...] = () if "enroot" not in image_info or image_info["enroot"] else (
             f"enroot's version could not be read here ({image_info['enroot_said']}): the image is named in enroot 4's form; "
             "a launch reads it first, and refuses without it",)
+        if recipe.mode == "container" and not recipe.image:  # a dry run only: resolve refuses a launch without one
+            notes += (f"no image given: {IMAGE_PLACEHOLDER} stands for --image, or `image:` in the recipe",)
         return LaunchPlan(self.name, run, rundir, tuple(commands), mounts, notes=notes, run_token=token)
 
     def preflight(self, plan: LaunchPlan, runner: Runner, say: Say) -> None:

@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import build_support as bs  # noqa: E402
 
-from slimeforge.image.install import render_install_script  # noqa: E402
+from slimeforge.image.builder.install import render_install_script  # noqa: E402
 from slimeforge.image.stack import load_stack  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]

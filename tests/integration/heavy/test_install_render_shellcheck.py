@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from slimeforge.image.install import render_install_script
+from slimeforge.image.builder.install import render_install_script
 from slimeforge.image.stack import load_stack
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -73,3 +73,47 @@ def test_the_seed_recipe_is_refused_on_the_example_cluster_as_the_page_says(tmp_
                         "--out", str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "model_dir: lies outside every container volume" in r.stderr and "/root/models/" in r.stderr
     assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def fenced(kind: str) -> list[str]:
+    """The `invoke` lines of the page's ``` fences of this kind ("" for a plain fence), comments cut:
+    read line by line, as the opening and closing fences pair up (a regex pairs a closing with the next opening)."""
+    out: list[str] = []
+    lang: str | None = None
+    for line in PAGE.read_text().splitlines():
+        if line.startswith("```"):
+            lang = line[3:].strip() if lang is None else None
+        elif lang == kind and line.strip().startswith("invoke "):
+            out.append(shlex.join(shlex.split(line, comments=True)))
+    return out
+
+
+# The plain fences' commands that cannot run here, each with why (the Slurm section: a login node).
+PLAIN_NOT_HERE = {
+    "invoke run recipes/gsm8k.yaml --slurm --nodes 2 --partition gpu --time 04:00:00 --out /shared/runs/gsm8k":
+        "submits to Slurm: no sbatch, no partition and no /shared here (its dry run is run)",
+    "invoke run recipes/gsm8k.yaml --slurm --nodes 2 --mode container --image REG/repo@sha256:... --squashfs-dir /shared/images --out /shared/runs/gsm8k":
+        "submits to Slurm with a placeholder image (REG/repo@sha256:...) and enroot on a shared /shared/images",
+    "invoke run.status /shared/runs/gsm8k": "the run directory of a submitted Slurm job, on the cluster's shared file system",
+    "invoke run.logs /shared/runs/gsm8k --follow": "the run directory of a submitted Slurm job, on the cluster's shared file system",
+    "invoke run.stop /shared/runs/gsm8k": "the run directory of a submitted Slurm job, on the cluster's shared file system",
+}
+
+
+def test_every_command_in_a_plain_fence_runs_or_is_named_with_its_reason(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLIMEFORGE_STATE_HOME", str(tmp_path / "state"))
+    cmds = fenced("")
+    assert set(PLAIN_NOT_HERE) <= set(cmds), sorted(set(PLAIN_NOT_HERE) - set(cmds))  # the list names only what the page shows
+    ran = []
+    for cmd in cmds:
+        if cmd in PLAIN_NOT_HERE:
+            continue
+        argv = shlex.split(cmd)[1:]
+        assert argv[0] == "run" and "--slurm" in argv and "--dry-run" in argv, f"{cmd!r}: neither run here nor named with a reason"
+        run_dir = tmp_path / f"run{len(ran)}"
+        r = subprocess.run([sys.executable, "-m", "invoke", *argv, "--out", str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        out = r.stdout + r.stderr
+        assert r.returncode == 0 and "no image given: <IMAGE> stands for --image" in out and "Traceback" not in out, out
+        assert "--container-image=<IMAGE>" in (run_dir / "slurm.sbatch").read_text()
+        ran.append(cmd)
+    assert len(ran) == 1

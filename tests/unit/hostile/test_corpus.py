@@ -21,7 +21,7 @@ from helpers import SEED_RECIPE
 
 from slimeforge.cluster.inventory import load_inventory
 from slimeforge.errors import ConfigError
-from slimeforge.image.build import render_dockerfile
+from slimeforge.image.builder.build import render_dockerfile
 from slimeforge.image.stack import load_stack
 from slimeforge.run.recipe import parse_overrides
 from slimeforge.run.recipecheck import load_recipe

@@ -9,8 +9,8 @@ import pytest
 import requests
 
 from slimeforge.image.imageref import ImageRef
-from slimeforge.image.publish import LayerProgress, PushFailed, _push
-from slimeforge.image.registry import Retry
+from slimeforge.image.publish.push import LayerProgress, PushFailed, push_tag
+from slimeforge.image.remote.registry import Retry
 
 TARGET = ImageRef("127.0.0.1:5000", "sf/x", "t1")
 DIGEST = "sha256:" + "d" * 64
@@ -27,7 +27,7 @@ class Engine:
 
 def push(events):
     said: list[str] = []
-    digest = _push(Engine(events), TARGET, None, said.append, Retry(attempts=1))
+    digest = push_tag(Engine(events), TARGET, None, said.append, Retry(attempts=1))
     return digest, said
 
 

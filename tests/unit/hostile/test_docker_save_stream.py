@@ -18,7 +18,8 @@ import urllib3
 from docker.errors import APIError, NotFound
 
 from slimeforge.errors import OperationFailed
-from slimeforge.image import dockerapi, layerpush
+from slimeforge.image import dockerapi
+from slimeforge.image.publish import layerpush
 
 
 def sha(data: bytes) -> str:

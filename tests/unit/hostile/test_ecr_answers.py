@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from slimeforge.image import ecr
-from slimeforge.image.registry import RegistryError
+from slimeforge.image.remote import ecr
+from slimeforge.image.remote.registry import RegistryError
 
 REG = ecr.parse_ecr_host("123456789012.dkr.ecr.us-east-1.amazonaws.com")
 D = "sha256:" + "e" * 64

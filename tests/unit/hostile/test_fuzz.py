@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from slimeforge.cluster.inventory import InventoryFile, load_inventory
 from slimeforge.errors import ConfigError
-from slimeforge.image.build import render_dockerfile
+from slimeforge.image.builder.build import render_dockerfile
 from slimeforge.image.stack import Stack, load_stack
 from slimeforge.run.recipe import Recipe, parse_overrides
 from slimeforge.run.recipecheck import load_recipe

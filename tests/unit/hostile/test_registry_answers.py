@@ -22,8 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from slimeforge.image import layerpush
-from slimeforge.image.registry import RegistryAPI, RegistryError, RegistryFailed, Retry
+from slimeforge.image.publish import layerpush
+from slimeforge.image.remote.registry import RegistryAPI, RegistryError, RegistryFailed, Retry
 
 MANIFEST = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
                        "config": {"digest": "sha256:" + "a" * 64}}).encode()

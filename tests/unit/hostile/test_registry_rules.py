@@ -12,7 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from slimeforge.image.registry import Credentials, RegistryAPI, RegistryAuthError, Retry, plain_http_allowed, same_site
+from slimeforge.image.remote.hosts import plain_http_allowed, same_site
+from slimeforge.image.remote.registry import Credentials, RegistryAPI, RegistryAuthError, Retry
 
 CREDS = Credentials("publisher", "s3cret-password", "test")
 BASIC = "Basic " + base64.b64encode(b"publisher:s3cret-password").decode()

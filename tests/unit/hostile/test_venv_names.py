@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slimeforge.image.buildreport import BuildReport, ReportError, VenvSizes
+from slimeforge.image.builder.buildreport import BuildReport, ReportError, VenvSizes
 from slimeforge.schema import text_problem
 from slimeforge.scripts import venv_sizes
 
@@ -81,7 +81,7 @@ def test_any_venv_path_a_host_may_have_is_accepted(venv):
 @pytest.mark.parametrize("data", [b"\xff\xfe", b"{}", json.dumps({"schema": 1, "venv": "rel", "bytes": 1, "largest": []}).encode()])
 def test_a_record_that_cannot_be_read_is_a_note_never_a_failed_build(monkeypatch, data):
     """The image is built; its venv measurement is a report's line: an odd one is said and left out."""
-    from slimeforge.image import build
+    from slimeforge.image.builder import build
 
     monkeypatch.setattr(build, "read_from_image", lambda client, image_id, names: {names[0]: data})
     said: list[str] = []

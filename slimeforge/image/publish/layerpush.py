@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from ..errors import OperationFailed
-from ..schema import printable
-from .registry import RegistryAPI
+from ...errors import OperationFailed
+from ...schema import printable
+from ..remote.registry import RegistryAPI
 
 COMPRESSIONS = ("gzip", "zstd")  # gzip: the Engine's own push (the default); zstd: this module
 COMPRESSION_RE = re.compile("|".join(COMPRESSIONS))

@@ -23,12 +23,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .. import paths
-from ..errors import ConfigError, Problem, SlimeforgeError
-from ..schema import WHOLE_RE
+from ... import paths
+from ...errors import ConfigError, Problem, SlimeforgeError
+from ...schema import WHOLE_RE
+from ..stack import Stack, load_stack
 from .lockcheck import Missing, check_lock, checked_lock, missing_facts
 from .lockfile import DIGEST_RE, SHA256_RE, LockError, LockFile, load_lock, lock_command, lock_ref, read_lock, write_lock
-from .stack import Stack, load_stack
 
 ROUTER_LIMIT = 256 << 20  # the router wheel is tens of MB; anything this large is not it
 
@@ -131,7 +131,7 @@ def lock_for_run(stack: Stack, dry_run: bool, echo: Callable[[str], None]) -> Lo
 def patches_for_run(stack: Stack, local: dict, cache: Path, lock: LockFile, dry_run: bool, echo: Callable[[str], None]) -> list:
     """The patch files (patches.read_patches); in a dry run where their source cannot be fetched,
     stand-ins with the sha256 the lock records, named in a warning (a real run refuses)."""
-    from .patches import PatchContent, read_patches
+    from ..patches import PatchContent, read_patches
 
     try:
         return read_patches(stack, local, cache)
@@ -187,9 +187,9 @@ def complete(ref: str, echo: Callable[[str], None] = print, base_digest: str | N
 def base_image_digest(image: str, echo: Callable[[str], None]) -> str | None:
     """The digest the base image's tag points at, asked of its registry (any OCI registry, Docker
     Hub included); None, with a warning, where the registry cannot be reached."""
-    from .imageref import parse_image_ref
-    from .publish import docker_config_credentials
-    from .registry import RegistryAPI, Retry
+    from ..imageref import parse_image_ref
+    from ..remote.credentials import docker_config_credentials
+    from ..remote.registry import RegistryAPI, Retry
 
     ref = parse_image_ref(image, "base.image")
     if ref.digest:
@@ -213,7 +213,7 @@ def patch_hashes(stack: Stack, local: dict, echo: Callable[[str], None]) -> dict
     given with --source, else fetched); None, with a warning, where neither can be read."""
     if not stack.patches:
         return {}
-    from .patches import read_patches
+    from ..patches import read_patches
 
     try:
         contents = read_patches(stack, local, paths.sources_cache())

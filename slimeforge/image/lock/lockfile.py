@@ -25,11 +25,11 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from .. import paths, records
-from ..errors import ConfigError, Problem, SlimeforgeError
-from ..scripts.venvlock import canonical
+from ... import paths, records
+from ...errors import ConfigError, Problem, SlimeforgeError
+from ...scripts.venvlock import canonical
+from ..stack import Stack, load_stack, stack_path
 from .remedies import lock_command, remedy
-from .stack import Stack, load_stack, stack_path
 
 SCHEMA = 1
 
@@ -118,7 +118,7 @@ def render_lock(data: dict[str, Any]) -> str:
 
 def write_lock(path: Path, text: str) -> None:
     """Replace the lock whole (atomically): a reader sees the old file or the new one."""
-    from ..atomic import write_dir
+    from ...atomic import write_dir
 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_dir(path.parent, {path.name: text})

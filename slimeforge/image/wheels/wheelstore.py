@@ -32,10 +32,10 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
-from .. import paths, records
-from ..errors import ConfigError, Problem, SlimeforgeError
-from .imageref import DOMAIN_RE, ImageRef, parse_image_ref
-from .registry import Credentials, Retry
+from ... import paths, records
+from ...errors import ConfigError, Problem, SlimeforgeError
+from ..imageref import DOMAIN_RE, ImageRef, parse_image_ref
+from ..remote.registry import Credentials, Retry
 
 SUMS, RECORD = "SHA256SUMS", "record.json"
 # A line of SHA256SUMS as `sha256sum` writes it (text mode): the one grammar; steps.sh's
@@ -193,7 +193,7 @@ def stack_keys(stack, base_id: str | None, patch_sha: dict[str, str] | None, loc
     """Each compiled step of `stack`: its key and whether it can come from the store: a checkout
     installed as a path (editable) cannot, nor a pip step with no sdist in its slice of `lock`
     (nothing compiles: cu13's flash-attn step is empty)."""
-    from .steps import compiled_key
+    from ..steps import compiled_key
 
     out = {}
     for step in stack.plan:
@@ -260,7 +260,7 @@ def ecr_credentials(ref: ImageRef, create: bool, echo: Callable[[str], None] = p
     """For an ECR registry: a login from an ECR authorization token (AWS credentials as boto3 finds
     them; API endpoint $AWS_ENDPOINT_URL_ECR), and for a push the repository created when missing,
     with immutable tags (a key names one content: it must never move). None for other registries."""
-    from . import ecr
+    from ..remote import ecr
 
     registry = ecr.parse_ecr_host(ref.registry)
     if registry is None:
@@ -273,7 +273,7 @@ def ecr_credentials(ref: ImageRef, create: bool, echo: Callable[[str], None] = p
 
 
 def _docker():
-    from .dockerapi import docker_client
+    from ..dockerapi import docker_client
 
     return docker_client()
 
@@ -281,13 +281,13 @@ def _docker():
 def push(key: str, registry: str, credentials: Credentials | None = None, root: Path | None = None,
          echo: Callable[[str], None] = print, retry: Retry | None = None) -> str:
     """Push the (verified) local entry of `key` as <registry>/slimeforge-compiled:<key>; its digest."""
-    from .publish import _push
+    from ..publish.push import push_tag
 
     entry = lookup(key, root)
     if entry is None:
         raise WheelStoreError(f"compiled-wheel store: no local entry {key} to push (invoke wheels.build first)")
-    from .publish import docker_config_credentials
-    from .registry import RegistryAPI
+    from ..remote.credentials import docker_config_credentials
+    from ..remote.registry import RegistryAPI
 
     ref = remote_ref(registry, key)
     credentials = credentials or ecr_credentials(ref, create=True, echo=echo)
@@ -313,7 +313,7 @@ def push(key: str, registry: str, credentials: Credentials | None = None, root: 
             client.images.build(path=str(ctx), tag=f"{ref.name}:{key}", rm=True, labels={"ai.slimeforge.compiled-key": key})
         except (BuildError, DockerException) as exc:
             raise WheelStoreError(f"compiled-wheel store: making the image of {key} failed: {exc}") from None
-    return _push(client, ref, credentials, echo, retry or Retry())
+    return push_tag(client, ref, credentials, echo, retry or Retry())
 
 
 def pull(key: str, registry: str, credentials: Credentials | None = None, root: Path | None = None,
@@ -322,7 +322,7 @@ def pull(key: str, registry: str, credentials: Credentials | None = None, root: 
     registry has no such tag (a miss). Any other failure raises."""
     from docker.errors import APIError, NotFound
 
-    from .publish import _push_failure
+    from ..publish.push import push_failure
 
     ref = remote_ref(registry, key)
     credentials = credentials or ecr_credentials(ref, create=False, echo=echo)
@@ -335,13 +335,13 @@ def pull(key: str, registry: str, credentials: Credentials | None = None, root: 
                 message = (event.get("errorDetail") or {}).get("message") or event.get("error", "")
                 if "not found" in message.lower() or "manifest unknown" in message.lower():
                     return None
-                raise _push_failure(ref, message, credentials)
+                raise push_failure(ref, message, credentials)
     except NotFound:
         return None
     except APIError as exc:
         if "not found" in str(exc.explanation or exc).lower() or "manifest unknown" in str(exc.explanation or exc).lower():
             return None
-        raise _push_failure(ref, str(exc.explanation or exc), credentials) from None
+        raise push_failure(ref, str(exc.explanation or exc), credentials) from None
     container = client.containers.create(f"{ref.name}:{key}", command=["true"])
     try:
         chunks, _ = container.get_archive(f"/wheels/{key}")
@@ -374,7 +374,7 @@ def pull(key: str, registry: str, credentials: Credentials | None = None, root: 
 
 def known_stacks(extra: list[str] | None = None) -> list[Any]:
     """The flavors in images/ and any stack files given: what `--unused` measures against."""
-    from .stack import load_stack
+    from ..stack import load_stack
 
     names = sorted(p.stem for p in paths.IMAGES.glob("*.yaml") if p.stem != "common")
     return [load_stack(n) for n in [*names, *(extra or [])]]
@@ -383,8 +383,8 @@ def known_stacks(extra: list[str] | None = None) -> list[Any]:
 def needed(stack) -> dict[str, CompiledStep]:
     """The compiled keys a stack's build would use (base as `invoke build` resolves it, patches as
     the lock records them), without side effects."""
-    from .dockerapi import resolve_base
-    from .lockcheck import checked_lock
+    from ..dockerapi import resolve_base
+    from ..lock.lockcheck import checked_lock
 
     pylock = checked_lock(stack)
     base = resolve_base(stack, None, True, pylock.tool.get("base", {}).get("digest") or None)
@@ -395,7 +395,7 @@ def needed(stack) -> dict[str, CompiledStep]:
 def listing(stack, root: Path | None = None, registry: str | None = None, credentials: Credentials | None = None) -> list[dict[str, Any]]:
     """Per compiled step of `stack`: key, hit or miss here, where (the local entry, and the remote
     tag when `registry` has it), size."""
-    from .registry import RegistryAPI
+    from ..remote.registry import RegistryAPI
 
     api = None
     if registry:
@@ -416,7 +416,7 @@ def listing(stack, root: Path | None = None, registry: str | None = None, creden
 
 def unused(stacks: list[Any], root: Path | None = None) -> list[str]:
     """Keys in the local store that none of `stacks` uses (garbage: safe to delete)."""
-    from .lockfile import LockError
+    from ..lock.lockfile import LockError
 
     used: set[str] = set()
     for s in stacks:

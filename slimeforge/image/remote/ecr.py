@@ -16,7 +16,7 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..schema import printable
+from ...schema import printable
 from .registry import MANIFEST_TYPES, Credentials, RegistryAuthError, RegistryError, RegistryFailed, RemoteManifest
 
 _DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import records
-from ..atomic import write_file
-from ..schema import printable
+from ... import records
+from ...atomic import write_file
+from ...schema import printable
 
 TIMES = "step-times.json"  # in a build directory: each step that ran (not cached) and its seconds
 TIMES_SCHEMA = "slimeforge.step-times/1"

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 from packaging.requirements import InvalidRequirement, Requirement
 
-from ..errors import ConfigError, Problem
+from ...errors import ConfigError, Problem
+from ..stack import Stack
 from .lockfile import normalize
-from .stack import Stack
 
 
 def req_name(text: str) -> str:

@@ -11,12 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import paths
-from ..atomic import open_log, write_dir
-from ..proc import Runner
-from ..schema import printable
+from ... import paths
+from ...atomic import open_log, write_dir
+from ...proc import Runner
+from ...schema import printable
+from ..sources import dist_files
 from .buildprogress import HEARTBEAT_S, Heartbeat, Progress, write_times
-from .sources import dist_files
 
 
 def link_files(src: Path, names: list[str], target: Path) -> None:

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .. import paths, records
-from ..schema import printable, text_problem
+from ... import paths, records
+from ...schema import printable, text_problem
 from .buildprogress import took  # the one way a duration is written for people
 
 REPORT = paths.BUILD_REPORT

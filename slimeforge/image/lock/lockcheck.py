@@ -19,10 +19,10 @@ from typing import Any
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+from ..stack import Stack, load_stack
 from .lockfile import SHA256_RE, LockError, LockFile, load_lock, lock_command, lock_path, lock_ref, normalize, read_lock, stack_ref
 from .lockinputs import inputs, req_name
 from .remedies import remedy
-from .stack import Stack, load_stack
 
 
 def check_patches(lock: LockFile, patches: dict[str, str]) -> None:

@@ -28,8 +28,9 @@ from typing import Any
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from ..errors import Problem, SlimeforgeError
-from ..proc import Runner
+from ...errors import Problem, SlimeforgeError
+from ...proc import Runner
+from ..stack import Stack, load_stack
 from .lockcheck import summarize
 from .lockfacts import base_image_digest, patch_hashes, url_sha256
 from .lockfile import (
@@ -48,7 +49,6 @@ from .lockfile import (
     write_lock,
 )
 from .lockinputs import Inputs, inputs
-from .stack import Stack, load_stack
 
 PYPI = "https://pypi.org/simple"
 PINNED_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}==[0-9A-Za-z.+!_-]{1,64}")  # an allowed pre-release, name==version
@@ -218,7 +218,7 @@ def _checked_options(stack: Stack, opts: LockOptions) -> dict:
         problems.append(Problem("--router-sha256", "is not a sha256", opts.router_sha256, "64 lowercase hex digits"))
     if opts.index_url is not None and not URL_RE.fullmatch(opts.index_url):
         problems.append(Problem("--index-url", "is not an http(s) or file URL", opts.index_url))
-    from .sources import checked_options
+    from ..sources import checked_options
 
     return checked_options("invoke lock", stack, problems, opts.sources)
 

@@ -12,6 +12,7 @@ The content hash covers everything that determines the image: the rendered Docke
 context file, the input lock (every pin, the base digest or image id, each patch's sha256, the
 commit of each local source) and the user's build args. BuildKit runs through the docker CLI
 (`DOCKER_BUILDKIT=1 docker build`; the Python SDK has no BuildKit); inspect, tag and run use the SDK.
+The Dockerfile itself is rendered by dockerfile.py; the base pull and the smoke test are engine.py's.
 """
 
 from __future__ import annotations
@@ -28,53 +29,43 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import paths, records
-from ..atomic import mark_output_dir, output_dir_problem, write_dir
-from ..errors import ConfigError, OperationFailed, Problem
-from ..proc import Runner
-from ..schema import ENV_NAME_RE, WHOLE_RE, printable, text_problem, text_problems
-from ..templating import render
-from .buildkit import copy_wheels, failure_text, link_files, parse_progress, stream_build, write_tree
-from .buildprogress import past_times
-from .buildreport import BuildReport, CompiledWheels, ReportError, StepTiming, VenvSizes
-from .compilejobs import apex_shared, compile_share
-from .dockerapi import EngineUnavailable, ResolvedBase, docker_client, read_from_image, resolve_base
-from .imageref import TAG_RE, image_ref_problems, repository_problems
-from .lockcheck import check_patches
-from .lockfacts import lock_for_run, patches_for_run
-from .lockfile import LockFile
-from .patches import PatchContent
-from .sources import GIT, LocalSource, checked_options
-from .stack import Stack, load_stack
-from .steps import (
+from ... import paths, records
+from ...atomic import mark_output_dir, output_dir_problem, write_dir
+from ...errors import Problem
+from ...proc import Runner
+from ...schema import ENV_NAME_RE, WHOLE_RE, printable, text_problem
+from ..dockerapi import EngineUnavailable, ResolvedBase, docker_client, read_from_image, resolve_base
+from ..imageref import TAG_RE, image_ref_problems, repository_problems
+from ..lock.lockcheck import check_patches
+from ..lock.lockfacts import lock_for_run, patches_for_run
+from ..lock.lockfile import LockFile
+from ..patches import PatchContent
+from ..sources import GIT, LocalSource, checked_options
+from ..stack import Stack, load_stack
+from ..steps import (
     IMAGE_SCRIPTS,
     LIBRARY_SCRIPTS,
-    LOCK_ALL,
     STEP_RUNNER,
     TARGET_SCRIPTS,
     VENV_SIZES_RECORD,
-    compiled_key,
-    finalize_argv,
     image_layout,
     input_lock,
     lock_files,
     slime_source,
-    smoke_argv,
-    step_commands,
-    together_groups,
-    venv_sizes_argv,
 )
+from .buildkit import copy_wheels, failure_text, link_files, parse_progress, stream_build, write_tree
+from .buildprogress import past_times
+from .buildreport import BuildReport, CompiledWheels, ReportError, StepTiming, VenvSizes
+from .compilejobs import apex_shared, compile_share
+from .dockerfile import compile_pieces, render_dockerfile
+from .engine import BuildError, pull_base, smoke_lines, smoke_test
 
 if TYPE_CHECKING:
-    from .wheelstore import CompiledPlan, Entry
+    from ..wheels.wheelstore import CompiledPlan, Entry
 
 LABEL_NS = "ai.slimeforge"
 REPORT, LOCK, FLAGS, LOG = paths.BUILD_REPORT, paths.STACK_LOCK, paths.FLAGS, "build.log"
 HASH_LABEL = f"{LABEL_NS}.build-hash"
-
-
-class BuildError(OperationFailed):
-    """The image build, or its smoke test, failed; the message names the step/patch/check."""
 
 
 @dataclass
@@ -162,92 +153,6 @@ def parse_build_args(values: list[str]) -> tuple[dict[str, str], list[Problem]]:
     return out, problems
 
 
-STORE_MOUNT, STORE_OUT = "/tmp/sf-compiled", "/opt/sf-compiled"
-
-
-def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources: dict | None = None, base_id: str | None = None,
-                      store: dict[str, str] | None = None, patch_sha: dict[str, str] | None = None, wheels_only: bool = False) -> str:
-    """The Dockerfile of a stack (pure: no Docker, no network). `base_id`: the base as resolved
-    (digest or local image id), part of the compiled-wheel keys. Each installing step bind-mounts its
-    slice of the lock (context/lock/<step>.txt, see steps.lock_files). `store`: compiled step ->
-    "use" (its wheels bind-mounted from context/compiled/<key>, nothing compiles) or "make" (compiled
-    into /opt/sf-compiled/<key>). `wheels_only`: the steps up to the last compiled one, then a
-    scratch stage holding /opt/sf-compiled, exported with `--output type=local`."""
-    layout = image_layout(stack, local_sources)
-    keys = {s.name: compiled_key(stack, s.name, base_id, patch_sha) for s in stack.plan if s.compiles}
-    modes = {n: (m, f"{STORE_MOUNT if m == 'use' else STORE_OUT}/{keys[n]}") for n, m in (store or {}).items()}
-    # The compiled steps that compile here, in runs (steps.together_groups): each compiles in a stage
-    # of its own from the stage before its run (BuildKit builds them at once), its wheels in
-    # STORE_OUT/<key>; the main stage then installs them in step order, bind-mounted from that
-    # stage, as it installs a store hit's.
-    plain = step_commands(stack, layout, base_id, modes, patch_sha)
-    groups = together_groups(plain)
-    grouped = {plain[i].name for g in groups for i in g}
-    compile_steps = {s.name: s for s in step_commands(stack, layout, base_id, {**modes, **{n: ("make", f"{STORE_OUT}/{keys[n]}") for n in grouped}},
-                                                        patch_sha)}
-    steps = step_commands(stack, layout, base_id, {**modes, **{n: ("use", f"{STORE_MOUNT}/{keys[n]}") for n in grouped}}, patch_sha)
-    if wheels_only:
-        last = max((i for i, s in enumerate(steps) if s.compiles and (store or {}).get(s.name) == "make"), default=-1)
-        steps = steps[:last + 1]
-    rendered = [{**s.to_json(), "group": None, "compile_stage": None} for s in steps]
-    for number, group in enumerate(g for g in groups if g[0] < len(rendered)):
-        stage_from, stage_next = f"sf-s{number}", f"sf-s{number + 1}"
-        pieces = []
-        for i in group:
-            if i >= len(rendered):
-                break
-            name = steps[i].name
-            rendered[i]["compile_stage"] = f"sf-compile-{name}"
-            pieces.append({**compile_steps[name].to_json(), "compile_stage": f"sf-compile-{name}"})
-        rendered[group[0]].update(group=pieces, stage_from=stage_from, stage_next=stage_next)
-    # Parallelism for a step that compiles in place (an editable checkout): the ARGs before it.
-    first_compile = next((i for i, (s, r) in enumerate(zip(steps, rendered, strict=True))
-                          if s.compiles and not s.compiles_nothing and s.store != "use" and not r["compile_stage"]), -1)
-    return _render_dockerfile({
-        "stack_id": stack.id,
-        "base_ref": base_from or (f"{stack.base.image}@{stack.base.digest}" if stack.base.digest else stack.base.image),
-        "state": layout.state,
-        "venv": layout.venv,
-        "patches_dir": layout.patches_dir,
-        "steps": rendered,
-        "first_compile": first_compile,
-        "compiled_out": [{"stage": r["compile_stage"], "key": s.compiled_key} for s, r in zip(steps, rendered, strict=True)
-                         if r["compile_stage"] and (store or {}).get(s.name) == "make"],
-        "local_sources": sorted(n for n, s in (local_sources or {}).items() if getattr(s, "kind", "git") == "git"),
-        "wheel_steps": sorted(layout.wheel_dirs),
-        "patch_files": [p.file for p in stack.used_patches()],
-        "patches_from": stack.pins().get("patches.dir", ""),
-        "finalize_argv": finalize_argv(stack, layout, f"{layout.state}/stack.input.json"),
-        # The smoke test runs in the last step, beside finalize (which makes the flag catalog).
-        "final_smoke_argv": smoke_argv(stack, layout, catalog=False),
-        "target_scripts": sorted(TARGET_SCRIPTS | IMAGE_SCRIPTS),
-        "venv_sizes_argv": venv_sizes_argv(layout),
-        "library_scripts": sorted(LIBRARY_SCRIPTS),
-        "lock_dir": layout.lock_dir,
-        "lock_all": LOCK_ALL,
-        "store_mount": STORE_MOUNT,
-        "store_out": STORE_OUT,
-        "wheels_only": wheels_only,
-    })
-
-
-def compile_pieces(stack: Stack, store: dict[str, str]) -> int:
-    """How many compile stages BuildKit runs at once at most (the longest run of compiled steps that
-    compile in this build): the build args give each that share of the host."""
-    steps = step_commands(stack, image_layout(stack), None, {n: (m, "") for n, m in store.items()})
-    return max((len(g) for g in together_groups(steps)), default=1)
-
-
-def _render_dockerfile(variables: dict[str, Any]) -> str:
-    """A Dockerfile is read line by line and shell quoting does not reach past a line: a newline
-    in any value would start an instruction of its own. The stack's validation refuses control
-    characters already; this is the second line of defence, on exactly what is rendered."""
-    problems = text_problems(variables)
-    if problems:
-        raise ConfigError("Dockerfile", problems)
-    return render("Dockerfile.j2", variables)
-
-
 def _source_date_epoch(stack: Stack, cache: Path, runner: Runner) -> int:
     """The commit time of slime's pinned commit (the newest thing in the image that has a date)."""
     src = slime_source(stack) or (stack.patches.from_source if stack.patches else None)
@@ -279,7 +184,7 @@ def prepare(opts: BuildOptions) -> Prepared:
     patch_sha = {p.file: p.sha256 for p in patches}
     check_patches(pylock, patch_sha)
     from_sources = {n: s for n, s in local.items() if (s.kind == "git" and stack.builds_from(n)) or s.kind == "wheels"}
-    from .wheelstore import compiled_plan
+    from ..wheels.wheelstore import compiled_plan
 
     compiled = compiled_plan(stack, base.id, patch_sha, pylock, use_store=opts.use_store, wheels_only=opts.wheels_only,
                              store_root=opts.store_root)
@@ -382,7 +287,7 @@ def _write_build_dir(out: Path, dockerfile: str, context: dict[str, str | bytes]
             continue
         target = out / "context" / "sources" / f"{name}.git"
         if not target.exists():
-            from .sources import source_repo
+            from ..sources import source_repo
 
             shutil.copytree(source_repo(stack, name, local, cache), target, symlinks=True)
 
@@ -435,33 +340,6 @@ def _argv(opts: BuildOptions, out: Path, build_args: dict[str, str], labels: dic
 IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")  # what docker build --iidfile writes
 
 
-def smoke_test(client, image_id: str, stack: Stack) -> str:
-    """Run the stack's smoke checks again inside an image that exists (--verify), in a container
-    without a network, the flag catalog made again and compared; raise BuildError listing the
-    failures. (A build runs them in the image's last step, beside finalize: `smoke_lines`.)"""
-    import docker
-
-    layout = image_layout(stack)
-    try:
-        out = client.containers.run(image_id, [f"{layout.state}/sf", "smoke", *smoke_argv(stack, layout)], remove=True,
-                                    stdout=True, stderr=True, network_disabled=True)
-    except docker.errors.ContainerError as exc:
-        text = (exc.stderr or b"").decode(errors="replace")
-        raise BuildError(f"smoke test of image {image_id[:19]} failed (an existing image, checked again by --verify: rebuild it "
-                         f"with --force):\n{failure_text(text.splitlines())}") from None
-    return out.decode(errors="replace")
-
-
-# A line the smoke test printed in the image's last step, as BuildKit's plain progress shows it
-# ("#29 12.34 slimeforge: smoke: import torch ok").
-SMOKE_LINE_RE = re.compile(r"#\d+ \d+(?:\.\d+)? slimeforge: (smoke[ :].*)")
-
-
-def smoke_lines(lines: list[str]) -> list[str]:
-    """What the smoke test said in the build's last step, in order."""
-    return [m.group(1) for line in lines if (m := SMOKE_LINE_RE.fullmatch(line.rstrip("\n")))]
-
-
 def _built_image(client, p: Prepared) -> str | None:
     """The id of an image of this content hash that passed its smoke test: those, and only those,
     carry a content tag (`<any repository>:<hash16>`); a failed one stays untagged."""
@@ -484,36 +362,6 @@ def _extra_tags(p: Prepared, tags: list[str]) -> list[str]:
     return [t if (":" in t.rsplit("/", 1)[-1] or "/" in t) else f"{p.repository}:{t}" for t in tags]
 
 
-def pull_base(client, base: ResolvedBase, echo: Callable[[str], None]) -> None:
-    """Pull the base by its digest when it is not here yet, with a line per layer as it completes
-    (BuildKit would pull it too, but silently in build.log and only after the context is sent)."""
-    import docker
-
-    if not base.digest or base.from_ref == base.image:
-        return
-    try:
-        client.images.get(base.from_ref)
-        return
-    except docker.errors.ImageNotFound:
-        pass
-    from .imageref import parse_image_ref
-    from .publish import docker_config_credentials
-
-    repo, _, digest = base.from_ref.partition("@")
-    creds = docker_config_credentials(parse_image_ref(repo, "base.image").registry)
-    echo(f"pulling base {base.from_ref} ...")
-    try:
-        for event in client.api.pull(repo, tag=digest, stream=True, decode=True,
-                                     auth_config=creds.auth_config(parse_image_ref(repo).registry) if creds else None):
-            if "error" in event:
-                raise BuildError(f"pulling base {base.from_ref} failed: {event['error']}")
-            status = event.get("status", "")
-            if status in ("Pull complete", "Already exists") or status.startswith(("Digest:", "Status:")):
-                echo(f"  {event.get('id', '')} {status}".rstrip())
-    except docker.errors.APIError as exc:
-        raise BuildError(f"pulling base {base.from_ref} failed: {exc.explanation or exc}") from None
-
-
 def build_wheels(opts: BuildOptions) -> dict[str, dict[str, Any]]:
     """Fill the compiled-wheel store for a stack (`invoke wheels.build`, and `invoke build` first):
     each compiled step whose key is not stored is pulled from `opts.wheel_registry` when it has it,
@@ -522,7 +370,7 @@ def build_wheels(opts: BuildOptions) -> dict[str, dict[str, Any]]:
     compiled), log."""
     from dataclasses import replace
 
-    from . import wheelstore
+    from ..wheels import wheelstore
 
     wopts = replace(opts, wheels_only=True, use_store=True, force=False)
     p = prepare(wopts)

@@ -23,19 +23,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import paths
-from ..atomic import dir_problem, mark_output_dir, output_dir_problem, write_file
-from ..errors import CommandError, ConfigError, OperationFailed, Problem, SlimeforgeError
-from ..proc import Runner
-from ..schema import text_problem, whole_problem
-from ..templating import render
-from .lockcheck import check_patches, checked_lock
-from .lockfacts import lock_for_run, patches_for_run
-from .lockfile import LockFile, normalize
-from .patches import PatchContent, read_patches
-from .sources import LocalSource, checked_options
-from .stack import Stack, load_stack
-from .steps import (
+from ... import paths
+from ...atomic import dir_problem, mark_output_dir, output_dir_problem, write_file
+from ...errors import CommandError, ConfigError, OperationFailed, Problem, SlimeforgeError
+from ...proc import Runner
+from ...schema import text_problem, whole_problem
+from ...templating import render
+from ..lock.lockcheck import check_patches, checked_lock
+from ..lock.lockfacts import lock_for_run, patches_for_run
+from ..lock.lockfile import LockFile, normalize
+from ..patches import PatchContent, read_patches
+from ..sources import LocalSource, checked_options
+from ..stack import Stack, load_stack
+from ..steps import (
     FINALIZE_STEP,
     LIBRARY_SCRIPTS,
     LOCK_ALL,
@@ -223,7 +223,7 @@ def store_plan(stack: Stack, state: str, patches: list[PatchContent], lock: Lock
     the base by its pinned digest only (install_base); no Docker Engine is asked. Returns (store,
     key per step, base). A damaged entry raises; the wheels' own sha256 are checked by install.sh
     right before it installs them (_sf_store_install), not hashed twice."""
-    from . import wheelstore
+    from ..wheels import wheelstore
 
     base_id = install_base(stack, lock)
     store, keys = {}, {}
@@ -326,7 +326,7 @@ def install(opts: InstallOptions) -> Path:
         if exc.returncode == PREREQUISITES_REFUSED:
             raise PrerequisitesRefused("install refused: a prerequisite is not met (each is named above); nothing was installed") from None
         raise InstallFailed(f"install failed (exit {exc.returncode}); see the step log named above") from None
-    from . import wheelstore
+    from ..wheels import wheelstore
 
     for name, (mode, directory) in store.items():
         if mode == "make":
