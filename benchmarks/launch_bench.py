@@ -109,7 +109,7 @@ def main() -> None:
         os.environ["PATH"] = env["PATH"]
         in_process, cli = doctor_time(tmp / "doctor", opts.repeat * 5)
         print(f"doctor, no-GPU no-network checks ({', '.join(NO_GPU_NO_NETWORK)}): {in_process * 1000:.0f} ms in process (median), "
-              f"{cli:.2f} s for `invoke doctor --recipe R --no-network` (whole CLI, incl. the fake nvidia-smi checks)")
+              f"{cli:.2f} s for `invoke doctor R --no-network` (whole CLI, incl. the fake nvidia-smi checks)")
         runs = [one_launch(tmp / f"launch{i}", env) for i in range(opts.repeat)]
         for key, label in (("to_running", "invoke run -> job RUNNING"), ("ray_head", "  of which Ray head start (to Jobs API up)"),
                            ("before_head", "  of which before the head (CLI, render, preflight)"),

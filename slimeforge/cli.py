@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import re
 import sys
 import textwrap
@@ -63,9 +64,17 @@ class CliTask(invoke.Task):
     """A task without invoke's generated short flags (a name's first free letter: `lock -h` was
     --check, `run -e` --time, `run -u` --slurm), given only the conventional ones of SHORT_FLAGS."""
 
-    def __init__(self, body, **kwargs):
+    def __init__(self, body, may_omit=(), **kwargs):
         kwargs["auto_shortflags"] = False
         super().__init__(body, **kwargs)
+        # Positional arguments a call may leave out (`invoke doctor` checks the host alone; `invoke doctor RECIPE`).
+        self.may_omit = tuple(may_omit)
+
+    def get_arguments(self, ignore_unknown_help=None):
+        args = super().get_arguments(ignore_unknown_help)
+        for arg in args:
+            arg.may_omit = arg.name in self.may_omit  # type: ignore[attr-defined]
+        return args
 
     def arg_opts(self, name, default, taken_names):
         opts = super().arg_opts(name, default, taken_names)
@@ -99,11 +108,29 @@ def _handle(machine, token):
         if token.startswith("-") and not known:
             raise UsageError(f"error: `{PROGRAM} {short_name(machine.context)}` has no option {token}\n{usage(machine.context)}",
                              machine.context)
-    _invoke_handle(machine, token)
+    try:
+        _invoke_handle(machine, token)
+    except UsageError:
+        raise
+    except invoke.ParseError as exc:
+        # invoke's own refusals ("No idea what '--nope' is!" once a task has its positional argument)
+        # exit 1, as a failed job would: bad input exits 2 wherever the option stands (docs/exit-codes.md).
+        in_task = machine.context is not None and machine.context is not machine.initial
+        if in_task and token.startswith("-"):
+            raise UsageError(f"error: `{PROGRAM} {short_name(machine.context)}` has no option {token.split('=', 1)[0]}\n"
+                             f"{usage(machine.context)}", machine.context) from None
+        where = f"`{PROGRAM} {short_name(machine.context)}`" if in_task else f"`{PROGRAM}`"
+        raise UsageError(f"error: {where}: {exc}\n(`{PROGRAM} --list` lists the tasks, `{PROGRAM} TASK --help` their options)",
+                         machine.context) from None
 
 
 def _complete_context(machine):
     missing = machine.context.missing_positional_args if machine.context is not None else []
+    if missing and all(getattr(a, "may_omit", False) for a in missing):  # `invoke doctor`: RECIPE may be left out
+        if machine.context not in machine.result:
+            machine.result.append(machine.context)
+        return
+    missing = [a for a in missing if not getattr(a, "may_omit", False)]
     if missing and machine.initial.flags["--help"].value is None:
         needs = "; ".join(f"{a.name.upper()}, {a.help}" for a in missing)
         raise UsageError(f"error: `{PROGRAM} {short_name(machine.context)}` needs {needs}\n{usage(machine.context)}", machine.context)
@@ -133,11 +160,17 @@ invoke_parser.ParseMachine.handle = _handle  # type: ignore[method-assign]
 invoke_parser.ParseMachine.complete_context = _complete_context  # type: ignore[method-assign]
 
 
+def positional_usage(ctx) -> str:
+    """RECIPE, or [RECIPE] where it may be left out: how the positional arguments are typed."""
+    return " ".join(f"[{a.name.upper()}]" if getattr(a, "may_omit", False) else a.name.upper() for a in ctx.positional_args)
+
+
 def usage(ctx) -> str:
     """How a task is called, and one call to copy (each positional's help says `e.g. X`)."""
     name = short_name(ctx)  # `invoke run` for run.start
-    args = " ".join(a.name.upper() for a in ctx.positional_args)
-    examples = " ".join(m.group(1) if (m := re.search(r"e\.g\. (\S+)", a.help or "")) else a.name.upper() for a in ctx.positional_args)
+    args = positional_usage(ctx)
+    examples = " ".join(m.group(1).rstrip(";:,.)") if (m := re.search(r"e\.g\. (\S+)", a.help or "")) else a.name.upper()
+                        for a in ctx.positional_args)
     return (f"usage: {PROGRAM} {name} [OPTIONS] {args}\n"
             f"e.g.:  {PROGRAM} {name} {examples}\n"
             f"(`{PROGRAM} {name} --help` lists its options)")
@@ -147,6 +180,33 @@ def short_name(ctx) -> str:
     return min((ctx.name, *ctx.aliases), key=len)
 
 
+_invoke_print_task_help = getattr(invoke.Program.print_task_help, "invoke_own", invoke.Program.print_task_help)
+
+
+def _print_task_help(program, name: str) -> None:
+    """invoke's task help, with the positional arguments where they are typed: `usage: invoke
+    run.start [--options] RECIPE` (invoke's: `run.start [--options]`, listing `--recipe=STRING`, a
+    form kept for compatibility but never shown)."""
+    ctx = program.parser.contexts[name]
+    positional = {f"--{a.name.replace('_', '-')}": a.name.upper() for a in ctx.positional_args}
+    with contextlib.redirect_stdout(io.StringIO()) as text:
+        _invoke_print_task_help(program, name)
+    lines = text.getvalue().splitlines()
+    if positional and lines and lines[0].startswith("Usage: "):
+        lines[0] = lines[0].replace(f" {name} [--options] ", f" {name} [--options] {positional_usage(ctx)} ", 1)
+        for i, line in enumerate(lines):
+            m = re.match(r"(\s+)(--[\w-]+)=STRING(\s+)", line)
+            if m and m.group(2) in positional:
+                shown = positional[m.group(2)]
+                lines[i] = m.group(1) + shown + " " * (len(m.group(2)) + len("=STRING") - len(shown)) + m.group(3) + line[m.end():]
+    for line in lines:  # a line at a time, as Invoke prints it
+        print(line)
+
+
+_print_task_help.invoke_own = _invoke_print_task_help  # type: ignore[attr-defined]
+invoke.Program.print_task_help = _print_task_help  # type: ignore[method-assign,assignment]
+
+
 # --- stack -----------------------------------------------------------------------------------
 
 
@@ -154,25 +214,29 @@ def short_name(ctx) -> str:
 @clean_errors
 def stack_show(c, cuda="cu13", json_=False):
     """Print a stack's resolved pins and ordered install steps."""
+    from slimeforge.image.lock import lockfile
     from slimeforge.image.stack import load_stack
+    from slimeforge.schema import printable
 
     stack = load_stack(cuda)
-    if json_:
+    try:
+        pylock, lock_problem = lockfile.load_lock(cuda, stack), None
+    except lockfile.LockError as exc:  # it names its remedy (image/lock/remedies.py)
+        pylock, lock_problem = None, f"lock: {exc}"
+    if json_:  # what the text says about the lock, the document says too (docs/json.md: warnings)
         print(json_doc("slimeforge.stack/1", {"id": stack.id, "hash": stack.hash, "version": stack.version, "cuda": stack.cuda,
                                                "python": stack.python, "driver_min": stack.driver_min, "pins": stack.pins(),
-                                               "steps": [s.to_json() for s in stack.plan]}))
+                                               "steps": [s.to_json() for s in stack.plan],
+                                               "warnings": [printable(lock_problem)] if lock_problem else []}))
         return
     print(f"stack {stack.id}  (version {stack.version}, CUDA {stack.cuda}, Python {stack.python}, driver >= R{stack.driver_min})")
     width = max(len(k) for k in stack.pins())
     for key, value in stack.pins().items():
         print(f"  {key:<{width}}  {value}")
-    from slimeforge.image.lock import lockfile
-
-    try:
-        pylock = lockfile.load_lock(cuda, stack)
+    if pylock is not None:
         print(f"lock {pylock.path}  (sha256 {pylock.hash[:16]}, {len(pylock.packages)} distributions)")
-    except lockfile.LockError as exc:  # it names its remedy (image/lock/remedies.py)
-        print(f"lock: {exc}")
+    else:
+        print(lock_problem)
     print("steps:")
     for i, step in enumerate(stack.plan, 1):
         what = step.requirements or step.packages or ()
@@ -355,9 +419,11 @@ def run_stop(c, run, head=False, cluster=None, address=None, ssh_config=None):
 
 
 @task(
+    positional=["recipe"],
+    may_omit=["recipe"],
     iterable=["skip_check", "set_"],
     help={
-        "recipe": "check this recipe too (model vs config.json, data, checkpoint dir, flags, AWS); without: host checks only",
+        "recipe": "check this recipe too (model vs config.json, data, checkpoint dir, flags, AWS), e.g. recipes/gsm8k.yaml; without: host checks only",
         "set_": "override a recipe key, key=value (repeatable)",
         "cuda": "without a recipe: the stack whose driver and architectures to check (default cu13)",
         "address": "the running cluster to compare Ray and Python versions with",
@@ -454,8 +520,9 @@ def publish(c, cuda=None, image=None, registry=None, build_dir=None, tag=None, r
 @clean_errors
 def lock(c, cuda=None, stack=None, all=False, check=False, complete=False, upgrade=False, base_digest=None,  # noqa: A002
          router_sha256=None, index_url=None, source=None):
-    """Resolve a flavor once, for its target, into images/locks/pylock.<flavor>.toml (--check: verify it;
-    --complete: fill what it lacks from outside, resolving nothing)."""
+    """Resolve a flavor into its lock, images/locks/pylock.<flavor>.toml.
+
+    --check verifies the committed lock; --complete fills what it lacks from outside, resolving nothing."""
     from slimeforge.image.lock import lockcheck, lockfacts, uvlock
     from slimeforge.image.stack import available_flavors
 

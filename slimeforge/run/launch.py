@@ -268,19 +268,23 @@ def run_recipe(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster |
         # A dry run renders into the run directory too: never over a live run's record; an ended one's goes to history/<n>/.
         kept = guard_render(plan.rundir.path, exp_id=plan.run.recipe.exp_id)
         write_run_dir(plan.rundir)
+        # The same warnings whether the plan is read or parsed: on stderr, and in the JSON document.
+        warnings = list(dry_run_warnings(plan.run.recipe, plan.run.environ))
+        if isinstance(target, (HostTarget, ContainerTarget)):
+            warnings += [f"{p} (a launch refuses it)" for p in missing_secrets(plan.run.recipe, plan.run.environ)]
+        from ..schema import printable
+
+        warnings = [printable(w) for w in warnings]
         if plan_json:
             from ..console import json_doc
 
-            stream.write(json_doc("slimeforge.run-plan/1", {**plan_doc(plan), "kept_history": kept or None}) + "\n")
-            return 0
-        if kept:
-            stream.write(f"the record of the earlier launch is kept in {plan.rundir.path / 'history' / str(kept)}\n")
-        stream.write("\n".join(describe(plan)) + "\n")
-        for warning in dry_run_warnings(plan.run.recipe, plan.run.environ):
+            stream.write(json_doc("slimeforge.run-plan/1", {**plan_doc(plan), "kept_history": kept or None, "warnings": warnings}) + "\n")
+        else:
+            if kept:
+                stream.write(f"the record of the earlier launch is kept in {plan.rundir.path / 'history' / str(kept)}\n")
+            stream.write("\n".join(describe(plan)) + "\n")
+        for warning in warnings:
             print(f"warning: {warning}", file=sys.stderr)
-        if isinstance(target, (HostTarget, ContainerTarget)):
-            for p in missing_secrets(plan.run.recipe, plan.run.environ):
-                print(f"warning: {p} (a launch refuses it)", file=sys.stderr)
         return 0
     return apply(target, plan, runner or Runner(), stream)
 

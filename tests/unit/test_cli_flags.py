@@ -26,6 +26,8 @@ def namespace() -> Collection:
 
 CONTEXTS = {ctx.name: ctx for ctx in namespace().to_contexts()}
 POSITIONAL = sorted(name for name, ctx in CONTEXTS.items() if ctx.positional_args)
+# Those whose argument must be given (`doctor` without RECIPE checks the host alone).
+REQUIRED = sorted(name for name, ctx in CONTEXTS.items() if any(not getattr(a, "may_omit", False) for a in ctx.positional_args))
 
 
 class RecordingExecutor(Executor):
@@ -52,7 +54,8 @@ def cli(*args):
 
 
 def test_the_positional_tasks_are_found():
-    assert {"run.start", "run.status", "run.logs", "run.stop", "cluster.up", "cluster.status", "cluster.down"} <= set(POSITIONAL)
+    assert {"run.start", "run.status", "run.logs", "run.stop", "cluster.up", "cluster.status", "cluster.down", "doctor"} <= set(POSITIONAL)
+    assert set(POSITIONAL) - set(REQUIRED) == {"doctor"}
     assert len(CONTEXTS) >= 19  # every task of tasks.py
 
 
@@ -103,7 +106,7 @@ def test_the_short_flags_that_surprised_are_gone():
     assert CONTEXTS["build"].flags["-t"].name == "tag" and CONTEXTS["run.logs"].flags["-f"].name == "follow"
 
 
-@pytest.mark.parametrize("name", POSITIONAL)
+@pytest.mark.parametrize("name", REQUIRED)
 def test_a_missing_positional_argument_gets_usage_and_an_example(name, capsys):
     code, out, err = run_program([name], capsys)
     assert code == 2
@@ -145,6 +148,16 @@ def test_an_unknown_option_is_not_taken_for_the_argument(name, capsys):
     shown = min((name, *CONTEXTS[name].aliases), key=len)
     assert lines[0] == f"error: `invoke {shown}` has no option --nope"
     assert lines[1].startswith(f"usage: invoke {shown} [OPTIONS] ")
+
+
+@pytest.mark.parametrize("name", POSITIONAL)
+def test_an_unknown_option_after_the_argument_exits_2_too(name, capsys):
+    """invoke's own answer after the argument was "No idea what '--nope' is!", exit 1."""
+    code, _, err = run_program([name, "somewhere.yaml", "--nope=1"], capsys)
+    assert code == 2 and RecordingExecutor.ran == []
+    shown = min((name, *CONTEXTS[name].aliases), key=len)
+    assert err.splitlines()[:2] == [f"error: `invoke {shown}` has no option --nope", err.splitlines()[1]]
+    assert err.splitlines()[1].startswith(f"usage: invoke {shown} [OPTIONS] ") and "No idea" not in err
 
 
 def test_options_before_the_argument_still_work(tmp_path):

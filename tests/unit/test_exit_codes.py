@@ -64,3 +64,17 @@ def test_tasks_pick_no_status_of_their_own_beyond_the_rule():
     literal = [kw.value.value for node in ast.walk(tree) if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Exit"
                for kw in node.keywords if kw.arg == "code" and isinstance(kw.value, ast.Constant)]
     assert literal and set(literal) <= {1, 2}
+
+
+@pytest.mark.parametrize("argv", [["run", "--nope", "r.yaml"], ["run", "r.yaml", "--nope"], ["doctor", "--nope"],
+                                  ["doctor", "r.yaml", "--nope"], ["run.status", "x", "--nope=1"], ["cluster.up", "i.yaml", "--nope"],
+                                  ["build", "--nope"], ["no-such-task"], ["--no-such-core-option"]])
+def test_bad_command_lines_exit_2_wherever_the_token_stands(argv, capsys):
+    """A command line the parser refuses is bad input (2), not a failed job (1, invoke's own)."""
+    from invoke import Program
+
+    with pytest.raises(SystemExit) as exc:
+        Program(namespace=tasks.ns, binary="invoke").run(["invoke", *argv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2, err
+    assert err.startswith("error: `invoke") and "Traceback" not in err

@@ -76,6 +76,24 @@ def test_every_hint_names_a_real_task_and_real_options():
     assert not wrong, "\n".join(wrong)
 
 
+def positional_flags() -> dict[str, set[str]]:
+    """Task name (and alias) -> the option forms of its positional arguments (`--recipe`): accepted
+    for compatibility, never shown (docs/cli.md: one convention, RECIPE positional)."""
+    out: dict[str, set[str]] = {}
+    for ctx in namespace().to_contexts():
+        for name in (ctx.name, *ctx.aliases):
+            out[name] = {f"--{a.name.replace('_', '-')}" for a in ctx.positional_args}
+    return out
+
+
+def test_every_hint_passes_a_positional_argument_positionally():
+    positional = positional_flags()
+    assert positional["doctor"] == positional["run"] == {"--recipe"} and positional["run.status"] == {"--run"}
+    wrong = [f"{where}: `invoke {task} {opt}`: give it positionally, `invoke {task} {opt[2:].upper()}`"
+             for where, task, options in hints() for opt in options if opt in positional.get(task, ())]
+    assert not wrong, "\n".join(wrong)
+
+
 @pytest.mark.parametrize("hint", ["invoke render", "invoke run.stop --run-dir X", "invoke doctor --list"])
 def test_a_wrong_hint_is_caught(hint):
     known = contexts()

@@ -55,6 +55,31 @@ def test_run_dry_run_json_is_the_plan_it_wrote(tmp_path):
     assert refused.returncode == 2 and "add --dry-run" in refused.stderr and not (tmp_path / "never").exists()
 
 
+def test_run_dry_run_json_keeps_the_warnings_text_mode_prints(tmp_path):
+    """--json dropped them (issue 42.5): the document's `warnings` are the text's `warning:` lines,
+    which stay on stderr in both modes."""
+    as_json = invoke("run", "recipes/gsm8k.yaml", "--dry-run", "--json", "--out", str(tmp_path / "json"))
+    as_text = invoke("run", "recipes/gsm8k.yaml", "--dry-run", "--out", str(tmp_path / "text"))
+    assert as_json.returncode == as_text.returncode == 0, as_json.stderr + as_text.stderr
+    doc = one_document(as_json)
+    printed = [line.removeprefix("warning: ") for line in as_text.stderr.splitlines() if line.startswith("warning: ")]
+    assert doc["warnings"] == printed and len(printed) >= 2  # this machine has neither the model nor the data
+    assert any(w.startswith("model_dir ") for w in doc["warnings"]) and any(w.startswith("data_path ") for w in doc["warnings"])
+    assert [f"warning: {w}" for w in doc["warnings"]] == [line for line in as_json.stderr.splitlines() if line.startswith("warning: ")]
+    assert all(w.isprintable() for w in doc["warnings"])
+
+
+def test_stack_show_json_keeps_the_lock_problem_text_mode_prints():
+    res, text = invoke("stack.show", "--cuda", "cu129", "--json"), invoke("stack.show", "--cuda", "cu129")
+    doc = one_document(res)
+    json_shapes.check(doc, "slimeforge.stack/1")
+    lock_lines = [line for line in text.stdout.splitlines() if line.startswith("lock")]
+    if lock_lines[0].startswith("lock: "):  # no committed lock for this flavor: the text says so, and so does the document
+        assert doc["warnings"] == lock_lines
+    else:
+        assert doc["warnings"] == []
+
+
 def test_stack_show_json():
     res = invoke("stack.show", "--cuda", "cu129", "--json")
     assert res.returncode == 0, res.stderr

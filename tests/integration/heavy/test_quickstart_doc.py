@@ -28,7 +28,7 @@ NOT_HERE = {
     "aws s3 mb s3://my-slime-rollouts --region us-west-2": AWS,
     "invoke build --cuda cu13": "a real build: Docker, the base image and an hour of compiling",
     "docker pull slimerl/slime:latest": NETWORK,
-    "invoke doctor --recipe my-gsm8k.yaml --image slimerl/slime:latest": "needs slime's image (pulled from Docker Hub); an image of that layout built "
+    "invoke doctor my-gsm8k.yaml --image slimerl/slime:latest": "needs slime's image (pulled from Docker Hub); an image of that layout built "
                                                                          "locally is probed in tests/integration/test_any_image.py",
     "invoke publish --cuda cu13 --registry 123456789012.dkr.ecr.us-west-2.amazonaws.com/slime": AWS,
     "invoke publish --image slimerl/slime:latest --registry 123456789012.dkr.ecr.us-west-2.amazonaws.com/slime --record slime-image.json": AWS,
