@@ -87,7 +87,7 @@ def test_a_run_that_was_never_launched_stops_nothing_and_says_so(tmp_path):
     run_dir = rendered(tmp_path)
     (run_dir / "submission_id").unlink()
     said: list[str] = []
-    assert jobs.stop(run_dir, head=True, say=said.append) == 1 and said == [f"none: {run_dir.resolve()}: never launched (no job recorded); nothing to stop"]
+    assert jobs.stop(run_dir, head=True, say=said.append) == 2 and said == [f"none: {run_dir.resolve()}: never launched (no job recorded); nothing to stop"]
 
 
 class Slurm(Runner):

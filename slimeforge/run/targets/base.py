@@ -200,5 +200,5 @@ class Target(ABC):
     def stop(self, rundir: Path, *, head: bool = False, say: Say = print, runner: Runner | None = None) -> int:
         """Stop what this run launched, each thing first proved to be this run's (run/ownership.py);
         says what it did, one `outcome: ...` line each. The exit code: 0 when what was asked for was
-        stopped or had already ended; 1 when something was refused, failed, or nothing was recorded."""
+        stopped or had already ended; 1 when something was refused or failed; 2 when nothing was ever launched."""
 

@@ -238,7 +238,7 @@ def stop(run_dir: str | os.PathLike[str], head: bool = False, say=print, runner:
     report = StopReport()
     if rec.submission_id is None and rec.container_id is None:
         report.add("none", f"{rec.run_dir}: never launched (no job recorded); nothing to stop", say)
-        return report.code
+        return 2  # nothing to act on: as run.status and run.logs say of it (docs/exit-codes.md, one rule)
     if rec.submission_id is not None:
         _stop_job(rec, report, say, head)
     if head:
