@@ -22,10 +22,14 @@ def absent(why: str) -> NoReturn:
     pytest.skip(why)
 
 
+_HANDED_OUT: set[int] = set()  # free_port never gives one port twice in a process: a recipe's three ports must differ
+
+
 def free_port() -> int:
     """A port free now, between Ray's worker ports (10002-19999 by default) and the kernel's
     ephemeral range (32768- here): a port the kernel hands out (bind to 0) can be taken a moment
-    later by a Ray process of the same test binding its own ephemeral ports."""
+    later by a Ray process of the same test binding its own ephemeral ports. Never one it gave
+    before in this process: nothing listens on it yet, so a second draw could return it."""
     low = 32768
     try:
         low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
@@ -34,11 +38,14 @@ def free_port() -> int:
     top = max(20001, min(low, 32768))
     for _ in range(200):
         port = random.randrange(20000, top)
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _HANDED_OUT.add(port)
             return port
     with socket.socket() as s:  # the range is full: any free port
         s.bind(("127.0.0.1", 0))
