@@ -71,7 +71,13 @@ class CliTask(invoke.Task):
         self.may_omit = tuple(may_omit)
 
     def get_arguments(self, ignore_unknown_help=None):
-        args = super().get_arguments(ignore_unknown_help)
+        # Invoke pops each help text as it makes the argument: a second parser of the same task (the
+        # `slimeforge` Program beside `invoke`, a test's) would get none. Each call keeps them whole.
+        texts = dict(self.help)
+        try:
+            args = super().get_arguments(ignore_unknown_help)
+        finally:
+            self.help = texts
         for arg in args:
             arg.may_omit = arg.name in self.may_omit  # type: ignore[attr-defined]
         return args
