@@ -9,8 +9,12 @@ is not one). A line counts when `invoke` or `slimeforge` is one of its commands 
 word after `&&`, `||`, `;`, `|`, `<(`, `$(`), so `source <(invoke --print-completion-script bash)`
 counts and `usage: invoke run [OPTIONS] RECIPE` (output) does not.
 
-tests/unit/test_doc_commands.py holds the extractor to tricky samples and every extracted command to
-the table in tests/doc_command_table.py (run here, or named with why not); the heavy tier runs them.
+TABLE below names every command the docs show, keyed by its exact text: run here (Run: the exit
+status the docs give and a line of what it says), run by its page's own test (PageTest), or not here
+(NotHere, with why). tests/unit/test_doc_commands.py holds the extractor to tricky samples and the
+docs and the table to each other both ways (a new doc command not in the table fails, and so does an
+entry no doc shows any more) and runs the help commands; tests/integration/heavy/test_doc_commands_run.py
+runs the rest of the Run entries.
 """
 
 from __future__ import annotations
@@ -184,6 +188,7 @@ class Run:
     before: str = ""  # a doc command run first in the same directory (a status of the run it rendered)
     tier: str = "heavy"  # "unit": help and --list only (about 0.3 CPU-s each); the rest costs more
     writes: tuple[str, str] = ("", "")  # a file the command writes (relative to its directory) and a line in it
+    json: str = ""  # --json: stdout is one document of this schema, held to docs/json.md's shape
 
 
 @dataclass(frozen=True)
@@ -238,6 +243,11 @@ TABLE: dict[str, Run | PageTest | NotHere] = {
     "invoke install --cuda cu13 --prefix /opt/slime --dry-run": Run(0, "/opt/slime/.slimeforge/install/install.sh"),
     "invoke lock --check --cuda cu13": Run(0, "pylock.cu13.toml: ok ("),
     "invoke cluster.up recipes/clusters/example.yaml --dry-run": Run(0, "gpu-a (head, 10.0.0.11, 8 GPU(s))"),
+    # --json documents (docs/json.md), each held to its documented shape
+    "invoke run recipes/gsm8k.yaml --dry-run --json": Run(0, "warning: model_dir", json="slimeforge.run-plan/1", writes=PLAN),
+    "invoke doctor recipes/gsm8k.yaml --json": Run(2, "aws-credentials", json="slimeforge.doctor/1"),
+    "invoke doctor --list-checks --json": Run(0, "model-config", json="slimeforge.doctor-checks/1"),
+    "invoke stack.show --json | python3 -m json.tool": Run(0, "torch", json="slimeforge.stack/1"),
     # refusals the docs give (exit 2: nothing started)
     "invoke doctor": Run(2, "gpus "),  # no GPU here: the host checks' error
     "invoke doctor recipes/gsm8k.yaml": Run(2, "aws-credentials"),  # no GPU, no AWS credentials here
@@ -284,7 +294,7 @@ TABLE: dict[str, Run | PageTest | NotHere] = {
     "invoke lock --cuda cu13 --base-digest sha256:...": NotHere(PLACEHOLDER + " (a digest); " + NETWORK),
     "invoke lock --cuda cu13 --router-sha256 HEX": NotHere(PLACEHOLDER + " (a sha256); " + NETWORK),
     "invoke lock --cuda cu13 --source slime=PATH": NotHere(PLACEHOLDER + "; " + SOURCES),
-    "invoke lock --stack tests/stacks/test.yaml": NotHere("resolves the test stack against package indexes: tests/integration/test_lock.py serves them here"),
+    "invoke lock --stack tests/stacks/test.yaml": NotHere("resolves the test stack against PyPI and rewrites its committed lock (tests/integration/test_lock.py resolves stacks against indexes served here)"),
     "invoke publish --cuda cu13 --registry registry.example.com:5000/slimeforge": NotHere(REGISTRY),
     "invoke publish --cuda cu13 --registry registry.example.com:5000/team/slime": NotHere(REGISTRY),
     "invoke publish --cuda cu13 --registry 123456789012.dkr.ecr.us-east-1.amazonaws.com/slime": NotHere(REGISTRY),
@@ -312,10 +322,11 @@ TABLE: dict[str, Run | PageTest | NotHere] = {
 }
 
 
-def run_doc_command(text: str, where: Path) -> subprocess.CompletedProcess[str]:
+def run_doc_command(text: str, where: Path, before: bool = True) -> subprocess.CompletedProcess[str]:
     """Run a table's Run command in `where` (made ready as the docs assume: the checkout's recipes/,
-    tasks/ and tests/; for `slimeforge`, the README's copied gsm8k.yaml); its `before` first.
-    Returns the last invocation's result; an earlier one that fails is returned at once."""
+    tasks/ and tests/; for `slimeforge`, the README's copied gsm8k.yaml); its `before` first unless
+    that has run there already. Returns the last invocation's result; an earlier one that fails is
+    returned at once."""
     entry = TABLE[text]
     assert isinstance(entry, Run), text
     where.mkdir(parents=True, exist_ok=True)
@@ -328,7 +339,7 @@ def run_doc_command(text: str, where: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k not in ("RAY_ADDRESS", "WANDB_API_KEY", "HF_TOKEN")}
     env.update(PATH=f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}", SLIMEFORGE_STATE_HOME=str(where / ".state"),
                SLIMEFORGE_STATE_DIR=str(where / ".state-dir"), XDG_STATE_HOME=str(where / ".xdg-state"))
-    argvs = ([*invocations(entry.before)] if entry.before else []) + invocations(text)
+    argvs = ([*invocations(entry.before)] if entry.before and before else []) + invocations(text)
     result = None
     for argv in argvs:
         result = subprocess.run([str(bin_dir / argv[0]), *argv[1:]], cwd=where, env=env, capture_output=True, text=True, timeout=300)

@@ -1,7 +1,7 @@
 """Issue 42 item 6, docs that run as written: the extractor (tests/doc_commands.py) on tricky samples,
 every `invoke`/`slimeforge` command of docs/*.md and README.md's shell blocks either run or named in
 the one table with why (and the table naming only what the docs show), and the help commands run here.
-The dry runs and refusals, a second each, run in tests/integration/heavy/test_doc_commands.py."""
+The dry runs and refusals, a second each, run in tests/integration/heavy/test_doc_commands_run.py."""
 
 from __future__ import annotations
 
