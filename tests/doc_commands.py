@@ -35,6 +35,8 @@ FENCE = re.compile(r"(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<info>.*)")
 # Words after which the shell expects a command: where `invoke` would be run rather than be an argument.
 COMMAND_START = re.compile(r"(?:^|&&|\|\||[;|]|<\(|\$\()\s*(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*(?P<word>[^\s;&|()<>]+)")
 
+HEREDOC = re.compile(r"(?<!<)<<(?!<)-?\s*(?P<q>['\"]?)(?P<word>[A-Za-z_][A-Za-z0-9_]*)(?P=q)")
+
 
 @dataclass(frozen=True)
 class DocCommand:
@@ -111,10 +113,17 @@ def block_commands(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
             inside = line.rstrip().endswith("\\")
         lines = kept
     out = []
+    heredoc = ""  # the word that ends a here-document: the lines up to it are its input, not commands
     for number, text in logical_lines(lines):
+        if heredoc:
+            heredoc = "" if text.strip() == heredoc else heredoc
+            continue
         text = cut_comment(text).strip()
         if text and runs_a_program(text):
             out.append((number, text))
+        m = HEREDOC.search(text)
+        if m:
+            heredoc = m.group("word")
     return out
 
 

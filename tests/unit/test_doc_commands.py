@@ -103,6 +103,11 @@ def test_a_transcript_keeps_only_its_prompted_lines():
     assert [c.text for c in extract("```\n$ invoke --list\ninvoke run x.yaml\n$ ls\n```\n")] == ["invoke --list"]
 
 
+def test_a_here_document_is_input_not_commands():
+    block = "```bash\ncat > r.yaml <<'EOF'\ninvoke run not-a-command.yaml\nEOF\ninvoke run r.yaml\ncat <<-END | sh\ninvoke x\nEND\ngrep a <<<x\ninvoke --list\n```\n"
+    assert [c.text for c in extract(block)] == ["invoke run r.yaml", "invoke --list"]  # <<< is a here-string: no document follows
+
+
 def test_an_unclosed_fence_is_an_error_not_a_page_without_commands():
     with pytest.raises(ValueError, match="never closed"):
         extract("```bash\ninvoke run x.yaml\n", "bad.md")
