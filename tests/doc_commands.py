@@ -81,7 +81,7 @@ def runs_a_program(text: str) -> bool:
 def logical_lines(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
     """(first line number, text) with backslash-newline continuations joined (one space between)."""
     out: list[tuple[int, str]] = []
-    start, parts = 0, []
+    start, parts = 0, list[str]()
     for number, line in lines:
         if not parts:
             start = number
