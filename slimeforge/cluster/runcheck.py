@@ -49,7 +49,7 @@ from ..scripts import node_agent
 from ..scripts.node_agent import checkpoint_bytes  # the one estimate: the Slurm nodes make it too
 from .agent import OddAnswer, agent, first_line, read_nodes
 from .bringup import Node, make_nodes, parallel
-from .hosttable import HostTable
+from .hosttable import HostCellProblems, HostTable
 from .inventory import Inventory, load_inventory
 from .tunnel import jobs_api
 
@@ -161,8 +161,6 @@ class RunCheckFailed(SlimeforgeError):
                          + check.table.text())
 
 
-
-
 def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
 
@@ -226,7 +224,7 @@ def live(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
                     bad.append(f"model_dir {recipe.model_dir}: its weight files are not the head's ({differ}); "
                                f"fix: copy the head's {on_host(recipe.model_dir)} to this host (same files, same sizes), or put it on a filesystem every host mounts")
         if bad:
-            raise _Failed(bad)
+            raise HostCellProblems(bad)
         return f"{len(items)} path(s) found, {len(answer.weights)} weight file(s)" + (", marker written" if h.is_head else " as the head's")
 
     def second(node: Node) -> str:
@@ -242,7 +240,7 @@ def live(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
             bad.append(f"checkpoint_dir {ck_dir}: {_gib(free)} free, a checkpoint needs {_gib(check.need_bytes)} ({check.how}); "
                        "fix: free space there or point checkpoint_dir at a larger filesystem")
         if bad:
-            raise _Failed(bad)
+            raise HostCellProblems(bad)
         return f"one filesystem with the head's, {_gib(free) if free is not None else '?'} free"
 
     with table:
@@ -268,14 +266,6 @@ def live(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
         table.skip_rest("checkpoint")
     check.failures = failures
     return check
-
-
-class _Failed(SlimeforgeError):
-    """One host's problems, one per line in the table's detail (bringup.parallel prints str())."""
-
-    def __init__(self, problems: list[str]):
-        super().__init__(" | ".join(problems))
-
 
 
 # --- the node agent's runcheck answer, read as input ---------------------------------------------
