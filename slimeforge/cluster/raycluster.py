@@ -22,7 +22,7 @@ Seams (the defaults are what `invoke cluster.up` runs; tests inject others):
   host_checks(host, remote) -> list[Problem]                 more preflight per host; default:
                                                              preflight's /dev/shm and ulimit checks
   make_environment(inventory, host, remote) -> EnvFacts      make the environment, report it
-`remote` is an `slimeforge.cluster.ssh.SSH`, whose `.run(argv, ...)` matches `proc.Runner.run`.
+`remote` is an `slimeforge.cluster.ssh.SSH`, a `proc.CommandRunner` as `proc.Runner` is.
 """
 
 from __future__ import annotations

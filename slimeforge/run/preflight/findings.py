@@ -16,7 +16,7 @@ from typing import Any
 from ... import paths
 from ...errors import ConfigError, Problem
 from ...image.stack import Stack
-from ...proc import Runner
+from ...proc import CommandRunner, Runner
 from ...schema import printable
 from ..recipe import Recipe
 from .toolfix import known_fix, tool_message
@@ -117,8 +117,8 @@ class Report:
 # --- the context the checks read ------------------------------------------------------------------
 
 
-def reader(runner: Runner) -> Run:
-    """A host reader over `runner`: runs here, returns stdout, raises CommandError on failure."""
+def reader(runner: CommandRunner) -> Run:
+    """A host reader over `runner` (this machine's, or an ssh one's): returns stdout, raises CommandError on failure."""
     return lambda argv: runner.run(argv, step=argv[0], timeout=30).stdout
 
 
