@@ -34,11 +34,11 @@ import re
 import secrets
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Any
+from typing import cast
 
 from ..errors import Problem, SlimeforgeError
 from ..proc import Runner
@@ -47,7 +47,7 @@ from ..run.targets.jobsubmit import Cluster
 from ..schema import printable
 from ..scripts import node_agent
 from ..scripts.node_agent import checkpoint_bytes  # the one estimate: the Slurm nodes make it too
-from .agent import OddAnswer, agent, first_line, read_nodes
+from .agent import OddAnswer, RayNode, agent, first_line, read_nodes
 from .bringup import Node, make_nodes, parallel
 from .hosttable import HostCellProblems, HostTable
 from .inventory import Inventory, load_inventory
@@ -132,7 +132,7 @@ def static(recipe: Recipe, inv: Inventory) -> list[Problem]:
 def adopt(recipe: Recipe, inv: Inventory, mode_given: bool) -> Recipe:
     """The cluster's environment where the recipe names none: its mode (unless the recipe or
     --mode named one), its image (container mode) or prefix (host mode)."""
-    update: dict[str, Any] = {}
+    update: dict[str, str | None] = {}
     if not mode_given:
         update["mode"] = inv.mode
     mode = update.get("mode", recipe.mode)
@@ -319,7 +319,7 @@ def _size(host: str, name: str, value: object, *, optional: bool = False) -> int
     return value
 
 
-def read_answer(host: str, answer: dict[str, Any], paths: set[str], whats: set[str]) -> RunAnswer:
+def read_answer(host: str, answer: Mapping[str, object], paths: set[str], whats: set[str]) -> RunAnswer:
     """The runcheck answer of `host`, checked field by field (types, bounds, grammar): a problem may
     name only a path and field it was asked about. Anything else is an OddAnswer naming the host."""
     if "error" in answer:  # the agent itself failed there (main's catch-all): its words, quoted
@@ -356,7 +356,8 @@ def read_answer(host: str, answer: dict[str, Any], paths: set[str], whats: set[s
             for k, v in config.items())
         if not ok:
             raise OddAnswer(host, "runcheck", "has a config that is not config.json's shape (positive integers)", config)
-    return RunAnswer(problems, dict(weights), total, config, _size(host, "free_bytes", answer.get("free_bytes"), optional=True))
+    config_read = cast(dict[str, int | bool] | None, config)  # each key and value checked above
+    return RunAnswer(problems, dict(weights), total, config_read, _size(host, "free_bytes", answer.get("free_bytes"), optional=True))
 
 
 def weights_differ(head: dict[str, int], here: dict[str, int]) -> str:
@@ -427,7 +428,7 @@ def gate(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
     return judge(recipe, inv, ip_of, nodes, odd)
 
 
-def judge(recipe: Recipe, inv: Inventory, ip_of: dict[str, str | None], nodes: list[dict[str, Any]], odd: Sequence[str] = ()) -> str:
+def judge(recipe: Recipe, inv: Inventory, ip_of: dict[str, str | None], nodes: list[RayNode], odd: Sequence[str] = ()) -> str:
     """The gate's verdict on Ray's node list (read_nodes'): a line when the ALIVE nodes cover the
     recipe, else GateRefused naming every inventory host that is not ALIVE with its GPUs."""
     need = f"num_nodes x num_gpus ({recipe.num_nodes} x {recipe.num_gpus})"

@@ -22,7 +22,7 @@ from ..yamlio import deep_merge, load_with_extends, parse_set, parse_yaml
 from .slime_facts import load_facts, model_types_in
 
 # Names and defaults exactly as the seed's SlimeRunner (shared/reference/seeds/slimerunner-api.txt).
-RUNNER_FIELDS: dict[str, Any] = {
+RUNNER_FIELDS: dict[str, object] = {
     "exp_id": ...,
     "agent_runtime_arn": ...,
     "s3_bucket": ...,
@@ -447,12 +447,12 @@ def set_value(key: str, raw: str) -> Any:
     return parse_yaml(raw, "--set") if raw else raw
 
 
-def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
+def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, object]:
     """The command line's `--set` items, typed by the recipe's schema."""
     return parse_set(items, typed=set_value)
 
 
-def load_recipe_data(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def load_recipe_data(path: str | os.PathLike[str], overrides: dict[str, object] | None = None) -> dict[str, object]:
     path = Path(path)
     if not (path.exists() or path.is_symlink()):  # anything else there (a FIFO, a directory) the reader names
         raise ConfigError(str(path), [Problem("recipe", "names no file", str(path), "a path such as recipes/gsm8k.yaml")])
@@ -460,7 +460,7 @@ def load_recipe_data(path: str | os.PathLike[str], overrides: dict[str, Any] | N
     return deep_merge(data, overrides or {})
 
 
-def blame_overrides(problems: list[Problem], overrides: dict[str, Any], source: str) -> ConfigError:
+def blame_overrides(problems: list[Problem], overrides: dict[str, object], source: str) -> ConfigError:
     """Problems of values that came from `--set` name the command line, not the recipe file."""
     def from_set(where: str) -> bool:
         node: Any = overrides
