@@ -66,7 +66,7 @@ def last_json(text: str) -> dict[str, Any]:
     raise SlimeforgeError(f"expected a JSON line (one object) in the output, got: {shown(text.strip()[-500:], 600)}")
 
 
-def agent(ssh: SSH, host: Host, command: str, params: dict[str, Any], timeout: float) -> dict[str, Any]:
+def agent(ssh: SSH, host: Host, command: str, params: Mapping[str, object], timeout: float) -> dict[str, Any]:
     """Run the node agent on the host: `python3 - COMMAND JSON` with the agent's source on stdin."""
     result = ssh.run([host.system_python, "-", command, json.dumps(params, sort_keys=True)], step=f"node agent {command}", input=agent_source(), timeout=timeout)
     try:

@@ -151,7 +151,7 @@ def check_hosts(recipe: Recipe, inv: Inventory, *, network: bool = True, runner:
     wanted = list(dict.fromkeys([*inv.secret_env, *recipe.secret_env]))
     table = HostTable(f"credentials of run {recipe.exp_id} on cluster {inv.name}", [(h.name, h.role) for h in inv.hosts], ["secrets", "aws"],
                       stream=stream, live=live_table)
-    args: dict[str, Any] = {"aws": network}
+    args: dict[str, str | bool] = {"aws": network}
     if network:
         args.update(bucket=bucket_name(recipe.s3_bucket), runtime_id=runtime_id(recipe.agent_runtime_arn), region=region_of(recipe.agent_runtime_arn))
     answers: dict[str, dict[str, Any]] = {}

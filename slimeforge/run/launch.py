@@ -138,11 +138,11 @@ def sequences_as_tuples(options: dict[str, Any]) -> dict[str, Any]:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
 
 
-def target_options(req: LaunchRequest, recipe: Recipe) -> dict[str, Any]:
-    """The request's options for the host or container target."""
+def local_target_of(req: LaunchRequest, recipe: Recipe) -> HostTarget | ContainerTarget:
+    """The host or container target, with the request's options for it."""
     if recipe.mode == "host":
-        return {"head_args": None if req.head_args is None else list(req.head_args), "head_timeout": req.head_timeout}
-    return {"docker": req.docker, "shm_size": req.shm_size}
+        return HostTarget(head_args=None if req.head_args is None else list(req.head_args), head_timeout=req.head_timeout)
+    return ContainerTarget(docker=req.docker, shm_size=req.shm_size)
 
 
 def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | None = None,
@@ -222,7 +222,7 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
             raise joined(pending, exc, "launch") from None
         if pending is not None:
             raise pending
-        target = local_target(recipe, None, **target_options(req, recipe))
+        target = local_target_of(req, recipe)
         if recipe.mode == "container" and recipe.image and probe_image:
             layout, recipe, layout_note = layout_of_image(recipe, pull=not dry_run, docker=req.docker)
     out = Path(req.out) if req.out else paths.run_dir(recipe.exp_id)
