@@ -138,11 +138,11 @@ def sequences_as_tuples(options: dict[str, Any]) -> dict[str, Any]:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
 
 
-def local_target_of(req: LaunchRequest, recipe: Recipe) -> HostTarget | ContainerTarget:
+def local_target_of(req: LaunchRequest, recipe: Recipe) -> Target:
     """The host or container target, with the request's options for it."""
     if recipe.mode == "host":
-        return HostTarget(head_args=None if req.head_args is None else list(req.head_args), head_timeout=req.head_timeout)
-    return ContainerTarget(docker=req.docker, shm_size=req.shm_size)
+        return local_target(recipe, None, head_args=None if req.head_args is None else list(req.head_args), head_timeout=req.head_timeout)
+    return local_target(recipe, None, docker=req.docker, shm_size=req.shm_size)
 
 
 def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | None = None,
