@@ -83,8 +83,8 @@ RESERVED_ENV = frozenset({"PATH", "PYTHONPATH", "PYTHONHOME", "HOME", "LD_PRELOA
                           "CUDA_DEVICE_MAX_CONNECTIONS", "CUDNN_HOME", "CUDNN_PATH", "CUDNN_FRONTEND_CUDART_LIB_NAME", "WANDB_ENTITY"})
 RESERVED_ENV_PREFIXES = ("SLIMEFORGE_", "SF_", "SLURM_")
 # The keys each rule's problem (by the key it names) is computed from, besides that key: where one
-# of them failed the schema (its bounds included), the rule ran on a stand-in value and its problem is dropped
-# (recipecheck.trusted), so one cause gives one problem. The cluster's fit (cluster/runcheck.py
+# of them failed the schema (its bounds too), the rule ran on a stand-in value and its problem is
+# dropped (recipecheck.trusted), so one cause gives one problem. The cluster's fit (cluster/runcheck.py
 # static) names num_nodes for num_nodes x num_gpus.
 _BATCH = ("rollout_batch_size", "n_samples_per_prompt", "num_steps_per_rollout", "num_gpus", "num_nodes", "tp_size")
 RELATED: dict[str, tuple[str, ...]] = {
@@ -102,7 +102,10 @@ RELATED: dict[str, tuple[str, ...]] = {
 _POSITIVE = Worded("must be a positive integer")
 Count = Annotated[int, Field(ge=1, le=MAX_COUNT), _POSITIVE]  # batch sizes, lengths, counts, timeouts
 GPUsPerHost = Annotated[int, Field(ge=1, le=MAX_GPUS_PER_HOST), _POSITIVE]
+GPUsPerEngine = Annotated[int, Field(ge=1, le=MAX_GPUS_PER_HOST * MAX_NODES), _POSITIVE]  # an engine may span hosts
+Nodes = Annotated[int, Field(ge=1, le=MAX_NODES), _POSITIVE]
 Port = Annotated[int, Field(ge=1, le=65535), Worded("is not a TCP port")]
+ToolkitPort = Annotated[int, Field(ge=0, le=65535), Worded("is not a TCP port", "(0 lets the toolkit choose)")]
 Positive = Annotated[float, Field(gt=0), Worded("must be greater than 0")]
 NonNegative = Annotated[float, Field(ge=0), Worded("must not be negative")]
 
@@ -138,7 +141,7 @@ class Recipe(Model):
     # --- SlimeRunner: cluster ---
     num_gpus: GPUsPerHost = 8
     tp_size: GPUsPerHost = 2
-    rollout_gpus_per_engine: Annotated[int, Field(ge=1, le=MAX_GPUS_PER_HOST * MAX_NODES), _POSITIVE] = 2
+    rollout_gpus_per_engine: GPUsPerEngine = 2
     slime_dir: str = "/root/slime"
     megatron_dir: str = "/root/Megatron-LM"
     # --- SlimeRunner: AgentCore / toolkit ---
@@ -146,7 +149,7 @@ class Recipe(Model):
     acr_timeout: Count = 900
     acr_tps_limit: Count = 25
     max_concurrent: Count = 100
-    gateway_port: Annotated[int, Field(ge=0, le=65535), Worded("is not a TCP port", "(0 lets the toolkit choose)")] = 9090
+    gateway_port: ToolkitPort = 9090
     reward_postprocessing: str = "grpo"
     # --- SlimeRunner: training hyperparameters ---
     rollout_batch_size: Count = 32
@@ -168,7 +171,7 @@ class Recipe(Model):
 
     # --- run options (slimeforge) ---
     num_rollout: Count = 1  # SlimeRunner.train(num_rollout=1) is the seed's smoke test
-    num_nodes: Annotated[int, Field(ge=1, le=MAX_NODES), _POSITIVE] = 1  # hosts; num_gpus is per host, as SlimeRunner's --actor-num-gpus-per-node
+    num_nodes: Nodes = 1  # hosts; num_gpus is per host, as SlimeRunner's --actor-num-gpus-per-node
     num_steps_per_rollout: Count = 1  # global batch = rollout_batch_size * n_samples / this
     stack: str = "cu13"  # images/<stack>.yaml, or a path
     image: str | None = None  # container image, ideally REG/repo@sha256:...
@@ -189,7 +192,7 @@ class Recipe(Model):
     ray_dashboard_port: Port = 8265
     ray_port: Port = 6379
     # --cluster: resubmit the run (resuming from checkpoint_dir) when a node or the head was lost
-    max_restarts: int = Field(default=0, ge=0, le=100)
+    max_restarts: Annotated[int, Field(ge=0, le=100), Worded("is not a number of restarts")] = 0
 
     # --- derived ---
     @property

@@ -28,6 +28,7 @@ OUT_OF_BOUNDS = {
     "weight_decay": (-0.1, "must not be negative", ">= 0"),
     "adam_beta2": (1.0, "must be between 0 and 1", "0 < adam_beta2 < 1"),
     "sglang_mem_fraction_static": (0, "is a fraction of GPU memory", "0 < sglang_mem_fraction_static < 1"),
+    "max_restarts": (101, "is not a number of restarts", "0..100"),  # as --max-restarts says it
 }
 
 
