@@ -23,6 +23,17 @@ _.uuid  # preflight/host.py Gpu
 _.memory_mib  # preflight/host.py Gpu
 _.renderable_flags  # run/slime_facts.py SlimeFacts (tests/unit/test_render.py checks the rendered flags against it)
 
+# TypedDict keys of documents that json.dumps or yaml writes, or that a reader narrows to (read by key, by
+# the library or the user's own tools): slimeforge/run and slimeforge/cluster.
+_.is_head_node, _.resources_total  # cluster/agent.py RayNode
+_.ray_process, _.gpus_seen, _.gpus_ray  # cluster/statustable.py StatusRow
+_.backend, _.agentcore_runtime_arn, _.rollout_output_s3, _.experiment_name, _.max_pool_connections  # run/flags.py AgentCoreConfig
+_.rollout_session_backend, _.max_rollout_time, _.tps_limit  # run/flags.py AgentCoreConfig
+_.train_args  # run/targets/base.py PlanDoc
+_.head_pid  # run/targets/jobs.py JobStatusDoc
+_.working_dir, _.env_vars  # run/targets/jobsapi.py RuntimeEnv
+_.enroot_said, _.squashfs, _.head_only  # run/targets/slurm.py EnrootImage, NodePath
+
 # Set on a library object, read by that library.
 _.hook_mode  # scripts/kernel_check.py: torch_memory_saver.hook_mode = "torch" (its setter picks the hook)
 

@@ -70,7 +70,7 @@ class SlimeRunner:
     def __repr__(self) -> str:
         return f"SlimeRunner(exp_id={self.recipe.exp_id!r}, model_type={self.recipe.model_type!r}, stack={self.stack.id!r})"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The keyword arguments: the seed's fields always, run options where they were given."""
         out = {k: getattr(self.recipe, k) for k in RUNNER_FIELDS}
         out.update({k: v for k, v in self._kwargs.items() if k not in RUNNER_FIELDS})

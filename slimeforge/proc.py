@@ -1,6 +1,8 @@
 """The one way slimeforge runs an external program: an argv list, never an interpolated shell string.
 
 Tests inject a different `Runner` (or read `Runner.history`) to compare exact argv lists.
+`CommandRunner` is what `Runner` (here) and `cluster.ssh.SSH` (on a host) have in common: code
+that runs a command to its end and reads its Result takes one and runs on either.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from .atomic import open_log
 from .errors import CommandError
@@ -29,6 +32,15 @@ class Result:
     @property
     def ok(self) -> bool:
         return self.returncode == 0
+
+
+class CommandRunner(Protocol):
+    """Runs an argv list to its end: `Runner` on this machine, `cluster.ssh.SSH` on a host (there
+    `cwd` is a path on that host, hence text). CommandError when it fails and `check` is set."""
+
+    def run(self, argv: Sequence[str], *, step: str = "", check: bool = True, capture: bool = True,
+            env: Mapping[str, str] | None = None, cwd: str | None = None, input: str | None = None,
+            timeout: float | None = None) -> Result: ...
 
 
 @dataclass

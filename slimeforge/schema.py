@@ -7,10 +7,12 @@ import re
 import types
 import typing
 import unicodedata
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic.fields import FieldInfo
 
 from .errors import ConfigError, Problem
 
@@ -215,13 +217,54 @@ def did_you_mean(word: str, choices: list[str]) -> str | None:
     return close[0] if close else None
 
 
+@dataclass(frozen=True)
+class Worded:
+    """How a field's bounds read when a value breaks them: pydantic checks the Field(ge=..., le=...)
+    beside it in the field's Annotated type; a Problem then says `message`, the value, and the
+    accepted range read from those bounds (`note` after it). A field without one keeps pydantic's words."""
+
+    message: str
+    note: str = ""
+
+
+_BOUND_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal"})
+
+
+def accepted_range(name: str, info: FieldInfo) -> str:
+    """A field's bounds as a Problem's accepted text: `1..64` for whole numbers, `> 0`, `0 < name < 1`."""
+    b = {attr: getattr(m, attr) for m in info.metadata for attr in ("ge", "gt", "le", "lt") if getattr(m, attr, None) is not None}
+    low = ("<=", b["ge"]) if "ge" in b else ("<", b["gt"]) if "gt" in b else None
+    high = ("<=", b["le"]) if "le" in b else ("<", b["lt"]) if "lt" in b else None
+    if info.annotation in (int, int | None) and "ge" in b and "le" in b:
+        text = f"{b['ge']}..{b['le']}"
+    elif low and high:
+        text = f"{low[1]} {low[0]} {name} {high[0]} {high[1]}"
+    elif low:
+        text = f"{low[0].replace('<', '>')} {low[1]}"
+    else:
+        text = f"{high[0]} {high[1]}" if high else ""
+    note = next((m.note for m in info.metadata if isinstance(m, Worded) and m.note), "")
+    return text + (f" {note}" if note else "") + (", or leave it out" if info.default is None and not info.is_required() else "")
+
+
+def _bound_problem(cls: type[BaseModel], loc: tuple, kind: str, value: Any) -> Problem | None:
+    """The Problem of a value out of a Worded field's bounds, or None (another error, another field)."""
+    info = cls.model_fields.get(str(loc[0])) if len(loc) == 1 and kind in _BOUND_ERRORS else None
+    worded = next((m for m in info.metadata if isinstance(m, Worded)), None) if info is not None else None
+    if info is None or worded is None:
+        return None
+    return Problem(str(loc[0]), worded.message, value, accepted_range(str(loc[0]), info))
+
+
 def problems_from(cls: type[BaseModel], exc: pydantic.ValidationError) -> list[Problem]:
     problems = []
     for err in exc.errors():
         loc = tuple(err["loc"])
         where = ".".join(str(p) for p in loc) or "(top level)"
         kind = err["type"]
-        if kind == "extra_forbidden":
+        if bound := _bound_problem(cls, loc, kind, err.get("input")):
+            problems.append(bound)
+        elif kind == "extra_forbidden":
             choices = _fields_at(cls, loc)
             hint = did_you_mean(str(loc[-1]), choices)
             msg = "is not a known key" + (f"; did you mean {hint!r}?" if hint else "")

@@ -16,7 +16,7 @@ import json
 import re
 from collections.abc import Mapping
 from functools import cache
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from .. import paths, scripts
 from ..errors import CommandError, SlimeforgeError, shown
@@ -66,7 +66,7 @@ def last_json(text: str) -> dict[str, Any]:
     raise SlimeforgeError(f"expected a JSON line (one object) in the output, got: {shown(text.strip()[-500:], 600)}")
 
 
-def agent(ssh: SSH, host: Host, command: str, params: dict[str, Any], timeout: float) -> dict[str, Any]:
+def agent(ssh: SSH, host: Host, command: str, params: Mapping[str, object], timeout: float) -> dict[str, Any]:
     """Run the node agent on the host: `python3 - COMMAND JSON` with the agent's source on stdin."""
     result = ssh.run([host.system_python, "-", command, json.dumps(params, sort_keys=True)], step=f"node agent {command}", input=agent_source(), timeout=timeout)
     try:
@@ -75,7 +75,16 @@ def agent(ssh: SSH, host: Host, command: str, params: dict[str, Any], timeout: f
         raise OddAnswer(host.name, command, "is not one JSON object line: " + str(exc)) from None
 
 
-def read_nodes(answer: dict[str, Any], host: str) -> tuple[list[dict[str, Any]], str | None]:
+class RayNode(TypedDict):
+    """One entry of the dashboard's node list, as read_nodes let it through (node_agent.node_problem)."""
+
+    node_ip: str
+    state: str
+    is_head_node: bool
+    resources_total: dict[str, float]
+
+
+def read_nodes(answer: Mapping[str, object], host: str) -> tuple[list[RayNode], str | None]:
     """The `nodes` answer, validated: (nodes, None), or ([], the dashboard's error, printable).
     Every node has node_ip, state, is_head_node and resources_total.GPU as the agent writes them."""
     if "error" in answer:
@@ -92,7 +101,7 @@ def read_nodes(answer: dict[str, Any], host: str) -> tuple[list[dict[str, Any]],
             why = "is_head_node is not true or false"
         if why:
             raise OddAnswer(host, "nodes", f"has a node {i} that {why}", n)
-    return nodes, None
+    return cast(list[RayNode], nodes), None  # each one checked above
 
 
 def put_file(ssh: SSH, path: str, text: str) -> None:

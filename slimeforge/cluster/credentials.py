@@ -36,7 +36,7 @@ from ..run.recipe import Recipe, bucket_name
 from ..schema import text_problem
 from .agent import agent
 from .bringup import Node, make_nodes, parallel
-from .hosttable import SKIPPED, HostTable
+from .hosttable import SKIPPED, HostCellProblems, HostTable
 from .inventory import Inventory
 
 MAX_SECRET = 16384  # an AWS session token is about 1 KB; a whole key file does not belong here
@@ -95,11 +95,6 @@ class CredentialsFailed(SlimeforgeError):
                          + table.text())
 
 
-class _Failed(SlimeforgeError):
-    def __init__(self, problems: list[str]):
-        super().__init__(" | ".join(problems))
-
-
 def runtime_id(arn: str) -> str:
     return arn.rsplit("/", 1)[-1]
 
@@ -156,7 +151,7 @@ def check_hosts(recipe: Recipe, inv: Inventory, *, network: bool = True, runner:
     wanted = list(dict.fromkeys([*inv.secret_env, *recipe.secret_env]))
     table = HostTable(f"credentials of run {recipe.exp_id} on cluster {inv.name}", [(h.name, h.role) for h in inv.hosts], ["secrets", "aws"],
                       stream=stream, live=live_table)
-    args: dict[str, Any] = {"aws": network}
+    args: dict[str, str | bool] = {"aws": network}
     if network:
         args.update(bucket=bucket_name(recipe.s3_bucket), runtime_id=runtime_id(recipe.agent_runtime_arn), region=region_of(recipe.agent_runtime_arn))
     answers: dict[str, dict[str, Any]] = {}
@@ -168,7 +163,7 @@ def check_hosts(recipe: Recipe, inv: Inventory, *, network: bool = True, runner:
         answer = answers[node.name] = agent(node.ssh, h, "awscheck", {"state_dir": h.state_dir, "python": h.python, "args": args},
                                             timeout=inv.ssh_options.connect_timeout + 120)
         if answer.get("error") and "secret_env" not in answer:
-            raise _Failed([f"{answer['error']}"])
+            raise HostCellProblems([f"{answer['error']}"])
         delivered = answer.get("secret_env") or []
         problems = [f"{n}: not in this host's Ray (started without it); fix: {fix_delivery(inv, n)}" for n in wanted if n not in delivered]
         set_there = (answer.get("probe") or {}).get("secret_env_set")
@@ -179,7 +174,7 @@ def check_hosts(recipe: Recipe, inv: Inventory, *, network: bool = True, runner:
             problems.append(answer["error"])
         if problems:
             secret_problems[node.name] = problems
-            raise _Failed(problems)
+            raise HostCellProblems(problems)
         said[node.name] = ", ".join(wanted) + " in Ray's environment" if wanted else "no secrets named"
         return said[node.name]
 
@@ -188,7 +183,7 @@ def check_hosts(recipe: Recipe, inv: Inventory, *, network: bool = True, runner:
         problems, detail = aws_problems(probe, recipe, inv.mode)
         before = secret_problems.get(node.name, [])
         if problems:
-            raise _Failed(before + problems)  # one detail per row: the secrets' problems stay in it
+            raise HostCellProblems(before + problems)  # one detail per row: the secrets' problems stay in it
         if before:
             return " | ".join(before) + "; AWS: " + detail
         return f"{said[node.name]}; {detail}"

@@ -11,6 +11,7 @@ of options, each with its value's grammar (`--opt=value` or `--opt value`; a val
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import Problem
@@ -120,7 +121,7 @@ def volume_problem(index: int, value: Any) -> Problem | None:
     return None
 
 
-def container_problems(container: dict[str, Any]) -> list[Problem]:
+def container_problems(container: Mapping[str, object]) -> list[Problem]:
     """docker_args and volumes by grammar (the schema has checked they are lists of strings)."""
     p: list[Problem] = []
     args = container.get("docker_args")

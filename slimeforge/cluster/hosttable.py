@@ -11,11 +11,22 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TextIO
 
+from ..errors import SlimeforgeError
+
 if TYPE_CHECKING:
     from rich.live import Live
 
 PENDING, RUNNING, OK, FAILED, SKIPPED = "·", "…", "ok", "FAILED", "-"
 STYLES = {PENDING: "dim", RUNNING: "yellow", OK: "green", FAILED: "bold red", SKIPPED: "dim"}
+
+
+class HostCellProblems(SlimeforgeError):
+    """One host's problems as one line, the detail of its row (bringup.parallel shows the first
+    line of a failure's message): joined by ' | ', each problem with its fix."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__(" | ".join(problems))
 
 
 class HostTable:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -181,12 +182,12 @@ def _resolve(base: Path, value: str) -> Path:
     return p if p.is_absolute() else base / p
 
 
-def _mapping(value: Any) -> dict[str, Any]:
+def _mapping(value: object) -> Mapping[str, object]:
     """A section of the raw inventory, or {} when it is missing or not a mapping (pydantic says so)."""
     return value if isinstance(value, dict) else {}
 
 
-def check(data: dict[str, Any], base: Path, trusted_config: bool = False) -> list[Problem]:
+def check(data: Mapping[str, object], base: Path, trusted_config: bool = False) -> list[Problem]:
     """The rules between fields, on the raw mapping, so they are reported together with the
     type errors pydantic found (every problem at once, not one per run)."""
     p: list[Problem] = []
@@ -343,7 +344,7 @@ def secret_env_problems(names: Any, envs: list[tuple[str, Any]]) -> list[Problem
 RESERVED_SECRET_ENV = frozenset({"GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "PATH", "SLIMEFORGE_CLUSTER_TOKEN"})
 
 
-def ssh_problems(ssh: dict) -> list[Problem]:
+def ssh_problems(ssh: Mapping[str, object]) -> list[Problem]:
     """ssh.options are on the allow list (sshconfig.OPTIONS); proxy_jump is a host list; proxy_command is one line."""
     p = []
     options = ssh.get("options")

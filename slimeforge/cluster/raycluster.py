@@ -22,14 +22,14 @@ Seams (the defaults are what `invoke cluster.up` runs; tests inject others):
   host_checks(host, remote) -> list[Problem]                 more preflight per host; default:
                                                              preflight's /dev/shm and ulimit checks
   make_environment(inventory, host, remote) -> EnvFacts      make the environment, report it
-`remote` is an `slimeforge.cluster.ssh.SSH`, whose `.run(argv, ...)` matches `proc.Runner.run`.
+`remote` is an `slimeforge.cluster.ssh.SSH`, a `proc.CommandRunner` as `proc.Runner` is.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from ..proc import Runner
 from ..scripts.node_agent import hostport
@@ -86,7 +86,7 @@ def up(
     return address
 
 
-def down(inventory: Inventory | str | Path, *, runner: Runner | None = None, control_dir: str | None = None, stream=None, live: bool | None = None, timeout: float = 60) -> dict[str, dict[str, Any]]:
+def down(inventory: Inventory | str | Path, *, runner: Runner | None = None, control_dir: str | None = None, stream=None, live: bool | None = None, timeout: float = 60) -> dict[str, Mapping[str, object]]:
     """Stop what `up` started: SIGTERM to each recorded `ray start --block` (or `docker stop` of
     each recorded container), workers first, then the head, each once proved ours on its host.
     Nothing else is touched: a host whose record names something else is a FAILED row
@@ -94,7 +94,7 @@ def down(inventory: Inventory | str | Path, *, runner: Runner | None = None, con
     inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
     nodes = make_nodes(inv, runner, control_dir)
     table = HostTable(f"cluster {inv.name} down", [(h.name, h.role) for h in inv.hosts], ["stop"], stream=stream, live=live)
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, Mapping[str, object]] = {}  # each host's stop answer, as the agent gave it
 
     def stop(node: Node) -> str:
         params = {"state_dir": node.host.state_dir, "timeout": timeout, "cluster": inv.name}

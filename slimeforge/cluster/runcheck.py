@@ -34,11 +34,11 @@ import re
 import secrets
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Any
+from typing import cast
 
 from ..errors import Problem, SlimeforgeError
 from ..proc import Runner
@@ -47,9 +47,9 @@ from ..run.targets.jobsubmit import Cluster
 from ..schema import printable
 from ..scripts import node_agent
 from ..scripts.node_agent import checkpoint_bytes  # the one estimate: the Slurm nodes make it too
-from .agent import OddAnswer, agent, first_line, read_nodes
+from .agent import OddAnswer, RayNode, agent, first_line, read_nodes
 from .bringup import Node, make_nodes, parallel
-from .hosttable import HostTable
+from .hosttable import HostCellProblems, HostTable
 from .inventory import Inventory, load_inventory
 from .tunnel import jobs_api
 
@@ -132,7 +132,7 @@ def static(recipe: Recipe, inv: Inventory) -> list[Problem]:
 def adopt(recipe: Recipe, inv: Inventory, mode_given: bool) -> Recipe:
     """The cluster's environment where the recipe names none: its mode (unless the recipe or
     --mode named one), its image (container mode) or prefix (host mode)."""
-    update: dict[str, Any] = {}
+    update: dict[str, str | None] = {}
     if not mode_given:
         update["mode"] = inv.mode
     mode = update.get("mode", recipe.mode)
@@ -159,8 +159,6 @@ class RunCheckFailed(SlimeforgeError):
         hosts = ", ".join(check.failures)
         super().__init__(f"cluster {cluster}: the recipe does not hold on {len(check.failures)} host(s) ({hosts}); nothing was submitted:\n\n"
                          + check.table.text())
-
-
 
 
 def _gib(n: int) -> str:
@@ -226,7 +224,7 @@ def live(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
                     bad.append(f"model_dir {recipe.model_dir}: its weight files are not the head's ({differ}); "
                                f"fix: copy the head's {on_host(recipe.model_dir)} to this host (same files, same sizes), or put it on a filesystem every host mounts")
         if bad:
-            raise _Failed(bad)
+            raise HostCellProblems(bad)
         return f"{len(items)} path(s) found, {len(answer.weights)} weight file(s)" + (", marker written" if h.is_head else " as the head's")
 
     def second(node: Node) -> str:
@@ -242,7 +240,7 @@ def live(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
             bad.append(f"checkpoint_dir {ck_dir}: {_gib(free)} free, a checkpoint needs {_gib(check.need_bytes)} ({check.how}); "
                        "fix: free space there or point checkpoint_dir at a larger filesystem")
         if bad:
-            raise _Failed(bad)
+            raise HostCellProblems(bad)
         return f"one filesystem with the head's, {_gib(free) if free is not None else '?'} free"
 
     with table:
@@ -268,14 +266,6 @@ def live(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
         table.skip_rest("checkpoint")
     check.failures = failures
     return check
-
-
-class _Failed(SlimeforgeError):
-    """One host's problems, one per line in the table's detail (bringup.parallel prints str())."""
-
-    def __init__(self, problems: list[str]):
-        super().__init__(" | ".join(problems))
-
 
 
 # --- the node agent's runcheck answer, read as input ---------------------------------------------
@@ -329,7 +319,7 @@ def _size(host: str, name: str, value: object, *, optional: bool = False) -> int
     return value
 
 
-def read_answer(host: str, answer: dict[str, Any], paths: set[str], whats: set[str]) -> RunAnswer:
+def read_answer(host: str, answer: Mapping[str, object], paths: set[str], whats: set[str]) -> RunAnswer:
     """The runcheck answer of `host`, checked field by field (types, bounds, grammar): a problem may
     name only a path and field it was asked about. Anything else is an OddAnswer naming the host."""
     if "error" in answer:  # the agent itself failed there (main's catch-all): its words, quoted
@@ -366,7 +356,8 @@ def read_answer(host: str, answer: dict[str, Any], paths: set[str], whats: set[s
             for k, v in config.items())
         if not ok:
             raise OddAnswer(host, "runcheck", "has a config that is not config.json's shape (positive integers)", config)
-    return RunAnswer(problems, dict(weights), total, config, _size(host, "free_bytes", answer.get("free_bytes"), optional=True))
+    config_read = cast(dict[str, int | bool] | None, config)  # each key and value checked above
+    return RunAnswer(problems, dict(weights), total, config_read, _size(host, "free_bytes", answer.get("free_bytes"), optional=True))
 
 
 def weights_differ(head: dict[str, int], here: dict[str, int]) -> str:
@@ -437,7 +428,7 @@ def gate(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
     return judge(recipe, inv, ip_of, nodes, odd)
 
 
-def judge(recipe: Recipe, inv: Inventory, ip_of: dict[str, str | None], nodes: list[dict[str, Any]], odd: Sequence[str] = ()) -> str:
+def judge(recipe: Recipe, inv: Inventory, ip_of: dict[str, str | None], nodes: list[RayNode], odd: Sequence[str] = ()) -> str:
     """The gate's verdict on Ray's node list (read_nodes'): a line when the ALIVE nodes cover the
     recipe, else GateRefused naming every inventory host that is not ALIVE with its GPUs."""
     need = f"num_nodes x num_gpus ({recipe.num_nodes} x {recipe.num_gpus})"

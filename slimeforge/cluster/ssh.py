@@ -9,8 +9,8 @@ Why the OpenSSH client and not a Python SSH library:
   a master connection, every later one (probe, checks, install, ray start, status) rides on it.
 - Every command goes through `slimeforge.proc.Runner`, so tests and `--dry-run` see exact argv lists.
 
-`SSH.run` has the same signature as `proc.Runner.run`: code written against a local runner (the
-doctor's host checks, for one) runs unchanged on a remote host when handed an `SSH` instead.
+`SSH.run` has the signature of `proc.Runner.run` (both are a `proc.CommandRunner`): code written
+against one (the doctor's host checks, for one) runs unchanged on a remote host when handed an `SSH`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import CommandError, SlimeforgeError
-from ..proc import Result, Runner
+from ..proc import CommandRunner, Result, Runner
 
 # ssh exits 255 when ssh itself failed (resolve, connect, authenticate, host key); a remote
 # command's own exit status is passed through unchanged.
@@ -196,3 +197,8 @@ class SSH:
             return
         argv = [*self.base_argv(), "-O", "exit", "--", self.target.address]
         self.runner.run(argv, step=f"{self.target.name}: close", check=False, input="", timeout=10)
+
+
+if TYPE_CHECKING:  # mypy holds both runners to the one signature: a change to either that breaks it fails here
+    _LOCAL: type[CommandRunner] = Runner
+    _REMOTE: type[CommandRunner] = SSH

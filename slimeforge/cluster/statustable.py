@@ -5,22 +5,40 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from ..errors import SlimeforgeError
 from ..proc import Runner
 from ..scripts.node_agent import hostport
-from .agent import VERSIONS_SNIPPET, agent, first_line, last_json, read_nodes
+from .agent import VERSIONS_SNIPPET, RayNode, agent, first_line, last_json, read_nodes
 from .bringup import Node, make_nodes
 from .inventory import Inventory, load_inventory
 from .record import read_state
 
 
-def status(inventory: Inventory | str | Path, *, runner: Runner | None = None, control_dir: str | None = None) -> list[dict[str, Any]]:
+class StatusRow(TypedDict):
+    """One host of cluster.status (COLUMNS, and docs/json.md's slimeforge.cluster-status/1 rows):
+    what was learned; a host that did not answer has its error and no more."""
+
+    host: str
+    role: str
+    address: str
+    answered: bool
+    error: NotRequired[str]
+    ray_process: NotRequired[str]
+    gpus_seen: NotRequired[int]
+    python: NotRequired[str | None]
+    ray: NotRequired[str | None]
+    node_ip: NotRequired[str | None]
+    node: NotRequired[str]
+    gpus_ray: NotRequired[float | None]
+
+
+def status(inventory: Inventory | str | Path, *, runner: Runner | None = None, control_dir: str | None = None) -> list[StatusRow]:
     """One row per host: reachable?, our Ray process, its node in the cluster, GPUs, versions."""
     inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
     nodes = make_nodes(inv, runner, control_dir)
-    rows: dict[str, dict[str, Any]] = {n.name: {"host": n.name, "role": n.host.role, "address": n.host.address, "answered": False} for n in nodes}
+    rows: dict[str, StatusRow] = {n.name: {"host": n.name, "role": n.host.role, "address": n.host.address, "answered": False} for n in nodes}
 
     def probe(node: Node) -> None:
         row = rows[node.name]
@@ -55,7 +73,7 @@ def status(inventory: Inventory | str | Path, *, runner: Runner | None = None, c
     head = next(n for n in nodes if n.host.is_head)
     state = read_state(inv)
     dashboard = state["dashboard"] if state else (f"http://{hostport(inv.head.node_ip, inv.ray.dashboard_port)}" if inv.head.node_ip else None)
-    cluster_nodes: dict[str, dict[str, Any]] = {}
+    cluster_nodes: dict[str, RayNode] = {}
     if dashboard and head.facts:
         try:
             answer = agent(head.ssh, head.host, "nodes", {"url": f"{dashboard}/api/v0/nodes?limit=10000&detail=false", "timeout": 10}, timeout=60)
@@ -79,13 +97,13 @@ class HostsDown(SlimeforgeError):
     """cluster.status found hosts that do not answer (exit 2, as a launch on the cluster would be
     refused: docs/exit-codes.md); raised after the table or document is printed."""
 
-    def __init__(self, inventory: str, rows: list[dict[str, Any]]):
+    def __init__(self, inventory: str, rows: list[StatusRow]):
         self.hosts = [row["host"] for row in rows if not row.get("answered")]
         super().__init__(f"cluster {inventory}: {len(self.hosts)} of {len(rows)} host(s) do not answer ({', '.join(self.hosts)}): "
                          "their errors are in the table above; check each host is up and reachable over ssh, then run cluster.status again")
 
 
-def check_answered(inventory: str, rows: list[dict[str, Any]]) -> None:
+def check_answered(inventory: str, rows: list[StatusRow]) -> None:
     """Raise HostsDown when any host did not answer."""
     if any(not row.get("answered") for row in rows):
         raise HostsDown(inventory, rows)
@@ -94,7 +112,7 @@ def check_answered(inventory: str, rows: list[dict[str, Any]]) -> None:
 COLUMNS = ("host", "role", "address", "node_ip", "ray_process", "node", "gpus_ray", "gpus_seen", "python", "ray", "error")
 
 
-def print_table(title: str, rows: list[dict[str, Any]]) -> None:
+def print_table(title: str, rows: list[StatusRow]) -> None:
     """The rows as a table on stdout: full width off a terminal (console.table), no cell cut."""
     from ..console import table
 

@@ -7,7 +7,7 @@ Model architecture flags are not here: they come from slime's own model script a
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TypedDict
 
 from .. import paths
 from ..image.stack import Stack
@@ -172,7 +172,25 @@ def image_env_vars(recipe: Recipe, layout: Layout, wandb_entity: str | None = No
     return env
 
 
-def agentcore_config(recipe: Recipe) -> dict[str, Any]:
+class SessionBackend(TypedDict):
+    backend: str
+    agentcore_runtime_arn: str
+    rollout_output_s3: str
+    experiment_name: str
+    max_pool_connections: int
+
+
+class AgentCoreConfig(TypedDict):
+    """agentcore.yaml: agentcore-rl-toolkit 0.2.0's --custom-config-path (agentcore_config says which field is which)."""
+
+    rollout_session_backend: SessionBackend
+    model_id: str
+    max_rollout_time: int
+    tps_limit: int
+    gateway_port: int
+
+
+def agentcore_config(recipe: Recipe) -> AgentCoreConfig:
     """The --custom-config-path YAML in agentcore-rl-toolkit 0.2.0's contract.
 
     SlimeRunner field      -> toolkit 0.2.0 key

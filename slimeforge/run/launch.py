@@ -13,12 +13,16 @@ plan's commands. Both use the one plan object.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
+
+import pydantic
 
 from .. import paths
 from ..errors import ConfigError, Problem, SlimeforgeError
@@ -82,22 +86,24 @@ class LaunchRequest:
     max_restarts: int | None = None  # a running Ray cluster: restarts after a lost node or head (default: the recipe's max_restarts)
 
     def __post_init__(self) -> None:
-        # The API hands Python values (the command line's are typed by invoke): each option's type
-        # is checked here, all at once; its value is checked where it is used (resolve, the target).
-        bad = [Problem(f.name, f"must be {f.type}", getattr(self, f.name)) for f in fields(self) if not _fits(str(f.type), getattr(self, f.name))]
-        if bad:
-            raise ConfigError("launch options", bad)
+        # The API hands Python values (the command line's are typed by invoke): pydantic checks each
+        # option's type strictly (no "30" for 30, no list for a tuple of words, no 1 for True), all at
+        # once; its value is checked where it is used (resolve, the target).
+        try:
+            _strict_options().model_validate({f.name: getattr(self, f.name) for f in fields(self)})
+        except pydantic.ValidationError as exc:
+            wrong = dict.fromkeys(str(e["loc"][0]) for e in exc.errors())  # a union says once per member
+            annotations = {f.name: f.type for f in fields(self)}
+            raise ConfigError("launch options", [Problem(name, f"must be {annotations[name]}", getattr(self, name)) for name in wrong]) from None
 
 
-def _fits(kind: str, value: object) -> bool:
-    """`value` has one of the types of an annotation of LaunchRequest (as written above)."""
-    for alt in kind.split(" | "):
-        if ((alt == "None" and value is None) or (alt == "str" and isinstance(value, str)) or (alt == "bool" and isinstance(value, bool))
-                or (alt in ("int", "float") and isinstance(value, int if alt == "int" else (int, float)) and not isinstance(value, bool))
-                or (alt == "tuple[str, ...]" and isinstance(value, tuple) and all(isinstance(v, str) for v in value))
-                or (alt.startswith("Mapping[") and isinstance(value, Mapping))):
-            return True
-    return False
+@functools.cache
+def _strict_options() -> type[pydantic.BaseModel]:
+    """LaunchRequest's fields and types as a strict pydantic model (a dataclass validated by its own
+    type would construct itself again: this model only checks)."""
+    hints = typing.get_type_hints(LaunchRequest)
+    return pydantic.create_model("LaunchOptions", __config__=pydantic.ConfigDict(strict=True),
+                                 **{f.name: (hints[f.name], ...) for f in fields(LaunchRequest)})  # type: ignore[call-overload]
 
 
 LAUNCH_OPTIONS = tuple(f.name for f in fields(LaunchRequest) if f.name not in ("recipe", "data", "in_place"))
@@ -132,11 +138,11 @@ def sequences_as_tuples(options: dict[str, Any]) -> dict[str, Any]:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
 
 
-def target_options(req: LaunchRequest, recipe: Recipe) -> dict[str, Any]:
-    """The request's options for the host or container target."""
+def local_target_of(req: LaunchRequest, recipe: Recipe) -> Target:
+    """The host or container target, with the request's options for it."""
     if recipe.mode == "host":
-        return {"head_args": None if req.head_args is None else list(req.head_args), "head_timeout": req.head_timeout}
-    return {"docker": req.docker, "shm_size": req.shm_size}
+        return local_target(recipe, None, head_args=None if req.head_args is None else list(req.head_args), head_timeout=req.head_timeout)
+    return local_target(recipe, None, docker=req.docker, shm_size=req.shm_size)
 
 
 def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | None = None,
@@ -216,7 +222,7 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
             raise joined(pending, exc, "launch") from None
         if pending is not None:
             raise pending
-        target = local_target(recipe, None, **target_options(req, recipe))
+        target = local_target_of(req, recipe)
         if recipe.mode == "container" and recipe.image and probe_image:
             layout, recipe, layout_note = layout_of_image(recipe, pull=not dry_run, docker=req.docker)
     out = Path(req.out) if req.out else paths.run_dir(recipe.exp_id)

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from .. import paths
 from ..errors import ConfigError, Problem
 from ..image.stack import Stack, load_stack
@@ -34,7 +32,7 @@ def resolve_mode(recipe: Recipe, mode: str | None = None, install_prefix: str | 
     the stack's source dirs; default stack: the recipe's) unless the recipe names them."""
     command_line_problems(mode, install_prefix, image)
     problems: list[Problem] = []
-    update: dict[str, Any] = {}
+    update: dict[str, str] = {}
     if mode:
         update["mode"] = mode
     if install_prefix:

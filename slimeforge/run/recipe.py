@@ -10,19 +10,19 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
 from ..errors import ConfigError, Problem
 from ..image.imageref import image_ref_problems
 from ..image.stack import Stack
-from ..schema import ENV_NAME_RE, Model, did_you_mean, secret_name, secret_value, whole_problem
+from ..schema import ENV_NAME_RE, Model, Worded, did_you_mean, secret_name, secret_value, whole_problem
 from ..yamlio import deep_merge, load_with_extends, parse_set, parse_yaml
 from .slime_facts import load_facts, model_types_in
 
 # Names and defaults exactly as the seed's SlimeRunner (shared/reference/seeds/slimerunner-api.txt).
-RUNNER_FIELDS: dict[str, Any] = {
+RUNNER_FIELDS: dict[str, object] = {
     "exp_id": ...,
     "agent_runtime_arn": ...,
     "s3_bucket": ...,
@@ -83,11 +83,10 @@ RESERVED_ENV = frozenset({"PATH", "PYTHONPATH", "PYTHONHOME", "HOME", "LD_PRELOA
                           "CUDA_DEVICE_MAX_CONNECTIONS", "CUDNN_HOME", "CUDNN_PATH", "CUDNN_FRONTEND_CUDART_LIB_NAME", "WANDB_ENTITY"})
 RESERVED_ENV_PREFIXES = ("SLIMEFORGE_", "SF_", "SLURM_")
 # The keys each rule's problem (by the key it names) is computed from, besides that key: where one
-# of them failed the schema, the rule ran on a stand-in value and its problem is dropped
-# (recipecheck.trusted), so one cause gives one problem. The cluster's fit (cluster/runcheck.py
+# of them failed the schema (its bounds too), the rule ran on a stand-in value and its problem is
+# dropped (recipecheck.trusted), so one cause gives one problem. The cluster's fit (cluster/runcheck.py
 # static) names num_nodes for num_nodes x num_gpus.
 _BATCH = ("rollout_batch_size", "n_samples_per_prompt", "num_steps_per_rollout", "num_gpus", "num_nodes", "tp_size")
-ARITHMETIC = (*_BATCH, "rollout_gpus_per_engine", "rollout_max_response_len", "max_tokens_per_gpu")
 RELATED: dict[str, tuple[str, ...]] = {
     "tp_size": ("num_gpus",), "rollout_gpus_per_engine": ("num_gpus", "num_nodes"), "num_nodes": ("num_gpus",),
     "rollout_batch_size": _BATCH, "num_steps_per_rollout": _BATCH,
@@ -95,6 +94,20 @@ RELATED: dict[str, tuple[str, ...]] = {
     "ports": ("gateway_port", "ray_dashboard_port", "ray_port"), "install_prefix": ("mode", "slime_dir"),
     "image": ("mode",), "secret_env": ("env",), "extra_flags": ("stack",),
 }
+
+
+# The bounds of the numbers (pydantic checks them with the schema; Worded says how a refusal reads).
+# The GPU and batch rules divide by these: a value out of range fails the schema, so the rules only
+# ever see one in range (its own or its default's: recipecheck's stand-in).
+_POSITIVE = Worded("must be a positive integer")
+Count = Annotated[int, Field(ge=1, le=MAX_COUNT), _POSITIVE]  # batch sizes, lengths, counts, timeouts
+GPUsPerHost = Annotated[int, Field(ge=1, le=MAX_GPUS_PER_HOST), _POSITIVE]
+GPUsPerEngine = Annotated[int, Field(ge=1, le=MAX_GPUS_PER_HOST * MAX_NODES), _POSITIVE]  # an engine may span hosts
+Nodes = Annotated[int, Field(ge=1, le=MAX_NODES), _POSITIVE]
+Port = Annotated[int, Field(ge=1, le=65535), Worded("is not a TCP port")]
+ToolkitPort = Annotated[int, Field(ge=0, le=65535), Worded("is not a TCP port", "(0 lets the toolkit choose)")]
+Positive = Annotated[float, Field(gt=0), Worded("must be greater than 0")]
+NonNegative = Annotated[float, Field(ge=0), Worded("must not be negative")]
 
 
 def host_path_problem(path: str) -> str | None:
@@ -126,30 +139,30 @@ class Recipe(Model):
     data_path: str
     model_type: str
     # --- SlimeRunner: cluster ---
-    num_gpus: int = 8
-    tp_size: int = 2
-    rollout_gpus_per_engine: int = 2
+    num_gpus: GPUsPerHost = 8
+    tp_size: GPUsPerHost = 2
+    rollout_gpus_per_engine: GPUsPerEngine = 2
     slime_dir: str = "/root/slime"
     megatron_dir: str = "/root/Megatron-LM"
     # --- SlimeRunner: AgentCore / toolkit ---
     model_id: str = "default"
-    acr_timeout: int = 900
-    acr_tps_limit: int = 25
-    max_concurrent: int = 100
-    gateway_port: int = 9090
+    acr_timeout: Count = 900
+    acr_tps_limit: Count = 25
+    max_concurrent: Count = 100
+    gateway_port: ToolkitPort = 9090
     reward_postprocessing: str = "grpo"
     # --- SlimeRunner: training hyperparameters ---
-    rollout_batch_size: int = 32
-    n_samples_per_prompt: int = 8
-    rollout_max_response_len: int = 1024
-    rollout_temperature: float = 1.0
-    lr: float = 1e-06
-    eps_clip: float = 0.2
-    eps_clip_high: float = 0.28
-    weight_decay: float = 0.1
-    adam_beta2: float = 0.98
-    sglang_mem_fraction_static: float = 0.7
-    max_tokens_per_gpu: int = 9216
+    rollout_batch_size: Count = 32
+    n_samples_per_prompt: Count = 8
+    rollout_max_response_len: Count = 1024
+    rollout_temperature: Positive = 1.0
+    lr: Positive = 1e-06
+    eps_clip: NonNegative = 0.2
+    eps_clip_high: NonNegative = 0.28
+    weight_decay: NonNegative = 0.1
+    adam_beta2: Annotated[float, Field(gt=0, lt=1), Worded("must be between 0 and 1")] = 0.98
+    sglang_mem_fraction_static: Annotated[float, Field(gt=0, lt=1), Worded("is a fraction of GPU memory")] = 0.7
+    max_tokens_per_gpu: Count = 9216
     # --- SlimeRunner: wandb ---
     wandb_project: str | None = None
     wandb_group: str | None = None
@@ -157,29 +170,29 @@ class Recipe(Model):
     extra_flags: list[str] = Field(default_factory=list)
 
     # --- run options (slimeforge) ---
-    num_rollout: int = 1  # SlimeRunner.train(num_rollout=1) is the seed's smoke test
-    num_nodes: int = 1  # hosts; num_gpus is per host, as SlimeRunner's --actor-num-gpus-per-node
-    num_steps_per_rollout: int = 1  # global batch = rollout_batch_size * n_samples / this
+    num_rollout: Count = 1  # SlimeRunner.train(num_rollout=1) is the seed's smoke test
+    num_nodes: Nodes = 1  # hosts; num_gpus is per host, as SlimeRunner's --actor-num-gpus-per-node
+    num_steps_per_rollout: Count = 1  # global batch = rollout_batch_size * n_samples / this
     stack: str = "cu13"  # images/<stack>.yaml, or a path
     image: str | None = None  # container image, ideally REG/repo@sha256:...
     mode: Literal["container", "host"] = "container"
     install_prefix: str | None = None  # host mode: the prefix of `invoke install`
     checkpoint_dir: str | None = None  # default: /root/checkpoints/<exp_id>
     save: bool = True
-    save_interval: int = 20
+    save_interval: Count = 20
     resume: bool = True  # pass --load <checkpoint_dir>; slime starts from ref-load when it is empty
     eval_data: dict[str, str] = Field(default_factory=dict)  # name -> JSONL path
-    eval_interval: int | None = None
-    n_samples_per_eval_prompt: int = 1
+    eval_interval: Annotated[int | None, Field(ge=1, le=MAX_COUNT), Worded("must be a positive number of rollouts")] = None
+    n_samples_per_eval_prompt: Count = 1
     cluster: str | None = None  # inventory file (recipes/clusters/*.yaml)
     env: dict[str, str] = Field(default_factory=dict)  # extra environment for the job
     # Secrets the job needs, by NAME only: their values come from the environment of `invoke run`
     # at launch and are never written to the run directory (docs/recipes.md).
     secret_env: list[str] = Field(default_factory=list)
-    ray_dashboard_port: int = 8265
-    ray_port: int = 6379
+    ray_dashboard_port: Port = 8265
+    ray_port: Port = 6379
     # --cluster: resubmit the run (resuming from checkpoint_dir) when a node or the head was lost
-    max_restarts: int = Field(default=0, ge=0, le=100)
+    max_restarts: Annotated[int, Field(ge=0, le=100), Worded("is not a number of restarts")] = 0
 
     # --- derived ---
     @property
@@ -266,57 +279,28 @@ def check(recipe: Recipe, stack: Stack, rendered_flags: set[str]) -> list[Proble
         where = f"{r.slime_dir}/scripts/models" if local is not None else f"slime {stack.sources['slime'].commit[:12]}"
         p.append(Problem("model_type", f"has no model script in {where}" + (f"; did you mean {hint!r}?" if hint else ""), r.model_type, ", ".join(known)))
 
-    positive = ["num_gpus", "tp_size", "rollout_gpus_per_engine", "rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len", "max_tokens_per_gpu", "num_rollout", "num_nodes", "num_steps_per_rollout", "acr_timeout", "acr_tps_limit", "max_concurrent", "save_interval", "n_samples_per_eval_prompt"]
-    bad_int = False  # the GPU and batch arithmetic below divides by these: not on a value out of range
-    highest = {"num_gpus": MAX_GPUS_PER_HOST, "tp_size": MAX_GPUS_PER_HOST, "num_nodes": MAX_NODES}
-    for name in positive:
-        top = highest.get(name, MAX_COUNT)
-        if not 1 <= getattr(r, name) <= top:
-            p.append(Problem(name, "must be a positive integer" + (f" of at most {top}" if top != MAX_COUNT else ""), getattr(r, name), f"1..{top}"))
-            bad_int = bad_int or name in ARITHMETIC
-    if r.rollout_gpus_per_engine > MAX_GPUS_PER_HOST * MAX_NODES:
-        p.append(Problem("rollout_gpus_per_engine", "is more GPUs than any cluster has", r.rollout_gpus_per_engine, f"1..{MAX_GPUS_PER_HOST * MAX_NODES}"))
-        bad_int = True
-    if r.eval_interval is not None and not 1 <= r.eval_interval <= MAX_COUNT:
-        p.append(Problem("eval_interval", "must be a positive number of rollouts", r.eval_interval, f"1..{MAX_COUNT}, or leave it out"))
     ports = {"gateway_port": r.gateway_port, "ray_dashboard_port": r.ray_dashboard_port, "ray_port": r.ray_port}
-    for name, port in ports.items():
-        low = 0 if name == "gateway_port" else 1
-        if not low <= port <= 65535:
-            p.append(Problem(name, "is not a TCP port", port, f"{low}..65535" + (" (0 lets the toolkit choose)" if low == 0 else "")))
     used = [v for v in ports.values() if v]
     if len(set(used)) != len(used):
         p.append(Problem("ports", "gateway_port, ray_dashboard_port and ray_port must differ (one process per port)", ports, "three different ports"))
-    if not r.rollout_temperature > 0:
-        p.append(Problem("rollout_temperature", "must be greater than 0", r.rollout_temperature, "> 0"))
-    if not r.lr > 0:
-        p.append(Problem("lr", "must be greater than 0", r.lr, "> 0"))
-    if not 0 < r.sglang_mem_fraction_static < 1:
-        p.append(Problem("sglang_mem_fraction_static", "is a fraction of GPU memory", r.sglang_mem_fraction_static, "a number between 0 and 1, exclusive"))
-    for name in ("eps_clip", "eps_clip_high", "weight_decay"):
-        if getattr(r, name) < 0:
-            p.append(Problem(name, "must not be negative", getattr(r, name), ">= 0"))
-    if not 0 < r.adam_beta2 < 1:
-        p.append(Problem("adam_beta2", "must be between 0 and 1", r.adam_beta2, "0 < adam_beta2 < 1"))
     if r.reward_postprocessing not in REWARD_POSTPROCESSING:
         p.append(Problem("reward_postprocessing", "is not a known reward post-processing", r.reward_postprocessing, "grpo (normalize_episode_rewards of the toolkit) or none"))
 
-    if not bad_int:
-        # GPU arithmetic: Megatron shards each layer over tp GPUs of one host; SGLang engines are
-        # colocated on the same GPUs and must tile them exactly.
-        if r.num_gpus % r.tp_size:
-            # num_gpus is bounded above (MAX_GPUS_PER_HOST), so listing its divisors is cheap.
-            p.append(Problem("tp_size", f"must divide num_gpus ({r.num_gpus})", r.tp_size, "a divisor of num_gpus: " + ", ".join(str(d) for d in range(1, r.num_gpus + 1) if r.num_gpus % d == 0)))
-        if r.total_gpus % r.rollout_gpus_per_engine:
-            p.append(Problem("rollout_gpus_per_engine", f"must divide the GPU count ({r.total_gpus} = num_gpus x num_nodes)", r.rollout_gpus_per_engine, "a divisor of " + str(r.total_gpus)))
-        # Batch arithmetic: rollout_batch_size * n_samples_per_prompt == global_batch_size * num_steps_per_rollout.
-        samples = r.rollout_batch_size * r.n_samples_per_prompt
-        if samples % r.num_steps_per_rollout:
-            p.append(Problem("num_steps_per_rollout", f"must divide rollout_batch_size x n_samples_per_prompt ({r.rollout_batch_size} x {r.n_samples_per_prompt} = {samples})", r.num_steps_per_rollout, "a divisor of " + str(samples)))
-        elif r.num_gpus % r.tp_size == 0:
-            dp = r.total_gpus // r.tp_size
-            if r.global_batch_size % dp:
-                p.append(Problem("rollout_batch_size", f"gives a global batch of {r.global_batch_size} samples (rollout_batch_size x n_samples_per_prompt / num_steps_per_rollout), which the {dp} data-parallel ranks (GPUs / tp_size) cannot split evenly", r.rollout_batch_size, f"values that make the global batch a multiple of {dp}"))
+    # GPU arithmetic (on values in range: the schema's bounds): Megatron shards each layer over tp
+    # GPUs of one host; SGLang engines are colocated on the same GPUs and must tile them exactly.
+    if r.num_gpus % r.tp_size:
+        # num_gpus is bounded above (MAX_GPUS_PER_HOST), so listing its divisors is cheap.
+        p.append(Problem("tp_size", f"must divide num_gpus ({r.num_gpus})", r.tp_size, "a divisor of num_gpus: " + ", ".join(str(d) for d in range(1, r.num_gpus + 1) if r.num_gpus % d == 0)))
+    if r.total_gpus % r.rollout_gpus_per_engine:
+        p.append(Problem("rollout_gpus_per_engine", f"must divide the GPU count ({r.total_gpus} = num_gpus x num_nodes)", r.rollout_gpus_per_engine, "a divisor of " + str(r.total_gpus)))
+    # Batch arithmetic: rollout_batch_size * n_samples_per_prompt == global_batch_size * num_steps_per_rollout.
+    samples = r.rollout_batch_size * r.n_samples_per_prompt
+    if samples % r.num_steps_per_rollout:
+        p.append(Problem("num_steps_per_rollout", f"must divide rollout_batch_size x n_samples_per_prompt ({r.rollout_batch_size} x {r.n_samples_per_prompt} = {samples})", r.num_steps_per_rollout, "a divisor of " + str(samples)))
+    elif r.num_gpus % r.tp_size == 0:
+        dp = r.total_gpus // r.tp_size
+        if r.global_batch_size % dp:
+            p.append(Problem("rollout_batch_size", f"gives a global batch of {r.global_batch_size} samples (rollout_batch_size x n_samples_per_prompt / num_steps_per_rollout), which the {dp} data-parallel ranks (GPUs / tp_size) cannot split evenly", r.rollout_batch_size, f"values that make the global batch a multiple of {dp}"))
 
     if r.mode == "host" and not r.install_prefix and r.slime_dir == RUNNER_FIELDS["slime_dir"]:
         p.append(Problem("install_prefix", "is needed in host mode unless slime_dir and megatron_dir name the checkouts", None, "the --prefix given to `invoke install`", show_value=False))
@@ -344,8 +328,7 @@ def check(recipe: Recipe, stack: Stack, rendered_flags: set[str]) -> list[Proble
         elif secret_name(key) or secret_value(value):
             p.append(Problem(f"env.{key}", "looks like a secret, and secrets are never written into the run directory", None, SECRET_ADVICE, show_value=False))
 
-    if not bad_int:
-        p += longest_sample_problems(r)
+    p += longest_sample_problems(r)
     p += extra_flag_problems(r.extra_flags, rendered_flags, stack)
     return p
 
@@ -467,12 +450,12 @@ def set_value(key: str, raw: str) -> Any:
     return parse_yaml(raw, "--set") if raw else raw
 
 
-def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
+def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, object]:
     """The command line's `--set` items, typed by the recipe's schema."""
     return parse_set(items, typed=set_value)
 
 
-def load_recipe_data(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def load_recipe_data(path: str | os.PathLike[str], overrides: dict[str, object] | None = None) -> dict[str, object]:
     path = Path(path)
     if not (path.exists() or path.is_symlink()):  # anything else there (a FIFO, a directory) the reader names
         raise ConfigError(str(path), [Problem("recipe", "names no file", str(path), "a path such as recipes/gsm8k.yaml")])
@@ -480,7 +463,7 @@ def load_recipe_data(path: str | os.PathLike[str], overrides: dict[str, Any] | N
     return deep_merge(data, overrides or {})
 
 
-def blame_overrides(problems: list[Problem], overrides: dict[str, Any], source: str) -> ConfigError:
+def blame_overrides(problems: list[Problem], overrides: dict[str, object], source: str) -> ConfigError:
     """Problems of values that came from `--set` name the command line, not the recipe file."""
     def from_set(where: str) -> bool:
         node: Any = overrides

@@ -15,7 +15,6 @@ the recipe, and this module reads both (no import circle).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from ..errors import ConfigError, Problem
 from ..image.stack import Stack, available_flavors, load_stack, stack_path
@@ -25,7 +24,7 @@ from .recipe import RELATED, Recipe, blame_overrides, check, load_recipe_data
 
 # What a required key that failed stands in as while the other rules run (never reported: its
 # own problems are dropped, and so are the rules that read it).
-STAND_IN: dict[str, Any] = {"exp_id": "stand-in", "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-east-1:000000000000:runtime/stand_in-0000000000",
+STAND_IN: dict[str, str] = {"exp_id": "stand-in", "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-east-1:000000000000:runtime/stand_in-0000000000",
                             "s3_bucket": "stand-in", "model_dir": "/stand-in/model", "data_path": "/stand-in/data.jsonl", "model_type": "stand-in"}
 
 
@@ -35,7 +34,7 @@ class RecipeProblems(ConfigError):
     is the problem), the keys that failed, and the --set overrides (problems of theirs name them)."""
 
     def __init__(self, source: str, problems: list[Problem], *, recipe: Recipe | None = None, stack: Stack | None = None,
-                 failed: frozenset[str] = frozenset(), overrides: dict[str, Any] | None = None):
+                 failed: frozenset[str] = frozenset(), overrides: dict[str, object] | None = None):
         blamed = blame_overrides(problems, overrides or {}, source)
         super().__init__(blamed.source, blamed.problems)
         self.recipe, self.stack, self.failed, self.overrides = recipe, stack, failed, overrides or {}
@@ -57,7 +56,7 @@ def trusted(problems: list[Problem], failed: frozenset[str]) -> list[Problem]:
     return [p for p in problems if top(p.where) not in failed and not failed.intersection(RELATED.get(top(p.where), ()))]
 
 
-def schema_problems(data: dict[str, Any]) -> tuple[Recipe | None, list[Problem], frozenset[str]]:
+def schema_problems(data: dict[str, object]) -> tuple[Recipe | None, list[Problem], frozenset[str]]:
     """The schema key by key: (the recipe, or the stand-in the rules run on; every problem; the
     keys that failed). The stand-in: the keys that passed, defaults for the rest, placeholders for
     the required keys that failed (None if the keys that passed one by one fail together)."""
@@ -82,7 +81,7 @@ def default_stack() -> Stack | None:
         return None
 
 
-def parse_recipe(data: dict[str, Any], source: str, overrides: dict[str, Any] | None = None) -> tuple[Recipe, Stack]:
+def parse_recipe(data: dict[str, object], source: str, overrides: dict[str, object] | None = None) -> tuple[Recipe, Stack]:
     """Schema validation, the stack and the cross-field rules, in one round; raises RecipeProblems
     (a ConfigError) listing every problem."""
     if not isinstance(data, dict):
@@ -115,5 +114,5 @@ def parse_recipe(data: dict[str, Any], source: str, overrides: dict[str, Any] | 
     return recipe, stack  # type: ignore[return-value]  # no problem: the stack loaded
 
 
-def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> tuple[Recipe, Stack]:
+def load_recipe(path: str | Path, overrides: dict[str, object] | None = None) -> tuple[Recipe, Stack]:
     return parse_recipe(load_recipe_data(path, overrides), str(path), overrides)

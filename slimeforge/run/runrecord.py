@@ -37,7 +37,7 @@ from . import ownership
 from .headstate import HEAD_RECORD, read_head, state_dir
 from .ownership import HeadRecord, Verdict
 from .rundir import read_plan
-from .targets.jobsapi import JobsApi, Unreachable
+from .targets.jobsapi import JobDoc, JobsApi, Unreachable
 from .targets.slurm_job import CannotTell, job_answer
 
 JOB_ID_RE = re.compile(r"[1-9][0-9]{0,11}")
@@ -139,14 +139,14 @@ def head_check(rec: RunRecord, state_dir: Path) -> tuple[HeadRecord | None, Verd
 # --- the Ray Jobs API --------------------------------------------------------------------------------
 
 
-def ray_job(rec: RunRecord) -> dict | None:
+def ray_job(rec: RunRecord) -> JobDoc | None:
     """The job's info, validated (JobInfo.parse), as a dict; None when the head does not know it."""
     assert rec.submission_id is not None
     info = JobsApi(rec.address, total_s=API_TIMEOUT_S).job(rec.submission_id)
     return None if info is None else info.as_dict()
 
 
-def ray_job_check(rec: RunRecord) -> tuple[dict | None, Verdict]:
+def ray_job_check(rec: RunRecord) -> tuple[JobDoc | None, Verdict]:
     assert rec.submission_id is not None
     job = ray_job(rec)
     if job is None:

@@ -11,12 +11,12 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from ... import paths
 from ...errors import ConfigError, Problem
 from ...image.stack import Stack
-from ...proc import Runner
+from ...proc import CommandRunner, Runner
 from ...schema import printable
 from ..recipe import Recipe
 from .toolfix import known_fix, tool_message
@@ -73,6 +73,22 @@ class PreflightError(ConfigError):
                 "--skip-check CHECK turns one into a warning")
 
 
+class FindingDoc(TypedDict):
+    check: str
+    level: str
+    message: str
+    fix: str
+
+
+class ReportDoc(TypedDict):
+    """`invoke doctor --json`'s body (slimeforge.doctor/1, docs/json.md)."""
+
+    errors: int
+    warnings: int
+    seconds: float
+    findings: list[FindingDoc]
+
+
 @dataclass(repr=False)
 class Report:
     """Every finding of a preflight (`findings`; `table()` prints them); its repr counts them."""
@@ -92,7 +108,7 @@ class Report:
     def warnings(self) -> list[Finding]:
         return [f for f in self.findings if f.level == WARNING]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ReportDoc:
         """The report as `invoke doctor --json` prints it (slimeforge.doctor/1, docs/json.md)."""
         return {"errors": len(self.errors), "warnings": len(self.warnings), "seconds": round(self.seconds, 3),
                 "findings": [{"check": f.check, "level": f.level, "message": f.message, "fix": f.fix} for f in self.findings]}
@@ -117,8 +133,8 @@ class Report:
 # --- the context the checks read ------------------------------------------------------------------
 
 
-def reader(runner: Runner) -> Run:
-    """A host reader over `runner`: runs here, returns stdout, raises CommandError on failure."""
+def reader(runner: CommandRunner) -> Run:
+    """A host reader over `runner` (this machine's, or an ssh one's): returns stdout, raises CommandError on failure."""
     return lambda argv: runner.run(argv, step=argv[0], timeout=30).stdout
 
 
@@ -141,7 +157,7 @@ class Context:
     # Host mode's interpreter when known (in place: this one): without an install prefix, the flag
     # catalog is read from slime_dir with it, and the Ray of its environment is checked.
     python: str | None = None
-    cache: dict[str, Any] = field(default_factory=dict)
+    cache: dict[str, object] = field(default_factory=dict)  # once()'s results (or their exception) by key
 
     @property
     def in_place(self) -> bool:
@@ -160,7 +176,7 @@ class Context:
         from ..recipe import RUNNER_FIELDS
 
         r = self.recipe
-        slime, megatron = (r.slime_dir, r.megatron_dir) if r else (RUNNER_FIELDS["slime_dir"], RUNNER_FIELDS["megatron_dir"])
+        slime, megatron = (r.slime_dir, r.megatron_dir) if r else (str(RUNNER_FIELDS["slime_dir"]), str(RUNNER_FIELDS["megatron_dir"]))
         return self.once("image-facts", lambda: image_facts(str(self.image), slime, megatron, docker=self.docker, runner=self.runner))
 
     def image_blocker(self, check: str) -> Finding | None:
@@ -172,7 +188,7 @@ class Context:
         facts = self.image_facts()
         if not isinstance(facts, Exception) or isinstance(facts, ProbeError):
             return None
-        first = self.cache.setdefault("image-blocked-by", check)
+        first = str(self.cache.setdefault("image-blocked-by", check))  # the name of the first check that needed the image
         if first != check:
             return skipped(check, first, f"needs image {self.image}, which cannot be had here (the {first} error above says why)")
         return error(check, f"image {self.image} cannot be had here: {tool_message(facts)}",

@@ -13,7 +13,7 @@ a warning, so neither passes unseen.
 from __future__ import annotations
 
 import shlex
-from typing import Any
+from typing import NotRequired, TypedDict, cast
 
 from ... import paths, records
 from ...errors import CommandError
@@ -49,7 +49,21 @@ def image_python(ctx: Context) -> str:
     return "python3" if not isinstance(facts, Exception) and not facts.slimeforge_image else f"{ctx.stack.venv}/bin/python"
 
 
-def parse_report(text: str) -> dict[str, Any]:
+class KernelPiece(TypedDict):
+    name: str
+    status: str  # one of STATUSES
+    detail: str
+    seconds: float
+
+
+class KernelReport(TypedDict):
+    """scripts/kernel_check.py's report, as parse_report lets it through."""
+
+    gpu: NotRequired[str | None]  # None or absent: no GPU here, nothing ran
+    pieces: list[KernelPiece]
+
+
+def parse_report(text: str) -> KernelReport:
     """The kernel check's JSON report (its last line of output), validated: a report read back is
     input. Raises ValueError naming what is wrong."""
     if len(text) > MAX_REPORT_BYTES:
@@ -74,7 +88,7 @@ def parse_report(text: str) -> dict[str, Any]:
         raise ValueError("its report's gpu is neither a name nor null")
     if isinstance(doc.get("gpu"), str):  # a tool's text on the way to the terminal: no escape sequences
         doc["gpu"] = printable(doc["gpu"])[:200]
-    return doc
+    return cast(KernelReport, doc)  # every key read above checked
 
 
 # A piece of the kernel check -> the smoke import that makes it part of a stack (Stack.smoke).
@@ -82,7 +96,7 @@ PIECE_IMPORTS = {"apex": "amp_C", "transformer_engine": "transformer_engine.pyto
                  "flash_attn.cute": "flash_attn.cute", "flash_attn_2": "flash_attn_2_cuda"}
 
 
-def kernel_findings(doc: dict[str, Any], where: str, fix: str, stack_imports: list[str] | None = None) -> list[Finding]:
+def kernel_findings(doc: KernelReport, where: str, fix: str, stack_imports: list[str] | None = None) -> list[Finding]:
     """Findings of a kernel check's report. `stack_imports` (the stack's smoke imports): a piece
     not installed that the stack does not have either (FA2 on cu13) is as it should be."""
     gpu = doc.get("gpu") or "no GPU"

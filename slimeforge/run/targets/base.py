@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import shlex
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TypedDict
 
 from ...console import shell_lines
 from ...image.stack import Stack
@@ -139,7 +139,35 @@ def describe(plan: LaunchPlan) -> list[str]:
     return lines
 
 
-def plan_doc(plan: LaunchPlan) -> dict[str, Any]:
+class MountDoc(TypedDict):
+    path: str
+    writable: bool
+    what: str
+
+
+class CommandDoc(TypedDict):
+    step: str
+    argv: list[str]
+    set_env: dict[str, str]
+    unset_env: list[str]
+
+
+class PlanDoc(TypedDict):
+    """`invoke run --dry-run --json`'s plan (slimeforge.run-plan/1, docs/json.md)."""
+
+    recipe: str
+    exp_id: str
+    stack: str
+    target: str
+    run_dir: str
+    files: list[str]
+    mounts: list[MountDoc]
+    commands: list[CommandDoc]
+    train_args: int
+    notes: list[str]
+
+
+def plan_doc(plan: LaunchPlan) -> PlanDoc:
     """The plan as `invoke run --dry-run --json` prints it (slimeforge.run-plan/1, docs/json.md):
     what describe() says, as data. plan.json in the run directory stays the full record."""
     rec = plan.run.recipe
@@ -166,7 +194,7 @@ class RunStatus:
     """What `run.status` reads back: lines for people, a dict for --json (docs/json.md)."""
 
     lines: tuple[str, ...]
-    data: dict[str, Any]
+    data: Mapping[str, object]  # a target's own document (JobStatusDoc, SlurmStatusDoc)
 
 
 class Target(ABC):

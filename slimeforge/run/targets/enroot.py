@@ -27,7 +27,7 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from ... import __version__, records
 from ...atomic import dir_lock, write_file
@@ -211,7 +211,15 @@ def _record_problem(doc: Any) -> str | None:
     return None
 
 
-def read_record(sqsh: Path) -> dict[str, Any] | None:
+class ImportRecord(TypedDict):
+    """What slimeforge records beside a squashfs it imported (_record_problem checks these keys)."""
+
+    image: str
+    sha256: str
+    stat: dict[str, int]
+
+
+def read_record(sqsh: Path) -> ImportRecord | None:
     """The import record beside `sqsh` (None when there is none); ConfigError when it is not one."""
     try:
         return records.read_json(record_path(sqsh), record_path(sqsh).name, "the record slimeforge writes when it imports a squashfs",

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, NotRequired, TypedDict
 
 from ...errors import ConfigError, OperationFailed, Problem, SlimeforgeError
 from ...proc import Runner
@@ -30,7 +30,7 @@ from .. import ownership
 from ..headstate import HEAD_RECORD, state_dir
 from ..runrecord import SUBMISSION_ID_RE, RunRecord, Unreachable, container_check, head_check, head_gone, ray_job, ray_job_check, read_run
 from .base import RunStatus, Say, Target
-from .jobsapi import TERMINAL, JobInfo, JobsApi, NoAnswer, TooLarge
+from .jobsapi import TERMINAL, JobDoc, JobInfo, JobsApi, NoAnswer, TooLarge
 
 POLL_S = 2.0  # how often a follower asks for the job's state and log
 LOST_S = 90.0  # a follower gives up after the Jobs API has not answered for this long (a head restarting takes less)
@@ -156,7 +156,7 @@ def _launched(rec: RunRecord) -> str:
     return rec.submission_id
 
 
-def _proved_job(rec: RunRecord) -> tuple[dict | None, ownership.Verdict]:
+def _proved_job(rec: RunRecord) -> tuple[JobDoc | None, ownership.Verdict]:
     """The job and its verdict; a foreign job is refused here (never shown or acted on as ours)."""
     _launched(rec)
     try:
@@ -169,7 +169,37 @@ def _proved_job(rec: RunRecord) -> tuple[dict | None, ownership.Verdict]:
     return job, verdict
 
 
-def status_data(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+class AttemptDoc(TypedDict):
+    submission_id: str
+    attempt: str
+    status: str
+    message: NotRequired[str]
+    start_time: NotRequired[int | None]
+    end_time: NotRequired[int | None]
+
+
+class JobStatusDoc(TypedDict):
+    """run.status --json of a Ray job (slimeforge.run-status/1, docs/json.md); a job found by its
+    metadata (no run directory) has the keys only a run directory knows null."""
+
+    run_dir: str | None
+    exp_id: str
+    submission_id: str | None
+    address: str
+    container_id: str | None
+    ray_port: int | None
+    run_token: str | None
+    attached: bool
+    status: str
+    message: str
+    start_time: int | None
+    end_time: int | None
+    head_pid: int | None
+    driver_exit_code: NotRequired[int | None]
+    attempts: NotRequired[list[AttemptDoc]]
+
+
+def status_data(run_dir: str | os.PathLike[str]) -> JobStatusDoc:
     rec = read_run(run_dir)
     job, verdict = _proved_job(rec)
     head = None
@@ -179,12 +209,12 @@ def status_data(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
             head = h.pid if h is not None and hv.ours else None
         except RecordError:
             head = None
-    info = {"run_dir": str(rec.run_dir), "exp_id": rec.exp_id, "submission_id": rec.submission_id, "address": rec.address,
-            "container_id": rec.container_id, "ray_port": rec.ray_port, "run_token": rec.run_token, "attached": rec.attached}
-    if job is None:
-        return {**info, "status": "GONE", "message": verdict.reason, "start_time": None, "end_time": None, "head_pid": head}
-    return {**info, "status": str(job.get("status")), "message": job.get("message") or "", "start_time": job.get("start_time"),
-            "end_time": job.get("end_time"), "head_pid": head}
+    doc: JobStatusDoc = {"run_dir": str(rec.run_dir), "exp_id": rec.exp_id, "submission_id": rec.submission_id, "address": rec.address,
+                          "container_id": rec.container_id, "ray_port": rec.ray_port, "run_token": rec.run_token, "attached": rec.attached,
+                          "status": "GONE", "message": verdict.reason, "start_time": None, "end_time": None, "head_pid": head}
+    if job is not None:
+        doc["status"], doc["message"], doc["start_time"], doc["end_time"] = job["status"], job["message"] or "", job["start_time"], job["end_time"]
+    return doc
 
 
 def status(run_dir: str | os.PathLike[str]) -> RunStatus:
@@ -395,7 +425,7 @@ def remote_status(address: str, ref: str) -> RunStatus:
     exp_id = info.metadata[ownership.META_EXP_ID]
     attempts = attempts_of(api, exp_id, info.metadata[ownership.META_RUN_TOKEN])
     # The keys of a run directory's status (docs/json.md), those only a run directory knows null.
-    data = {"run_dir": info.metadata.get("slimeforge_run_dir"), "exp_id": exp_id, "submission_id": info.submission_id, "address": api.address,
+    data: JobStatusDoc = {"run_dir": info.metadata.get("slimeforge_run_dir"), "exp_id": exp_id, "submission_id": info.submission_id, "address": api.address,
             "container_id": None, "ray_port": None, "run_token": info.metadata[ownership.META_RUN_TOKEN], "attached": True,
             "status": info.status, "message": info.message, "start_time": info.start_time, "end_time": info.end_time, "head_pid": None,
             "driver_exit_code": info.driver_exit_code,

@@ -31,7 +31,7 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from ...errors import SlimeforgeError
 from ...schema import printable
@@ -73,6 +73,25 @@ class TooLarge(NoAnswer):
     """An answer longer than this client reads (a job's whole log past MAX_LOG_ANSWER)."""
 
 
+class JobDoc(TypedDict):
+    """A JobInfo as run.status --json shows it (docs/json.md)."""
+
+    submission_id: str
+    status: str
+    message: str
+    metadata: dict[str, str]
+    start_time: int | None
+    end_time: int | None
+    driver_exit_code: int | None
+
+
+class RuntimeEnv(TypedDict):
+    """What a submission asks Ray to set up for the job: the run directory uploaded (its URI) and the environment."""
+
+    working_dir: str
+    env_vars: dict[str, str]
+
+
 @dataclass(frozen=True)
 class JobInfo:
     """One job as the Jobs API reports it, every field checked (parse)."""
@@ -95,7 +114,7 @@ class JobInfo:
         text = printable(self.message.strip())
         return f'Ray says: "{text[:2000]}"' + (" (cut)" if len(text) > 2000 else "") if text else ""
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JobDoc:
         return {"submission_id": self.submission_id, "status": self.status, "message": self.message, "metadata": dict(self.metadata),
                 "start_time": self.start_time, "end_time": self.end_time, "driver_exit_code": self.driver_exit_code}
 
@@ -297,7 +316,7 @@ class JobsApi:
             raise NoAnswer(f"the Ray Jobs API at {self.address} (GET {path}) answered no logs text")
         return logs
 
-    def submit(self, *, entrypoint: str, submission_id: str, metadata: dict[str, str], runtime_env: dict[str, Any],
+    def submit(self, *, entrypoint: str, submission_id: str, metadata: dict[str, str], runtime_env: RuntimeEnv,
                retry_s: float = SUBMIT_RETRY_S) -> str:
         """Submit; a head that answers 5xx (Ray: "No available agent to submit job, please try again
         later" while its agent starts) is asked again for up to `retry_s`. The submission id makes a

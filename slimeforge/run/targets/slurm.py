@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Literal, NotRequired, TypedDict
 
 from ... import __version__, rayports, records, scripts
 from ...atomic import write_file
@@ -143,10 +143,30 @@ def ray_ports(recipe: Recipe) -> dict[str, int]:
     return {**rayports.DEFAULTS, "port": recipe.ray_port, "dashboard_port": recipe.ray_dashboard_port}
 
 
-def node_paths(recipe: Recipe, image_file: str | None) -> list[dict[str, Any]]:
+class EnrootImage(TypedDict):
+    """What plan.json records of the image as pyxis gets it: enroot's version and form of the
+    reference; with --squashfs-dir, the file it is imported to and whether it was there already."""
+
+    enroot: str | None
+    enroot_said: str
+    reference: str
+    squashfs: NotRequired[str]
+    squashfs_ready: NotRequired[bool]
+
+
+class NodePath(TypedDict):
+    """A path the node agent's slurm-check looks for on each node (or the head only)."""
+
+    what: str  # the recipe field, for its message
+    path: str
+    kind: Literal["model", "file", "dir"]
+    head_only: NotRequired[bool]
+
+
+def node_paths(recipe: Recipe, image_file: str | None) -> list[NodePath]:
     """What each node must see before Ray starts: the model (with config.json) on every node (any
     node may load it: colocated training and rollout), the data on the head, a squashfs image on every node."""
-    paths: list[dict[str, Any]] = [{"what": "model_dir", "path": recipe.model_dir, "kind": "model"},
+    paths: list[NodePath] = [{"what": "model_dir", "path": recipe.model_dir, "kind": "model"},
                                    {"what": "data_path", "path": recipe.data_path, "kind": "file", "head_only": True}]
     paths += [{"what": f"eval_data.{name}", "path": p, "kind": "file", "head_only": True} for name, p in recipe.eval_data.items()]
     if recipe.mode == "host":  # in container mode slime is in the image
@@ -157,7 +177,7 @@ def node_paths(recipe: Recipe, image_file: str | None) -> list[dict[str, Any]]:
 
 
 def sbatch_vars(recipe: Recipe, run_dir: Path, opts: Options, mounts: tuple[Mount, ...], *, python: str, ray: str,
-                env_bin: str | None, container_image: str | None = None, marker: str = "0" * 32) -> dict[str, Any]:
+                env_bin: str | None, container_image: str | None = None, marker: str = "0" * 32) -> dict[str, object]:
     """`container_image`: pyxis's --container-image (enroot's form of recipe.image, or a squashfs file);
     `marker`: the random token of this render, in <run dir>/visible.token and checkpoint_dir's marker."""
     nodes = opts.nodes or recipe.num_nodes
@@ -225,20 +245,21 @@ class SlurmTarget(Target):
             raise ConfigError("--slurm options", problems)
         self.opts, self.follow_log, self.probe = opts, follow_log, probe or Runner()
 
-    def container_image(self, recipe: Recipe) -> tuple[str | None, dict[str, Any]]:
+    def container_image(self, recipe: Recipe) -> tuple[str | None, EnrootImage | None]:
         """pyxis's --container-image: the image in this login node's enroot's form, or (--squashfs-dir)
         the squashfs file it is imported to; and what plan.json records of it."""
         if recipe.mode != "container" or recipe.image is None:
-            return None, {}
+            return None, None
         version, said = enroot.read_version(self.probe)
         ref = enroot.reference(recipe.image, version or enroot.DOCKER_FORM)  # unknown: enroot 4's form; preflight refuses
-        info = {"enroot": enroot.show(version) if version else None, "enroot_said": said, "reference": ref}
+        info: EnrootImage = {"enroot": enroot.show(version) if version else None, "enroot_said": said, "reference": ref}
         if self.opts.squashfs_dir is None:
             return ref, info
         sqsh = enroot.squashfs_file(self.opts.squashfs_dir, recipe.image)
         # What is at the digest's name is judged by its content and slimeforge's record of it: the
         # pinned image as imported (used), nothing (imported), anything else (refused, named).
-        return str(sqsh), {**info, "squashfs": str(sqsh), "squashfs_ready": enroot.squashfs_ready(sqsh, recipe.image)}
+        info["squashfs"], info["squashfs_ready"] = str(sqsh), enroot.squashfs_ready(sqsh, recipe.image)
+        return str(sqsh), info
 
     def mounts(self, run: ResolvedRun) -> tuple[Mount, ...]:
         return container_mounts(run.recipe, run.out) if run.recipe.mode == "container" else ()
@@ -267,15 +288,15 @@ class SlurmTarget(Target):
         token = new_run_token()  # this submission's identity: the job's comment, launch.sh's head record and job metadata
         argv = sbatch_argv(rundir.path, token)
         commands = []
-        sqsh = image_info.get("squashfs")
-        if sqsh and not image_info["squashfs_ready"]:  # one pull, here, for every node (and every later run, while the record holds)
+        sqsh = image_info.get("squashfs") if image_info else None
+        if image_info and sqsh and not image_info.get("squashfs_ready"):  # one pull, here, for every node (and every later run, while the record holds)
             commands.append(Command(tuple(enroot.import_argv(image_info["reference"], enroot.partial(Path(sqsh), token))), "enroot import"))
         # sbatch hands its environment to the job (--export=ALL, Slurm's default): launch.sh reads the token there.
         commands.append(Command(tuple(argv), "sbatch", (("SLIMEFORGE_RUN_TOKEN", token),)))
         rundir = amend_plan(rundir, files, target=self.name, commands=[list(c.argv) for c in commands],
                             slurm={"partition": opts.partition, "account": opts.account, "time": opts.time, "nodes": opts.nodes or recipe.num_nodes,
-                                   **image_info})
-        notes: tuple[str, ...] = () if "enroot" not in image_info or image_info["enroot"] else (
+                                   **(image_info or {})})
+        notes: tuple[str, ...] = () if image_info is None or image_info["enroot"] else (
             f"enroot's version could not be read here ({image_info['enroot_said']}): the image is named in enroot 4's form; "
             "a launch reads it first, and refuses without it",)
         if recipe.mode == "container" and not recipe.image:  # a dry run only: resolve refuses a launch without one
@@ -456,7 +477,22 @@ def _proved(run_dir: str | os.PathLike, runner: Runner | None) -> tuple[RunRecor
     return rec, info, verdict
 
 
-def status(run_dir: str | os.PathLike, runner: Runner | None = None) -> dict[str, Any]:
+class SlurmStatusDoc(TypedDict):
+    """run.status --json of a Slurm run (slimeforge.run-status/1, docs/json.md): Slurm's words as it said them."""
+
+    run_dir: str
+    slurm_job_id: str | None
+    state: str
+    reason: str | None
+    nodes: str | None
+    exit_code: str | None
+    restarts: str | None
+    submission_id: str | None
+    verdict: str
+    output: str
+
+
+def status(run_dir: str | os.PathLike, runner: Runner | None = None) -> SlurmStatusDoc:
     rec, info, verdict = _proved(run_dir, runner)
     return {"run_dir": str(rec.run_dir), "slurm_job_id": rec.slurm_job_id, "state": info.get("JobState", "unknown to Slurm (ended a while ago?)"),
             "reason": info.get("Reason"), "nodes": info.get("NodeList"), "exit_code": info.get("ExitCode"),
