@@ -16,7 +16,7 @@ from slimeforge.image.builder.install import InstallFailed
 from slimeforge.image.lock.lockfile import LockError
 from slimeforge.image.publish.push import PublishError, PushFailed
 from slimeforge.image.remote.registry import RegistryAuthError
-from slimeforge.records import RecordError
+from slimeforge.readback import RecordError
 from slimeforge.run.targets.jobsapi import NoAnswer  # noqa: F401 - its classes are among those walked
 
 ROOT = Path(__file__).resolve().parents[2]
