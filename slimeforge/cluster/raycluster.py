@@ -2,7 +2,7 @@
 
 The concepts, one module each: bringup.py (the phases of `up`, each host's Node, the default
 seams), agent.py (the node agent protocol over ssh), nodestart.py (each node's `ray start` argv
-and environment), record.py (this machine's record of a bring-up: the head's addresses, read by
+and environment), clusterrecord.py (this machine's record of a bring-up: the head's addresses, read by
 `invoke run --cluster`), statustable.py (cluster.status's table).
 
 `up` runs in phases (connect, preflight, environment, ray: cluster/bringup.py names what each
@@ -52,11 +52,11 @@ from .bringup import (
     preflight_phase,
     ray_phase,
 )
+from .clusterrecord import ClusterAddress, state_file, write_state
 from .credentials import secret_values
 from .hosttable import HostTable
 from .inventory import Inventory, load_inventory
 from .nodestart import ports_for, ray_env, start_argv
-from .record import ClusterAddress, state_file, write_state
 
 
 def up(

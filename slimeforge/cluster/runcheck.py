@@ -406,7 +406,7 @@ def gate(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
     here), for its ALIVE nodes and their GPUs; refuse when they do not cover the recipe's
     num_nodes x num_gpus, naming the hosts that are dead or missing. Returns a line for the log.
     Callable again at any time (before a restart too): it only reads."""
-    from .record import address, read_state
+    from .clusterrecord import address, read_state
 
     url = address(inv).dashboard.rstrip("/") + NODES_PATH
     state = read_state(inv) or {}
@@ -467,7 +467,7 @@ def cluster_env(inventory: str, *, dry_run: bool, ssh_config: str | None = None,
     ssh tunnel that lives as long as `tunnels` when the dashboard does not answer directly, or
     `tunnel` (else ssh.tunnel) says always), its environment, and the recipe checks above as the
     run layer's callables."""
-    from .record import address
+    from .clusterrecord import address
 
     inv = load_inventory(inventory, ssh_config=ssh_config)  # --ssh-config: the user's own, as is
     try:

@@ -19,7 +19,7 @@ import time
 import pytest
 from cluster_helpers import environment_python, inventory_data, write_inventory, write_lock
 
-from slimeforge.cluster import agent, bringup, record, statustable
+from slimeforge.cluster import agent, bringup, clusterrecord, statustable
 from slimeforge.cluster import raycluster as cluster
 from slimeforge.cluster.inventory import load_inventory
 from slimeforge.errors import Problem, SlimeforgeError
@@ -162,9 +162,9 @@ def test_job_runs_a_task_on_every_node(lab, running):
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     ips = sorted(h.ip for h in lab.hosts)
-    assert running["address"] == record.ClusterAddress(f"{lab.hosts[0].ip}:6379", f"http://{lab.hosts[0].ip}:8265")
+    assert running["address"] == clusterrecord.ClusterAddress(f"{lab.hosts[0].ip}:6379", f"http://{lab.hosts[0].ip}:8265")
     # What `invoke run --cluster INVENTORY` passes on: resolved from the inventory and the state.
-    assert record.address(running["inventory"]) == running["address"]
+    assert clusterrecord.address(running["inventory"]) == running["address"]
 
     code = "\n".join(
         [
@@ -252,7 +252,7 @@ def test_down_stops_exactly_what_up_started(lab, running):
     assert records(lab, running["name"]) == {}
     assert all(lab.netns_processes(h) for h in lab.hosts), "the hosts' sshd must still run: down touches only Ray"
     with pytest.raises(SlimeforgeError, match="no record of a bring-up"):
-        record.address(running["inventory"])
+        clusterrecord.address(running["inventory"])
     # Idempotent: nothing left to stop is not an error.
     again = cluster.down(running["inventory"], control_dir=lab.control_dir, stream=io.StringIO())
     assert all(not r["stopped"] for r in again.values())
