@@ -57,7 +57,7 @@ try:
 except ImportError:  # on a host: one program (slimeforge.scripts.program) that registered it first
     hostrecord = importlib.import_module("hostrecord")
 
-RECORD, RecordError, read_record, tail = hostrecord.RECORD, hostrecord.RecordError, hostrecord.read_record, hostrecord.tail
+RECORD, BadRecord, read_record, tail = hostrecord.RECORD, hostrecord.BadRecord, hostrecord.read_record, hostrecord.tail
 _stat = hostrecord.proc_stat
 
 
@@ -68,7 +68,7 @@ def record_state(state_dir):
         if record is None:
             return None, hostrecord.ENDED, "nothing recorded", False
         state, why, running = hostrecord.verdict(record)
-    except RecordError as exc:
+    except BadRecord as exc:
         return None, hostrecord.FOREIGN, str(exc), False
     return record, state, why, running
 
@@ -245,18 +245,18 @@ def secret_file_problem(path, state_dir):
 
 def read_env_file(path):
     """{NAME: value} of the env file: a regular file of ours, mode 0600, `NAME=value` lines (the
-    format of `docker run --env-file`). Raises RecordError naming the file, never showing a value."""
+    format of `docker run --env-file`). Raises BadRecord naming the file, never showing a value."""
     data = hostrecord.read_regular(path, MAX_SECRET_FILE)
     if data is None:
-        raise RecordError(path + ": the secrets file is not there (cluster.up writes it right before the start)")
+        raise BadRecord(path + ": the secrets file is not there (cluster.up writes it right before the start)")
     st = os.stat(path)
     if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
-        raise RecordError(path + ": the secrets file is not this user's alone (mode 0600): nothing started with it")
+        raise BadRecord(path + ": the secrets file is not this user's alone (mode 0600): nothing started with it")
     out = {}
     for n, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
         m = ENV_LINE_RE.fullmatch(line)
         if not m:
-            raise RecordError(f"{path}: line {n} is not NAME=value")
+            raise BadRecord(f"{path}: line {n} is not NAME=value")
         out[m.group(1)] = m.group(2)
     return out
 
@@ -280,7 +280,7 @@ def cmd_start(p):
     try:
         try:
             secrets = read_env_file(env_file)
-        except RecordError as exc:
+        except BadRecord as exc:
             return {"ok": False, "error": f"{exc}; nothing started"}
         return _start(p, secrets)
     finally:

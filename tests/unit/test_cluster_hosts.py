@@ -149,7 +149,7 @@ def test_record_fields_are_typed():
 ])
 def test_a_bad_record_is_an_error_naming_the_file(tmp_path, make, says):
     make(tmp_path / "ray.json")
-    with pytest.raises(hostrecord.RecordError) as err:
+    with pytest.raises(hostrecord.BadRecord) as err:
         hostrecord.read_record(str(tmp_path))
     assert str(err.value).startswith(str(tmp_path / "ray.json")) and says in str(err.value)
 
