@@ -28,7 +28,8 @@ from ..errors import CommandError, Problem, SlimeforgeError
 from ..proc import Runner
 from ..run.preflight.findings import ERROR
 from ..run.preflight.host import limits_findings, shm_findings
-from ..scripts.node_agent import gate, hostport
+from ..scripts.node_agent import hostport
+from ..scripts.raynodes import gate
 from .agent import SCRIPTS, VERSIONS_SNIPPET, agent, first_line, last_json, put_file, put_secret_file, remove_secret_file, secret_file
 from .hosttable import FAILED, OK, RUNNING, HostTable
 from .inventory import Host, Inventory

@@ -12,8 +12,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 # The scripts each script imports (by name, registered first): a program carries them all.
-NEEDS: dict[str, tuple[str, ...]] = {"hostrecord": ("procproof",), "headrecord": ("procproof",), "node_agent": ("hostrecord",),
-                                     "slurm_agent": ("node_agent",)}
+NEEDS: dict[str, tuple[str, ...]] = {"hostrecord": ("procproof",), "headrecord": ("procproof",), "raynodes": ("procproof",),
+                                     "pathcheck": ("procproof",), "awscheck": ("hostrecord",),
+                                     "node_agent": ("hostrecord", "raynodes", "pathcheck", "awscheck"),
+                                     "slurm_agent": ("node_agent", "raynodes")}
 
 
 def _with_needs(names: tuple[str, ...]) -> list[str]:

@@ -245,3 +245,15 @@ def verdict(record):
         return container_verdict(record)
     state, why = process_verdict(record)
     return state, why, state == OURS
+
+
+def record_state(state_dir):
+    """(record or None, verdict, reason, running): a record that is not ours to read is FOREIGN."""
+    try:
+        record = read_record(state_dir)
+        if record is None:
+            return None, ENDED, "nothing recorded", False
+        state, why, running = verdict(record)
+    except BadRecord as exc:
+        return None, FOREIGN, str(exc), False
+    return record, state, why, running

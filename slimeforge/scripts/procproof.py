@@ -184,3 +184,18 @@ def argv_matches(recorded: list[str], live: list[str] | None) -> bool:
     if tail[1:] != recorded[1:]:
         return False
     return tail[0] == recorded[0] or ("/" not in recorded[0] and os.path.basename(tail[0]) == recorded[0])
+
+
+# --- JSON a host answers or holds --------------------------------------------------------------
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def loads_strict(text: str) -> Any:
+    """json.loads without NaN/Infinity; a nesting too deep for the parser is a ValueError too."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
