@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import re
 import sys
 import textwrap
 
-import invoke
 from invoke import Collection, Exit
 
 from slimeforge import clihelp, paths
-from slimeforge.clihelp import AsTyped, hint_pattern, name_in_help, task
+from slimeforge.clihelp import task
+from slimeforge.clioptions import cluster_jobs_api, count, inventory_of, jobs_api_of
 from slimeforge.console import diag, json_doc, shell_lines
 from slimeforge.errors import SlimeforgeError
 
@@ -56,34 +55,9 @@ def clean_errors(fn):
 @clean_errors
 def stack_show(c, cuda="cu13", json_=False):
     """Print a stack's resolved pins and ordered install steps."""
-    from slimeforge.image.lock import lockfile
-    from slimeforge.image.stack import load_stack
-    from slimeforge.schema import printable
+    from slimeforge.cliviews import stack_view
 
-    stack = load_stack(cuda)
-    try:
-        pylock, lock_problem = lockfile.load_lock(cuda, stack), None
-    except lockfile.LockError as exc:  # it names its remedy (image/lock/remedies.py)
-        pylock, lock_problem = None, f"lock: {exc}"
-    if json_:  # what the text says about the lock, the document says too (docs/json.md: warnings)
-        print(json_doc("slimeforge.stack/1", {"id": stack.id, "hash": stack.hash, "version": stack.version, "cuda": stack.cuda,
-                                               "python": stack.python, "driver_min": stack.driver_min, "pins": stack.pins(),
-                                               "steps": [s.to_json() for s in stack.plan],
-                                               "warnings": [printable(lock_problem)] if lock_problem else []}))
-        return
-    print(f"stack {stack.id}  (version {stack.version}, CUDA {stack.cuda}, Python {stack.python}, driver >= R{stack.driver_min})")
-    width = max(len(k) for k in stack.pins())
-    for key, value in stack.pins().items():
-        print(f"  {key:<{width}}  {value}")
-    if pylock is not None:
-        print(f"lock {pylock.path}  (sha256 {pylock.hash[:16]}, {len(pylock.packages)} distributions)")
-    else:
-        print(lock_problem)
-    print("steps:")
-    for i, step in enumerate(stack.plan, 1):
-        what = step.requirements or step.packages or ()
-        extra = f" @ {step.commit[:12]}" if step.kind == "source" and step.commit else ""
-        print(f"  {i:2}. {step.name:<20} {step.kind:<9}{extra} {' '.join(what)}")
+    print(stack_view(cuda, json_))
 
 
 # An ssh config the inventory may not name (one with ProxyCommand, Match exec, forwarding, ...):
@@ -137,35 +111,12 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
     req = LaunchRequest(recipe=recipe, out=out, overrides=tuple(set_ or ()), address=address, mode=mode, image=image, prefix=prefix,
                         catalog=catalog, skip_checks=tuple(skip_check or ()), network_checks=not no_network, cluster=cluster,
                         slurm=slurm, partition=partition, account=account, time=time, nodes=None if nodes is None else str(nodes),
-                        squashfs_dir=squashfs_dir, detach=detach, max_restarts=_count("--max-restarts", max_restarts))
+                        squashfs_dir=squashfs_dir, detach=detach, max_restarts=count("--max-restarts", max_restarts))
     with contextlib.ExitStack() as tunnels:  # an ssh tunnel to the Jobs API lives until the job's logs end
         code = run_recipe(req, dry_run=dry_run, plan_json=json_,
-                          find_cluster=lambda inventory, dry: _cluster_jobs_api(inventory, dry, ssh_config, "always" if tunnel else None, tunnels))
+                          find_cluster=lambda inventory, dry: cluster_jobs_api(inventory, dry, ssh_config, "always" if tunnel else None, tunnels))
     if code:
         raise Exit(code=code)
-
-
-def _count(option, value):
-    """A whole number given on the command line (an option without a default arrives as a string)."""
-    if value is None:
-        return None
-    text = str(value)
-    if not re.fullmatch(r"[0-9]{1,3}", text):
-        raise Exit(f"error: {option}: {text!r} is not a whole number (0..100)", code=2)
-    return int(text)
-
-
-def _cluster_jobs_api(inventory, dry_run, ssh_config=None, tunnel=None, tunnels=None):
-    """The cluster `cluster.up` brought up from this inventory: its Jobs API (over ssh where needed), environment and checks."""
-    from slimeforge.cluster.runcheck import cluster_env
-
-    return cluster_env(inventory, dry_run=dry_run, ssh_config=ssh_config, tunnel=tunnel, tunnels=tunnels)
-
-
-def _inventory(path, ssh_config):
-    from slimeforge.cluster.inventory import load_inventory
-
-    return load_inventory(path, ssh_config=ssh_config)
 
 
 # --- launch ----------------------------------------------------------------------------------
@@ -177,38 +128,25 @@ RUN_HELP = {"run": "the run directory or the recipe that was launched, e.g. runs
             "ssh_config": SSH_CONFIG_HELP}
 
 
-def _jobs_api_of(cluster, address, ssh_config):
-    """--cluster INVENTORY / --address URL of run.status/logs/stop: the Jobs API to ask; None: neither given."""
-    from slimeforge.run.headstate import check_address
-
-    if cluster and address:
-        raise Exit("error: --cluster and --address both name a cluster; give one", code=2)
-    if address:
-        return check_address(address)
-    return _cluster_jobs_api(cluster, False, ssh_config).address if cluster else None
-
-
 @task(positional=["run"], help={**RUN_HELP, "json_": JSON_HELP})
 @clean_errors
 def run_status(c, run, json_=False, cluster=None, address=None, ssh_config=None):
     """Status of a launched run's job (and whether the Ray head slimeforge started is up; a Slurm run: its job).
     With --cluster/--address: the job found on that cluster by its exp_id or submission id, from any machine."""
+    from slimeforge.cliviews import status_view
     from slimeforge.run.launch import run_dir_of, target_of
-    from slimeforge.schema import printable
 
-    api = _jobs_api_of(cluster, address, ssh_config)
+    api = jobs_api_of(cluster, address, ssh_config)
     if api is not None:
         from slimeforge.run.targets.jobs import remote_status
 
         st = remote_status(api, run)
-        print(json_doc("slimeforge.run-status/1", {"target": "ray-job", **st.data}) if json_ else "\n".join(printable(line) for line in st.lines))
+        print(status_view("ray-job", st.data, st.lines, json_))
         return
     path = run_dir_of(run)
     target = target_of(path)
     st = target.status(path)
-    # The lines carry Ray's and Slurm's text (a job's message, a reason): no escape sequence reaches the terminal.
-    print(json_doc("slimeforge.run-status/1", {"target": "slurm" if target.name == "slurm" else "ray-job", **st.data}) if json_
-          else "\n".join(printable(line) for line in st.lines))
+    print(status_view("slurm" if target.name == "slurm" else "ray-job", st.data, st.lines, json_))
 
 
 @task(positional=["run"], help={**RUN_HELP, "follow": "keep streaming until the job ends (Ctrl-C stops following, never the job)"})
@@ -218,7 +156,7 @@ def run_logs(c, run, follow=False, cluster=None, address=None, ssh_config=None):
     With --cluster/--address: the job found on that cluster by its exp_id or submission id, from any machine."""
     from slimeforge.run.launch import run_dir_of, target_of
 
-    api = _jobs_api_of(cluster, address, ssh_config)
+    api = jobs_api_of(cluster, address, ssh_config)
     try:
         if api is not None:
             from slimeforge.run.targets.jobs import remote_logs
@@ -244,7 +182,7 @@ def run_stop(c, run, head=False, cluster=None, address=None, ssh_config=None):
     the job found on that cluster by its exp_id or submission id (proved slimeforge's by its metadata)."""
     from slimeforge.run.launch import run_dir_of, target_of
 
-    api = _jobs_api_of(cluster, address, ssh_config)
+    api = jobs_api_of(cluster, address, ssh_config)
     if api is not None:
         from slimeforge.run.targets.jobs import remote_stop
 
@@ -287,8 +225,9 @@ def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=
     from slimeforge.run import preflight as doc
 
     if list_checks:
-        checks = [{"name": chk.name, "scope": chk.scope, "needs_recipe": chk.needs_recipe, "doc": chk.doc} for chk in doc.CHECKS.values()]
-        print(json_doc("slimeforge.doctor-checks/1", {"checks": checks}) if json_ else "\n".join(doc.list_checks()))
+        from slimeforge.cliviews import checks_view
+
+        print(checks_view(json_))
         return
     report = doc.doctor(recipe, list(set_ or ()), cuda=cuda, address=address, mode=mode, image=image, prefix=prefix, catalog=catalog,
                         skip=list(skip_check or ()), network=not no_network, gpu_checks=kernels)
@@ -573,26 +512,9 @@ def wheels_pull(c, cuda="cu13", stack=None, registry=""):
 @clean_errors
 def wheels_ls(c, cuda="cu13", stack=None, unused=False, registry=None, json_=False):
     """Compiled keys of a stack: hit or miss here, where each is stored, its size."""
-    from slimeforge.image.stack import load_stack
-    from slimeforge.image.wheels import wheelstore
+    from slimeforge.cliviews import wheels_view
 
-    if unused:
-        keys = wheelstore.unused(wheelstore.known_stacks(list(stack or [])))
-        print(json_doc("slimeforge.wheels-unused/1", {"store": str(wheelstore.store_root()), "unused": keys}) if json_
-              else "\n".join(f"{wheelstore.store_root() / k}" for k in keys) or "no unused keys")
-        return
-    creds = None
-    if registry:
-        from slimeforge.image.remote.credentials import docker_config_credentials
-
-        creds = docker_config_credentials(wheelstore.remote_ref(registry, "k").registry)
-    rows = [r for s in (stack or [cuda]) for r in wheelstore.listing(load_stack(s), registry=registry, credentials=creds)]
-    if json_:
-        print(json_doc("slimeforge.wheels/1", {"store": str(wheelstore.store_root()), "keys": rows}))
-        return
-    print(f"store {wheelstore.store_root()}")
-    for r in rows:
-        print(f"{r['step']:<24} {r['status']:<13} {r['key']:<40} {r['size'] / 1e6:8.1f} MB  {' '.join(r['where'])}")
+    print(wheels_view(cuda, list(stack or []), unused=unused, registry=registry, as_json=json_))
 
 
 # --- cluster ---------------------------------------------------------------------------------
@@ -612,7 +534,7 @@ def cluster_up(c, inventory, dry_run=False, nccl_check=False, ssh_config=None):
     """Bring up a Ray cluster on the inventory's hosts over SSH: checks on every host first, then Ray."""
     from slimeforge.cluster import raycluster as cluster
 
-    inv = _inventory(inventory, ssh_config)
+    inv = inventory_of(inventory, ssh_config)
     if dry_run:
         print("\n".join(cluster.plan(inv, nccl_check=nccl_check)))
         return
@@ -627,7 +549,7 @@ def cluster_status(c, inventory, json_=False, ssh_config=None):
     """Show each host of a cluster: our Ray process, its node, GPUs (Ray / nvidia-smi), Python and Ray versions."""
     from slimeforge.cluster.statustable import check_answered, print_table, status
 
-    rows = status(_inventory(inventory, ssh_config))
+    rows = status(inventory_of(inventory, ssh_config))
     if json_:
         print(json_doc("slimeforge.cluster-status/1", {"inventory": inventory, "hosts": rows}))
     else:
@@ -641,7 +563,7 @@ def cluster_down(c, inventory, ssh_config=None):
     """Stop the Ray processes that cluster.up started on the inventory's hosts, and nothing else (each proved ours on its host)."""
     from slimeforge.cluster import raycluster as cluster
 
-    cluster.down(_inventory(inventory, ssh_config))
+    cluster.down(inventory_of(inventory, ssh_config))
 
 
 ns = Collection()
@@ -664,15 +586,6 @@ def main() -> None:
     invoke's Program, from any directory. Recipes, inventories and --out are read relative to the
     working directory; runs/ and build/ are made there (paths.RUNS, paths.BUILDS); the stacks and
     templates come with the package (paths.IMAGES, paths.TEMPLATES)."""
-    program = clihelp.PROGRAM = "slimeforge"  # the parser's usage lines name it too
-    name_in_help(ns, program)
     from slimeforge import __version__
 
-    hints = hint_pattern(ns)
-    sys.stdout, sys.stderr = AsTyped(sys.stdout, hints, program), AsTyped(sys.stderr, hints, program)
-    try:
-        invoke.Program(namespace=ns, name="slimeforge", binary="slimeforge", version=__version__).run()
-    except BrokenPipeError:  # `slimeforge --list | head`: invoke's own listing and help, outside clean_errors
-        from slimeforge.console import quiet_on_closed_pipe
-
-        sys.exit(quiet_on_closed_pipe())
+    clihelp.run_program(ns, "slimeforge", __version__)

@@ -18,6 +18,7 @@ import contextlib
 import functools
 import io
 import re
+import sys
 
 import invoke
 from invoke import Collection, Exit
@@ -185,6 +186,22 @@ def _print_task_help(program, name: str) -> None:
 
 _print_task_help.invoke_own = _invoke_print_task_help  # type: ignore[attr-defined]
 invoke.Program.print_task_help = _print_task_help  # type: ignore[method-assign,assignment]
+
+
+def run_program(ns: Collection, program: str, version: str) -> None:
+    """The tasks of `ns` as the command `program` (the `slimeforge` command, cli.main): its name in
+    the usage lines, in the help texts and in the library's hints, printed as typed."""
+    global PROGRAM
+    PROGRAM = program
+    name_in_help(ns, program)
+    hints = hint_pattern(ns)
+    sys.stdout, sys.stderr = AsTyped(sys.stdout, hints, program), AsTyped(sys.stderr, hints, program)
+    try:
+        invoke.Program(namespace=ns, name=program, binary=program, version=version).run()
+    except BrokenPipeError:  # `slimeforge --list | head`: invoke's own listing and help, outside clean_errors
+        from slimeforge.console import quiet_on_closed_pipe
+
+        sys.exit(quiet_on_closed_pipe())
 
 
 def hint_pattern(coll: Collection) -> re.Pattern[str]:
