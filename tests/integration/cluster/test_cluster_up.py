@@ -133,15 +133,16 @@ def test_failed_checks_stop_before_ray_and_name_the_host(idle_lab, tmp_path):
         cluster.up(inv, control_dir=lab.control_dir, stream=io.StringIO())
     assert f"no install lock at {missing}/stack.lock.json" in err.value.failures["h1"]
 
-    # The host-checks seam (where the doctor's checks plug in) runs its commands over ssh.
-    def shm_check(host, remote):
-        df = remote.run(["df", "-P", "/dev/shm"], step="df /dev/shm", timeout=60)
-        kib = int(df.stdout.splitlines()[1].split()[1])
-        return [Problem("/dev/shm", "is smaller than the check requires", f"{kib} KiB", ">= 1 PiB")] if host.name == "h2" else []
+    # The host-setup seam (where the doctor's checks plug in) runs its commands over ssh.
+    class ShmCheck(bringup.DefaultSetup):
+        def checks(self, host, remote):
+            df = remote.run(["df", "-P", "/dev/shm"], step="df /dev/shm", timeout=60)
+            kib = int(df.stdout.splitlines()[1].split()[1])
+            return [Problem("/dev/shm", "is smaller than the check requires", f"{kib} KiB", ">= 1 PiB")] if host.name == "h2" else []
 
     inv = write_inventory(tmp_path / "ok.yaml", inventory_data(lab, name))
     with pytest.raises(bringup.ClusterError) as err:
-        cluster.up(inv, control_dir=lab.control_dir, stream=io.StringIO(), host_checks=shm_check)
+        cluster.up(inv, control_dir=lab.control_dir, stream=io.StringIO(), setup=ShmCheck())
     assert list(err.value.failures) == ["h2"] and err.value.failures["h2"].startswith("/dev/shm: is smaller than the check requires (got '")
 
     # --nccl-check copies nccl_check.py to every host and runs it with the environment's python;
