@@ -43,7 +43,8 @@ def program(name: str, *helpers: str) -> str:
 
 
 def node_agent_program() -> str:
-    """The node agent with its record module (hostrecord.py and what it needs), as one program."""
+    """The node agent with the modules it imports (hostrecord, raynodes, pathcheck, awscheck and what
+    they need: NEEDS), as one program."""
     return program("node_agent", "hostrecord")
 
 
