@@ -3,9 +3,11 @@ installed `slimeforge` command (`main`, from any directory) and `invoke TASK` in
 tasks/ package re-exports this module's `ns` for Invoke).
 
 Each task parses its options, calls one library function and prints the outcome; the functions
-work without invoke (the SlimeRunner API uses the same ones). Heavy libraries (ray, boto3, docker)
-are imported inside the functions that need them, so `invoke --list` and dry runs start fast
-(benchmarks/start_bench.py): this module imports Invoke and slimeforge's small core only.
+work without invoke (the SlimeRunner API uses the same ones). Beside it: clihelp.py (invoke's parser
+and help as people expect them), clioptions.py (option values resolved) and cliviews.py (what the
+tasks print, as text or a --json document). Heavy libraries (ray, boto3, docker) are imported inside
+the functions that need them, so `invoke --list` and dry runs start fast (benchmarks/start_bench.py):
+this module imports Invoke and slimeforge's small core only.
 """
 
 from __future__ import annotations
