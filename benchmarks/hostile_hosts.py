@@ -73,7 +73,7 @@ def cost(reps: int = 300) -> None:
                     t0 = time.perf_counter()
                     try:
                         hostrecord.read_record(str(d))
-                    except hostrecord.RecordError:
+                    except hostrecord.BadRecord:
                         pass
                     times.append((time.perf_counter() - t0) * 1e6)
                 print(f"| {name} | {statistics.median(times):.0f} | {max(times):.0f} |")

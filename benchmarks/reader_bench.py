@@ -1,4 +1,4 @@
-"""What the one reader (slimeforge/records.py) costs per file, over the repository's real files.
+"""What the one reader (slimeforge/readback.py) costs per file, over the repository's real files.
 
     python benchmarks/reader_bench.py [--runs 50]
 
@@ -6,10 +6,10 @@ For every recipe (recipes/*.yaml), inventory (recipes/clusters/*.yaml), stack (i
 tests/stacks/*.yaml) and lock (images/locks/*.toml, tests/stacks/locks/*.toml), timed in-process,
 `--runs` times each (median and worst per file):
 
-* read: records.read_bytes alone (stat, open O_NONBLOCK|O_NOFOLLOW, fstat, bounded read): what
+* read: readback.read_bytes alone (stat, open O_NONBLOCK|O_NOFOLLOW, fstat, bounded read): what
   the reader adds before any parser runs;
 * parse: the whole read of that kind of file: yamlio.read_yaml (the reader, strict UTF-8, the
-  depth and size bounds, PyYAML) for YAML; records.parse_toml plus lockfile.shape_problems
+  depth and size bounds, PyYAML) for YAML; readback.parse_toml plus lockfile.shape_problems
   (depth bound, tomllib, every used field typed) for a lock.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from slimeforge import records  # noqa: E402
+from slimeforge import readback  # noqa: E402
 from slimeforge.image.lock.lockfile import LOCK_ACCEPTED, shape_problems  # noqa: E402
 from slimeforge.yamlio import MAX_FILE_BYTES, read_yaml  # noqa: E402
 
@@ -47,9 +47,9 @@ def timed(fn, runs: int) -> list[float]:
 
 
 def parse_lock(path: Path) -> None:
-    raw = records.read_bytes(path, "lock", LOCK_ACCEPTED, max_bytes=records.MAX_TOML_RECORD, follow_symlinks=True)
+    raw = readback.read_bytes(path, "lock", LOCK_ACCEPTED, max_bytes=readback.MAX_TOML_RECORD, follow_symlinks=True)
     assert raw is not None
-    doc = records.parse_toml(path, "lock", LOCK_ACCEPTED, records.decode(path, "lock", LOCK_ACCEPTED, raw))
+    doc = readback.parse_toml(path, "lock", LOCK_ACCEPTED, readback.decode(path, "lock", LOCK_ACCEPTED, raw))
     assert not shape_problems(doc)
 
 
@@ -61,8 +61,8 @@ def main() -> int:
     reads: list[float] = []
     parses: dict[str, list[float]] = {}
     for kind, path in files():
-        limit = records.MAX_TOML_RECORD if kind == "lock" else MAX_FILE_BYTES
-        read = timed(lambda p=path, n=limit: records.read_bytes(p, "file", "a file", max_bytes=n, follow_symlinks=True), args.runs)
+        limit = readback.MAX_TOML_RECORD if kind == "lock" else MAX_FILE_BYTES
+        read = timed(lambda p=path, n=limit: readback.read_bytes(p, "file", "a file", max_bytes=n, follow_symlinks=True), args.runs)
         parse = timed((lambda p=path: parse_lock(p)) if kind == "lock" else (lambda p=path: read_yaml(p)), args.runs)
         reads += read
         parses.setdefault(kind, []).extend(parse)

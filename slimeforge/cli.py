@@ -3,30 +3,27 @@ installed `slimeforge` command (`main`, from any directory) and `invoke TASK` in
 tasks/ package re-exports this module's `ns` for Invoke).
 
 Each task parses its options, calls one library function and prints the outcome; the functions
-work without invoke (the SlimeRunner API uses the same ones). Heavy libraries (ray, boto3, docker)
-are imported inside the functions that need them, so `invoke --list` and dry runs start fast
-(benchmarks/start_bench.py): this module imports Invoke and slimeforge's small core only.
+work without invoke (the SlimeRunner API uses the same ones). Beside it: clihelp.py (invoke's parser
+and help as people expect them), clioptions.py (option values resolved) and cliviews.py (what the
+tasks print, as text or a --json document). Heavy libraries (ray, boto3, docker) are imported inside
+the functions that need them, so `invoke --list` and dry runs start fast (benchmarks/start_bench.py):
+this module imports Invoke and slimeforge's small core only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import io
-import re
 import sys
 import textwrap
 
-import invoke
 from invoke import Collection, Exit
-from invoke.parser import parser as invoke_parser
 
-from slimeforge import paths
+from slimeforge import clihelp, paths
+from slimeforge.clihelp import task
+from slimeforge.clioptions import cluster_jobs_api, count, inventory_of, jobs_api_of
 from slimeforge.console import diag, json_doc, shell_lines
 from slimeforge.errors import SlimeforgeError
-
-# The command a usage line names: `invoke` in a checkout, `slimeforge` once main() runs.
-PROGRAM = "invoke"
 
 JSON_HELP = "print the result as one JSON document (its schema: docs/json.md); diagnostics stay on stderr"
 
@@ -53,166 +50,6 @@ def clean_errors(fn):
     return wrapper
 
 
-# --- the command line people expect (docs/cli.md) ---------------------------------------------
-
-# The only short flags, each as docker/kubectl/ray users know it (`-v` for a task's --verbose, where
-# one has it); `-h` is invoke's help on every task.
-SHORT_FLAGS = {"tag": "t", "follow": "f", "verbose": "v"}
-
-
-class CliTask(invoke.Task):
-    """A task without invoke's generated short flags (a name's first free letter: `lock -h` was
-    --check, `run -e` --time, `run -u` --slurm), given only the conventional ones of SHORT_FLAGS."""
-
-    def __init__(self, body, may_omit=(), **kwargs):
-        kwargs["auto_shortflags"] = False
-        super().__init__(body, **kwargs)
-        # Positional arguments a call may leave out (`invoke doctor` checks the host alone; `invoke doctor RECIPE`).
-        self.may_omit = tuple(may_omit)
-
-    def get_arguments(self, ignore_unknown_help=None):
-        # Invoke pops each help text as it makes the argument: a second parser of the same task (the
-        # `slimeforge` Program beside `invoke`, a test's) would get none. Each call keeps them whole.
-        texts = dict(self.help)
-        try:
-            args = super().get_arguments(ignore_unknown_help)
-        finally:
-            self.help = texts
-        for arg in args:
-            arg.may_omit = arg.name in self.may_omit  # type: ignore[attr-defined]
-        return args
-
-    def arg_opts(self, name, default, taken_names):
-        opts = super().arg_opts(name, default, taken_names)
-        if name in SHORT_FLAGS:
-            opts["names"].append(SHORT_FLAGS[name])
-        return opts
-
-
-task = functools.partial(invoke.task, klass=CliTask)
-
-
-# invoke's parser, given two answers a user expects: `-h`/`--help` is help also where a task still
-# waits for its positional argument (it was taken for that argument: `invoke run -h` looked for a
-# recipe named -h), and a missing positional argument gets a usage line and an example (invoke's
-# own: "'run.start' did not receive required positional arguments: 'recipe'"). Its state machine
-# cannot be subclassed (the states are class-level), so its two methods are wrapped in place.
-# (Loading this module again, as the tests do, wraps invoke's own methods again, not these.)
-_invoke_handle = getattr(invoke_parser.ParseMachine.handle, "invoke_own", invoke_parser.ParseMachine.handle)
-_invoke_complete_context = getattr(invoke_parser.ParseMachine.complete_context, "invoke_own",
-                                   invoke_parser.ParseMachine.complete_context)
-
-
-def _handle(machine, token):
-    waiting = machine.context is not machine.initial and machine.context.missing_positional_args
-    if waiting and machine.current_state != "unknown" and not machine.waiting_for_flag_value:
-        if token in ("-h", "--help"):
-            machine.initial.flags["--help"].value = machine.context.name
-            return
-        # Any token was taken for the missing argument: an unknown option became a recipe named "--nope".
-        known = token.split("=", 1)[0] in machine.context.flags or token in machine.context.inverse_flags
-        if token.startswith("-") and not known:
-            raise UsageError(f"error: `{PROGRAM} {short_name(machine.context)}` has no option {token}\n{usage(machine.context)}",
-                             machine.context)
-    try:
-        _invoke_handle(machine, token)
-    except UsageError:
-        raise
-    except invoke.ParseError as exc:
-        # invoke's own refusals ("No idea what '--nope' is!" once a task has its positional argument)
-        # exit 1, as a failed job would: bad input exits 2 wherever the option stands (docs/exit-codes.md).
-        in_task = machine.context is not None and machine.context is not machine.initial
-        if in_task and token.startswith("-"):
-            raise UsageError(f"error: `{PROGRAM} {short_name(machine.context)}` has no option {token.split('=', 1)[0]}\n"
-                             f"{usage(machine.context)}", machine.context) from None
-        where = f"`{PROGRAM} {short_name(machine.context)}`" if in_task else f"`{PROGRAM}`"
-        raise UsageError(f"error: {where}: {exc}\n(`{PROGRAM} --list` lists the tasks, `{PROGRAM} TASK --help` their options)",
-                         machine.context) from None
-
-
-def _complete_context(machine):
-    missing = machine.context.missing_positional_args if machine.context is not None else []
-    if missing and all(getattr(a, "may_omit", False) for a in missing):  # `invoke doctor`: RECIPE may be left out
-        if machine.context not in machine.result:
-            machine.result.append(machine.context)
-        return
-    missing = [a for a in missing if not getattr(a, "may_omit", False)]
-    if missing and machine.initial.flags["--help"].value is None:
-        needs = "; ".join(f"{a.name.upper()}, {a.help}" for a in missing)
-        raise UsageError(f"error: `{PROGRAM} {short_name(machine.context)}` needs {needs}\n{usage(machine.context)}", machine.context)
-    if missing:  # help was asked for: it needs no argument
-        if machine.context not in machine.result:
-            machine.result.append(machine.context)
-        return
-    _invoke_complete_context(machine)
-
-
-class UsageError(invoke.ParseError, Exit):
-    """A command line refused with its usage: a ParseError, as invoke's own (so tab completion still
-    finds the task being typed), that exits 2 (bad input, docs/exit-codes.md) and prints once."""
-
-    def __init__(self, text, context):
-        super().__init__(text, context)  # ParseError's, which hands the text on to Exit's as its message
-        Exit.__init__(self, None, 2)  # no Exit message: it is printed once, as the ParseError it is
-        self.text = text
-
-    def __str__(self) -> str:
-        return self.text
-
-
-_handle.invoke_own = _invoke_handle  # type: ignore[attr-defined]
-_complete_context.invoke_own = _invoke_complete_context  # type: ignore[attr-defined]
-invoke_parser.ParseMachine.handle = _handle  # type: ignore[method-assign]
-invoke_parser.ParseMachine.complete_context = _complete_context  # type: ignore[method-assign]
-
-
-def positional_usage(ctx) -> str:
-    """RECIPE, or [RECIPE] where it may be left out: how the positional arguments are typed."""
-    return " ".join(f"[{a.name.upper()}]" if getattr(a, "may_omit", False) else a.name.upper() for a in ctx.positional_args)
-
-
-def usage(ctx) -> str:
-    """How a task is called, and one call to copy (each positional's help says `e.g. X`)."""
-    name = short_name(ctx)  # `invoke run` for run.start
-    args = positional_usage(ctx)
-    examples = " ".join(m.group(1).rstrip(";:,.)") if (m := re.search(r"e\.g\. (\S+)", a.help or "")) else a.name.upper()
-                        for a in ctx.positional_args)
-    return (f"usage: {PROGRAM} {name} [OPTIONS] {args}\n"
-            f"e.g.:  {PROGRAM} {name} {examples}\n"
-            f"(`{PROGRAM} {name} --help` lists its options)")
-
-
-def short_name(ctx) -> str:
-    return min((ctx.name, *ctx.aliases), key=len)
-
-
-_invoke_print_task_help = getattr(invoke.Program.print_task_help, "invoke_own", invoke.Program.print_task_help)
-
-
-def _print_task_help(program, name: str) -> None:
-    """invoke's task help, with the positional arguments where they are typed: `usage: invoke
-    run.start [--options] RECIPE` (invoke's: `run.start [--options]`, listing `--recipe=STRING`, a
-    form kept for compatibility but never shown)."""
-    ctx = program.parser.contexts[name]
-    positional = {f"--{a.name.replace('_', '-')}": a.name.upper() for a in ctx.positional_args}
-    with contextlib.redirect_stdout(io.StringIO()) as text:
-        _invoke_print_task_help(program, name)
-    lines = text.getvalue().splitlines()
-    if positional and lines and lines[0].startswith("Usage: "):
-        lines[0] = lines[0].replace(f" {name} [--options] ", f" {name} [--options] {positional_usage(ctx)} ", 1)
-        for i, line in enumerate(lines):
-            m = re.match(r"(\s+)(--[\w-]+)=STRING(\s+)", line)
-            if m and m.group(2) in positional:
-                shown = positional[m.group(2)]
-                lines[i] = m.group(1) + shown + " " * (len(m.group(2)) + len("=STRING") - len(shown)) + m.group(3) + line[m.end():]
-    for line in lines:  # a line at a time, as Invoke prints it
-        print(line)
-
-
-_print_task_help.invoke_own = _invoke_print_task_help  # type: ignore[attr-defined]
-invoke.Program.print_task_help = _print_task_help  # type: ignore[method-assign,assignment]
-
-
 # --- stack -----------------------------------------------------------------------------------
 
 
@@ -220,34 +57,9 @@ invoke.Program.print_task_help = _print_task_help  # type: ignore[method-assign,
 @clean_errors
 def stack_show(c, cuda="cu13", json_=False):
     """Print a stack's resolved pins and ordered install steps."""
-    from slimeforge.image.lock import lockfile
-    from slimeforge.image.stack import load_stack
-    from slimeforge.schema import printable
+    from slimeforge.cliviews import stack_view
 
-    stack = load_stack(cuda)
-    try:
-        pylock, lock_problem = lockfile.load_lock(cuda, stack), None
-    except lockfile.LockError as exc:  # it names its remedy (image/lock/remedies.py)
-        pylock, lock_problem = None, f"lock: {exc}"
-    if json_:  # what the text says about the lock, the document says too (docs/json.md: warnings)
-        print(json_doc("slimeforge.stack/1", {"id": stack.id, "hash": stack.hash, "version": stack.version, "cuda": stack.cuda,
-                                               "python": stack.python, "driver_min": stack.driver_min, "pins": stack.pins(),
-                                               "steps": [s.to_json() for s in stack.plan],
-                                               "warnings": [printable(lock_problem)] if lock_problem else []}))
-        return
-    print(f"stack {stack.id}  (version {stack.version}, CUDA {stack.cuda}, Python {stack.python}, driver >= R{stack.driver_min})")
-    width = max(len(k) for k in stack.pins())
-    for key, value in stack.pins().items():
-        print(f"  {key:<{width}}  {value}")
-    if pylock is not None:
-        print(f"lock {pylock.path}  (sha256 {pylock.hash[:16]}, {len(pylock.packages)} distributions)")
-    else:
-        print(lock_problem)
-    print("steps:")
-    for i, step in enumerate(stack.plan, 1):
-        what = step.requirements or step.packages or ()
-        extra = f" @ {step.commit[:12]}" if step.kind == "source" and step.commit else ""
-        print(f"  {i:2}. {step.name:<20} {step.kind:<9}{extra} {' '.join(what)}")
+    print(stack_view(cuda, json_))
 
 
 # An ssh config the inventory may not name (one with ProxyCommand, Match exec, forwarding, ...):
@@ -301,35 +113,12 @@ def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=
     req = LaunchRequest(recipe=recipe, out=out, overrides=tuple(set_ or ()), address=address, mode=mode, image=image, prefix=prefix,
                         catalog=catalog, skip_checks=tuple(skip_check or ()), network_checks=not no_network, cluster=cluster,
                         slurm=slurm, partition=partition, account=account, time=time, nodes=None if nodes is None else str(nodes),
-                        squashfs_dir=squashfs_dir, detach=detach, max_restarts=_count("--max-restarts", max_restarts))
+                        squashfs_dir=squashfs_dir, detach=detach, max_restarts=count("--max-restarts", max_restarts))
     with contextlib.ExitStack() as tunnels:  # an ssh tunnel to the Jobs API lives until the job's logs end
         code = run_recipe(req, dry_run=dry_run, plan_json=json_,
-                          find_cluster=lambda inventory, dry: _cluster_jobs_api(inventory, dry, ssh_config, "always" if tunnel else None, tunnels))
+                          find_cluster=lambda inventory, dry: cluster_jobs_api(inventory, dry, ssh_config, "always" if tunnel else None, tunnels))
     if code:
         raise Exit(code=code)
-
-
-def _count(option, value):
-    """A whole number given on the command line (an option without a default arrives as a string)."""
-    if value is None:
-        return None
-    text = str(value)
-    if not re.fullmatch(r"[0-9]{1,3}", text):
-        raise Exit(f"error: {option}: {text!r} is not a whole number (0..100)", code=2)
-    return int(text)
-
-
-def _cluster_jobs_api(inventory, dry_run, ssh_config=None, tunnel=None, tunnels=None):
-    """The cluster `cluster.up` brought up from this inventory: its Jobs API (over ssh where needed), environment and checks."""
-    from slimeforge.cluster.runcheck import cluster_env
-
-    return cluster_env(inventory, dry_run=dry_run, ssh_config=ssh_config, tunnel=tunnel, tunnels=tunnels)
-
-
-def _inventory(path, ssh_config):
-    from slimeforge.cluster.inventory import load_inventory
-
-    return load_inventory(path, ssh_config=ssh_config)
 
 
 # --- launch ----------------------------------------------------------------------------------
@@ -341,38 +130,25 @@ RUN_HELP = {"run": "the run directory or the recipe that was launched, e.g. runs
             "ssh_config": SSH_CONFIG_HELP}
 
 
-def _jobs_api_of(cluster, address, ssh_config):
-    """--cluster INVENTORY / --address URL of run.status/logs/stop: the Jobs API to ask; None: neither given."""
-    from slimeforge.run.headstate import check_address
-
-    if cluster and address:
-        raise Exit("error: --cluster and --address both name a cluster; give one", code=2)
-    if address:
-        return check_address(address)
-    return _cluster_jobs_api(cluster, False, ssh_config).address if cluster else None
-
-
 @task(positional=["run"], help={**RUN_HELP, "json_": JSON_HELP})
 @clean_errors
 def run_status(c, run, json_=False, cluster=None, address=None, ssh_config=None):
     """Status of a launched run's job (and whether the Ray head slimeforge started is up; a Slurm run: its job).
     With --cluster/--address: the job found on that cluster by its exp_id or submission id, from any machine."""
+    from slimeforge.cliviews import status_view
     from slimeforge.run.launch import run_dir_of, target_of
-    from slimeforge.schema import printable
 
-    api = _jobs_api_of(cluster, address, ssh_config)
+    api = jobs_api_of(cluster, address, ssh_config)
     if api is not None:
         from slimeforge.run.targets.jobs import remote_status
 
         st = remote_status(api, run)
-        print(json_doc("slimeforge.run-status/1", {"target": "ray-job", **st.data}) if json_ else "\n".join(printable(line) for line in st.lines))
+        print(status_view("ray-job", st.data, st.lines, json_))
         return
     path = run_dir_of(run)
     target = target_of(path)
     st = target.status(path)
-    # The lines carry Ray's and Slurm's text (a job's message, a reason): no escape sequence reaches the terminal.
-    print(json_doc("slimeforge.run-status/1", {"target": "slurm" if target.name == "slurm" else "ray-job", **st.data}) if json_
-          else "\n".join(printable(line) for line in st.lines))
+    print(status_view("slurm" if target.name == "slurm" else "ray-job", st.data, st.lines, json_))
 
 
 @task(positional=["run"], help={**RUN_HELP, "follow": "keep streaming until the job ends (Ctrl-C stops following, never the job)"})
@@ -382,7 +158,7 @@ def run_logs(c, run, follow=False, cluster=None, address=None, ssh_config=None):
     With --cluster/--address: the job found on that cluster by its exp_id or submission id, from any machine."""
     from slimeforge.run.launch import run_dir_of, target_of
 
-    api = _jobs_api_of(cluster, address, ssh_config)
+    api = jobs_api_of(cluster, address, ssh_config)
     try:
         if api is not None:
             from slimeforge.run.targets.jobs import remote_logs
@@ -408,7 +184,7 @@ def run_stop(c, run, head=False, cluster=None, address=None, ssh_config=None):
     the job found on that cluster by its exp_id or submission id (proved slimeforge's by its metadata)."""
     from slimeforge.run.launch import run_dir_of, target_of
 
-    api = _jobs_api_of(cluster, address, ssh_config)
+    api = jobs_api_of(cluster, address, ssh_config)
     if api is not None:
         from slimeforge.run.targets.jobs import remote_stop
 
@@ -451,8 +227,9 @@ def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=
     from slimeforge.run import preflight as doc
 
     if list_checks:
-        checks = [{"name": chk.name, "scope": chk.scope, "needs_recipe": chk.needs_recipe, "doc": chk.doc} for chk in doc.CHECKS.values()]
-        print(json_doc("slimeforge.doctor-checks/1", {"checks": checks}) if json_ else "\n".join(doc.list_checks()))
+        from slimeforge.cliviews import checks_view
+
+        print(checks_view(json_))
         return
     report = doc.doctor(recipe, list(set_ or ()), cuda=cuda, address=address, mode=mode, image=image, prefix=prefix, catalog=catalog,
                         skip=list(skip_check or ()), network=not no_network, gpu_checks=kernels)
@@ -737,26 +514,9 @@ def wheels_pull(c, cuda="cu13", stack=None, registry=""):
 @clean_errors
 def wheels_ls(c, cuda="cu13", stack=None, unused=False, registry=None, json_=False):
     """Compiled keys of a stack: hit or miss here, where each is stored, its size."""
-    from slimeforge.image.stack import load_stack
-    from slimeforge.image.wheels import wheelstore
+    from slimeforge.cliviews import wheels_view
 
-    if unused:
-        keys = wheelstore.unused(wheelstore.known_stacks(list(stack or [])))
-        print(json_doc("slimeforge.wheels-unused/1", {"store": str(wheelstore.store_root()), "unused": keys}) if json_
-              else "\n".join(f"{wheelstore.store_root() / k}" for k in keys) or "no unused keys")
-        return
-    creds = None
-    if registry:
-        from slimeforge.image.remote.credentials import docker_config_credentials
-
-        creds = docker_config_credentials(wheelstore.remote_ref(registry, "k").registry)
-    rows = [r for s in (stack or [cuda]) for r in wheelstore.listing(load_stack(s), registry=registry, credentials=creds)]
-    if json_:
-        print(json_doc("slimeforge.wheels/1", {"store": str(wheelstore.store_root()), "keys": rows}))
-        return
-    print(f"store {wheelstore.store_root()}")
-    for r in rows:
-        print(f"{r['step']:<24} {r['status']:<13} {r['key']:<40} {r['size'] / 1e6:8.1f} MB  {' '.join(r['where'])}")
+    print(wheels_view(cuda, list(stack or []), unused=unused, registry=registry, as_json=json_))
 
 
 # --- cluster ---------------------------------------------------------------------------------
@@ -776,13 +536,13 @@ def cluster_up(c, inventory, dry_run=False, nccl_check=False, ssh_config=None):
     """Bring up a Ray cluster on the inventory's hosts over SSH: checks on every host first, then Ray."""
     from slimeforge.cluster import raycluster as cluster
 
-    inv = _inventory(inventory, ssh_config)
+    inv = inventory_of(inventory, ssh_config)
     if dry_run:
         print("\n".join(cluster.plan(inv, nccl_check=nccl_check)))
         return
     addr = cluster.up(inv, nccl_check=nccl_check)
     print(f"cluster is up: GCS {addr.gcs}, dashboard and Jobs API {addr.dashboard}")
-    print(f"launch on it: {PROGRAM} run RECIPE --cluster {inventory}" + (f" --ssh-config {ssh_config}" if ssh_config else ""))
+    print(f"launch on it: {clihelp.PROGRAM} run RECIPE --cluster {inventory}" + (f" --ssh-config {ssh_config}" if ssh_config else ""))
 
 
 @task(positional=["inventory"], help={"inventory": "cluster inventory YAML, e.g. recipes/clusters/example.yaml", "json_": JSON_HELP, "ssh_config": SSH_CONFIG_HELP})
@@ -791,7 +551,7 @@ def cluster_status(c, inventory, json_=False, ssh_config=None):
     """Show each host of a cluster: our Ray process, its node, GPUs (Ray / nvidia-smi), Python and Ray versions."""
     from slimeforge.cluster.statustable import check_answered, print_table, status
 
-    rows = status(_inventory(inventory, ssh_config))
+    rows = status(inventory_of(inventory, ssh_config))
     if json_:
         print(json_doc("slimeforge.cluster-status/1", {"inventory": inventory, "hosts": rows}))
     else:
@@ -805,7 +565,7 @@ def cluster_down(c, inventory, ssh_config=None):
     """Stop the Ray processes that cluster.up started on the inventory's hosts, and nothing else (each proved ours on its host)."""
     from slimeforge.cluster import raycluster as cluster
 
-    cluster.down(_inventory(inventory, ssh_config))
+    cluster.down(inventory_of(inventory, ssh_config))
 
 
 ns = Collection()
@@ -828,51 +588,6 @@ def main() -> None:
     invoke's Program, from any directory. Recipes, inventories and --out are read relative to the
     working directory; runs/ and build/ are made there (paths.RUNS, paths.BUILDS); the stacks and
     templates come with the package (paths.IMAGES, paths.TEMPLATES)."""
-    global PROGRAM
-    PROGRAM = "slimeforge"
-    _name_in_help(ns, PROGRAM)
     from slimeforge import __version__
 
-    hints = hint_pattern(ns)
-    sys.stdout, sys.stderr = AsTyped(sys.stdout, hints, PROGRAM), AsTyped(sys.stderr, hints, PROGRAM)
-    try:
-        invoke.Program(namespace=ns, name="slimeforge", binary="slimeforge", version=__version__).run()
-    except BrokenPipeError:  # `slimeforge --list | head`: invoke's own listing and help, outside clean_errors
-        from slimeforge.console import quiet_on_closed_pipe
-
-        sys.exit(quiet_on_closed_pipe())
-
-
-def hint_pattern(coll: Collection) -> re.Pattern[str]:
-    """`invoke` where a message names one of these tasks to run (`run invoke build --cuda cu13
-    first`, `error: invoke publish: ...`): the word alone, before a task's name or alias as a word."""
-    names = sorted({n for name, aliases in coll.task_names.items() for n in (name, *aliases)} | {"--list", "--help"}, key=len, reverse=True)
-    return re.compile(r"(?<![\w/.-])invoke(?=[ \t]+(?:" + "|".join(map(re.escape, names)) + r")(?![\w.-]))")
-
-
-class AsTyped:
-    """A text stream whose messages name the command as it was typed: the library's hints say
-    `invoke TASK` (a checkout's command); under the `slimeforge` command they say `slimeforge TASK`.
-    Everything but write() is the stream's own (fileno, isatty, flush: a closed pipe still shows)."""
-
-    def __init__(self, stream, pattern: re.Pattern[str], program: str):
-        self._stream, self._pattern, self._program = stream, pattern, program
-
-    def write(self, text: str) -> int:
-        self._stream.write(self._pattern.sub(self._program, text))
-        return len(text)
-
-    def writelines(self, lines) -> None:
-        for line in lines:
-            self.write(line)
-
-    def __getattr__(self, name: str):
-        return getattr(self._stream, name)
-
-
-def _name_in_help(coll: Collection, program: str) -> None:
-    """A task's help that names another task (`invoke doctor --list-checks`) names it as typed here."""
-    for t in coll.tasks.values():
-        t.help = {k: v.replace("`invoke ", f"`{program} ") for k, v in t.help.items()}
-    for sub in coll.collections.values():
-        _name_in_help(sub, program)
+    clihelp.run_program(ns, "slimeforge", __version__)

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from . import records
+from . import readback
 from .errors import ConfigError, Problem, shown
 
 # The largest real file (images/common.yaml) is 5 KiB with about 300 values. PyYAML is pure Python
@@ -127,11 +127,11 @@ def parse_yaml(text: str, source: str) -> Any:
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    """A recipe, stack or inventory file: read through the one reader (records.read_bytes: a
+    """A recipe, stack or inventory file: read through the one reader (readback.read_bytes: a
     regular file only, never a FIFO that blocks or a device that never ends), bounded, strict UTF-8."""
     source = str(path)
     accepted = "a recipe, stack or inventory of ordinary size"
-    raw = records.read_bytes(path, "file", "a regular YAML file", max_bytes=MAX_FILE_BYTES, follow_symlinks=True)
+    raw = readback.read_bytes(path, "file", "a regular YAML file", max_bytes=MAX_FILE_BYTES, follow_symlinks=True)
     if raw is None:
         raise ConfigError(source, [Problem("file", "cannot be read: No such file or directory", show_value=False, accepted=accepted)])
     try:

@@ -21,7 +21,8 @@ from typing import Any, TypedDict, cast
 from .. import paths, scripts
 from ..errors import CommandError, SlimeforgeError, shown
 from ..schema import printable
-from ..scripts.node_agent import loads_strict, node_problem
+from ..scripts.procproof import loads_strict
+from ..scripts.raynodes import node_problem
 from .inventory import Host
 from .ssh import SSH, HostUnreachable
 

@@ -22,13 +22,14 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import CommandError, Problem, SlimeforgeError
 from ..proc import Runner
 from ..run.preflight.findings import ERROR
 from ..run.preflight.host import limits_findings, shm_findings
-from ..scripts.node_agent import gate, hostport
+from ..scripts.node_agent import hostport
+from ..scripts.raynodes import gate
 from .agent import SCRIPTS, VERSIONS_SNIPPET, agent, first_line, last_json, put_file, put_secret_file, remove_secret_file, secret_file
 from .hosttable import FAILED, OK, RUNNING, HostTable
 from .inventory import Host, Inventory
@@ -72,8 +73,18 @@ class EnvFacts:
     detail: str = ""
 
 
-HostChecks = Callable[[Host, SSH], list[Problem]]
-MakeEnvironment = Callable[[Inventory, Host, SSH], EnvFacts]
+class HostSetup(Protocol):
+    """What a bring-up does on each host between connecting and starting Ray: the one seam of
+    cluster.up (raycluster.up's `setup`). DefaultSetup is what `invoke cluster.up` runs; a test
+    passes its own. `remote` runs argv lists on the host (cluster/ssh.py's SSH)."""
+
+    def checks(self, host: Host, remote: SSH) -> list[Problem]:
+        """More preflight on the host, past the agent's facts: its problems fail the host."""
+        ...
+
+    def environment(self, inv: Inventory, host: Host, remote: SSH) -> EnvFacts:
+        """Make the host's environment (idempotent), then say what it is."""
+        ...
 
 
 @dataclass
@@ -177,6 +188,16 @@ def default_environment(inv: Inventory, host: Host, remote: SSH) -> EnvFacts:
     return EnvFacts(digest, facts["python"], facts["ray"], f"image {digest[7:19]}")
 
 
+class DefaultSetup:
+    """`invoke cluster.up`'s setup of a host: preflight's host checks, then the inventory's environment."""
+
+    def checks(self, host: Host, remote: SSH) -> list[Problem]:
+        return default_host_checks(host, remote)
+
+    def environment(self, inv: Inventory, host: Host, remote: SSH) -> EnvFacts:
+        return default_environment(inv, host, remote)
+
+
 def make_nodes(inv: Inventory, runner: Runner | None = None, control_dir: str | None = None) -> list[Node]:
     options = inv.ssh_options
     if control_dir is not None:
@@ -238,7 +259,7 @@ def connect_phase(b: Bringup) -> None:
     b.head_ssh_port = b.head.facts.get("ssh_server_port")
 
 
-def preflight_phase(b: Bringup, host_checks: HostChecks) -> None:
+def preflight_phase(b: Bringup, setup: HostSetup) -> None:
     """Every host's facts against what it must provide (node_problems), plus the host checks."""
 
     def preflight(node: Node) -> str:
@@ -247,7 +268,7 @@ def preflight_phase(b: Bringup, host_checks: HostChecks) -> None:
         params = {"state_dir": h.state_dir, "head_ip": b.head_ip, "ports": ports_for(b.inv, h), "reach": reach, "docker": h.mode == "container"}
         node.facts.update(agent(node.ssh, h, "facts", params, timeout=b.inv.ssh_options.connect_timeout + 90))
         problems = node_problems(b.inv, node, b.head_ip)
-        problems += host_checks(h, node.ssh)
+        problems += setup.checks(h, node.ssh)
         if problems:
             raise CheckFailed(problems)
         seen = len(node.facts["gpus"].get("list", []))
@@ -306,11 +327,11 @@ def node_env_file(inv: Inventory, host: Host, state_dir: str | None, token: str)
     return secret_file(state_dir, token)
 
 
-def environment_phase(b: Bringup, make_environment: MakeEnvironment, nccl_check: bool) -> None:
+def environment_phase(b: Bringup, setup: HostSetup, nccl_check: bool) -> None:
     """Make each host's environment, then require the head's everywhere; optionally NCCL."""
 
     def environment(node: Node) -> str:
-        node.env = make_environment(b.inv, node.host, node.ssh)
+        node.env = setup.environment(b.inv, node.host, node.ssh)
         return f"python {node.env.python}, ray {node.env.ray}, {node.env.detail}"
 
     failures = parallel(b.nodes, environment, b.table, "environment")

@@ -2,7 +2,7 @@
 
 The concepts, one module each: bringup.py (the phases of `up`, each host's Node, the default
 seams), agent.py (the node agent protocol over ssh), nodestart.py (each node's `ray start` argv
-and environment), record.py (this machine's record of a bring-up: the head's addresses, read by
+and environment), clusterrecord.py (this machine's record of a bring-up: the head's addresses, read by
 `invoke run --cluster`), statustable.py (cluster.status's table).
 
 `up` runs in phases (connect, preflight, environment, ray: cluster/bringup.py names what each
@@ -18,10 +18,10 @@ SIGTERM. So we stop what we started and nothing else: a record naming anything e
 and the refusal is a row of down's table. Running `up` again converges: a host already running
 our Ray with the same settings is left as it is, and the others are brought up.
 
-Seams (the defaults are what `invoke cluster.up` runs; tests inject others):
-  host_checks(host, remote) -> list[Problem]                 more preflight per host; default:
-                                                             preflight's /dev/shm and ulimit checks
-  make_environment(inventory, host, remote) -> EnvFacts      make the environment, report it
+The seam (bringup.HostSetup; DefaultSetup is what `invoke cluster.up` runs, tests pass another):
+  setup.checks(host, remote) -> list[Problem]                 more preflight per host; default:
+                                                              preflight's /dev/shm and ulimit checks
+  setup.environment(inventory, host, remote) -> EnvFacts      make the environment, report it
 `remote` is an `slimeforge.cluster.ssh.SSH`, a `proc.CommandRunner` as `proc.Runner` is.
 """
 
@@ -40,31 +40,28 @@ from .bringup import (
     Bringup,
     CheckFailed,
     ClusterError,
-    HostChecks,
-    MakeEnvironment,
+    DefaultSetup,
+    HostSetup,
     Node,
     connect_phase,
-    default_environment,
-    default_host_checks,
     environment_phase,
     make_nodes,
     parallel,
     preflight_phase,
     ray_phase,
 )
+from .clusterrecord import ClusterAddress, state_file, write_state
 from .credentials import secret_values
 from .hosttable import HostTable
 from .inventory import Inventory, load_inventory
 from .nodestart import ports_for, ray_env, start_argv
-from .record import ClusterAddress, state_file, write_state
 
 
 def up(
     inventory: Inventory | str | Path,
     *,
     nccl_check: bool = False,
-    host_checks: HostChecks = default_host_checks,
-    make_environment: MakeEnvironment = default_environment,
+    setup: HostSetup | None = None,
     runner: Runner | None = None,
     control_dir: str | None = None,
     stream=None,
@@ -72,14 +69,15 @@ def up(
 ) -> ClusterAddress:
     """Bring the cluster up (see the module docstring); returns its address. The dry run: `plan`."""
     inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
+    host_setup = setup or DefaultSetup()
     values = secret_values(inv, os.environ)  # a secret named but not exported stops here, before any host is touched
     b = Bringup(inv, make_nodes(inv, runner, control_dir),
                 HostTable(f"cluster {inv.name}", [(h.name, h.role) for h in inv.hosts], PHASES, stream=stream, live=live),
                 secret_values=values)
     with b.table:
         connect_phase(b)
-        preflight_phase(b, host_checks)
-        environment_phase(b, make_environment, nccl_check)
+        preflight_phase(b, host_setup)
+        environment_phase(b, host_setup, nccl_check)
         ray_phase(b)
     address = ClusterAddress(hostport(b.head_ip, inv.ray.port), f"http://{hostport(b.head_ip, inv.ray.dashboard_port)}")
     write_state(inv, b.nodes, address)

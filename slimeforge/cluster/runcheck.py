@@ -45,8 +45,8 @@ from ..proc import Runner
 from ..run.recipe import Recipe
 from ..run.targets.jobsubmit import Cluster
 from ..schema import printable
-from ..scripts import node_agent
-from ..scripts.node_agent import checkpoint_bytes  # the one estimate: the Slurm nodes make it too
+from ..scripts import pathcheck, raynodes
+from ..scripts.pathcheck import checkpoint_bytes  # the one estimate: the Slurm nodes make it too
 from .agent import OddAnswer, RayNode, agent, first_line, read_nodes
 from .bringup import Node, make_nodes, parallel
 from .hosttable import HostCellProblems, HostTable
@@ -278,8 +278,8 @@ AGENT_WHY = frozenset({
     "is not a path", "is not an absolute path", "no such file here", "is not a readable file", "no such directory here",
     "has no readable config.json here", "is not an absolute path with a 32-hex-digit token",
     "is not the head's filesystem: the marker the head wrote there is not here", "config.json is not a regular file",
-    "config.json is not a JSON object", node_agent.UNUSABLE_PATH,
-    f"has more than {node_agent.MAX_WEIGHT_FILES} weights files",
+    "config.json is not a JSON object", pathcheck.UNUSABLE_PATH,
+    f"has more than {pathcheck.MAX_WEIGHT_FILES} weights files",
 })
 AGENT_WHY_PREFIX = ("config.json cannot be opened: ", "config.json cannot be read: ", "config.json is not JSON: ", "config.json is ",
                     "has a weights file whose name is not plain text: ", "cannot be listed: ", "is not writable here: ",
@@ -339,10 +339,10 @@ def read_answer(host: str, answer: Mapping[str, object], paths: set[str], whats:
             raise OddAnswer(host, "runcheck", "names a field or path it was not asked about", {"what": p["what"], "path": p["path"]})
         problems.append((p["what"], p["path"], p["why"]))
     weights = answer.get("weights")
-    if not isinstance(weights, dict) or len(weights) > node_agent.MAX_WEIGHT_FILES:
+    if not isinstance(weights, dict) or len(weights) > pathcheck.MAX_WEIGHT_FILES:
         raise OddAnswer(host, "runcheck", "has no weights {file: bytes}", weights)
     for name, size in weights.items():
-        if not node_agent.WEIGHT_NAME_RE.fullmatch(name):
+        if not pathcheck.WEIGHT_NAME_RE.fullmatch(name):
             raise OddAnswer(host, "runcheck", "names a weights file that is not a plain file name", name)
         _size(host, f"size of {name}", size)
     total = _size(host, "weights_bytes", answer.get("weights_bytes"))
@@ -352,7 +352,7 @@ def read_answer(host: str, answer: Mapping[str, object], paths: set[str], whats:
     config = answer.get("config")
     if config is not None:
         ok = isinstance(config, dict) and all(
-            k in node_agent.CONFIG_KEYS and (isinstance(v, bool) if k == "tie_word_embeddings" else type(v) is int and 0 < v < node_agent.CONFIG_INT_MAX)
+            k in pathcheck.CONFIG_KEYS and (isinstance(v, bool) if k == "tie_word_embeddings" else type(v) is int and 0 < v < pathcheck.CONFIG_INT_MAX)
             for k, v in config.items())
         if not ok:
             raise OddAnswer(host, "runcheck", "has a config that is not config.json's shape (positive integers)", config)
@@ -397,7 +397,7 @@ def gate(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
     here), for its ALIVE nodes and their GPUs; refuse when they do not cover the recipe's
     num_nodes x num_gpus, naming the hosts that are dead or missing. Returns a line for the log.
     Callable again at any time (before a restart too): it only reads."""
-    from .record import address, read_state
+    from .clusterrecord import address, read_state
 
     url = address(inv).dashboard.rstrip("/") + NODES_PATH
     state = read_state(inv) or {}
@@ -407,7 +407,7 @@ def gate(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
     for h in inv.hosts:
         rec = recorded.get(h.name)
         ip = rec.get("node_ip") if isinstance(rec, dict) else None
-        ip = ip if isinstance(ip, str) and node_agent.NODE_IP_RE.fullmatch(ip) else h.node_ip
+        ip = ip if isinstance(ip, str) and raynodes.NODE_IP_RE.fullmatch(ip) else h.node_ip
         if ip is None and h.is_head:
             ip = url.split("//", 1)[1].rsplit(":", 1)[0].strip("[]")  # the dashboard is the head's
         ip_of[h.name] = ip
@@ -432,17 +432,17 @@ def judge(recipe: Recipe, inv: Inventory, ip_of: dict[str, str | None], nodes: l
     """The gate's verdict on Ray's node list (read_nodes'): a line when the ALIVE nodes cover the
     recipe, else GateRefused naming every inventory host that is not ALIVE with its GPUs."""
     need = f"num_nodes x num_gpus ({recipe.num_nodes} x {recipe.num_gpus})"
-    verdict = node_agent.gate(nodes, {ip: h.gpus for h in inv.hosts if (ip := ip_of[h.name])})
+    verdict = raynodes.gate(nodes, {ip: h.gpus for h in inv.hosts if (ip := ip_of[h.name])})
     alive = [n for n in nodes if n["state"] == "ALIVE"]
     by_ip = {ip: name for name, ip in ip_of.items() if ip}
-    fits = [n for n in alive if node_agent.node_gpus(n) >= recipe.num_gpus]
+    fits = [n for n in alive if raynodes.node_gpus(n) >= recipe.num_gpus]
     down = {h.name: (verdict[ip][1] if (ip := ip_of[h.name]) else "its node IP is not known here (no bring-up record from this machine)")
             for h in inv.hosts if not (ip_of[h.name] and verdict[ip_of[h.name]][0])}
-    gpus = sum(node_agent.node_gpus(n) or 0 for n in alive)
+    gpus = sum(raynodes.node_gpus(n) or 0 for n in alive)
     if len(fits) < recipe.num_nodes or gpus < recipe.num_nodes * recipe.num_gpus:
         lines = [f"  {name} ({ip_of[name] or '?'}): {why}" for name, why in down.items()]
         if not lines:  # every host is up, with fewer GPUs than the recipe names
-            lines = [f"  {by_ip.get(n['node_ip'], n['node_ip'] + ' (not in the inventory)')}: ALIVE with {node_agent.node_gpus(n)} GPU(s)" for n in alive]
+            lines = [f"  {by_ip.get(n['node_ip'], n['node_ip'] + ' (not in the inventory)')}: ALIVE with {raynodes.node_gpus(n)} GPU(s)" for n in alive]
         raise GateRefused(f"cluster {inv.name}: Ray's ALIVE nodes do not cover {need}: {len(fits)} node(s) with {recipe.num_gpus} GPU(s) "
                           f"or more, {gpus} GPU(s) in all; nothing was submitted (slime would wait for the missing GPUs without end):\n"
                           + "\n".join(lines)
@@ -458,7 +458,7 @@ def cluster_env(inventory: str, *, dry_run: bool, ssh_config: str | None = None,
     ssh tunnel that lives as long as `tunnels` when the dashboard does not answer directly, or
     `tunnel` (else ssh.tunnel) says always), its environment, and the recipe checks above as the
     run layer's callables."""
-    from .record import address
+    from .clusterrecord import address
 
     inv = load_inventory(inventory, ssh_config=ssh_config)  # --ssh-config: the user's own, as is
     try:

@@ -22,7 +22,7 @@ import os
 import re
 from pathlib import Path
 
-from .. import records
+from .. import readback
 from ..errors import Problem
 from ..schema import text_problem
 
@@ -140,11 +140,11 @@ def config_problems(path: Path, field: str = "ssh.config") -> list[Problem]:
     label = f"{field} ({path})"
     what = f"an ssh config with only: {accepted({**OPTIONS, **CONFIG_ONLY})}; or pass your own with --ssh-config FILE"
     try:
-        data = records.read_bytes(path, label, what, max_bytes=MAX_CONFIG, follow_symlinks=True)
+        data = readback.read_bytes(path, label, what, max_bytes=MAX_CONFIG, follow_symlinks=True)
         if data is None:
             return [Problem(field, "names no file on this machine", str(path), "an ssh config file, or leave it out to use ~/.ssh/config")]
-        text = records.decode(path, label, what, data)
-    except records.RecordError as exc:
+        text = readback.decode(path, label, what, data)
+    except readback.RecordError as exc:
         return exc.problems
     problems: list[Problem] = []
     allowed = {**OPTIONS, **CONFIG_ONLY}

@@ -12,8 +12,8 @@ from ..proc import Runner
 from ..scripts.node_agent import hostport
 from .agent import VERSIONS_SNIPPET, RayNode, agent, first_line, last_json, read_nodes
 from .bringup import Node, make_nodes
+from .clusterrecord import read_state
 from .inventory import Inventory, load_inventory
-from .record import read_state
 
 
 class StatusRow(TypedDict):

@@ -25,7 +25,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import paths, records
+from .. import paths, readback
 from ..atomic import output_problem, write_output
 from ..errors import CommandError, ConfigError, Problem, SlimeforgeError
 from ..image.sources import GIT
@@ -54,7 +54,7 @@ def parse_catalog(text: str, where: str) -> Catalog:
     if len(text) > MAX_BYTES:
         raise CatalogError(f"{where}: {len(text)} bytes is not a flag catalog (at most {MAX_BYTES})")
     try:
-        doc = records.json_loads(text)
+        doc = readback.json_loads(text)
     except ValueError as exc:
         raise CatalogError(f"{where}: not JSON ({exc})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("flags"), list):
@@ -84,8 +84,8 @@ def load_catalog(path: str | Path) -> Catalog:
     # Through the one reader: a FIFO or a device named as the catalog is refused, never read forever.
     # A catalog is often a symlink the user made (e.g. to an image's), so links are followed.
     try:
-        data = records.read_bytes(path, "flag catalog", "a flags.json made by invoke flags.catalog", max_bytes=MAX_BYTES, follow_symlinks=True)
-    except records.RecordError as exc:
+        data = readback.read_bytes(path, "flag catalog", "a flags.json made by invoke flags.catalog", max_bytes=MAX_BYTES, follow_symlinks=True)
+    except readback.RecordError as exc:
         raise CatalogError(str(exc)) from None
     if data is None:
         raise CatalogError(f"cannot read the flag catalog {path}: No such file or directory")

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .. import records
+from .. import readback
 from ..atomic import output_problem, write_output
 from ..errors import ConfigError, Problem
 
@@ -35,7 +35,7 @@ ACCEPTED_ROW = '{"question": "...", "answer": "... #### 72"} (the Hugging Face o
 def _source_rows(src: Path) -> Iterator[tuple[int, Any]]:
     """(row number, row) of a JSONL or Parquet file; a JSONL line that is not JSON is its text."""
     # Through the one reader, bounded: a FIFO or a device named as --src is refused, never read forever.
-    data = records.read_bytes(src, "--src", "a GSM8K JSONL or Parquet file", max_bytes=MAX_SOURCE_BYTES, follow_symlinks=True)
+    data = readback.read_bytes(src, "--src", "a GSM8K JSONL or Parquet file", max_bytes=MAX_SOURCE_BYTES, follow_symlinks=True)
     if data is None:
         raise ConfigError("data.gsm8k", [Problem("--src", "does not exist", str(src), "a GSM8K JSONL or Parquet file you downloaded")])
     if src.suffix == ".parquet":
@@ -53,14 +53,14 @@ def _source_rows(src: Path) -> Iterator[tuple[int, Any]]:
             raise ConfigError("data.gsm8k", [Problem("--src", f"has {table.num_rows} rows, more than {MAX_ROWS}", str(src))])
         yield from enumerate(table.to_pylist(), start=1)
         return
-    text = records.decode(src, "--src", "UTF-8 JSONL", data)
+    text = readback.decode(src, "--src", "UTF-8 JSONL", data)
     for n, line in enumerate(text.splitlines(), start=1):
         if n > MAX_ROWS:
             raise ConfigError("data.gsm8k", [Problem("--src", f"has more than {MAX_ROWS} rows", str(src))])
         if not line.strip():
             continue
         try:
-            yield n, records.json_loads(line)
+            yield n, readback.json_loads(line)
         except ValueError:
             yield n, line  # reported as "is not a JSON object", showing the line
 

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .. import records
+from .. import readback
 from ..errors import ConfigError, Problem
 from ..scripts import headrecord
 from . import ownership
@@ -40,7 +40,7 @@ def read_head(sdir: Path | None) -> HeadRecord | None:
     """The head record launch.sh wrote on this port (validated); None when there is none."""
     if sdir is None:
         return None
-    doc = records.read_json(sdir / HEAD_RECORD, HEAD_RECORD, "the head record launch.sh writes", _head_problem, max_bytes=headrecord.MAX_RECORD)
+    doc = readback.read_json(sdir / HEAD_RECORD, HEAD_RECORD, "the head record launch.sh writes", _head_problem, max_bytes=headrecord.MAX_RECORD)
     return None if doc is None else headrecord.from_doc(doc)
 
 
@@ -49,7 +49,7 @@ def recorded_head(sdir: Path | None) -> int | None:
     boot id) still runs; None otherwise, and for a record that is not one."""
     try:
         head = read_head(sdir)
-    except records.RecordError:
+    except readback.RecordError:
         return None
     return head.pid if head is not None and ownership.head_alive(head, ownership.proc_facts(head.pid)) else None
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import paths, records
+from .. import paths, readback
 from ..atomic import write_file
 from ..errors import CommandError, SlimeforgeError
 from ..proc import Runner
@@ -171,9 +171,9 @@ def read_cached(path: Path, expect_id: str) -> ImageFacts | None:
     """The cached answer, or None when there is none or it is not a good one (then it is made again
     and replaced: a cache entry is never trusted beyond its checks)."""
     try:
-        doc = records.read_json(path, "an image probe (cache)", "a file slimeforge's image probe wrote", max_bytes=MAX_BYTES)
+        doc = readback.read_json(path, "an image probe (cache)", "a file slimeforge's image probe wrote", max_bytes=MAX_BYTES)
         return None if doc is None else parse_facts(doc, expect_id, str(path), cached=True)
-    except (records.RecordError, ValueError):
+    except (readback.RecordError, ValueError):
         return None
 
 
@@ -200,7 +200,7 @@ def image_facts(image: str, slime_dir: str, megatron_dir: str, *, docker: str = 
     if not lines or len(res.stdout) > MAX_BYTES:
         raise ProbeError(f"slimeforge's probe in {image} printed {'nothing' if not lines else f'{len(res.stdout)} bytes'}, not its answer")
     try:
-        doc = records.json_loads(lines[-1])
+        doc = readback.json_loads(lines[-1])
         facts = parse_facts(doc, iid, f"the probe's answer from {image}", cached=False)
     except ValueError as exc:
         raise ProbeError(str(exc)) from None

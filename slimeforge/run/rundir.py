@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from .. import __version__, paths, records, scripts
+from .. import __version__, paths, readback, scripts
 from ..atomic import LOCK_NAME, dir_lock, dir_problem, write_dir
 from ..errors import ConfigError, Problem
 from ..image.stack import Stack
@@ -138,7 +138,7 @@ def _plan_problem(plan) -> str | None:
 def read_plan(run_dir: str | os.PathLike[str]) -> dict | None:
     """A run directory's plan.json, checked to be slimeforge's (through the one reader: a FIFO, a
     device, a symlink or a huge file is refused, never read); None when there is none."""
-    return records.read_json(Path(run_dir) / "plan.json", "plan.json", _PLAN_ACCEPTED, _plan_problem, max_bytes=MAX_PLAN_BYTES)
+    return readback.read_json(Path(run_dir) / "plan.json", "plan.json", _PLAN_ACCEPTED, _plan_problem, max_bytes=MAX_PLAN_BYTES)
 
 
 def out_problems(out: Path, exp_id: str, locked: bool = True) -> list[Problem]:

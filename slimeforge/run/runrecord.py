@@ -28,7 +28,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import records
+from .. import readback
 from ..atomic import dir_lock, write_file
 from ..errors import ConfigError, Problem, SlimeforgeError
 from ..proc import Runner
@@ -93,7 +93,7 @@ class RunRecord:
 
 def read_record(run_dir: Path, name: str) -> str | None:
     pattern, accepted = _LINE_RECORDS[name]
-    return records.read_text(run_dir / name, name, pattern, accepted)
+    return readback.read_text(run_dir / name, name, pattern, accepted)
 
 
 def read_run(run_dir: str | os.PathLike[str]) -> RunRecord:
@@ -105,7 +105,7 @@ def read_run(run_dir: str | os.PathLike[str]) -> RunRecord:
     values = {name: read_record(run_dir, name) for name in _LINE_RECORDS}
     sid = values["submission_id"]
     if sid is not None and not sid.startswith(plan["exp_id"] + "-"):
-        raise records.RecordError(run_dir / "submission_id", "submission_id", f"is not a submission of experiment {plan['exp_id']!r}",
+        raise readback.RecordError(run_dir / "submission_id", "submission_id", f"is not a submission of experiment {plan['exp_id']!r}",
                                   _LINE_RECORDS["submission_id"][1], sid)
     at = values["slurm_submitted_at"]
     return RunRecord(run_dir=run_dir.resolve(), plan=plan, exp_id=plan["exp_id"], ray_port=plan["recipe"]["ray_port"],
@@ -165,7 +165,7 @@ def docker_inspect(container_id: str, runner: Runner, docker: str = "docker") ->
             return None
         raise Unreachable(f"docker inspect {container_id[:12]} failed: {r.stderr.strip()[-300:]}")
     try:
-        doc = records.json_loads(r.stdout)
+        doc = readback.json_loads(r.stdout)
     except ValueError:
         raise Unreachable(f"docker inspect {container_id[:12]} printed something that is not JSON") from None
     return doc[0] if isinstance(doc, list) and doc and isinstance(doc[0], dict) else None
@@ -234,7 +234,7 @@ def head_gone(rec: RunRecord) -> bool:
         return False  # the head was elsewhere: a cluster we did not start, a container, a Slurm allocation
     try:
         head = read_head(state_dir(rec.ray_port))
-    except records.RecordError:
+    except readback.RecordError:
         return False
     return head is None or not ownership.head_alive(head, ownership.proc_facts(head.pid))
 

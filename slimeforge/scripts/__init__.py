@@ -12,8 +12,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 # The scripts each script imports (by name, registered first): a program carries them all.
-NEEDS: dict[str, tuple[str, ...]] = {"hostrecord": ("procproof",), "headrecord": ("procproof",), "node_agent": ("hostrecord",),
-                                     "slurm_agent": ("node_agent",)}
+NEEDS: dict[str, tuple[str, ...]] = {"hostrecord": ("procproof",), "headrecord": ("procproof",), "raynodes": ("procproof",),
+                                     "pathcheck": ("procproof",), "awscheck": ("hostrecord",),
+                                     "node_agent": ("hostrecord", "raynodes", "pathcheck", "awscheck"),
+                                     "slurm_agent": ("node_agent", "raynodes")}
 
 
 def _with_needs(names: tuple[str, ...]) -> list[str]:
@@ -41,7 +43,8 @@ def program(name: str, *helpers: str) -> str:
 
 
 def node_agent_program() -> str:
-    """The node agent with its record module (hostrecord.py and what it needs), as one program."""
+    """The node agent with the modules it imports (hostrecord, raynodes, pathcheck, awscheck and what
+    they need: NEEDS), as one program."""
     return program("node_agent", "hostrecord")
 
 

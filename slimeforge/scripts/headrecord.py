@@ -100,7 +100,7 @@ def from_doc(doc: dict) -> HeadRecord:
 
 def read(path: str, legacy: bool = False) -> HeadRecord | None:
     """The validated record at `path` (procproof.read_json: a regular file, capped); None when there
-    is none; a procproof.RecordError naming the file when it is not one launch.sh writes."""
+    is none; a procproof.BadRecord naming the file when it is not one launch.sh writes."""
     doc = procproof.read_json(path, MAX_RECORD, MAX_DEPTH, lambda d: record_problem(d, legacy))
     return None if doc is None else from_doc(doc)
 
@@ -162,7 +162,7 @@ def check(path: str) -> tuple[int, str]:
     """(exit code, what to print) for `check`: what launch.sh does with the head `path` records."""
     try:
         record = read(path)
-    except procproof.RecordError as exc:
+    except procproof.BadRecord as exc:
         return EXIT_FOREIGN, f"{exc}; not a head slimeforge can prove it started"
     if record is None:
         return EXIT_ENDED, f"{path}: nothing is recorded there"

@@ -16,7 +16,7 @@ each host:
 A verdict is OURS (act on it), ENDED (gone: nothing to act on; the record can go) or FOREIGN
 (something else holds the pid or id, or the record was edited: refuse and say why). A record
 that is not one this module writes (a FIFO, a device, too big, not UTF-8, nested, mistyped) is a
-RecordError naming the file: read before anything is signalled, never a traceback or a hang.
+BadRecord naming the file: read before anything is signalled, never a traceback or a hang.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ CONTAINER_KEYS = {"container", "argv", "token", "cluster", "started_at"}
 
 # The safe reading of a record and the proofs about a pid: procproof.py, shared with headrecord.py
 # (the names stay here for the node agent).
-RecordError, read_regular = procproof.RecordError, procproof.read_regular
+BadRecord, read_regular = procproof.BadRecord, procproof.read_regular
 proc_stat, boot_id, argv_matches, proc_words = procproof.proc_stat, procproof.boot_id, procproof.argv_matches, procproof.proc_words
 
 
@@ -66,7 +66,7 @@ def tail(path, lines=25, cap=64 * 1024):
     """The last lines of a log we write (empty when it is missing or not a regular file)."""
     try:
         data = read_regular(path, cap, last=True)
-    except RecordError:
+    except BadRecord:
         return ""
     return "".join((data or b"").decode("utf-8", "replace").splitlines(True)[-lines:])
 
@@ -224,11 +224,11 @@ def container_verdict(record):
     if r.returncode != 0:
         if "no such" in r.stderr.lower():
             return ENDED, f"container {cid[:12]} no longer exists", False
-        raise RecordError(f"docker inspect {cid[:12]} failed: {r.stderr.strip()[-300:]}")
+        raise BadRecord(f"docker inspect {cid[:12]} failed: {r.stderr.strip()[-300:]}")
     try:
         info = json.loads(r.stdout)
     except ValueError:
-        raise RecordError(f"docker inspect {cid[:12]} did not answer JSON") from None
+        raise BadRecord(f"docker inspect {cid[:12]} did not answer JSON") from None
     if not isinstance(info, dict) or info.get("Id") != cid:
         return FOREIGN, f"docker answered for another container than {cid[:12]}", False
     labels = (info.get("Config") or {}).get("Labels") or {}
@@ -245,3 +245,15 @@ def verdict(record):
         return container_verdict(record)
     state, why = process_verdict(record)
     return state, why, state == OURS
+
+
+def record_state(state_dir):
+    """(record or None, verdict, reason, running): a record that is not ours to read is FOREIGN."""
+    try:
+        record = read_record(state_dir)
+        if record is None:
+            return None, ENDED, "nothing recorded", False
+        state, why, running = verdict(record)
+    except BadRecord as exc:
+        return None, FOREIGN, str(exc), False
+    return record, state, why, running

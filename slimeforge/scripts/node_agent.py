@@ -41,7 +41,6 @@ import struct
 import subprocess
 import sys
 import time
-import urllib.request
 
 LOG = "ray.log"
 # The one GPU query of slimeforge: the node agent asks it on every cluster host, and preflight
@@ -53,24 +52,18 @@ QUERY_GPU = ["nvidia-smi", "--query-gpu=" + NVIDIA_QUERY, "--format=csv"]
 # --- what we started (hostrecord: the record and its proofs) -----------------------------------
 
 try:
-    from . import hostrecord  # imported as slimeforge.scripts.node_agent
-except ImportError:  # on a host: one program (slimeforge.scripts.program) that registered it first
+    from . import awscheck, hostrecord, pathcheck, raynodes  # imported as slimeforge.scripts.node_agent
+except ImportError:  # on a host: one program (slimeforge.scripts.program) that registered them first
     hostrecord = importlib.import_module("hostrecord")
+    raynodes = importlib.import_module("raynodes")
+    pathcheck = importlib.import_module("pathcheck")
+    awscheck = importlib.import_module("awscheck")
 
-RECORD, RecordError, read_record, tail = hostrecord.RECORD, hostrecord.RecordError, hostrecord.read_record, hostrecord.tail
+RECORD, BadRecord, tail, record_state = hostrecord.RECORD, hostrecord.BadRecord, hostrecord.tail, hostrecord.record_state
 _stat = hostrecord.proc_stat
-
-
-def record_state(state_dir):
-    """(record or None, verdict, reason, running): a record that is not ours to read is FOREIGN."""
-    try:
-        record = read_record(state_dir)
-        if record is None:
-            return None, hostrecord.ENDED, "nothing recorded", False
-        state, why, running = hostrecord.verdict(record)
-    except RecordError as exc:
-        return None, hostrecord.FOREIGN, str(exc), False
-    return record, state, why, running
+# The commands of their own modules: the dashboard's node list (raynodes), a recipe's paths here
+# (pathcheck), AWS as the job sees it (awscheck).
+cmd_nodes, cmd_runcheck, slurm_paths, cmd_awscheck = raynodes.cmd_nodes, pathcheck.cmd_runcheck, pathcheck.slurm_paths, awscheck.cmd_awscheck
 
 
 # --- network ---------------------------------------------------------------------------------
@@ -245,18 +238,18 @@ def secret_file_problem(path, state_dir):
 
 def read_env_file(path):
     """{NAME: value} of the env file: a regular file of ours, mode 0600, `NAME=value` lines (the
-    format of `docker run --env-file`). Raises RecordError naming the file, never showing a value."""
+    format of `docker run --env-file`). Raises BadRecord naming the file, never showing a value."""
     data = hostrecord.read_regular(path, MAX_SECRET_FILE)
     if data is None:
-        raise RecordError(path + ": the secrets file is not there (cluster.up writes it right before the start)")
+        raise BadRecord(path + ": the secrets file is not there (cluster.up writes it right before the start)")
     st = os.stat(path)
     if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
-        raise RecordError(path + ": the secrets file is not this user's alone (mode 0600): nothing started with it")
+        raise BadRecord(path + ": the secrets file is not this user's alone (mode 0600): nothing started with it")
     out = {}
     for n, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
         m = ENV_LINE_RE.fullmatch(line)
         if not m:
-            raise RecordError(f"{path}: line {n} is not NAME=value")
+            raise BadRecord(f"{path}: line {n} is not NAME=value")
         out[m.group(1)] = m.group(2)
     return out
 
@@ -280,7 +273,7 @@ def cmd_start(p):
     try:
         try:
             secrets = read_env_file(env_file)
-        except RecordError as exc:
+        except BadRecord as exc:
             return {"ok": False, "error": f"{exc}; nothing started"}
         return _start(p, secrets)
     finally:
@@ -411,374 +404,10 @@ def cmd_stop(p):
     return {"ok": True, "stopped": True, "pid": pid, "processes": 1 + len(tree), "forced": forced}
 
 
-NODES_MAX_BYTES = 32 << 20  # the dashboard's node list: ~1 KiB a node; more is not a node list
-NODE_IP_RE = re.compile(r"[0-9A-Fa-f.:]{2,45}")
-NODE_STATE_RE = re.compile(r"[A-Z_]{1,32}")
-NODE_ID_RE = re.compile(r"[0-9A-Za-z_-]{1,128}")
-MAX_NODE_GPUS = 4096
-ODD_SHOWN = 10
-
-
-def _no_constant(name):
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def loads_strict(text):
-    """json.loads without NaN/Infinity; a nesting too deep for the parser is a ValueError too."""
-    try:
-        return json.loads(text, parse_constant=_no_constant)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
-
-
-def node_gpus(node):
-    """The GPUs a node registered (resources_total.GPU), or None when that is not a count."""
-    res = node.get("resources_total")
-    if res is None:
-        return 0
-    if not isinstance(res, dict):
-        return None
-    g = res.get("GPU", 0)
-    if isinstance(g, bool) or not isinstance(g, (int, float)) or g != g or not 0 <= g <= MAX_NODE_GPUS:
-        return None
-    return int(g)
-
-
-def node_problem(n):
-    """Why one entry of the dashboard's node list is not a node we can read, or None."""
-    if not isinstance(n, dict):
-        return "is not an object"
-    ip, state = n.get("node_ip"), n.get("state")
-    if not (isinstance(ip, str) and NODE_IP_RE.fullmatch(ip)):
-        return "node_ip is not an IP address: " + ascii(ip)[:80]
-    if not (isinstance(state, str) and NODE_STATE_RE.fullmatch(state)):
-        return "state is not a node state: " + ascii(state)[:80]
-    if node_gpus(n) is None:
-        return "resources_total.GPU is not a GPU count: " + ascii(n.get("resources_total"))[:80]
-    nid = n.get("node_id")
-    if nid is not None and not (isinstance(nid, str) and NODE_ID_RE.fullmatch(nid)):
-        return "node_id is not a node id: " + ascii(nid)[:80]
-    return None
-
-
-def dashboard_nodes(body):
-    """(nodes, odd, error) from the state API's answer: each readable node as {node_id, node_ip,
-    is_head_node, state, resources_total: {GPU}}; odd: why the other entries were left out."""
-    try:
-        entries = body["data"]["result"]["result"]
-    except (TypeError, KeyError, IndexError):
-        return [], [], "not a node list (no data.result.result): " + ascii(body)[:200]
-    if not isinstance(entries, list):
-        return [], [], "data.result.result is not a list: " + ascii(entries)[:200]
-    nodes, odd = [], []
-    for i, n in enumerate(entries):
-        why = node_problem(n)
-        if why:
-            odd.append(f"entry {i} {why}")
-            continue
-        nodes.append({"node_id": n.get("node_id"), "node_ip": n["node_ip"], "is_head_node": n.get("is_head_node") is True,
-                      "state": n["state"], "resources_total": {"GPU": node_gpus(n)}})
-    return nodes, odd[:ODD_SHOWN] + ([f"... {len(odd) - ODD_SHOWN} more"] if len(odd) > ODD_SHOWN else []), None
-
-
-def cmd_nodes(p):
-    url = p["url"]
-    try:
-        # No proxy: this is the head asking its own dashboard, and http_proxy may be set for the internet.
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(url, timeout=p.get("timeout", 10)) as r:
-            raw = r.read(NODES_MAX_BYTES + 1)
-    except (OSError, ValueError) as exc:  # not up yet, or not answering: the caller polls again
-        return {"error": f"{url}: {exc}"}
-    if len(raw) > NODES_MAX_BYTES:
-        return {"error": f"{url}: answered more than {NODES_MAX_BYTES} bytes: not a node list"}
-    try:
-        body = loads_strict(raw.decode("utf-8"))
-    except ValueError as exc:  # UnicodeDecodeError included
-        return {"error": f"{url}: not JSON ({exc}): " + ascii(raw[:200])}
-    nodes, odd, why = dashboard_nodes(body)
-    if why:
-        return {"error": f"{url}: {why}"}
-    return {"nodes": nodes, "odd": odd}
-
-
-# --- AWS credentials as the job on this host sees them (cluster/credentials.py) ---------------
-# Run with the job's own python and environment: host mode, the environment of the recorded
-# `ray start` (every Ray worker inherits it); container mode, `docker exec` in the recorded
-# container. Standard library and boto3 (boto3 missing there is itself the finding).
-AWS_PROBE = r"""
-import json, os, sys
-a = json.loads(sys.argv[1])
-hide = [os.environ[n] for n in a.get("secret_env", []) + ["AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"] if len(os.environ.get(n, "")) >= 4]
-def said(text):
-    for v in hide:
-        text = text.replace(v, "***")
-    return text[:300]
-out = {"secret_env_set": [n for n in a.get("secret_env", []) if os.environ.get(n)]}
-if not a.get("aws"):
-    print(json.dumps(out)); sys.exit(0)
-try:
-    import boto3
-    from botocore.config import Config
-    from botocore.exceptions import ClientError
-except ImportError as exc:
-    out["error"] = "boto3 is not installed in the job's environment here (%s)" % exc
-    print(json.dumps(out)); sys.exit(0)
-out["boto3"] = boto3.__version__
-def err(exc):
-    if isinstance(exc, ClientError):
-        e = exc.response.get("Error", {})
-        return said("%s: %s" % (e.get("Code", "?"), e.get("Message", "")))
-    return said("%s: %s" % (type(exc).__name__, exc))
-cfg = Config(connect_timeout=5, read_timeout=10, retries={"max_attempts": 1})
-try:
-    s = boto3.Session(region_name=a.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1")
-    c = s.get_credentials()
-except Exception as exc:
-    out["credentials"] = {"error": err(exc)}
-    c = None
-if c is None:
-    out.setdefault("credentials", {"error": "no AWS credentials (environment, ~/.aws files, instance role)"})
-else:
-    out["credentials"] = {"method": c.method}
-    try:
-        out["identity"] = {"arn": s.client("sts", config=cfg).get_caller_identity()["Arn"]}
-    except Exception as exc:
-        out["identity"] = {"error": err(exc)}
-    if a.get("bucket"):
-        try:
-            s.client("s3", config=cfg).head_bucket(Bucket=a["bucket"])
-            out["s3"] = {"ok": True}
-        except Exception as exc:
-            out["s3"] = {"error": err(exc)}
-    if a.get("runtime_id"):
-        try:
-            r = s.client("bedrock-agentcore-control", config=cfg).get_agent_runtime(agentRuntimeId=a["runtime_id"])
-            out["agentcore"] = {"status": str(r.get("status"))}
-        except Exception as exc:
-            out["agentcore"] = {"error": err(exc)}
-print(json.dumps(out))
-"""
-
-
-def cmd_awscheck(p):
-    """p: {"state_dir", "python" (host mode: the environment's), "args": {"bucket", "runtime_id", "region"}}.
-    Answers {"secret_env": names delivered at start, "probe": AWS_PROBE's answer} or {"error"}."""
-    state_dir = os.path.expanduser(p["state_dir"])
-    record, state, why, running = record_state(state_dir)
-    if record is None or state == hostrecord.FOREIGN or not running:
-        return {"error": f"no Ray of ours runs here ({why}): run `invoke cluster.up` first"}
-    names = record.get("secret_env", [])
-    payload = json.dumps(dict(p.get("args", {}), secret_env=names))
-    if "container" in record:
-        argv, env = ["docker", "exec", "-i", "--", record["container"], "python3", "-", payload], None
-    else:
-        words = hostrecord.proc_words(record["pid"], "environ")
-        if words is None:
-            return {"secret_env": names, "error": f"cannot read the environment of pid {record['pid']}"}
-        env = dict(w.split("=", 1) for w in words if "=" in w)
-        argv = [p.get("python") or "python3", "-", payload]
-    try:
-        r = subprocess.run(argv, input=AWS_PROBE, capture_output=True, text=True, env=env, timeout=p.get("timeout", 90))
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return {"secret_env": names, "error": f"{argv[0]}: {exc}"}
-    for line in reversed(r.stdout.strip().splitlines()):
-        if line.startswith("{"):
-            try:
-                return {"secret_env": names, "probe": json.loads(line)}
-            except ValueError:
-                break
-    return {"secret_env": names, "error": f"the probe exited {r.returncode}: {r.stderr.strip()[-300:]}"}
-
-
-# --- a recipe's paths on this host (cluster/runcheck.py) -------------------------------------
-
-MARKER_PREFIX = ".slimeforge-fs-"
-CONFIG_KEYS = ("hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size", "tie_word_embeddings")
-CONFIG_MAX_BYTES = 16 << 20  # a model's config.json is a few KiB; more is not one
-CONFIG_INT_MAX = 1 << 31  # a layer count, width or vocabulary beyond this is not a model's
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
-WEIGHT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,254}")
-MAX_WEIGHT_FILES = 10000
-PATH_MAX = 4096
-UNUSABLE_PATH = f"is not a usable path (a NUL byte, a character no file name holds, or longer than {PATH_MAX} characters)"
-
-
-def path_problem(path):
-    """Why `path` (from the caller's JSON) cannot be looked at here, or None."""
-    if not isinstance(path, str) or not path:
-        return "is not a path"
-    try:
-        path.encode("utf-8", "surrogateescape")  # a lone surrogate has no bytes: no file has that name
-    except UnicodeEncodeError:
-        return UNUSABLE_PATH
-    if "\0" in path or len(path) > PATH_MAX:
-        return UNUSABLE_PATH
-    if not os.path.isabs(path):
-        return "is not an absolute path"
-    return None
-
-
-def read_config(config):
-    """config.json's shape keys (only well-formed values), or the reason it cannot be read: never
-    blocks on a FIFO, never reads more than CONFIG_MAX_BYTES, never recurses without bound."""
-    try:
-        fd = os.open(config, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        return None, f"config.json cannot be opened: {exc.strerror or exc}"
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None, "config.json is not a regular file"
-        if st.st_size > CONFIG_MAX_BYTES:
-            return None, f"config.json is {st.st_size} bytes (a model's is a few KiB)"
-        chunks, left = [], CONFIG_MAX_BYTES + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 16))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-    except OSError as exc:
-        return None, f"config.json cannot be read: {exc.strerror or exc}"
-    finally:
-        os.close(fd)
-    try:
-        doc = loads_strict(b"".join(chunks).decode("utf-8"))
-    except ValueError as exc:
-        return None, f"config.json is not JSON: {str(exc)[:200]}"
-    if not isinstance(doc, dict):
-        return None, "config.json is not a JSON object"
-    out = {}  # type: dict[str, object]
-    for k in CONFIG_KEYS:
-        v = doc.get(k)
-        if k == "tie_word_embeddings":
-            if isinstance(v, bool):
-                out[k] = v
-        elif type(v) is int and 0 < v < CONFIG_INT_MAX:
-            out[k] = v
-    return out, None
-
-
-def weight_files(path):
-    """({name: bytes} of the model's weight files, [problems]): what a checkpoint's size follows and
-    what a worker's copy must match. Symlinks are followed (a Hugging Face snapshot is symlinks)."""
-    files, problems = {}, []
-    try:
-        with os.scandir(path) as entries:
-            for e in entries:
-                if not e.name.endswith(WEIGHT_SUFFIXES):
-                    continue
-                if not WEIGHT_NAME_RE.fullmatch(e.name):
-                    problems.append("has a weights file whose name is not plain text: " + ascii(e.name)[:300])
-                    continue
-                try:
-                    st = os.stat(e.path)
-                except OSError as exc:  # a dangling link, a link loop, no permission
-                    problems.append(f"has a weights file {e.name} that cannot be read: {exc.strerror or exc}")
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    files[e.name] = st.st_size
-                    if len(files) > MAX_WEIGHT_FILES:
-                        problems.append(f"has more than {MAX_WEIGHT_FILES} weights files")
-                        break
-    except OSError as exc:
-        problems.append(f"cannot be listed: {exc.strerror or exc}")
-    return files, problems
-
-
-def cmd_runcheck(p):
-    """p: {"paths": [{"what", "path", "kind": model|file|dir}], "checkpoint": {"dir", "token", "write"|"read"|"remove"}}.
-    Answers {"problems": [{"what", "path", "why"}], "weights": {name: bytes}, "weights_bytes", "config",
-    "free_bytes"}; the caller adds the fixes. Whatever the host's files are, the answer is JSON."""
-    problems, weights = [], {}  # type: list[dict[str, str]], dict[str, int]
-    out = {"problems": problems, "weights": weights, "weights_bytes": 0, "config": None, "free_bytes": None}
-
-    def bad(what, path, why):
-        problems.append({"what": what, "path": path, "why": why})
-
-    for item in p.get("paths", []):
-        what, path, kind = item["what"], item["path"], item["kind"]
-        why = path_problem(path)
-        if why:
-            bad(what, path if isinstance(path, str) else ascii(path), why)
-        elif kind == "file" and not (os.path.isfile(path) and os.access(path, os.R_OK)):
-            bad(what, path, "no such file here" if not os.path.exists(path) else "is not a readable file")
-        elif kind == "dir" and not os.path.isdir(path):
-            bad(what, path, "no such directory here")
-        elif kind == "model":
-            config = os.path.join(path, "config.json")
-            if not os.path.isdir(path):
-                bad(what, path, "no such directory here")
-            elif not (os.path.isfile(config) and os.access(config, os.R_OK)):
-                bad(what, path, "has no readable config.json here")
-            else:
-                out["config"], why = read_config(config)
-                if why:
-                    bad(what, path, why)
-                found, whys = weight_files(path)
-                weights.update(found)
-                for why in whys:
-                    bad(what, path, why)
-    out["weights_bytes"] = sum(weights.values())
-    ck = p.get("checkpoint")
-    if ck:
-        d, token = ck["dir"], ck["token"]
-        if path_problem(d) or not (isinstance(token, str) and re.fullmatch(r"[0-9a-f]{32}", token)):
-            bad("checkpoint_dir", d if isinstance(d, str) else ascii(d), "is not an absolute path with a 32-hex-digit token")
-            return out
-        marker = os.path.join(d, MARKER_PREFIX + token)
-        try:
-            os.makedirs(d, exist_ok=True)
-            probe = os.path.join(d, f".slimeforge-probe-{token}-{os.getpid()}")
-            with open(probe, "w") as f:  # writable by this user, as every rank writes its shard
-                f.write(token)
-            os.remove(probe)
-            st = os.statvfs(d)
-            out["free_bytes"] = st.f_bavail * st.f_frsize
-            if ck.get("write"):
-                with open(marker + ".tmp", "w") as f:
-                    f.write(token)
-                os.replace(marker + ".tmp", marker)
-        except OSError as exc:
-            bad("checkpoint_dir", d, f"is not writable here: {exc.strerror or exc}")
-            return out
-        if ck.get("read"):
-            if read_marker(marker) != token:  # "" when it is not there, or not a regular file
-                bad("checkpoint_dir", d, "is not the head's filesystem: the marker the head wrote there is not here")
-        if ck.get("remove"):
-            try:
-                os.remove(marker)
-            except OSError:
-                pass  # gone already, or not ours to remove (a directory by that name): a leftover is never read again
-    return out
-
-
-def gate(nodes, want):
-    """The health gate's test, for cluster.up, for a Slurm allocation, and before a run is submitted.
-
-    nodes: the dashboard's node list (cmd_nodes); want: {node IP: GPUs it must register with}.
-    Returns {ip: (ok, detail)}: ok when an ALIVE node has that IP and exactly those GPUs. Entries
-    that are not nodes (cmd_nodes leaves them out; a caller may pass the raw list) count for nothing."""
-    readable = [n for n in nodes if node_problem(n) is None] if isinstance(nodes, list) else []
-    alive = {n["node_ip"]: n for n in readable if n["state"] == "ALIVE"}
-    other = {n["node_ip"]: n["state"] for n in readable if n["state"] != "ALIVE"}
-    out = {}
-    for ip, gpus in want.items():
-        node = alive.get(ip)
-        if node is None:
-            out[ip] = (False, f"no ALIVE node with IP {ip}" + (f" (Ray lists it {other[ip]})" if ip in other else ""))
-            continue
-        got = node_gpus(node)
-        out[ip] = (True, f"{ip} ALIVE, {got} GPU(s)") if got == gpus else (False, f"registered from {ip} with {got} GPU(s), expected {gpus}")
-    return out
-
-
 # --- inside a Slurm allocation ---------------------------------------------------------------
 # The batch script exports what is only known inside the allocation (srun passes it to every task):
 # SF_STEP_DIR (this job's directory in the run directory), SF_NODES (the allocation's nodes, head
 # first), SF_HEAD_NODE and SF_HEAD_ADDR (its NodeAddr). The JSON parameters are fixed at render time.
-
 
 
 def _head_ip():
@@ -812,63 +441,6 @@ def cmd_slurm_check(p):
             problems.append(f"{program}: not found or not executable on this node")
     problems += slurm_paths(p, is_head)
     return {"node": node, "ip": route.get("src"), "dev": route.get("dev"), "gpus_seen": seen, "problems": problems}
-
-
-def read_marker(path):
-    """A marker's token: "" unless `path` is a regular file (never waits on a FIFO)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return ""
-    try:
-        return os.read(fd, 256).decode(errors="replace").strip() if stat.S_ISREG(os.fstat(fd).st_mode) else ""
-    finally:
-        os.close(fd)
-
-
-CHECKPOINT_FACTOR = 7  # bytes of a Megatron checkpoint with optimizer state per byte of bf16 weights
-
-
-def checkpoint_bytes(weights, config):
-    """The size of a checkpoint with optimizer state, and how it was found: from the weights' bytes,
-    else from config.json's shape; (None, why) when neither is known. cluster/runcheck.py and the
-    Slurm nodes' slurm-check both use it."""
-    if type(weights) is int and 0 < weights < 1 << 62:
-        return CHECKPOINT_FACTOR * weights, f"{CHECKPOINT_FACTOR} x the weights' {weights / 2**30:.2f} GiB"
-    c = config if isinstance(config, dict) else {}
-
-    def dim(k):  # a positive int, never a bool, a float or a string
-        return type(c.get(k)) is int and 0 < c[k] < CONFIG_INT_MAX
-
-    if all(dim(k) for k in ("hidden_size", "num_hidden_layers", "vocab_size")):
-        h = c["hidden_size"]
-        inter = c["intermediate_size"] if dim("intermediate_size") else 4 * h
-        # Per layer: attention's four h x h projections and a gated MLP's three h x intermediate ones;
-        # the embedding, and the output layer unless tied to it.
-        params = c["num_hidden_layers"] * (4 * h * h + 3 * h * inter) + (1 if c.get("tie_word_embeddings") else 2) * c["vocab_size"] * h
-        return CHECKPOINT_FACTOR * 2 * params, f"{CHECKPOINT_FACTOR} x 2 bytes x {params / 1e9:.2f}B parameters (config.json)"
-    return None, "no weights and no shape in config.json"
-
-
-def slurm_paths(p, is_head):
-    """The run's files as this node sees them: the run directory (its marker, written where the job
-    was submitted), then runcheck's: the model with its config.json (every node), the data (the
-    head), a squashfs image (every node), checkpoint_dir writable and holding the batch host's
-    marker (one filesystem), with free space for a checkpoint of the model's weights."""
-    problems = []
-    seen = p.get("visible")
-    if seen and read_marker(seen["path"]) != seen["token"]:
-        problems.append(f"cannot see the run directory {os.path.dirname(seen['path'])} (its marker is not there, or is another copy's): "
-                        "put --out on a filesystem every node mounts at the same path")
-    ck = p.get("checkpoint")
-    answer = cmd_runcheck({"paths": [i for i in p.get("paths", []) if is_head or not i.get("head_only")],
-                           "checkpoint": ck and {"dir": ck["dir"], "token": ck["token"], "read": True}})
-    problems += [f"{x['what']} {x['path']}: {x['why']}" for x in answer["problems"]]
-    need, how = checkpoint_bytes(answer["weights_bytes"], answer["config"])
-    free = answer["free_bytes"]
-    if ck and free is not None and need is not None and need > free:
-        problems.append(f"checkpoint_dir {ck['dir']}: {free / 2**30:.1f} GiB free, a checkpoint needs about {need / 2**30:.1f} GiB ({how})")
-    return problems
 
 
 COMMANDS = {"facts": cmd_facts, "start": cmd_start, "wait": cmd_wait, "stop": cmd_stop, "nodes": cmd_nodes, "runcheck": cmd_runcheck,

@@ -9,7 +9,7 @@ imports it (slimeforge.scripts.program).
 A process is proved by its pid AND its start time (field 22 of /proc/PID/stat: a pid is reused)
 AND the boot id (a start time means nothing after a reboot) AND its exact argv (argv_matches). A
 record is read as a regular file only (never a FIFO, a device or a symlink), size-capped and
-depth-checked before it is parsed: a RecordError names the file, never a traceback or a hang.
+depth-checked before it is parsed: a BadRecord names the file, never a traceback or a hang.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ BOOT_ID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-
 _DIGITS = re.compile(r"[0-9]{1,20}")
 
 
-class RecordError(Exception):
-    """The record exists but is not one slimeforge writes; the message names the file."""
+class BadRecord(Exception):
+    """The record exists but is not one slimeforge writes; the message names the file. (The hosts'
+    own: slimeforge.readback.RecordError, the package's, is a ConfigError these scripts cannot import.)"""
 
 
 # --- reading files that may be anything ----------------------------------------------------------
@@ -52,20 +53,20 @@ def read_regular(path: str, cap: int, last: bool = False) -> bytes | None:
         # Judged before open(): opening a device can itself have effects (a tape rewinds).
         first = os.lstat(path)
         if not stat.S_ISREG(first.st_mode):
-            raise RecordError(f"{path}: is {_kind(first.st_mode)}, not a regular file slimeforge wrote")
+            raise BadRecord(f"{path}: is {_kind(first.st_mode)}, not a regular file slimeforge wrote")
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         return None
     except OSError as exc:
         what = "is a symlink" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})"
-        raise RecordError(f"{path}: {what}, not a regular file slimeforge wrote") from None
+        raise BadRecord(f"{path}: {what}, not a regular file slimeforge wrote") from None
     try:
         st = os.fstat(fd)  # what was opened, not the name: it may have been replaced since the lstat
         if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (first.st_dev, first.st_ino):
-            raise RecordError(f"{path}: is {_kind(st.st_mode)}, not a regular file slimeforge wrote")
+            raise BadRecord(f"{path}: is {_kind(st.st_mode)}, not a regular file slimeforge wrote")
         if st.st_size > cap:
             if not last:
-                raise RecordError(f"{path}: is {st.st_size} bytes, more than a record holds ({cap})")
+                raise BadRecord(f"{path}: is {st.st_size} bytes, more than a record holds ({cap})")
             os.lseek(fd, st.st_size - cap, os.SEEK_SET)
         chunks, left = [], cap + 1
         while left > 0:
@@ -79,7 +80,7 @@ def read_regular(path: str, cap: int, last: bool = False) -> bytes | None:
     data = b"".join(chunks)
     if len(data) > cap:
         if not last:
-            raise RecordError(f"{path}: is more than {cap} bytes, more than a record holds")
+            raise BadRecord(f"{path}: is more than {cap} bytes, more than a record holds")
         data = data[-cap:]
     return data
 
@@ -118,16 +119,16 @@ def read_json(path: str, cap: int, max_depth: int, problem: Callable[[Any], str 
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise RecordError(f"{path}: is not UTF-8 text (byte {exc.start}): not a record slimeforge wrote") from None
+        raise BadRecord(f"{path}: is not UTF-8 text (byte {exc.start}): not a record slimeforge wrote") from None
     if _depth(text, max_depth) > max_depth:
-        raise RecordError(f"{path}: nests deeper than {max_depth}: not a record slimeforge wrote")
+        raise BadRecord(f"{path}: nests deeper than {max_depth}: not a record slimeforge wrote")
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError):
-        raise RecordError(f"{path}: is not JSON: not a record slimeforge wrote") from None
+        raise BadRecord(f"{path}: is not JSON: not a record slimeforge wrote") from None
     why = problem(doc)
     if why:
-        raise RecordError(f"{path}: {why}: not a record slimeforge wrote")
+        raise BadRecord(f"{path}: {why}: not a record slimeforge wrote")
     return doc
 
 
@@ -183,3 +184,18 @@ def argv_matches(recorded: list[str], live: list[str] | None) -> bool:
     if tail[1:] != recorded[1:]:
         return False
     return tail[0] == recorded[0] or ("/" not in recorded[0] and os.path.basename(tail[0]) == recorded[0])
+
+
+# --- JSON a host answers or holds --------------------------------------------------------------
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def loads_strict(text: str) -> Any:
+    """json.loads without NaN/Infinity; a nesting too deep for the parser is a ValueError too."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None

@@ -24,12 +24,13 @@ import sys
 import time
 
 try:
-    from . import node_agent  # imported as slimeforge.scripts.slurm_agent
-except ImportError:  # in a run directory: one program (slimeforge.scripts.program) that registered node_agent first
+    from . import node_agent, raynodes  # imported as slimeforge.scripts.slurm_agent
+except ImportError:  # in a run directory: one program (slimeforge.scripts.program) that registered them first
     node_agent = importlib.import_module("node_agent")
+    raynodes = importlib.import_module("raynodes")
 
 _head_ip, _stat, cmd_nodes, cmd_runcheck = node_agent._head_ip, node_agent._stat, node_agent.cmd_nodes, node_agent.cmd_runcheck
-gate, hostport, route_to, tcp_reach = node_agent.gate, node_agent.hostport, node_agent.route_to, node_agent.tcp_reach
+gate, hostport, route_to, tcp_reach = raynodes.gate, node_agent.hostport, node_agent.route_to, node_agent.tcp_reach
 
 
 def text_table(headers, rows):

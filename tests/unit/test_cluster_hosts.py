@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slimeforge.cluster import addresses, nodestart, record, statustable
+from slimeforge.cluster import addresses, clusterrecord, nodestart, statustable
 from slimeforge.cluster import raycluster as cluster
 from slimeforge.cluster.bringup import ClusterError
 from slimeforge.cluster.inventory import load_inventory
@@ -46,7 +46,7 @@ def test_ipv6_hosts_reach_ssh_bare_and_host_port_bracketed(tmp_path):
     assert argv[argv.index("-J") + 1] == "ops@[fd00::1]"  # ssh needs the brackets to tell a port
     ray = nodestart.ray_start_argv(inv, worker, "fd00::12", "fd00::11")
     assert ray[ray.index("--address") + 1] == "[fd00::11]:6379"
-    assert record.address(inv) == record.ClusterAddress("[fd00::11]:6379", "http://[fd00::11]:8265")
+    assert clusterrecord.address(inv) == clusterrecord.ClusterAddress("[fd00::11]:6379", "http://[fd00::11]:8265")
     assert "until [fd00::11]:8265/api/v0/nodes" in "\n".join(cluster.plan(inv, control_dir=str(tmp_path)))
 
 
@@ -149,7 +149,7 @@ def test_record_fields_are_typed():
 ])
 def test_a_bad_record_is_an_error_naming_the_file(tmp_path, make, says):
     make(tmp_path / "ray.json")
-    with pytest.raises(hostrecord.RecordError) as err:
+    with pytest.raises(hostrecord.BadRecord) as err:
         hostrecord.read_record(str(tmp_path))
     assert str(err.value).startswith(str(tmp_path / "ray.json")) and says in str(err.value)
 
@@ -174,8 +174,8 @@ def test_down_reports_each_refusal_in_its_table_and_keeps_the_state(tmp_path, mo
     monkeypatch.setenv("SLIMEFORGE_STATE_HOME", str(tmp_path / "state"))
     hosts = [{"name": "a", "address": "10.0.0.1", "role": "head", "gpus": 1}, {"name": "b", "address": "10.0.0.2", "gpus": 1}]
     inv = load_inventory(write(tmp_path, hosts))
-    record.state_file(inv).parent.mkdir(parents=True)
-    record.state_file(inv).write_text(json.dumps({"gcs": "10.0.0.1:6379", "dashboard": "http://10.0.0.1:8265"}))
+    clusterrecord.state_file(inv).parent.mkdir(parents=True)
+    clusterrecord.state_file(inv).write_text(json.dumps({"gcs": "10.0.0.1:6379", "dashboard": "http://10.0.0.1:8265"}))
     answers = {"a": {"ok": True, "stopped": True, "pid": 7, "processes": 3, "forced": []},
                "b": {"ok": False, "stopped": False, "refused": "pid 9 is not the `ray start` slimeforge recorded: it runs 'sleep 300'; left alone"}}
     with pytest.raises(ClusterError) as err:
@@ -185,7 +185,7 @@ def test_down_reports_each_refusal_in_its_table_and_keeps_the_state(tmp_path, mo
     row = next(line for line in text.splitlines() if line.startswith("b "))
     assert "FAILED" in row and "refused: pid 9 is not the `ray start`" in row
     assert "stopped pid 7 and 2 child process(es)" in next(line for line in text.splitlines() if line.startswith("a "))
-    assert record.state_file(inv).exists()  # down did not finish: its record of the cluster stays
+    assert clusterrecord.state_file(inv).exists()  # down did not finish: its record of the cluster stays
 
 
 def test_status_shows_a_refused_record(tmp_path, monkeypatch):

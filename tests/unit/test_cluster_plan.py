@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slimeforge.cluster import agent, bringup, nodestart, record
+from slimeforge.cluster import agent, bringup, clusterrecord, nodestart
 from slimeforge.cluster.hosttable import FAILED, OK, HostTable
 from slimeforge.cluster.inventory import load_inventory
 
@@ -176,7 +176,7 @@ def test_run_task_resolves_the_cluster_head_and_passes_it_on(tmp_path, monkeypat
     assert err.value.code == 2 and "run `invoke cluster.up" in str(err.value.message)
 
     inv = load_inventory(EXAMPLE)
-    path = record.state_file(inv)
+    path = clusterrecord.state_file(inv)
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"gcs": "10.0.0.11:6379", "dashboard": "http://10.0.0.11:8265"}))
     seen = {}

@@ -27,7 +27,7 @@ from slimeforge.cluster.inventory import load_inventory
 from slimeforge.cluster.nodestart import ray_env, start_argv
 from slimeforge.errors import ConfigError
 from slimeforge.run.recipecheck import parse_recipe
-from slimeforge.scripts import hostrecord, node_agent
+from slimeforge.scripts import awscheck, hostrecord, node_agent
 
 IMAGE = "reg.example:5000/slimeforge@sha256:" + "a" * 64
 VALUE = "s3cr3t-VALUE-never-shown-0123456789"
@@ -285,7 +285,7 @@ def test_probe_answers_become_problems_with_fixes(tmp_path):
 
 def test_the_probe_reports_which_named_secrets_are_set_without_aws(tmp_path):
     env = {"PATH": os.environ["PATH"], "HF_TOKEN": VALUE}
-    r = subprocess.run([sys.executable, "-", json.dumps({"aws": False, "secret_env": ["HF_TOKEN", "WANDB_API_KEY"]})], input=node_agent.AWS_PROBE,
+    r = subprocess.run([sys.executable, "-", json.dumps({"aws": False, "secret_env": ["HF_TOKEN", "WANDB_API_KEY"]})], input=awscheck.AWS_PROBE,
                        capture_output=True, text=True, env=env, check=True)
     assert json.loads(r.stdout) == {"secret_env_set": ["HF_TOKEN"]}
 
@@ -300,7 +300,7 @@ def test_a_record_with_secret_names_reads_and_one_with_anything_else_is_refused(
 def test_container_awscheck_runs_the_probe_inside_the_nodes_container(monkeypatch):
     cid = "c" * 64
     record = {"container": cid, "argv": ["docker", "run"], "token": TOKEN, "cluster": "lab", "started_at": 1.0, "secret_env": ["HF_TOKEN"]}
-    monkeypatch.setattr(node_agent, "record_state", lambda state_dir: (record, hostrecord.OURS, "", True))
+    monkeypatch.setattr(hostrecord, "record_state", lambda state_dir: (record, hostrecord.OURS, "", True))
     calls = []
 
     def run(argv, **kw):
@@ -313,7 +313,7 @@ def test_container_awscheck_runs_the_probe_inside_the_nodes_container(monkeypatc
     ((argv, kw),) = calls
     # In the container, with its environment (docker exec inherits the container's, --env-file's included).
     assert argv == ["docker", "exec", "-i", "--", cid, "python3", "-", json.dumps({"aws": False, "secret_env": ["HF_TOKEN"]})]
-    assert kw["input"] == node_agent.AWS_PROBE and kw["env"] is None
+    assert kw["input"] == awscheck.AWS_PROBE and kw["env"] is None
 
 
 def test_invoke_run_refuses_a_recipe_secret_the_cluster_does_not_deliver(tmp_path):

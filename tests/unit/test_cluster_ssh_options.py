@@ -91,7 +91,7 @@ def test_proxy_command_is_explicit_and_shown_by_the_dry_run(tmp_path):
 @pytest.mark.parametrize("make", [lambda p: p.write_bytes(b"\xff\xfe"), lambda p: p.write_text('{"gcs": "x; rm -rf /", "dashboard": "http://h:1"}'),
                                   lambda p: __import__("os").mkfifo(p), lambda p: p.symlink_to("/dev/zero")])
 def test_a_bad_cluster_state_record_is_an_error_naming_the_file(tmp_path, monkeypatch, make):
-    from slimeforge.cluster.record import address, state_file
+    from slimeforge.cluster.clusterrecord import address, state_file
 
     monkeypatch.setenv("SLIMEFORGE_STATE_HOME", str(tmp_path / "state"))
     inv = load_inventory(inventory(tmp_path, {}))

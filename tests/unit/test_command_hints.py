@@ -7,7 +7,8 @@ import io
 
 import pytest
 
-from slimeforge.cli import AsTyped, hint_pattern, ns
+from slimeforge.cli import ns
+from slimeforge.clihelp import AsTyped, hint_pattern
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from slimeforge import console, records
+from slimeforge import console, readback
 from slimeforge.image.builder import buildprogress
 from slimeforge.image.builder.buildkit import stream_build
 from slimeforge.proc import Runner
@@ -119,7 +119,7 @@ def test_build_progress_steps_estimates_heartbeat_and_times(tmp_path):
     assert buildprogress.read_times(tmp_path / buildprogress.TIMES) == {"apex": 2.0}
     assert buildprogress.past_times(tmp_path / "nowhere", "cu13", tmp_path) == {"apex": 2.0}
     (tmp_path / buildprogress.TIMES).write_text('{"schema": "slimeforge.step-times/1", "steps": {"apex": "soon"}}')
-    with pytest.raises(records.RecordError, match="seconds 'soon' is not a number"):
+    with pytest.raises(readback.RecordError, match="seconds 'soon' is not a number"):
         buildprogress.read_times(tmp_path / buildprogress.TIMES)
     assert buildprogress.past_times(tmp_path / "nowhere", "cu13", tmp_path) == {}
 
@@ -158,7 +158,7 @@ def test_preflight_errors_are_printed_once(tmp_path):
 ])
 def test_a_damaged_step_times_record_is_refused_by_name(tmp_path, steps, why):
     (tmp_path / buildprogress.TIMES).write_text(f'{{"schema": "slimeforge.step-times/1", "steps": {steps}}}')
-    with pytest.raises(records.RecordError, match=re.escape(why)):
+    with pytest.raises(readback.RecordError, match=re.escape(why)):
         buildprogress.read_times(tmp_path / buildprogress.TIMES)
 
 

@@ -123,16 +123,16 @@ def test_reading_a_record_that_is_not_a_regular_file_json_record_is_a_record_err
     assert hr.read(str(path)) is None  # nothing recorded
     for content in (b"\xff\xfe", b"{" * 100, b"not json", json.dumps(doc(pid=-1)).encode(), b" " * (hr.MAX_RECORD + 1)):
         path.write_bytes(content)
-        with pytest.raises(procproof.RecordError, match="head.json"):
+        with pytest.raises(procproof.BadRecord, match="head.json"):
             hr.read(str(path))
     path.unlink()
     os.mkfifo(path)  # never opened for reading by name alone: a FIFO would block the reader
-    with pytest.raises(procproof.RecordError, match="FIFO"):
+    with pytest.raises(procproof.BadRecord, match="FIFO"):
         hr.read(str(path))
     path.unlink()
     (tmp_path / "real.json").write_text(json.dumps(doc()))
     path.symlink_to(tmp_path / "real.json")
-    with pytest.raises(procproof.RecordError, match="symlink"):
+    with pytest.raises(procproof.BadRecord, match="symlink"):
         hr.read(str(path))
 
 

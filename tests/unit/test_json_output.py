@@ -29,7 +29,7 @@ def test_every_documented_schema_has_a_shape_and_a_task():
     doc = json_shapes.DOC.read_text()
     listed = set(re.findall(r"^\| `invoke [^`]+` \| `(slimeforge\.[a-z-]+/\d+)` \|$", doc, re.M))
     assert listed == set(json_shapes.shapes()) and len(listed) == 8
-    tasks = (ROOT / "slimeforge" / "cli.py").read_text()
+    tasks = "".join((ROOT / "slimeforge" / name).read_text() for name in ("cli.py", "cliviews.py"))  # the tasks and what they print
     assert listed == set(re.findall(r'json_doc\("(slimeforge\.[a-z-]+/\d+)"', tasks + (ROOT / "slimeforge/run/launch.py").read_text()))
 
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from slimeforge import atomic, records
+from slimeforge import atomic, readback
 from slimeforge.errors import ConfigError
 
 PATTERN = re.compile(r"[0-9]{1,5}")
 
 
 def read(path: Path, **kw) -> str | None:
-    return records.read_text(path, "a_record", PATTERN, "digits", **kw)
+    return readback.read_text(path, "a_record", PATTERN, "digits", **kw)
 
 
 def test_a_good_record_and_a_missing_one(tmp_path):
@@ -30,7 +30,7 @@ def test_a_good_record_and_a_missing_one(tmp_path):
                                               (b"--help", "is not a record")])
 def test_bad_contents_name_the_file(tmp_path, content, message):
     (tmp_path / "r").write_bytes(content)
-    with pytest.raises(records.RecordError) as err:
+    with pytest.raises(readback.RecordError) as err:
         read(tmp_path / "r")
     assert str(err.value).startswith(f"{tmp_path / 'r'}: 1 problem(s):") and message in str(err.value)
 
@@ -38,7 +38,7 @@ def test_bad_contents_name_the_file(tmp_path, content, message):
 def test_a_fifo_is_refused_without_blocking(tmp_path):
     os.mkfifo(tmp_path / "r")
     result = []
-    t = threading.Thread(target=lambda: result.append(pytest.raises(records.RecordError, read, tmp_path / "r")), daemon=True)
+    t = threading.Thread(target=lambda: result.append(pytest.raises(readback.RecordError, read, tmp_path / "r")), daemon=True)
     t.start()
     t.join(5)
     assert not t.is_alive() and "FIFO" in str(result[0].value)
@@ -49,7 +49,7 @@ def test_a_fifo_is_refused_without_blocking(tmp_path):
 def test_directories_and_symlinks_are_refused(tmp_path, make, kind):
     (tmp_path / "real").write_text("7\n")
     make(tmp_path / "r")
-    with pytest.raises(records.RecordError, match=kind):
+    with pytest.raises(readback.RecordError, match=kind):
         read(tmp_path / "r")
 
 
@@ -58,23 +58,23 @@ def test_symlinks_are_followed_only_when_asked_and_never_to_a_device(tmp_path):
     (tmp_path / "link").symlink_to(tmp_path / "real")
     assert read(tmp_path / "link", follow_symlinks=True) == "7"
     (tmp_path / "zero").symlink_to("/dev/zero")
-    with pytest.raises(records.RecordError, match="character device"):
+    with pytest.raises(readback.RecordError, match="character device"):
         read(tmp_path / "zero", follow_symlinks=True)
 
 
 def test_json_records_are_held_to_their_check(tmp_path):
     (tmp_path / "j").write_text('{"a": 1}')
-    assert records.read_json(tmp_path / "j", "j", "an object with a") == {"a": 1}
-    with pytest.raises(records.RecordError, match="lacks b"):
-        records.read_json(tmp_path / "j", "j", "an object with b", lambda d: None if "b" in d else "lacks b")
+    assert readback.read_json(tmp_path / "j", "j", "an object with a") == {"a": 1}
+    with pytest.raises(readback.RecordError, match="lacks b"):
+        readback.read_json(tmp_path / "j", "j", "an object with b", lambda d: None if "b" in d else "lacks b")
     (tmp_path / "j").write_text("[" * 100000)
-    with pytest.raises(records.RecordError, match="nests deeper than 32 levels"):
-        records.read_json(tmp_path / "j", "j", "json")
+    with pytest.raises(readback.RecordError, match="nests deeper than 32 levels"):
+        readback.read_json(tmp_path / "j", "j", "json")
     (tmp_path / "j").write_text('{"a": "[[[[' + "[" * 100 + '"}')  # brackets inside a string do not nest
-    assert records.read_json(tmp_path / "j", "j", "json") == {"a": "[" * 104}
+    assert readback.read_json(tmp_path / "j", "j", "json") == {"a": "[" * 104}
     (tmp_path / "j").write_text("{not json")
-    with pytest.raises(records.RecordError, match="is not JSON"):
-        records.read_json(tmp_path / "j", "j", "json")
+    with pytest.raises(readback.RecordError, match="is not JSON"):
+        readback.read_json(tmp_path / "j", "j", "json")
 
 
 # --- the writer -------------------------------------------------------------------------------------
@@ -152,9 +152,9 @@ def test_publish_record_that_is_a_symlink_or_device_is_refused_in_the_plan(tmp_p
 
 
 def test_json_from_outside_a_file_is_bounded_in_depth_too():
-    """A Jobs API answer or a tool's output (records.json_loads): deep nesting is a ValueError, as
+    """A Jobs API answer or a tool's output (readback.json_loads): deep nesting is a ValueError, as
     bad JSON is, never a RecursionError that the callers' `except ValueError` would let through."""
-    assert records.json_loads(b'{"a": [1, {"b": "[[[["}]}') == {"a": [1, {"b": "[[[["}]}
+    assert readback.json_loads(b'{"a": [1, {"b": "[[[["}]}') == {"a": [1, {"b": "[[[["}]}
     for text in ("[" * 100_000, "[" * 900 + "]" * 900, b"\xff"):
         with pytest.raises(ValueError):
-            records.json_loads(text)
+            readback.json_loads(text)

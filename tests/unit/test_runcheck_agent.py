@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from slimeforge.cluster.agent import agent_source
-from slimeforge.scripts.node_agent import UNUSABLE_PATH
+from slimeforge.scripts.pathcheck import UNUSABLE_PATH
 
 OLDEST = Path("/root/.pyenv/versions/3.8.18/bin/python")  # the oldest python3 the agent supports
 
@@ -217,7 +217,7 @@ def test_a_body_that_is_not_a_node_list_is_an_error(dashboard, body):
 
 
 def test_gate_reads_a_raw_list_with_odd_entries():
-    from slimeforge.scripts.node_agent import gate
+    from slimeforge.scripts.raynodes import gate
 
     nodes = [None, "x", {"node_ip": "10.0.0.2", "state": "DEAD", "resources_total": {"GPU": 2}}, {**GOOD, "resources_total": {"GPU": 1e400}},
              {**GOOD, "node_ip": "10.0.0.3"}]

@@ -21,7 +21,7 @@ from slimeforge.errors import CommandError, ConfigError, SlimeforgeError
 from slimeforge.run.recipecheck import parse_recipe
 from slimeforge.run.targets import enroot, slurm, slurm_checks
 from slimeforge.run.targets.base import Command, ResolvedRun
-from slimeforge.scripts.node_agent import gate
+from slimeforge.scripts.raynodes import gate
 
 # No newline or tab: recipes refuse control characters in every value (tests/unit/hostile).
 HOSTILE = "it's \"q\" $(touch /tmp/sf-slurm-pwned) `id` ; rm -rf * \\ $HOME"
@@ -456,7 +456,7 @@ def test_what_enroot_says_is_read_as_data():
 def test_a_nodes_view_of_the_runs_files(tmp_path):
     """slurm-check's file part on one node (node_agent.slurm_paths), against real files: the run
     directory's marker, the model, the data (head only), checkpoint_dir's marker and its free space."""
-    from slimeforge.scripts import node_agent
+    from slimeforge.scripts import node_agent, pathcheck
 
     run, model, ck = tmp_path / "run", tmp_path / "model", tmp_path / "ck"
     run.mkdir()
@@ -482,7 +482,7 @@ def test_a_nodes_view_of_the_runs_files(tmp_path):
         f"checkpoint_dir {ck}: {node_agent.cmd_runcheck({'checkpoint': {'dir': str(ck), 'token': token}})['free_bytes'] / 2**30:.1f} GiB free, "
         "a checkpoint needs about 7168.0 GiB (7 x the weights' 1024.00 GiB)"]
     os.mkfifo(tmp_path / "fifo")  # a marker that is a FIFO is read as no marker, never waited on
-    assert node_agent.read_marker(str(tmp_path / "fifo")) == ""
+    assert pathcheck.read_marker(str(tmp_path / "fifo")) == ""
 
 
 def test_squashfs_dir_goes_with_container_mode(tmp_path):

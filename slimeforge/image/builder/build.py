@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ... import paths, records
+from ... import paths, readback
 from ...atomic import mark_output_dir, output_dir_problem, write_dir
 from ...errors import Problem
 from ...proc import Runner
@@ -446,7 +446,7 @@ def build(opts: BuildOptions) -> dict[str, Any]:
                                  estimates=past_times(opts.build_root, p.stack.name, p.dir))
         if rc != 0:
             raise BuildError(f"docker build of {p.stack.id} failed (log: {p.dir / LOG}):\n{failure_text(lines)}")
-        image_id = records.read_text(p.dir / "image.id", "image.id", IMAGE_ID_RE, "sha256:<64 hex digits> (docker build --iidfile)") or ""
+        image_id = readback.read_text(p.dir / "image.id", "image.id", IMAGE_ID_RE, "sha256:<64 hex digits> (docker build --iidfile)") or ""
         if not image_id:
             raise BuildError(f"docker build of {p.stack.id} wrote no image id ({p.dir / 'image.id'})")
         steps, duration, skipped = [StepTiming.from_dict(s) for s in parse_progress(lines)], round(time.monotonic() - started, 2), False
@@ -504,7 +504,7 @@ def _venv_sizes(client, image_id: str, echo: Callable[[str], None]) -> VenvSizes
 def _previous_report(path: Path) -> BuildReport | None:
     """An earlier build's report (publish's digest and references are kept): a bad one is built over, so it reads as none."""
     try:
-        doc = records.read_json(path, path.name, "a build record")
+        doc = readback.read_json(path, path.name, "a build record")
         return BuildReport.from_dict(doc) if isinstance(doc, dict) else None
-    except (records.RecordError, ReportError):
+    except (readback.RecordError, ReportError):
         return None

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ... import records
+from ... import readback
 from ...atomic import write_file
 from ...schema import printable
 
@@ -57,7 +57,7 @@ def _times_problem(doc: Any) -> str | None:
 
 def read_times(path: Path) -> dict[str, float]:
     """One build's step times (a record read back: validated; a damaged one raises RecordError)."""
-    doc = records.read_json(path, TIMES, f"{{schema: {TIMES_SCHEMA}, steps: {{name: seconds}}}}", _times_problem)
+    doc = readback.read_json(path, TIMES, f"{{schema: {TIMES_SCHEMA}, steps: {{name: seconds}}}}", _times_problem)
     return {} if doc is None else {k: float(v) for k, v in doc["steps"].items()}
 
 
@@ -71,7 +71,7 @@ def past_times(build_root: Path, flavor: str, *also: Path) -> dict[str, float]:
         try:
             for name, seconds in read_times(path).items():
                 out.setdefault(name, seconds)
-        except records.RecordError:
+        except readback.RecordError:
             continue
     return out
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ... import paths, records
+from ... import paths, readback
 from ...schema import printable, text_problem
 from .buildprogress import took  # the one way a duration is written for people
 
@@ -156,7 +156,7 @@ class VenvSizes:
         if len(data) > VENV_SIZES_MAX_BYTES:
             raise ReportError(f"{where}: is more than {VENV_SIZES_MAX_BYTES} bytes")
         try:
-            doc = records.json_loads(data)
+            doc = readback.json_loads(data)
         except ValueError as exc:
             raise ReportError(f"{where}: is not JSON ({exc})") from None
         if not isinstance(doc, dict) or doc.get("schema") != 1:

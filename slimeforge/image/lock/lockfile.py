@@ -25,7 +25,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from ... import paths, records
+from ... import paths, readback
 from ...errors import ConfigError, Problem, SlimeforgeError
 from ...scripts.venvlock import canonical
 from ..stack import Stack, load_stack, stack_path
@@ -222,12 +222,12 @@ def read_lock(path: Path, stack: Stack | None = None, ref: str | Path | None = N
     where = str(path)
     # The one reader: a regular file only (a FIFO would block, a directory or device is refused),
     # bounded in size and depth, strict UTF-8; then every field the code uses is typed.
-    raw = records.read_bytes(path, "lock", LOCK_ACCEPTED, max_bytes=records.MAX_TOML_RECORD, follow_symlinks=True)
+    raw = readback.read_bytes(path, "lock", LOCK_ACCEPTED, max_bytes=readback.MAX_TOML_RECORD, follow_symlinks=True)
     if raw is None:
         flavor = stack.name if stack else path.stem.removeprefix("pylock.")
         raise LockError(f"{path}: no lock for {flavor}: {remedy('lock', ref or flavor)}")
-    text = records.decode(path, "lock", LOCK_ACCEPTED, raw)
-    data = records.parse_toml(path, "lock", LOCK_ACCEPTED, text)
+    text = readback.decode(path, "lock", LOCK_ACCEPTED, raw)
+    data = readback.parse_toml(path, "lock", LOCK_ACCEPTED, text)
     if shape := shape_problems(data):
         raise ConfigError(where, shape)
     problems = []

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from ... import paths, records
+from ... import paths, readback
 from ...atomic import output_problem, write_dir, write_output
 from ...errors import ConfigError, Problem, SlimeforgeError
 from ...schema import printable
@@ -226,9 +226,9 @@ def _build_source(flavor: str, build_dir: Path | None, build_root: Path, problem
         return None
     report_path = found / REPORT
     try:
-        report = records.read_json(report_path, REPORT, "the build report `invoke build` writes",
+        report = readback.read_json(report_path, REPORT, "the build report `invoke build` writes",
                                    lambda doc: None if isinstance(doc, dict) else "is not a JSON object")
-    except records.RecordError as exc:
+    except readback.RecordError as exc:
         problems.extend(exc.problems)
         return None
     if report is None:
@@ -495,7 +495,7 @@ def _record(p: Plan, record: dict, echo: Callable[[str], None]) -> None:
         return
     files = {}
     for name in (LOCK, REPORT):
-        doc = records.read_json(src.build_dir / name, name, f"the {name} `invoke build` writes",
+        doc = readback.read_json(src.build_dir / name, name, f"the {name} `invoke build` writes",
                                 lambda d: None if isinstance(d, dict) else "is not a JSON object")
         if doc is None:
             raise SlimeforgeError(f"{src.build_dir / name}: missing; the build directory changed while publishing")
@@ -515,7 +515,7 @@ def _record(p: Plan, record: dict, echo: Callable[[str], None]) -> None:
 def _read_json(path: Path) -> dict:
     """An earlier publish record: a bad one is replaced by the new record, so it reads as none."""
     try:
-        doc = records.read_json(path, path.name, "a publish record")
-    except records.RecordError:
+        doc = readback.read_json(path, path.name, "a publish record")
+    except readback.RecordError:
         return {}
     return doc if isinstance(doc, dict) else {}

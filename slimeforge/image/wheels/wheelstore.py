@@ -32,7 +32,7 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
-from ... import paths, records
+from ... import paths, readback
 from ...errors import ConfigError, Problem, SlimeforgeError
 from ..imageref import DOMAIN_RE, ImageRef, parse_image_ref
 from ..remote.registry import Credentials, Retry
@@ -90,9 +90,9 @@ def read_sums(path: Path, where: str) -> dict[str, str]:
     """SHA256SUMS by its grammar: `<64 hex>  <wheel file name>` lines, nothing else."""
     out: dict[str, str] = {}
     try:  # the one reader: a regular file, bounded (a line per wheel), strict UTF-8
-        raw = records.read_bytes(path, path.name, "`<sha256>  <file>.whl` lines", max_bytes=MAX_WHEELS * 300)
-        text = records.decode(path, path.name, "`<sha256>  <file>.whl` lines", raw) if raw is not None else None
-    except records.RecordError as exc:
+        raw = readback.read_bytes(path, path.name, "`<sha256>  <file>.whl` lines", max_bytes=MAX_WHEELS * 300)
+        text = readback.decode(path, path.name, "`<sha256>  <file>.whl` lines", raw) if raw is not None else None
+    except readback.RecordError as exc:
         raise WheelStoreError(f"{where}: {path.name} {exc.problems[0].message}") from None
     if text is None:
         raise WheelStoreError(f"{where}: cannot read {path.name}: no such file")
@@ -118,9 +118,9 @@ def verify(directory: Path, key: str, hash_wheels: bool = True) -> Entry:
     record: dict[str, Any] = {}
     if (directory / RECORD).exists():
         try:
-            record = records.read_json(directory / RECORD, RECORD, "the record of a store entry",
+            record = readback.read_json(directory / RECORD, RECORD, "the record of a store entry",
                                        lambda d: None if isinstance(d, dict) else "is not a JSON object", max_bytes=1 << 20) or {}
-        except records.RecordError as exc:
+        except readback.RecordError as exc:
             raise WheelStoreError(f"{where}: {RECORD} {exc.problems[0].message}") from None
         if record.get("key") != key or record.get("wheels") != sums:
             raise WheelStoreError(f"{where}: {RECORD} does not match the entry (its key or wheels differ from {SUMS}); refused")

@@ -8,7 +8,7 @@ import re
 import shutil
 from pathlib import Path
 
-from ... import records
+from ... import readback
 from ..rundir import wandb_off_warning
 from .findings import Context, Finding, check, error, ok, warning
 
@@ -96,8 +96,8 @@ def check_checkpoint(ctx: Context) -> list[Finding]:
     resume = ""
     if marker.is_file():
         try:  # Megatron's marker: one number; through the one reader (a FIFO never blocks, a huge file is not read)
-            iteration = records.read_text(marker, marker.name, re.compile(r"[0-9]{1,12}|release"), "an iteration number", follow_symlinks=True)
-        except records.RecordError as exc:
+            iteration = readback.read_text(marker, marker.name, re.compile(r"[0-9]{1,12}|release"), "an iteration number", follow_symlinks=True)
+        except readback.RecordError as exc:
             out.append(warning("checkpoint", str(exc.problems[0]), "remove the marker, or point checkpoint_dir elsewhere"))
             iteration = None
         resume = f"; resumes from iteration {iteration}" if r.resume else "; resume is off: existing checkpoints are kept, not loaded"

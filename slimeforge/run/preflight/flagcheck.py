@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from ... import paths, records
+from ... import paths, readback
 from ...schema import did_you_mean
 from ..flagcatalog import Catalog, catalog_in_place, load_catalog
 from ..imageprobe import ProbeError
@@ -42,8 +42,8 @@ def find_catalog(ctx: Context) -> tuple[Catalog, str] | None:
     # A local build of this very stack: its report names the stack id (name and stack hash).
     for build in paths.local_builds(ctx.build_root, ctx.stack.name):
         try:  # through the one reader: a FIFO or a huge file named report.json is passed over, never read
-            report = records.read_json(build / paths.BUILD_REPORT, paths.BUILD_REPORT, "a build report")
-        except records.RecordError:
+            report = readback.read_json(build / paths.BUILD_REPORT, paths.BUILD_REPORT, "a build report")
+        except readback.RecordError:
             continue
         path = build / paths.FLAGS
         if isinstance(report, dict) and report.get("stack") == ctx.stack.id and path.is_file():

@@ -15,7 +15,7 @@ from __future__ import annotations
 import shlex
 from typing import NotRequired, TypedDict, cast
 
-from ... import paths, records
+from ... import paths, readback
 from ...errors import CommandError
 from ...schema import printable
 from .findings import Context, Finding, check, error, ok, warning
@@ -72,7 +72,7 @@ def parse_report(text: str) -> KernelReport:
     if not lines:
         raise ValueError("it printed nothing")
     try:
-        doc = records.json_loads(lines[-1])
+        doc = readback.json_loads(lines[-1])
     except ValueError as exc:
         raise ValueError(f"its last line is not JSON ({getattr(exc, 'msg', exc)}): {printable(lines[-1][:200])}") from None
     pieces = doc.get("pieces") if isinstance(doc, dict) else None

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ... import records
+from ... import readback
 from ..modelscript import eval_in_image, eval_model_script, model_script
 from .findings import Context, Finding, check, describe_failure, error, ok, skipped
 from .toolfix import known_fix
@@ -132,10 +132,10 @@ def check_model_config(ctx: Context) -> list[Finding]:
     out = []
     try:
         # The one reader: a FIFO here would block the doctor forever; a model's config.json is small.
-        config = records.read_json(config_path, "config.json", "a Hugging Face config.json", max_bytes=1 << 20, follow_symlinks=True)
+        config = readback.read_json(config_path, "config.json", "a Hugging Face config.json", max_bytes=1 << 20, follow_symlinks=True)
         if config is None:
             out.append(error("model-config", f"{config_path} does not exist", "set model_dir to a Hugging Face checkpoint directory (holding config.json and the weights), on every host"))
-    except records.RecordError as exc:
+    except readback.RecordError as exc:
         out.append(error("model-config", f"{config_path} is not readable JSON: {'; '.join(p.message for p in exc.problems)}", "re-download the checkpoint"))
         config = None
     if config is not None and not isinstance(config, dict):

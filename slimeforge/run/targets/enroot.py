@@ -29,7 +29,7 @@ import stat
 from pathlib import Path
 from typing import Any, TypedDict
 
-from ... import __version__, records
+from ... import __version__, readback
 from ...atomic import dir_lock, write_file
 from ...errors import CommandError, ConfigError, OperationFailed, Problem
 from ...image.imageref import DOCKER_HUB, ImageRef, parse_image_ref
@@ -222,9 +222,9 @@ class ImportRecord(TypedDict):
 def read_record(sqsh: Path) -> ImportRecord | None:
     """The import record beside `sqsh` (None when there is none); ConfigError when it is not one."""
     try:
-        return records.read_json(record_path(sqsh), record_path(sqsh).name, "the record slimeforge writes when it imports a squashfs",
+        return readback.read_json(record_path(sqsh), record_path(sqsh).name, "the record slimeforge writes when it imports a squashfs",
                                  _record_problem, max_bytes=RECORD_MAX_BYTES)
-    except records.RecordError as exc:
+    except readback.RecordError as exc:
         raise _refused(sqsh, f"has a record beside it that is not slimeforge's: {'; '.join(p.message for p in exc.problems)}") from None
 
 

@@ -24,7 +24,7 @@ from typing import IO, NotRequired, TypedDict
 
 from ...errors import ConfigError, OperationFailed, Problem, SlimeforgeError
 from ...proc import Runner
-from ...records import RecordError
+from ...readback import RecordError
 from ...schema import printable
 from .. import ownership
 from ..headstate import HEAD_RECORD, state_dir

@@ -23,7 +23,7 @@ from typing import IO, Any
 from ... import paths
 from ...errors import ConfigError, Problem
 from ...proc import Runner
-from ...records import RecordError
+from ...readback import RecordError
 from .. import ownership
 from ..headstate import dashboard_url, state_dir
 from ..recipe import Recipe

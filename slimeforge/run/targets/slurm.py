@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal, NotRequired, TypedDict
 
-from ... import __version__, rayports, records, scripts
+from ... import __version__, rayports, readback, scripts
 from ...atomic import write_file
 from ...errors import ConfigError, OperationFailed, Problem, SlimeforgeError
 from ...proc import Runner
@@ -509,8 +509,8 @@ def logs(run_dir: str | os.PathLike, follow_logs: bool = False, stream: IO[str] 
         return follow(rec.run_dir, job_id, stream, runner)
     out = rec.run_dir / f"slurm-{job_id}.out"
     try:
-        data = records.read_bytes(out, out.name, "the job's output file", max_bytes=1 << 30)
-    except records.RecordError as exc:
+        data = readback.read_bytes(out, out.name, "the job's output file", max_bytes=1 << 30)
+    except readback.RecordError as exc:
         raise SlimeforgeError(str(exc)) from None
     stream.write(data.decode(errors="replace") if data is not None else f"(no output yet: {out})\n")
     return None

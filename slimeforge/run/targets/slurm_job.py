@@ -28,7 +28,7 @@ from typing import Any
 
 from ...errors import SlimeforgeError
 from ...proc import Runner
-from ...records import json_loads
+from ...readback import json_loads
 from ...schema import printable
 
 MAX_ANSWER_CHARS = 64 << 20  # Slurm 22.05 lists every job it knows: tens of thousands fit

@@ -19,7 +19,7 @@ import time
 import pytest
 from cluster_helpers import environment_python, inventory_data, write_inventory, write_lock
 
-from slimeforge.cluster import agent, bringup, record, statustable
+from slimeforge.cluster import agent, bringup, clusterrecord, statustable
 from slimeforge.cluster import raycluster as cluster
 from slimeforge.cluster.inventory import load_inventory
 from slimeforge.errors import Problem, SlimeforgeError
@@ -133,15 +133,16 @@ def test_failed_checks_stop_before_ray_and_name_the_host(idle_lab, tmp_path):
         cluster.up(inv, control_dir=lab.control_dir, stream=io.StringIO())
     assert f"no install lock at {missing}/stack.lock.json" in err.value.failures["h1"]
 
-    # The host-checks seam (where the doctor's checks plug in) runs its commands over ssh.
-    def shm_check(host, remote):
-        df = remote.run(["df", "-P", "/dev/shm"], step="df /dev/shm", timeout=60)
-        kib = int(df.stdout.splitlines()[1].split()[1])
-        return [Problem("/dev/shm", "is smaller than the check requires", f"{kib} KiB", ">= 1 PiB")] if host.name == "h2" else []
+    # The host-setup seam (where the doctor's checks plug in) runs its commands over ssh.
+    class ShmCheck(bringup.DefaultSetup):
+        def checks(self, host, remote):
+            df = remote.run(["df", "-P", "/dev/shm"], step="df /dev/shm", timeout=60)
+            kib = int(df.stdout.splitlines()[1].split()[1])
+            return [Problem("/dev/shm", "is smaller than the check requires", f"{kib} KiB", ">= 1 PiB")] if host.name == "h2" else []
 
     inv = write_inventory(tmp_path / "ok.yaml", inventory_data(lab, name))
     with pytest.raises(bringup.ClusterError) as err:
-        cluster.up(inv, control_dir=lab.control_dir, stream=io.StringIO(), host_checks=shm_check)
+        cluster.up(inv, control_dir=lab.control_dir, stream=io.StringIO(), setup=ShmCheck())
     assert list(err.value.failures) == ["h2"] and err.value.failures["h2"].startswith("/dev/shm: is smaller than the check requires (got '")
 
     # --nccl-check copies nccl_check.py to every host and runs it with the environment's python;
@@ -162,9 +163,9 @@ def test_job_runs_a_task_on_every_node(lab, running):
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     ips = sorted(h.ip for h in lab.hosts)
-    assert running["address"] == record.ClusterAddress(f"{lab.hosts[0].ip}:6379", f"http://{lab.hosts[0].ip}:8265")
+    assert running["address"] == clusterrecord.ClusterAddress(f"{lab.hosts[0].ip}:6379", f"http://{lab.hosts[0].ip}:8265")
     # What `invoke run --cluster INVENTORY` passes on: resolved from the inventory and the state.
-    assert record.address(running["inventory"]) == running["address"]
+    assert clusterrecord.address(running["inventory"]) == running["address"]
 
     code = "\n".join(
         [
@@ -252,7 +253,7 @@ def test_down_stops_exactly_what_up_started(lab, running):
     assert records(lab, running["name"]) == {}
     assert all(lab.netns_processes(h) for h in lab.hosts), "the hosts' sshd must still run: down touches only Ray"
     with pytest.raises(SlimeforgeError, match="no record of a bring-up"):
-        record.address(running["inventory"])
+        clusterrecord.address(running["inventory"])
     # Idempotent: nothing left to stop is not an error.
     again = cluster.down(running["inventory"], control_dir=lab.control_dir, stream=io.StringIO())
     assert all(not r["stopped"] for r in again.values())

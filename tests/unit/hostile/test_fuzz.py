@@ -248,16 +248,16 @@ def _place(path: Path, shape: str, raw: bytes) -> None:
 
 
 def _read(fmt: str, path: Path):
-    from slimeforge import records
+    from slimeforge import readback
 
     if fmt == "yaml":
         return read_yaml(path)
     if fmt == "json":
-        return records.read_json(path, "record", "a JSON record")
+        return readback.read_json(path, "record", "a JSON record")
     if fmt == "toml":
-        raw = records.read_bytes(path, "lock", "a TOML file", max_bytes=records.MAX_TOML_RECORD, follow_symlinks=True)
-        return None if raw is None else records.parse_toml(path, "lock", "a TOML file", records.decode(path, "lock", "a TOML file", raw))
-    return records.read_text(path, "id", re.compile(r"[0-9a-f]{1,64}"), "hex digits")
+        raw = readback.read_bytes(path, "lock", "a TOML file", max_bytes=readback.MAX_TOML_RECORD, follow_symlinks=True)
+        return None if raw is None else readback.parse_toml(path, "lock", "a TOML file", readback.decode(path, "lock", "a TOML file", raw))
+    return readback.read_text(path, "id", re.compile(r"[0-9a-f]{1,64}"), "hex digits")
 
 
 @FUZZ
@@ -265,7 +265,7 @@ def _read(fmt: str, path: Path):
 def test_the_one_reader_refuses_what_is_not_a_regular_bounded_file(shape, fmt, raw):
     """Whatever stands at the path, in whatever format: a value, or a ConfigError naming the file;
     never a hang (the FIFO would block an open() for reading), a traceback or a deep document."""
-    from slimeforge import records
+    from slimeforge import readback
 
     with tempfile.TemporaryDirectory(prefix="sf-fuzz-") as tmp:
         path = Path(tmp) / "f"
@@ -278,7 +278,7 @@ def test_the_one_reader_refuses_what_is_not_a_regular_bounded_file(shape, fmt, r
                 assert any(w in str(exc) for w in ("FIFO", "directory", "device", "symlink", "cannot be read")), str(exc)
             return
         assert shape == "bytes", (shape, fmt)
-        assert records.depth_of(doc) <= records.MAX_DEPTH
+        assert readback.depth_of(doc) <= readback.MAX_DEPTH
 
 
 _ODD_DIGITS = "0123456789\u00b2\u00b3\u00b9\u0663\u06f3\u0967\uff13\U0001d7d9_ +-.eE"

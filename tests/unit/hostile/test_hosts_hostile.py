@@ -75,7 +75,7 @@ def _read(data: bytes):
             f.write(data)
         try:
             return hostrecord.read_record(tmp)
-        except hostrecord.RecordError as exc:
+        except hostrecord.BadRecord as exc:
             assert str(exc).startswith(os.path.join(tmp, "ray.json") + ":"), str(exc)
             return None
 

@@ -29,7 +29,7 @@ from slimeforge.cluster.inventory import load_inventory
 from slimeforge.errors import SlimeforgeError
 from slimeforge.run.recipecheck import parse_recipe
 from slimeforge.schema import text_problem
-from slimeforge.scripts.node_agent import checkpoint_bytes
+from slimeforge.scripts.pathcheck import checkpoint_bytes
 
 IMAGE = "reg.example:5000/slimeforge@sha256:" + "a" * 64
 MODEL = "/mnt/models/Qwen2.5-3B-Instruct"  # on the hosts (the volume /mnt/models:/models)

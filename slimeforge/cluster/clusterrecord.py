@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import records
+from .. import readback
 from ..atomic import write_file
 from ..errors import SlimeforgeError
 from ..scripts.node_agent import hostport
@@ -75,7 +75,7 @@ def read_state(inv: Inventory) -> dict[str, Any] | None:
     """The record of the last bring-up from this machine, through the one reader (regular file,
     size cap, UTF-8, schema); None when there is none. A malformed one is an error naming the file
     (`cluster.up` writes a new one)."""
-    doc = records.read_json(state_file(inv), "cluster state", f"the state `invoke cluster.up {inv.path}` writes", _state_problem)
+    doc = readback.read_json(state_file(inv), "cluster state", f"the state `invoke cluster.up {inv.path}` writes", _state_problem)
     return doc if isinstance(doc, dict) else None
 
 
