@@ -5,6 +5,8 @@ from __future__ import annotations
 import shlex
 import shutil
 import socket
+import tempfile
+from pathlib import Path
 
 import pytest
 from helpers import in_ci
@@ -70,7 +72,8 @@ def test_cwd_is_applied_on_the_host(tmp_path):
 
 
 @needs_ssh
-def test_unreachable_host_raises_host_unreachable_with_ssh_words(tmp_path):
+def test_unreachable_host_raises_host_unreachable_with_ssh_words(short_tmp):
+    tmp_path = short_tmp  # ssh's control socket path must stay under 108 bytes whatever pytest's basetemp is
     with socket.socket() as s:  # a port with nothing listening: connection refused at once
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -82,3 +85,13 @@ def test_unreachable_host_raises_host_unreachable_with_ssh_words(tmp_path):
     assert "Connection refused" in str(err.value) and str(port) in str(err.value)
     assert isinstance(err.value, CommandError)
     assert (tmp_path / "cm").stat().st_mode & 0o777 == 0o700
+
+
+@pytest.fixture
+def short_tmp():
+    """A directory with a short path (pytest's tmp_path under xdist can pass the socket limit)."""
+    path = Path(tempfile.mkdtemp(prefix="sf", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
