@@ -472,15 +472,17 @@ _sf_store_make() {
   sf_log "step $step: compiling into $dir (store key ${SF_COMPILED_KEY:-?}; compiler output: $clog)"
   # --no-cache-dir: pip would otherwise cache the wheel by the input's path, which is the same for
   # every torch, CUDA and arch list (the per-key store is the only cache of compiled wheels).
-  if ! _sf_offline "$venv/bin/python" -m pip wheel --disable-pip-version-check --no-cache-dir --no-deps --no-build-isolation \
-    --no-index --wheel-dir "$dir" "$@" >"$clog" 2>&1; then
+  # -v: the build backend's output, ninja's "[N/M]" lines among it, streams into the step's log as
+  # it comes (the install's heartbeat and `invoke build` show the compile's progress from it).
+  if ! _sf_offline "$venv/bin/python" -m pip wheel -v --disable-pip-version-check --no-cache-dir --no-deps --no-build-isolation \
+    --no-index --wheel-dir "$dir" "$@" 2>&1 | tee -- "$clog" >&2; then
+    sf_log "step $step: the last lines of its compile:"
     tail -n 40 "$clog" >&2
     first=$(_sf_first_error <"$clog")
     local a what=()
     for a in "$@"; do if [[ $a != -* ]]; then what+=("${a##*/}"); fi; done
     sf_die "step $step: ${what[*]} failed to compile${first:+: $first} (full output: $clog)"
   fi
-  cat "$clog" >&2
   (cd -- "$dir" && sha256sum -- *.whl >SHA256SUMS) || sf_die "step $step: no wheel was built in $dir"
 }
 
