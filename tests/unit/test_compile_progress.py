@@ -261,3 +261,23 @@ def test_build_heartbeat_never_shows_the_output_text():
     now[0] = 200.0
     p.beat()
     assert said[-1] == "[ 3m 20s] step 4/4 plain: still running, 2m 19s (log: /tmp/build.log)"
+
+
+def test_the_status_lines_the_step_library_streams_give_the_same_count(lib, tmp_path):
+    """_sf_store_make streams only ninja's status lines, cut short (the whole output goes to its
+    compile log): its own filter, taken from steps.sh, on the real capture, read by both parsers."""
+    steps = (Path(__file__).resolve().parents[2] / "templates" / "steps.sh").read_text()
+    grep = re.search(r"\{ (LC_ALL=C grep --line-buffered -oE '[^']+') \|\| true; \}", steps)
+    assert grep, "the status-line filter of _sf_store_make"
+    for case in ("first-object", "second-extension-started", "whole-capture"):
+        lines, want = CASES[case]
+        full = tmp_path / "full.log"
+        full.write_text("".join(f"{line}\n" for line in lines))
+        res = subprocess.run(["bash", "-c", f'{grep.group(1)} <"$F" || true'], capture_output=True, text=True, env={**ENV, "F": str(full)})
+        streamed = res.stdout.splitlines()
+        assert streamed and all(len(s) <= 130 and NINJA_LINE.match(s) for s in streamed), streamed
+        (tmp_path / "streamed.log").write_text(res.stdout)
+        assert ninja_progress(streamed) == want == bash_progress(lib, tmp_path / "streamed.log")
+
+
+NINJA_LINE = re.compile(r"  \[[0-9]/2\] ccache c\+\+ ")
