@@ -20,7 +20,6 @@ import build_support as bs  # noqa: E402
 from slimeforge.image.builder.buildkit import stream_build  # noqa: E402
 from slimeforge.image.builder.buildprogress import (  # noqa: E402
     TAIL_BYTES,
-    Progress,
     compiling_text,
     ninja_progress,
     ninja_progress_of,
@@ -242,25 +241,6 @@ def test_build_heartbeat_shows_the_count_from_buildkit_output(tmp_path):
     assert all(re.fullmatch(r"step 4/4 apex: compiling [12]/2 \([0-9]+ %\), (<1s|[0-9]+s) so far, about 59m [0-9]{2}s left \(last run 1h 00m\) "
                             rf"\(log: {re.escape(str(tmp_path / 'build.log'))}\)", b) for b in beat), beat
     assert said[-1].endswith("step 4/4 apex: done in 4s")
-
-
-def test_build_heartbeat_never_shows_the_output_text():
-    """Control characters of a compile's output never reach the terminal: only its count does."""
-    now = [0.0]
-    said: list[str] = []
-    p = Progress(said.append, Path("/tmp/build.log"), {}, heartbeat_s=60, clock=lambda: now[0])
-    p.vertex("8", "4", "4", "apex")
-    p.output("8", "  [3/8] \x1b]0;owned\x07 c++ \x1b[2J")
-    now[0] = 61.0
-    p.beat()
-    assert said[-1] == "[ 1m 01s] step 4/4 apex: compiling 3/8 (37 %), 1m 01s so far, about 1m 41s left at this rate (log: /tmp/build.log)"
-    # A build without ninja: the heartbeat as before.
-    p.vertex("9", "4", "4", "plain")
-    for line in PLAIN:
-        p.output("9", line)
-    now[0] = 200.0
-    p.beat()
-    assert said[-1] == "[ 3m 20s] step 4/4 plain: still running, 2m 19s (log: /tmp/build.log)"
 
 
 def test_the_status_lines_the_step_library_streams_give_the_same_count(lib, tmp_path):
