@@ -201,10 +201,11 @@ class Progress:
             if v is None:
                 return
             if text:
+                # Bytes as the install's `tail -c` counts them (each line with its newline).
                 v.tail.append(text)
-                v.tail_bytes += len(text) + 1
+                v.tail_bytes += len(text.encode("utf-8", "replace")) + 1
                 while v.tail_bytes > TAIL_BYTES and len(v.tail) > 1:
-                    v.tail_bytes -= len(v.tail.popleft()) + 1
+                    v.tail_bytes -= len(v.tail.popleft().encode("utf-8", "replace")) + 1
             if v.started is not None:
                 return
             v.started = v.last_said = self.clock()
