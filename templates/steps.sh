@@ -472,15 +472,22 @@ _sf_store_make() {
   sf_log "step $step: compiling into $dir (store key ${SF_COMPILED_KEY:-?}; compiler output: $clog)"
   # --no-cache-dir: pip would otherwise cache the wheel by the input's path, which is the same for
   # every torch, CUDA and arch list (the per-key store is the only cache of compiled wheels).
-  if ! _sf_offline "$venv/bin/python" -m pip wheel --disable-pip-version-check --no-cache-dir --no-deps --no-build-isolation \
-    --no-index --wheel-dir "$dir" "$@" >"$clog" 2>&1; then
+  # -v: the build backend's output, ninja's "[N/M] command" status lines among it, into $clog as it
+  # comes; those lines, cut short, stream to the step's output as well, where the install's
+  # heartbeat and `invoke build` read the compile's progress. Not the whole output while it runs:
+  # BuildKit keeps 2 MiB of a step's output, and the step's ERROR line must come within it.
+  if ! _sf_offline "$venv/bin/python" -m pip wheel -v --disable-pip-version-check --no-cache-dir --no-deps --no-build-isolation \
+    --no-index --wheel-dir "$dir" "$@" 2>&1 | tee -- "$clog" |
+    { LC_ALL=C grep --line-buffered -oE '^[[:space:]]*\[[0-9]{1,7}/[0-9]{1,7}\] .{0,100}' || true; } >&2; then
     tail -n 40 "$clog" >&2
     first=$(_sf_first_error <"$clog")
     local a what=()
     for a in "$@"; do if [[ $a != -* ]]; then what+=("${a##*/}"); fi; done
     sf_die "step $step: ${what[*]} failed to compile${first:+: $first} (full output: $clog)"
   fi
-  cat "$clog" >&2
+  # Its output, as far as it stays well within BuildKit's 2 MiB (-v makes it long).
+  if (($(wc -c <"$clog") > 262144)); then sf_log "step $step: the last 256 KiB of its compiler output (all of it: $clog):"; fi
+  tail -c 262144 -- "$clog" >&2
   (cd -- "$dir" && sha256sum -- *.whl >SHA256SUMS) || sf_die "step $step: no wheel was built in $dir"
 }
 

@@ -105,7 +105,7 @@ def stream_build(runner: Runner, argv: list[str], env: dict[str, str], log: Path
             elif m := STATUS_RE.match(line):
                 progress.ended(m.group(1), m.group(2).split(" ", 1)[0], float(m.group(3)) if m.group(3) else None)
             elif m := OUTPUT_RE.match(line):
-                progress.output(m.group(1))
+                progress.output(m.group(1), line[m.end():])
             if "slimeforge: ERROR:" in line and not verbose:
                 echo("  " + printable(line))
 

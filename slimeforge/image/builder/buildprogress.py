@@ -6,14 +6,22 @@ run, its time when it ends (or "cached"), and, for a step still running, a heart
 a minute with its elapsed time and the log's path. Each step's estimate is its time in the last
 build that ran it (step-times.json in that build's directory, this module's one record), or none
 at all, never a guess. `--verbose` also shows every raw line.
+
+A step that compiles with ninja (torch's extension builder) says "[N/M] command" as each edge
+finishes (the step library runs `pip wheel -v` and copies those lines, cut short, to the step's
+output): the heartbeat of such a step shows the compile's progress, "compiling N/M (P %)", with an
+estimate (ninja_progress; the install's heartbeat reads its log the same way,
+templates/install.sh.j2 _sf_ninja_progress).
 """
 
 from __future__ import annotations
 
 import math
+import re
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +35,8 @@ TIMES_SCHEMA = "slimeforge.step-times/1"
 HEARTBEAT_S = 60.0  # a running step says so at least this often
 MAX_STEP_NAME = 160  # BuildKit's instruction text is cut to this (buildkit.parse_progress does too)
 MAX_TIMES_FILES = 64  # the newest this many earlier builds are read for estimates
+TAIL_BYTES = 65536  # the compiler's progress is read from this much of a step's latest output
+NINJA_RE = re.compile(r"[ \t]*\[([0-9]{1,7})/([0-9]{1,7})\] ")  # ninja's status; pip -v indents it
 
 
 def took(seconds: float) -> str:
@@ -85,12 +95,70 @@ def write_times(build_dir: Path, measured: dict[str, float], earlier: dict[str, 
     write_file(build_dir / TIMES, json.dumps({"schema": TIMES_SCHEMA, "steps": steps}, indent=1, sort_keys=True) + "\n")
 
 
+def ninja_progress(lines: Iterable[str]) -> tuple[int, int] | None:
+    """(done, total) of the ninja builds in `lines` (a log's tail), or None where there are none.
+
+    ninja says "[N/M] ..." as each of its M edges finishes. Several builds (one per extension; apex
+    runs APEX_PARALLEL_BUILD of them at once, their lines interleaved) are told apart by their totals
+    and by N going up: a line continues the latest build of its total whose N is below its own, else
+    it starts one. The builds still running are summed; when none is, the last one as it ended."""
+    builds: list[list[int]] = []  # [done, total]
+    last: list[int] | None = None
+    for line in lines:
+        m = NINJA_RE.match(line)
+        if not m:
+            continue
+        n, total = int(m.group(1)), int(m.group(2))
+        if total < 1 or n > total:
+            continue
+        for b in reversed(builds):
+            if b[1] == total and b[0] < n:
+                b[0] = n
+                break
+        else:
+            b = [n, total]
+            builds.append(b)
+        last = b
+    running = [b for b in builds if b[0] < b[1]]
+    if running:
+        return sum(b[0] for b in running), sum(b[1] for b in running)
+    return (last[0], last[1]) if last else None
+
+
+def ninja_progress_of(path: Path) -> tuple[int, int] | None:
+    """ninja_progress of the last TAIL_BYTES of a log file (a tail that starts inside a line drops
+    that piece)."""
+    with path.open("rb") as fh:
+        size = fh.seek(0, 2)
+        fh.seek(max(0, size - TAIL_BYTES))
+        lines = fh.read(TAIL_BYTES).decode("utf-8", "replace").split("\n")
+    return ninja_progress(lines[1:] if size > TAIL_BYTES else lines)
+
+
+def compiling_text(done: int, total: int, elapsed: float, last: float | None) -> str:
+    """ "compiling N/M (P %), T so far, about D left (last run L)": the estimate from the step's last
+    run where there is one, else from the rate so far; none before 5 % is done (a first extension's
+    few objects say little of the rest)."""
+    pct = 100 * done // total
+    if done * 20 < total:
+        est = "" if last is None else f" (last run {took(last)})"
+    elif last is not None and last > elapsed:
+        est = f", about {took(last - elapsed)} left (last run {took(last)})"
+    elif last is not None:
+        est = f", longer than the last run ({took(last)})"
+    else:
+        est = f", about {took(elapsed * (total - done) / done)} left at this rate" if done else ""
+    return f"compiling {done}/{total} ({pct} %), {took(elapsed)} so far{est}"
+
+
 @dataclass
 class _Vertex:
     label: str  # "step 5/20 apex"
     name: str  # the estimate's key: the stack step, or the instruction
     started: float | None = None  # when its first output line came (it runs); None: not yet
     last_said: float = 0.0
+    tail: deque[str] = field(default_factory=deque)  # its latest output lines, TAIL_BYTES at most
+    tail_bytes: int = 0
 
 
 @dataclass
@@ -125,11 +193,20 @@ class Progress:
             name = printable(name)[:MAX_STEP_NAME]
             self._vertices.setdefault(vid, _Vertex(f"step {index}/{total} {name[:60]}", name))
 
-    def output(self, vid: str) -> None:
-        """A line of a vertex's own output: it is running (said once, with its estimate)."""
+    def output(self, vid: str, text: str = "") -> None:
+        """A line of a vertex's own output: it is running (said once, with its estimate). The line
+        joins the vertex's tail, where the heartbeat looks for the compiler's progress."""
         with self._lock:
             v = self._vertices.get(vid)
-            if v is None or v.started is not None:
+            if v is None:
+                return
+            if text:
+                # Bytes as the install's `tail -c` counts them (each line with its newline).
+                v.tail.append(text)
+                v.tail_bytes += len(text.encode("utf-8", "replace")) + 1
+                while v.tail_bytes > TAIL_BYTES and len(v.tail) > 1:
+                    v.tail_bytes -= len(v.tail.popleft().encode("utf-8", "replace")) + 1
+            if v.started is not None:
                 return
             v.started = v.last_said = self.clock()
             self._say(f"{v.label}: running{self._estimate(v)}")
@@ -158,6 +235,11 @@ class Progress:
                 if v.started is not None and now - v.last_said >= self.heartbeat_s:
                     v.last_said = now
                     last = self.estimates.get(v.name)
+                    # Only the parsed numbers of the output reach the terminal, never its text.
+                    count = ninja_progress(v.tail)
+                    if count is not None:
+                        self._say(f"{v.label}: {compiling_text(*count, now - v.started, last)} (log: {self.log})")
+                        continue
                     of = "" if last is None else f" of ~{took(last)}"
                     self._say(f"{v.label}: still running, {took(now - v.started)}{of} (log: {self.log})")
 
