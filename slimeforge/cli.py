@@ -221,7 +221,7 @@ invoke.Program.print_task_help = _print_task_help  # type: ignore[method-assign,
 def stack_show(c, cuda="cu13", json_=False):
     """Print a stack's resolved pins and ordered install steps."""
     from slimeforge.image.lock import lockfile
-    from slimeforge.image.stack import load_stack
+    from slimeforge.image.stack import AptStep, SourceStep, load_stack
     from slimeforge.schema import printable
 
     stack = load_stack(cuda)
@@ -245,8 +245,8 @@ def stack_show(c, cuda="cu13", json_=False):
         print(lock_problem)
     print("steps:")
     for i, step in enumerate(stack.plan, 1):
-        what = step.requirements or step.packages or ()
-        extra = f" @ {step.commit[:12]}" if step.kind == "source" and step.commit else ""
+        what = step.packages if isinstance(step, AptStep) else step.requirements
+        extra = f" @ {step.commit[:12]}" if isinstance(step, SourceStep) else ""
         print(f"  {i:2}. {step.name:<20} {step.kind:<9}{extra} {' '.join(what)}")
 
 

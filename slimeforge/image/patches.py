@@ -21,7 +21,7 @@ from .. import paths
 from ..errors import ConfigError, Problem, SlimeforgeError
 from ..proc import Runner
 from .sources import GIT, LocalSource, source_repo
-from .stack import PlanStep, Stack
+from .stack import AptStep, PipStep, PlanStep, Stack
 
 
 @dataclass(frozen=True)
@@ -130,14 +130,14 @@ def check_patches(stack: Stack, local: dict[str, LocalSource], cache: Path, echo
 def _unpacked_wheels(stack: Stack, step: PlanStep, target: Path, cache: Path, runner: Runner) -> None:
     """The wheels a step installs, for the stack's target (its Python, its base's glibc), unpacked
     as they would be in site-packages."""
-    reqs = list(step.requirements or ())
+    reqs = [] if isinstance(step, AptStep) else list(step.requirements)
     cache.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", stack.python,
             "--implementation", "cp"]
     for plat in target_platforms(stack):
         argv += ["--platform", plat]
     argv += ["--platform", "any", "-d", str(cache), *reqs]
-    if step.index_url:
+    if isinstance(step, PipStep) and step.index_url:
         argv += ["--extra-index-url", step.index_url]
     runner.run(argv, step=f"patches.check: download {' '.join(reqs)} for {stack.wheel_platform}, Python {stack.python}", timeout=1800)
     target.mkdir(parents=True)

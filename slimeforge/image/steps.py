@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from .. import paths
 from .lock.lockfile import LockFile, expected_versions, router_requirement, step_requirements
-from .stack import PatchFile, Stack
+from .stack import AptStep, PatchFile, PipStep, Stack, WheelUrlStep
 
 STEP_RUNNER = paths.TEMPLATES / "sf"
 # Scripts the step library runs with the target's Python (standard library only; kernel_check.py also
@@ -169,30 +169,29 @@ def step_commands(stack: Stack, layout: Layout, base: str | None = None, store: 
     out: list[StepCommand] = []
     late_patches: list[list[str]] = []  # apply_patch argv of every patch that waits for the patches step
     late_files: list[str] = []
-    late_source: StepCommand | None = None
+    late_source: SourceCommand | None = None
     latest = latest_source(stack)
     venv_done = False
     versions = stack.versions
     with_python = {s.name for s in stack.steps if s.python}
     python = layout.python or stack.interpreter
     for step in stack.plan:
-        if step.kind != "apt" and not venv_done:
-            out.append(StepCommand(VENV_STEP, "venv", ["venv", layout.venv, versions["uv"], python]))
+        if not isinstance(step, AptStep) and not venv_done:
+            out.append(VenvCommand(name=VENV_STEP, argv=["venv", layout.venv, versions["uv"], python]))
             venv_done = True
-        name, kind = step.name, step.kind
+        name = step.name
         patch_files = [p.file for p in step.patches]
-        if kind == "apt":
+        if isinstance(step, AptStep):
             argv = ["system"]
             if name in with_python:
                 argv += ["--python", python, *[a for pkg in stack.interpreter_packages() for a in ("--python-package", pkg)]]
-            argv += [a for spec in step.probes or () for a in ("--need", spec)]
-        elif kind in ("pip", "wheel_url"):
+            argv += [a for spec in step.probes for a in ("--need", spec)]
+        elif isinstance(step, PipStep | WheelUrlStep):
             argv = ["pip_step", "--venv", layout.venv, "--step", name, "--lock", f"{layout.lock_dir}/{lock_file(name)}"]
             if name in layout.wheel_dirs:
                 argv += ["--find-links", layout.wheel_dirs[name]]
         else:
             src = step.source
-            assert src is not None and step.git is not None and step.commit is not None  # a source step has them (Stack.plan)
             argv = ["source_step", "--venv", layout.venv, "--step", name, "--name", src, "--url", layout.source_urls.get(src, step.git),
                     "--commit", step.commit, "--dest", layout.source_dir(stack, src), "--lock", f"{layout.lock_dir}/{lock_file(name)}"]
             for p in step.patches:
@@ -210,35 +209,39 @@ def step_commands(stack: Stack, layout: Layout, base: str | None = None, store: 
                 # not found through setuptools' import hooks otherwise); harmless for the others.
                 argv += ["--config-setting", "editable_mode=compat"]
         env = dict(step.env)
-        key = None
+        compiled = None
         if step.compiles:
             env = {**arch_env(stack), **env}
             key = compiled_key(stack, name, base, patch_sha)
             mode = store.get(name)
             argv = ["compiled", "--key", key, "--venv", layout.venv,
                     *([f"--{'wheels' if mode[0] == 'use' else 'wheel-out'}", mode[1]] if mode else []), "--", *argv]
+            compiled = CompiledRun(key, mode[0] if mode else None, isinstance(step, PipStep) and not step.requirements)
         # Patches of installed packages wait for the patches step (see PATCHES_STEP).
         late = [p for p in step.patches if p.target == "site-packages"]
         late_patches += [["apply_patch", p.file, p.method, str(p.strip), f"{layout.patches_dir}/{p.file}",
                           stack.site_packages.replace(stack.venv, layout.venv, 1)] for p in late]
         late_files += [p.file for p in late]
         own_files = [f for f in patch_files if f not in late_files]
-        cmd = StepCommand(name, kind, argv, env, compiles=step.compiles, patch_files=own_files, source=step.source,
-                          compiled_key=key, store=store.get(name, (None,))[0] if step.compiles else None,
-                          editable=bool(step.editable), compiles_nothing=kind == "pip" and not step.requirements,
-                          slice_of=name if kind in ("pip", "wheel_url", "source") else None)
-        if kind == "source" and step.source == latest and step.editable and not step.compiles:
+        cmd: StepCommand
+        if isinstance(step, AptStep):
+            cmd = SystemCommand(name=name, argv=argv, env=env, patch_files=own_files, compiled=compiled)
+        elif isinstance(step, PipStep | WheelUrlStep):
+            cmd = PipCommand(name=name, kind=step.kind, argv=argv, env=env, patch_files=own_files, compiled=compiled, slice_of=name)
+        elif step.source == latest and step.editable and not step.compiles:
             # Its requirements stay here; the checkout itself goes last (see PATCHES_STEP).
-            if "--lock" in argv:
-                at = argv.index("--lock")
-                out.append(StepCommand(f"{name}{REQUIREMENTS_SUFFIX}", "pip", ["pip_step", "--venv", layout.venv, "--step", name,
-                                                                             "--lock", argv[at + 1]], slice_of=name))
-                cmd = replace(cmd, argv=argv[:at] + argv[at + 2:], slice_of=None)
-            late_source = cmd
+            at = argv.index("--lock")
+            out.append(PipCommand(name=f"{name}{REQUIREMENTS_SUFFIX}", argv=["pip_step", "--venv", layout.venv, "--step", name,
+                                                                          "--lock", argv[at + 1]], slice_of=name))
+            late_source = SourceCommand(name=name, argv=argv[:at] + argv[at + 2:], env=env, patch_files=own_files, source=step.source,
+                                        editable=step.editable, slice_of=None)
             continue
+        else:
+            cmd = SourceCommand(name=name, argv=argv, env=env, patch_files=own_files, compiled=compiled, source=step.source,
+                                editable=step.editable, slice_of=name)
         out.append(cmd)
     if late_patches:
-        out.append(StepCommand(PATCHES_STEP, "patches", late_patches[0], post=late_patches[1:], patch_files=late_files))
+        out.append(PatchesCommand(name=PATCHES_STEP, argv=late_patches[0], post=late_patches[1:], patch_files=late_files))
     if late_source is not None:
         out.append(late_source)
     return out
@@ -258,35 +261,125 @@ def latest_source(stack: Stack) -> str | None:
 
 
 @dataclass(frozen=True)
-class StepCommand:
-    """One step as both renderers run it: `sf <name> <argv...>`, then each of `post` (the patches
-    step's further patches). `compiled_key` and `store` ("use" a store entry, "make" compile into one,
-    None in place) for a compiled step; `source` for a source step."""
+class CompiledRun:
+    """How a compiled step runs: under its `key` (compiled_key); `store`: "use" a store entry's wheels,
+    "make" compile into one, None compile in place; `nothing`: its flavor gives it nothing to install
+    (cu13's flash-attn: an empty slice)."""
+
+    key: str
+    store: str | None
+    nothing: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Command:
+    """What every step has as both renderers run it: `sf <name> <argv...>`, with `env`, needing the
+    patch files `patch_files` (their names) where it runs."""
 
     name: str
-    kind: str
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
-    compiles: bool = False
     patch_files: list[str] = field(default_factory=list)
-    post: list[list[str]] = field(default_factory=list)
-    source: str | None = None
-    compiled_key: str | None = None
-    store: str | None = None
-    editable: bool = False
-    compiles_nothing: bool = False  # a compiled step whose flavor gives it nothing to install (cu13's flash-attn)
-    slice_of: str | None = None  # the stack step whose slice of the lock it installs (none: None)
+
+    @property
+    def commands(self) -> list[list[str]]:
+        """Every call of the step library the step makes, in order."""
+        return [self.argv]
 
     @property
     def lock_file(self) -> str | None:
         """Its slice of the lock, for a step that installs one."""
+        return None
+
+    def _json(self, kind: str, *, compiled: CompiledRun | None = None, post: list[list[str]] | None = None, source: str | None = None,
+              editable: bool = False) -> dict[str, object]:
+        """As the Dockerfile template reads it (and its values are checked for control characters):
+        every key for every kind, so that the template and the step hashes read one shape."""
+        return {"name": self.name, "kind": kind, "argv": self.argv, "env": self.env, "compiles": compiled is not None,
+                "patch_files": self.patch_files, "post": post or [], "source": source,
+                "compiled_key": compiled.key if compiled else None, "store": compiled.store if compiled else None,
+                "editable": editable, "lock_file": self.lock_file}
+
+
+@dataclass(frozen=True, kw_only=True)
+class VenvCommand(_Command):
+    """The venv with the pinned uv, right before the first step that is not apt."""
+
+    kind: Literal["venv"] = "venv"
+
+    def to_json(self) -> dict[str, object]:
+        return self._json(self.kind)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SystemCommand(_Command):
+    """An apt step: the system packages (and the stack's interpreter, where the step says so)."""
+
+    compiled: CompiledRun | None = None
+    kind: Literal["apt"] = "apt"
+
+    def to_json(self) -> dict[str, object]:
+        return self._json(self.kind, compiled=self.compiled)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipCommand(_Command):
+    """A pip or wheel_url step, or a source's requirements apart from its checkout: installs the slice
+    of the lock of the stack step `slice_of`."""
+
+    slice_of: str
+    compiled: CompiledRun | None = None
+    kind: Literal["pip", "wheel_url"] = "pip"
+
+    @property
+    def lock_file(self) -> str | None:
+        return lock_file(self.slice_of)
+
+    def to_json(self) -> dict[str, object]:
+        return self._json(self.kind, compiled=self.compiled)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceCommand(_Command):
+    """A checkout of `source`, installed with its slice of the lock (`slice_of`, None where its
+    requirements went to a step of their own, see PATCHES_STEP)."""
+
+    source: str
+    editable: bool
+    slice_of: str | None
+    compiled: CompiledRun | None = None
+    kind: Literal["source"] = "source"
+
+    @property
+    def lock_file(self) -> str | None:
         return lock_file(self.slice_of) if self.slice_of else None
 
     def to_json(self) -> dict[str, object]:
-        """As the Dockerfile template reads it (and its values are checked for control characters)."""
-        return {"name": self.name, "kind": self.kind, "argv": self.argv, "env": self.env, "compiles": self.compiles,
-                "patch_files": self.patch_files, "post": self.post, "source": self.source, "compiled_key": self.compiled_key,
-                "store": self.store, "editable": self.editable, "lock_file": self.lock_file}
+        return self._json(self.kind, compiled=self.compiled, source=self.source, editable=self.editable)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PatchesCommand(_Command):
+    """The patches step: `sf patches <argv...>`, then each of `post` (its further patches)."""
+
+    post: list[list[str]] = field(default_factory=list)
+    kind: Literal["patches"] = "patches"
+
+    @property
+    def commands(self) -> list[list[str]]:
+        return [self.argv, *self.post]
+
+    def to_json(self) -> dict[str, object]:
+        return self._json(self.kind, post=self.post)
+
+
+# One step as both renderers run it (to_json: as the Dockerfile template reads it).
+StepCommand = VenvCommand | SystemCommand | PipCommand | SourceCommand | PatchesCommand
+
+
+def compiled_run(cmd: StepCommand) -> CompiledRun | None:
+    """How the step compiles, for a compiled step; None for any other."""
+    return cmd.compiled if isinstance(cmd, SystemCommand | PipCommand | SourceCommand) else None
 
 
 def together_groups(commands: list[StepCommand]) -> list[list[int]]:
@@ -300,9 +393,10 @@ def together_groups(commands: list[StepCommand]) -> list[list[int]]:
     groups: list[list[int]] = []
     run: list[int] = []
     for i, cmd in enumerate([*commands, None]):
-        if cmd is not None and cmd.compiles and cmd.compiles_nothing:
+        compiled = compiled_run(cmd) if cmd is not None else None
+        if compiled is not None and compiled.nothing:
             continue  # installs nothing (an empty slice): neither a piece nor an end of the run
-        if cmd is not None and cmd.compiles and cmd.store != "use" and not cmd.editable:
+        if compiled is not None and compiled.store != "use" and not (isinstance(cmd, SourceCommand) and cmd.editable):
             run.append(i)
             continue
         if run:

@@ -42,6 +42,7 @@ from ..steps import (
     PATCHES_STEP,
     TARGET_SCRIPTS,
     VENV_STEP,
+    compiled_run,
     finalize_argv,
     host_layout,
     input_lock,
@@ -116,7 +117,7 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
     chain = hashlib.sha256(b"".join(p.read_bytes() for p in [paths.STEP_LIBRARY, *LIBRARY_SCRIPTS.values()])).hexdigest()
     commands = step_commands(stack, layout, base_id, store, patch_sha)
     for cmd in commands:
-        steps.append({"name": cmd.name, "env": cmd.env, "commands": [cmd.argv, *cmd.post], "slice": cmd.lock_file})
+        steps.append({"name": cmd.name, "env": cmd.env, "commands": cmd.commands, "slice": cmd.lock_file})
     steps.append({"name": FINALIZE_STEP, "env": {}, "commands": [finalize_argv(stack, layout, f"{layout.state}/stack.input.json",
                                                                              paths.Prefix.at(prefix).lock, paths.Prefix.at(prefix).flags)]})
     for step in steps:
@@ -140,7 +141,8 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
         step["in_venv"] = i >= at_venv
         step["after_all"] = step["name"] in (PATCHES_STEP, FINALIZE_STEP)
     for step, cmd in zip(steps, commands, strict=False):  # steps has finalize besides
-        step["what"] = "store hit" if cmd.store == "use" else "compiled" if cmd.compiles and not cmd.compiles_nothing else "installed"
+        compiled = compiled_run(cmd)
+        step["what"] = "store hit" if compiled and compiled.store == "use" else "compiled" if compiled and not compiled.nothing else "installed"
     for group in together_groups(commands):
         for i in group:
             steps[i]["together"] = True

@@ -36,6 +36,7 @@ from ... import paths, records
 from ...errors import ConfigError, Problem, SlimeforgeError
 from ..imageref import DOMAIN_RE, ImageRef, parse_image_ref
 from ..remote.registry import Credentials, Retry
+from ..stack import AptStep, SourceStep
 
 SUMS, RECORD = "SHA256SUMS", "record.json"
 # A line of SHA256SUMS as `sha256sum` writes it (text mode): the one grammar; steps.sh's
@@ -199,10 +200,11 @@ def stack_keys(stack, base_id: str | None, patch_sha: dict[str, str] | None, loc
     for step in stack.plan:
         if not step.compiles:
             continue
-        if step.kind == "source":
+        if isinstance(step, SourceStep):
             storable = not step.editable
         else:
-            names = lock.steps.get(step.name, []) if lock is not None else list(step.requirements or ())
+            own = () if isinstance(step, AptStep) else step.requirements
+            names = lock.steps.get(step.name, []) if lock is not None else list(own)
             storable = any(lock.packages[n].kind == "sdist" for n in names) if lock is not None else bool(names)
         out[step.name] = CompiledStep(compiled_key(stack, step.name, base_id, patch_sha), storable)
     return out
