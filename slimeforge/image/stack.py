@@ -391,7 +391,7 @@ class Stack(Model):
     # --- derived -------------------------------------------------------------------------------
 
     @cached_property
-    def data(self) -> dict[str, Any]:
+    def data(self) -> dict[str, object]:
         return self.model_dump(mode="json", by_alias=True)
 
     @cached_property

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from .. import paths
 from .lock.lockfile import LockFile, expected_versions, router_requirement, step_requirements
+from .sources import LocalSource
 from .stack import AptStep, PatchFile, PipStep, Stack, WheelUrlStep
 
 STEP_RUNNER = paths.TEMPLATES / "sf"
@@ -49,7 +50,7 @@ class Layout:
         return f"{self.root}/{stack.sources[name].dir}"
 
 
-def image_layout(stack: Stack, local_sources: dict[str, Any] | None = None) -> Layout:
+def image_layout(stack: Stack, local_sources: dict[str, LocalSource] | None = None) -> Layout:
     """In images, a local source is bind-mounted from the build context at /tmp/sf-src/<name>.git."""
     local = local_sources or {}
     urls = {n: s.git for n, s in stack.sources.items()}
@@ -58,7 +59,7 @@ def image_layout(stack: Stack, local_sources: dict[str, Any] | None = None) -> L
     return Layout(stack.image_root, stack.venv, "/tmp/sf-patches", paths.IMAGE_STATE, urls, wheels, "/tmp/sf-lock")
 
 
-def host_layout(stack: Stack, prefix: str, venv: str | None = None, sources: dict[str, Any] | None = None,
+def host_layout(stack: Stack, prefix: str, venv: str | None = None, sources: dict[str, LocalSource] | None = None,
                 python: str | None = None) -> Layout:
     """On a host (paths.Prefix): checkouts under the prefix, records in <prefix>/.slimeforge, local
     sources fetched straight from the given checkouts (only read); `python`: the user's interpreter

@@ -10,8 +10,6 @@ patches' sha256). Out: the Dockerfile's text; build.py writes it into the build 
 
 from __future__ import annotations
 
-from typing import Any
-
 from ...errors import ConfigError
 from ...schema import text_problems
 from ...templating import render
@@ -107,7 +105,7 @@ def compile_pieces(stack: Stack, store: dict[str, str]) -> int:
     return max((len(g) for g in together_groups(steps)), default=1)
 
 
-def _render_dockerfile(variables: dict[str, Any]) -> str:
+def _render_dockerfile(variables: dict[str, object]) -> str:
     """A Dockerfile is read line by line and shell quoting does not reach past a line: a newline
     in any value would start an instruction of its own. The stack's validation refuses control
     characters already; this is the second line of defence, on exactly what is rendered."""
