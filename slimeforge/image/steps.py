@@ -3,7 +3,7 @@
 `step_commands()` turns `Stack.plan` into one argv per step (`sf <step> <function> args...`).
 The Dockerfile renders each as a RUN, the bare-metal install script as a resumable step; both get
 their commands from here, so the two paths run the same functions with the same pins in the same
-order. Only the locations differ (`Layout`): where checkouts, the venv and patch files live, and
+order. Only the locations differ (`StepLayout`): where checkouts, the venv and patch files live, and
 where each source is fetched from.
 """
 
@@ -36,7 +36,7 @@ VENV_STEP, FINALIZE_STEP = "venv", "finalize"
 
 
 @dataclass
-class Layout:
+class StepLayout:
     root: str  # checkouts land at <root>/<source dir>
     venv: str
     patches_dir: str  # where the patch files lie when a step runs
@@ -50,17 +50,17 @@ class Layout:
         return f"{self.root}/{stack.sources[name].dir}"
 
 
-def image_layout(stack: Stack, local_sources: dict[str, LocalSource] | None = None) -> Layout:
+def image_layout(stack: Stack, local_sources: dict[str, LocalSource] | None = None) -> StepLayout:
     """In images, a local source is bind-mounted from the build context at /tmp/sf-src/<name>.git."""
     local = local_sources or {}
     urls = {n: s.git for n, s in stack.sources.items()}
     urls.update({n: f"/tmp/sf-src/{n}.git" for n, s in local.items() if getattr(s, "kind", "git") == "git"})
     wheels = {n: f"/tmp/sf-wheels/{n}" for n, s in local.items() if getattr(s, "kind", "git") == "wheels"}
-    return Layout(stack.image_root, stack.venv, "/tmp/sf-patches", paths.IMAGE_STATE, urls, wheels, "/tmp/sf-lock")
+    return StepLayout(stack.image_root, stack.venv, "/tmp/sf-patches", paths.IMAGE_STATE, urls, wheels, "/tmp/sf-lock")
 
 
 def host_layout(stack: Stack, prefix: str, venv: str | None = None, sources: dict[str, LocalSource] | None = None,
-                python: str | None = None) -> Layout:
+                python: str | None = None) -> StepLayout:
     """On a host (paths.Prefix): checkouts under the prefix, records in <prefix>/.slimeforge, local
     sources fetched straight from the given checkouts (only read); `python`: the user's interpreter
     (`invoke install --python`), else the stack's by its version on PATH."""
@@ -69,7 +69,7 @@ def host_layout(stack: Stack, prefix: str, venv: str | None = None, sources: dic
     urls = {n: s.git for n, s in stack.sources.items()}
     urls.update({n: str(s.path) for n, s in local.items() if s.kind == "git"})
     wheels = {n: str(s.path) for n, s in local.items() if s.kind == "wheels"}
-    return Layout(p.root, venv or p.venv, f"{p.state}/patches", p.state, urls, wheels, f"{p.state}/lock-in", python)
+    return StepLayout(p.root, venv or p.venv, f"{p.state}/patches", p.state, urls, wheels, f"{p.state}/lock-in", python)
 
 
 def arch_env(stack: Stack) -> dict[str, str]:
@@ -111,7 +111,7 @@ def compiled_key(stack: Stack, step: str, base: str | None = None, patch_sha: di
     return f"{stack.name}-{step}-{digest[:16]}"
 
 
-def patch_spec(p: PatchFile, layout: Layout) -> str:
+def patch_spec(p: PatchFile, layout: StepLayout) -> str:
     return f"{p.file}:{p.method}:{p.strip}:{layout.patches_dir}/{p.file}"
 
 
@@ -140,7 +140,7 @@ def input_lock(stack: Stack, pylock: LockFile, patches: list[Any], local: set[st
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
-def lock_files(stack: Stack, lock: LockFile, layout: Layout) -> dict[str, str]:
+def lock_files(stack: Stack, lock: LockFile, layout: StepLayout) -> dict[str, str]:
     """The lock as the steps read it: one requirements file per installing step (its slice, by URL
     and sha256; by name for a step given a wheel directory) and all.txt, every locked version, that
     finalize compares the installed set with."""
@@ -156,7 +156,7 @@ def lock_files(stack: Stack, lock: LockFile, layout: Layout) -> dict[str, str]:
     return out
 
 
-def step_commands(stack: Stack, layout: Layout, base: str | None = None, store: dict[str, tuple[str, str]] | None = None,
+def step_commands(stack: Stack, layout: StepLayout, base: str | None = None, store: dict[str, tuple[str, str]] | None = None,
                   patch_sha: dict[str, str] | None = None) -> list[StepCommand]:
     """Each step: name, kind, env, compiles (and then its compiled_key), patch files it needs, the
     sf argv. The first non-apt step is preceded by the venv step. A compiled step runs through
@@ -416,14 +416,14 @@ def megatron_source(stack: Stack) -> str | None:
     return "megatron" if "megatron" in stack.sources and stack.builds_from("megatron") else None
 
 
-def catalog_args(stack: Stack, layout: Layout) -> list[str]:
+def catalog_args(stack: Stack, layout: StepLayout) -> list[str]:
     """--slime DIR [--megatron DIR]: the checkouts the flag catalog is read from."""
     slime, megatron = slime_source(stack), megatron_source(stack)
     argv = ["--slime", layout.source_dir(stack, slime)] if slime else []
     return argv + (["--megatron", layout.source_dir(stack, megatron)] if slime and megatron else [])
 
 
-def finalize_argv(stack: Stack, layout: Layout, lock_in: str, lock_out: str | None = None, flags_out: str | None = None) -> list[str]:
+def finalize_argv(stack: Stack, layout: StepLayout, lock_in: str, lock_out: str | None = None, flags_out: str | None = None) -> list[str]:
     argv = ["finalize", layout.venv, lock_in, lock_out or f"{layout.state}/stack.lock.json", flags_out or f"{layout.state}/flags.json",
             "--lock", f"{layout.lock_dir}/{LOCK_ALL}"]
     for name in stack.sources:
@@ -432,7 +432,7 @@ def finalize_argv(stack: Stack, layout: Layout, lock_in: str, lock_out: str | No
     return argv + catalog_args(stack, layout)
 
 
-def smoke_argv(stack: Stack, layout: Layout, flags: str | None = None, catalog: bool = True) -> list[str]:
+def smoke_argv(stack: Stack, layout: StepLayout, flags: str | None = None, catalog: bool = True) -> list[str]:
     """The smoke test's arguments. catalog=False: no --flags (the image's last step, where finalize
     beside it makes the catalog and fails when it cannot)."""
     argv = ["smoke", "--venv", layout.venv]
@@ -459,6 +459,6 @@ def smoke_argv(stack: Stack, layout: Layout, flags: str | None = None, catalog: 
     return argv
 
 
-def venv_sizes_argv(layout: Layout) -> list[str]:
+def venv_sizes_argv(layout: StepLayout) -> list[str]:
     """The image's last command: scripts/venv_sizes.py with the venv's Python, into the state directory."""
     return [f"{layout.venv}/bin/python", "-I", f"{layout.state}/venv_sizes.py", layout.venv, f"{layout.state}/{VENV_SIZES_RECORD}"]

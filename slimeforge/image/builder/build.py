@@ -37,7 +37,7 @@ from ...proc import Runner
 from ...schema import ENV_NAME_RE, WHOLE_RE, printable, text_problem
 from ..dockerapi import EngineUnavailable, ResolvedBase, docker_client, read_from_image, resolve_base
 from ..imageref import TAG_RE, image_ref_problems, repository_problems
-from ..lock.lockcheck import check_patches
+from ..lock.lockcheck import check_patch_hashes
 from ..lock.lockfacts import lock_for_run, patches_for_run
 from ..lock.lockfile import LockFile
 from ..patches import PatchContent
@@ -209,7 +209,7 @@ def prepare(opts: BuildOptions) -> Prepared:
     base = _base(stack, opts, pylock)
     patches = patches_for_run(stack, local, cache, pylock, opts.dry_run, opts.echo)
     patch_sha = {p.file: p.sha256 for p in patches}
-    check_patches(pylock, patch_sha)
+    check_patch_hashes(pylock, patch_sha)
     from_sources = {n: s for n, s in local.items() if (s.kind == "git" and stack.builds_from(n)) or s.kind == "wheels"}
     from ..wheels.wheelstore import compiled_plan
 

@@ -29,7 +29,7 @@ from ...errors import CommandError, ConfigError, OperationFailed, Problem, Slime
 from ...proc import Runner
 from ...schema import text_problem, whole_problem
 from ...templating import render
-from ..lock.lockcheck import check_patches, checked_lock
+from ..lock.lockcheck import check_patch_hashes, checked_lock
 from ..lock.lockfacts import lock_for_run, patches_for_run
 from ..lock.lockfile import LockFile, normalize
 from ..patches import PatchContent, read_patches
@@ -110,7 +110,7 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
     if patches is None:
         patches = read_patches(stack, sources or {}, cache or paths.sources_cache())
     patch_sha = {p.file: p.sha256 for p in patches}
-    check_patches(pylock, patch_sha)
+    check_patch_hashes(pylock, patch_sha)
     lock_text = input_lock(stack, pylock, patches, set(sources or {}), install={"prefix": prefix, "venv": layout.venv})
     steps: list[ScriptStep] = []  # as the template reads them, each with its hash in the chain
     # A changed library (steps.sh and its own scripts) re-does every step.

@@ -25,7 +25,7 @@ from .lockinputs import inputs, req_name
 from .remedies import remedy
 
 
-def check_patches(lock: LockFile, patches: dict[str, str]) -> None:
+def check_patch_hashes(lock: LockFile, patches: dict[str, str]) -> None:
     """The patch files a build or install read must be those the lock recorded (when it did)."""
     recorded = lock.tool.get("patches") or {}
     wrong = [f"{f}: sha256 {sha}, the lock says {recorded[f]}" for f, sha in sorted(patches.items()) if f in recorded and recorded[f] != sha]
