@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,7 @@ class PatchContent:
     strip: int
     data: bytes
     # A dry run's stand-in for a patch file that could not be read (its source unreachable): no
-    # data, the sha256 the lock records (lockfacts.patches_for_run). A real run never has one.
+    # data, the sha256 the lock records (patches_for_run). A real run never has one.
     locked: str = ""
 
     @property
@@ -75,6 +76,24 @@ def _git_blob(repo: Path, spec: str) -> bytes | None:
     # Bytes, not text (proc.Runner decodes): the hash must be of the file exactly as slime has it.
     res = subprocess.run([*GIT, "--git-dir", str(repo), "cat-file", "blob", spec], capture_output=True)
     return res.stdout if res.returncode == 0 else None
+
+
+def patches_for_run(stack: Stack, local: dict[str, LocalSource], cache: Path, recorded: Mapping[str, str], dry_run: bool,
+                    echo: Callable[[str], None]) -> list[PatchContent]:
+    """The patch files for a build or an install (read_patches); in a dry run where their source
+    cannot be fetched, stand-ins with the sha256 the lock records (`recorded`: LockFile.patch_sha256),
+    named in a warning (a real run refuses)."""
+    try:
+        return read_patches(stack, local, cache)
+    except SlimeforgeError as exc:
+        if not dry_run or stack.patches is None:
+            raise
+        src = stack.patches.from_source
+        echo(f"warning: the patch files cannot be read ({str(exc).splitlines()[0]}): the plan names them with the sha256 "
+             f"the lock records and leaves them out of what it writes; pass --source {src}=PATH (a checkout holding "
+             f"{stack.sources[src].commit[:12]}), or run where {stack.sources[src].git} is reachable")
+        return [PatchContent(p.file, p.target, p.method, p.strip, b"", str(recorded.get(p.file) or "unknown"))
+                for p in stack.used_patches()]
 
 
 def check_patches(stack: Stack, local: dict[str, LocalSource], cache: Path, echo=print, runner: Runner | None = None,

@@ -38,9 +38,9 @@ from ...schema import ENV_NAME_RE, WHOLE_RE, printable, text_problem
 from ..dockerapi import EngineUnavailable, ResolvedBase, docker_client, read_from_image, resolve_base
 from ..imageref import TAG_RE, image_ref_problems, repository_problems
 from ..lock.lockcheck import check_patch_hashes
-from ..lock.lockfacts import lock_for_run, patches_for_run
+from ..lock.lockfacts import lock_for_run
 from ..lock.lockfile import LockFile
-from ..patches import PatchContent
+from ..patches import PatchContent, patches_for_run
 from ..sources import GIT, LocalSource, checked_options
 from ..stack import Stack, load_stack
 from ..steps import (
@@ -207,7 +207,7 @@ def prepare(opts: BuildOptions) -> Prepared:
     # A real build fills a missing outside fact itself (and writes it into the lock); a dry run names it.
     pylock = lock_for_run(stack, opts.dry_run, opts.echo)
     base = _base(stack, opts, pylock)
-    patches = patches_for_run(stack, local, cache, pylock, opts.dry_run, opts.echo)
+    patches = patches_for_run(stack, local, cache, pylock.patch_sha256, opts.dry_run, opts.echo)
     patch_sha = {p.file: p.sha256 for p in patches}
     check_patch_hashes(pylock, patch_sha)
     from_sources = {n: s for n, s in local.items() if (s.kind == "git" and stack.builds_from(n)) or s.kind == "wheels"}

@@ -30,9 +30,9 @@ from ...proc import Runner
 from ...schema import text_problem, whole_problem
 from ...templating import render
 from ..lock.lockcheck import check_patch_hashes, checked_lock
-from ..lock.lockfacts import lock_for_run, patches_for_run
+from ..lock.lockfacts import lock_for_run
 from ..lock.lockfile import LockFile, normalize
-from ..patches import PatchContent, read_patches
+from ..patches import PatchContent, patches_for_run, read_patches
 from ..sources import LocalSource, checked_options
 from ..stack import Stack, load_stack
 from ..steps import (
@@ -316,7 +316,7 @@ def install(opts: InstallOptions) -> Path:
     base_id: str | None = None
     # A real install fills a missing outside fact itself (and writes it into the lock); a dry run names it.
     pylock = lock_for_run(stack, opts.dry_run, opts.echo)
-    patches = patches_for_run(stack, local, cache, pylock, opts.dry_run, opts.echo)
+    patches = patches_for_run(stack, local, cache, pylock.patch_sha256, opts.dry_run, opts.echo)
     if opts.use_store and any(s.compiles for s in stack.steps):
         opts.echo("compiled steps:")
         store, keys, base_id = store_plan(stack, f"{prefix}/.slimeforge", patches, pylock, opts.store_root, opts.echo)

@@ -27,7 +27,7 @@ from .remedies import remedy
 
 def check_patch_hashes(lock: LockFile, patches: dict[str, str]) -> None:
     """The patch files a build or install read must be those the lock recorded (when it did)."""
-    recorded = lock.tool.get("patches") or {}
+    recorded = lock.patch_sha256
     wrong = [f"{f}: sha256 {sha}, the lock says {recorded[f]}" for f, sha in sorted(patches.items()) if f in recorded and recorded[f] != sha]
     if wrong:
         raise LockError(f"{lock.path}: patch files differ from the lock:\n" + "\n".join(f"  - {w}" for w in wrong))

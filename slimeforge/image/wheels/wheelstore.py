@@ -400,7 +400,7 @@ def needed(stack) -> dict[str, CompiledStep]:
 
     pylock = checked_lock(stack)
     base = resolve_base(stack, None, True, pylock.tool.get("base", {}).get("digest") or None)
-    patch_sha = dict(pylock.tool.get("patches") or {})
+    patch_sha = dict(pylock.patch_sha256)
     return stack_keys(stack, base.id, patch_sha, pylock)
 
 
