@@ -158,8 +158,8 @@ def lock_files(stack: Stack, lock: LockFile, layout: StepLayout) -> dict[str, st
 
 def step_commands(stack: Stack, layout: StepLayout, base: str | None = None, store: dict[str, tuple[str, str]] | None = None,
                   patch_sha: dict[str, str] | None = None) -> list[StepCommand]:
-    """Each step: name, kind, env, compiles (and then its compiled_key), patch files it needs, the
-    sf argv. The first non-apt step is preceded by the venv step. A compiled step runs through
+    """Each step as both renderers run it (StepCommand: one type per kind, a compiled one with its
+    CompiledRun): name, env, the patch files it needs, the sf argv. The first non-apt step is preceded by the venv step. A compiled step runs through
     `sf_compiled` (parallelism and its own uv cache), with the arch variables in its env. Every pip,
     wheel and source step installs its slice of the lock, `<layout.lock_dir>/<step>.txt` (see lock_files).
     The plan's order, but for what a slime bump changes (see PATCHES_STEP): slime's requirements stay
