@@ -1,4 +1,5 @@
-"""Patches from slime's own tree at the pinned commit: extraction, hashing, and `patches.check`.
+"""Patches from slime's own tree at the pinned commit: extraction, hashing, a build's or install's patch files
+(`patches_for_run`), and `patches.check`.
 
 The patch files are never copied into this repository: they are read with `git show
 <commit>:<patches.dir>/<file>` from the pinned slime commit (a local checkout given with --source,
