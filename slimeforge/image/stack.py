@@ -11,7 +11,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
@@ -286,7 +286,7 @@ class AptStep(_PlanStepBase):
 
     packages: tuple[str, ...]
     probes: tuple[str, ...]
-    kind: Literal["apt"] = "apt"
+    kind: Literal["apt"] = field(default="apt", init=False)
 
     def to_json(self) -> dict[str, object]:
         return {**self._head(self.kind), "packages": list(self.packages), "probes": list(self.probes)}
@@ -301,7 +301,7 @@ class PipStep(_PlanStepBase):
     index_url: str | None
     no_binary: tuple[str, ...]
     exclude: tuple[str, ...]
-    kind: Literal["pip"] = "pip"
+    kind: Literal["pip"] = field(default="pip", init=False)
 
     def to_json(self) -> dict[str, object]:
         return {**self._head(self.kind), "requirements": list(self.requirements), "no_binary": list(self.no_binary),
@@ -313,7 +313,7 @@ class WheelUrlStep(_PlanStepBase):
     """One wheel by its URL, outside any index (the router): `requirements` holds that one URL."""
 
     requirements: tuple[str]
-    kind: Literal["wheel_url"] = "wheel_url"
+    kind: Literal["wheel_url"] = field(default="wheel_url", init=False)
 
     def to_json(self) -> dict[str, object]:
         return {**self._head(self.kind), "requirements": list(self.requirements)}
@@ -330,7 +330,7 @@ class SourceStep(_PlanStepBase):
     commit: str
     dir: str
     editable: bool
-    kind: Literal["source"] = "source"
+    kind: Literal["source"] = field(default="source", init=False)
 
     def to_json(self) -> dict[str, object]:
         return {**self._head(self.kind), "requirements": list(self.requirements), "source": self.source, "git": self.git,
@@ -515,12 +515,12 @@ class Stack(Model):
             for pkg in step.pip or []:
                 if pkg not in self.versions:
                     out.append(Problem(f"{where}.pip", f"{pkg!r} has no pin in versions (every package must be pinned)", show_value=False))
-            for field, key in (("index", step.index), ("wheel_url", step.wheel_url), ("requirements", step.requirements)):
+            for attr, key in (("index", step.index), ("wheel_url", step.wheel_url), ("requirements", step.requirements)):
                 if key:
                     try:
                         self.lookup(key)
                     except (KeyError, TypeError, IndexError):
-                        out.append(Problem(f"{where}.{field}", "names no value of this stack", key, "a dotted key such as router.wheel"))
+                        out.append(Problem(f"{where}.{attr}", "names no value of this stack", key, "a dotted key such as router.wheel"))
             for pkg in step.without_apt:
                 if pkg not in (step.apt or []):
                     out.append(Problem(f"{where}.without_apt", "names a package the step does not install", pkg, ", ".join(step.apt or []) or "(none)"))

@@ -306,7 +306,7 @@ class _Command:
 class VenvCommand(_Command):
     """The venv with the pinned uv, right before the first step that is not apt."""
 
-    kind: Literal["venv"] = "venv"
+    kind: Literal["venv"] = field(default="venv", init=False)
 
     def to_json(self) -> dict[str, object]:
         return self._json(self.kind)
@@ -317,7 +317,7 @@ class SystemCommand(_Command):
     """An apt step: the system packages (and the stack's interpreter, where the step says so)."""
 
     compiled: CompiledRun | None = None
-    kind: Literal["apt"] = "apt"
+    kind: Literal["apt"] = field(default="apt", init=False)
 
     def to_json(self) -> dict[str, object]:
         return self._json(self.kind, compiled=self.compiled)
@@ -349,7 +349,7 @@ class SourceCommand(_Command):
     editable: bool
     slice_of: str | None
     compiled: CompiledRun | None = None
-    kind: Literal["source"] = "source"
+    kind: Literal["source"] = field(default="source", init=False)
 
     @property
     def lock_file(self) -> str | None:
@@ -364,7 +364,7 @@ class PatchesCommand(_Command):
     """The patches step: `sf patches <argv...>`, then each of `post` (its further patches)."""
 
     post: list[list[str]] = field(default_factory=list)
-    kind: Literal["patches"] = "patches"
+    kind: Literal["patches"] = field(default="patches", init=False)
 
     @property
     def commands(self) -> list[list[str]]:
