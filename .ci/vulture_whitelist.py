@@ -66,3 +66,12 @@ _.https_open
 
 # The text stream protocol (slimeforge/cli.py AsTyped stands in for sys.stdout and sys.stderr: whoever writes lines calls it).
 _.writelines
+
+# TypedDict keys, read by subscript (`step["slice"]`, `summary["named_by_stack"]`) or by a template.
+_.slice  # image/builder/install.py ScriptStep (install.sh.j2)
+_.together  # ScriptStep
+_.together_last  # ScriptStep
+_.slice_path  # ScriptStep
+_.in_venv  # ScriptStep
+_.after_all  # ScriptStep
+_.named_by_stack  # image/lock/lockcheck.py LockSummary

@@ -39,7 +39,8 @@ def main() -> None:
 
     def run(stack: Path, **kw) -> tuple[dict, float]:
         t = time.monotonic()
-        report = build(BuildOptions(stack=str(stack), sources=sources, build_root=root / "out", repository=REPO, echo=lambda s: None, **kw))
+        built = build(BuildOptions(stack=str(stack), sources=sources, build_root=root / "out", repository=REPO, echo=lambda s: None, **kw))
+        report = built.to_json()  # report.json's keys (build() returns the BuildReport)
         made.append(report["image_id"])
         return report, time.monotonic() - t
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
-VALUE_TYPES = {"BuildOptions", "Stack", "Prepared", "PlanStep"}
+VALUE_TYPES = {"BuildOptions", "Stack", "Prepared", "AptStep", "PipStep", "WheelUrlStep", "SourceStep"}  # PlanStep: one of the last four
 
 
 def layer_ranks() -> list[tuple[str, list[list[str]]]]:

@@ -364,7 +364,7 @@ def build(c, cuda="cu13", stack=None, out=None, dry_run=False, base_image=None, 
     """Build the image of a stack with BuildKit: content-addressed, patched, smoke-tested, reported."""
     from pathlib import Path
 
-    from slimeforge.image.builder.build import BuildOptions
+    from slimeforge.image.builder.build import BuildDryRun, BuildOptions
     from slimeforge.image.builder.build import build as run_build
 
     opts = BuildOptions(stack=stack or cuda, out=Path(out) if out else None, dry_run=dry_run, base_image=base_image,
@@ -372,12 +372,10 @@ def build(c, cuda="cu13", stack=None, out=None, dry_run=False, base_image=None, 
                         tags=list(tag or []), repository=repository, ca_bundle=ca_bundle, echo=diag,
                         use_store=not no_store, wheel_registry=wheel_registry, verbose=verbose, verify=verify)
     result = run_build(opts)  # progress went to stderr (diag); the result goes to stdout
-    if dry_run:
-        print("would run:\n" + textwrap.indent(shell_lines(result["command"], result["env"], trailing=1), "  "))
+    if isinstance(result, BuildDryRun):
+        print("would run:\n" + textwrap.indent(shell_lines(result.command, result.env, trailing=1), "  "))
     else:
-        from slimeforge.image.builder.buildreport import BuildReport
-
-        print(BuildReport.from_dict(result).summary_table())
+        print(result.summary_table())
 
 
 @task(help={
@@ -482,7 +480,7 @@ def wheels_build(c, cuda="cu13", stack=None, registry=None, source=None, build_a
                         wheel_registry=registry, echo=diag, verbose=verbose)
     result = build_wheels(opts)
     for step, r in result.items():
-        print(f"{step:<24} {r['source']:<14} {r['key']}")
+        print(f"{step:<24} {r.source:<14} {r.key}")
 
 
 @task(help=WHEELS_HELP)

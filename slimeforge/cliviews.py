@@ -15,7 +15,7 @@ from slimeforge.console import json_doc
 def stack_view(ref: str, as_json: bool) -> str:
     """`stack.show`: a stack's pins, its lock (or why it has none usable) and its ordered steps."""
     from slimeforge.image.lock import lockfile
-    from slimeforge.image.stack import load_stack
+    from slimeforge.image.stack import AptStep, SourceStep, load_stack
     from slimeforge.schema import printable
 
     stack = load_stack(ref)
@@ -37,8 +37,8 @@ def stack_view(ref: str, as_json: bool) -> str:
         lines.append(str(lock_problem))
     lines.append("steps:")
     for i, step in enumerate(stack.plan, 1):
-        what = step.requirements or step.packages or ()
-        extra = f" @ {step.commit[:12]}" if step.kind == "source" and step.commit else ""
+        what = step.packages if isinstance(step, AptStep) else step.requirements
+        extra = f" @ {step.commit[:12]}" if isinstance(step, SourceStep) else ""
         lines.append(f"  {i:2}. {step.name:<20} {step.kind:<9}{extra} {' '.join(what)}")
     return "\n".join(lines)
 

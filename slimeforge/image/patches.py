@@ -1,4 +1,5 @@
-"""Patches from slime's own tree at the pinned commit: extraction, hashing, and `patches.check`.
+"""Patches from slime's own tree at the pinned commit: extraction, hashing, a build's or install's patch files
+(`patches_for_run`), and `patches.check`.
 
 The patch files are never copied into this repository: they are read with `git show
 <commit>:<patches.dir>/<file>` from the pinned slime commit (a local checkout given with --source,
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from .. import paths
 from ..errors import ConfigError, Problem, SlimeforgeError
 from ..proc import Runner
 from .sources import GIT, LocalSource, source_repo
-from .stack import PlanStep, Stack
+from .stack import AptStep, PipStep, PlanStep, Stack
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,7 @@ class PatchContent:
     strip: int
     data: bytes
     # A dry run's stand-in for a patch file that could not be read (its source unreachable): no
-    # data, the sha256 the lock records (lockfacts.patches_for_run). A real run never has one.
+    # data, the sha256 the lock records (patches_for_run). A real run never has one.
     locked: str = ""
 
     @property
@@ -75,6 +77,24 @@ def _git_blob(repo: Path, spec: str) -> bytes | None:
     # Bytes, not text (proc.Runner decodes): the hash must be of the file exactly as slime has it.
     res = subprocess.run([*GIT, "--git-dir", str(repo), "cat-file", "blob", spec], capture_output=True)
     return res.stdout if res.returncode == 0 else None
+
+
+def patches_for_run(stack: Stack, local: dict[str, LocalSource], cache: Path, recorded: Mapping[str, str], dry_run: bool,
+                    echo: Callable[[str], None]) -> list[PatchContent]:
+    """The patch files for a build or an install (read_patches); in a dry run where their source
+    cannot be fetched, stand-ins with the sha256 the lock records (`recorded`: LockFile.patch_sha256),
+    named in a warning (a real run refuses)."""
+    try:
+        return read_patches(stack, local, cache)
+    except SlimeforgeError as exc:
+        if not dry_run or stack.patches is None:
+            raise
+        src = stack.patches.from_source
+        echo(f"warning: the patch files cannot be read ({str(exc).splitlines()[0]}): the plan names them with the sha256 "
+             f"the lock records and leaves them out of what it writes; pass --source {src}=PATH (a checkout holding "
+             f"{stack.sources[src].commit[:12]}), or run where {stack.sources[src].git} is reachable")
+        return [PatchContent(p.file, p.target, p.method, p.strip, b"", str(recorded.get(p.file) or "unknown"))
+                for p in stack.used_patches()]
 
 
 def check_patches(stack: Stack, local: dict[str, LocalSource], cache: Path, echo=print, runner: Runner | None = None,
@@ -130,14 +150,14 @@ def check_patches(stack: Stack, local: dict[str, LocalSource], cache: Path, echo
 def _unpacked_wheels(stack: Stack, step: PlanStep, target: Path, cache: Path, runner: Runner) -> None:
     """The wheels a step installs, for the stack's target (its Python, its base's glibc), unpacked
     as they would be in site-packages."""
-    reqs = list(step.requirements or ())
+    reqs = [] if isinstance(step, AptStep) else list(step.requirements)
     cache.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", stack.python,
             "--implementation", "cp"]
     for plat in target_platforms(stack):
         argv += ["--platform", plat]
     argv += ["--platform", "any", "-d", str(cache), *reqs]
-    if step.index_url:
+    if isinstance(step, PipStep) and step.index_url:
         argv += ["--extra-index-url", step.index_url]
     runner.run(argv, step=f"patches.check: download {' '.join(reqs)} for {stack.wheel_platform}, Python {stack.python}", timeout=1800)
     target.mkdir(parents=True)

@@ -11,7 +11,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
@@ -202,8 +202,12 @@ class Step(Model):
         return self
 
     @property
-    def kind(self) -> str:
-        return next(k for k in ("apt", "pip", "source", "wheel_url") if getattr(self, k) is not None)
+    def kind(self) -> StepKind:
+        if self.apt is not None:
+            return "apt"
+        if self.pip is not None:
+            return "pip"
+        return "source" if self.source is not None else "wheel_url"
 
 
 class Runtime(Model):
@@ -257,44 +261,86 @@ class LockSpec(Model):
     extra_indexes: list[Url] = Field(default_factory=list)
 
 
+StepKind = Literal["apt", "pip", "wheel_url", "source"]
+
+
 @dataclass(frozen=True)
-class PlanStep:
-    """One step of a stack's plan with every pin resolved. Fields a step's kind does not have are
-    None: packages (apt); requirements (pip, wheel_url, source); index_url, no_binary and exclude
-    (pip); source, git, commit, dir and editable (source)."""
+class _PlanStepBase:
+    """What every step of a stack's plan has, whatever its kind."""
 
     name: str
-    kind: str
     env: Mapping[str, str]
     compiles: bool
     no_deps: bool
     constrain_later: bool
     patches: tuple[PatchFile, ...]
-    packages: tuple[str, ...] | None = None
-    probes: tuple[str, ...] | None = None  # apt: sf_system's --need spec of each package
-    requirements: tuple[str, ...] | None = None
-    index_url: str | None = None
-    no_binary: tuple[str, ...] | None = None
-    exclude: tuple[str, ...] | None = None
-    source: str | None = None
-    git: str | None = None
-    commit: str | None = None
-    dir: str | None = None
-    editable: bool | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        """The step as JSON: what `invoke stack.show --json` prints and compiled keys hash (a pip
-        step always has index_url, null when it uses the default index)."""
-        out: dict[str, Any] = {"name": self.name, "kind": self.kind, "env": dict(self.env), "compiles": self.compiles,
-                               "no_deps": self.no_deps, "constrain_later": self.constrain_later,
-                               "patches": [p.model_dump() for p in self.patches]}
-        for key in ("packages", "probes", "requirements", "no_binary", "exclude", "source", "git", "commit", "dir", "editable"):
-            value = getattr(self, key)
-            if value is not None:
-                out[key] = list(value) if isinstance(value, tuple) else value
-        if self.no_binary is not None:
-            out["index_url"] = self.index_url
-        return out
+    def _head(self, kind: StepKind) -> dict[str, object]:
+        return {"name": self.name, "kind": kind, "env": dict(self.env), "compiles": self.compiles, "no_deps": self.no_deps,
+                "constrain_later": self.constrain_later, "patches": [p.model_dump() for p in self.patches]}
+
+
+@dataclass(frozen=True)
+class AptStep(_PlanStepBase):
+    """System packages, each with sf_system's --need spec (how a host without dpkg shows it is there)."""
+
+    packages: tuple[str, ...]
+    probes: tuple[str, ...]
+    kind: Literal["apt"] = field(default="apt", init=False)
+
+    def to_json(self) -> dict[str, object]:
+        return {**self._head(self.kind), "packages": list(self.packages), "probes": list(self.probes)}
+
+
+@dataclass(frozen=True)
+class PipStep(_PlanStepBase):
+    """Pinned requirements from an index (`index_url`: an extra one, None: the default), `no_binary`
+    built from their sdists, `exclude` kept out of what they pull in."""
+
+    requirements: tuple[str, ...]
+    index_url: str | None
+    no_binary: tuple[str, ...]
+    exclude: tuple[str, ...]
+    kind: Literal["pip"] = field(default="pip", init=False)
+
+    def to_json(self) -> dict[str, object]:
+        return {**self._head(self.kind), "requirements": list(self.requirements), "no_binary": list(self.no_binary),
+                "exclude": list(self.exclude), "index_url": self.index_url}
+
+
+@dataclass(frozen=True)
+class WheelUrlStep(_PlanStepBase):
+    """One wheel by its URL, outside any index (the router): `requirements` holds that one URL."""
+
+    requirements: tuple[str]
+    kind: Literal["wheel_url"] = field(default="wheel_url", init=False)
+
+    def to_json(self) -> dict[str, object]:
+        return {**self._head(self.kind), "requirements": list(self.requirements)}
+
+
+@dataclass(frozen=True)
+class SourceStep(_PlanStepBase):
+    """A checkout of `source` at its pinned commit, installed (`editable`: where it lies) with its own
+    pinned `requirements`."""
+
+    requirements: tuple[str, ...]
+    source: str
+    git: str
+    commit: str
+    dir: str
+    editable: bool
+    kind: Literal["source"] = field(default="source", init=False)
+
+    def to_json(self) -> dict[str, object]:
+        return {**self._head(self.kind), "requirements": list(self.requirements), "source": self.source, "git": self.git,
+                "commit": self.commit, "dir": self.dir, "editable": self.editable}
+
+
+# One step of a stack's plan with every pin resolved; a field exists only on the kind that has it.
+# to_json() is what `invoke stack.show --json` prints and compiled keys hash (a pip step always has
+# index_url, null when it uses the default index).
+PlanStep = AptStep | PipStep | WheelUrlStep | SourceStep
 
 
 class Stack(Model):
@@ -345,7 +391,7 @@ class Stack(Model):
     # --- derived -------------------------------------------------------------------------------
 
     @cached_property
-    def data(self) -> dict[str, Any]:
+    def data(self) -> dict[str, object]:
         return self.model_dump(mode="json", by_alias=True)
 
     @cached_property
@@ -403,27 +449,26 @@ class Stack(Model):
         """The ordered steps with every pin resolved: the one input of both renderers, the lock,
         the patches and the compiled-wheel store (computed once; a Stack never changes)."""
         patch_files = {p.file: p for p in (self.patches.files if self.patches else [])}
-        out = []
+        out: list[PlanStep] = []
         for step in self.steps:
-            fields: dict[str, Any] = {}
+            common = (step.name, MappingProxyType(dict(step.env)), step.compiles, step.no_deps, step.constrain_later,
+                      tuple(patch_files[p] for p in step.patches))
             if step.apt is not None:
-                fields["packages"] = tuple(step.apt)
-                fields["probes"] = tuple(step.without_apt[p].spec(p) if p in step.without_apt else f"{p}:::" for p in step.apt)
-            if step.pip is not None:
-                fields.update(requirements=tuple(self.requirement(p) for p in step.pip),
-                              index_url=self.lookup(step.index) if step.index else None,
-                              no_binary=tuple(p.split("[")[0] for p in step.pip) if step.from_source else (),
-                              exclude=tuple(step.exclude))
-            if step.wheel_url is not None:
-                fields["requirements"] = (self.lookup(step.wheel_url),)
-            if step.source is not None:
+                out.append(AptStep(*common, packages=tuple(step.apt),
+                                   probes=tuple(step.without_apt[p].spec(p) if p in step.without_apt else f"{p}:::" for p in step.apt)))
+            elif step.pip is not None:
+                out.append(PipStep(*common, requirements=tuple(self.requirement(p) for p in step.pip),
+                                   index_url=self.lookup(step.index) if step.index else None,
+                                   no_binary=tuple(p.split("[")[0] for p in step.pip) if step.from_source else (),
+                                   exclude=tuple(step.exclude)))
+            elif step.wheel_url is not None:
+                out.append(WheelUrlStep(*common, requirements=(self.lookup(step.wheel_url),)))
+            else:
+                assert step.source is not None  # exactly one kind (Step._one_kind)
                 src = self.sources[step.source]
                 reqs = self.lookup(step.requirements) if step.requirements else []
-                fields.update(source=step.source, git=src.git, commit=src.commit, dir=src.dir, editable=step.editable,
-                              requirements=tuple(self.requirement(n, self.slime_requirements) for n in reqs))
-            out.append(PlanStep(name=step.name, kind=step.kind, env=MappingProxyType(dict(step.env)), compiles=step.compiles,
-                                no_deps=step.no_deps, constrain_later=step.constrain_later,
-                                patches=tuple(patch_files[p] for p in step.patches), **fields))
+                out.append(SourceStep(*common, source=step.source, git=src.git, commit=src.commit, dir=src.dir,
+                                      editable=step.editable, requirements=tuple(self.requirement(n, self.slime_requirements) for n in reqs)))
         return tuple(out)
 
     def plan_step(self, name: str) -> PlanStep:
@@ -438,7 +483,7 @@ class Stack(Model):
 
     def builds_from(self, source: str) -> bool:
         """Whether a step of the plan builds from this source (its checkout is needed)."""
-        return any(s.source == source for s in self.plan)
+        return any(isinstance(s, SourceStep) and s.source == source for s in self.plan)
 
     def pins(self) -> dict[str, str]:
         """Flat name -> pin map: what `stack.show` prints and the image labels carry."""
@@ -470,12 +515,12 @@ class Stack(Model):
             for pkg in step.pip or []:
                 if pkg not in self.versions:
                     out.append(Problem(f"{where}.pip", f"{pkg!r} has no pin in versions (every package must be pinned)", show_value=False))
-            for field, key in (("index", step.index), ("wheel_url", step.wheel_url), ("requirements", step.requirements)):
+            for attr, key in (("index", step.index), ("wheel_url", step.wheel_url), ("requirements", step.requirements)):
                 if key:
                     try:
                         self.lookup(key)
                     except (KeyError, TypeError, IndexError):
-                        out.append(Problem(f"{where}.{field}", "names no value of this stack", key, "a dotted key such as router.wheel"))
+                        out.append(Problem(f"{where}.{attr}", "names no value of this stack", key, "a dotted key such as router.wheel"))
             for pkg in step.without_apt:
                 if pkg not in (step.apt or []):
                     out.append(Problem(f"{where}.without_apt", "names a package the step does not install", pkg, ", ".join(step.apt or []) or "(none)"))

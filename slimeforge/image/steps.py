@@ -3,7 +3,7 @@
 `step_commands()` turns `Stack.plan` into one argv per step (`sf <step> <function> args...`).
 The Dockerfile renders each as a RUN, the bare-metal install script as a resumable step; both get
 their commands from here, so the two paths run the same functions with the same pins in the same
-order. Only the locations differ (`Layout`): where checkouts, the venv and patch files live, and
+order. Only the locations differ (`StepLayout`): where checkouts, the venv and patch files live, and
 where each source is fetched from.
 """
 
@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from .. import paths
 from .lock.lockfile import LockFile, expected_versions, router_requirement, step_requirements
-from .stack import PatchFile, Stack
+from .sources import LocalSource
+from .stack import AptStep, PatchFile, PipStep, Stack, WheelUrlStep
 
 STEP_RUNNER = paths.TEMPLATES / "sf"
 # Scripts the step library runs with the target's Python (standard library only; kernel_check.py also
@@ -35,7 +36,7 @@ VENV_STEP, FINALIZE_STEP = "venv", "finalize"
 
 
 @dataclass
-class Layout:
+class StepLayout:
     root: str  # checkouts land at <root>/<source dir>
     venv: str
     patches_dir: str  # where the patch files lie when a step runs
@@ -49,17 +50,17 @@ class Layout:
         return f"{self.root}/{stack.sources[name].dir}"
 
 
-def image_layout(stack: Stack, local_sources: dict[str, Any] | None = None) -> Layout:
+def image_layout(stack: Stack, local_sources: dict[str, LocalSource] | None = None) -> StepLayout:
     """In images, a local source is bind-mounted from the build context at /tmp/sf-src/<name>.git."""
     local = local_sources or {}
     urls = {n: s.git for n, s in stack.sources.items()}
     urls.update({n: f"/tmp/sf-src/{n}.git" for n, s in local.items() if getattr(s, "kind", "git") == "git"})
     wheels = {n: f"/tmp/sf-wheels/{n}" for n, s in local.items() if getattr(s, "kind", "git") == "wheels"}
-    return Layout(stack.image_root, stack.venv, "/tmp/sf-patches", paths.IMAGE_STATE, urls, wheels, "/tmp/sf-lock")
+    return StepLayout(stack.image_root, stack.venv, "/tmp/sf-patches", paths.IMAGE_STATE, urls, wheels, "/tmp/sf-lock")
 
 
-def host_layout(stack: Stack, prefix: str, venv: str | None = None, sources: dict[str, Any] | None = None,
-                python: str | None = None) -> Layout:
+def host_layout(stack: Stack, prefix: str, venv: str | None = None, sources: dict[str, LocalSource] | None = None,
+                python: str | None = None) -> StepLayout:
     """On a host (paths.Prefix): checkouts under the prefix, records in <prefix>/.slimeforge, local
     sources fetched straight from the given checkouts (only read); `python`: the user's interpreter
     (`invoke install --python`), else the stack's by its version on PATH."""
@@ -68,7 +69,7 @@ def host_layout(stack: Stack, prefix: str, venv: str | None = None, sources: dic
     urls = {n: s.git for n, s in stack.sources.items()}
     urls.update({n: str(s.path) for n, s in local.items() if s.kind == "git"})
     wheels = {n: str(s.path) for n, s in local.items() if s.kind == "wheels"}
-    return Layout(p.root, venv or p.venv, f"{p.state}/patches", p.state, urls, wheels, f"{p.state}/lock-in", python)
+    return StepLayout(p.root, venv or p.venv, f"{p.state}/patches", p.state, urls, wheels, f"{p.state}/lock-in", python)
 
 
 def arch_env(stack: Stack) -> dict[str, str]:
@@ -110,7 +111,7 @@ def compiled_key(stack: Stack, step: str, base: str | None = None, patch_sha: di
     return f"{stack.name}-{step}-{digest[:16]}"
 
 
-def patch_spec(p: PatchFile, layout: Layout) -> str:
+def patch_spec(p: PatchFile, layout: StepLayout) -> str:
     return f"{p.file}:{p.method}:{p.strip}:{layout.patches_dir}/{p.file}"
 
 
@@ -139,7 +140,7 @@ def input_lock(stack: Stack, pylock: LockFile, patches: list[Any], local: set[st
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
-def lock_files(stack: Stack, lock: LockFile, layout: Layout) -> dict[str, str]:
+def lock_files(stack: Stack, lock: LockFile, layout: StepLayout) -> dict[str, str]:
     """The lock as the steps read it: one requirements file per installing step (its slice, by URL
     and sha256; by name for a step given a wheel directory) and all.txt, every locked version, that
     finalize compares the installed set with."""
@@ -155,10 +156,10 @@ def lock_files(stack: Stack, lock: LockFile, layout: Layout) -> dict[str, str]:
     return out
 
 
-def step_commands(stack: Stack, layout: Layout, base: str | None = None, store: dict[str, tuple[str, str]] | None = None,
+def step_commands(stack: Stack, layout: StepLayout, base: str | None = None, store: dict[str, tuple[str, str]] | None = None,
                   patch_sha: dict[str, str] | None = None) -> list[StepCommand]:
-    """Each step: name, kind, env, compiles (and then its compiled_key), patch files it needs, the
-    sf argv. The first non-apt step is preceded by the venv step. A compiled step runs through
+    """Each step as both renderers run it (StepCommand: one type per kind, a compiled one with its
+    CompiledRun): name, env, the patch files it needs, the sf argv. The first non-apt step is preceded by the venv step. A compiled step runs through
     `sf_compiled` (parallelism and its own uv cache), with the arch variables in its env. Every pip,
     wheel and source step installs its slice of the lock, `<layout.lock_dir>/<step>.txt` (see lock_files).
     The plan's order, but for what a slime bump changes (see PATCHES_STEP): slime's requirements stay
@@ -169,30 +170,29 @@ def step_commands(stack: Stack, layout: Layout, base: str | None = None, store: 
     out: list[StepCommand] = []
     late_patches: list[list[str]] = []  # apply_patch argv of every patch that waits for the patches step
     late_files: list[str] = []
-    late_source: StepCommand | None = None
+    late_source: SourceCommand | None = None
     latest = latest_source(stack)
     venv_done = False
     versions = stack.versions
     with_python = {s.name for s in stack.steps if s.python}
     python = layout.python or stack.interpreter
     for step in stack.plan:
-        if step.kind != "apt" and not venv_done:
-            out.append(StepCommand(VENV_STEP, "venv", ["venv", layout.venv, versions["uv"], python]))
+        if not isinstance(step, AptStep) and not venv_done:
+            out.append(VenvCommand(name=VENV_STEP, argv=["venv", layout.venv, versions["uv"], python]))
             venv_done = True
-        name, kind = step.name, step.kind
+        name = step.name
         patch_files = [p.file for p in step.patches]
-        if kind == "apt":
+        if isinstance(step, AptStep):
             argv = ["system"]
             if name in with_python:
                 argv += ["--python", python, *[a for pkg in stack.interpreter_packages() for a in ("--python-package", pkg)]]
-            argv += [a for spec in step.probes or () for a in ("--need", spec)]
-        elif kind in ("pip", "wheel_url"):
+            argv += [a for spec in step.probes for a in ("--need", spec)]
+        elif isinstance(step, PipStep | WheelUrlStep):
             argv = ["pip_step", "--venv", layout.venv, "--step", name, "--lock", f"{layout.lock_dir}/{lock_file(name)}"]
             if name in layout.wheel_dirs:
                 argv += ["--find-links", layout.wheel_dirs[name]]
         else:
             src = step.source
-            assert src is not None and step.git is not None and step.commit is not None  # a source step has them (Stack.plan)
             argv = ["source_step", "--venv", layout.venv, "--step", name, "--name", src, "--url", layout.source_urls.get(src, step.git),
                     "--commit", step.commit, "--dest", layout.source_dir(stack, src), "--lock", f"{layout.lock_dir}/{lock_file(name)}"]
             for p in step.patches:
@@ -210,35 +210,39 @@ def step_commands(stack: Stack, layout: Layout, base: str | None = None, store: 
                 # not found through setuptools' import hooks otherwise); harmless for the others.
                 argv += ["--config-setting", "editable_mode=compat"]
         env = dict(step.env)
-        key = None
+        compiled = None
         if step.compiles:
             env = {**arch_env(stack), **env}
             key = compiled_key(stack, name, base, patch_sha)
             mode = store.get(name)
             argv = ["compiled", "--key", key, "--venv", layout.venv,
                     *([f"--{'wheels' if mode[0] == 'use' else 'wheel-out'}", mode[1]] if mode else []), "--", *argv]
+            compiled = CompiledRun(key, mode[0] if mode else None, isinstance(step, PipStep) and not step.requirements)
         # Patches of installed packages wait for the patches step (see PATCHES_STEP).
         late = [p for p in step.patches if p.target == "site-packages"]
         late_patches += [["apply_patch", p.file, p.method, str(p.strip), f"{layout.patches_dir}/{p.file}",
                           stack.site_packages.replace(stack.venv, layout.venv, 1)] for p in late]
         late_files += [p.file for p in late]
         own_files = [f for f in patch_files if f not in late_files]
-        cmd = StepCommand(name, kind, argv, env, compiles=step.compiles, patch_files=own_files, source=step.source,
-                          compiled_key=key, store=store.get(name, (None,))[0] if step.compiles else None,
-                          editable=bool(step.editable), compiles_nothing=kind == "pip" and not step.requirements,
-                          slice_of=name if kind in ("pip", "wheel_url", "source") else None)
-        if kind == "source" and step.source == latest and step.editable and not step.compiles:
+        cmd: StepCommand
+        if isinstance(step, AptStep):
+            cmd = SystemCommand(name=name, argv=argv, env=env, patch_files=own_files, compiled=compiled)
+        elif isinstance(step, PipStep | WheelUrlStep):
+            cmd = PipCommand(name=name, kind=step.kind, argv=argv, env=env, patch_files=own_files, compiled=compiled, slice_of=name)
+        elif step.source == latest and step.editable and not step.compiles:
             # Its requirements stay here; the checkout itself goes last (see PATCHES_STEP).
-            if "--lock" in argv:
-                at = argv.index("--lock")
-                out.append(StepCommand(f"{name}{REQUIREMENTS_SUFFIX}", "pip", ["pip_step", "--venv", layout.venv, "--step", name,
-                                                                             "--lock", argv[at + 1]], slice_of=name))
-                cmd = replace(cmd, argv=argv[:at] + argv[at + 2:], slice_of=None)
-            late_source = cmd
+            at = argv.index("--lock")
+            out.append(PipCommand(name=f"{name}{REQUIREMENTS_SUFFIX}", argv=["pip_step", "--venv", layout.venv, "--step", name,
+                                                                          "--lock", argv[at + 1]], slice_of=name))
+            late_source = SourceCommand(name=name, argv=argv[:at] + argv[at + 2:], env=env, patch_files=own_files, source=step.source,
+                                        editable=step.editable, slice_of=None)
             continue
+        else:
+            cmd = SourceCommand(name=name, argv=argv, env=env, patch_files=own_files, compiled=compiled, source=step.source,
+                                editable=step.editable, slice_of=name)
         out.append(cmd)
     if late_patches:
-        out.append(StepCommand(PATCHES_STEP, "patches", late_patches[0], post=late_patches[1:], patch_files=late_files))
+        out.append(PatchesCommand(name=PATCHES_STEP, argv=late_patches[0], post=late_patches[1:], patch_files=late_files))
     if late_source is not None:
         out.append(late_source)
     return out
@@ -258,35 +262,125 @@ def latest_source(stack: Stack) -> str | None:
 
 
 @dataclass(frozen=True)
-class StepCommand:
-    """One step as both renderers run it: `sf <name> <argv...>`, then each of `post` (the patches
-    step's further patches). `compiled_key` and `store` ("use" a store entry, "make" compile into one,
-    None in place) for a compiled step; `source` for a source step."""
+class CompiledRun:
+    """How a compiled step runs: under its `key` (compiled_key); `store`: "use" a store entry's wheels,
+    "make" compile into one, None compile in place; `nothing`: its flavor gives it nothing to install
+    (cu13's flash-attn: an empty slice)."""
+
+    key: str
+    store: str | None
+    nothing: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Command:
+    """What every step has as both renderers run it: `sf <name> <argv...>`, with `env`, needing the
+    patch files `patch_files` (their names) where it runs."""
 
     name: str
-    kind: str
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
-    compiles: bool = False
     patch_files: list[str] = field(default_factory=list)
-    post: list[list[str]] = field(default_factory=list)
-    source: str | None = None
-    compiled_key: str | None = None
-    store: str | None = None
-    editable: bool = False
-    compiles_nothing: bool = False  # a compiled step whose flavor gives it nothing to install (cu13's flash-attn)
-    slice_of: str | None = None  # the stack step whose slice of the lock it installs (none: None)
+
+    @property
+    def commands(self) -> list[list[str]]:
+        """Every call of the step library the step makes, in order."""
+        return [self.argv]
 
     @property
     def lock_file(self) -> str | None:
         """Its slice of the lock, for a step that installs one."""
+        return None
+
+    def _json(self, kind: str, *, compiled: CompiledRun | None = None, post: list[list[str]] | None = None, source: str | None = None,
+              editable: bool = False) -> dict[str, object]:
+        """As the Dockerfile template reads it (and its values are checked for control characters):
+        every key for every kind, so that the template and the step hashes read one shape."""
+        return {"name": self.name, "kind": kind, "argv": self.argv, "env": self.env, "compiles": compiled is not None,
+                "patch_files": self.patch_files, "post": post or [], "source": source,
+                "compiled_key": compiled.key if compiled else None, "store": compiled.store if compiled else None,
+                "editable": editable, "lock_file": self.lock_file}
+
+
+@dataclass(frozen=True, kw_only=True)
+class VenvCommand(_Command):
+    """The venv with the pinned uv, right before the first step that is not apt."""
+
+    kind: Literal["venv"] = field(default="venv", init=False)
+
+    def to_json(self) -> dict[str, object]:
+        return self._json(self.kind)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SystemCommand(_Command):
+    """An apt step: the system packages (and the stack's interpreter, where the step says so)."""
+
+    compiled: CompiledRun | None = None
+    kind: Literal["apt"] = field(default="apt", init=False)
+
+    def to_json(self) -> dict[str, object]:
+        return self._json(self.kind, compiled=self.compiled)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipCommand(_Command):
+    """A pip or wheel_url step, or a source's requirements apart from its checkout: installs the slice
+    of the lock of the stack step `slice_of`."""
+
+    slice_of: str
+    compiled: CompiledRun | None = None
+    kind: Literal["pip", "wheel_url"] = "pip"
+
+    @property
+    def lock_file(self) -> str | None:
+        return lock_file(self.slice_of)
+
+    def to_json(self) -> dict[str, object]:
+        return self._json(self.kind, compiled=self.compiled)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceCommand(_Command):
+    """A checkout of `source`, installed with its slice of the lock (`slice_of`, None where its
+    requirements went to a step of their own, see PATCHES_STEP)."""
+
+    source: str
+    editable: bool
+    slice_of: str | None
+    compiled: CompiledRun | None = None
+    kind: Literal["source"] = field(default="source", init=False)
+
+    @property
+    def lock_file(self) -> str | None:
         return lock_file(self.slice_of) if self.slice_of else None
 
     def to_json(self) -> dict[str, object]:
-        """As the Dockerfile template reads it (and its values are checked for control characters)."""
-        return {"name": self.name, "kind": self.kind, "argv": self.argv, "env": self.env, "compiles": self.compiles,
-                "patch_files": self.patch_files, "post": self.post, "source": self.source, "compiled_key": self.compiled_key,
-                "store": self.store, "editable": self.editable, "lock_file": self.lock_file}
+        return self._json(self.kind, compiled=self.compiled, source=self.source, editable=self.editable)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PatchesCommand(_Command):
+    """The patches step: `sf patches <argv...>`, then each of `post` (its further patches)."""
+
+    post: list[list[str]] = field(default_factory=list)
+    kind: Literal["patches"] = field(default="patches", init=False)
+
+    @property
+    def commands(self) -> list[list[str]]:
+        return [self.argv, *self.post]
+
+    def to_json(self) -> dict[str, object]:
+        return self._json(self.kind, post=self.post)
+
+
+# One step as both renderers run it (to_json: as the Dockerfile template reads it).
+StepCommand = VenvCommand | SystemCommand | PipCommand | SourceCommand | PatchesCommand
+
+
+def compiled_run(cmd: StepCommand) -> CompiledRun | None:
+    """How the step compiles, for a compiled step; None for any other."""
+    return cmd.compiled if isinstance(cmd, SystemCommand | PipCommand | SourceCommand) else None
 
 
 def together_groups(commands: list[StepCommand]) -> list[list[int]]:
@@ -300,9 +394,10 @@ def together_groups(commands: list[StepCommand]) -> list[list[int]]:
     groups: list[list[int]] = []
     run: list[int] = []
     for i, cmd in enumerate([*commands, None]):
-        if cmd is not None and cmd.compiles and cmd.compiles_nothing:
+        compiled = compiled_run(cmd) if cmd is not None else None
+        if compiled is not None and compiled.nothing:
             continue  # installs nothing (an empty slice): neither a piece nor an end of the run
-        if cmd is not None and cmd.compiles and cmd.store != "use" and not cmd.editable:
+        if compiled is not None and compiled.store != "use" and not (isinstance(cmd, SourceCommand) and cmd.editable):
             run.append(i)
             continue
         if run:
@@ -321,14 +416,14 @@ def megatron_source(stack: Stack) -> str | None:
     return "megatron" if "megatron" in stack.sources and stack.builds_from("megatron") else None
 
 
-def catalog_args(stack: Stack, layout: Layout) -> list[str]:
+def catalog_args(stack: Stack, layout: StepLayout) -> list[str]:
     """--slime DIR [--megatron DIR]: the checkouts the flag catalog is read from."""
     slime, megatron = slime_source(stack), megatron_source(stack)
     argv = ["--slime", layout.source_dir(stack, slime)] if slime else []
     return argv + (["--megatron", layout.source_dir(stack, megatron)] if slime and megatron else [])
 
 
-def finalize_argv(stack: Stack, layout: Layout, lock_in: str, lock_out: str | None = None, flags_out: str | None = None) -> list[str]:
+def finalize_argv(stack: Stack, layout: StepLayout, lock_in: str, lock_out: str | None = None, flags_out: str | None = None) -> list[str]:
     argv = ["finalize", layout.venv, lock_in, lock_out or f"{layout.state}/stack.lock.json", flags_out or f"{layout.state}/flags.json",
             "--lock", f"{layout.lock_dir}/{LOCK_ALL}"]
     for name in stack.sources:
@@ -337,7 +432,7 @@ def finalize_argv(stack: Stack, layout: Layout, lock_in: str, lock_out: str | No
     return argv + catalog_args(stack, layout)
 
 
-def smoke_argv(stack: Stack, layout: Layout, flags: str | None = None, catalog: bool = True) -> list[str]:
+def smoke_argv(stack: Stack, layout: StepLayout, flags: str | None = None, catalog: bool = True) -> list[str]:
     """The smoke test's arguments. catalog=False: no --flags (the image's last step, where finalize
     beside it makes the catalog and fails when it cannot)."""
     argv = ["smoke", "--venv", layout.venv]
@@ -364,6 +459,6 @@ def smoke_argv(stack: Stack, layout: Layout, flags: str | None = None, catalog: 
     return argv
 
 
-def venv_sizes_argv(layout: Layout) -> list[str]:
+def venv_sizes_argv(layout: StepLayout) -> list[str]:
     """The image's last command: scripts/venv_sizes.py with the venv's Python, into the state directory."""
     return [f"{layout.venv}/bin/python", "-I", f"{layout.state}/venv_sizes.py", layout.venv, f"{layout.state}/{VENV_SIZES_RECORD}"]

@@ -16,11 +16,19 @@ import pytest
 
 from slimeforge.errors import ConfigError
 from slimeforge.image.builder.build import HASH_LABEL, BuildError, BuildOptions, build, docker_cli
+from slimeforge.image.builder.buildreport import BuildReport
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = f"slimeforge-build-test/sftest-{os.getpid()}"
+
+
+def built(o: BuildOptions) -> dict:
+    """A real build's report as report.json holds it (what these tests read)."""
+    report = build(o)
+    assert isinstance(report, BuildReport), report
+    return report.to_json()
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +48,7 @@ def opts(env, stack=bs.TEST_STACK, **kw) -> BuildOptions:
 
 
 def run_build(env, **kw) -> dict:
-    report = build(opts(env, **kw))
+    report = built(opts(env, **kw))
     env["made"].append(report["image_id"])
     return report
 
@@ -134,13 +142,13 @@ def test_report_names_the_largest_directories_of_the_venv(first):
 
 def test_second_build_is_a_skip(first, env):
     said: list[str] = []
-    again = build(opts(env, echo=said.append))
+    again = built(opts(env, echo=said.append))
     assert again["skipped"] is True
     assert again["image_id"] == first["image_id"] and again["build_hash"] == first["build_hash"]
     assert not any(line.startswith("smoke test") for line in said)  # passed when it was built: not run again
     # --verify smoke-tests the image that exists again, and builds nothing.
     said.clear()
-    verified = build(opts(env, echo=said.append, verify=True))
+    verified = built(opts(env, echo=said.append, verify=True))
     assert verified["skipped"] is True and verified["image_id"] == first["image_id"]
     assert "smoke test (--verify) ..." in said and any("smoke test passed" in line for line in said), said
     # --verify makes the flag catalog again and compares; the smoke test right after a build does not (finalize just made it).
@@ -181,7 +189,7 @@ def test_failing_smoke_check_fails_the_build(first, env):
     text = str(exc.value)
     assert "import no_such_module_xyz failed" in text and "the smoke test failed" in text and "finalize failed" not in text
     # The smoke test runs in the image's last step: no image of this build exists, and building again fails again.
-    build_hash = build(opts(env, stack=stack, dry_run=True))["build_hash"]
+    build_hash = build(opts(env, stack=stack, dry_run=True)).build_hash
     assert subprocess.run(["docker", "images", "-aq", "--filter", f"label={HASH_LABEL}={build_hash}"], capture_output=True, text=True,
                           check=True).stdout.strip() == ""
     with pytest.raises(BuildError, match="import no_such_module_xyz failed"):
@@ -224,7 +232,7 @@ def test_wheel_directory_source_installs_without_the_index(first, env, tmp_path)
                    check=True, capture_output=True)
     o = opts(env)
     o.sources.append(f"six={wheels}")
-    report = build(o)
+    report = built(o)
     env["made"].append(report["image_id"])
     dockerfile = (Path(report["dir"]) / "Dockerfile").read_text()
     assert "--find-links /tmp/sf-wheels/six" in dockerfile

@@ -21,12 +21,20 @@ from build_support import remove_tags
 from cext_support import STACK, serve_index
 
 from slimeforge.image.builder.build import BuildOptions, build
+from slimeforge.image.builder.buildreport import BuildReport
 from slimeforge.image.lock.uvlock import LockOptions, resolve
 from slimeforge.image.steps import compiled_key
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 REPO = f"slimeforge-cext-test/sfcext-{os.getpid()}"
+
+
+def built(o: BuildOptions) -> dict:
+    """A real build's report as report.json holds it (what these tests read)."""
+    report = build(o)
+    assert isinstance(report, BuildReport), report
+    return report.to_json()
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +56,7 @@ def images(base_image, index, tmp_path_factory):
                 # the resolution, only of the compiled wheel.
                 resolve(LockOptions(stack=str(path), echo=lambda s: None))
             # Compiled in place (--no-store): the per-key uv caches alone keep the builds apart.
-            report = build(BuildOptions(stack=str(path), build_root=root / "out", repository=REPO, force=True, echo=lambda s: None,
+            report = built(BuildOptions(stack=str(path), build_root=root / "out", repository=REPO, force=True, echo=lambda s: None,
                                         use_store=False))
             made[label] = (report, path)
         yield made

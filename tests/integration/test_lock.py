@@ -82,9 +82,9 @@ def install_all(stack_path: Path, lock: lockfile.LockFile, work: Path) -> tuple[
     stack = load_stack(str(stack_path))
     venv, state, slices = make_venv(work / "venv"), work / "state", work / "slices"
     slices.mkdir(parents=True)
-    from slimeforge.image.steps import Layout
+    from slimeforge.image.steps import StepLayout
 
-    for name, text in lock_files(stack, lock, Layout("/r", str(venv), "/p", str(state), lock_dir=str(slices))).items():
+    for name, text in lock_files(stack, lock, StepLayout("/r", str(venv), "/p", str(state), lock_dir=str(slices))).items():
         (slices / name).write_text(text)
     script = "\n".join(f"sf_pip_step --venv {venv} --step {s} --lock {slices / lock_file(s)}" for s in lock.steps)
     script += f"\nmkdir -p {state}/lock && cp {slices}/all.txt {state}/lock/_all.txt && sf_lock_verify {venv} finalize --exact"

@@ -26,6 +26,7 @@ from cext_support import STACK, serve_index
 from publish_support import LocalRegistry
 
 from slimeforge.image.builder.build import BuildOptions, build, default_ca_bundle
+from slimeforge.image.builder.buildreport import BuildReport
 from slimeforge.image.builder.install import render_install_script, store_plan
 from slimeforge.image.lock.lockcheck import checked_lock
 from slimeforge.image.lock.uvlock import LockOptions, resolve
@@ -38,6 +39,13 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 REPO = f"slimeforge-wheelstore-test/sfcext-{os.getpid()}"
 USER, PASSWORD = "wheels", "store-pw-" + os.urandom(6).hex()
 SO = "import sfcext, hashlib; print(hashlib.sha256(open(sfcext.__file__, 'rb').read()).hexdigest())"
+
+
+def built(o: BuildOptions) -> dict:
+    """A real build's report as report.json holds it (what these tests read)."""
+    report = build(o)
+    assert isinstance(report, BuildReport), report
+    return report.to_json()
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +83,7 @@ def run_in(tag: str, *argv: str) -> str:
 @pytest.fixture(scope="module")
 def cold(world):
     store = world["root"] / "store-a"
-    report = build(opts(world, store))
+    report = built(opts(world, store))
     return {"report": report, "store": store, "key": report["compiled"]["sfcext"]["key"]}
 
 
@@ -89,7 +97,7 @@ def fresh(world, cold):
     assert said == [f"{world['registry']}/slimeforge-compiled:{cold['key']} is already in the registry ({digest}): nothing to push"]
     subprocess.run(["docker", "rmi", f"{world['registry']}/slimeforge-compiled:{cold['key']}"], capture_output=True, check=True)
     store = world["root"] / "store-b"
-    report = build(opts(world, store, wheel_registry=world["registry"], wheel_credentials=world["creds"], no_cache=True))
+    report = built(opts(world, store, wheel_registry=world["registry"], wheel_credentials=world["creds"], no_cache=True))
     return {"report": report, "store": store}
 
 
@@ -235,7 +243,7 @@ def test_a_compiled_source_checkout_is_stored_and_reused(world):
     store = world["root"] / "store-src"
 
     def run(**kw):
-        return build(BuildOptions(stack=str(stack), sources=sources, build_root=world["root"] / "out", repository=REPO, force=True,
+        return built(BuildOptions(stack=str(stack), sources=sources, build_root=world["root"] / "out", repository=REPO, force=True,
                                   store_root=store, echo=lambda s: None, **kw))
 
     cold = run()

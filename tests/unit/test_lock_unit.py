@@ -160,9 +160,9 @@ def test_committed_cu13_lock_satisfies_its_stack_offline():
 
 def test_patch_files_must_be_the_locked_ones():
     lock = lockfile.LockFile(Path("pylock.t.toml"), {}, {"patches": {"a.patch": SHA}}, "")
-    lockcheck.check_patches(lock, {"a.patch": SHA, "b.patch": "b" * 64})  # b.patch: not recorded, nothing to compare
+    lockcheck.check_patch_hashes(lock, {"a.patch": SHA, "b.patch": "b" * 64})  # b.patch: not recorded, nothing to compare
     with pytest.raises(lockfile.LockError, match=f"a.patch: sha256 {'c' * 64}, the lock says {SHA}"):
-        lockcheck.check_patches(lock, {"a.patch": "c" * 64})
+        lockcheck.check_patch_hashes(lock, {"a.patch": "c" * 64})
 
 
 def test_committed_cu13_lock_records_commits_and_patches():

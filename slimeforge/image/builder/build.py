@@ -1,8 +1,9 @@
 """`invoke build`: render the Dockerfile of a stack, build it with BuildKit, smoke-test it, report.
 
     prepare(opts) -> Prepared    load + validate everything, render the build directory (no Docker build)
-    build(opts) -> dict          prepare, then skip (image with this content hash exists) or build,
+    build(opts) -> BuildReport   prepare, then skip (image with this content hash exists) or build,
                                  smoke-test, tag, and write report.json / stack.lock.json / flags.json
+                                 (a dry run: BuildDryRun, the command it would run)
 
 Build directory (`--out`, default build/<flavor>-<hash12>/):
     Dockerfile, context/ (steps.sh, sf, stack.lock.json as input, patches/, sources/<name>.git),
@@ -36,10 +37,10 @@ from ...proc import Runner
 from ...schema import ENV_NAME_RE, WHOLE_RE, printable, text_problem
 from ..dockerapi import EngineUnavailable, ResolvedBase, docker_client, read_from_image, resolve_base
 from ..imageref import TAG_RE, image_ref_problems, repository_problems
-from ..lock.lockcheck import check_patches
-from ..lock.lockfacts import lock_for_run, patches_for_run
+from ..lock.lockcheck import check_patch_hashes
+from ..lock.lockfacts import lock_for_run
 from ..lock.lockfile import LockFile
-from ..patches import PatchContent
+from ..patches import PatchContent, patches_for_run
 from ..sources import GIT, LocalSource, checked_options
 from ..stack import Stack, load_stack
 from ..steps import (
@@ -104,7 +105,7 @@ class Prepared:
     base: ResolvedBase
     patches: list[PatchContent]
     dockerfile: str
-    lock: dict[str, Any]
+    lock: dict[str, object]  # stack.input.json as written into the context
     build_args: dict[str, str]
     hash: str
     dir: Path
@@ -122,6 +123,32 @@ class Prepared:
     @property
     def human_tags(self) -> list[str]:
         return [f"{self.repository}:{self.stack.version}-{self.stack.name}"]
+
+
+@dataclass(frozen=True)
+class BuildDryRun:
+    """What a dry run of `build` returns: the build it would run (`command` with `env`), in `dir`
+    (rendered), under `tag`; `provisional`: an outside fact is missing (its warning named it), so the
+    hash is not yet the real build's."""
+
+    provisional: bool
+    build_hash: str
+    dir: str
+    tag: str
+    human_tags: list[str]
+    command: list[str]
+    env: dict[str, str]
+
+
+@dataclass
+class WheelsOutcome:
+    """What `build_wheels` did for one compiled step: its key; where its wheels come from (store,
+    registry, compiled, would compile; or in place where the store cannot hold it); the log of the
+    build that compiled them."""
+
+    key: str
+    source: str
+    log: str | None = None
 
 
 # --- preparing: everything but the build ------------------------------------------------------
@@ -180,9 +207,9 @@ def prepare(opts: BuildOptions) -> Prepared:
     # A real build fills a missing outside fact itself (and writes it into the lock); a dry run names it.
     pylock = lock_for_run(stack, opts.dry_run, opts.echo)
     base = _base(stack, opts, pylock)
-    patches = patches_for_run(stack, local, cache, pylock, opts.dry_run, opts.echo)
+    patches = patches_for_run(stack, local, cache, pylock.patch_sha256, opts.dry_run, opts.echo)
     patch_sha = {p.file: p.sha256 for p in patches}
-    check_patches(pylock, patch_sha)
+    check_patch_hashes(pylock, patch_sha)
     from_sources = {n: s for n, s in local.items() if (s.kind == "git" and stack.builds_from(n)) or s.kind == "wheels"}
     from ..wheels.wheelstore import compiled_plan
 
@@ -362,12 +389,12 @@ def _extra_tags(p: Prepared, tags: list[str]) -> list[str]:
     return [t if (":" in t.rsplit("/", 1)[-1] or "/" in t) else f"{p.repository}:{t}" for t in tags]
 
 
-def build_wheels(opts: BuildOptions) -> dict[str, dict[str, Any]]:
+def build_wheels(opts: BuildOptions) -> dict[str, WheelsOutcome]:
     """Fill the compiled-wheel store for a stack (`invoke wheels.build`, and `invoke build` first):
     each compiled step whose key is not stored is pulled from `opts.wheel_registry` when it has it,
     else compiled by one BuildKit build of the steps up to it (MAX_JOBS from this host's memory, as
     the image build), its wheels exported and stored. Returns step -> key, source (store, registry,
-    compiled), log."""
+    compiled), log (WheelsOutcome)."""
     from dataclasses import replace
 
     from ..wheels import wheelstore
@@ -383,12 +410,12 @@ def build_wheels(opts: BuildOptions) -> dict[str, dict[str, Any]]:
         if pulled:
             p = prepare(wopts)
     make = {n: c for n, c in p.compiled.items() if c.mode == "make"}
-    result = {n: {"key": c.key, "source": "registry" if n in pulled else c.source} for n, c in p.compiled.items()}
+    result = {n: WheelsOutcome(c.key, "registry" if n in pulled else c.source) for n, c in p.compiled.items()}
     if not make:
         return result
     if opts.dry_run:
         for n in make:
-            result[n]["source"] = "would compile"
+            result[n].source = "would compile"
         return result
     opts.echo(f"compiling {', '.join(make)} for the store ({p.dir}; log {p.dir / 'wheels.log'})")
     export = p.dir / "compiled-out"
@@ -400,14 +427,15 @@ def build_wheels(opts: BuildOptions) -> dict[str, dict[str, Any]]:
     for name, c in make.items():
         wheelstore.put(c.key, export / c.key, {"flavor": p.stack.name, "step": name, "stack": p.stack.id, "base": p.base.id},
                        opts.store_root)
-        result[name].update(source="compiled", log=str(p.dir / "wheels.log"))
+        result[name].source, result[name].log = "compiled", str(p.dir / "wheels.log")
         opts.echo(f"compiled step {name}: {c.key} compiled and stored")
     shutil.rmtree(export, ignore_errors=True)
     return result
 
 
-def build(opts: BuildOptions) -> dict[str, Any]:
-    """Build (or recognise as built) the image of a stack. Returns the report (also report.json)."""
+def build(opts: BuildOptions) -> BuildReport | BuildDryRun:
+    """Build (or recognise as built) the image of a stack. Returns the report (also report.json);
+    a dry run, the build it would run."""
     started = time.monotonic()
     echo = opts.echo
     echo(f"build of {opts.stack}: checking the lock, base image, patches and compiled wheels ...")
@@ -422,8 +450,7 @@ def build(opts: BuildOptions) -> dict[str, Any]:
             echo("the plan is provisional: what the warnings above name is missing, so this build hash and the compiled keys "
                  "are not yet the real build's; a real `invoke build` fills what it can reach first")
         # The command itself is the dry run's result: the caller prints it (tasks.build: as multi-line shell).
-        return {"dry_run": True, "provisional": p.provisional, "build_hash": p.hash, "dir": str(p.dir), "tag": p.tag,
-                "human_tags": p.human_tags, "command": p.argv, "env": p.env}
+        return BuildDryRun(p.provisional, p.hash, str(p.dir), p.tag, p.human_tags, p.argv, p.env)
 
     client = docker_client()
     pull_base(client, p.base, echo)
@@ -470,8 +497,8 @@ def build(opts: BuildOptions) -> dict[str, Any]:
         tag=p.tag, human_tags=p.human_tags + _extra_tags(p, opts.tags), image_id=image_id, digest=digest, published=published,
         size=image.attrs.get("Size"), build_hash=p.hash, stack=p.stack.id, flavor=p.stack.name, base=p.base.to_json(),
         skipped=skipped, build_duration_s=duration, duration_s=round(time.monotonic() - started, 2), steps=steps,
-        compiled={n: CompiledWheels(c.key, store_result.get(n, {}).get("source", c.source), c.mode == "use", store_result.get(n, {}).get("log"))
-                  for n, c in p.compiled.items()},
+        compiled={n: CompiledWheels(c.key, stored.source if (stored := store_result.get(n)) else c.source, c.mode == "use",
+                                    stored.log if stored else None) for n, c in p.compiled.items()},
         patches={x.file: x.sha256 for x in p.patches}, dir=str(p.dir), dockerfile=str(p.dir / "Dockerfile"), lock=str(p.dir / LOCK),
         flags=str(p.dir / FLAGS) if slime_source(p.stack) else None, log=str(p.dir / LOG), command=p.argv, venv_sizes=venv_sizes,
     )
@@ -480,7 +507,7 @@ def build(opts: BuildOptions) -> dict[str, Any]:
         out_files[FLAGS] = files[in_flags]
     out_files[REPORT] = json.dumps(report.to_json(), indent=2) + "\n"
     write_dir(p.dir, out_files, last=REPORT)
-    return report.to_json()  # the result: the caller prints it (tasks.build: report.summary_table())
+    return report  # the result: the caller prints it (cli.build: report.summary_table())
 
 
 def _venv_sizes(client, image_id: str, echo: Callable[[str], None]) -> VenvSizes | None:

@@ -9,7 +9,7 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from ... import paths
 from ...atomic import open_log, write_dir
@@ -61,9 +61,21 @@ OUTPUT_RE = re.compile(r"^#(\d+) \d+(?:\.\d+)? ")  # a vertex's own output: "#12
 STEP_RE = re.compile(re.escape(paths.IMAGE_STATE) + r"/sf (\S+)")
 
 
-def parse_progress(lines: list[str]) -> list[dict[str, Any]]:
+class ProgressStep(TypedDict):
+    """One Dockerfile instruction as BuildKit's plain progress told it (buildreport.StepTiming reads it)."""
+
+    index: int
+    of: int
+    name: str
+    instruction: str
+    cached: bool
+    duration_s: float | None
+    error: NotRequired[bool]
+
+
+def parse_progress(lines: list[str]) -> list[ProgressStep]:
     """Per Dockerfile instruction: its stack step, whether BuildKit took it from cache, its time."""
-    steps: dict[str, dict[str, Any]] = {}
+    steps: dict[str, ProgressStep] = {}
     for line in lines:
         m = VERTEX_RE.match(line)
         if m:

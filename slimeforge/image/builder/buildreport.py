@@ -71,8 +71,8 @@ class StepTiming:
         return cls(_get_required(d, str, "name"), _get_required(d, int, "index"), _get_required(d, int, "of"),
                    _get(d, str, "instruction") or "", bool(_get(d, bool, "cached")), duration, bool(_get(d, bool, "error")))
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"index": self.index, "of": self.of, "name": self.name, "instruction": self.instruction,
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"index": self.index, "of": self.of, "name": self.name, "instruction": self.instruction,
                                "cached": self.cached, "duration_s": self.duration_s}
         if self.error:
             out["error"] = True
@@ -89,7 +89,7 @@ class CompiledWheels:
     from_store: bool
     log: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"key": self.key, "source": self.source, "from_store": self.from_store, **({"log": self.log} if self.log else {})}
 
 
@@ -163,7 +163,7 @@ class VenvSizes:
             raise ReportError(f"{where}: is not a venv sizes record of schema 1")
         return cls.from_dict(doc, where)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"venv": self.venv, "bytes": self.total, "largest": [{"path": p, "bytes": b} for p, b in self.largest]}
 
     def lines(self) -> list[str]:
@@ -219,7 +219,7 @@ class BuildReport:
             venv_sizes=VenvSizes.from_dict(d["venv_sizes"], f"{REPORT}: venv_sizes") if d.get("venv_sizes") is not None else None,
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """The report as report.json holds it (the keys publish and the tests read)."""
         return {
             "tag": self.tag, "human_tags": self.human_tags, "image_id": self.image_id, "digest": self.digest,

@@ -10,8 +10,6 @@ patches' sha256). Out: the Dockerfile's text; build.py writes it into the build 
 
 from __future__ import annotations
 
-from typing import Any
-
 from ...errors import ConfigError
 from ...schema import text_problems
 from ...templating import render
@@ -22,6 +20,7 @@ from ..steps import (
     LOCK_ALL,
     TARGET_SCRIPTS,
     compiled_key,
+    compiled_run,
     finalize_argv,
     image_layout,
     smoke_argv,
@@ -55,7 +54,7 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
                                                         patch_sha)}
     steps = step_commands(stack, layout, base_id, {**modes, **{n: ("use", f"{STORE_MOUNT}/{keys[n]}") for n in grouped}}, patch_sha)
     if wheels_only:
-        last = max((i for i, s in enumerate(steps) if s.compiles and (store or {}).get(s.name) == "make"), default=-1)
+        last = max((i for i, s in enumerate(steps) if compiled_run(s) and (store or {}).get(s.name) == "make"), default=-1)
         steps = steps[:last + 1]
     rendered = [{**s.to_json(), "group": None, "compile_stage": None} for s in steps]
     for number, group in enumerate(g for g in groups if g[0] < len(rendered)):
@@ -70,7 +69,7 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
         rendered[group[0]].update(group=pieces, stage_from=stage_from, stage_next=stage_next)
     # Parallelism for a step that compiles in place (an editable checkout): the ARGs before it.
     first_compile = next((i for i, (s, r) in enumerate(zip(steps, rendered, strict=True))
-                          if s.compiles and not s.compiles_nothing and s.store != "use" and not r["compile_stage"]), -1)
+                          if (c := compiled_run(s)) and not c.nothing and c.store != "use" and not r["compile_stage"]), -1)
     return _render_dockerfile({
         "stack_id": stack.id,
         "base_ref": base_from or (f"{stack.base.image}@{stack.base.digest}" if stack.base.digest else stack.base.image),
@@ -79,7 +78,7 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
         "patches_dir": layout.patches_dir,
         "steps": rendered,
         "first_compile": first_compile,
-        "compiled_out": [{"stage": r["compile_stage"], "key": s.compiled_key} for s, r in zip(steps, rendered, strict=True)
+        "compiled_out": [{"stage": r["compile_stage"], "key": s.to_json()["compiled_key"]} for s, r in zip(steps, rendered, strict=True)
                          if r["compile_stage"] and (store or {}).get(s.name) == "make"],
         "local_sources": sorted(n for n, s in (local_sources or {}).items() if getattr(s, "kind", "git") == "git"),
         "wheel_steps": sorted(layout.wheel_dirs),
@@ -106,7 +105,7 @@ def compile_pieces(stack: Stack, store: dict[str, str]) -> int:
     return max((len(g) for g in together_groups(steps)), default=1)
 
 
-def _render_dockerfile(variables: dict[str, Any]) -> str:
+def _render_dockerfile(variables: dict[str, object]) -> str:
     """A Dockerfile is read line by line and shell quoting does not reach past a line: a newline
     in any value would start an instruction of its own. The stack's validation refuses control
     characters already; this is the second line of defence, on exactly what is rendered."""

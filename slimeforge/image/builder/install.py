@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from ... import paths
 from ...atomic import dir_problem, mark_output_dir, output_dir_problem, write_file
@@ -29,10 +29,10 @@ from ...errors import CommandError, ConfigError, OperationFailed, Problem, Slime
 from ...proc import Runner
 from ...schema import text_problem, whole_problem
 from ...templating import render
-from ..lock.lockcheck import check_patches, checked_lock
-from ..lock.lockfacts import lock_for_run, patches_for_run
+from ..lock.lockcheck import check_patch_hashes, checked_lock
+from ..lock.lockfacts import lock_for_run
 from ..lock.lockfile import LockFile, normalize
-from ..patches import PatchContent, read_patches
+from ..patches import PatchContent, patches_for_run, read_patches
 from ..sources import LocalSource, checked_options
 from ..stack import Stack, load_stack
 from ..steps import (
@@ -42,6 +42,7 @@ from ..steps import (
     PATCHES_STEP,
     TARGET_SCRIPTS,
     VENV_STEP,
+    compiled_run,
     finalize_argv,
     host_layout,
     input_lock,
@@ -109,14 +110,14 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
     if patches is None:
         patches = read_patches(stack, sources or {}, cache or paths.sources_cache())
     patch_sha = {p.file: p.sha256 for p in patches}
-    check_patches(pylock, patch_sha)
+    check_patch_hashes(pylock, patch_sha)
     lock_text = input_lock(stack, pylock, patches, set(sources or {}), install={"prefix": prefix, "venv": layout.venv})
-    steps: list[dict[str, Any]] = []  # as the template reads them, each with its hash in the chain
+    steps: list[ScriptStep] = []  # as the template reads them, each with its hash in the chain
     # A changed library (steps.sh and its own scripts) re-does every step.
     chain = hashlib.sha256(b"".join(p.read_bytes() for p in [paths.STEP_LIBRARY, *LIBRARY_SCRIPTS.values()])).hexdigest()
     commands = step_commands(stack, layout, base_id, store, patch_sha)
     for cmd in commands:
-        steps.append({"name": cmd.name, "env": cmd.env, "commands": [cmd.argv, *cmd.post], "slice": cmd.lock_file})
+        steps.append({"name": cmd.name, "env": cmd.env, "commands": cmd.commands, "slice": cmd.lock_file})
     steps.append({"name": FINALIZE_STEP, "env": {}, "commands": [finalize_argv(stack, layout, f"{layout.state}/stack.input.json",
                                                                              paths.Prefix.at(prefix).lock, paths.Prefix.at(prefix).flags)]})
     for step in steps:
@@ -134,13 +135,15 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
     # How each step runs, set after the hashes (it changes nothing a step installs): what running it
     # does (the summary's outcome), and which compiled steps compile side by side.
     for step in steps:
-        step.update(what="installed", together=False, together_last=False, **_proof_of(step, layout.lock_dir))
+        step["what"], step["together"], step["together_last"] = "installed", False, False
+        step["slice_path"], step["outputs"] = _proof_of(step, layout.lock_dir)
     at_venv = next((i for i, st in enumerate(steps) if st["name"] == VENV_STEP), len(steps))
     for i, step in enumerate(steps):
         step["in_venv"] = i >= at_venv
         step["after_all"] = step["name"] in (PATCHES_STEP, FINALIZE_STEP)
     for step, cmd in zip(steps, commands, strict=False):  # steps has finalize besides
-        step["what"] = "store hit" if cmd.store == "use" else "compiled" if cmd.compiles and not cmd.compiles_nothing else "installed"
+        compiled = compiled_run(cmd)
+        step["what"] = "store hit" if compiled and compiled.store == "use" else "compiled" if compiled and not compiled.nothing else "installed"
     for group in together_groups(commands):
         for i in group:
             steps[i]["together"] = True
@@ -178,7 +181,27 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
     })
 
 
-def _proof_of(step: dict[str, Any], lock_dir: str) -> dict[str, Any]:
+class ScriptStep(TypedDict):
+    """A step as install.sh.j2 reads it: what it runs (name, env, commands: each an argv of the step
+    library, its slice of the lock), then its hash in the chain, its shell function's name, and how
+    it runs (what, together, in_venv, after_all), what its done record stands for (slice_path, outputs)."""
+
+    name: str
+    env: dict[str, str]
+    commands: list[list[str]]
+    slice: NotRequired[str | None]
+    hash: NotRequired[str]
+    fn: NotRequired[str]
+    what: NotRequired[str]
+    together: NotRequired[bool]
+    together_last: NotRequired[bool]
+    slice_path: NotRequired[str | None]
+    outputs: NotRequired[list[str]]
+    in_venv: NotRequired[bool]
+    after_all: NotRequired[bool]
+
+
+def _proof_of(step: ScriptStep, lock_dir: str) -> tuple[str | None, list[str]]:
     """What a step's done record stands for, besides the venv (install.sh's sf_run_step): its slice
     of the lock (installed as it says) and its outputs: a source step's checkout, finalize's lock
     and flag catalog. A record whose outputs are gone or changed is not taken as done."""
@@ -187,7 +210,7 @@ def _proof_of(step: dict[str, Any], lock_dir: str) -> dict[str, Any]:
         outputs += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--dest"]
     if step["name"] == FINALIZE_STEP:
         outputs += step["commands"][0][3:5]  # sf_finalize VENV LOCK_IN LOCK_OUT FLAGS_OUT: the two it writes
-    return {"slice_path": f"{lock_dir}/{step['slice']}" if step.get("slice") else None, "outputs": outputs}
+    return (f"{lock_dir}/{step['slice']}" if step.get("slice") else None), outputs
 
 
 def install_base(stack: Stack, lock: LockFile) -> str | None:
@@ -293,7 +316,7 @@ def install(opts: InstallOptions) -> Path:
     base_id: str | None = None
     # A real install fills a missing outside fact itself (and writes it into the lock); a dry run names it.
     pylock = lock_for_run(stack, opts.dry_run, opts.echo)
-    patches = patches_for_run(stack, local, cache, pylock, opts.dry_run, opts.echo)
+    patches = patches_for_run(stack, local, cache, pylock.patch_sha256, opts.dry_run, opts.echo)
     if opts.use_store and any(s.compiles for s in stack.steps):
         opts.echo("compiled steps:")
         store, keys, base_id = store_plan(stack, f"{prefix}/.slimeforge", patches, pylock, opts.store_root, opts.echo)

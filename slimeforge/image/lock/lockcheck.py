@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from packaging.requirements import Requirement
 from packaging.version import Version
@@ -25,9 +25,9 @@ from .lockinputs import inputs, req_name
 from .remedies import remedy
 
 
-def check_patches(lock: LockFile, patches: dict[str, str]) -> None:
+def check_patch_hashes(lock: LockFile, patches: dict[str, str]) -> None:
     """The patch files a build or install read must be those the lock recorded (when it did)."""
-    recorded = lock.tool.get("patches") or {}
+    recorded = lock.patch_sha256
     wrong = [f"{f}: sha256 {sha}, the lock says {recorded[f]}" for f, sha in sorted(patches.items()) if f in recorded and recorded[f] != sha]
     if wrong:
         raise LockError(f"{lock.path}: patch files differ from the lock:\n" + "\n".join(f"  - {w}" for w in wrong))
@@ -169,7 +169,7 @@ def missing_facts(stack: Stack | None, lock: LockFile) -> list[Missing]:
     return out
 
 
-def check(ref: str, echo: Callable[[str], None] = print) -> dict[str, Any]:
+def check(ref: str, echo: Callable[[str], None] = print) -> LockSummary:
     """`invoke lock --check`: offline. Raises LockError listing every problem."""
     stack = load_stack(ref)
     lock = load_lock(ref, stack)
@@ -184,7 +184,20 @@ def check(ref: str, echo: Callable[[str], None] = print) -> dict[str, Any]:
     return summary
 
 
-def summarize(lock: LockFile, stack: Stack | None = None) -> dict[str, Any]:
+class LockSummary(TypedDict):
+    """What `invoke lock` and `lock --check` say of a lock."""
+
+    packages: int
+    bytes: int
+    sdists: list[str]
+    base_digest: str
+    prereleases: list[str]
+    named_by_stack: int
+    warnings: list[str]
+    hash: str
+
+
+def summarize(lock: LockFile, stack: Stack | None = None) -> LockSummary:
     tool = lock.tool
     warnings = [fact.warning(lock.path) for fact in missing_facts(stack, lock)]
     if stack is not None and stack.patches and not tool.get("patches"):

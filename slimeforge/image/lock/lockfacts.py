@@ -128,25 +128,6 @@ def lock_for_run(stack: Stack, dry_run: bool, echo: Callable[[str], None]) -> Lo
     return lock
 
 
-def patches_for_run(stack: Stack, local: dict, cache: Path, lock: LockFile, dry_run: bool, echo: Callable[[str], None]) -> list:
-    """The patch files (patches.read_patches); in a dry run where their source cannot be fetched,
-    stand-ins with the sha256 the lock records, named in a warning (a real run refuses)."""
-    from ..patches import PatchContent, read_patches
-
-    try:
-        return read_patches(stack, local, cache)
-    except SlimeforgeError as exc:
-        if not dry_run or stack.patches is None:
-            raise
-        src = stack.patches.from_source
-        recorded = lock.tool.get("patches") or {}
-        echo(f"warning: the patch files cannot be read ({str(exc).splitlines()[0]}): the plan names them with the sha256 "
-             f"the lock records and leaves them out of what it writes; pass --source {src}=PATH (a checkout holding "
-             f"{stack.sources[src].commit[:12]}), or run where {stack.sources[src].git} is reachable")
-        return [PatchContent(p.file, p.target, p.method, p.strip, b"", str(recorded.get(p.file) or "unknown"))
-                for p in stack.used_patches()]
-
-
 def complete(ref: str, echo: Callable[[str], None] = print, base_digest: str | None = None,
              router_sha256: str | None = None) -> dict[str, Any]:
     """`invoke lock --complete`: fill only the missing outside facts of the committed lock, without

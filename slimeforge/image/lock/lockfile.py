@@ -155,6 +155,11 @@ class LockFile:
     def steps(self) -> dict[str, list[str]]:
         return self.tool.get("steps", {})
 
+    @property
+    def patch_sha256(self) -> dict[str, str]:
+        """file -> sha256 of each patch file, as the lock records them ({} before `invoke lock` read them)."""
+        return self.tool.get("patches") or {}
+
 
 LOCK_ACCEPTED = "a lock as `invoke lock` writes it (PEP 751 TOML with [tool.slimeforge])"
 # The type of every field of a lock the code reads (a lock is input: it may have been edited).

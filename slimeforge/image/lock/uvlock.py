@@ -1,9 +1,9 @@
 """`invoke lock`: resolve a flavor once, for its target (the stack's CPython, x86_64, the base
 image's glibc), and write images/locks/pylock.<flavor>.toml (see lockfile.py for the file).
 
-    resolve(opts) -> dict    two uv calls: the resolution with its graph (which step installs what),
-                             then the files and hashes of exactly those versions; then the outside
-                             facts (lockfacts.py) and the steps' slices
+    resolve(opts) -> LockWritten   two uv calls: the resolution with its graph (which step installs what),
+                                   then the files and hashes of exactly those versions; then the outside
+                                   facts (lockfacts.py) and the steps' slices
 
 The resolution's cutoff (uv's `--exclude-newer`) is recorded in the lock and reused by the next
 `invoke lock` of unchanged inputs, so re-locking later gives the same bytes; `--upgrade`, or
@@ -31,7 +31,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from ...errors import Problem, SlimeforgeError
 from ...proc import Runner
 from ..stack import Stack, load_stack
-from .lockcheck import summarize
+from .lockcheck import LockSummary, summarize
 from .lockfacts import base_image_digest, patch_hashes, url_sha256
 from .lockfile import (
     DIGEST_RE,
@@ -163,7 +163,14 @@ def _index_args(inp: Inputs, index_url: str | None) -> list[str]:
     return argv
 
 
-def resolve(opts: LockOptions) -> dict[str, Any]:
+class LockWritten(LockSummary):
+    """A lock's summary (lockcheck.summarize), with where it was written and how long resolving took."""
+
+    path: str
+    seconds: float
+
+
+def resolve(opts: LockOptions) -> LockWritten:
     """Resolve the flavor once for its target and write its lock. Returns the lock's summary.
     Its phases: the options; the cutoff; [1/3] the versions (with the graph that divides the lock
     into steps); [2/3] the files and hashes of exactly those versions; [3/3] the outside facts;
@@ -201,8 +208,7 @@ def resolve(opts: LockOptions) -> dict[str, Any]:
     echo("[3/3] base image digest, router wheel, steps ...")
     base_digest, router, patches = _outside_facts(stack, inp, opts, previous, local)
     write_lock(out, render_lock(build_lock(stack, inp, pylock, graph, prereleases, base_digest, router, patches, cutoff)))
-    summary = summarize(read_lock(out, stack), stack)
-    summary.update(path=str(out), seconds=round(time.monotonic() - started, 1))
+    summary: LockWritten = {**summarize(read_lock(out, stack), stack), "path": str(out), "seconds": round(time.monotonic() - started, 1)}
     echo(f"wrote {out}: {summary['packages']} distributions ({summary['packages'] - summary['named_by_stack']} of them named by no pin "
          f"of the stack), each fixed at one file by URL and sha256; {summary['bytes'] / 1e9:.2f} GB to download")
     for warn in summary["warnings"]:

@@ -65,7 +65,7 @@ class LayerFigures:
     compress_s: float
     upload_s: float | None  # None: the registry had it already
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"diff_id": self.diff_id, "digest": self.digest, "size": self.size, "uncompressed": self.uncompressed,
                 "compress_s": round(self.compress_s, 3), "upload_s": None if self.upload_s is None else round(self.upload_s, 3)}
 

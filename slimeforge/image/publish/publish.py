@@ -73,7 +73,7 @@ class PublishOptions:
 
 
 @dataclass(frozen=True)
-class Source:
+class LocalImage:
     """The local image: `image` is the reference pushed from; `image_id` what the build recorded."""
 
     image: str
@@ -94,7 +94,7 @@ class EcrTarget:
 
 @dataclass(frozen=True)
 class Plan:
-    source: Source
+    source: LocalImage
     registry: str
     repository: str
     record: Path | None = None  # for --image; a build's record goes into its directory
@@ -215,7 +215,7 @@ def find_build_dir(flavor: str, build_dir: Path | None = None, build_root: Path 
     return builds[0] if builds else None
 
 
-def _build_source(flavor: str, build_dir: Path | None, build_root: Path, problems: list[Problem]) -> Source | None:
+def _build_source(flavor: str, build_dir: Path | None, build_root: Path, problems: list[Problem]) -> LocalImage | None:
     if not _FLAVOR_RE.fullmatch(flavor):
         problems.append(Problem("--cuda", "is not a stack flavor name", flavor, "cu13, cu129"))
         return None
@@ -253,14 +253,14 @@ def _build_source(flavor: str, build_dir: Path | None, build_root: Path, problem
                 tags.append(ref.tag)
     if problems:
         return None
-    return Source(report["tag"], _local_repository(parse_image_ref(report["tag"])), tags, report["image_id"], found, flavor)
+    return LocalImage(report["tag"], _local_repository(parse_image_ref(report["tag"])), tags, report["image_id"], found, flavor)
 
 
-def _image_source(text: str, extra_tags: list[str], problems: list[Problem]) -> Source | None:
+def _image_source(text: str, extra_tags: list[str], problems: list[Problem]) -> LocalImage | None:
     if _IMAGE_ID_RE.fullmatch(text):  # an image ID names no repository and no tag
         if not extra_tags:
             problems.append(Problem("--tag", "is required when --image is an image ID (give at least one tag to push)", text))
-        return Source(text, "", list(extra_tags))
+        return LocalImage(text, "", list(extra_tags))
     found = image_ref_problems(text, "--image")
     if found:
         problems.extend(found)
@@ -270,7 +270,7 @@ def _image_source(text: str, extra_tags: list[str], problems: list[Problem]) -> 
     if not tags:
         problems.append(Problem("--tag", "is required when --image has no tag (give at least one tag to push)", text))
         return None
-    return Source(text, _local_repository(ref), tags)
+    return LocalImage(text, _local_repository(ref), tags)
 
 
 def _local_repository(ref: ImageRef) -> str:
@@ -450,7 +450,7 @@ def local_image(p: Plan, docker_client=None) -> str:
     return _local_image_id(docker_client or dockerapi.docker_client(), p.source)
 
 
-def _local_image_id(docker, source: Source) -> str:
+def _local_image_id(docker, source: LocalImage) -> str:
     from docker.errors import DockerException, ImageNotFound
     from requests.exceptions import RequestException
 

@@ -26,16 +26,17 @@ import re
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from io import BytesIO
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from ... import paths, readback
 from ...errors import ConfigError, Problem, SlimeforgeError
 from ..imageref import DOMAIN_RE, ImageRef, parse_image_ref
 from ..remote.registry import Credentials, Retry
+from ..stack import AptStep, SourceStep
 
 SUMS, RECORD = "SHA256SUMS", "record.json"
 # A line of SHA256SUMS as `sha256sum` writes it (text mode): the one grammar; steps.sh's
@@ -66,12 +67,22 @@ def check_key(key: str) -> str:
     return key
 
 
+class StoreRow(TypedDict):
+    """One compiled step of a stack in the store (`invoke wheels.ls`, its --json keys)."""
+
+    step: str
+    key: str
+    status: str  # hit, miss, not stored
+    where: list[str]  # the local entry, the remote reference
+    size: int
+
+
 @dataclass
 class Entry:
     key: str
     dir: Path
     wheels: dict[str, str]  # file name -> sha256
-    record: dict[str, Any] = field(default_factory=dict)
+    record: dict[str, object] = field(default_factory=dict)  # record.json as read (checked: key, wheels)
 
     @property
     def size(self) -> int:
@@ -115,7 +126,7 @@ def verify(directory: Path, key: str, hash_wheels: bool = True) -> Entry:
     present = sorted(p.name for p in directory.glob("*.whl"))
     if present != sorted(sums):
         raise WheelStoreError(f"{where}: its wheels {present} are not the ones its {SUMS} lists {sorted(sums)}; refused")
-    record: dict[str, Any] = {}
+    record: dict[str, object] = {}
     if (directory / RECORD).exists():
         try:
             record = readback.read_json(directory / RECORD, RECORD, "the record of a store entry",
@@ -140,7 +151,7 @@ def lookup(key: str, root: Path | None = None, hash_wheels: bool = True) -> Entr
     return verify(directory, key, hash_wheels) if directory.is_dir() else None
 
 
-def put(key: str, source: Path, meta: dict[str, Any], root: Path | None = None) -> Entry:
+def put(key: str, source: Path, meta: Mapping[str, object], root: Path | None = None) -> Entry:
     """Store the wheels of `source` (a directory with SHA256SUMS, as the step library writes it) as
     `key`, all or nothing: assembled beside the store, checked, renamed into place."""
     root = root or store_root()
@@ -199,10 +210,11 @@ def stack_keys(stack, base_id: str | None, patch_sha: dict[str, str] | None, loc
     for step in stack.plan:
         if not step.compiles:
             continue
-        if step.kind == "source":
+        if isinstance(step, SourceStep):
             storable = not step.editable
         else:
-            names = lock.steps.get(step.name, []) if lock is not None else list(step.requirements or ())
+            own = () if isinstance(step, AptStep) else step.requirements
+            names = lock.steps.get(step.name, []) if lock is not None else list(own)
             storable = any(lock.packages[n].kind == "sdist" for n in names) if lock is not None else bool(names)
         out[step.name] = CompiledStep(compiled_key(stack, step.name, base_id, patch_sha), storable)
     return out
@@ -388,11 +400,11 @@ def needed(stack) -> dict[str, CompiledStep]:
 
     pylock = checked_lock(stack)
     base = resolve_base(stack, None, True, pylock.tool.get("base", {}).get("digest") or None)
-    patch_sha = dict(pylock.tool.get("patches") or {})
+    patch_sha = dict(pylock.patch_sha256)
     return stack_keys(stack, base.id, patch_sha, pylock)
 
 
-def listing(stack, root: Path | None = None, registry: str | None = None, credentials: Credentials | None = None) -> list[dict[str, Any]]:
+def listing(stack, root: Path | None = None, registry: str | None = None, credentials: Credentials | None = None) -> list[StoreRow]:
     """Per compiled step of `stack`: key, hit or miss here, where (the local entry, and the remote
     tag when `registry` has it), size."""
     from ..remote.registry import RegistryAPI
@@ -401,7 +413,7 @@ def listing(stack, root: Path | None = None, registry: str | None = None, creden
     if registry:
         ref = remote_ref(registry, "k")
         api = RegistryAPI(ref.registry, credentials or ecr_credentials(ref, create=False, echo=lambda s: None), echo=lambda s: None)
-    rows = []
+    rows: list[StoreRow] = []
     for step, info in needed(stack).items():
         entry = lookup(info.key, root) if info.storable else None
         where = [str(entry.dir)] if entry else []
