@@ -22,7 +22,6 @@ from slimeforge.image.builder.buildprogress import (  # noqa: E402
     TAIL_BYTES,
     compiling_text,
     ninja_progress,
-    ninja_progress_of,
 )
 from slimeforge.image.builder.install import render_install_script  # noqa: E402
 from slimeforge.image.stack import load_stack  # noqa: E402
@@ -34,6 +33,16 @@ PLAIN = (FIXTURES / "pip-wheel-v-setuptools-no-ninja.log").read_text().splitline
 BUILDKIT = (FIXTURES / "buildkit-plain-apex.log").read_text().splitlines()
 ENV = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}
 
+
+
+def ninja_progress_of(path: Path) -> tuple[int, int] | None:
+    """ninja_progress of the last TAIL_BYTES of a log file (a tail that starts inside a line drops
+    that piece)."""
+    with path.open("rb") as fh:
+        size = fh.seek(0, 2)
+        fh.seek(max(0, size - TAIL_BYTES))
+        lines = fh.read(TAIL_BYTES).decode("utf-8", "replace").split("\n")
+    return ninja_progress(lines[1:] if size > TAIL_BYTES else lines)
 
 def upto(text: str) -> list[str]:
     """The real capture up to (and with) its first line that starts with `text` after pip's indent."""

@@ -125,16 +125,6 @@ def ninja_progress(lines: Iterable[str]) -> tuple[int, int] | None:
     return (last[0], last[1]) if last else None
 
 
-def ninja_progress_of(path: Path) -> tuple[int, int] | None:
-    """ninja_progress of the last TAIL_BYTES of a log file (a tail that starts inside a line drops
-    that piece)."""
-    with path.open("rb") as fh:
-        size = fh.seek(0, 2)
-        fh.seek(max(0, size - TAIL_BYTES))
-        lines = fh.read(TAIL_BYTES).decode("utf-8", "replace").split("\n")
-    return ninja_progress(lines[1:] if size > TAIL_BYTES else lines)
-
-
 def compiling_text(done: int, total: int, elapsed: float, last: float | None) -> str:
     """ "compiling N/M (P %), T so far, about D left (last run L)": the estimate from the step's last
     run where there is one, else from the rate so far; none before 5 % is done (a first extension's
