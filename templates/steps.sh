@@ -676,7 +676,19 @@ sf_compiled() {
   export NVCC_APPEND_FLAGS="${NVCC_APPEND_FLAGS:+$NVCC_APPEND_FLAGS }--threads $NVCC_THREADS"
   export UV_CACHE_DIR="${UV_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/uv}/compiled/$key"
   sf_log "compiled step: MAX_JOBS=$MAX_JOBS NVCC_THREADS=$NVCC_THREADS${APEX_PARALLEL_BUILD:+ APEX_PARALLEL_BUILD=$APEX_PARALLEL_BUILD}${SF_JOBSERVER:+ (every ninja job from the pool $SF_JOBSERVER)} archs=${TORCH_CUDA_ARCH_LIST:-none} uv cache $UV_CACHE_DIR"
-  if [[ -n $venv ]]; then _sf_compile_env "$venv"; fi
+  if [[ -n $venv ]]; then
+    _sf_compile_env "$venv"
+    # The venv's tools first, as the image's PATH has them: torch's extension builder runs `ninja` from
+    # PATH and, finding none (a host without a system ninja; the install does not require one), falls
+    # back to compiling each extension's files one after another, MAX_JOBS unused. The build-tools step
+    # puts the lock's ninja in the venv. (The pool's shim, when SF_COMPILE_POOL=1, stays before it.)
+    if [[ -n ${SF_JOBSERVER:-} && $PATH == "${SF_JOBSERVER%/slots}/bin:"* ]]; then
+      PATH="${SF_JOBSERVER%/slots}/bin:$venv/bin:${PATH#"${SF_JOBSERVER%/slots}/bin:"}"
+    else
+      PATH="$venv/bin:$PATH"
+    fi
+    export PATH
+  fi
   # Without the store, the wheels are compiled into a scratch directory all the same: one way to
   # compile (the inputs fetched by sha256 first, then compiled with no network), then installed.
   if [[ -z $wheels ]]; then wheels="$SF_STATE/compiled/$key" mode=make scratch=1; fi

@@ -179,3 +179,21 @@ def test_install_refuses_a_bad_pool_setting(tmp_path):
     res = run_install(tmp_path, "yes\x1b[31m")
     assert res.returncode != 0
     assert "SF_COMPILE_POOL" in res.stderr and "must be 0" in res.stderr
+
+
+def test_compiled_step_finds_the_venvs_ninja_first(tmp_path):
+    # torch's extension builder runs `ninja` from PATH and, finding none, compiles each extension's
+    # files one after another: a compiled step with a venv has the venv's tools first, after the
+    # pool's shim when there is a pool.
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    script = 'sf_show() { printf "%s\\n" "$PATH"; }; sf_compiled --key k --venv "$1" -- show'
+    env = {"SF_STATE": str(tmp_path), "HOME": str(tmp_path), "MAX_JOBS": "2", "NVCC_THREADS": "1"}
+    res = sf(script, str(venv), env=env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == f"{venv}/bin:/usr/bin:/bin"
+    pool = tmp_path / "jobs"
+    res = sf(script, str(venv), env={**env, "SF_JOBSERVER": f"{pool}/slots", "PATH": f"{pool}/bin:/usr/bin:/bin"})
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == f"{pool}/bin:{venv}/bin:/usr/bin:/bin"
