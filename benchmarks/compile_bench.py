@@ -22,8 +22,8 @@ time against the cores' limit (its CPU-seconds / cores):
 
 `jobserver`: every piece at once under one pool of job slots (compilejobs.jobserver_plan; the pool and
 the ninja shim are templates/steps.sh's `sf_jobserver_open`, sourced from this checkout), as the
-install compiles them; `jobserver:900:16` gives apex 16 extensions at once instead of the rule's.
-NINJA (default: the ninja on PATH) must be 1.13 or later.
+install compiles them with SF_COMPILE_POOL=1; `jobserver:900:8:32` gives apex 8 extensions at once and
+the pool 32 slots instead of the rule's. --ninja (default: the ninja on PATH) must be 1.13 or later.
 
 SOURCES holds apex.tar.gz, tms.tar.gz (git archives with a top directory) and
 transformer_engine_torch-*.tar.gz (the sdist). In a setting, "_" stands for a space.
