@@ -520,7 +520,7 @@ SHIM
 SF_JOBSERVER_FD="" SF_JOBSERVER_ENV=()
 sf_jobserver_open() {
   local dir=$1 slots=$2 ninja=$3 i
-  [[ $slots =~ ^[0-9]{1,4}$ ]] && ((10#$slots >= 1)) || sf_die "job pool: SLOTS must be a whole number from 1 to 9999, got '$slots'"
+  [[ $slots =~ ^[0-9]{1,4}$ ]] && ((10#$slots >= 1)) || sf_die "job pool: its slots (MAX_JOBS when given) must be a whole number from 1 to 9999, got '$(printf '%s' "${slots:0:40}" | _sf_printable)'"
   _sf_ninja_ok "$ninja" || return 1
   rm -rf -- "$dir"
   mkdir -p -m 700 -- "$dir/bin"
