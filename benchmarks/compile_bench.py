@@ -18,7 +18,12 @@ install and the image build use (slimeforge/image/builder/compilejobs.py `compil
 time against the cores' limit (its CPU-seconds / cores):
 
     python benchmarks/compile_bench.py --sources DIR --work /tmp/cb --out RESULTS.json \
-        --set series:900 --set parallel:900
+        --set series:900 --set parallel:900 --set jobserver:900
+
+`jobserver`: every piece at once under one pool of job slots (compilejobs.jobserver_plan; the pool and
+the ninja shim are templates/steps.sh's `sf_jobserver_open`, sourced from this checkout), as the
+install compiles them with SF_COMPILE_POOL=1; `jobserver:900:8:32` gives apex 8 extensions at once and
+the pool 32 slots instead of the rule's. --ninja (default: the ninja on PATH) must be 1.13 or later.
 
 SOURCES holds apex.tar.gz, tms.tar.gz (git archives with a top directory) and
 transformer_engine_torch-*.tar.gz (the sdist). In a setting, "_" stands for a space.
@@ -41,7 +46,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from slimeforge.image.builder.compilejobs import apex_jobs, apex_shared, compile_jobs, compile_share  # noqa: E402  (standard library only)
+from slimeforge.image.builder.compilejobs import apex_jobs, apex_shared, compile_jobs, compile_share, jobserver_plan, ninja_takes_jobserver  # noqa: E402  (standard library only)
+
+STEPS_SH = Path(__file__).resolve().parent.parent / "templates" / "steps.sh"
 
 ARCH = "9.0"
 # What each piece needs besides parallelism (the stack's step env and arch variables).
@@ -51,7 +58,7 @@ PIECES = {
     "te": ("transformer_engine_torch-*.tar.gz",
            {"NVTE_PYTORCH_FORCE_BUILD": "TRUE", "NVTE_CUDA_ARCHS": ARCH.replace(".", ""), "TORCH_CUDA_ARCH_LIST": ARCH}),
 }
-SET_RE = re.compile(r"(series|parallel):([0-9]{1,4})")
+SET_RE = re.compile(r"(series|parallel|jobserver):([0-9]{1,4})(?::([0-9]{1,3}))?(?::([0-9]{1,3}))?")
 RUN_RE = re.compile(r"([a-z0-9][a-z0-9_.-]*):(apex|tms|te):([0-9]{1,4}):((?:[A-Z_][A-Z0-9_]*=[^,]*)(?:,[A-Z_][A-Z0-9_]*=[^,]*)*)?")
 
 
@@ -74,13 +81,14 @@ def unpack(archive: Path, dest: Path) -> Path:
     return top
 
 
-def build(name: str, piece: str, limit: int, settings: dict[str, str], sources: Path, work: Path) -> dict:
+def build(name: str, piece: str, limit: int, settings: dict[str, str], sources: Path, work: Path,
+          extra_env: dict[str, str] | None = None) -> dict:
     pattern, env_piece = PIECES[piece]
     (archive,) = sorted(sources.glob(pattern))
     src = unpack(archive, work / "src" / name)
     wheels = work / "wheels" / name
     shutil.rmtree(wheels, ignore_errors=True)
-    env = {**os.environ, **env_piece, **settings}
+    env = {**os.environ, **env_piece, **settings, **(extra_env or {})}
     if piece == "te":
         env["CPATH"] = ":".join(nvidia_include_dirs() + [p for p in [os.environ.get("CPATH")] if p])
     log = work / f"{name}.log"
@@ -130,14 +138,91 @@ def piece_settings(piece: str, jobs: int, threads: int, shared: bool = False) ->
     return out
 
 
-def build_set(mode: str, limit: int, sources: Path, work: Path) -> dict:
+class JobSampler(threading.Thread):
+    """Counts the compilers running (cicc, cc1plus: one per nvcc or g++ job at any moment) every half
+    second while a set compiles: its peak shows the bound a pool or a share kept, its mean how busy."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.stop = threading.Event()
+        self.samples: list[int] = []
+
+    def run(self) -> None:
+        while not self.stop.wait(0.5):
+            n = 0
+            for comm in glob.glob("/proc/[0-9]*/comm"):
+                try:
+                    n += Path(comm).read_text().strip() in ("cicc", "cc1plus")
+                except OSError:
+                    pass
+            self.samples.append(n)
+
+    def summary(self) -> dict:
+        self.stop.set()
+        self.join()
+        s = self.samples or [0]
+        return {"peak_jobs": max(s), "mean_jobs": round(sum(s) / len(s), 1)}
+
+
+def open_pool(work: Path, slots: int, ninja: str) -> tuple[int, dict[str, str]]:
+    """The pool of `slots` job slots and the ninja shim, by steps.sh's own sf_jobserver_open (run in
+    bash, which prints the environment it hands each piece); this process then holds the FIFO open
+    for as long as the set compiles (a FIFO drops its bytes once nobody has it open)."""
+    version = subprocess.run([ninja, "--version"], capture_output=True, text=True, check=True).stdout
+    if not ninja_takes_jobserver(version):
+        raise SystemExit(f"--set jobserver: {ninja} is ninja {version.strip()}; a jobserver client needs 1.13 or later (--ninja)")
+    script = ('source "$1"; sf_jobserver_open "$2" "$3" "$4" || exit 3; '
+              'printf "%s\\0" "${SF_JOBSERVER_ENV[@]}"; sleep 30')
+    proc = subprocess.Popen(["bash", "-c", script, "bash", str(STEPS_SH), str(work / "pool"), str(slots), ninja],
+                            stdout=subprocess.PIPE)
+    out = b""
+    assert proc.stdout is not None
+    while b"PATH=" not in out or not out.endswith(b"\0"):
+        chunk = proc.stdout.read1(65536)
+        if not chunk:
+            raise SystemExit(f"--set jobserver: sf_jobserver_open failed (exit {proc.wait()})")
+        out += chunk
+    # Hold the FIFO (bash's holder ends with its sleep): opened read-write, so it never blocks.
+    fd = os.open(work / "pool" / "slots", os.O_RDWR)
+    proc.kill()
+    proc.wait()
+    env = dict(kv.split("=", 1) for kv in out.decode().split("\0") if kv)
+    return fd, env
+
+
+def build_set(mode: str, limit: int, sources: Path, work: Path, ninja: str = "ninja", apex_parallel: int | None = None,
+              slots_given: int | None = None) -> dict:
     """The whole set cold: `series` each piece alone with the host's whole budget (compile_jobs), one
-    after another; `parallel` every piece at once, each with its share (compile_share). The cores'
-    limit is the set's CPU-seconds / cores."""
+    after another; `parallel` every piece at once, each with its share (compile_share); `jobserver`
+    every piece at once under one pool of the host's jobs (jobserver_plan). The cores' limit is the
+    set's CPU-seconds / cores."""
     pieces = list(PIECES)
     cores = os.cpu_count() or 1
+    sampler = JobSampler()
+    sampler.start()
     start = time.monotonic()
-    if mode == "series":
+    if mode == "jobserver":
+        slots, apex_par, threads = jobserver_plan()
+        apex_par, slots = apex_parallel or apex_par, slots_given or slots
+        fd, pool_env = open_pool(work, slots, shutil.which(ninja) or ninja)
+        start = time.monotonic()
+        runs = [{} for _ in pieces]
+
+        def pooled(i: int, p: str) -> None:
+            settings = piece_settings(p, slots, threads)
+            if p == "apex":
+                settings["APEX_PARALLEL_BUILD"] = str(apex_par)
+            runs[i] = build(f"{mode}-{p}", p, limit, settings, sources, work, pool_env)
+
+        workers = [threading.Thread(target=pooled, args=(i, p)) for i, p in enumerate(pieces)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        os.close(fd)
+        at_once, jobs = len(pieces), slots
+        threads_note = f"pool of {slots} slots, apex {apex_par} extensions at once"
+    elif mode == "series":
         jobs, threads = compile_jobs()
         runs = [build(f"{mode}-{p}", p, limit, piece_settings(p, jobs, threads), sources, work) for p in pieces]
         at_once = 1
@@ -156,9 +241,12 @@ def build_set(mode: str, limit: int, sources: Path, work: Path) -> dict:
             t.start()
         for t in threads_:
             t.join()
+    if mode != "jobserver":
+        threads_note = ""
     wall = time.monotonic() - start
     cpu = sum(r["cpu_s"] for r in runs)
-    return {"set": mode, "at_once": at_once, "jobs": jobs, "threads": threads, "wall_s": round(wall, 1),
+    threads_note += " compilers at once: peak {peak_jobs}, mean {mean_jobs}".format(**sampler.summary())
+    return {"set": mode, "note": threads_note, "at_once": at_once, "jobs": jobs, "threads": threads, "wall_s": round(wall, 1),
             "cpu_s": round(cpu, 1), "cores": cores, "cores_limit_s": round(cpu / cores, 1),
             "ratio": round(wall / (cpu / cores), 2) if cpu else None, "ok": all(r["ok"] for r in runs), "pieces": runs}
 
@@ -169,26 +257,28 @@ def main() -> int:
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--run", action="append", default=[], help="NAME:PIECE:LIMIT_S:KEY=VAL,...")
-    ap.add_argument("--set", action="append", default=[], help="series|parallel:LIMIT_S (per piece): the whole compiled set")
+    ap.add_argument("--set", action="append", default=[],
+                    help="series|parallel|jobserver:LIMIT_S[:APEX_PARALLEL] (limit per piece): the whole compiled set")
+    ap.add_argument("--ninja", default="ninja", help="the ninja (1.13 or later) the jobserver set's shim runs")
     args = ap.parse_args()
     runs = [parse_run(r) for r in args.run]
     sets = []
     for text in args.set:
         m = SET_RE.fullmatch(text)
         if not m:
-            raise SystemExit(f"--set {text!r}: expected series:LIMIT_S or parallel:LIMIT_S")
-        sets.append((m.group(1), int(m.group(2))))
+            raise SystemExit(f"--set {text!r}: expected series:LIMIT_S, parallel:LIMIT_S or jobserver:LIMIT_S[:APEX_PARALLEL]")
+        sets.append((m.group(1), int(m.group(2)), int(m.group(3)) if m.group(3) else None, int(m.group(4)) if m.group(4) else None))
     if not runs and not sets:
         raise SystemExit("nothing to do: give --run or --set")
     cores = os.cpu_count() or 1
     results: list[dict] = []
-    for mode, limit in sets:
-        r = build_set(mode, limit, args.sources, args.work)
+    for mode, limit, apex_parallel, slots in sets:
+        r = build_set(mode, limit, args.sources, args.work, args.ninja, apex_parallel, slots)
         results.append(r)
         args.out.write_text(json.dumps({"cores": cores, "results": results}, indent=2) + "\n")
         print(f"set {mode:9} {'ok' if r['ok'] else 'FAILED':6} wall {r['wall_s']:>7} s  cpu {r['cpu_s']:>7} s  "
               f"cores' limit {r['cores_limit_s']:6.1f} s  ratio {r['ratio']}  at once {r['at_once']}, "
-              f"MAX_JOBS={r['jobs']} NVCC_THREADS={r['threads']}", flush=True)
+              f"MAX_JOBS={r['jobs']} NVCC_THREADS={r['threads']} {r['note']}", flush=True)
         for p in r["pieces"]:
             print(f"    {p['piece']:5} {'ok' if p['ok'] else 'FAILED':6} wall {p['wall_s']:>7} s  cpu {p['cpu_s']:>7} s  "
                   f"peak RSS {p['peak_rss_mib']} MiB  {' '.join(f'{k}={v}' for k, v in p['settings'].items())}", flush=True)

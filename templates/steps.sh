@@ -456,6 +456,88 @@ sf_compile_share() {
   printf '%s %s\n' "$at_once" "$(sf_compile_jobs $(((cores + at_once - 1) / at_once)) $((mem_kib / at_once)))"
 }
 
+# --- one pool of job slots for the pieces that compile side by side ---------------------------
+# A GNU make jobserver: a FIFO holding one byte per free job slot. Every piece's ninja (1.13 and later
+# are jobserver clients; torch's extension builder runs ninja for apex, Transformer Engine's torch
+# extension and flash-attn) takes a slot for each job it runs and gives it back when the job ends, so
+# cores that one piece leaves idle (it is done, or waits on its one long file) go to the others.
+# Not the default: on the 16-core GPU host its best (40 slots) tied the fixed shares of sf_compile_share
+# (196.0 s against 198.1 s), and a pool of the host's jobs alone was slower (245 s). install.sh uses it
+# with SF_COMPILE_POOL=1; benchmarks/compile_bench.py --set jobserver measures it. Figures in
+# docs/build.md "Compile parallelism".
+
+# sf_jobserver_plan CORES MEM_KIB: "SLOTS APEX_PARALLEL_BUILD NVCC_THREADS", the rule of
+# slimeforge.image.builder.compilejobs.jobserver_plan: two and a half slots per host job
+# (sf_compile_jobs), at most one per 3 GiB; apex builds as many extensions at once as the host has jobs.
+sf_jobserver_plan() {
+  local host jobs slots
+  host=$(sf_compile_jobs "$1" "$2")
+  jobs=${host% *}
+  slots=$((5 * jobs / 2))
+  ((slots <= $2 / (3 * 1024 * 1024))) || slots=$(($2 / (3 * 1024 * 1024)))
+  ((slots >= 1)) || slots=1
+  printf '%s %s %s\n' "$slots" "$jobs" "${host#* }"
+}
+
+# _sf_ninja_ok NINJA: NINJA answers --version with 1.13 or later (compilejobs.ninja_takes_jobserver).
+_sf_ninja_ok() {
+  local v
+  v=$("$1" --version 2>/dev/null) || return 1
+  [[ $v =~ ^([0-9]{1,4})\.([0-9]{1,4}) ]] || return 1
+  ((10#${BASH_REMATCH[1]} > 1 || (10#${BASH_REMATCH[1]} == 1 && 10#${BASH_REMATCH[2]} >= 13)))
+}
+
+# _sf_ninja_shim PATH: writes the `ninja` that the pieces find first on PATH. It takes one slot for
+# ninja's own first job (a jobserver client runs one job without a slot: make's rule, where whoever
+# starts a client holds a slot for it), drops any -j (torch passes `-j MAX_JOBS` when MAX_JOBS is
+# set, flash-attn sets MAX_JOBS itself, and an explicit -j turns ninja's jobserver client off), and
+# gives the slot back when ninja ends. ninja itself reads MAKEFLAGS for the pool.
+_sf_ninja_shim() {
+  cat >"$1" <<'SHIM'
+#!/usr/bin/env bash
+# slimeforge (steps.sh _sf_ninja_shim): ninja under the compiled set's one pool of job slots.
+set -u
+case ${1:-} in --version | -t | -h | --help) exec "$SF_NINJA_REAL" "$@" ;; esac
+args=() skip=0
+for a in "$@"; do
+  if ((skip)); then skip=0; continue; fi
+  case $a in -j) skip=1 ;; -j*) ;; *) args+=("$a") ;; esac
+done
+exec 9<>"$SF_JOBSERVER" || exit 1
+slot=""
+IFS= read -r -n1 -d '' slot <&9 || exit 1
+trap 'printf %s "$slot" >&9' EXIT
+trap 'exit 143' TERM INT HUP
+"$SF_NINJA_REAL" ${args[@]+"${args[@]}"} 9>&-
+SHIM
+  chmod 755 "$1"
+}
+
+# sf_jobserver_open DIR SLOTS NINJA: a pool of SLOTS job slots in DIR (a FIFO this shell holds open
+# for as long as the pool lives: a FIFO drops what it holds once nobody has it open), and the
+# environment that hands it to a piece in SF_JOBSERVER_ENV (MAKEFLAGS, the shim first on PATH).
+# Fails, leaving nothing, when NINJA is older than 1.13 (no jobserver client).
+SF_JOBSERVER_FD="" SF_JOBSERVER_ENV=()
+sf_jobserver_open() {
+  local dir=$1 slots=$2 ninja=$3 i
+  [[ $slots =~ ^[0-9]{1,4}$ ]] && ((10#$slots >= 1)) || sf_die "job pool: its slots (MAX_JOBS when given) must be a whole number from 1 to 9999, got '$(printf '%s' "${slots:0:40}" | _sf_printable)'"
+  _sf_ninja_ok "$ninja" || return 1
+  rm -rf -- "$dir"
+  mkdir -p -m 700 -- "$dir/bin"
+  mkfifo -m 600 -- "$dir/slots"
+  exec {SF_JOBSERVER_FD}<>"$dir/slots"
+  for ((i = 0; i < 10#$slots; i++)); do printf +; done >&"$SF_JOBSERVER_FD"
+  _sf_ninja_shim "$dir/bin/ninja"
+  SF_JOBSERVER_ENV=("SF_JOBSERVER=$dir/slots" "SF_NINJA_REAL=$ninja" "MAKEFLAGS=-j$((10#$slots)) --jobserver-auth=fifo:$dir/slots"
+    "PATH=$dir/bin:$PATH")
+}
+
+# sf_jobserver_close: the pool's FIFO closed (its slots are gone with it).
+sf_jobserver_close() {
+  if [[ -n $SF_JOBSERVER_FD ]]; then exec {SF_JOBSERVER_FD}>&-; fi
+  SF_JOBSERVER_FD="" SF_JOBSERVER_ENV=()
+}
+
 # --- the compiled-wheel store (slimeforge/image/wheels/wheelstore.py) -------------------------------------
 # A store entry is a directory of wheels and SHA256SUMS (`sha256sum` format, one line per wheel).
 # The store's own record: the compiled wheels do not exist when the lock is made, so their sha256
@@ -600,8 +682,20 @@ sf_compiled() {
   export MAX_JOBS NVCC_THREADS NVTE_BUILD_THREADS_PER_JOB=$NVCC_THREADS
   export NVCC_APPEND_FLAGS="${NVCC_APPEND_FLAGS:+$NVCC_APPEND_FLAGS }--threads $NVCC_THREADS"
   export UV_CACHE_DIR="${UV_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/uv}/compiled/$key"
-  sf_log "compiled step: MAX_JOBS=$MAX_JOBS NVCC_THREADS=$NVCC_THREADS${APEX_PARALLEL_BUILD:+ APEX_PARALLEL_BUILD=$APEX_PARALLEL_BUILD} archs=${TORCH_CUDA_ARCH_LIST:-none} uv cache $UV_CACHE_DIR"
-  if [[ -n $venv ]]; then _sf_compile_env "$venv"; fi
+  sf_log "compiled step: MAX_JOBS=$MAX_JOBS NVCC_THREADS=$NVCC_THREADS${APEX_PARALLEL_BUILD:+ APEX_PARALLEL_BUILD=$APEX_PARALLEL_BUILD}${SF_JOBSERVER:+ (every ninja job from the pool $SF_JOBSERVER)} archs=${TORCH_CUDA_ARCH_LIST:-none} uv cache $UV_CACHE_DIR"
+  if [[ -n $venv ]]; then
+    _sf_compile_env "$venv"
+    # The venv's tools first, as the image's PATH has them: torch's extension builder runs `ninja` from
+    # PATH and, finding none (a host without a system ninja; the install does not require one), falls
+    # back to compiling each extension's files one after another, MAX_JOBS unused. The build-tools step
+    # puts the lock's ninja in the venv. (The pool's shim, when SF_COMPILE_POOL=1, stays before it.)
+    if [[ -n ${SF_JOBSERVER:-} && $PATH == "${SF_JOBSERVER%/slots}/bin:"* ]]; then
+      PATH="${SF_JOBSERVER%/slots}/bin:$venv/bin:${PATH#"${SF_JOBSERVER%/slots}/bin:"}"
+    else
+      PATH="$venv/bin:$PATH"
+    fi
+    export PATH
+  fi
   # Without the store, the wheels are compiled into a scratch directory all the same: one way to
   # compile (the inputs fetched by sha256 first, then compiled with no network), then installed.
   if [[ -z $wheels ]]; then wheels="$SF_STATE/compiled/$key" mode=make scratch=1; fi

@@ -11,6 +11,7 @@ benchmarks/compile_bench.py imports it on a GPU host that has nothing else of sl
 from __future__ import annotations
 
 import os
+import re
 
 NVCC_JOB_BYTES = 6 << 30
 NVCC_THREADS_MAX = 4
@@ -78,3 +79,36 @@ def apex_shared(share_jobs: int, mem_bytes: int | None = None, cores: int | None
     (sf_run_together, sf_compiled) is the same rule."""
     host_jobs, _ = compile_jobs(mem_bytes, cores)
     return apex_jobs(host_jobs)[0], apex_jobs(share_jobs)[1]
+
+
+NINJA_JOBSERVER = (1, 13)  # the first ninja that takes its job slots from a GNU make jobserver
+
+
+def ninja_takes_jobserver(version: str) -> bool:
+    """Whether a `ninja --version` answer is 1.13 or later. templates/steps.sh `_sf_ninja_ok` is the
+    same rule."""
+    m = re.match(r"([0-9]{1,4})\.([0-9]{1,4})", version.strip())
+    return m is not None and (int(m.group(1)), int(m.group(2))) >= NINJA_JOBSERVER
+
+
+POOL_JOB_BYTES = 3 << 30  # an apex or Transformer Engine nvcc job peaks at 2.7 GiB (flash-attn's at 6: not for a pool)
+
+
+def jobserver_plan(mem_bytes: int | None = None, cores: int | None = None) -> tuple[int, int, int]:
+    """(SLOTS, APEX_PARALLEL_BUILD, NVCC_THREADS) for the compiled pieces side by side under one pool of
+    job slots (a GNU make jobserver, templates/steps.sh `sf_jobserver_open`): every piece starts at
+    once, each ninja job of any piece holds a slot and gives it back when it ends (ninja's own first
+    job too: the shim holds one for it). Measured cold on the 16-core H200 host (docs/build.md
+    "Compile parallelism"): a pool of the host's jobs (16) left cores idle (245 s; an nvcc job keeps
+    less than one core busy); 32 slots 208.6 s with apex 16 extensions at once (228.1 s with 8); 40
+    slots and 16 extensions 196.0 s, against 198.1 s for the fixed shares (compile_share) on the same
+    machine: a tie, so the pool is not the default. SLOTS: two and a half jobs per host job, at most
+    one per 3 GiB (apex and TE jobs; flash-attn's 6 GiB jobs would not fit); apex: as many
+    extensions at once as the host has jobs. Outside the pool stay a piece built without ninja
+    (torch_memory_saver: one g++ at a time) and the links setuptools runs after each ninja.
+    templates/steps.sh `sf_jobserver_plan` is the same rule."""
+    if mem_bytes is None:
+        mem_bytes = host_memory()
+    jobs, threads = compile_jobs(mem_bytes, cores)
+    slots = max(1, min(5 * jobs // 2, mem_bytes // POOL_JOB_BYTES))
+    return int(slots), jobs, threads
