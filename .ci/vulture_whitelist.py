@@ -75,3 +75,8 @@ _.slice_path  # ScriptStep
 _.in_venv  # ScriptStep
 _.after_all  # ScriptStep
 _.named_by_stack  # image/lock/lockcheck.py LockSummary
+
+# The compile pool's rule in Python (templates/steps.sh sf_jobserver_plan is the one the install runs):
+# benchmarks/compile_bench.py builds its `jobserver` set with it on a GPU host; tests hold the two together.
+_.jobserver_plan
+_.ninja_takes_jobserver
