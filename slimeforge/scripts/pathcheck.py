@@ -61,19 +61,13 @@ def read_config(config):
             return None, "config.json is not a regular file"
         if st.st_size > CONFIG_MAX_BYTES:
             return None, f"config.json is {st.st_size} bytes (a model's is a few KiB)"
-        chunks, left = [], CONFIG_MAX_BYTES + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 16))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
+        data = procproof.read_bounded(fd, CONFIG_MAX_BYTES)
     except OSError as exc:
         return None, f"config.json cannot be read: {exc.strerror or exc}"
     finally:
         os.close(fd)
     try:
-        doc = loads_strict(b"".join(chunks).decode("utf-8"))
+        doc = loads_strict(data.decode("utf-8"))
     except ValueError as exc:
         return None, f"config.json is not JSON: {str(exc)[:200]}"
     if not isinstance(doc, dict):

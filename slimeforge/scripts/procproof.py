@@ -45,6 +45,19 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+
+def read_bounded(fd: int, cap: int) -> bytes:
+    """At most cap + 1 bytes of an open file: one more than a record may hold, so that a file that
+    grew past its cap since its stat is seen to."""
+    chunks, left = [], cap + 1
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 16))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
 def read_regular(path: str, cap: int, last: bool = False) -> bytes | None:
     """The bytes of the regular file at `path`: at most `cap` (the last `cap` with last=True, for
     logs; else more is an error). None when nothing is there. Opened with O_NONBLOCK|O_NOFOLLOW and
@@ -68,16 +81,9 @@ def read_regular(path: str, cap: int, last: bool = False) -> bytes | None:
             if not last:
                 raise BadRecord(f"{path}: is {st.st_size} bytes, more than a record holds ({cap})")
             os.lseek(fd, st.st_size - cap, os.SEEK_SET)
-        chunks, left = [], cap + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 16))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
+        data = read_bounded(fd, cap)
     finally:
         os.close(fd)
-    data = b"".join(chunks)
     if len(data) > cap:
         if not last:
             raise BadRecord(f"{path}: is more than {cap} bytes, more than a record holds")
