@@ -168,7 +168,7 @@ def short_name(ctx) -> str:
 
 
 def typed_name(ctx) -> str:
-    """The task's name as the command line typed it (`run`, or `run.start`); invoke keeps only its own."""
+    """The task's name as the command line typed it (`run`, or `run.start`); the parser remembers only its own."""
     return getattr(ctx, "typed", ctx.name)
 
 
