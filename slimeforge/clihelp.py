@@ -6,7 +6,8 @@ checkout and for the installed `slimeforge` command alike:
 - invoke's parser: `-h` is help wherever it stands, a missing positional argument gets a usage line
   and an example, an unknown option is bad input (UsageError, exit 2) wherever it stands;
 - a task's help shows its positional arguments where they are typed;
-- the command named as typed (PROGRAM; under `slimeforge`: AsTyped, hint_pattern, name_in_help).
+- the command named as typed (PROGRAM; under `slimeforge`: AsTyped, hint_pattern, name_in_help), and
+  the task too (typed_name: `run -h` names `run`, not invoke's `run.start`).
 
 Importing it fixes invoke's parser and Program in place (their state machine cannot be subclassed);
 slimeforge/cli.py, the tasks themselves, imports it first.
@@ -82,15 +83,20 @@ def _handle(machine, token):
     waiting = machine.context is not machine.initial and machine.context.missing_positional_args
     if waiting and machine.current_state != "unknown" and not machine.waiting_for_flag_value:
         if token in ("-h", "--help"):
-            machine.initial.flags["--help"].value = machine.context.name
+            machine.initial.flags["--help"].value = typed_name(machine.context)
             return
         # Any token was taken for the missing argument: an unknown option became a recipe named "--nope".
         known = token.split("=", 1)[0] in machine.context.flags or token in machine.context.inverse_flags
         if token.startswith("-") and not known:
             raise UsageError(f"error: `{PROGRAM} {short_name(machine.context)}` has no option {token}\n{usage(machine.context)}",
                              machine.context)
+    before = machine.context
     try:
         _invoke_handle(machine, token)
+        if machine.context is not before and machine.context is not machine.initial and token in machine.contexts:
+            machine.context.typed = token  # `run`, the collection's default, is run.start to invoke: its help names it as typed
+        elif token in ("-h", "--help") and machine.context is not None and machine.context is not machine.initial:
+            machine.initial.flags["--help"].value = typed_name(machine.context)
     except UsageError:
         raise
     except invoke.ParseError as exc:
@@ -161,12 +167,17 @@ def short_name(ctx) -> str:
     return min((ctx.name, *ctx.aliases), key=len)
 
 
+def typed_name(ctx) -> str:
+    """The task's name as the command line typed it (`run`, or `run.start`); the parser remembers only its own."""
+    return getattr(ctx, "typed", ctx.name)
+
+
 _invoke_print_task_help = getattr(invoke.Program.print_task_help, "invoke_own", invoke.Program.print_task_help)
 
 
 def _print_task_help(program, name: str) -> None:
     """invoke's task help, with the positional arguments where they are typed: `usage: invoke
-    run.start [--options] RECIPE` (invoke's: `run.start [--options]`, listing `--recipe=STRING`, a
+    run [--options] RECIPE` (invoke's: `run [--options]`, listing `--recipe=STRING`, a
     form kept for compatibility but never shown)."""
     ctx = program.parser.contexts[name]
     positional = {f"--{a.name.replace('_', '-')}": a.name.upper() for a in ctx.positional_args}

@@ -278,3 +278,28 @@ class Canned(Runner):
                 code, out, err = (*answer, "")[:3] if isinstance(answer, tuple) else (0, answer, "")
                 return Result(argv, code, out, err)
         raise AssertionError(f"unexpected command {argv}")
+
+
+class StandInChecks:
+    """A cluster's checks (jobsubmit.ClusterChecks) without an inventory: the recipe adopted as it
+    is, no static problem, the live steps handed to `preflight` and `heal` when given."""
+
+    def __init__(self, preflight=None, heal=None):
+        self.on_preflight, self.on_heal = preflight, heal
+
+    def adopt(self, recipe, mode_given):
+        return recipe
+
+    def check(self, recipe):
+        return []
+
+    def preflight(self, recipe, say):
+        if self.on_preflight is not None:
+            self.on_preflight(recipe, say)
+
+    def credentials(self, recipe, say, network):
+        pass
+
+    def heal(self, say):
+        if self.on_heal is not None:
+            self.on_heal(say)

@@ -17,9 +17,9 @@
                                          dead or missing hosts and the repair (cluster.up)
     read_answer(host, answer, ...)       a host's runcheck answer, validated (types, bounds, which
                                          paths it may name); its words are quoted, never our fix
-    cluster_env(inventory) -> Cluster    what the run layer submits to (address, environment, the
-                                         two checks above as callables: the run layer never imports
-                                         this one)
+    cluster_env(inventory) -> Cluster    what the run layer submits to (address, environment, and
+                                         the checks above as InventoryChecks, the run layer's
+                                         ClusterChecks: the run layer never imports this one)
 
 The size of a checkpoint: Megatron's distributed checkpoint keeps, per parameter, the bf16 weight
 (2 bytes), the fp32 master copy and Adam's two moments (12 bytes): 7 times the bf16 weights.
@@ -38,11 +38,12 @@ from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import cast
+from typing import TextIO, cast
 
 from ..errors import Problem, SlimeforgeError
 from ..proc import Runner
 from ..run.recipe import Recipe
+from ..run.targets.base import Say
 from ..run.targets.jobsubmit import Cluster
 from ..schema import printable
 from ..scripts import pathcheck, raynodes
@@ -456,8 +457,8 @@ def cluster_env(inventory: str, *, dry_run: bool, ssh_config: str | None = None,
                 control_dir: str | None = None, stream=None, tunnel: str | None = None, tunnels: ExitStack | None = None) -> Cluster:
     """`invoke run --cluster INVENTORY`'s cluster: its Jobs API (from cluster.up's record; over an
     ssh tunnel that lives as long as `tunnels` when the dashboard does not answer directly, or
-    `tunnel` (else ssh.tunnel) says always), its environment, and the recipe checks above as the
-    run layer's callables."""
+    `tunnel` (else ssh.tunnel) says always), its environment, and the recipe checks above
+    (InventoryChecks)."""
     from .clusterrecord import address
 
     inv = load_inventory(inventory, ssh_config=ssh_config)  # --ssh-config: the user's own, as is
@@ -472,33 +473,48 @@ def cluster_env(inventory: str, *, dry_run: bool, ssh_config: str | None = None,
         dashboard, via = jobs_api(inv, dashboard, mode=tunnel or inv.ssh_options.tunnel, dry_run=dry_run, stack=tunnels, runner=runner,
                                   say=lambda line: print(line, file=stream or sys.stderr, flush=True))
 
-    def ray_gate(recipe: Recipe, say) -> None:
-        say(gate(recipe, inv, runner=runner, control_dir=control_dir))
+    return Cluster(name=str(inventory), address=dashboard, via=via, mode=inv.mode, image=inv.image, prefix=inv.head.prefix,
+                   python=inv.head.python, checks=InventoryChecks(inv, runner, control_dir, stream))
 
-    def preflight(recipe: Recipe, say) -> None:
-        ray_gate(recipe, say)  # Ray's view first: one ssh round trip, and the likeliest refusal on a cluster left running
-        check = live(recipe, inv, runner=runner, control_dir=control_dir, stream=stream, live_table=False if stream is not None else None)
-        if check.failures:
-            raise RunCheckFailed(inv.name, check)
-        say(f"[slimeforge] cluster {inv.name}: every host holds the recipe's paths; checkpoint_dir is one filesystem"
-            + (f" with room for a checkpoint ({_gib(check.need_bytes)}: {check.how})" if check.need_bytes else " (checkpoint size unknown: " + check.how + ")"))
 
-    def credentials(recipe: Recipe, say, network: bool) -> None:
-        from .credentials import preflight as check_credentials
+@dataclass(frozen=True)
+class InventoryChecks:
+    """The run layer's `ClusterChecks` for a cluster an inventory describes: this module's checks,
+    over ssh and the node agents with `runner` and `control_dir`; live tables go to `stream` (else stderr)."""
 
-        check_credentials(recipe, inv, say, network=network, runner=runner, control_dir=control_dir, stream=stream)
+    inv: Inventory
+    runner: Runner | None = None
+    control_dir: str | None = None
+    stream: TextIO | None = None
 
-    def check(recipe: Recipe) -> list[Problem]:
+    def adopt(self, recipe: Recipe, mode_given: bool) -> Recipe:
+        return adopt(recipe, self.inv, mode_given)
+
+    def check(self, recipe: Recipe) -> list[Problem]:
         from .credentials import recipe_secret_problems
 
-        return static(recipe, inv) + recipe_secret_problems(recipe, inv)
+        return static(recipe, self.inv) + recipe_secret_problems(recipe, self.inv)
 
-    def heal(say) -> None:  # --max-restarts: cluster.up converges (hosts running our Ray are left as they are)
+    def gate(self, recipe: Recipe, say: Say) -> None:
+        say(gate(recipe, self.inv, runner=self.runner, control_dir=self.control_dir))
+
+    def preflight(self, recipe: Recipe, say: Say) -> None:
+        self.gate(recipe, say)  # Ray's view first: one ssh round trip, and the likeliest refusal on a cluster left running
+        check = live(recipe, self.inv, runner=self.runner, control_dir=self.control_dir, stream=self.stream,
+                     live_table=False if self.stream is not None else None)
+        if check.failures:
+            raise RunCheckFailed(self.inv.name, check)
+        say(f"[slimeforge] cluster {self.inv.name}: every host holds the recipe's paths; checkpoint_dir is one filesystem"
+            + (f" with room for a checkpoint ({_gib(check.need_bytes)}: {check.how})" if check.need_bytes
+               else " (checkpoint size unknown: " + check.how + ")"))
+
+    def credentials(self, recipe: Recipe, say: Say, network: bool) -> None:
+        from .credentials import preflight as check_credentials
+
+        check_credentials(recipe, self.inv, say, network=network, runner=self.runner, control_dir=self.control_dir, stream=self.stream)
+
+    def heal(self, say: Say) -> None:  # --max-restarts: cluster.up converges (hosts running our Ray are left as they are)
         from .raycluster import up
 
-        say(f"[slimeforge] cluster {inv.name}: bringing lost hosts back with cluster.up's repair")
-        up(inv, runner=runner, control_dir=control_dir, stream=stream)
-
-    return Cluster(name=str(inventory), address=dashboard, via=via, mode=inv.mode, image=inv.image, prefix=inv.head.prefix,
-                   python=inv.head.python, adopt=lambda r, mode_given: adopt(r, inv, mode_given), check=check, preflight=preflight,
-                   gate=ray_gate, credentials=credentials, heal=heal)
+        say(f"[slimeforge] cluster {self.inv.name}: bringing lost hosts back with cluster.up's repair")
+        up(self.inv, runner=self.runner, control_dir=self.control_dir, stream=self.stream)

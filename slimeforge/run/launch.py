@@ -197,7 +197,7 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
         # First: a cluster that is not up (or an inventory that does not load) is the first thing to fix.
         try:
             cluster = find_cluster_of(req.address, req.cluster or recipe.cluster, find_cluster, dry_run)
-            if cluster.check is None and recipe.secret_env:  # --address: no inventory, nothing delivers them
+            if cluster.checks is None and recipe.secret_env:  # --address: no inventory, nothing delivers them
                 raise ConfigError(req.recipe, [Problem(f"secret_env.{i}", f"cannot reach a job on {cluster.name}: secrets travel only to a cluster "
                                                        "cluster.up brought up with them (the inventory's secret_env)", name,
                                                        "--cluster INVENTORY with the name in its secret_env, or remove it from the recipe "

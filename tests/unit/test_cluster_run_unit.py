@@ -139,7 +139,7 @@ def test_job_sh_runs_train_py_with_the_model_args_and_the_shipped_config(tmp_pat
 
 def test_the_checks_here_never_run_the_clusters_image(tmp_path):
     """Container mode on a cluster: the flag check reads --catalog, and nothing runs `docker` here."""
-    from launch_support import write_catalog
+    from launch_support import StandInChecks, write_catalog
 
     from slimeforge.proc import Runner
 
@@ -147,7 +147,8 @@ def test_the_checks_here_never_run_the_clusters_image(tmp_path):
     catalog = write_catalog(tmp_path / "flags.json", r.model_copy(update={"slime_dir": str(tmp_path / "slime")}), stack)
     run = ResolvedRun(r, stack, (tmp_path / "run").resolve(), "test", {}, str(catalog), (), False)
     checked = []
-    cluster = jobsubmit.Cluster("lab", "http://10.0.0.1:8265", mode="container", image=IMAGE, preflight=lambda rec, say: checked.append(rec.image))
+    cluster = jobsubmit.Cluster("lab", "http://10.0.0.1:8265", mode="container", image=IMAGE,
+                                checks=StandInChecks(preflight=lambda rec, say: checked.append(rec.image)))
     target = jobsubmit.ClusterTarget(cluster)
     plan = target.plan(run)
     recording = Runner(dry_run=True)

@@ -10,8 +10,8 @@ unpacks them on every node that runs a task of the job. A flag naming any other 
 directory is refused: it would exist only on this machine.
 
 What the inventory says (mode, image, prefix; the recipe's paths against its volumes, hosts and
-GPUs; the live checks on every host) comes in as a `Cluster` built by the cluster layer
-(cluster/runcheck.py, handed in by tasks.py): this layer never imports that one. With `--address`
+GPUs; the live checks on every host) comes in as a `Cluster` built by the cluster layer, its checks a
+`ClusterChecks` (cluster/runcheck.py, handed in by tasks.py): this layer never imports that one. With `--address`
 there is no inventory, so nothing is compared (a note says so).
 
 status, logs and stop read the Jobs API records (targets/jobs.py); the job's metadata carries the
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 from ... import __version__, paths
 from ...atomic import write_file
@@ -51,12 +51,38 @@ from .jobsapi import JobInfo, JobsApi, NoAnswer, check_versions
 JOB_FILES = ("job.sh", "agentcore.yaml")  # the working_dir: what the job reads of the run directory
 ENTRYPOINT = "bash job.sh"
 # Checks of the doctor that mean the same on a cluster as here (the rest read this host's GPUs,
-# ports and paths: the cluster's hosts are checked by Cluster.preflight instead).
+# ports and paths: the cluster's hosts are checked by Cluster.checks.preflight instead).
 LOCAL_CHECKS = ("flags", "versions", "aws-credentials", "s3", "agentcore", "wandb")
 # With an inventory, AWS is checked on every host (cluster/credentials.py), never with this machine's credentials.
 CLUSTER_CHECKS = ("flags", "versions", "wandb")
 HEAL_WAIT_S = 600  # --max-restarts: how long the cluster has to be whole again
 PENDING_WAIT_S = 300  # --detach: returns when the job runs, or says it is still PENDING after this long
+
+
+class ClusterChecks(Protocol):
+    """What an inventory knows of its cluster, asked by the run layer at each step of a launch
+    (cluster/runcheck.InventoryChecks implements it over the inventory, ssh and the node agents;
+    this layer never imports that one). Each raises naming the hosts and the fix when it refuses."""
+
+    def adopt(self, recipe: Recipe, mode_given: bool) -> Recipe:
+        """The recipe with the cluster's mode/image/prefix where it names none (`mode_given`: the recipe or the command line chose)."""
+        ...
+
+    def check(self, recipe: Recipe) -> list[Problem]:
+        """Static, from the inventory alone (dry runs too): the recipe's fit (paths, nodes, GPUs, secrets)."""
+        ...
+
+    def preflight(self, recipe: Recipe, say: Say) -> None:
+        """Live, on every host: Ray's ALIVE nodes cover the recipe (the gate), then its paths; again before a restart."""
+        ...
+
+    def credentials(self, recipe: Recipe, say: Say, network: bool) -> None:
+        """Live, on every host in the job's own environment: secrets delivered, AWS."""
+        ...
+
+    def heal(self, say: Say) -> None:
+        """--max-restarts: bring lost hosts back (cluster.up's own repair)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -70,15 +96,10 @@ class Cluster:
     image: str | None = None
     prefix: str | None = None
     python: str | None = None  # host mode: the head's environment python (its bin is first on Ray's PATH)
-    adopt: Callable[[Recipe, bool], Recipe] | None = None  # (recipe, mode given) -> the cluster's mode/image/prefix where the recipe names none
-    check: Callable[[Recipe], list[Problem]] | None = None  # static: from the inventory alone
-    preflight: Callable[[Recipe, Say], None] | None = None  # live: on every host; raises naming the hosts
-    gate: Callable[[Recipe, Say], None] | None = None  # Ray's ALIVE nodes cover the recipe (preflight runs it first); again before a restart
-    # live, on every host in the job's own environment (secrets delivered, AWS); (recipe, say, network)
-    credentials: Callable[[Recipe, Say, bool], None] | None = None
-    # --max-restarts: bring lost hosts back (cluster.up's own repair; raises naming the hosts when it
-    # cannot). None (--address): the cluster is waited for, as it heals by itself or by its operator.
-    heal: Callable[[Say], None] | None = None
+    # None (--address, no inventory): nothing is compared or checked on the hosts, this machine's
+    # credentials are checked instead, and before a restart the cluster is waited for, as it heals
+    # by itself or by its operator.
+    checks: ClusterChecks | None = None
 
 
 def find_cluster_of(address: str | None, cluster: str | None, find: Callable[[str, bool], Cluster] | None, dry_run: bool) -> Cluster:
@@ -99,10 +120,10 @@ def on_cluster(recipe: Recipe, cluster: Cluster, *, mode: str | None, prefix: st
     environment where neither names one; refused (ConfigError naming both values) where they
     differ, and when its paths, nodes or GPUs do not fit the inventory."""
     r = resolve_mode(recipe, mode, prefix, image, require_image=False, stack=stack)
-    if cluster.adopt is not None:
-        r = cluster.adopt(r, mode is not None or "mode" in recipe.model_fields_set)
+    if cluster.checks is not None:
+        r = cluster.checks.adopt(r, mode is not None or "mode" in recipe.model_fields_set)
     r = resolve_mode(r, require_image=not dry_run and cluster.mode is not None, stack=stack)  # slime_dir from an adopted prefix
-    problems = cluster.check(r) if cluster.check is not None else []
+    problems = cluster.checks.check(r) if cluster.checks is not None else []
     if problems:
         raise ConfigError(f"recipe against cluster {cluster.name}", problems)
     return r
@@ -183,16 +204,15 @@ class ClusterTarget(jobs.JobsApiTarget):
         # the flag catalog comes from --catalog or a local build of the stack.
         here = run.recipe.model_copy(update={"image": None})
         report = run_checks(here, run.stack, args=plan.rundir.args, address=self.cluster.address, catalog=run.catalog,
-                            skip=run.skip_checks, only=LOCAL_CHECKS if self.cluster.credentials is None else CLUSTER_CHECKS,
+                            skip=run.skip_checks, only=LOCAL_CHECKS if self.cluster.checks is None else CLUSTER_CHECKS,
                             network=run.network_checks, environ=run.environ,
                             runner=runner)
         say(report.table())
         if report.errors:
             raise PreflightError(f"preflight of {run.recipe_path}", report)
-        if self.cluster.preflight is not None:
-            self.cluster.preflight(run.recipe, say)
-        if self.cluster.credentials is not None:
-            self.cluster.credentials(run.recipe, say, run.network_checks)
+        if self.cluster.checks is not None:
+            self.cluster.checks.preflight(run.recipe, say)
+            self.cluster.checks.credentials(run.recipe, say, run.network_checks)
 
     def apply(self, plan: LaunchPlan, runner: Runner, say: Say, stream: IO[str]) -> int:
         from .local import write_launch_records
@@ -333,8 +353,8 @@ def restart_gate(api: JobsApi, cluster: Cluster, recipe: Recipe, say: Say, nodes
     """Before a restart: the cluster healed (cluster.up's own repair with an inventory; else waited
     for), as many nodes alive as the job started with, and the gate passed again; raises (naming what
     is missing) when it cannot be."""
-    if cluster.heal is not None:
-        cluster.heal(say)
+    if cluster.checks is not None:
+        cluster.checks.heal(say)
     deadline = time.monotonic() + HEAL_WAIT_S
     while True:
         try:
@@ -349,5 +369,5 @@ def restart_gate(api: JobsApi, cluster: Cluster, recipe: Recipe, say: Say, nodes
                                   "from checkpoint_dir")
         time.sleep(2)
     say(f"[slimeforge] cluster {cluster.name}: {now} Ray node(s) alive again")
-    if cluster.preflight is not None:
-        cluster.preflight(recipe, say)
+    if cluster.checks is not None:
+        cluster.checks.preflight(recipe, say)

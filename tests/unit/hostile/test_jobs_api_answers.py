@@ -308,6 +308,8 @@ def cluster_plan(tmp_path):
     (["FAILED", "SUCCEEDED"], {1}, 0, 1, 1, 0),  # restarts not asked for
 ])
 def test_a_job_is_restarted_only_when_a_node_was_lost(tmp_path, monkeypatch, outcomes, dead_after, restarts, submissions, code, healed):
+    from launch_support import StandInChecks
+
     from slimeforge.run.targets import jobsubmit
 
     monkeypatch.setattr(jobs, "POLL_S", 0.01)
@@ -322,7 +324,8 @@ def test_a_job_is_restarted_only_when_a_node_was_lost(tmp_path, monkeypatch, out
             stand_in.nodes["b" * 32][0] = "ALIVE"
 
         gates: list[str] = []
-        cluster = jobsubmit.Cluster("lab.yaml", dash.address, mode="host", heal=heal, preflight=lambda r, say: gates.append(r.exp_id))
+        cluster = jobsubmit.Cluster("lab.yaml", dash.address, mode="host",
+                                     checks=StandInChecks(heal=heal, preflight=lambda r, say: gates.append(r.exp_id)))
         said: list[str] = []
         got = jobsubmit.submit(plan, cluster, said.append, io.StringIO(), max_restarts=restarts)
     assert (got, len(stand_in.submitted), len(heals), len(gates)) == (code, submissions, healed, healed), said
