@@ -517,13 +517,14 @@ SHIM
 # for as long as the pool lives: a FIFO drops what it holds once nobody has it open), and the
 # environment that hands it to a piece in SF_JOBSERVER_ENV (MAKEFLAGS, the shim first on PATH).
 # Fails, leaving nothing, when NINJA is older than 1.13 (no jobserver client).
+# shellcheck disable=SC2034  # SF_JOBSERVER_ENV: read by install.sh's sf_run_together
 SF_JOBSERVER_FD="" SF_JOBSERVER_ENV=()
 sf_jobserver_open() {
   local dir=$1 slots=$2 ninja=$3 i
-  [[ $slots =~ ^[0-9]{1,4}$ ]] && ((10#$slots >= 1)) || sf_die "job pool: its slots (MAX_JOBS when given) must be a whole number from 1 to 9999, got '$(printf '%s' "${slots:0:40}" | _sf_printable)'"
+  if ! [[ $slots =~ ^[0-9]{1,4}$ ]] || ((10#$slots < 1)); then sf_die "job pool: its slots (MAX_JOBS when given) must be a whole number from 1 to 9999, got '$(printf '%s' "${slots:0:40}" | _sf_printable)'"; fi
   _sf_ninja_ok "$ninja" || return 1
   rm -rf -- "$dir"
-  mkdir -p -m 700 -- "$dir/bin"
+  mkdir -p -- "$dir" && chmod 700 -- "$dir" && mkdir -m 700 -- "$dir/bin"
   mkfifo -m 600 -- "$dir/slots"
   exec {SF_JOBSERVER_FD}<>"$dir/slots"
   for ((i = 0; i < 10#$slots; i++)); do printf +; done >&"$SF_JOBSERVER_FD"
@@ -535,6 +536,7 @@ sf_jobserver_open() {
 # sf_jobserver_close: the pool's FIFO closed (its slots are gone with it).
 sf_jobserver_close() {
   if [[ -n $SF_JOBSERVER_FD ]]; then exec {SF_JOBSERVER_FD}>&-; fi
+  # shellcheck disable=SC2034  # read by install.sh's sf_run_together
   SF_JOBSERVER_FD="" SF_JOBSERVER_ENV=()
 }
 
