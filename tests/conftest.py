@@ -23,7 +23,18 @@ TIERS = {"docker", "ray", "ssh", "slurm", "network", "local", "heavy", "real"}
 DIRECTORY_TIERS = {"integration/slurm": "slurm", "integration/cluster/test_cluster_node_agent.py": "local",
                    "integration/heavy": "heavy"}
 
+# On parallel workers (pytest-xdist, `--dist loadgroup`, as CI runs the lab tier) the tests of one
+# integration module run on one worker, in order: its module-scoped lab, cluster or image is made once.
+# Modules named here share a group, so they run on one worker one after the other: the two container
+# labs pull the same image through one registry store (lab_image.REGISTRY_STORE) and each runs a
+# Docker daemon per host, too much for this machine's two cores at once.
+WORKER_GROUPS = {
+    "integration/cluster/test_run_cluster_container.py": "container-lab",
+    "integration/cluster/test_run_cluster_container_mismatch.py": "container-lab",
+}
 
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     untiered = []
     for item in items:
@@ -33,6 +44,8 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(tier)
         if rel.startswith(("integration/", "real/")) and not {m.name for m in item.iter_markers()} & TIERS:
             untiered.append(item.nodeid)
+        if rel.startswith(("integration/", "real/")) and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(WORKER_GROUPS.get(rel, rel)))
     if untiered:
         raise pytest.UsageError("integration tests without a tier marker (one of " + ", ".join(sorted(TIERS)) + "):\n  "
                                 + "\n  ".join(untiered))
