@@ -23,6 +23,31 @@ TIERS = {"docker", "ray", "ssh", "slurm", "network", "local", "heavy", "real"}
 DIRECTORY_TIERS = {"integration/slurm": "slurm", "integration/cluster/test_cluster_node_agent.py": "local",
                    "integration/heavy": "heavy"}
 
+# On parallel workers (pytest-xdist, `--dist loadfile`, as CI runs the integration tiers) the tests of
+# one module run on one worker, in order: its module-scoped lab, cluster or image is made once. Modules
+# named here share a scope as well, so they run on one worker one after the other: the two container
+# labs pull the same image through one registry store (lab_image.REGISTRY_STORE) and each runs a
+# Docker daemon per host, too much for this machine's two cores at once. (Not xdist_group marks:
+# pytest-xdist 3.8's --dist loadgroup renames node ids, which pytest 9 no longer reads back.)
+WORKER_GROUPS = {
+    "tests/integration/cluster/test_run_cluster_container.py": "container-lab",
+    "tests/integration/cluster/test_run_cluster_container_mismatch.py": "container-lab",
+}
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without it
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") != "loadfile":
+        return None  # xdist's own scheduler for the other modes
+    from xdist.scheduler import LoadFileScheduling
+
+    class GroupedFiles(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return WORKER_GROUPS.get(path, path)
+
+    return GroupedFiles(config, log)
+
 
 def pytest_collection_modifyitems(config, items):
     untiered = []

@@ -321,7 +321,9 @@ def test_run_stop_head_stops_only_a_container_labelled_for_this_run(env, base_im
 
     def container(run_token: str) -> str:
         (run.path / "container.id").unlink(missing_ok=True)
-        subprocess.run(["docker", "run", "-d", "--rm", "--cidfile", str(run.path / "container.id"), "--label", f"slimeforge.exp_id={recipe.exp_id}",
+        # --init, as the launch's own `docker run` has: PID 1 passes `docker stop`'s SIGTERM on to the
+        # sleep (a bare `sleep` as PID 1 ignores it, and docker stop would wait its whole 60 s).
+        subprocess.run(["docker", "run", "-d", "--rm", "--init", "--cidfile", str(run.path / "container.id"), "--label", f"slimeforge.exp_id={recipe.exp_id}",
                         "--label", f"slimeforge.run_token={run_token}", "--entrypoint", "sleep", base_image, "300"], check=True, capture_output=True)
         started.append((run.path / "container.id").read_text().strip())
         return started[-1]

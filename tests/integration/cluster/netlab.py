@@ -29,6 +29,7 @@ Used by tests/integration/cluster/conftest.py and benchmarks/cluster_bench.py.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import re
@@ -36,6 +37,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -161,7 +163,6 @@ class NetLab:
         return self
 
     def _start(self) -> None:
-        self.subnet = self._pick_subnet()
         self.workdir.mkdir(mode=0o700)
         (self.workdir / "cm").mkdir(mode=0o700)
         self._netns_add(self.switch)
@@ -172,7 +173,13 @@ class NetLab:
         self._root_link = f"{self.tag}r"
         sh("ip", "link", "add", self._root_link, "type", "veth", "peer", "name", "up0", "netns", self.switch)
         sh("ip", "-n", self.switch, "link", "set", "up0", "master", "br0", "up")
-        sh("ip", "addr", "add", f"{self.gateway}/24", "dev", self._root_link)
+        # Labs start at once in parallel workers (pytest-xdist) and other sessions on this machine:
+        # one at a time picks a subnet and claims it (the gateway's address in the root namespace),
+        # so two labs never draw the same 10.213.X between one's look and its claim.
+        with open(Path(tempfile.gettempdir()) / "slimeforge-netlab-subnet.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.subnet = self._pick_subnet()
+            sh("ip", "addr", "add", f"{self.gateway}/24", "dev", self._root_link)
         sh("ip", "link", "set", self._root_link, "up")
 
         self._keys()
