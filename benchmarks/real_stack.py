@@ -150,6 +150,12 @@ def base_image(work: Path, python: str) -> None:
 # --- install ---------------------------------------------------------------------------------
 
 STEP_DONE = re.compile(r"slimeforge: step (?:[0-9]+/[0-9]+ )?(\S+): done in (\d+)s")
+COMPILED = re.compile(r"slimeforge: step (?:[0-9]+/[0-9]+ )?(\S+): compiled in (\d+)s")  # a piece compiled side by side
+
+
+def machine() -> dict[str, object]:
+    """What a figure was measured on and beside: the cores and the load average (1, 5, 15 min)."""
+    return {"cores": os.cpu_count(), "loadavg": Path("/proc/loadavg").read_text().split()[:3]}
 
 
 def invoke(args: list[str], env: dict[str, str], log: Path) -> tuple[int, float, str]:
@@ -201,9 +207,11 @@ def install(work: Path, results: dict) -> None:
     for s in sources():
         args += ["--source", s]
     env = run_env(work)
+    before = machine()
     rc, secs, out = invoke(args, env, work / "install.log")
     steps = {m.group(1): int(m.group(2)) for m in STEP_DONE.finditer(out)}
-    results["install"] = {"rc": rc, "seconds": round(secs), "steps": steps, "stamp": stamp()}
+    results["install"] = {"rc": rc, "seconds": round(secs), "steps": steps, "stamp": stamp(), "before": before, "after": machine(),
+                          "compiled": {m.group(1): int(m.group(2)) for m in COMPILED.finditer(out)}}
     if rc != 0:
         raise SystemExit(f"install failed (exit {rc}); log {work / 'install.log'}")
     venv = prefix / "venv"
@@ -225,8 +233,9 @@ def build(work: Path, results: dict) -> None:
     args = ["build", "--stack", str(work / "stack" / "cu13.yaml")]
     for s in sources():
         args += ["--source", s]
+    before = machine()
     rc, secs, out = invoke(args, run_env(work), work / "build.log")
-    results["build"] = {"rc": rc, "seconds": round(secs), "stamp": stamp()}
+    results["build"] = {"rc": rc, "seconds": round(secs), "stamp": stamp(), "before": before, "after": machine()}
     if rc != 0:
         raise SystemExit(f"build failed (exit {rc}); log {work / 'build.log'}")
     m = re.search(r"^report (\S+) ", out, re.M)
@@ -234,6 +243,17 @@ def build(work: Path, results: dict) -> None:
     results["build"].update({"image": report["tag"], "image_bytes": report["size"], "build_seconds": report["build_duration_s"],
                              "compiled": report["compiled"],
                              "steps": {s["name"]: s.get("duration_s") for s in report["steps"]}})
+    # The image by layer, directory and duplicate (benchmarks/image_size.py), beside its log.
+    from image_size import measure
+    from image_size import report as size_report
+    try:
+        sizes = measure(report["tag"], 15)
+    except SystemExit as exc:  # a measurement: its failure is said, the build's result stands
+        results["build"]["image_size"] = {"error": str(exc)}
+        return
+    write_file(work / "image-size.txt", size_report(sizes) + "\n")
+    results["build"]["image_size"] = {k: sizes[k] for k in ("files_bytes", "layers_bytes", "hidden_by_later_layers",
+                                                            "duplicates_extra", "duplicate_libraries_extra", "leftovers")}
 
 
 def main() -> None:
