@@ -4,6 +4,7 @@ host, with per-step times, sizes and the checks a user would make afterwards.
     python benchmarks/real_stack.py prepare   # the test copy of the stack, its lock, the base image
     python benchmarks/real_stack.py install   # invoke install, then pip check, patches, a no-op re-run
     python benchmarks/real_stack.py build     # invoke build of the same stack, compiled steps from the store
+    python benchmarks/real_stack.py build --force  # again, though up to date (after pruning BuildKit's layer cache)
     python benchmarks/real_stack.py all
 
 What this workplace forces, and nothing else, is changed, in a test copy of the stack under
@@ -150,6 +151,12 @@ def base_image(work: Path, python: str) -> None:
 # --- install ---------------------------------------------------------------------------------
 
 STEP_DONE = re.compile(r"slimeforge: step (?:[0-9]+/[0-9]+ )?(\S+): done in (\d+)s")
+COMPILED = re.compile(r"slimeforge: step (?:[0-9]+/[0-9]+ )?(\S+): compiled in (\d+)s")  # a piece compiled side by side
+
+
+def machine() -> dict[str, object]:
+    """What a figure was measured on and beside: the cores and the load average (1, 5, 15 min)."""
+    return {"cores": os.cpu_count(), "loadavg": Path("/proc/loadavg").read_text().split()[:3]}
 
 
 def invoke(args: list[str], env: dict[str, str], log: Path) -> tuple[int, float, str]:
@@ -201,9 +208,11 @@ def install(work: Path, results: dict) -> None:
     for s in sources():
         args += ["--source", s]
     env = run_env(work)
+    before = machine()
     rc, secs, out = invoke(args, env, work / "install.log")
     steps = {m.group(1): int(m.group(2)) for m in STEP_DONE.finditer(out)}
-    results["install"] = {"rc": rc, "seconds": round(secs), "steps": steps, "stamp": stamp()}
+    results["install"] = {"rc": rc, "seconds": round(secs), "steps": steps, "stamp": stamp(), "before": before, "after": machine(),
+                          "compiled": {m.group(1): int(m.group(2)) for m in COMPILED.finditer(out)}}
     if rc != 0:
         raise SystemExit(f"install failed (exit {rc}); log {work / 'install.log'}")
     venv = prefix / "venv"
@@ -221,12 +230,13 @@ def install(work: Path, results: dict) -> None:
 # --- build -----------------------------------------------------------------------------------
 
 
-def build(work: Path, results: dict) -> None:
-    args = ["build", "--stack", str(work / "stack" / "cu13.yaml")]
+def build(work: Path, results: dict, force: bool = False) -> None:
+    args = ["build", "--stack", str(work / "stack" / "cu13.yaml"), *(["--force"] if force else [])]
     for s in sources():
         args += ["--source", s]
+    before = machine()
     rc, secs, out = invoke(args, run_env(work), work / "build.log")
-    results["build"] = {"rc": rc, "seconds": round(secs), "stamp": stamp()}
+    results["build"] = {"rc": rc, "seconds": round(secs), "stamp": stamp(), "before": before, "after": machine()}
     if rc != 0:
         raise SystemExit(f"build failed (exit {rc}); log {work / 'build.log'}")
     m = re.search(r"^report (\S+) ", out, re.M)
@@ -234,12 +244,25 @@ def build(work: Path, results: dict) -> None:
     results["build"].update({"image": report["tag"], "image_bytes": report["size"], "build_seconds": report["build_duration_s"],
                              "compiled": report["compiled"],
                              "steps": {s["name"]: s.get("duration_s") for s in report["steps"]}})
+    # The image by layer, directory and duplicate (benchmarks/image_size.py), beside its log.
+    from image_size import measure
+    from image_size import report as size_report
+    try:
+        sizes = measure(report["tag"], 15)
+    except SystemExit as exc:  # a measurement: its failure is said, the build's result stands
+        results["build"]["image_size"] = {"error": str(exc)}
+        return
+    write_file(work / "image-size.txt", size_report(sizes) + "\n")
+    results["build"]["image_size"] = {k: sizes[k] for k in ("files_bytes", "layers_bytes", "hidden_by_later_layers",
+                                                            "duplicates_extra", "duplicate_libraries_extra", "leftovers")}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("phase", choices=["prepare", "install", "build", "all"])
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/slimeforge-real"))
+    ap.add_argument("--force", action="store_true",
+                    help="build: even when the image is up to date (the store-hit figure: after `docker builder prune --filter type=regular`)")
     a = ap.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
     res_file = a.work / "results.json"
@@ -251,7 +274,7 @@ def main() -> None:
         if a.phase in ("install", "all"):
             install(a.work, results)
         if a.phase in ("build", "all"):
-            build(a.work, results)
+            build(a.work, results, a.force)
     finally:
         write_file(res_file, json.dumps(results, indent=2) + "\n")
         print(json.dumps(results, indent=2))

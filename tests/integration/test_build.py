@@ -134,6 +134,8 @@ def test_report_names_the_largest_directories_of_the_venv(first):
     assert 3 <= len(largest) <= 10 and [b for _, b in largest] == sorted((b for _, b in largest), reverse=True)
     assert sum(b for _, b in largest) <= sizes["bytes"]
     assert any(p.endswith("site-packages/setuptools") for p, _ in largest)  # the build-tools step's largest
+    # Files there twice were looked for (the test stack's venv and base have none of 1 MiB twice).
+    assert sizes["duplicates_bytes"] == sum(d["bytes"] * (d["copies"] - 1) for d in sizes["duplicates"])
     script = 'for p; do printf "%s\\n" "$(du -sb "/opt/venv/$p" | cut -f1)"; done'
     out = subprocess.run(["docker", "run", "--rm", first["tag"], "sh", "-c", script, "_", *[p for p, _ in largest]],
                          capture_output=True, text=True, check=True).stdout.split()

@@ -126,6 +126,11 @@ class VenvSizes:
     venv: str
     total: int  # bytes (the record's key `bytes`)
     largest: list[tuple[str, int]]
+    # Files of one name and size in two places (venv and the base's CUDA toolkit): (name, bytes,
+    # copies, absolute paths), the most wasteful first, and the bytes beyond each first copy over
+    # all of them; None from a record made before they were measured.
+    duplicates: list[tuple[str, int, int, list[str]]] = field(default_factory=list)
+    duplicates_bytes: int | None = None
 
     @classmethod
     def from_dict(cls, doc: Any, where: str = "the venv sizes record") -> VenvSizes:
@@ -148,7 +153,26 @@ class VenvSizes:
             rows.append((path, _size(item.get("bytes"), f"{where}: `largest[{i}].bytes`")))
         if [b for _, b in rows] != sorted((b for _, b in rows), reverse=True):
             raise ReportError(f"{where}: `largest` is not ordered largest first")
-        return cls(venv, _size(doc.get("bytes"), f"{where}: `bytes`"), rows)
+        if doc.get("duplicates_bytes") is None:
+            return cls(venv, _size(doc.get("bytes"), f"{where}: `bytes`"), rows)
+        dups = doc.get("duplicates")
+        if not isinstance(dups, list) or len(dups) > VENV_SIZES_TOP:
+            raise ReportError(f"{where}: `duplicates` is not a list of at most {VENV_SIZES_TOP} files")
+        found = []
+        for i, d in enumerate(dups):
+            d = d if isinstance(d, dict) else {}
+            name, copies, paths = _path_of(d.get("name"), absolute=False), d.get("copies"), d.get("paths")
+            if name is None or "/" in name:
+                raise ReportError(f"{where}: `duplicates[{i}].name` is {printable(repr(d.get('name'))[:80])}, expected a file name (printable, "
+                                  f"at most {_SHOWN_MAX} characters)")
+            if isinstance(copies, bool) or not isinstance(copies, int) or not 2 <= copies <= 1 << 20:
+                raise ReportError(f"{where}: `duplicates[{i}].copies` is {copies!r:.80}, expected a whole number from 2")
+            if not isinstance(paths, list) or not 0 < len(paths) <= 4 or any(_path_of(p, absolute=True) is None for p in paths):
+                raise ReportError(f"{where}: `duplicates[{i}].paths` is not a list of 1 to 4 absolute paths (printable, at most "
+                                  f"{_SHOWN_MAX} characters)")
+            found.append((name, _size(d.get("bytes"), f"{where}: `duplicates[{i}].bytes`"), copies, [str(p) for p in paths]))
+        return cls(venv, _size(doc.get("bytes"), f"{where}: `bytes`"), rows, found,
+                   _size(doc.get("duplicates_bytes"), f"{where}: `duplicates_bytes`"))
 
     @classmethod
     def parse(cls, data: bytes, where: str) -> VenvSizes:
@@ -164,11 +188,19 @@ class VenvSizes:
         return cls.from_dict(doc, where)
 
     def to_json(self) -> dict[str, object]:
-        return {"venv": self.venv, "bytes": self.total, "largest": [{"path": p, "bytes": b} for p, b in self.largest]}
+        doc: dict[str, object] = {"venv": self.venv, "bytes": self.total, "largest": [{"path": p, "bytes": b} for p, b in self.largest]}
+        if self.duplicates_bytes is not None:
+            doc["duplicates_bytes"] = self.duplicates_bytes
+            doc["duplicates"] = [{"name": n, "bytes": b, "copies": c, "paths": ps} for n, b, c, ps in self.duplicates]
+        return doc
 
     def lines(self) -> list[str]:
         rows = [f"venv {printable(self.venv)}: {self.total / 1e9:.2f} GB; largest directories:"]
         rows += [f"  {b / 1e9:>7.2f} GB  {printable(p)}" for p, b in self.largest]
+        if self.duplicates_bytes is not None:
+            rows.append(f"files there twice (venv and the base's CUDA toolkit; same name and size): {self.duplicates_bytes / 1e9:.2f} GB "
+                        "beyond the first copies; largest:")
+            rows += [f"  {b * (c - 1) / 1e9:>7.2f} GB  {printable(n)} x{c}: {printable(' '.join(ps))[:160]}" for n, b, c, ps in self.duplicates[:5]]
         return rows
 
 
