@@ -12,7 +12,8 @@ _.from_yaml  # SlimeRunner.from_yaml
 _.to_yaml  # SlimeRunner.to_yaml
 _.train  # SlimeRunner.train
 _.__signature__  # read by inspect.signature() and help()
-_.launch  # run/launch.py launch(recipe, stack, **options): a parsed recipe on `invoke run`'s path (docs/run.md's Python API)
+# run/launch.py launch(recipe, stack, **options): a parsed recipe on `invoke run`'s path (docs/run.md's Python API)
+_.launch
 
 # pydantic reads these class attributes.
 _.model_config  # slimeforge/schema.py: Model's settings
@@ -27,7 +28,8 @@ _.renderable_flags  # run/slime_facts.py SlimeFacts (tests/unit/test_render.py c
 # the library or the user's own tools): slimeforge/run and slimeforge/cluster.
 _.is_head_node, _.resources_total  # cluster/agent.py RayNode
 _.ray_process, _.gpus_seen, _.gpus_ray  # cluster/statustable.py StatusRow
-_.backend, _.agentcore_runtime_arn, _.rollout_output_s3, _.experiment_name, _.max_pool_connections  # run/flags.py AgentCoreConfig
+# run/flags.py AgentCoreConfig
+_.backend, _.agentcore_runtime_arn, _.rollout_output_s3, _.experiment_name, _.max_pool_connections
 _.rollout_session_backend, _.max_rollout_time, _.tps_limit  # run/flags.py AgentCoreConfig
 _.train_args  # run/targets/base.py PlanDoc
 _.head_pid  # run/targets/jobs.py JobStatusDoc
@@ -37,7 +39,8 @@ _.enroot_said, _.squashfs, _.head_only  # run/targets/slurm.py EnrootImage, Node
 # Set on a library object, read by that library.
 _.hook_mode  # scripts/kernel_check.py: torch_memory_saver.hook_mode = "torch" (its setter picks the hook)
 
-# io.RawIOBase's protocol, called by io.BufferedReader (image/publish/layerpush.py _ChunkReader: the `docker save` stream).
+# io.RawIOBase's protocol, called by io.BufferedReader (image/publish/layerpush.py _ChunkReader: the `docker save`
+# stream).
 _.readable
 _.readinto
 
@@ -58,13 +61,15 @@ _.RAY_AGENT_PORT  # run/targets/slurm.py: the port tests/integration/slurm holds
 
 # Kept for the tests, which prove processes with them; the code does it through scripts/procproof.py.
 _.pid_alive  # proc.py: the one liveness test of tests/launch_support.py, test_launch and the cluster lab tests
-_.stat_start_time  # run/ownership.py: the start time of /proc/PID/stat as ownership's unit tests read it (procproof.parse_stat)
+# run/ownership.py: the start time of /proc/PID/stat as ownership's unit tests read it (procproof.parse_stat)
+_.stat_start_time
 
 # urllib's OpenerDirector calls a handler's `<scheme>_open` by name (image/remote/registry.py's deadline handler).
 _.http_open
 _.https_open
 
-# The text stream protocol (slimeforge/cli.py AsTyped stands in for sys.stdout and sys.stderr: whoever writes lines calls it).
+# The text stream protocol (slimeforge/cli.py AsTyped stands in for sys.stdout and sys.stderr: whoever writes lines
+# calls it).
 _.writelines
 
 # TypedDict keys, read by subscript (`step["slice"]`, `summary["named_by_stack"]`) or by a template.

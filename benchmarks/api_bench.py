@@ -29,7 +29,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from helpers import free_port  # noqa: E402
-from launch_support import VENV_BIN, fake_nvidia_smi, head_extra_args, make_recipe, short_tmp, slime_in_place, stop_recorded_head  # noqa: E402
+from launch_support import (  # noqa: E402
+    VENV_BIN,
+    fake_nvidia_smi,
+    head_extra_args,
+    make_recipe,
+    short_tmp,
+    slime_in_place,
+    stop_recorded_head,
+)
 
 from slimeforge import SlimeRunner  # noqa: E402
 from slimeforge.run.headstate import state_dir  # noqa: E402
@@ -37,7 +45,8 @@ from slimeforge.run.headstate import state_dir  # noqa: E402
 
 def guide_kwargs(work: Path, exp_id: str) -> dict:
     """The guide's keyword arguments, for the temp environment (make_recipe's mode left out: in place)."""
-    data = make_recipe(work, exp_id=exp_id, ray_port=free_port(), ray_dashboard_port=free_port(), gateway_port=free_port())
+    data = make_recipe(work, exp_id=exp_id, ray_port=free_port(), ray_dashboard_port=free_port(),
+                       gateway_port=free_port())
     del data["mode"], data["env"]
     return data
 
@@ -59,7 +68,8 @@ def one_train(work: Path) -> dict[str, float]:
     if code != 0:
         raise SystemExit(f"train() returned {code}:\n{out.getvalue()[-3000:]}")
     started = json.loads((slime / "record.json").read_text())["started"]
-    preflight = float(re.search(r"error\(s\), \d+ warning\(s\) in ([0-9.]+) s", out.getvalue()).group(1))  # type: ignore[union-attr]
+    said = re.search(r"error\(s\), \d+ warning\(s\) in ([0-9.]+) s", out.getvalue())
+    preflight = float(said.group(1))  # type: ignore[union-attr]
     return {"to_running": started - t0, "preflight": preflight, "train_returns": done}
 
 
@@ -80,7 +90,8 @@ def main() -> None:
                            ("preflight", "  of which the preflight (catalog made in place)"),
                            ("train_returns", "train() -> it returns 0 (job done, logs streamed)")):
             vals = [r[key] for r in runs]
-            print(f"{label:<50} median {statistics.median(vals):6.2f} s  (min {min(vals):.2f}, max {max(vals):.2f}, n={len(vals)})")
+            print(f"{label:<50} median {statistics.median(vals):6.2f} s  (min {min(vals):.2f}, max {max(vals):.2f}, "
+                  f"n={len(vals)})")
 
 
 if __name__ == "__main__":

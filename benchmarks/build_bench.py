@@ -39,7 +39,8 @@ def main() -> None:
 
     def run(stack: Path, **kw) -> tuple[dict, float]:
         t = time.monotonic()
-        built = build(BuildOptions(stack=str(stack), sources=sources, build_root=root / "out", repository=REPO, echo=lambda s: None, **kw))
+        built = build(BuildOptions(stack=str(stack), sources=sources, build_root=root / "out", repository=REPO,
+                                   echo=lambda s: None, **kw))
         report = built.to_json()  # report.json's keys (build() returns the BuildReport)
         made.append(report["image_id"])
         return report, time.monotonic() - t
@@ -52,7 +53,8 @@ def main() -> None:
         noop_times = []
         for _ in range(3):
             t = time.monotonic()
-            subprocess.run([sys.executable, "-m", "invoke", "build", "--stack", str(root / "fresh.yaml"), "--repository", REPO,
+            subprocess.run([sys.executable, "-m", "invoke", "build", "--stack", str(root / "fresh.yaml"),
+                            "--repository", REPO,
                             "--source", sources[0], "--source", sources[1]], cwd=ROOT, check=True, capture_output=True)
             noop_times.append(time.monotonic() - t)
         size_with = full["size"]
@@ -72,8 +74,10 @@ def main() -> None:
                                   "without_cache_mounts": round((size_without - base_size) / 1e6, 1)},
         }, indent=2))
     finally:
-        refs = subprocess.run(["docker", "images", REPO, "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True).stdout.split()
-        subprocess.run(["docker", "rmi", *refs, *made[-1:]], capture_output=True)  # our tags, and the untagged no-cache-mounts image
+        refs = subprocess.run(["docker", "images", REPO, "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
+                              text=True).stdout.split()
+        subprocess.run(["docker", "rmi", *refs, *made[-1:]],
+                       capture_output=True)  # our tags, and the untagged no-cache-mounts image
 
 
 def _fresh_commit(slime: Path) -> str:
@@ -82,11 +86,13 @@ def _fresh_commit(slime: Path) -> str:
     (slime / "slime" / "bench.py").write_text(f"NONCE = {time.time_ns()}\n")
     subprocess.run(["git", "-C", str(slime), "add", "-A"], check=True, env=env)
     subprocess.run(["git", "-C", str(slime), "commit", "-q", "-m", "bench"], check=True, env=env)
-    return subprocess.run(["git", "-C", str(slime), "rev-parse", "HEAD"], check=True, env=env, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(["git", "-C", str(slime), "rev-parse", "HEAD"], check=True, env=env, capture_output=True,
+                          text=True).stdout.strip()
 
 
 def _size(ref: str) -> int:
-    return int(subprocess.run(["docker", "image", "inspect", "--format", "{{.Size}}", ref], capture_output=True, text=True, check=True).stdout)
+    return int(subprocess.run(["docker", "image", "inspect", "--format", "{{.Size}}", ref], capture_output=True,
+                              text=True, check=True).stdout)
 
 
 def _size_without_cache_mounts(build_dir: Path, argv: list[str]) -> tuple[int, str]:

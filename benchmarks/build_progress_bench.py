@@ -7,9 +7,9 @@ Figures:
 - first_step_line_s: to the first line naming a Dockerfile step ("step N/M" or BuildKit's "[N/M]");
 - longest_step: the step that ran longest (build.log), when BuildKit started it, and when the
   screen first named it (before progress lines, a step was named only once it had ended);
-- lines: how many lines the build printed; total_s; timeline: the first lines, each with its time; last_lines: the end (the summary table).
-The build runs twice (--no-cache --force, same build directory): the figures are the second
-run's, when the last run's time of each step is known (the estimates appear where the code has them).
+- lines: how many lines the build printed; total_s; timeline: the first lines, each with its time; last_lines: the end
+(the summary table). The build runs twice (--no-cache --force, same build directory): the figures are the second run's,
+when the last run's time of each step is known (the estimates appear where the code has them).
 
 Run from the repository root:  python benchmarks/build_progress_bench.py [--checkout DIR]
 --checkout: run the tasks.py and slimeforge of another checkout (e.g. `git archive` of an older
@@ -42,7 +42,8 @@ DONE = re.compile(r"^#(\d+) DONE (\d+(?:\.\d+)?)s$")
 
 def timed_lines(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, list[tuple[float, str]]]:
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1)
     assert proc.stdout is not None
     lines = [(time.monotonic() - t0, line.rstrip("\n")) for line in proc.stdout]
     return proc.wait(), lines
@@ -69,7 +70,8 @@ def main() -> None:
     repos = bs.make_repos(root / "repos")
     out = root / "out"
     env = {**os.environ, "PYTHONPATH": str(checkout), "SLIMEFORGE_COMPILED_STORE": str(root / "store")}
-    argv = [sys.executable, "-m", "invoke", "build", "--stack", str(bs.TEST_STACK), "--out", str(out), "--repository", REPO,
+    argv = [sys.executable, "-m", "invoke", "build", "--stack", str(bs.TEST_STACK), "--out", str(out), "--repository",
+            REPO,
             "--source", f"slime={repos['slime']}", "--source", f"libdemo={repos['libdemo']}", "--no-cache", "--force"]
     made: list[str] = []
     try:
@@ -88,7 +90,8 @@ def main() -> None:
             "first_line_s": round(lines[0][0], 2),
             "first_line": lines[0][1][:120],
             "first_step_line_s": round(next(t for t, text in lines if STEP_LINE.search(text)), 2),
-            "longest_step": {"name": name, "seconds": seconds, "first_named_at_s": round(named[0], 2) if named else None,
+            "longest_step": {"name": name, "seconds": seconds, "first_named_at_s": round(named[0],
+                                                                                         2) if named else None,
                              "ended_at_s": round(named[-1], 2) if named else None},
             "estimates_shown": sum("(last run " in text for _, text in lines),
             "lines": len(lines),

@@ -37,7 +37,8 @@ def main() -> None:
             opts.slime = str(fs.write(Path(tmp) / "slime", fs.slime_files(inline_megatron=False)))
             opts.megatron = str(fs.write(Path(tmp) / "Megatron-LM", fs.MEGATRON_FILES))
         out = Path(tmp) / "flags.json"
-        argv = [sys.executable, "-m", "invoke", "flags.catalog", "--python", opts.python, "--slime", opts.slime, "--out", str(out)]
+        argv = [sys.executable, "-m", "invoke", "flags.catalog", "--python", opts.python, "--slime", opts.slime,
+                "--out", str(out)]
         if opts.megatron:
             argv += ["--megatron", opts.megatron]
         times = []
@@ -53,9 +54,11 @@ def main() -> None:
         opts_ = p["options"]
         sg = sum(o.startswith("--sglang-") for o in opts_)
         rt = sum(o.startswith("--router-") for o in opts_)
-        print(f"  {len(opts_):>4} options ({sg} --sglang-*, {rt} --router-*)  add_help={p['add_help']!s:<5}  {p['built_by']}")
+        print(f"  {len(opts_):>4} options ({sg} --sglang-*, {rt} --router-*)  add_help={p['add_help']!s:<5}  "
+              f"{p['built_by']}")
     print(f"  {len(doc['flags'])} distinct --options in all; stopped_by: {doc['stopped_by']}")
-    print(f"invoke flags.catalog, {opts.runs} runs: min {min(times):.1f} s, median {statistics.median(times):.1f} s, max {max(times):.1f} s")
+    print(f"invoke flags.catalog, {opts.runs} runs: min {min(times):.1f} s, median {statistics.median(times):.1f} s, "
+          f"max {max(times):.1f} s")
 
 
 if __name__ == "__main__":

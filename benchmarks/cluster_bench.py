@@ -49,7 +49,8 @@ def inventory(lab: NetLab, n: int, path: Path) -> Path:
         "ssh": {"config": str(lab.ssh_config), "connect_timeout": 5},
         "ray": {"num_cpus": 1, "object_store_memory": 100 * 1024 * 1024, "start_timeout": 300},
         "hosts": [
-            {"name": h.name, "address": h.ip, "role": "head" if i == 0 else "worker", "gpus": 2, "temp_dir": f"{w}/b{n}{h.name}"}
+            {"name": h.name, "address": h.ip, "role": "head" if i == 0 else "worker", "gpus": 2,
+             "temp_dir": f"{w}/b{n}{h.name}"}
             for i, h in enumerate(lab.hosts[:n])
         ],
     }
@@ -119,7 +120,8 @@ def main() -> int:
                 leftover = lab.ray_processes()
                 assert not leftover, f"cluster.down left Ray processes: {leftover}"
                 ends = ", ".join(f"{k} {v:.1f}" for k, v in phases[n][-1].items())
-                print(f"run {run + 1}: {n} host(s): up {results[n][-1]:.2f} s (phases done at: {ends}; CPU {usage[n][-1]:.0%} busy), down {downs[n][-1]:.2f} s", flush=True)
+                print(f"run {run + 1}: {n} host(s): up {results[n][-1]:.2f} s (phases done at: {ends}; CPU "
+                      f"{usage[n][-1]:.0%} busy), down {downs[n][-1]:.2f} s", flush=True)
     finally:
         lab.stop()
     med = {n: statistics.median(v) for n, v in results.items()}
@@ -136,8 +138,10 @@ def main() -> int:
         "ratio_3_over_1": round(ratio, 2),
         "target_ratio": 1.5,
     }
-    print(f"\nbring-up, median of {args.runs}: 1 host {med[1]:.2f} s, 3 hosts {med[3]:.2f} s, ratio {ratio:.2f} (target < 1.5)")
-    print(f"machine CPU busy during bring-up (median): 1 host {statistics.median(usage[1]):.0%}, 3 hosts {statistics.median(usage[3]):.0%} of {os.cpu_count()} cores")
+    print(f"\nbring-up, median of {args.runs}: 1 host {med[1]:.2f} s, 3 hosts {med[3]:.2f} s, ratio {ratio:.2f} "
+          "(target < 1.5)")
+    print(f"machine CPU busy during bring-up (median): 1 host {statistics.median(usage[1]):.0%}, 3 hosts "
+          f"{statistics.median(usage[3]):.0%} of {os.cpu_count()} cores")
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
     return 0 if ratio < 1.5 else 2

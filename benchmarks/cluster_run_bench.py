@@ -58,7 +58,8 @@ def put(lab: NetLab, host, path: Path, text: str) -> None:
 
 
 def invoke(argv: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "invoke", *argv], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "invoke", *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
 
 
 def first_line(r: subprocess.CompletedProcess) -> str:
@@ -75,7 +76,8 @@ def to_running(lab, inv, recipe: Path, out: Path, catalog: Path, address: str) -
 
     close_masters(lab)
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "invoke", "run", str(recipe), "--cluster", str(inv), "--out", str(out), "--catalog", str(catalog),
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "run", str(recipe), "--cluster", str(inv), "--out",
+                             str(out), "--catalog", str(catalog),
                              "--no-network"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     client = JobSubmissionClient(address)
     marks: dict[str, float] = {}
@@ -124,13 +126,18 @@ def main() -> int:
         config = (FIXTURES / "models" / MODEL / "config.json").read_text()
         for h in lab.hosts:
             put(lab, h, local / "models" / MODEL / "config.json", config)
-            put(lab, h, local / "models" / MODEL / "model.safetensors", "w" * 4096)  # the weights: what a checkpoint's size follows
-        put(lab, lab.hosts[0], local / "data" / "train.jsonl", json.dumps({"prompt": "1 + 1?", "metadata": {"answer": "2"}}) + "\n")
+            put(lab, h, local / "models" / MODEL / "model.safetensors",
+                "w" * 4096)  # the weights: what a checkpoint's size follows
+        put(lab, lab.hosts[0], local / "data" / "train.jsonl", json.dumps({"prompt": "1 + 1?",
+                                                                           "metadata": {"answer": "2"}}) + "\n")
         inv = write_inventory(w / "lab.yaml", inventory_data(lab, f"{lab.tag}-rb"))
         recipe = {
-            "exp_id": "sf-run-bench", "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/gsm8k_agent-a1B2c3D4e5",
-            "s3_bucket": "sf-run-bench", "model_dir": str(local / "models" / MODEL), "data_path": str(local / "data" / "train.jsonl"),
-            "model_type": "qwen2.5-3B", "num_gpus": 2, "num_nodes": 3, "tp_size": 1, "rollout_batch_size": 24, "rollout_gpus_per_engine": 1,
+            "exp_id": "sf-run-bench",
+            "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/gsm8k_agent-a1B2c3D4e5",
+            "s3_bucket": "sf-run-bench", "model_dir": str(local / "models" / MODEL),
+            "data_path": str(local / "data" / "train.jsonl"),
+            "model_type": "qwen2.5-3B", "num_gpus": 2, "num_nodes": 3, "tp_size": 1, "rollout_batch_size": 24,
+            "rollout_gpus_per_engine": 1,
             "slime_dir": str(shared / "slime"), "megatron_dir": str(shared / "Megatron-LM"), "mode": "host",
             "checkpoint_dir": str(shared / "ckpt"), "env": {"STANDIN_SLEEP": "300"},
         }
@@ -146,7 +153,8 @@ def main() -> int:
         address = cluster.up(inv, control_dir=lab.control_dir, stream=io.StringIO())
         result["cluster_up_s"] = round(time.perf_counter() - t0, 2)
 
-        marks = [to_running(lab, inv, recipe_file("sleep"), runs_dir / f"run{i}", catalog, address.dashboard) for i in range(args.runs)]
+        marks = [to_running(lab, inv, recipe_file("sleep"), runs_dir / f"run{i}", catalog,
+                            address.dashboard) for i in range(args.runs)]
         result["to_running_s"] = [round(m["running"], 2) for m in marks]
         result["to_submitted_s"] = [round(m["submitted"], 2) for m in marks]
         print(f"invoke run --cluster -> job RUNNING: median {statistics.median(result['to_running_s']):.2f} s "
@@ -156,7 +164,8 @@ def main() -> int:
         full = load_inventory(inv)
         result["preflight"] = {}
         for n in (1, 2, 3):
-            sub = write_inventory(w / f"sub{n}.yaml", {**yaml.safe_load(inv.read_text()), "hosts": yaml.safe_load(inv.read_text())["hosts"][:n]})
+            sub = write_inventory(w / f"sub{n}.yaml", {**yaml.safe_load(inv.read_text()),
+                                                       "hosts": yaml.safe_load(inv.read_text())["hosts"][:n]})
             times = []
             for _ in range(args.runs):
                 close_masters(lab)
@@ -172,23 +181,33 @@ def main() -> int:
         refusals = {}
         h3 = lab.hosts[2]
         lab.run_in(h3, ["rm", "-rf", "--", str(local / "models" / MODEL)])
-        r = invoke(["run", str(recipe_file("nomodel")), "--cluster", str(inv), "--out", str(runs_dir / "r1"), "--catalog", str(catalog), "--no-network"])
-        refusals["model missing on h3"] = (r.returncode, first_line(r), next((x for x in r.stderr.splitlines() if x.startswith("h3 ")), ""))
-        put(lab, h3, local / "models" / MODEL / "config.json", config)
-        r = invoke(["run", str(recipe_file("perhost", checkpoint_dir=str(local / "ckpt"))), "--cluster", str(inv), "--out", str(runs_dir / "r2"),
+        r = invoke(["run", str(recipe_file("nomodel")), "--cluster", str(inv), "--out", str(runs_dir / "r1"),
                     "--catalog", str(catalog), "--no-network"])
-        refusals["per-host checkpoint_dir"] = (r.returncode, first_line(r), next((x for x in r.stderr.splitlines() if x.startswith("h2 ")), ""))
+        refusals["model missing on h3"] = (r.returncode, first_line(r),
+                                           next((x for x in r.stderr.splitlines() if x.startswith("h3 ")), ""))
+        put(lab, h3, local / "models" / MODEL / "config.json", config)
+        r = invoke(["run", str(recipe_file("perhost", checkpoint_dir=str(local / "ckpt"))), "--cluster", str(inv),
+                    "--out", str(runs_dir / "r2"),
+                    "--catalog", str(catalog), "--no-network"])
+        refusals["per-host checkpoint_dir"] = (r.returncode, first_line(r),
+                                               next((x for x in r.stderr.splitlines() if x.startswith("h2 ")), ""))
         data = {k: v for k, v in inventory_data(lab, f"{lab.tag}-rc").items() if k not in ("prefix", "python")}
-        data.update(mode="container", image="127.0.0.1:5000/slimeforge@sha256:" + "ab" * 32, container={"volumes": [f"{local}:{local}", f"{shared}:{shared}"]})
+        data.update(mode="container", image="127.0.0.1:5000/slimeforge@sha256:" + "ab" * 32,
+                    container={"volumes": [f"{local}:{local}", f"{shared}:{shared}"]})
         cinv = write_inventory(runs_dir / "container.yaml", data)
         outside = recipe_file("outside", mode="container", data_path="/root/data/train.jsonl")
         r = invoke(["run", str(outside), "--cluster", str(cinv), "--out", str(runs_dir / "r3"), "--dry-run"])
-        refusals["path outside the volumes"] = (r.returncode, first_line(r), r.stderr.splitlines()[1] if len(r.stderr.splitlines()) > 1 else "")
-        r = invoke(["run", str(recipe_file("image", mode="container")), "--cluster", str(cinv), "--out", str(runs_dir / "r4"), "--dry-run",
+        refusals["path outside the volumes"] = (r.returncode, first_line(r),
+                                                r.stderr.splitlines()[1] if len(r.stderr.splitlines()) > 1 else "")
+        r = invoke(["run", str(recipe_file("image", mode="container")), "--cluster", str(cinv), "--out",
+                    str(runs_dir / "r4"), "--dry-run",
                     "--image", "127.0.0.1:5000/slimeforge@sha256:" + "cd" * 32])
-        refusals["another image"] = (r.returncode, first_line(r), r.stderr.splitlines()[1] if len(r.stderr.splitlines()) > 1 else "")
-        r = invoke(["run", str(recipe_file("nodes", num_nodes=4, rollout_batch_size=48)), "--cluster", str(inv), "--out", str(runs_dir / "r5"), "--dry-run"])
-        refusals["num_nodes 4 on 3 hosts"] = (r.returncode, first_line(r), r.stderr.splitlines()[1] if len(r.stderr.splitlines()) > 1 else "")
+        refusals["another image"] = (r.returncode, first_line(r),
+                                     r.stderr.splitlines()[1] if len(r.stderr.splitlines()) > 1 else "")
+        r = invoke(["run", str(recipe_file("nodes", num_nodes=4, rollout_batch_size=48)), "--cluster", str(inv),
+                    "--out", str(runs_dir / "r5"), "--dry-run"])
+        refusals["num_nodes 4 on 3 hosts"] = (r.returncode, first_line(r),
+                                              r.stderr.splitlines()[1] if len(r.stderr.splitlines()) > 1 else "")
         result["refusals"] = refusals
         for what, (code, line, detail) in refusals.items():
             print(f"refusal, {what}: exit {code}: {line}\n    {detail.strip()}")

@@ -46,7 +46,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from slimeforge.image.builder.compilejobs import apex_jobs, apex_shared, compile_jobs, compile_share, jobserver_plan, ninja_takes_jobserver  # noqa: E402  (standard library only)
+from slimeforge.image.builder.compilejobs import (  # noqa: E402  (standard library only)
+    apex_jobs,
+    apex_shared,
+    compile_jobs,
+    compile_share,
+    jobserver_plan,
+    ninja_takes_jobserver,
+)
 
 STEPS_SH = Path(__file__).resolve().parent.parent / "templates" / "steps.sh"
 
@@ -56,10 +63,12 @@ PIECES = {
     "apex": ("apex.tar.gz", {"APEX_CPP_EXT": "1", "APEX_CUDA_EXT": "1", "TORCH_CUDA_ARCH_LIST": ARCH}),
     "tms": ("tms.tar.gz", {"TMS_CUDA_MAJOR": "13", "TORCH_CUDA_ARCH_LIST": ARCH}),
     "te": ("transformer_engine_torch-*.tar.gz",
-           {"NVTE_PYTORCH_FORCE_BUILD": "TRUE", "NVTE_CUDA_ARCHS": ARCH.replace(".", ""), "TORCH_CUDA_ARCH_LIST": ARCH}),
+           {"NVTE_PYTORCH_FORCE_BUILD": "TRUE", "NVTE_CUDA_ARCHS": ARCH.replace(".", ""),
+            "TORCH_CUDA_ARCH_LIST": ARCH}),
 }
 SET_RE = re.compile(r"(series|parallel|jobserver):([0-9]{1,4})(?::([0-9]{1,3}))?(?::([0-9]{1,3}))?")
-RUN_RE = re.compile(r"([a-z0-9][a-z0-9_.-]*):(apex|tms|te):([0-9]{1,4}):((?:[A-Z_][A-Z0-9_]*=[^,]*)(?:,[A-Z_][A-Z0-9_]*=[^,]*)*)?")
+RUN_RE = re.compile(r"([a-z0-9][a-z0-9_.-]*):(apex|tms|te):([0-9]{1,4}):"
+                    r"((?:[A-Z_][A-Z0-9_]*=[^,]*)(?:,[A-Z_][A-Z0-9_]*=[^,]*)*)?")
 
 
 def nvidia_include_dirs() -> list[str]:
@@ -170,7 +179,8 @@ def open_pool(work: Path, slots: int, ninja: str) -> tuple[int, dict[str, str]]:
     for as long as the set compiles (a FIFO drops its bytes once nobody has it open)."""
     version = subprocess.run([ninja, "--version"], capture_output=True, text=True, check=True).stdout
     if not ninja_takes_jobserver(version):
-        raise SystemExit(f"--set jobserver: {ninja} is ninja {version.strip()}; a jobserver client needs 1.13 or later (--ninja)")
+        raise SystemExit(f"--set jobserver: {ninja} is ninja {version.strip()}; a jobserver client needs 1.13 or "
+                         "later (--ninja)")
     script = ('source "$1"; sf_jobserver_open "$2" "$3" "$4" || exit 3; '
               'printf "%s\\0" "${SF_JOBSERVER_ENV[@]}"; sleep 30')
     proc = subprocess.Popen(["bash", "-c", script, "bash", str(STEPS_SH), str(work / "pool"), str(slots), ninja],
@@ -246,7 +256,8 @@ def build_set(mode: str, limit: int, sources: Path, work: Path, ninja: str = "ni
     wall = time.monotonic() - start
     cpu = sum(r["cpu_s"] for r in runs)
     threads_note += " compilers at once: peak {peak_jobs}, mean {mean_jobs}".format(**sampler.summary())
-    return {"set": mode, "note": threads_note, "at_once": at_once, "jobs": jobs, "threads": threads, "wall_s": round(wall, 1),
+    return {"set": mode, "note": threads_note, "at_once": at_once, "jobs": jobs, "threads": threads,
+            "wall_s": round(wall, 1),
             "cpu_s": round(cpu, 1), "cores": cores, "cores_limit_s": round(cpu / cores, 1),
             "ratio": round(wall / (cpu / cores), 2) if cpu else None, "ok": all(r["ok"] for r in runs), "pieces": runs}
 
@@ -266,8 +277,10 @@ def main() -> int:
     for text in args.set:
         m = SET_RE.fullmatch(text)
         if not m:
-            raise SystemExit(f"--set {text!r}: expected series:LIMIT_S, parallel:LIMIT_S or jobserver:LIMIT_S[:APEX_PARALLEL]")
-        sets.append((m.group(1), int(m.group(2)), int(m.group(3)) if m.group(3) else None, int(m.group(4)) if m.group(4) else None))
+            raise SystemExit(f"--set {text!r}: expected series:LIMIT_S, parallel:LIMIT_S or "
+                             "jobserver:LIMIT_S[:APEX_PARALLEL]")
+        sets.append((m.group(1), int(m.group(2)), int(m.group(3)) if m.group(3) else None,
+                     int(m.group(4)) if m.group(4) else None))
     if not runs and not sets:
         raise SystemExit("nothing to do: give --run or --set")
     cores = os.cpu_count() or 1
@@ -280,8 +293,10 @@ def main() -> int:
               f"cores' limit {r['cores_limit_s']:6.1f} s  ratio {r['ratio']}  at once {r['at_once']}, "
               f"MAX_JOBS={r['jobs']} NVCC_THREADS={r['threads']} {r['note']}", flush=True)
         for p in r["pieces"]:
-            print(f"    {p['piece']:5} {'ok' if p['ok'] else 'FAILED':6} wall {p['wall_s']:>7} s  cpu {p['cpu_s']:>7} s  "
-                  f"peak RSS {p['peak_rss_mib']} MiB  {' '.join(f'{k}={v}' for k, v in p['settings'].items())}", flush=True)
+            print(f"    {p['piece']:5} {'ok' if p['ok'] else 'FAILED':6} wall {p['wall_s']:>7} s  cpu {p['cpu_s']:>7} "
+                  "s  "
+                  f"peak RSS {p['peak_rss_mib']} MiB  {' '.join(f'{k}={v}' for k, v in p['settings'].items())}",
+                  flush=True)
             if p["log_tail"]:
                 print(p["log_tail"], flush=True)
     for name, piece, limit, settings in runs:

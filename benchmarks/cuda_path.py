@@ -27,7 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
-VALUE_TYPES = {"BuildOptions", "Stack", "Prepared", "AptStep", "PipStep", "WheelUrlStep", "SourceStep"}  # PlanStep: one of the last four
+VALUE_TYPES = {"BuildOptions", "Stack", "Prepared", "AptStep", "PipStep", "WheelUrlStep",
+               "SourceStep"}  # PlanStep: one of the last four
 
 
 def layer_ranks() -> list[tuple[str, list[list[str]]]]:
@@ -38,7 +39,8 @@ def layer_ranks() -> list[tuple[str, list[list[str]]]]:
         if contract.get("type") != "layers":
             continue
         for container in contract.get("containers", [""]):
-            layers = [[(f"{container}.{m.strip()}" if container else m.strip()) for m in row.split(":")] for row in contract["layers"]]
+            layers = ([[(f"{container}.{m.strip()}" if container else m.strip()) for m in row.split(":")] for row
+                       in contract["layers"]])
             out.append((container, layers))
     return out
 
@@ -84,7 +86,8 @@ def main() -> None:
         return rel if rel.startswith(("slimeforge/", "tasks/")) else None
 
     def profile(frame, event, arg):
-        if done[0] or event != "call" or (rel := project(frame.f_code.co_filename)) is None or frame.f_code.co_name == "<module>":
+        if (done[0] or event != "call" or (rel := project(frame.f_code.co_filename)) is None
+                or frame.f_code.co_name == "<module>"):
             return
         up, caller = frame.f_back, None
         while up is not None:

@@ -26,7 +26,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(opts.runs):
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "invoke", "run", "recipes/gsm8k.yaml", "--dry-run", "--out", f"{tmp}/run{i}"],
+            subprocess.run([sys.executable, "-m", "invoke", "run", "recipes/gsm8k.yaml", "--dry-run", "--out",
+                            f"{tmp}/run{i}"],
                            cwd=ROOT, check=True, capture_output=True)
             times.append(time.perf_counter() - start)
     print(f"invoke run recipes/gsm8k.yaml --dry-run, {opts.runs} runs: "

@@ -30,7 +30,8 @@ def dry_run(root: Path, runs: int) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(runs):
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "invoke", "run", "recipes/gsm8k.yaml", "--dry-run", "--out", f"{tmp}/run{i}"],
+            subprocess.run([sys.executable, "-m", "invoke", "run", "recipes/gsm8k.yaml", "--dry-run", "--out",
+                            f"{tmp}/run{i}"],
                            cwd=root, check=True, capture_output=True)
             times.append(time.perf_counter() - start)
     return times
@@ -86,7 +87,8 @@ def main() -> None:
         print(f"refused: {name}: median {statistics.median(times) * 1000:.1f} ms, max {max(times) * 1000:.1f} ms")
     if opts.fuzz:
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit/hostile/test_fuzz.py"],
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               "tests/unit/hostile/test_fuzz.py"],
                               cwd=ROOT, capture_output=True, text=True)
         took = time.perf_counter() - start
         print(f"fuzz tests (CI settings): {proc.stdout.strip().splitlines()[-1]} in {took:.1f} s wall")

@@ -25,7 +25,8 @@ import hosts_hostile as hh  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", action="store_true", help="print every case's outcome too")
-    ap.add_argument("--cost", action="store_true", help="also time the node agent's record reader per file (median and worst)")
+    ap.add_argument("--cost", action="store_true",
+                    help="also time the node agent's record reader per file (median and worst)")
     args = ap.parse_args()
     if args.cost:
         cost()
@@ -41,7 +42,8 @@ def main() -> None:
     print(f"| class | cases | {' | '.join(outcomes)} |")
     print(f"|---|---|{'---|' * len(outcomes)}")
     for klass in classes:
-        print(f"| {klass} | {sum(counts[klass, o] for o in outcomes)} | {' | '.join(str(counts[klass, o]) for o in outcomes)} |")
+        print(f"| {klass} | {sum(counts[klass, o] for o in outcomes)} | "
+              f"{' | '.join(str(counts[klass, o]) for o in outcomes)} |")
     print(f"| all | {len(rows)} | {' | '.join(str(sum(counts[k, o] for k in classes)) for o in outcomes)} |")
     import slimeforge
 

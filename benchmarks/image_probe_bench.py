@@ -44,7 +44,8 @@ def build_image(work: Path) -> None:
     fs.write(work / "Megatron-LM", fs.MEGATRON_FILES)
     (work / "Dockerfile").write_text(f"FROM {BASE}\nCOPY slime /root/slime\nCOPY Megatron-LM /root/Megatron-LM\n")
     # Debian's docker client runs BuildKit without buildx (DESIGN.md).
-    subprocess.run(["/usr/bin/docker", "build", "-q", "-t", TAG, str(work)], check=True, capture_output=True, env={**os.environ, "DOCKER_BUILDKIT": "1"})
+    subprocess.run(["/usr/bin/docker", "build", "-q", "-t", TAG, str(work)], check=True, capture_output=True,
+                   env={**os.environ, "DOCKER_BUILDKIT": "1"})
 
 
 def main() -> int:
@@ -60,7 +61,8 @@ def main() -> int:
 
         cold, warm, planned, plain = [], [], [], []
         recipe_file = Path(tmp) / "recipe.yaml"
-        recipe_file.write_text(yaml.safe_dump(make_recipe(Path(tmp) / "r", mode="container", slime_dir="/root/slime", megatron_dir="/root/Megatron-LM")))
+        recipe_file.write_text(yaml.safe_dump(make_recipe(Path(tmp) / "r", mode="container", slime_dir="/root/slime",
+                                                          megatron_dir="/root/Megatron-LM")))
         try:
             for _ in range(opts.repeat):
                 shutil.rmtree(cache_dir(), ignore_errors=True)
@@ -76,14 +78,19 @@ def main() -> int:
                 plain.append(plan_seconds(recipe_file, Path(tmp) / "run", probe=False))
         finally:
             subprocess.run(["docker", "image", "rm", TAG], capture_output=True)
-    print(f"flag catalog of {len(facts.catalog.flags)} options from slime's parsers in the image, {opts.repeat} rounds:")
-    print(f"  probed (a container):        median {statistics.median(cold):.2f} s (min {min(cold):.2f}, max {max(cold):.2f})")
-    print(f"  cached by the image's ID:    median {statistics.median(warm) * 1000:.0f} ms (min {min(warm) * 1000:.0f}, max {max(warm) * 1000:.0f};"
+    print(f"flag catalog of {len(facts.catalog.flags)} options from slime's parsers in the image, {opts.repeat} "
+          "rounds:")
+    print(f"  probed (a container):        median {statistics.median(cold):.2f} s (min {min(cold):.2f}, max "
+          f"{max(cold):.2f})")
+    print(f"  cached by the image's ID:    median {statistics.median(warm) * 1000:.0f} ms (min "
+          f"{min(warm) * 1000:.0f}, max {max(warm) * 1000:.0f};"
           " one `docker image inspect`)")
     print("  plan of a container run (resolve + plan, a dry run):")
-    print(f"    for the image's layout:    median {statistics.median(planned) * 1000:.0f} ms (min {min(planned) * 1000:.0f}, max {max(planned) * 1000:.0f};"
+    print(f"    for the image's layout:    median {statistics.median(planned) * 1000:.0f} ms (min "
+          f"{min(planned) * 1000:.0f}, max {max(planned) * 1000:.0f};"
           " the probe's answer cached)")
-    print(f"    without the probe:         median {statistics.median(plain) * 1000:.0f} ms (min {min(plain) * 1000:.0f}, max {max(plain) * 1000:.0f})")
+    print(f"    without the probe:         median {statistics.median(plain) * 1000:.0f} ms (min "
+          f"{min(plain) * 1000:.0f}, max {max(plain) * 1000:.0f})")
     return 0
 
 

@@ -67,7 +67,8 @@ def small_image(client) -> str:
                   "RUN mkdir -p /opt/venv && cp -a /usr/lib/python3* /usr/share/perl* /opt/venv/\n"
                   "RUN head -c 32000000 /dev/urandom > /opt/blob\n"
                   f"RUN echo {marker} > /opt/marker\n")
-    image, _ = client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=f"slimeforge-bench/pull:{marker[:12]}", rm=True)
+    image, _ = client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=f"slimeforge-bench/pull:{marker[:12]}",
+                                   rm=True)
     return image.id
 
 
@@ -79,7 +80,8 @@ def layer_labels(config: dict) -> list[str]:
             continue
         created = h.get("created_by", "")
         m = SF_STEP_RE.search(created)
-        labels.append(m.group(1) if m else re.sub(r"\s+", " ", created.replace("/bin/sh -c #(nop) ", "")).strip()[:60] or "base")
+        labels.append(m.group(1) if m else re.sub(r"\s+", " ", created.replace("/bin/sh -c #(nop) ",
+                                                                               "")).strip()[:60] or "base")
     n = len(config["rootfs"]["diff_ids"])
     return (["base"] * (n - len(labels)) + labels)[-n:] if len(labels) != n else labels
 
@@ -131,7 +133,8 @@ def unpack(blob: Path, compression: str, into: Path) -> tuple[float, int]:
     into.mkdir()
     started = time.monotonic()
     dec = subprocess.Popen([compression, "-dc", str(blob)], stdout=subprocess.PIPE)
-    tar = subprocess.run(["tar", "-x", "--totals", "--numeric-owner", "-C", str(into)], stdin=dec.stdout, capture_output=True, text=True)
+    tar = subprocess.run(["tar", "-x", "--totals", "--numeric-owner", "-C", str(into)], stdin=dec.stdout,
+                         capture_output=True, text=True)
     assert dec.stdout is not None
     dec.stdout.close()
     if dec.wait() != 0 or tar.returncode != 0:
@@ -206,7 +209,8 @@ def transcode_zstd(api: RegistryAPI, host: str, image_id: str, workdir: Path) ->
 def drop_blobs(registry: LocalRegistry, digests: list[str]) -> None:
     """Free the registry's disk of blobs measured already (their files, under its storage)."""
     for digest in digests:
-        shutil.rmtree(registry.workdir / "data/docker/registry/v2/blobs/sha256" / digest[7:9] / digest[7:], ignore_errors=True)
+        shutil.rmtree(registry.workdir / "data/docker/registry/v2/blobs/sha256" / digest[7:9] / digest[7:],
+                      ignore_errors=True)
 
 
 def ctr_pull(host: str, repo: str, tag: str) -> float | None:
@@ -249,7 +253,8 @@ def measure(client, image_id: str, workdir: Path, compressions: list[str], chang
                 drop_blobs(registry, [d["digest"] for d in json.loads(gz.raw)["layers"]])
                 figures, per_layer_push = None, {}
             else:
-                figures = layerpush.push(client, image_id, api, repo, [tag], compression=compression, echo=lambda s: None,
+                figures = layerpush.push(client, image_id, api, repo, [tag], compression=compression,
+                                         echo=lambda s: None,
                                          workdir=workdir).layers
                 per_layer_push = {}
             push_s = time.monotonic() - started
@@ -266,24 +271,32 @@ def measure(client, image_id: str, workdir: Path, compressions: list[str], chang
                 decompress_s, decompress_cpu_s, raw = decompress(blob, compression)
                 unpack_s = unpack(blob, compression, workdir / f"rootfs-{compression}-{i}")[0] if with_unpack else None
                 blob.unlink()
-                push_layer = per_layer_push.get(diff_id[7:19]) if figures is None else (figures[i].compress_s + (figures[i].upload_s or 0))
+                push_layer = (per_layer_push.get(diff_id[7:19]) if figures is None else (figures[i].compress_s
+                                                                                         + (figures[i].upload_s or 0)))
                 layers.append({"index": i + 1, "step": labels[i], "size": desc["size"], "uncompressed": raw,
-                               "push_s": None if push_layer is None else round(push_layer, 3), "download_s": round(download_s, 3),
+                               "push_s": None if push_layer is None else round(push_layer, 3),
+                               "download_s": round(download_s, 3),
                                "decompress_s": round(decompress_s, 3),
-                               "decompress_cpu_s": round(decompress_cpu_s, 3), "unpack_s": None if unpack_s is None else round(unpack_s, 3)})
+                               "decompress_cpu_s": round(decompress_cpu_s, 3),
+                               "unpack_s": None if unpack_s is None else round(unpack_s, 3)})
             pull_s = ctr_pull(registry.host, repo, tag) if with_ctr else None
             first = next((i for i, lay in enumerate(layers) if lay["step"] == changed_step), None)
             out["compressions"][compression] = {
                 "push_s": round(push_s, 2), "pushed_by": ("docker push" if compression == "gzip" else
-                                                          "transcoded from the gzip layers" if transcode else "layerpush (publish)"), "bytes": sum(lay["size"] for lay in layers),
+                                                          "transcoded from the gzip "
+                                                          "layers" if transcode else "layerpush (publish)"),
+                                                "bytes": sum(lay["size"] for lay in layers),
                 "uncompressed": sum(lay["uncompressed"] for lay in layers),
-                "download_s": round(sum(lay["download_s"] for lay in layers), 2), "unpack_s": round(sum(lay["unpack_s"] for lay in layers), 2) if with_unpack else None,
+                "download_s": round(sum(lay["download_s"] for lay in layers), 2),
+                                                "unpack_s": round(sum(lay["unpack_s"] for lay in layers),
+                                                                  2) if with_unpack else None,
                 "decompress_s": round(sum(lay["decompress_s"] for lay in layers), 2),
                 "decompress_cpu_s": round(sum(lay["decompress_cpu_s"] for lay in layers), 2),
                 "containerd_pull_s": None if pull_s is None else round(pull_s, 2),
                 "changed_step": changed_step,
                 "changed_step_bytes": None if first is None else sum(lay["size"] for lay in layers[first:]),
-                "changed_step_uncompressed": None if first is None else sum(lay["uncompressed"] for lay in layers[first:]),
+                "changed_step_uncompressed": None if first is None else sum(lay["uncompressed"] for lay
+                                                                            in layers[first:]),
                 "layers": layers,
             }
     finally:
@@ -297,11 +310,15 @@ def table(result: dict) -> str:
     rows = []
     for compression, r in result["compressions"].items():
         changed = ("is not in the image" if r["changed_step_bytes"] is None else
-                   f"pulls {r['changed_step_bytes'] / 1e6:.1f} MB ({r['changed_step_uncompressed'] / 1e6:.1f} MB unpacked)")
-        rows.append(f"{compression}: {r['bytes'] / 1e6:.1f} MB compressed of {r['uncompressed'] / 1e6:.1f} MB; push {r['push_s']} s, "
-                    f"download {r['download_s']} s, decompress {r['decompress_s']} s ({r['decompress_cpu_s']} CPU s), unpack {r['unpack_s']} s, "
+                   f"pulls {r['changed_step_bytes'] / 1e6:.1f} MB ({r['changed_step_uncompressed'] / 1e6:.1f} MB "
+                   "unpacked)")
+        rows.append(f"{compression}: {r['bytes'] / 1e6:.1f} MB compressed of {r['uncompressed'] / 1e6:.1f} MB; push "
+                    f"{r['push_s']} s, "
+                    f"download {r['download_s']} s, decompress {r['decompress_s']} s ({r['decompress_cpu_s']} CPU s), "
+                    f"unpack {r['unpack_s']} s, "
                     f"containerd pull {r['containerd_pull_s']} s; a change of step {r['changed_step']} {changed}")
-        rows.append(f"  {'#':>3} {'step':<24} {'MB':>9} {'MB raw':>9} {'push s':>8} {'get s':>7} {'decomp s':>9} {'unpack s':>9}")
+        rows.append(f"  {'#':>3} {'step':<24} {'MB':>9} {'MB raw':>9} {'push s':>8} {'get s':>7} {'decomp s':>9} "
+                    f"{'unpack s':>9}")
         for lay in r["layers"]:
             push = "" if lay["push_s"] is None else f"{lay['push_s']:.2f}"
             raw = f"{lay['uncompressed'] / 1e6:.1f}"
@@ -318,14 +335,17 @@ def main() -> int:
     parser.add_argument("--compression", action="append", choices=layerpush.COMPRESSIONS, help="default: both")
     parser.add_argument("--changed-step", default="slime")
     parser.add_argument("--no-containerd", action="store_true", help="skip the end-to-end containerd pull")
-    parser.add_argument("--no-unpack", action="store_true", help="skip tar -x of each layer (containerd's pull unpacks too)")
+    parser.add_argument("--no-unpack", action="store_true",
+                        help="skip tar -x of each layer (containerd's pull unpacks too)")
     parser.add_argument("--transcode", action="store_true",
-                        help="zstd layers made from the pushed gzip ones, one at a time (little disk), not by publish's path")
+                        help="zstd layers made from the pushed gzip ones, one at a time (little disk), not by "
+                             "publish's path")
     parser.add_argument("--workdir", default="/var/tmp")
     parser.add_argument("--json", help="write the figures here too")
     parser.add_argument("--late-tree", action="append", default=[],
                         help="a path in the image (repeatable) whose layer alone a change moves in the new layer order "
-                             "(e.g. /root/slime: the checkout, which is the last step): its size as a layer, per compression")
+                             "(e.g. /root/slime: the checkout, which is the last step): its size as a layer, per "
+                             "compression")
     args = parser.parse_args()
 
     import docker
@@ -338,19 +358,23 @@ def main() -> int:
     image_id = client.images.get(image).id
     try:
         with tempfile.TemporaryDirectory(prefix="sf-pull-bench-", dir=args.workdir) as tmp:
-            result = measure(client, image_id, Path(tmp), args.compression or list(layerpush.COMPRESSIONS), args.changed_step,
+            result = measure(client, image_id, Path(tmp), args.compression or list(layerpush.COMPRESSIONS),
+                             args.changed_step,
                              not args.no_containerd, not args.no_unpack, args.transcode)
         result["ref"] = image
         if args.late_tree:
-            result["late_tree"] = {"paths": args.late_tree, **{c: dict(zip(("uncompressed", "bytes"), tree_bytes(image_id, args.late_tree, c),
+            result["late_tree"] = {"paths": args.late_tree, **{c: dict(zip(("uncompressed", "bytes"),
+                                                                           tree_bytes(image_id, args.late_tree, c),
                                                                              strict=True))
-                                                                 for c in args.compression or list(layerpush.COMPRESSIONS)}}
+                                                                 for c in args.compression
+                                                               or list(layerpush.COMPRESSIONS)}}
     finally:
         if not (args.real or args.image):
             client.api.remove_image(image_id, force=True)  # the small image this run built
     if args.late_tree:
         print(f"a layer of {', '.join(args.late_tree)} alone: " + ", ".join(
-            f"{c} {v['bytes'] / 1e6:.1f} MB ({v['uncompressed'] / 1e6:.1f} MB raw)" for c, v in result["late_tree"].items()
+            f"{c} {v['bytes'] / 1e6:.1f} MB ({v['uncompressed'] / 1e6:.1f} MB raw)" for c,
+                                                                            v in result["late_tree"].items()
             if c in layerpush.COMPRESSIONS))
     print(table(result))
     if args.json:

@@ -89,13 +89,15 @@ def duplicates(files: list[File], venv: str | None, min_size: int = 64 << 10) ->
         if len(paths) > 1:
             sides = sorted({where(p, venv) for p in paths})
             out.append({"name": name, "size": size, "copies": len(paths), "extra": size * (len(paths) - 1),
-                        "between": "-".join(sides) if len(sides) > 1 else f"{sides[0]}-{sides[0]}", "paths": sorted(paths)})
+                        "between": "-".join(sides) if len(sides) > 1 else f"{sides[0]}-{sides[0]}",
+                        "paths": sorted(paths)})
     return sorted(out, key=lambda d: (-d["extra"], d["name"]))
 
 
 def leftovers(files: list[File]) -> dict[str, dict[str, int]]:
     """Bytes (and files) of what building leaves: headers, static libraries, bytecode, tests, docs."""
-    cats: dict[str, dict[str, int]] = {k: {"bytes": 0, "files": 0} for k in ("headers", "static_libraries", "bytecode", "tests", "docs")}
+    cats: dict[str, dict[str, int]] = {k: {"bytes": 0, "files": 0} for k in ("headers", "static_libraries", "bytecode",
+                                                                             "tests", "docs")}
     for f in files:
         parts = PurePosixPath(f.path).parts
         name = parts[-1]
@@ -119,17 +121,20 @@ def leftovers(files: list[File]) -> dict[str, dict[str, int]]:
 def docker(argv: list[str]) -> bytes:
     r = subprocess.run(["docker", *argv], capture_output=True)
     if r.returncode != 0:
-        raise SystemExit(f"docker {argv[0]} failed (exit {r.returncode}): {r.stderr.decode(errors='replace').strip()[-400:]}")
+        raise SystemExit(f"docker {argv[0]} failed (exit {r.returncode}): "
+                         f"{r.stderr.decode(errors='replace').strip()[-400:]}")
     return r.stdout
 
 
 def measure(image: str, top: int) -> dict:
     if not IMAGE.fullmatch(image):
-        raise SystemExit(f"image {image!r:.80}: expected an image reference or id (letters, digits, ._/:@-; not starting with '-')")
+        raise SystemExit(f"image {image!r:.80}: expected an image reference or id (letters, digits, ._/:@-; not "
+                         "starting with '-')")
     cfg = json.loads(docker(["image", "inspect", "--format", "{{json .}}", image]))
     env = dict(e.split("=", 1) for e in (cfg.get("Config") or {}).get("Env") or [] if "=" in e)
     files = parse_find(docker(["run", "--rm", "--network", "none", "--entrypoint", "find", image, *FIND]))
-    venv = env.get("VIRTUAL_ENV") or next((str(PurePosixPath(f.path).parent) for f in files if f.path.endswith("/pyvenv.cfg")), None)
+    venv = (env.get("VIRTUAL_ENV") or next((str(PurePosixPath(f.path).parent) for f in files
+                                            if f.path.endswith("/pyvenv.cfg")), None))
     layers = []
     for line in docker(["history", "--no-trunc", "--format", "{{json .}}", image]).decode().splitlines():
         h = json.loads(line)
@@ -184,7 +189,8 @@ def report(r: dict) -> str:
     rows.append("duplicates (same name and size, bytes beyond the first copy): "
                 + ", ".join(f"{k} {gb(v).strip()}" for k, v in r["duplicates_extra"].items())
                 + f"; of them libraries {gb(r['duplicate_libraries_extra']).strip()}")
-    rows += [f"  {gb(d['extra'])}  {d['name']} x{d['copies']} ({d['between']}): {' | '.join(d['paths'])[:200]}" for d in r["duplicates"]]
+    rows += [f"  {gb(d['extra'])}  {d['name']} x{d['copies']} ({d['between']}): "
+             f"{' | '.join(d['paths'])[:200]}" for d in r["duplicates"]]
     rows.append("left from building:")
     rows += [f"  {gb(v['bytes'])}  {k} ({v['files']} files)" for k, v in r["leftovers"].items()]
     return "\n".join(shown(row) for row in rows)

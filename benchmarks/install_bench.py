@@ -36,11 +36,14 @@ def main() -> None:
     ca = default_ca_bundle()
     if ca:
         argv += ["-v", f"{ca}:/etc/slimeforge-ca.crt:ro", "-e", "SF_CA_BUNDLE=/etc/slimeforge-ca.crt"]
-    cid = subprocess.run([*argv, "slimeforge-test/base:bookworm", "sleep", "infinity"], capture_output=True, text=True, check=True).stdout.strip()
+    cid = subprocess.run([*argv, "slimeforge-test/base:bookworm", "sleep", "infinity"], capture_output=True, text=True,
+                         check=True).stdout.strip()
     try:
         def timed() -> float:
-            out = subprocess.run(["docker", "exec", cid, "bash", "-c", f"s=$(date +%s.%N); bash {script} >/dev/null 2>&1 || exit 1; "
-                                  "e=$(date +%s.%N); echo \"$e - $s\" | bc -l 2>/dev/null || python3 -c \"print($e-$s)\""],
+            out = subprocess.run(["docker", "exec", cid, "bash", "-c",
+                                  f"s=$(date +%s.%N); bash {script} >/dev/null 2>&1 || exit 1; "
+                                  "e=$(date +%s.%N); echo \"$e - $s\" | bc -l 2>/dev/null || python3 -c "
+                                  "\"print($e-$s)\""],
                                  capture_output=True, text=True, check=True).stdout.strip()
             return round(float(out), 3)
 

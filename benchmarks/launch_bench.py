@@ -25,7 +25,15 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from launch_support import VENV_BIN, fake_nvidia_smi, head_extra_args, make_recipe, short_tmp, stop_recorded_head, write_catalog  # noqa: E402
+from launch_support import (  # noqa: E402
+    VENV_BIN,
+    fake_nvidia_smi,
+    head_extra_args,
+    make_recipe,
+    short_tmp,
+    stop_recorded_head,
+    write_catalog,
+)
 
 from slimeforge.run import preflight as doctor  # noqa: E402
 from slimeforge.run.headstate import state_dir  # noqa: E402
@@ -66,7 +74,8 @@ def one_launch(work: Path, env: dict[str, str]) -> dict[str, float]:
     while "running" not in marks and proc.poll() is None:
         if sid_file.exists() and "submit" in marks:
             try:
-                st = JobSubmissionClient(f"http://127.0.0.1:{recipe.ray_dashboard_port}").get_job_status(sid_file.read_text().strip())
+                client = JobSubmissionClient(f"http://127.0.0.1:{recipe.ray_dashboard_port}")
+                st = client.get_job_status(sid_file.read_text().strip())
                 if str(st).endswith("RUNNING"):
                     marks["running"] = time.monotonic() - t0
             except Exception:  # noqa: BLE001 - not submitted yet
@@ -93,7 +102,8 @@ def doctor_time(work: Path, repeat: int) -> tuple[float, float]:
     data = make_recipe(work)
     (work / "recipe.yaml").write_text(yaml.safe_dump(data))
     t = time.monotonic()
-    subprocess.run([sys.executable, "-m", "invoke", "doctor", "--recipe", str(work / "recipe.yaml"), "--catalog", catalog, "--no-network"],
+    subprocess.run([sys.executable, "-m", "invoke", "doctor", "--recipe", str(work / "recipe.yaml"), "--catalog",
+                    catalog, "--no-network"],
                    cwd=ROOT, capture_output=True, check=False)
     return statistics.median(times), time.monotonic() - t
 
@@ -108,14 +118,17 @@ def main() -> None:
                "PATH": f"{fake_nvidia_smi(tmp / 'bin', 'h100-x1')}:{VENV_BIN}:/usr/bin:/bin"}
         os.environ["PATH"] = env["PATH"]
         in_process, cli = doctor_time(tmp / "doctor", opts.repeat * 5)
-        print(f"doctor, no-GPU no-network checks ({', '.join(NO_GPU_NO_NETWORK)}): {in_process * 1000:.0f} ms in process (median), "
+        print(f"doctor, no-GPU no-network checks ({', '.join(NO_GPU_NO_NETWORK)}): {in_process * 1000:.0f} ms in "
+              "process (median), "
               f"{cli:.2f} s for `invoke doctor R --no-network` (whole CLI, incl. the fake nvidia-smi checks)")
         runs = [one_launch(tmp / f"launch{i}", env) for i in range(opts.repeat)]
-        for key, label in (("to_running", "invoke run -> job RUNNING"), ("ray_head", "  of which Ray head start (to Jobs API up)"),
+        for key, label in (("to_running", "invoke run -> job RUNNING"), ("ray_head",
+                                                                         "  of which Ray head start (to Jobs API up)"),
                            ("before_head", "  of which before the head (CLI, render, preflight)"),
                            ("submit_to_running", "  of which submit -> RUNNING (Ray's job supervisor)")):
             vals = [r[key] for r in runs]
-            print(f"{label:<52} median {statistics.median(vals):6.2f} s  (min {min(vals):.2f}, max {max(vals):.2f}, n={len(vals)})")
+            print(f"{label:<52} median {statistics.median(vals):6.2f} s  (min {min(vals):.2f}, max {max(vals):.2f}, "
+                  f"n={len(vals)})")
 
 
 if __name__ == "__main__":

@@ -54,7 +54,8 @@ def main() -> int:
     size, slices = wheel_bytes(ROOT / "images" / "locks" / f"pylock.{args.cuda}.toml")
     weight = {step: sum(size.get(n, 0) for n in names) for step, names in slices.items()}
     before = [(s.name, weight.get(s.name, 0)) for s in stack.plan]
-    after = [(c.name, weight.get(c.lock_file[:-4], 0) if c.lock_file else 0) for c in step_commands(stack, image_layout(stack))]
+    after = [(c.name, weight.get(c.lock_file[:-4], 0) if c.lock_file else 0) for c in step_commands(stack,
+                                                                                                    image_layout(stack))]
     patched = {p.file: next(s.name for s in stack.plan if p in s.patches) for p in stack.used_patches()}
     print(f"{args.cuda}: wheel bytes per layer, before -> after")
     for name, b in after:
@@ -65,7 +66,8 @@ def main() -> int:
     print(f"{'change':<44} {'before MB':>10} {'after MB':>10}")
     for what, b, a in rows:
         print(f"{what:<44} {b / 1e6:>10.1f} {a / 1e6:>10.1f}")
-    print("(plus, in both orders, slime's checkout, the final COPYs and finalize's layer; for a patch change, the patched files)")
+    print("(plus, in both orders, slime's checkout, the final COPYs and finalize's layer; for a patch change, the "
+          "patched files)")
     return 0
 
 

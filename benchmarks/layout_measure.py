@@ -33,7 +33,8 @@ def imports_of(path: Path, name: str) -> set[str]:
     tree = ast.parse(path.read_text(), str(path))
     # Imports under `if TYPE_CHECKING:` name a type for annotations only; they never run, so they
     # tie no module to another at import or call time.
-    type_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    type_only = {id(n) for node in ast.walk(tree) if isinstance(node,
+                                                                ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
                  for stmt in node.body for n in ast.walk(stmt)}
     for node in ast.walk(tree):
         if id(node) in type_only:

@@ -39,7 +39,8 @@ def timed_lock(out: Path, cache: Path, committed: Path) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--skip-cold", action="store_true", help="only the warm resolution (the cold one downloads metadata)")
+    ap.add_argument("--skip-cold", action="store_true",
+                    help="only the warm resolution (the cold one downloads metadata)")
     ap.add_argument("--checks", type=int, default=5)
     args = ap.parse_args()
     committed = lockfile.lock_path("cu13")
@@ -54,7 +55,8 @@ def main() -> None:
     times = []
     for _ in range(args.checks):
         started = time.monotonic()
-        subprocess.run([sys.executable, "-m", "invoke", "lock", "--check", "--cuda", "cu13"], cwd=ROOT, check=True, capture_output=True)
+        subprocess.run([sys.executable, "-m", "invoke", "lock", "--check", "--cuda", "cu13"], cwd=ROOT, check=True,
+                       capture_output=True)
         times.append(time.monotonic() - started)
     print(f"invoke lock --check --cuda cu13 (CLI, {args.checks} runs): median {statistics.median(times):.2f} s, "
           f"min {min(times):.2f} s")
@@ -62,11 +64,15 @@ def main() -> None:
     lock = lockfile.load_lock("cu13", stack)
     s = lockcheck.summarize(lock, stack)
     named = {lockinputs.req_name(r) for r in lockinputs.inputs(stack).requirements}
-    print(f"distributions in the lock: {s['packages']} ({sum(1 for n in lock.packages if n in named)} named by the stack, "
-          f"{sum(1 for n in lock.packages if n not in named)} fixed only by the lock); sdists built: {', '.join(s['sdists'])}")
-    print(f"distributions of the cu13 set not fixed by the lock: {len([p for p in lock.packages.values() if not p.sha256])}")
+    print(f"distributions in the lock: {s['packages']} ({sum(1 for n in lock.packages if n in named)} named by the "
+          "stack, "
+          f"{sum(1 for n in lock.packages if n not in named)} fixed only by the lock); sdists built: "
+          f"{', '.join(s['sdists'])}")
+    print("distributions of the cu13 set not fixed by the lock: "
+          f"{len([p for p in lock.packages.values() if not p.sha256])}")
     print(f"total download size: {s['bytes'] / 1e9:.2f} GB ({s['bytes']} bytes); largest: "
-          + ", ".join(f"{p.name} {p.size / 1e9:.2f} GB" for p in sorted(lock.packages.values(), key=lambda p: -(p.size or 0))[:4]))
+          + ", ".join(f"{p.name} {p.size / 1e9:.2f} GB" for p in sorted(lock.packages.values(),
+                                                                        key=lambda p: -(p.size or 0))[:4]))
     print(f"steps: {len(lock.steps)}; pre-releases allowed: {s['prereleases']}")
 
 

@@ -36,7 +36,8 @@ from slimeforge.image.lock import lockfacts, lockfile, uvlock  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--router-mib", type=int, default=16, help="size of the router wheel (slime's sgl-router is about that)")
+    ap.add_argument("--router-mib", type=int, default=16,
+                    help="size of the router wheel (slime's sgl-router is about that)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="sf-complete-bench-") as tmp:
         work = Path(tmp)
@@ -50,7 +51,8 @@ def main() -> None:
         reg = LocalRegistry(work / "registry", {"puller": "pull-pass-1"})
         config = work / "docker-config"
         config.mkdir()
-        (config / "config.json").write_text(json.dumps({"auths": {reg.host: {"auth": base64.b64encode(b"puller:pull-pass-1").decode()}}}))
+        auth = base64.b64encode(b"puller:pull-pass-1").decode()
+        (config / "config.json").write_text(json.dumps({"auths": {reg.host: {"auth": auth}}}))
         os.environ["DOCKER_CONFIG"] = str(config)
         router_url = f"{index.url.removesuffix('/simple')}/router/sf_router-0.3.2-py3-none-any.whl"
         path = router_stack(work / "s", f"{reg.host}/sf/base:v1", router_url)
@@ -58,7 +60,8 @@ def main() -> None:
         uvlock.resolve(uvlock.LockOptions(stack=str(path), index_url=index.url, echo=lambda _: None))
         lock_path = lockfile.load_lock(str(path)).path
         made = lock_path.read_text()
-        make_wheel(index.root / "router", "sf-router", "0.3.2", payload=f"BLOB = {os.urandom(args.router_mib << 19).hex()!r}\n")
+        make_wheel(index.root / "router", "sf-router", "0.3.2",
+                   payload=f"BLOB = {os.urandom(args.router_mib << 19).hex()!r}\n")
         size = (index.root / "router" / "sf_router-0.3.2-py3-none-any.whl").stat().st_size
         reg.start()
         try:
@@ -67,7 +70,8 @@ def main() -> None:
             for _ in range(args.runs):
                 lockfile.write_lock(lock_path, made)
                 started = time.monotonic()
-                res = subprocess.run([sys.executable, "-m", "invoke", "lock", "--stack", str(path), "--complete"], cwd=ROOT,
+                res = subprocess.run([sys.executable, "-m", "invoke", "lock", "--stack", str(path), "--complete"],
+                                     cwd=ROOT,
                                      capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
                 cli.append(time.monotonic() - started)
                 if res.returncode != 0:
@@ -80,10 +84,12 @@ def main() -> None:
         finally:
             reg.stop()
             index.stop()
-    print(f"invoke lock --complete (router wheel {size / 2**20:.1f} MiB over loopback HTTP, base digest from a loopback TLS registry "
+    print(f"invoke lock --complete (router wheel {size / 2**20:.1f} MiB over loopback HTTP, base digest from a "
+          "loopback TLS registry "
           f"with auth), {args.runs} runs")
     print(f"  CLI (fresh process):  median {statistics.median(cli):.2f} s  min {min(cli):.2f} s  max {max(cli):.2f} s")
-    print(f"  lockfacts.complete:     median {statistics.median(inproc):.3f} s  min {min(inproc):.3f} s  max {max(inproc):.3f} s")
+    print(f"  lockfacts.complete:     median {statistics.median(inproc):.3f} s  min {min(inproc):.3f} s  max "
+          f"{max(inproc):.3f} s")
 
 
 if __name__ == "__main__":

@@ -42,17 +42,20 @@ def main() -> int:
     password = uuid.uuid4().hex
     marker = uuid.uuid4().hex
     repo, tag = "slimeforge-bench/cu13", marker[:12]
-    image, _ = client.images.build(fileobj=io.BytesIO(f"FROM {BASE}\nRUN echo {marker} > /bench\n".encode()), tag=f"{repo}:{tag}")
+    image, _ = client.images.build(fileobj=io.BytesIO(f"FROM {BASE}\nRUN echo {marker} > /bench\n".encode()),
+                                   tag=f"{repo}:{tag}")
     with tempfile.TemporaryDirectory(prefix="slimeforge-bench-") as tmp:
         registry = LocalRegistry(Path(tmp) / "registry", {"bench": password}).start()
         try:
             build = Path(tmp) / "build" / f"cu13-{tag}"
             build.mkdir(parents=True)
-            (build / "report.json").write_text(json.dumps({"tag": f"{repo}:{tag}", "human_tags": [f"{repo}:2026.11.1-cu13"],
+            (build / "report.json").write_text(json.dumps({"tag": f"{repo}:{tag}",
+                                                           "human_tags": [f"{repo}:2026.11.1-cu13"],
                                                            "image_id": image.id, "digest": None}))
             (build / "stack.lock.json").write_text(json.dumps({"stack": "cu13", "digest": None}))
             argv = [sys.executable, "-m", "invoke", "publish", "--cuda", "cu13", "--build-dir", str(build.parent),
-                    "--registry", f"{registry.host}/bench/cu13", "--username", "bench", "--password-env", "BENCH_PASSWORD"]
+                    "--registry", f"{registry.host}/bench/cu13", "--username", "bench", "--password-env",
+                    "BENCH_PASSWORD"]
             env = {**os.environ, "BENCH_PASSWORD": password}
             start = time.perf_counter()
             first = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=True)

@@ -32,8 +32,10 @@ from slimeforge.yamlio import MAX_FILE_BYTES, read_yaml  # noqa: E402
 def files() -> list[tuple[str, Path]]:
     out = [("recipe", p) for p in sorted((ROOT / "recipes").glob("*.yaml"))]
     out += [("inventory", p) for p in sorted((ROOT / "recipes" / "clusters").glob("*.yaml"))]
-    out += [("stack", p) for p in sorted([*(ROOT / "images").glob("*.yaml"), *(ROOT / "tests" / "stacks").glob("*.yaml")])]
-    out += [("lock", p) for p in sorted([*(ROOT / "images" / "locks").glob("*.toml"), *(ROOT / "tests" / "stacks" / "locks").glob("*.toml")])]
+    out += [("stack", p) for p in sorted([*(ROOT / "images").glob("*.yaml"),
+                                          *(ROOT / "tests" / "stacks").glob("*.yaml")])]
+    out += [("lock", p) for p in sorted([*(ROOT / "images" / "locks").glob("*.toml"),
+                                         *(ROOT / "tests" / "stacks" / "locks").glob("*.toml")])]
     return out
 
 
@@ -62,16 +64,19 @@ def main() -> int:
     parses: dict[str, list[float]] = {}
     for kind, path in files():
         limit = readback.MAX_TOML_RECORD if kind == "lock" else MAX_FILE_BYTES
-        read = timed(lambda p=path, n=limit: readback.read_bytes(p, "file", "a file", max_bytes=n, follow_symlinks=True), args.runs)
+        read = timed(lambda p=path, n=limit: readback.read_bytes(p, "file", "a file", max_bytes=n,
+                                                                 follow_symlinks=True), args.runs)
         parse = timed((lambda p=path: parse_lock(p)) if kind == "lock" else (lambda p=path: read_yaml(p)), args.runs)
         reads += read
         parses.setdefault(kind, []).extend(parse)
         print(f"{kind:<10} {str(path.relative_to(ROOT)):<40} {path.stat().st_size:>8}  "
               f"{statistics.median(read) * 1e6:>11.1f} / {max(read) * 1e6:>9.1f}  "
               f"{statistics.median(parse) * 1e3:>11.2f} / {max(parse) * 1e3:>9.2f}")
-    print(f"\nread_bytes over all {len(files())} files: median {statistics.median(reads) * 1e6:.1f} us, worst {max(reads) * 1e6:.1f} us")
+    print(f"\nread_bytes over all {len(files())} files: median {statistics.median(reads) * 1e6:.1f} us, worst "
+          f"{max(reads) * 1e6:.1f} us")
     for kind, times in parses.items():
-        print(f"whole read of a {kind}: median {statistics.median(times) * 1e3:.2f} ms, worst {max(times) * 1e3:.2f} ms")
+        print(f"whole read of a {kind}: median {statistics.median(times) * 1e3:.2f} ms, worst {max(times) * 1e3:.2f} "
+              "ms")
     return 0
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1], help="the checkout whose slimeforge is judged")
+    ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1],
+                    help="the checkout whose slimeforge is judged")
     ap.add_argument("--cases", action="store_true", help="list every case with its outcome")
     args = ap.parse_args()
     root = args.root.resolve()

@@ -53,7 +53,8 @@ ROUTER = ("https://files.pythonhosted.org/packages/21/37/2ec21a57e77f7bb66c713a8
 TMS = ("https://github.com/fzyzcjy/torch_memory_saver.git", "4a43c97771f139db0215c1378e8a0b50e679d23d")
 CUDA = Path("/usr/local/cuda-13.0")
 # Libraries CPython's own modules link (ssl, ctypes, sqlite3, zlib, bz2, lzma, readline, uuid).
-BASE_PACKAGES = "ca-certificates,libssl3,libffi8,zlib1g,libbz2-1.0,liblzma5,libsqlite3-0,libreadline8,libncursesw6,libuuid1,libgdbm6"
+BASE_PACKAGES = ("ca-certificates,libssl3,libffi8,zlib1g,libbz2-1.0,liblzma5,libsqlite3-0,libreadline8,libncursesw6,"
+                 "libuuid1,libgdbm6")
 
 
 def sh(argv: list[str], **kw) -> subprocess.CompletedProcess:
@@ -65,7 +66,8 @@ def find_python() -> str:
     """A Python 3.12 that has venv and its headers: PATH's python3.12, else pyenv's."""
     for cand in [shutil.which("python3.12"), *sorted(Path.home().glob(".pyenv/versions/3.12.*/bin/python3.12"))]:
         if cand:
-            real = subprocess.run([str(cand), "-c", "import sys, sysconfig; print(sys.executable)"], capture_output=True, text=True)
+            real = subprocess.run([str(cand), "-c", "import sys, sysconfig; print(sys.executable)"],
+                                  capture_output=True, text=True)
             if real.returncode == 0:
                 return real.stdout.strip()
     raise SystemExit("no python3.12 on this host")
@@ -132,8 +134,8 @@ def base_image(work: Path, python: str) -> None:
     rootfs = work / "rootfs"
     shutil.rmtree(rootfs, ignore_errors=True)
     t0 = time.time()
-    sh(["debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}", "bookworm", rootfs, "http://deb.debian.org/debian"],
-       capture_output=True)
+    sh(["debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}", "bookworm", rootfs,
+        "http://deb.debian.org/debian"], capture_output=True)
     prefix = Path(python).resolve().parent.parent  # the interpreter's own prefix, copied to the same path
     sh(["mkdir", "-p", f"{rootfs}{prefix.parent}", f"{rootfs}/usr/local/bin"])
     sh(["cp", "-a", prefix, f"{rootfs}{prefix}"])
@@ -141,7 +143,8 @@ def base_image(work: Path, python: str) -> None:
     sh(["cp", "-a", CUDA, f"{rootfs}{CUDA}"])
     sh(["ln", "-sfn", CUDA, f"{rootfs}/usr/local/cuda"])
     tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-    sh(["docker", "import", "--change", "ENV PATH=/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    sh(["docker", "import", "--change",
+        "ENV PATH=/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "--change", "ENV CUDA_HOME=/usr/local/cuda", "-", BASE_IMAGE], stdin=tar.stdout, capture_output=True)
     tar.wait()
     shutil.rmtree(rootfs, ignore_errors=True)
@@ -162,7 +165,8 @@ def machine() -> dict[str, object]:
 def invoke(args: list[str], env: dict[str, str], log: Path) -> tuple[int, float, str]:
     t0 = time.time()
     with log.open("w") as fh:
-        proc = subprocess.Popen([str(ROOT / ".venv" / "bin" / "invoke"), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+        proc = subprocess.Popen([str(ROOT / ".venv" / "bin" / "invoke"), *args], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
         text = []
         for line in proc.stdout:
@@ -185,7 +189,8 @@ def run_env(work: Path) -> dict[str, str]:
 def stamp() -> dict[str, object]:
     """What a result was measured on: the commit (and whether the tree had changes beside it) and
     the real stack's hash. tests/real reuses a result only when all three still hold."""
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
     dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True, check=True).stdout.strip() != ""
     return {"head": head, "dirty": dirty, "stack_hash": load_stack("cu13").hash}
@@ -198,7 +203,8 @@ def current(result: dict | None, now: dict) -> bool:
 
 
 def du(path: Path) -> int:
-    return int(subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True).stdout.split()[0]) if path.exists() else 0
+    return int(subprocess.run(["du", "-sb", str(path)], capture_output=True,
+                              text=True).stdout.split()[0]) if path.exists() else 0
 
 
 def install(work: Path, results: dict) -> None:
@@ -211,7 +217,8 @@ def install(work: Path, results: dict) -> None:
     before = machine()
     rc, secs, out = invoke(args, env, work / "install.log")
     steps = {m.group(1): int(m.group(2)) for m in STEP_DONE.finditer(out)}
-    results["install"] = {"rc": rc, "seconds": round(secs), "steps": steps, "stamp": stamp(), "before": before, "after": machine(),
+    results["install"] = {"rc": rc, "seconds": round(secs), "steps": steps, "stamp": stamp(), "before": before,
+                          "after": machine(),
                           "compiled": {m.group(1): int(m.group(2)) for m in COMPILED.finditer(out)}}
     if rc != 0:
         raise SystemExit(f"install failed (exit {rc}); log {work / 'install.log'}")
@@ -221,7 +228,8 @@ def install(work: Path, results: dict) -> None:
     applied = (prefix / ".slimeforge" / "patches.applied").read_text().splitlines()
     results["install"]["patches_applied"] = [line.split("\t")[0] + " " + line.split("\t")[3] for line in applied]
     rc2, secs2, out2 = invoke(args, env, work / "install-rerun.log")
-    results["install"]["rerun"] = {"rc": rc2, "seconds": round(secs2, 1), "steps_run": sorted(set(re.findall(r"step (\S+): running", out2)))}
+    results["install"]["rerun"] = {"rc": rc2, "seconds": round(secs2, 1),
+                                   "steps_run": sorted(set(re.findall(r"step (\S+): running", out2)))}
     results["install"]["venv_bytes"] = du(venv)
     results["install"]["prefix_bytes"] = du(prefix)
     results["store"] = {p.name: du(p) for p in sorted((work / "store").iterdir())} if (work / "store").exists() else {}
@@ -241,7 +249,8 @@ def build(work: Path, results: dict, force: bool = False) -> None:
         raise SystemExit(f"build failed (exit {rc}); log {work / 'build.log'}")
     m = re.search(r"^report (\S+) ", out, re.M)
     report = json.loads(Path(m.group(1)).read_text())
-    results["build"].update({"image": report["tag"], "image_bytes": report["size"], "build_seconds": report["build_duration_s"],
+    results["build"].update({"image": report["tag"], "image_bytes": report["size"],
+                             "build_seconds": report["build_duration_s"],
                              "compiled": report["compiled"],
                              "steps": {s["name"]: s.get("duration_s") for s in report["steps"]}})
     # The image by layer, directory and duplicate (benchmarks/image_size.py), beside its log.
@@ -254,7 +263,8 @@ def build(work: Path, results: dict, force: bool = False) -> None:
         return
     write_file(work / "image-size.txt", size_report(sizes) + "\n")
     results["build"]["image_size"] = {k: sizes[k] for k in ("files_bytes", "layers_bytes", "hidden_by_later_layers",
-                                                            "duplicates_extra", "duplicate_libraries_extra", "leftovers")}
+                                                            "duplicates_extra", "duplicate_libraries_extra",
+                                                            "leftovers")}
 
 
 def main() -> None:
@@ -262,7 +272,8 @@ def main() -> None:
     ap.add_argument("phase", choices=["prepare", "install", "build", "all"])
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/slimeforge-real"))
     ap.add_argument("--force", action="store_true",
-                    help="build: even when the image is up to date (the store-hit figure: after `docker builder prune --filter type=regular`)")
+                    help="build: even when the image is up to date (the store-hit figure: after `docker builder prune "
+                         "--filter type=regular`)")
     a = ap.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
     res_file = a.work / "results.json"

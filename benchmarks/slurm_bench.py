@@ -48,7 +48,8 @@ def one_run(lab: SlurmLab, nodes: int, i: int, env: dict[str, str]) -> dict[str,
     work = lab.net.workdir / f"b{nodes}-{i}"
     work.mkdir()
     record = work / "record.json"
-    data = make_recipe(work, num_gpus=2, exp_id=f"bench-{nodes}-{i}", env={"STANDIN_RECORD": str(record), "STANDIN_EXIT": "0"})
+    data = make_recipe(work, num_gpus=2, exp_id=f"bench-{nodes}-{i}", env={"STANDIN_RECORD": str(record),
+                                                                           "STANDIN_EXIT": "0"})
     # Small weights: each node checks checkpoint space for 7x them (config.json's shape alone: ~40 GiB).
     (Path(data["model_dir"]) / "model.safetensors").write_bytes(b"w" * 4096)
     recipe, stack = parse_recipe(data, "bench")
@@ -61,10 +62,12 @@ def one_run(lab: SlurmLab, nodes: int, i: int, env: dict[str, str]) -> dict[str,
     t0 = time.time()
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
     if proc.returncode != 0:
-        raise RuntimeError(f"invoke run --slurm exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}")
+        raise RuntimeError("invoke run --slurm exited "
+                           f"{proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}")
     job_id = (run / "slurm_job_id").read_text().strip()
     submitted = float((run / "slurm_submitted_at").read_text())
-    marks = {name: float(t) for _, name, t in (line.split() for line in (run / f"slurm-{job_id}" / "timeline").read_text().splitlines())}
+    marks = {name: float(t) for _, name,
+             t in (line.split() for line in (run / f"slurm-{job_id}" / "timeline").read_text().splitlines())}
     running = record.stat().st_mtime  # train.py's first act in Ray
     return {
         "queue": marks["allocated"] - submitted,

@@ -46,7 +46,8 @@ def cpu_seconds(argv: list[str], cwd: Path, env: dict[str, str]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--no-bytecode", action="store_true", help="compile every module on every run (no __pycache__ read or written)")
+    parser.add_argument("--no-bytecode", action="store_true",
+                        help="compile every module on every run (no __pycache__ read or written)")
     opts = parser.parse_args()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
@@ -59,24 +60,28 @@ def main() -> None:
         cases = [
             ("help", "invoke --help", [str(BIN / "invoke"), "--help"], ROOT),
             ("help", "invoke --list", [str(BIN / "invoke"), "--list"], ROOT),
-            ("dry run", "invoke run recipes/gsm8k.yaml --dry-run", [str(BIN / "invoke"), "run", "recipes/gsm8k.yaml", "--dry-run", "--out",
+            ("dry run", "invoke run recipes/gsm8k.yaml --dry-run", [str(BIN / "invoke"), "run", "recipes/gsm8k.yaml",
+                                                                    "--dry-run", "--out",
                                                                    f"{tmp}/run"], ROOT),
         ]
         if (BIN / "slimeforge").exists():
             cases += [
                 ("help", "slimeforge --help", [str(BIN / "slimeforge"), "--help"], empty),
                 ("help", "slimeforge run --help", [str(BIN / "slimeforge"), "run", "--help"], empty),
-                ("dry run", "slimeforge run gsm8k.yaml --dry-run", [str(BIN / "slimeforge"), "run", "gsm8k.yaml", "--dry-run"], empty),
+                ("dry run", "slimeforge run gsm8k.yaml --dry-run", [str(BIN / "slimeforge"), "run", "gsm8k.yaml",
+                                                                    "--dry-run"], empty),
             ]
         else:
             print(f"(no {BIN / 'slimeforge'}: install the package to measure the slimeforge command)")
         print(f"CPU seconds (user+sys) per command, {opts.runs} runs each after one warm-up"
-              f"{', no bytecode' if opts.no_bytecode else ''}; limit: help {LIMITS['help']}, dry run {LIMITS['dry run']}")
+              f"{', no bytecode' if opts.no_bytecode else ''}; limit: help {LIMITS['help']}, dry run "
+              f"{LIMITS['dry run']}")
         for kind, name, argv, cwd in cases:
             cpu_seconds(argv, cwd, env)  # warm-up: bytecode written
             times = [cpu_seconds(argv, cwd, env) for _ in range(opts.runs)]
             verdict = "ok" if min(times) <= LIMITS[kind] else "OVER"
-            print(f"  {name:<42} min {min(times):.3f}  median {statistics.median(times):.3f}  ({kind} limit {LIMITS[kind]}: {verdict})")
+            print(f"  {name:<42} min {min(times):.3f}  median {statistics.median(times):.3f}  ({kind} limit "
+                  f"{LIMITS[kind]}: {verdict})")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ uv's cache, and unpacked; `Installed N packages in T`: linked into the venv).
 
     python benchmarks/store_hit_bench.py split --prefix P [--log FILE]   # an install's step logs (+ its output)
     python benchmarks/store_hit_bench.py split --build-log FILE          # an image build's build.log
-    python benchmarks/store_hit_bench.py install --prefix P -- ARGS...   # time `invoke install --prefix P ARGS`, then split it
+    python benchmarks/store_hit_bench.py install --prefix P -- ARGS...   # time `invoke install --prefix P ARGS`, then
+      split it
 
 Columns, per step: total (the step's `done in`, whole seconds, where known), download (uv's
 Prepared), install (the rest of the install phase: resolve, uninstall, link), verify (the venv
@@ -29,8 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 MARK = re.compile(r"slimeforge: phase (\S+) (\S+) ([0-9]+\.[0-9]+)\s*$")
 UV = re.compile(r"^(Prepared|Installed|Uninstalled) \d+ packages?(?: [a-z ]+?)? in (.+?)\s*$")
-DONE = re.compile(r"slimeforge: step (?:[0-9]+/[0-9]+ )?(\S+): done in (\d+)s")  # "step N/M NAME" (install.sh), or "step NAME"
-BUILDKIT = re.compile(r"^#([A-Za-z0-9._-]+) [0-9.]+ ")  # a RUN's output line in BuildKit's plain progress (#N), or a step log's (#STEP)
+# "step N/M NAME" (install.sh), or "step NAME"
+DONE = re.compile(r"slimeforge: step (?:[0-9]+/[0-9]+ )?(\S+): done in (\d+)s")
+# a RUN's output line in BuildKit's plain progress (#N), or a step log's (#STEP)
+BUILDKIT = re.compile(r"^#([A-Za-z0-9._-]+) [0-9.]+ ")
 
 
 def uv_seconds(text: str) -> float:
@@ -85,7 +88,9 @@ def install_lines(prefix: Path, log: Path | None) -> list[str]:
     logs = prefix / ".slimeforge" / "logs"
     for f in sorted(logs.glob("*.log")):
         if not f.name.startswith("compile-"):
-            lines += [f"#{f.stem} 0.0 {x}" if MARK.search(x) or UV.match(x) else x for x in f.read_text(errors="replace").splitlines()]
+            lines += [f"#{f.stem} 0.0 "
+                      f"{x}" if MARK.search(x) or UV.match(x) else x for x
+                      in f.read_text(errors="replace").splitlines()]
     if log is not None:
         lines += log.read_text(errors="replace").splitlines()
     return lines

@@ -64,7 +64,8 @@ def inputs(tmp: Path, nodes: int) -> tuple[Path, Path]:
     data.update(num_nodes=nodes, mode="host", install_prefix="/opt/slimeforge")
     recipe = tmp / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(data))
-    hosts = [{"name": f"h{i}", "address": f"10.213.9.{i + 1}", "gpus": 8, **({"role": "head"} if i == 0 else {})} for i in range(nodes)]
+    hosts = [{"name": f"h{i}", "address": f"10.213.9.{i + 1}", "gpus": 8,
+              **({"role": "head"} if i == 0 else {})} for i in range(nodes)]
     inv = tmp / "inventory.yaml"
     inv.write_text(yaml.safe_dump({"name": "lab", "mode": "host", "prefix": "/opt/slimeforge", "hosts": hosts}))
     return recipe, inv
@@ -93,7 +94,8 @@ def main() -> None:
         return rel if rel.startswith(("slimeforge/", "tasks/")) else None
 
     def profile(frame, event, arg):
-        if done[0] or event != "call" or (rel := project(frame.f_code.co_filename)) is None or frame.f_code.co_name == "<module>":
+        if (done[0] or event != "call" or (rel := project(frame.f_code.co_filename)) is None
+                or frame.f_code.co_name == "<module>"):
             return
         up, caller = frame.f_back, None
         while up is not None:
@@ -152,8 +154,10 @@ def main() -> None:
     value_ups = [(a, b) for a, b in zip(value_files, value_files[1:], strict=False) if higher(ranks[a], ranks[b])]
     edges = {(c, r) for r, c, _ in calls if c and c != r}
     edge_ups = sorted((c, r) for c, r in edges if higher(ranks[c], ranks[r]))
-    value_edge_ups = sorted({(c, r) for r, c, carried in calls if carried and c and c != r and higher(ranks[c], ranks[r])})
-    print(f"invoke run RECIPE (num_nodes: {args.nodes}) --cluster INVENTORY --dry-run, up to the planned Ray submission:")
+    value_edge_ups = sorted({(c, r) for r, c, carried in calls if carried and c and c != r and higher(ranks[c],
+                                                                                                      ranks[r])})
+    print(f"invoke run RECIPE (num_nodes: {args.nodes}) --cluster INVENTORY --dry-run, up to the planned Ray "
+          "submission:")
     print(f"  files:        {len(files)}")
     print(f"  value files:  {len(value_files)}")
     print(f"  reads:        {len(read_files)} file(s) read Recipe.num_nodes: {', '.join(read_files)}")
@@ -162,7 +166,9 @@ def main() -> None:
     if args.list:
         print("value files, in first-call order:\n" + "\n".join(f"  {f}" for f in value_files))
         print("steps back up:\n" + "\n".join(f"  {a} -> {b}" for a, b in value_ups))
-        print("edges back up:\n" + "\n".join(f"  {a} -> {b}" + (" (with the value)" if (a, b) in value_edge_ups else "") for a, b in edge_ups))
+        print("edges back up:\n" + "\n".join(f"  {a} -> {b}" + (" (with the "
+                                                                "value)" if (a, b) in value_edge_ups else "") for a,
+                                             b in edge_ups))
         print("other files:\n" + "\n".join(f"  {f}" for f in files if f not in value_files))
 
 

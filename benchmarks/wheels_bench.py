@@ -45,7 +45,8 @@ REPO = f"slimeforge-wheels-bench/sfcext-{os.getpid()}"
 
 def step_log(build_log: str, step: str) -> str:
     """The lines BuildKit printed for one stack step's RUN."""
-    vid = next(m.group(1) for m in re.finditer(r"^#(\d+) \[[^\]]*\] RUN .*?/opt/slimeforge/sf " + re.escape(step) + " ", build_log, re.M))
+    vid = next(m.group(1) for m in re.finditer(r"^#(\d+) \[[^\]]*\] RUN "
+                                               r".*?/opt/slimeforge/sf " + re.escape(step) + " ", build_log, re.M))
     return "\n".join(line for line in build_log.splitlines() if line.startswith(f"#{vid} "))
 
 
@@ -70,7 +71,8 @@ def main() -> None:
 
             def run(store: str, **kw) -> tuple[dict, float]:
                 t = time.monotonic()
-                report = build(BuildOptions(stack=str(stack), build_root=root / "out", repository=REPO, force=True, no_cache=True,
+                report = build(BuildOptions(stack=str(stack), build_root=root / "out", repository=REPO, force=True,
+                                            no_cache=True,
                                             store_root=root / store, echo=lambda s: None, **kw))
                 return report, time.monotonic() - t
 
@@ -82,7 +84,8 @@ def main() -> None:
             wheelstore.push(key, reg.host, creds, root / "store-cold", echo=lambda s: None)
             push_s = time.monotonic() - t
             # The image push made stays local; a fresh builder has only the registry's copy.
-            subprocess.run(["docker", "rmi", str(wheelstore.remote_ref(reg.host, key))], capture_output=True, check=True)
+            subprocess.run(["docker", "rmi", str(wheelstore.remote_ref(reg.host, key))], capture_output=True,
+                           check=True)
 
             t = time.monotonic()
             wheelstore.pull(key, reg.host, creds, root / "store-fresh", echo=lambda s: None)

@@ -42,7 +42,8 @@ def _signature() -> inspect.Signature:
             default = inspect.Parameter.empty
         else:
             default = field.get_default(call_default_factory=True)
-        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=field.annotation))
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                        annotation=field.annotation))
     # Required first: a signature may not list a parameter without default after one with.
     params.sort(key=lambda p: p.default is not inspect.Parameter.empty)
     return inspect.Signature(params, return_annotation=None)
@@ -68,7 +69,8 @@ class SlimeRunner:
         return getattr(self.recipe, name)
 
     def __repr__(self) -> str:
-        return f"SlimeRunner(exp_id={self.recipe.exp_id!r}, model_type={self.recipe.model_type!r}, stack={self.stack.id!r})"
+        return (f"SlimeRunner(exp_id={self.recipe.exp_id!r}, model_type={self.recipe.model_type!r}, "
+               f"stack={self.stack.id!r})")
 
     def to_dict(self) -> dict[str, object]:
         """The keyword arguments: the seed's fields always, run options where they were given."""
@@ -82,12 +84,15 @@ class SlimeRunner:
         # write_output: a new name or a regular file only; a device node, a FIFO, a directory or a
         # symlink (/dev/stdout) is refused, never replaced by a file.
         try:
-            write_output(path, yaml.safe_dump(self.to_dict(), sort_keys=False), where="SlimeRunner.to_yaml", field="path")
+            write_output(path, yaml.safe_dump(self.to_dict(), sort_keys=False), where="SlimeRunner.to_yaml",
+                         field="path")
         except OSError as exc:
-            raise ConfigError("SlimeRunner.to_yaml", [Problem("path", f"cannot be written: {exc.strerror}", str(path))]) from None
+            raise ConfigError("SlimeRunner.to_yaml", [Problem("path", f"cannot be written: {exc.strerror}",
+                                                              str(path))]) from None
         return path
 
-    def request(self, num_rollout: int | None = None, out: str | os.PathLike | None = None, **options: Any) -> LaunchRequest:
+    def request(self, num_rollout: int | None = None, out: str | os.PathLike | None = None,
+                **options: Any) -> LaunchRequest:
         """The one LaunchRequest of this runner, for render() and train() alike (run/launch.py).
 
         Without mode, image or install_prefix (in the keyword arguments or `options`) it runs in
@@ -97,7 +102,8 @@ class SlimeRunner:
 
         unknown = sorted(set(options) - set(LAUNCH_OPTIONS))
         if unknown:
-            raise ConfigError("SlimeRunner.train", [Problem(k, "is not a launch option", options[k], ", ".join(LAUNCH_OPTIONS)) for k in unknown])
+            raise ConfigError("SlimeRunner.train", [Problem(k, "is not a launch option", options[k],
+                                                            ", ".join(LAUNCH_OPTIONS)) for k in unknown])
         chosen = [k for k in ("mode", "image", "install_prefix") if self._kwargs.get(k) is not None]
         chosen += [k for k in ("mode", "image", "prefix") if options.get(k) is not None]
         data = self._kwargs if num_rollout is None else {**self._kwargs, "num_rollout": num_rollout}
@@ -120,11 +126,14 @@ class SlimeRunner:
     dry_run = render
 
     @overload
-    def train(self, num_rollout: int = 1, out: str | os.PathLike | None = None, *, dry_run: Literal[False] = False, **options: Any) -> int: ...
+    def train(self, num_rollout: int = 1, out: str | os.PathLike | None = None, *, dry_run: Literal[False] = False,
+              **options: Any) -> int: ...
     @overload
-    def train(self, num_rollout: int = 1, out: str | os.PathLike | None = None, *, dry_run: Literal[True], **options: Any) -> LaunchPlan: ...
+    def train(self, num_rollout: int = 1, out: str | os.PathLike | None = None, *, dry_run: Literal[True],
+              **options: Any) -> LaunchPlan: ...
 
-    def train(self, num_rollout: int = 1, out: str | os.PathLike | None = None, *, dry_run: bool = False, **options: Any) -> int | LaunchPlan:
+    def train(self, num_rollout: int = 1, out: str | os.PathLike | None = None, *, dry_run: bool = False,
+              **options: Any) -> int | LaunchPlan:
         """Preflight, start Ray, submit, stream logs; blocks until the job ends and returns its exit code.
 
         `dry_run=True`: the LaunchPlan this call would run (its run directory written, as render()

@@ -25,7 +25,8 @@ OUTPUT_MARKER = ".slimeforge-output"
 LOCK_WAIT_S = 120.0  # a render takes well under a second; a writer stuck longer is reported
 
 
-def write_dir(target: Path, files: Mapping[str, str | bytes], modes: dict[str, int] | None = None, last: str | None = None) -> None:
+def write_dir(target: Path, files: Mapping[str, str | bytes], modes: dict[str, int] | None = None,
+              last: str | None = None) -> None:
     """Create `target` with `files`, or replace those files in an existing `target`.
 
     A new directory is assembled beside the target and renamed into place in one step. In an
@@ -38,12 +39,14 @@ def write_dir(target: Path, files: Mapping[str, str | bytes], modes: dict[str, i
     # Writers write only files: a directory that is a dangling link or not a directory, and a name
     # in it that is a link, a device, a FIFO or a directory, are refused, never replaced.
     if os.path.lexists(target) and not target.is_dir():
-        raise _not_a_file(target, "is not a directory (a file, a link to nothing, a device)", "a directory, or a new name")
+        raise _not_a_file(target, "is not a directory (a file, a link to nothing, a device)",
+                          "a directory, or a new name")
     target.parent.mkdir(parents=True, exist_ok=True)
     if target.is_dir():
         for name in files:
             if why := replace_problem(target / name):
-                raise _not_a_file(target / name, why, "a regular file or a new name: move the other thing away, or write elsewhere")
+                raise _not_a_file(target / name, why,
+                                  "a regular file or a new name: move the other thing away, or write elsewhere")
     if not target.exists():
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
@@ -90,8 +93,12 @@ def dir_lock(directory: Path, timeout: float = LOCK_WAIT_S) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise ConfigError(str(directory), [Problem("lock", f"another slimeforge process has been writing here for over {timeout:g} s",
-                                                               show_value=False, accepted="wait for it to finish, or use another directory")]) from None
+                    raise ConfigError(str(directory), [Problem("lock",
+                                                               "another slimeforge process has been writing here for "
+                                                               f"over {timeout:g} s",
+                                                               show_value=False,
+                                                               accepted="wait for it to finish, or use another "
+                                                                        "directory")]) from None
                 time.sleep(0.05)
         yield
     finally:
@@ -140,7 +147,8 @@ def output_dir_problem(path: Path) -> str | None:
 def mark_output_dir(path: Path, what: str) -> None:
     """Create `path` if needed and mark it as slimeforge's (output_dir_problem accepts it again)."""
     Path(path).mkdir(parents=True, exist_ok=True)
-    write_file(Path(path) / OUTPUT_MARKER, f"written by slimeforge ({what}); a later `{what} --out` here replaces its files\n")
+    write_file(Path(path) / OUTPUT_MARKER,
+               f"written by slimeforge ({what}); a later `{what} --out` here replaces its files\n")
 
 
 def _write(path: Path, content: str | bytes, mode: int | None) -> None:
@@ -222,7 +230,8 @@ def open_log(path: str | os.PathLike[str], mode: str = "a") -> IO[Any]:
     through a symlink (O_NOFOLLOW: a link planted at the name would have us truncate its target),
     never a FIFO or a device (O_NONBLOCK for the open: a FIFO without a reader would hang us).
     `mode`: "a"/"w" (text) or "ab"/"wb"."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_APPEND if mode.startswith("a") else 0)
+    flags = (os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_APPEND
+                                                                                        if mode.startswith("a") else 0))
     try:
         fd = os.open(path, flags, 0o644)
     except OSError as exc:
@@ -240,7 +249,8 @@ def open_log(path: str | os.PathLike[str], mode: str = "a") -> IO[Any]:
         raise
 
 
-def write_output(path: str | os.PathLike[str], content: str | bytes, *, where: str = "--out", follow_symlinks: bool = False,
+def write_output(path: str | os.PathLike[str], content: str | bytes, *, where: str = "--out",
+                 follow_symlinks: bool = False,
                  mode: int | None = None, field: str | None = None) -> Path:
     """Write a file the user named: judged by `output_problem` first, then written under a temporary
     name in the same directory and renamed over the old one (old content or new, never a mix).
@@ -248,7 +258,8 @@ def write_output(path: str | os.PathLike[str], content: str | bytes, *, where: s
     written. `where` names the command, `field` the option or argument (default: `where`)."""
     field = field or where
     if why := output_problem(path, follow_symlinks):
-        raise ConfigError(where, [Problem(field, why, str(path), "a new file in an existing directory, or a regular file to replace")])
+        raise ConfigError(where, [Problem(field, why, str(path),
+                                          "a new file in an existing directory, or a regular file to replace")])
     target = Path(os.path.realpath(path)) if follow_symlinks else Path(os.path.abspath(path))
     data = content.encode() if isinstance(content, str) else content
     if mode is None:
@@ -266,7 +277,8 @@ def write_output(path: str | os.PathLike[str], content: str | bytes, *, where: s
             os.fsync(fh.fileno())
         os.chmod(tmp, mode)
         if why := output_problem(target):  # again at the last moment: the path may have changed meanwhile
-            raise ConfigError(where, [Problem(field, why, str(path), "a new file in an existing directory, or a regular file to replace")])
+            raise ConfigError(where, [Problem(field, why, str(path),
+                                              "a new file in an existing directory, or a regular file to replace")])
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -2,18 +2,17 @@
 installed `slimeforge` command (`main`, from any directory) and `invoke TASK` in a checkout (its
 tasks/ package re-exports this module's `ns` for Invoke).
 
-Each task parses its options, calls one library function and prints the outcome; the functions
-work without invoke (the SlimeRunner API uses the same ones). Beside it: clihelp.py (invoke's parser
-and help as people expect them), clioptions.py (option values resolved) and cliviews.py (what the
-tasks print, as text or a --json document). Heavy libraries (ray, boto3, docker) are imported inside
-the functions that need them, so `invoke --list` and dry runs start fast (benchmarks/start_bench.py):
-this module imports Invoke and slimeforge's small core only.
+Each task parses its options, calls one library function and prints the outcome; the functions work without invoke (the
+SlimeRunner API uses the same ones). Beside it: clihelp.py (invoke's parser and help as people expect them),
+clioptions.py (option values resolved; clean_errors, an error as its exit status) and cliviews.py (what the tasks print,
+as text or a --json document). Heavy libraries (ray, boto3, docker) are imported inside the functions that need them, so
+`invoke --list` and dry runs start fast (benchmarks/start_bench.py): this module imports Invoke and slimeforge's small
+core only.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import sys
 import textwrap
 
@@ -21,33 +20,11 @@ from invoke import Collection, Exit
 
 from slimeforge import clihelp, paths
 from slimeforge.clihelp import task
-from slimeforge.clioptions import cluster_jobs_api, count, inventory_of, jobs_api_of
+from slimeforge.clioptions import clean_errors, cluster_jobs_api, count, inventory_of, jobs_api_of
 from slimeforge.console import diag, json_doc, shell_lines
 from slimeforge.errors import SlimeforgeError
 
 JSON_HELP = "print the result as one JSON document (its schema: docs/json.md); diagnostics stay on stderr"
-
-
-def clean_errors(fn):
-    """Print our errors as messages, not tracebacks, with the exit status their class carries: 2 bad
-    input or a refused precondition, 1 a failed job, build, install or push (errors.py; the one
-    mapping, docs/exit-codes.md). An error whose details were printed already (a preflight's table)
-    says only its one line. A closed stdout (`| head`) ends the task quietly: 141, as SIGPIPE would."""
-
-    @functools.wraps(fn)
-    def wrapper(c, *args, **kwargs):
-        try:
-            result = fn(c, *args, **kwargs)
-            sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
-            return result
-        except SlimeforgeError as exc:
-            raise Exit(f"error: {exc.headline()}", code=exc.exit_code) from None
-        except BrokenPipeError:
-            from slimeforge.console import quiet_on_closed_pipe
-
-            raise Exit(code=quiet_on_closed_pipe()) from None
-
-    return wrapper
 
 
 # --- stack -----------------------------------------------------------------------------------
@@ -79,54 +56,67 @@ SSH_CONFIG_HELP = "your own ssh config file for the hosts (ssh -F), used as is i
         "out": "run directory (default runs/<exp_id>)",
         "set_": "override a recipe key, key=value (repeatable)",
         "address": "submit to a running Ray cluster (its dashboard, http://HOST:8265) instead of starting a head",
-        "mode": "host (a prefix `invoke install` made, or checkouts) or container (the recipe's image); default: the recipe's",
-        "image": "container mode: the image to run (default: the recipe's image); any slime image, docs/run.md#any-slime-image",
+        "mode": "host (a prefix `invoke install` made, or checkouts) or container (the recipe's image); default: the "
+                "recipe's",
+        "image": "container mode: the image to run (default: the recipe's image); any slime image, "
+                 "docs/run.md#any-slime-image",
         "prefix": "host mode: the install prefix (slime, Megatron-LM and the venv come from there)",
         "catalog": "the flag catalog (flags.json) to check flags against (default: from the image or install)",
-        "skip_check": "turn this preflight check's errors into warnings (repeatable; see `invoke doctor --list-checks`)",
+        "skip_check": "turn this preflight check's errors into warnings (repeatable; see `invoke doctor "
+                      "--list-checks`)",
         "no_network": "leave out the checks that need the network (AWS, the cluster)",
-        "cluster": "launch on the cluster of this inventory (brought up with cluster.up; default: the recipe's cluster)",
+        "cluster": "launch on the cluster of this inventory (brought up with cluster.up; default: the recipe's "
+                   "cluster)",
         "ssh_config": SSH_CONFIG_HELP,
-        "tunnel": "--cluster: reach the Jobs API through an ssh tunnel to the head even when it answers directly (default: only when not; docs/cluster.md#ports)",
+        "tunnel": "--cluster: reach the Jobs API through an ssh tunnel to the head even when it answers directly "
+                  "(default: only when not; docs/cluster.md#ports)",
         "slurm": "submit to Slurm: Ray starts inside an sbatch allocation (docs/slurm.md)",
         "partition": "--slurm: the partition (default: the cluster's default)",
         "account": "--slurm: the account to charge",
         "time": "--slurm: the time limit, [D-]HH:MM:SS",
         "nodes": "--slurm: nodes (default: the recipe's num_nodes)",
-        "squashfs_dir": "--slurm, container mode: import the image once to a squashfs in this shared directory; every node reads it",
+        "squashfs_dir": "--slurm, container mode: import the image once to a squashfs in this shared directory; every "
+                        "node reads it",
         "json_": "with --dry-run: " + JSON_HELP,
-        "detach": "--cluster/--address: return once the job runs, printing how to follow, inspect and stop it (Ctrl-C while following detaches too)",
-        "max_restarts": "--cluster: resubmit the run, resuming from its checkpoint, when a node or the head was lost (up to N times; "
-                        "default: the recipe's max_restarts, 0)",
+        "detach": "--cluster/--address: return once the job runs, printing how to follow, inspect and stop it (Ctrl-C "
+                  "while following detaches too)",
+        "max_restarts": "--cluster: resubmit the run, resuming from its checkpoint, when a node or the head was lost "
+                        "(up to N times; default: the recipe's max_restarts, 0)",
     },
     default=True,
 )
 @clean_errors
-def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=None, image=None, prefix=None, catalog=None,
-              skip_check=None, no_network=False, cluster=None, slurm=False, partition=None, account=None, time=None, nodes=None,
-              squashfs_dir=None, ssh_config=None, json_=False, tunnel=False, detach=False, max_restarts=None):
+def run_start(c, recipe, dry_run=False, out=None, set_=None, address=None, mode=None, image=None, prefix=None,
+              catalog=None, skip_check=None, no_network=False, cluster=None, slurm=False, partition=None,
+              account=None, time=None, nodes=None, squashfs_dir=None, ssh_config=None, json_=False, tunnel=False,
+              detach=False, max_restarts=None):
     """Validate a recipe, preflight, start Ray, submit, stream the logs (--dry-run: print the plan, start nothing)."""
     from slimeforge.run.launch import LaunchRequest, run_recipe
 
     if json_ and not dry_run:
-        raise Exit("error: --json: the plan is printed as JSON by a dry run; add --dry-run (a launch streams the job's logs)", code=2)
-    req = LaunchRequest(recipe=recipe, out=out, overrides=tuple(set_ or ()), address=address, mode=mode, image=image, prefix=prefix,
-                        catalog=catalog, skip_checks=tuple(skip_check or ()), network_checks=not no_network, cluster=cluster,
-                        slurm=slurm, partition=partition, account=account, time=time, nodes=None if nodes is None else str(nodes),
+        raise Exit("error: --json: the plan is printed as JSON by a dry run; add --dry-run (a launch streams the "
+                   "job's logs)", code=2)
+    req = LaunchRequest(recipe=recipe, out=out, overrides=tuple(set_ or ()), address=address, mode=mode, image=image,
+                        prefix=prefix, catalog=catalog, skip_checks=tuple(skip_check or ()),
+                        network_checks=not no_network, cluster=cluster, slurm=slurm, partition=partition,
+                        account=account, time=time, nodes=None if nodes is None else str(nodes),
                         squashfs_dir=squashfs_dir, detach=detach, max_restarts=count("--max-restarts", max_restarts))
     with contextlib.ExitStack() as tunnels:  # an ssh tunnel to the Jobs API lives until the job's logs end
         code = run_recipe(req, dry_run=dry_run, plan_json=json_,
-                          find_cluster=lambda inventory, dry: cluster_jobs_api(inventory, dry, ssh_config, "always" if tunnel else None, tunnels))
+                          find_cluster=lambda inventory, dry: cluster_jobs_api(inventory, dry, ssh_config,
+                                                                               "always" if tunnel else None, tunnels))
     if code:
         raise Exit(code=code)
 
 
 # --- launch ----------------------------------------------------------------------------------
 
-RUN_HELP = {"run": "the run directory or the recipe that was launched, e.g. runs/gsm8k-3b-smoke; with --cluster/--address: "
-                   "the exp_id or submission id of a job on that cluster",
-            "cluster": "find the job on the cluster of this inventory, from any machine (RUN: its exp_id or submission id)",
-            "address": "find the job on the Ray cluster at this address, http://HEAD:8265 (RUN: its exp_id or submission id)",
+RUN_HELP = {"run": "the run directory or the recipe that was launched, e.g. runs/gsm8k-3b-smoke; with "
+                   "--cluster/--address: the exp_id or submission id of a job on that cluster",
+            "cluster": "find the job on the cluster of this inventory, from any machine (RUN: its exp_id or "
+                       "submission id)",
+            "address": "find the job on the Ray cluster at this address, http://HEAD:8265 (RUN: its exp_id or "
+                       "submission id)",
             "ssh_config": SSH_CONFIG_HELP}
 
 
@@ -151,7 +141,8 @@ def run_status(c, run, json_=False, cluster=None, address=None, ssh_config=None)
     print(status_view("slurm" if target.name == "slurm" else "ray-job", st.data, st.lines, json_))
 
 
-@task(positional=["run"], help={**RUN_HELP, "follow": "keep streaming until the job ends (Ctrl-C stops following, never the job)"})
+@task(positional=["run"], help={**RUN_HELP,
+                                "follow": "keep streaming until the job ends (Ctrl-C stops following, never the job)"})
 @clean_errors
 def run_logs(c, run, follow=False, cluster=None, address=None, ssh_config=None):
     """Print a launched run's job logs (from the cluster; job.log keeps them too; a Slurm run: its output file).
@@ -174,7 +165,8 @@ def run_logs(c, run, follow=False, cluster=None, address=None, ssh_config=None):
         raise Exit(code=code)
 
 
-@task(positional=["run"], help={**RUN_HELP, "head": "also stop the Ray head (and container) that slimeforge started for it"})
+@task(positional=["run"], help={**RUN_HELP,
+                                "head": "also stop the Ray head (and container) that slimeforge started for it"})
 @clean_errors
 def run_stop(c, run, head=False, cluster=None, address=None, ssh_config=None):
     """Stop a launched run's job; --head also stops the Ray head (or container) slimeforge started for it.
@@ -189,7 +181,8 @@ def run_stop(c, run, head=False, cluster=None, address=None, ssh_config=None):
         from slimeforge.run.targets.jobs import remote_stop
 
         if head:
-            raise Exit("error: --head stops a head slimeforge started for a run on this machine; a cluster's head: `invoke cluster.down`", code=2)
+            raise Exit("error: --head stops a head slimeforge started for a run on this machine; a cluster's head: "
+                       "`invoke cluster.down`", code=2)
         code = remote_stop(api, run)
         if code:
             raise Exit(code=code)
@@ -205,7 +198,8 @@ def run_stop(c, run, head=False, cluster=None, address=None, ssh_config=None):
     may_omit=["recipe"],
     iterable=["skip_check", "set_"],
     help={
-        "recipe": "check this recipe too (model vs config.json, data, checkpoint dir, flags, AWS), e.g. recipes/gsm8k.yaml; without: host checks only",
+        "recipe": "check this recipe too (model vs config.json, data, checkpoint dir, flags, AWS), e.g. "
+                  "recipes/gsm8k.yaml; without: host checks only",
         "set_": "override a recipe key, key=value (repeatable)",
         "cuda": "without a recipe: the stack whose driver and architectures to check (default cu13)",
         "address": "the running cluster to compare Ray and Python versions with",
@@ -216,13 +210,14 @@ def run_stop(c, run, head=False, cluster=None, address=None, ssh_config=None):
         "skip_check": "turn this check's errors into warnings (repeatable)",
         "no_network": "leave out the checks that need the network",
         "list_checks": "list the checks and exit",
-        "kernels": "also run every compiled piece on this host's GPU (the install's or image's kernel check; seconds per piece)",
+        "kernels": "also run every compiled piece on this host's GPU (the install's or image's kernel check; seconds "
+                   "per piece)",
         "json_": JSON_HELP,
     },
 )
 @clean_errors
-def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=None, prefix=None, catalog=None, skip_check=None,
-           no_network=False, list_checks=False, kernels=False, json_=False):
+def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=None, prefix=None, catalog=None,
+           skip_check=None, no_network=False, list_checks=False, kernels=False, json_=False):
     """Preflight: report every problem (with its fix) that would stop a launch, before anything starts."""
     from slimeforge.run import preflight as doc
 
@@ -231,8 +226,8 @@ def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=
 
         print(checks_view(json_))
         return
-    report = doc.doctor(recipe, list(set_ or ()), cuda=cuda, address=address, mode=mode, image=image, prefix=prefix, catalog=catalog,
-                        skip=list(skip_check or ()), network=not no_network, gpu_checks=kernels)
+    report = doc.doctor(recipe, list(set_ or ()), cuda=cuda, address=address, mode=mode, image=image, prefix=prefix,
+                        catalog=catalog, skip=list(skip_check or ()), network=not no_network, gpu_checks=kernels)
     print(json_doc("slimeforge.doctor/1", report.to_json()) if json_ else report.table())
     if report.errors:
         raise Exit(code=2)  # a refused precondition (docs/exit-codes.md)
@@ -246,7 +241,8 @@ def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=
     help={
         "cuda": "publish the newest build of this flavor (build/<flavor>-<hash>/report.json)",
         "image": "publish any local image instead (REF); its record goes to --record or stdout",
-        "registry": "destination REGISTRY[/REPOSITORY]; an ECR host (<account>.dkr.ecr.<region>.amazonaws.com) uses ECR",
+        "registry": "destination REGISTRY[/REPOSITORY]; an ECR host (<account>.dkr.ecr.<region>.amazonaws.com) uses "
+                    "ECR",
         "build_dir": "a build directory, or a directory holding <flavor>-* builds (default build/)",
         "tag": "with --image: a tag to push (repeatable; the image's own tag is pushed too)",
         "record": "with --image: write the publish record (JSON) to this file",
@@ -257,7 +253,8 @@ def doctor(c, recipe=None, set_=None, cuda=None, address=None, mode=None, image=
         "ecr_push_host": "push to this registry host instead of ECR's own (a test registry)",
         "tag_immutability": "ECR: create a missing repository with immutable tags (--no-tag-immutability: mutable)",
         "scan_on_push": "ECR: create a missing repository with scan on push (--no-scan-on-push: off)",
-        "compression": "layer compression: gzip (default; every runtime reads it) or zstd (faster to unpack; docs/publish.md)",
+        "compression": "layer compression: gzip (default; every runtime reads it) or zstd (faster to unpack; "
+                       "docs/publish.md)",
         "dry_run": "print what would be pushed where, push nothing",
     },
 )
@@ -293,7 +290,8 @@ def publish(c, cuda=None, image=None, registry=None, build_dir=None, tag=None, r
         "source": "NAME=PATH: a local checkout of a source (the patches are read from slime's), instead of fetching it",
         "all": "lock every flavor under images/",
         "check": "offline: the committed lock satisfies every pin, holds every step's packages, mixes no CUDA majors",
-        "complete": "fill only the outside facts the committed lock lacks (router wheel sha256, base digest); resolves nothing",
+        "complete": "fill only the outside facts the committed lock lacks (router wheel sha256, base digest); "
+                    "resolves nothing",
         "upgrade": "resolve at a new cutoff (now) instead of the lock's: what no pin names moves to its newest",
         "base_digest": "sha256:... of the base image (else asked of its registry)",
         "router_sha256": "sha256 of the router wheel (else downloaded once and hashed)",
@@ -359,8 +357,9 @@ def lock(c, cuda=None, stack=None, all=False, check=False, complete=False, upgra
     },
 )
 @clean_errors
-def build(c, cuda="cu13", stack=None, out=None, dry_run=False, base_image=None, source=None, build_arg=None, no_cache=False,
-          force=False, tag=None, repository=None, ca_bundle=None, no_store=False, wheel_registry=None, verbose=False, verify=False):
+def build(c, cuda="cu13", stack=None, out=None, dry_run=False, base_image=None, source=None, build_arg=None,
+          no_cache=False, force=False, tag=None, repository=None, ca_bundle=None, no_store=False, wheel_registry=None,
+          verbose=False, verify=False):
     """Build the image of a stack with BuildKit: content-addressed, patched, smoke-tested, reported."""
     from pathlib import Path
 
@@ -443,8 +442,8 @@ def patches_check(c, cuda="cu13", stack=None, source=None):
     },
 )
 @clean_errors
-def install(c, cuda="cu13", stack=None, prefix="", venv=None, python=None, min_free_gb=None, source=None, out=None, dry_run=False,
-            no_store=False, verify=False):
+def install(c, cuda="cu13", stack=None, prefix="", venv=None, python=None, min_free_gb=None, source=None, out=None,
+            dry_run=False, no_store=False, verify=False):
     """Install a stack on this host (bare metal), resumably, with the image's steps and checks."""
     from pathlib import Path
 
@@ -453,10 +452,11 @@ def install(c, cuda="cu13", stack=None, prefix="", venv=None, python=None, min_f
     from slimeforge.schema import parse_whole
 
     # The one number parser (ASCII digits, bounded): the script's bash reads the value again.
-    free = parse_whole(str(min_free_gb), "--min-free-gb", 0, MAX_FREE_GIB, unit="GiB") if min_free_gb is not None else None
-    opts = InstallOptions(stack=stack or cuda, prefix=prefix, venv=venv, python=python, min_free_gb=free, sources=list(source or []),
-                          out=Path(out) if out else None, dry_run=dry_run, use_store=not no_store,
-                          verify=verify)
+    free = (parse_whole(str(min_free_gb), "--min-free-gb", 0, MAX_FREE_GIB, unit="GiB")
+            if min_free_gb is not None else None)
+    opts = InstallOptions(stack=stack or cuda, prefix=prefix, venv=venv, python=python, min_free_gb=free,
+                          sources=list(source or []), out=Path(out) if out else None, dry_run=dry_run,
+                          use_store=not no_store, verify=verify)
     run_install(opts)
 
 
@@ -466,18 +466,19 @@ WHEELS_HELP = {"cuda": "stack flavor (cu13, cu129)", "stack": "any stack file in
                "registry": "OCI registry host[:port][/path] of the remote store (ECR: docker login to it first)"}
 
 
-@task(iterable=["source", "build_arg"], help={**WHEELS_HELP, "registry": "pull misses from this registry before compiling",
-                                               "source": "NAME=PATH: a local checkout (repeatable)",
-                                               "build_arg": "KEY=VALUE for docker build, e.g. MAX_JOBS=4 (repeatable)",
-                                               "dry_run": "say what would be compiled, compile nothing",
-                                               "verbose": "also show BuildKit's raw output (wheels.log has it always)"})
+@task(iterable=["source", "build_arg"], help={**WHEELS_HELP,
+                                              "registry": "pull misses from this registry before compiling",
+                                              "source": "NAME=PATH: a local checkout (repeatable)",
+                                              "build_arg": "KEY=VALUE for docker build, e.g. MAX_JOBS=4 (repeatable)",
+                                              "dry_run": "say what would be compiled, compile nothing",
+                                              "verbose": "also show BuildKit's raw output (wheels.log has it always)"})
 @clean_errors
 def wheels_build(c, cuda="cu13", stack=None, registry=None, source=None, build_arg=None, dry_run=False, verbose=False):
     """Compile only the compiled steps whose key is not stored (MAX_JOBS from this host's memory), and store them."""
     from slimeforge.image.builder.build import BuildOptions, build_wheels
 
-    opts = BuildOptions(stack=stack or cuda, sources=list(source or []), build_args=list(build_arg or []), dry_run=dry_run,
-                        wheel_registry=registry, echo=diag, verbose=verbose)
+    opts = BuildOptions(stack=stack or cuda, sources=list(source or []), build_args=list(build_arg or []),
+                        dry_run=dry_run, wheel_registry=registry, echo=diag, verbose=verbose)
     result = build_wheels(opts)
     for step, r in result.items():
         print(f"{step:<24} {r.source:<14} {r.key}")
@@ -505,7 +506,8 @@ def wheels_pull(c, cuda="cu13", stack=None, registry=""):
         print(f"{step:<24} {what}")
 
 
-@task(iterable=["stack"], help={"cuda": "stack flavor (cu13, cu129)", "stack": "a stack file (repeatable; with --unused: also counted as used)",
+@task(iterable=["stack"], help={"cuda": "stack flavor (cu13, cu129)",
+                                "stack": "a stack file (repeatable; with --unused: also counted as used)",
                                 "unused": "list the stored keys that no stack uses (images/*.yaml and --stack files)",
                                 "registry": "also say which keys this registry has (credentials: the docker config)",
                                 "json_": JSON_HELP})
@@ -540,10 +542,12 @@ def cluster_up(c, inventory, dry_run=False, nccl_check=False, ssh_config=None):
         return
     addr = cluster.up(inv, nccl_check=nccl_check)
     print(f"cluster is up: GCS {addr.gcs}, dashboard and Jobs API {addr.dashboard}")
-    print(f"launch on it: {clihelp.PROGRAM} run RECIPE --cluster {inventory}" + (f" --ssh-config {ssh_config}" if ssh_config else ""))
+    with_config = f" --ssh-config {ssh_config}" if ssh_config else ""
+    print(f"launch on it: {clihelp.PROGRAM} run RECIPE --cluster {inventory}{with_config}")
 
 
-@task(positional=["inventory"], help={"inventory": "cluster inventory YAML, e.g. recipes/clusters/example.yaml", "json_": JSON_HELP, "ssh_config": SSH_CONFIG_HELP})
+@task(positional=["inventory"], help={"inventory": "cluster inventory YAML, e.g. recipes/clusters/example.yaml",
+                                      "json_": JSON_HELP, "ssh_config": SSH_CONFIG_HELP})
 @clean_errors
 def cluster_status(c, inventory, json_=False, ssh_config=None):
     """Show each host of a cluster: our Ray process, its node, GPUs (Ray / nvidia-smi), Python and Ray versions."""
@@ -557,10 +561,11 @@ def cluster_status(c, inventory, json_=False, ssh_config=None):
     check_answered(inventory, rows)  # a host that does not answer: exit 2, after the whole report (docs/exit-codes.md)
 
 
-@task(positional=["inventory"], help={"inventory": "cluster inventory YAML, e.g. recipes/clusters/example.yaml", "ssh_config": SSH_CONFIG_HELP})
+@task(positional=["inventory"], help={"inventory": "cluster inventory YAML, e.g. recipes/clusters/example.yaml",
+                                      "ssh_config": SSH_CONFIG_HELP})
 @clean_errors
 def cluster_down(c, inventory, ssh_config=None):
-    """Stop the Ray processes that cluster.up started on the inventory's hosts, and nothing else (each proved ours on its host)."""
+    """Stop only the Ray processes that cluster.up started on the inventory's hosts (each proved ours on its host)."""
     from slimeforge.cluster import raycluster as cluster
 
     cluster.down(inventory_of(inventory, ssh_config))

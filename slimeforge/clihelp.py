@@ -88,13 +88,15 @@ def _handle(machine, token):
         # Any token was taken for the missing argument: an unknown option became a recipe named "--nope".
         known = token.split("=", 1)[0] in machine.context.flags or token in machine.context.inverse_flags
         if token.startswith("-") and not known:
-            raise UsageError(f"error: `{PROGRAM} {short_name(machine.context)}` has no option {token}\n{usage(machine.context)}",
+            raise UsageError(f"error: `{PROGRAM} {short_name(machine.context)}` has no option "
+                             f"{token}\n{usage(machine.context)}",
                              machine.context)
     before = machine.context
     try:
         _invoke_handle(machine, token)
         if machine.context is not before and machine.context is not machine.initial and token in machine.contexts:
-            machine.context.typed = token  # `run`, the collection's default, is run.start to invoke: its help names it as typed
+            # `run`, the collection's default, is run.start to invoke: its help names it as typed
+            machine.context.typed = token
         elif token in ("-h", "--help") and machine.context is not None and machine.context is not machine.initial:
             machine.initial.flags["--help"].value = typed_name(machine.context)
     except UsageError:
@@ -104,10 +106,12 @@ def _handle(machine, token):
         # exit 1, as a failed job would: bad input exits 2 wherever the option stands (docs/exit-codes.md).
         in_task = machine.context is not None and machine.context is not machine.initial
         if in_task and token.startswith("-"):
-            raise UsageError(f"error: `{PROGRAM} {short_name(machine.context)}` has no option {token.split('=', 1)[0]}\n"
+            raise UsageError(f"error: `{PROGRAM} {short_name(machine.context)}` has no option "
+                             f"{token.split('=', 1)[0]}\n"
                              f"{usage(machine.context)}", machine.context) from None
         where = f"`{PROGRAM} {short_name(machine.context)}`" if in_task else f"`{PROGRAM}`"
-        raise UsageError(f"error: {where}: {exc}\n(`{PROGRAM} --list` lists the tasks, `{PROGRAM} TASK --help` their options)",
+        raise UsageError(f"error: {where}: {exc}\n(`{PROGRAM} --list` lists the tasks, `{PROGRAM} TASK --help` their "
+                         "options)",
                          machine.context) from None
 
 
@@ -120,7 +124,8 @@ def _complete_context(machine):
     missing = [a for a in missing if not getattr(a, "may_omit", False)]
     if missing and machine.initial.flags["--help"].value is None:
         needs = "; ".join(f"{a.name.upper()}, {a.help}" for a in missing)
-        raise UsageError(f"error: `{PROGRAM} {short_name(machine.context)}` needs {needs}\n{usage(machine.context)}", machine.context)
+        raise UsageError(f"error: `{PROGRAM} {short_name(machine.context)}` needs {needs}\n{usage(machine.context)}",
+                         machine.context)
     if missing:  # help was asked for: it needs no argument
         if machine.context not in machine.result:
             machine.result.append(machine.context)
@@ -149,14 +154,16 @@ invoke_parser.ParseMachine.complete_context = _complete_context  # type: ignore[
 
 def positional_usage(ctx) -> str:
     """RECIPE, or [RECIPE] where it may be left out: how the positional arguments are typed."""
-    return " ".join(f"[{a.name.upper()}]" if getattr(a, "may_omit", False) else a.name.upper() for a in ctx.positional_args)
+    return " ".join(f"[{a.name.upper()}]" if getattr(a, "may_omit",
+                                                     False) else a.name.upper() for a in ctx.positional_args)
 
 
 def usage(ctx) -> str:
     """How a task is called, and one call to copy (each positional's help says `e.g. X`)."""
     name = short_name(ctx)  # `invoke run` for run.start
     args = positional_usage(ctx)
-    examples = " ".join(m.group(1).rstrip(";:,.)") if (m := re.search(r"e\.g\. (\S+)", a.help or "")) else a.name.upper()
+    examples = " ".join(m.group(1).rstrip(";:,.)") if (m := re.search(r"e\.g\. (\S+)",
+                                                                      a.help or "")) else a.name.upper()
                         for a in ctx.positional_args)
     return (f"usage: {PROGRAM} {name} [OPTIONS] {args}\n"
             f"e.g.:  {PROGRAM} {name} {examples}\n"
@@ -190,7 +197,8 @@ def _print_task_help(program, name: str) -> None:
             m = re.match(r"(\s+)(--[\w-]+)=STRING(\s+)", line)
             if m and m.group(2) in positional:
                 shown = positional[m.group(2)]
-                lines[i] = m.group(1) + shown + " " * (len(m.group(2)) + len("=STRING") - len(shown)) + m.group(3) + line[m.end():]
+                lines[i] = (m.group(1) + shown + " " * (len(m.group(2)) + len("=STRING") - len(shown)) + m.group(3)
+                            + line[m.end():])
     for line in lines:  # a line at a time, as Invoke prints it
         print(line)
 
@@ -218,7 +226,8 @@ def run_program(ns: Collection, program: str, version: str) -> None:
 def hint_pattern(coll: Collection) -> re.Pattern[str]:
     """`invoke` where a message names one of these tasks to run (`run invoke build --cuda cu13
     first`, `error: invoke publish: ...`): the word alone, before a task's name or alias as a word."""
-    names = sorted({n for name, aliases in coll.task_names.items() for n in (name, *aliases)} | {"--list", "--help"}, key=len, reverse=True)
+    names = sorted({n for name, aliases in coll.task_names.items() for n in (name, *aliases)} | {"--list", "--help"},
+                   key=len, reverse=True)
     return re.compile(r"(?<![\w/.-])invoke(?=[ \t]+(?:" + "|".join(map(re.escape, names)) + r")(?![\w.-]))")
 
 

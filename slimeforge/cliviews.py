@@ -24,11 +24,14 @@ def stack_view(ref: str, as_json: bool) -> str:
     except lockfile.LockError as exc:  # it names its remedy (image/lock/remedies.py)
         pylock, lock_problem = None, f"lock: {exc}"
     if as_json:  # what the text says about the lock, the document says too (docs/json.md: warnings)
-        return json_doc("slimeforge.stack/1", {"id": stack.id, "hash": stack.hash, "version": stack.version, "cuda": stack.cuda,
-                                                "python": stack.python, "driver_min": stack.driver_min, "pins": stack.pins(),
+        return json_doc("slimeforge.stack/1", {"id": stack.id, "hash": stack.hash, "version": stack.version,
+                                               "cuda": stack.cuda,
+                                                "python": stack.python, "driver_min": stack.driver_min,
+                                               "pins": stack.pins(),
                                                 "steps": [s.to_json() for s in stack.plan],
                                                 "warnings": [printable(lock_problem)] if lock_problem else []})
-    lines = [f"stack {stack.id}  (version {stack.version}, CUDA {stack.cuda}, Python {stack.python}, driver >= R{stack.driver_min})"]
+    lines = [f"stack {stack.id}  (version {stack.version}, CUDA {stack.cuda}, Python {stack.python}, driver >= "
+             f"R{stack.driver_min})"]
     width = max(len(k) for k in stack.pins())
     lines += [f"  {key:<{width}}  {value}" for key, value in stack.pins().items()]
     if pylock is not None:
@@ -51,18 +54,21 @@ def wheels_view(cuda: str, stacks: list[str], *, unused: bool, registry: str | N
 
     if unused:
         keys = wheelstore.unused(wheelstore.known_stacks(stacks))
-        return (json_doc("slimeforge.wheels-unused/1", {"store": str(wheelstore.store_root()), "unused": keys}) if as_json
+        return (json_doc("slimeforge.wheels-unused/1", {"store": str(wheelstore.store_root()),
+                                                        "unused": keys}) if as_json
                 else "\n".join(f"{wheelstore.store_root() / k}" for k in keys) or "no unused keys")
     creds = None
     if registry:
         from slimeforge.image.remote.credentials import docker_config_credentials
 
         creds = docker_config_credentials(wheelstore.remote_ref(registry, "k").registry)
-    rows = [r for s in (stacks or [cuda]) for r in wheelstore.listing(load_stack(s), registry=registry, credentials=creds)]
+    rows = [r for s in (stacks or [cuda]) for r in wheelstore.listing(load_stack(s), registry=registry,
+                                                                      credentials=creds)]
     if as_json:
         return json_doc("slimeforge.wheels/1", {"store": str(wheelstore.store_root()), "keys": rows})
     return "\n".join([f"store {wheelstore.store_root()}",
-                      *(f"{r['step']:<24} {r['status']:<13} {r['key']:<40} {r['size'] / 1e6:8.1f} MB  {' '.join(r['where'])}" for r in rows)])
+                      *(f"{r['step']:<24} {r['status']:<13} {r['key']:<40} {r['size'] / 1e6:8.1f} MB  "
+                        f"{' '.join(r['where'])}" for r in rows)])
 
 
 def checks_view(as_json: bool) -> str:
@@ -70,7 +76,8 @@ def checks_view(as_json: bool) -> str:
     from slimeforge.run import preflight
 
     if as_json:
-        checks = [{"name": chk.name, "scope": chk.scope, "needs_recipe": chk.needs_recipe, "doc": chk.doc} for chk in preflight.CHECKS.values()]
+        checks = [{"name": chk.name, "scope": chk.scope, "needs_recipe": chk.needs_recipe,
+                   "doc": chk.doc} for chk in preflight.CHECKS.values()]
         return json_doc("slimeforge.doctor-checks/1", {"checks": checks})
     return "\n".join(preflight.list_checks())
 
@@ -80,4 +87,5 @@ def status_view(target: str, data: Mapping[str, object], lines: Sequence[str], a
     text (a job's message, a reason), so no escape sequence reaches the terminal."""
     from slimeforge.schema import printable
 
-    return json_doc("slimeforge.run-status/1", {"target": target, **data}) if as_json else "\n".join(printable(line) for line in lines)
+    return json_doc("slimeforge.run-status/1", {"target": target,
+                                                **data}) if as_json else "\n".join(printable(line) for line in lines)

@@ -38,7 +38,8 @@ def console(stream: IO[str] | None = None):
 
     stream = stream or sys.stdout
     colour, on_tty = colour_allowed(stream), is_terminal(stream)
-    return Console(file=stream, no_color=not colour, color_system="auto" if colour else None, width=None if on_tty else WIDE, highlight=False)
+    return Console(file=stream, no_color=not colour, color_system="auto" if colour else None,
+                   width=None if on_tty else WIDE, highlight=False)
 
 
 def is_terminal(stream: IO[str]) -> bool:
@@ -54,7 +55,8 @@ def diag(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], stream: IO[str] | None = None) -> None:
+def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]],
+          stream: IO[str] | None = None) -> None:
     """A table (a result: stdout unless told), None cells empty, no cell cut off a terminal. Cells
     hold other tools' text (ssh's errors): each is plain text, never rich markup ("[/]" in a
     message would be read as a tag), with control characters replaced (schema.printable)."""

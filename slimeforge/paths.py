@@ -51,7 +51,8 @@ class Prefix:
     @classmethod
     def at(cls, root: str) -> Prefix:
         venv = f"{root}/venv"
-        return cls(root, venv, f"{venv}/bin/python", f"{venv}/bin/ray", f"{root}/.slimeforge", f"{root}/{STACK_LOCK}", f"{root}/{FLAGS}")
+        return cls(root, venv, f"{venv}/bin/python", f"{venv}/bin/ray", f"{root}/.slimeforge", f"{root}/{STACK_LOCK}",
+                   f"{root}/{FLAGS}")
 
     def source(self, source_dir: str) -> str:
         return f"{self.root}/{source_dir}"
@@ -78,9 +79,9 @@ BUILD_REPORT = "report.json"
 
 def user_cache() -> Path:
     """slimeforge's cache of downloads and what is made from them: $SLIMEFORGE_CACHE_DIR, else
-    $XDG_CACHE_HOME/slimeforge (absolute paths, as the XDG spec asks), else ~/.cache/slimeforge. Never the repository: they are
-    gigabytes, and every checkout shares them. Beside each other there: sources/ (bare copies of
-    pinned commits), wheels/ (patches.check's downloads), compiled/ (the compiled-wheel store)."""
+    $XDG_CACHE_HOME/slimeforge (absolute paths, as the XDG spec asks), else ~/.cache/slimeforge. Never the repository:
+    they are gigabytes, and every checkout shares them. Beside each other there: sources/ (bare copies of pinned
+    commits), wheels/ (patches.check's downloads), compiled/ (the compiled-wheel store)."""
     own = os.environ.get("SLIMEFORGE_CACHE_DIR", "")
     if own.startswith("/"):  # slimeforge's alone (the test suite's, a shared disk), not uv's or pip's
         return Path(own)

@@ -92,7 +92,8 @@ class Runner:
 
 
     def stream(self, argv: Sequence[str], on_line: Callable[[str], None], *, step: str = "",
-               env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None, forward_signals: bool = False) -> int:
+               env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None,
+               forward_signals: bool = False) -> int:
         """Run to the end, handing each line of its output (stdout and stderr together) to
         `on_line` as it comes: progress of a slow command. Returns the exit status.
 
@@ -108,7 +109,8 @@ class Runner:
         full_env = None if env is None else {**os.environ, **env}
         try:
             with subprocess.Popen(argv, env=full_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, text=True, bufsize=1, start_new_session=forward_signals) as proc:
+                                  stdin=subprocess.DEVNULL, text=True, bufsize=1,
+                                  start_new_session=forward_signals) as proc:
                 assert proc.stdout is not None
                 with _forwarding(proc, forward_signals):
                     for line in proc.stdout:

@@ -42,23 +42,35 @@ class RayPort:
 # Order: head-only first, then every node's, as the firewall table lists them.
 PORTS: tuple[RayPort, ...] = (
     RayPort("port", "--port", 6379, HEAD, "all nodes", "GCS: the cluster's state (every node's raylet and workers)"),
-    RayPort("dashboard_port", "--dashboard-port", 8265, HEAD, "the submitting machine (and the head itself)", "dashboard and Jobs API (`invoke run --cluster`, run.status/logs/stop)"),
-    RayPort("client_port", "--ray-client-server-port", 10001, HEAD, "Ray Client users (`ray://HEAD:10001`)", "Ray Client server"),
+    RayPort("dashboard_port", "--dashboard-port", 8265, HEAD, "the submitting machine (and the head itself)",
+            "dashboard and Jobs API (`invoke run --cluster`, run.status/logs/stop)"),
+    RayPort("client_port", "--ray-client-server-port", 10001, HEAD, "Ray Client users (`ray://HEAD:10001`)",
+            "Ray Client server"),
     # Two Prometheus exporters of the head that `ray start` has no option for (Ray's own defaults,
     # 44217 and 44227, on every interface): pinned through the variables Ray reads at start.
-    RayPort("autoscaler_metrics_port", None, 10002, HEAD, "your Prometheus, if any", "autoscaler (monitor) metrics", env="AUTOSCALER_METRIC_PORT"),
-    RayPort("dashboard_metrics_port", None, 10003, HEAD, "your Prometheus, if any", "dashboard metrics", env="DASHBOARD_METRIC_PORT"),
-    RayPort("node_manager_port", "--node-manager-port", 10004, ALL, "all nodes", "raylet (node manager): task and actor scheduling"),
-    RayPort("object_manager_port", "--object-manager-port", 10005, ALL, "all nodes", "object manager: objects moved between nodes"),
-    RayPort("runtime_env_agent_port", "--runtime-env-agent-port", 10006, ALL, "the node itself", "runtime env agent (its raylet asks it for a job's working_dir)"),
-    RayPort("dashboard_agent_grpc_port", "--dashboard-agent-grpc-port", 10007, ALL, "the head, the node itself", "dashboard agent, gRPC (metrics from the node's processes; logs and state for the head)"),
-    RayPort("dashboard_agent_listen_port", "--dashboard-agent-listen-port", 10008, ALL, "the head", "dashboard agent, HTTP (the Jobs API starts a job's driver through it)"),
-    RayPort("metrics_export_port", "--metrics-export-port", 10009, ALL, "your Prometheus, if any", "metrics of the node's processes, for Prometheus"),
+    RayPort("autoscaler_metrics_port", None, 10002, HEAD, "your Prometheus, if any", "autoscaler (monitor) metrics",
+            env="AUTOSCALER_METRIC_PORT"),
+    RayPort("dashboard_metrics_port", None, 10003, HEAD, "your Prometheus, if any", "dashboard metrics",
+            env="DASHBOARD_METRIC_PORT"),
+    RayPort("node_manager_port", "--node-manager-port", 10004, ALL, "all nodes",
+            "raylet (node manager): task and actor scheduling"),
+    RayPort("object_manager_port", "--object-manager-port", 10005, ALL, "all nodes",
+            "object manager: objects moved between nodes"),
+    RayPort("runtime_env_agent_port", "--runtime-env-agent-port", 10006, ALL, "the node itself",
+            "runtime env agent (its raylet asks it for a job's working_dir)"),
+    RayPort("dashboard_agent_grpc_port", "--dashboard-agent-grpc-port", 10007, ALL, "the head, the node itself",
+            "dashboard agent, gRPC (metrics from the node's processes; logs and state for the head)"),
+    RayPort("dashboard_agent_listen_port", "--dashboard-agent-listen-port", 10008, ALL, "the head",
+            "dashboard agent, HTTP (the Jobs API starts a job's driver through it)"),
+    RayPort("metrics_export_port", "--metrics-export-port", 10009, ALL, "your Prometheus, if any",
+            "metrics of the node's processes, for Prometheus"),
 )
 # Worker processes (one per task or actor) each bind one port of this range; Ray skips a port
 # that is already taken, so the range is not checked port by port before Ray starts.
-WORKERS = RayPort("min_worker_port", "--min-worker-port", 10100, ALL, "all nodes", "worker processes (tasks, actors), one port each")
-MAX_WORKER = RayPort("max_worker_port", "--max-worker-port", 19999, ALL, "all nodes", "the last port of the worker range")
+WORKERS = RayPort("min_worker_port", "--min-worker-port", 10100, ALL, "all nodes",
+                  "worker processes (tasks, actors), one port each")
+MAX_WORKER = RayPort("max_worker_port", "--max-worker-port", 19999, ALL, "all nodes",
+                     "the last port of the worker range")
 
 FIXED_KEYS = tuple(p.key for p in PORTS)
 ALL_KEYS = (*FIXED_KEYS, WORKERS.key, MAX_WORKER.key)
@@ -85,7 +97,9 @@ def port_problems(ray: Mapping[str, Any], where: str = "ray") -> list[Problem]:
         if port is None:
             continue
         if port in seen:
-            p.append(Problem(f"{where}.{key}", f"is the same port as {where}.{seen[port]}: the Ray ports must differ from each other", port,
+            p.append(Problem(f"{where}.{key}",
+                             f"is the same port as {where}.{seen[port]}: the Ray ports must differ from each "
+                             "other", port,
                              f"another port (defaults: {', '.join(f'{k} {DEFAULTS[k]}' for k in FIXED_KEYS)})"))
         seen.setdefault(port, key)
     lo, hi = values[WORKERS.key], values[MAX_WORKER.key]
@@ -96,7 +110,8 @@ def port_problems(ray: Mapping[str, Any], where: str = "ray") -> list[Problem]:
         else:
             for port, key in sorted(seen.items()):
                 if lo <= port <= hi:
-                    p.append(Problem(f"{where}.{key}", f"lies inside the worker port range {lo}-{hi}: a worker could take it", port,
+                    p.append(Problem(f"{where}.{key}",
+                                     f"lies inside the worker port range {lo}-{hi}: a worker could take it", port,
                                      "a port outside min_worker_port..max_worker_port"))
     return p
 
@@ -138,13 +153,18 @@ def firewall_table(ray: Mapping[str, Any] | None = None) -> str:
              "| --- | --- | --- | --- | --- | --- |"]
     for p in PORTS:
         how = f"`{p.flag}`" if p.flag else f"environment `{p.env}`"
-        lines.append(f"| {values[p.key]} | `{p.key}` | {how} | {'the head' if p.hosts == HEAD else 'every host'} | {p.peers} | {p.what} |")
+        lines.append(f"| {values[p.key]} | `{p.key}` | {how} | {'the head' if p.hosts == HEAD else 'every host'} | "
+                     f"{p.peers} | {p.what} |")
     lo, hi = values[WORKERS.key], values[MAX_WORKER.key]
-    lines.append(f"| {lo}-{hi} | `{WORKERS.key}`, `{MAX_WORKER.key}` | `{WORKERS.flag}`, `{MAX_WORKER.flag}` | every host | {WORKERS.peers} | {WORKERS.what} |")
-    every = _spans([values[p.key] for p in PORTS if p.hosts == ALL and p.key != "metrics_export_port"] + list(range(lo, hi + 1)))
+    lines.append(f"| {lo}-{hi} | `{WORKERS.key}`, `{MAX_WORKER.key}` | `{WORKERS.flag}`, `{MAX_WORKER.flag}` | every "
+                 f"host | {WORKERS.peers} | {WORKERS.what} |")
+    every = _spans([values[p.key] for p in PORTS if p.hosts == ALL and p.key != "metrics_export_port"]
+                   + list(range(lo, hi + 1)))
     metrics = _spans([values[p.key] for p in PORTS if p.env] + [values["metrics_export_port"]])
-    lines += ["", f"In short: on the head, TCP {values['port']} from every host of the cluster, TCP {values['dashboard_port']} from the "
-              f"submitting machine, TCP {values['client_port']} from Ray Client users if you have any; on every host (the head too), "
-              f"TCP {every} from every host of the cluster; metrics ({metrics}) from your Prometheus if you scrape them. Nothing else "
-              "of Ray's needs to be open (ssh aside: port 22, or the inventory's, from the submitting machine or its bastion)."]
+    lines += ["",
+              f"In short: on the head, TCP {values['port']} from every host of the cluster, TCP "
+              f"{values['dashboard_port']} from the submitting machine, TCP {values['client_port']} from Ray Client "
+              f"users if you have any; on every host (the head too), TCP {every} from every host of the cluster; "
+              f"metrics ({metrics}) from your Prometheus if you scrape them. Nothing else of Ray's needs to be open "
+              "(ssh aside: port 22, or the inventory's, from the submitting machine or its bastion)."]
     return "\n".join(lines)

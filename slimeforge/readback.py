@@ -54,14 +54,16 @@ class RecordError(ConfigError):
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR,
+                                                                                               "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symlink")):
         if test(mode):
             return name
     return "not a regular file"
 
 
-def read_bytes(path: str | os.PathLike[str], what: str, accepted: str, *, max_bytes: int, follow_symlinks: bool = False) -> bytes | None:
+def read_bytes(path: str | os.PathLike[str], what: str, accepted: str, *, max_bytes: int,
+               follow_symlinks: bool = False) -> bytes | None:
     """The bytes of the regular file at `path` (at most `max_bytes`), or None if nothing is there."""
     path = Path(path)
     try:
@@ -85,7 +87,8 @@ def read_bytes(path: str | os.PathLike[str], what: str, accepted: str, *, max_by
         if not stat.S_ISREG(fst.st_mode) or (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
             raise RecordError(path, what, f"was replaced while being read (now {_kind(fst.st_mode)})", accepted)
         if fst.st_size > max_bytes:
-            raise RecordError(path, what, f"is {fst.st_size} bytes, larger than a file of this kind holds ({max_bytes})", accepted)
+            raise RecordError(path, what,
+                              f"is {fst.st_size} bytes, larger than a file of this kind holds ({max_bytes})", accepted)
         chunks, left = [], max_bytes + 1
         while left > 0:
             chunk = os.read(fd, min(left, 1 << 20))
@@ -108,7 +111,8 @@ def decode(path: str | os.PathLike[str], what: str, accepted: str, data: bytes) 
         raise RecordError(path, what, f"is not UTF-8 text (byte {exc.start})", accepted) from None
 
 
-def read_text(path: str | os.PathLike[str], what: str, pattern: re.Pattern[str], accepted: str, *, max_bytes: int = MAX_LINE_RECORD,
+def read_text(path: str | os.PathLike[str], what: str, pattern: re.Pattern[str], accepted: str, *,
+              max_bytes: int = MAX_LINE_RECORD,
               follow_symlinks: bool = False) -> str | None:
     """A one-value record: its text without the final newline, matching `pattern` in full."""
     data = read_bytes(path, what, accepted, max_bytes=max_bytes, follow_symlinks=follow_symlinks)
@@ -168,7 +172,8 @@ def _deep_error(path: str | os.PathLike[str], what: str, accepted: str) -> Recor
     return RecordError(path, what, f"nests deeper than {MAX_DEPTH} levels", accepted)
 
 
-def read_json(path: str | os.PathLike[str], what: str, accepted: str, check: Callable[[Any], str | None] | None = None, *,
+def read_json(path: str | os.PathLike[str], what: str, accepted: str, check: Callable[[Any], str | None] | None = None,
+              *,
               max_bytes: int = MAX_JSON_RECORD, follow_symlinks: bool = False) -> Any:
     """A JSON record, parsed, then held to `check` (returns why the document is refused, or None)."""
     data = read_bytes(path, what, accepted, max_bytes=max_bytes, follow_symlinks=follow_symlinks)

@@ -161,12 +161,14 @@ def text_problems(data: Any, where: str = "") -> list[Problem]:
             for key, value in node.items():
                 sub = f"{path}.{_key_text(key)}" if path else _key_text(key)
                 if isinstance(key, str) and (why := text_problem(key)):
-                    out.append(Problem(sub, f"key {why}", key, "printable text without control or bidirectional characters"))
+                    out.append(Problem(sub, f"key {why}", key,
+                                       "printable text without control or bidirectional characters"))
                 items.append((sub, value))
         elif isinstance(node, list | tuple):
             items = [(f"{path}.{i}" if path else str(i), v) for i, v in enumerate(node)]
         elif isinstance(node, str) and (why := text_problem(node)):
-            out.append(Problem(path or "(value)", why, node, f"printable text without control or bidirectional characters, at most {MAX_TEXT}"))
+            out.append(Problem(path or "(value)", why, node,
+                               f"printable text without control or bidirectional characters, at most {MAX_TEXT}"))
         stack.extend(reversed(items))
     return out
 
@@ -174,19 +176,22 @@ def text_problems(data: Any, where: str = "") -> list[Problem]:
 # --- secrets -------------------------------------------------------------------------------------
 # A name is a secret's when one of its words (split at '_' or '-', any case) is one of these, or
 # two adjacent words are: OPENAI_API_KEY, github_pat, HF_TOKEN, wandb-key, DB_PASSWD, ...
-_SECRET_WORDS = {"token", "tokens", "secret", "secrets", "password", "passwd", "pass", "passphrase", "pat", "credential",
-                 "credentials", "creds", "apikey", "key", "keys", "auth", "cookie", "signature", "privatekey", "accesskey"}
+_SECRET_WORDS = {"token", "tokens", "secret", "secrets", "password", "passwd", "pass", "passphrase", "pat",
+                 "credential", "credentials", "creds", "apikey", "key", "keys", "auth", "cookie", "signature",
+                 "privatekey", "accesskey"}
 # Values by the shape of well-known credentials: OpenAI/Anthropic (sk-), GitHub (ghp_, github_pat_),
 # Slack (xox?-), Hugging Face (hf_), AWS access key ids (AKIA/ASIA), JWTs and PEM private keys.
-_SECRET_VALUE_RE = re.compile(r"(?:sk-[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|xox[abposr]-[A-Za-z0-9-]{10,}"
-                              r"|hf_[A-Za-z0-9]{20,}|(?:AKIA|ASIA)[0-9A-Z]{16}|eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]*"
+_SECRET_VALUE_RE = re.compile(r"(?:sk-[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
+                              r"|xox[abposr]-[A-Za-z0-9-]{10,}|hf_[A-Za-z0-9]{20,}|(?:AKIA|ASIA)[0-9A-Z]{16}"
+                              r"|eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]*"
                               r"|-----BEGIN [A-Z ]*PRIVATE KEY-----)")
 
 
 def secret_name(name: str) -> bool:
     """Whether an environment variable or flag name looks like it carries a secret."""
     words = [w for w in re.split(r"[_\-.]+", name.lower()) if w]
-    return any(w in _SECRET_WORDS for w in words) or any(a + b in _SECRET_WORDS for a, b in zip(words, words[1:], strict=False))
+    return (any(w in _SECRET_WORDS for w in words)
+            or any(a + b in _SECRET_WORDS for a, b in zip(words, words[1:], strict=False)))
 
 
 def secret_value(value: object) -> bool:
@@ -232,7 +237,8 @@ _BOUND_ERRORS = frozenset({"greater_than", "greater_than_equal", "less_than", "l
 
 def accepted_range(name: str, info: FieldInfo) -> str:
     """A field's bounds as a Problem's accepted text: `1..64` for whole numbers, `> 0`, `0 < name < 1`."""
-    b = {attr: getattr(m, attr) for m in info.metadata for attr in ("ge", "gt", "le", "lt") if getattr(m, attr, None) is not None}
+    b = {attr: getattr(m, attr) for m in info.metadata for attr in ("ge", "gt", "le", "lt")
+         if getattr(m, attr, None) is not None}
     low = ("<=", b["ge"]) if "ge" in b else ("<", b["gt"]) if "gt" in b else None
     high = ("<=", b["le"]) if "le" in b else ("<", b["lt"]) if "lt" in b else None
     if info.annotation in (int, int | None) and "ge" in b and "le" in b:
@@ -244,7 +250,8 @@ def accepted_range(name: str, info: FieldInfo) -> str:
     else:
         text = f"{high[0]} {high[1]}" if high else ""
     note = next((m.note for m in info.metadata if isinstance(m, Worded) and m.note), "")
-    return text + (f" {note}" if note else "") + (", or leave it out" if info.default is None and not info.is_required() else "")
+    return text + (f" {note}" if note else "") + (", or leave it "
+                                                  "out" if info.default is None and not info.is_required() else "")
 
 
 def _bound_problem(cls: type[BaseModel], loc: tuple, kind: str, value: Any) -> Problem | None:
@@ -298,13 +305,17 @@ def number_problems(data: Any, where: str = "") -> list[Problem]:
             for key, value in node.items():
                 sub = f"{path}.{_key_text(key)}" if path else _key_text(key)
                 if isinstance(key, int) and not isinstance(key, bool) and key.bit_length() > MAX_INT_BITS:
-                    out.append(Problem(path or "(top level)", f"has a key that is a number of {key.bit_length()} bits", show_value=False))
+                    out.append(Problem(path or "(top level)", f"has a key that is a number of {key.bit_length()} bits",
+                                       show_value=False))
                 stack.append((sub, value))
         elif isinstance(node, list | tuple):
             stack.extend((f"{path}.{i}" if path else str(i), v) for i, v in enumerate(node))
         elif isinstance(node, int) and not isinstance(node, bool) and node.bit_length() > MAX_INT_BITS:
-            out.append(Problem(path or "(value)", f"is a number of {node.bit_length()} bits (about {int(node.bit_length() * 0.30103) + 1} digits)",
-                               show_value=False, accepted=f"a whole number from -2**{MAX_INT_BITS} to 2**{MAX_INT_BITS}"))
+            out.append(Problem(path or "(value)",
+                               f"is a number of {node.bit_length()} bits (about "
+                               f"{int(node.bit_length() * 0.30103) + 1} digits)",
+                               show_value=False,
+                               accepted=f"a whole number from -2**{MAX_INT_BITS} to 2**{MAX_INT_BITS}"))
     return out
 
 

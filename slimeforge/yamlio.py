@@ -42,10 +42,12 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = Fal
         try:
             first = seen.get(key)
         except TypeError:
-            raise yaml.constructor.ConstructorError(None, None, "a mapping key must be a plain value", key_node.start_mark) from None
+            raise yaml.constructor.ConstructorError(None, None, "a mapping key must be a plain value",
+                                                    key_node.start_mark) from None
         if first is not None:
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {shown(key, 60)} (first on line {first}); a key may appear once", key_node.start_mark)
+                None, None, f"duplicate key {shown(key, 60)} (first on line {first}); a key may appear once",
+                                                    key_node.start_mark)
         seen[key] = key_node.start_mark.line + 1
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
@@ -66,7 +68,8 @@ def _check_graph(node: yaml.Node, source: str) -> None:
         if id(n) in sizes:
             return sizes[id(n)]
         if id(n) in active:
-            raise ConfigError(source, [Problem(f"line {n.start_mark.line + 1}", "an alias refers to the value that contains it",
+            raise ConfigError(source, [Problem(f"line {n.start_mark.line + 1}",
+                                               "an alias refers to the value that contains it",
                                                show_value=False, accepted="aliases of finished values only")])
         active.add(id(n))
         total = 1
@@ -77,7 +80,8 @@ def _check_graph(node: yaml.Node, source: str) -> None:
         active.discard(id(n))
         if total > MAX_NODES:
             raise ConfigError(source, [Problem("file", f"expands to more than {MAX_NODES} values (aliases included)",
-                                               show_value=False, accepted="a recipe, stack or inventory of ordinary size")])
+                                               show_value=False,
+                                               accepted="a recipe, stack or inventory of ordinary size")])
         sizes[id(n)] = total
         return total
 
@@ -113,9 +117,11 @@ def parse_yaml(text: str, source: str) -> Any:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "file"
-        raise ConfigError(source, [Problem(where, f"is not valid YAML: {getattr(exc, 'problem', None) or exc}", show_value=False)]) from None
+        raise ConfigError(source, [Problem(where, f"is not valid YAML: {getattr(exc, 'problem', None) or exc}",
+                                           show_value=False)]) from None
     except RecursionError:
-        raise ConfigError(source, [Problem("file", f"nests deeper than {MAX_DEPTH} levels", show_value=False)]) from None
+        raise ConfigError(source, [Problem("file", f"nests deeper than {MAX_DEPTH} levels",
+                                           show_value=False)]) from None
     except ValueError as exc:
         # PyYAML turns a scalar into an int with int(): over 4300 digits Python refuses.
         what = "a number too long to read (over 4300 digits)" if "digits" in str(exc) else "a value that cannot be read"
@@ -133,18 +139,21 @@ def read_yaml(path: Path) -> dict[str, Any]:
     accepted = "a recipe, stack or inventory of ordinary size"
     raw = readback.read_bytes(path, "file", "a regular YAML file", max_bytes=MAX_FILE_BYTES, follow_symlinks=True)
     if raw is None:
-        raise ConfigError(source, [Problem("file", "cannot be read: No such file or directory", show_value=False, accepted=accepted)])
+        raise ConfigError(source, [Problem("file", "cannot be read: No such file or directory", show_value=False,
+                                           accepted=accepted)])
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
-        raise ConfigError(source, [Problem(f"line {line}", f"is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
+        raise ConfigError(source, [Problem(f"line {line}",
+                                           f"is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
                                            show_value=False, accepted="a UTF-8 encoded YAML file")]) from None
     data = parse_yaml(text, source)
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(source, [Problem("file", "must hold a YAML mapping", type(data).__name__, "key: value pairs")])
+        raise ConfigError(source, [Problem("file", "must hold a YAML mapping", type(data).__name__,
+                                           "key: value pairs")])
     return data
 
 
@@ -167,23 +176,28 @@ def load_with_extends(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any
         why = "is a symlink loop" if isinstance(exc, RuntimeError) or getattr(exc, "errno", None) == errno.ELOOP else \
             f"cannot be resolved: {exc.strerror if isinstance(exc, OSError) else exc}"
         raise ConfigError(str(_seen[0] if _seen else path), [Problem("extends" if _seen else "file", why, str(path),
-                                                                     "a regular YAML file, or a symlink that ends at one")]) from None
+                                                                     "a regular YAML file, or a symlink that ends at "
+                                                                     "one")]) from None
     if path in _seen:
         chain = " -> ".join(str(p) for p in (*_seen, path))
         raise ConfigError(str(_seen[0]), [Problem("extends", f"forms a cycle: {chain}", show_value=False,
                                                   accepted="a chain of files that ends in one without extends:")])
     if len(_seen) >= MAX_EXTENDS:
-        raise ConfigError(str(_seen[0]), [Problem("extends", f"chain is longer than {MAX_EXTENDS} files", show_value=False,
+        raise ConfigError(str(_seen[0]), [Problem("extends", f"chain is longer than {MAX_EXTENDS} files",
+                                                  show_value=False,
                                                   accepted=f"at most {MAX_EXTENDS} files in one chain")])
     data = read_yaml(path)
     parent = data.pop("extends", None)
     if parent is None:
         return data
     if not isinstance(parent, str) or not parent or "\0" in parent:
-        raise ConfigError(str(path), [Problem("extends", "must be a file path", parent, "a path relative to this file")])
+        raise ConfigError(str(path), [Problem("extends", "must be a file path", parent,
+                                              "a path relative to this file")])
     parent_path = path.parent / parent
-    if not (parent_path.exists() or parent_path.is_symlink()):  # what else is there, the reader judges (a FIFO, a directory)
-        raise ConfigError(str(path), [Problem("extends", "names no file", parent, f"an existing file (looked for {parent_path})")])
+    # what else is there, the reader judges (a FIFO, a directory)
+    if not (parent_path.exists() or parent_path.is_symlink()):
+        raise ConfigError(str(path), [Problem("extends", "names no file", parent,
+                                              f"an existing file (looked for {parent_path})")])
     return deep_merge(load_with_extends(parent_path, (*_seen, path)), data)
 
 
@@ -197,7 +211,8 @@ def parse_set(items: list[str] | tuple[str, ...], typed=None) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         parts = key.split(".")
         if not sep or not all(_KEY_RE.fullmatch(p) for p in parts):
-            problems.append(Problem("--set", "must look like key=value", item, "key=value or key.sub=value; keys of letters, digits, '_' and '-'"))
+            problems.append(Problem("--set", "must look like key=value", item,
+                                    "key=value or key.sub=value; keys of letters, digits, '_' and '-'"))
             continue
         if typed is not None:
             try:

@@ -75,7 +75,8 @@ def _git(repo: Path, *args: str, date: str | None = None) -> str:
     env = {**os.environ, **GIT_ENV}
     if date:
         env.update(GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date)
-    return subprocess.run(["git", "-C", str(repo), *args], env=env, check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(["git", "-C", str(repo), *args], env=env, check=True, capture_output=True,
+                          text=True).stdout.strip()
 
 
 def _commit(repo: Path, files: dict[str, str], message: str, date: str) -> str:
@@ -94,7 +95,8 @@ def make_repos(root: Path) -> dict[str, object]:
     for repo in (lib, slime):
         repo.mkdir(parents=True)
         _git(repo, "init", "-q", "-b", "main")
-    lib_c = _commit(lib, {"pyproject.toml": PYPROJECT.format(name="libdemo", version="0.1.0"), "libdemo/__init__.py": LIBDEMO_INIT},
+    lib_c = _commit(lib, {"pyproject.toml": PYPROJECT.format(name="libdemo", version="0.1.0"),
+                          "libdemo/__init__.py": LIBDEMO_INIT},
                     "libdemo 0.1.0", "2026-01-01T00:00:00Z")
     s1 = _commit(slime, {
         # slime's argument parsing, structured as slime's (three parsers, SGLang's without help).
@@ -105,11 +107,13 @@ def make_repos(root: Path) -> dict[str, object]:
         "docker/patch/test/six.patch": SIX_PATCH,
     }, "slime 0.0.1", "2026-01-02T00:00:00Z")
     s2 = _commit(slime, {"slime/__init__.py": '__version__ = "0.0.2"\n'}, "slime 0.0.2", "2026-01-03T00:00:00Z")
-    s3 = _commit(slime, {"docker/patch/test/libdemo.patch": BROKEN_LIBDEMO_PATCH}, "break libdemo.patch", "2026-01-04T00:00:00Z")
+    s3 = _commit(slime, {"docker/patch/test/libdemo.patch": BROKEN_LIBDEMO_PATCH}, "break libdemo.patch",
+                 "2026-01-04T00:00:00Z")
     # A commit no earlier test session built (BuildKit's cache outlives the images): on a branch from
     # S1, only slime's own package changes.
     _git(slime, "checkout", "-q", "-b", "fresh", s1)
-    fresh = _commit(slime, {"slime/fresh.py": f"NONCE = {time.time_ns()}\n"}, "fresh slime commit", "2026-01-05T00:00:00Z")
+    fresh = _commit(slime, {"slime/fresh.py": f"NONCE = {time.time_ns()}\n"}, "fresh slime commit",
+                    "2026-01-05T00:00:00Z")
     _git(slime, "checkout", "-q", "main")
     got = (lib_c, s1, s2, s3)
     want = (LIBDEMO_COMMIT, SLIME_S1, SLIME_S2, SLIME_S3)
@@ -120,7 +124,8 @@ def make_repos(root: Path) -> dict[str, object]:
 def derived_stack(path: Path, slime_commit: str, lock: bool = True, **extra: str) -> Path:
     """A stack file that extends the test stack and pins slime at another commit, locked beside it
     (locks/pylock.sftest.toml, resolved for real: the commits are part of what a lock records)."""
-    lines = [f"extends: {os.path.relpath(TEST_STACK, path.parent)}", "sources:", "  slime:", f"    commit: '{slime_commit}'"]
+    lines = [f"extends: {os.path.relpath(TEST_STACK, path.parent)}", "sources:", "  slime:",
+             f"    commit: '{slime_commit}'"]
     for key, value in extra.items():
         lines.append(f"{key}: {value}")
     path.write_text("\n".join(lines) + "\n")
@@ -150,7 +155,8 @@ def tampered_lock(directory: Path, package: str):
 
 def placeholder_patches(stack):
     # The real patch files live in slime's tree (no network here); the drift guard is about steps.
-    return [PatchContent(p.file, p.target, p.method, p.strip, f"placeholder {p.file}\n".encode()) for p in stack.used_patches()]
+    return [PatchContent(p.file, p.target, p.method, p.strip,
+                         f"placeholder {p.file}\n".encode()) for p in stack.used_patches()]
 
 
 def render_lock(stack):
@@ -159,7 +165,8 @@ def render_lock(stack):
     try:
         lock = lockfile.load_lock(stack.name if stack.file.parent.name == "images" else str(stack.file), stack)
     except lockfile.LockError:
-        lock = lockfile.LockFile(Path("pylock.none.toml"), {}, {"steps": {n: [] for n in lockinputs.inputs(stack).by_step}}, "")
+        lock = lockfile.LockFile(Path("pylock.none.toml"), {},
+                                 {"steps": {n: [] for n in lockinputs.inputs(stack).by_step}}, "")
     lock.tool.setdefault("router", {})["sha256"] = "0" * 64
     lock.tool["patches"] = {}  # the placeholder patches below are not the locked ones
     return lock
@@ -168,7 +175,8 @@ def render_lock(stack):
 def remove_tags(*prefixes: str) -> None:
     """Remove the image tags (repository:tag) that start with one of `prefixes`: only what a test
     or benchmark made; an image shared with other tags stays for them."""
-    refs = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True).stdout.split()
+    refs = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True,
+                          text=True).stdout.split()
     mine = [r for r in refs if r.startswith(prefixes)]
     if mine:
         subprocess.run(["docker", "rmi", *mine], capture_output=True)

@@ -80,7 +80,8 @@ def make_sdist(dest: Path, heavy: int = 0) -> Path:
 def docker_bridge_gateway() -> str:
     """This host's address on Docker's default bridge: where build containers reach it. Asked of
     the daemon (it is 172.17.0.1 only by default)."""
-    out = subprocess.run(["docker", "network", "inspect", "bridge", "--format", "{{range .IPAM.Config}}{{.Gateway}} {{end}}"],
+    out = subprocess.run(["docker", "network", "inspect", "bridge", "--format",
+                          "{{range .IPAM.Config}}{{.Gateway}} {{end}}"],
                          capture_output=True, text=True, check=True).stdout.split()
     return out[0] if out else "172.17.0.1"
 
@@ -95,7 +96,8 @@ def free_port(host: str) -> int:
 def heavy_c(n: int) -> str:
     """n generated functions with loops the optimiser works on (never called: compile time only)."""
     return "".join(f"double sf_heavy_{i}(double *x, int n) {{ double s = 0; for (int j = 0; j < n; j++) "
-                   f"{{ s += x[j] * {i + 1}.0 / (j + 1) + (s > {i} ? x[j] : -x[j]); }} return s; }}\n" for i in range(n))
+                   f"{{ s += x[j] * {i + 1}.0 / (j + 1) + (s > {i} ? x[j] : -x[j]); }} return s; "
+                   "}\n" for i in range(n))
 
 
 @contextlib.contextmanager
@@ -108,7 +110,8 @@ def serve_index(root: Path, heavy: int = 0) -> Iterator[str]:
         f'<html><body><a href="../../files/{sdist.name}#sha256={sha}">{sdist.name}</a></body></html>\n')
     bridge = docker_bridge_gateway()
     port = free_port(bridge)
-    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", bridge, "--directory", str(root)],
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", bridge, "--directory",
+                               str(root)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(50):

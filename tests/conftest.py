@@ -118,7 +118,8 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 def docker_available() -> bool:
-    return shutil.which("docker") is not None and subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+    return shutil.which("docker") is not None and subprocess.run(["docker", "info"],
+                                                                 capture_output=True).returncode == 0
 
 
 @pytest.fixture(scope="session")
@@ -145,7 +146,8 @@ def _make_base_image() -> None:
         root = Path(tempfile.mkdtemp(prefix="slimeforge-rootfs-"))
         try:
             subprocess.run(
-                ["debootstrap", "--variant=minbase", "--include=python3,python3-venv,python3-pip,ca-certificates,git,patch",
+                ["debootstrap", "--variant=minbase",
+                 "--include=python3,python3-venv,python3-pip,ca-certificates,git,patch",
                  "bookworm", str(root), "http://deb.debian.org/debian"],
                 check=True, capture_output=True,
             )

@@ -143,7 +143,8 @@ def extract(text: str, page: str = "<sample>") -> list[DocCommand]:
         m = FENCE.fullmatch(line)
         if fence is not None:
             marker, indent, lang = fence
-            if m and m.group("fence")[0] == marker[0] and len(m.group("fence")) >= len(marker) and not m.group("info").strip():
+            if (m and m.group("fence")[0] == marker[0] and len(m.group("fence")) >= len(marker)
+                    and not m.group("info").strip()):
                 if lang in SHELL_LANGS:
                     found.extend(DocCommand(page, n, t) for n, t in block_commands(block))
                 fence, block = None, []
@@ -213,21 +214,29 @@ class NotHere:
 
 
 GPU = "needs GPUs (and the driver) on this host"
-HOSTS = "reaches the example inventory's hosts over ssh (gpu-a, gpu-b): none here; the ssh lab (tests/integration/cluster) runs it on sshd hosts"
-SLURM = "submits to (or reads a job of) a Slurm cluster: no sbatch, partition or /shared here; tests/integration/slurm runs it on the Slurm lab"
-BUILD = "a real build or install: Docker or the host, the base image from Docker Hub, an hour of compiling (tests/real runs it with SLIMEFORGE_REAL=1)"
-SOURCES = "/src/... and PATH stand for the reader's slime, Megatron-LM (and demo) checkouts, which come from GitHub (unreachable here)"
-NETWORK = "resolves against PyPI and Docker Hub and rewrites a committed lock (tests/integration/test_lock.py resolves against indexes served here)"
+HOSTS = ("reaches the example inventory's hosts over ssh (gpu-a, gpu-b): none here; the ssh lab "
+        "(tests/integration/cluster) runs it on sshd hosts")
+SLURM = ("submits to (or reads a job of) a Slurm cluster: no sbatch, partition or /shared here; "
+        "tests/integration/slurm runs it on the Slurm lab")
+BUILD = ("a real build or install: Docker or the host, the base image from Docker Hub, an hour of compiling "
+        "(tests/real runs it with SLIMEFORGE_REAL=1)")
+SOURCES = ("/src/... and PATH stand for the reader's slime, Megatron-LM (and demo) checkouts, which come from GitHub "
+          "(unreachable here)")
+NETWORK = ("resolves against PyPI and Docker Hub and rewrites a committed lock (tests/integration/test_lock.py "
+          "resolves against indexes served here)")
 PLACEHOLDER = "a usage line: the capitalized words and `...` are placeholders for the reader's values"
-REGISTRY = "pushes to a registry named by example (registry.example.com) or to ECR (AWS): tests/integration/test_publish.py pushes to a local registry and moto"
-LAUNCH = "a launch: needs GPUs, an image and AWS (the quickstart's refused launch is run by tests/integration/heavy/test_quickstart_doc.py)"
+REGISTRY = ("pushes to a registry named by example (registry.example.com) or to ECR (AWS): "
+           "tests/integration/test_publish.py pushes to a local registry and moto")
+LAUNCH = ("a launch: needs GPUs, an image and AWS (the quickstart's refused launch is run by "
+         "tests/integration/heavy/test_quickstart_doc.py)")
 QUICKSTART = "tests/integration/heavy/test_quickstart_doc.py"
 NEVER_LAUNCHED = "never launched (no job recorded)"
 DRY_RUN = "invoke run recipes/gsm8k.yaml --dry-run"
 DRY_RUN_2NODE = "invoke run recipes/gsm8k-2node.yaml --cluster recipes/clusters/example.yaml --dry-run"
 NO_BRINGUP = "no record of a bring-up from this machine"
 NOT_BUILT = "run invoke build --cuda cu13 first"
-SBATCH = ("runs/gsm8k-3b-smoke/slurm.sbatch", "--container-image=<IMAGE>")  # issue 42.6: not refused for want of an image
+SBATCH = ("runs/gsm8k-3b-smoke/slurm.sbatch",
+          "--container-image=<IMAGE>")  # issue 42.6: not refused for want of an image
 PLAN = ("runs/gsm8k-3b-smoke/plan.json", '"exp_id": "gsm8k-3b-smoke"')
 
 TABLE: dict[str, Run | PageTest | NotHere] = {
@@ -241,19 +250,23 @@ TABLE: dict[str, Run | PageTest | NotHere] = {
     "invoke --print-completion-script fish | source": Run(0, "complete --command invoke", tier="unit"),
     "slimeforge --list": Run(0, "run.status", tier="unit"),
     # dry runs and checks: the heavy tier (a second each)
-    "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[dev]' && invoke run recipes/gsm8k.yaml --dry-run":
+    "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[dev]' && invoke run recipes/gsm8k.yaml "
+    "--dry-run":
         Run(0, "recipe recipes/gsm8k.yaml: valid", writes=PLAN),
     "slimeforge run gsm8k.yaml --dry-run": Run(0, "recipe gsm8k.yaml: valid", writes=PLAN),
     DRY_RUN: Run(0, "note: no image given: <IMAGE> stands for --image", writes=PLAN),
-    "invoke run recipes/gsm8k.yaml --slurm --nodes 2 --dry-run": Run(0, "note: no image given: <IMAGE> stands for --image", writes=SBATCH),
-    "invoke run recipes/gsm8k.yaml --slurm --dry-run --nodes 2": Run(0, "note: no image given: <IMAGE> stands for --image", writes=SBATCH),
+    "invoke run recipes/gsm8k.yaml --slurm --nodes 2 "
+    "--dry-run": Run(0, "note: no image given: <IMAGE> stands for --image", writes=SBATCH),
+    "invoke run recipes/gsm8k.yaml --slurm --dry-run --nodes "
+    "2": Run(0, "note: no image given: <IMAGE> stands for --image", writes=SBATCH),
     DRY_RUN_2NODE: Run(0, "target ray-cluster", writes=("runs/gsm8k-3b-2node/slime.args", "agentcore.yaml")),
     "invoke build --cuda cu13 --dry-run": Run(0, "would run:\n  DOCKER_BUILDKIT=1 "),
     "invoke install --cuda cu13 --prefix /opt/slime --dry-run": Run(0, "/opt/slime/.slimeforge/install/install.sh"),
     "invoke lock --check --cuda cu13": Run(0, "pylock.cu13.toml: ok ("),
     "invoke cluster.up recipes/clusters/example.yaml --dry-run": Run(0, "gpu-a (head, 10.0.0.11, 8 GPU(s))"),
     # --json documents (docs/json.md), each held to its documented shape
-    "invoke run recipes/gsm8k.yaml --dry-run --json": Run(0, "warning: model_dir", json="slimeforge.run-plan/1", writes=PLAN),
+    "invoke run recipes/gsm8k.yaml --dry-run --json": Run(0, "warning: model_dir", json="slimeforge.run-plan/1",
+                                                          writes=PLAN),
     "invoke doctor recipes/gsm8k.yaml --json": Run(2, "aws-credentials", json="slimeforge.doctor/1"),
     "invoke doctor --list-checks --json": Run(0, "model-config", json="slimeforge.doctor-checks/1"),
     "invoke stack.show --json | python3 -m json.tool": Run(0, "torch", json="slimeforge.stack/1"),
@@ -262,7 +275,8 @@ TABLE: dict[str, Run | PageTest | NotHere] = {
     "invoke doctor recipes/gsm8k.yaml": Run(2, "aws-credentials"),  # no GPU, no AWS credentials here
     "invoke publish --cuda cu13 --registry registry.example.com:5000/slimeforge --dry-run": Run(2, NOT_BUILT),
     "invoke publish --cuda cu13 --registry registry.example.com:5000/team/slime --dry-run": Run(2, NOT_BUILT),
-    "invoke publish --cuda cu13 --registry 123456789012.dkr.ecr.us-west-2.amazonaws.com/slime --dry-run": Run(2, NOT_BUILT),
+    "invoke publish --cuda cu13 --registry 123456789012.dkr.ecr.us-west-2.amazonaws.com/slime "
+    "--dry-run": Run(2, NOT_BUILT),
     "invoke run.status recipes/gsm8k.yaml": Run(2, NEVER_LAUNCHED, before=DRY_RUN),
     "invoke run.logs recipes/gsm8k.yaml --follow": Run(2, NEVER_LAUNCHED, before=DRY_RUN),
     "invoke run.stop recipes/gsm8k.yaml": Run(2, NEVER_LAUNCHED, before=DRY_RUN),
@@ -276,8 +290,10 @@ TABLE: dict[str, Run | PageTest | NotHere] = {
     "invoke run.logs gsm8k-3b-2node --cluster recipes/clusters/example.yaml --follow": Run(2, NO_BRINGUP),
     "invoke run.stop gsm8k-3b-2node --cluster recipes/clusters/example.yaml": Run(2, NO_BRINGUP),
     # the quickstart's own files first (a model config, a GSM8K parquet, the page's recipe)
-    "invoke data.gsm8k --src /root/data/gsm8k/main/train-00000-of-00001.parquet --out /root/data/gsm8k.jsonl": PageTest(QUICKSTART),
-    "invoke data.gsm8k --src /root/data/gsm8k/main/train-00000-of-00001.parquet --out /root/data/gsm8k_tiny.jsonl --limit 64": PageTest(QUICKSTART),
+    "invoke data.gsm8k --src /root/data/gsm8k/main/train-00000-of-00001.parquet --out "
+    "/root/data/gsm8k.jsonl": PageTest(QUICKSTART),
+    "invoke data.gsm8k --src /root/data/gsm8k/main/train-00000-of-00001.parquet --out /root/data/gsm8k_tiny.jsonl "
+    "--limit 64": PageTest(QUICKSTART),
     "invoke run my-gsm8k.yaml --dry-run": PageTest(QUICKSTART),
     "invoke doctor my-gsm8k.yaml": PageTest(QUICKSTART),
     "invoke run my-gsm8k.yaml": PageTest(QUICKSTART),
@@ -290,10 +306,12 @@ TABLE: dict[str, Run | PageTest | NotHere] = {
     "invoke install --cuda cu13 --prefix /opt/slime --verify": NotHere(BUILD + "; then the smoke test on a GPU"),
     "invoke build --stack tests/stacks/test.yaml --source slime=/src/slime --source libdemo=/src/libdemo":
         NotHere(SOURCES + "; tests/integration/test_build.py builds this stack from sources made here"),
-    "invoke install --stack tests/stacks/test.yaml --prefix /tmp/p --source slime=/src/slime --source libdemo=/src/libdemo":
+    "invoke install --stack tests/stacks/test.yaml --prefix /tmp/p --source slime=/src/slime --source "
+    "libdemo=/src/libdemo":
         NotHere(SOURCES + "; tests/integration/test_install.py installs this stack from sources made here"),
     "invoke patches.check --cuda cu13 --source slime=/src/slime --source megatron=/src/Megatron-LM": NotHere(SOURCES),
-    "invoke flags.catalog --python /opt/venv/bin/python --slime /src/slime --megatron /src/Megatron-LM --out flags.json":
+    "invoke flags.catalog --python /opt/venv/bin/python --slime /src/slime --megatron /src/Megatron-LM --out "
+    "flags.json":
         NotHere(SOURCES + ", and an environment with slime's dependencies (torch, Megatron) at /opt/venv"),
     "invoke flags.catalog --python PY --slime DIR --megatron DIR --out FILE": NotHere(PLACEHOLDER),
     "invoke lock --cuda cu13": NotHere(NETWORK),
@@ -303,27 +321,35 @@ TABLE: dict[str, Run | PageTest | NotHere] = {
     "invoke lock --cuda cu13 --base-digest sha256:...": NotHere(PLACEHOLDER + " (a digest); " + NETWORK),
     "invoke lock --cuda cu13 --router-sha256 HEX": NotHere(PLACEHOLDER + " (a sha256); " + NETWORK),
     "invoke lock --cuda cu13 --source slime=PATH": NotHere(PLACEHOLDER + "; " + SOURCES),
-    "invoke lock --stack tests/stacks/test.yaml": NotHere("resolves the test stack against PyPI and rewrites its committed lock (tests/integration/test_lock.py resolves stacks against indexes served here)"),
+    "invoke lock --stack tests/stacks/test.yaml": NotHere("resolves the test stack against PyPI and rewrites its "
+                                                          "committed lock (tests/integration/test_lock.py resolves "
+                                                          "stacks against indexes served here)"),
     "invoke publish --cuda cu13 --registry registry.example.com:5000/slimeforge": NotHere(REGISTRY),
     "invoke publish --cuda cu13 --registry registry.example.com:5000/team/slime": NotHere(REGISTRY),
     "invoke publish --cuda cu13 --registry 123456789012.dkr.ecr.us-east-1.amazonaws.com/slime": NotHere(REGISTRY),
     "invoke publish --cuda cu13 --registry 123456789012.dkr.ecr.us-west-2.amazonaws.com/slime": NotHere(REGISTRY),
-    "invoke publish --image my/local:tag --tag extra --registry registry.example.com/team/x --record pub.json": NotHere(REGISTRY),
-    "invoke publish --image slimerl/slime:latest --registry 123456789012.dkr.ecr.us-west-2.amazonaws.com/slime --record slime-image.json":
+    "invoke publish --image my/local:tag --tag extra --registry registry.example.com/team/x --record "
+    "pub.json": NotHere(REGISTRY),
+    "invoke publish --image slimerl/slime:latest --registry 123456789012.dkr.ecr.us-west-2.amazonaws.com/slime "
+    "--record slime-image.json":
         NotHere(REGISTRY + "; slime's image comes from Docker Hub"),
     "invoke doctor my-gsm8k.yaml --image slimerl/slime:latest":
-        NotHere("needs slime's image (Docker Hub); an image of its layout built here is probed in tests/integration/test_any_image.py"),
+        NotHere("needs slime's image (Docker Hub); an image of its layout built here is probed in "
+                "tests/integration/test_any_image.py"),
     "invoke doctor --kernels --prefix /opt/sf": NotHere(GPU + ", and an install at /opt/sf"),
     "invoke cluster.up recipes/clusters/example.yaml": NotHere(HOSTS),
     "invoke cluster.up recipes/clusters/example.yaml --nccl-check": NotHere(HOSTS + "; and GPUs for the all-reduce"),
     "invoke cluster.status recipes/clusters/example.yaml": NotHere(HOSTS),
     "invoke cluster.down recipes/clusters/example.yaml": NotHere(HOSTS),
     "invoke run recipes/gsm8k.yaml": NotHere(LAUNCH),
-    "invoke run recipes/my-run.yaml": NotHere("a recipe of the reader's (recipes/my-run.yaml is not shipped), and " + LAUNCH),
+    "invoke run recipes/my-run.yaml": NotHere("a recipe of the reader's (recipes/my-run.yaml is not shipped), "
+                                              "and " + LAUNCH),
     "invoke run recipes/gsm8k.yaml --slurm --nodes 2 --time 04:00:00": NotHere(SLURM),
     "invoke run recipes/gsm8k.yaml --slurm --partition gpu --account ml --time 04:00:00 --nodes 2": NotHere(SLURM),
-    "invoke run recipes/gsm8k.yaml --slurm --nodes 2 --partition gpu --time 04:00:00 --out /shared/runs/gsm8k": NotHere(SLURM),
-    "invoke run recipes/gsm8k.yaml --slurm --nodes 2 --mode container --image REG/repo@sha256:... --squashfs-dir /shared/images --out /shared/runs/gsm8k":
+    "invoke run recipes/gsm8k.yaml --slurm --nodes 2 --partition gpu --time 04:00:00 --out "
+    "/shared/runs/gsm8k": NotHere(SLURM),
+    "invoke run recipes/gsm8k.yaml --slurm --nodes 2 --mode container --image REG/repo@sha256:... --squashfs-dir "
+    "/shared/images --out /shared/runs/gsm8k":
         NotHere(SLURM + "; REG/repo@sha256:... is a placeholder"),
     "invoke run.status /shared/runs/gsm8k": NotHere(SLURM),
     "invoke run.logs /shared/runs/gsm8k --follow": NotHere(SLURM),
@@ -345,13 +371,15 @@ def run_doc_command(text: str, where: Path, before: bool = True) -> subprocess.C
     if not (where / "gsm8k.yaml").exists():
         shutil.copy(ROOT / "recipes" / "gsm8k.yaml", where / "gsm8k.yaml")  # README: cp .../recipes/gsm8k.yaml .
     bin_dir = Path(sys.executable).parent
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k not in ("RAY_ADDRESS", "WANDB_API_KEY", "HF_TOKEN")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k not in ("RAY_ADDRESS",
+                                                                                         "WANDB_API_KEY", "HF_TOKEN")}
     env.update(PATH=f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}", SLIMEFORGE_STATE_HOME=str(where / ".state"),
                SLIMEFORGE_STATE_DIR=str(where / ".state-dir"), XDG_STATE_HOME=str(where / ".xdg-state"))
     argvs = ([*invocations(entry.before)] if entry.before and before else []) + invocations(text)
     result = None
     for argv in argvs:
-        result = subprocess.run([str(bin_dir / argv[0]), *argv[1:]], cwd=where, env=env, capture_output=True, text=True, timeout=300)
+        result = subprocess.run([str(bin_dir / argv[0]), *argv[1:]], cwd=where, env=env, capture_output=True,
+                                text=True, timeout=300)
         if result.returncode and argv is not argvs[-1]:
             break
     assert result is not None, f"{text}: no invoke/slimeforge command in it"

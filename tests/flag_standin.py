@@ -141,7 +141,8 @@ def slime_files(inline_megatron: bool) -> dict[str, str]:
     }
 
 
-MEGATRON_FILES = {"megatron/__init__.py": "", "megatron/training/__init__.py": "", "megatron/training/arguments.py": MEGATRON_ARGUMENTS}
+MEGATRON_FILES = {"megatron/__init__.py": "", "megatron/training/__init__.py": "",
+                  "megatron/training/arguments.py": MEGATRON_ARGUMENTS}
 
 
 def write(root: Path, files: dict[str, str]) -> Path:

@@ -43,7 +43,8 @@ def _boot_id() -> str:
 
 def _process(pid_: int, **fields: Any) -> dict[str, Any]:
     pid = pid_
-    rec = {"pid": pid, "starttime": _start_time(pid), "boot_id": _boot_id(), "argv": ["/opt/sf/venv/bin/ray", "start", "--block"],
+    rec = {"pid": pid, "starttime": _start_time(pid), "boot_id": _boot_id(), "argv": ["/opt/sf/venv/bin/ray", "start",
+                                                                                      "--block"],
            "token": TOKEN, "cluster": "lab", "started_at": 1.0}
     rec.update(fields)
     return rec
@@ -65,9 +66,12 @@ def _nest(path: Path, pid: int) -> None:
 AGENT_CASES: list[tuple[str, str, Callable[[Path, int], None]]] = [
     ("sleep-with-ray-argv", "acts on another's process", _write(lambda pid: _process(pid))),
     ("sleep-own-argv", "acts on another's process", _write(lambda pid: _process(pid, argv=["sleep", "300"]))),
-    ("sleep-no-token", "acts on another's process", _write(lambda pid: {k: v for k, v in _process(pid).items() if k != "token"})),
-    ("sleep-legacy-record", "acts on another's process", _write(lambda pid: {"pid": pid, "starttime": _start_time(pid), "argv": ["ray"]})),
-    ("container-registry-name", "acts on another's container", _write(_container(f"registry-sf-hostile-{os.getpid()}"))),
+    ("sleep-no-token", "acts on another's process", _write(lambda pid: {k: v for k,
+                                                                        v in _process(pid).items() if k != "token"})),
+    ("sleep-legacy-record", "acts on another's process", _write(lambda pid: {"pid": pid, "starttime": _start_time(pid),
+                                                                             "argv": ["ray"]})),
+    ("container-registry-name", "acts on another's container",
+     _write(_container(f"registry-sf-hostile-{os.getpid()}"))),
     ("container-option", "acts on another's container", _write(_container("--all"))),
     ("container-short-id", "acts on another's container", _write(_container("0123456789ab"))),
     ("fifo", "hang", lambda path, pid: os.mkfifo(path)),
@@ -90,7 +94,8 @@ def agent_program() -> str:
 
 def run_agent(source: str, command: str, params: dict[str, Any], timeout: float = 10) -> tuple[int | None, str]:
     try:
-        r = subprocess.run([sys.executable, "-", command, json.dumps(params)], input=source, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run([sys.executable, "-", command, json.dumps(params)], input=source, capture_output=True,
+                           text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return None, ""
     return r.returncode, r.stdout + r.stderr
@@ -141,7 +146,9 @@ BASE_INVENTORY: dict[str, Any] = {
     "name": "lab",
     "mode": "container",
     "image": "reg.example.com/slimeforge/cu13@sha256:" + "b" * 64,
-    "hosts": [{"name": "gpu-a", "address": "10.0.0.11", "role": "head", "gpus": 8}, {"name": "gpu-b", "address": "10.0.0.12", "gpus": 8}],
+    "hosts": [{"name": "gpu-a", "address": "10.0.0.11", "role": "head", "gpus": 8}, {"name": "gpu-b",
+                                                                                     "address": "10.0.0.12",
+                                                                                     "gpus": 8}],
 }
 
 
@@ -158,7 +165,8 @@ def _fifo_config() -> dict[str, Any]:
 
 
 def _addr(a: str, b: str = "10.0.0.12") -> dict[str, Any]:
-    return {"hosts": [{"name": "gpu-a", "address": a, "role": "head", "gpus": 8}, {"name": "gpu-b", "address": b, "gpus": 8}]}
+    return {"hosts": [{"name": "gpu-a", "address": a, "role": "head", "gpus": 8}, {"name": "gpu-b", "address": b,
+                                                                                   "gpus": 8}]}
 
 
 def _args(*args: str) -> dict[str, Any]:
@@ -169,26 +177,36 @@ def _args(*args: str) -> dict[str, Any]:
 INVENTORY_CASES: list[tuple[str, str, dict[str, Any], str | None]] = [
     # ssh.options: an allow list
     *[(f"option-{k}", "runs commands", _ssh(options={k: v}), f"ssh.options.{k}") for k, v in [
-        ("XAuthLocation", "/tmp/x; touch MARK"), ("ForwardAgent", "yes"), ("RemoteForward", "8080 localhost:80"), ("SendEnv", "AWS_*"),
-        ("Hostname", "evil.example.com"), ("SetEnv", "A=1"), ("LocalForward", "1 h:2"), ("DynamicForward", "1080"), ("ProxyCommand", "touch MARK"),
-        ("LocalCommand", "touch MARK"), ("KnownHostsCommand", "touch MARK"), ("PermitLocalCommand", "yes"), ("proxycommand", "touch MARK"),
+        ("XAuthLocation", "/tmp/x; touch MARK"), ("ForwardAgent", "yes"), ("RemoteForward", "8080 localhost:80"),
+            ("SendEnv", "AWS_*"),
+        ("Hostname", "evil.example.com"), ("SetEnv", "A=1"), ("LocalForward", "1 h:2"), ("DynamicForward", "1080"),
+            ("ProxyCommand", "touch MARK"),
+        ("LocalCommand", "touch MARK"), ("KnownHostsCommand", "touch MARK"), ("PermitLocalCommand", "yes"),
+            ("proxycommand", "touch MARK"),
         ("Include", "/tmp/x"), ("Match", "exec touch MARK"), ("ControlPath", "/tmp/x"), ("ForwardX11", "yes")]],
-    ("option-value-newline", "runs commands", _ssh(options={"UserKnownHostsFile": "/k\nProxyCommand touch MARK"}), "ssh.options.UserKnownHostsFile"),
+    ("option-value-newline", "runs commands", _ssh(options={"UserKnownHostsFile": "/k\nProxyCommand touch MARK"}),
+     "ssh.options.UserKnownHostsFile"),
     # an ssh config file named by the inventory: the same list
     *[(f"config-{d.split()[0]}", "runs commands", _config(f"Host *\n  {d}\n"), "ssh.config") for d in [
-        "ProxyCommand touch MARK", "LocalCommand touch MARK", "PermitLocalCommand yes", "KnownHostsCommand /bin/touch MARK",
-        "XAuthLocation /tmp/x", "ForwardAgent yes", "RemoteForward 1 h:2", "LocalForward 1 h:2", "DynamicForward 1080", "SendEnv *",
-        "SetEnv A=1", "Include /etc/ssh/ssh_config.d/*", "Match exec \"touch MARK\"", "proxycommand=touch MARK", "HostName $(touch MARK)"]],
+        "ProxyCommand touch MARK", "LocalCommand touch MARK", "PermitLocalCommand yes",
+            "KnownHostsCommand /bin/touch MARK",
+        "XAuthLocation /tmp/x", "ForwardAgent yes", "RemoteForward 1 h:2", "LocalForward 1 h:2", "DynamicForward 1080",
+            "SendEnv *",
+        "SetEnv A=1", "Include /etc/ssh/ssh_config.d/*", "Match exec \"touch MARK\"", "proxycommand=touch MARK",
+            "HostName $(touch MARK)"]],
     ("config-fifo", "hang", _fifo_config(), "ssh.config"),
     # docker_args and volumes: no image or option shift
     ("docker-args-image", "image or option shift", _args("busybox:latest"), "container.docker_args.0"),
     ("docker-args-entrypoint", "image or option shift", _args("--entrypoint", "sh"), "container.docker_args.0"),
     ("docker-args-volume", "image or option shift", _args("-v", "/:/host"), "container.docker_args.0"),
-    ("docker-args-label", "image or option shift", _args("--label", "slimeforge.cluster_token=x"), "container.docker_args.0"),
-    ("docker-args-value-option", "image or option shift", _args("--cap-add", "--privileged"), "container.docker_args.0"),
+    ("docker-args-label", "image or option shift", _args("--label", "slimeforge.cluster_token=x"),
+     "container.docker_args.0"),
+    ("docker-args-value-option", "image or option shift", _args("--cap-add", "--privileged"),
+     "container.docker_args.0"),
     ("docker-args-switch-value", "image or option shift", _args("--privileged", "busybox"), "container.docker_args.1"),
     ("docker-args-network", "image or option shift", _args("--network=bridge"), "container.docker_args.0"),
-    ("volume-colon", "image or option shift", {"container": {"volumes": ["/data/a:b:/data:ro"]}}, "container.volumes.0"),
+    ("volume-colon", "image or option shift", {"container": {"volumes": ["/data/a:b:/data:ro"]}},
+     "container.volumes.0"),
     ("volume-comma", "image or option shift", {"container": {"volumes": ["/data,x:/data"]}}, "container.volumes.0"),
     ("volume-relative", "image or option shift", {"container": {"volumes": ["data:/data"]}}, "container.volumes.0"),
     ("volume-option", "image or option shift", {"container": {"volumes": ["--privileged"]}}, "container.volumes.0"),
@@ -204,9 +222,12 @@ INVENTORY_CASES: list[tuple[str, str, dict[str, Any], str | None]] = [
     ("address-with-port", "silent", _addr("10.0.0.11:22"), "hosts.0 (gpu-a).address"),
     ("address-option", "silent", _addr("-oProxyCommand=x"), "hosts.0 (gpu-a).address"),
     # good neighbours
-    ("allowed-options", "false refusal", _ssh(options={"StrictHostKeyChecking": "accept-new", "userknownhostsfile": "/k", "IdentitiesOnly": "yes"}), None),
-    ("allowed-config", "false refusal", _config("Host *\n  User root\n  IdentityFile ~/.ssh/id\nHost a\n  HostName 10.0.0.11\n  Port 2222\n"), None),
-    ("allowed-docker-args", "false refusal", _args("--cap-add", "SYS_PTRACE", "--ulimit=memlock=-1:-1", "--privileged"), None),
+    ("allowed-options", "false refusal", _ssh(options={"StrictHostKeyChecking": "accept-new",
+                                                       "userknownhostsfile": "/k", "IdentitiesOnly": "yes"}), None),
+    ("allowed-config", "false refusal",
+     _config("Host *\n  User root\n  IdentityFile ~/.ssh/id\nHost a\n  HostName 10.0.0.11\n  Port 2222\n"), None),
+    ("allowed-docker-args", "false refusal", _args("--cap-add", "SYS_PTRACE", "--ulimit=memlock=-1:-1",
+                                                   "--privileged"), None),
     ("allowed-volume", "false refusal", {"container": {"volumes": ["/data/models:/models:ro"]}}, None),
 ]
 
@@ -259,7 +280,9 @@ def judge_inventory(tmp: Path, case: tuple[str, str, dict[str, Any], str | None]
         if field is None:
             return "false refusal", str(err).splitlines()[-1][:160]
         named = any(p.where.startswith(field) for p in err.problems)
-        return ("refused", str(err).splitlines()[-1][:160]) if named else ("silent", f"refused, but not for {field}: {str(err)[:160]}")
+        return ("refused", str(err).splitlines()[-1][:160]) if named else ("silent",
+                                                                           f"refused, but not for {field}: "
+                                                                           f"{str(err)[:160]}")
     if field is None:
         return "accepted", ""
     return ("injection" if klass in ("runs commands", "image or option shift") else "silent"), "accepted"

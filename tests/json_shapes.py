@@ -5,7 +5,8 @@ import re
 from pathlib import Path
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "json.md"
-TYPES = {"str": (str,), "int": (int,), "number": (int, float), "bool": (bool,), "object": (dict,), "list": (list,), "null": (type(None),)}
+TYPES = {"str": (str,), "int": (int,), "number": (int, float), "bool": (bool,), "object": (dict,), "list": (list,),
+         "null": (type(None),)}
 
 
 def shapes() -> dict[str, list[tuple[str, str]]]:
@@ -39,7 +40,8 @@ def _values(doc, path: str):
 
 def check(doc, schema: str) -> None:
     """Raise AssertionError naming the key unless `doc` has `schema`'s documented shape."""
-    assert isinstance(doc, dict) and doc.get("schema") == schema, f"schema is {doc.get('schema') if isinstance(doc, dict) else doc!r}, wanted {schema}"
+    assert isinstance(doc, dict) and doc.get("schema") == schema, (
+        f"schema is {doc.get('schema') if isinstance(doc, dict) else doc!r}, wanted {schema}")
     assert list(doc)[0] == "schema"
     for path, type_text in shapes()[schema]:
         wanted = tuple(t for name in type_text.split("|") for t in TYPES[name])

@@ -32,7 +32,8 @@ def fake_nvidia_smi(bin_dir: Path, capture: str) -> Path:
         "#!/bin/sh\n"
         "# Fake nvidia-smi: answers the --query-gpu call with a capture from a real host.\n"
         'case "$*" in\n'
-        f"  *--query-gpu=index,name,uuid,driver_version,memory.total,compute_cap,pci.bus_id*--format=csv*) exec cat '{csv}' ;;\n"
+        "  *--query-gpu=index,name,uuid,driver_version,memory.total,compute_cap,pci.bus_id*--format=csv*) exec cat "
+        f"'{csv}' ;;\n"
         "esac\n"
         'echo "fake nvidia-smi: unsupported arguments: $*" >&2\nexit 2\n'
     )
@@ -184,9 +185,9 @@ def stop_recorded_head(sdir: Path, say=print, timeout: float = 60) -> int | None
 
 # --- an environment like slime's container, for a run in place (SlimeRunner without mode/image) ---
 
-IN_PLACE_ARGUMENTS = '''"""Stand-in of slime's argument entry point (slime.utils.arguments:parse_args): one parser holding
-the options the real slime has for this recipe; an option it does not know ends the run, as
-slime's parser would refuse it."""
+IN_PLACE_ARGUMENTS = '''"""Stand-in of slime's argument entry point (slime.utils.arguments:parse_args): one parser
+holding the options the real slime has for this recipe; an option it does not know ends the run, as slime's
+parser would refuse it."""
 
 import argparse
 
@@ -223,13 +224,15 @@ if missing:
 with open(args.custom_config_path[0]) as fh:
     config = yaml.safe_load(fh)
 backend = config["rollout_session_backend"]
-if not backend["agentcore_runtime_arn"].startswith("arn:aws:bedrock-agentcore:") or not backend["rollout_output_s3"].startswith("s3://"):
+if (not backend["agentcore_runtime_arn"].startswith("arn:aws:bedrock-agentcore:")
+        or not backend["rollout_output_s3"].startswith("s3://")):
     sys.exit(f"standin: the AgentCore config names no runtime or bucket: {{backend}}")
 record = os.path.join(os.path.dirname(os.path.abspath(__file__)), "record.json")
 with open(record + ".tmp", "w") as fh:
     json.dump({{"argv": sys.argv, "started": started, "python": sys.executable, "config": config}}, fh)
 os.replace(record + ".tmp", record)
-print(f"standin: slime's parser took {{len(sys.argv) - 1}} arguments; AgentCore runtime {{backend['agentcore_runtime_arn']}}", flush=True)
+print(f"standin: slime's parser took {{len(sys.argv) - 1}} arguments; "
+      f"AgentCore runtime {{backend['agentcore_runtime_arn']}}", flush=True)
 '''
 
 

@@ -26,7 +26,8 @@ def make_wheel(directory: Path, name: str, version: str, requires: list[str] | N
     files = {
         f"{dist}/__init__.py": f"VERSION = {version!r}\n{payload}",
         f"{dist}-{version}.dist-info/METADATA": "\n".join(meta) + "\n",
-        f"{dist}-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: slimeforge-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{dist}-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: slimeforge-tests\nRoot-Is-Purelib: "
+                                             "true\nTag: py3-none-any\n",
     }
     record = []
     for arc, text in files.items():
@@ -55,12 +56,13 @@ def get_requires_for_build_wheel(config_settings=None):
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     dist = NAME.replace("-", "_")
+    info = f"{{dist}}-{{VERSION}}.dist-info"
     files = {{f"{{dist}}/__init__.py": "BUILT = True\\n",
-             f"{{dist}}-{{VERSION}}.dist-info/METADATA": f"Metadata-Version: 2.1\\nName: {{NAME}}\\nVersion: {{VERSION}}\\n",
-             f"{{dist}}-{{VERSION}}.dist-info/WHEEL": "Wheel-Version: 1.0\\nGenerator: t\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"}}
-    record = [f"{{a}},sha256={{base64.urlsafe_b64encode(hashlib.sha256(t.encode()).digest()).rstrip(b'=').decode()}},{{len(t)}}"
-              for a, t in files.items()]
-    files[f"{{dist}}-{{VERSION}}.dist-info/RECORD"] = "\\n".join(record + [f"{{dist}}-{{VERSION}}.dist-info/RECORD,,"]) + "\\n"
+             f"{{info}}/METADATA": f"Metadata-Version: 2.1\\nName: {{NAME}}\\nVersion: {{VERSION}}\\n",
+             f"{{info}}/WHEEL": "Wheel-Version: 1.0\\nGenerator: t\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n"}}
+    record = [f"{{a}},sha256={{base64.urlsafe_b64encode(hashlib.sha256(t.encode()).digest()).rstrip(b'=').decode()}},"
+              f"{{len(t)}}" for a, t in files.items()]
+    files[f"{{info}}/RECORD"] = "\\n".join(record + [f"{{info}}/RECORD,,"]) + "\\n"
     name = f"{{dist}}-{{VERSION}}-py3-none-any.whl"
     with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as zf:
         for a, t in files.items():
@@ -112,7 +114,8 @@ class Index:
     uploaded: dict[str, str] = field(default_factory=dict)  # file name -> its upload time
     _server: http.server.ThreadingHTTPServer | None = None
 
-    def add(self, name: str, version: str, requires: list[str] | None = None, payload: str = "", uploaded: str = UPLOADED) -> Path:
+    def add(self, name: str, version: str, requires: list[str] | None = None, payload: str = "",
+            uploaded: str = UPLOADED) -> Path:
         wheel = make_wheel(self.root / "files", name, version, requires, payload)
         self.uploaded[wheel.name] = uploaded
         self.write_pages()
@@ -134,16 +137,18 @@ class Index:
                 data = whl.read_bytes()
                 sha = hashlib.sha256(data).hexdigest()
                 yanked = ' data-yanked="withdrawn"' if whl.name in self.yanked else ""
-                links.append(f'<a href="../../files/{html.escape(whl.name)}#sha256={sha}"{yanked}>{html.escape(whl.name)}</a><br/>')
-                files.append({"filename": whl.name, "url": f"../../files/{whl.name}", "hashes": {"sha256": sha}, "size": len(data),
+                escaped = html.escape(whl.name)
+                links.append(f'<a href="../../files/{escaped}#sha256={sha}"{yanked}>{escaped}</a><br/>')
+                files.append({"filename": whl.name, "url": f"../../files/{whl.name}", "hashes": {"sha256": sha},
+                              "size": len(data),
                               "upload-time": self.uploaded.get(whl.name, UPLOADED),
                               "yanked": "withdrawn" if whl.name in self.yanked else False})
             page = self.root / "simple" / project / "index.html"
             page.parent.mkdir(parents=True, exist_ok=True)
             page.write_text("<!DOCTYPE html><html><body>\n" + "\n".join(links) + "\n</body></html>\n")
             versions = sorted({f["filename"].split("-")[1].removesuffix(".tar.gz") for f in files})
-            (page.parent / "index.json").write_text(json.dumps({"meta": {"api-version": "1.1"}, "name": project, "versions": versions,
-                                                                "files": files}))
+            (page.parent / "index.json").write_text(json.dumps({"meta": {"api-version": "1.1"}, "name": project,
+                                                                "versions": versions, "files": files}))
 
     def start(self) -> Index:
         root = str(self.root)
@@ -155,8 +160,8 @@ class Index:
 
             def do_GET(self):  # noqa: N802 - http.server's name
                 page = Path(self.translate_path(self.path)) / "index.json"
-                if json_pages and self.path.endswith("/") and "application/vnd.pypi.simple.v1+json" in self.headers.get("Accept", "") \
-                        and page.is_file():
+                if (json_pages and self.path.endswith("/")
+                        and "application/vnd.pypi.simple.v1+json" in self.headers.get("Accept", "") and page.is_file()):
                     body = page.read_bytes()
                     self.send_response(200)
                     self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
@@ -211,7 +216,8 @@ smoke:
 """
 
 
-def write_stack(directory: Path, name="sflock", cuda="13.0", torch_index="null", base="slimeforge-test/base:bookworm") -> Path:
+def write_stack(directory: Path, name="sflock", cuda="13.0", torch_index="null",
+                base="slimeforge-test/base:bookworm") -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.yaml"
     path.write_text(STACK.format(name=name, cuda=cuda, py=PY, torch_index=torch_index, base=base))
@@ -221,7 +227,9 @@ def write_stack(directory: Path, name="sflock", cuda="13.0", torch_index="null",
 def router_stack(directory: Path, base: str, router_url: str) -> Path:
     """The test stack with a router step: its wheel by URL, outside any index (as slime's sgl-router)."""
     path = write_stack(directory, base=base)
-    path.write_text(path.read_text().replace("smoke:\n", f"  - name: router\n    wheel_url: router.wheel\nrouter:\n  wheel: {router_url}\nsmoke:\n"))
+    path.write_text(path.read_text().replace("smoke:\n",
+                                             "  - name: router\n    wheel_url: router.wheel\nrouter:\n  wheel: "
+                                             f"{router_url}\nsmoke:\n"))
     return path
 
 
@@ -231,7 +239,8 @@ def _registry_put(reg, user: str, password: str, method: str, url: str, body: by
     import urllib.request
 
     req = urllib.request.Request(url, data=body, method=method, headers={
-        "Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode(), "Content-Type": content_type})
+        "Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode(),
+                                                                         "Content-Type": content_type})
     with urllib.request.urlopen(req, context=ssl.create_default_context(cafile=str(reg.ca)), timeout=30) as resp:
         return dict(resp.headers)
 
@@ -255,7 +264,8 @@ def push_tiny_image(reg, repository: str, tag: str, user: str, password: str) ->
                          "diff_ids": ["sha256:" + hashlib.sha256(layer_tar.getvalue()).hexdigest()]}}).encode()
     for blob in (config, layer):
         digest = "sha256:" + hashlib.sha256(blob).hexdigest()
-        where = _registry_put(reg, user, password, "POST", f"{base}/blobs/uploads/", b"", "application/octet-stream")["Location"]
+        where = _registry_put(reg, user, password, "POST", f"{base}/blobs/uploads/", b"",
+                              "application/octet-stream")["Location"]
         sep = "&" if "?" in where else "?"
         where = where if where.startswith("http") else f"https://{reg.host}{where}"
         _registry_put(reg, user, password, "PUT", f"{where}{sep}digest={digest}", blob, "application/octet-stream")
@@ -266,7 +276,8 @@ def push_tiny_image(reg, repository: str, tag: str, user: str, password: str) ->
         "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", "size": len(layer),
                     "digest": "sha256:" + hashlib.sha256(layer).hexdigest()}],
     }).encode()
-    _registry_put(reg, user, password, "PUT", f"{base}/manifests/{tag}", manifest, "application/vnd.docker.distribution.manifest.v2+json")
+    _registry_put(reg, user, password, "PUT", f"{base}/manifests/{tag}", manifest,
+                  "application/vnd.docker.distribution.manifest.v2+json")
     return "sha256:" + hashlib.sha256(manifest).hexdigest()
 
 
@@ -278,7 +289,8 @@ def fresh_clone_stack(directory: Path) -> Path:
     unreachable (the patch files cannot be read), the committed lock without the router wheel's
     sha256 and the base digest (the URL is no input of the lock, so the lock still matches)."""
     path = directory / "cu13.yaml"
-    path.write_text(f"extends: {ROOT / 'images' / 'cu13.yaml'}\nsources:\n  slime:\n    git: https://git.invalid/slime.git\n")
+    path.write_text(f"extends: {ROOT / 'images' / 'cu13.yaml'}\n"
+                    "sources:\n  slime:\n    git: https://git.invalid/slime.git\n")
     (directory / "locks").mkdir()
     (directory / "locks" / "pylock.cu13.toml").write_text((ROOT / "images" / "locks" / "pylock.cu13.toml").read_text())
     return path

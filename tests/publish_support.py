@@ -23,9 +23,11 @@ DOCKER_CERTS_DIR = Path("/etc/docker/certs.d")
 def make_tls(directory: Path) -> tuple[Path, Path, Path]:
     """A CA and a server certificate it signed, valid for 127.0.0.1 and localhost (any port)."""
     ca_key, ca_crt = directory / "ca.key", directory / "ca.crt"
-    key, csr, crt, ext = directory / "server.key", directory / "server.csr", directory / "server.crt", directory / "server.ext"
+    key, csr = directory / "server.key", directory / "server.csr"
+    crt, ext = directory / "server.crt", directory / "server.ext"
     run = lambda *argv: subprocess.run(argv, check=True, capture_output=True)  # noqa: E731
-    run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=slimeforge publish test CA",
+    run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+        "/CN=slimeforge publish test CA",
         "-keyout", ca_key, "-out", ca_crt, "-addext", "basicConstraints=critical,CA:TRUE",
         "-addext", "keyUsage=critical,keyCertSign,cRLSign")
     run("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-keyout", key, "-out", csr)
@@ -40,7 +42,8 @@ def htpasswd(users: dict[str, str]) -> str:
     import bcrypt
 
     # 2a: the prefix every htpasswd reader knows; cost 5 keeps each authenticated request cheap.
-    return "".join(f"{u}:{bcrypt.hashpw(p.encode(), bcrypt.gensalt(rounds=5, prefix=b'2a')).decode()}\n" for u, p in users.items())
+    return "".join(f"{u}:{bcrypt.hashpw(p.encode(), bcrypt.gensalt(rounds=5, prefix=b'2a')).decode()}\n" for u,
+                   p in users.items())
 
 
 class LocalRegistry:

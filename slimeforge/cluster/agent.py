@@ -69,7 +69,8 @@ def last_json(text: str) -> dict[str, Any]:
 
 def agent(ssh: SSH, host: Host, command: str, params: Mapping[str, object], timeout: float) -> dict[str, Any]:
     """Run the node agent on the host: `python3 - COMMAND JSON` with the agent's source on stdin."""
-    result = ssh.run([host.system_python, "-", command, json.dumps(params, sort_keys=True)], step=f"node agent {command}", input=agent_source(), timeout=timeout)
+    result = ssh.run([host.system_python, "-", command, json.dumps(params, sort_keys=True)],
+                     step=f"node agent {command}", input=agent_source(), timeout=timeout)
     try:
         return last_json(result.stdout)
     except SlimeforgeError as exc:
@@ -107,7 +108,8 @@ def read_nodes(answer: Mapping[str, object], host: str) -> tuple[list[RayNode], 
 
 def put_file(ssh: SSH, path: str, text: str) -> None:
     """Write `text` to `path` on the host (through stdin: no scp, no quoting of the content)."""
-    ssh.run(["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "sh", path], step=f"write {path}", input=text, timeout=60)
+    ssh.run(["sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "sh", path], step=f"write {path}", input=text,
+            timeout=60)
 
 
 # --- secrets: over ssh's stdin into a 0600 file the node agent's `start` reads and removes -------

@@ -30,7 +30,17 @@ from ..run.preflight.findings import ERROR
 from ..run.preflight.host import limits_findings, shm_findings
 from ..scripts.node_agent import hostport
 from ..scripts.raynodes import gate
-from .agent import SCRIPTS, VERSIONS_SNIPPET, agent, first_line, last_json, put_file, put_secret_file, remove_secret_file, secret_file
+from .agent import (
+    SCRIPTS,
+    VERSIONS_SNIPPET,
+    agent,
+    first_line,
+    last_json,
+    put_file,
+    put_secret_file,
+    remove_secret_file,
+    secret_file,
+)
 from .hosttable import FAILED, OK, RUNNING, HostTable
 from .inventory import Host, Inventory
 from .nodestart import READY_MARKER, ports_for, ray_env, start_argv
@@ -157,15 +167,18 @@ def default_environment(inv: Inventory, host: Host, remote: SSH) -> EnvFacts:
         if inv.install_script is not None:
             remote.run(["bash", "-s"], step="install script", input=inv.install_script.read_text(), timeout=6 * 3600)
         try:
-            result = remote.run([host.python or "python3", "-c", VERSIONS_SNIPPET, host.lock_path or ""], step="environment", timeout=120)
+            result = remote.run([host.python or "python3", "-c", VERSIONS_SNIPPET, host.lock_path or ""],
+                                step="environment", timeout=120)
         except CommandError as exc:
             if exc.returncode in (126, 127):
-                raise CheckFailed([f"no environment at {host.python}: run `invoke install` on this host (or set install_script in the inventory)"]) from None
+                raise CheckFailed([f"no environment at {host.python}: run `invoke install` on this host (or set "
+                                   "install_script in the inventory)"]) from None
             raise
         facts = last_json(result.stdout)
         problems = []
         if host.lock_path and "lock_sha256" not in facts:
-            problems.append(f"no install lock at {host.lock_path} ({facts.get('lock_error')}): run `invoke install` on this host")
+            problems.append(f"no install lock at {host.lock_path} ({facts.get('lock_error')}): run `invoke install` "
+                            "on this host")
         if not facts.get("ray"):
             problems.append(f"Ray is not installed in {host.python}")
         if problems:
@@ -177,11 +190,13 @@ def default_environment(inv: Inventory, host: Host, remote: SSH) -> EnvFacts:
     image = host.image or ""
     digest = image.rsplit("@", 1)[-1]
     remote.run(["docker", "pull", image], step="docker pull", timeout=6 * 3600)
-    inspect = remote.run(["docker", "image", "inspect", "--format", "{{json .RepoDigests}}", image], step="docker image inspect", timeout=60)
+    inspect = remote.run(["docker", "image", "inspect", "--format", "{{json .RepoDigests}}", image],
+                         step="docker image inspect", timeout=60)
     repo_digests = json.loads(inspect.stdout.strip() or "[]") or []
     if not any(d.endswith("@" + digest) for d in repo_digests):
         raise CheckFailed([f"the image pulled as {image} has repo digests {repo_digests}, not {digest}"])
-    result = remote.run(["docker", "run", "--rm", "--entrypoint", "python3", image, "-c", VERSIONS_SNIPPET], step="versions in the image", timeout=300)
+    result = remote.run(["docker", "run", "--rm", "--entrypoint", "python3", image, "-c", VERSIONS_SNIPPET],
+                        step="versions in the image", timeout=300)
     facts = last_json(result.stdout)
     if not facts.get("ray"):
         raise CheckFailed([f"Ray is not installed in {image}"])
@@ -208,7 +223,8 @@ def make_nodes(inv: Inventory, runner: Runner | None = None, control_dir: str | 
 def head_ip_of(inv: Inventory, head: Node) -> str:
     ip = inv.head.node_ip or head.facts.get("ssh_server_ip")
     if not ip:
-        raise ClusterError(f"cluster {inv.name}: cannot tell the head's IP address (ssh reports no SSH_CONNECTION): set node_ip on the head in {inv.path}")
+        raise ClusterError(f"cluster {inv.name}: cannot tell the head's IP address (ssh reports no SSH_CONNECTION): "
+                           f"set node_ip on the head in {inv.path}")
     return ip
 
 
@@ -238,17 +254,18 @@ class Bringup:
         if not failures:
             return
         self.table.skip_rest(phase)
-        what = ("Ray keeps running where it started; fix the host(s) and run cluster.up again (it converges), or cluster.down"
-                if started else "Ray was not started on any host")
-        raise ClusterError(f"cluster {self.inv.name}: bring-up stopped at {phase}: {len(failures)} of {len(self.nodes)} host(s) failed; {what}.",
-                           self.table, failures)
+        what = ("Ray keeps running where it started; fix the host(s) and run cluster.up again (it converges), or "
+                "cluster.down" if started else "Ray was not started on any host")
+        raise ClusterError(f"cluster {self.inv.name}: bring-up stopped at {phase}: {len(failures)} of "
+                           f"{len(self.nodes)} host(s) failed; {what}.", self.table, failures)
 
 
 def connect_phase(b: Bringup) -> None:
     """ssh reaches every host and the node agent reports its facts; then the head's address."""
 
     def connect(node: Node) -> str:
-        node.facts = agent(node.ssh, node.host, "facts", {"state_dir": node.host.state_dir}, timeout=b.inv.ssh_options.connect_timeout + 90)
+        node.facts = agent(node.ssh, node.host, "facts", {"state_dir": node.host.state_dir},
+                           timeout=b.inv.ssh_options.connect_timeout + 90)
         f = node.facts
         rec = node.record or {}
         running = f" (our Ray runs: pid {rec.get('pid') or rec.get('container', '')[:12]})" if node.ours_running else ""
@@ -265,14 +282,16 @@ def preflight_phase(b: Bringup, setup: HostSetup) -> None:
     def preflight(node: Node) -> str:
         h = node.host
         reach = [] if h.is_head else [[b.head_ip, int(b.head_ssh_port)]] if b.head_ssh_port else []
-        params = {"state_dir": h.state_dir, "head_ip": b.head_ip, "ports": ports_for(b.inv, h), "reach": reach, "docker": h.mode == "container"}
+        params = {"state_dir": h.state_dir, "head_ip": b.head_ip, "ports": ports_for(b.inv, h), "reach": reach,
+                  "docker": h.mode == "container"}
         node.facts.update(agent(node.ssh, h, "facts", params, timeout=b.inv.ssh_options.connect_timeout + 90))
         problems = node_problems(b.inv, node, b.head_ip)
         problems += setup.checks(h, node.ssh)
         if problems:
             raise CheckFailed(problems)
         seen = len(node.facts["gpus"].get("list", []))
-        return f"{node.node_ip} via {node.interface}, {seen} GPU(s) seen" + (f", {h.gpus} used" if seen != h.gpus else "")
+        return (f"{node.node_ip} via {node.interface}, {seen} GPU(s) seen"
+                + (f", {h.gpus} used" if seen != h.gpus else ""))
 
     b.stop_if_failed("preflight", parallel(b.nodes, preflight, b.table, "preflight"))
 
@@ -294,7 +313,8 @@ def node_problems(inv: Inventory, node: Node, head_ip: str) -> list[Problem | st
     node.node_ip = head_ip if h.is_head else (h.node_ip or route.get("src"))
     node.interface = route.get("dev") if h.interface == "auto" else h.interface
     if h.interface != "auto" and h.interface not in f.get("addresses", {}):
-        problems.append(f"interface {h.interface!r} has no IPv4 address here; interfaces: {', '.join(sorted(f.get('addresses', {})))}")
+        problems.append(f"interface {h.interface!r} has no IPv4 address here; interfaces: "
+                        f"{', '.join(sorted(f.get('addresses', {})))}")
     if not node.interface:
         problems.append(f"cannot tell the interface that routes to {head_ip}: set interface in the inventory")
     for target, why in (f.get("reach") or {}).items():
@@ -307,15 +327,21 @@ def node_problems(inv: Inventory, node: Node, head_ip: str) -> list[Problem | st
         problems.append(f"{rec['refused']}: run cluster.down to see it, or remove the record once you have checked")
     elif node.ours_running:
         token = rec.get("token", "")
-        env_file = node_env_file(inv, h, f.get("state_dir"), token) if re.fullmatch(r"[0-9a-f]{32}", str(token)) else None
-        planned = start_argv(inv, h, node.node_ip or "", head_ip, ray_env(h, node.interface or "", f.get("path")), token, env_file)
+        env_file = (node_env_file(inv, h, f.get("state_dir"), token) if re.fullmatch(r"[0-9a-f]{32}", str(token))
+                    else None)
+        planned = start_argv(inv, h, node.node_ip or "", head_ip, ray_env(h, node.interface or "", f.get("path")),
+                             token, env_file)
         if rec.get("argv") != planned:
-            problems.append("Ray started by an earlier cluster.up runs here with other settings: run cluster.down first to apply the inventory's")
+            problems.append("Ray started by an earlier cluster.up runs here with other settings: run cluster.down "
+                            "first to apply the inventory's")
         elif sorted(rec.get("secret_env") or []) != sorted(inv.secret_env):
-            problems.append(f"Ray started by an earlier cluster.up runs here with the secrets {', '.join(sorted(rec.get('secret_env') or [])) or 'none'}, "
-                            f"the inventory names {', '.join(sorted(inv.secret_env)) or 'none'}: run cluster.down first (secrets reach Ray when it starts)")
+            problems.append("Ray started by an earlier cluster.up runs here with the secrets "
+                            f"{', '.join(sorted(rec.get('secret_env') or [])) or 'none'}, "
+                            f"the inventory names {', '.join(sorted(inv.secret_env)) or 'none'}: run cluster.down "
+                            "first (secrets reach Ray when it starts)")
     elif f.get("ports_busy"):
-        problems.append(f"port(s) {', '.join(map(str, f['ports_busy']))} in use (another Ray? we only stop what we started): free them or change ray ports in the inventory")
+        problems.append(f"port(s) {', '.join(map(str, f['ports_busy']))} in use (another Ray? we only stop what we "
+                        "started): free them or change ray ports in the inventory")
     return problems
 
 
@@ -338,7 +364,8 @@ def environment_phase(b: Bringup, setup: HostSetup, nccl_check: bool) -> None:
     if not failures:
         failures = compare_environments(b.nodes, b.head, b.table)
     if not failures and nccl_check:
-        failures = parallel([n for n in b.nodes if n.host.gpus > 0], lambda n: run_nccl_check(b.inv, n), b.table, "environment")
+        failures = parallel([n for n in b.nodes if n.host.gpus > 0], lambda n: run_nccl_check(b.inv, n), b.table,
+                            "environment")
     b.stop_if_failed("environment", failures)
 
 
@@ -354,10 +381,12 @@ def ray_phase(b: Bringup) -> None:
         # answers "already" and the values would travel for nothing.
         env_file = None if node.ours_running else node_env_file(inv, h, node.facts.get("state_dir"), b.token)
         if inv.secret_env and not node.ours_running and env_file is None:
-            raise CheckFailed([f"the node agent reported no absolute state directory ({node.facts.get('state_dir')!r}) to write the secrets file in"])
+            raise CheckFailed(["the node agent reported no absolute state directory "
+                               f"({node.facts.get('state_dir')!r}) to write the secrets file in"])
         params = {
             "state_dir": h.state_dir,
-            "argv": start_argv(inv, h, node.node_ip or "", head_ip, env, b.token, env_file if h.mode == "container" else None),
+            "argv": start_argv(inv, h, node.node_ip or "", head_ip, env, b.token,
+                               env_file if h.mode == "container" else None),
             "token": b.token,
             "cluster": inv.name,
             # host mode: in the process's environment; container mode: already in `docker run -e`.
@@ -374,7 +403,8 @@ def ray_phase(b: Bringup) -> None:
                 put_secret_file(node.ssh, env_file, {k: b.secret_values[k] for k in inv.secret_env})
                 result = agent(node.ssh, h, "start", params, timeout=inv.ray.start_timeout + 60)
             except BaseException:
-                remove_secret_file(node.ssh, env_file)  # a partial write, or a start that never ran (the agent removes it once it runs)
+                # a partial write, or a start that never ran (the agent removes it once it runs)
+                remove_secret_file(node.ssh, env_file)
                 raise
         else:
             result = agent(node.ssh, h, "start", params, timeout=inv.ray.start_timeout + 60)
@@ -393,7 +423,8 @@ def ray_phase(b: Bringup) -> None:
         return f"started, pid {rec['pid']}" if "pid" in rec else f"started, container {rec.get('container', '')[:12]}"
 
     b.stop_if_failed("ray", parallel([b.head], start, b.table, "ray"), started=True)
-    b.stop_if_failed("ray", parallel(b.nodes, lambda n: finish_head(n) if n.host.is_head else start(n), b.table, "ray"), started=True)
+    b.stop_if_failed("ray", parallel(b.nodes, lambda n: finish_head(n) if n.host.is_head else start(n),
+                                     b.table, "ray"), started=True)
     b.stop_if_failed("ray", wait_for_nodes(inv, b.nodes, b.head, head_ip, b.table), started=True)
 
 
@@ -438,7 +469,8 @@ def run_nccl_check(inv: Inventory, node: Node) -> str:
         argv = [h.python or "python3", script, *args]
         result = node.ssh.run(argv, step="nccl check", env=env, check=False, timeout=600)
     else:
-        argv = ["docker", "run", "--rm", "--gpus", "all", "--ipc", "host", "--network", "host", *(x for k, v in env.items() for x in ("--env", f"{k}={v}"))]
+        env_flags = [x for k, v in env.items() for x in ("--env", f"{k}={v}")]
+        argv = ["docker", "run", "--rm", "--gpus", "all", "--ipc", "host", "--network", "host", *env_flags]
         argv += ["--volume", f"{state_dir}:{state_dir}", "--entrypoint", "python3", h.image or "", script, *args]
         result = node.ssh.run(argv, step="nccl check", check=False, timeout=600)
     try:
@@ -485,7 +517,8 @@ def wait_for_nodes(inv: Inventory, nodes: Sequence[Node], head: Node, head_ip: s
         if why.startswith("no ALIVE node"):
             why += f" after {inv.ray.start_timeout:g}s" + (f" ({last_error})" if last_error else "")
             try:
-                tail = (agent(node.ssh, node.host, "facts", {"state_dir": node.host.state_dir}, timeout=60).get("record") or {}).get("log_tail", "")
+                tail = (agent(node.ssh, node.host, "facts", {"state_dir": node.host.state_dir},
+                              timeout=60).get("record") or {}).get("log_tail", "")
             except SlimeforgeError:
                 tail = ""
             if tail.strip():

@@ -45,7 +45,8 @@ def write_state(inv: Inventory, nodes: Sequence[Node], address: ClusterAddress) 
         "dashboard": address.dashboard,
         "up_at": time.time(),
         "hosts": {
-            n.name: {"role": n.host.role, "node_ip": n.node_ip, "interface": n.interface, "gpus": n.host.gpus, "record": {k: v for k, v in (n.record or {}).items() if k != "log_tail"}}
+            n.name: {"role": n.host.role, "node_ip": n.node_ip, "interface": n.interface, "gpus": n.host.gpus,
+                     "record": {k: v for k, v in (n.record or {}).items() if k != "log_tail"}}
             for n in nodes
         },
     }
@@ -75,7 +76,8 @@ def read_state(inv: Inventory) -> dict[str, Any] | None:
     """The record of the last bring-up from this machine, through the one reader (regular file,
     size cap, UTF-8, schema); None when there is none. A malformed one is an error naming the file
     (`cluster.up` writes a new one)."""
-    doc = readback.read_json(state_file(inv), "cluster state", f"the state `invoke cluster.up {inv.path}` writes", _state_problem)
+    doc = readback.read_json(state_file(inv), "cluster state", f"the state `invoke cluster.up {inv.path}` writes",
+                             _state_problem)
     return doc if isinstance(doc, dict) else None
 
 
@@ -87,5 +89,7 @@ def address(inventory: Inventory | str | Path) -> ClusterAddress:
     if state:
         return ClusterAddress(state["gcs"], state["dashboard"])
     if inv.head.node_ip:
-        return ClusterAddress(hostport(inv.head.node_ip, inv.ray.port), f"http://{hostport(inv.head.node_ip, inv.ray.dashboard_port)}")
-    raise SlimeforgeError(f"cluster {inv.name}: no record of a bring-up from this machine ({state_file(inv)}): run `invoke cluster.up {inv.path}` first, or set node_ip on the head")
+        return ClusterAddress(hostport(inv.head.node_ip, inv.ray.port),
+                              f"http://{hostport(inv.head.node_ip, inv.ray.dashboard_port)}")
+    raise SlimeforgeError(f"cluster {inv.name}: no record of a bring-up from this machine ({state_file(inv)}): run "
+                          f"`invoke cluster.up {inv.path}` first, or set node_ip on the head")

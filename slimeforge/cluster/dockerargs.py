@@ -67,14 +67,19 @@ def docker_args_problems(args: list[Any]) -> list[Problem]:
             i += 1
             continue
         if not arg.startswith("--"):
-            p.append(Problem(field, "is a bare word that is not the value of an option: docker would take it for the image (or the command)",
+            p.append(Problem(field,
+                             "is a bare word that is not the value of an option: docker would take it for the image "
+                             "(or the command)",
                              arg, f"options of `docker run`: {accepted}"))
             i += 1
             continue
         name, eq, value = arg.partition("=")
         if name not in DOCKER_RUN_OPTIONS:
-            p.append(Problem(field, "is not a `docker run` option slimeforge passes from an inventory (the network, IPC, GPUs, "
-                             "labels, init and entrypoint are cluster.up's; mounts are container.volumes)", name, accepted))
+            p.append(Problem(field,
+                             "is not a `docker run` option slimeforge passes from an inventory (the network, IPC, "
+                             "GPUs, "
+                             "labels, init and entrypoint are cluster.up's; mounts are container.volumes)", name,
+                             accepted))
             i += 1
             continue
         pattern = DOCKER_RUN_OPTIONS[name]
@@ -108,14 +113,17 @@ def volume_problem(index: int, value: Any) -> Problem | None:
     if m is None and isinstance(value, str) and not text_problem(value) and NAMED_VOLUME_RE.fullmatch(value):
         # Docker would take it: a named volume. It lives inside one host's Docker, so every node
         # of the cluster would mount its own, different (likely empty) data under that name.
-        return Problem(field, f"names a Docker volume ({value.split(':', 1)[0]!r}): a named volume lives inside one host's Docker "
+        return Problem(field,
+                       f"names a Docker volume ({value.split(':', 1)[0]!r}): a named volume lives inside one host's "
+                       "Docker "
                               "and is not the same data on every host of a cluster", value,
                        "a host path on a filesystem every host shares (NFS, Lustre), e.g. /shared/models:/models:ro")
     if m is None:
         return Problem(field, "is not a bind mount docker reads as given", value, accepted)
     for part in ("src", "dst"):
         if ".." in m.group(part).split("/"):
-            return Problem(field, f"its {'source' if part == 'src' else 'target'} has a '..' component", value, accepted)
+            return Problem(field, f"its {'source' if part == 'src' else 'target'} has a '..' component", value,
+                           accepted)
     if m.group("dst").rstrip("/") == "":
         return Problem(field, "mounts over the container's /", value, accepted)
     return None

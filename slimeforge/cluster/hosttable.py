@@ -30,7 +30,8 @@ class HostCellProblems(SlimeforgeError):
 
 
 class HostTable:
-    def __init__(self, title: str, hosts: Sequence[tuple[str, str]], columns: Sequence[str], stream: TextIO | None = None, live: bool | None = None):
+    def __init__(self, title: str, hosts: Sequence[tuple[str, str]], columns: Sequence[str],
+                 stream: TextIO | None = None, live: bool | None = None):
         self.title = title
         self.hosts = [name for name, _ in hosts]
         self.roles = dict(hosts)
@@ -53,7 +54,8 @@ class HostTable:
                 self._live.update(self._rich())
             else:
                 extra = f"  {detail}" if detail else ""
-                print(f"[{self.title}] {host:<{self._width()}} {column:<11} {status}{extra}", file=self.stream, flush=True)
+                print(f"[{self.title}] {host:<{self._width()}} {column:<11} {status}{extra}", file=self.stream,
+                      flush=True)
 
     def skip_rest(self, after: str) -> None:
         """Mark every pending cell after column `after` as skipped (the bring-up stopped)."""
@@ -94,7 +96,8 @@ class HostTable:
         for col in ["host", "role", *self.columns, "detail"]:
             table.add_column(col, overflow="fold")
         for h in self.hosts:
-            cells = [f"[{STYLES.get(v, '')}]{v}[/]" if v in STYLES else v for v in (self.cells[h][c] for c in self.columns)]
+            cells = ([f"[{STYLES.get(v, '')}]{v}[/]" if v in STYLES else v for v in (self.cells[h][c] for c
+                                                                                     in self.columns)])
             table.add_row(h, self.roles[h], *cells, self.details[h])
         return table
 

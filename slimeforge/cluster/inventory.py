@@ -44,18 +44,22 @@ class SSHSettings(Model):
     connect_timeout: int = Field(10, ge=1, le=600)
     options: dict[str, str] = Field(default_factory=dict)  # extra `-o Key=Value`: the allow list of sshconfig.OPTIONS
     proxy_jump: str | None = None  # a bastion: `ssh -J [user@]host[:port][,...]`
-    proxy_command: str | None = None  # a command proxy (e.g. AWS SSM), run by ssh on this machine: explicit, shown by cluster.up --dry-run
-    tunnel: Literal["auto", "always", "never"] = "auto"  # the Jobs API over ssh (tunnel.py); auto: when the dashboard does not answer directly
+    # a command proxy (e.g. AWS SSM), run by ssh on this machine: explicit, shown by cluster.up --dry-run
+    proxy_command: str | None = None
+    # the Jobs API over ssh (tunnel.py); auto: when the dashboard does not answer directly
+    tunnel: Literal["auto", "always", "never"] = "auto"
 
 
 class RaySettings(Model):
     # Every port a Ray node listens on, pinned (rayports.py: the defaults, one range, the firewall
     # table of docs/cluster.md); the rules between them are rayports.port_problems.
     port: int = Field(rayports.DEFAULTS["port"], ge=1, le=65535)  # GCS, on the head
-    dashboard_port: int = Field(rayports.DEFAULTS["dashboard_port"], ge=1, le=65535)  # dashboard and Jobs API, on the head
+    # dashboard and Jobs API, on the head
+    dashboard_port: int = Field(rayports.DEFAULTS["dashboard_port"], ge=1, le=65535)
     client_port: int = Field(rayports.DEFAULTS["client_port"], ge=1, le=65535)  # Ray Client server, on the head
-    autoscaler_metrics_port: int = Field(rayports.DEFAULTS["autoscaler_metrics_port"], ge=1, le=65535)  # on the head, by environment
-    dashboard_metrics_port: int = Field(rayports.DEFAULTS["dashboard_metrics_port"], ge=1, le=65535)  # on the head, by environment
+    # these two on the head, by environment
+    autoscaler_metrics_port: int = Field(rayports.DEFAULTS["autoscaler_metrics_port"], ge=1, le=65535)
+    dashboard_metrics_port: int = Field(rayports.DEFAULTS["dashboard_metrics_port"], ge=1, le=65535)
     node_manager_port: int = Field(rayports.DEFAULTS["node_manager_port"], ge=1, le=65535)  # on every node, as the rest
     object_manager_port: int = Field(rayports.DEFAULTS["object_manager_port"], ge=1, le=65535)
     runtime_env_agent_port: int = Field(rayports.DEFAULTS["runtime_env_agent_port"], ge=1, le=65535)
@@ -72,10 +76,13 @@ class RaySettings(Model):
 
 
 class ContainerSettings(Model):
-    volumes: list[str] = Field(default_factory=list)  # `-v SRC:DST[:ro|rw]` for model, data and checkpoint paths (dockerargs.py)
+    # `-v SRC:DST[:ro|rw]` for model, data and checkpoint paths (dockerargs.py)
+    volumes: list[str] = Field(default_factory=list)
     shm_size: str = "16g"
-    docker_args: list[str] = Field(default_factory=list)  # `docker run` options of dockerargs.DOCKER_RUN_OPTIONS, each with its value
-    env: dict[str, str] = Field(default_factory=dict)  # extra environment of the container (no secrets: secret_env carries those)
+    # `docker run` options of dockerargs.DOCKER_RUN_OPTIONS, each with its value
+    docker_args: list[str] = Field(default_factory=list)
+    # extra environment of the container (no secrets: secret_env carries those)
+    env: dict[str, str] = Field(default_factory=dict)
 
 
 class HostSpec(Model):
@@ -201,7 +208,8 @@ def check(data: Mapping[str, object], base: Path, trusted_config: bool = False) 
     heads = [str(h.get("name", f"#{i}")) for i, h in enumerate(hosts) if h.get("role") == "head"]
     if len(heads) != 1:
         what = "no host has" if not heads else f"{len(heads)} hosts have"
-        p.append(Problem("hosts", f"{what} role: head; exactly one must", heads, "role: head on one host, worker (the default) on the others"))
+        p.append(Problem("hosts", f"{what} role: head; exactly one must", heads,
+                         "role: head on one host, worker (the default) on the others"))
 
     seen_names: dict[str, int] = {}
     seen_addr: dict[str, int] = {}
@@ -211,21 +219,26 @@ def check(data: Mapping[str, object], base: Path, trusted_config: bool = False) 
         if isinstance(name, str):
             where = f"hosts.{i} ({name})" if len(name) <= 64 and not text_problem(name) else where
             if not NAME_RE.fullmatch(name):
-                p.append(Problem(f"{where}.name", "is used in paths and container names", name, "letters, digits, '.', '_', '-', starting with a letter or digit, at most 63"))
+                p.append(Problem(f"{where}.name", "is used in paths and container names", name,
+                                 "letters, digits, '.', '_', '-', starting with a letter or digit, at most 63"))
             if name in seen_names:
-                p.append(Problem(f"{where}.name", f"is the same as hosts.{seen_names[name]}'s; names must be unique", name))
+                p.append(Problem(f"{where}.name", f"is the same as hosts.{seen_names[name]}'s; names must be unique",
+                                 name))
             seen_names.setdefault(name, i)
         address = h.get("address")
         if isinstance(address, str):
             if why := address_problem(address):
-                p.append(Problem(f"{where}.address", why, address, "e.g. 10.0.0.11, fd00::11, gpu-a.example.com, or a Host alias from your ssh config"))
+                p.append(Problem(f"{where}.address", why, address,
+                                 "e.g. 10.0.0.11, fd00::11, gpu-a.example.com, or a Host alias from your ssh config"))
             # One host, however it is spelt: case and a trailing dot do not matter in DNS, an IP is
             # its canonical form, and no port is port 22.
             port = h.get("port", ssh.get("port")) or 22
-            port = int(port) if isinstance(port, float) and port.is_integer() else port  # 22.0 is port 22, as the schema reads it
+            # 22.0 is port 22, as the schema reads it
+            port = int(port) if isinstance(port, float) and port.is_integer() else port
             key = hostport(unique_key(address), port)
             if key in seen_addr:
-                p.append(Problem(f"{where}.address", f"is the same host as hosts.{seen_addr[key]}'s; addresses must be unique", key))
+                p.append(Problem(f"{where}.address",
+                                 f"is the same host as hosts.{seen_addr[key]}'s; addresses must be unique", key))
             seen_addr.setdefault(key, i)
         for field in ("user",):
             value = h.get(field, ssh.get(field))
@@ -233,33 +246,43 @@ def check(data: Mapping[str, object], base: Path, trusted_config: bool = False) 
                 p.append(Problem(f"{where}.{field}", "is not a user name", value, "letters, digits, '_', '.', '-'"))
         iface = h.get("interface", "auto")
         if isinstance(iface, str) and iface != "auto" and not IFACE_RE.fullmatch(iface):
-            p.append(Problem(f"{where}.interface", "is not a network interface name", iface, "auto, or a name such as eth0, ens5, bond0 (at most 15 characters)"))
+            p.append(Problem(f"{where}.interface", "is not a network interface name", iface,
+                             "auto, or a name such as eth0, ens5, bond0 (at most 15 characters)"))
         node_ip = h.get("node_ip")
         if isinstance(node_ip, str):
             try:
                 ipaddress.ip_address(node_ip)
             except ValueError:
-                p.append(Problem(f"{where}.node_ip", "is not an IP address", node_ip, "an address of this host on the cluster network, e.g. 10.0.0.11"))
+                p.append(Problem(f"{where}.node_ip", "is not an IP address", node_ip,
+                                 "an address of this host on the cluster network, e.g. 10.0.0.11"))
         for key_field in ("key",):
             value = h.get(key_field, ssh.get(key_field))
             if isinstance(value, str) and not _resolve(base, value).is_file():
-                p.append(Problem(f"{where}.{key_field}" if key_field in h else f"ssh.{key_field}", "names no file on this machine", value, "a private key file (or leave it out: the ssh agent and ssh config apply)"))
+                p.append(Problem(f"{where}.{key_field}" if key_field in h else f"ssh.{key_field}",
+                                 "names no file on this machine", value,
+                                 "a private key file (or leave it out: the ssh agent and ssh config apply)"))
         p += env_problems(f"{where}.env", h.get("env"))
         if mode == "container":
             for field in ("prefix", "python"):
                 if field in h:
-                    p.append(Problem(f"{where}.{field}", "is used in host mode only; this inventory has mode: container", h[field]))
+                    p.append(Problem(f"{where}.{field}",
+                                     "is used in host mode only; this inventory has mode: container", h[field]))
         if mode == "host" and not (h.get("prefix") or h.get("python") or data.get("prefix") or data.get("python")):
-            p.append(Problem(where, "host mode needs the environment to run Ray from: prefix (with python at <prefix>/venv/bin/python) or python", show_value=False, accepted="prefix: /opt/slimeforge, or python: /path/to/venv/bin/python"))
+            p.append(Problem(where,
+                             "host mode needs the environment to run Ray from: prefix (with python at "
+                             "<prefix>/venv/bin/python) or python", show_value=False,
+                             accepted="prefix: /opt/slimeforge, or python: /path/to/venv/bin/python"))
         for field in ("python", "prefix", "temp_dir"):
             value = h.get(field, data.get(field) if field != "temp_dir" else None)
             if isinstance(value, str) and not value.startswith("/"):
-                p.append(Problem(f"{where}.{field}" if field in h else field, "must be an absolute path on the hosts", value, "/path/on/the/hosts"))
+                p.append(Problem(f"{where}.{field}" if field in h else field, "must be an absolute path on the hosts",
+                                 value, "/path/on/the/hosts"))
 
     if mode == "container":
         image = data.get("image")
         if not image:
-            p.append(Problem("image", "is required in container mode", image, "REGISTRY/REPO@sha256:<64 hex digits> (invoke publish prints it)"))
+            p.append(Problem("image", "is required in container mode", image,
+                             "REGISTRY/REPO@sha256:<64 hex digits> (invoke publish prints it)"))
         else:  # by the OCI grammar: `-v/:/host@sha256:...` must never reach `docker pull` or `docker run` as an option
             p.extend(image_ref_problems(image, "image", require_digest=True))
         for field in ("prefix", "python", "install_script"):
@@ -270,7 +293,9 @@ def check(data: Mapping[str, object], base: Path, trusted_config: bool = False) 
 
     script = data.get("install_script")
     if isinstance(script, str) and not _resolve(base, script).is_file():
-        p.append(Problem("install_script", "names no file on this machine", script, "a local script (e.g. the install.sh that `invoke install --dry-run` renders); it is sent to each host"))
+        p.append(Problem("install_script", "names no file on this machine", script,
+                         "a local script (e.g. the install.sh that `invoke install --dry-run` renders); it is sent to "
+                         "each host"))
     config = ssh.get("config")
     if isinstance(config, str) and not trusted_config:
         # Held to the allow list: an inventory's config must not bring back what ssh.options refuses.
@@ -285,15 +310,18 @@ def check(data: Mapping[str, object], base: Path, trusted_config: bool = False) 
     if mode == "host" and container.get("env"):
         p.append(Problem("container.env", "is used in container mode only; this inventory has mode: host", None,
                          "ray.env (the environment of `ray start` on every host)", show_value=False))
-    p += secret_env_problems(data.get("secret_env"), [("ray.env", ray.get("env")), ("container.env", container.get("env"))]
+    p += secret_env_problems(data.get("secret_env"),
+                             [("ray.env", ray.get("env")), ("container.env", container.get("env"))]
                              + [(f"hosts.{i}.env", h.get("env")) for i, h in enumerate(hosts)])
     temp_dir = ray.get("temp_dir")
     if isinstance(temp_dir, str) and not temp_dir.startswith("/"):
-        p.append(Problem("ray.temp_dir", "must be an absolute path on the hosts", temp_dir, "/path/on/the/hosts, e.g. /tmp/ray"))
+        p.append(Problem("ray.temp_dir", "must be an absolute path on the hosts", temp_dir,
+                         "/path/on/the/hosts, e.g. /tmp/ray"))
     p += rayports.port_problems(ray)
     name = data.get("name")
     if isinstance(name, str) and not NAME_RE.fullmatch(name):
-        p.append(Problem("name", "is used in paths and container names", name, "letters, digits, '.', '_', '-', starting with a letter or digit"))
+        p.append(Problem("name", "is used in paths and container names", name,
+                         "letters, digits, '.', '_', '-', starting with a letter or digit"))
     return p
 
 
@@ -307,9 +335,11 @@ def env_problems(where: str, env: Any) -> list[Problem]:
     p: list[Problem] = []
     for key, value in env.items() if isinstance(env, dict) else ():
         if not (isinstance(key, str) and ENV_NAME_RE.fullmatch(key)):
-            p.append(Problem(where, "is not an environment variable name", key, "letters, digits and '_', not starting with a digit"))
+            p.append(Problem(where, "is not an environment variable name", key,
+                             "letters, digits and '_', not starting with a digit"))
         elif secret_name(key) or secret_value(value):
-            p.append(Problem(f"{where}.{key}", "looks like a secret; its value would be shown by dry runs, in `ps` and in records",
+            p.append(Problem(f"{where}.{key}",
+                             "looks like a secret; its value would be shown by dry runs, in `ps` and in records",
                              None, SECRET_FIX, show_value=False))
     return p
 
@@ -327,16 +357,20 @@ def secret_env_problems(names: Any, envs: list[tuple[str, Any]]) -> list[Problem
     seen: set[str] = set()
     for i, name in enumerate(names):
         if not (isinstance(name, str) and ENV_NAME_RE.fullmatch(name)):
-            p.append(Problem(f"secret_env.{i}", "is not an environment variable name", name, "letters, digits and '_', not starting with a digit"))
+            p.append(Problem(f"secret_env.{i}", "is not an environment variable name", name,
+                             "letters, digits and '_', not starting with a digit"))
             continue
         if name in seen:
             p.append(Problem(f"secret_env.{i}", "is listed twice", name, "each name once"))
         seen.add(name)
         if name in RESERVED_SECRET_ENV:
-            p.append(Problem(f"secret_env.{i}", "is set by cluster.up itself and may not be replaced", name, "any other name"))
+            p.append(Problem(f"secret_env.{i}", "is set by cluster.up itself and may not be replaced", name,
+                             "any other name"))
         for where, env in envs:
             if isinstance(env, dict) and name in env:
-                p.append(Problem(f"secret_env.{i}", f"is also set in {where}; a secret's value never goes into an inventory", name, f"remove it from {where}"))
+                p.append(Problem(f"secret_env.{i}",
+                                 f"is also set in {where}; a secret's value never goes into an inventory", name,
+                                 f"remove it from {where}"))
     return p
 
 
@@ -349,16 +383,19 @@ def ssh_problems(ssh: Mapping[str, object]) -> list[Problem]:
     p = []
     options = ssh.get("options")
     for key, value in (options if isinstance(options, dict) else {}).items():
-        where = f"ssh.options.{key}" if re.fullmatch(r"[A-Za-z0-9]{1,64}", str(key)) else "ssh.options"  # the name is shown as a value
+        # the name is shown as a value
+        where = f"ssh.options.{key}" if re.fullmatch(r"[A-Za-z0-9]{1,64}", str(key)) else "ssh.options"
         if (problem := option_problem(where, str(key), value, OPTIONS)) is not None:
             p.append(problem)
     jump = ssh.get("proxy_jump")
     if jump is not None and not (isinstance(jump, str) and not text_problem(jump) and jump_hosts(jump)):
-        p.append(Problem("ssh.proxy_jump", "is not a bastion list", jump, "[user@]host[:port], comma-separated for a chain; IPv6 as [fd00::1]:22"))
+        p.append(Problem("ssh.proxy_jump", "is not a bastion list", jump,
+                         "[user@]host[:port], comma-separated for a chain; IPv6 as [fd00::1]:22"))
     command = ssh.get("proxy_command")
     if command is not None and (not isinstance(command, str) or not command.strip() or text_problem(command)):
         p.append(Problem("ssh.proxy_command", "must be one line of text (ssh runs it with your shell)", command,
-                         "e.g. aws ssm start-session --target %h --document-name AWS-StartSSHSession --parameters portNumber=%p"))
+                         "e.g. aws ssm start-session --target %h --document-name AWS-StartSSHSession --parameters "
+                         "portNumber=%p"))
     return p
 
 
@@ -371,17 +408,22 @@ def load_inventory(path: str | Path, ssh_config: str | Path | None = None) -> In
     problems: list[Problem] = []
     spec, problems = model_problems(InventoryFile, data)
     if ssh_config is not None and not Path(ssh_config).expanduser().is_file():
-        problems.append(Problem("--ssh-config", "names no file on this machine", str(ssh_config), "your ssh config file"))
+        problems.append(Problem("--ssh-config", "names no file on this machine", str(ssh_config),
+                                "your ssh config file"))
     problems += check(data, base, trusted_config=ssh_config is not None)
     if problems or spec is None:
         raise ConfigError(str(path), problems)
 
     name = spec.name or path.stem.replace("_", "-")
     if not NAME_RE.fullmatch(name):
-        raise ConfigError(str(path), [Problem("name", "the file name is not a usable cluster name: set name:", name, "letters, digits, '.', '_', '-'")])
-    config = Path(ssh_config).expanduser().resolve() if ssh_config is not None else _resolve(base, spec.ssh.config) if spec.ssh.config is not None else None
-    options = SSHOptions(config_file=str(config) if config else None, connect_timeout=spec.ssh.connect_timeout, extra=dict(spec.ssh.options),
-                         proxy_jump=jump_hosts(spec.ssh.proxy_jump) if spec.ssh.proxy_jump else None, proxy_command=spec.ssh.proxy_command,
+        raise ConfigError(str(path), [Problem("name", "the file name is not a usable cluster name: set name:", name,
+                                              "letters, digits, '.', '_', '-'")])
+    config = (Path(ssh_config).expanduser().resolve() if ssh_config is not None
+              else _resolve(base, spec.ssh.config) if spec.ssh.config is not None else None)
+    options = SSHOptions(config_file=str(config) if config else None, connect_timeout=spec.ssh.connect_timeout,
+                         extra=dict(spec.ssh.options),
+                         proxy_jump=jump_hosts(spec.ssh.proxy_jump) if spec.ssh.proxy_jump else None,
+                         proxy_command=spec.ssh.proxy_command,
                          tunnel=spec.ssh.tunnel)
     hosts = []
     for h in spec.hosts:
@@ -411,7 +453,8 @@ def load_inventory(path: str | Path, ssh_config: str | Path | None = None) -> In
                 num_cpus=h.num_cpus if h.num_cpus is not None else spec.ray.num_cpus,
                 temp_dir=h.temp_dir or spec.ray.temp_dir or default_temp_dir(name, h.name),
                 state_dir=f"{spec.state_dir.rstrip('/')}/{name}/{h.name}",
-                # The head's ports `ray start` has no option for (rayports.node_env): the inventory's, whatever ray.env says.
+                # The head's ports `ray start` has no option for (rayports.node_env): the inventory's, whatever ray.env
+                # says.
                 env={**spec.ray.env, **(spec.container.env if spec.mode == "container" else {}), **h.env,
                      **(rayports.node_env(spec.ray.model_dump()) if h.role == "head" else {})},
             )

@@ -64,7 +64,8 @@ def container_name(inv: Inventory, host: Host) -> str:
     return f"sf-ray-{inv.name}-{host.name}"
 
 
-def start_argv(inv: Inventory, host: Host, node_ip: str, head_ip: str, env: dict[str, str], token: str, env_file: str | None = None) -> list[str]:
+def start_argv(inv: Inventory, host: Host, node_ip: str, head_ip: str, env: dict[str, str], token: str,
+               env_file: str | None = None) -> list[str]:
     """What the node agent runs on the host: `ray start` itself, or `docker run` around it.
     `token`: the cluster token of the record (host mode: the agent puts it in the environment).
     `env_file`: the secrets file on the host (credentials.secret_file): container mode names it to

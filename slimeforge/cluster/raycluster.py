@@ -72,7 +72,8 @@ def up(
     host_setup = setup or DefaultSetup()
     values = secret_values(inv, os.environ)  # a secret named but not exported stops here, before any host is touched
     b = Bringup(inv, make_nodes(inv, runner, control_dir),
-                HostTable(f"cluster {inv.name}", [(h.name, h.role) for h in inv.hosts], PHASES, stream=stream, live=live),
+                HostTable(f"cluster {inv.name}", [(h.name, h.role) for h in inv.hosts], PHASES, stream=stream,
+                          live=live),
                 secret_values=values)
     with b.table:
         connect_phase(b)
@@ -84,14 +85,16 @@ def up(
     return address
 
 
-def down(inventory: Inventory | str | Path, *, runner: Runner | None = None, control_dir: str | None = None, stream=None, live: bool | None = None, timeout: float = 60) -> dict[str, Mapping[str, object]]:
+def down(inventory: Inventory | str | Path, *, runner: Runner | None = None, control_dir: str | None = None,
+         stream=None, live: bool | None = None, timeout: float = 60) -> dict[str, Mapping[str, object]]:
     """Stop what `up` started: SIGTERM to each recorded `ray start --block` (or `docker stop` of
     each recorded container), workers first, then the head, each once proved ours on its host.
     Nothing else is touched: a host whose record names something else is a FAILED row
     ("refused: ..."), and down raises ClusterError with the table after trying every host."""
     inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
     nodes = make_nodes(inv, runner, control_dir)
-    table = HostTable(f"cluster {inv.name} down", [(h.name, h.role) for h in inv.hosts], ["stop"], stream=stream, live=live)
+    table = HostTable(f"cluster {inv.name} down", [(h.name, h.role) for h in inv.hosts], ["stop"], stream=stream,
+                      live=live)
     results: dict[str, Mapping[str, object]] = {}  # each host's stop answer, as the agent gave it
 
     def stop(node: Node) -> str:
@@ -102,7 +105,8 @@ def down(inventory: Inventory | str | Path, *, runner: Runner | None = None, con
             raise CheckFailed([f"refused: {result['refused']}"])
         if not result.get("stopped"):
             return result.get("reason", "nothing to stop")
-        what = f"pid {result['pid']} and {result['processes'] - 1} child process(es)" if "pid" in result else f"container {result['container'][:12]}"
+        what = (f"pid {result['pid']} and {result['processes'] - 1} child process(es)" if "pid" in result
+                else f"container {result['container'][:12]}")
         return f"stopped {what}" + (f"; forced (SIGKILL): {result['forced']}" if result.get("forced") else "")
 
     with table:
@@ -112,10 +116,13 @@ def down(inventory: Inventory | str | Path, *, runner: Runner | None = None, con
         node.ssh.close()
     if failures:
         refused = sum(why.startswith("refused: ") for why in failures.values())
-        what = (f"refused on {refused} host(s): the record there names a process or container slimeforge cannot prove it started "
-                "(the table says what was found); it was left alone, and so was the record" if refused else "")
-        unreachable = f"could not stop Ray on {len(failures) - refused} host(s); run cluster.down again once they are reachable" if len(failures) > refused else ""
-        raise ClusterError(f"cluster {inv.name}: " + "; ".join(x for x in (unreachable, what) if x) + ".", table, failures)
+        what = (f"refused on {refused} host(s): the record there names a process or container slimeforge cannot prove "
+                "it started (the table says what was found); it was left alone, and so was the record"
+                if refused else "")
+        unreachable = (f"could not stop Ray on {len(failures) - refused} host(s); run cluster.down again once they are "
+                       "reachable" if len(failures) > refused else "")
+        raise ClusterError(f"cluster {inv.name}: " + "; ".join(x for x in (unreachable, what) if x) + ".", table,
+                           failures)
     state_file(inv).unlink(missing_ok=True)
     return results
 
@@ -127,16 +134,19 @@ def plan(inventory: Inventory | str | Path, *, nccl_check: bool = False, control
     nodes = make_nodes(inv, runner, control_dir)
     head_ip = inv.head.node_ip or "HEAD_IP"
     lines = [
-        f"cluster {inv.name}: {len(inv.hosts)} host(s), mode {inv.mode}, {sum(h.gpus for h in inv.hosts)} GPU(s); dry run: nothing is touched",
+        f"cluster {inv.name}: {len(inv.hosts)} host(s), mode {inv.mode}, {sum(h.gpus for h in inv.hosts)} GPU(s); "
+        "dry run: nothing is touched",
         "  HEAD_IP: the address the head answers ssh on (set node_ip on the head to choose it);",
         "  NODE_IP, IFACE: source address and interface of `ip -o route get HEAD_IP` on each host, found in preflight",
     ]
     if inv.secret_env:
         unset = [n for n in inv.secret_env if not os.environ.get(n)]
         lines.append(f"  secrets (secret_env, names only): {', '.join(inv.secret_env)}"
-                     + (f"; NOT exported here: {', '.join(unset)} (cluster.up refuses until they are)" if unset else "; each exported here"))
+                     + (f"; NOT exported here: {', '.join(unset)} (cluster.up refuses until they are)" if unset
+                        else "; each exported here"))
     if inv.ssh_options.proxy_command:
-        lines.append(f"  ssh proxy command (ssh.proxy_command; ssh runs it on THIS machine for every connection): {inv.ssh_options.proxy_command}")
+        lines.append("  ssh proxy command (ssh.proxy_command; ssh runs it on THIS machine for every connection): "
+                     f"{inv.ssh_options.proxy_command}")
     if inv.ssh_options.proxy_jump:
         lines.append(f"  ssh bastion (ssh.proxy_jump): {inv.ssh_options.proxy_jump}")
     for node in nodes:
@@ -151,23 +161,29 @@ def plan(inventory: Inventory | str | Path, *, nccl_check: bool = False, control
         checks = [f"GPUs >= {h.gpus} (nvidia-smi)", f"ports {' '.join(map(str, ports_for(inv, h)))} free"]
         if not h.is_head:
             checks.append("head reachable over TCP")
-        lines.append(f"  preflight    {'; '.join(checks)}; interface and node IP; /dev/shm and ulimits (the doctor's host checks, over ssh)")
+        lines.append(f"  preflight    {'; '.join(checks)}; interface and node IP; /dev/shm and ulimits (the doctor's "
+                     "host checks, over ssh)")
         if h.mode == "host":
             if inv.install_script:
                 lines.append(f"  environment  bash -s < {inv.install_script}")
-            lines.append(f"  environment  {h.python} -c <versions> {h.lock_path or ''}".rstrip() + "   (same lock, Python and Ray as the head)")
+            lines.append(f"  environment  {h.python} -c <versions> "
+                         f"{h.lock_path or ''}".rstrip() + "   (same lock, Python and Ray as the head)")
         else:
-            lines.append(f"  environment  docker pull {h.image}; docker image inspect; versions in the image (same digest, Python and Ray as the head)")
+            lines.append(f"  environment  docker pull {h.image}; docker image inspect; versions in the image (same "
+                         "digest, Python and Ray as the head)")
         if nccl_check and h.gpus > 0:
             lines.append(f"  environment  nccl_check.py --size-mb {NCCL_SIZE_MB} across {h.gpus} GPUs")
         env_file = f"{h.state_dir}/secrets-TOKEN.env" if inv.secret_env else None
         if env_file:
-            lines.append(f"  secrets      {', '.join(inv.secret_env)} (names only): values from this environment, over ssh's stdin into "
-                         f"{env_file} (mode 0600), read by {'docker run --env-file' if h.mode == 'container' else 'the node agent into ray start' + chr(39) + 's environment'}, then removed")
+            reader = "docker run --env-file" if h.mode == "container" else "the node agent into ray start's environment"
+            lines.append(f"  secrets      {', '.join(inv.secret_env)} (names only): values from this environment, "
+                         f"over ssh's stdin into {env_file} (mode 0600), read by {reader}, then removed")
         argv = start_argv(inv, h, ip, head_ip, env, "TOKEN", env_file if h.mode == "container" else None)
         env_text = " ".join(f"{k}={v}" for k, v in env.items()) if h.mode == "host" else ""
         lines.append(f"  ray          {env_text + ' ' if env_text else ''}{' '.join(argv)}")
-        lines.append("               (detached; pid, start time, boot id, argv and a cluster token recorded; ready when it prints 'Ray runtime started.')")
+        lines.append("               (detached; pid, start time, boot id, argv and a cluster token recorded; ready "
+                     "when it prints 'Ray runtime started.')")
     lines.append("")
-    lines.append(f"then: wait up to {inv.ray.start_timeout:g}s until {hostport(head_ip, inv.ray.dashboard_port)}/api/v0/nodes lists every host ALIVE with its GPUs")
+    lines.append(f"then: wait up to {inv.ray.start_timeout:g}s until "
+                 f"{hostport(head_ip, inv.ray.dashboard_port)}/api/v0/nodes lists every host ALIVE with its GPUs")
     return lines

@@ -101,9 +101,11 @@ def static(recipe: Recipe, inv: Inventory) -> list[Problem]:
     where = f"cluster {inv.name} ({inv.path})"
     p: list[Problem] = []
     if recipe.mode != inv.mode:
-        p.append(Problem("mode", f"differs from {where}'s mode {inv.mode!r}", recipe.mode, f"{inv.mode} (leave it out, or --mode {inv.mode})"))
+        p.append(Problem("mode", f"differs from {where}'s mode {inv.mode!r}", recipe.mode,
+                         f"{inv.mode} (leave it out, or --mode {inv.mode})"))
     if inv.mode == "container" and recipe.image and recipe.image != inv.image:
-        p.append(Problem("image", f"is not the image {where} runs ({inv.image}); a cluster runs one image", recipe.image,
+        p.append(Problem("image", f"is not the image {where} runs ({inv.image}); a cluster runs one image",
+                         recipe.image,
                          f"{inv.image} (or leave image out: the cluster's is used)"))
     prefix = inv.head.prefix
     if inv.mode == "host" and recipe.install_prefix and prefix and recipe.install_prefix != prefix:
@@ -123,10 +125,13 @@ def static(recipe: Recipe, inv: Inventory) -> list[Problem]:
             found = host_path(path, vols)
             if found is None:
                 have = ", ".join(f"{v.target}" for v in vols) or "none"
-                p.append(Problem(name, f"lies outside every container volume of {where} (volumes: {have}): the container cannot see it",
+                p.append(Problem(name,
+                                 f"lies outside every container volume of {where} (volumes: {have}): the container "
+                                 "cannot see it",
                                  path, "a path under one of those volumes, or add a volume in container.volumes"))
             elif kind == "checkpoint" and not found[1].writable:
-                p.append(Problem(name, f"lies under the read-only volume {found[1].target} of {where}", path, "a writable volume (drop :ro)"))
+                p.append(Problem(name, f"lies under the read-only volume {found[1].target} of {where}", path,
+                                 "a writable volume (drop :ro)"))
     return p
 
 
@@ -158,7 +163,8 @@ class RunCheckFailed(SlimeforgeError):
     def __init__(self, cluster: str, check: RunCheck):
         self.check = check
         hosts = ", ".join(check.failures)
-        super().__init__(f"cluster {cluster}: the recipe does not hold on {len(check.failures)} host(s) ({hosts}); nothing was submitted:\n\n"
+        super().__init__(f"cluster {cluster}: the recipe does not hold on {len(check.failures)} host(s) ({hosts}); "
+                         "nothing was submitted:\n\n"
                          + check.table.text())
 
 
@@ -172,7 +178,8 @@ def live(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
     nodes = make_nodes(inv, runner, control_dir)
     vols = volumes(inv) if inv.mode == "container" else []
     token = secrets.token_hex(16)
-    table = HostTable(f"run {recipe.exp_id} on cluster {inv.name}", [(h.name, h.role) for h in inv.hosts], ["paths", "checkpoint"],
+    table = HostTable(f"run {recipe.exp_id} on cluster {inv.name}", [(h.name, h.role) for h in inv.hosts], ["paths",
+                                                                                                            "checkpoint"],
                       stream=stream, live=live_table)
     check = RunCheck(table)
     answers: dict[str, RunAnswer] = {}
@@ -184,7 +191,8 @@ def live(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
 
     def fix(what: str, why: str) -> str:
         if what == "checkpoint_dir" and "filesystem" in why:
-            return "put checkpoint_dir on one filesystem that every host mounts at the same path (every rank writes its shard there)"
+            return ("put checkpoint_dir on one filesystem that every host mounts at the same path (every rank writes "
+                   "its shard there)")
         if what == "checkpoint_dir":
             return "make it writable by the ssh user on this host"
         if what == "data_path" or what.startswith("eval_data."):
@@ -192,7 +200,8 @@ def live(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
         return SHARED_FIX
 
     def problems_of(host: str, answer: RunAnswer, back: dict[str, str]) -> list[str]:
-        return [f"{what} {printable(back.get(path, path))}: {host_words(host, why)}; fix: {fix(what, why)}" for what, path, why in answer.problems]
+        return [f"{what} {printable(back.get(path, path))}: {host_words(host, why)}; fix: {fix(what, why)}" for what,
+                path, why in answer.problems]
 
     ck_dir = recipe.resolved_checkpoint_dir
     head_weights: dict[str, int] | None = None  # the head's weight files, once its first round answered
@@ -202,13 +211,15 @@ def live(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
         nonlocal head_weights
         h = node.host
         try:
-            items = [(n, path, kind) for n, path, kind, where in recipe_paths(recipe) if kind != "checkpoint" and (where == "all" or h.is_head)]
+            items = [(n, path, kind) for n, path, kind,
+                     where in recipe_paths(recipe) if kind != "checkpoint" and (where == "all" or h.is_head)]
             back = {on_host(path): path for _, path, _ in items} | {on_host(ck_dir): ck_dir}
             params = {"paths": [{"what": n, "path": on_host(path), "kind": kind} for n, path, kind in items],
                       "checkpoint": {"dir": on_host(ck_dir), "token": token, "write": h.is_head}}
             raw = agent(node.ssh, h, "runcheck", params, timeout=inv.ssh_options.connect_timeout + 60)
             answered.add(node.name)
-            answer = answers[node.name] = read_answer(node.name, raw, {on_host(path) for _, path, _ in items} | {on_host(ck_dir)},
+            answer = answers[node.name] = read_answer(node.name, raw, {on_host(path) for _, path,
+                                                                       _ in items} | {on_host(ck_dir)},
                                                       {n for n, _, _ in items} | {"checkpoint_dir"})
             bad = problems_of(node.name, answer, back)
             if h.is_head and not bad:
@@ -223,10 +234,12 @@ def live(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
                 differ = weights_differ(head_weights, answer.weights)
                 if differ:
                     bad.append(f"model_dir {recipe.model_dir}: its weight files are not the head's ({differ}); "
-                               f"fix: copy the head's {on_host(recipe.model_dir)} to this host (same files, same sizes), or put it on a filesystem every host mounts")
+                               f"fix: copy the head's {on_host(recipe.model_dir)} to this host (same files, same "
+                               "sizes), or put it on a filesystem every host mounts")
         if bad:
             raise HostCellProblems(bad)
-        return f"{len(items)} path(s) found, {len(answer.weights)} weight file(s)" + (", marker written" if h.is_head else " as the head's")
+        return (f"{len(items)} path(s) found, {len(answer.weights)} weight "
+               "file(s)") + (", marker written" if h.is_head else " as the head's")
 
     def second(node: Node) -> str:
         h = node.host
@@ -238,7 +251,8 @@ def live(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
         if not bad and free is None:
             raise OddAnswer(node.name, "runcheck", "has no free_bytes for a checkpoint_dir it found writable")
         if check.need_bytes is not None and free is not None and free < check.need_bytes:
-            bad.append(f"checkpoint_dir {ck_dir}: {_gib(free)} free, a checkpoint needs {_gib(check.need_bytes)} ({check.how}); "
+            bad.append(f"checkpoint_dir {ck_dir}: {_gib(free)} free, a checkpoint needs {_gib(check.need_bytes)} "
+                       f"({check.how}); "
                        "fix: free space there or point checkpoint_dir at a larger filesystem")
         if bad:
             raise HostCellProblems(bad)
@@ -259,7 +273,8 @@ def live(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
             if inv.head.name in answered:  # the head wrote the marker: the head removes it
                 head_node = next(n for n in nodes if n.host.is_head)
                 try:
-                    agent(head_node.ssh, head_node.host, "runcheck", {"checkpoint": {"dir": on_host(ck_dir), "token": token, "remove": True}},
+                    agent(head_node.ssh, head_node.host, "runcheck", {"checkpoint": {"dir": on_host(ck_dir),
+                                                                                     "token": token, "remove": True}},
                           timeout=inv.ssh_options.connect_timeout + 60)
                 except SlimeforgeError:
                     pass  # a leftover marker is a dot file named by its token: harmless, and never read again
@@ -282,7 +297,8 @@ AGENT_WHY = frozenset({
     "config.json is not a JSON object", pathcheck.UNUSABLE_PATH,
     f"has more than {pathcheck.MAX_WEIGHT_FILES} weights files",
 })
-AGENT_WHY_PREFIX = ("config.json cannot be opened: ", "config.json cannot be read: ", "config.json is not JSON: ", "config.json is ",
+AGENT_WHY_PREFIX = ("config.json cannot be opened: ", "config.json cannot be read: ", "config.json is not JSON: ",
+                    "config.json is ",
                     "has a weights file whose name is not plain text: ", "cannot be listed: ", "is not writable here: ",
                     )
 WEIGHT_SEP = re.compile(r"has a weights file ([A-Za-z0-9][A-Za-z0-9._+-]{0,254}) that cannot be read: (.*)", re.S)
@@ -333,11 +349,14 @@ def read_answer(host: str, answer: Mapping[str, object], paths: set[str], whats:
         raise OddAnswer(host, "runcheck", f"has no list of problems (at most {MAX_PROBLEMS})", raw)
     problems = []
     for p in raw:
-        if not (isinstance(p, dict) and isinstance(p.get("what"), str) and isinstance(p.get("path"), str) and isinstance(p.get("why"), str)
+        if not (isinstance(p, dict) and isinstance(p.get("what"), str) and isinstance(p.get("path"),
+                                                                                      str) and isinstance(p.get("why"),
+                                                                                                          str)
                 and len(p["why"]) <= 2000):
             raise OddAnswer(host, "runcheck", "has a problem that is not {what, path, why} as text", p)
         if p["what"] not in whats or p["path"] not in paths:
-            raise OddAnswer(host, "runcheck", "names a field or path it was not asked about", {"what": p["what"], "path": p["path"]})
+            raise OddAnswer(host, "runcheck", "names a field or path it was not asked about", {"what": p["what"],
+                                                                                               "path": p["path"]})
         problems.append((p["what"], p["path"], p["why"]))
     weights = answer.get("weights")
     if not isinstance(weights, dict) or len(weights) > pathcheck.MAX_WEIGHT_FILES:
@@ -349,16 +368,20 @@ def read_answer(host: str, answer: Mapping[str, object], paths: set[str], whats:
     total = _size(host, "weights_bytes", answer.get("weights_bytes"))
     assert total is not None
     if total != sum(weights.values()):
-        raise OddAnswer(host, "runcheck", f"has a weights_bytes that is not the sum of its weights ({sum(weights.values())})", total)
+        raise OddAnswer(host, "runcheck",
+                        f"has a weights_bytes that is not the sum of its weights ({sum(weights.values())})", total)
     config = answer.get("config")
     if config is not None:
         ok = isinstance(config, dict) and all(
-            k in pathcheck.CONFIG_KEYS and (isinstance(v, bool) if k == "tie_word_embeddings" else type(v) is int and 0 < v < pathcheck.CONFIG_INT_MAX)
+            k in pathcheck.CONFIG_KEYS and (isinstance(v, bool) if k == "tie_word_embeddings" else type(v) is int
+                                            and 0 < v < pathcheck.CONFIG_INT_MAX)
             for k, v in config.items())
         if not ok:
-            raise OddAnswer(host, "runcheck", "has a config that is not config.json's shape (positive integers)", config)
+            raise OddAnswer(host, "runcheck", "has a config that is not config.json's shape (positive integers)",
+                            config)
     config_read = cast(dict[str, int | bool] | None, config)  # each key and value checked above
-    return RunAnswer(problems, dict(weights), total, config_read, _size(host, "free_bytes", answer.get("free_bytes"), optional=True))
+    return RunAnswer(problems, dict(weights), total, config_read, _size(host, "free_bytes", answer.get("free_bytes"),
+                                                                        optional=True))
 
 
 def weights_differ(head: dict[str, int], here: dict[str, int]) -> str:
@@ -386,7 +409,8 @@ NODES_PATH = "/api/v0/nodes?limit=10000&detail=false"
 
 
 def _repair(inv: Inventory) -> str:
-    return f"`invoke cluster.up {inv.path}` starts Ray again on the hosts where it is not running (`invoke cluster.status {inv.path}` shows each)"
+    return (f"`invoke cluster.up {inv.path}` starts Ray again on the hosts where it is not running (`invoke "
+           f"cluster.status {inv.path}` shows each)")
 
 
 class GateRefused(SlimeforgeError):
@@ -414,22 +438,27 @@ def gate(recipe: Recipe, inv: Inventory, *, runner: Runner | None = None, contro
         ip_of[h.name] = ip
     head = next(n for n in make_nodes(inv, runner, control_dir) if n.host.is_head)
     try:
-        answer = agent(head.ssh, head.host, "nodes", {"url": url, "timeout": 10}, timeout=inv.ssh_options.connect_timeout + 30)
+        answer = agent(head.ssh, head.host, "nodes", {"url": url, "timeout": 10},
+                       timeout=inv.ssh_options.connect_timeout + 30)
         nodes, error = read_nodes(answer, head.name)
     except OddAnswer:
         raise
     except SlimeforgeError as exc:
-        raise GateRefused(f"cluster {inv.name}: cannot ask Ray which nodes are alive: the head {head.name} did not answer "
-                          f"({first_line(exc)}); nothing was submitted. fix: check the head with `invoke cluster.status {inv.path}`") from None
+        raise GateRefused(f"cluster {inv.name}: cannot ask Ray which nodes are alive: the head {head.name} did not "
+                          "answer "
+                          f"({first_line(exc)}); nothing was submitted. fix: check the head with `invoke "
+                          f"cluster.status {inv.path}`") from None
     if error is not None:
-        raise GateRefused(f"cluster {inv.name}: Ray's dashboard on the head {head.name} does not answer ({head.name} says {error!r}); "
+        raise GateRefused(f"cluster {inv.name}: Ray's dashboard on the head {head.name} does not answer ({head.name} "
+                          f"says {error!r}); "
                           f"nothing was submitted. fix: {_repair(inv)}")
     odd = answer.get("odd")
     odd = [printable(x[:200]) for x in odd[:20] if isinstance(x, str)] if isinstance(odd, list) else []
     return judge(recipe, inv, ip_of, nodes, odd)
 
 
-def judge(recipe: Recipe, inv: Inventory, ip_of: dict[str, str | None], nodes: list[RayNode], odd: Sequence[str] = ()) -> str:
+def judge(recipe: Recipe, inv: Inventory, ip_of: dict[str, str | None], nodes: list[RayNode],
+          odd: Sequence[str] = ()) -> str:
     """The gate's verdict on Ray's node list (read_nodes'): a line when the ALIVE nodes cover the
     recipe, else GateRefused naming every inventory host that is not ALIVE with its GPUs."""
     need = f"num_nodes x num_gpus ({recipe.num_nodes} x {recipe.num_gpus})"
@@ -437,24 +466,30 @@ def judge(recipe: Recipe, inv: Inventory, ip_of: dict[str, str | None], nodes: l
     alive = [n for n in nodes if n["state"] == "ALIVE"]
     by_ip = {ip: name for name, ip in ip_of.items() if ip}
     fits = [n for n in alive if raynodes.node_gpus(n) >= recipe.num_gpus]
-    down = {h.name: (verdict[ip][1] if (ip := ip_of[h.name]) else "its node IP is not known here (no bring-up record from this machine)")
+    down = {h.name: (verdict[ip][1] if (ip := ip_of[h.name]) else "its node IP is not known here (no bring-up record "
+                                                                  "from this machine)")
             for h in inv.hosts if not (ip_of[h.name] and verdict[ip_of[h.name]][0])}
     gpus = sum(raynodes.node_gpus(n) or 0 for n in alive)
     if len(fits) < recipe.num_nodes or gpus < recipe.num_nodes * recipe.num_gpus:
         lines = [f"  {name} ({ip_of[name] or '?'}): {why}" for name, why in down.items()]
         if not lines:  # every host is up, with fewer GPUs than the recipe names
-            lines = [f"  {by_ip.get(n['node_ip'], n['node_ip'] + ' (not in the inventory)')}: ALIVE with {raynodes.node_gpus(n)} GPU(s)" for n in alive]
-        raise GateRefused(f"cluster {inv.name}: Ray's ALIVE nodes do not cover {need}: {len(fits)} node(s) with {recipe.num_gpus} GPU(s) "
-                          f"or more, {gpus} GPU(s) in all; nothing was submitted (slime would wait for the missing GPUs without end):\n"
+            lines = [f"  {by_ip.get(n['node_ip'], n['node_ip'] + ' (not in the inventory)')}: ALIVE with "
+                     f"{raynodes.node_gpus(n)} GPU(s)" for n in alive]
+        raise GateRefused(f"cluster {inv.name}: Ray's ALIVE nodes do not cover {need}: {len(fits)} node(s) with "
+                          f"{recipe.num_gpus} GPU(s) "
+                          f"or more, {gpus} GPU(s) in all; nothing was submitted (slime would wait for the missing "
+                          "GPUs without end):\n"
                           + "\n".join(lines)
                           + ("".join(f"\n  (the dashboard's list, an entry left out: {x!r})" for x in odd))
                           + f"\nfix: {_repair(inv)}; or lower num_nodes")
     note = "" if not down else "; not ALIVE, not needed: " + ", ".join(f"{name} ({why})" for name, why in down.items())
-    return f"[slimeforge] cluster {inv.name}: Ray has {len(alive)} ALIVE node(s) with {gpus} GPU(s): covers {need}{note}"
+    return (f"[slimeforge] cluster {inv.name}: Ray has {len(alive)} ALIVE node(s) with {gpus} GPU(s): covers "
+           f"{need}{note}")
 
 
 def cluster_env(inventory: str, *, dry_run: bool, ssh_config: str | None = None, runner: Runner | None = None,
-                control_dir: str | None = None, stream=None, tunnel: str | None = None, tunnels: ExitStack | None = None) -> Cluster:
+                control_dir: str | None = None, stream=None, tunnel: str | None = None,
+                tunnels: ExitStack | None = None) -> Cluster:
     """`invoke run --cluster INVENTORY`'s cluster: its Jobs API (from cluster.up's record; over an
     ssh tunnel that lives as long as `tunnels` when the dashboard does not answer directly, or
     `tunnel` (else ssh.tunnel) says always), its environment, and the recipe checks above
@@ -470,10 +505,12 @@ def cluster_env(inventory: str, *, dry_run: bool, ssh_config: str | None = None,
         dashboard = f"<Jobs API of cluster {inv.name}: run cluster.up first>"  # a dry run shows the plan all the same
     via = None
     if dashboard.startswith("http"):
-        dashboard, via = jobs_api(inv, dashboard, mode=tunnel or inv.ssh_options.tunnel, dry_run=dry_run, stack=tunnels, runner=runner,
+        dashboard, via = jobs_api(inv, dashboard, mode=tunnel or inv.ssh_options.tunnel, dry_run=dry_run,
+                                  stack=tunnels, runner=runner,
                                   say=lambda line: print(line, file=stream or sys.stderr, flush=True))
 
-    return Cluster(name=str(inventory), address=dashboard, via=via, mode=inv.mode, image=inv.image, prefix=inv.head.prefix,
+    return Cluster(name=str(inventory), address=dashboard, via=via, mode=inv.mode, image=inv.image,
+                   prefix=inv.head.prefix,
                    python=inv.head.python, checks=InventoryChecks(inv, runner, control_dir, stream))
 
 
@@ -499,21 +536,25 @@ class InventoryChecks:
         say(gate(recipe, self.inv, runner=self.runner, control_dir=self.control_dir))
 
     def preflight(self, recipe: Recipe, say: Say) -> None:
-        self.gate(recipe, say)  # Ray's view first: one ssh round trip, and the likeliest refusal on a cluster left running
+        self.gate(recipe,
+                  say)  # Ray's view first: one ssh round trip, and the likeliest refusal on a cluster left running
         check = live(recipe, self.inv, runner=self.runner, control_dir=self.control_dir, stream=self.stream,
                      live_table=False if self.stream is not None else None)
         if check.failures:
             raise RunCheckFailed(self.inv.name, check)
-        say(f"[slimeforge] cluster {self.inv.name}: every host holds the recipe's paths; checkpoint_dir is one filesystem"
+        say(f"[slimeforge] cluster {self.inv.name}: every host holds the recipe's paths; checkpoint_dir is one "
+            "filesystem"
             + (f" with room for a checkpoint ({_gib(check.need_bytes)}: {check.how})" if check.need_bytes
                else " (checkpoint size unknown: " + check.how + ")"))
 
     def credentials(self, recipe: Recipe, say: Say, network: bool) -> None:
         from .credentials import preflight as check_credentials
 
-        check_credentials(recipe, self.inv, say, network=network, runner=self.runner, control_dir=self.control_dir, stream=self.stream)
+        check_credentials(recipe, self.inv, say, network=network, runner=self.runner, control_dir=self.control_dir,
+                          stream=self.stream)
 
-    def heal(self, say: Say) -> None:  # --max-restarts: cluster.up converges (hosts running our Ray are left as they are)
+    def heal(self,
+             say: Say) -> None:  # --max-restarts: cluster.up converges (hosts running our Ray are left as they are)
         from .raycluster import up
 
         say(f"[slimeforge] cluster {self.inv.name}: bringing lost hosts back with cluster.up's repair")

@@ -182,9 +182,11 @@ class SSH:
             self._control_dir_ready = True
         # An empty stdin, not ours: ssh forwards stdin, and with parallel hosts a terminal's
         # input must never go to one of them.
-        result = self.runner.run(local, step=step, check=False, capture=capture, input=input if input is not None else "", timeout=timeout)
+        result = self.runner.run(local, step=step, check=False, capture=capture,
+                                 input=input if input is not None else "", timeout=timeout)
         if result.returncode == SSH_FAILED:
-            raise HostUnreachable(step, local, SSH_FAILED, (result.stderr or result.stdout).strip() or "ssh failed (exit 255)")
+            raise HostUnreachable(step, local, SSH_FAILED,
+                                  (result.stderr or result.stdout).strip() or "ssh failed (exit 255)")
         if check and result.returncode != 0:
             raise CommandError(step, local, result.returncode, result.stdout + result.stderr)
         return result

@@ -36,7 +36,8 @@ USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 PORT = re.compile(r"[1-9][0-9]{0,4}")
 HOST_NAME = re.compile(r"(?:%h|[A-Za-z0-9_])(?:%h|[A-Za-z0-9_.-]){0,252}")  # DNS names, `%h.example.com`
 HOST_PATTERNS = re.compile(r"!?[A-Za-z0-9_.*?:%\[\]-]{1,253}(?:[ \t]+!?[A-Za-z0-9_.*?:%\[\]-]{1,253}){0,63}")
-JUMP_HOST = re.compile(r"(?:[A-Za-z_][A-Za-z0-9_.-]{0,31}@)?(?:\[[0-9A-Fa-f:.%A-Za-z]{2,64}\]|[A-Za-z0-9_][A-Za-z0-9_.-]{0,252})(?::[0-9]{1,5})?")
+JUMP_HOST = re.compile(r"(?:[A-Za-z_][A-Za-z0-9_.-]{0,31}@)?"
+                       r"(?:\[[0-9A-Fa-f:.%A-Za-z]{2,64}\]|[A-Za-z0-9_][A-Za-z0-9_.-]{0,252})(?::[0-9]{1,5})?")
 
 # name (lower case) -> (the name ssh documents, the value's grammar, what is accepted)
 OPTIONS: dict[str, tuple[str, re.Pattern[str], str]] = {
@@ -69,7 +70,8 @@ OPTIONS: dict[str, tuple[str, re.Pattern[str], str]] = {
         ("Compression", YES_NO, "yes or no"),
         ("TCPKeepAlive", YES_NO, "yes or no"),
         ("IPQoS", re.compile(r"[A-Za-z0-9]{1,16}(?: [A-Za-z0-9]{1,16})?"), "e.g. lowdelay throughput"),
-        ("RekeyLimit", re.compile(r"(?i:default|none|[0-9]{1,12}[KMG]?)(?: (?i:none|[0-9]{1,9}[smhdw]?))?"), "e.g. 1G 1h"),
+        ("RekeyLimit", re.compile(r"(?i:default|none|[0-9]{1,12}[KMG]?)(?: (?i:none|[0-9]{1,9}[smhdw]?))?"),
+         "e.g. 1G 1h"),
     ]
 }
 
@@ -80,12 +82,14 @@ CONFIG_ONLY: dict[str, tuple[str, re.Pattern[str], str]] = {
         ("HostName", HOST_NAME, "an IP address or a DNS name (%h allowed)"),
         ("User", USER, "a user name"),
         ("Port", PORT, "1..65535"),
-        ("ProxyJump", re.compile(rf"(?i:none)|{JUMP_HOST.pattern}(?:,{JUMP_HOST.pattern}){{0,7}}"), "[user@]host[:port], comma-separated, or none"),
+        ("ProxyJump", re.compile(rf"(?i:none)|{JUMP_HOST.pattern}(?:,{JUMP_HOST.pattern}){{0,7}}"),
+         "[user@]host[:port], comma-separated, or none"),
         ("ConnectTimeout", INT, "seconds"),
         ("ServerAliveInterval", INT, "seconds"),
         ("ServerAliveCountMax", INT, "a count"),
         ("BatchMode", YES_NO, "yes or no"),
-        ("LogLevel", re.compile(r"(?i:quiet|fatal|error|info|verbose|debug[123]?)"), "QUIET, FATAL, ERROR, INFO, VERBOSE, DEBUG"),
+        ("LogLevel", re.compile(r"(?i:quiet|fatal|error|info|verbose|debug[123]?)"),
+         "QUIET, FATAL, ERROR, INFO, VERBOSE, DEBUG"),
     ]
 }
 
@@ -116,12 +120,14 @@ def _ip(value: str) -> bool:
     return True
 
 
-def option_problem(field: str, key: str, value: object, allowed: dict[str, tuple[str, re.Pattern[str], str]]) -> Problem | None:
+def option_problem(field: str, key: str, value: object,
+                   allowed: dict[str, tuple[str, re.Pattern[str], str]]) -> Problem | None:
     """None when `key value` is in `allowed` with a value of its grammar; else what is wrong."""
     spec = allowed.get(key.lower()) if re.fullmatch(r"[A-Za-z0-9]{1,64}", key) else None
     if spec is None:
         hint = INSTEAD.get(key.lower(), "")
-        return Problem(field, "is not an ssh option slimeforge passes from an inventory" + (f" ({hint})" if hint else ""), key,
+        return Problem(field,
+                       "is not an ssh option slimeforge passes from an inventory" + (f" ({hint})" if hint else ""), key,
                        accepted(allowed))
     name, pattern, what = spec
     text = str(value) if isinstance(value, str | int) and not isinstance(value, bool) else None
@@ -142,7 +148,8 @@ def config_problems(path: Path, field: str = "ssh.config") -> list[Problem]:
     try:
         data = readback.read_bytes(path, label, what, max_bytes=MAX_CONFIG, follow_symlinks=True)
         if data is None:
-            return [Problem(field, "names no file on this machine", str(path), "an ssh config file, or leave it out to use ~/.ssh/config")]
+            return [Problem(field, "names no file on this machine", str(path),
+                            "an ssh config file, or leave it out to use ~/.ssh/config")]
         text = readback.decode(path, label, what, data)
     except readback.RecordError as exc:
         return exc.problems
@@ -155,7 +162,8 @@ def config_problems(path: Path, field: str = "ssh.config") -> list[Problem]:
         where = f"{field} ({os.path.basename(path)} line {n})"
         m = LINE_RE.fullmatch(line)
         if m is None:
-            problems.append(Problem(where, "is not `Keyword value`", line[:200], "one ssh_config keyword and its value per line"))
+            problems.append(Problem(where, "is not `Keyword value`", line[:200],
+                                    "one ssh_config keyword and its value per line"))
             continue
         if (p := option_problem(where, m.group(1), _unquote(m.group(2).strip()), allowed)) is not None:
             problems.append(p)

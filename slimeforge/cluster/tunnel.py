@@ -109,8 +109,10 @@ class Tunnel:
                 return self
             if "already in use" not in last and "cannot listen" not in last.lower():
                 break
-        raise TunnelError(f"{self.ssh.name}: cannot tunnel to the Jobs API at {self.remote_host}:{self.remote_port} over ssh: {last}; "
-                          "check that `ssh` reaches the head with the inventory's settings (`invoke cluster.status INVENTORY`), "
+        raise TunnelError(f"{self.ssh.name}: cannot tunnel to the Jobs API at {self.remote_host}:{self.remote_port} "
+                          f"over ssh: {last}; "
+                          "check that `ssh` reaches the head with the inventory's settings (`invoke cluster.status "
+                          "INVENTORY`), "
                           "or open the dashboard port to this machine (docs/cluster.md#ports)")
 
     def _try(self, port: int) -> str:
@@ -139,7 +141,8 @@ class Tunnel:
 
     def _log_text(self) -> str:
         try:
-            return " | ".join(line.strip() for line in (self._log.read_text(errors="replace") if self._log else "").splitlines() if line.strip())[-500:]
+            return " | ".join(line.strip() for line in (self._log.read_text(errors="replace") if self._log
+                                                        else "").splitlines() if line.strip())[-500:]
         except OSError:
             return ""
 

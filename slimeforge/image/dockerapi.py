@@ -70,7 +70,8 @@ def resolve_base(stack: Stack, override: str | None, dry_run: bool, locked_diges
             return ResolvedBase(image, image, None, None)
         fix = "pull it" if override else f"pull it, or record its digest: {remedy('base_digest', stack_ref(stack))}"
         raise ConfigError("base image", [Problem("--base-image" if override else "base.image",
-                                                 f"is not present locally, and no digest of it is known ({fix})", image)]) from None
+                                                 f"is not present locally, and no digest of it is known ({fix})",
+                                                 image)]) from None
     except docker.errors.DockerException as exc:
         raise EngineUnavailable(f"cannot reach the Docker Engine to inspect the base image {image}: {exc}") from None
     repo = image.rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
@@ -140,4 +141,5 @@ def _one_file(chunks, where: str, max_bytes: int) -> bytes:
                 raise OperationFailed(f"{where}: the Engine's archive is cut short")
             return data
     except (tarfile.TarError, EOFError) as exc:
-        raise OperationFailed(f"{where}: the Engine's answer is not a whole tar archive ({printable(str(exc))[:200]})") from None
+        raise OperationFailed(f"{where}: the Engine's answer is not a whole tar archive "
+                              f"({printable(str(exc))[:200]})") from None

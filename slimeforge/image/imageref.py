@@ -70,7 +70,8 @@ def repository_problems(text: object, where: str = "--repository") -> list[Probl
     reference grammar, without a tag or digest."""
     problems = image_ref_problems(text, where)
     if not problems and (_parse(str(text)).tag or _parse(str(text)).digest):
-        problems = [Problem(where, "names a tag or digest; a repository has neither", text, "[registry[:port]/]name, e.g. slimeforge/cu13")]
+        problems = [Problem(where, "names a tag or digest; a repository has neither", text,
+                            "[registry[:port]/]name, e.g. slimeforge/cu13")]
     return problems
 
 
@@ -102,7 +103,8 @@ def _parse(text: str) -> ImageRef:
     if ":" in last:
         name, tag = rest.rsplit(":", 1)
         if not TAG_RE.fullmatch(tag):
-            raise ValueError(f"tag {tag!r} is not valid (letters, digits, _ . -, at most 128, not starting with . or -)")
+            raise ValueError(f"tag {tag!r} is not valid (letters, digits, _ . -, at most 128, not starting with . or "
+                             "-)")
     registry, repository = split_registry(name)
     if registry is None:
         registry = DOCKER_HUB

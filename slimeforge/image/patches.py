@@ -50,7 +50,8 @@ class PatchError(SlimeforgeError):
     """A patch does not apply; the message names the patch and the files."""
 
 
-def read_patches(stack: Stack, local: dict[str, LocalSource], cache: Path, runner: Runner | None = None) -> list[PatchContent]:
+def read_patches(stack: Stack, local: dict[str, LocalSource], cache: Path,
+                 runner: Runner | None = None) -> list[PatchContent]:
     """Every patch the steps apply, read from the patch source at its pinned commit."""
     wanted = stack.used_patches()
     if not wanted or stack.patches is None:
@@ -79,7 +80,8 @@ def _git_blob(repo: Path, spec: str) -> bytes | None:
     return res.stdout if res.returncode == 0 else None
 
 
-def patches_for_run(stack: Stack, local: dict[str, LocalSource], cache: Path, recorded: Mapping[str, str], dry_run: bool,
+def patches_for_run(stack: Stack, local: dict[str, LocalSource], cache: Path, recorded: Mapping[str, str],
+                    dry_run: bool,
                     echo: Callable[[str], None]) -> list[PatchContent]:
     """The patch files for a build or an install (read_patches); in a dry run where their source
     cannot be fetched, stand-ins with the sha256 the lock records (`recorded`: LockFile.patch_sha256),
@@ -90,7 +92,8 @@ def patches_for_run(stack: Stack, local: dict[str, LocalSource], cache: Path, re
         if not dry_run or stack.patches is None:
             raise
         src = stack.patches.from_source
-        echo(f"warning: the patch files cannot be read ({str(exc).splitlines()[0]}): the plan names them with the sha256 "
+        echo(f"warning: the patch files cannot be read ({str(exc).splitlines()[0]}): the plan names them with the "
+             "sha256 "
              f"the lock records and leaves them out of what it writes; pass --source {src}=PATH (a checkout holding "
              f"{stack.sources[src].commit[:12]}), or run where {stack.sources[src].git} is reachable")
         return [PatchContent(p.file, p.target, p.method, p.strip, b"", str(recorded.get(p.file) or "unknown"))
@@ -125,8 +128,10 @@ def check_patches(stack: Stack, local: dict[str, LocalSource], cache: Path, echo
                 tree = work / pc.target
             if not tree.exists():
                 repo = source_repo(stack, pc.target, local, cache, runner)
-                runner.run([*GIT, "clone", "-q", "--no-checkout", str(repo), str(tree)], step=f"patches.check {pc.target}")
-                runner.run([*GIT, "-C", str(tree), "checkout", "-q", stack.sources[pc.target].commit], step=f"patches.check {pc.target}")
+                runner.run([*GIT, "clone", "-q", "--no-checkout", str(repo), str(tree)],
+                           step=f"patches.check {pc.target}")
+                runner.run([*GIT, "-C", str(tree), "checkout", "-q", stack.sources[pc.target].commit],
+                           step=f"patches.check {pc.target}")
             pfile = work / "patches" / pc.file
             pfile.parent.mkdir(parents=True, exist_ok=True)
             pfile.write_bytes(pc.data)
@@ -137,7 +142,8 @@ def check_patches(stack: Stack, local: dict[str, LocalSource], cache: Path, echo
                 row["status"] = "already applied" if "already applied" in res.stderr else "applies"
             else:
                 row["status"] = "does not apply"
-                failures.append(_error_line(res.stdout + res.stderr) or f"patch {pc.file} does not apply to {pc.target}")
+                failures.append(_error_line(res.stdout + res.stderr) or f"patch {pc.file} does not apply to "
+                                                                        f"{pc.target}")
             rows.append(row)
             echo(f"  {pc.file:<32} {row['status']}  (sha256 {pc.sha256[:12]})")
     finally:
@@ -152,21 +158,26 @@ def _unpacked_wheels(stack: Stack, step: PlanStep, target: Path, cache: Path, ru
     as they would be in site-packages."""
     reqs = [] if isinstance(step, AptStep) else list(step.requirements)
     cache.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", stack.python,
+    argv = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
+            stack.python,
             "--implementation", "cp"]
     for plat in target_platforms(stack):
         argv += ["--platform", plat]
     argv += ["--platform", "any", "-d", str(cache), *reqs]
     if isinstance(step, PipStep) and step.index_url:
         argv += ["--extra-index-url", step.index_url]
-    runner.run(argv, step=f"patches.check: download {' '.join(reqs)} for {stack.wheel_platform}, Python {stack.python}", timeout=1800)
+    runner.run(argv,
+               step=f"patches.check: download {' '.join(reqs)} for {stack.wheel_platform}, Python "
+                    f"{stack.python}", timeout=1800)
     target.mkdir(parents=True)
     for req in reqs:
         name = re.split(r"[<>=!~\[ @]", req, maxsplit=1)[0].replace("-", "_").lower()
         version = req.split("==", 1)[1] if "==" in req else ""
-        found = [w for w in sorted(cache.glob("*.whl")) if w.name.lower().startswith(f"{name}-{version}".lower()) and wheel_fits(w.name, stack)]
+        found = ([w for w in sorted(cache.glob("*.whl")) if w.name.lower().startswith(f"{name}-{version}".lower())
+                  and wheel_fits(w.name, stack)])
         if not found:
-            raise PatchError(f"patches.check: no wheel of {req} for Python {stack.python} on {stack.wheel_platform} in {cache}")
+            raise PatchError(f"patches.check: no wheel of {req} for Python {stack.python} on {stack.wheel_platform} "
+                             f"in {cache}")
         with zipfile.ZipFile(found[-1]) as zf:
             zf.extractall(target)
 

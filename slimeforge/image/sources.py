@@ -1,11 +1,10 @@
 """`--source NAME=PATH`: a local checkout used instead of a stack source's git URL, or a wheel
 directory used instead of the index for a pip step (air-gapped builds).
 
-NAME is a source of the stack (PATH a git checkout holding the pinned commit) or the name of a pip
-step (PATH a directory of wheels: that step installs from it with --no-index). The checkout is only read: the pinned commit is fetched from it (shallow) into a cache of bare
-repositories, from which the build context and temporary worktrees are made. The user's branch,
-index and working tree are never touched.
-"""
+NAME is a source of the stack (PATH a git checkout holding the pinned commit) or the name of a pip step (PATH a
+directory of wheels: that step installs from it with --no-index). The checkout is only read: the pinned commit is
+fetched from it (shallow) into a cache of bare repositories, from which the build context and temporary worktrees are
+made. The user's branch, index and working tree are never touched. """
 
 from __future__ import annotations
 
@@ -66,21 +65,24 @@ def parse_sources(stack: Stack, values: list[str] | None, runner: Runner | None 
         path = Path(raw).expanduser().resolve()
         if name not in stack.sources and name in pip_steps:
             if not path.is_dir() or not dist_files(path):
-                problems.append(Problem(f"--source {name}", "is not a directory of wheels (*.whl) or sdists (*.tar.gz)", raw,
+                problems.append(Problem(f"--source {name}",
+                                        "is not a directory of wheels (*.whl) or sdists (*.tar.gz)", raw,
                                         f"wheels or sdists for step {name}"))
                 continue
             out[name] = LocalSource(name, path, wheels_digest(path), "wheels")
             continue
         if name not in stack.sources:
             problems.append(Problem(f"--source {name}", "is neither a source nor a pip step of this stack", name,
-                                    f"sources: {', '.join(sorted(stack.sources))}; pip steps (wheel directories): {', '.join(pip_steps)}"))
+                                    f"sources: {', '.join(sorted(stack.sources))}; pip steps (wheel directories): "
+                                    f"{', '.join(pip_steps)}"))
             continue
         commit = stack.sources[name].commit
         if not path.is_dir():
             problems.append(Problem(f"--source {name}", "is not a directory", raw))
             continue
         if not runner.run([*GIT, "-C", str(path), "rev-parse", "--git-dir"], check=False).ok:
-            problems.append(Problem(f"--source {name}", "is not a git checkout", raw, "a clone of " + stack.sources[name].git))
+            problems.append(Problem(f"--source {name}", "is not a git checkout", raw,
+                                    "a clone of " + stack.sources[name].git))
             continue
         if not runner.run([*GIT, "-C", str(path), "cat-file", "-e", f"{commit}^{{commit}}"], check=False).ok:
             problems.append(Problem(f"--source {name}", f"has no commit {commit} (the stack's pin)", raw,
@@ -122,7 +124,8 @@ def bare_copy(url_or_path: str, commit: str, cache: Path, name: str, runner: Run
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-{commit}.", suffix=".tmp", dir=cache))
     try:
         runner.run([*GIT, "init", "-q", "--bare", str(tmp)], step=f"source {name}")
-        runner.run([*GIT, "-C", str(tmp), "fetch", "-q", "--depth", "1", str(url_or_path), commit], step=f"source {name}: fetch {commit}")
+        runner.run([*GIT, "-C", str(tmp), "fetch", "-q", "--depth", "1", str(url_or_path), commit],
+                   step=f"source {name}: fetch {commit}")
         runner.run([*GIT, "-C", str(tmp), "update-ref", "refs/heads/pinned", commit], step=f"source {name}")
         # Drop what differs between two fetches of the same commit (fetch bookkeeping).
         for leftover in ("FETCH_HEAD", "logs", "hooks", "description", "info"):
@@ -142,7 +145,8 @@ def bare_copy(url_or_path: str, commit: str, cache: Path, name: str, runner: Run
     return target
 
 
-def source_repo(stack: Stack, name: str, local: dict[str, LocalSource], cache: Path, runner: Runner | None = None) -> Path:
+def source_repo(stack: Stack, name: str, local: dict[str, LocalSource], cache: Path,
+                runner: Runner | None = None) -> Path:
     """A bare repository with the pinned commit of `name`: from the local checkout when given, else
     fetched from the stack's git URL (network)."""
     commit = stack.sources[name].commit

@@ -68,10 +68,12 @@ def _image_ref(v: str) -> str:
     return v
 
 
-Name = Annotated[str, _grammar(NAME_RE, "a name: letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128")]
+Name = Annotated[str, _grammar(NAME_RE, "a name: letters, digits, '.', '_' and '-', starting with a letter or "
+                               "digit, at most 128")]
 Package = Annotated[str, _grammar(PACKAGE_RE, "a Python package name (PEP 508), optionally with [extras]")]
 VersionSpec = Annotated[str, _grammar(VERSION_SPEC_RE, "a version (2.11.0) or PEP 440 specifiers (>=0.37.0,<2)")]
-AptName = Annotated[str, _grammar(APT_RE, "a Debian package name (lowercase letters, digits, + . -, starting with a letter or digit)")]
+AptName = Annotated[str, _grammar(APT_RE, "a Debian package name (lowercase letters, digits, + . -, starting "
+                                  "with a letter or digit)")]
 GitUrl = Annotated[str, _grammar(GIT_URL_RE, "a git URL: https://host/path.git, ssh://host/path, git@host:path or file:///path")]
 Url = Annotated[str, _grammar(URL_RE, "an http(s) URL")]
 RelPath = Annotated[str, _grammar(REL_PATH_RE, "a relative path of names (no '..', no leading '/' or '-')")]
@@ -135,7 +137,8 @@ class Base(Model):
 # A command a host package provides (gcc, g++, git), and a package name of another distribution (dnf).
 COMMAND_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9+._-]{0,63}")
 Command = Annotated[str, _grammar(COMMAND_RE, "a command name such as gcc or g++")]
-DistroPackage = Annotated[str, _grammar(re.compile(r"[A-Za-z0-9][A-Za-z0-9+._-]{0,127}"), "a package name such as gcc-c++")]
+DistroPackage = Annotated[str, _grammar(re.compile(r"[A-Za-z0-9][A-Za-z0-9+._-]{0,127}"),
+                                        "a package name such as gcc-c++")]
 # A C header a compiled step includes (cusparse.h, cudnn.h): a file name, nothing else.
 HEADER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}\.h")
 Header = Annotated[str, _grammar(HEADER_RE, "a header file name such as cusparse.h")]
@@ -155,7 +158,8 @@ class Probe(Model):
 
     def spec(self, package: str) -> str:
         """PKG:COMMANDS:FILES:DNF[:optional], the form sf_system reads (no field can hold ':' or ',')."""
-        return ":".join([package, ",".join(self.commands), ",".join(self.files), ",".join(self.dnf), *(["optional"] if self.optional else [])])
+        return ":".join([package, ",".join(self.commands), ",".join(self.files), ",".join(self.dnf),
+                         *(["optional"] if self.optional else [])])
 
 
 class Step(Model):
@@ -191,14 +195,16 @@ class Step(Model):
     @model_validator(mode="after")
     def _python_on_apt(self) -> Step:
         if self.python and self.apt is None:
-            raise ValueError(f"step {self.name!r}: python: true installs the interpreter with apt, so it needs an apt list")
+            raise ValueError(f"step {self.name!r}: python: true installs the interpreter with apt, so it needs "
+                             "an apt list")
         return self
 
     @model_validator(mode="after")
     def _one_kind(self) -> Step:
         kinds = [k for k in ("apt", "pip", "source", "wheel_url") if getattr(self, k) is not None]
         if len(kinds) != 1:
-            raise ValueError(f"step {self.name!r} must have exactly one of apt, pip, source, wheel_url (has {kinds or 'none'})")
+            raise ValueError(f"step {self.name!r} must have exactly one of apt, pip, source, wheel_url (has "
+                             f"{kinds or 'none'})")
         return self
 
     @property
@@ -276,8 +282,9 @@ class _PlanStepBase:
     patches: tuple[PatchFile, ...]
 
     def _head(self, kind: StepKind) -> dict[str, object]:
-        return {"name": self.name, "kind": kind, "env": dict(self.env), "compiles": self.compiles, "no_deps": self.no_deps,
-                "constrain_later": self.constrain_later, "patches": [p.model_dump() for p in self.patches]}
+        return {"name": self.name, "kind": kind, "env": dict(self.env), "compiles": self.compiles,
+                "no_deps": self.no_deps, "constrain_later": self.constrain_later,
+                "patches": [p.model_dump() for p in self.patches]}
 
 
 @dataclass(frozen=True)
@@ -333,8 +340,8 @@ class SourceStep(_PlanStepBase):
     kind: Literal["source"] = field(default="source", init=False)
 
     def to_json(self) -> dict[str, object]:
-        return {**self._head(self.kind), "requirements": list(self.requirements), "source": self.source, "git": self.git,
-                "commit": self.commit, "dir": self.dir, "editable": self.editable}
+        return {**self._head(self.kind), "requirements": list(self.requirements), "source": self.source,
+                "git": self.git, "commit": self.commit, "dir": self.dir, "editable": self.editable}
 
 
 # One step of a stack's plan with every pin resolved; a field exists only on the kind that has it.
@@ -383,7 +390,8 @@ class Stack(Model):
         # One spelling, from which every compiled piece's own variable is derived (steps.arch_env).
         bad = [a for a in v if not isinstance(a, str) or not re.fullmatch(r"[1-9][0-9]?\.[0-9]", a)]
         if bad:
-            raise ValueError(f"entries must be compute capabilities such as 9.0 (Hopper) or 10.0 (Blackwell), got {bad}")
+            raise ValueError("entries must be compute capabilities such as 9.0 (Hopper) or 10.0 (Blackwell), "
+                             f"got {bad}")
         if len(set(v)) != len(v):
             raise ValueError(f"entries must be unique, got {v}")
         return v
@@ -455,7 +463,8 @@ class Stack(Model):
                       tuple(patch_files[p] for p in step.patches))
             if step.apt is not None:
                 out.append(AptStep(*common, packages=tuple(step.apt),
-                                   probes=tuple(step.without_apt[p].spec(p) if p in step.without_apt else f"{p}:::" for p in step.apt)))
+                                   probes=tuple(step.without_apt[p].spec(p) if p in step.without_apt else f"{p}:::"
+                                                for p in step.apt)))
             elif step.pip is not None:
                 out.append(PipStep(*common, requirements=tuple(self.requirement(p) for p in step.pip),
                                    index_url=self.lookup(step.index) if step.index else None,
@@ -468,7 +477,8 @@ class Stack(Model):
                 src = self.sources[step.source]
                 reqs = self.lookup(step.requirements) if step.requirements else []
                 out.append(SourceStep(*common, source=step.source, git=src.git, commit=src.commit, dir=src.dir,
-                                      editable=step.editable, requirements=tuple(self.requirement(n, self.slime_requirements) for n in reqs)))
+                                      editable=step.editable,
+                                      requirements=tuple(self.requirement(n, self.slime_requirements) for n in reqs)))
         return tuple(out)
 
     def plan_step(self, name: str) -> PlanStep:
@@ -487,14 +497,16 @@ class Stack(Model):
 
     def pins(self) -> dict[str, str]:
         """Flat name -> pin map: what `stack.show` prints and the image labels carry."""
-        out = {"base.image": self.base.image, "base.digest": self.base.digest or "(resolved at build)", "python": self.python, "cuda": self.cuda or "none"}
+        out = {"base.image": self.base.image, "base.digest": self.base.digest or "(resolved at build)",
+               "python": self.python, "cuda": self.cuda or "none"}
         out.update({f"source.{n}": s.commit for n, s in self.sources.items()})
         out.update({f"pip.{n}": s for n, s in self.versions.items()})
         out.update({f"slime-req.{n}": s for n, s in self.slime_requirements.items()})
         if self.router:
             out["router.wheel"] = self.router.wheel
         if self.patches:
-            out["patches.dir"] = f"{self.patches.from_source}@{self.sources[self.patches.from_source].commit[:12]}:{self.patches.dir}"
+            commit = self.sources[self.patches.from_source].commit
+            out["patches.dir"] = f"{self.patches.from_source}@{commit[:12]}:{self.patches.dir}"
         return out
 
     # --- cross-field checks ------------------------------------------------------------------
@@ -511,28 +523,36 @@ class Stack(Model):
         for i, step in enumerate(self.steps):
             where = f"steps.{i} ({step.name})"
             if step.source and step.source not in self.sources:
-                out.append(Problem(f"{where}.source", "is not in sources", step.source, ", ".join(sorted(self.sources))))
+                out.append(Problem(f"{where}.source", "is not in sources", step.source,
+                                   ", ".join(sorted(self.sources))))
             for pkg in step.pip or []:
                 if pkg not in self.versions:
-                    out.append(Problem(f"{where}.pip", f"{pkg!r} has no pin in versions (every package must be pinned)", show_value=False))
-            for attr, key in (("index", step.index), ("wheel_url", step.wheel_url), ("requirements", step.requirements)):
+                    out.append(Problem(f"{where}.pip", f"{pkg!r} has no pin in versions (every package "
+                                       "must be pinned)", show_value=False))
+            for attr, key in (("index", step.index), ("wheel_url", step.wheel_url),
+                              ("requirements", step.requirements)):
                 if key:
                     try:
                         self.lookup(key)
                     except (KeyError, TypeError, IndexError):
-                        out.append(Problem(f"{where}.{attr}", "names no value of this stack", key, "a dotted key such as router.wheel"))
+                        out.append(Problem(f"{where}.{attr}", "names no value of this stack", key,
+                                           "a dotted key such as router.wheel"))
             for pkg in step.without_apt:
                 if pkg not in (step.apt or []):
-                    out.append(Problem(f"{where}.without_apt", "names a package the step does not install", pkg, ", ".join(step.apt or []) or "(none)"))
+                    out.append(Problem(f"{where}.without_apt", "names a package the step does not install", pkg,
+                                       ", ".join(step.apt or []) or "(none)"))
             for p in step.patches:
                 if p not in patch_names:
-                    out.append(Problem(f"{where}.patches", "is not in patches.files", p, ", ".join(sorted(patch_names)) or "(none)"))
+                    out.append(Problem(f"{where}.patches", "is not in patches.files", p,
+                                       ", ".join(sorted(patch_names)) or "(none)"))
         if self.patches:
             if self.patches.from_source not in self.sources:
-                out.append(Problem("patches.from_source", "is not in sources", self.patches.from_source, ", ".join(sorted(self.sources))))
+                out.append(Problem("patches.from_source", "is not in sources", self.patches.from_source,
+                                   ", ".join(sorted(self.sources))))
             for pf in self.patches.files:
                 if pf.target != "site-packages" and pf.target not in self.sources:
-                    out.append(Problem(f"patches.files ({pf.file}).target", "is neither site-packages nor a source", pf.target))
+                    out.append(Problem(f"patches.files ({pf.file}).target", "is neither site-packages nor a source",
+                                       pf.target))
         return out
 
 
@@ -552,20 +572,24 @@ def load_stack(ref: str | Path) -> Stack:
     path = stack_path(ref)
     if not path.exists():
         raise ConfigError(
-            "stack", [Problem("--cuda/--stack", "names no stack file", str(ref), ", ".join(available_flavors()) + " or a path to a stack YAML")]
+            "stack", [Problem("--cuda/--stack", "names no stack file", str(ref),
+                              ", ".join(available_flavors()) + " or a path to a stack YAML")]
         )
     data = load_with_extends(path)
     overrides = data.pop("step_overrides", {}) or {}
     steps = data.get("steps")
     if not isinstance(overrides, dict) or not all(isinstance(v, dict) for v in overrides.values()):
-        raise ConfigError(str(path), [Problem("step_overrides", "must map step names to the keys they change", overrides, "name: {key: value}")])
+        raise ConfigError(str(path), [Problem("step_overrides", "must map step names to the keys they change",
+                                              overrides, "name: {key: value}")])
     if isinstance(steps, list) and overrides:
         # Malformed steps are left as they are for the schema to report.
         known = {s["name"] for s in steps if isinstance(s, dict) and isinstance(s.get("name"), str)}
         unknown = sorted(str(k) for k in overrides if k not in known)
         if unknown:
-            raise ConfigError(str(path), [Problem("step_overrides", "names steps that do not exist", unknown, ", ".join(sorted(known)))])
-        data["steps"] = [deep_merge(s, overrides[s["name"]]) if isinstance(s, dict) and s.get("name") in overrides else s for s in steps]
+            raise ConfigError(str(path), [Problem("step_overrides", "names steps that do not exist", unknown,
+                                                  ", ".join(sorted(known)))])
+        data["steps"] = ([deep_merge(s, overrides[s["name"]]) if isinstance(s, dict) and s.get("name") in overrides
+                          else s for s in steps])
     stack = validate(Stack, data, str(path))
     problems = stack.reference_problems()
     if problems:

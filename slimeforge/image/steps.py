@@ -130,10 +130,12 @@ def input_lock(stack: Stack, pylock: LockFile, patches: list[Any], local: set[st
     the install's prefix and venv)."""
     doc = {
         "schema": 1,
-        "stack": {"name": stack.name, "version": stack.version, "id": stack.id, "hash": stack.hash, "cuda": stack.cuda, "python": stack.python},
+        "stack": {"name": stack.name, "version": stack.version, "id": stack.id, "hash": stack.hash, "cuda": stack.cuda,
+                  "python": stack.python},
         "pins": pins if pins is not None else stack.pins(),
         "sources": {n: {"git": s.git, "commit": s.commit, "local": n in local} for n, s in stack.sources.items()},
-        "patches": [{"file": p.file, "target": p.target, "method": p.method, "strip": p.strip, "sha256": p.sha256} for p in patches],
+        "patches": [{"file": p.file, "target": p.target, "method": p.method, "strip": p.strip,
+                     "sha256": p.sha256} for p in patches],
         "pylock": {"file": pylock.path.name, "sha256": pylock.hash, "packages": len(pylock.packages)},
         **more,
     }
@@ -156,16 +158,17 @@ def lock_files(stack: Stack, lock: LockFile, layout: StepLayout) -> dict[str, st
     return out
 
 
-def step_commands(stack: Stack, layout: StepLayout, base: str | None = None, store: dict[str, tuple[str, str]] | None = None,
+def step_commands(stack: Stack, layout: StepLayout, base: str | None = None, store: dict[str, tuple[str,
+                                                                                                    str]] | None = None,
                   patch_sha: dict[str, str] | None = None) -> list[StepCommand]:
-    """Each step as both renderers run it (StepCommand: one type per kind, a compiled one with its
-    CompiledRun): name, env, the patch files it needs, the sf argv. The first non-apt step is preceded by the venv step. A compiled step runs through
-    `sf_compiled` (parallelism and its own uv cache), with the arch variables in its env. Every pip,
-    wheel and source step installs its slice of the lock, `<layout.lock_dir>/<step>.txt` (see lock_files).
-    The plan's order, but for what a slime bump changes (see PATCHES_STEP): slime's requirements stay
-    at its place as `slime-requirements`, then come the patches step and slime's checkout, last.
-    `store`: compiled step -> ("use", DIR) to install the store's wheels from DIR (a hit: nothing
-    compiles), or ("make", DIR) to compile its wheels into DIR for the store (wheelstore.py)."""
+    """Each step as both renderers run it (StepCommand: one type per kind, a compiled one with its CompiledRun): name,
+    env, the patch files it needs, the sf argv. The first non-apt step is preceded by the venv step. A compiled step
+    runs through `sf_compiled` (parallelism and its own uv cache), with the arch variables in its env. Every pip, wheel
+    and source step installs its slice of the lock, `<layout.lock_dir>/<step>.txt` (see lock_files). The plan's order,
+    but for what a slime bump changes (see PATCHES_STEP): slime's requirements stay at its place as
+    `slime-requirements`, then come the patches step and slime's checkout, last. `store`: compiled step -> ("use", DIR)
+    to install the store's wheels from DIR (a hit: nothing compiles), or ("make", DIR) to compile its wheels into DIR
+    for the store (wheelstore.py)."""
     store = store or {}
     out: list[StepCommand] = []
     late_patches: list[list[str]] = []  # apply_patch argv of every patch that waits for the patches step
@@ -185,7 +188,8 @@ def step_commands(stack: Stack, layout: StepLayout, base: str | None = None, sto
         if isinstance(step, AptStep):
             argv = ["system"]
             if name in with_python:
-                argv += ["--python", python, *[a for pkg in stack.interpreter_packages() for a in ("--python-package", pkg)]]
+                argv += ["--python", python, *[a for pkg in stack.interpreter_packages() for a in ("--python-package",
+                                                                                                   pkg)]]
             argv += [a for spec in step.probes for a in ("--need", spec)]
         elif isinstance(step, PipStep | WheelUrlStep):
             argv = ["pip_step", "--venv", layout.venv, "--step", name, "--lock", f"{layout.lock_dir}/{lock_file(name)}"]
@@ -193,15 +197,18 @@ def step_commands(stack: Stack, layout: StepLayout, base: str | None = None, sto
                 argv += ["--find-links", layout.wheel_dirs[name]]
         else:
             src = step.source
-            argv = ["source_step", "--venv", layout.venv, "--step", name, "--name", src, "--url", layout.source_urls.get(src, step.git),
-                    "--commit", step.commit, "--dest", layout.source_dir(stack, src), "--lock", f"{layout.lock_dir}/{lock_file(name)}"]
+            argv = ["source_step", "--venv", layout.venv, "--step", name, "--name", src, "--url",
+                    layout.source_urls.get(src, step.git),
+                    "--commit", step.commit, "--dest", layout.source_dir(stack, src), "--lock",
+                    f"{layout.lock_dir}/{lock_file(name)}"]
             for p in step.patches:
                 # An editable checkout is read where it lies, so its patch can wait for the patches
                 # step; any other is copied by its install, so its patch goes first.
                 if p.target == src and not step.editable:
                     argv += ["--patch", patch_spec(p, layout)]
                 elif p.target == src:
-                    late_patches.append(["apply_patch", p.file, p.method, str(p.strip), f"{layout.patches_dir}/{p.file}",
+                    late_patches.append(["apply_patch", p.file, p.method, str(p.strip),
+                                         f"{layout.patches_dir}/{p.file}",
                                          layout.source_dir(stack, src)])
                     late_files.append(p.file)
             if step.editable:
@@ -228,21 +235,26 @@ def step_commands(stack: Stack, layout: StepLayout, base: str | None = None, sto
         if isinstance(step, AptStep):
             cmd = SystemCommand(name=name, argv=argv, env=env, patch_files=own_files, compiled=compiled)
         elif isinstance(step, PipStep | WheelUrlStep):
-            cmd = PipCommand(name=name, kind=step.kind, argv=argv, env=env, patch_files=own_files, compiled=compiled, slice_of=name)
+            cmd = PipCommand(name=name, kind=step.kind, argv=argv, env=env, patch_files=own_files, compiled=compiled,
+                             slice_of=name)
         elif step.source == latest and step.editable and not step.compiles:
             # Its requirements stay here; the checkout itself goes last (see PATCHES_STEP).
             at = argv.index("--lock")
-            out.append(PipCommand(name=f"{name}{REQUIREMENTS_SUFFIX}", argv=["pip_step", "--venv", layout.venv, "--step", name,
+            out.append(PipCommand(name=f"{name}{REQUIREMENTS_SUFFIX}", argv=["pip_step", "--venv", layout.venv,
+                                                                             "--step", name,
                                                                           "--lock", argv[at + 1]], slice_of=name))
-            late_source = SourceCommand(name=name, argv=argv[:at] + argv[at + 2:], env=env, patch_files=own_files, source=step.source,
+            late_source = SourceCommand(name=name, argv=argv[:at] + argv[at + 2:], env=env, patch_files=own_files,
+                                        source=step.source,
                                         editable=step.editable, slice_of=None)
             continue
         else:
-            cmd = SourceCommand(name=name, argv=argv, env=env, patch_files=own_files, compiled=compiled, source=step.source,
+            cmd = SourceCommand(name=name, argv=argv, env=env, patch_files=own_files, compiled=compiled,
+                                source=step.source,
                                 editable=step.editable, slice_of=name)
         out.append(cmd)
     if late_patches:
-        out.append(PatchesCommand(name=PATCHES_STEP, argv=late_patches[0], post=late_patches[1:], patch_files=late_files))
+        out.append(PatchesCommand(name=PATCHES_STEP, argv=late_patches[0], post=late_patches[1:],
+                                  patch_files=late_files))
     if late_source is not None:
         out.append(late_source)
     return out
@@ -292,7 +304,8 @@ class _Command:
         """Its slice of the lock, for a step that installs one."""
         return None
 
-    def _json(self, kind: str, *, compiled: CompiledRun | None = None, post: list[list[str]] | None = None, source: str | None = None,
+    def _json(self, kind: str, *, compiled: CompiledRun | None = None, post: list[list[str]] | None = None,
+              source: str | None = None,
               editable: bool = False) -> dict[str, object]:
         """As the Dockerfile template reads it (and its values are checked for control characters):
         every key for every kind, so that the template and the step hashes read one shape."""
@@ -423,8 +436,10 @@ def catalog_args(stack: Stack, layout: StepLayout) -> list[str]:
     return argv + (["--megatron", layout.source_dir(stack, megatron)] if slime and megatron else [])
 
 
-def finalize_argv(stack: Stack, layout: StepLayout, lock_in: str, lock_out: str | None = None, flags_out: str | None = None) -> list[str]:
-    argv = ["finalize", layout.venv, lock_in, lock_out or f"{layout.state}/stack.lock.json", flags_out or f"{layout.state}/flags.json",
+def finalize_argv(stack: Stack, layout: StepLayout, lock_in: str, lock_out: str | None = None,
+                  flags_out: str | None = None) -> list[str]:
+    argv = ["finalize", layout.venv, lock_in, lock_out or f"{layout.state}/stack.lock.json",
+            flags_out or f"{layout.state}/flags.json",
             "--lock", f"{layout.lock_dir}/{LOCK_ALL}"]
     for name in stack.sources:
         if stack.builds_from(name):
@@ -461,4 +476,5 @@ def smoke_argv(stack: Stack, layout: StepLayout, flags: str | None = None, catal
 
 def venv_sizes_argv(layout: StepLayout) -> list[str]:
     """The image's last command: scripts/venv_sizes.py with the venv's Python, into the state directory."""
-    return [f"{layout.venv}/bin/python", "-I", f"{layout.state}/venv_sizes.py", layout.venv, f"{layout.state}/{VENV_SIZES_RECORD}"]
+    return [f"{layout.venv}/bin/python", "-I", f"{layout.state}/venv_sizes.py", layout.venv,
+            f"{layout.state}/{VENV_SIZES_RECORD}"]

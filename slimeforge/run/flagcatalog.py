@@ -58,12 +58,14 @@ def parse_catalog(text: str, where: str) -> Catalog:
     except ValueError as exc:
         raise CatalogError(f"{where}: not JSON ({exc})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("flags"), list):
-        raise CatalogError(f'{where} is not a flag catalog ({{"format": "{FORMAT}", "version": {VERSION}, "flags": [...]}})')
+        raise CatalogError(f'{where} is not a flag catalog ({{"format": "{FORMAT}", "version": {VERSION}, "flags": '
+                           '[...]})')
     version = doc.get("version", 1)
     if version == 1 and "format" not in doc:
         pass  # the old help-text catalog: flags and slime_commit only
     elif doc.get("format") != FORMAT or not isinstance(version, int) or not 2 <= version <= VERSION:
-        raise CatalogError(f"{where}: format {doc.get('format')!r} version {version!r} is not one this slimeforge reads "
+        raise CatalogError(f"{where}: format {doc.get('format')!r} version {version!r} is not one this slimeforge "
+                           "reads "
                            f"({FORMAT} 1 to {VERSION}); make it again with invoke flags.catalog")
     bad = [f for f in doc["flags"] if not isinstance(f, str) or not FLAG_RE.fullmatch(f)]
     if bad:
@@ -84,7 +86,8 @@ def load_catalog(path: str | Path) -> Catalog:
     # Through the one reader: a FIFO or a device named as the catalog is refused, never read forever.
     # A catalog is often a symlink the user made (e.g. to an image's), so links are followed.
     try:
-        data = readback.read_bytes(path, "flag catalog", "a flags.json made by invoke flags.catalog", max_bytes=MAX_BYTES, follow_symlinks=True)
+        data = readback.read_bytes(path, "flag catalog", "a flags.json made by invoke flags.catalog",
+                                   max_bytes=MAX_BYTES, follow_symlinks=True)
     except readback.RecordError as exc:
         raise CatalogError(str(exc)) from None
     if data is None:
@@ -97,7 +100,8 @@ def _commit(checkout: Path, runner: Runner) -> str | None:
     return res.stdout.strip() if res.ok and re.fullmatch(r"[0-9a-f]{40}", res.stdout.strip()) else None
 
 
-def make_catalog(python: str, slime: str | Path, megatron: str | Path | None, out: str | Path, runner: Runner | None = None,
+def make_catalog(python: str, slime: str | Path, megatron: str | Path | None, out: str | Path,
+                 runner: Runner | None = None,
                  timeout: float = 600) -> Catalog:
     """Run the catalog script with `python` on the checkouts and write `out` (whole or not at all).
     Every bad input is reported before anything runs."""
@@ -105,18 +109,21 @@ def make_catalog(python: str, slime: str | Path, megatron: str | Path | None, ou
     problems = []
     py = Path(python)
     if not python or not (py.is_file() and os.access(py, os.X_OK)):
-        problems.append(Problem("--python", "is not an executable file", python, "the target interpreter, e.g. /opt/venv/bin/python"))
+        problems.append(Problem("--python", "is not an executable file", python,
+                                "the target interpreter, e.g. /opt/venv/bin/python"))
     slime_dir = Path(slime)
     if not (slime_dir / "slime").is_dir():
         problems.append(Problem("--slime", "is not a slime checkout (no slime/ package in it)", str(slime)))
     meg_dir = Path(megatron) if megatron else None
     if meg_dir is not None and not (meg_dir / "megatron").is_dir():
-        problems.append(Problem("--megatron", "is not a Megatron-LM checkout (no megatron/ package in it)", str(megatron)))
+        problems.append(Problem("--megatron", "is not a Megatron-LM checkout (no megatron/ package in it)",
+                                str(megatron)))
     out_path = Path(out)
     if not out:
         problems.append(Problem("--out", "must be a file in an existing directory", str(out)))
     elif why := output_problem(out_path):
-        problems.append(Problem("--out", why, str(out), "a new file in an existing directory, or a regular file to replace"))
+        problems.append(Problem("--out", why, str(out),
+                                "a new file in an existing directory, or a regular file to replace"))
     if problems:
         raise ConfigError("flags.catalog", problems)
     argv = [str(py), str(SCRIPT), "--slime", str(slime_dir.resolve()), "--out"]
@@ -138,9 +145,11 @@ def make_catalog(python: str, slime: str | Path, megatron: str | Path | None, ou
         except CommandError as exc:
             raise CatalogError(str(exc)) from None
         if not res.ok:
-            lines = [line.split("slimeforge: ERROR:", 1)[1].strip() for line in res.stderr.splitlines() if "slimeforge: ERROR:" in line]
+            lines = [line.split("slimeforge: ERROR:",
+                                1)[1].strip() for line in res.stderr.splitlines() if "slimeforge: ERROR:" in line]
             tail = lines[-1] if lines else "\n".join(res.stderr.strip().splitlines()[-10:])
-            raise CatalogError(f"flags.catalog: {python} could not read slime's parsers (exit {res.returncode}): {tail}")
+            raise CatalogError(f"flags.catalog: {python} could not read slime's parsers (exit {res.returncode}): "
+                               f"{tail}")
         catalog = load_catalog(tmp)
         write_output(out_path, Path(tmp).read_bytes(), where="--out")
     finally:
@@ -159,5 +168,6 @@ def catalog_in_place(python: str, slime: str, megatron: str | None, runner: Runn
 
 def summary(catalog: Catalog) -> str:
     rows = [f"{len(catalog.flags)} options of slime {catalog.slime_commit[:12]} (catalog version {catalog.version})"]
-    rows += [f"  {len(p['options']):>4}  {p['built_by']}{'' if p.get('add_help') else '  (add_help=False)'}" for p in catalog.parsers]
+    rows += [f"  {len(p['options']):>4}  "
+             f"{p['built_by']}{'' if p.get('add_help') else '  (add_help=False)'}" for p in catalog.parsers]
     return "\n".join(rows)

@@ -112,13 +112,15 @@ def scrub_library_path(inherited: str) -> list[str]:
     kept = []
     for entry in inherited.split(":"):
         bare = entry.rstrip("/")
-        if not entry or bare == "/usr/local/cuda" or bare.startswith("/usr/local/cuda/") or bare.startswith("/usr/local/cuda-"):
+        if (not entry or bare == "/usr/local/cuda" or bare.startswith("/usr/local/cuda/")
+                or bare.startswith("/usr/local/cuda-")):
             continue
         kept.append(entry)
     return kept
 
 
-def runtime_env_vars(recipe: Recipe, stack: Stack, wandb_entity: str | None = None, layout: Layout = SLIMEFORGE) -> dict[str, str]:
+def runtime_env_vars(recipe: Recipe, stack: Stack, wandb_entity: str | None = None,
+                     layout: Layout = SLIMEFORGE) -> dict[str, str]:
     """Environment of the Ray job (and, through --train-env-vars, of slime's train actors), for
     slimeforge's layout or the image's (run/layout.py)."""
     if not layout.is_slimeforge:
@@ -181,7 +183,8 @@ class SessionBackend(TypedDict):
 
 
 class AgentCoreConfig(TypedDict):
-    """agentcore.yaml: agentcore-rl-toolkit 0.2.0's --custom-config-path (agentcore_config says which field is which)."""
+    """agentcore.yaml: agentcore-rl-toolkit 0.2.0's --custom-config-path (agentcore_config says which field is
+    which)."""
 
     rollout_session_backend: SessionBackend
     model_id: str

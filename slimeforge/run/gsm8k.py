@@ -35,22 +35,29 @@ ACCEPTED_ROW = '{"question": "...", "answer": "... #### 72"} (the Hugging Face o
 def _source_rows(src: Path) -> Iterator[tuple[int, Any]]:
     """(row number, row) of a JSONL or Parquet file; a JSONL line that is not JSON is its text."""
     # Through the one reader, bounded: a FIFO or a device named as --src is refused, never read forever.
-    data = readback.read_bytes(src, "--src", "a GSM8K JSONL or Parquet file", max_bytes=MAX_SOURCE_BYTES, follow_symlinks=True)
+    data = readback.read_bytes(src, "--src", "a GSM8K JSONL or Parquet file", max_bytes=MAX_SOURCE_BYTES,
+                               follow_symlinks=True)
     if data is None:
-        raise ConfigError("data.gsm8k", [Problem("--src", "does not exist", str(src), "a GSM8K JSONL or Parquet file you downloaded")])
+        raise ConfigError("data.gsm8k", [Problem("--src", "does not exist", str(src),
+                                                 "a GSM8K JSONL or Parquet file you downloaded")])
     if src.suffix == ".parquet":
         try:
             import pyarrow as pa  # optional: only Parquet needs it (pip install pyarrow)
             import pyarrow.parquet as pq
         except ImportError:
-            raise ConfigError("data.gsm8k", [Problem("--src", "is Parquet, which needs pyarrow (not installed)", str(src),
-                                                     "pip install pyarrow, or a JSONL file of the same rows")]) from None
+            raise ConfigError("data.gsm8k", [Problem("--src", "is Parquet, which needs pyarrow (not installed)",
+                                                     str(src),
+                                                     "pip install pyarrow, or a JSONL file of the same "
+                                                     "rows")]) from None
         try:
             table = pq.read_table(pa.BufferReader(data), columns=["question", "answer"])
         except Exception as exc:  # noqa: BLE001 - pyarrow's own message names what is wrong
-            raise ConfigError("data.gsm8k", [Problem("--src", f"is not a Parquet file with question and answer columns: {exc}", str(src))]) from None
+            raise ConfigError("data.gsm8k", [Problem("--src",
+                                                     "is not a Parquet file with question and answer columns: "
+                                                     f"{exc}", str(src))]) from None
         if table.num_rows > MAX_ROWS:
-            raise ConfigError("data.gsm8k", [Problem("--src", f"has {table.num_rows} rows, more than {MAX_ROWS}", str(src))])
+            raise ConfigError("data.gsm8k", [Problem("--src", f"has {table.num_rows} rows, more than {MAX_ROWS}",
+                                                     str(src))])
         yield from enumerate(table.to_pylist(), start=1)
         return
     text = readback.decode(src, "--src", "UTF-8 JSONL", data)
@@ -79,13 +86,16 @@ def convert_row(row: Any, where: str) -> tuple[dict | None, list[Problem]]:
     """One GSM8K row as a training row, or the problems that stop it."""
     if not isinstance(row, dict):
         return None, [Problem(where, "is not a JSON object", row, ACCEPTED_ROW)]
-    problems = [Problem(f"{where}: {key}", why, row.get(key), ACCEPTED_ROW) for key in ("question", "answer") if (why := _text_problem(row.get(key)))]
+    problems = [Problem(f"{where}: {key}", why, row.get(key), ACCEPTED_ROW) for key in ("question",
+                                                                                        "answer")
+                if (why := _text_problem(row.get(key)))]
     if problems:
         return None, problems
     question, solution = row["question"].strip(), row["answer"]
     final = solution.rsplit("####", 1)[1].strip() if "####" in solution else None
     if final is None or not FINAL_RE.fullmatch(final):
-        return None, [Problem(f"{where}: answer", "does not end in '#### <number>'", solution[-80:], "GSM8K's solution text, last line e.g. '#### 72'")]
+        return None, [Problem(f"{where}: answer", "does not end in '#### <number>'", solution[-80:],
+                              "GSM8K's solution text, last line e.g. '#### 72'")]
     answer = final.replace(",", "")  # "1,200" -> "1200": what the agent compares its number with
     return {"prompt": question, "metadata": {"prompt": question, "answer": answer}}, []
 
@@ -98,7 +108,8 @@ def convert(src: str | Path, out: str | Path, limit: int | None = None) -> int:
     if limit is not None and not (isinstance(limit, int) and 1 <= limit <= MAX_ROWS):
         pre.append(Problem("--limit", "is not a whole number of rows", limit, f"1 to {MAX_ROWS}"))
     if src_path.suffix not in (".jsonl", ".json", ".parquet"):
-        pre.append(Problem("--src", "is neither JSONL (.jsonl) nor Parquet (.parquet)", str(src), "the file you downloaded, e.g. main/train-00000-of-00001.parquet"))
+        pre.append(Problem("--src", "is neither JSONL (.jsonl) nor Parquet (.parquet)", str(src),
+                           "the file you downloaded, e.g. main/train-00000-of-00001.parquet"))
     if why := output_problem(out):
         pre.append(Problem("--out", why, str(out), "a new file in an existing directory, or a regular file to replace"))
     if pre:

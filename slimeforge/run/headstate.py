@@ -27,12 +27,14 @@ HEAD_RECORD = headrecord.RECORD
 def state_dir(ray_port: int, environ: dict[str, str] | None = None) -> Path:
     """The same directory launch.sh uses: one per GCS port, so two heads on one host never mix."""
     env = os.environ if environ is None else environ
-    base = env.get("SLIMEFORGE_STATE_DIR") or f"{env.get('XDG_STATE_HOME') or Path.home() / '.local' / 'state'}/slimeforge"
+    base = (env.get("SLIMEFORGE_STATE_DIR")
+            or f"{env.get('XDG_STATE_HOME') or Path.home() / '.local' / 'state'}/slimeforge")
     return Path(base) / f"ray-{ray_port}"
 
 
 def _head_problem(doc: Any) -> str | None:
-    # The grammar of scripts/headrecord.py, which writes the record; records older than issue 33 (no argv) are still read.
+    # The grammar of scripts/headrecord.py, which writes the record; records older than issue 33 (no argv) are still
+    # read.
     return headrecord.record_problem(doc, legacy=True)
 
 
@@ -40,7 +42,8 @@ def read_head(sdir: Path | None) -> HeadRecord | None:
     """The head record launch.sh wrote on this port (validated); None when there is none."""
     if sdir is None:
         return None
-    doc = readback.read_json(sdir / HEAD_RECORD, HEAD_RECORD, "the head record launch.sh writes", _head_problem, max_bytes=headrecord.MAX_RECORD)
+    doc = readback.read_json(sdir / HEAD_RECORD, HEAD_RECORD, "the head record launch.sh writes", _head_problem,
+                             max_bytes=headrecord.MAX_RECORD)
     return None if doc is None else headrecord.from_doc(doc)
 
 

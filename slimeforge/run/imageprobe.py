@@ -105,7 +105,8 @@ def image_id(image: str, docker: str, runner: Runner, pull: bool = True) -> str:
     """The local ID of `image`, pulled first when it is not here (as `docker run` would); with
     pull=False (a dry run) an image not here is a ProbeError."""
     def inspect() -> Any:
-        return runner.run([docker, "image", "inspect", "--format", "{{.Id}}", "--", image], step=f"docker image inspect {image}", check=False, timeout=60)
+        return runner.run([docker, "image", "inspect", "--format", "{{.Id}}", "--", image],
+                          step=f"docker image inspect {image}", check=False, timeout=60)
 
     res = inspect()
     if not res.ok and not pull:
@@ -115,7 +116,8 @@ def image_id(image: str, docker: str, runner: Runner, pull: bool = True) -> str:
         res = inspect()
     found = res.stdout.strip()
     if not res.ok or not IMAGE_ID_RE.fullmatch(found):
-        raise CommandError(f"docker image inspect {image}", res.argv, res.returncode or 1, res.stderr or f"not an image ID: {found[:100]!r}")
+        raise CommandError(f"docker image inspect {image}", res.argv, res.returncode or 1,
+                           res.stderr or f"not an image ID: {found[:100]!r}")
     return found
 
 
@@ -123,7 +125,9 @@ def _optional(doc: dict, key: str, pattern: re.Pattern[str] | None = None, limit
     value = doc.get(key)
     if value is None:
         return None
-    if not isinstance(value, str) or len(value) > limit or text_problem(value) or (pattern is not None and not pattern.fullmatch(value)):
+    if not isinstance(value,
+                      str) or len(value) > limit or text_problem(value) or (pattern is not None
+                                                                            and not pattern.fullmatch(value)):
         raise ValueError(f"{key} is {str(value)[:100]!r}, not what the probe writes")
     return value
 
@@ -161,8 +165,10 @@ def parse_facts(doc: Any, expect_id: str, where: str, cached: bool) -> ImageFact
             raise ValueError(str(exc)) from None
     elif problem is None:
         raise ValueError(f"{where}: neither a catalog nor why there is none")
-    return ImageFacts(expect_id, python, _optional(doc, "ray", VERSION_RE, 40), dirs["executable"], dirs["slime_dir"], dirs["megatron_dir"],
-                      _optional(doc, "slime_commit", COMMIT_RE), _optional(doc, "megatron_commit", COMMIT_RE), catalog, source,
+    return ImageFacts(expect_id, python, _optional(doc, "ray", VERSION_RE, 40), dirs["executable"], dirs["slime_dir"],
+                      dirs["megatron_dir"],
+                      _optional(doc, "slime_commit", COMMIT_RE), _optional(doc, "megatron_commit", COMMIT_RE), catalog,
+                      source,
                       problem[:MAX_PROBLEM] if isinstance(problem, str) else None, cached, slimeforge_image,
                       search["pythonpath"], search["ld_library_path"])
 
@@ -171,7 +177,8 @@ def read_cached(path: Path, expect_id: str) -> ImageFacts | None:
     """The cached answer, or None when there is none or it is not a good one (then it is made again
     and replaced: a cache entry is never trusted beyond its checks)."""
     try:
-        doc = readback.read_json(path, "an image probe (cache)", "a file slimeforge's image probe wrote", max_bytes=MAX_BYTES)
+        doc = readback.read_json(path, "an image probe (cache)", "a file slimeforge's image probe wrote",
+                                 max_bytes=MAX_BYTES)
         return None if doc is None else parse_facts(doc, expect_id, str(path), cached=True)
     except (readback.RecordError, ValueError):
         return None
@@ -194,11 +201,13 @@ def image_facts(image: str, slime_dir: str, megatron_dir: str, *, docker: str = 
         res = runner.run(argv, step=f"image probe ({image})", timeout=PROBE_TIMEOUT_S)
     except CommandError as exc:
         tail = [line for line in exc.output.strip().splitlines() if line.strip()][-1:] or ["(no output)"]
-        why = "the image has no python3 on its PATH" if exc.returncode == 127 or "executable file not found" in exc.output else tail[0]
+        why = ("the image has no python3 on its "
+              "PATH") if exc.returncode == 127 or "executable file not found" in exc.output else tail[0]
         raise ProbeError(f"slimeforge's probe could not run in {image} (exit {exc.returncode}): {why[:500]}") from None
     lines = [line for line in res.stdout.splitlines() if line.strip()]
     if not lines or len(res.stdout) > MAX_BYTES:
-        raise ProbeError(f"slimeforge's probe in {image} printed {'nothing' if not lines else f'{len(res.stdout)} bytes'}, not its answer")
+        raise ProbeError(f"slimeforge's probe in {image} printed "
+                         f"{'nothing' if not lines else f'{len(res.stdout)} bytes'}, not its answer")
     try:
         doc = readback.json_loads(lines[-1])
         facts = parse_facts(doc, iid, f"the probe's answer from {image}", cached=False)

@@ -83,7 +83,8 @@ class LaunchRequest:
     start_timeout: int | None = None  # Slurm: seconds for the head, then each node, to join (default: the target's)
     follow_log: bool = True  # Slurm: False returns once submitted
     detach: bool = False  # a running Ray cluster: return once the job runs (Ctrl-C while following detaches too)
-    max_restarts: int | None = None  # a running Ray cluster: restarts after a lost node or head (default: the recipe's max_restarts)
+    # a running Ray cluster: restarts after a lost node or head (default: the recipe's max_restarts)
+    max_restarts: int | None = None
 
     def __post_init__(self) -> None:
         # The API hands Python values (the command line's are typed by invoke): pydantic checks each
@@ -94,7 +95,9 @@ class LaunchRequest:
         except pydantic.ValidationError as exc:
             wrong = dict.fromkeys(str(e["loc"][0]) for e in exc.errors())  # a union says once per member
             annotations = {f.name: f.type for f in fields(self)}
-            raise ConfigError("launch options", [Problem(name, f"must be {annotations[name]}", getattr(self, name)) for name in wrong]) from None
+            raise ConfigError("launch options", [Problem(name, f"must be {annotations[name]}", getattr(self,
+                                                                                                       name))
+                                                 for name in wrong]) from None
 
 
 @functools.cache
@@ -121,8 +124,11 @@ def in_place(recipe: Recipe, source: str, dry_run: bool = False) -> Recipe:
     """Host mode where this process runs, once slime is proved to be at slime_dir here (a dry run
     plans it all the same, and says so: resolve's layout note; a launch refuses)."""
     if not dry_run and not slime_here(recipe):
-        raise ConfigError(source, [Problem("slime_dir", "has no slime here (no train.py and slime/ package), so it cannot run in place",
-                                           recipe.slime_dir, "slime_dir= where slime is installed; image=REG/repo@sha256:... for "
+        raise ConfigError(source, [Problem("slime_dir",
+                                           "has no slime here (no train.py and slime/ package), so it cannot run in "
+                                           "place",
+                                           recipe.slime_dir,
+                                           "slime_dir= where slime is installed; image=REG/repo@sha256:... for "
                                            "container mode; or install_prefix= of `invoke install`")])
     return recipe.model_copy(update={"mode": "host"})
 
@@ -141,7 +147,8 @@ def sequences_as_tuples(options: dict[str, Any]) -> dict[str, Any]:
 def local_target_of(req: LaunchRequest, recipe: Recipe) -> Target:
     """The host or container target, with the request's options for it."""
     if recipe.mode == "host":
-        return local_target(recipe, None, head_args=None if req.head_args is None else list(req.head_args), head_timeout=req.head_timeout)
+        return local_target(recipe, None, head_args=None if req.head_args is None else list(req.head_args),
+                            head_timeout=req.head_timeout)
     return local_target(recipe, None, docker=req.docker, shm_size=req.shm_size)
 
 
@@ -153,11 +160,14 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
     container mode too (its preflight probes the image here as well); a running Ray cluster's image
     is the inventory's, on its hosts: rendered for slimeforge's layout."""
     environ = dict(os.environ if environ is None else environ)
-    slurm_only = {"--partition": req.partition, "--account": req.account, "--time": req.time, "--nodes": req.nodes, "--squashfs-dir": req.squashfs_dir}
+    slurm_only = {"--partition": req.partition, "--account": req.account, "--time": req.time, "--nodes": req.nodes,
+                  "--squashfs-dir": req.squashfs_dir}
     if not req.slurm and any(v is not None for v in slurm_only.values()):
-        raise ConfigError("command line", [Problem(k, "goes with --slurm", v, "--slurm, or leave it out") for k, v in slurm_only.items() if v is not None])
+        raise ConfigError("command line", [Problem(k, "goes with --slurm", v, "--slurm, or leave it out") for k,
+                                           v in slurm_only.items() if v is not None])
     if req.slurm and (req.address or req.cluster):
-        raise ConfigError("command line", [Problem("--address/--cluster", "--slurm starts its own Ray cluster in the allocation",
+        raise ConfigError("command line", [Problem("--address/--cluster",
+                                                   "--slurm starts its own Ray cluster in the allocation",
                                                    req.address or req.cluster, "leave out --address/--cluster")])
     # The recipe's own problems are held until the options and the cluster's fit join them: one
     # round (Slurm and in place check theirs on a valid recipe only).
@@ -169,11 +179,14 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
             raise
         recipe, stack, pending = exc.recipe, exc.stack, exc  # type: ignore[assignment]  # never reaches a target: raised below
     if req.max_restarts is not None and not 0 <= req.max_restarts <= 100:
-        raise ConfigError("command line", [Problem("--max-restarts", "is not a number of restarts", req.max_restarts, "0..100")])
+        raise ConfigError("command line", [Problem("--max-restarts", "is not a number of restarts", req.max_restarts,
+                                                   "0..100")])
     on_a_cluster = bool(req.cluster or recipe.cluster or req.address) and not req.slurm
     if not on_a_cluster and (req.detach or req.max_restarts):
-        raise ConfigError("command line", [Problem("--detach" if req.detach else "--max-restarts", "goes with a running Ray cluster",
-                                                   True if req.detach else req.max_restarts, "--cluster INVENTORY or --address http://HEAD:8265")])
+        raise ConfigError("command line", [Problem("--detach" if req.detach else "--max-restarts",
+                                                   "goes with a running Ray cluster",
+                                                   True if req.detach else req.max_restarts,
+                                                   "--cluster INVENTORY or --address http://HEAD:8265")])
     target: Target
     layout, layout_note = SLIMEFORGE, None
     if req.in_place:
@@ -188,7 +201,8 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
         if req.start_timeout is not None:
             opts = replace(opts, start_timeout=req.start_timeout)
         target = slurm.SlurmTarget(opts, follow_log=req.follow_log)
-        recipe = slurm.on_slurm(resolve_mode(recipe, req.mode, req.prefix, req.image, require_image=not dry_run, stack=stack), opts)
+        recipe = slurm.on_slurm(resolve_mode(recipe, req.mode, req.prefix, req.image, require_image=not dry_run,
+                                             stack=stack), opts)
         if recipe.mode == "container" and recipe.image and probe_image:  # as the preflight's probe of it, here
             layout, recipe, layout_note = layout_of_image(recipe, pull=not dry_run, docker=req.docker)
     elif req.cluster or recipe.cluster or req.address:
@@ -198,11 +212,17 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
         try:
             cluster = find_cluster_of(req.address, req.cluster or recipe.cluster, find_cluster, dry_run)
             if cluster.checks is None and recipe.secret_env:  # --address: no inventory, nothing delivers them
-                raise ConfigError(req.recipe, [Problem(f"secret_env.{i}", f"cannot reach a job on {cluster.name}: secrets travel only to a cluster "
-                                                       "cluster.up brought up with them (the inventory's secret_env)", name,
-                                                       "--cluster INVENTORY with the name in its secret_env, or remove it from the recipe "
-                                                       "(the hosts' own environment must then have it)") for i, name in enumerate(recipe.secret_env)])
-            recipe = on_cluster(recipe, cluster, mode=req.mode, prefix=req.prefix, image=req.image, dry_run=dry_run, stack=stack)
+                raise ConfigError(req.recipe, [Problem(f"secret_env.{i}",
+                                                       f"cannot reach a job on {cluster.name}: secrets travel only to "
+                                                       "a cluster "
+                                                       "cluster.up brought up with them (the inventory's secret_env)",
+                                                       name,
+                                                       "--cluster INVENTORY with the name in its secret_env, or "
+                                                       "remove it from the recipe "
+                                                       "(the hosts' own environment must then have it)") for i,
+                                               name in enumerate(recipe.secret_env)])
+            recipe = on_cluster(recipe, cluster, mode=req.mode, prefix=req.prefix, image=req.image, dry_run=dry_run,
+                                stack=stack)
         except SlimeforgeError as exc:  # the cluster's fit, or why it has none, beside the recipe's problems
             if pending is None:
                 raise
@@ -227,7 +247,8 @@ def resolve(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | No
             layout, recipe, layout_note = layout_of_image(recipe, pull=not dry_run, docker=req.docker)
     out = Path(req.out) if req.out else paths.run_dir(recipe.exp_id)
     python = req.python or (sys.executable if req.in_place else None)
-    return target, ResolvedRun(recipe, stack, out.resolve(), req.recipe, environ, req.catalog, tuple(req.skip_checks), req.network_checks,
+    return target, ResolvedRun(recipe, stack, out.resolve(), req.recipe, environ, req.catalog, tuple(req.skip_checks),
+                               req.network_checks,
                                python=python, layout=layout, layout_note=layout_note)
 
 
@@ -258,20 +279,23 @@ def local_target(recipe: Recipe, address: str | None, cluster: str | None = None
     return make(None, **options)
 
 
-def run_recipe(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | None = None, stream: IO[str] | None = None,
+def run_recipe(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster | None = None,
+               stream: IO[str] | None = None,
                runner: Runner | None = None, environ: dict[str, str] | None = None, plan_json: bool = False) -> int:
     """`invoke run` and `SlimeRunner.train()`: plan; then print it (dry run: the run directory is
     written, nothing starts; `plan_json`: as slimeforge.run-plan/1, docs/json.md) or apply it
     (preflight, write the run directory, run the plan's commands); the job's exit code. `runner`:
     a proc.Runner (a dry-run one records argv lists)."""
     stream = stream or sys.stdout
-    target, run = resolve(req, dry_run=dry_run, find_cluster=find_cluster, environ=environ, probe_image=not (runner and runner.dry_run))
+    target, run = resolve(req, dry_run=dry_run, find_cluster=find_cluster, environ=environ,
+                          probe_image=not (runner and runner.dry_run))
     plan = target.plan(run)
     if dry_run:
         from .localpaths import dry_run_warnings
         from .runrecord import guard_render
 
-        # A dry run renders into the run directory too: never over a live run's record; an ended one's goes to history/<n>/.
+        # A dry run renders into the run directory too: never over a live run's record; an ended one's goes to
+        # history/<n>/.
         kept = guard_render(plan.rundir.path, exp_id=plan.run.recipe.exp_id)
         write_run_dir(plan.rundir)
         # The same warnings whether the plan is read or parsed: on stderr, and in the JSON document.
@@ -284,10 +308,12 @@ def run_recipe(req: LaunchRequest, *, dry_run: bool, find_cluster: FindCluster |
         if plan_json:
             from ..console import json_doc
 
-            stream.write(json_doc("slimeforge.run-plan/1", {**plan_doc(plan), "kept_history": kept or None, "warnings": warnings}) + "\n")
+            stream.write(json_doc("slimeforge.run-plan/1", {**plan_doc(plan), "kept_history": kept or None,
+                                                            "warnings": warnings}) + "\n")
         else:
             if kept:
-                stream.write(f"the record of the earlier launch is kept in {plan.rundir.path / 'history' / str(kept)}\n")
+                stream.write("the record of the earlier launch is kept in "
+                             f"{plan.rundir.path / 'history' / str(kept)}\n")
             stream.write("\n".join(describe(plan)) + "\n")
         for warning in warnings:
             print(f"warning: {warning}", file=sys.stderr)
@@ -314,9 +340,11 @@ def launch(recipe: Recipe, stack: Stack, out: str | os.PathLike | None = None, r
     del stack  # the recipe names its stack: resolve loads it again, with every check of the recipe
     if slurm_options is not None:
         o = slurm_options
-        options.update(slurm=True, partition=o.partition, account=o.account, time=o.time, nodes=o.nodes, start_timeout=o.start_timeout)
+        options.update(slurm=True, partition=o.partition, account=o.account, time=o.time, nodes=o.nodes,
+                       start_timeout=o.start_timeout)
     options = sequences_as_tuples(options)
-    req = LaunchRequest(recipe=recipe_path, data=recipe.model_dump(mode="json"), out=None if out is None else str(out), **options)
+    req = LaunchRequest(recipe=recipe_path, data=recipe.model_dump(mode="json"), out=None if out is None else str(out),
+                        **options)
     return run_recipe(req, dry_run=False, runner=runner, stream=stream, environ=environ)
 
 
@@ -341,7 +369,8 @@ def target_of(run_dir: Path) -> Target:
         return slurm.SlurmTarget(slurm.Options())
     plan = read_plan(run_dir)
     if plan is None:
-        raise ConfigError(str(run_dir), [Problem("run directory", "has no plan.json", str(run_dir), "runs/<exp_id> of a rendered recipe")])
+        raise ConfigError(str(run_dir), [Problem("run directory", "has no plan.json", str(run_dir),
+                                                 "runs/<exp_id> of a rendered recipe")])
     if plan.get("target") == "ray-cluster":
         from .targets.jobs import recorded
         from .targets.jobsubmit import Cluster, ClusterTarget

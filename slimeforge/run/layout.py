@@ -68,7 +68,8 @@ def image_layout(facts: ImageFacts, megatron_imported: bool = False) -> Layout:
     """The layout of an image slimeforge did not build, from its probe (imageprobe.ImageFacts)."""
     how = " (by `import megatron`)" if megatron_imported else ""
     found = f"slime at {facts.slime_dir or '(not found)'}, Megatron-LM at {facts.megatron_dir or '(not found)'}{how}"
-    return Layout(IMAGE_NAME, f"the image's own layout: image {facts.short_id} has no /opt/slimeforge; {found}, its python3",
+    return Layout(IMAGE_NAME,
+                  f"the image's own layout: image {facts.short_id} has no /opt/slimeforge; {found}, its python3",
                   facts.pythonpath, facts.ld_library_path, megatron_imported)
 
 
@@ -84,7 +85,8 @@ def layout_of_image(recipe: Recipe, *, pull: bool, docker: str = "docker") -> tu
         facts = image_facts(image, recipe.slime_dir, recipe.megatron_dir, docker=docker, pull=pull)
     except (SlimeforgeError, OSError) as exc:
         # Docker's own words, cut between lines: a cut inside one read as "Error respon): rendered ...".
-        said = f"{exc.step}: {excerpt(exc.output)}" if isinstance(exc, CommandError) and exc.output.strip() else excerpt(str(exc))
+        said = (f"{exc.step}: {excerpt(exc.output)}" if isinstance(exc, CommandError) and exc.output.strip()
+                else excerpt(str(exc)))
         return SLIMEFORGE, recipe, f"the image's layout is not known ({said}): rendered for slimeforge's layout"
     return (*layout_from_facts(facts, recipe), None)
 
@@ -95,7 +97,8 @@ def layout_from_facts(facts: ImageFacts, recipe: Recipe) -> tuple[Layout, Recipe
     `import slime` / `import megatron` resolve there when the recipe's paths hold none)."""
     if facts.slimeforge_image:
         return Layout(SLIMEFORGE_NAME, f"slimeforge's own layout: image {facts.short_id} has /opt/slimeforge"), recipe
-    found = {k: v for k, v in (("slime_dir", facts.slime_dir), ("megatron_dir", facts.megatron_dir)) if v and v != getattr(recipe, k)}
+    found = {k: v for k, v in (("slime_dir", facts.slime_dir), ("megatron_dir",
+                                                                facts.megatron_dir)) if v and v != getattr(recipe, k)}
     # The probe takes the recipe's megatron_dir when it holds megatron/, else where `import megatron` resolves.
     return image_layout(facts, "megatron_dir" in found), recipe.model_copy(update=found) if found else recipe
 
@@ -112,5 +115,8 @@ def layout_here(recipe: Recipe, environ: dict[str, str], python: str) -> Layout:
            for k in ("PYTHONPATH", "LD_LIBRARY_PATH") if k in environ and (why := text_problem(environ[k]))]
     if bad:
         raise ConfigError("this environment", bad)
-    return Layout(IMAGE_NAME, f"this environment's own layout (in place; no {paths.IMAGE_STATE} here): slime at {recipe.slime_dir}, "
-                  f"Megatron-LM at {recipe.megatron_dir}, {python}", environ.get("PYTHONPATH"), environ.get("LD_LIBRARY_PATH"))
+    return Layout(IMAGE_NAME,
+                  f"this environment's own layout (in place; no {paths.IMAGE_STATE} here): slime at "
+                  f"{recipe.slime_dir}, "
+                  f"Megatron-LM at {recipe.megatron_dir}, {python}", environ.get("PYTHONPATH"),
+                  environ.get("LD_LIBRARY_PATH"))

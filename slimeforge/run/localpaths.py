@@ -24,7 +24,8 @@ def dry_run_warnings(recipe: Recipe, environ: dict[str, str]) -> list[str]:
 
 def paths_missing_here(recipe: Recipe) -> list[str]:
     """One warning per path of the recipe that this machine does not have, naming the key."""
-    wanted: list[tuple[str, str, bool]] = [("model_dir", recipe.model_dir, True), ("data_path", recipe.data_path, False)]
+    wanted: list[tuple[str, str, bool]] = [("model_dir", recipe.model_dir, True), ("data_path", recipe.data_path,
+                                                                                   False)]
     wanted += [(f"eval_data.{name}", path, False) for name, path in recipe.eval_data.items()]
     if recipe.mode == "host":
         if recipe.install_prefix:

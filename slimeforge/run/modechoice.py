@@ -20,7 +20,8 @@ def command_line_problems(mode: str | None, install_prefix: str | None, image: s
 
         problems += image_ref_problems(image, "--image")
     if install_prefix is not None and (not install_prefix.startswith("/") or text_problem(install_prefix)):
-        problems.append(Problem("--prefix", "must be an absolute path (the --prefix given to `invoke install`)", install_prefix, "/path/on/the/hosts"))
+        problems.append(Problem("--prefix", "must be an absolute path (the --prefix given to `invoke install`)",
+                                install_prefix, "/path/on/the/hosts"))
     if problems:
         raise ConfigError("command line", problems)
 
@@ -49,7 +50,8 @@ def resolve_mode(recipe: Recipe, mode: str | None = None, install_prefix: str | 
                 more[field] = installed.source(sources[source].dir)
         r = r.model_copy(update=more)
     if require_image and r.mode == "container" and not r.image:
-        problems.append(Problem("image", "container mode needs an image", None, "image: REG/repo@sha256:... in the recipe, or --image", show_value=False))
+        problems.append(Problem("image", "container mode needs an image", None,
+                                "image: REG/repo@sha256:... in the recipe, or --image", show_value=False))
     if problems:
         raise ConfigError("launch", problems)
     return r

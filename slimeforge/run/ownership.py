@@ -84,7 +84,8 @@ def head_verdict(record: HeadRecord, now: ProcFacts | None, exp_id: str, run_tok
     """Whether the head `record` names is the live process `now` and was started for this run."""
     if record.exp_id != exp_id or run_token is None or record.run_token != run_token:
         return foreign(f"the Ray head recorded on this port (pid {record.pid}) was started for run {record.exp_id!r} "
-                       f"(token {record.run_token[:8]}...), not this one ({exp_id!r}, token {(run_token or 'none')[:8]}...)")
+                       f"(token {record.run_token[:8]}...), not this one ({exp_id!r}, token "
+                       f"{(run_token or 'none')[:8]}...)")
     state, why = headrecord.head_state(record, now)
     if state != OURS:
         return Verdict(state, why)
@@ -100,10 +101,12 @@ def head_alive(record: HeadRecord, now: ProcFacts | None) -> bool:
 # --- Ray job -------------------------------------------------------------------------------------
 
 
-def ray_job_verdict(submission_id: str, metadata: Mapping[str, Any] | None, status: str | None, exp_id: str, run_token: str | None) -> Verdict:
+def ray_job_verdict(submission_id: str, metadata: Mapping[str, Any] | None, status: str | None, exp_id: str,
+                    run_token: str | None) -> Verdict:
     """`metadata`/`status`: what the Jobs API says of the submission id (None: it does not know it)."""
     if metadata is None:
-        return ended(f"job {submission_id} is unknown to the Ray head (the head was restarted or replaced, or the job was never submitted there)")
+        return ended(f"job {submission_id} is unknown to the Ray head (the head was restarted or replaced, or the job "
+                     "was never submitted there)")
     want = {META_EXP_ID: exp_id, META_RUN_TOKEN: run_token}
     got = {k: metadata.get(k) for k in want}
     if run_token is None or got != want:
@@ -116,7 +119,8 @@ def ray_job_verdict(submission_id: str, metadata: Mapping[str, Any] | None, stat
 # --- container -----------------------------------------------------------------------------------
 
 
-def container_verdict(container_id: str, inspect: Mapping[str, Any] | None, exp_id: str, run_token: str | None) -> Verdict:
+def container_verdict(container_id: str, inspect: Mapping[str, Any] | None, exp_id: str,
+                      run_token: str | None) -> Verdict:
     """`inspect`: `docker inspect --type container` of the full id (None: docker has no such container)."""
     if inspect is None:
         return ended(f"container {container_id[:12]} no longer exists")
@@ -126,7 +130,8 @@ def container_verdict(container_id: str, inspect: Mapping[str, Any] | None, exp_
     want = {LABEL_EXP_ID: exp_id, LABEL_RUN_TOKEN: run_token}
     got = {k: labels.get(k) for k in want}
     if run_token is None or got != want:
-        return foreign(f"container {container_id[:12]} carries labels {got}, expected {want}: slimeforge did not start it for this run")
+        return foreign(f"container {container_id[:12]} carries labels {got}, expected {want}: slimeforge did not "
+                       "start it for this run")
     state = inspect.get("State") or {}
     if not state.get("Running"):
         return ended(f"container {container_id[:12]} has exited ({state.get('Status', 'not running')})")
@@ -135,7 +140,8 @@ def container_verdict(container_id: str, inspect: Mapping[str, Any] | None, exp_
 
 # --- Slurm ---------------------------------------------------------------------------------------
 
-SLURM_ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+SLURM_ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
+               "DEADLINE")
 
 
 def slurm_user(info: Mapping[str, str]) -> str:
@@ -151,23 +157,27 @@ def parse_slurm_time(text: str) -> float | None:
         return None
 
 
-def slurm_verdict(job_id: str, info: Mapping[str, str], *, user: str, job_name: str, run_token: str | None, workdir: str,
+def slurm_verdict(job_id: str, info: Mapping[str, str], *, user: str, job_name: str, run_token: str | None,
+                  workdir: str,
                   submitted_at: float | None) -> Verdict:
     """`info`: `scontrol show job -o ID` as key/values ({} when Slurm no longer knows the job)."""
     if not info:
         return ended(f"Slurm job {job_id} is unknown to Slurm (it ended a while ago)")
     found = {"user": slurm_user(info), "name": info.get("JobName"), "comment": info.get("Comment"),
              "workdir": os.path.normpath(info.get("WorkDir", "")) if info.get("WorkDir") else None}
-    want = {"user": user, "name": job_name, "comment": f"{SLURM_COMMENT_PREFIX}{run_token}" if run_token else "(a run token)",
+    want = {"user": user, "name": job_name,
+            "comment": f"{SLURM_COMMENT_PREFIX}{run_token}" if run_token else "(a run token)",
             "workdir": os.path.normpath(workdir)}
     wrong = [k for k in want if found[k] != want[k]]
     if submitted_at is not None and not wrong:
         at = parse_slurm_time(info.get("SubmitTime", ""))
         if at is None or abs(at - submitted_at) > SUBMIT_TIME_SLACK_S:
             wrong.append("submit time")
-            found["submit time"], want["submit time"] = info.get("SubmitTime"), datetime.fromtimestamp(submitted_at).strftime("%Y-%m-%dT%H:%M:%S")
+            wanted_at = datetime.fromtimestamp(submitted_at).strftime("%Y-%m-%dT%H:%M:%S")
+            found["submit time"], want["submit time"] = info.get("SubmitTime"), wanted_at
     if wrong:
-        return foreign(f"Slurm job {job_id} is not this run's: " + "; ".join(f"{k} {found[k]!r}, expected {want[k]!r}" for k in wrong))
+        return foreign(f"Slurm job {job_id} is not this "
+                       "run's: " + "; ".join(f"{k} {found[k]!r}, expected {want[k]!r}" for k in wrong))
     state = info.get("JobState", "")
     if state in SLURM_ENDED:
         return ended(f"Slurm job {job_id} has ended ({state})")

@@ -58,7 +58,8 @@ RUNNER_FIELDS: dict[str, object] = {
 
 EXP_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # arn:aws:bedrock-agentcore:<region>:<12-digit account>:runtime/<runtime id>
-ARN_RE = re.compile(r"arn:aws(-[a-z]+)*:bedrock-agentcore:[a-z]{2}(-[a-z]+)+-[0-9]:[0-9]{12}:runtime/[A-Za-z][A-Za-z0-9_]{0,99}-[A-Za-z0-9]{10}")
+ARN_RE = re.compile(r"arn:aws(-[a-z]+)*:bedrock-agentcore:[a-z]{2}(-[a-z]+)+-[0-9]:[0-9]{12}:"
+                    r"runtime/[A-Za-z][A-Za-z0-9_]{0,99}-[A-Za-z0-9]{10}")
 # Names passed to slime or the toolkit as a flag's value: never starting with '-' (argparse would
 # read "--lr" as the next option) and in the alphabet of what they name.
 LABEL_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")  # wandb project/group, eval data names
@@ -79,8 +80,10 @@ MOUNT_SEPARATORS = (":", ",")
 # replace it (RAY_ADDRESS would point the job at another cluster; SLIMEFORGE_RUN_TOKEN names the
 # launch that run.stop proves; PATH and PYTHONPATH choose what runs). LD_LIBRARY_PATH and CUDA_HOME
 # are merged with slimeforge's (flags.runtime_env_vars), not replaced: they stay allowed.
-RESERVED_ENV = frozenset({"PATH", "PYTHONPATH", "PYTHONHOME", "HOME", "LD_PRELOAD", "RAY_ADDRESS", "CUDA_VISIBLE_DEVICES",
-                          "CUDA_DEVICE_MAX_CONNECTIONS", "CUDNN_HOME", "CUDNN_PATH", "CUDNN_FRONTEND_CUDART_LIB_NAME", "WANDB_ENTITY"})
+RESERVED_ENV = frozenset({"PATH", "PYTHONPATH", "PYTHONHOME", "HOME", "LD_PRELOAD", "RAY_ADDRESS",
+                          "CUDA_VISIBLE_DEVICES",
+                          "CUDA_DEVICE_MAX_CONNECTIONS", "CUDNN_HOME", "CUDNN_PATH", "CUDNN_FRONTEND_CUDART_LIB_NAME",
+                          "WANDB_ENTITY"})
 RESERVED_ENV_PREFIXES = ("SLIMEFORGE_", "SF_", "SLURM_")
 # The keys each rule's problem (by the key it names) is computed from, besides that key: where one
 # of them failed the schema (its bounds too), the rule ran on a stand-in value and its problem is
@@ -122,7 +125,8 @@ def host_path_problem(path: str) -> str | None:
     if any(norm == d or norm.startswith(d + "/") for d in SYSTEM_DIRS):
         return f"is under a system directory ({', '.join(SYSTEM_DIRS)}); a run's files never live there"
     if bad := [c for c in MOUNT_SEPARATORS if c in path]:
-        return f"holds {' and '.join(repr(c) for c in bad)}, which splits a container mount (docker -v, pyxis --container-mounts)"
+        return (f"holds {' and '.join(repr(c) for c in bad)}, which splits a container mount "
+                "(docker -v, pyxis --container-mounts)")
     return None
 
 
@@ -182,7 +186,8 @@ class Recipe(Model):
     save_interval: Count = 20
     resume: bool = True  # pass --load <checkpoint_dir>; slime starts from ref-load when it is empty
     eval_data: dict[str, str] = Field(default_factory=dict)  # name -> JSONL path
-    eval_interval: Annotated[int | None, Field(ge=1, le=MAX_COUNT), Worded("must be a positive number of rollouts")] = None
+    eval_interval: Annotated[int | None, Field(ge=1, le=MAX_COUNT),
+                             Worded("must be a positive number of rollouts")] = None
     n_samples_per_eval_prompt: Count = 1
     cluster: str | None = None  # inventory file (recipes/clusters/*.yaml)
     env: dict[str, str] = Field(default_factory=dict)  # extra environment for the job
@@ -242,11 +247,14 @@ def check(recipe: Recipe, stack: Stack, rendered_flags: set[str]) -> list[Proble
     r = recipe
 
     if not EXP_ID_RE.fullmatch(r.exp_id):
-        p.append(Problem("exp_id", "is used as a directory and experiment name", r.exp_id, "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128"))
+        p.append(Problem("exp_id", "is used as a directory and experiment name", r.exp_id,
+                         "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128"))
     if not ARN_RE.fullmatch(r.agent_runtime_arn):
-        p.append(Problem("agent_runtime_arn", "is not an AgentCore runtime ARN", r.agent_runtime_arn, "arn:aws:bedrock-agentcore:<region>:<12-digit account>:runtime/<name>-<10-character id>"))
+        p.append(Problem("agent_runtime_arn", "is not an AgentCore runtime ARN", r.agent_runtime_arn,
+                         "arn:aws:bedrock-agentcore:<region>:<12-digit account>:runtime/<name>-<10-character id>"))
     for why in _bucket_problems(r.s3_bucket):
-        p.append(Problem("s3_bucket", f"breaks S3 bucket naming rules: {why}", r.s3_bucket, "a bucket name such as my-rollouts-1, or s3://bucket/prefix"))
+        p.append(Problem("s3_bucket", f"breaks S3 bucket naming rules: {why}", r.s3_bucket,
+                         "a bucket name such as my-rollouts-1, or s3://bucket/prefix"))
     paths_accepted = f"/path/on/the/hosts: absolute, not / or under {', '.join(SYSTEM_DIRS)}, without ':' or ','"
     for name in ("model_dir", "data_path", "checkpoint_dir"):
         value = getattr(r, name)
@@ -255,20 +263,26 @@ def check(recipe: Recipe, stack: Stack, rendered_flags: set[str]) -> list[Proble
     for name in ("slime_dir", "megatron_dir"):  # checkouts: in the image or the install, never mounted
         value = getattr(r, name)
         if not value.startswith("/"):
-            p.append(Problem(name, "must be an absolute path (it is read on every cluster host)", value, "/path/on/the/hosts"))
+            p.append(Problem(name, "must be an absolute path (it is read on every cluster host)", value,
+                             "/path/on/the/hosts"))
     for name, path in r.eval_data.items():
         if not LABEL_RE.fullmatch(name):
-            p.append(Problem(f"eval_data.{name}", "is not a data set name (it is passed to slime as NAME PATH)", name, "letters, digits, '.', '_', '-', not starting with '-' or '.'"))
+            p.append(Problem(f"eval_data.{name}", "is not a data set name (it is passed to slime as NAME PATH)", name,
+                             "letters, digits, '.', '_', '-', not starting with '-' or '.'"))
         if path_why := host_path_problem(path):
             p.append(Problem(f"eval_data.{name}", path_why, path, paths_accepted))
     for name in ("wandb_project", "wandb_group"):
         value = getattr(r, name)
         if value is not None and not LABEL_RE.fullmatch(value):
-            p.append(Problem(name, "is not a wandb name (it is passed to slime as a flag's value)", value, "letters, digits, '.', '_', '-', not starting with '-' or '.', at most 128"))
+            p.append(Problem(name, "is not a wandb name (it is passed to slime as a flag's value)", value,
+                             "letters, digits, '.', '_', '-', not starting with '-' or '.', at most 128"))
     if not MODEL_ID_RE.fullmatch(r.model_id):
-        p.append(Problem("model_id", "is not a model id", r.model_id, "default, or a model id such as us.anthropic.claude-3-haiku (letters, digits, . _ : / -, not starting with '-')"))
+        p.append(Problem("model_id", "is not a model id", r.model_id,
+                         "default, or a model id such as us.anthropic.claude-3-haiku "
+                         "(letters, digits, . _ : / -, not starting with '-')"))
     if not LABEL_RE.fullmatch(r.model_type):
-        p.append(Problem("model_type", "is not a model script name", r.model_type, "the name of a scripts/models/<name>.sh of slime"))
+        p.append(Problem("model_type", "is not a model script name", r.model_type,
+                         "the name of a scripts/models/<name>.sh of slime"))
 
     # model_type: a local checkout of slime (when present here) wins over the recorded facts.
     local = model_types_in(r.slime_dir)
@@ -277,64 +291,90 @@ def check(recipe: Recipe, stack: Stack, rendered_flags: set[str]) -> list[Proble
     if known is not None and r.model_type not in known and LABEL_RE.fullmatch(r.model_type):
         hint = did_you_mean(r.model_type, known)
         where = f"{r.slime_dir}/scripts/models" if local is not None else f"slime {stack.sources['slime'].commit[:12]}"
-        p.append(Problem("model_type", f"has no model script in {where}" + (f"; did you mean {hint!r}?" if hint else ""), r.model_type, ", ".join(known)))
+        p.append(Problem("model_type",
+                         f"has no model script in {where}" + (f"; did you mean {hint!r}?" if hint else ""),
+                         r.model_type, ", ".join(known)))
 
     ports = {"gateway_port": r.gateway_port, "ray_dashboard_port": r.ray_dashboard_port, "ray_port": r.ray_port}
     used = [v for v in ports.values() if v]
     if len(set(used)) != len(used):
-        p.append(Problem("ports", "gateway_port, ray_dashboard_port and ray_port must differ (one process per port)", ports, "three different ports"))
+        p.append(Problem("ports", "gateway_port, ray_dashboard_port and ray_port must differ (one process per port)",
+                         ports, "three different ports"))
     if r.reward_postprocessing not in REWARD_POSTPROCESSING:
-        p.append(Problem("reward_postprocessing", "is not a known reward post-processing", r.reward_postprocessing, "grpo (normalize_episode_rewards of the toolkit) or none"))
+        p.append(Problem("reward_postprocessing", "is not a known reward post-processing", r.reward_postprocessing,
+                         "grpo (normalize_episode_rewards of the toolkit) or none"))
 
     # GPU arithmetic (on values in range: the schema's bounds): Megatron shards each layer over tp
     # GPUs of one host; SGLang engines are colocated on the same GPUs and must tile them exactly.
     if r.num_gpus % r.tp_size:
         # num_gpus is bounded above (MAX_GPUS_PER_HOST), so listing its divisors is cheap.
-        p.append(Problem("tp_size", f"must divide num_gpus ({r.num_gpus})", r.tp_size, "a divisor of num_gpus: " + ", ".join(str(d) for d in range(1, r.num_gpus + 1) if r.num_gpus % d == 0)))
+        p.append(Problem("tp_size", f"must divide num_gpus ({r.num_gpus})", r.tp_size,
+                         "a divisor of num_gpus: " + ", ".join(str(d) for d in range(1, r.num_gpus + 1)
+                                                               if r.num_gpus % d == 0)))
     if r.total_gpus % r.rollout_gpus_per_engine:
-        p.append(Problem("rollout_gpus_per_engine", f"must divide the GPU count ({r.total_gpus} = num_gpus x num_nodes)", r.rollout_gpus_per_engine, "a divisor of " + str(r.total_gpus)))
+        p.append(Problem("rollout_gpus_per_engine",
+                         f"must divide the GPU count ({r.total_gpus} = num_gpus x num_nodes)",
+                         r.rollout_gpus_per_engine, "a divisor of " + str(r.total_gpus)))
     # Batch arithmetic: rollout_batch_size * n_samples_per_prompt == global_batch_size * num_steps_per_rollout.
     samples = r.rollout_batch_size * r.n_samples_per_prompt
     if samples % r.num_steps_per_rollout:
-        p.append(Problem("num_steps_per_rollout", f"must divide rollout_batch_size x n_samples_per_prompt ({r.rollout_batch_size} x {r.n_samples_per_prompt} = {samples})", r.num_steps_per_rollout, "a divisor of " + str(samples)))
+        p.append(Problem("num_steps_per_rollout",
+                         f"must divide rollout_batch_size x n_samples_per_prompt "
+                         f"({r.rollout_batch_size} x {r.n_samples_per_prompt} = {samples})",
+                         r.num_steps_per_rollout, "a divisor of " + str(samples)))
     elif r.num_gpus % r.tp_size == 0:
         dp = r.total_gpus // r.tp_size
         if r.global_batch_size % dp:
-            p.append(Problem("rollout_batch_size", f"gives a global batch of {r.global_batch_size} samples (rollout_batch_size x n_samples_per_prompt / num_steps_per_rollout), which the {dp} data-parallel ranks (GPUs / tp_size) cannot split evenly", r.rollout_batch_size, f"values that make the global batch a multiple of {dp}"))
+            p.append(Problem("rollout_batch_size",
+                             f"gives a global batch of {r.global_batch_size} samples (rollout_batch_size x "
+                             f"n_samples_per_prompt / num_steps_per_rollout), which the {dp} data-parallel ranks "
+                             "(GPUs / tp_size) cannot split evenly",
+                             r.rollout_batch_size, f"values that make the global batch a multiple of {dp}"))
 
     if r.mode == "host" and not r.install_prefix and r.slime_dir == RUNNER_FIELDS["slime_dir"]:
-        p.append(Problem("install_prefix", "is needed in host mode unless slime_dir and megatron_dir name the checkouts", None, "the --prefix given to `invoke install`", show_value=False))
+        p.append(Problem("install_prefix",
+                         "is needed in host mode unless slime_dir and megatron_dir name the checkouts", None,
+                         "the --prefix given to `invoke install`", show_value=False))
     if r.image is not None:
         bad = image_ref_problems(r.image, "image")
         p += bad
         if not bad and "@" not in r.image and ":" not in r.image.rsplit("/", 1)[-1]:
-            p.append(Problem("image", "has no tag or digest", r.image, "REG/repo@sha256:<digest> (best) or REG/repo:tag"))
+            p.append(Problem("image", "has no tag or digest", r.image,
+                             "REG/repo@sha256:<digest> (best) or REG/repo:tag"))
     if r.install_prefix is not None and not r.install_prefix.startswith("/"):
-        p.append(Problem("install_prefix", "must be an absolute path", r.install_prefix, "the --prefix given to `invoke install`"))
+        p.append(Problem("install_prefix", "must be an absolute path", r.install_prefix,
+                         "the --prefix given to `invoke install`"))
 
     for i, name in enumerate(r.secret_env):
         if not ENV_NAME_RE.fullmatch(name):
-            p.append(Problem(f"secret_env.{i}", "is not an environment variable name", name, "letters, digits and '_', not starting with a digit"))
+            p.append(Problem(f"secret_env.{i}", "is not an environment variable name", name,
+                             "letters, digits and '_', not starting with a digit"))
         elif reserved_env(name):
-            p.append(Problem(f"secret_env.{i}", "is set by slimeforge itself and may not be replaced", name, "any other name"))
+            p.append(Problem(f"secret_env.{i}", "is set by slimeforge itself and may not be replaced", name,
+                             "any other name"))
         elif name in r.env:
-            p.append(Problem(f"secret_env.{i}", "is also set in env; a secret's value never goes into a recipe", name, "remove it from env"))
+            p.append(Problem(f"secret_env.{i}", "is also set in env; a secret's value never goes into a recipe", name,
+                             "remove it from env"))
     for key, value in r.env.items():
         if not ENV_NAME_RE.fullmatch(key):
-            p.append(Problem(f"env.{key}", "is not an environment variable name", key, "letters, digits and '_', not starting with a digit"))
+            p.append(Problem(f"env.{key}", "is not an environment variable name", key,
+                             "letters, digits and '_', not starting with a digit"))
         elif reserved_env(key):
             p.append(Problem(f"env.{key}", "is set by slimeforge itself and may not be replaced", key,
-                             f"any other name (reserved: {', '.join(sorted(RESERVED_ENV))} and {'*, '.join(RESERVED_ENV_PREFIXES)}*)"))
+                             f"any other name (reserved: {', '.join(sorted(RESERVED_ENV))} "
+                             f"and {'*, '.join(RESERVED_ENV_PREFIXES)}*)"))
         elif secret_name(key) or secret_value(value):
-            p.append(Problem(f"env.{key}", "looks like a secret, and secrets are never written into the run directory", None, SECRET_ADVICE, show_value=False))
+            p.append(Problem(f"env.{key}", "looks like a secret, and secrets are never written into the run directory",
+                             None, SECRET_ADVICE, show_value=False))
 
     p += longest_sample_problems(r)
     p += extra_flag_problems(r.extra_flags, rendered_flags, stack)
     return p
 
 
-SECRET_ADVICE = ("export it in the shell that runs `invoke run` and list its NAME under secret_env (WANDB_API_KEY, HF_TOKEN "
-                 "and the AWS credentials are passed by name already); never write its value into a recipe")
+SECRET_ADVICE = ("export it in the shell that runs `invoke run` and list its NAME under secret_env "
+                 "(WANDB_API_KEY, HF_TOKEN and the AWS credentials are passed by name already); "
+                 "never write its value into a recipe")
 
 
 def abbreviated(name: str, flags: set[str]) -> list[str]:
@@ -370,20 +410,23 @@ def longest_sample_problems(r: Recipe) -> list[Problem]:
             return None
         return int(value)
 
-    prompt, context, cp = number("--rollout-max-prompt-len"), number("--rollout-max-context-len"), number("--context-parallel-size") or 1
+    prompt, context = number("--rollout-max-prompt-len"), number("--rollout-max-context-len")
+    cp = number("--context-parallel-size") or 1
     if bad:
         return bad
     longest = r.rollout_max_response_len + (prompt or 1)
-    what = f"{'its prompt (--rollout-max-prompt-len ' + str(prompt) + ')' if prompt else 'at least one prompt token'} plus " \
-           f"rollout_max_response_len ({r.rollout_max_response_len})"
+    counted = f"its prompt (--rollout-max-prompt-len {prompt})" if prompt else "at least one prompt token"
+    what = f"{counted} plus rollout_max_response_len ({r.rollout_max_response_len})"
     if context and (context < longest or not prompt):  # prompt and response together, at most
         longest, what = context, f"--rollout-max-context-len ({context})"
     need = -(-longest // cp)
     if r.max_tokens_per_gpu >= need:
         return []
     split = f", over {cp} context-parallel ranks" if cp > 1 else ""
-    room = "" if prompt or context else "; leave room for the prompt too (give --rollout-max-prompt-len in extra_flags to have it counted)"
-    return [Problem("max_tokens_per_gpu", f"is below the longest sample, {what} = {longest} tokens{split}: slime cannot pack one sample "
+    room = ("" if prompt or context
+            else "; leave room for the prompt too (give --rollout-max-prompt-len in extra_flags to have it counted)")
+    return [Problem("max_tokens_per_gpu",
+                    f"is below the longest sample, {what} = {longest} tokens{split}: slime cannot pack one sample "
                                           "into a micro-batch", r.max_tokens_per_gpu, f"at least {need}{room}")]
 
 
@@ -396,33 +439,48 @@ def extra_flag_problems(tokens: list[str], rendered_flags: set[str], stack: Stac
     for i, token in enumerate(tokens):
         where = f"extra_flags[{i}]"
         if token != token.strip() or not token:
-            p.append(Problem(where, "has spaces around it (each item is one argv word, as given)", token, "'--lr' and '1e-5' as two items, no spaces"))
+            p.append(Problem(where, "has spaces around it (each item is one argv word, as given)", token,
+                             "'--lr' and '1e-5' as two items, no spaces"))
             continue
         if token.startswith("-") and not NUMBER_RE.fullmatch(token):
             name, eq, value = token.partition("=")
             if not FLAG_RE.fullmatch(name):
                 hint = "--" + name.lstrip("-").replace("_", "-").split()[0].lower() if name.lstrip("-") else "--name"
-                p.append(Problem(where, "is not a flag name (slime's flags are --lowercase-words-with-dashes; a value goes in the next item)",
+                p.append(Problem(where,
+                                 "is not a flag name (slime's flags are --lowercase-words-with-dashes; "
+                                 "a value goes in the next item)",
                                  token, f"e.g. {hint!r} followed by its value as the next item"))
                 flag = None
                 continue
             flag = name
             if name in rendered_flags:
-                p.append(Problem(where, "repeats a flag that the recipe already sets (argparse keeps the last one, so one of them is silently lost)", token, "set the recipe field instead, or remove it from extra_flags"))
+                p.append(Problem(where,
+                                 "repeats a flag that the recipe already sets "
+                                 "(argparse keeps the last one, so one of them is silently lost)",
+                                 token, "set the recipe field instead, or remove it from extra_flags"))
             elif (longer := abbreviated(name, rendered_flags)) and not (facts and name in facts.renderable_flags):
                 # argparse's allow_abbrev (SGLang's parser keeps it): a unique prefix of a long option
                 # is that option, so `--sglang-mem 0.9` would silently replace the recipe's value.
-                p.append(Problem(where, f"abbreviates {', '.join(longer)}, which the recipe sets (argparse takes a unique prefix of a "
-                                        "long option for the option, so the recipe's value would be silently replaced)", token,
-                                 "set the recipe field instead, or give the full name of a flag the recipe does not set"))
+                p.append(Problem(where,
+                                 f"abbreviates {', '.join(longer)}, which the recipe sets (argparse takes a unique "
+                                 "prefix of a long option for the option, so the recipe's value would be silently "
+                                 "replaced)", token,
+                                 "set the recipe field instead, or give the full name of a flag "
+                                 "the recipe does not set"))
             if facts and name in facts.removed_flags:
-                p.append(Problem(where, f"is not accepted by slime {facts.commit[:12]}: {facts.removed_flags[name]}", token, "remove it"))
+                p.append(Problem(where, f"is not accepted by slime {facts.commit[:12]}: {facts.removed_flags[name]}",
+                                 token, "remove it"))
             if secret_name(name.replace("-", "_")) or (eq and secret_value(value)):
-                p.append(Problem(where, "passes a secret on the command line (it would be written to slime.args and plan.json)", None, SECRET_ADVICE, show_value=False))
+                p.append(Problem(where,
+                                 "passes a secret on the command line "
+                                 "(it would be written to slime.args and plan.json)",
+                                 None, SECRET_ADVICE, show_value=False))
         elif flag is None:
-            p.append(Problem(where, "is a value with no flag before it", token, "a flag such as '--lr' first, then its values"))
+            p.append(Problem(where, "is a value with no flag before it", token,
+                             "a flag such as '--lr' first, then its values"))
         elif secret_value(token):
-            p.append(Problem(where, "looks like a secret (it would be written to slime.args and plan.json)", None, SECRET_ADVICE, show_value=False))
+            p.append(Problem(where, "looks like a secret (it would be written to slime.args and plan.json)", None,
+                             SECRET_ADVICE, show_value=False))
     return p
 
 
@@ -458,7 +516,8 @@ def parse_overrides(items: list[str] | tuple[str, ...]) -> dict[str, object]:
 def load_recipe_data(path: str | os.PathLike[str], overrides: dict[str, object] | None = None) -> dict[str, object]:
     path = Path(path)
     if not (path.exists() or path.is_symlink()):  # anything else there (a FIFO, a directory) the reader names
-        raise ConfigError(str(path), [Problem("recipe", "names no file", str(path), "a path such as recipes/gsm8k.yaml")])
+        raise ConfigError(str(path), [Problem("recipe", "names no file", str(path),
+                                              "a path such as recipes/gsm8k.yaml")])
     data = load_with_extends(path)
     return deep_merge(data, overrides or {})
 
@@ -475,7 +534,8 @@ def blame_overrides(problems: list[Problem], overrides: dict[str, object], sourc
                 return True
         return True
 
-    marked = [Problem(f"--set {p.where}", p.message, p.value, p.accepted, p.show_value) if overrides and from_set(p.where) else p
+    marked = [Problem(f"--set {p.where}", p.message, p.value, p.accepted,
+                      p.show_value) if overrides and from_set(p.where) else p
               for p in problems]
     if overrides and all(p.where.startswith("--set ") for p in marked):
         source = "command line"

@@ -24,8 +24,11 @@ from .recipe import RELATED, Recipe, blame_overrides, check, load_recipe_data
 
 # What a required key that failed stands in as while the other rules run (never reported: its
 # own problems are dropped, and so are the rules that read it).
-STAND_IN: dict[str, str] = {"exp_id": "stand-in", "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-east-1:000000000000:runtime/stand_in-0000000000",
-                            "s3_bucket": "stand-in", "model_dir": "/stand-in/model", "data_path": "/stand-in/data.jsonl", "model_type": "stand-in"}
+STAND_IN: dict[str, str] = {"exp_id": "stand-in",
+                            "agent_runtime_arn": ("arn:aws:bedrock-agentcore:us-east-1:000000000000:"
+                                                  "runtime/stand_in-0000000000"),
+                            "s3_bucket": "stand-in", "model_dir": "/stand-in/model",
+                            "data_path": "/stand-in/data.jsonl", "model_type": "stand-in"}
 
 
 class RecipeProblems(ConfigError):
@@ -33,7 +36,8 @@ class RecipeProblems(ConfigError):
     the stand-in recipe (None where the recipe is not a mapping), its stack (None where the stack
     is the problem), the keys that failed, and the --set overrides (problems of theirs name them)."""
 
-    def __init__(self, source: str, problems: list[Problem], *, recipe: Recipe | None = None, stack: Stack | None = None,
+    def __init__(self, source: str, problems: list[Problem], *, recipe: Recipe | None = None,
+                 stack: Stack | None = None,
                  failed: frozenset[str] = frozenset(), overrides: dict[str, object] | None = None):
         blamed = blame_overrides(problems, overrides or {}, source)
         super().__init__(blamed.source, blamed.problems)
@@ -53,7 +57,8 @@ def top(where: str) -> str:
 
 def trusted(problems: list[Problem], failed: frozenset[str]) -> list[Problem]:
     """The problems that neither name a failed key nor come from a rule reading one (RELATED)."""
-    return [p for p in problems if top(p.where) not in failed and not failed.intersection(RELATED.get(top(p.where), ()))]
+    return [p for p in problems if top(p.where) not in failed and not failed.intersection(RELATED.get(top(p.where),
+                                                                                                      ()))]
 
 
 def schema_problems(data: dict[str, object]) -> tuple[Recipe | None, list[Problem], frozenset[str]]:
@@ -81,7 +86,8 @@ def default_stack() -> Stack | None:
         return None
 
 
-def parse_recipe(data: dict[str, object], source: str, overrides: dict[str, object] | None = None) -> tuple[Recipe, Stack]:
+def parse_recipe(data: dict[str, object], source: str, overrides: dict[str, object] | None = None) -> tuple[Recipe,
+                                                                                                            Stack]:
     """Schema validation, the stack and the cross-field rules, in one round; raises RecipeProblems
     (a ConfigError) listing every problem."""
     if not isinstance(data, dict):
@@ -92,13 +98,16 @@ def parse_recipe(data: dict[str, object], source: str, overrides: dict[str, obje
         raise RecipeProblems(source, problems, failed=failed, overrides=overrides)
     stack: Stack | None = None
     if "stack" not in failed:
-        if not (stack_path(recipe.stack).exists() or stack_path(recipe.stack).is_symlink()):  # a FIFO or directory: the reader says what it is
-            problems.append(Problem("stack", "names no stack file", recipe.stack, ", ".join(available_flavors()) + " or a path to a stack YAML"))
+        # a FIFO or directory: the reader says what it is
+        if not (stack_path(recipe.stack).exists() or stack_path(recipe.stack).is_symlink()):
+            problems.append(Problem("stack", "names no stack file", recipe.stack,
+                                    ", ".join(available_flavors()) + " or a path to a stack YAML"))
         else:
             try:
                 stack = load_stack(recipe.stack)
             except ConfigError as exc:
-                problems += [Problem(f"stack ({exc.source})", p.message, p.value, p.accepted, p.show_value) for p in exc.problems]
+                problems += [Problem(f"stack ({exc.source})", p.message, p.value, p.accepted,
+                                     p.show_value) for p in exc.problems]
     # The rules need a stack (slime's facts, the flags rendered): where the recipe's is the
     # problem, the default one stands in, and what reads the stack's facts is dropped (RELATED).
     rules_stack = stack or default_stack()
@@ -107,7 +116,8 @@ def parse_recipe(data: dict[str, object], source: str, overrides: dict[str, obje
     if rules_stack is not None:
         # The flags the recipe renders itself, to spot repeats in extra_flags.
         own = recipe.model_copy(update={"extra_flags": []})
-        rendered = {a for a in render_flags(own, rules_stack, config_path="agentcore.yaml", env_json="{}", wandb=True) if a.startswith("--")}
+        rendered = {a for a in render_flags(own, rules_stack, config_path="agentcore.yaml", env_json="{}",
+                                            wandb=True) if a.startswith("--")}
         problems += trusted(check(recipe, rules_stack, rendered), failed)
     if problems:
         raise RecipeProblems(source, problems, recipe=recipe, stack=stack, failed=failed, overrides=overrides)

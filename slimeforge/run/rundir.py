@@ -57,12 +57,14 @@ def wandb_off_warning(recipe: Recipe, environ: dict[str, str]) -> str | None:
     """The one warning when the recipe asks for wandb and this run cannot log to it (once: the
     preflight's `wandb` finding, or a dry run's warning)."""
     if recipe.wandb_project and not environ.get("WANDB_API_KEY"):
-        return (f"wandb_project is {recipe.wandb_project!r} but WANDB_API_KEY is not set here: this run logs nothing to wandb "
+        return (f"wandb_project is {recipe.wandb_project!r} but WANDB_API_KEY is not set here: this run logs nothing "
+                "to wandb "
                 "(export WANDB_API_KEY before the launch to log)")
     return None
 
 
-def build_run_dir(recipe: Recipe, stack: Stack, out: str | os.PathLike[str], recipe_path: str = "(api)", environ: dict[str, str] | None = None,
+def build_run_dir(recipe: Recipe, stack: Stack, out: str | os.PathLike[str], recipe_path: str = "(api)",
+                  environ: dict[str, str] | None = None,
                   layout: Layout = SLIMEFORGE) -> RunDir:
     """Compute every file's content (nothing is written here), for slimeforge's layout or the
     image's (run/layout.py; plan.json says which)."""
@@ -99,12 +101,15 @@ def build_run_dir(recipe: Recipe, stack: Stack, out: str | os.PathLike[str], rec
         "exp_id": recipe.exp_id,
         "recipe_path": recipe_path,
         "recipe": recipe.model_dump(mode="json"),
-        "stack": {"id": stack.id, "name": stack.name, "hash": stack.hash, "slime_commit": stack.sources["slime"].commit if "slime" in stack.sources else None},
-        "wandb": "enabled" if wandb else ("disabled: WANDB_API_KEY is not set" if recipe.wandb_project else "disabled: no wandb_project"),
+        "stack": {"id": stack.id, "name": stack.name, "hash": stack.hash,
+                  "slime_commit": stack.sources["slime"].commit if "slime" in stack.sources else None},
+        "wandb": "enabled" if wandb else ("disabled: WANDB_API_KEY is not "
+                                          "set" if recipe.wandb_project else "disabled: no wandb_project"),
         "run_dir": str(out),
         "layout": layout.record(),
         "files": {name: hashlib.sha256(content.encode()).hexdigest() for name, content in files.items()},
-        "entrypoint": ["python3", f"{recipe.slime_dir}/train.py", f"<MODEL_ARGS of {recipe.slime_dir}/scripts/models/{recipe.model_type}.sh>", *args],
+        "entrypoint": ["python3", f"{recipe.slime_dir}/train.py",
+                       f"<MODEL_ARGS of {recipe.slime_dir}/scripts/models/{recipe.model_type}.sh>", *args],
         "commands": [
             ["bash", str(out / "launch.sh")],
         ],
@@ -138,7 +143,8 @@ def _plan_problem(plan) -> str | None:
 def read_plan(run_dir: str | os.PathLike[str]) -> dict | None:
     """A run directory's plan.json, checked to be slimeforge's (through the one reader: a FIFO, a
     device, a symlink or a huge file is refused, never read); None when there is none."""
-    return readback.read_json(Path(run_dir) / "plan.json", "plan.json", _PLAN_ACCEPTED, _plan_problem, max_bytes=MAX_PLAN_BYTES)
+    return readback.read_json(Path(run_dir) / "plan.json", "plan.json", _PLAN_ACCEPTED, _plan_problem,
+                              max_bytes=MAX_PLAN_BYTES)
 
 
 def out_problems(out: Path, exp_id: str, locked: bool = True) -> list[Problem]:
@@ -159,10 +165,13 @@ def out_problems(out: Path, exp_id: str, locked: bool = True) -> list[Problem]:
             try:
                 plan = read_plan(out)
             except ConfigError as exc:
-                return [Problem(where, f"holds a plan.json that is not slimeforge's ({exc.problems[0].message})", str(out),
+                return [Problem(where, f"holds a plan.json that is not slimeforge's ({exc.problems[0].message})",
+                                str(out),
                                 "a new or empty directory, or this experiment's run directory")]
             if plan is None:
-                return [Problem(where, f"holds files ({len(entries)}) and is not a slimeforge run directory; nothing is written into it",
+                return [Problem(where,
+                                f"holds files ({len(entries)}) and is not a slimeforge run directory; nothing is "
+                                "written into it",
                                 str(out), "a new or empty directory, e.g. runs/<exp_id>")]
             if plan["exp_id"] != exp_id:
                 return [Problem(where, f"is the run directory of experiment {plan['exp_id']!r}, not {exp_id!r} "
@@ -191,5 +200,6 @@ def write_run_dir(run: RunDir) -> None:
                     shutil.rmtree(run.path, ignore_errors=True)
                 raise
     except OSError as exc:
-        raise ConfigError(str(run.path), [Problem("--out", f"cannot be written: {exc.strerror}", str(run.path), "a directory you may write to")]) from None
+        raise ConfigError(str(run.path), [Problem("--out", f"cannot be written: {exc.strerror}", str(run.path),
+                                                  "a directory you may write to")]) from None
 

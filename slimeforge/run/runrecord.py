@@ -101,16 +101,20 @@ def read_run(run_dir: str | os.PathLike[str]) -> RunRecord:
     run_dir = Path(run_dir)
     plan = read_plan(run_dir)
     if plan is None:
-        raise ConfigError(str(run_dir), [Problem("run directory", "has no plan.json", str(run_dir), "runs/<exp_id> of a rendered recipe")])
+        raise ConfigError(str(run_dir), [Problem("run directory", "has no plan.json", str(run_dir),
+                                                 "runs/<exp_id> of a rendered recipe")])
     values = {name: read_record(run_dir, name) for name in _LINE_RECORDS}
     sid = values["submission_id"]
     if sid is not None and not sid.startswith(plan["exp_id"] + "-"):
-        raise readback.RecordError(run_dir / "submission_id", "submission_id", f"is not a submission of experiment {plan['exp_id']!r}",
+        raise readback.RecordError(run_dir / "submission_id", "submission_id",
+                                   f"is not a submission of experiment {plan['exp_id']!r}",
                                   _LINE_RECORDS["submission_id"][1], sid)
     at = values["slurm_submitted_at"]
     return RunRecord(run_dir=run_dir.resolve(), plan=plan, exp_id=plan["exp_id"], ray_port=plan["recipe"]["ray_port"],
-                     dashboard_port=plan["recipe"]["ray_dashboard_port"], run_token=values["run_token"], submission_id=sid,
-                     ray_address=values["ray_address"], container_id=values["container.id"], slurm_job_id=values["slurm_job_id"],
+                     dashboard_port=plan["recipe"]["ray_dashboard_port"], run_token=values["run_token"],
+                     submission_id=sid,
+                     ray_address=values["ray_address"], container_id=values["container.id"],
+                     slurm_job_id=values["slurm_job_id"],
                      slurm_submitted_at=float(at) if at is not None else None)
 
 
@@ -129,7 +133,8 @@ def write_run_token(run_dir: Path, token: str) -> None:
 
 def head_check(rec: RunRecord, state_dir: Path) -> tuple[HeadRecord | None, Verdict]:
     if rec.attached:
-        return None, ownership.foreign(f"the job went to {rec.ray_address}, a cluster slimeforge did not start here: no Ray head of ours to stop")
+        return None, ownership.foreign(f"the job went to {rec.ray_address}, a cluster slimeforge did not start here: "
+                                       "no Ray head of ours to stop")
     head = read_head(state_dir)
     if head is None:
         return None, ownership.ended(f"no Ray head is recorded on port {rec.ray_port} ({state_dir / HEAD_RECORD})")
@@ -159,7 +164,8 @@ def ray_job_check(rec: RunRecord) -> tuple[JobDoc | None, Verdict]:
 
 
 def docker_inspect(container_id: str, runner: Runner, docker: str = "docker") -> dict | None:
-    r = runner.run([docker, "inspect", "--type", "container", "--", container_id], step="docker inspect", check=False, timeout=30)
+    r = runner.run([docker, "inspect", "--type", "container", "--", container_id], step="docker inspect", check=False,
+                   timeout=30)
     if r.returncode != 0:
         if "No such" in r.stderr or "no such" in r.stderr:
             return None
@@ -173,7 +179,8 @@ def docker_inspect(container_id: str, runner: Runner, docker: str = "docker") ->
 
 def container_check(rec: RunRecord, runner: Runner) -> Verdict:
     assert rec.container_id is not None
-    return ownership.container_verdict(rec.container_id, docker_inspect(rec.container_id, runner), rec.exp_id, rec.run_token)
+    return ownership.container_verdict(rec.container_id, docker_inspect(rec.container_id, runner), rec.exp_id,
+                                       rec.run_token)
 
 
 # --- Slurm ----------------------------------------------------------------------------------------------
@@ -189,13 +196,16 @@ def job_info(job_id: str, runner: Runner | None = None) -> dict[str, str]:
         raise Unreachable(str(exc)) from None
 
 
-def slurm_check(rec: RunRecord, runner: Runner | None = None, user: str | None = None) -> tuple[dict[str, str], Verdict]:
+def slurm_check(rec: RunRecord, runner: Runner | None = None, user: str | None = None) -> tuple[dict[str, str],
+                                                                                                Verdict]:
     assert rec.slurm_job_id is not None
     import getpass
 
     info = job_info(rec.slurm_job_id, runner)
-    return info, ownership.slurm_verdict(rec.slurm_job_id, info, user=user or getpass.getuser(), job_name=f"sf-{rec.exp_id}",
-                                         run_token=rec.run_token, workdir=str(rec.run_dir), submitted_at=rec.slurm_submitted_at)
+    return info, ownership.slurm_verdict(rec.slurm_job_id, info, user=user or getpass.getuser(),
+                                         job_name=f"sf-{rec.exp_id}",
+                                         run_token=rec.run_token, workdir=str(rec.run_dir),
+                                         submitted_at=rec.slurm_submitted_at)
 
 
 # --- a live run's directory is never rewritten ----------------------------------------------------------
@@ -258,8 +268,11 @@ def guard_render(out: str | os.PathLike[str], runner: Runner | None = None, exp_
     if running is not False:
         job = rec.slurm_job_id and f"Slurm job {rec.slurm_job_id}" or rec.submission_id or rec.container_id
         state = "is still running" if running else "may still be running (its state cannot be learned)"
-        raise ConfigError(str(out), [Problem("--out", f"is the run directory of {job}, which {state}: {what}; rendering here would lose "
-                                             "the record that stops it", str(out), f"`{stop_hint(rec)}` first, or another --out")])
+        raise ConfigError(str(out), [Problem("--out",
+                                             f"is the run directory of {job}, which {state}: {what}; rendering here "
+                                             "would lose "
+                                             "the record that stops it", str(out),
+                                             f"`{stop_hint(rec)}` first, or another --out")])
     with dir_lock(out):
         return archive(out)
 
@@ -268,7 +281,8 @@ def archive(run_dir: Path) -> int:
     """Move this launch's records into history/<n>/ (n = 1, 2, ...), with a copy of what was rendered."""
     hist = run_dir / HISTORY
     if hist.is_symlink() or (hist.exists() and not hist.is_dir()):
-        raise ConfigError(str(run_dir), [Problem(HISTORY, "is not a directory", str(hist), "a directory slimeforge keeps past launches in")])
+        raise ConfigError(str(run_dir), [Problem(HISTORY, "is not a directory", str(hist),
+                                                 "a directory slimeforge keeps past launches in")])
     hist.mkdir(exist_ok=True)
     # Only names of ASCII digits count (`history/²` is someone else's: str.isdigit() took it, int() did not).
     taken = [int(p.name) for p in hist.iterdir() if WHOLE_RE.fullmatch(p.name)]
@@ -277,8 +291,8 @@ def archive(run_dir: Path) -> int:
     tmp = Path(tempfile.mkdtemp(prefix=f".{n}.", suffix=".tmp", dir=hist))
     for name in os.listdir(run_dir):
         path = run_dir / name
-        if path.is_file() and not path.is_symlink() and name not in LAUNCH_RECORDS and not name.startswith(".") and name != "job.log" \
-                and not name.startswith("slurm-"):
+        if (path.is_file() and not path.is_symlink() and name not in LAUNCH_RECORDS and not name.startswith(".")
+                and name != "job.log" and not name.startswith("slurm-")):
             shutil.copy2(path, tmp / name)  # what was rendered: plan.json, launch.sh, slime.args, ...
     os.rename(tmp, hist / str(n))
     for name in LAUNCH_RECORDS:  # moved last: until here, the records still stand where run.stop looks

@@ -26,11 +26,13 @@ def load_facts(commit: str) -> SlimeFacts | None:
         return None
     doc = read_yaml(path)  # the one reader, then every field used typed
     groups, types, removed = doc.get("renderable_flags"), doc.get("model_types"), doc.get("removed_flags", {})
-    if not (isinstance(groups, dict) and all(isinstance(g, list) and all(isinstance(f, str) for f in g) for g in groups.values())
+    if not (isinstance(groups, dict) and all(isinstance(g, list) and all(isinstance(f, str) for f in g) for g
+                                             in groups.values())
             and isinstance(types, list) and all(isinstance(t, str) for t in types)
             and isinstance(removed, dict) and all(isinstance(v, str) for v in removed.values())):
         raise ConfigError(str(path), [Problem("file", "is not a slime facts file", show_value=False,
-                                              accepted="renderable_flags: {group: [flags]}, model_types: [names], removed_flags: {flag: why}")])
+                                              accepted="renderable_flags: {group: [flags]}, model_types: [names], "
+                                                       "removed_flags: {flag: why}")])
     flags = frozenset(f for group in doc["renderable_flags"].values() for f in group)
     return SlimeFacts(commit, tuple(doc["model_types"]), flags, dict(doc.get("removed_flags", {})))
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 # The scripts each script imports (by name, registered first): a program carries them all.
-NEEDS: dict[str, tuple[str, ...]] = {"hostrecord": ("procproof",), "headrecord": ("procproof",), "raynodes": ("procproof",),
+NEEDS: dict[str, tuple[str, ...]] = {"hostrecord": ("procproof",), "headrecord": ("procproof",),
+                                     "raynodes": ("procproof",),
                                      "pathcheck": ("procproof",), "awscheck": ("hostrecord",),
                                      "node_agent": ("hostrecord", "raynodes", "pathcheck", "awscheck"),
                                      "slurm_agent": ("node_agent", "raynodes")}

@@ -25,7 +25,8 @@ except ImportError:  # on a host: one program (slimeforge.scripts.program) that 
 AWS_PROBE = r"""
 import json, os, sys
 a = json.loads(sys.argv[1])
-hide = [os.environ[n] for n in a.get("secret_env", []) + ["AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"] if len(os.environ.get(n, "")) >= 4]
+hide = [os.environ[n] for n in a.get("secret_env", []) + ["AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"]
+        if len(os.environ.get(n, "")) >= 4]
 def said(text):
     for v in hide:
         text = text.replace(v, "***")
@@ -48,7 +49,8 @@ def err(exc):
     return said("%s: %s" % (type(exc).__name__, exc))
 cfg = Config(connect_timeout=5, read_timeout=10, retries={"max_attempts": 1})
 try:
-    s = boto3.Session(region_name=a.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1")
+    region = a.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    s = boto3.Session(region_name=region)
     c = s.get_credentials()
 except Exception as exc:
     out["credentials"] = {"error": err(exc)}

@@ -24,7 +24,8 @@ def ray_version() -> "str | None":
 
 def facts(lock_path: "str | None" = None) -> "dict[str, str | None]":
     """Python, Ray and the interpreter; with `lock_path`, that file's sha256 (or why it is unreadable)."""
-    out: dict[str, str | None] = {"python": platform.python_version(), "ray": ray_version(), "executable": sys.executable}
+    out: dict[str, str | None] = {"python": platform.python_version(), "ray": ray_version(),
+                                  "executable": sys.executable}
     if lock_path:
         try:
             with open(lock_path, "rb") as f:

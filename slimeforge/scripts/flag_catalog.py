@@ -71,7 +71,8 @@ def catalog(entry: str) -> dict:
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - any stop is judged below
         if not any(p["add_help"] for p in parsers):
             raise SystemExit(f"slimeforge: ERROR: flag catalog: {entry} stopped before its main parser "
-                             f"(parsers so far: {[p['built_by'] for p in parsers]}): {type(exc).__name__}: {exc}") from None
+                             f"(parsers so far: {[p['built_by'] for p in parsers]}): {type(exc).__name__}: "
+                             f"{exc}") from None
         stopped_by = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
     finally:
         argparse.ArgumentParser.parse_known_args = original  # type: ignore[method-assign]

@@ -44,7 +44,8 @@ MAX_DEPTH = 4  # {"argv": [...]} is 2 deep
 MAX_ARGV, MAX_ARG = 512, 8192
 TOKEN_ENV = "SLIMEFORGE_RUN_TOKEN"
 HEAD_ARGV = ["ray", "start", "--head"]
-EXP_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # run/recipe.EXP_ID_RE (scripts import nothing of slimeforge)
+# run/recipe.EXP_ID_RE (scripts import nothing of slimeforge)
+EXP_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 KEYS = ("pid", "start_time", "boot_id", "exp_id", "run_token", "argv")
 ACCEPTED = "a head record {" + ", ".join(KEYS) + "}"
 # Exit codes of `check` and `record`, read by launch.sh.
@@ -82,20 +83,24 @@ def record_problem(doc: Any, legacy: bool = False) -> str | None:
     if not isinstance(doc, dict) or set(doc) not in ({*KEYS}, {*KEYS} - {"argv"} if legacy else {*KEYS}):
         return f"is not {ACCEPTED}"
     argv = doc.get("argv", HEAD_ARGV)
-    if not (isinstance(argv, list) and len(argv) <= MAX_ARGV and all(isinstance(a, str) and len(a) <= MAX_ARG and "\0" not in a for a in argv)
+    if not (isinstance(argv, list) and len(argv) <= MAX_ARGV and all(isinstance(a, str) and len(a) <= MAX_ARG
+                                                                     and "\0" not in a for a in argv)
             and argv[:3] == HEAD_ARGV):
         return "has malformed argv (the `ray start --head ...` launch.sh ran)"
-    checks = {"pid": procproof.whole(doc["pid"], 1, procproof.PID_MAX), "start_time": procproof.whole(doc["start_time"], 0, 1 << 63),
+    checks = {"pid": procproof.whole(doc["pid"], 1, procproof.PID_MAX),
+              "start_time": procproof.whole(doc["start_time"], 0, 1 << 63),
               "boot_id": isinstance(doc["boot_id"], str) and procproof.BOOT_ID_RE.fullmatch(doc["boot_id"]) is not None,
               "exp_id": isinstance(doc["exp_id"], str) and EXP_ID_RE.fullmatch(doc["exp_id"]) is not None,
-              "run_token": isinstance(doc["run_token"], str) and procproof.TOKEN_RE.fullmatch(doc["run_token"]) is not None}
+              "run_token": isinstance(doc["run_token"],
+                                      str) and procproof.TOKEN_RE.fullmatch(doc["run_token"]) is not None}
     bad = [k for k, ok in checks.items() if not ok]
     return f"has malformed {', '.join(bad)}" if bad else None
 
 
 def from_doc(doc: dict) -> HeadRecord:
     """The record of a document record_problem accepts."""
-    return HeadRecord(doc["pid"], doc["start_time"], doc["boot_id"], doc["exp_id"], doc["run_token"], tuple(doc.get("argv", ())))
+    return HeadRecord(doc["pid"], doc["start_time"], doc["boot_id"], doc["exp_id"], doc["run_token"],
+                      tuple(doc.get("argv", ())))
 
 
 def read(path: str, legacy: bool = False) -> HeadRecord | None:
@@ -146,14 +151,17 @@ def head_state(record: HeadRecord, now: ProcFacts | None) -> tuple[str, str]:
     if now is None or now.zombie:
         return ENDED, f"the Ray head (pid {pid}) has exited"
     if now.boot_id != record.boot_id:
-        return ENDED, f"the Ray head (pid {pid}) was recorded before the host rebooted; pid {pid} is another process now"
+        return ENDED, (f"the Ray head (pid {pid}) was recorded before the host rebooted; pid {pid} is another process "
+                      "now")
     if now.start_time != record.start_time:
         return ENDED, (f"the Ray head (pid {pid}) has exited; pid {pid} is another process now "
                        f"(started at tick {now.start_time}, the head at {record.start_time})")
     if not runs_recorded_argv(record, now):
-        return FOREIGN, f"pid {pid} started when the head did but is not the `ray start --head` recorded ({' '.join(now.argv)[:120]!r})"
+        return FOREIGN, (f"pid {pid} started when the head did but is not the `ray start --head` recorded "
+                        f"({' '.join(now.argv)[:120]!r})")
     if not carries_token(record, now):
-        return FOREIGN, (f"pid {pid} runs the `ray start --head` recorded but does not carry the run token its record names "
+        return FOREIGN, (f"pid {pid} runs the `ray start --head` recorded but does not carry the run token its record "
+                         "names "
                          f"({TOKEN_ENV}): it was started by hand or by another launch")
     return OURS, f"Ray head pid {pid} (start time, boot id, argv and run token match)"
 
@@ -181,7 +189,8 @@ def write(path: str, exp_id: str, run_token: str, pid: int, argv: list[str]) -> 
     st = procproof.proc_stat(pid)
     if st is None or st[0] == "Z":
         raise ProcessLookupError(pid)
-    doc = {"pid": pid, "start_time": st[2], "boot_id": procproof.boot_id(), "exp_id": exp_id, "run_token": run_token, "argv": argv}
+    doc = {"pid": pid, "start_time": st[2], "boot_id": procproof.boot_id(), "exp_id": exp_id, "run_token": run_token,
+           "argv": argv}
     why = record_problem(doc)
     if why:
         raise ValueError(f"the head record {why}")

@@ -56,7 +56,8 @@ CONTAINER_KEYS = {"container", "argv", "token", "cluster", "started_at"}
 # The safe reading of a record and the proofs about a pid: procproof.py, shared with headrecord.py
 # (the names stay here for the node agent).
 BadRecord, read_regular = procproof.BadRecord, procproof.read_regular
-proc_stat, boot_id, argv_matches, proc_words = procproof.proc_stat, procproof.boot_id, procproof.argv_matches, procproof.proc_words
+proc_stat, boot_id = procproof.proc_stat, procproof.boot_id
+argv_matches, proc_words = procproof.argv_matches, procproof.proc_words
 
 
 # --- the record ----------------------------------------------------------------------------------
@@ -84,7 +85,8 @@ def record_problem(doc):
     if set(doc) - {"secret_env"} != keys:
         return f"has the keys {sorted(doc)[:12]}, not {sorted(keys)} (and secret_env)"
     names = doc.get("secret_env", [])
-    if not (isinstance(names, list) and len(names) <= MAX_SECRETS and all(isinstance(n, str) and ENV_NAME_RE.fullmatch(n) for n in names)):
+    if not (isinstance(names, list) and len(names) <= MAX_SECRETS and all(isinstance(n, str)
+                                                                          and ENV_NAME_RE.fullmatch(n) for n in names)):
         return "has a secret_env that is not a list of environment variable names"
     argv = doc["argv"]
     if not (isinstance(argv, list) and 1 <= len(argv) <= MAX_ARGV
@@ -146,7 +148,8 @@ def process_verdict(record):
     if boot_id() != record["boot_id"]:
         return ENDED, f"recorded pid {pid} was started before this host rebooted; pid {pid} is another process now"
     if st[2] != record["starttime"]:
-        return ENDED, f"recorded pid {pid} is no longer running (pid {pid} is another process now, started at tick {st[2]}, ours at {record['starttime']})"
+        return ENDED, (f"recorded pid {pid} is no longer running (pid {pid} is another process now, started at tick "
+                      f"{st[2]}, ours at {record['starttime']})")
     live = procproof.proc_words(pid, "cmdline")
     # Right after Popen returns (the exec has closed the parent's pipe), the kernel has not yet set
     # up the new argv: /proc/PID/cmdline reads empty for a moment. No process we start has none.
@@ -158,7 +161,8 @@ def process_verdict(record):
         return FOREIGN, f"pid {pid} is not the `ray start` slimeforge recorded: it runs {' '.join(live or [])[:160]!r}"
     env = procproof.proc_words(pid, "environ")
     if env is None or f"{TOKEN_ENV}={record['token']}" not in env:
-        return FOREIGN, f"pid {pid} runs `ray start` but without this cluster's token ({TOKEN_ENV}): another cluster.up or a hand started it"
+        return FOREIGN, (f"pid {pid} runs `ray start` but without this cluster's token ({TOKEN_ENV}): another "
+                        "cluster.up or a hand started it")
     return OURS, f"pid {pid} (start time, boot id, argv and cluster token match)"
 
 
@@ -235,7 +239,8 @@ def container_verdict(record):
     want = {LABEL_CLUSTER: record["cluster"], LABEL_TOKEN: record["token"]}
     got = {k: labels.get(k) for k in want}
     if got != want:
-        return FOREIGN, f"container {cid[:12]} ({str(info.get('Name', ''))[:64]}) carries labels {got}, not this cluster's {want}: slimeforge did not start it", False
+        return FOREIGN, (f"container {cid[:12]} ({str(info.get('Name', ''))[:64]}) carries labels {got}, not this "
+                        f"cluster's {want}: slimeforge did not start it"), False
     return OURS, f"container {cid[:12]} (full id and labels match)", bool((info.get("State") or {}).get("Running"))
 
 

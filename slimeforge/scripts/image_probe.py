@@ -95,9 +95,11 @@ def _common_dir(git: str) -> str:
 
 
 def probe(slime: str | None, megatron: str | None) -> dict:
-    out: dict = {"format": FORMAT, "version": VERSION, **env_probe.facts(), "catalog": None, "catalog_source": None, "catalog_problem": None}
+    out: dict = {"format": FORMAT, "version": VERSION, **env_probe.facts(), "catalog": None, "catalog_source": None,
+                 "catalog_problem": None}
     slime_dir, megatron_dir = checkout(slime, "slime"), checkout(megatron, "megatron")
-    out.update(slime_dir=slime_dir, megatron_dir=megatron_dir, slime_commit=git_commit(slime_dir), megatron_commit=git_commit(megatron_dir),
+    out.update(slime_dir=slime_dir, megatron_dir=megatron_dir, slime_commit=git_commit(slime_dir),
+               megatron_commit=git_commit(megatron_dir),
                slimeforge_image=os.path.isdir(IMAGE_STATE), pythonpath=os.environ.get("PYTHONPATH"),
                ld_library_path=os.environ.get("LD_LIBRARY_PATH"))
     if os.path.isfile(IMAGE_CATALOG):  # slimeforge built it: the catalog its build made
@@ -124,8 +126,10 @@ def probe(slime: str | None, megatron: str | None) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--slime", default=None, help="where slime's checkout should be (else: where `import slime` resolves)")
-    ap.add_argument("--megatron", default=None, help="where Megatron-LM's checkout should be (else: where `import megatron` resolves)")
+    ap.add_argument("--slime", default=None,
+                    help="where slime's checkout should be (else: where `import slime` resolves)")
+    ap.add_argument("--megatron", default=None,
+                    help="where Megatron-LM's checkout should be (else: where `import megatron` resolves)")
     opts = ap.parse_args(argv)
     doc = probe(opts.slime, opts.megatron)
     sys.stdout.flush()

@@ -38,7 +38,8 @@ def seconds(text: str) -> float:
     """--timeout: more than 0 and at most a day; never nan, infinity, zero or negative."""
     value = float(text) if SECONDS_RE.fullmatch(text) else -1.0
     if not 0 < value <= MAX_TIMEOUT_S:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a timeout: seconds, more than 0 and at most {MAX_TIMEOUT_S:g} (digits, an optional fraction)")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a timeout: seconds, more than 0 and at most "
+                                         f"{MAX_TIMEOUT_S:g} (digits, an optional fraction)")
     return value
 
 
@@ -82,8 +83,10 @@ def check_apex() -> str:
     rms = FusedRMSNorm(1024).cuda().to(torch.bfloat16)
     with torch.no_grad():
         ln.weight.uniform_(0.5, 1.5), ln.bias.uniform_(-0.5, 0.5), rms.weight.uniform_(0.5, 1.5)
-    done = [need(rel_err(ln(x), F.layer_norm(x.float(), (1024,), ln.weight.float(), ln.bias.float())), 1e-2, "FusedLayerNorm"),
-            need(rel_err(rms(x), F.rms_norm(x.float(), (1024,), rms.weight.float(), eps=rms.eps)), 1e-2, "FusedRMSNorm")]
+    done = [need(rel_err(ln(x), F.layer_norm(x.float(), (1024,), ln.weight.float(), ln.bias.float())), 1e-2,
+                 "FusedLayerNorm"),
+            need(rel_err(rms(x), F.rms_norm(x.float(), (1024,), rms.weight.float(), eps=rms.eps)), 1e-2,
+                 "FusedRMSNorm")]
     tensors = [torch.randn(n, device="cuda") for n in (1000, 65536, 7, 300000)]
     overflow = torch.zeros(1, dtype=torch.int, device="cuda")
     norm, _ = multi_tensor_applier(amp_C.multi_tensor_l2norm, overflow, [tensors], False)
@@ -154,7 +157,8 @@ def check_fa4() -> str:
     q, k, v = (torch.randn(2, 512, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out = flash_attn_func(q, k, v, causal=True)
     out = out[0] if isinstance(out, tuple) else out
-    ref = F.scaled_dot_product_attention(*(t.transpose(1, 2).float() for t in (q, k, v)), is_causal=True).transpose(1, 2)
+    ref = (F.scaled_dot_product_attention(*(t.transpose(1, 2).float() for t
+                                            in (q, k, v)), is_causal=True).transpose(1, 2))
     return need(rel_err(out, ref), 1e-2, "causal attention vs SDPA")
 
 
@@ -165,7 +169,8 @@ def check_fa2() -> str:
 
     q, k, v = (torch.randn(2, 512, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out = flash_attn_func(q, k, v, causal=True)
-    ref = F.scaled_dot_product_attention(*(t.transpose(1, 2).float() for t in (q, k, v)), is_causal=True).transpose(1, 2)
+    ref = (F.scaled_dot_product_attention(*(t.transpose(1, 2).float() for t
+                                            in (q, k, v)), is_causal=True).transpose(1, 2))
     return need(rel_err(out, ref), 1e-2, "causal attention vs SDPA")
 
 
@@ -220,7 +225,8 @@ def run_piece(name: str, timeout: float) -> dict:
     if proc.is_alive():
         proc.kill()
         proc.join()
-    return {"name": name, "status": status, "detail": printable(str(detail)), "seconds": round(time.monotonic() - start, 2)}
+    return {"name": name, "status": status, "detail": printable(str(detail)),
+            "seconds": round(time.monotonic() - start, 2)}
 
 
 def gpu_name() -> str | None:
@@ -239,11 +245,13 @@ def gpu_name() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Run one small operation of every compiled piece on the GPU against torch.")
+    ap = argparse.ArgumentParser(description="Run one small operation of every compiled piece on the GPU against "
+                                             "torch.")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of lines")
     ap.add_argument("--only", action="append", choices=sorted(PIECES), help="check just this piece (repeatable)")
     ap.add_argument("--timeout", type=seconds, default=300.0, help="seconds a piece may take (default 300)")
-    ap.add_argument("--probe", action="store_true", help="only say whether a GPU is present: its name and exit 0, else exit 1")
+    ap.add_argument("--probe", action="store_true",
+                    help="only say whether a GPU is present: its name and exit 0, else exit 1")
     args = ap.parse_args(argv)
     if args.probe:
         found = gpu_name()
@@ -270,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             for r in results:
                 print(f"{r['name']}: skipped: no GPU")
         print(f"kernel check: {len(results) - len(failed)} of {len(results)} piece(s) not failed"
-              + (f"; FAILED: {', '.join(failed)}" if failed else "") + f" ({doc['seconds']:.1f} s, GPU: {gpu or 'none'})")
+              + (f"; FAILED: {', '.join(failed)}" if failed else "") + f" ({doc['seconds']:.1f} s, GPU: "
+                                                                       f"{gpu or 'none'})")
     return 1 if failed else 0
 
 

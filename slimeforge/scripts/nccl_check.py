@@ -90,7 +90,8 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
             }
             note = "" if world > 1 else " (one GPU: nothing to reduce across, bus bandwidth is 0 by definition)"
             print(
-                f"nccl_check: {result['host']}: {world} x {result['gpu_name']}, {args.size_mb} MiB all-reduce x{args.iters}: "
+                f"nccl_check: {result['host']}: {world} x {result['gpu_name']}, {args.size_mb} MiB all-reduce "
+                f"x{args.iters}: "
                 f"{result['time_ms']} ms, algbw {algbw:.1f} GB/s, busbw {busbw:.1f} GB/s{note}",
                 flush=True,
             )
@@ -134,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a rank failed: its traceback is already on stderr
         print(f"nccl_check: FAILED: {exc}", file=sys.stderr)
         if args.json:
-            print(json.dumps({"host": socket.gethostname(), "gpus": world, "ok": False, "error": str(exc)[-2000:]}), flush=True)
+            print(json.dumps({"host": socket.gethostname(), "gpus": world, "ok": False, "error": str(exc)[-2000:]}),
+                  flush=True)
         return 1
     return 0
 

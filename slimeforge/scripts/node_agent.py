@@ -59,11 +59,13 @@ except ImportError:  # on a host: one program (slimeforge.scripts.program) that 
     pathcheck = importlib.import_module("pathcheck")
     awscheck = importlib.import_module("awscheck")
 
-RECORD, BadRecord, tail, record_state = hostrecord.RECORD, hostrecord.BadRecord, hostrecord.tail, hostrecord.record_state
+RECORD, BadRecord = hostrecord.RECORD, hostrecord.BadRecord
+tail, record_state = hostrecord.tail, hostrecord.record_state
 _stat = hostrecord.proc_stat
 # The commands of their own modules: the dashboard's node list (raynodes), a recipe's paths here
 # (pathcheck), AWS as the job sees it (awscheck).
-cmd_nodes, cmd_runcheck, slurm_paths, cmd_awscheck = raynodes.cmd_nodes, pathcheck.cmd_runcheck, pathcheck.slurm_paths, awscheck.cmd_awscheck
+cmd_nodes, cmd_awscheck = raynodes.cmd_nodes, awscheck.cmd_awscheck
+cmd_runcheck, slurm_paths = pathcheck.cmd_runcheck, pathcheck.slurm_paths
 
 
 # --- network ---------------------------------------------------------------------------------
@@ -200,8 +202,12 @@ def cmd_facts(p):
     if p.get("reach"):
         out["reach"] = {hostport(ip, port): tcp_reach(ip, port) for ip, port in p["reach"]}
     if p.get("docker"):
-        r = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True) if shutil.which("docker") else None
-        out["docker"] = {"version": r.stdout.strip()} if r is not None and r.returncode == 0 else {"error": (r.stderr.strip() if r else "docker not found on PATH")}
+        r = (subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True)
+             if shutil.which("docker") else None)
+        if r is not None and r.returncode == 0:
+            out["docker"] = {"version": r.stdout.strip()}
+        else:
+            out["docker"] = {"error": r.stderr.strip() if r else "docker not found on PATH"}
     return out
 
 
@@ -217,7 +223,9 @@ def _start_problem(p):
     if p.get("container"):
         labels = {f"{hostrecord.LABEL_CLUSTER}={p['cluster']}", f"{hostrecord.LABEL_TOKEN}={p['token']}"}
         given = {argv[i + 1] for i in range(len(argv) - 1) if argv[i] == "--label"}
-        return None if argv[:2] == ["docker", "run"] and labels <= given else "argv is not `docker run` with this cluster's labels"
+        if argv[:2] == ["docker", "run"] and labels <= given:
+            return None
+        return "argv is not `docker run` with this cluster's labels"
     return None if hostrecord.is_ray_start(argv) else "argv is not `ray start --block ...`"
 
 
@@ -288,7 +296,9 @@ def _start(p, secrets):
     os.makedirs(state_dir, exist_ok=True)
     record, state, why, running = record_state(state_dir)
     if state == hostrecord.FOREIGN:
-        return {"ok": False, "error": f"{why}; left alone and nothing started: check it, remove {os.path.join(state_dir, RECORD)}, run cluster.up again"}
+        return {"ok": False,
+                "error": f"{why}; left alone and nothing started: check it, remove {os.path.join(state_dir, RECORD)}, "
+                         "run cluster.up again"}
     if running:
         return {"ok": True, "already": True, "record": record}
     if p.get("reach_first"):
@@ -316,13 +326,16 @@ def _start(p, secrets):
         r = subprocess.run(argv, capture_output=True, text=True, env=env)
         cid = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
         if r.returncode != 0 or not hostrecord.CONTAINER_ID_RE.fullmatch(cid):
-            return {"ok": False, "error": f"docker run exited {r.returncode} without a container id: {(r.stdout + r.stderr).strip()[-2000:]}"}
+            return {"ok": False,
+                    "error": f"docker run exited {r.returncode} without a container id: "
+                             f"{(r.stdout + r.stderr).strip()[-2000:]}"}
         record = dict(base, container=cid)
         hostrecord.write_record(state_dir, record)
         return _wait_ready(p, record, log_path)
     with open(log_path, "ab") as log, open(os.devnull, "rb") as devnull:
         # A new session: no SIGHUP when the ssh connection ends, and not in ssh's process group.
-        proc = subprocess.Popen(argv, stdin=devnull, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=state_dir, start_new_session=True)
+        proc = subprocess.Popen(argv, stdin=devnull, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=state_dir,
+                                start_new_session=True)
     st = _stat(proc.pid)
     if st is None:
         proc.wait()
@@ -352,7 +365,8 @@ def _wait_ready(p, record, log_path):
         if (not marker or marker in text) and (not wait_tcp or tcp_reach(wait_tcp[0], wait_tcp[1], 1.0) is None):
             return {"ok": True, "record": record}
         time.sleep(0.1)
-    return {"ok": False, "record": record, "error": f"not ready after {p.get('timeout', 120)}s", "log_tail": tail(log_path)}
+    return {"ok": False, "record": record, "error": f"not ready after {p.get('timeout', 120)}s",
+            "log_tail": tail(log_path)}
 
 
 def cmd_wait(p):
@@ -423,7 +437,8 @@ def cmd_slurm_check(p):
     except OSError as exc:
         return {"node": node, "problems": [f"cannot resolve the head's address {os.environ['SF_HEAD_ADDR']!r}: {exc}"]}
     is_head = node == os.environ["SF_HEAD_NODE"]
-    facts = cmd_facts({"state_dir": "~", "head_ip": head_ip, "ports": p["ports"] + (p["head_ports"] if is_head else [])})
+    facts = cmd_facts({"state_dir": "~", "head_ip": head_ip,
+                       "ports": p["ports"] + (p["head_ports"] if is_head else [])})
     problems = []
     found = facts["gpus"]
     seen = len(found.get("list", []))
@@ -432,7 +447,8 @@ def cmd_slurm_check(p):
     elif p["gpus"] > seen:
         problems.append(f"needs {p['gpus']} GPU(s) but nvidia-smi shows {seen}")
     if facts.get("ports_busy"):
-        problems.append(f"port(s) {', '.join(map(str, facts['ports_busy']))} in use: Ray needs them (another job or Ray on this node?)")
+        problems.append(f"port(s) {', '.join(map(str, facts['ports_busy']))} in use: Ray needs them (another job or "
+                        "Ray on this node?)")
     route = facts.get("route", {})
     if "error" in route or not route.get("src") or not route.get("dev"):
         problems.append(f"no route to the head {head_ip}: {route.get('error', route)}")
@@ -443,7 +459,8 @@ def cmd_slurm_check(p):
     return {"node": node, "ip": route.get("src"), "dev": route.get("dev"), "gpus_seen": seen, "problems": problems}
 
 
-COMMANDS = {"facts": cmd_facts, "start": cmd_start, "wait": cmd_wait, "stop": cmd_stop, "nodes": cmd_nodes, "runcheck": cmd_runcheck,
+COMMANDS = {"facts": cmd_facts, "start": cmd_start, "wait": cmd_wait, "stop": cmd_stop, "nodes": cmd_nodes,
+            "runcheck": cmd_runcheck,
             "awscheck": cmd_awscheck, "slurm-check": cmd_slurm_check}
 
 
@@ -454,7 +471,8 @@ def main(argv):
     try:
         result = COMMANDS[argv[1]](json.loads(argv[2]))
     except Exception as exc:  # whatever this host holds, the caller gets one JSON answer naming it
-        result = {"ok": False, "error": f"node agent {argv[1]} failed on this host: {type(exc).__name__}: {str(exc)[:500]}"}
+        result = {"ok": False,
+                  "error": f"node agent {argv[1]} failed on this host: {type(exc).__name__}: {str(exc)[:500]}"}
     sys.stdout.write(json.dumps(result) + "\n")
     # The Slurm commands gate a batch script: their exit status says whether to go on.
     return 1 if argv[1].startswith("slurm-") and not result.get("ok", True) else 0

@@ -30,7 +30,8 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 WEIGHT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,254}")
 MAX_WEIGHT_FILES = 10000
 PATH_MAX = 4096
-UNUSABLE_PATH = f"is not a usable path (a NUL byte, a character no file name holds, or longer than {PATH_MAX} characters)"
+UNUSABLE_PATH = (f"is not a usable path (a NUL byte, a character no file name holds, or longer than {PATH_MAX} "
+                "characters)")
 
 
 def path_problem(path):
@@ -111,9 +112,10 @@ def weight_files(path):
 
 
 def cmd_runcheck(p):
-    """p: {"paths": [{"what", "path", "kind": model|file|dir}], "checkpoint": {"dir", "token", "write"|"read"|"remove"}}.
-    Answers {"problems": [{"what", "path", "why"}], "weights": {name: bytes}, "weights_bytes", "config",
-    "free_bytes"}; the caller adds the fixes. Whatever the host's files are, the answer is JSON."""
+    """p: {"paths": [{"what", "path", "kind": model|file|dir}], "checkpoint": {"dir", "token",
+    "write"|"read"|"remove"}}. Answers {"problems": [{"what", "path", "why"}], "weights": {name: bytes},
+    "weights_bytes", "config", "free_bytes"}; the caller adds the fixes. Whatever the host's files are, the answer is
+    JSON."""
     problems, weights = [], {}  # type: list[dict[str, str]], dict[str, int]
     out = {"problems": problems, "weights": weights, "weights_bytes": 0, "config": None, "free_bytes": None}
 
@@ -148,7 +150,8 @@ def cmd_runcheck(p):
     if ck:
         d, token = ck["dir"], ck["token"]
         if path_problem(d) or not (isinstance(token, str) and re.fullmatch(r"[0-9a-f]{32}", token)):
-            bad("checkpoint_dir", d if isinstance(d, str) else ascii(d), "is not an absolute path with a 32-hex-digit token")
+            bad("checkpoint_dir", d if isinstance(d, str) else ascii(d),
+                "is not an absolute path with a 32-hex-digit token")
             return out
         marker = os.path.join(d, MARKER_PREFIX + token)
         try:
@@ -208,8 +211,10 @@ def checkpoint_bytes(weights, config):
         inter = c["intermediate_size"] if dim("intermediate_size") else 4 * h
         # Per layer: attention's four h x h projections and a gated MLP's three h x intermediate ones;
         # the embedding, and the output layer unless tied to it.
-        params = c["num_hidden_layers"] * (4 * h * h + 3 * h * inter) + (1 if c.get("tie_word_embeddings") else 2) * c["vocab_size"] * h
-        return CHECKPOINT_FACTOR * 2 * params, f"{CHECKPOINT_FACTOR} x 2 bytes x {params / 1e9:.2f}B parameters (config.json)"
+        params = (c["num_hidden_layers"] * (4 * h * h + 3 * h * inter) + (1 if c.get("tie_word_embeddings")
+                                                                          else 2) * c["vocab_size"] * h)
+        return CHECKPOINT_FACTOR * 2 * params, (f"{CHECKPOINT_FACTOR} x 2 bytes x {params / 1e9:.2f}B parameters "
+                                               "(config.json)")
     return None, "no weights and no shape in config.json"
 
 
@@ -221,7 +226,8 @@ def slurm_paths(p, is_head):
     problems = []
     seen = p.get("visible")
     if seen and read_marker(seen["path"]) != seen["token"]:
-        problems.append(f"cannot see the run directory {os.path.dirname(seen['path'])} (its marker is not there, or is another copy's): "
+        problems.append(f"cannot see the run directory {os.path.dirname(seen['path'])} (its marker is not there, or "
+                        "is another copy's): "
                         "put --out on a filesystem every node mounts at the same path")
     ck = p.get("checkpoint")
     answer = cmd_runcheck({"paths": [i for i in p.get("paths", []) if is_head or not i.get("head_only")],
@@ -230,5 +236,6 @@ def slurm_paths(p, is_head):
     need, how = checkpoint_bytes(answer["weights_bytes"], answer["config"])
     free = answer["free_bytes"]
     if ck and free is not None and need is not None and need > free:
-        problems.append(f"checkpoint_dir {ck['dir']}: {free / 2**30:.1f} GiB free, a checkpoint needs about {need / 2**30:.1f} GiB ({how})")
+        problems.append(f"checkpoint_dir {ck['dir']}: {free / 2**30:.1f} GiB free, a checkpoint needs about "
+                        f"{need / 2**30:.1f} GiB ({how})")
     return problems

@@ -72,7 +72,8 @@ def dashboard_nodes(body):
         if why:
             odd.append(f"entry {i} {why}")
             continue
-        nodes.append({"node_id": n.get("node_id"), "node_ip": n["node_ip"], "is_head_node": n.get("is_head_node") is True,
+        nodes.append({"node_id": n.get("node_id"), "node_ip": n["node_ip"],
+                      "is_head_node": n.get("is_head_node") is True,
                       "state": n["state"], "resources_total": {"GPU": node_gpus(n)}})
     return nodes, odd[:ODD_SHOWN] + ([f"... {len(odd) - ODD_SHOWN} more"] if len(odd) > ODD_SHOWN else []), None
 
@@ -114,5 +115,7 @@ def gate(nodes, want):
             out[ip] = (False, f"no ALIVE node with IP {ip}" + (f" (Ray lists it {other[ip]})" if ip in other else ""))
             continue
         got = node_gpus(node)
-        out[ip] = (True, f"{ip} ALIVE, {got} GPU(s)") if got == gpus else (False, f"registered from {ip} with {got} GPU(s), expected {gpus}")
+        out[ip] = (True, f"{ip} ALIVE, {got} GPU(s)") if got == gpus else (False,
+                                                                           f"registered from {ip} with {got} GPU(s), "
+                                                                           f"expected {gpus}")
     return out

@@ -29,20 +29,23 @@ except ImportError:  # in a run directory: one program (slimeforge.scripts.progr
     node_agent = importlib.import_module("node_agent")
     raynodes = importlib.import_module("raynodes")
 
-_head_ip, _stat, cmd_nodes, cmd_runcheck = node_agent._head_ip, node_agent._stat, node_agent.cmd_nodes, node_agent.cmd_runcheck
+_head_ip, _stat = node_agent._head_ip, node_agent._stat
+cmd_nodes, cmd_runcheck = node_agent.cmd_nodes, node_agent.cmd_runcheck
 gate, hostport, route_to, tcp_reach = raynodes.gate, node_agent.hostport, node_agent.route_to, node_agent.tcp_reach
 
 
 def text_table(headers, rows):
     widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
-    return "\n".join("  ".join(str(r[i]).ljust(widths[i]) for i in range(len(widths))).rstrip() for r in [headers, *rows])
+    return "\n".join("  ".join(str(r[i]).ljust(widths[i]) for i in range(len(widths))).rstrip() for r in [headers,
+                                                                                                          *rows])
 
 
 def cmd_slurm_mark(p):
     """On the batch host, around the checks: write (then, with "remove", delete) runcheck's
     one-filesystem marker in checkpoint_dir, which every node's slurm-check reads."""
     ck = p["checkpoint"]
-    answer = cmd_runcheck({"checkpoint": {"dir": ck["dir"], "token": ck["token"], "remove" if p.get("remove") else "write": True}})
+    answer = cmd_runcheck({"checkpoint": {"dir": ck["dir"], "token": ck["token"],
+                                          "remove" if p.get("remove") else "write": True}})
     for x in answer["problems"]:
         sys.stderr.write(f"{x['what']} {x['path']}: {x['why']} (on the batch host)\n")
     return {"ok": not answer["problems"]}
@@ -103,10 +106,12 @@ def read_answer(line):
         return None, None, f"not a JSON object: {printable(line, 120)!r}"
     node = doc.get("node")
     if not (isinstance(node, str) and NODE_RE.fullmatch(node)):
-        return None, None, f"an answer without a node name (node: {printable(repr(node), 80)}): {printable(line, 120)!r}"
+        return None, None, (f"an answer without a node name (node: {printable(repr(node), 80)}): "
+                           f"{printable(line, 120)!r}")
     problems = doc.get("problems")
     if not (isinstance(problems, list) and len(problems) <= PROBLEMS_MAX and all(isinstance(x, str) for x in problems)):
-        return node, None, f"its answer's problems are not a list of at most {PROBLEMS_MAX} texts: {printable(repr(problems), 120)}"
+        return node, None, (f"its answer's problems are not a list of at most {PROBLEMS_MAX} texts: "
+                           f"{printable(repr(problems), 120)}")
     answer: dict = {"problems": [printable(x, PROBLEM_MAX_CHARS) for x in problems]}
     if problems:
         return node, answer, None  # its own problems fail it; the rest need not be there
@@ -142,7 +147,8 @@ def read_checks(path, nodes, gpus=0):
     finally:
         os.close(fd)
     if len(data) > CHECKS_MAX_BYTES:
-        return {n: {"problems": [f"{path} is over {CHECKS_MAX_BYTES} bytes: not the nodes' answers"]} for n in nodes}, stray
+        return {n: {"problems": [f"{path} is over {CHECKS_MAX_BYTES} bytes: not the nodes' "
+                                 "answers"]} for n in nodes}, stray
     count: dict = {}
     for raw in data.decode("utf-8", errors="replace").splitlines():
         if not raw.strip():
@@ -230,7 +236,8 @@ def cmd_slurm_ray(p):
     head_ip = _head_ip()
     route = route_to(head_ip)
     # Job ids repeat across clusters (and test labs) that may share a /tmp: the cluster's name too.
-    job = f"{os.environ.get('SLURM_CLUSTER_NAME', '')[:16]}-{os.environ.get('SLURM_JOB_ID', '0')}-{os.environ.get('SLURM_RESTART_COUNT') or '0'}"
+    cluster = os.environ.get("SLURM_CLUSTER_NAME", "")[:16]
+    job = f"{cluster}-{os.environ.get('SLURM_JOB_ID', '0')}-{os.environ.get('SLURM_RESTART_COUNT') or '0'}"
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     env = dict(os.environ, GLOO_SOCKET_IFNAME=route["dev"], NCCL_SOCKET_IFNAME=route["dev"])
     fill = {"@HEAD_IP@": head_ip, "@NODE_IP@": route["src"], "@NODE@": node, "@JOB@": job}
@@ -259,7 +266,8 @@ def cmd_slurm_gate(p):
                 sys.stderr.write(f"the Ray head on {nodes[0]} exited before its GCS port {p['gcs_port']} answered\n")
                 return {"ok": False, "failed": [nodes[0]]}
             if time.time() > deadline:
-                sys.stderr.write(f"the Ray head's GCS port {hostport(ips[nodes[0]], p['gcs_port'])} did not answer within {p['timeout']}s: {why}\n")
+                sys.stderr.write(f"the Ray head's GCS port {hostport(ips[nodes[0]], p['gcs_port'])} did not answer "
+                                 f"within {p['timeout']}s: {why}\n")
                 return {"ok": False, "failed": [nodes[0]]}
             time.sleep(0.2)
     url = f"http://{hostport(ips[nodes[0]], p['dashboard_port'])}/api/v0/nodes?limit=10000&detail=false"
@@ -273,12 +281,15 @@ def cmd_slurm_gate(p):
             break
         time.sleep(1)  # the poll interval of the gate, not a wait for a guess
     error = answer.get("error", "")
-    rows = [[n, "ok" if verdict[ip][0] else "FAILED", verdict[ip][1] + ("" if verdict[ip][0] or not error else f" ({error})")] for n, ip in ips.items()]
-    sys.stderr.write(f"not every node joined Ray within {p['timeout']}s:\n" + text_table(["node", "ray", "detail"], rows) + "\n")
+    rows = [[n, "ok" if verdict[ip][0] else "FAILED",
+             verdict[ip][1] + ("" if verdict[ip][0] or not error else f" ({error})")] for n, ip in ips.items()]
+    sys.stderr.write(f"not every node joined Ray within {p['timeout']}s:\n" + text_table(["node", "ray", "detail"],
+                                                                                         rows) + "\n")
     return {"ok": False, "failed": [n for n, ip in ips.items() if not verdict[ip][0]]}
 
 
-COMMANDS = {"slurm-mark": cmd_slurm_mark, "slurm-table": cmd_slurm_table, "slurm-ray": cmd_slurm_ray, "slurm-gate": cmd_slurm_gate}
+COMMANDS = {"slurm-mark": cmd_slurm_mark, "slurm-table": cmd_slurm_table, "slurm-ray": cmd_slurm_ray,
+            "slurm-gate": cmd_slurm_gate}
 
 
 def main(argv):

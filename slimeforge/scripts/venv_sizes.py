@@ -94,15 +94,19 @@ def sizes(venv: Path, cuda: str | None = None) -> dict:
     candidates = [d for s in site for d in _dirs(s)]
     candidates += [d for d in _dirs(venv) if d.name not in ("lib", "lib64")]
     measured = [(shown(str(d.relative_to(venv))), tree_bytes(str(d), seen, found)) for d in candidates]
-    total = sum(b for _, b in measured) + tree_bytes(str(venv), seen, found)  # what is left: files outside the candidates
+    total = sum(b for _, b in measured) + tree_bytes(str(venv), seen,
+                                                     found)  # what is left: files outside the candidates
     largest = sorted(measured, key=lambda item: (-item[1], item[0]))[:TOP]
     cuda = os.path.realpath(cuda or os.environ.get("CUDA_HOME") or "/usr/local/cuda")
     if os.path.isdir(cuda) and not os.path.realpath(venv).startswith(cuda + os.sep):
         tree_bytes(cuda, seen, found)  # the base's toolkit: its libraries against the venv's wheels
-    dups = sorted(((size * (len(ps) - 1), name, size, sorted(ps)) for (name, size), ps in found.items() if len(ps) > 1), reverse=True)
-    return {"schema": 1, "venv": shown(str(venv)), "bytes": total, "largest": [{"path": p, "bytes": b} for p, b in largest],
+    dups = sorted(((size * (len(ps) - 1), name, size, sorted(ps)) for (name, size),
+                   ps in found.items() if len(ps) > 1), reverse=True)
+    return {"schema": 1, "venv": shown(str(venv)), "bytes": total, "largest": [{"path": p, "bytes": b} for p,
+                                                                               b in largest],
             "duplicates_bytes": sum(d[0] for d in dups),
-            "duplicates": [{"name": shown(name), "bytes": size, "copies": len(ps), "paths": [shown(p) for p in ps[:DUP_PATHS]]}
+            "duplicates": [{"name": shown(name), "bytes": size, "copies": len(ps),
+                            "paths": [shown(p) for p in ps[:DUP_PATHS]]}
                            for _, name, size, ps in dups[:TOP]]}
 
 

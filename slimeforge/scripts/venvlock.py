@@ -103,7 +103,8 @@ def slice_problems(want: dict[str, str | None], whole: dict[str, str | None], in
         elif name not in ("pip", "uv") and name not in checkouts:
             errors.append(f"{name} {have} is not in the lock")
     if exact:
-        errors += [f"{n} {v} is in the lock but not installed" for n, v in sorted((whole or want).items()) if n not in installed]
+        errors += [f"{n} {v} is in the lock but not installed" for n,
+                   v in sorted((whole or want).items()) if n not in installed]
     return errors
 
 
@@ -211,7 +212,8 @@ def fetch(step: str, file: Path, dest: Path, links: list[str]) -> int:
         if item.url is None:  # by name: a wheel directory given for this step holds the file with that sha256
             found = [p for d in links for p in sorted(Path(d).iterdir()) if p.is_file() and _sha256(p) == item.sha256]
             if not found:
-                _error(f"step {step}: {item.name}: no file with sha256 {item.sha256} in {' '.join(links) or '(no --find-links)'}")
+                _error(f"step {step}: {item.name}: no file with sha256 {item.sha256} in "
+                       f"{' '.join(links) or '(no --find-links)'}")
                 bad = 1
                 continue
             shutil.copyfile(found[0], dest / found[0].name)
@@ -232,7 +234,8 @@ def fetch(step: str, file: Path, dest: Path, links: list[str]) -> int:
         got = _sha256(part)
         if got != item.sha256:
             part.unlink()
-            _error(f"step {step}: {item.name} differs from its sha256 in the lock (got {got}, the lock says {item.sha256}): refused")
+            _error(f"step {step}: {item.name} differs from its sha256 in the lock (got {got}, the lock says "
+                   f"{item.sha256}): refused")
             bad = 1
             continue
         os.replace(part, dest / base)
@@ -306,7 +309,8 @@ def present(slice_file: Path) -> int:
         return 1
     if not unreadable and not missing_of(lines, _dist_info_versions()):
         return 0
-    problems = [f"cannot read lock line: {line[:200]!r}" for line in unreadable] + missing_of(lines, installed_versions())
+    problems = [f"cannot read lock line: {line[:200]!r}" for line in unreadable] + missing_of(lines,
+                                                                                              installed_versions())
     for line in problems[:20]:
         print(_printable(f"slimeforge: {slice_file.name}: {line}"), file=sys.stderr)
     return 1 if problems else 0

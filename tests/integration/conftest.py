@@ -20,8 +20,10 @@ def moto_s3():
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     url = f"http://127.0.0.1:{port}"
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION, "AWS_ENDPOINT_URL": url}
-    boto3.client("s3", region_name=REGION, endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing").create_bucket(
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION,
+           "AWS_ENDPOINT_URL": url}
+    boto3.client("s3", region_name=REGION, endpoint_url=url, aws_access_key_id="testing",
+                 aws_secret_access_key="testing").create_bucket(
         Bucket="sf-launch-test-bucket", CreateBucketConfiguration={"LocationConstraint": REGION})
     env["SF_TEST_RUNTIME_ARN"] = agentcore_runtime(url)
     yield env
@@ -35,11 +37,13 @@ def agentcore_runtime(url: str) -> str:
 
     from slimeforge.run.recipe import ARN_RE
 
-    client = boto3.client("bedrock-agentcore-control", region_name=REGION, endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing")
+    client = boto3.client("bedrock-agentcore-control", region_name=REGION, endpoint_url=url,
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
     for _ in range(40):
         rid = client.create_agent_runtime(
             agentRuntimeName="sf_launch_agent", roleArn="arn:aws:iam::123456789012:role/sf-launch",
-            agentRuntimeArtifact={"containerConfiguration": {"containerUri": "123456789012.dkr.ecr.us-west-2.amazonaws.com/agent:1"}},
+            agentRuntimeArtifact={"containerConfiguration": {
+                "containerUri": "123456789012.dkr.ecr.us-west-2.amazonaws.com/agent:1"}},
             networkConfiguration={"networkMode": "PUBLIC"})["agentRuntimeId"]
         arn = f"arn:aws:bedrock-agentcore:{REGION}:123456789012:runtime/{rid}"
         if ARN_RE.match(arn):

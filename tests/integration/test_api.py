@@ -46,9 +46,11 @@ def official_container(root: Path) -> dict:
 
 def guide_kwargs(root: Path, exp_id: str) -> dict:
     where = official_container(root)
-    guide = {"exp_id": exp_id, "agent_runtime_arn": os.environ["SF_TEST_RUNTIME_ARN"], "s3_bucket": "sf-launch-test-bucket",
+    guide = {"exp_id": exp_id, "agent_runtime_arn": os.environ["SF_TEST_RUNTIME_ARN"],
+             "s3_bucket": "sf-launch-test-bucket",
              "model_dir": where["model_dir"], "data_path": where["data_path"], "model_type": "qwen2.5-3B"}
-    here = {"slime_dir": where["slime_dir"], "megatron_dir": where["megatron_dir"], "checkpoint_dir": str(root / "checkpoints"),
+    here = {"slime_dir": where["slime_dir"], "megatron_dir": where["megatron_dir"],
+            "checkpoint_dir": str(root / "checkpoints"),
             "num_gpus": 1, "tp_size": 1, "rollout_gpus_per_engine": 1,
             "ray_port": free_port(), "ray_dashboard_port": free_port(), "gateway_port": free_port()}
     return {**guide, **here}
@@ -60,7 +62,8 @@ def train_in_place(runner: SlimeRunner, root: Path, monkeypatch) -> tuple[int, f
     slime = Path(runner.recipe.slime_dir)
     slime_in_place(slime, runner.recipe, runner.stack)
     temp = short_tmp()
-    monkeypatch.setenv("SLIMEFORGE_RAY_HEAD_ARGS", " ".join(head_extra_args(temp)))  # the head's own temp dir and free ports
+    monkeypatch.setenv("SLIMEFORGE_RAY_HEAD_ARGS",
+                       " ".join(head_extra_args(temp)))  # the head's own temp dir and free ports
     monkeypatch.chdir(root)  # runs/<exp_id> lands in the temp dir, as in the user's working directory
     try:
         t0 = time.time()
@@ -77,7 +80,8 @@ def check_run(root: Path, exp_id: str, runner: SlimeRunner, record: dict, status
 
     run_dir = root / "runs" / exp_id
     config = yaml.safe_load((run_dir / "agentcore.yaml").read_text())
-    assert record["config"] == config and config["rollout_session_backend"]["agentcore_runtime_arn"] == runner.agent_runtime_arn
+    assert (record["config"] == config
+            and config["rollout_session_backend"]["agentcore_runtime_arn"] == runner.agent_runtime_arn)
     assert config["rollout_session_backend"]["rollout_output_s3"] == f"s3://sf-launch-test-bucket/{exp_id}"
     assert record["python"] == sys.executable and record["argv"][0] == f"{runner.slime_dir}/train.py"
     argv = record["argv"]

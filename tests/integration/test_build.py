@@ -43,7 +43,8 @@ def env(base_image, tmp_path_factory):
 
 def opts(env, stack=bs.TEST_STACK, **kw) -> BuildOptions:
     r = env["repos"]
-    return BuildOptions(stack=str(stack), sources=[f"slime={r['slime']}", f"libdemo={r['libdemo']}"], build_root=env["root"] / "out",
+    return BuildOptions(stack=str(stack), sources=[f"slime={r['slime']}", f"libdemo={r['libdemo']}"],
+                        build_root=env["root"] / "out",
                         repository=REPO, **{"echo": lambda s: None, **kw})
 
 
@@ -63,7 +64,8 @@ def first(env):
 
 
 def inspect(ref: str) -> dict:
-    return json.loads(subprocess.run(["docker", "image", "inspect", ref], capture_output=True, text=True, check=True).stdout)[0]
+    return json.loads(subprocess.run(["docker", "image", "inspect", ref], capture_output=True, text=True,
+                                     check=True).stdout)[0]
 
 
 def test_build_labels_lock_flags(first, env):
@@ -81,9 +83,11 @@ def test_build_labels_lock_flags(first, env):
 
     assert labels["ai.slimeforge.lock"] == f"sha256:{read_lock(bs.TEST_LOCK).hash}"
     # Each step kept its slice of the lock in the image, by URL and sha256.
-    six_slice = subprocess.run(["docker", "run", "--rm", first["tag"], "cat", "/opt/slimeforge/lock/six.txt"], capture_output=True,
+    six_slice = subprocess.run(["docker", "run", "--rm", first["tag"], "cat", "/opt/slimeforge/lock/six.txt"],
+                               capture_output=True,
                                text=True, check=True).stdout
-    assert six_slice.splitlines()[1].startswith("six @ https://files.pythonhosted.org/") and "--hash=sha256:" in six_slice
+    assert six_slice.splitlines()[1].startswith("six @ "
+                                                "https://files.pythonhosted.org/") and "--hash=sha256:" in six_slice
     assert labels["org.opencontainers.image.revision"] == bs.SLIME_S1
     base_id = inspect("slimeforge-test/base:bookworm")["Id"]
     assert labels["ai.slimeforge.base-digest"] == base_id  # imported base: no RepoDigests, the id is recorded
@@ -91,25 +95,31 @@ def test_build_labels_lock_flags(first, env):
     assert labels["ai.slimeforge.patch.libdemo.patch"] == f"sha256:{patch_sha['libdemo.patch']}"
 
     lock = json.loads((d / "stack.lock.json").read_text())
-    assert lock["installed"]["six"] == "1.17.0" and lock["installed"]["idna"] == "3.10" and lock["installed"]["uv"] == "0.9.7"
+    assert (lock["installed"]["six"] == "1.17.0" and lock["installed"]["idna"] == "3.10"
+            and lock["installed"]["uv"] == "0.9.7")
     assert lock["checkouts"] == {"libdemo": bs.LIBDEMO_COMMIT, "slime": bs.SLIME_S1}
-    assert {p["file"]: p["status"] for p in lock["patches_applied"]} == {"six.patch": "applied", "libdemo.patch": "applied"}
+    assert {p["file"]: p["status"] for p in lock["patches_applied"]} == {"six.patch": "applied",
+                                                                         "libdemo.patch": "applied"}
     assert all(p["sha256"] == patch_sha[p["file"]] for p in lock["patches_applied"])
     assert lock["base"]["image_id"] == base_id
 
     flags = json.loads((d / "flags.json").read_text())
-    assert flags["slime_commit"] == bs.SLIME_S1 and "--num-rollout" in flags["flags"] and flags["flags"] == sorted(flags["flags"])
+    assert (flags["slime_commit"] == bs.SLIME_S1 and "--num-rollout" in flags["flags"]
+            and flags["flags"] == sorted(flags["flags"]))
     # From slime's parsers, not --help: the SGLang parser's options are there, each with its parser.
     assert flags["version"] == 2 and [p["add_help"] for p in flags["parsers"]] == [False, False, True]
     assert {"--sglang-mem-fraction-static", "--router-policy", "--debug-train-only"} <= set(flags["flags"])
     assert first["flags"] == str(d / "flags.json")
 
-    in_image = subprocess.run(["docker", "run", "--rm", first["tag"], "cat", "/opt/slimeforge/flags.json"], capture_output=True, text=True)
+    in_image = subprocess.run(["docker", "run", "--rm", first["tag"], "cat", "/opt/slimeforge/flags.json"],
+                              capture_output=True, text=True)
     assert json.loads(in_image.stdout) == flags
     # The user's checkout was only read.
-    assert subprocess.run(["git", "-C", str(env["repos"]["slime"]), "status", "--porcelain"], capture_output=True, text=True).stdout == ""
+    assert subprocess.run(["git", "-C", str(env["repos"]["slime"]), "status", "--porcelain"], capture_output=True,
+                          text=True).stdout == ""
     report = json.loads((d / "report.json").read_text())
-    assert {s["name"] for s in report["steps"]} >= {"venv", "build-tools", "six", "libdemo", "idna", "slime", "finalize"}
+    assert {s["name"] for s in report["steps"]} >= {"venv", "build-tools", "six", "libdemo", "idna", "slime",
+                                                    "finalize"}
 
 
 def test_the_smoke_test_runs_in_the_last_step_and_the_image_keeps_its_bytecode(first):
@@ -117,7 +127,8 @@ def test_the_smoke_test_runs_in_the_last_step_and_the_image_keeps_its_bytecode(f
     and the modules the flag catalog and the smoke test imported are in the image as bytecode."""
     said = first["said"]
     at = said.index("smoke test: run in the image's last step, beside finalize:")
-    assert "  smoke: import six ok" in said[at:] and any(line.startswith("  smoke test passed") for line in said[at:]), said
+    assert ("  smoke: import six "
+           "ok") in said[at:] and any(line.startswith("  smoke test passed") for line in said[at:]), said
     pyc = subprocess.run(["docker", "run", "--rm", first["tag"], "sh", "-c",
                           "find /root/slime /opt/venv/lib/python3*/site-packages/__pycache__ -name '*.pyc'"],
                          capture_output=True, text=True).stdout.split()
@@ -129,7 +140,8 @@ def test_report_names_the_largest_directories_of_the_venv(first):
     """The image's last RUN measures the venv; the report holds its 10 largest directories, and
     each is a directory of the image at least that large (du counts its directories too)."""
     sizes = first["venv_sizes"]
-    assert sizes["venv"] == "/opt/venv" and sizes == json.loads((Path(first["dir"]) / "report.json").read_text())["venv_sizes"]
+    assert (sizes["venv"] == "/opt/venv"
+            and sizes == json.loads((Path(first["dir"]) / "report.json").read_text())["venv_sizes"])
     largest = [(r["path"], r["bytes"]) for r in sizes["largest"]]
     assert 3 <= len(largest) <= 10 and [b for _, b in largest] == sorted((b for _, b in largest), reverse=True)
     assert sum(b for _, b in largest) <= sizes["bytes"]
@@ -153,7 +165,8 @@ def test_second_build_is_a_skip(first, env):
     verified = built(opts(env, echo=said.append, verify=True))
     assert verified["skipped"] is True and verified["image_id"] == first["image_id"]
     assert "smoke test (--verify) ..." in said and any("smoke test passed" in line for line in said), said
-    # --verify makes the flag catalog again and compares; the smoke test right after a build does not (finalize just made it).
+    # --verify makes the flag catalog again and compares; the smoke test right after a build does not (finalize just
+    # made it).
     assert any("flag catalog /opt/slimeforge/flags.json matches slime's parsers" in line for line in said), said
 
 
@@ -164,9 +177,11 @@ def test_new_slime_commit_rebuilds_only_the_last_layers(first, env):
     assert report["build_hash"] != first["build_hash"]
     cached = {s["name"]: s["cached"] for s in report["steps"] if s["name"] not in ("copy", "from")}
     # slime's checkout is the last step (its requirements, and the patches, stay cached before it).
-    assert cached == {"venv": True, "build-tools": True, "six": True, "libdemo": True, "idna": True, "slime-requirements": True,
+    assert cached == {"venv": True, "build-tools": True, "six": True, "libdemo": True, "idna": True,
+                      "slime-requirements": True,
                       "patches": True, "slime": False, "finalize": False}
-    assert [s["name"] for s in report["steps"] if s["name"] not in ("copy", "from")][-3:] == ["patches", "slime", "finalize"]
+    assert [s["name"] for s in report["steps"] if s["name"] not in ("copy", "from")][-3:] == ["patches", "slime",
+                                                                                              "finalize"]
     # What a node pulls for it: every layer before slime's is the very same layer (same diff_id).
     before, after = inspect(first["image_id"])["RootFS"]["Layers"], inspect(report["image_id"])["RootFS"]["Layers"]
     assert len(before) == len(after) and before != after
@@ -189,10 +204,12 @@ def test_failing_smoke_check_fails_the_build(first, env):
     with pytest.raises(BuildError) as exc:
         build(opts(env, stack=stack))
     text = str(exc.value)
-    assert "import no_such_module_xyz failed" in text and "the smoke test failed" in text and "finalize failed" not in text
+    assert ("import no_such_module_xyz "
+           "failed") in text and "the smoke test failed" in text and "finalize failed" not in text
     # The smoke test runs in the image's last step: no image of this build exists, and building again fails again.
     build_hash = build(opts(env, stack=stack, dry_run=True)).build_hash
-    assert subprocess.run(["docker", "images", "-aq", "--filter", f"label={HASH_LABEL}={build_hash}"], capture_output=True, text=True,
+    assert subprocess.run(["docker", "images", "-aq", "--filter", f"label={HASH_LABEL}={build_hash}"],
+                          capture_output=True, text=True,
                           check=True).stdout.strip() == ""
     with pytest.raises(BuildError, match="import no_such_module_xyz failed"):
         build(opts(env, stack=stack))
@@ -204,7 +221,8 @@ def test_bad_sources_are_refused_before_anything_runs(env, tmp_path):
     with pytest.raises(ConfigError) as exc:
         build(o)
     text = str(exc.value)
-    assert "--source nosuch: is neither a source nor a pip step of this stack" in text and "--source slime: is not a git checkout" in text
+    assert ("--source nosuch: is neither a source nor a pip step of this "
+           "stack") in text and "--source slime: is not a git checkout" in text
     assert "must be NAME=PATH" in text
     assert not (tmp_path / "never").exists()
     stack = bs.derived_stack(tmp_path / "other.yaml", "2" * 40)
@@ -215,11 +233,14 @@ def test_bad_sources_are_refused_before_anything_runs(env, tmp_path):
 
 def test_cli_dry_run_prints_the_command(env, tmp_path):
     r = env["repos"]
-    res = subprocess.run([sys.executable, "-m", "invoke", "build", "--stack", str(bs.TEST_STACK), "--dry-run", "--out", str(tmp_path / "b"),
-                          "--source", f"slime={r['slime']}", "--source", f"libdemo={r['libdemo']}", "--repository", REPO],
+    res = subprocess.run([sys.executable, "-m", "invoke", "build", "--stack", str(bs.TEST_STACK), "--dry-run", "--out",
+                          str(tmp_path / "b"),
+                          "--source", f"slime={r['slime']}", "--source", f"libdemo={r['libdemo']}", "--repository",
+                          REPO],
                          cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    # stdout is the result alone: the command as shell, one option a line, ending with the context; progress went to stderr.
+    # stdout is the result alone: the command as shell, one option a line, ending with the context; progress went to
+    # stderr.
     assert res.stdout.startswith("would run:\n  DOCKER_BUILDKIT=1 ") and "\n      --progress=plain \\\n" in res.stdout
     words = shlex.split(res.stdout.removeprefix("would run:\n").replace("\\\n", ""))
     assert words[:3] == ["DOCKER_BUILDKIT=1", docker_cli(), "build"] and words[-1] == str(tmp_path / "b" / "context")
@@ -230,7 +251,8 @@ def test_cli_dry_run_prints_the_command(env, tmp_path):
 
 def test_wheel_directory_source_installs_without_the_index(first, env, tmp_path):
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "six==1.17.0", "-d", str(wheels)],
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "six==1.17.0",
+                    "-d", str(wheels)],
                    check=True, capture_output=True)
     o = opts(env)
     o.sources.append(f"six={wheels}")
@@ -238,7 +260,8 @@ def test_wheel_directory_source_installs_without_the_index(first, env, tmp_path)
     env["made"].append(report["image_id"])
     dockerfile = (Path(report["dir"]) / "Dockerfile").read_text()
     assert "--find-links /tmp/sf-wheels/six" in dockerfile
-    assert (Path(report["dir"]) / "context" / "lock" / "six.txt").read_text().splitlines()[1].startswith("six==1.17.0 --hash=sha256:")
+    assert (Path(report["dir"]) / "context" / "lock" / "six.txt").read_text().splitlines()[1].startswith("six==1.17.0 "
+                                                                                                         "--hash=sha256:")
     lock = json.loads((Path(report["dir"]) / "stack.lock.json").read_text())
     assert set(lock["wheel_dirs"]) == {"six"} and lock["installed"]["six"] == "1.17.0"
     assert report["build_hash"] != first["build_hash"]

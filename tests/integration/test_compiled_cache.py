@@ -56,7 +56,8 @@ def images(base_image, index, tmp_path_factory):
                 # the resolution, only of the compiled wheel.
                 resolve(LockOptions(stack=str(path), echo=lambda s: None))
             # Compiled in place (--no-store): the per-key uv caches alone keep the builds apart.
-            report = built(BuildOptions(stack=str(path), build_root=root / "out", repository=REPO, force=True, echo=lambda s: None,
+            report = built(BuildOptions(stack=str(path), build_root=root / "out", repository=REPO, force=True,
+                                        echo=lambda s: None,
                                         use_store=False))
             made[label] = (report, path)
         yield made
@@ -65,7 +66,8 @@ def images(base_image, index, tmp_path_factory):
 
 
 def run_in(tag: str, *argv: str) -> str:
-    res = subprocess.run(["docker", "run", "--rm", "--network", "none", tag, *argv], capture_output=True, text=True, timeout=120)
+    res = subprocess.run(["docker", "run", "--rm", "--network", "none", tag, *argv], capture_output=True, text=True,
+                         timeout=120)
     assert res.returncode == 0, res.stderr
     return res.stdout.strip()
 
@@ -78,14 +80,17 @@ def test_each_arch_list_compiles_its_own_wheel(images):
     assert run_in(hopper["tag"], "/opt/venv/bin/python", "-c", "import sfcext; print(sfcext.archs())") == "9.0"
     assert run_in(both["tag"], "/opt/venv/bin/python", "-c", "import sfcext; print(sfcext.archs())") == "9.0 10.0"
     # Under different keys, each build's uv cache holds its own build of the sdist.
-    keys = [compiled_key(load_stack(p), "sfcext", r["base"]["image_id"]) for r, p in (images["hopper"], images["blackwell"])]
+    keys = [compiled_key(load_stack(p), "sfcext", r["base"]["image_id"]) for r, p in (images["hopper"],
+                                                                                      images["blackwell"])]
     assert keys[0] != keys[1]
     for report, key in zip((hopper, both), keys, strict=True):
         dockerfile = (Path(report["dir"]) / "Dockerfile").read_text()
         assert f"--mount=type=cache,id=sf-uv-{key},target=/root/.cache/uv" in dockerfile
         # Compiled in a stage of its own, then installed in the main stage from that stage's wheels.
-        assert f"sf sfcext compiled --key {key} --venv /opt/venv --wheel-out /opt/sf-compiled/{key} -- pip_step" in dockerfile
-        assert f"sf sfcext compiled --key {key} --venv /opt/venv --wheels /tmp/sf-compiled/{key} -- pip_step" in dockerfile
+        assert (f"sf sfcext compiled --key {key} --venv /opt/venv --wheel-out /opt/sf-compiled/{key} -- "
+               "pip_step") in dockerfile
+        assert (f"sf sfcext compiled --key {key} --venv /opt/venv --wheels /tmp/sf-compiled/{key} -- "
+               "pip_step") in dockerfile
         assert "--step sfcext --lock /tmp/sf-lock/sfcext.txt" in dockerfile
         log = (Path(report["dir"]) / "build.log").read_text()
         assert f"uv cache /root/.cache/uv/compiled/{key}" in log

@@ -34,9 +34,11 @@ def test_docker_answers_and_the_gpu_container_is_reported_in_dockers_words(base_
     _, version = docker_says("version", "--format", "{{.Server.Version}}")
     engine, gpu = docker_findings(image=base_image)
     assert (engine.level, engine.message) == (doctor.OK, f"Docker Engine {version[0]} answers")
-    code, said = docker_says("run", "--rm", "--pull", "never", "--gpus", "all", "--entrypoint", "nvidia-smi", "--", base_image, "-L")
+    code, said = docker_says("run", "--rm", "--pull", "never", "--gpus", "all", "--entrypoint", "nvidia-smi", "--",
+                             base_image, "-L")
     if code == 0:  # a GPU host with the toolkit: the GPUs the container sees
-        assert gpu.level == doctor.OK and f"{sum(line.startswith('GPU ') for line in said)} GPU(s) inside" in gpu.message
+        assert gpu.level == doctor.OK and (f"{sum(line.startswith('GPU ') for line in said)} GPU(s) "
+                                          "inside") in gpu.message
         return
     assert gpu.level == doctor.ERROR
     shown = gpu.message.splitlines()
@@ -66,7 +68,8 @@ def test_an_image_that_cannot_be_had_is_one_error_and_the_checks_that_need_it_sa
     code, said = docker_says("pull", "--", UNRESOLVABLE)
     assert absent.level == doctor.ERROR and absent.message.startswith(f"image {UNRESOLVABLE} cannot be had here: ")
     assert absent.message.splitlines()[0].endswith(f"exited with {code}:")
-    recipe, _ = parse_recipe(make_recipe(tmp_path, mode="container", image=UNRESOLVABLE, slime_dir="/root/slime"), "test")
+    recipe, _ = parse_recipe(make_recipe(tmp_path, mode="container", image=UNRESOLVABLE, slime_dir="/root/slime"),
+                             "test")
     report = doctor.run_checks(recipe, only=["docker", "model-config", "flags", "versions"])
     needing = [f for f in report.findings if f.check != "docker" and f.needs]
     assert [f.check for f in report.errors if "cannot be had" in f.message] == ["docker"]
@@ -82,7 +85,8 @@ def test_a_docker_run_that_fails_shows_dockers_message_not_its_last_line(tmp_pat
     recipe, _ = parse_recipe(make_recipe(tmp_path, mode="container", image=UNRESOLVABLE), "test")
     code, said = docker_says("pull", "--", UNRESOLVABLE)
     assert code != 0
-    (finding,) = [f for f in doctor.run_checks(recipe, only=["flags"], network=False).findings if f.level == doctor.ERROR]
+    (finding,) = [f for f in doctor.run_checks(recipe, only=["flags"],
+                                               network=False).findings if f.level == doctor.ERROR]
     shown = finding.message.splitlines()
     assert shown[0].endswith(f"exited with {code}:")
     assert [line for line in said if UNRESOLVABLE.split("/")[0] in line and "Unable to find" not in line][0] in shown

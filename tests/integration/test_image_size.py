@@ -32,7 +32,8 @@ RUN rm /opt/big.a
 def test_duplicates_and_what_a_later_layer_hides_are_measured(base_image, tmp_path):
     (tmp_path / "Dockerfile").write_text(DOCKERFILE.format(base=base_image))
     tag = f"slimeforge-test/image-size:{tmp_path.name[-20:].lower().replace('_', '-')}"
-    subprocess.run(["docker", "build", "-q", "-t", tag, str(tmp_path)], check=True, capture_output=True, env={"DOCKER_BUILDKIT": "0", "PATH": "/usr/bin:/bin"})
+    subprocess.run(["docker", "build", "-q", "-t", tag, str(tmp_path)], check=True, capture_output=True,
+                   env={"DOCKER_BUILDKIT": "0", "PATH": "/usr/bin:/bin"})
     try:
         r = measure(tag, 10)
     finally:

@@ -32,7 +32,8 @@ def host(base_image, tmp_path_factory):
     ca = default_ca_bundle()
     if ca:
         argv += ["-v", f"{ca}:/etc/slimeforge-ca.crt:ro", "-e", "SF_CA_BUNDLE=/etc/slimeforge-ca.crt"]
-    cid = subprocess.run([*argv, base_image, "sleep", "infinity"], capture_output=True, text=True, check=True).stdout.strip()
+    cid = subprocess.run([*argv, base_image, "sleep", "infinity"], capture_output=True, text=True,
+                         check=True).stdout.strip()
     try:
         yield {"root": root, "repos": repos, "cid": cid}
     finally:
@@ -53,7 +54,8 @@ def run(host, script: Path, *args: str, env: tuple[str, ...] = ()) -> subprocess
 
 
 def cat(host, path: str) -> str:
-    return subprocess.run(["docker", "exec", host["cid"], "cat", path], capture_output=True, text=True, check=True).stdout
+    return subprocess.run(["docker", "exec", host["cid"], "cat", path], capture_output=True, text=True,
+                          check=True).stdout
 
 
 @pytest.fixture(scope="module")
@@ -75,14 +77,17 @@ def test_fresh_install(installed, host):
     _, res = installed
     # The image's order: slime's requirements at slime's place, the patches and slime's checkout last.
     steps = ("venv", "build-tools", "six", "libdemo", "idna", "slime-requirements", "patches", "slime", "finalize")
-    at = [re.search(rf"step [0-9]+/[0-9]+ {step}: running \(log: {PREFIX}/\.slimeforge/logs/{step}\.log\)", res.stderr) for step in steps]
+    at = [re.search(rf"step [0-9]+/[0-9]+ {step}: running \(log: {PREFIX}/\.slimeforge/logs/{step}\.log\)",
+                    res.stderr) for step in steps]
     assert all(at), [s for s, m in zip(steps, at, strict=True) if not m]
     assert [m.start() for m in at] == sorted(m.start() for m in at)
     assert "smoke test passed" in res.stderr
     # Finalize made the flag catalog in this run: the smoke test does not make it again to compare.
-    assert f"smoke: flag catalog {PREFIX}/flags.json made from slime's parsers by finalize in this run: not made again" in res.stderr
+    assert (f"smoke: flag catalog {PREFIX}/flags.json made from slime's parsers by finalize in this run: not made "
+           "again") in res.stderr
     flags = json.loads(cat(host, f"{PREFIX}/flags.json"))
-    assert flags["slime_commit"] == bs.SLIME_S1 and "--lr" in flags["flags"] and "--sglang-mem-fraction-static" in flags["flags"]
+    assert (flags["slime_commit"] == bs.SLIME_S1 and "--lr" in flags["flags"] and "--sglang-mem-fraction-static"
+            in flags["flags"])
     assert "smoke: every pinned version is installed" in res.stderr
     lock = json.loads(cat(host, f"{PREFIX}/stack.lock.json"))
     assert lock["installed"]["six"] == "1.17.0" and lock["checkouts"]["libdemo"] == bs.LIBDEMO_COMMIT
@@ -107,7 +112,9 @@ def test_verify_runs_the_smoke_test_again(installed, host, args, env):
     assert res.returncode == 0, res.stderr
     assert "running" not in res.stderr and "smoke: import six ok" in res.stderr and "smoke test passed" in res.stderr
     assert f"smoke: flag catalog {PREFIX}/flags.json matches slime's parsers" in res.stderr  # made again and compared
-    assert cat(host, f"{PREFIX}/.slimeforge/smoke.passed").split("\n")[0] == re.search(r"sf_smoke_record ([0-9a-f]{64})", script.read_text())[1]
+    assert cat(host,
+               f"{PREFIX}/.slimeforge/smoke.passed").split("\n")[0] == re.search(r"sf_smoke_record ([0-9a-f]{64})",
+                                                                                 script.read_text())[1]
 
 
 def test_failing_step_stops_and_the_next_run_resumes_there(installed, host):
@@ -145,12 +152,15 @@ def test_a_removed_venv_is_installed_again_and_the_smoke_test_runs(installed, ho
     again, and so does the smoke test."""
     script, _ = installed
     subprocess.run(["docker", "exec", host["cid"], "rm", "-rf", f"{PREFIX}/venv"], check=True)
-    subprocess.run(["docker", "exec", host["cid"], "touch", "-d", "2099-01-01", f"{PREFIX}/.slimeforge/smoke.passed"], check=True)
+    subprocess.run(["docker", "exec", host["cid"], "touch", "-d", "2099-01-01", f"{PREFIX}/.slimeforge/smoke.passed"],
+                   check=True)
     res = run(host, script)
     assert res.returncode == 0, res.stderr[-3000:]
     for step in ("venv", "build-tools", "six", "libdemo", "idna", "slime-requirements", "patches", "slime", "finalize"):
         assert re.search(rf"step [0-9]+/9 {step}: running", res.stderr), step
     assert "smoke test passed" in res.stderr and "passed with these inputs before" not in res.stderr
-    assert subprocess.run(["docker", "exec", host["cid"], f"{PREFIX}/venv/bin/python", "-c", "import six, libdemo"]).returncode == 0
+    assert subprocess.run(["docker", "exec", host["cid"], f"{PREFIX}/venv/bin/python", "-c",
+                           "import six, libdemo"]).returncode == 0
     again = run(host, script)  # and then nothing runs
-    assert again.returncode == 0 and "running" not in again.stderr and again.stderr.count(": done\n") == 9, again.stderr[-3000:]
+    assert (again.returncode == 0 and "running" not in again.stderr
+            and again.stderr.count(": done\n") == 9), again.stderr[-3000:]

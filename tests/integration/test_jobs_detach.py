@@ -62,7 +62,8 @@ def ray_head():
 
 
 def invoke(*args: str, cwd: Path = ROOT, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(ROOT), *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(ROOT), *args], cwd=cwd,
+                          capture_output=True, text=True,
                           timeout=timeout, env=env or os.environ.copy())
 
 
@@ -82,25 +83,31 @@ def status_of(address: str, exp_id: str = EXP) -> str:
 def test_detach_then_reattach_from_another_directory_by_exp_id(env, ray_head, tmp_path_factory):
     r = invoke(*launch_args(env, ray_head.address), "--detach")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "detached (--detach)" in r.stdout and f"  stop:    invoke run.stop {EXP} --address {ray_head.address}" in r.stdout
+    assert "detached (--detach)" in r.stdout and (f"  stop:    invoke run.stop {EXP} --address "
+                                                 f"{ray_head.address}") in r.stdout
     assert status_of(ray_head.address) == "RUNNING"
 
     # Elsewhere: no run directory, only the inventory (its head's node_ip and dashboard port) and the exp_id.
     elsewhere = tmp_path_factory.mktemp("elsewhere")
     port = ray_head.address.rsplit(":", 1)[1]
     inv = elsewhere / "local.yaml"
-    inv.write_text(yaml.safe_dump({"name": "local", "mode": "host", "python": sys.executable, "ray": {"port": ray_head.port, "dashboard_port": int(port)},
-                                   "hosts": [{"name": "here", "address": "127.0.0.1", "node_ip": "127.0.0.1", "role": "head", "gpus": 1}]}))
+    inv.write_text(yaml.safe_dump({"name": "local", "mode": "host", "python": sys.executable,
+                                   "ray": {"port": ray_head.port, "dashboard_port": int(port)},
+                                   "hosts": [{"name": "here", "address": "127.0.0.1", "node_ip": "127.0.0.1",
+                                              "role": "head", "gpus": 1}]}))
     st = invoke("run.status", EXP, "--cluster", str(inv), cwd=elsewhere)
     assert st.returncode == 0 and f"{EXP}-" in st.stdout and ": RUNNING" in st.stdout, st.stdout + st.stderr
-    wait_for(lambda: "standin: waiting" in invoke("run.logs", EXP, "--address", ray_head.address, cwd=elsewhere).stdout, 120, "the job's log")
+    wait_for(lambda: "standin: waiting" in invoke("run.logs", EXP, "--address", ray_head.address,
+                                                  cwd=elsewhere).stdout, 120, "the job's log")
     stop = invoke("run.stop", EXP, "--cluster", str(inv), cwd=elsewhere)
-    assert stop.returncode == 0 and "stopped: job " in stop.stdout and "STOPPED" in stop.stdout, stop.stdout + stop.stderr
+    assert stop.returncode == 0 and ("stopped: "
+                                    "job ") in stop.stdout and "STOPPED" in stop.stdout, stop.stdout + stop.stderr
     assert status_of(ray_head.address) == "STOPPED"
     again = invoke("run.stop", EXP, "--address", ray_head.address, cwd=elsewhere)
     assert again.returncode == 0 and "ended: job" in again.stdout
     unknown = invoke("run.status", "no-such-exp", "--address", ray_head.address, cwd=elsewhere)
-    assert unknown.returncode == 2 and "names no job slimeforge submitted" in unknown.stderr and "Traceback" not in unknown.stderr
+    assert unknown.returncode == 2 and ("names no job slimeforge "
+                                       "submitted") in unknown.stderr and "Traceback" not in unknown.stderr
 
 
 def test_ctrl_c_while_following_detaches_and_the_job_keeps_running(env, ray_head):
@@ -108,14 +115,17 @@ def test_ctrl_c_while_following_detaches_and_the_job_keeps_running(env, ray_head
     proc = subprocess.Popen([sys.executable, "-m", "invoke", *launch_args(env, ray_head.address, exp_id=exp)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        wait_for(lambda: (env / "run" / "job.log").exists() and "standin: waiting" in (env / "run" / "job.log").read_text(), 180, "the job to run")
+        wait_for(lambda: (env / "run" / "job.log").exists() and "standin: "
+                                                                "waiting" in (env / "run" / "job.log").read_text(),
+                 180, "the job to run")
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, out
-    assert "interrupted: detached from job" in out and "Ctrl-C never stops it" in out and f"invoke run.stop {exp} --address" in out, out
+    assert "interrupted: detached from job" in out and "Ctrl-C never stops it" in out and (f"invoke run.stop {exp} "
+                                                                                          "--address") in out, out
     assert status_of(ray_head.address, exp) == "RUNNING"
     stop = invoke("run.stop", str(env / "run"))  # here, the run directory names it too
     assert stop.returncode == 0, stop.stdout + stop.stderr
@@ -125,10 +135,13 @@ def test_ctrl_c_while_following_detaches_and_the_job_keeps_running(env, ray_head
 def test_a_head_killed_under_a_following_run_is_a_clear_exit_3(env):
     head = steady_head()
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "invoke", *launch_args(env, head.address, exp_id="sf-head-killed")], cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, "-m", "invoke", *launch_args(env, head.address,
+                                                                              exp_id="sf-head-killed")], cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, "SLIMEFORGE_HEAD_LOST_S": "5"})
-        wait_for(lambda: (env / "run" / "job.log").exists() and "standin: waiting" in (env / "run" / "job.log").read_text(), 180, "the job to run")
+        wait_for(lambda: (env / "run" / "job.log").exists() and "standin: "
+                                                                "waiting" in (env / "run" / "job.log").read_text(),
+                 180, "the job to run")
         assert head.proc is not None
         os.killpg(head.proc.pid, signal.SIGKILL)  # the head and everything it started: its own process group
         out, err = proc.communicate(timeout=120)
@@ -148,7 +161,8 @@ class Worker:
     def __init__(self, head: RayHead):
         from launch_support import VENV_BIN, free_port
 
-        self.argv = [str(VENV_BIN / "ray"), "start", "--block", "--address", f"127.0.0.1:{head.port}", "--num-cpus", "1",
+        self.argv = [str(VENV_BIN / "ray"), "start", "--block", "--address", f"127.0.0.1:{head.port}", "--num-cpus",
+                     "1",
                      "--node-manager-port", str(free_port()), "--object-manager-port", str(free_port()),
                      "--dashboard-agent-listen-port", str(free_port()), "--metrics-export-port", str(free_port()),
                      "--runtime-env-agent-port", str(free_port()), "--min-worker-port", "0", "--max-worker-port", "0",
@@ -158,7 +172,8 @@ class Worker:
 
     def start(self) -> Worker:
         before = alive_count(self.head.address)
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
         wait_for(lambda: alive_count(self.head.address) > before, 240, "the worker node to join")
         return self
 
@@ -186,7 +201,8 @@ def test_a_lost_worker_restarts_the_run_which_resumes_from_its_checkpoint(env, r
     proc = subprocess.Popen([sys.executable, "-m", "invoke", *args, "--max-restarts", "1"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        wait_for(lambda: (env / "run" / "job.log").exists() and "standin: watching 2 node(s)" in (env / "run" / "job.log").read_text(),
+        wait_for(lambda: (env / "run" / "job.log").exists() and "standin: watching 2 "
+                                                                "node(s)" in (env / "run" / "job.log").read_text(),
                  240, "the job to watch both nodes")
         worker.kill()
         wait_for(lambda: alive_count(ray_head.address) == 1, 180, "Ray to see the worker's node dead")
@@ -200,4 +216,5 @@ def test_a_lost_worker_restarts_the_run_which_resumes_from_its_checkpoint(env, r
     assert "were lost; restart 1 of 1" in out and "(attempt 2)" in (env / "run" / "job.log").read_text(), out
     assert resumed.read_text() == "resumed from 1\n"
     st = invoke("run.status", "sf-restart", "--address", ray_head.address)
-    assert "attempts (2, --max-restarts):" in st.stdout and "1. sf-restart-" in st.stdout and ": FAILED" in st.stdout and ": SUCCEEDED" in st.stdout, st.stdout
+    assert ("attempts (2, --max-restarts):" in st.stdout and "1. sf-restart-" in st.stdout
+            and ": FAILED" in st.stdout and ": SUCCEEDED" in st.stdout), st.stdout

@@ -72,8 +72,10 @@ def test_run_on_a_running_cluster_args_env_exit_codes_and_rerun(env, ray_head, c
     hostile_data = hostile_dir / "train.jsonl"
     hostile_dir.mkdir()
     hostile_data.write_text('{"prompt": "1+1?", "metadata": {"answer": "2"}}\n')
-    recipe, stack, catalog = recipe_for(env, data_path=str(hostile_data), checkpoint_dir=str(env / f"ckpt {HOSTILE.replace('/', '_')}"),
-                                        env={"STANDIN_RECORD": str(env / "record.json"), "STANDIN_EXIT": "3", "STANDIN_NOTE": HOSTILE_ENV})
+    recipe, stack, catalog = recipe_for(env, data_path=str(hostile_data),
+                                        checkpoint_dir=str(env / f"ckpt {HOSTILE.replace('/', '_')}"),
+                                        env={"STANDIN_RECORD": str(env / "record.json"), "STANDIN_EXIT": "3",
+                                             "STANDIN_NOTE": HOSTILE_ENV})
     run_dir = env / "run"
     code = launcher.launch(recipe, stack, out=run_dir, address=ray_head.address, catalog=catalog)
     out = capsys.readouterr().out
@@ -85,8 +87,11 @@ def test_run_on_a_running_cluster_args_env_exit_codes_and_rerun(env, ray_head, c
     runtime_env = json.loads((run_dir / "runtime_env.json").read_text())["env_vars"]
     # Ray puts the job's working_dir (job.sh, agentcore.yaml) first on PYTHONPATH; Megatron follows.
     pythonpath = call["env"]["PYTHONPATH"].split(":")
-    assert pythonpath[-1] == runtime_env["PYTHONPATH"] and "working_dir_files" in pythonpath[0] and call["cwd"] == pythonpath[0]
-    assert {k: call["env"][k] for k in runtime_env if k != "PYTHONPATH"} == {k: v for k, v in runtime_env.items() if k != "PYTHONPATH"}
+    assert (pythonpath[-1] == runtime_env["PYTHONPATH"] and "working_dir_files" in pythonpath[0]
+            and call["cwd"] == pythonpath[0])
+    assert {k: call["env"][k] for k in runtime_env if k != "PYTHONPATH"} == {k: v for k,
+                                                                             v in runtime_env.items()
+                                                                             if k != "PYTHONPATH"}
     assert not Path("/tmp/sf-pwned").exists()
     sid = (run_dir / "submission_id").read_text().strip()
     assert (run_dir / "ray_address").read_text().strip() == ray_head.address
@@ -136,7 +141,8 @@ def test_start_head_submit_replace_and_stop(env):
 
         said: list[str] = []
         assert jobs.stop(run_dir, head=True, say=said.append) == 0
-        assert said[0].startswith("ended: job ") and said[1] == f"stopped: Ray head pid {second} (and the Ray processes it started)"
+        assert said[0].startswith("ended: job ") and said[1] == (f"stopped: Ray head pid {second} (and the Ray "
+                                                                "processes it started)")
         wait_for(lambda: not pid_alive(second), 90, "the head to stop")
         assert not (sdir / "head.json").exists()
     finally:
@@ -158,41 +164,54 @@ def test_run_stop_head_stops_a_running_job_and_its_head_and_a_live_run_is_never_
     run_dir = env / "run"
     sdir = state_dir(recipe.ray_port)
     cli_env = {**os.environ, "SLIMEFORGE_RAY_HEAD_ARGS": " ".join(head_extra_args(temp))}
-    proc = subprocess.Popen([sys.executable, "-m", "invoke", "run", str(env / "recipe.yaml"), "--out", str(run_dir), "--catalog", catalog],
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "run", str(env / "recipe.yaml"), "--out", str(run_dir),
+                             "--catalog", catalog],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env)
     try:
-        wait_for(lambda: (run_dir / "job.log").exists() and "standin: waiting" in (run_dir / "job.log").read_text(), 240, "the job to run")
+        wait_for(lambda: (run_dir / "job.log").exists() and "standin: waiting" in (run_dir / "job.log").read_text(),
+                 240, "the job to run")
         sid = (run_dir / "submission_id").read_text().strip()
         pid = head_pid(sdir)
         plan_before = (run_dir / "plan.json").read_bytes()
 
-        dry = subprocess.run([sys.executable, "-m", "invoke", "run", str(env / "recipe.yaml"), "--dry-run", "--out", str(run_dir)],
+        dry = subprocess.run([sys.executable, "-m", "invoke", "run", str(env / "recipe.yaml"), "--dry-run",
+                              "--out", str(run_dir)],
                              cwd=ROOT, capture_output=True, text=True, timeout=120)
-        assert dry.returncode == 2 and sid in dry.stderr and f"invoke run.stop {run_dir} --head" in dry.stderr, dry.stdout + dry.stderr
-        assert (run_dir / "plan.json").read_bytes() == plan_before and (run_dir / "submission_id").read_text().strip() == sid
+        assert (dry.returncode == 2 and sid in dry.stderr
+                and f"invoke run.stop {run_dir} --head" in dry.stderr), dry.stdout + dry.stderr
+        assert ((run_dir / "plan.json").read_bytes() == plan_before
+                and (run_dir / "submission_id").read_text().strip() == sid)
 
-        status = subprocess.run([sys.executable, "-m", "invoke", "run.status", str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=120)
-        assert status.returncode == 0 and f"{sid}: RUNNING" in status.stdout and f"Ray head pid {pid} (started by slimeforge for this run)" in status.stdout
-        as_json = subprocess.run([sys.executable, "-m", "invoke", "run.status", str(run_dir), "--json"], cwd=ROOT, capture_output=True, text=True,
-                                 timeout=120)
+        status = subprocess.run([sys.executable, "-m", "invoke", "run.status", str(run_dir)], cwd=ROOT,
+                                capture_output=True, text=True, timeout=120)
+        assert (status.returncode == 0 and f"{sid}: RUNNING" in status.stdout
+                and f"Ray head pid {pid} (started by slimeforge for this run)" in status.stdout)
+        as_json = subprocess.run([sys.executable, "-m", "invoke", "run.status", str(run_dir), "--json"], cwd=ROOT,
+                                 capture_output=True, text=True, timeout=120)
         doc = json.loads(as_json.stdout)  # stdout holds the one document (docs/json.md), nothing else
         json_shapes.check(doc, "slimeforge.run-status/1")
-        assert (doc["target"], doc["status"], doc["submission_id"], doc["head_pid"], doc["run_dir"]) == ("ray-job", "RUNNING", sid, pid, str(run_dir))
+        assert ((doc["target"], doc["status"], doc["submission_id"], doc["head_pid"], doc["run_dir"])
+                == ("ray-job", "RUNNING", sid, pid, str(run_dir)))
 
-        stop = subprocess.run([sys.executable, "-m", "invoke", "run.stop", str(run_dir), "--head"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        stop = subprocess.run([sys.executable, "-m", "invoke", "run.stop", str(run_dir), "--head"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
         assert stop.returncode == 0, stop.stdout + stop.stderr
         assert f"stopped: job {sid}: STOPPED" in stop.stdout and f"stopped: Ray head pid {pid}" in stop.stdout
         wait_for(lambda: not pid_alive(pid), 90, "the head to stop")
         out, _ = proc.communicate(timeout=300)  # launch.sh sees the job stopped (or its head gone) and exits
         assert proc.returncode != 0, out
 
-        again = subprocess.run([sys.executable, "-m", "invoke", "run.stop", str(run_dir), "--head"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-        assert again.returncode == 0 and "ended: job" in again.stdout and "ended: no Ray head is recorded" in again.stdout, again.stdout
+        again = subprocess.run([sys.executable, "-m", "invoke", "run.stop", str(run_dir), "--head"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=120)
+        assert (again.returncode == 0 and "ended: job" in again.stdout
+                and "ended: no Ray head is recorded" in again.stdout), again.stdout
 
-        dry = subprocess.run([sys.executable, "-m", "invoke", "run", str(env / "recipe.yaml"), "--dry-run", "--out", str(run_dir)],
+        dry = subprocess.run([sys.executable, "-m", "invoke", "run", str(env / "recipe.yaml"), "--dry-run",
+                              "--out", str(run_dir)],
                              cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert dry.returncode == 0, dry.stdout + dry.stderr
-        assert (run_dir / "history" / "1" / "submission_id").read_text().strip() == sid and not (run_dir / "submission_id").exists()
+        assert ((run_dir / "history" / "1" / "submission_id").read_text().strip() == sid
+                and not (run_dir / "submission_id").exists())
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -222,19 +241,26 @@ def test_a_job_that_is_not_this_runs_or_is_gone_or_on_a_cluster_we_did_not_start
         (run.path / "submission_id").write_text(foreign + "\n")
         wait_for(lambda: str(client.get_job_status(foreign)).endswith("RUNNING"), 120, "the foreign job to run")
         for task in (["run.stop"], ["run.stop", "--head"], ["run.status"], ["run.logs"]):
-            r = subprocess.run([sys.executable, "-m", "invoke", task[0], str(run.path), *task[1:]], cwd=ROOT, capture_output=True, text=True, timeout=120)
+            r = subprocess.run([sys.executable, "-m", "invoke", task[0], str(run.path), *task[1:]], cwd=ROOT,
+                               capture_output=True, text=True, timeout=120)
             assert r.returncode != 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
-            assert f"job {foreign} carries metadata" in r.stdout + r.stderr and "it was not submitted by this run" in r.stdout + r.stderr
+            assert f"job {foreign} carries metadata" in r.stdout + r.stderr and ("it was not submitted by this "
+                                                                                "run") in r.stdout + r.stderr
         assert str(client.get_job_status(foreign)).endswith("RUNNING")  # untouched
 
         gone = f"{recipe.exp_id}-20261125-080001-{os.urandom(3).hex()}"
         (run.path / "submission_id").write_text(gone + "\n")
-        r = subprocess.run([sys.executable, "-m", "invoke", "run.status", str(run.path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0 and f"{gone}: GONE" in r.stdout and "unknown to the Ray head" in r.stdout, r.stdout + r.stderr
-        r = subprocess.run([sys.executable, "-m", "invoke", "run.stop", str(run.path), "--head"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        r = subprocess.run([sys.executable, "-m", "invoke", "run.status", str(run.path)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and f"{gone}: GONE" in r.stdout and ("unknown to the Ray "
+                                                                     "head") in r.stdout, r.stdout + r.stderr
+        r = subprocess.run([sys.executable, "-m", "invoke", "run.stop", str(run.path), "--head"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stdout + r.stderr
-        assert f"ended: job {gone} is unknown to the Ray head" in r.stdout and "there is no head of ours to stop" in r.stdout
-        r = subprocess.run([sys.executable, "-m", "invoke", "run.logs", str(run.path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert (f"ended: job {gone} is unknown to the Ray "
+               "head") in r.stdout and "there is no head of ours to stop" in r.stdout
+        r = subprocess.run([sys.executable, "-m", "invoke", "run.logs", str(run.path)], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
         assert r.returncode == 2 and "unknown to the Ray head" in r.stderr and "Traceback" not in r.stderr
     finally:
         client.stop_job(foreign)  # ours to clean up: this test submitted it
@@ -245,13 +271,15 @@ def test_launch_sh_runs_for_real(env):
     from slimeforge.run.rundir import build_run_dir, write_run_dir
 
     temp = short_tmp()
-    recipe, stack, _ = recipe_for(env, env={"STANDIN_RECORD": str(env / "record.json"), "STANDIN_EXIT": "4", "STANDIN_NOTE": HOSTILE_ENV})
+    recipe, stack, _ = recipe_for(env, env={"STANDIN_RECORD": str(env / "record.json"), "STANDIN_EXIT": "4",
+                                            "STANDIN_NOTE": HOSTILE_ENV})
     run = build_run_dir(recipe, stack, env / "run", "test")
     write_run_dir(run)
     sh_env = {**os.environ, "SLIMEFORGE_RAY_HEAD_ARGS": " ".join(head_extra_args(temp))}
     sdir = state_dir(recipe.ray_port)
     try:
-        proc = subprocess.run(["bash", str(run.path / "launch.sh")], env=sh_env, capture_output=True, text=True, timeout=500)
+        proc = subprocess.run(["bash", str(run.path / "launch.sh")], env=sh_env, capture_output=True, text=True,
+                              timeout=500)
         assert proc.returncode == 4, proc.stdout + proc.stderr
         call = recorded_call(recipe)
         assert call["argv"] == expected_argv(recipe, run.path)
@@ -297,8 +325,9 @@ def test_container_mode_real_docker_run_without_gpus(env, base_image):
     run = build_run_dir(recipe, stack, env / "run", "test")
     write_run_dir(run)
     resolved = ResolvedRun(recipe, stack, run.path, "test", {})
-    argv = ContainerTarget(shm_size="256m", gpus=False, ulimits=()).docker_argv(resolved, name=f"sf-launch-test-{secrets.token_hex(4)}",
-                                                                               cidfile=run.path / "container.id")
+    target = ContainerTarget(shm_size="256m", gpus=False, ulimits=())
+    argv = target.docker_argv(resolved, name=f"sf-launch-test-{secrets.token_hex(4)}",
+                              cidfile=run.path / "container.id")
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     # The stand-in slime_dir is not in the image: launch.sh stops at its first check, inside the container.
     assert proc.returncode == 2, proc.stderr
@@ -323,8 +352,10 @@ def test_run_stop_head_stops_only_a_container_labelled_for_this_run(env, base_im
         (run.path / "container.id").unlink(missing_ok=True)
         # --init, as the launch's own `docker run` has: PID 1 passes `docker stop`'s SIGTERM on to the
         # sleep (a bare `sleep` as PID 1 ignores it, and docker stop would wait its whole 60 s).
-        subprocess.run(["docker", "run", "-d", "--rm", "--init", "--cidfile", str(run.path / "container.id"), "--label", f"slimeforge.exp_id={recipe.exp_id}",
-                        "--label", f"slimeforge.run_token={run_token}", "--entrypoint", "sleep", base_image, "300"], check=True, capture_output=True)
+        subprocess.run(["docker", "run", "-d", "--rm", "--init", "--cidfile", str(run.path / "container.id"),
+                        "--label", f"slimeforge.exp_id={recipe.exp_id}",
+                        "--label", f"slimeforge.run_token={run_token}", "--entrypoint", "sleep", base_image, "300"],
+                       check=True, capture_output=True)
         started.append((run.path / "container.id").read_text().strip())
         return started[-1]
 
@@ -334,13 +365,17 @@ def test_run_stop_head_stops_only_a_container_labelled_for_this_run(env, base_im
 
     try:
         other = container(os.urandom(16).hex())
-        r = subprocess.run([sys.executable, "-m", "invoke", "run.stop", str(run.path), "--head"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        r = subprocess.run([sys.executable, "-m", "invoke", "run.stop", str(run.path), "--head"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
         assert r.returncode == 1 and f"refused: container {other[:12]} carries labels" in r.stdout, r.stdout + r.stderr
         assert running(other)
 
         ours = container(token)
-        r = subprocess.run([sys.executable, "-m", "invoke", "run.stop", str(run.path), "--head"], cwd=ROOT, capture_output=True, text=True, timeout=180)
-        assert r.returncode == 0 and f"stopped: container {ours[:12]}" in r.stdout and f"docker said: {ours}" in r.stdout, r.stdout + r.stderr
+        r = subprocess.run([sys.executable, "-m", "invoke", "run.stop", str(run.path), "--head"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0 and ("stopped: container "
+                                     f"{ours[:12]}") in r.stdout and ("docker said: "
+                                                                     f"{ours}") in r.stdout, r.stdout + r.stderr
         assert not running(ours) and running(other)
     finally:
         for cid in started:  # only the containers this test started, by id

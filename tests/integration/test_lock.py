@@ -60,7 +60,8 @@ def uv_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
 
 
-def do_lock(path: Path, index: Index, lines: list[str] | None = None, base_digest: str | None = DIGEST) -> lockfile.LockFile:
+def do_lock(path: Path, index: Index, lines: list[str] | None = None,
+            base_digest: str | None = DIGEST) -> lockfile.LockFile:
     uvlock.resolve(uvlock.LockOptions(stack=str(path), index_url=index.url, base_digest=base_digest,
                             echo=(lines.append if lines is not None else lambda _: None)))
     return lockfile.load_lock(str(path))
@@ -77,22 +78,26 @@ def make_venv(path: Path) -> Path:
     return path
 
 
-def install_all(stack_path: Path, lock: lockfile.LockFile, work: Path) -> tuple[Path, Path, subprocess.CompletedProcess]:
+def install_all(stack_path: Path, lock: lockfile.LockFile, work: Path) -> tuple[Path, Path,
+                                                                                subprocess.CompletedProcess]:
     """Every step's slice through sf_pip_step, then finalize's comparison with the whole lock."""
     stack = load_stack(str(stack_path))
     venv, state, slices = make_venv(work / "venv"), work / "state", work / "slices"
     slices.mkdir(parents=True)
     from slimeforge.image.steps import StepLayout
 
-    for name, text in lock_files(stack, lock, StepLayout("/r", str(venv), "/p", str(state), lock_dir=str(slices))).items():
+    for name, text in lock_files(stack, lock, StepLayout("/r", str(venv), "/p", str(state),
+                                                         lock_dir=str(slices))).items():
         (slices / name).write_text(text)
     script = "\n".join(f"sf_pip_step --venv {venv} --step {s} --lock {slices / lock_file(s)}" for s in lock.steps)
-    script += f"\nmkdir -p {state}/lock && cp {slices}/all.txt {state}/lock/_all.txt && sf_lock_verify {venv} finalize --exact"
+    script += (f"\nmkdir -p {state}/lock && cp {slices}/all.txt {state}/lock/_all.txt && sf_lock_verify {venv} "
+              "finalize --exact")
     return venv, state, steps_sh(state, script)
 
 
 def installed(venv: Path) -> dict[str, str]:
-    out = subprocess.run([UV, "pip", "list", "--python", str(venv / "bin" / "python"), "--format", "freeze"], capture_output=True,
+    out = subprocess.run([UV, "pip", "list", "--python", str(venv / "bin" / "python"), "--format", "freeze"],
+                         capture_output=True,
                          text=True, check=True).stdout
     return dict(line.split("==") for line in out.split())
 
@@ -101,13 +106,15 @@ def test_lock_resolves_for_the_target_with_exactly_the_pinned_prerelease(indexes
     lines: list[str] = []
     lock = do_lock(write_stack(tmp_path), indexes["main"], lines)
     versions = {n: p.version for n, p in lock.packages.items()}
-    assert versions == {"sf-app": "1.0", "sf-base": "1.0", "sf-dep": "2.0b1", "sf-extra": "2.0", "sf-kern": "1.0", "sf-kern-cu13": "1.0"}
+    assert versions == {"sf-app": "1.0", "sf-base": "1.0", "sf-dep": "2.0b1", "sf-extra": "2.0", "sf-kern": "1.0",
+                        "sf-kern-cu13": "1.0"}
     assert lock.tool["prereleases"] == ["sf-dep==2.0b1"]
     assert any("allowing the exact pre-release sf-dep==2.0b1" in line for line in lines)
     assert any(line.startswith("[1/3] resolving") for line in lines)  # progress on screen
     # One file per distribution, by URL and sha256, and every package in exactly one step's slice.
     assert lock.steps == {"base": ["sf-base"], "app": ["sf-app", "sf-dep", "sf-extra", "sf-kern", "sf-kern-cu13"]}
-    assert all(p.url.startswith(indexes["main"].url.removesuffix("/simple")) and len(p.sha256) == 64 for p in lock.packages.values())
+    assert (all(p.url.startswith(indexes["main"].url.removesuffix("/simple")) and len(p.sha256) == 64 for p
+                in lock.packages.values()))
     assert lock.tool["base"]["digest"] == DIGEST and lock.tool["platform"] == "x86_64-manylinux_2_36"
     assert lockcheck.check_lock(load_stack(str(tmp_path / "sflock.yaml")), lock) == []
     # The file is a PEP 751 lock uv itself reads; locking again changes nothing (same tag).
@@ -129,10 +136,12 @@ def test_install_from_the_lock_verifies_hashes_and_holds_every_pin(indexes, tmp_
     venv, state, res = install_all(path, lock, tmp_path / "i")
     assert res.returncode == 0, res.stderr
     assert "step finalize: 6 distribution(s) installed, all as locked" in res.stderr
-    assert installed(venv) == {"sf-app": "1.0", "sf-base": "1.0", "sf-dep": "2.0b1", "sf-extra": "2.0", "sf-kern": "1.0", "sf-kern-cu13": "1.0"}
+    assert installed(venv) == {"sf-app": "1.0", "sf-base": "1.0", "sf-dep": "2.0b1", "sf-extra": "2.0",
+                               "sf-kern": "1.0", "sf-kern-cu13": "1.0"}
     # A later step that moves an earlier step's package (sf-base 1.0 -> 1.2), or brings in a package
     # outside the lock, fails naming the package and the step.
-    subprocess.run([UV, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "--index-url", indexes["main"].url,
+    subprocess.run([UV, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "--index-url",
+                    indexes["main"].url,
                     "sf-base==1.2", "sf-rogue==1.0"], check=True)
     res = steps_sh(state, f"sf_lock_verify {venv} app")
     assert res.returncode == 1
@@ -154,7 +163,8 @@ def test_a_replaced_file_on_the_index_is_refused_naming_package_and_step(indexes
         indexes["main"].write_pages()
     assert res.returncode == 1
     assert "Hash mismatch" in res.stderr
-    assert "slimeforge: ERROR: step app: sf-extra differs from its sha256 in the lock (a changed or corrupted file): refused" in res.stderr
+    assert ("slimeforge: ERROR: step app: sf-extra differs from its sha256 in the lock (a changed or corrupted file): "
+           "refused") in res.stderr
     assert "step base: 1 distribution(s) installed, all as locked" in res.stderr  # the step before it went through
 
 
@@ -173,7 +183,8 @@ def test_cuda12_flavor_takes_its_kernels_from_its_index_and_mixing_is_detected(i
     # runtime are the CUDA 12 builds.
     good_path = write_stack(tmp_path / "good", "sfcu12", "12.9", indexes["cu12"].url)
     lock = do_lock(good_path, indexes["main"])
-    assert lock.packages["sf-kern"].version == "1.0+cu129" and "sf-kern-cu12" in lock.packages and "sf-kern-cu13" not in lock.packages
+    assert (lock.packages["sf-kern"].version == "1.0+cu129" and "sf-kern-cu12" in lock.packages
+            and "sf-kern-cu13" not in lock.packages)
     assert lockcheck.check_lock(load_stack(str(good_path)), lock) == []
     # Without it, the main index's CUDA 13 kernel comes in: `lock --check` names it.
     bad_path = write_stack(tmp_path / "bad", "sfcu12", "12.9")
@@ -201,10 +212,12 @@ def test_build_refuses_a_stack_without_a_lock_with_the_command_that_makes_one(tm
 
 
 def test_check_of_a_missing_lock_says_how_to_make_it():
-    res = subprocess.run([sys.executable, "-m", "invoke", "lock", "--check", "--cuda", "cu129"], cwd=Path(__file__).parents[2],
+    res = subprocess.run([sys.executable, "-m", "invoke", "lock", "--check", "--cuda", "cu129"],
+                         cwd=Path(__file__).parents[2],
                          capture_output=True, text=True)
     if (Path(__file__).parents[2] / "images" / "locks" / "pylock.cu129.toml").exists():
-        pytest.skip("the cu129 lock exists (made where download.pytorch.org is reachable): see test_committed_locks_pass_check")
+        pytest.skip("the cu129 lock exists (made where download.pytorch.org is reachable): see "
+                    "test_committed_locks_pass_check")
     assert res.returncode == 2
     from slimeforge.image.lock.remedies import remedy
 
@@ -215,7 +228,8 @@ def test_check_of_a_missing_lock_says_how_to_make_it():
 @pytest.mark.parametrize("flavor", ["cu13", "cu129"])
 def test_committed_locks_pass_check(flavor):
     if not (Path(__file__).parents[2] / "images" / "locks" / f"pylock.{flavor}.toml").exists():
-        pytest.skip(f"no committed lock for {flavor}: `invoke lock --cuda {flavor}` needs its index (download.pytorch.org for cu129)")
+        pytest.skip(f"no committed lock for {flavor}: `invoke lock --cuda {flavor}` needs its index "
+                    "(download.pytorch.org for cu129)")
     assert_a_whole_stack(lockcheck.check(flavor, echo=lambda _: None))
 
 
@@ -274,7 +288,8 @@ def test_lock_asks_the_base_image_registry_for_its_digest(indexes, tmp_path, mon
         seen: list[str] = []
         try:
             pull_base(client, p.base, seen.append)
-            assert seen[0] == f"pulling base {reg.host}/sf/base@{digest} ..." and any("Pull complete" in line for line in seen)
+            assert seen[0] == (f"pulling base {reg.host}/sf/base@{digest} "
+                              "...") and any("Pull complete" in line for line in seen)
             assert client.images.get(p.base.from_ref).attrs["RepoDigests"] == [f"{reg.host}/sf/base@{digest}"]
             seen.clear()
             pull_base(client, p.base, seen.append)  # present now: nothing to do
@@ -299,7 +314,8 @@ def test_same_lock_same_tag_and_a_changed_lock_changes_it(indexes, tmp_path):
     assert first.hash == again.hash and first.labels["ai.slimeforge.lock"] == f"sha256:{lock.hash}"
     assert first.base.from_ref == f"slimeforge-test/base@{DIGEST}"  # FROM by the lock's digest
     slice_text = (first.dir / "context" / "lock" / "app.txt").read_text()
-    assert f"sf-dep @ {indexes['main'].url.removesuffix('/simple')}/files/sf_dep-2.0b1-py3-none-any.whl --hash=sha256:" in slice_text
+    assert (f"sf-dep @ {indexes['main'].url.removesuffix('/simple')}/files/sf_dep-2.0b1-py3-none-any.whl "
+           "--hash=sha256:") in slice_text
     do_lock(path, indexes["main"], base_digest="sha256:" + "cd" * 32)  # another base: another lock
     changed = prepared()
     assert changed.hash != first.hash and changed.labels["ai.slimeforge.lock"] != first.labels["ai.slimeforge.lock"]
@@ -312,22 +328,26 @@ def test_a_step_builds_its_sdists_after_its_wheels_without_isolation(indexes, tm
     main.add("sf-helper", "1.0")
     main.add_sdist("sf-built", "1.0", needs="sf_helper")
     path = write_stack(tmp_path)
-    path.write_text(path.read_text().replace('  sf-app: "1.0"\n', '  sf-app: "1.0"\n  sf-built: "1.0"\n  sf-helper: "1.0"\n')
-                    .replace("    pip: [sf-app]\n", "    pip: [sf-app]\n  - name: built\n    pip: [sf-built, sf-helper]\n"))
+    path.write_text(path.read_text().replace('  sf-app: "1.0"\n',
+                                             '  sf-app: "1.0"\n  sf-built: "1.0"\n  sf-helper: "1.0"\n')
+                    .replace("    pip: [sf-app]\n",
+                             "    pip: [sf-app]\n  - name: built\n    pip: [sf-built, sf-helper]\n"))
     lock = do_lock(path, main)
     assert lock.packages["sf-built"].kind == "sdist" and lock.steps["built"] == ["sf-built", "sf-helper"]
     text = lockfile.step_requirements(lock, "built")
     assert text.index("sf-helper @") < text.index(lockfile.SDIST_MARK) < text.index("sf-built @")
     venv, state, res = install_all(path, lock, tmp_path / "i")
     assert res.returncode == 0, res.stderr
-    assert installed(venv)["sf-built"] == "1.0" and "step built: 8 distribution(s) installed, all as locked" in res.stderr
+    assert installed(venv)["sf-built"] == "1.0" and ("step built: 8 distribution(s) installed, all as "
+                                                    "locked") in res.stderr
     # Alone (no wheel of its step before it), the same sdist does not build: the order is what works.
     alone = make_venv(tmp_path / "alone")
     sdist_only = tmp_path / "sdist-only.txt"
     sdist_only.write_text(text.split(lockfile.SDIST_MARK, 1)[1])
     # Its own uv cache: the first install's cache holds the wheel uv built of this sdist (a fresh venv
     # takes cached wheels by their sha256), and the point here is a build.
-    res = steps_sh(tmp_path / "state2", f"UV_CACHE_DIR={tmp_path / 'uv-cache-alone'} sf_lock_install {alone} built {sdist_only}")
+    res = steps_sh(tmp_path / "state2",
+                   f"UV_CACHE_DIR={tmp_path / 'uv-cache-alone'} sf_lock_install {alone} built {sdist_only}")
     assert res.returncode == 1 and "No module named 'sf_helper'" in res.stderr
 
 
@@ -354,7 +374,8 @@ def test_relocking_unchanged_inputs_reuses_the_cutoff_and_gives_the_same_bytes(t
             return lockfile.load_lock(str(path)).path.read_text(), lines
 
         first, lines = relock("2026-06-01T12:00:00+00:00")
-        assert 'exclude-newer = "2026-06-01T12:00:00Z"' in first and "  cutoff 2026-06-01T12:00:00Z: now (no previous lock)" in lines
+        assert 'exclude-newer = "2026-06-01T12:00:00Z"' in first and ("  cutoff 2026-06-01T12:00:00Z: now (no previous "
+                                                                     "lock)") in lines
         index.add("sf-extra", "2.1", uploaded="2026-07-01T00:00:00Z")  # after the cutoff: a later day's index
         again, lines = relock("2026-08-01T00:00:00+00:00")
         assert again == first  # the same bytes, so the same image tag
@@ -368,7 +389,8 @@ def test_relocking_unchanged_inputs_reuses_the_cutoff_and_gives_the_same_bytes(t
         path.write_text(path.read_text().replace('sf-app: "1.0"', 'sf-app: ">=1.0"'))
         _, lines = relock("2026-09-01T00:00:00+00:00")
         assert lockfile.load_lock(str(path)).packages["sf-extra"].version == "2.1"
-        assert "  cutoff 2026-09-01T00:00:00Z: now (the stack's inputs changed since the lock with cutoff 2026-06-01T12:00:00Z)" in lines
+        assert ("  cutoff 2026-09-01T00:00:00Z: now (the stack's inputs changed since the lock with cutoff "
+               "2026-06-01T12:00:00Z)") in lines
     finally:
         index.stop()
 
@@ -411,9 +433,11 @@ def test_complete_fills_only_the_missing_outside_facts_and_build_does_it_by_itse
     reg = LocalRegistry(tmp_path / "registry", {"puller": "pull-pass-1"})  # not started yet: unreachable
     config = tmp_path / "docker-config"
     config.mkdir()
-    (config / "config.json").write_text(json.dumps({"auths": {reg.host: {"auth": base64.b64encode(b"puller:pull-pass-1").decode()}}}))
+    auth = base64.b64encode(b"puller:pull-pass-1").decode()
+    (config / "config.json").write_text(json.dumps({"auths": {reg.host: {"auth": auth}}}))
     monkeypatch.setenv("DOCKER_CONFIG", str(config))
-    router_url = f"{main.url.removesuffix('/simple')}/router/sf_router-0.3.2-py3-none-any.whl"  # not there yet: unreachable
+    # not there yet: unreachable
+    router_url = f"{main.url.removesuffix('/simple')}/router/sf_router-0.3.2-py3-none-any.whl"
     path = router_stack(tmp_path / "s", f"{reg.host}/sf/base:v1", router_url)
     lines: list[str] = []
     lock = do_lock(path, main, lines, base_digest=None)
@@ -424,11 +448,13 @@ def test_complete_fills_only_the_missing_outside_facts_and_build_does_it_by_itse
     seen: list[str] = []
     p = prepare(BuildOptions(stack=str(path), dry_run=True, build_root=tmp_path / "b", echo=seen.append))
     assert p.provisional
-    assert any(s.startswith("warning: the router wheel's sha256 is missing from") and f"`invoke lock --stack {path} --complete`" in s
+    assert any(s.startswith("warning: the router wheel's sha256 is missing "
+                            "from") and f"`invoke lock --stack {path} --complete`" in s
                for s in seen)
     assert any(s.startswith("warning: the base image's digest is missing from") for s in seen)
     router_slice = (p.dir / "context" / "lock" / "router.txt").read_text()
-    assert router_slice.startswith("# MISSING: the router wheel's sha256") and f"sf-router @ {router_url}\n" in router_slice
+    assert router_slice.startswith("# MISSING: the router wheel's "
+                                   "sha256") and f"sf-router @ {router_url}\n" in router_slice
     assert "--hash" not in router_slice  # uv --require-hashes refuses it: run as is, the step fails, naming it
     assert lock.path.read_text() == made
 
@@ -438,7 +464,8 @@ def test_complete_fills_only_the_missing_outside_facts_and_build_does_it_by_itse
         digest = push_tiny_image(reg, "sf/base", "v1", "puller", "pull-pass-1")
         # A changed input is refused, naming the difference: --complete resolves nothing.
         path.write_text(path.read_text().replace('sf-base: "1.0"', 'sf-base: "1.2"'))
-        with pytest.raises(lockfile.LockError, match=r"cannot be completed(.|\n)*pin sf-base==1\.2: the lock holds sf-base 1\.0"):
+        with pytest.raises(lockfile.LockError,
+                           match=r"cannot be completed(.|\n)*pin sf-base==1\.2: the lock holds sf-base 1\.0"):
             lockfacts.complete(str(path), echo=lambda _: None)
         path.write_text(path.read_text().replace('sf-base: "1.2"', 'sf-base: "1.0"'))
 
@@ -454,7 +481,9 @@ def test_complete_fills_only_the_missing_outside_facts_and_build_does_it_by_itse
         do_lock(path, main, base_digest=None)
         assert lock.path.read_text() == after
         out.clear()
-        assert lockfacts.complete(str(path), echo=out.append)["filled"] == [] and out == [f"{lock.path}: complete (nothing missing)"]
+        assert lockfacts.complete(str(path),
+                                  echo=out.append)["filled"] == [] and out == [f"{lock.path}: complete (nothing "
+                                                                               "missing)"]
         with pytest.raises(lockfile.LockError, match="changes nothing recorded"):
             lockfacts.complete(str(path), echo=lambda _: None, router_sha256="0" * 64)
 
@@ -464,7 +493,8 @@ def test_complete_fills_only_the_missing_outside_facts_and_build_does_it_by_itse
         p = prepare(BuildOptions(stack=str(path), build_root=tmp_path / "b", echo=seen.append))
         assert lock.path.read_text() == after and not p.provisional
         assert f"{lock.path}: the base image's digest filled in: {digest}" in seen
-        assert (p.dir / "context" / "lock" / "router.txt").read_text().endswith(f"sf-router @ {router_url} --hash=sha256:{sha}\n")
+        assert (p.dir / "context" / "lock" / "router.txt").read_text().endswith(f"sf-router @ {router_url} "
+                                                                                f"--hash=sha256:{sha}\n")
         assert p.base.from_ref == f"{reg.host}/sf/base@{digest}"
     finally:
         reg.stop()

@@ -40,7 +40,8 @@ def test_committed_cu13_lock_files_exist_on_pypi_with_those_hashes():
             return [f"{p.name} {p.version}: {p.filename} is not on PyPI"]
         out = []
         if f["hashes"].get("sha256") != p.sha256:
-            out.append(f"{p.name}: {p.filename} has sha256 {f['hashes'].get('sha256')} on PyPI, the lock says {p.sha256}")
+            out.append(f"{p.name}: {p.filename} has sha256 {f['hashes'].get('sha256')} on PyPI, the lock says "
+                       f"{p.sha256}")
         if f["url"] != p.url:
             out.append(f"{p.name}: {p.filename} is at {f['url']}, the lock says {p.url}")
         if p.size is not None and f.get("size") != p.size:

@@ -35,7 +35,8 @@ DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 def fake_aws(mp: pytest.MonkeyPatch) -> None:
     """moto's credentials, and no profile or endpoint of the user's: set for one test (or one
     fixture's setup) at a time, never for the session (no test leaks environment variables)."""
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION}.items():
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_DEFAULT_REGION": REGION}.items():
         mp.setenv(name, value)
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_ECR"):
         mp.delenv(name, raising=False)
@@ -95,9 +96,11 @@ def make_build(root: Path, image: dict) -> Path:
     stack = load_stack("cu13")
     d = root / f"cu13-{image['tag']}"
     d.mkdir(parents=True)
-    report = {"tag": image["ref"], "human_tags": [f"{image['repo']}:{image['human']}"], "image_id": image["id"], "digest": None}
+    report = {"tag": image["ref"], "human_tags": [f"{image['repo']}:{image['human']}"], "image_id": image["id"],
+              "digest": None}
     (d / "report.json").write_text(json.dumps(report, indent=2))
-    (d / "stack.lock.json").write_text(json.dumps({"stack": stack.id, "hash": stack.hash, "pins": stack.pins(), "digest": None}))
+    (d / "stack.lock.json").write_text(json.dumps({"stack": stack.id, "hash": stack.hash, "pins": stack.pins(),
+                                                   "digest": None}))
     return d
 
 
@@ -147,11 +150,13 @@ def test_publish_build_pull_by_digest_and_republish_is_a_noop(registry, built_im
 def test_wrong_password_is_refused_clearly_and_records_nothing(registry, built_image, tmp_path):
     build = make_build(tmp_path / "build", built_image)
     before = {n: (build / n).read_bytes() for n in ("report.json", "stack.lock.json")}
-    out = cli("--cuda", "cu13", "--build-dir", str(tmp_path / "build"), "--registry", f"{registry.host}/publish-test/denied",
+    out = cli("--cuda", "cu13", "--build-dir", str(tmp_path / "build"), "--registry",
+              f"{registry.host}/publish-test/denied",
               "--username", "publisher", "--password-env", "SF_WRONG", env={"SF_WRONG": "not-the-password"})
     assert out.returncode == 2
     assert f"registry {registry.host} refused access to 'publish-test/denied'" in out.stderr
-    assert "user 'publisher' from --password-env SF_WRONG" in out.stderr and "check the username and password" in out.stderr
+    assert ("user 'publisher' from --password-env "
+           "SF_WRONG") in out.stderr and "check the username and password" in out.stderr
     assert "not-the-password" not in out.stdout + out.stderr and "pushing" not in out.stdout
     assert not (build / "publish.json").exists()
     assert {n: (build / n).read_bytes() for n in before} == before
@@ -219,7 +224,8 @@ def test_ecr_publish_creates_repository_and_keeps_tags_immutable(registry, moto_
                         "layers": []})
     other_digest = "sha256:" + hashlib.sha256(other.encode()).hexdigest()
     aws.put_image(repositoryName=name, imageManifest=other, imageTag=built_image["tag"], imageDigest=other_digest)
-    aws.put_image(repositoryName=name, imageManifest=ours.raw.decode(), imageTag=built_image["human"], imageDigest=ours.digest)
+    aws.put_image(repositoryName=name, imageManifest=ours.raw.decode(), imageTag=built_image["human"],
+                  imageDigest=ours.digest)
     # The post-push check (describe_images) that runs when ECR itself is the push host:
     ecr.confirm_digest(aws, ecr.parse_ecr_host(ECR_HOST), name, built_image["human"], ours.digest)
     with pytest.raises(RegistryError, match="describe_images reports"):
@@ -267,7 +273,8 @@ def _blob(registry: LocalRegistry, repository: str, digest: str) -> bytes:
 
     request = urllib.request.Request(f"https://{registry.host}/v2/{repository}/blobs/{digest}", headers={
         "Authorization": "Basic " + base64.b64encode(f"publisher:{PASSWORD}".encode()).decode()})
-    with urllib.request.urlopen(request, context=ssl.create_default_context(cafile=str(registry.ca)), timeout=60) as resp:
+    with urllib.request.urlopen(request, context=ssl.create_default_context(cafile=str(registry.ca)),
+                                timeout=60) as resp:
         return resp.read()
 
 
@@ -279,7 +286,8 @@ def test_publish_with_zstd_layers_keeps_the_image_and_is_read_back_layer_by_laye
 
     build = make_build(tmp_path / "build", built_image)
     dest, repository = f"{registry.host}/publish-test/zstd", "publish-test/zstd"
-    args = ["--cuda", "cu13", "--build-dir", str(tmp_path / "build"), "--registry", dest, "--username", "publisher", "--password-stdin"]
+    args = ["--cuda", "cu13", "--build-dir", str(tmp_path / "build"), "--registry", dest, "--username", "publisher",
+            "--password-stdin"]
     out = cli(*args, "--compression", "zstd", input=PASSWORD + "\n")
     assert out.returncode == 0, out.stdout + out.stderr
     record = json.loads((build / "publish.json").read_text())

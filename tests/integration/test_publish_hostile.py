@@ -64,19 +64,25 @@ class Proxy:
                     self.close_connection = True
                     return
                 if outer.mode == "swallows uploads" and self.command == "PUT" and "/blobs/uploads/" in path:
-                    return self._reply(201, {"Docker-Content-Digest": self.path.split("digest=")[1].replace("%3A", ":")}, b"")
+                    return self._reply(201, {"Docker-Content-Digest": self.path.split("digest=")[1].replace("%3A",
+                                                                                                            ":")}, b"")
                 conn = http.client.HTTPConnection(upstream, timeout=30)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
-                conn.request(self.command, self.path, body=body if self.command in ("PUT", "POST", "PATCH") else None, headers=headers)
+                conn.request(self.command, self.path, body=body if self.command in ("PUT", "POST", "PATCH") else None,
+                             headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
-                answer = {k: v for k, v in resp.getheaders() if k.lower() not in ("connection", "transfer-encoding", "content-length")}
+                answer = {k: v for k, v in resp.getheaders() if k.lower() not in ("connection", "transfer-encoding",
+                                                                                  "content-length")}
                 conn.close()
                 if "Location" in answer:  # the registry names itself; the client must stay on the proxy
                     answer["Location"] = answer["Location"].replace(upstream, outer.host)
-                if outer.mode in ("claims blobs", "swallows uploads") and self.command == "HEAD" and "/blobs/" in path and resp.status == 404:
+                if outer.mode in ("claims blobs",
+                                  "swallows "
+                                  "uploads") and self.command == "HEAD" and "/blobs/" in path and resp.status == 404:
                     return self._reply(200, {}, b"")  # "I have it", without saying what
-                self._reply(resp.status, answer, data, length=resp.getheader("Content-Length") if self.command == "HEAD" else None)
+                self._reply(resp.status, answer, data,
+                            length=resp.getheader("Content-Length") if self.command == "HEAD" else None)
 
             def _reply(self, status, headers, data, length=None):
                 self.send_response(status)
@@ -158,20 +164,24 @@ def test_blobs_the_registry_only_claims_are_uploaded_again(plain_registry, small
         assert direct.has_blob(repo, blob["digest"], blob["size"]) is True
 
 
-def test_a_registry_that_never_keeps_what_it_is_sent_fails_the_publish_and_records_nothing(plain_registry, small_image, proxy, tmp_path):
+def test_a_registry_that_never_keeps_what_it_is_sent_fails_the_publish_and_records_nothing(plain_registry, small_image,
+                                                                                           proxy, tmp_path):
     p = proxy(plain_registry.host, "swallows uploads")
     repo = f"hostile/swallows-{uuid.uuid4().hex[:8]}"
-    out = subprocess.run([sys.executable, "-m", "invoke", "publish", "--image", small_image["ref"], "--registry", f"{p.host}/{repo}",
+    out = subprocess.run([sys.executable, "-m", "invoke", "publish", "--image", small_image["ref"], "--registry",
+                          f"{p.host}/{repo}",
                           "--compression", "zstd", "--record", str(tmp_path / "rec.json")],
                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=os.environ.copy())
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "Traceback" not in out.stderr and f"{p.host}: blob sha256:" in out.stderr and "does not hold what it was sent" in out.stderr
+    assert "Traceback" not in out.stderr and f"{p.host}: blob sha256:" in out.stderr and ("does not hold what it was "
+                                                                                         "sent") in out.stderr
     assert not (tmp_path / "rec.json").exists()
     direct = RegistryAPI(plain_registry.host, None, retry=Retry(attempts=1), echo=lambda s: None)
     assert direct.manifest(repo, small_image["tag"]) is None  # no manifest pushed over nothing
 
 
-def test_a_registry_that_drips_its_answer_ends_the_publish_by_the_deadline(plain_registry, small_image, proxy, tmp_path, monkeypatch):
+def test_a_registry_that_drips_its_answer_ends_the_publish_by_the_deadline(plain_registry, small_image, proxy,
+                                                                           tmp_path, monkeypatch):
     p = proxy(plain_registry.host, "drips manifests")
     monkeypatch.setattr(registry_mod, "DEADLINE_S", 3.0)
     started = time.monotonic()

@@ -49,11 +49,13 @@ def ray_image(base_image, tmp_path_factory):
         "# Ray at the lock's version, in a venv first on PATH: the image's python3 is the job's. The CA\n"
         "# bundle of this machine (a TLS proxy may sit between it and PyPI) is a build secret, not a layer.\n"
         "RUN --mount=type=secret,id=ca-bundle,target=/run/secrets/ca-bundle python3 -m venv /opt/ray && \\\n"
-        f"    PIP_CERT=/run/secrets/ca-bundle /opt/ray/bin/pip install --no-cache-dir 'ray[default]=={lock_version('ray')}'\n"
+        "    PIP_CERT=/run/secrets/ca-bundle /opt/ray/bin/pip install --no-cache-dir "
+        f"'ray[default]=={lock_version('ray')}'\n"
         "ENV PATH=/opt/ray/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n")
     tag = "slimeforge-test/ray:" + lock_version("ray")
     # Debian's docker client runs BuildKit without buildx (DESIGN.md); no `# syntax=` line: nothing is pulled.
-    r = subprocess.run(["/usr/bin/docker", "build", "-q", "--secret", "id=ca-bundle,src=/etc/ssl/certs/ca-certificates.crt", "-t", tag, str(ctx)],
+    r = subprocess.run(["/usr/bin/docker", "build", "-q", "--secret",
+                        "id=ca-bundle,src=/etc/ssl/certs/ca-certificates.crt", "-t", tag, str(ctx)],
                        capture_output=True, text=True, env={**os.environ, "DOCKER_BUILDKIT": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     return tag
@@ -69,10 +71,14 @@ def head_in_image(ray_image, tmp_path):
     (shared / "ckpt").mkdir()
     dashboard = free_port()
     temp = f"/tmp/sfr-{os.urandom(3).hex()}"
-    argv = ["docker", "run", "-d", "--rm", "--init", "--network", "host", "--label", "slimeforge.test=run-in-image", "-v", f"{shared}:{shared}",
-            "--entrypoint", "ray", ray_image, "start", "--head", "--block", "--port", str(free_port()), "--dashboard-host", "127.0.0.1",
-            "--dashboard-port", str(dashboard), "--ray-client-server-port", str(free_port()), "--dashboard-agent-listen-port", str(free_port()),
-            "--num-cpus", "2", "--num-gpus", "1", "--object-store-memory", str(100 * 2**20), "--temp-dir", temp, "--disable-usage-stats"]
+    argv = ["docker", "run", "-d", "--rm", "--init", "--network", "host", "--label", "slimeforge.test=run-in-image",
+            "-v", f"{shared}:{shared}",
+            "--entrypoint", "ray", ray_image, "start", "--head", "--block", "--port", str(free_port()),
+            "--dashboard-host", "127.0.0.1",
+            "--dashboard-port", str(dashboard), "--ray-client-server-port", str(free_port()),
+            "--dashboard-agent-listen-port", str(free_port()),
+            "--num-cpus", "2", "--num-gpus", "1", "--object-store-memory", str(100 * 2**20), "--temp-dir", temp,
+            "--disable-usage-stats"]
     cid = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
     address = f"http://127.0.0.1:{dashboard}"
     try:
@@ -84,19 +90,24 @@ def head_in_image(ray_image, tmp_path):
                 JobSubmissionClient(address).list_jobs()
                 break
             except Exception:  # noqa: BLE001 - not up yet
-                assert time.monotonic() < deadline, subprocess.run(["docker", "logs", cid], capture_output=True, text=True).stdout[-3000:]
+                assert time.monotonic() < deadline, subprocess.run(["docker", "logs", cid], capture_output=True,
+                                                                   text=True).stdout[-3000:]
                 time.sleep(1)
         yield {"address": address, "shared": shared, "temp": temp, "cid": cid}
     finally:
-        subprocess.run(["docker", "stop", "--time", "30", "--", cid], capture_output=True)  # ours, by the id docker gave us
+        subprocess.run(["docker", "stop", "--time", "30", "--", cid],
+                       capture_output=True)  # ours, by the id docker gave us
 
 
 def test_container_mode_job_runs_in_the_image_and_reads_only_what_travels(head_in_image, tmp_path):
     shared = head_in_image["shared"]
     recipe = {
-        "exp_id": "sf-in-image", "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/gsm8k_agent-a1B2c3D4e5",
-        "s3_bucket": "sf-in-image", "model_dir": str(shared / "models" / MODEL), "data_path": str(shared / "data" / "train.jsonl"),
-        "model_type": "qwen2.5-3B", "num_gpus": 1, "tp_size": 1, "rollout_gpus_per_engine": 1, "slime_dir": str(shared / "slime"),
+        "exp_id": "sf-in-image",
+              "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/gsm8k_agent-a1B2c3D4e5",
+        "s3_bucket": "sf-in-image", "model_dir": str(shared / "models" / MODEL),
+              "data_path": str(shared / "data" / "train.jsonl"),
+        "model_type": "qwen2.5-3B", "num_gpus": 1, "tp_size": 1, "rollout_gpus_per_engine": 1,
+              "slime_dir": str(shared / "slime"),
         "megatron_dir": str(shared / "Megatron-LM"), "mode": "container", "checkpoint_dir": str(shared / "ckpt"),
         "env": {"STANDIN_CHECK_FLAGS": "1", "STANDIN_RECORD": str(shared / "record.json")},
     }
@@ -105,8 +116,10 @@ def test_container_mode_job_runs_in_the_image_and_reads_only_what_travels(head_i
     parsed, stack = parse_recipe({**recipe, "mode": "host", "install_prefix": "/opt/sf"}, "test")
     catalog = write_catalog(tmp_path / "flags.json", parsed, stack)
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "invoke", "run", str(path), "--address", head_in_image["address"], "--image",
-                        "127.0.0.1:5000/slimeforge/ray@sha256:" + "e" * 64, "--out", str(out), "--catalog", str(catalog), "--no-network"],
+    r = subprocess.run([sys.executable, "-m", "invoke", "run", str(path), "--address", head_in_image["address"],
+                        "--image",
+                        "127.0.0.1:5000/slimeforge/ray@sha256:" + "e" * 64, "--out", str(out), "--catalog",
+                        str(catalog), "--no-network"],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     text = r.stdout + r.stderr
     assert r.returncode == 0, text
@@ -116,8 +129,10 @@ def test_container_mode_job_runs_in_the_image_and_reads_only_what_travels(head_i
     assert seen["env"]["PATH"].startswith("/opt/ray/bin:") and seen["cwd"].startswith(head_in_image["temp"] + "/")
     argv = seen["argv"]
     assert argv[argv.index("--custom-config-path") + 1] == "agentcore.yaml"
-    assert seen["files"] == ["agentcore.yaml", "job.sh"]  # what travelled: the job's files, nothing else of the run directory
+    assert seen["files"] == ["agentcore.yaml",
+                             "job.sh"]  # what travelled: the job's files, nothing else of the run directory
     (shard,) = (shared / "ckpt").iterdir()
     assert shard.name.startswith("shard-")
-    st = subprocess.run([sys.executable, "-m", "invoke", "run.status", str(out), "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    st = subprocess.run([sys.executable, "-m", "invoke", "run.status", str(out), "--json"], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120)
     assert st.returncode == 0 and json.loads(st.stdout)["status"] == "SUCCEEDED", st.stdout + st.stderr

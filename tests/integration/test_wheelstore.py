@@ -70,12 +70,14 @@ def opts(world, store: Path, **kw) -> BuildOptions:
 
 def step_log(build_log: str, step: str) -> str:
     """The lines BuildKit printed for one stack step's RUN (its vertex id, then every `#id ` line)."""
-    vid = next(m.group(1) for m in re.finditer(r"^#(\d+) \[[^\]]*\] RUN .*?/opt/slimeforge/sf " + re.escape(step) + " ", build_log, re.M))
+    vid = next(m.group(1) for m in re.finditer(r"^#(\d+) \[[^\]]*\] RUN "
+                                               r".*?/opt/slimeforge/sf " + re.escape(step) + " ", build_log, re.M))
     return "\n".join(line for line in build_log.splitlines() if line.startswith(f"#{vid} "))
 
 
 def run_in(tag: str, *argv: str) -> str:
-    res = subprocess.run(["docker", "run", "--rm", "--network", "none", tag, *argv], capture_output=True, text=True, timeout=120)
+    res = subprocess.run(["docker", "run", "--rm", "--network", "none", tag, *argv], capture_output=True, text=True,
+                         timeout=120)
     assert res.returncode == 0, res.stderr
     return res.stdout.strip()
 
@@ -94,16 +96,21 @@ def fresh(world, cold):
     # Pushing a key the registry has is a no-op that answers the same digest.
     said = []
     assert wheelstore.push(cold["key"], world["registry"], world["creds"], cold["store"], echo=said.append) == digest
-    assert said == [f"{world['registry']}/slimeforge-compiled:{cold['key']} is already in the registry ({digest}): nothing to push"]
-    subprocess.run(["docker", "rmi", f"{world['registry']}/slimeforge-compiled:{cold['key']}"], capture_output=True, check=True)
+    assert said == [f"{world['registry']}/slimeforge-compiled:{cold['key']} is already in the registry ({digest}): "
+                    "nothing to push"]
+    subprocess.run(["docker", "rmi", f"{world['registry']}/slimeforge-compiled:{cold['key']}"], capture_output=True,
+                   check=True)
     store = world["root"] / "store-b"
-    report = built(opts(world, store, wheel_registry=world["registry"], wheel_credentials=world["creds"], no_cache=True))
+    report = built(opts(world, store, wheel_registry=world["registry"], wheel_credentials=world["creds"],
+                        no_cache=True))
     return {"report": report, "store": store}
 
 
 def test_a_miss_compiles_once_then_stores(world, cold):
     report, key = cold["report"], cold["key"]
-    assert {k: report["compiled"]["sfcext"][k] for k in ("key", "source", "from_store")} == {"key": key, "source": "compiled", "from_store": True}
+    assert {k: report["compiled"]["sfcext"][k] for k in ("key", "source", "from_store")} == {"key": key,
+                                                                                             "source": "compiled",
+                                                                                                 "from_store": True}
     entry = wheelstore.lookup(key, cold["store"])
     assert entry is not None and [n.startswith("sfcext-0.1.0-cp311-") for n in entry.wheels] == [True]
     assert entry.record["flavor"] == "sfcext" and entry.record["step"] == "sfcext"
@@ -118,7 +125,8 @@ def test_a_miss_compiles_once_then_stores(world, cold):
 def test_a_fresh_builder_pulls_and_compiles_nothing(world, cold, fresh):
     report = fresh["report"]
     assert report["compiled"]["sfcext"]["source"] == "registry" and report["compiled"]["sfcext"]["from_store"]
-    assert wheelstore.lookup(cold["key"], fresh["store"]).record["pulled_from"].endswith(f"slimeforge-compiled:{cold['key']}")
+    assert wheelstore.lookup(cold["key"],
+                             fresh["store"]).record["pulled_from"].endswith(f"slimeforge-compiled:{cold['key']}")
     # wheels.ls: a hit here, and where it is (the local entry, the registry's tag).
     [row] = wheelstore.listing(load_stack(str(world["stack"])), fresh["store"], world["registry"], world["creds"])
     assert row["status"] == "hit" and row["where"] == [str(fresh["store"] / cold["key"]),
@@ -135,7 +143,8 @@ def test_a_fresh_builder_pulls_and_compiles_nothing(world, cold, fresh):
     assert "installing 1 compiled wheel(s) from the store" in log and "sha256 verified" in log
     assert "wheel for sfcext" not in log and "Building" not in log and "Built sfcext" not in log
     # The compiled file is the same bytes in both images.
-    assert run_in(report["tag"], "/opt/venv/bin/python", "-c", SO) == run_in(cold["report"]["tag"], "/opt/venv/bin/python", "-c", SO)
+    assert run_in(report["tag"], "/opt/venv/bin/python", "-c", SO) == run_in(cold["report"]["tag"],
+                                                                             "/opt/venv/bin/python", "-c", SO)
 
 
 def test_the_bare_metal_install_uses_the_same_wheel(world, cold, fresh):
@@ -154,8 +163,11 @@ def test_the_bare_metal_install_uses_the_same_wheel(world, cold, fresh):
     script.write_text(render_install_script(stack, "/opt/sf", patches=[], lock=lock, store=store, base_id=base_id))
     ca = default_ca_bundle()
     mounts = ["-v", f"{ca}:/etc/slimeforge-ca.crt:ro", "-e", "SF_CA_BUNDLE=/etc/slimeforge-ca.crt"] if ca else []
-    res = subprocess.run(["docker", "run", "--rm", "-v", f"{world['root']}:{world['root']}:ro", *mounts, "slimeforge-test/base:bookworm",
-                          "bash", "-c", f"bash {script} && cat /opt/sf/.slimeforge/logs/sfcext.log && /opt/sf/venv/bin/python -c \"{SO}\""],
+    res = subprocess.run(["docker", "run", "--rm", "-v", f"{world['root']}:{world['root']}:ro", *mounts,
+                          "slimeforge-test/base:bookworm",
+                          "bash", "-c",
+                          f"bash {script} && cat /opt/sf/.slimeforge/logs/sfcext.log && /opt/sf/venv/bin/python -c "
+                          f"\"{SO}\""],
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "installing 1 compiled wheel(s) from the store" in res.stdout and "wheel for sfcext" not in res.stdout
@@ -173,8 +185,11 @@ def test_the_bare_metal_install_compiles_in_its_two_phases(world, cold):
     mounts = ["-v", f"{ca}:/etc/slimeforge-ca.crt:ro", "-e", "SF_CA_BUNDLE=/etc/slimeforge-ca.crt"] if ca else []
     # In the cold build's image: a host with gcc (the test base has none) and Python's headers. The
     # prerequisites ask for g++ too (the real pieces are C++); sfcext is C, so gcc stands in for it.
-    res = subprocess.run(["docker", "run", "--rm", "-v", f"{world['root']}:{world['root']}:ro", *mounts, cold["report"]["tag"],
-                          "bash", "-c", f"ln -s \"$(command -v gcc)\" /usr/local/bin/g++ && bash {script} && cat /opt/sf/.slimeforge/logs/sfcext.log && /opt/sf/venv/bin/python -c \"{SO}\""],
+    res = subprocess.run(["docker", "run", "--rm", "-v", f"{world['root']}:{world['root']}:ro", *mounts,
+                          cold["report"]["tag"],
+                          "bash", "-c",
+                          f"ln -s \"$(command -v gcc)\" /usr/local/bin/g++ && bash {script} && cat "
+                          f"/opt/sf/.slimeforge/logs/sfcext.log && /opt/sf/venv/bin/python -c \"{SO}\""],
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "compiling side by side: sfcext (at most 1 at once" in res.stderr
@@ -194,7 +209,8 @@ def test_a_tampered_wheel_is_refused(world, cold):
         build(opts(world, store))
     # The step library refuses it too (a host given a damaged directory): sha256sum -c fails.
     lib = Path(__file__).resolve().parents[2] / "templates" / "steps.sh"
-    res = subprocess.run(["bash", "-c", f'source {lib}; SF_STATE=$(mktemp -d); SF_COMPILED_WHEELS={store / cold["key"]} '
+    res = subprocess.run(["bash", "-c",
+                          f'source {lib}; SF_STATE=$(mktemp -d); SF_COMPILED_WHEELS={store / cold["key"]} '
                                         f'_sf_store_install /nonexistent sfcext 1'], capture_output=True, text=True)
     assert res.returncode != 0 and "differs from its sha256 record: refused" in res.stderr
 
@@ -234,7 +250,8 @@ def test_a_compiled_source_checkout_is_stored_and_reused(world):
     bs._git(repo, "init", "-q")
     # A commit of its own each run: BuildKit's cache from an earlier run cannot stand in for the compile.
     commit = bs._commit(repo, {"setup.py": SETUP_PY, "sfcext.c": SFCEXT_C, "RUN_ID": os.urandom(8).hex(),
-                               "pyproject.toml": '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'},
+                               "pyproject.toml": '[build-system]\nrequires = ["setuptools"]\nbuild-backend = '
+                                                 '"setuptools.build_meta"\n'},
                         "sfcext", "2025-01-01T00:00:00Z")
     stack = world["root"] / "sfcsrc.yaml"
     stack.write_text(SOURCE_STACK.format(commit=commit))
@@ -243,7 +260,8 @@ def test_a_compiled_source_checkout_is_stored_and_reused(world):
     store = world["root"] / "store-src"
 
     def run(**kw):
-        return built(BuildOptions(stack=str(stack), sources=sources, build_root=world["root"] / "out", repository=REPO, force=True,
+        return built(BuildOptions(stack=str(stack), sources=sources, build_root=world["root"] / "out", repository=REPO,
+                                  force=True,
                                   store_root=store, echo=lambda s: None, **kw))
 
     cold = run()
@@ -253,7 +271,9 @@ def test_a_compiled_source_checkout_is_stored_and_reused(world):
     again = run(no_cache=True)
     assert again["compiled"]["sfcext"] == {"key": key, "source": "store", "from_store": True}
     log = step_log((Path(again["dir"]) / "build.log").read_text(), "sfcext")
-    assert "CACHED" not in log and "installing 1 compiled wheel(s) from the store" in log and "wheel for sfcext" not in log
+    assert "CACHED" not in log and ("installing 1 compiled wheel(s) from the "
+                                   "store") in log and "wheel for sfcext" not in log
     # The checkout is still there at its commit (finalize records it); the module is the stored wheel's.
     assert json.loads((Path(again["dir"]) / "stack.lock.json").read_text())["checkouts"]["sfcext"] == commit
-    assert run_in(again["tag"], "/opt/venv/bin/python", "-c", SO) == run_in(cold["tag"], "/opt/venv/bin/python", "-c", SO)
+    assert run_in(again["tag"], "/opt/venv/bin/python", "-c", SO) == run_in(cold["tag"], "/opt/venv/bin/python", "-c",
+                                                                            SO)

@@ -33,7 +33,8 @@ WORK = Path(os.environ.get("SLIMEFORGE_REAL_WORK", "/var/tmp/slimeforge-real"))
 pytestmark = [
     pytest.mark.real,
     pytest.mark.skipif(os.environ.get("SLIMEFORGE_REAL") != "1",
-                       reason="the real cu13 stack (an hour, GBs): SLIMEFORGE_REAL=1 and SLIMEFORGE_REAL_SOURCES run it"),
+                       reason="the real cu13 stack (an hour, GBs): SLIMEFORGE_REAL=1 and SLIMEFORGE_REAL_SOURCES run "
+                              "it"),
 ]
 
 
@@ -44,8 +45,10 @@ def results() -> dict:
 
 def phase(name: str) -> dict:
     if not current(results().get(name), stamp()):
-        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "real_stack.py"), "prepare", "--work", str(WORK)], check=True)
-        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "real_stack.py"), name, "--work", str(WORK)], check=True)
+        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "real_stack.py"), "prepare", "--work", str(WORK)],
+                       check=True)
+        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "real_stack.py"), name, "--work", str(WORK)],
+                       check=True)
     return results()[name]
 
 
@@ -57,7 +60,8 @@ def test_the_real_install_runs_every_step_and_its_smoke_test():
     assert len(expected) > 12
     assert expected <= set(res["steps"]), sorted(expected - set(res["steps"]))
     log = (WORK / "install.log").read_text()
-    assert "smoke test passed" in log and "smoke: import amp_C ok" in log and "smoke: import fused_layer_norm_cuda ok" in log
+    assert "smoke test passed" in log and "smoke: import amp_C ok" in log and ("smoke: import fused_layer_norm_cuda "
+                                                                              "ok") in log
     assert "SKIPPED import transformer_engine.pytorch: it needs a GPU" in log  # skipped by name, never silently
 
 
@@ -65,7 +69,8 @@ def test_pip_check_is_clean_and_every_patch_is_applied():
     res = phase("install")
     assert res["pip_check"] == "No broken requirements found."
     applied = {line.split()[0] for line in res["patches_applied"]}
-    assert applied == {"megatron.patch", "sglang.patch", "sglang-top_p.patch", "sglang-release_hicache.patch", "sglang-pull_weights.patch"}
+    assert applied == {"megatron.patch", "sglang.patch", "sglang-top_p.patch", "sglang-release_hicache.patch",
+                       "sglang-pull_weights.patch"}
 
 
 def test_a_rerun_of_the_install_script_is_a_no_op():
@@ -79,7 +84,8 @@ def test_a_rerun_of_the_install_script_is_a_no_op():
     # Nothing changed: the smoke test's recorded pass stands; --verify runs it again.
     assert "smoke test: passed with these inputs before, and no step ran since: not run again" in out.stderr
     verified = subprocess.run(["bash", str(script), "--verify"], capture_output=True, text=True, env=env, timeout=900)
-    assert verified.returncode == 0 and ": running" not in verified.stderr and "smoke test passed" in verified.stderr, verified.stderr[-3000:]
+    assert (verified.returncode == 0 and ": running" not in verified.stderr
+            and "smoke test passed" in verified.stderr), verified.stderr[-3000:]
 
 
 def test_the_image_builds_from_the_store_and_passes_its_smoke_test():

@@ -42,7 +42,8 @@ def the_same(render_dir, plan: LaunchPlan) -> None:
     pa, pb = json.loads(a.files["plan.json"]), json.loads(b.files["plan.json"])
     assert pa["recipe"]["mode"] == pb["recipe"]["mode"] == plan.run.recipe.mode == "host"
     assert pa["layout"] == pb["layout"]
-    assert {k: v for k, v in a.files.items() if k != "plan.json"} == {k: v for k, v in b.files.items() if k != "plan.json"}
+    assert {k: v for k, v in a.files.items() if k != "plan.json"} == {k: v for k,
+                                                                      v in b.files.items() if k != "plan.json"}
 
 
 def test_guide_example_renders_what_train_would_run(tmp_path, no_process):
@@ -74,7 +75,8 @@ def test_a_named_mode_is_kept_by_both(tmp_path, no_process):
     runner = SlimeRunner(**{**GUIDE, "mode": "container"})
     rendered = runner.render(tmp_path / "c", num_rollout=1)
     plan = runner.train(out=tmp_path / "c", dry_run=True)
-    assert plan.run.recipe.mode == "container" and json.loads(rendered.files["plan.json"])["recipe"]["mode"] == "container"
+    assert (plan.run.recipe.mode == "container"
+            and json.loads(rendered.files["plan.json"])["recipe"]["mode"] == "container")
     assert rendered.env == plan.rundir.env and no_process == []
 
 

@@ -31,7 +31,8 @@ HADOLINT = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadoli
 def test_real_dockerfile_passes_hadolint(flavor, tmp_path):
     path = tmp_path / "Dockerfile"
     path.write_text(render_dockerfile(load_stack(flavor)))
-    res = subprocess.run([HADOLINT, "--config", str(ROOT / ".hadolint.yaml"), str(path)], capture_output=True, text=True)
+    res = subprocess.run([HADOLINT, "--config", str(ROOT / ".hadolint.yaml"), str(path)], capture_output=True,
+                         text=True)
     assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -42,7 +43,8 @@ def test_real_dockerfile_carries_every_pin(flavor):
     # Package versions and the router wheel live in the lock (each step bind-mounts its slice);
     # everything else (sources, base, patches) is in the Dockerfile itself.
     in_lock = ("pip.", "slime-req.", "router.")
-    missing = {k: v for k, v in stack.pins().items() if k != "base.digest" and not k.startswith(in_lock) and v not in text}
+    missing = {k: v for k,
+               v in stack.pins().items() if k != "base.digest" and not k.startswith(in_lock) and v not in text}
     assert missing == {}
     for step in stack.plan:
         if step.kind in ("pip", "source", "wheel_url"):
@@ -60,7 +62,8 @@ def test_steps_in_plan_order_one_run_each(flavor):
     positions = [text.index(f"/opt/slimeforge/sf {n} ") for n in order]
     assert positions == sorted(positions)
     # + venv + finalize, + one stage of its own for each compiled step that compiles here
-    staged = [s.name for s in stack.plan if s.compiles and (s.kind, s.requirements) != ("pip", ())]  # cu13 flash-attn: nothing
+    staged = [s.name for s in stack.plan if s.compiles and (s.kind, s.requirements) != ("pip",
+                                                                                        ())]  # cu13 flash-attn: nothing
     assert text.count("\nRUN ") == len(order) + 2 + len(staged)
     late = text[text.index("/opt/slimeforge/sf patches "):]
     assert "sf slime source_step" in late and "--lock" not in late.split("sf slime source_step")[1].split("\n")[0]
@@ -101,7 +104,8 @@ def test_every_compiled_step_gets_every_arch_variable_and_its_own_caches(flavor)
     for name in COMPILED:
         block = run_block(text, name)
         assert "TORCH_CUDA_ARCH_LIST=9.0 FLASH_ATTN_CUDA_ARCHS=90 NVTE_CUDA_ARCHS=90 " in block, name
-        key = re.search(rf"sf {name} compiled --key ({re.escape(flavor)}-{name}-[0-9a-f]{{16}}) --venv /opt/venv (--wheels /tmp/sf-compiled/\1 )?-- ",
+        key = re.search(rf"sf {name} compiled --key ({re.escape(flavor)}-{name}-[0-9a-f]{{16}}) --venv /opt/venv "
+                        r"(--wheels /tmp/sf-compiled/\1 )?-- ",
                         block).group(1)
         assert f"--mount=type=cache,id=sf-uv-{key},target=/root/.cache/uv " in block
         assert f"--mount=type=cache,id=sf-pip-{key},target=/root/.cache/pip " in block
@@ -114,14 +118,16 @@ def test_every_compiled_step_gets_every_arch_variable_and_its_own_caches(flavor)
     # cu13's flash-attn installs nothing: no stage of its own, no share of the budget.
     staged = COMPILED[1:] if flavor == "cu13" else COMPILED
     assert [n for n in COMPILED if f"AS sf-compile-{n}\n" in text] == staged
-    assert text.count("ARG MAX_JOBS") == len(staged) and text.rindex("ARG MAX_JOBS") < text.index("# --- step 6: transformer-engine")
+    assert text.count("ARG MAX_JOBS") == len(staged) and text.rindex("ARG MAX_JOBS") < text.index("# --- step 6: "
+                                                                                                  "transformer-engine")
 
 
 def test_compiled_keys_differ_per_flavor():
     cu13, cu129 = (load_stack(f) for f in ("cu13", "cu129"))
     for name in COMPILED:
         assert compiled_key(cu13, name) != compiled_key(cu129, name)
-        assert compiled_key(cu13, name).startswith(f"cu13-{name}-") and compiled_key(cu129, name).startswith(f"cu129-{name}-")
+        assert compiled_key(cu13, name).startswith(f"cu13-{name}-") and compiled_key(cu129,
+                                                                                     name).startswith(f"cu129-{name}-")
 
 
 def derived(tmp_path, name, **fields) -> Stack:
@@ -130,7 +136,8 @@ def derived(tmp_path, name, **fields) -> Stack:
     path = tmp_path / f"{name}.yaml"
     (tmp_path / "locks").mkdir(exist_ok=True)
     shutil.copy(ROOT / "images" / "locks" / "pylock.cu13.toml", tmp_path / "locks")
-    path.write_text("extends: " + str(ROOT / "images" / "cu13.yaml") + "\n" + "".join(f"{k}: {v}\n" for k, v in fields.items()))
+    path.write_text("extends: " + str(ROOT / "images" / "cu13.yaml") + "\n" + "".join(f"{k}: {v}\n" for k,
+                                                                                      v in fields.items()))
     return load_stack(path)
 
 
@@ -192,7 +199,8 @@ def test_patches_wait_for_their_own_late_step():
     patches = run_block(text, "patches")
     assert "source=patches/megatron.patch,target=/tmp/sf-patches/megatron.patch" in patches
     assert "sf patches apply_patch megatron.patch git 1 /tmp/sf-patches/megatron.patch /root/Megatron-LM" in patches
-    assert "sf patches apply_patch sglang.patch patch 2 /tmp/sf-patches/sglang.patch /opt/venv/lib/python3.12/site-packages" in patches
+    assert ("sf patches apply_patch sglang.patch patch 2 /tmp/sf-patches/sglang.patch "
+           "/opt/venv/lib/python3.12/site-packages") in patches
 
 
 def test_compile_jobs_fit_memory_and_cores():
@@ -213,16 +221,19 @@ def test_build_args_are_validated_together():
 
 def test_progress_parser_reads_cache_hits_and_durations():
     lines = [
-        "#5 [stage-0 3/5] RUN --mount=type=cache,target=/root/.cache/uv     /opt/slimeforge/sf venv venv /opt/venv 0.9.7",
+        "#5 [stage-0 3/5] RUN --mount=type=cache,target=/root/.cache/uv     /opt/slimeforge/sf venv venv /opt/venv "
+        "0.9.7",
         "#5 CACHED",
-        "#6 [stage-0 4/5] RUN --mount=type=cache,target=/root/.cache/uv     /opt/slimeforge/sf six pip_step --venv /opt/venv",
+        "#6 [stage-0 4/5] RUN --mount=type=cache,target=/root/.cache/uv     /opt/slimeforge/sf six pip_step --venv "
+        "/opt/venv",
         "#6 0.1 slimeforge: step six: pip_step",
         "#6 DONE 1.5s",
         "#7 [stage-0 5/5] COPY stack.lock.json /opt/slimeforge/stack.input.json",
         "#7 DONE 0.0s",
     ]
     steps = parse_progress(lines)
-    assert [(s["name"], s["cached"], s["duration_s"]) for s in steps] == [("venv", True, None), ("six", False, 1.5), ("copy", False, 0.0)]
+    assert [(s["name"], s["cached"], s["duration_s"]) for s in steps] == [("venv", True, None), ("six", False, 1.5),
+                                                                          ("copy", False, 0.0)]
 
 
 def test_base_given_by_digest_needs_no_docker():
@@ -230,7 +241,8 @@ def test_base_given_by_digest_needs_no_docker():
 
     ref = "registry.example/cuda@sha256:" + "a" * 64
     base = resolve_base(load_stack("cu13"), ref, dry_run=False)
-    assert base.to_json() == {"image": ref, "from": ref, "digest": "sha256:" + "a" * 64, "image_id": None} and base.id == base.digest
+    assert base.to_json() == {"image": ref, "from": ref, "digest": "sha256:" + "a" * 64,
+                              "image_id": None} and base.id == base.digest
     text = render_dockerfile(load_stack("cu13"), base.from_ref)
     assert f"FROM {ref} AS sf-s0\n" in text
 
@@ -247,7 +259,8 @@ def test_a_host_without_a_docker_engine_gets_engine_unavailable(monkeypatch, tmp
         resolve_base(load_stack("tests/stacks/test.yaml"), None, dry_run=True)
 
 
-@pytest.mark.parametrize("flavor,fa", [("cu13", ["flash_attn.cute"]), ("cu129", ["flash_attn.cute", "flash_attn", "flash_attn_2_cuda"])])
+@pytest.mark.parametrize("flavor,fa", [("cu13", ["flash_attn.cute"]), ("cu129", ["flash_attn.cute", "flash_attn",
+                                                                                 "flash_attn_2_cuda"])])
 def test_smoke_imports_every_compiled_piece_and_names_the_gpu_ones(flavor, fa):
     from slimeforge.image.steps import smoke_argv
 
@@ -255,12 +268,14 @@ def test_smoke_imports_every_compiled_piece_and_names_the_gpu_ones(flavor, fa):
     argv = smoke_argv(stack, image_layout(stack))
     imports = [argv[i + 1] for i, a in enumerate(argv) if a == "--import"]
     gpu = [argv[i + 1] for i, a in enumerate(argv) if a == "--needs-gpu"]
-    pieces = [*fa, "transformer_engine.pytorch", "amp_C", "fused_layer_norm_cuda", "torch_memory_saver", "sgl_kernel", "flashinfer",
+    pieces = [*fa, "transformer_engine.pytorch", "amp_C", "fused_layer_norm_cuda", "torch_memory_saver", "sgl_kernel",
+              "flashinfer",
               "megatron.training", "slime.backends.megatron_utils.actor"]
     assert set(pieces) <= set(imports) and set(gpu) <= set(imports)
     assert {"transformer_engine.pytorch", "sgl_kernel", "megatron.training"} <= set(gpu)
     assert argv[argv.index("--versions") + 1] == "/opt/slimeforge/stack.input.json"
-    assert argv[argv.index("--megatron") + 1] == "/root/Megatron-LM" and argv[argv.index("--slime") + 1] == "/root/slime"
+    assert (argv[argv.index("--megatron") + 1] == "/root/Megatron-LM" and argv[argv.index("--slime")
+                                                                               + 1] == "/root/slime")
     text = render_dockerfile(stack)
     assert "COPY flag_catalog.py kernel_check.py venv_sizes.py /opt/slimeforge/" in text
     assert "COPY steps.sh sf venvlock.py /opt/slimeforge/" in text  # the library's own script, before the first step
@@ -268,10 +283,13 @@ def test_smoke_imports_every_compiled_piece_and_names_the_gpu_ones(flavor, fa):
     # test without --flags (finalize fails when the catalog cannot be made); then the venv's sizes.
     last = text[text.index("ARG SOURCE_DATE_EPOCH"):]
     fin, smoke = last.split("\n    -- ", 1)
-    assert "/opt/slimeforge/sf finalize finalize_smoked /opt/venv " in fin and fin.endswith("--slime /root/slime --megatron /root/Megatron-LM \\")
-    assert smoke.startswith("--venv /opt/venv --import torch ") and "--flags" not in smoke and "--patch megatron.patch:git:1:" in smoke
+    assert ("/opt/slimeforge/sf finalize finalize_smoked "
+           "/opt/venv ") in fin and fin.endswith("--slime /root/slime --megatron /root/Megatron-LM \\")
+    assert smoke.startswith("--venv /opt/venv --import "
+                            "torch ") and "--flags" not in smoke and "--patch megatron.patch:git:1:" in smoke
     assert smoke_argv(stack, image_layout(stack), catalog=False) == ["smoke", *smoke.split(" \\\n")[0].split(" ")]
-    assert text.rstrip().endswith(" \\\n    && /opt/venv/bin/python -I /opt/slimeforge/venv_sizes.py /opt/venv /opt/slimeforge/venv-sizes.json")
+    assert text.rstrip().endswith(" \\\n    && /opt/venv/bin/python -I /opt/slimeforge/venv_sizes.py /opt/venv "
+                                  "/opt/slimeforge/venv-sizes.json")
 
 
 def test_base_image_and_tags_are_image_references_before_anything_is_read(tmp_path):
@@ -290,18 +308,30 @@ def test_the_build_report_reads_back_what_it_writes_and_names_a_damaged_key():
     from slimeforge.image.builder.buildkit import parse_progress
     from slimeforge.image.builder.buildreport import BuildReport, CompiledWheels, ReportError, StepTiming
 
-    lines = ["#7 [3/9] RUN /opt/slimeforge/sf torch pip_step", "#7 DONE 12.5s", "#8 [4/9] RUN /opt/slimeforge/sf apex compiled", "#8 CACHED"]
-    report = BuildReport(tag="slimeforge/cu13:0123456789abcdef", human_tags=["slimeforge/cu13:2026.11.1-cu13"], image_id="sha256:" + "1" * 64,
-                         build_hash="ab" * 32, stack="cu13-0123", flavor="cu13", base={"image": "b", "from": "b", "digest": None, "image_id": None},
-                         skipped=False, steps=[StepTiming.from_dict(s) for s in parse_progress(lines)], dir="/b", dockerfile="/b/Dockerfile",
-                         lock="/b/stack.lock.json", log="/b/build.log", command=["docker", "build"], size=10**9, build_duration_s=12.5,
-                         compiled={"apex": CompiledWheels("cu13-apex-1", "store", True)}, published=["r/x@sha256:" + "2" * 64])
+    lines = ["#7 [3/9] RUN /opt/slimeforge/sf torch pip_step", "#7 DONE 12.5s",
+             "#8 [4/9] RUN /opt/slimeforge/sf apex compiled", "#8 CACHED"]
+    report = BuildReport(tag="slimeforge/cu13:0123456789abcdef", human_tags=["slimeforge/cu13:2026.11.1-cu13"],
+                         image_id="sha256:" + "1" * 64,
+                         build_hash="ab" * 32, stack="cu13-0123", flavor="cu13", base={"image": "b", "from": "b",
+                                                                                       "digest": None,
+                                                                                       "image_id": None},
+                         skipped=False, steps=[StepTiming.from_dict(s) for s in parse_progress(lines)], dir="/b",
+                         dockerfile="/b/Dockerfile",
+                         lock="/b/stack.lock.json", log="/b/build.log", command=["docker", "build"], size=10**9,
+                         build_duration_s=12.5,
+                         compiled={"apex": CompiledWheels("cu13-apex-1", "store", True)},
+                         published=["r/x@sha256:" + "2" * 64])
     doc = json.loads(json.dumps(report.to_json()))
     assert BuildReport.from_dict(doc) == report
-    assert doc["cache"] == {"hits": 1, "steps": 2} and doc["compiled"]["apex"] == {"key": "cu13-apex-1", "source": "store", "from_store": True}
+    assert doc["cache"] == {"hits": 1, "steps": 2} and doc["compiled"]["apex"] == {"key": "cu13-apex-1",
+                                                                                   "source": "store",
+                                                                                   "from_store": True}
     assert "store hit, nothing compiled (cu13-apex-1)" in report.summary_table()
-    for key, value, says in [("image_id", None, "`image_id` is missing"), ("human_tags", "x", "`human_tags` has type str, expected list"),
-                             ("size", "big", "`size` has type str, expected int"), ("build_duration_s", True, "`build_duration_s` has type bool")]:
+    for key, value, says in [("image_id", None, "`image_id` is missing"), ("human_tags", "x",
+                                                                           "`human_tags` has type str, expected list"),
+                             ("size", "big", "`size` has type str, expected int"), ("build_duration_s", True,
+                                                                                    "`build_duration_s` has type "
+                                                                                    "bool")]:
         with pytest.raises(ReportError, match=says):
             BuildReport.from_dict({**doc, key: value})
 

@@ -34,7 +34,8 @@ def test_dry_run_writes_the_five_files(tmp_path):
 
 
 def test_set_override_reaches_the_files(tmp_path):
-    out = invoke("run", "recipes/gsm8k.yaml", "--dry-run", "--out", str(tmp_path / "run"), "--set", "num_rollout=3", "--set", "lr=2e-6")
+    out = invoke("run", "recipes/gsm8k.yaml", "--dry-run", "--out", str(tmp_path / "run"), "--set", "num_rollout=3",
+                 "--set", "lr=2e-6")
     assert out.returncode == 0, out.stderr
     plan = json.loads((tmp_path / "run" / "plan.json").read_text())
     assert plan["recipe"]["num_rollout"] == 3 and plan["recipe"]["lr"] == 2e-6
@@ -55,15 +56,18 @@ def test_refused_recipe_leaves_no_run_directory(tmp_path):
 def test_stack_show_prints_pins():
     out = invoke("stack.show", "--cuda", "cu129")
     assert out.returncode == 0, out.stderr
-    assert "a74ae3a0ad16bd8b769d5386738e8ae3d1269d7e" in out.stdout and "transformer_engine[pytorch]==2.16.1" in out.stdout
+    assert ("a74ae3a0ad16bd8b769d5386738e8ae3d1269d7e" in out.stdout and "transformer_engine[pytorch]==2.16.1"
+            in out.stdout)
 
 
 def test_wheels_tasks_refuse_a_bad_registry_and_list_keys(tmp_path):
     env_store = {"SLIMEFORGE_COMPILED_STORE": str(tmp_path / "store")}
     for task in ("wheels.push", "wheels.pull"):
-        out = subprocess.run([sys.executable, "-m", "invoke", task, "--cuda", "cu13", "--registry", "myhost/team"], cwd=ROOT,
+        out = subprocess.run([sys.executable, "-m", "invoke", task, "--cuda", "cu13", "--registry", "myhost/team"],
+                             cwd=ROOT,
                              capture_output=True, text=True, timeout=120, env={**os.environ, **env_store})
-        assert out.returncode == 2 and "--registry: is not a registry host[:port][/path] (got 'myhost/team')" in out.stderr, out.stderr
+        assert out.returncode == 2 and ("--registry: is not a registry host[:port][/path] (got "
+                                       "'myhost/team')") in out.stderr, out.stderr
         assert "Traceback" not in out.stderr
     out = subprocess.run([sys.executable, "-m", "invoke", "wheels.ls", "--cuda", "cu13", "--json"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120, env={**os.environ, **env_store})

@@ -54,7 +54,8 @@ def cli(*args, cwd=ROOT):
 
 @pytest.mark.parametrize("argv", [["doctor", "recipes/gsm8k.yaml", "--no-network"],
                                   ["doctor", "--no-network", "recipes/gsm8k.yaml"],
-                                  ["doctor", "--recipe", "recipes/gsm8k.yaml", "--no-network"]])  # the option form, kept
+                                  ["doctor", "--recipe", "recipes/gsm8k.yaml",
+                                   "--no-network"]])  # the option form, kept
 def test_doctor_takes_its_recipe_positionally_or_as_before(argv, capsys):
     code, err, parsed = parse(argv, capsys)
     assert code == 0, err
@@ -79,7 +80,8 @@ def test_doctor_with_a_recipe_as_a_user_runs_it():
 
 
 def positional_names(ctx) -> str:
-    return " ".join(f"[{a.name.upper()}]" if getattr(a, "may_omit", False) else a.name.upper() for a in ctx.positional_args)
+    return " ".join(f"[{a.name.upper()}]" if getattr(a, "may_omit",
+                                                     False) else a.name.upper() for a in ctx.positional_args)
 
 
 @pytest.mark.parametrize("name", sorted(n for n, ctx in CONTEXTS.items() if ctx.positional_args))
@@ -90,7 +92,8 @@ def test_help_shows_the_positional_argument_where_it_is_typed(name, capsys):
     out = capsys.readouterr().out
     assert (exc.value.code or 0) == 0
     ctx = CONTEXTS[name]
-    assert out.splitlines()[0] == f"Usage: invoke [--core-opts] {name} [--options] {positional_names(ctx)} [other tasks here ...]"
+    assert out.splitlines()[0] == (f"Usage: invoke [--core-opts] {name} [--options] {positional_names(ctx)} [other "
+                                  "tasks here ...]")
     for arg in ctx.positional_args:
         assert f"--{arg.name.replace('_', '-')}=STRING" not in out  # invoke's listing of it as an option
         assert re.search(rf"^\s+{arg.name.upper()}\s+\S", out, re.M), out
@@ -100,8 +103,10 @@ def test_the_usage_lines_of_doctor_and_run():
     assert positional_names(CONTEXTS["doctor"]) == "[RECIPE]" and positional_names(CONTEXTS["run.start"]) == "RECIPE"
     res = cli("doctor", "--nope")
     assert res.returncode == 2
-    assert res.stderr.splitlines() == ["error: `invoke doctor` has no option --nope", "usage: invoke doctor [OPTIONS] [RECIPE]",
-                                       "e.g.:  invoke doctor recipes/gsm8k.yaml", "(`invoke doctor --help` lists its options)"]
+    assert res.stderr.splitlines() == ["error: `invoke doctor` has no option --nope",
+                                       "usage: invoke doctor [OPTIONS] [RECIPE]",
+                                       "e.g.:  invoke doctor recipes/gsm8k.yaml",
+                                       "(`invoke doctor --help` lists its options)"]
 
 
 # --- unknown options: 2 wherever they stand ------------------------------------------------------

@@ -27,7 +27,8 @@ def namespace() -> Collection:
 CONTEXTS = {ctx.name: ctx for ctx in namespace().to_contexts()}
 POSITIONAL = sorted(name for name, ctx in CONTEXTS.items() if ctx.positional_args)
 # Those whose argument must be given (`doctor` without RECIPE checks the host alone).
-REQUIRED = sorted(name for name, ctx in CONTEXTS.items() if any(not getattr(a, "may_omit", False) for a in ctx.positional_args))
+REQUIRED = sorted(name for name, ctx in CONTEXTS.items() if any(not getattr(a, "may_omit",
+                                                                            False) for a in ctx.positional_args))
 
 
 class RecordingExecutor(Executor):
@@ -50,11 +51,13 @@ def run_program(argv, capsys):
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
 
 
 def test_the_positional_tasks_are_found():
-    assert {"run.start", "run.status", "run.logs", "run.stop", "cluster.up", "cluster.status", "cluster.down", "doctor"} <= set(POSITIONAL)
+    assert {"run.start", "run.status", "run.logs", "run.stop", "cluster.up", "cluster.status", "cluster.down",
+            "doctor"} <= set(POSITIONAL)
     assert set(POSITIONAL) - set(REQUIRED) == {"doctor"}
     assert len(CONTEXTS) >= 19  # every task of tasks.py
 

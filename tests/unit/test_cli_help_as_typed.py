@@ -45,6 +45,9 @@ def test_help_names_the_task_as_typed(name, binary, capsys):
 
 
 def test_help_after_the_argument_and_options_names_it_as_typed_too(capsys):
-    for argv in (["run", "recipes/gsm8k.yaml", "--dry-run", "-h"], ["run", "--dry-run", "--help"], ["run", "-h", "--dry-run"]):
-        assert usage_line("invoke", argv, capsys).startswith("Usage: invoke [--core-opts] run [--options] RECIPE "), argv
-    assert usage_line("invoke", ["run.start", "-h"], capsys).startswith("Usage: invoke [--core-opts] run.start [--options] RECIPE ")
+    for argv in (["run", "recipes/gsm8k.yaml", "--dry-run", "-h"], ["run", "--dry-run", "--help"], ["run", "-h",
+                                                                                                    "--dry-run"]):
+        assert usage_line("invoke", argv,
+                          capsys).startswith("Usage: invoke [--core-opts] run [--options] RECIPE "), argv
+    assert usage_line("invoke", ["run.start", "-h"],
+                      capsys).startswith("Usage: invoke [--core-opts] run.start [--options] RECIPE ")

@@ -29,7 +29,8 @@ class Recorded(bringup.DefaultSetup):
 
 def bring_up() -> bringup.Bringup:
     inv = load_inventory(ROOT / "recipes" / "clusters" / "example.yaml")
-    table = HostTable(f"cluster {inv.name}", [(h.name, h.role) for h in inv.hosts], bringup.PHASES, stream=io.StringIO(), live=False)
+    table = HostTable(f"cluster {inv.name}", [(h.name, h.role) for h in inv.hosts], bringup.PHASES,
+                      stream=io.StringIO(), live=False)
     return bringup.Bringup(inv, bringup.make_nodes(inv), table)
 
 

@@ -57,7 +57,8 @@ def test_one_host_however_it_is_spelt(tmp_path, a, b):
         load_inventory(write(tmp_path, hosts))
 
 
-@pytest.mark.parametrize("bad", ["fd00::zz", "[fd00::1", "10.0.0.1:22", "[10.0.0.1]", "fe80::1%eth0;x", "-oProxyCommand=x", "a b", "::ffff:1.2.3.4.5"])
+@pytest.mark.parametrize("bad", ["fd00::zz", "[fd00::1", "10.0.0.1:22", "[10.0.0.1]", "fe80::1%eth0;x",
+                                 "-oProxyCommand=x", "a b", "::ffff:1.2.3.4.5"])
 def test_addresses_that_are_not_one_are_refused(tmp_path, bad):
     with pytest.raises(ConfigError) as err:
         load_inventory(write(tmp_path, [{"name": "a", "address": bad, "role": "head", "gpus": 1}]))
@@ -77,7 +78,8 @@ def test_an_inventorys_ssh_config_is_held_to_the_allow_list(tmp_path):
     config.write_text('# ours\nHost *\n  User root\n  IdentityFile="~/.ssh/id ed"\n  StrictHostKeyChecking=accept-new\n'
                       'Host gpu-*\n  HostName %h.example.com\n  Port 2222\n  ProxyJump ops@[fd00::1]:22\n')
     assert config_problems(config) == []
-    config.write_text("Host *\n  ProxyCommand touch /tmp/x\n  HostName 10.0.0.1 ; touch x\n\tforwardagent yes\nnot-a-line\n")
+    config.write_text("Host *\n  ProxyCommand touch /tmp/x\n  HostName 10.0.0.1 ; touch x\n\tforwardagent "
+                      "yes\nnot-a-line\n")
     problems = config_problems(config)
     assert [p.where for p in problems] == [f"ssh.config (ssh_config line {n})" for n in (2, 3, 4, 5)]
     assert "ssh.proxy_command" in problems[0].message and "is not a value of HostName" in problems[1].message
@@ -108,9 +110,12 @@ def test_the_ssh_config_option_of_the_tasks(tmp_path):
     path = write(tmp_path, [{"name": "a", "address": "gpu-a", "role": "head", "gpus": 1}], ssh={"config": "mine"})
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "SLIMEFORGE_STATE_HOME": str(tmp_path / "state")}
-    refused = subprocess.run([sys.executable, "-m", "invoke", "cluster.up", str(path), "--dry-run"], cwd=root, capture_output=True, text=True, env=env)
-    assert refused.returncode == 2 and "ssh.config (mine line 2)" in refused.stderr and "Traceback" not in refused.stderr
-    ok = subprocess.run([sys.executable, "-m", "invoke", "cluster.up", str(path), "--dry-run", "--ssh-config", str(config)], cwd=root,
+    refused = subprocess.run([sys.executable, "-m", "invoke", "cluster.up", str(path), "--dry-run"], cwd=root,
+                             capture_output=True, text=True, env=env)
+    assert refused.returncode == 2 and ("ssh.config (mine line "
+                                       "2)") in refused.stderr and "Traceback" not in refused.stderr
+    ok = subprocess.run([sys.executable, "-m", "invoke", "cluster.up", str(path), "--dry-run", "--ssh-config",
+                         str(config)], cwd=root,
                         capture_output=True, text=True, env=env)
     assert ok.returncode == 0, ok.stderr
     assert f"-F {config.resolve()}" in ok.stdout
@@ -123,27 +128,33 @@ def test_argv_matches_only_the_recorded_ray_start():
     rec = ["/v/bin/ray", "start", "--block", "--num-gpus", "1"]
     assert hostrecord.argv_matches(rec, ["/v/bin/python3", *rec])
     assert hostrecord.argv_matches(rec, rec)
-    assert hostrecord.argv_matches(["ray", "start", "--block"], ["/usr/bin/env", "python3", "/v/bin/ray", "start", "--block"])
-    for live in ([], None, ["sleep", "300"], ["/v/bin/python3", *rec, "--extra"], ["/v/bin/python3", "/x/ray", *rec[1:]],
+    assert hostrecord.argv_matches(["ray", "start", "--block"], ["/usr/bin/env", "python3", "/v/bin/ray", "start",
+                                                                 "--block"])
+    for live in ([], None, ["sleep", "300"], ["/v/bin/python3", *rec, "--extra"], ["/v/bin/python3", "/x/ray",
+                                                                                   *rec[1:]],
                  ["a", "b", "c", *rec]):
         assert not hostrecord.argv_matches(rec, live), live
 
 
 def test_record_fields_are_typed():
-    good = {"pid": 42, "starttime": 7, "boot_id": "0f0e0d0c-0b0a-4908-8706-050403020100", "argv": ["/v/ray", "start", "--block"],
+    good = {"pid": 42, "starttime": 7, "boot_id": "0f0e0d0c-0b0a-4908-8706-050403020100", "argv": ["/v/ray", "start",
+                                                                                                   "--block"],
             "token": "ab" * 16, "cluster": "lab", "started_at": 1.5}
     assert hostrecord.record_problem(good) is None
     for change in ({"pid": "42"}, {"pid": True}, {"pid": 1 << 23}, {"pid": 4.0}, {"starttime": -1}, {"boot_id": "x"},
-                   {"argv": ["sleep", "300"]}, {"argv": "ray start --block"}, {"token": "AB" * 16}, {"cluster": "a b"}, {"extra": 1}):
+                   {"argv": ["sleep", "300"]}, {"argv": "ray start --block"}, {"token": "AB" * 16}, {"cluster": "a b"},
+                   {"extra": 1}):
         assert hostrecord.record_problem({**good, **change}) is not None, change
-    container = {"container": "f" * 64, "argv": ["docker", "run"], "token": "ab" * 16, "cluster": "lab", "started_at": 1}
+    container = {"container": "f" * 64, "argv": ["docker", "run"], "token": "ab" * 16, "cluster": "lab",
+                 "started_at": 1}
     assert hostrecord.record_problem(container) is None
     for cid in ("registry", "--all", "f" * 12, "F" * 64):
         assert "container (a full id" in hostrecord.record_problem({**container, "container": cid})
 
 
 @pytest.mark.parametrize("make,says", [
-    (lambda p: os.mkfifo(p), "is a FIFO"), (lambda p: p.mkdir(), "is a directory"), (lambda p: p.symlink_to("/dev/zero"), "is a symlink"),
+    (lambda p: os.mkfifo(p), "is a FIFO"), (lambda p: p.mkdir(), "is a directory"),
+                                       (lambda p: p.symlink_to("/dev/zero"), "is a symlink"),
     (lambda p: p.write_bytes(b"\xff"), "not UTF-8"), (lambda p: p.write_text("[" * 20 + "]" * 20), "nests deeper"),
     (lambda p: p.write_text("x" * 70000), "more than a record holds"), (lambda p: p.write_text("{"), "is not JSON"),
 ])
@@ -172,12 +183,14 @@ class AgentAnswers:
 
 def test_down_reports_each_refusal_in_its_table_and_keeps_the_state(tmp_path, monkeypatch):
     monkeypatch.setenv("SLIMEFORGE_STATE_HOME", str(tmp_path / "state"))
-    hosts = [{"name": "a", "address": "10.0.0.1", "role": "head", "gpus": 1}, {"name": "b", "address": "10.0.0.2", "gpus": 1}]
+    hosts = [{"name": "a", "address": "10.0.0.1", "role": "head", "gpus": 1}, {"name": "b", "address": "10.0.0.2",
+                                                                               "gpus": 1}]
     inv = load_inventory(write(tmp_path, hosts))
     clusterrecord.state_file(inv).parent.mkdir(parents=True)
     clusterrecord.state_file(inv).write_text(json.dumps({"gcs": "10.0.0.1:6379", "dashboard": "http://10.0.0.1:8265"}))
     answers = {"a": {"ok": True, "stopped": True, "pid": 7, "processes": 3, "forced": []},
-               "b": {"ok": False, "stopped": False, "refused": "pid 9 is not the `ray start` slimeforge recorded: it runs 'sleep 300'; left alone"}}
+               "b": {"ok": False, "stopped": False,
+                     "refused": "pid 9 is not the `ray start` slimeforge recorded: it runs 'sleep 300'; left alone"}}
     with pytest.raises(ClusterError) as err:
         cluster.down(inv, runner=AgentAnswers(answers), control_dir=str(tmp_path / "cm"), stream=io.StringIO())
     text = str(err.value)
@@ -191,7 +204,8 @@ def test_down_reports_each_refusal_in_its_table_and_keeps_the_state(tmp_path, mo
 def test_status_shows_a_refused_record(tmp_path, monkeypatch):
     monkeypatch.setenv("SLIMEFORGE_STATE_HOME", str(tmp_path / "state"))
     inv = load_inventory(write(tmp_path, [{"name": "a", "address": "10.0.0.1", "role": "head", "gpus": 0}]))
-    facts = {"user": "u", "hostname": "a", "python3": "3.11", "gpus": {"list": []}, "record": {"refused": "ray.json: is a FIFO", "running": False}}
+    facts = {"user": "u", "hostname": "a", "python3": "3.11", "gpus": {"list": []},
+             "record": {"refused": "ray.json: is a FIFO", "running": False}}
     runner = AgentAnswers({"a": facts})
     (row,) = statustable.status(inv, runner=runner, control_dir=str(tmp_path / "cm"))
     assert row["ray_process"] == "record refused" and row["error"].startswith("ray.json: is a FIFO")

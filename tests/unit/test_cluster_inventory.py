@@ -41,7 +41,8 @@ def test_every_problem_is_reported_at_once(tmp_path):
         "hosts": [
             {"name": "a", "address": "10.0.0.1", "role": "head", "gpus": 8},
             {"name": "a", "address": "10.0.0.1", "role": "head", "gpu": 8},
-            {"name": "c d", "address": "-oProxyCommand=x", "gpus": 8, "interface": "a-very-long-interface-name", "node_ip": "10.0.0.300"},
+            {"name": "c d", "address": "-oProxyCommand=x", "gpus": 8, "interface": "a-very-long-interface-name",
+             "node_ip": "10.0.0.300"},
             {"name": "e", "address": "10.0.0.5", "gpus": -1, "role": "master", "prefix": "/opt/sf"},
         ],
     }
@@ -70,7 +71,9 @@ def test_every_problem_is_reported_at_once(tmp_path):
 
 
 def test_no_head_and_host_mode_without_environment(tmp_path):
-    data = {"mode": "host", "hosts": [{"name": "a", "address": "a", "gpus": 1}, {"name": "b", "address": "b", "gpus": 1, "python": "venv/bin/python"}]}
+    data = {"mode": "host", "hosts": [{"name": "a", "address": "a", "gpus": 1}, {"name": "b", "address": "b",
+                                                                                 "gpus": 1,
+                                                                                 "python": "venv/bin/python"}]}
     with pytest.raises(ConfigError) as err:
         load_inventory(write(tmp_path, data))
     found = problems(err.value)
@@ -109,7 +112,8 @@ def test_effective_settings_per_host(tmp_path):
         "ray": {"num_cpus": 4, "env": {"NCCL_IB_HCA": "mlx5", "X": "cluster"}},
         "hosts": [
             {"name": "a", "address": "10.0.0.1", "role": "head", "gpus": 8},
-            {"name": "b", "address": "b-alias", "gpus": 4, "user": "root", "port": 22, "python": "/other/venv/bin/python", "num_cpus": 2, "env": {"X": "host"}},
+            {"name": "b", "address": "b-alias", "gpus": 4, "user": "root", "port": 22,
+             "python": "/other/venv/bin/python", "num_cpus": 2, "env": {"X": "host"}},
         ],
     }
     inv = load_inventory(write(tmp_path, data))
@@ -121,7 +125,8 @@ def test_effective_settings_per_host(tmp_path):
     assert a.lock_path == "/opt/sf/stack.lock.json"
     assert (a.num_cpus, b.num_cpus) == (4, 2)
     # The head's also pins the two metrics ports `ray start` has no option for (rayports.py).
-    assert a.env == {"NCCL_IB_HCA": "mlx5", "X": "cluster", "AUTOSCALER_METRIC_PORT": "10002", "DASHBOARD_METRIC_PORT": "10003"} and b.env["X"] == "host"
+    assert a.env == {"NCCL_IB_HCA": "mlx5", "X": "cluster", "AUTOSCALER_METRIC_PORT": "10002",
+                     "DASHBOARD_METRIC_PORT": "10003"} and b.env["X"] == "host"
     # Per-host state and temp dirs: hosts may share a home directory or /tmp.
     assert (a.state_dir, b.state_dir) == ("/var/lib/sf/lab/a", "/var/lib/sf/lab/b")
     assert a.temp_dir == default_temp_dir("lab", "a") != b.temp_dir
@@ -135,7 +140,8 @@ def test_yaml_errors_and_missing_files_are_config_errors(tmp_path):
         load_inventory(bad)
     with pytest.raises(ConfigError, match="cannot be read"):
         load_inventory(tmp_path / "absent.yaml")
-    data = {"mode": "host", "prefix": "/opt/sf", "install_script": "nope.sh", "ssh": {"config": "nope_config"}, "hosts": [{"name": "a", "address": "a", "role": "head", "gpus": 0}]}
+    data = {"mode": "host", "prefix": "/opt/sf", "install_script": "nope.sh", "ssh": {"config": "nope_config"},
+            "hosts": [{"name": "a", "address": "a", "role": "head", "gpus": 0}]}
     with pytest.raises(ConfigError) as err:
         load_inventory(write(tmp_path, data))
     found = problems(err.value)

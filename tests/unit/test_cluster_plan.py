@@ -44,7 +44,8 @@ def test_ray_start_argv_head_and_worker(host_inventory):
         # Every port pinned (rayports.py): the head's own, then every node's, then the worker range.
         "--port", "6379", "--dashboard-port", "8265", "--ray-client-server-port", "10001",
         "--node-manager-port", "10004", "--object-manager-port", "10005", "--runtime-env-agent-port", "10006",
-        "--dashboard-agent-grpc-port", "10007", "--dashboard-agent-listen-port", "10008", "--metrics-export-port", "10009",
+        "--dashboard-agent-grpc-port", "10007", "--dashboard-agent-listen-port", "10008", "--metrics-export-port",
+                                                                           "10009",
         "--min-worker-port", "10100", "--max-worker-port", "19999",
         "--temp-dir", head.temp_dir, "--disable-usage-stats", "--num-cpus", "1", "--object-store-memory", "104857600",
     ]  # fmt: skip
@@ -53,14 +54,16 @@ def test_ray_start_argv_head_and_worker(host_inventory):
     assert "--head" not in argv and "--dashboard-host" not in argv
     # A worker pins every node's ports, not the head's own (GCS, dashboard, client server).
     assert not {"--port", "--dashboard-port", "--ray-client-server-port"} & set(argv)
-    assert argv[argv.index("--node-manager-port") + 1] == "10004" and argv[argv.index("--max-worker-port") + 1] == "19999"
+    assert (argv[argv.index("--node-manager-port") + 1] == "10004" and argv[argv.index("--max-worker-port")
+                                                                            + 1] == "19999")
     assert argv[argv.index("--node-ip-address") + 1] == "10.0.0.2" and argv[argv.index("--num-gpus") + 1] == "0"
 
 
 def test_ray_env_names_the_interface_and_puts_the_environment_first(host_inventory):
     worker = host_inventory.hosts[1]
     env = nodestart.ray_env(worker, "ens5", "/usr/bin:/bin")
-    assert env == {"GLOO_SOCKET_IFNAME": "ens5", "NCCL_SOCKET_IFNAME": "ens5", "PATH": "/opt/sf/venv/bin:/usr/bin:/bin", "NCCL_IB_HCA": "mlx5"}
+    assert env == {"GLOO_SOCKET_IFNAME": "ens5", "NCCL_SOCKET_IFNAME": "ens5",
+                   "PATH": "/opt/sf/venv/bin:/usr/bin:/bin", "NCCL_IB_HCA": "mlx5"}
 
 
 def test_container_start_argv_runs_ray_in_the_pinned_image():
@@ -71,7 +74,8 @@ def test_container_start_argv_runs_ray_in_the_pinned_image():
     assert argv[:4] == ["docker", "run", "--detach", "--name"] and argv[4] == "sf-ray-example-gpu-a"
     # The labels the node agent proves before it stops or removes the container.
     assert argv[5:9] == ["--label", "slimeforge.cluster=example", "--label", "slimeforge.cluster_token=" + "0f" * 16]
-    for pair in (["--network", "host"], ["--ipc", "host"], ["--gpus", "all"], ["--env", "NCCL_SOCKET_IFNAME=eth0"], ["--env", "NCCL_IB_HCA=mlx5"]):
+    for pair in (["--network", "host"], ["--ipc", "host"], ["--gpus", "all"], ["--env", "NCCL_SOCKET_IFNAME=eth0"],
+                 ["--env", "NCCL_IB_HCA=mlx5"]):
         assert any(argv[i : i + 2] == pair for i in range(len(argv))), pair
     image_at = argv.index(inv.image)
     assert argv[image_at + 1 : image_at + 4] == ["ray", "start", "--block"]
@@ -80,7 +84,8 @@ def test_container_start_argv_runs_ray_in_the_pinned_image():
 
 def test_dry_run_cli_prints_the_plan_and_touches_nothing(tmp_path):
     env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "SLIMEFORGE_STATE_HOME": str(tmp_path / "state")}
-    r = subprocess.run([sys.executable, "-m", "invoke", "cluster.up", str(EXAMPLE), "--dry-run", "--nccl-check"], cwd=ROOT, capture_output=True, text=True, env=env)
+    r = subprocess.run([sys.executable, "-m", "invoke", "cluster.up", str(EXAMPLE), "--dry-run", "--nccl-check"],
+                       cwd=ROOT, capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "dry run: nothing is touched" in out
@@ -94,9 +99,12 @@ def test_dry_run_cli_prints_the_plan_and_touches_nothing(tmp_path):
 def test_cli_refuses_a_bad_inventory_with_every_problem(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("mode: host\nhosts:\n  - {name: a, address: a, gpus: 1}\n  - {name: a, address: a, gpus: x}\n")
-    r = subprocess.run([sys.executable, "-m", "invoke", "cluster.up", str(bad)], cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "invoke", "cluster.up", str(bad)], cwd=ROOT, capture_output=True,
+                       text=True)
     assert r.returncode == 2
-    assert "problem(s):" in r.stderr and "no host has role: head" in r.stderr and "hosts.1.gpus" in r.stderr and "names must be unique" in r.stderr
+    assert "problem(s):" in r.stderr and ("no host has role: "
+                                         "head") in r.stderr and "hosts.1.gpus" in r.stderr and ("names must be "
+                                                                                                "unique") in r.stderr
     assert "Traceback" not in r.stderr
 
 
@@ -111,18 +119,21 @@ def test_environments_must_match_the_head(host_inventory):
     failures = bringup.compare_environments(nodes, head, table)
     assert list(failures) == ["b"]
     assert "install lock (sha256 of stack.lock.json) bbb differs from the head's aaa" in failures["b"]
-    assert "Python 3.11.9 differs from the head's 3.12.3" in failures["b"] and "Ray 2.59.0 differs from the head's 2.60.0" in failures["b"]
+    assert ("Python 3.11.9 differs from the head's "
+           "3.12.3") in failures["b"] and "Ray 2.59.0 differs from the head's 2.60.0" in failures["b"]
     assert table.cells["b"]["environment"] == FAILED
 
 
 def test_host_table_plain_lines_and_text():
     out = io.StringIO()
-    table = HostTable("cluster lab", [("gpu-a", "head"), ("gpu-b", "worker")], ["connect", "preflight"], stream=out, live=False)
+    table = HostTable("cluster lab", [("gpu-a", "head"), ("gpu-b", "worker")], ["connect", "preflight"], stream=out,
+                      live=False)
     with table:
         table.set("gpu-a", "connect", OK, "ubuntu@a")
         table.set("gpu-b", "connect", FAILED, "ssh: connect to host gpu-b port 22: No route to host")
         table.skip_rest("connect")
-    assert out.getvalue().splitlines()[1] == "[cluster lab] gpu-b connect     FAILED  ssh: connect to host gpu-b port 22: No route to host"
+    assert out.getvalue().splitlines()[1] == ("[cluster lab] gpu-b connect     FAILED  ssh: connect to host gpu-b port "
+                                             "22: No route to host")
     assert table.text().splitlines() == [
         "host   role    connect  preflight  detail",
         "gpu-a  head    ok       -          ubuntu@a",
@@ -180,7 +191,8 @@ def test_run_task_resolves_the_cluster_head_and_passes_it_on(tmp_path, monkeypat
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"gcs": "10.0.0.11:6379", "dashboard": "http://10.0.0.11:8265"}))
     seen = {}
-    monkeypatch.setattr(slimeforge.run.launch, "apply", lambda target, plan, runner, stream: seen.update(plan=plan) or 0)
+    monkeypatch.setattr(slimeforge.run.launch, "apply", lambda target, plan, runner,
+                        stream: seen.update(plan=plan) or 0)
     # The seed recipe's paths lie outside the example's volumes: refused from the inventory alone, each named.
     with pytest.raises(Exit) as err:
         tasks.run_start.body(MockContext(), "recipes/gsm8k.yaml", out=str(tmp_path / "run"), cluster=str(EXAMPLE))
@@ -191,10 +203,13 @@ def test_run_task_resolves_the_cluster_head_and_passes_it_on(tmp_path, monkeypat
     other = "reg.example/slimeforge@sha256:" + "0123456789abcdef" * 4
     fixed = ["model_dir=/models/Qwen2.5-3B-Instruct", "data_path=/data/gsm8k_tiny.jsonl", "num_nodes=2"]
     with pytest.raises(Exit) as err:
-        tasks.run_start.body(MockContext(), "recipes/gsm8k.yaml", out=str(tmp_path / "run"), cluster=str(EXAMPLE), set_=fixed, image=other)
-    assert err.value.code == 2 and "image: is not the image cluster example" in str(err.value.message) and other in str(err.value.message)
+        tasks.run_start.body(MockContext(), "recipes/gsm8k.yaml", out=str(tmp_path / "run"), cluster=str(EXAMPLE),
+                             set_=fixed, image=other)
+    assert err.value.code == 2 and ("image: is not the image cluster "
+                                   "example") in str(err.value.message) and other in str(err.value.message)
     # In the volumes, on both hosts: the cluster's image is used, and the job goes to its Jobs API from here.
-    tasks.run_start.body(MockContext(), "recipes/gsm8k.yaml", out=str(tmp_path / "run"), cluster=str(EXAMPLE), set_=fixed)
+    tasks.run_start.body(MockContext(), "recipes/gsm8k.yaml", out=str(tmp_path / "run"), cluster=str(EXAMPLE),
+                         set_=fixed)
     plan = seen["plan"]
     assert plan.target == "ray-cluster" and plan.commands[0].argv[:5] == ("ray", "job", "submit", "--address", "http://10.0.0.11:8265")
     assert plan.run.recipe.image == load_inventory(EXAMPLE).image and plan.mounts == ()

@@ -15,11 +15,13 @@ from slimeforge.cluster.ssh import SSH, HostUnreachable, SSHOptions, SSHTarget
 from slimeforge.errors import CommandError
 from slimeforge.proc import Runner
 
-needs_ssh = pytest.mark.skipif(shutil.which("ssh") is None and not in_ci(), reason="the OpenSSH client is not installed")
+needs_ssh = pytest.mark.skipif(shutil.which("ssh") is None and not in_ci(),
+                               reason="the OpenSSH client is not installed")
 
 
 def test_command_argv_options_and_remote_quoting(tmp_path):
-    ssh = SSH(SSHTarget("gpu-a", "10.0.0.11", user="ubuntu", port=2222, key="/keys/id"), SSHOptions(config_file="/etc/lab_config", control_dir=str(tmp_path / "cm")))
+    ssh = SSH(SSHTarget("gpu-a", "10.0.0.11", user="ubuntu", port=2222, key="/keys/id"),
+              SSHOptions(config_file="/etc/lab_config", control_dir=str(tmp_path / "cm")))
     tricky = ["python3", "-c", "print('it''s'); import os", "$(touch /tmp/x)", "a b", "`id`", "new\nline", ""]
     argv = ssh.command(tricky, env={"NCCL_SOCKET_IFNAME": "eth0", "X": "a b"})
 
@@ -35,7 +37,8 @@ def test_command_argv_options_and_remote_quoting(tmp_path):
         "ControlPersist=60",
         "LogLevel=ERROR",
     ]
-    assert argv[argv.index("-p") + 1] == "2222" and argv[argv.index("-l") + 1] == "ubuntu" and argv[argv.index("-i") + 1] == "/keys/id"
+    assert (argv[argv.index("-p") + 1] == "2222" and argv[argv.index("-l") + 1] == "ubuntu" and argv[argv.index("-i")
+        + 1] == "/keys/id")
     # `--` then the address: an address can never be taken for an option.
     assert argv[-3:-1] == ["--", "10.0.0.11"]
     # ONE string for the remote shell, which splits it back into exactly our argv.
@@ -68,7 +71,8 @@ def test_cwd_is_applied_on_the_host(tmp_path):
     runner = Runner(dry_run=True)
     ssh = SSH(SSHTarget("a", "10.0.0.1"), SSHOptions(control_dir=str(tmp_path)), runner)
     ssh.run(["ls", "-l"], cwd="/opt/my dir")
-    assert shlex.split(runner.history[-1][-1]) == ["sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", "/opt/my dir", "ls", "-l"]
+    assert shlex.split(runner.history[-1][-1]) == ["sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", "/opt/my dir",
+                                                   "ls", "-l"]
 
 
 @needs_ssh
@@ -77,7 +81,8 @@ def test_unreachable_host_raises_host_unreachable_with_ssh_words(short_tmp):
     with socket.socket() as s:  # a port with nothing listening: connection refused at once
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ssh = SSH(SSHTarget("nowhere", "127.0.0.1", port=port), SSHOptions(control_dir=str(tmp_path / "cm"), connect_timeout=5))
+    ssh = SSH(SSHTarget("nowhere", "127.0.0.1", port=port), SSHOptions(control_dir=str(tmp_path / "cm"),
+                                                                       connect_timeout=5))
     with pytest.raises(HostUnreachable) as err:
         ssh.run(["true"], step="probe", timeout=60)
     assert err.value.returncode == 255

@@ -25,7 +25,9 @@ def inventory(tmp_path: Path, ssh: dict | None = None) -> Path:
     path.write_text(yaml.safe_dump({
         "mode": "host", "prefix": "/opt/sf",
         "ssh": {"user": "ubuntu", "port": 2222, "key": str(key), "connect_timeout": 7, **(ssh or {})},
-        "hosts": [{"name": "head", "address": "10.0.0.1", "role": "head", "gpus": 8}, {"name": "b", "address": "10.0.0.2", "gpus": 8}],
+        "hosts": [{"name": "head", "address": "10.0.0.1", "role": "head", "gpus": 8}, {"name": "b",
+                                                                                       "address": "10.0.0.2",
+                                                                                       "gpus": 8}],
     }))  # fmt: skip
     return path
 
@@ -37,10 +39,12 @@ def test_argv_goes_the_inventory_s_ssh_way_on_a_connection_of_its_own(tmp_path):
     assert argv[0] == "ssh" and argv[-2:] == ["--", "10.0.0.1"]
     opts = [argv[i + 1] for i, a in enumerate(argv) if a == "-o"]
     # Never a ControlMaster's: a forward asked of a master would outlive our process.
-    assert "ControlMaster=no" in opts and "ControlPath=none" in opts and not any(o.startswith("ControlPersist") for o in opts)
+    assert ("ControlMaster=no" in opts and "ControlPath=none" in opts and not any(o.startswith("ControlPersist")
+                                                                                  for o in opts))
     assert {"BatchMode=yes", "ConnectTimeout=7", "ExitOnForwardFailure=yes"} <= set(opts)
     assert argv[argv.index("-J") + 1] == "ops@bastion.example.com:2200"
-    assert argv[argv.index("-p") + 1] == "2222" and argv[argv.index("-l") + 1] == "ubuntu" and argv[argv.index("-i") + 1] == str(tmp_path / "id_lab")
+    assert (argv[argv.index("-p") + 1] == "2222" and argv[argv.index("-l") + 1] == "ubuntu" and argv[argv.index("-i")
+        + 1] == str(tmp_path / "id_lab"))
     # Loopback only on this machine, to the head's node IP and dashboard port; no command.
     assert argv[argv.index("-L") + 1] == "127.0.0.1:41234:10.0.0.1:8265" and "-N" in argv
     assert argv.index("-L") < argv.index("--")
@@ -103,7 +107,8 @@ class StandInSSH(Runner):
         self.asked.append(list(argv))
         local = int(argv[argv.index("-L") + 1].split(":")[1])
         code = (f"import sys; sys.stderr.write({self.fail!r} + chr(10)); sys.exit(255)" if self.fail else
-                f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {local})); s.listen(); time.sleep(600)")
+                f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {local})); s.listen(); "
+                "time.sleep(600)")
         return super().start([sys.executable, "-c", code], **kw)
 
 
@@ -111,13 +116,15 @@ def test_tunnel_is_ready_when_its_port_answers_and_stopped_by_pid(tmp_path):
     inv = load_inventory(inventory(tmp_path))
     runner, said = StandInSSH(), []
     with contextlib.ExitStack() as stack:
-        address, via = tunnel.jobs_api(inv, "http://10.0.0.1:8265", mode="always", dry_run=False, stack=stack, runner=runner, say=said.append)
+        address, via = tunnel.jobs_api(inv, "http://10.0.0.1:8265", mode="always", dry_run=False, stack=stack,
+                                       runner=runner, say=said.append)
         assert address.startswith("http://127.0.0.1:") and via
         port = int(address.rsplit(":", 1)[1])
         socket.create_connection(("127.0.0.1", port), timeout=2).close()  # it forwards (here: answers)
         # The argv it ran is the tunnel's: -L to the head's dashboard.
         assert f"127.0.0.1:{port}:10.0.0.1:8265" in runner.asked[-1] and runner.asked[-1][0] == "ssh"
-        assert said[0].startswith(f"[slimeforge] cluster lab: the Jobs API through an ssh tunnel to head (asked for (ssh.tunnel: always or --tunnel)): {address} -> 10.0.0.1:8265 (ssh pid ")
+        assert said[0].startswith("[slimeforge] cluster lab: the Jobs API through an ssh tunnel to head (asked for "
+                                  f"(ssh.tunnel: always or --tunnel)): {address} -> 10.0.0.1:8265 (ssh pid ")
         pid = int(said[0].rsplit("ssh pid ", 1)[1].rstrip(")"))
         assert pid_alive(pid)
     assert not pid_alive(pid)  # stopped by its pid when the launch's `with` ended
@@ -129,7 +136,8 @@ def test_tunnel_that_cannot_log_in_says_what_ssh_said(tmp_path):
     with pytest.raises(tunnel.TunnelError) as err:
         tunnel.jobs_api(inv, "http://10.0.0.1:8265", mode="always", dry_run=False, runner=runner, say=lambda _: None)
     text = str(err.value)
-    assert "head: cannot tunnel to the Jobs API at 10.0.0.1:8265 over ssh: ssh: connect to host 10.0.0.1 port 2222: Connection refused" in text
+    assert ("head: cannot tunnel to the Jobs API at 10.0.0.1:8265 over ssh: ssh: connect to host 10.0.0.1 port 2222: "
+           "Connection refused") in text
     assert "docs/cluster.md#ports" in text
 
 
@@ -151,5 +159,6 @@ def test_run_cluster_dry_run_says_the_jobs_api_goes_through_a_tunnel(tmp_path):
     assert cluster.address == "http://10.0.0.1:8265" and cluster.via and "ssh tunnel to head" in cluster.via
     assert runcheck.cluster_env(str(path), dry_run=True, tunnel="never").via is None  # the command line's word wins
     r, stack = parse_recipe(make_recipe(tmp_path, mode="host"), "test")
-    plan = jobsubmit.ClusterTarget(cluster).plan(ResolvedRun(r, stack, (tmp_path / "run").resolve(), "test", {}, None, (), False))
+    plan = jobsubmit.ClusterTarget(cluster).plan(ResolvedRun(r, stack, (tmp_path / "run").resolve(), "test", {}, None,
+                                                             (), False))
     assert cluster.via in plan.notes

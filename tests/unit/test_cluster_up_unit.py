@@ -28,8 +28,10 @@ def worker_host(inv):
 
 
 def facts(**over):
-    base = {"gpus": {"list": H200}, "route": {"dev": "ens5", "src": "10.0.0.12"}, "addresses": {"ens5": "10.0.0.12", "lo": "127.0.0.1"},
-            "reach": {f"{HEAD_IP}:22": None}, "docker": {"version": "28.2.2"}, "path": "/usr/bin:/bin", "ports_busy": []}
+    base = {"gpus": {"list": H200}, "route": {"dev": "ens5", "src": "10.0.0.12"}, "addresses": {"ens5": "10.0.0.12",
+                                                                                                "lo": "127.0.0.1"},
+            "reach": {f"{HEAD_IP}:22": None}, "docker": {"version": "28.2.2"}, "path": "/usr/bin:/bin",
+            "ports_busy": []}
     return {**base, **over}
 
 
@@ -59,12 +61,14 @@ def test_every_problem_of_a_host_is_named_at_once(inv):
         "cannot tell the interface that routes to 10.0.0.11: set interface in the inventory",
         f"cannot reach the head at {HEAD_IP}:22 from this host: timed out",
         "docker: Cannot connect to the Docker daemon",
-        "port(s) 6379, 52365 in use (another Ray? we only stop what we started): free them or change ray ports in the inventory",
+        "port(s) 6379, 52365 in use (another Ray? we only stop what we started): free them or change ray ports in the "
+        "inventory",
     ]
 
 
 def test_no_nvidia_smi_and_a_missing_interface(inv):
-    node = Node(replace(worker_host(inv), gpus=2, interface="ib0"), ssh=None, facts=facts(gpus={"error": "nvidia-smi not found on PATH"}))
+    node = Node(replace(worker_host(inv), gpus=2, interface="ib0"), ssh=None,
+                facts=facts(gpus={"error": "nvidia-smi not found on PATH"}))
     assert node_problems(inv, node, HEAD_IP) == [
         "declares 2 GPU(s) but nvidia-smi not found on PATH",
         "interface 'ib0' has no IPv4 address here; interfaces: ens5, lo",
@@ -75,9 +79,11 @@ def test_our_earlier_ray_converges_or_asks_for_down(inv):
     node = worker(inv)
     node_problems(inv, node, HEAD_IP)
     token = "ab" * 16
-    planned = start_argv(inv, node.host, node.node_ip, HEAD_IP, ray_env(node.host, node.interface, node.facts["path"]), token)
+    planned = start_argv(inv, node.host, node.node_ip, HEAD_IP, ray_env(node.host, node.interface, node.facts["path"]),
+                         token)
     same = worker(inv, record={"running": True, "argv": planned, "token": token}, ports_busy=[52365])
     assert node_problems(inv, same, HEAD_IP) == []  # its ports are held by our own Ray, started the same way
     other = worker(inv, record={"running": True, "argv": [*planned, "--num-cpus", "4"], "token": token})
     assert node_problems(inv, other, HEAD_IP) == [
-        "Ray started by an earlier cluster.up runs here with other settings: run cluster.down first to apply the inventory's"]
+        "Ray started by an earlier cluster.up runs here with other settings: run cluster.down first to apply the "
+        "inventory's"]

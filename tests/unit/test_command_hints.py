@@ -15,7 +15,8 @@ from slimeforge.clihelp import AsTyped, hint_pattern
     ("run invoke build --cuda cu13 first", "run slimeforge build --cuda cu13 first"),
     ("error: invoke publish: 1 problem(s):", "error: slimeforge publish: 1 problem(s):"),
     ("see `invoke doctor --list-checks`", "see `slimeforge doctor --list-checks`"),
-    ("`invoke run.status runs/x` and `invoke run RECIPE`", "`slimeforge run.status runs/x` and `slimeforge run RECIPE`"),
+    ("`invoke run.status runs/x` and `invoke run RECIPE`",
+     "`slimeforge run.status runs/x` and `slimeforge run RECIPE`"),
     ("`invoke --list` lists them", "`slimeforge --list` lists them"),
     # Not a hint: another word after it, a path, a longer word, a name that is no task.
     ("thin invoke tasks over the package", "thin invoke tasks over the package"),

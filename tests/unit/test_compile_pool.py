@@ -29,7 +29,8 @@ def sf(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess
                           text=True, timeout=60, env={"PATH": "/usr/bin:/bin", **(env or {})})
 
 
-@pytest.mark.parametrize("cores,gib", [(2, 24), (16, 125), (16, 128), (1, 1), (1, 4), (64, 512), (8, 30), (3, 7), (128, 64)])
+@pytest.mark.parametrize("cores,gib", [(2, 24), (16, 125), (16, 128), (1, 1), (1, 4), (64, 512), (8, 30), (3, 7), (128,
+                                                                                                                   64)])
 def test_host_pool_follows_the_python_rule(cores, gib):
     res = sf('sf_jobserver_plan "$@"', str(cores), str(gib * 1024 * 1024))
     assert res.returncode == 0, res.stderr
@@ -41,7 +42,8 @@ def test_the_measured_host_gets_the_measured_pool():
     assert jobserver_plan(mem_bytes=125 << 30, cores=16)[:2] == (40, 16)
 
 
-@pytest.mark.parametrize("version,ok", [("1.13.0", True), ("1.13.0.git.kitware.jobserver-pipe-1", True), ("1.13.2", True),
+@pytest.mark.parametrize("version,ok", [("1.13.0", True), ("1.13.0.git.kitware.jobserver-pipe-1", True), ("1.13.2",
+                                                                                                          True),
                                         ("1.14", True), ("2.0.0", True), ("1.12.1", False), ("1.11.1", False),
                                         ("1.9", False), ("", False), ("ninja", False), ("-1.13", False)])
 def test_ninja_version_rule_is_one_rule(tmp_path, version, ok):
@@ -58,7 +60,10 @@ def fake_ninja(tmp_path: Path, rc: int = 0) -> Path:
     real.write_text(f"""#!/bin/bash
 if [[ $1 == --version ]]; then echo 1.13.0; exit 0; fi
 printf '%s\\n' "$@" >"{tmp_path}/argv"
-n=0; while IFS= read -r -n1 -t 0.2 -d '' c <"$SF_JOBSERVER_PEEK"; do n=$((n + 1)); printf %s "$c" >>"{tmp_path}/taken"; done
+n=0
+while IFS= read -r -n1 -t 0.2 -d '' c <"$SF_JOBSERVER_PEEK"; do
+  n=$((n + 1)); printf %s "$c" >>"{tmp_path}/taken"
+done
 echo "$n" >"{tmp_path}/free"
 cat "{tmp_path}/taken" 2>/dev/null >"$SF_JOBSERVER" || true
 rm -f "{tmp_path}/taken"
@@ -92,7 +97,8 @@ def test_shim_passes_version_without_a_slot(tmp_path):
     real = fake_ninja(tmp_path)
     res = sf('sf_jobserver_open "$1" 1 "$2" || exit 90; for kv in "${SF_JOBSERVER_ENV[@]}"; do export "$kv"; done; '
              # the pool's one slot taken first: a shim that wanted a slot would wait for it
-             'IFS= read -r -n1 -d "" c <&"$SF_JOBSERVER_FD"; timeout 5 ninja --version', str(tmp_path / "pool"), str(real))
+             'IFS= read -r -n1 -d "" c <&"$SF_JOBSERVER_FD"; timeout 5 ninja --version', str(tmp_path / "pool"),
+             str(real))
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "1.13.0"
 
@@ -117,11 +123,14 @@ sf_piece() {
   local me=$1; shift
   case ${SF_COMPILED_PHASE:-} in
     compile)
-      printf '%s|%s|%s|%s|%s\n' "$me" "${SF_JOBSERVER:-none}" "${MAKEFLAGS:-none}" "$(command -v ninja || echo none)" "${APEX_PARALLEL_BUILD:-}" >>"$T/seen"
+      printf '%s|%s|%s|%s|%s\n' "$me" "${SF_JOBSERVER:-none}" "${MAKEFLAGS:-none}" "$(command -v ninja || echo none)" \
+        "${APEX_PARALLEL_BUILD:-}" >>"$T/seen"
       : >"$T/here.$me"
       local other waited=0
       for other in "$@"; do
-        until [[ -f $T/here.$other ]]; do sleep 0.1; waited=$((waited + 1)); ((waited < 200)) || { echo "$other never came"; exit 4; }; done
+        until [[ -f $T/here.$other ]]; do
+          sleep 0.1; waited=$((waited + 1)); ((waited < 200)) || { echo "$other never came"; exit 4; }
+        done
       done ;;
     install) : ;;
     *) exit 5 ;;
@@ -149,7 +158,8 @@ def run_install(tmp_path: Path, pool: str, ninja_version: str = "1.13.0") -> sub
     for f in tmp_path.glob("here.*"):
         f.unlink()
     return subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "T": str(tmp_path), "OMP_NUM_THREADS": "1",
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "T": str(tmp_path),
+                               "OMP_NUM_THREADS": "1",
                                "SF_COMPILE_POOL": pool, "SF_HEARTBEAT_S": "1"})
 
 

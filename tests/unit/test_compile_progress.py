@@ -70,10 +70,12 @@ CASES = {
     "two-at-once": ([line_of("a.o"), line_of("c.o")], (2, 4)),
     "two-at-once-one-ended": ([line_of("a.o"), line_of("c.o"), line_of("b.o")], (1, 2)),
     # Builds of different sizes at once (the counts of real lines changed to tell them apart).
-    "three-and-two": ([line_of("a.o").replace("[1/2]", "[1/3]"), line_of("c.o"), line_of("b.o").replace("[2/2]", "[2/3]")], (3, 5)),
+    "three-and-two": ([line_of("a.o").replace("[1/2]", "[1/3]"), line_of("c.o"),
+                       line_of("b.o").replace("[2/2]", "[2/3]")], (3, 5)),
     # Not ninja's status: a bracket inside a line, N over M, a zero total, over 7 digits, an escape
     # sequence before it; none of them is a count.
-    "not-a-count": (["  building [1/2] later", "[5/3] x", "[0/0] x", "[12345678/99999999] x", "\x1b[2J  [1/2] x"], None),
+    "not-a-count": (["  building [1/2] later", "[5/3] x", "[0/0] x", "[12345678/99999999] x", "\x1b[2J  [1/2] x"],
+                    None),
     # A status line with control characters after it: the count is read, the text never shown.
     "count-before-escapes": (["  [3/8] \x1b]0;owned\x07 c++ \x1b[2J"], (3, 8)),
     "empty": ([], None),
@@ -83,7 +85,8 @@ CASES = {
 def render_lib(tmp: Path) -> Path:
     """The rendered install script up to its prerequisites (settings, step library, runner), its
     state under `tmp`."""
-    text = render_install_script(load_stack(bs.TEST_STACK), str(tmp / "prefix"), patches=[], lock=bs.render_lock(load_stack(bs.TEST_STACK)))
+    text = render_install_script(load_stack(bs.TEST_STACK), str(tmp / "prefix"), patches=[],
+                                 lock=bs.render_lock(load_stack(bs.TEST_STACK)))
     path = tmp / "lib.sh"
     path.write_text(text[: text.index("# --- prerequisites")])
     return path
@@ -95,7 +98,8 @@ def lib(tmp_path_factory) -> Path:
 
 
 def bash(lib: Path, code: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", f"source {lib}; {code}"], capture_output=True, text=True, timeout=60, env={**ENV, **env})
+    return subprocess.run(["bash", "-c", f"source {lib}; {code}"], capture_output=True, text=True, timeout=60,
+                          env={**ENV, **env})
 
 
 def bash_progress(lib: Path, log: Path) -> tuple[int, int] | None:
@@ -143,8 +147,11 @@ def test_only_the_last_64_KiB_is_read_and_a_cut_line_is_not_a_line(lib, tmp_path
 def test_the_estimate_from_the_last_run_else_the_rate_and_none_before_5_percent(done, total, elapsed, last, want, lib):
     assert compiling_text(done, total, elapsed, last) == want
     # The install's words: the same rule, its own duration format (7m05s, 1h52m), whole seconds.
-    res = bash(lib, f'mkdir -p "$SF_STATE/steps"; {"rm -f $SF_STATE/steps/apex.seconds;" if last is None else f"echo {last} >$SF_STATE/steps/apex.seconds;"} '
-                    f'printf "  [{done}/{total}] c++\\n" >"$SF_STATE/x.log"; _sf_progress "$SF_STATE/x.log" {elapsed} apex')
+    last_seconds = ("rm -f $SF_STATE/steps/apex.seconds;" if last is None
+                    else f"echo {last} >$SF_STATE/steps/apex.seconds;")
+    res = bash(lib, f'mkdir -p "$SF_STATE/steps"; {last_seconds} '
+                    f'printf "  [{done}/{total}] c++\\n" >"$SF_STATE/x.log"; '
+                    f'_sf_progress "$SF_STATE/x.log" {elapsed} apex')
     assert res.returncode == 0, res.stderr
     head = f"compiling {done}/{total} ({100 * done // total} %), {elapsed}s so far"
     assert res.stdout.startswith(head)
@@ -195,7 +202,8 @@ def install_run(lib: Path, tmp_path: Path, body: str) -> subprocess.CompletedPro
 
 
 def beats(stderr: str, label: str) -> list[str]:
-    return [line.split(f"{label}: ", 1)[1] for line in stderr.splitlines() if line.startswith(f"slimeforge: {label}: compiling")]
+    return [line.split(f"{label}: ", 1)[1] for line in stderr.splitlines()
+            if line.startswith(f"slimeforge: {label}: compiling")]
 
 
 def test_install_heartbeat_shows_the_count_as_the_log_grows(tmp_path):
@@ -208,15 +216,18 @@ def test_install_heartbeat_shows_the_count_as_the_log_grows(tmp_path):
     # First ext's first object, its second (the build ended), then the second ext's build.
     counts = [s.split(",", 1)[0] for s in said]
     assert counts[0] == "compiling 1/2 (50 %)" and "compiling 2/2 (100 %)" in counts, res.stderr
-    assert counts.index("compiling 2/2 (100 %)") > 0 and all(c in ("compiling 1/2 (50 %)", "compiling 2/2 (100 %)") for c in counts)
-    assert all(re.fullmatch(rf"compiling [12]/2 \([0-9]+ %\), [0-9]+s so far, about [0-9hms]+ left at this rate \(log: {re.escape(str(log))}\)", s)
+    assert counts.index("compiling 2/2 (100 %)") > 0 and all(c in ("compiling 1/2 (50 %)",
+                                                                   "compiling 2/2 (100 %)") for c in counts)
+    assert all(re.fullmatch(r"compiling [12]/2 \([0-9]+ %\), [0-9]+s so far, about [0-9hms]+ left at this rate "
+                            rf"\(log: {re.escape(str(log))}\)", s)
                for s in said), said
     # The next run: the estimate from this run's time.
     (state / "steps" / "apex.done").unlink()
     (state / "steps" / "apex.seconds").write_text("3600\n")
     again = install_run(lib, tmp_path, "SF_STEPS_TOTAL=1\nsf_run_step apex h -- sf_step_ninja\n")
     assert again.returncode == 0, again.stderr
-    assert any(re.fullmatch(r"compiling 1/2 \(50 %\), [0-9]s so far, about 59m[0-9]{2}s left \(last run 1h00m\) \(log: .*\)", s)
+    assert any(re.fullmatch(r"compiling 1/2 \(50 %\), [0-9]s so far, about 59m[0-9]{2}s left \(last run 1h00m\) "
+                            r"\(log: .*\)", s)
                for s in beats(again.stderr, "step 1/1 apex")), again.stderr
 
 
@@ -227,7 +238,8 @@ def test_together_heartbeat_shows_the_count_or_says_there_is_none(tmp_path):
     res = install_run(lib, tmp_path, body)
     assert res.returncode == 0, res.stderr
     assert "compiling 1/2 (50 %)" in "\n".join(beats(res.stderr, "step 1/2 apex")), res.stderr
-    plain = [line for line in res.stderr.splitlines() if line.startswith("slimeforge: step 2/2 plain: compiling (no progress count), ")]
+    plain = [line for line in res.stderr.splitlines() if line.startswith("slimeforge: step 2/2 plain: compiling (no "
+                                                                         "progress count), ")]
     assert plain and "still compiling" not in res.stderr, res.stderr
 
 
@@ -247,7 +259,8 @@ def test_build_heartbeat_shows_the_count_from_buildkit_output(tmp_path):
     beat = [s.split("] ", 1)[1] for s in said if "apex: compiling" in s]
     counts = [b.split(",", 1)[0] for b in beat]
     assert counts[0] == "step 4/4 apex: compiling 1/2 (50 %)" and "step 4/4 apex: compiling 2/2 (100 %)" in counts, said
-    assert all(re.fullmatch(r"step 4/4 apex: compiling [12]/2 \([0-9]+ %\), (<1s|[0-9]+s) so far, about 59m [0-9]{2}s left \(last run 1h 00m\) "
+    assert all(re.fullmatch(r"step 4/4 apex: compiling [12]/2 \([0-9]+ %\), (<1s|[0-9]+s) so far, about 59m [0-9]{2}s "
+                            r"left \(last run 1h 00m\) "
                             rf"\(log: {re.escape(str(tmp_path / 'build.log'))}\)", b) for b in beat), beat
     assert said[-1].endswith("step 4/4 apex: done in 4s")
 
@@ -262,7 +275,8 @@ def test_the_status_lines_the_step_library_streams_give_the_same_count(lib, tmp_
         lines, want = CASES[case]
         full = tmp_path / "full.log"
         full.write_text("".join(f"{line}\n" for line in lines))
-        res = subprocess.run(["bash", "-c", f'{grep.group(1)} <"$F" || true'], capture_output=True, text=True, env={**ENV, "F": str(full)})
+        res = subprocess.run(["bash", "-c", f'{grep.group(1)} <"$F" || true'], capture_output=True, text=True,
+                             env={**ENV, "F": str(full)})
         streamed = res.stdout.splitlines()
         assert streamed and all(len(s) <= 130 and NINJA_LINE.match(s) for s in streamed), streamed
         (tmp_path / "streamed.log").write_text(res.stdout)

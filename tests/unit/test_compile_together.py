@@ -36,7 +36,9 @@ sf_piece() {
       if [[ -n ${FAIL_ME:-} && $FAIL_ME == "$me" ]]; then sleep 1; echo "slimeforge: ERROR: $me broke"; exit 3; fi
       local other waited=0
       for other in "$@"; do
-        until [[ -f $T/here.$other ]]; do sleep 0.1; waited=$((waited + 1)); ((waited < 200)) || { echo "$other never came"; exit 4; }; done
+        until [[ -f $T/here.$other ]]; do
+          sleep 0.1; waited=$((waited + 1)); ((waited < 200)) || { echo "$other never came"; exit 4; }
+        done
       done ;;
     install) printf 'install %s\n' "$me" >>"$T/events" ;;
     *) echo "no phase"; exit 5 ;;
@@ -51,7 +53,8 @@ sf_step_after() { printf 'after\n' >>"$T/events"; }
 
 def runner(tmp_path: Path) -> str:
     """The rendered install script up to its prerequisites: settings, the step library, the runner."""
-    text = render_install_script(load_stack(bs.TEST_STACK), str(tmp_path / "prefix"), patches=[], lock=bs.render_lock(load_stack(bs.TEST_STACK)))
+    text = render_install_script(load_stack(bs.TEST_STACK), str(tmp_path / "prefix"), patches=[],
+                                 lock=bs.render_lock(load_stack(bs.TEST_STACK)))
     return text[:text.index("# --- prerequisites")]
 
 
@@ -69,7 +72,8 @@ def run(tmp_path: Path, fail: str = "", fresh: bool = True) -> subprocess.Comple
 
 
 def share() -> tuple[int, int, int]:
-    mem_kib = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal:")))
+    mem_kib = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                       if line.startswith("MemTotal:")))
     return compile_share(3, mem_kib * 1024, CORES)
 
 
@@ -87,7 +91,8 @@ def test_pieces_compile_at_once_under_one_budget_then_install_in_order(tmp_path)
     assert f"at most {at_once} at once; each MAX_JOBS={jobs}" in res.stderr
     assert "slimeforge: step 4/4 after: done in" in res.stderr and "step 1/4 a: done in" in res.stderr
     # The summary: one row per step with its outcome.
-    assert re.search(r"^slimeforge: a +[0-9]+s  compiled$", res.stderr, re.M) and re.search(r"^slimeforge: after +[0-9]+s  installed$", res.stderr, re.M)
+    assert (re.search(r"^slimeforge: a +[0-9]+s  compiled$", res.stderr, re.M)
+            and re.search(r"^slimeforge: after +[0-9]+s  installed$", res.stderr, re.M))
     state = tmp_path / "prefix" / ".slimeforge"
     assert all((state / "steps" / f"{p}.done").read_text().split("\n")[0] == f"hash-{p}" for p in "abc")
     assert all((state / "steps" / f"{p}.seconds").read_text().strip().isdigit() for p in "abc")
@@ -104,16 +109,19 @@ def test_a_failing_piece_is_named_the_others_are_waited_for_and_a_rerun_resumes(
     res = run(tmp_path, fail="b")
     state = tmp_path / "prefix" / ".slimeforge"
     assert res.returncode == 1
-    assert f"compiled step(s) failed: b (log: {state}/logs/b.log)" in res.stderr and "slimeforge: ERROR: b broke" in res.stderr
+    assert (f"compiled step(s) failed: b (log: {state}/logs/b.log)" in res.stderr
+            and "slimeforge: ERROR: b broke" in res.stderr)
     # a and c were waited for (b had reached the barrier before it failed) and their compiles are
     # recorded; nothing was installed, no step is done.
-    assert (state / "steps" / "a.compiled").read_text() == "hash-a\n" and (state / "steps" / "c.compiled").read_text() == "hash-c\n"
+    steps = state / "steps"
+    assert (steps / "a.compiled").read_text() == "hash-a\n" and (steps / "c.compiled").read_text() == "hash-c\n"
     assert not list((state / "steps").glob("*.done")) and "install" not in (tmp_path / "events").read_text()
     (tmp_path / "events").write_text("")
     # b alone now (a and c reached the barrier in the first run): a and c are not compiled again.
     again = run(tmp_path, fresh=False)
     assert again.returncode == 0, again.stderr
-    assert (tmp_path / "events").read_text().split("\n")[:-1] == ["compile b", "install a", "install b", "install c", "after"]
+    assert (tmp_path / "events").read_text().split("\n")[:-1] == ["compile b", "install a", "install b", "install c",
+                                                                  "after"]
     assert "a: compiled by an earlier run" in again.stderr
     assert not list((state / "steps").glob("*.compiled"))
 
@@ -125,7 +133,8 @@ def test_a_long_step_prints_a_heartbeat_with_its_log(tmp_path):
                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SF_HEARTBEAT_S": "1"})
     assert res.returncode == 0, res.stderr
     log = tmp_path / "prefix" / ".slimeforge" / "logs" / "slow.log"
-    assert re.search(rf"^slimeforge: step 1/1 slow: still running, [0-9]+s so far \(log: {re.escape(str(log))}\)$", res.stderr, re.M)
+    assert re.search(rf"^slimeforge: step 1/1 slow: still running, [0-9]+s so far \(log: {re.escape(str(log))}\)$",
+                     res.stderr, re.M)
     assert "slimeforge: step 1/1 slow: done in" in res.stderr
     # The next run's estimate comes from this run's record; a record that breaks the grammar gives none.
     (tmp_path / "prefix" / ".slimeforge" / "steps" / "slow.done").unlink()
@@ -143,8 +152,9 @@ def test_a_long_step_prints_a_heartbeat_with_its_log(tmp_path):
 def test_host_share_follows_the_image_build_rule(cores, gib, tmp_path):
     lib = Path(__file__).resolve().parents[2] / "templates" / "steps.sh"
     for pieces in (1, 3, 4):
-        res = subprocess.run(["bash", "-c", 'source "$1"; sf_compile_share "$2" "$3" "$4"', "sf", str(lib), str(pieces), str(cores),
-                              str(gib * 1024 * 1024)], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "SF_STATE": str(tmp_path)})
+        res = subprocess.run(["bash", "-c", 'source "$1"; sf_compile_share "$2" "$3" "$4"', "sf", str(lib),
+                              str(pieces), str(cores), str(gib * 1024 * 1024)],
+                             capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "SF_STATE": str(tmp_path)})
         assert tuple(int(x) for x in res.stdout.split()) == compile_share(pieces, gib << 30, cores)
     # On this machine's size two pieces run at once with one job each: both cores busy, as in series.
     assert compile_share(3, 24 << 30, 2) == (2, 1, 1)
@@ -168,9 +178,11 @@ def test_apex_beside_others_keeps_the_hosts_extension_count(cores, gib, tmp_path
 # compiled_key values at 1a0fe99, before the pieces compiled side by side: running them together
 # changes how they are run, never what is built.
 KEYS_BEFORE = {
-    "cu13": {"flash-attn": "cu13-flash-attn-bb1f0b2b5a864a6f", "transformer-engine": "cu13-transformer-engine-dd2a6a6f73c41857",
+    "cu13": {"flash-attn": "cu13-flash-attn-bb1f0b2b5a864a6f",
+             "transformer-engine": "cu13-transformer-engine-dd2a6a6f73c41857",
              "apex": "cu13-apex-49812b1f7c5e7322", "torch-memory-saver": "cu13-torch-memory-saver-2780d77a7d10f20e"},
-    "cu129": {"flash-attn": "cu129-flash-attn-8112d97c3db10a29", "transformer-engine": "cu129-transformer-engine-3eb42034a158021a",
+    "cu129": {"flash-attn": "cu129-flash-attn-8112d97c3db10a29",
+              "transformer-engine": "cu129-transformer-engine-3eb42034a158021a",
               "apex": "cu129-apex-a40d5a210c8373aa", "torch-memory-saver": "cu129-torch-memory-saver-63f7648e8fd0ee90"},
 }
 

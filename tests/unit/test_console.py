@@ -18,7 +18,8 @@ from slimeforge.image.builder.buildkit import stream_build
 from slimeforge.proc import Runner
 
 ROOT = Path(__file__).resolve().parents[2]
-AWKWARD = ["--label", "title=slimeforge cu13", "--build-arg", "A=it's $HOME `x`", "-f", "/tmp/a b/Dockerfile", "--no-cache", "--x=y z", "/ctx dir"]
+AWKWARD = ["--label", "title=slimeforge cu13", "--build-arg", "A=it's $HOME `x`", "-f", "/tmp/a b/Dockerfile",
+           "--no-cache", "--x=y z", "/ctx dir"]
 
 
 def test_shell_lines_run_exactly_the_argv(tmp_path):
@@ -32,13 +33,15 @@ def test_shell_lines_run_exactly_the_argv(tmp_path):
     assert json.loads(res.stdout) == AWKWARD
 
 
-@pytest.mark.parametrize("task", [["stack.show"], ["stack.show", "--json"], ["wheels.ls", "--json"], ["run", "recipes/gsm8k.yaml", "--dry-run"]])
+@pytest.mark.parametrize("task", [["stack.show"], ["stack.show", "--json"], ["wheels.ls", "--json"],
+                                  ["run", "recipes/gsm8k.yaml", "--dry-run"]])
 def test_a_closed_pipe_ends_quietly_with_141(task, tmp_path):
     """`invoke X | head`: no traceback, whichever task; the status a SIGPIPE'd writer has. The
     reader here (`true`) is gone before the task writes its first byte (Python starts slower), so
     the pipe is closed whatever the output's size (a small one would fit in the pipe's buffer)."""
     extra = ["--out", str(tmp_path / "run")] if task[0] == "run" else []
-    text = f"{shlex.join([sys.executable, '-m', 'invoke', *task, *extra])} 2>{shlex.quote(str(tmp_path / 'err'))} | true; echo \"${{PIPESTATUS[0]}}\""
+    command = shlex.join([sys.executable, "-m", "invoke", *task, *extra])
+    text = f"{command} 2>{shlex.quote(str(tmp_path / 'err'))} | true; echo \"${{PIPESTATUS[0]}}\""
     res = subprocess.run(["bash", "-c", text], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "SLIMEFORGE_COMPILED_STORE": str(tmp_path / "store")})
     assert res.stdout == f"{console.CLOSED_PIPE_EXIT}\n"
@@ -73,7 +76,8 @@ def test_colour_only_on_a_terminal_and_never_with_no_color(no_color):
     assert ("\x1b[" in on_tty) is (not no_color), on_tty  # rich's bold header: colour allowed unless NO_COLOR
     piped = subprocess.run([sys.executable, "-c", TABLE], capture_output=True, text=True, check=True,
                            env={**os.environ, **env, "COLUMNS": "100"}).stdout
-    assert "\x1b[" not in piped and "x" * 150 in piped  # off a terminal: plain, and the cell whole, not cut at 80 or 100
+    # off a terminal: plain, and the cell whole, not cut at 80 or 100
+    assert "\x1b[" not in piped and "x" * 150 in piped
     visible = re.sub(r"\x1b\[[0-9;]*m", "", on_tty)
     assert max(len(line) for line in visible.splitlines()) <= 100  # on one: the terminal's width
 
@@ -112,7 +116,8 @@ def test_build_progress_steps_estimates_heartbeat_and_times(tmp_path):
         f"step 3/3 finalize: FAILED after <1s (log: {tmp_path / 'build.log'})",
     ]
     beats = [s for s in said if "still running" in s]
-    assert beats and all("step 2/3 apex: still running" in b and "of ~7m 00s" in b and str(tmp_path / "build.log") in b for b in beats)
+    assert beats and all("step 2/3 apex: still running" in b and "of ~7m 00s" in b and str(tmp_path / "build.log") in b
+                         for b in beats)
     assert "  #4 0.050 slimeforge: ERROR: finalize: no venv" in said  # the step library's error reaches the screen
     assert not any(line.startswith("#3 0.101") for line in said)  # raw output only in the log (and with --verbose)
     # The measured time is the next build's estimate; a damaged record gives none, never a wrong one.
@@ -129,11 +134,13 @@ def test_verbose_shows_every_raw_line(tmp_path):
     script.write_text(BUILDKIT.format(sleep=0))
     said: list[str] = []
     _, lines = stream_build(Runner(), ["bash", str(script)], {}, tmp_path / "build.log", said.append, verbose=True)
-    assert [s for s in said if not s.startswith("[")] == lines  # each raw line once, in order, beside the progress lines
+    # each raw line once, in order, beside the progress lines
+    assert [s for s in said if not s.startswith("[")] == lines
 
 
 def test_durations_read_as_a_person_reads_them():
-    assert [buildprogress.took(s) for s in (0, 42.9, 60, 425, 3600, 3725)] == ["<1s", "42s", "1m 00s", "7m 05s", "1h 00m", "1h 02m"]
+    assert [buildprogress.took(s) for s in (0, 42.9, 60, 425, 3600, 3725)] == ["<1s", "42s", "1m 00s", "7m 05s",
+                                                                               "1h 00m", "1h 02m"]
 
 
 def test_preflight_errors_are_printed_once(tmp_path):
@@ -146,7 +153,8 @@ def test_preflight_errors_are_printed_once(tmp_path):
     assert fixes and all(res.stdout.count(f.strip()) == 1 for f in fixes)
     assert all(f.strip()[5:] not in res.stderr for f in fixes)
     (line,) = res.stderr.splitlines()
-    assert line.startswith("error: preflight of recipes/gsm8k.yaml: ") and "each with its fix in the table above" in line
+    assert (line.startswith("error: preflight of recipes/gsm8k.yaml: ")
+            and "each with its fix in the table above" in line)
 
 
 @pytest.mark.parametrize("steps, why", [
@@ -177,5 +185,6 @@ def test_a_cell_is_plain_text_never_markup_nor_an_escape_sequence():
     import io
 
     out = io.StringIO()
-    console.table("hosts", ["host", "error"], [["a", "ssh: [Errno 111] [bold]refused[/bold] [/] \x1b[2J"], ["b", None]], out)
+    console.table("hosts", ["host", "error"], [["a", "ssh: [Errno 111] [bold]refused[/bold] [/] \x1b[2J"], ["b", None]],
+                  out)
     assert "ssh: [Errno 111] [bold]refused[/bold] [/] ?[2J" in out.getvalue() and "\x1b" not in out.getvalue()

@@ -6,7 +6,19 @@ The dry runs and refusals, a second each, run in tests/integration/heavy/test_do
 from __future__ import annotations
 
 import pytest
-from doc_commands import ROOT, TABLE, DocCommand, NotHere, PageTest, Run, cut_comment, doc_commands, extract, invocations, run_doc_command
+from doc_commands import (
+    ROOT,
+    TABLE,
+    DocCommand,
+    NotHere,
+    PageTest,
+    Run,
+    cut_comment,
+    doc_commands,
+    extract,
+    invocations,
+    run_doc_command,
+)
 
 SAMPLE = """\
 # A page
@@ -104,8 +116,10 @@ def test_a_transcript_keeps_only_its_prompted_lines():
 
 
 def test_a_here_document_is_input_not_commands():
-    block = "```bash\ncat > r.yaml <<'EOF'\ninvoke run not-a-command.yaml\nEOF\ninvoke run r.yaml\ncat <<-END | sh\ninvoke x\nEND\ngrep a <<<x\ninvoke --list\n```\n"
-    assert [c.text for c in extract(block)] == ["invoke run r.yaml", "invoke --list"]  # <<< is a here-string: no document follows
+    block = ("```bash\ncat > r.yaml <<'EOF'\ninvoke run not-a-command.yaml\nEOF\ninvoke run r.yaml\n"
+             "cat <<-END | sh\ninvoke x\nEND\ngrep a <<<x\ninvoke --list\n```\n")
+    # <<< is a here-string: no document follows
+    assert [c.text for c in extract(block)] == ["invoke run r.yaml", "invoke --list"]
 
 
 def test_an_unclosed_fence_is_an_error_not_a_page_without_commands():
@@ -126,9 +140,12 @@ def test_a_comment_is_cut_where_the_shell_cuts_it(line, cut):
 
 
 def test_invocations_are_the_argv_of_our_commands_only():
-    assert invocations("python3 -m venv .venv && . .venv/bin/activate && invoke run r.yaml --dry-run") == [["invoke", "run", "r.yaml", "--dry-run"]]
-    assert invocations("source <(invoke --print-completion-script bash)") == [["invoke", "--print-completion-script", "bash"]]
-    assert invocations("invoke --print-completion-script fish | source") == [["invoke", "--print-completion-script", "fish"]]
+    assert (invocations("python3 -m venv .venv && . .venv/bin/activate && invoke run r.yaml --dry-run")
+            == [["invoke", "run", "r.yaml", "--dry-run"]])
+    assert (invocations("source <(invoke --print-completion-script bash)")
+            == [["invoke", "--print-completion-script", "bash"]])
+    assert (invocations("invoke --print-completion-script fish | source")
+            == [["invoke", "--print-completion-script", "fish"]])
     assert invocations("FOO=1 slimeforge --list") == [["slimeforge", "--list"]]
 
 
@@ -137,13 +154,15 @@ DOCS = doc_commands()
 
 def test_the_docs_hold_commands_in_every_page_that_shows_one():
     pages = {c.page for c in DOCS}
-    assert {"README.md", "docs/cli.md", "docs/quickstart.md", "docs/multinode.md", "docs/slurm.md", "docs/run.md"} <= pages
+    assert {"README.md", "docs/cli.md", "docs/quickstart.md", "docs/multinode.md", "docs/slurm.md",
+            "docs/run.md"} <= pages
     assert len(DOCS) >= 90  # 97 at this writing: a sudden drop means the extractor lost a kind of block
 
 
 def test_every_doc_command_is_run_or_named_with_its_reason():
     missing = [str(c) for c in DOCS if c.text not in TABLE]
-    assert not missing, "commands in the docs neither run nor listed in tests/doc_commands.py's TABLE:\n  " + "\n  ".join(missing)
+    assert not missing, ("commands in the docs neither run nor listed in tests/doc_commands.py's TABLE:\n  "
+                         + "\n  ".join(missing))
 
 
 def test_the_table_names_only_commands_the_docs_show():

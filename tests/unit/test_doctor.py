@@ -35,7 +35,8 @@ def fixture_runner(capture: str, shm_kib: int = 134217728, ulimits: str = "unlim
     """A command runner as an SSH transport would be: argv in, stdout out (real captures)."""
     answers = {
         "nvidia-smi": (FIXTURES / "gpu" / capture / "query-gpu.csv").read_text(),
-        "df": f"Filesystem     1024-blocks  Used Available Capacity Mounted on\ntmpfs {shm_kib} 0 {shm_kib} 0% /dev/shm\n",
+        "df": f"Filesystem     1024-blocks  Used Available Capacity Mounted on\ntmpfs {shm_kib} 0 {shm_kib} 0% "
+              "/dev/shm\n",
         "sh": ulimits,
         "python3": '{"python": "3.12.3", "ray": "2.60.0", "executable": "/usr/bin/python3"}\n',
     }
@@ -58,7 +59,9 @@ def levels(findings, name):
 def host_findings(run, stack, num_gpus, where, versions, ports=None):
     """The host checks' findings for one host, each fed by `run` (captured outputs)."""
     gpus = host.query_gpus(run)
-    found = host.gpu_findings(gpus, num_gpus, where) + host.driver_findings(gpus, stack, where) + host.arch_findings(gpus, stack, where)
+    found = host.gpu_findings(gpus, num_gpus, where) + host.driver_findings(gpus, stack,
+                                                                            where) + host.arch_findings(gpus, stack,
+                                                                                                        where)
     found += host.shm_findings(run, where) + host.limits_findings(run, "host", where)
     if ports:
         found += host.port_findings(run, ports, "python3", where)
@@ -77,7 +80,8 @@ def test_host_checks_read_an_h200_x2_through_an_injected_runner():
 
 def test_host_checks_report_count_driver_arch_and_versions_together():
     old = CU13.model_copy(update={"driver_min": 590, "arch_list": ["10.0"]})
-    found = host_findings(fixture_runner("h100-x1", shm_kib=65536, ulimits="64\n1024\n"), old, 8, "h1", ("2.59.0", "3.11.2"))
+    found = host_findings(fixture_runner("h100-x1", shm_kib=65536, ulimits="64\n1024\n"), old, 8, "h1", ("2.59.0",
+                                                                                                         "3.11.2"))
     errors = {f.check: f for f in found if f.level == doctor.ERROR}
     assert set(errors) == {"gpus", "driver", "gpu-arch", "shm", "versions"}
     assert "1 GPU(s) on h1, the recipe needs 8" in errors["gpus"].message
@@ -147,7 +151,8 @@ def test_bad_data_rows_are_reported_with_line_numbers(tmp_path, recipe_3b):
 
 def test_flags_outside_the_catalog_are_errors_and_values_are_not_flags(tmp_path):
     recipe, stack = parse_recipe(make_recipe(tmp_path, extra_flags=["--rollout-seed", "-1", "--use-dynamic-batchsize",
-                                                                    "--sglang-json", '{"--x": 1}', "--normlization=RMSNorm"]), "test")
+                                                                    "--sglang-json", '{"--x": 1}',
+                                                                    "--normlization=RMSNorm"]), "test")
     catalog = write_catalog(tmp_path / "flags.json", recipe, stack, drop=("--swiglu",))
     doc = json.loads(catalog.read_text())
     doc["flags"] += ["--rollout-seed", "--sglang-json"]
@@ -201,14 +206,16 @@ def test_existing_checkpoint_is_resumed(tmp_path, recipe_3b):
 def test_failing_preflight_lists_everything_and_starts_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{fake_nvidia_smi(tmp_path / 'bin', 'h100-x1')}:/usr/bin:/bin")
     monkeypatch.setenv("SLIMEFORGE_STATE_DIR", str(tmp_path / "state"))
-    recipe, stack = parse_recipe(make_recipe(tmp_path, model="Qwen2.5-32B-Instruct", model_type="qwen2.5-32B", num_gpus=2,
+    recipe, stack = parse_recipe(make_recipe(tmp_path, model="Qwen2.5-32B-Instruct", model_type="qwen2.5-32B",
+                                             num_gpus=2,
                                              extra_flags=["--use-dynamic-batchsize"]), "test")
     Path(recipe.data_path).write_text('{"prompt": "x"}\n')
     catalog = write_catalog(tmp_path / "flags.json", recipe, stack, drop=("--use-dynamic-batchsize",))
     runner = Runner(dry_run=True)
     out = tmp_path / "run"
     with pytest.raises(doctor.PreflightError) as info:
-        launch(recipe, stack, out=out, catalog=str(catalog), runner=runner, network_checks=False, stream=open("/dev/null", "w"))
+        launch(recipe, stack, out=out, catalog=str(catalog), runner=runner, network_checks=False,
+               stream=open("/dev/null", "w"))
     failed = sorted({f.check for f in info.value.report.errors})
     assert failed == ["data", "flags", "gpus", "model-config"], info.value.report.table()
     text = str(info.value)
@@ -217,7 +224,8 @@ def test_failing_preflight_lists_everything_and_starts_nothing(tmp_path, monkeyp
 
 
 def test_env_values_that_ray_would_expand_are_refused(tmp_path):
-    recipe, stack = parse_recipe(make_recipe(tmp_path, env={"A": "$HOME/x", "B": "${USER}", "C": "$(id) `id` $ 5 $5"}), "test")
+    recipe, stack = parse_recipe(make_recipe(tmp_path, env={"A": "$HOME/x", "B": "${USER}", "C": "$(id) `id` $ 5 $5"}),
+                                 "test")
     errors = doctor.run_checks(recipe, stack, only=["runtime-env"]).errors
     assert [e.message.split(" ")[0] for e in errors] == ["env.A", "env.B"]
     assert "'$HOME'" in errors[0].message and "no escape" in errors[0].message
@@ -240,7 +248,8 @@ def test_cluster_up_runs_the_same_host_checks_on_every_host():
             return SimpleNamespace(stdout=self.answer(argv))
 
     host = load_inventory(Path(__file__).resolve().parents[2] / "recipes" / "clusters" / "example.yaml").hosts[0]
-    assert default_host_checks(host, Remote(fixture_runner("h200-x2", ulimits="64\n1024\n"))) == []  # low limits: warnings only
+    assert default_host_checks(host, Remote(fixture_runner("h200-x2",
+                                                           ulimits="64\n1024\n"))) == []  # low limits: warnings only
     problems = default_host_checks(host, Remote(fixture_runner("h200-x2", shm_kib=512 * 1024)))
     assert [p.where for p in problems] == ["shm"]
     assert "/dev/shm is 0.50 GiB" in str(problems[0]) and "remount" in str(problems[0])

@@ -18,7 +18,8 @@ from slimeforge.schema import excerpt
 
 GOOD = yaml.safe_load(Path("recipes/gsm8k.yaml").read_text())
 IMAGE = "registry.invalid/team/slime:1"
-PULL_SAYS = ('Error response from daemon: Get "https://registry.invalid/v2/": dial tcp: lookup registry.invalid on 10.0.0.53:53: '
+PULL_SAYS = ('Error response from daemon: Get "https://registry.invalid/v2/": dial tcp: lookup registry.invalid on '
+             '10.0.0.53:53: '
              "no such host\n")
 
 
@@ -47,12 +48,15 @@ def test_an_image_that_cannot_be_had_is_one_error_with_the_fix_dockers_words_nam
     report = doctor.run_checks(recipe(image=IMAGE), only=["docker", "model-config", "flags", "versions"], runner=runner)
     about = [f for f in report.findings if IMAGE in f.message]
     (err,) = [f for f in about if f.level == doctor.ERROR]
-    assert err.check == "docker" and err.message.startswith(f"image {IMAGE} cannot be had here: `docker pull -- {IMAGE}` exited with 1:")
+    assert err.check == "docker" and err.message.startswith(f"image {IMAGE} cannot be had here: `docker pull -- "
+                                                            f"{IMAGE}` exited with 1:")
     assert PULL_SAYS.strip() in err.message.splitlines()
     assert "registry host does not resolve" in err.fix
     skips = {f.check: f for f in about if f.needs}
     assert set(skips) == {"model-config", "flags", "versions"}
-    assert all(f.needs == "docker" and f.level == doctor.WARNING and not f.fix and "the docker error above" in f.message for f in skips.values())
+    assert all(f.needs == "docker" and f.level == doctor.WARNING and not f.fix and "the docker error "
+                                                                                   "above" in f.message for f
+               in skips.values())
     assert sum(argv[1] == "pull" for argv in runner.history) == 1  # pulled once, for every check
     table = report.table()
     assert table.count("fix:") == len([f for f in report.findings if f.fix]) and "skip" in table
@@ -68,7 +72,8 @@ def test_an_engine_that_does_not_answer_is_the_one_cause():
     class Down(Runner):
         def run(self, argv, **kw):  # type: ignore[override]
             raise CommandError("docker version", [str(a) for a in argv], 1,
-                               "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?\n")
+                               "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker "
+                               "daemon running?\n")
 
     report = doctor.run_checks(recipe(image=IMAGE), only=["docker", "flags", "versions"], runner=Down())
     assert [f.check for f in report.errors] == ["docker"] and "start Docker Engine" in report.errors[0].fix
@@ -77,7 +82,8 @@ def test_an_engine_that_does_not_answer_is_the_one_cause():
 
 def test_a_check_that_needs_an_image_says_so_and_points_at_image():
     # Before: "cannot read MODEL_ARGS of /root/slime/scripts/models/qwen2.5-3B.sh; fix: check slime_dir and model_type".
-    report = doctor.run_checks(recipe(), only=["docker", "model-config", "flags"], runner=Docker(), build_root=Path("/nonexistent"))
+    report = doctor.run_checks(recipe(), only=["docker", "model-config", "flags"], runner=Docker(),
+                               build_root=Path("/nonexistent"))
     by = {(f.check, bool(f.needs)): f for f in report.findings}
     script = by[("model-config", True)]
     assert script.needs == "--image" and "is read in the image, and no image is given" in script.message
@@ -102,11 +108,13 @@ def test_one_missing_credential_is_one_error(tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     report = doctor.run_checks(recipe(), only=["aws-credentials", "s3", "agentcore"])
     assert [f.check for f in report.errors] == ["aws-credentials"]
-    assert {f.check: f.needs for f in report.findings if f.needs} == {"s3": "aws-credentials", "agentcore": "aws-credentials"}
+    assert {f.check: f.needs for f in report.findings if f.needs} == {"s3": "aws-credentials",
+                                                                      "agentcore": "aws-credentials"}
 
 
 def test_remote_text_is_cut_between_lines_and_printable():
-    said = "docker pull: command exited with 1: docker pull -- x\n--- last lines ---\nError response from daemon: \x1b[31mno such host\n"
+    said = ("docker pull: command exited with 1: docker pull -- x\n--- last lines ---\nError response from daemon: "
+           "\x1b[31mno such host\n")
     cut = excerpt(said, 90)
     assert cut == "docker pull: command exited with 1: docker pull -- x; --- last lines ---; ..."
     assert "\x1b" not in excerpt(said) and "?[31mno such host" in excerpt(said)
@@ -116,11 +124,14 @@ def test_remote_text_is_cut_between_lines_and_printable():
 def test_the_layout_note_of_an_image_that_cannot_be_had_has_no_cut_line(monkeypatch):
     import slimeforge.run.imageprobe as imageprobe
 
-    long = "Error response from daemon: " + "Get https://registry.invalid/v2/: lookup registry.invalid: no such host " * 5
+    long = "Error response from daemon: " + ("Get https://registry.invalid/v2/: lookup registry.invalid: no such "
+                                            "host ") * 5
 
     def fail(image, *a, **kw):
-        raise CommandError(f"docker pull {image}", ["docker", "pull", "--", image], 1, "Unable to find image locally\n" + long + "\n")
+        raise CommandError(f"docker pull {image}", ["docker", "pull", "--", image], 1,
+                           "Unable to find image locally\n" + long + "\n")
 
     monkeypatch.setattr(imageprobe, "image_facts", fail)
     _, _, note = layout_of_image(recipe(image=IMAGE), pull=True)
-    assert note == f"the image's layout is not known (docker pull {IMAGE}: Unable to find image locally; ...): rendered for slimeforge's layout"
+    assert note == (f"the image's layout is not known (docker pull {IMAGE}: Unable to find image locally; ...): "
+                   "rendered for slimeforge's layout")

@@ -40,7 +40,8 @@ def failing_nvidia_smi(bin_dir: Path, says: str, code: int) -> Path:
 @pytest.mark.parametrize(("says", "code", "fix"), [
     (MISMATCH, 18, "reboot, or reload the driver"),
     (NO_DRIVER, 9, "the NVIDIA driver is not loaded"),
-    ("Unable to determine the device handle for GPU0000:41:00.0: Unknown Error\n", 15, "what nvidia-smi said above is the cause"),
+    ("Unable to determine the device handle for GPU0000:41:00.0: Unknown Error\n", 15,
+     "what nvidia-smi said above is the cause"),
 ])
 def test_gpus_shows_nvidia_smis_own_words_and_a_fix_only_from_them(tmp_path, monkeypatch, says, code, fix):
     monkeypatch.setenv("PATH", f"{failing_nvidia_smi(tmp_path / 'bin', says, code)}:/usr/bin:/bin")
@@ -143,12 +144,14 @@ def test_a_dry_run_warns_about_missing_paths_and_wandb_and_refuses_nothing(tmp_p
     data.update(model_dir=str(tmp_path / "models" / "absent"), wandb_project="gsm8k")
     recipe.write_text(json.dumps(data))
     env = {k: v for k, v in __import__("os").environ.items() if k != "WANDB_API_KEY"}
-    out = subprocess.run([sys.executable, "-m", "invoke", "run", str(recipe), "--dry-run", "--out", str(tmp_path / "run")],
+    out = subprocess.run([sys.executable, "-m", "invoke", "run", str(recipe), "--dry-run", "--out",
+                          str(tmp_path / "run")],
                          cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "run" / "plan.json").is_file()  # rendered: the run may go to hosts that have the path
     warnings = [line for line in out.stderr.splitlines() if line.startswith("warning: ")]
     assert len(warnings) == 2
-    assert warnings[0].startswith(f"warning: model_dir {tmp_path / 'models' / 'absent'}: no such directory on this machine")
+    assert warnings[0].startswith(f"warning: model_dir {tmp_path / 'models' / 'absent'}: no such directory on this "
+                                  "machine")
     assert "wandb_project is 'gsm8k' but WANDB_API_KEY is not set" in warnings[1]
     assert "valid as a recipe, 2 warning(s)" in out.stdout.splitlines()[0]

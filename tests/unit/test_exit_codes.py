@@ -59,18 +59,20 @@ def test_every_error_class_has_a_status_of_the_rule():
 
 
 def test_tasks_pick_no_status_of_their_own_beyond_the_rule():
-    """A literal exit status in the tasks (slimeforge/cli.py and the cli*.py beside it) is 1 or 2 (a job's own status passes
-    through as a name)."""
+    """A literal exit status in the tasks (slimeforge/cli.py and the cli*.py beside it) is 1 or 2 (a job's own status
+    passes through as a name)."""
     for path in sorted((ROOT / "slimeforge").glob("cli*.py")):
         tree = ast.parse(path.read_text())
-        literal = [kw.value.value for node in ast.walk(tree) if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Exit"
+        literal = [kw.value.value for node in ast.walk(tree) if isinstance(node, ast.Call) and getattr(node.func, "id",
+                                                                                                       "") == "Exit"
                    for kw in node.keywords if kw.arg == "code" and isinstance(kw.value, ast.Constant)]
         assert set(literal) <= {1, 2}, path.name
         assert literal or path.name != "cli.py"
 
 
 @pytest.mark.parametrize("argv", [["run", "--nope", "r.yaml"], ["run", "r.yaml", "--nope"], ["doctor", "--nope"],
-                                  ["doctor", "r.yaml", "--nope"], ["run.status", "x", "--nope=1"], ["cluster.up", "i.yaml", "--nope"],
+                                  ["doctor", "r.yaml", "--nope"], ["run.status", "x", "--nope=1"], ["cluster.up",
+                                                                                                    "i.yaml", "--nope"],
                                   ["build", "--nope"], ["no-such-task"], ["--no-such-core-option"]])
 def test_bad_command_lines_exit_2_wherever_the_token_stands(argv, capsys):
     """A command line the parser refuses is bad input (2), not a failed job (1, invoke's own)."""

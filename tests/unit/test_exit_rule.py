@@ -20,7 +20,8 @@ ID = "sha256:" + "cd" * 32
 
 
 def rows(*answered: bool) -> list[dict]:
-    return [{"host": f"h{i}", "answered": a, **({} if a else {"error": "ssh: connect to host 10.0.0.9 port 22: Connection refused"})}
+    return [{"host": f"h{i}", "answered": a,
+             **({} if a else {"error": "ssh: connect to host 10.0.0.9 port 22: Connection refused"})}
             for i, a in enumerate(answered, 1)]
 
 
@@ -34,9 +35,11 @@ def test_cluster_status_fails_when_a_host_does_not_answer():
 
 def test_cluster_status_of_an_unreachable_cluster_prints_every_row_then_exits_2(tmp_path):
     inventory = tmp_path / "lab.yaml"
-    inventory.write_text("name: gone\nmode: host\nprefix: /opt/slimeforge\nssh: {user: root, connect_timeout: 2, port: 1}\n"
+    inventory.write_text("name: gone\nmode: host\nprefix: /opt/slimeforge\nssh: {user: root, connect_timeout: 2, "
+                         "port: 1}\n"
                          "hosts:\n  - {name: a, address: 127.0.0.1, role: head, gpus: 1}\n")
-    r = subprocess.run([sys.executable, "-m", "invoke", "cluster.status", str(inventory)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "invoke", "cluster.status", str(inventory)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Connection refused" in r.stdout  # the table first, with ssh's words
     assert "1 of 1 host(s) do not answer (a)" in r.stderr and "Traceback" not in r.stderr
@@ -59,7 +62,8 @@ def test_publish_dry_run_checks_the_local_image_as_the_publish_does():
     p = plan(PublishOptions(image="slimerl/slime:latest", registry="reg.example.com:5000/team/slime"))
     with pytest.raises(PublishError) as exc:
         local_image(p, Engine({}))
-    assert exc.value.exit_code == 2 and str(exc.value) == "slimerl/slime:latest: no such local image; see `docker images`"
+    assert exc.value.exit_code == 2 and str(exc.value) == ("slimerl/slime:latest: no such local image; see `docker "
+                                                          "images`")
     assert local_image(p, Engine({"slimerl/slime:latest": ID})) == ID
 
 

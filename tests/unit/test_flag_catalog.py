@@ -75,7 +75,8 @@ def test_an_import_error_or_an_early_stop_fails_and_leaves_no_file(standin, tmp_
     assert not out.exists() and list(tmp_path.glob(".flags.json.*")) == []
     # An error before the parser that answers --help: the catalog would be partial.
     args = slime / "slime" / "utils" / "arguments.py"
-    args.write_text(args.read_text().replace("    sglang_ns = None if", "    raise RuntimeError('boom')\n    sglang_ns = None if"))
+    args.write_text(args.read_text().replace("    sglang_ns = None if",
+                                             "    raise RuntimeError('boom')\n    sglang_ns = None if"))
     with pytest.raises(CatalogError, match=r"stopped before its main parser .*_pre_parse_mode.*RuntimeError: boom"):
         make_catalog(sys.executable, slime, megatron, out)
     assert not out.exists()
@@ -83,7 +84,8 @@ def test_an_import_error_or_an_early_stop_fails_and_leaves_no_file(standin, tmp_
 
 def test_bad_inputs_are_listed_before_anything_runs(tmp_path):
     with pytest.raises(ConfigError) as exc:
-        make_catalog(str(tmp_path / "nopython"), tmp_path, tmp_path / "nomegatron", tmp_path / "no" / "dir" / "flags.json")
+        make_catalog(str(tmp_path / "nopython"), tmp_path, tmp_path / "nomegatron",
+                     tmp_path / "no" / "dir" / "flags.json")
     where = [p.where for p in exc.value.problems]
     assert where == ["--python", "--slime", "--megatron", "--out"]
 
@@ -93,7 +95,8 @@ def test_task_writes_the_catalog_and_exits_2_on_bad_input(standin, tmp_path):
     out = tmp_path / "flags.json"
 
     def invoke(*args):
-        return subprocess.run([sys.executable, "-m", "invoke", "flags.catalog", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        return subprocess.run([sys.executable, "-m", "invoke", "flags.catalog", *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
 
     res = invoke("--python", sys.executable, "--slime", str(slime), "--megatron", str(megatron), "--out", str(out))
     assert res.returncode == 0, res.stderr
@@ -122,7 +125,8 @@ def test_doctor_accepts_sglang_and_router_options_of_a_parser_catalog(tmp_path):
     sglang = [f for f in v1["flags"] if f.startswith(("--sglang-", "--router-"))] + ["--router-policy"]
     assert "--sglang-mem-fraction-static" in sglang
     main = [f for f in v1["flags"] if f not in sglang]
-    v2 = {"format": "slimeforge.flag-catalog", "version": 2, "slime_commit": "a" * 40, "flags": sorted(set(main + sglang)),
+    v2 = {"format": "slimeforge.flag-catalog", "version": 2, "slime_commit": "a" * 40,
+          "flags": sorted(set(main + sglang)),
           "parsers": [{"built_by": "sglang_parse_args", "add_help": False, "options": sorted(set(sglang))},
                       {"built_by": "parse_args", "add_help": True, "options": main}]}
     (tmp_path / "v2.json").write_text(json.dumps(v2))
@@ -140,17 +144,21 @@ def test_doctor_accepts_sglang_and_router_options_of_a_parser_catalog(tmp_path):
 REAL = {k: os.environ.get(k) for k in ("SLIMEFORGE_SLIME_SRC", "SLIMEFORGE_MEGATRON_SRC", "SLIMEFORGE_SLIME_PYTHON")}
 
 
-@pytest.mark.skipif(not all(REAL.values()), reason="needs SLIMEFORGE_SLIME_SRC (slime a74ae3a0), SLIMEFORGE_MEGATRON_SRC "
+@pytest.mark.skipif(not all(REAL.values()),
+                    reason="needs SLIMEFORGE_SLIME_SRC (slime a74ae3a0), SLIMEFORGE_MEGATRON_SRC "
                     "(Megatron-LM 1dcf0daf) and SLIMEFORGE_SLIME_PYTHON (a Python that imports slime's argument code)")
 def test_real_slime_catalog(tmp_path):
     started = time.monotonic()
-    cat = make_catalog(REAL["SLIMEFORGE_SLIME_PYTHON"], REAL["SLIMEFORGE_SLIME_SRC"], REAL["SLIMEFORGE_MEGATRON_SRC"], tmp_path / "flags.json")
+    cat = make_catalog(REAL["SLIMEFORGE_SLIME_PYTHON"], REAL["SLIMEFORGE_SLIME_SRC"], REAL["SLIMEFORGE_MEGATRON_SRC"],
+                       tmp_path / "flags.json")
     print(f"catalog: {len(cat.flags)} options in {time.monotonic() - started:.1f}s")
     by = {p["built_by"]: p for p in cat.parsers}
     assert len(by["slime.utils.arguments._pre_parse_mode"]["options"]) == 4
-    assert len(by["megatron.training.arguments.parse_args"]["options"]) == 890 and by["megatron.training.arguments.parse_args"]["add_help"]
+    assert (len(by["megatron.training.arguments.parse_args"]["options"]) == 890
+            and by["megatron.training.arguments.parse_args"]["add_help"])
     sglang = [p for p in cat.parsers if p["built_by"].endswith("sglang_parse_args") and not p["add_help"]]
     assert max(len(p["options"]) for p in sglang) == 535
-    assert {"--sglang-mem-fraction-static", "--router-policy", "--debug-train-only", "--hf-checkpoint", "--tensor-model-parallel-size"} <= cat.flags
+    assert {"--sglang-mem-fraction-static", "--router-policy", "--debug-train-only", "--hf-checkpoint",
+            "--tensor-model-parallel-size"} <= cat.flags
     if cat.slime_commit != "?":
         assert cat.slime_commit == "a74ae3a0ad16bd8b769d5386738e8ae3d1269d7e"

@@ -63,7 +63,8 @@ def test_a_process_that_started_with_the_head_but_runs_another_argv_is_not_ours(
     assert state == hr.FOREIGN and "is not the `ray start --head` recorded" in why
 
 
-@pytest.mark.parametrize("environ", [(), ("PATH=/usr/bin",), (f"SLIMEFORGE_RUN_TOKEN={OTHER}",), (f"X=SLIMEFORGE_RUN_TOKEN={TOKEN}",)])
+@pytest.mark.parametrize("environ", [(), ("PATH=/usr/bin",), (f"SLIMEFORGE_RUN_TOKEN={OTHER}",),
+                                     (f"X=SLIMEFORGE_RUN_TOKEN={TOKEN}",)])
 def test_the_recorded_argv_without_the_recorded_run_token_is_not_ours(environ):
     """The exact argv of a head, started by hand or by another launch: the token is the proof."""
     state, why = hr.head_state(REC, replace(FACTS, environ=environ))
@@ -81,7 +82,8 @@ def test_a_record_older_than_issue_33_is_proved_by_head_among_the_words():
 
 
 def doc(**over) -> dict:
-    return {"pid": 4242, "start_time": 1000, "boot_id": BOOT, "exp_id": "exp1", "run_token": TOKEN, "argv": list(ARGV), **over}
+    return {"pid": 4242, "start_time": 1000, "boot_id": BOOT, "exp_id": "exp1", "run_token": TOKEN, "argv": list(ARGV),
+            **over}
 
 
 def test_a_record_launch_sh_writes_is_accepted():
@@ -137,7 +139,8 @@ def test_reading_a_record_that_is_not_a_regular_file_json_record_is_a_record_err
 
 
 def test_stat_text_with_a_hostile_command_name():
-    text = "4242 (ray ) S 1 2 3) S 77 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 5 0 987654 1000 200 18446744073709551615\n"
+    text = ("4242 (ray ) S 1 2 3) S 77 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 5 0 987654 1000 200 "
+           "18446744073709551615\n")
     assert procproof.parse_stat(text) == ("S", 77, 987654)
     for garbage in ("garbage", "4242 (ray) S 1", "4242 (ray) S x 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20"):
         assert procproof.parse_stat(garbage) is None
@@ -244,7 +247,8 @@ def test_write_refuses_fields_that_make_no_record(tmp_path, stand_in_ray):
 def run_program(*args: str) -> subprocess.CompletedProcess:
     """headrecord.py as launch.sh runs it: one program on stdin. -I -S: no site-packages, no
     current directory: slimeforge cannot be imported, only the standard library."""
-    return subprocess.run([sys.executable, "-I", "-S", "-", *args], input=scripts.headrecord_program(), capture_output=True,
+    return subprocess.run([sys.executable, "-I", "-S", "-", *args], input=scripts.headrecord_program(),
+                          capture_output=True,
                           text=True, timeout=60, cwd="/")
 
 

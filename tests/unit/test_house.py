@@ -41,7 +41,8 @@ def test_no_class_name_is_defined_twice():
 def test_untyped_dicts_stay_few():
     counts = {}
     for prefix, limit in MAX_ANY_DICTS.items():
-        found = sum(p.read_text().count("dict[str, Any]") for p in modules() if str(p.relative_to(ROOT)).startswith(prefix))
+        found = sum(p.read_text().count("dict[str, "
+                                        "Any]") for p in modules() if str(p.relative_to(ROOT)).startswith(prefix))
         counts[prefix] = found
         assert found <= limit, f"{prefix}: {found} dict[str, Any] (at most {limit}): give the data its shape"
     assert counts["slimeforge/image"] <= counts["slimeforge"]
@@ -62,7 +63,8 @@ def python_heredocs(text: str) -> list[tuple[int, int]]:
 
 
 def test_the_heredoc_finder_counts_program_lines_not_rendered_ones():
-    text = "f() {\n  \"$PYTHON\" - \"$@\" <<'PY'\n{{ program }}\nPY\n}\ng() {\n  python3 - <<'EOF'\nimport sys\nprint(1)\nEOF\n}\n"
+    text = ("f() {\n  \"$PYTHON\" - \"$@\" <<'PY'\n{{ program }}\nPY\n}\ng() {\n  python3 - <<'EOF'\nimport "
+           "sys\nprint(1)\nEOF\n}\n")
     assert python_heredocs(text) == [(2, 0), (7, 2)]
 
 

@@ -95,7 +95,8 @@ def save_archive(layers: list[bytes], *, diff_ids: list[str] | None = None, link
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
         for name, data in {f"{image_id[7:]}.json": config, "manifest.json": json.dumps(
-                [{"Config": f"{image_id[7:]}.json", "RepoTags": None, "Layers": names}]).encode(), **(extra or {})}.items():
+                [{"Config": f"{image_id[7:]}.json", "RepoTags": None, "Layers": names}]).encode(),
+                           **(extra or {})}.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -174,12 +175,14 @@ def test_venv_sizes_script_measures_each_directory_once(tmp_path):
     out = tmp_path / "venv-sizes.json"
     assert venv_sizes.main([str(venv), str(out)]) == 0
     sizes = VenvSizes.parse(out.read_bytes(), str(out))
-    assert sizes.largest == [("lib/python3.12/site-packages/torch", 5000), ("bin", 300), ("lib/python3.12/site-packages/six", 100)]
+    assert sizes.largest == [("lib/python3.12/site-packages/torch", 5000), ("bin", 300),
+                             ("lib/python3.12/site-packages/six", 100)]
     assert sizes.total == 5407 and sizes.venv == str(venv)
 
 
 def sizes_doc(**over) -> dict:
-    return {"schema": 1, "venv": "/opt/venv", "bytes": 100, "largest": [{"path": "lib/python3.12/site-packages/torch", "bytes": 90},
+    return {"schema": 1, "venv": "/opt/venv", "bytes": 100, "largest": [{"path": "lib/python3.12/site-packages/torch",
+                                                                         "bytes": 90},
                                                                          {"path": "bin", "bytes": 5}], **over}
 
 
@@ -215,7 +218,8 @@ def test_a_venv_sizes_record_that_is_no_record_is_refused(data, says):
 
 def test_the_report_keeps_the_sizes_and_shows_them():
     sizes = VenvSizes.from_dict(sizes_doc())
-    report = BuildReport(tag="r:t", human_tags=[], image_id=D, build_hash="h", stack="s", flavor="cu13", base={}, skipped=False,
+    report = BuildReport(tag="r:t", human_tags=[], image_id=D, build_hash="h", stack="s", flavor="cu13", base={},
+                         skipped=False,
                          steps=[], dir="/b", dockerfile="", lock="", log="", command=[], venv_sizes=sizes)
     doc = json.loads(json.dumps(report.to_json()))
     assert doc["venv_sizes"] == {k: v for k, v in sizes_doc().items() if k != "schema"}
@@ -233,7 +237,8 @@ def test_the_dockerfile_measures_the_venv_last(tmp_path):
     text = render_dockerfile(load_stack("cu13"))
     last_run = text[text.rindex("\nRUN "):]
     assert "/opt/slimeforge/sf finalize" in last_run
-    assert last_run.rstrip().endswith("&& /opt/venv/bin/python -I /opt/slimeforge/venv_sizes.py /opt/venv /opt/slimeforge/venv-sizes.json")
+    assert last_run.rstrip().endswith("&& /opt/venv/bin/python -I /opt/slimeforge/venv_sizes.py /opt/venv "
+                                      "/opt/slimeforge/venv-sizes.json")
     assert "venv_sizes.py" in text[text.rindex("\nCOPY "):]  # copied with the scripts that run last
     assert Path(venv_sizes.__file__).name == "venv_sizes.py"
 

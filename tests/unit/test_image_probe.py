@@ -27,7 +27,8 @@ def probe(*args: str) -> dict:
 
 def git(repo: Path, *args: str) -> str:
     ident = ["-c", "user.name=t", "-c", "user.email=t@t"]
-    return subprocess.run(["git", *ident, "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(["git", *ident, "-C", str(repo), *args], check=True, capture_output=True,
+                          text=True).stdout.strip()
 
 
 @pytest.fixture
@@ -47,14 +48,17 @@ def test_the_probe_reads_slimes_parsers_and_the_commit_from_git_files(checkouts)
     facts = imageprobe.parse_facts(doc, ID, "probe", cached=False)
     assert facts.catalog_source == "parsers" and facts.catalog is not None
     assert facts.catalog.flags == {*fs.PRE, *fs.SGLANG, *fs.MEGATRON, *fs.SLIME}
-    assert facts.slime_commit == git(slime, "rev-parse", "HEAD") and facts.megatron_commit is None  # Megatron is no git checkout here
-    assert (facts.slime_dir, facts.megatron_dir, facts.python) == (str(slime), str(megatron), ".".join(map(str, sys.version_info[:3])))
+    assert facts.slime_commit == git(slime, "rev-parse",
+                                     "HEAD") and facts.megatron_commit is None  # Megatron is no git checkout here
+    assert (facts.slime_dir, facts.megatron_dir, facts.python) == (str(slime), str(megatron), ".".join(map(str,
+                                                                                                           sys.version_info[:3])))
 
 
 def test_the_probe_says_whether_slimeforge_built_the_image_and_reads_its_search_paths(checkouts):
     slime, megatron = checkouts
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    r = subprocess.run([sys.executable, str(SCRIPT), "--slime", str(slime), "--megatron", str(megatron)], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, str(SCRIPT), "--slime", str(slime), "--megatron", str(megatron)],
+                       capture_output=True, text=True,
                        timeout=120, check=True, env={**env, "PYTHONPATH": "/opt/image-extra:/usr/src"})
     facts = imageprobe.parse_facts(json.loads(r.stdout.strip().splitlines()[-1]), ID, "probe", cached=False)
     assert (facts.pythonpath, facts.ld_library_path) == ("/opt/image-extra:/usr/src", None)
@@ -64,7 +68,8 @@ def test_the_probe_says_whether_slimeforge_built_the_image_and_reads_its_search_
 def test_what_cannot_be_learned_is_said_not_failed(checkouts, tmp_path):
     slime, _ = checkouts
     none = probe("--slime", str(tmp_path / "nowhere"))
-    assert none["catalog"] is None and none["catalog_problem"].startswith(f"no slime found: {tmp_path / 'nowhere'} holds no slime/ package")
+    assert none["catalog"] is None and none["catalog_problem"].startswith(f"no slime found: {tmp_path / 'nowhere'} "
+                                                                          "holds no slime/ package")
     no_megatron = probe("--slime", str(slime), "--megatron", str(tmp_path / "nowhere"))
     assert "needs a module this Python lacks: No module named 'megatron'" in no_megatron["catalog_problem"]
     for doc in (none, no_megatron):

@@ -35,7 +35,8 @@ def listing() -> list[File]:
 def test_find_records_are_split_on_nul_and_each_inode_counted_once():
     raw = b"10 1 /a/b c\0" + b"20 2 /a/new\nline\0" + b"10 1 /x/hardlink\0" + b"5 3 /bad\xff\0"
     files = parse_find(raw)
-    assert [f.path for f in files] == ["/a/b c", "/a/new\nline", "/bad\\xff"]  # a space, a newline, non-UTF-8 kept whole
+    assert [f.path for f in files] == ["/a/b c", "/a/new\nline",
+                                       "/bad\\xff"]  # a space, a newline, non-UTF-8 kept whole
     assert sum(f.size for f in files) == 35
 
 

@@ -68,7 +68,8 @@ def test_the_package_has_no_import_circle():
     graph = {name: imports_of(name, path, known) for name, path in known.items()}
     # A package's __init__ that re-exports from its own submodules is not a circle the reader has
     # to follow: the edge from a submodule up to its own package is left out.
-    graph = {n: {m for m in deps if not (n.startswith(m + ".") and known[m].name == "__init__.py")} for n, deps in graph.items()}
+    graph = {n: {m for m in deps if not (n.startswith(m + ".") and known[m].name == "__init__.py")} for n,
+             deps in graph.items()}
     assert cycles(graph) == []
 
 

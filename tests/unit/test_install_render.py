@@ -1,5 +1,5 @@
-"""The install script: rendered from the same steps as the Dockerfile (drift guard), and the CLI's dry
-run (valid bash, shellcheck-clean, prerequisites in front: tests/integration/heavy/test_install_render_shellcheck.py)."""
+"""The install script: rendered from the same steps as the Dockerfile (drift guard), and the CLI's dry run (valid bash,
+shellcheck-clean, prerequisites in front: tests/integration/heavy/test_install_render_shellcheck.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ from lock_support import fresh_clone_stack  # noqa: E402
 
 
 def normalise(argv: list[str], layout) -> list[str]:
-    subs = sorted([(layout.venv, "<venv>"), (layout.patches_dir, "<patches>"), (layout.state, "<state>"), (layout.root + "/", "<root>/"),
+    subs = sorted([(layout.venv, "<venv>"), (layout.patches_dir, "<patches>"), (layout.state, "<state>"),
+                   (layout.root + "/", "<root>/"),
                    (layout.lock_dir, "<lock>")]
                   + [(u, "<url>") for u in layout.source_urls.values()], key=lambda x: -len(x[0]))
     out = []
@@ -41,7 +42,8 @@ def dockerfile_steps(text: str, layout) -> list[tuple[str, list[list[str]]]]:
     steps = []
     for line in joined.splitlines():
         # The compile stages' RUNs (SF_COMPILED_PHASE=compile) are the same steps compiled side by side.
-        if not line.startswith("RUN ") or "/opt/slimeforge/sf " not in line or " finalize finalize_smoked " in line or "SF_COMPILED_PHASE=compile" in line:
+        if (not line.startswith("RUN ") or "/opt/slimeforge/sf " not in line
+                or " finalize finalize_smoked " in line or "SF_COMPILED_PHASE=compile" in line):
             continue
         # The main stage installs a compiled step's wheels from its compile stage (--wheels DIR);
         # the install script's step compiles them itself in its two phases (sf_run_together).
@@ -77,13 +79,15 @@ def test_dockerfile_and_install_script_hold_the_same_steps(flavor):
     for value in (v for k, v in stack.pins().items() if k.startswith("source.")):
         assert value in script_text
     for name, text in lock_files(stack, lock, host_layout(stack, "/opt/slime", None, None)).items():
-        assert base64.encodebytes(text.encode()).decode().rstrip("\n") in script_text, name  # every slice travels in the script
+        # every slice travels in the script
+        assert base64.encodebytes(text.encode()).decode().rstrip("\n") in script_text, name
 
 
 def test_cli_dry_run_renders_and_prints_the_path(tmp_path):
     repos = bs.make_repos(tmp_path / "repos")
-    res = subprocess.run([sys.executable, "-m", "invoke", "install", "--stack", str(bs.TEST_STACK), "--prefix", str(tmp_path / "p"),
-                          "--dry-run", "--source", f"slime={repos['slime']}", "--source", f"libdemo={repos['libdemo']}"],
+    res = subprocess.run([sys.executable, "-m", "invoke", "install", "--stack", str(bs.TEST_STACK), "--prefix",
+                          str(tmp_path / "p"), "--dry-run", "--source", f"slime={repos['slime']}",
+                          "--source", f"libdemo={repos['libdemo']}"],
                          cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "the install needs about" in res.stdout  # the disk need, from the lock
@@ -95,8 +99,10 @@ def test_cli_dry_run_renders_and_prints_the_path(tmp_path):
 def test_prerequisite_failure_lists_every_problem_before_step_one(tmp_path):
     stack = load_stack("cu13")
     path = tmp_path / "install.sh"
-    path.write_text(render_install_script(stack, str(tmp_path / "p"), patches=placeholder_patches(stack), lock=render_lock(stack)))
-    res = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "CUDA_HOME": str(tmp_path / "nocuda")})
+    path.write_text(render_install_script(stack, str(tmp_path / "p"), patches=placeholder_patches(stack),
+                                          lock=render_lock(stack)))
+    res = subprocess.run(["bash", str(path)], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "CUDA_HOME": str(tmp_path / "nocuda")})
     assert res.returncode == 2
     assert "prerequisite: CUDA: no nvcc at" in res.stderr and "nvidia-smi not found" in res.stderr
     assert "step " not in res.stderr.replace("the system step installs it", "")
@@ -131,8 +137,8 @@ def test_install_script_carries_interpreter_arch_variables_and_compiled_keys(fla
 
 @pytest.mark.parametrize("value, ok", [
     ("/root/.pyenv/versions/3.12.1/bin/python3.12", True), ("/opt/conda/envs/x/bin/python", True), ("python3.12", True),
-    ("python3", True), ("--version", False), ("python3.12 -c x", False), ("/opt/../bin/python", False), ("./python", False),
-    ("python", False), ("/opt/py\nthon", False), ("relative/python3.12", False),
+    ("python3", True), ("--version", False), ("python3.12 -c x", False), ("/opt/../bin/python", False),
+    ("./python", False), ("python", False), ("/opt/py\nthon", False), ("relative/python3.12", False),
 ])
 def test_the_python_option_is_a_path_or_an_interpreter_name(value, ok):
     from slimeforge.image.builder.install import python_problem
@@ -185,8 +191,8 @@ def test_prerequisites_name_headers_neither_the_toolkit_nor_the_lock_provides(tm
 def test_an_interpreter_given_by_path_that_is_not_there_is_a_prerequisite_failure(tmp_path):
     stack = load_stack("cu13")
     path = tmp_path / "install.sh"
-    path.write_text(render_install_script(stack, str(tmp_path / "p"), patches=placeholder_patches(stack), lock=render_lock(stack),
-                                          python="/nowhere/bin/python3.12"))
+    path.write_text(render_install_script(stack, str(tmp_path / "p"), patches=placeholder_patches(stack),
+                                          lock=render_lock(stack), python="/nowhere/bin/python3.12"))
     res = subprocess.run(["bash", str(path)], capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin", "CUDA_HOME": str(fake_toolkit(tmp_path, []))})
     assert res.returncode == 2
@@ -197,17 +203,23 @@ def test_an_interpreter_given_by_path_that_is_not_there_is_a_prerequisite_failur
 def test_the_disk_need_can_be_overridden_and_a_bad_override_is_named(tmp_path):
     stack = load_stack("cu13")
     path = tmp_path / "install.sh"
-    path.write_text(render_install_script(stack, str(tmp_path / "p"), patches=placeholder_patches(stack), lock=render_lock(stack)))
+    path.write_text(render_install_script(stack, str(tmp_path / "p"), patches=placeholder_patches(stack),
+                                          lock=render_lock(stack)))
     env = {"PATH": "/usr/bin:/bin", "CUDA_HOME": str(fake_toolkit(tmp_path, []))}
-    huge = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={**env, "SLIMEFORGE_MIN_FREE_GIB": "100000"})
+    huge = subprocess.run(["bash", str(path)], capture_output=True, text=True,
+                          env={**env, "SLIMEFORGE_MIN_FREE_GIB": "100000"})
     assert "the install needs about 100000 GiB" in huge.stderr
-    bad = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={**env, "SLIMEFORGE_MIN_FREE_GIB": "1; rm -rf /"})
+    bad = subprocess.run(["bash", str(path)], capture_output=True, text=True,
+                         env={**env, "SLIMEFORGE_MIN_FREE_GIB": "1; rm -rf /"})
     assert "SLIMEFORGE_MIN_FREE_GIB: '1; rm -rf /' is not a whole number of GiB" in bad.stderr
     # bash reads 099999 as octal (an arithmetic error that skipped the check): base 10 it is.
-    octal = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={**env, "SLIMEFORGE_MIN_FREE_GIB": "099999"})
-    assert "the install needs about 099999 GiB" in octal.stderr and "value too great for base" not in octal.stderr, octal.stderr
+    octal = subprocess.run(["bash", str(path)], capture_output=True, text=True,
+                           env={**env, "SLIMEFORGE_MIN_FREE_GIB": "099999"})
+    assert ("the install needs about 099999 GiB" in octal.stderr
+            and "value too great for base" not in octal.stderr), octal.stderr
     for odd in ("\u00b2", "1e3", "-1", "1234567"):
-        res = subprocess.run(["bash", str(path)], capture_output=True, text=True, env={**env, "SLIMEFORGE_MIN_FREE_GIB": odd})
+        res = subprocess.run(["bash", str(path)], capture_output=True, text=True,
+                             env={**env, "SLIMEFORGE_MIN_FREE_GIB": odd})
         assert f"SLIMEFORGE_MIN_FREE_GIB: '{odd}' is not a whole number of GiB" in res.stderr, res.stderr
 
 
@@ -215,12 +227,14 @@ def test_the_disk_need_can_be_overridden_and_a_bad_override_is_named(tmp_path):
     ("--python", "py thon", "--python: is neither an absolute path nor an interpreter name"),
     ("--python", "bin/python3.12", "--python: is neither an absolute path nor an interpreter name"),
     ("--min-free-gb", "lots", "--min-free-gb: is not a whole number (got 'lots')"),
-    ("--min-free-gb", "\u00b2", "--min-free-gb: is not a whole number (got '\u00b2')"),  # str.isdigit() took it, int() raised
+    # str.isdigit() took it, int() raised
+    ("--min-free-gb", "\u00b2", "--min-free-gb: is not a whole number (got '\u00b2')"),
     ("--min-free-gb", "1000000", "--min-free-gb: is out of range (0..999999)"),
 ])
 def test_cli_refuses_a_bad_interpreter_or_disk_option_before_anything(tmp_path, option, value, says):
-    res = subprocess.run([sys.executable, "-m", "invoke", "install", "--stack", str(bs.TEST_STACK), "--prefix", str(tmp_path / "p"),
-                          "--dry-run", f"{option}={value}"], cwd=ROOT, capture_output=True, text=True)
+    res = subprocess.run([sys.executable, "-m", "invoke", "install", "--stack", str(bs.TEST_STACK), "--prefix",
+                          str(tmp_path / "p"), "--dry-run", f"{option}={value}"],
+                         cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 2, res.stderr
     assert says in res.stderr
     assert not (tmp_path / "p").exists()
@@ -236,13 +250,16 @@ def test_dry_runs_render_on_a_fresh_clone_naming_each_missing_outside_fact(tmp_p
     script = install(InstallOptions(stack=str(path), prefix=str(tmp_path / "p"), dry_run=True, use_store=False,
                                     echo=lines.append))
     warnings = [line for line in lines if line.startswith("warning: ")]
-    assert [w.split(" is missing from ")[0] for w in warnings[:2]] == ["warning: the router wheel's sha256", "warning: the base image's digest"]
+    assert [w.split(" is missing from ")[0] for w in warnings[:2]] == ["warning: the router wheel's sha256",
+                                                                       "warning: the base image's digest"]
     assert f"`invoke lock --stack {path} --complete` downloads" in warnings[0]
-    assert warnings[2].startswith("warning: the patch files cannot be read") and "pass --source slime=PATH" in warnings[2]
+    assert (warnings[2].startswith("warning: the patch files cannot be read")
+            and "pass --source slime=PATH" in warnings[2])
     text = script.read_text()
     slices = {m.group(1): base64.b64decode(m.group(2)).decode()
               for m in re.finditer(r"base64 -d >\S*/(\S+?\.txt)'? <<'SF_SLICE_\d+'\n(.*?)\nSF_SLICE", text, re.S)}
-    assert slices["router.txt"].startswith("# MISSING: the router wheel's sha256")  # uv --require-hashes refuses it if run
+    # uv --require-hashes refuses it if run
+    assert slices["router.txt"].startswith("# MISSING: the router wheel's sha256")
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     lines.clear()
     p = prepare(BuildOptions(stack=str(path), dry_run=True, build_root=tmp_path / "b", echo=lines.append))
@@ -261,10 +278,12 @@ def test_the_install_scripts_driver_check_and_doctors_agree(tmp_path, driver):
 
     stack = load_stack("cu13")
     path = tmp_path / "install.sh"
-    path.write_text(render_install_script(stack, str(tmp_path / "p"), patches=placeholder_patches(stack), lock=render_lock(stack)))
+    path.write_text(render_install_script(stack, str(tmp_path / "p"), patches=placeholder_patches(stack),
+                                          lock=render_lock(stack)))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "nvidia-smi").write_text(f'#!/bin/sh\ncase "$*" in *driver_version*) echo {driver}; exit 0 ;; esac\nexit 9\n')
+    (bin_dir / "nvidia-smi").write_text(f'#!/bin/sh\ncase "$*" in *driver_version*) echo {driver}; exit 0 ;; esac\n'
+                                        'exit 9\n')
     (bin_dir / "nvidia-smi").chmod(0o755)
     res = subprocess.run(["bash", str(path)], capture_output=True, text=True,
                          env={"PATH": f"{bin_dir}:/usr/bin:/bin", "CUDA_HOME": str(tmp_path / "nocuda")})
@@ -283,9 +302,11 @@ def test_min_free_gb_has_one_rule_for_the_option_and_the_scripts_variable(tmp_pa
 
     stack = load_stack("cu13")
     path = tmp_path / "install.sh"
-    path.write_text(render_install_script(stack, str(tmp_path / "p"), patches=placeholder_patches(stack), lock=render_lock(stack)))
+    path.write_text(render_install_script(stack, str(tmp_path / "p"), patches=placeholder_patches(stack),
+                                          lock=render_lock(stack)))
     res = subprocess.run(["bash", str(path)], capture_output=True, text=True,
-                         env={"PATH": "/usr/bin:/bin", "CUDA_HOME": str(tmp_path / "nocuda"), "SLIMEFORGE_MIN_FREE_GIB": value})
+                         env={"PATH": "/usr/bin:/bin", "CUDA_HOME": str(tmp_path / "nocuda"),
+                              "SLIMEFORGE_MIN_FREE_GIB": value})
     assert res.returncode == 2 and "prerequisite: CUDA: no nvcc" in res.stderr  # the prerequisites ran, and refused
     script_refuses = "SLIMEFORGE_MIN_FREE_GIB: " in res.stderr
     option_refuses = whole_problem(value, "--min-free-gb", 0, MAX_FREE_GIB, "GiB") is not None
@@ -309,7 +330,8 @@ def test_the_install_keys_never_depend_on_a_local_docker_image(tmp_path, monkeyp
     lock.tool["base"] = {"image": stack.base.image, "digest": ""}
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
     unpinned = _plan_keys(stack, lock, tmp_path / "store")
-    assert unpinned == {n: compiled_key(stack, n, None, {p.file: p.sha256 for p in placeholder_patches(stack)}) for n in unpinned}
+    patch_sums = {p.file: p.sha256 for p in placeholder_patches(stack)}
+    assert unpinned == {n: compiled_key(stack, n, None, patch_sums) for n in unpinned}
     assert set(unpinned) == {"transformer-engine", "apex", "torch-memory-saver"}
     # A digest pinned in the lock: the keys are an image build's on that base (resolve_base takes the digest).
     from slimeforge.image.dockerapi import resolve_base
@@ -318,7 +340,7 @@ def test_the_install_keys_never_depend_on_a_local_docker_image(tmp_path, monkeyp
     lock.tool["base"]["digest"] = digest
     pinned = _plan_keys(stack, lock, tmp_path / "store")
     base = resolve_base(stack, None, True, digest)
-    assert pinned == {n: compiled_key(stack, n, base.id, {p.file: p.sha256 for p in placeholder_patches(stack)}) for n in pinned}
+    assert pinned == {n: compiled_key(stack, n, base.id, patch_sums) for n in pinned}
     assert pinned != unpinned
 
 
@@ -337,7 +359,8 @@ def test_the_smoke_record_hash_follows_every_input(tmp_path):
     assert _cu13_script(tmp_path, prefix="/opt/other")[1] != same  # the smoke test's own arguments
     lock = render_lock(load_stack("cu13"))
     name = next(n for n in lock.steps["torch"] if lock.packages[n].kind == "wheel")
-    lock.packages[name].sha256 = "0" * 64  # one step's slice of the lock: that step and every later one, the smoke test too
+    # one step's slice of the lock: that step and every later one, the smoke test too
+    lock.packages[name].sha256 = "0" * 64
     assert _cu13_script(tmp_path, lock=lock)[1] != same
 
 
@@ -350,7 +373,8 @@ def test_the_smoke_record_hash_follows_every_input(tmp_path):
 def test_the_script_refuses_an_unknown_argument_before_anything(tmp_path, args, env, says):
     text, _ = _cu13_script(tmp_path, prefix=str(tmp_path / "p"))
     (tmp_path / "install.sh").write_text(text)
-    res = subprocess.run(["bash", str(tmp_path / "install.sh"), *args], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", **env})
+    res = subprocess.run(["bash", str(tmp_path / "install.sh"), *args], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", **env})
     assert res.returncode == 2 and says in res.stderr, res.stderr
     assert "prerequisite" not in res.stderr and not (tmp_path / "p").exists()
 
@@ -374,8 +398,9 @@ def test_install_verify_reaches_the_script_as_its_variable(tmp_path, verify):
 
     repos = bs.make_repos(tmp_path / "repos")
     runner = Recorder()
-    install(InstallOptions(stack=str(bs.TEST_STACK), prefix=str(tmp_path / "p"), use_store=False, verify=verify, echo=lambda s: None,
-                           sources=[f"slime={repos['slime']}", f"libdemo={repos['libdemo']}"], runner=runner))
+    install(InstallOptions(stack=str(bs.TEST_STACK), prefix=str(tmp_path / "p"), use_store=False, verify=verify,
+                           echo=lambda s: None, sources=[f"slime={repos['slime']}", f"libdemo={repos['libdemo']}"],
+                           runner=runner))
     assert runner.envs == [{"SLIMEFORGE_VERIFY": "1"} if verify else None]
 
 
@@ -387,11 +412,13 @@ def test_a_compiled_steps_hash_does_not_depend_on_where_its_wheels_come_from(tmp
 
     def hashes(mode: str) -> dict[str, str]:
         store = {n: (mode, f"/{mode}/{n}") for n in names}
-        text = render_install_script(stack, "/opt/slime", patches=placeholder_patches(stack), lock=render_lock(stack), store=store)
+        text = render_install_script(stack, "/opt/slime", patches=placeholder_patches(stack), lock=render_lock(stack),
+                                     store=store)
         return dict(re.findall(r"^sf_run_step (\S+) ([0-9a-f]{64}) ", text, re.M))
 
-    made, used, plain = hashes("make"), hashes("use"), render_install_script(stack, "/opt/slime", patches=placeholder_patches(stack),
-                                                                             lock=render_lock(stack))
+    made, used = hashes("make"), hashes("use")
+    plain = render_install_script(stack, "/opt/slime", patches=placeholder_patches(stack), lock=render_lock(stack))
     assert made == used and made == dict(re.findall(r"^sf_run_step (\S+) ([0-9a-f]{64}) ", plain, re.M))
-    assert "--wheels /use/apex" in render_install_script(stack, "/opt/slime", patches=placeholder_patches(stack), lock=render_lock(stack),
-                                                          store={"apex": ("use", "/use/apex")})  # the script still says where
+    # the script still says where
+    assert "--wheels /use/apex" in render_install_script(stack, "/opt/slime", patches=placeholder_patches(stack),
+                                                         lock=render_lock(stack), store={"apex": ("use", "/use/apex")})

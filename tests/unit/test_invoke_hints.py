@@ -13,7 +13,8 @@ from invoke.loader import FilesystemLoader
 from lock_support import fresh_clone_stack
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = [*sorted((ROOT / "slimeforge").rglob("*.py")), ROOT / "tasks" / "__init__.py", *sorted((ROOT / "templates").iterdir()),
+SOURCES = [*sorted((ROOT / "slimeforge").rglob("*.py")), ROOT / "tasks" / "__init__.py",
+           *sorted((ROOT / "templates").iterdir()),
            *sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md", *sorted((ROOT / "recipes").rglob("*.yaml")),
            *sorted((ROOT / "images").glob("*.yaml")), *sorted((ROOT / "benchmarks").glob("*.py")), ROOT / ".ci" / "run"]
 # `invoke TASK ...` up to the end of the hint: a closing backtick or quote, a bracket, a comment,
@@ -134,15 +135,18 @@ def reports_of_missing_outside_facts(tmp_path: Path) -> tuple[str, dict[str, str
 
     report("lock --check", lambda echo: lockcheck.check(str(path), echo=echo))
     report("lock --complete", lambda echo: lockfacts.complete(str(path), echo=echo))
-    report("build --dry-run", lambda echo: prepare(BuildOptions(stack=str(path), dry_run=True, build_root=tmp_path / "b", echo=echo)))
+    report("build --dry-run", lambda echo: prepare(BuildOptions(stack=str(path), dry_run=True,
+                                                                build_root=tmp_path / "b", echo=echo)))
     report("build", lambda echo: prepare(BuildOptions(stack=str(path), build_root=tmp_path / "b2", echo=echo)))
 
     def install_dry_run(echo):
-        script = install(InstallOptions(stack=str(path), prefix=str(tmp_path / "p"), dry_run=True, use_store=False, echo=echo))
+        script = install(InstallOptions(stack=str(path), prefix=str(tmp_path / "p"), dry_run=True, use_store=False,
+                                        echo=echo))
         echo(script.read_text())  # the rendered plan: its router slice is marked with the same remedy
 
     report("install --dry-run", install_dry_run)
-    report("install", lambda echo: install(InstallOptions(stack=str(path), prefix=str(tmp_path / "p2"), use_store=False, echo=echo)))
+    report("install", lambda echo: install(InstallOptions(stack=str(path), prefix=str(tmp_path / "p2"),
+                                                          use_store=False, echo=echo)))
     assert (tmp_path / "locks" / "pylock.cu13.toml").read_text() == lock_text  # nothing was filled in
     assert not (tmp_path / "p2").exists()  # the real install was refused before anything
     return stack_ref(load_stack(str(path))), reports
@@ -194,13 +198,16 @@ def test_a_flavor_without_a_lock_has_one_remedy_from_every_command(tmp_path):
     said = {}
     for command, act in {
         "lock --check": lambda: lockcheck.check("cu129", echo=print),
-        "build --dry-run": lambda: prepare(BuildOptions(stack="cu129", dry_run=True, build_root=tmp_path / "b", echo=print)),
-        "install --dry-run": lambda: install(InstallOptions(stack="cu129", prefix=str(tmp_path / "p"), dry_run=True, echo=print)),
+        "build --dry-run": lambda: prepare(BuildOptions(stack="cu129", dry_run=True, build_root=tmp_path / "b",
+                                                        echo=print)),
+        "install --dry-run": lambda: install(InstallOptions(stack="cu129", prefix=str(tmp_path / "p"), dry_run=True,
+                                                            echo=print)),
     }.items():
         with pytest.raises(LockError) as refused:
             act()
         said[command] = str(refused.value)
-    shown = subprocess.run([sys.executable, "-m", "invoke", "stack.show", "--cuda", "cu129"], cwd=ROOT, capture_output=True,
+    shown = subprocess.run([sys.executable, "-m", "invoke", "stack.show", "--cuda", "cu129"], cwd=ROOT,
+                           capture_output=True,
                            text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr
     said["stack.show"] = shown.stdout

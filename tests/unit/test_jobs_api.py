@@ -18,7 +18,8 @@ SID = "gsm8k-3b-20261127-230000-abcdef"
 
 
 def info(**over) -> JobInfo:
-    doc = {"submission_id": SID, "status": "RUNNING", "message": None, "metadata": None, "start_time": None, "end_time": None,
+    doc = {"submission_id": SID, "status": "RUNNING", "message": None, "metadata": None, "start_time": None,
+           "end_time": None,
            "driver_exit_code": None, **over}
     return JobInfo.parse(doc, "test")
 
@@ -32,18 +33,23 @@ def test_job_statuses_are_rays_own():
 
 def test_a_job_info_keeps_rays_fields_and_defaults_what_ray_leaves_out():
     i = info(metadata={"slimeforge_exp_id": "gsm8k-3b"}, start_time=1700000000000, driver_exit_code=3, status="FAILED")
-    assert (i.status, i.metadata, i.start_time, i.driver_exit_code, i.message) == ("FAILED", {"slimeforge_exp_id": "gsm8k-3b"}, 1700000000000, 3, "")
+    assert (i.status, i.metadata, i.start_time, i.driver_exit_code, i.message) == ("FAILED",
+                                                                                   {"slimeforge_exp_id": "gsm8k-3b"},
+                                                                                   1700000000000, 3, "")
     assert i.ended and jobs.exit_code(i) == 3
 
 
-@pytest.mark.parametrize(("status", "code", "expected"), [("SUCCEEDED", 0, 0), ("SUCCEEDED", None, 0), ("FAILED", None, 1),
-                                                          ("FAILED", 0, 1), ("FAILED", -9, 1), ("FAILED", 255, 255), ("STOPPED", None, 1)])
+@pytest.mark.parametrize(("status", "code", "expected"), [("SUCCEEDED", 0, 0), ("SUCCEEDED", None, 0), ("FAILED", None,
+                                                                                                        1),
+                                                          ("FAILED", 0, 1), ("FAILED", -9, 1), ("FAILED", 255, 255),
+                                                          ("STOPPED", None, 1)])
 def test_exit_code_is_the_entrypoints_when_ray_knows_it(status, code, expected):
     assert jobs.exit_code(info(status=status, driver_exit_code=code)) == expected
 
 
 @pytest.mark.parametrize("doc", [[], "RUNNING", {"submission_id": SID}, {"submission_id": SID, "status": "running"},
-                                 {"submission_id": "-x", "status": "RUNNING"}, {"submission_id": SID, "status": "RUNNING", "end_time": 1.5}])
+                                 {"submission_id": "-x", "status": "RUNNING"}, {"submission_id": SID,
+                                                                                "status": "RUNNING", "end_time": 1.5}])
 def test_what_is_not_a_job_info_is_refused_naming_the_field(doc):
     with pytest.raises(NoAnswer, match="test: field "):
         JobInfo.parse(doc, "test")
@@ -105,7 +111,8 @@ def test_detach_and_restarts_go_with_a_running_cluster(tmp_path, options):
         launcher.run_recipe(launcher.LaunchRequest(recipe=str(recipe), **options), dry_run=True)
     assert "goes with a running Ray cluster" in str(e.value) and "--cluster INVENTORY or --address" in str(e.value)
     with pytest.raises(ConfigError, match="--max-restarts: is not a number of restarts"):
-        launcher.run_recipe(launcher.LaunchRequest(recipe=str(recipe), address="http://127.0.0.1:8265", max_restarts=101), dry_run=True)
+        launcher.run_recipe(launcher.LaunchRequest(recipe=str(recipe), address="http://127.0.0.1:8265",
+                                                   max_restarts=101), dry_run=True)
 
 
 def test_max_restarts_is_a_bounded_recipe_key(tmp_path):

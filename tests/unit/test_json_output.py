@@ -15,8 +15,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def invoke(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "invoke", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def one_document(res) -> dict:
@@ -29,8 +35,12 @@ def test_every_documented_schema_has_a_shape_and_a_task():
     doc = json_shapes.DOC.read_text()
     listed = set(re.findall(r"^\| `invoke [^`]+` \| `(slimeforge\.[a-z-]+/\d+)` \|$", doc, re.M))
     assert listed == set(json_shapes.shapes()) and len(listed) == 8
-    tasks = "".join((ROOT / "slimeforge" / name).read_text() for name in ("cli.py", "cliviews.py"))  # the tasks and what they print
-    assert listed == set(re.findall(r'json_doc\("(slimeforge\.[a-z-]+/\d+)"', tasks + (ROOT / "slimeforge/run/launch.py").read_text()))
+    tasks = "".join(
+        (ROOT / "slimeforge" / name).read_text() for name in ("cli.py", "cliviews.py")
+    )  # the tasks and what they print
+    assert listed == set(
+        re.findall(r'json_doc\(\s*"(slimeforge\.[a-z-]+/\d+)"', tasks + (ROOT / "slimeforge/run/launch.py").read_text())
+    )
 
 
 def test_doctor_json_exits_2_on_an_error_and_prints_only_the_document():
@@ -64,8 +74,12 @@ def test_run_dry_run_json_keeps_the_warnings_text_mode_prints(tmp_path):
     doc = one_document(as_json)
     printed = [line.removeprefix("warning: ") for line in as_text.stderr.splitlines() if line.startswith("warning: ")]
     assert doc["warnings"] == printed and len(printed) >= 2  # this machine has neither the model nor the data
-    assert any(w.startswith("model_dir ") for w in doc["warnings"]) and any(w.startswith("data_path ") for w in doc["warnings"])
-    assert [f"warning: {w}" for w in doc["warnings"]] == [line for line in as_json.stderr.splitlines() if line.startswith("warning: ")]
+    assert any(w.startswith("model_dir ") for w in doc["warnings"]) and any(
+        w.startswith("data_path ") for w in doc["warnings"]
+    )
+    assert [f"warning: {w}" for w in doc["warnings"]] == [
+        line for line in as_json.stderr.splitlines() if line.startswith("warning: ")
+    ]
     assert all(w.isprintable() for w in doc["warnings"])
 
 
@@ -74,7 +88,9 @@ def test_stack_show_json_keeps_the_lock_problem_text_mode_prints():
     doc = one_document(res)
     json_shapes.check(doc, "slimeforge.stack/1")
     lock_lines = [line for line in text.stdout.splitlines() if line.startswith("lock")]
-    if lock_lines[0].startswith("lock: "):  # no committed lock for this flavor: the text says so, and so does the document
+    if lock_lines[0].startswith(
+        "lock: "
+    ):  # no committed lock for this flavor: the text says so, and so does the document
         assert doc["warnings"] == lock_lines
     else:
         assert doc["warnings"] == []
@@ -85,14 +101,22 @@ def test_stack_show_json():
     assert res.returncode == 0, res.stderr
     doc = one_document(res)
     json_shapes.check(doc, "slimeforge.stack/1")
-    assert doc["pins"]["source.slime"] == "a74ae3a0ad16bd8b769d5386738e8ae3d1269d7e" and doc["cuda"] == doc["pins"]["cuda"]
+    assert (
+        doc["pins"]["source.slime"] == "a74ae3a0ad16bd8b769d5386738e8ae3d1269d7e" and doc["cuda"] == doc["pins"]["cuda"]
+    )
     assert [s["name"] for s in doc["steps"]][:2] == ["system", "torch"]
 
 
 @pytest.mark.parametrize("unused", [False, True])
 def test_wheels_ls_json(tmp_path, unused):
-    res = invoke("wheels.ls", "--cuda", "cu13", "--json", *(["--unused"] if unused else []),
-                 env={"SLIMEFORGE_COMPILED_STORE": str(tmp_path / "store")})
+    res = invoke(
+        "wheels.ls",
+        "--cuda",
+        "cu13",
+        "--json",
+        *(["--unused"] if unused else []),
+        env={"SLIMEFORGE_COMPILED_STORE": str(tmp_path / "store")},
+    )
     assert res.returncode == 0, res.stderr
     doc = one_document(res)
     json_shapes.check(doc, "slimeforge.wheels-unused/1" if unused else "slimeforge.wheels/1")
@@ -105,16 +129,22 @@ def test_wheels_ls_json(tmp_path, unused):
 def test_cluster_status_json_names_each_unreachable_host(tmp_path):
     """Hosts where nothing answers ssh (port 1): every host still has its row, with ssh's own error."""
     inventory = tmp_path / "lab.yaml"
-    inventory.write_text("name: unreachable\nmode: host\nprefix: /opt/slimeforge\nssh: {user: root, connect_timeout: 2, port: 1}\n"
-                         "hosts:\n  - {name: a, address: 127.0.0.1, role: head, gpus: 1}\n  - {name: b, address: 127.0.0.2, gpus: 1}\n")
+    inventory.write_text(
+        "name: unreachable\nmode: host\nprefix: /opt/slimeforge\nssh: {user: root, connect_timeout: 2, port: 1}\n"
+        "hosts:\n  - {name: a, address: 127.0.0.1, role: head, gpus: 1}\n  - {name: b, address: 127.0.0.2, gpus: 1}\n"
+    )
     res = invoke("cluster.status", str(inventory), "--json")
     assert res.returncode == 2, res.stderr  # no host answers: the document, then exit 2 (docs/exit-codes.md)
     assert "2 of 2 host(s) do not answer (a, b)" in res.stderr
     doc = one_document(res)
     json_shapes.check(doc, "slimeforge.cluster-status/1")
     assert [h["host"] for h in doc["hosts"]] == ["a", "b"]
-    assert all("port 1" in h["error"] and h["node"] == "not in the cluster" and h["answered"] is False for h in doc["hosts"])
+    assert all(
+        "port 1" in h["error"] and h["node"] == "not in the cluster" and h["answered"] is False for h in doc["hosts"]
+    )
     # The table, piped, keeps its full width: ssh's whole message, no column cut to "…".
     table = invoke("cluster.status", str(inventory))
-    assert table.returncode == 2 and "ssh: connect to host 127.0.0.2 port 1: Connection refused" in table.stdout, table.stdout
+    assert table.returncode == 2 and "ssh: connect to host 127.0.0.2 port 1: Connection refused" in table.stdout, (
+        table.stdout
+    )
     assert "…" not in table.stdout and "\x1b[" not in table.stdout

@@ -24,7 +24,8 @@ SCRIPT = ROOT / "slimeforge" / "scripts" / "kernel_check.py"
 CAPTURES = ROOT / "tests" / "fixtures" / "kernel_check"
 PIECES = ["apex", "transformer_engine", "torch_memory_saver", "flash_attn.cute", "flash_attn_2"]
 NO_GPU_PATH = "/usr/bin:/bin"  # no nvidia-smi: no GPU, as on this machine
-no_gpu_here = pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this host has nvidia-smi: the no-GPU path is not what runs")
+no_gpu_here = pytest.mark.skipif(shutil.which("nvidia-smi") is not None,
+                                 reason="this host has nvidia-smi: the no-GPU path is not what runs")
 
 
 def run_script(*args: str, path: str = NO_GPU_PATH) -> subprocess.CompletedProcess:
@@ -55,20 +56,26 @@ def test_real_h100_reports_become_findings():
     doc = kernels.parse_report((CAPTURES / "h100-te-extension-missing.json").read_text())
     found = kernels.kernel_findings(doc, "the install at /opt/sf", "install again")
     assert [f.level for f in found] == [OK, ERROR, OK, OK]
-    assert found[1].message == ("transformer_engine FAILED on NVIDIA H100 80GB HBM3 in the install at /opt/sf: FileNotFoundError: "
-                                "Could not find shared object file for Transformer Engine torch lib. (at __init__.py:128)")
+    assert found[1].message == ("transformer_engine FAILED on NVIDIA H100 80GB HBM3 in the install at /opt/sf: "
+                                "FileNotFoundError: "
+                                "Could not find shared object file for Transformer Engine torch lib. (at "
+                                "__init__.py:128)")
     assert found[1].fix == "install again"
     # The real cu13 install's wheels on the H100: torch_memory_saver linked without libcuda.
     doc = kernels.parse_report((CAPTURES / "h100-tms-without-libcuda.json").read_text())
-    found = kernels.kernel_findings(doc, "the install at /opt/sf", "install again", load_stack("cu13").smoke.all_imports)
+    found = kernels.kernel_findings(doc, "the install at /opt/sf", "install again",
+                                    load_stack("cu13").smoke.all_imports)
     assert [f.level for f in found] == [OK, OK, ERROR, OK, OK]
     assert "torch_memory_saver FAILED" in found[2].message and "undefined symbol: cuMemCreate" in found[2].message
     assert found[4].message == "flash_attn_2: not part of this stack, not installed"
-    skipped = kernels.kernel_findings({"gpu": None, "pieces": [{"name": "apex", "status": "skipped", "detail": "no GPU", "seconds": 0}]},
+    skipped = kernels.kernel_findings({"gpu": None, "pieces": [{"name": "apex", "status": "skipped",
+                                                                "detail": "no GPU", "seconds": 0}]},
                                       "image x", "f")
-    assert [(f.level, f.message) for f in skipped] == [(WARNING, "no GPU here: the kernels of image x were not checked (apex)")]
+    assert [(f.level, f.message) for f in skipped] == [(WARNING,
+                                                        "no GPU here: the kernels of image x were not checked (apex)")]
     # Not installed: FA2 on cu13 is as it should be, apex missing from a stack that has it is not.
-    absent = {"gpu": "H100", "pieces": [{"name": n, "status": "skipped", "detail": "not installed", "seconds": 0} for n in ("flash_attn_2", "apex")]}
+    absent = {"gpu": "H100", "pieces": [{"name": n, "status": "skipped", "detail": "not installed",
+                                         "seconds": 0} for n in ("flash_attn_2", "apex")]}
     found = kernels.kernel_findings(absent, "image x", "f", load_stack("cu13").smoke.all_imports)
     assert [(f.level, f.message) for f in found] == [(OK, "flash_attn_2: not part of this stack, not installed"),
                                                       (WARNING, "apex not checked in image x: not installed")]
@@ -80,8 +87,10 @@ def test_real_h100_reports_become_findings():
     ("Traceback (most recent call last):\n", "its last line is not JSON"),
     ('{"gpu": null}', "no list of pieces"),
     ('{"gpu": null, "pieces": []}', "no list of pieces"),
-    ('{"gpu": null, "pieces": [{"name": "apex", "status": "fine", "detail": "", "seconds": 1}]}', "is not {name, status"),
-    ('{"gpu": null, "pieces": [{"name": "apex", "status": "ok", "detail": "a\\u001b[2Jb", "seconds": 1}]}', "control characters"),
+    ('{"gpu": null, "pieces": [{"name": "apex", "status": "fine", "detail": "", "seconds": 1}]}',
+     "is not {name, status"),
+    ('{"gpu": null, "pieces": [{"name": "apex", "status": "ok", "detail": "a\\u001b[2Jb", "seconds": 1}]}',
+     "control characters"),
     ('{"gpu": 3, "pieces": [{"name": "apex", "status": "ok", "detail": "", "seconds": 1}]}', "gpu is neither"),
     ("x" * (2 << 20), "over 1048576"),
 ])
@@ -107,7 +116,8 @@ def test_doctor_kernels_runs_the_check_with_the_installs_python(tmp_path):
     assert [(f.level, f.message) for f in report.findings] == [
         (WARNING, f"no GPU here: the kernels of the install at {prefix} were not checked ({', '.join(PIECES)})")]
     # Not asked for: the GPU check does not run with the others.
-    assert not [f for f in doctor.run_checks(None, load_stack("cu13"), install_prefix=str(prefix), network=False).findings
+    assert not [f for f in doctor.run_checks(None, load_stack("cu13"), install_prefix=str(prefix),
+                                             network=False).findings
                 if f.check == "kernels"]
 
 
@@ -119,12 +129,14 @@ def test_doctor_kernels_reads_a_failed_report_and_a_broken_python(tmp_path):
     stand_in.chmod(0o755)
     report = doctor.run_checks(None, load_stack("cu13"), install_prefix=str(fake_install(tmp_path, str(stand_in))),
                                only=["kernels"], gpu_checks=True)
-    assert [f.level for f in report.findings] == [OK, ERROR, OK, OK] and "transformer_engine FAILED" in report.errors[0].message
+    assert [f.level for f in report.findings] == [OK, ERROR, OK,
+                                                  OK] and "transformer_engine FAILED" in report.errors[0].message
     broken = tmp_path / "broken"
     broken.write_text("#!/bin/sh\necho 'ImportError: libc10.so: cannot open shared object file' >&2\nexit 1\n")
     broken.chmod(0o755)
     (tmp_path / "prefix").rename(tmp_path / "old")
-    report = doctor.run_checks(None, load_stack("cu13"), install_prefix=str(fake_install(tmp_path, str(broken))), only=["kernels"])
+    report = doctor.run_checks(None, load_stack("cu13"), install_prefix=str(fake_install(tmp_path, str(broken))),
+                               only=["kernels"])
     assert len(report.errors) == 1 and "could not run with" in report.errors[0].message
     assert "ImportError: libc10.so" in report.errors[0].message
     none = doctor.run_checks(None, load_stack("cu13"), only=["kernels"])
@@ -133,10 +145,12 @@ def test_doctor_kernels_reads_a_failed_report_and_a_broken_python(tmp_path):
 
 def test_container_mode_runs_the_images_python_on_the_gpus():
     # The probe found /opt/slimeforge in it: the stack's venv (any other image: test_layout.py).
-    found = {"image-facts": ImageFacts("sha256:" + "ab" * 32, "3.12.3", None, None, None, None, None, None, None, None, "-", False, True)}
+    found = {"image-facts": ImageFacts("sha256:" + "ab" * 32, "3.12.3", None, None, None, None, None, None, None, None,
+                                       "-", False, True)}
     ctx = Context(stack=load_stack("cu13"), mode="container", image="slimeforge/cu13:1", cache=found)
     argv = kernels.kernel_check_argv(ctx)
-    assert argv[:9] == ["docker", "run", "--rm", "--gpus", "all", "--entrypoint", "/opt/venv/bin/python", "--", "slimeforge/cu13:1"]
+    assert argv[:9] == ["docker", "run", "--rm", "--gpus", "all", "--entrypoint", "/opt/venv/bin/python", "--",
+                        "slimeforge/cu13:1"]
     assert argv[9] == "-c" and argv[10] == SCRIPT.read_text() and argv[11:] == ["--json", "--timeout", "120"]
     assert kernels.kernel_check_argv(Context(stack=load_stack("cu13"), mode="container")) is None
 

@@ -90,7 +90,8 @@ def test_host_mode_takes_slime_and_megatron_from_the_install_prefix(gpu_host):
 
     stack = load_stack(recipe.stack)
     installed = host_layout(stack, "/opt/sf")
-    assert (resolved.slime_dir, resolved.megatron_dir) == (installed.source_dir(stack, "slime"), installed.source_dir(stack, "megatron"))
+    assert (resolved.slime_dir, resolved.megatron_dir) == (installed.source_dir(stack, "slime"),
+                                                           installed.source_dir(stack, "megatron"))
     assert (resolved.slime_dir, resolved.megatron_dir) == ("/opt/sf/slime", "/opt/sf/Megatron-LM")
     assert local.host_tools(resolved) == ("/opt/sf/venv/bin/python", "/opt/sf/venv/bin/ray")
 
@@ -112,18 +113,21 @@ def test_host_mode_runs_launch_sh_with_the_install_first_on_path(gpu_host):
     env = env_of({"PATH": "/usr/bin:/bin", "RAY_ADDRESS": "http://stale:8265"}, gpu_host / "state" / "ray-1",
                               "/opt/sf/venv/bin/python", "/opt/sf/venv/bin/ray", None, ["--temp-dir", "/tmp/sf-x"], 7.5)
     assert env["PATH"] == "/opt/sf/venv/bin:/usr/bin:/bin"
-    assert env["SLIMEFORGE_PYTHON"] == "/opt/sf/venv/bin/python" and env["SLIMEFORGE_STATE_DIR"] == str(gpu_host / "state")
+    assert (env["SLIMEFORGE_PYTHON"] == "/opt/sf/venv/bin/python"
+            and env["SLIMEFORGE_STATE_DIR"] == str(gpu_host / "state"))
     assert env["SLIMEFORGE_RAY_HEAD_ARGS"] == "--temp-dir /tmp/sf-x" and env["SLIMEFORGE_HEAD_TIMEOUT"] == "8"
     assert "RAY_ADDRESS" not in env  # without --address a head is started here, whatever the shell holds
     attach = env_of({"PATH": "/bin"}, gpu_host, "python3", "ray", "10.0.0.1:8265", None, 1)
-    assert attach["RAY_ADDRESS"] == "http://10.0.0.1:8265" and attach["PATH"] == "/bin" and "SLIMEFORGE_RAY_HEAD_ARGS" not in attach
+    assert (attach["RAY_ADDRESS"] == "http://10.0.0.1:8265" and attach["PATH"] == "/bin"
+            and "SLIMEFORGE_RAY_HEAD_ARGS" not in attach)
 
 
 def test_head_args_with_whitespace_are_refused_before_anything_runs(gpu_host):
     recipe, stack = parse_recipe(make_recipe(gpu_host), "test")
     runner = Runner(dry_run=True)
     with pytest.raises(ConfigError, match="head_args") as err:
-        launcher.launch(recipe, stack, out=gpu_host / "run", runner=runner, head_args=["--temp-dir", "/tmp/a b"], stream=open("/dev/null", "w"))
+        launcher.launch(recipe, stack, out=gpu_host / "run", runner=runner, head_args=["--temp-dir", "/tmp/a b"],
+                        stream=open("/dev/null", "w"))
     assert "'/tmp/a b'" in str(err.value) and runner.history == [] and not (gpu_host / "run").exists()
 
 
@@ -191,7 +195,8 @@ def test_the_head_deadline_is_one_value_and_a_silent_head_fails_by_it(gpu_host):
     catalog = write_catalog(gpu_host / "flags.json", recipe, stack)
     out = io.StringIO()
     t0 = time.monotonic()
-    code = launcher.launch(recipe, stack, out=gpu_host / "run", catalog=str(catalog), network_checks=False, stream=out, head_timeout=2,
+    code = launcher.launch(recipe, stack, out=gpu_host / "run", catalog=str(catalog), network_checks=False, stream=out,
+                           head_timeout=2,
                            environ={**os.environ, "PATH": f"/usr/bin:/bin:{os.environ['PATH']}"})
     elapsed = time.monotonic() - t0
     assert code == 1, out.getvalue()
@@ -233,10 +238,12 @@ def test_launch_sh_stops_only_the_head_its_record_proves(gpu_host):
     recipe, stack = parse_recipe(make_recipe(gpu_host), "test")
     rundir = build_run_dir(recipe, stack, gpu_host / "run", "test")
     write_run_dir(rundir)
-    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin", "SLIMEFORGE_PYTHON": sys.executable, "SLIMEFORGE_HEAD_TIMEOUT": "1"}
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin", "SLIMEFORGE_PYTHON": sys.executable,
+           "SLIMEFORGE_HEAD_TIMEOUT": "1"}
 
     def launch() -> subprocess.CompletedProcess:  # the same run directory (and ports) every time
-        return subprocess.run(["bash", str(rundir.path / "launch.sh")], env=env, capture_output=True, text=True, timeout=120)
+        return subprocess.run(["bash", str(rundir.path / "launch.sh")], env=env, capture_output=True, text=True,
+                              timeout=120)
 
     sdir = gpu_host / "state" / f"ray-{recipe.ray_port}"
     token = "c3" * 16
@@ -251,7 +258,8 @@ def test_launch_sh_stops_only_the_head_its_record_proves(gpu_host):
         proc = subprocess.Popen(cmd, env={**os.environ, "SLIMEFORGE_RUN_TOKEN": "d4" * 16})
         try:
             sdir.mkdir(parents=True, exist_ok=True)
-            (sdir / "head.json").write_text(json.dumps({"pid": proc.pid, "start_time": _start_time(proc.pid), "boot_id": boot_id(),
+            (sdir / "head.json").write_text(json.dumps({"pid": proc.pid, "start_time": _start_time(proc.pid),
+                                                        "boot_id": boot_id(),
                                                         "exp_id": "test", "run_token": token, "argv": argv}))
             run = launch()
             assert why in run.stderr and "left alone (no process stopped)" in run.stderr, run.stderr
@@ -318,7 +326,8 @@ def test_slimerunner_without_mode_image_or_prefix_trains_in_place(gpu_host, monk
     assert env["SLIMEFORGE_PYTHON"] == sys.executable
     assert env["PATH"].split(":")[0] == str(Path(sys.executable).parent)  # this environment's `ray` starts the head
     assert seen["runner"].history == [["bash", str((gpu_host / "run").resolve() / "launch.sh")]]
-    # First the layout (this environment's own where slimeforge did not build it: run/layout.py), then the preflight's table.
+    # First the layout (this environment's own where slimeforge did not build it: run/layout.py), then the preflight's
+    # table.
     table = next(text for text in seen["said"] if "error(s)" in text)
     if not Path("/opt/slimeforge").is_dir():
         assert seen["said"][0].startswith("layout: this environment's own layout (in place"), seen["said"]
@@ -373,8 +382,10 @@ def test_launch_options_are_one_frozen_dataclass_built_by_keyword(gpu_host):
     assert [p.where for p in err.value.problems] == ["imgae"] and "image" in (err.value.problems[0].accepted or "")
     # Python values are typed here (invoke types the command line's): a string is not a list of words.
     with pytest.raises(ConfigError, match="launch options") as err:
-        SlimeRunner(**make_recipe(gpu_host)).train(num_rollout=1, head_args="--temp-dir /tmp/x", network_checks="no", skip_checks=["flags"])
-    assert [(p.where, p.value) for p in err.value.problems] == [("network_checks", "no"), ("head_args", "--temp-dir /tmp/x")]
+        SlimeRunner(**make_recipe(gpu_host)).train(num_rollout=1, head_args="--temp-dir /tmp/x", network_checks="no",
+                                                   skip_checks=["flags"])
+    assert [(p.where, p.value) for p in err.value.problems] == [("network_checks", "no"), ("head_args",
+                                                                                           "--temp-dir /tmp/x")]
 
 
 def test_reprs_are_short_and_the_content_stays_in_the_attributes(gpu_host):
@@ -388,7 +399,8 @@ def test_reprs_are_short_and_the_content_stays_in_the_attributes(gpu_host):
     assert sum(len(t) for t in run.files.values()) > 5000 and run.plan["exp_id"] == kwargs["exp_id"]
     recipe, stack = parse_recipe(kwargs, "test")
     plan = local.HostTarget().plan(ResolvedRun(recipe, stack, gpu_host / "run2", "test", {}))
-    assert repr(plan) == f"LaunchPlan(target='host', run_dir='{plan.rundir.path}', files=5, commands=1, mounts=0, notes=0)"
+    assert repr(plan) == (f"LaunchPlan(target='host', run_dir='{plan.rundir.path}', files=5, commands=1, mounts=0, "
+                         "notes=0)")
     report = Report([Finding("a", ERROR, "x", "y"), Finding("b", WARNING, "w"), Finding("c", OK, "fine")], 0.25)
     assert repr(report) == "Report(errors=1, warnings=1, ok=1, seconds=0.25)" and len(report.findings) == 3
 

@@ -27,7 +27,8 @@ ID = "sha256:" + "ab" * 32
 
 def facts(*, slimeforge_image: bool, slime: str | None = "/root/slime", megatron: str | None = "/root/Megatron-LM",
           pythonpath: str | None = None, ld: str | None = None) -> ImageFacts:
-    return ImageFacts(ID, "3.12.3", "2.49.1", "/usr/bin/python3", slime, megatron, None, None, None, None, "no catalog here", False,
+    return ImageFacts(ID, "3.12.3", "2.49.1", "/usr/bin/python3", slime, megatron, None, None, None, None,
+                      "no catalog here", False,
                       slimeforge_image, pythonpath, ld)
 
 
@@ -48,20 +49,25 @@ def test_an_image_slimeforge_built_keeps_slimeforges_layout_exactly():
 
 def test_a_foreign_image_is_rendered_for_its_own_layout():
     recipe, stack = container_recipe(slime_dir="/root/slime", megatron_dir="/opt/missing-megatron")
-    # The image's slime at the recipe's slime_dir; its Megatron found by `import megatron` (an editable install's checkout).
-    layout, moved = layout_from_facts(facts(slimeforge_image=False, megatron="/usr/src/Megatron-LM", pythonpath="/opt/extra::/opt/more:/opt/extra",
+    # The image's slime at the recipe's slime_dir; its Megatron found by `import megatron` (an editable install's
+    # checkout).
+    layout, moved = layout_from_facts(facts(slimeforge_image=False, megatron="/usr/src/Megatron-LM",
+                                            pythonpath="/opt/extra::/opt/more:/opt/extra",
                                             ld="/usr/local/nvidia/lib64:/opt/img/lib"), recipe)
     assert layout.name == IMAGE_NAME and "has no /opt/slimeforge" in layout.why
     assert "Megatron-LM at /usr/src/Megatron-LM (by `import megatron`)" in layout.why and layout.megatron_imported
-    assert (moved.slime_dir, moved.megatron_dir) == ("/root/slime", "/usr/src/Megatron-LM")  # where the probe found them
+    assert (moved.slime_dir, moved.megatron_dir) == ("/root/slime",
+                                                     "/usr/src/Megatron-LM")  # where the probe found them
     run = build_run_dir(moved, stack, "/tmp/sf-layout-run", environ={}, layout=layout)
-    # Megatron imports already: nothing ahead of the image's own entries, each once, no empty one (it would put the cwd on sys.path).
+    # Megatron imports already: nothing ahead of the image's own entries, each once, no empty one (it would put the cwd
+    # on sys.path).
     assert run.env == {"PYTHONPATH": "/opt/extra:/opt/more", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
     for name, text in run.files.items():
         if name != "plan.json":  # the plan records the stack the recipe names
             assert "/opt/slimeforge" not in text and stack.venv not in text, name
     launch = run.files["launch.sh"]
-    assert "SLIME_DIR=/root/slime\n" in launch and 'PYTHON="${SLIMEFORGE_PYTHON:-python3}"' in launch  # the image's python3
+    # the image's python3
+    assert "SLIME_DIR=/root/slime\n" in launch and 'PYTHON="${SLIMEFORGE_PYTHON:-python3}"' in launch
     assert json.loads(run.files["runtime_env.json"]) == {"env_vars": run.env}
     args = run.args
     assert json.loads(args[args.index("--train-env-vars") + 1]) == run.env  # slime's train actors get the same
@@ -69,16 +75,20 @@ def test_a_foreign_image_is_rendered_for_its_own_layout():
     assert plan["layout"] == layout.record() and plan["layout"]["name"] == IMAGE_NAME
     assert plan["recipe"]["megatron_dir"] == "/usr/src/Megatron-LM"
     # Neither Megatron's directory nor the image's PYTHONPATH to add: the variable is left as the image has it.
-    installed, moved = layout_from_facts(facts(slimeforge_image=False, megatron="/usr/lib/python3/dist-packages"), recipe)
-    assert build_run_dir(moved, stack, "/tmp/sf-layout-run", environ={}, layout=installed).env == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    installed, moved = layout_from_facts(facts(slimeforge_image=False, megatron="/usr/lib/python3/dist-packages"),
+                                         recipe)
+    assert build_run_dir(moved, stack, "/tmp/sf-layout-run", environ={},
+                         layout=installed).env == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
 
 
 def test_what_the_recipe_adds_to_the_library_path_goes_after_the_images_own():
-    recipe, stack = container_recipe(env={"LD_LIBRARY_PATH": "/opt/x/lib", "CUDA_HOME": "/usr/local/cuda-13.0", "NCCL_DEBUG": "INFO"})
+    recipe, stack = container_recipe(env={"LD_LIBRARY_PATH": "/opt/x/lib", "CUDA_HOME": "/usr/local/cuda-13.0",
+                                          "NCCL_DEBUG": "INFO"})
     layout, recipe = layout_from_facts(facts(slimeforge_image=False, ld="/usr/local/nvidia/lib64"), recipe)
     env = build_run_dir(recipe, stack, "/tmp/sf-layout-run", environ={"WANDB_ENTITY": "team"}, layout=layout).env
     assert env["LD_LIBRARY_PATH"] == "/usr/local/nvidia/lib64:/opt/x/lib"
-    assert env["CUDA_HOME"] == "/usr/local/cuda-13.0" and env["NCCL_DEBUG"] == "INFO" and env["PYTHONPATH"] == "/root/Megatron-LM"
+    assert (env["CUDA_HOME"] == "/usr/local/cuda-13.0" and env["NCCL_DEBUG"] == "INFO"
+            and env["PYTHONPATH"] == "/root/Megatron-LM")
     assert not {"CUDNN_HOME", "CUDNN_PATH", "CUDNN_FRONTEND_CUDART_LIB_NAME"} & set(env)
     # An image without LD_LIBRARY_PATH and a recipe that adds nothing: the variable is not set at all.
     layout, recipe = layout_from_facts(facts(slimeforge_image=False), container_recipe()[0])
@@ -93,11 +103,14 @@ def test_search_path_keeps_order_drops_empty_and_repeated_entries():
 def test_the_kernel_check_runs_the_images_python3_when_slimeforge_did_not_build_it():
     stack = load_stack("cu13")
     for built, python in ((True, f"{stack.venv}/bin/python"), (False, "python3")):
-        ctx = Context(stack=stack, mode="container", image="slimerl/slime:latest", cache={"image-facts": facts(slimeforge_image=built)})
+        ctx = Context(stack=stack, mode="container", image="slimerl/slime:latest",
+                      cache={"image-facts": facts(slimeforge_image=built)})
         argv = kernels.kernel_check_argv(ctx)
-        assert argv is not None and argv[:9] == ["docker", "run", "--rm", "--gpus", "all", "--entrypoint", python, "--", "slimerl/slime:latest"]
+        assert argv is not None and argv[:9] == ["docker", "run", "--rm", "--gpus", "all", "--entrypoint", python,
+                                                 "--", "slimerl/slime:latest"]
     # A probe that failed: the image is taken for slimeforge's, as before the probe existed.
-    ctx = Context(stack=stack, mode="container", image="slimerl/slime:latest", cache={"image-facts": RuntimeError("no docker")})
+    ctx = Context(stack=stack, mode="container", image="slimerl/slime:latest",
+                  cache={"image-facts": RuntimeError("no docker")})
     assert kernels.kernel_check_argv(ctx)[6] == f"{stack.venv}/bin/python"
 
 
@@ -123,7 +136,8 @@ def test_in_place_without_opt_slimeforge_keeps_this_environments_own_layout():
     recipe, stack = parse_recipe({**SEED_RECIPE, "install_prefix": None}, "test")
     layout = layout_here(recipe, {"PYTHONPATH": "/opt/site", "LD_LIBRARY_PATH": "/usr/lib/x"}, "/usr/bin/python3")
     assert layout.name == IMAGE_NAME and layout.why.endswith("Megatron-LM at /root/Megatron-LM, /usr/bin/python3")
-    assert build_run_dir(recipe, stack, "/tmp/sf-layout-run", environ={}, layout=layout).env["PYTHONPATH"] == "/root/Megatron-LM:/opt/site"
+    assert build_run_dir(recipe, stack, "/tmp/sf-layout-run", environ={},
+                         layout=layout).env["PYTHONPATH"] == "/root/Megatron-LM:/opt/site"
     with pytest.raises(ConfigError, match="LD_LIBRARY_PATH") as bad:
         layout_here(recipe, {"LD_LIBRARY_PATH": "/usr/lib\x1b[2J"}, "/usr/bin/python3")
     assert "control character" in str(bad.value)

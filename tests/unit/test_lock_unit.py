@@ -63,12 +63,15 @@ torch==2.11.0             # via accelerate
 def test_slices_hold_each_package_once_in_the_first_step_that_needs_it():
     graph = {"torch": {"numpy", "filelock"}, "sglang": {"torch", "numpy", "aiohttp"}, "aiohttp": {"yarl"}}
     names = {"torch", "numpy", "filelock", "sglang", "aiohttp", "yarl", "stray"}
-    slices = uvlock.step_slices({"torch": ["torch"], "build": ["numpy"], "sglang": ["sglang"], "last": []}, graph, names)
-    assert slices == {"torch": ["filelock", "numpy", "torch"], "build": [], "sglang": ["aiohttp", "sglang", "yarl"], "last": ["stray"]}
+    slices = uvlock.step_slices({"torch": ["torch"], "build": ["numpy"], "sglang": ["sglang"], "last": []}, graph,
+                                names)
+    assert slices == {"torch": ["filelock", "numpy", "torch"], "build": [], "sglang": ["aiohttp", "sglang", "yarl"],
+                      "last": ["stray"]}
 
 
 @pytest.mark.parametrize(("name", "version", "major"), [
-    ("nvidia-cudnn-cu12", "9.16.0.29", "12"), ("transformer-engine-cu13", "2.11.0", "13"), ("nvidia-nccl-cu13", "2.28.9", "13"),
+    ("nvidia-cudnn-cu12", "9.16.0.29", "12"), ("transformer-engine-cu13", "2.11.0", "13"), ("nvidia-nccl-cu13",
+                                                                                            "2.28.9", "13"),
     ("torch", "2.11.0+cu129", "12"), ("torch", "2.11.0+cu130", "13"), ("cuda-python", "12.9.4", "12"),
     ("cuda-bindings", "13.4.4", "13"), ("nvidia-cublas", "13.1.0.3", "13"), ("torch", "2.11.0", None),
     ("nvidia-cufft", "12.0.0.61", None), ("cucumber", "1.0", None), ("sglang-kernel", "0.4.4", None),
@@ -119,7 +122,8 @@ def test_rendered_lock_reads_back():
     stack = load_stack(str(ROOT / "tests" / "stacks" / "test.yaml"))
     lock = lockfile.read_lock(ROOT / "tests" / "stacks" / "locks" / "pylock.sftest.toml", stack)
     data = {"lock-version": "1.0", "created-by": "slimeforge", "requires-python": "==3.11.*",
-            "packages": [{"name": p.name, "version": p.version, "wheels": [{"name": p.filename, "url": p.url, "size": p.size,
+            "packages": [{"name": p.name, "version": p.version, "wheels": [{"name": p.filename, "url": p.url,
+                                                                            "size": p.size,
                                                                            "hashes": {"sha256": p.sha256}}]}
                          for p in lock.packages.values()],
             "tool": {"slimeforge": lock.tool}}
@@ -160,7 +164,8 @@ def test_committed_cu13_lock_satisfies_its_stack_offline():
 
 def test_patch_files_must_be_the_locked_ones():
     lock = lockfile.LockFile(Path("pylock.t.toml"), {}, {"patches": {"a.patch": SHA}}, "")
-    lockcheck.check_patch_hashes(lock, {"a.patch": SHA, "b.patch": "b" * 64})  # b.patch: not recorded, nothing to compare
+    lockcheck.check_patch_hashes(lock, {"a.patch": SHA,
+                                        "b.patch": "b" * 64})  # b.patch: not recorded, nothing to compare
     with pytest.raises(lockfile.LockError, match=f"a.patch: sha256 {'c' * 64}, the lock says {SHA}"):
         lockcheck.check_patch_hashes(lock, {"a.patch": "c" * 64})
 
@@ -175,7 +180,8 @@ def test_committed_cu13_lock_records_commits_and_patches():
 def test_bad_options_are_refused_together_before_anything_runs(tmp_path):
     out = tmp_path / "pylock.cu13.toml"
     with pytest.raises(ConfigError) as err:
-        uvlock.resolve(uvlock.LockOptions(stack="cu13", base_digest="sha256:xyz", router_sha256="a b", index_url="ftp://x y",
+        uvlock.resolve(uvlock.LockOptions(stack="cu13", base_digest="sha256:xyz", router_sha256="a b",
+                                          index_url="ftp://x y",
                                 sources=["slime=/nonexistent"], out=out, echo=lambda _: None))
     text = str(err.value)
     for where in ("--base-digest", "--router-sha256", "--index-url", "--source slime"):
@@ -192,7 +198,8 @@ def test_the_cutoff_is_the_previous_locks_only_for_unchanged_inputs_and_no_upgra
     lock = lockfile.load_lock("cu13", stack)
     now = datetime(2027, 1, 2, 3, 4, 5, 678, tzinfo=UTC)
     assert lock.tool["exclude-newer"] == "2026-11-23T18:56:27Z"
-    assert uvlock.choose_cutoff(lock, inputs(stack), False, now) == ("2026-11-23T18:56:27Z", "the previous lock's (inputs unchanged; "
+    assert uvlock.choose_cutoff(lock, inputs(stack), False, now) == ("2026-11-23T18:56:27Z",
+                                                                     "the previous lock's (inputs unchanged; "
                                                                       "--upgrade moves it)", True)
     assert uvlock.choose_cutoff(lock, inputs(stack), True, now) == ("2027-01-02T03:04:05Z", "now (--upgrade)", False)
     assert uvlock.choose_cutoff(None, inputs(stack), False, now)[1:] == ("now (no previous lock)", False)
@@ -201,7 +208,8 @@ def test_the_cutoff_is_the_previous_locks_only_for_unchanged_inputs_and_no_upgra
         "now (the stack's inputs changed since the lock with cutoff 2026-11-23T18:56:27Z)"
 
 
-@pytest.mark.parametrize("cutoff", ["2026-11-23", "2026-11-23T18:56:27+01:00", "2026-11-23T18:56:27Z\n", "now", 20261123])
+@pytest.mark.parametrize("cutoff", ["2026-11-23", "2026-11-23T18:56:27+01:00", "2026-11-23T18:56:27Z\n", "now",
+                                    20261123])
 def test_a_cutoff_is_an_rfc3339_utc_second(tmp_path, cutoff):
     path = tmp_path / "pylock.cu13.toml"
     text = (ROOT / "images" / "locks" / "pylock.cu13.toml").read_text()
@@ -244,7 +252,8 @@ def test_a_dry_runs_router_slice_is_marked_and_fails_if_run():
     with pytest.raises(lockfile.LockError, match="--complete"):
         lockfile.router_requirement(lock, url)
     text = lockfile.router_requirement(replace(lock, provisional=True), url)
-    assert text.startswith("# MISSING: the router wheel's sha256") and text.endswith(f"sglang-router @ {url}\n") and "--hash" not in text
+    assert text.startswith("# MISSING: the router wheel's "
+                           "sha256") and text.endswith(f"sglang-router @ {url}\n") and "--hash" not in text
 
 
 @pytest.mark.parametrize("by_name", [False, True])
@@ -262,7 +271,8 @@ def test_every_slice_line_the_lock_writes_is_read_back_by_the_step_librarys_one_
             parsed = parse_slice_line(line)
             assert parsed is not None, line
             p = lock.packages[parsed.name]
-            assert (parsed.version, parsed.sha256, parsed.url) == (p.version, p.sha256, None if by_name else p.url), line
+            assert (parsed.version, parsed.sha256, parsed.url) == (p.version, p.sha256,
+                                                                   None if by_name else p.url), line
             seen += 1
     assert seen >= len(lock.packages) - 1  # every distribution (the router's is a slice of its own)
     with_router = dataclasses.replace(lock, tool={**lock.tool, "router": {"sha256": "a" * 64}})

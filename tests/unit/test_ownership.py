@@ -33,7 +33,8 @@ def test_head_verdict(now, exp_id, token, state, says):
 
 
 def test_start_time_from_proc_stat_with_a_hostile_command_name():
-    text = "4242 (ray ) S 1 2 3) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 5 0 987654 1000 200 18446744073709551615\n"
+    text = ("4242 (ray ) S 1 2 3) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 5 0 987654 1000 200 "
+           "18446744073709551615\n")
     assert own.stat_start_time(text) == (987654, "S")
     assert own.stat_start_time("garbage") is None
 
@@ -70,11 +71,14 @@ CID = "c" * 64
 
 
 @pytest.mark.parametrize("inspect,state", [
-    ({"Id": CID, "Config": {"Labels": {"slimeforge.exp_id": "exp1", "slimeforge.run_token": TOKEN}}, "State": {"Running": True}}, OURS),
-    ({"Id": CID, "Config": {"Labels": {"slimeforge.exp_id": "exp1", "slimeforge.run_token": TOKEN}}, "State": {"Running": False}}, ENDED),
+    ({"Id": CID, "Config": {"Labels": {"slimeforge.exp_id": "exp1", "slimeforge.run_token": TOKEN}},
+      "State": {"Running": True}}, OURS),
+    ({"Id": CID, "Config": {"Labels": {"slimeforge.exp_id": "exp1", "slimeforge.run_token": TOKEN}},
+      "State": {"Running": False}}, ENDED),
     ({"Id": CID, "Config": {"Labels": {"slimeforge.exp_id": "exp1"}}, "State": {"Running": True}}, FOREIGN),
     ({"Id": CID, "Config": {"Labels": None}, "State": {"Running": True}}, FOREIGN),
-    ({"Id": "d" * 64, "Config": {"Labels": {"slimeforge.exp_id": "exp1", "slimeforge.run_token": TOKEN}}, "State": {"Running": True}}, FOREIGN),
+    ({"Id": "d" * 64, "Config": {"Labels": {"slimeforge.exp_id": "exp1", "slimeforge.run_token": TOKEN}},
+      "State": {"Running": True}}, FOREIGN),
     (None, ENDED),
 ])
 def test_container_verdict(inspect, state):
@@ -82,7 +86,8 @@ def test_container_verdict(inspect, state):
 
 
 def slurm_info(**over) -> dict[str, str]:
-    return {"JobId": "77", "JobName": "sf-exp1", "UserId": "alice(1000)", "JobState": "RUNNING", "Comment": f"slimeforge:{TOKEN}",
+    return {"JobId": "77", "JobName": "sf-exp1", "UserId": "alice(1000)", "JobState": "RUNNING",
+            "Comment": f"slimeforge:{TOKEN}",
             "WorkDir": "/runs/exp1", "SubmitTime": "2026-11-25T08:00:00", **over}
 
 
@@ -100,9 +105,11 @@ AT = datetime(2026, 11, 25, 8, 0, 2).timestamp()
     ({"SubmitTime": "2026-11-24T08:00:00"}, TOKEN, FOREIGN),
 ])
 def test_slurm_verdict(over, token, state):
-    v = own.slurm_verdict("77", slurm_info(**over), user="alice", job_name="sf-exp1", run_token=token, workdir="/runs/exp1/", submitted_at=AT)
+    v = own.slurm_verdict("77", slurm_info(**over), user="alice", job_name="sf-exp1", run_token=token,
+                          workdir="/runs/exp1/", submitted_at=AT)
     assert v.state == state, v.reason
-    assert own.slurm_verdict("77", {}, user="alice", job_name="sf-exp1", run_token=TOKEN, workdir="/r", submitted_at=None).state == ENDED
+    assert own.slurm_verdict("77", {}, user="alice", job_name="sf-exp1", run_token=TOKEN, workdir="/r",
+                             submitted_at=None).state == ENDED
 
 
 
@@ -116,9 +123,11 @@ def test_a_head_with_its_recorded_argv_is_proved_by_that_argv():
     assert own.head_verdict(rec, ProcFacts(4242, 1000, BOOT, live, environ=env), "exp1", TOKEN).state == OURS
     assert own.head_alive(rec, ProcFacts(4242, 1000, BOOT, live, environ=env))
     # The exact argv without the run token in its environment: started by hand, or by another launch.
-    assert own.head_verdict(rec, ProcFacts(4242, 1000, BOOT, live, environ=("PATH=/usr/bin",)), "exp1", TOKEN).state == FOREIGN
+    assert own.head_verdict(rec, ProcFacts(4242, 1000, BOOT, live, environ=("PATH=/usr/bin",)), "exp1",
+                            TOKEN).state == FOREIGN
     for other in (("python3", "-c", "import time; time.sleep(300)", "--head"),  # --head is one of its words
-                  ("/venv/bin/python3", "/venv/bin/ray", "start", "--head", "--block", "--port", "6380"),  # another head
+                  ("/venv/bin/python3", "/venv/bin/ray", "start", "--head", "--block", "--port",
+                   "6380"),  # another head
                   ("/venv/bin/python3", "/opt/evil", "start", "--head", "--block", "--port", "6379"),  # not `ray`
                   ("sleep", "300")):
         verdict = own.head_verdict(rec, ProcFacts(4242, 1000, BOOT, other, environ=env), "exp1", TOKEN)

@@ -73,7 +73,8 @@ def test_newest_build_of_the_flavor_is_chosen(tmp_path):
     assert find_build_dir("cu13", tmp_path) == new
     assert find_build_dir("cu13", old) == old  # a build directory itself
     p = plan(PublishOptions(cuda="cu13", build_dir=str(tmp_path), registry="reg.example.com:5000"))
-    assert (p.registry, p.repository, p.source.tags) == ("reg.example.com:5000", "slimeforge/cu13", ["bbbbbbbbbbbb", "2026.11.1-cu13"])
+    assert (p.registry, p.repository, p.source.tags) == ("reg.example.com:5000", "slimeforge/cu13", ["bbbbbbbbbbbb",
+                                                                                                     "2026.11.1-cu13"])
     assert find_build_dir("cu12", tmp_path) is None
 
 
@@ -112,15 +113,19 @@ def test_ecr_options_and_credentials(tmp_path):
 def test_immutability_rules():
     assert ecr.tag_is_immutable({"imageTagMutability": "IMMUTABLE"}, "v1")
     assert not ecr.tag_is_immutable({"imageTagMutability": "MUTABLE"}, "v1")
-    excl = {"imageTagMutability": "IMMUTABLE_WITH_EXCLUSION", "imageTagMutabilityExclusionFilters": [{"filter": "latest*"}]}
+    excl = {"imageTagMutability": "IMMUTABLE_WITH_EXCLUSION",
+            "imageTagMutabilityExclusionFilters": [{"filter": "latest*"}]}
     assert ecr.tag_is_immutable(excl, "abc123") and not ecr.tag_is_immutable(excl, "latest-cu13")
 
 
 def test_engine_push_errors_are_sorted():
     ref = ImageRef("reg.example.com", "team/slime", "t")
     auth = push_failure(ref, "unauthorized: authentication required", None)
-    assert isinstance(auth, RegistryAuthError) and "reg.example.com" in str(auth) and "docker login reg.example.com" in str(auth)
-    assert isinstance(push_failure(ref, 'Put "https://reg/v2/x/blobs": read: connection reset by peer', None), TransientError)
+    assert isinstance(auth,
+                      RegistryAuthError) and "reg.example.com" in str(auth) and ("docker login "
+                                                                                "reg.example.com") in str(auth)
+    assert isinstance(push_failure(ref, 'Put "https://reg/v2/x/blobs": read: connection reset by peer', None),
+                      TransientError)
     assert not isinstance(push_failure(ref, "manifest invalid", None), TransientError | RegistryAuthError)
 
 
@@ -128,7 +133,9 @@ def test_layer_progress_is_compact():
     lines = []
     progress = LayerProgress(lines.append)
     events = [{"status": "Preparing", "id": "a1"}, {"status": "Layer already exists", "id": "b2"}]
-    events += [{"status": "Pushing", "id": "a1", "progressDetail": {"current": c, "total": 4_000_000}} for c in range(0, 4_000_001, 500_000)]
+    events += [{"status": "Pushing", "id": "a1", "progressDetail": {"current": c,
+                                                                    "total": 4_000_000}} for c in range(0, 4_000_001,
+                                                                                                        500_000)]
     events += [{"status": "Pushed", "id": "a1"}, {"status": "t: digest: " + D + " size: 528"}]
     for e in events:
         progress.update(e)
@@ -141,7 +148,8 @@ def test_dry_run_prints_the_plan_and_pushes_nothing(tmp_path):
     argv = [sys.executable, "-m", "invoke", "publish", "--dry-run", "--cuda", "cu13", "--build-dir", str(tmp_path),
             "--registry", "123456789012.dkr.ecr.us-east-1.amazonaws.com/team/slime", "--no-scan-on-push"]
     out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert "to 123456789012.dkr.ecr.us-east-1.amazonaws.com/team/slime as tags: aaaaaaaaaaaa, 2026.11.1-cu13" in out.stdout
+    assert ("to 123456789012.dkr.ecr.us-east-1.amazonaws.com/team/slime as tags: aaaaaaaaaaaa, "
+           "2026.11.1-cu13") in out.stdout
     assert "tags immutable, scan on push off" in out.stdout
     # The build's image is not here: the dry run refuses as the publish would, at once (issue 42.9);
     # without an engine, it says that instead. Either way exit 2 and nothing pushed or recorded.
@@ -153,10 +161,12 @@ def test_dry_run_prints_the_plan_and_pushes_nothing(tmp_path):
 
 @pytest.mark.parametrize(("text", "ok"), [
     ("slimeforge/cu13", True), ("localhost:5000/team/slime", True), ("reg.example.com/a/b-c_d.e", True),
-    ("team/Slime", False), ("slimeforge/cu13:1.0", False), (f"slimeforge/cu13@{D}", False), ("-v/:/x", False), ("a//b", False),
+    ("team/Slime", False), ("slimeforge/cu13:1.0", False), (f"slimeforge/cu13@{D}", False), ("-v/:/x", False), ("a//b",
+                                                                                                                False),
 ])
 def test_build_repository_is_read_by_the_one_reference_grammar(text, ok):
-    """`invoke build --repository` once had a pattern of its own; it is the reference grammar without a tag or digest."""
+    """`invoke build --repository` once had a pattern of its own; it is the reference grammar without a tag or
+    digest."""
     from slimeforge.image.imageref import repository_problems
 
     assert (repository_problems(text) == []) == ok

@@ -16,7 +16,8 @@ from slimeforge.image.stack import load_stack  # noqa: E402
 
 def test_the_stamp_names_this_commit_and_this_stack():
     now = stamp()
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
     assert now["head"] == head and now["stack_hash"] == load_stack("cu13").hash and isinstance(now["dirty"], bool)
 
 

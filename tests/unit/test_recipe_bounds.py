@@ -34,7 +34,8 @@ OUT_OF_BOUNDS = {
 
 def test_every_bound_is_a_constraint_of_the_model_not_a_rule():
     for name in OUT_OF_BOUNDS:
-        assert any(getattr(m, a, None) is not None for m in Recipe.model_fields[name].metadata for a in ("ge", "gt", "le", "lt")), name
+        constraints = Recipe.model_fields[name].metadata
+        assert any(getattr(m, a, None) is not None for m in constraints for a in ("ge", "gt", "le", "lt")), name
 
 
 def test_values_out_of_bounds_name_the_field_show_the_value_say_the_range_all_in_one_round():
@@ -50,7 +51,7 @@ def test_values_out_of_bounds_name_the_field_show_the_value_say_the_range_all_in
 
 
 def test_the_bounds_themselves_are_accepted():
-    edges = {"num_gpus": 64, "tp_size": 64, "rollout_gpus_per_engine": 64, "num_nodes": 1, "gateway_port": 0, "ray_port": 65535,
-             "weight_decay": 0, "eval_interval": MAX_COUNT}
+    edges = {"num_gpus": 64, "tp_size": 64, "rollout_gpus_per_engine": 64, "num_nodes": 1, "gateway_port": 0,
+             "ray_port": 65535, "weight_decay": 0, "eval_interval": MAX_COUNT}
     recipe, _ = parse_recipe({**GOOD, **edges}, "r.yaml")
     assert recipe.gateway_port == 0 and recipe.eval_interval == MAX_COUNT

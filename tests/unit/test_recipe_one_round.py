@@ -32,7 +32,8 @@ def test_schema_values_and_cross_field_rules_are_reported_together():
     by = problems(data)
     assert set(by) == {"num_gpu", "lr", "agent_runtime_arn", "s3_bucket", "rollout_gpus_per_engine"}
     assert "did you mean 'num_gpus'" in by["num_gpu"] and "not a number" in by["lr"]
-    assert "must divide the GPU count (8" in by["rollout_gpus_per_engine"]  # num_gpus: its default, as the recipe gives none
+    # num_gpus: its default, as the recipe gives none
+    assert "must divide the GPU count (8" in by["rollout_gpus_per_engine"]
 
 
 def test_a_rule_reading_a_failed_key_is_dropped_not_guessed():
@@ -73,7 +74,9 @@ def test_a_good_recipe_still_parses():
 def inventory(tmp_path: Path) -> Path:
     data = {"name": "two", "mode": "container", "image": "reg.example:5000/slimeforge@sha256:" + "a" * 64,
             "container": {"volumes": ["/data:/data", "/models:/models", "/root/checkpoints:/root/checkpoints"]},
-            "hosts": [{"name": "a", "address": "10.0.0.1", "role": "head", "gpus": 8}, {"name": "b", "address": "10.0.0.2", "gpus": 8}]}
+            "hosts": [{"name": "a", "address": "10.0.0.1", "role": "head", "gpus": 8}, {"name": "b",
+                                                                                        "address": "10.0.0.2",
+                                                                                        "gpus": 8}]}
     path = tmp_path / "inv.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -84,7 +87,8 @@ def test_the_cluster_fit_joins_the_recipes_own_problems(tmp_path):
     from slimeforge.cluster.runcheck import cluster_env
 
     inv = inventory(tmp_path)
-    req = LaunchRequest(recipe="recipes/gsm8k-2node.yaml", cluster=str(inv), overrides=("num_nodes=3", "lr=fast"), out=str(tmp_path / "run"))
+    req = LaunchRequest(recipe="recipes/gsm8k-2node.yaml", cluster=str(inv), overrides=("num_nodes=3", "lr=fast"),
+                        out=str(tmp_path / "run"))
     with pytest.raises(ConfigError) as exc:
         resolve(req, dry_run=True, find_cluster=lambda name, dry: cluster_env(name, dry_run=dry))
     by = {p.where: p.message for p in exc.value.problems}
@@ -108,7 +112,8 @@ def test_a_cluster_that_cannot_be_found_is_named_beside_the_recipes_problems(tmp
     from slimeforge.errors import SlimeforgeError
 
     def not_up(name, dry):
-        raise SlimeforgeError(f"cluster {name}: no record of a bring-up from this machine: run `invoke cluster.up {name}` first")
+        raise SlimeforgeError(f"cluster {name}: no record of a bring-up from this machine: run `invoke cluster.up "
+                              f"{name}` first")
 
     req = LaunchRequest(recipe="recipes/gsm8k-2node.yaml", cluster="lab.yaml", overrides=("lr=fast",))
     with pytest.raises(ConfigError) as exc:

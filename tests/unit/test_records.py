@@ -25,8 +25,11 @@ def test_a_good_record_and_a_missing_one(tmp_path):
     assert read(tmp_path / "none") is None
 
 
-@pytest.mark.parametrize("content,message", [(b"42; rm -rf /\n", "is not a record slimeforge writes"), (b"\xff\xfe42", "is not UTF-8"),
-                                              (b"4" * 5000, "larger than a file of this kind holds"), (b"42\n\n", "is not a record"),
+@pytest.mark.parametrize("content,message", [(b"42; rm -rf /\n", "is not a record slimeforge writes"), (b"\xff\xfe42",
+                                                                                                        "is not UTF-8"),
+                                              (b"4" * 5000, "larger than a file of this kind holds"), (b"42\n\n",
+                                                                                                       "is not a "
+                                                                                                       "record"),
                                               (b"--help", "is not a record")])
 def test_bad_contents_name_the_file(tmp_path, content, message):
     (tmp_path / "r").write_bytes(content)
@@ -38,13 +41,15 @@ def test_bad_contents_name_the_file(tmp_path, content, message):
 def test_a_fifo_is_refused_without_blocking(tmp_path):
     os.mkfifo(tmp_path / "r")
     result = []
-    t = threading.Thread(target=lambda: result.append(pytest.raises(readback.RecordError, read, tmp_path / "r")), daemon=True)
+    t = threading.Thread(target=lambda: result.append(pytest.raises(readback.RecordError, read, tmp_path / "r")),
+                         daemon=True)
     t.start()
     t.join(5)
     assert not t.is_alive() and "FIFO" in str(result[0].value)
 
 
-@pytest.mark.parametrize("make,kind", [(lambda p: p.mkdir(), "a directory"), (lambda p: p.symlink_to("/dev/zero"), "a symlink"),
+@pytest.mark.parametrize("make,kind", [(lambda p: p.mkdir(), "a directory"), (lambda p: p.symlink_to("/dev/zero"),
+                                                                              "a symlink"),
                                        (lambda p: p.symlink_to(p.parent / "real"), "a symlink")])
 def test_directories_and_symlinks_are_refused(tmp_path, make, kind):
     (tmp_path / "real").write_text("7\n")
@@ -102,7 +107,8 @@ def test_write_output_refuses_what_is_not_a_regular_file(tmp_path, make, message
     with pytest.raises(ConfigError, match=message):
         atomic.write_output(tmp_path / "o", "new", where="--out")
     after = os.lstat(tmp_path / "o")
-    assert (before.st_ino, before.st_mode) == (after.st_ino, after.st_mode) and (tmp_path / "target").read_text() == "keep"
+    assert (before.st_ino, before.st_mode) == (after.st_ino,
+                                               after.st_mode) and (tmp_path / "target").read_text() == "keep"
 
 
 def test_write_output_follows_a_symlink_to_a_file_when_asked(tmp_path):

@@ -47,6 +47,7 @@ def gsm8k(tmp_path):
 
 def test_gsm8k_flags(gsm8k):
     f = pairs(gsm8k.args)
+    integration = "agentcore_rl_toolkit.backends.slime.integration"
     expected = {
         "--hf-checkpoint": "/root/models/Qwen2.5-3B-Instruct",
         "--ref-load": "/root/models/Qwen2.5-3B-Instruct",
@@ -70,8 +71,8 @@ def test_gsm8k_flags(gsm8k):
         "--adam-beta2": "0.98",
         "--sglang-mem-fraction-static": "0.7",
         "--max-tokens-per-gpu": "9216",
-        "--custom-generate-function-path": "agentcore_rl_toolkit.backends.slime.integration.rollout.generate",
-        "--custom-reward-post-process-path": "agentcore_rl_toolkit.backends.slime.integration.rewards.normalize_episode_rewards",
+        "--custom-generate-function-path": f"{integration}.rollout.generate",
+        "--custom-reward-post-process-path": f"{integration}.rewards.normalize_episode_rewards",
         "--custom-config-path": str(gsm8k.path / "agentcore.yaml"),
         "--save": "/root/checkpoints/gsm8k-3b-smoke",
         "--save-interval": "20",
@@ -111,7 +112,8 @@ def test_runtime_env_holds_the_cuda13_rules(gsm8k):
 
 
 def test_inherited_library_path_is_scrubbed():
-    recipe, stack = parse_recipe({**SEED, "env": {"LD_LIBRARY_PATH": "/usr/local/cuda-12.9/lib64:/opt/x:/usr/local/cuda/:/usr/local/cuda:/usr/local/cudax"}}, "t")
+    inherited = "/usr/local/cuda-12.9/lib64:/opt/x:/usr/local/cuda/:/usr/local/cuda:/usr/local/cudax"
+    recipe, stack = parse_recipe({**SEED, "env": {"LD_LIBRARY_PATH": inherited}}, "t")
     run = build_run_dir(recipe, stack, "/tmp/unused", environ={})
     lib = run.env["LD_LIBRARY_PATH"].split(":")
     assert "/opt/x" in lib and "/usr/local/cudax" in lib
@@ -125,7 +127,8 @@ def test_agentcore_config_follows_toolkit_020(gsm8k):
     assert backend["agentcore_runtime_arn"].startswith("arn:aws:bedrock-agentcore:")
     assert backend["rollout_output_s3"] == "s3://slimeforge-rollouts-example/gsm8k-3b-smoke"
     assert backend["experiment_name"] == "gsm8k-3b-smoke"
-    assert (cfg["max_rollout_time"], cfg["tps_limit"], cfg["gateway_port"], cfg["model_id"]) == (900, 25, 9090, "default")
+    assert ((cfg["max_rollout_time"], cfg["tps_limit"], cfg["gateway_port"], cfg["model_id"])
+            == (900, 25, 9090, "default"))
 
 
 def test_plan_records_hashes_of_the_files(gsm8k):
@@ -179,7 +182,8 @@ HOSTILE = "it's \"q\" $(touch /tmp/pwned) `id` ; rm -rf * \\ $HOME"
 def hostile_run(tmp_path):
     slime_dir = tmp_path / f"sl ime{HOSTILE}".replace("/", "_")
     (slime_dir / "scripts" / "models").mkdir(parents=True)
-    (slime_dir / "scripts" / "models" / "qwen2.5-3B.sh").write_text('MODEL_ARGS=(--num-layers 36 --normalization "RMSNorm")\n')
+    model_args = 'MODEL_ARGS=(--num-layers 36 --normalization "RMSNorm")\n'
+    (slime_dir / "scripts" / "models" / "qwen2.5-3B.sh").write_text(model_args)
     fields = {
         **SEED,
         "slime_dir": str(slime_dir),
@@ -216,7 +220,8 @@ def test_hostile_values_arrive_byte_for_byte(hostile_run, tmp_path):
     (bin_dir / "ray").write_text(f"""#!/bin/bash
 case "$1 $2" in
   "job submit") shift 2; while [[ $# -gt 0 && "$1" != "--" ]]; do shift; done; shift
-                printf '%s\\0' "$@" > {shlex.quote(str(record))} ;;  # the entrypoint words, as `ray job submit` gets them
+                # the entrypoint words, as `ray job submit` gets them
+                printf '%s\\0' "$@" > {shlex.quote(str(record))} ;;
   "job status") echo "Job 'x' succeeded" ;;
 esac
 exit 0
@@ -227,7 +232,8 @@ exit 0
     proc = subprocess.run(["bash", str(run.path / "launch.sh")], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     argv = record.read_text().split("\0")[:-1]
-    assert argv == [sys.executable, f"{slime_dir}/train.py", "--num-layers", "36", "--normalization", "RMSNorm", *run.args]
+    assert argv == [sys.executable, f"{slime_dir}/train.py", "--num-layers", "36", "--normalization", "RMSNorm",
+                    *run.args]
     assert HOSTILE in argv and not Path("/tmp/pwned").exists()
 
 
@@ -238,7 +244,8 @@ def test_launch_sh_makes_the_submission_id_in_the_one_format(gsm8k):
     line = next(x for x in gsm8k.files["launch.sh"].splitlines() if x.startswith("SUBMISSION_ID="))
     fmt = shlex.split(line.split("$(date ", 1)[1].split(")", 1)[0])[0]
     assert fmt == "+" + paths.SUBMISSION_TIME
-    printed = subprocess.run(["date", "-u", "-d", "@86399", fmt], capture_output=True, text=True, check=True).stdout.strip()
+    printed = subprocess.run(["date", "-u", "-d", "@86399", fmt], capture_output=True, text=True,
+                             check=True).stdout.strip()
     assert printed.split("-") == ["19700101", "235959"]
 
 

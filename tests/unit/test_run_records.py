@@ -29,7 +29,8 @@ def rendered(tmp: Path, **over) -> Path:
     run = build_run_dir(recipe, stack, tmp / "run", environ={})
     write_run_dir(run)
     (run.path / "run_token").write_text(TOKEN + "\n")
-    (run.path / "submission_id").write_text(f"{recipe.exp_id}-20261125-080000-abcdef\n")  # its head (nobody listens) is gone
+    # its head (nobody listens) is gone
+    (run.path / "submission_id").write_text(f"{recipe.exp_id}-20261125-080000-abcdef\n")
     return run.path
 
 
@@ -48,27 +49,32 @@ def head_record(run_dir: Path, tmp: Path, monkeypatch, **fields) -> Path:
     sdir = tmp / "state" / f"ray-{rec.ray_port}"
     sdir.mkdir(parents=True)
     monkeypatch.setenv("SLIMEFORGE_STATE_DIR", str(tmp / "state"))
-    (sdir / "head.json").write_text(json.dumps({"exp_id": rec.exp_id, "run_token": TOKEN, "boot_id": ownership.boot_id(), **fields}))
+    (sdir / "head.json").write_text(json.dumps({"exp_id": rec.exp_id, "run_token": TOKEN,
+                                                "boot_id": ownership.boot_id(), **fields}))
     return sdir
 
 
 def test_a_recycled_pid_is_never_signalled(tmp_path, monkeypatch, sleeper):
     """The head record names a live pid whose start time is not the head's: the head has exited."""
     run_dir = rendered(tmp_path)
-    head_record(run_dir, tmp_path, monkeypatch, pid=sleeper.pid, start_time=ownership.proc_facts(sleeper.pid).start_time + 1)
+    head_record(run_dir, tmp_path, monkeypatch, pid=sleeper.pid,
+                start_time=ownership.proc_facts(sleeper.pid).start_time + 1)
     said: list[str] = []
     assert jobs.stop(run_dir, head=True, say=said.append) == 0
-    assert said[-1].startswith(f"ended: the Ray head (pid {sleeper.pid}) has exited; pid {sleeper.pid} is another process now")
+    assert said[-1].startswith(f"ended: the Ray head (pid {sleeper.pid}) has exited; pid {sleeper.pid} is another "
+                               "process now")
     assert pid_alive(sleeper.pid)
 
 
 def test_a_live_process_that_is_not_a_ray_head_is_refused(tmp_path, monkeypatch, sleeper):
     """pid, start time and boot id all match (an edited record), but it is not `ray start --head`."""
     run_dir = rendered(tmp_path)
-    head_record(run_dir, tmp_path, monkeypatch, pid=sleeper.pid, start_time=ownership.proc_facts(sleeper.pid).start_time)
+    head_record(run_dir, tmp_path, monkeypatch, pid=sleeper.pid,
+                start_time=ownership.proc_facts(sleeper.pid).start_time)
     said: list[str] = []
     assert jobs.stop(run_dir, head=True, say=said.append) == 1
-    assert said[-1].startswith(f"refused: pid {sleeper.pid} started when the head did but is not the `ray start --head` recorded")
+    assert said[-1].startswith(f"refused: pid {sleeper.pid} started when the head did but is not the `ray start "
+                               "--head` recorded")
     assert pid_alive(sleeper.pid)
 
 
@@ -87,7 +93,9 @@ def test_a_run_that_was_never_launched_stops_nothing_and_says_so(tmp_path):
     run_dir = rendered(tmp_path)
     (run_dir / "submission_id").unlink()
     said: list[str] = []
-    assert jobs.stop(run_dir, head=True, say=said.append) == 2 and said == [f"none: {run_dir.resolve()}: never launched (no job recorded); nothing to stop"]
+    assert jobs.stop(run_dir, head=True,
+                     say=said.append) == 2 and said == [f"none: {run_dir.resolve()}: never launched (no job "
+                                                        "recorded); nothing to stop"]
 
 
 class Slurm(Runner):
@@ -122,7 +130,8 @@ def job(run_dir: Path, state: str) -> str:
 
 
 @pytest.mark.parametrize("answer,says", [((0, "RUNNING"), "which is still running"),
-                                         ((1, "Unable to contact slurm controller"), "may still be running (its state cannot be learned)")])
+                                         ((1, "Unable to contact slurm controller"),
+                                          "may still be running (its state cannot be learned)")])
 def test_a_live_or_unknown_slurm_run_directory_is_not_rendered_over(tmp_path, answer, says):
     run_dir = slurm_dir(tmp_path)
     before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
@@ -130,7 +139,8 @@ def test_a_live_or_unknown_slurm_run_directory_is_not_rendered_over(tmp_path, an
     runner = Slurm(code, job(run_dir, out) if code == 0 else out)
     with pytest.raises(ConfigError) as err:
         guard_render(run_dir, runner)
-    assert says in str(err.value) and "Slurm job 77" in str(err.value) and f"invoke run.stop {run_dir.resolve()}`" in str(err.value)
+    assert says in str(err.value) and "Slurm job 77" in str(err.value) and ("invoke run.stop "
+                                                                           f"{run_dir.resolve()}`") in str(err.value)
     assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
 
 
@@ -141,10 +151,12 @@ def test_an_ended_run_keeps_its_record_in_history(tmp_path):
     kept = run_dir / "history" / "1"
     assert (kept / "slurm_job_id").read_text() == "77\n" and (kept / "run_token").read_text() == TOKEN + "\n"
     assert (kept / "plan.json").read_bytes() == plan and (kept / "launch.sh").exists()
-    assert not (run_dir / "slurm_job_id").exists() and (run_dir / "plan.json").exists()  # the render replaces plan.json next
+    # the render replaces plan.json next
+    assert not (run_dir / "slurm_job_id").exists() and (run_dir / "plan.json").exists()
     (run_dir / "slurm_job_id").write_text("78\n")
     (run_dir / "run_token").write_text(TOKEN + "\n")
-    assert guard_render(run_dir, Slurm(1, "slurm_load_jobs error: Invalid job id specified")) == 2  # forgotten by Slurm: ended
+    # forgotten by Slurm: ended
+    assert guard_render(run_dir, Slurm(1, "slurm_load_jobs error: Invalid job id specified")) == 2
 
 
 def test_a_run_directory_without_a_job_renders_as_before(tmp_path):

@@ -19,7 +19,8 @@ OLDEST = Path("/root/.pyenv/versions/3.8.18/bin/python")  # the oldest python3 t
 
 
 def runcheck(params: dict, python: str = sys.executable) -> dict:
-    r = subprocess.run([python, "-", "runcheck", json.dumps(params)], input=agent_source(), capture_output=True, text=True, check=True)
+    r = subprocess.run([python, "-", "runcheck", json.dumps(params)], input=agent_source(), capture_output=True,
+                       text=True, check=True)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
@@ -27,7 +28,8 @@ def runcheck(params: dict, python: str = sys.executable) -> dict:
 def model(tmp_path: Path) -> Path:
     d = tmp_path / "models" / "m"
     d.mkdir(parents=True)
-    (d / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100, "architectures": ["X"]}))
+    (d / "config.json").write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100,
+                                               "architectures": ["X"]}))
     (d / "model-00001.safetensors").write_bytes(b"\0" * 1000)
     (d / "pytorch_model.bin").write_bytes(b"\0" * 24)
     (d / "tokenizer.json").write_text("{}")  # not a weight
@@ -94,7 +96,8 @@ def test_runs_on_python_38(tmp_path, model):
 
 
 def run_agent(command: str, params: dict) -> dict:
-    r = subprocess.run([sys.executable, "-", command, json.dumps(params)], input=agent_source(), capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-", command, json.dumps(params)], input=agent_source(), capture_output=True,
+                       text=True, timeout=60)
     assert r.returncode == 0 and r.stderr == "", r.stderr  # no traceback: one JSON line on stdout
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -120,7 +123,8 @@ def test_a_config_that_is_not_a_json_object_is_a_problem(model, config):
 
 
 def test_config_values_of_the_wrong_type_are_left_out(model):
-    (model / "config.json").write_text('{"hidden_size": "64", "num_hidden_layers": 1e400, "vocab_size": [1], "intermediate_size": true, '
+    (model / "config.json").write_text('{"hidden_size": "64", "num_hidden_layers": 1e400, "vocab_size": [1], '
+                                       '"intermediate_size": true, '
                                        '"tie_word_embeddings": 1}')
     out = run_agent("runcheck", {"paths": [{"what": "model_dir", "path": str(model), "kind": "model"}]})
     assert out["problems"] == [] and out["config"] == {}
@@ -139,7 +143,8 @@ def test_a_weights_symlink_loop_and_a_dangling_link_are_problems(model):
     (model / "real.pt").symlink_to(model / "pytorch_model.bin")  # a Hugging Face snapshot is symlinks: followed
     out = run_agent("runcheck", {"paths": [{"what": "model_dir", "path": str(model), "kind": "model"}]})
     assert sorted(whys(out)) == ["has a weights file gone.bin that cannot be read: No such file or directory",
-                                 "has a weights file loop.safetensors that cannot be read: Too many levels of symbolic links"]
+                                 "has a weights file loop.safetensors that cannot be read: Too many levels of "
+                                 "symbolic links"]
     assert out["weights"] == {"model-00001.safetensors": 1000, "pytorch_model.bin": 24, "real.pt": 24}
 
 
@@ -152,7 +157,8 @@ def test_a_weights_name_that_is_not_plain_text_is_a_problem(model):
 def test_a_nul_in_a_path_is_a_problem(tmp_path):
     out = run_agent("runcheck", {"paths": [{"what": "model_dir", "path": f"{tmp_path}/m\0x", "kind": "model"},
                                            {"what": "data_path", "path": "/d\0", "kind": "file"}],
-                                 "checkpoint": {"dir": f"{tmp_path}/c\0k", "token": secrets.token_hex(16), "write": True}})
+                                 "checkpoint": {"dir": f"{tmp_path}/c\0k", "token": secrets.token_hex(16),
+                                                "write": True}})
     assert [p["what"] for p in out["problems"]] == ["model_dir", "data_path", "checkpoint_dir"]
     assert whys(out)[:2] == [UNUSABLE_PATH] * 2
 
@@ -195,7 +201,8 @@ def listed(*nodes) -> bytes:
     return json.dumps({"data": {"result": {"result": list(nodes)}}}).encode()
 
 
-GOOD = {"node_id": "ab12", "node_ip": "10.0.0.1", "is_head_node": True, "state": "ALIVE", "resources_total": {"GPU": 2.0, "CPU": 8.0}}
+GOOD = {"node_id": "ab12", "node_ip": "10.0.0.1", "is_head_node": True, "state": "ALIVE",
+        "resources_total": {"GPU": 2.0, "CPU": 8.0}}
 
 
 def test_nodes_keeps_readable_nodes_and_says_why_others_are_left_out(dashboard):
@@ -203,11 +210,13 @@ def test_nodes_keeps_readable_nodes_and_says_why_others_are_left_out(dashboard):
     state["body"] = listed(GOOD, {"state": "ALIVE"}, {**GOOD, "node_ip": 7}, {**GOOD, "resources_total": {"GPU": "2"}},
                            {**GOOD, "resources_total": {"GPU": -1}}, {**GOOD, "state": "alive; rm"}, "node", None)
     out = run_agent("nodes", {"url": url})
-    assert out["nodes"] == [{"node_id": "ab12", "node_ip": "10.0.0.1", "is_head_node": True, "state": "ALIVE", "resources_total": {"GPU": 2}}]
+    assert out["nodes"] == [{"node_id": "ab12", "node_ip": "10.0.0.1", "is_head_node": True, "state": "ALIVE",
+                             "resources_total": {"GPU": 2}}]
     assert [o.split(" ", 2)[1] for o in out["odd"]] == ["1", "2", "3", "4", "5", "6", "7"]
 
 
-@pytest.mark.parametrize("body", [b"<html>502</html>", b"[]", b'{"data": {"result": {"result": {}}}}', b'{"data": null}',
+@pytest.mark.parametrize("body", [b"<html>502</html>", b"[]", b'{"data": {"result": {"result": {}}}}',
+                                  b'{"data": null}',
                                   b"[" * 100_000, b'{"data": NaN}', b"\xff", b""])
 def test_a_body_that_is_not_a_node_list_is_an_error(dashboard, body):
     state, url = dashboard
@@ -219,8 +228,8 @@ def test_a_body_that_is_not_a_node_list_is_an_error(dashboard, body):
 def test_gate_reads_a_raw_list_with_odd_entries():
     from slimeforge.scripts.raynodes import gate
 
-    nodes = [None, "x", {"node_ip": "10.0.0.2", "state": "DEAD", "resources_total": {"GPU": 2}}, {**GOOD, "resources_total": {"GPU": 1e400}},
-             {**GOOD, "node_ip": "10.0.0.3"}]
+    nodes = [None, "x", {"node_ip": "10.0.0.2", "state": "DEAD", "resources_total": {"GPU": 2}},
+             {**GOOD, "resources_total": {"GPU": 1e400}}, {**GOOD, "node_ip": "10.0.0.3"}]
     assert gate(nodes, {"10.0.0.1": 2, "10.0.0.2": 2, "10.0.0.3": 2}) == {
         "10.0.0.1": (False, "no ALIVE node with IP 10.0.0.1"),
         "10.0.0.2": (False, "no ALIVE node with IP 10.0.0.2 (Ray lists it DEAD)"),

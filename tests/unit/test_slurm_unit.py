@@ -37,7 +37,8 @@ def render(tmp: Path, opts: slurm.Options | None = None, out: Path | None = None
     rec, stack = recipe(tmp, **over)
     opts = opts or slurm.Options(nodes=2)
     rec = slurm.on_slurm(rec, opts)
-    run = ResolvedRun(rec, stack, (out or tmp / "run").resolve(), "(api)", {"SLIMEFORGE_PYTHON": "/opt/venv/bin/python"})
+    run = ResolvedRun(rec, stack, (out or tmp / "run").resolve(), "(api)",
+                      {"SLIMEFORGE_PYTHON": "/opt/venv/bin/python"})
     return rec, slurm.SlurmTarget(opts).plan(run).rundir
 
 
@@ -48,7 +49,8 @@ def assigned(script: str, names: list[str]) -> list[str]:
     end = next(i for i, line in enumerate(lines) if line.startswith("log() {"))
     body = "\n".join(line for line in lines[start:end] if not line.startswith(("export PATH", "mkdir")))
     probe = body + "\nprintf '%s\\0' " + " ".join(f'"${{{n}[@]}}"' for n in names) + "\n"
-    res = subprocess.run(["bash", "-c", probe], capture_output=True, env={"SLURM_JOB_ID": "7", "PATH": "/usr/bin:/bin"}, check=True)
+    res = subprocess.run(["bash", "-c", probe], capture_output=True, env={"SLURM_JOB_ID": "7",
+                                                                          "PATH": "/usr/bin:/bin"}, check=True)
     return res.stdout.decode().split("\0")[:-1]
 
 
@@ -65,8 +67,10 @@ def test_sbatch_is_shellcheck_clean_and_says_what_slurm_needs(tmp_path, mode):
     res = subprocess.run(["shellcheck", str(path)], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout
     header = [line for line in text.splitlines() if line.startswith("#SBATCH")]
-    assert header == ["#SBATCH --job-name=sf-sf-launch-test", "#SBATCH --nodes=3", "#SBATCH --ntasks-per-node=1", "#SBATCH --gres=gpu:2",
-                      "#SBATCH --exclusive", "#SBATCH --partition=gpu", "#SBATCH --account=ml-team", "#SBATCH --time=1-02:00:00",
+    assert header == ["#SBATCH --job-name=sf-sf-launch-test", "#SBATCH --nodes=3", "#SBATCH --ntasks-per-node=1",
+                      "#SBATCH --gres=gpu:2",
+                      "#SBATCH --exclusive", "#SBATCH --partition=gpu", "#SBATCH --account=ml-team",
+                      "#SBATCH --time=1-02:00:00",
                       "#SBATCH --output=slurm-%j.out", "#SBATCH --open-mode=append", "#SBATCH --requeue"]
     assert ("--container-image=" + DIGEST in text) == (mode == "container")
     assert set(run.files) >= {"slime.args", "launch.sh", "slurm.sbatch", "node_agent.py", "plan.json"}
@@ -79,11 +83,13 @@ def test_hostile_paths_arrive_byte_for_byte(tmp_path):
     base.mkdir()
     ckpt = str(base / f"ckpt {HOSTILE}")
     rec, run = render(tmp_path, out=base / f"run {HOSTILE}", checkpoint_dir=ckpt, mode="container", image=DIGEST)
-    values = assigned(run.files["slurm.sbatch"], ["RUN_DIR", "CHECKPOINT_DIR", "HEAD_PARAMS", "CHECK_PARAMS", "CONTAINER"])
+    values = assigned(run.files["slurm.sbatch"], ["RUN_DIR", "CHECKPOINT_DIR", "HEAD_PARAMS", "CHECK_PARAMS",
+                                                  "CONTAINER"])
     assert values[0] == str(run.path) and values[1] == ckpt
     assert json.loads(values[2])["argv"][:3] == ["ray", "start", "--block"]
     assert json.loads(values[3])["gpus"] == 2
-    assert values[4] == f"--container-image={DIGEST}" and f"{run.path}:{run.path}" in values[5] and values[6] == f"--container-workdir={run.path}"
+    assert (values[4] == f"--container-image={DIGEST}" and f"{run.path}:{run.path}" in values[5]
+            and values[6] == f"--container-workdir={run.path}")
     assert not Path("/tmp/sf-slurm-pwned").exists()
 
 
@@ -104,7 +110,8 @@ def test_option_grammar_every_problem_at_once():
     text = str(exc.value)
     assert "4 problem(s)" in text
     for part in ("--partition: is not a Slurm name (got 'gpu;rm')", "--account: is not a Slurm name (got '-x')",
-                 "--time: is not a time limit (got '25:00'); accepted: [D-]HH:MM:SS", "--nodes: is not a node count (got '0')"):
+                 "--time: is not a time limit (got '25:00'); accepted: [D-]HH:MM:SS",
+                 "--nodes: is not a node count (got '0')"):
         assert part in text
     for bad_time in ("1:00:00\n", "00:60:00", "x-01:00:00", ""):
         with pytest.raises(ConfigError):
@@ -119,14 +126,16 @@ def test_slurm_time_formats(text, secs):
     assert slurm_checks.seconds(text) == secs
 
 
-@pytest.mark.parametrize("gres,gpus", [("gpu:8", 8), ("gpu:h100:4", 4), ("gpu:h100:4(S:0-1)", 4), ("gpu:a:2,gpu:b:2", 4),
+@pytest.mark.parametrize("gres,gpus", [("gpu:8", 8), ("gpu:h100:4", 4), ("gpu:h100:4(S:0-1)", 4), ("gpu:a:2,gpu:b:2",
+                                                                                                   4),
                                        ("(null)", 0), ("nic:1,gpu:2", 2)])
 def test_gres_gpu_counts(gres, gpus):
     assert slurm_checks.gres_gpus(gres) == gpus
 
 
 def SBATCH(run_dir: Path, token: str | None = None) -> Command:
-    return Command(tuple(slurm.sbatch_argv(run_dir, token)), "sbatch", (("SLIMEFORGE_RUN_TOKEN", token),) if token else ())
+    return Command(tuple(slurm.sbatch_argv(run_dir, token)), "sbatch", (("SLIMEFORGE_RUN_TOKEN",
+                                                                         token),) if token else ())
 
 
 def test_submit_argv_and_job_id_record(tmp_path):
@@ -135,7 +144,8 @@ def test_submit_argv_and_job_id_record(tmp_path):
     assert slurm.submit(tmp_path, SBATCH(tmp_path, token), runner, token) == "4242"
     assert (tmp_path / "run_token").read_text() == token + "\n"  # recorded before sbatch ran
     # The run token goes to the job twice: its comment (what run.stop compares) and launch.sh's environment.
-    assert runner.history == [["sbatch", "--parsable", f"--chdir={tmp_path}", f"--comment=slimeforge:{token}", "--", str(tmp_path / "slurm.sbatch")]]
+    assert runner.history == [["sbatch", "--parsable", f"--chdir={tmp_path}", f"--comment=slimeforge:{token}", "--",
+                               str(tmp_path / "slurm.sbatch")]]
     assert (tmp_path / "slurm_job_id").read_text() == "4242\n"
     assert re.fullmatch(r"\d+\.\d{3}\n", (tmp_path / "slurm_submitted_at").read_text())
     with pytest.raises(SlimeforgeError, match="expected a job id"):
@@ -144,7 +154,9 @@ def test_submit_argv_and_job_id_record(tmp_path):
 
 def plan(**extra) -> str:
     """The smallest plan.json that render.read_plan accepts as slimeforge's."""
-    return json.dumps({"slimeforge_version": "0.1.0", "exp_id": "exp1", "recipe": {"ray_port": 6379, "ray_dashboard_port": 8265}, **extra})
+    return json.dumps({"slimeforge_version": "0.1.0", "exp_id": "exp1", "recipe": {"ray_port": 6379,
+                                                                                   "ray_dashboard_port": 8265},
+                       **extra})
 
 
 TOKEN = "0123456789abcdef0123456789abcdef"
@@ -159,8 +171,10 @@ def stop_dir(tmp: Path, job_id: str = "77") -> Path:
 
 def job_fields(run: Path, **over) -> dict[str, str]:
     """In scontrol's order: Comment between WorkDir and StdErr."""
-    fields = {"JobId": "77", "JobName": "sf-exp1", "UserId": f"{getpass.getuser()}(0)", "JobState": "RUNNING", "Reason": "None",
-              "ExitCode": "0:0", "SubmitTime": "2026-11-25T08:00:00", "Command": "(null)", "WorkDir": str(run.resolve()),
+    fields = {"JobId": "77", "JobName": "sf-exp1", "UserId": f"{getpass.getuser()}(0)", "JobState": "RUNNING",
+              "Reason": "None",
+              "ExitCode": "0:0", "SubmitTime": "2026-11-25T08:00:00", "Command": "(null)",
+              "WorkDir": str(run.resolve()),
               "Comment": f"slimeforge:{TOKEN}", "StdErr": f"{run}/slurm-77.out", "StdOut": f"{run}/slurm-77.out"}
     return {k: over.get(k, v) for k, v in fields.items()}
 
@@ -174,9 +188,12 @@ def squeue_json(run: Path, **over) -> str:
     """The same job as Slurm 22.05's `squeue --json` lists it (every job it knows: another one too)."""
     f = job_fields(run, **over)
     code, sig = map(int, f["ExitCode"].split(":"))
-    job = {"job_id": int(f["JobId"]), "name": f["JobName"], "user_name": f["UserId"].split("(")[0], "job_state": f["JobState"],
-           "state_reason": f["Reason"], "exit_code": code << 8 | sig, "comment": "" if f["Comment"] == "(null)" else f["Comment"],
-           "current_working_directory": f["WorkDir"], "submit_time": int(datetime.fromisoformat(f["SubmitTime"]).timestamp()),
+    job = {"job_id": int(f["JobId"]), "name": f["JobName"], "user_name": f["UserId"].split("(")[0],
+           "job_state": f["JobState"],
+           "state_reason": f["Reason"], "exit_code": code << 8 | sig,
+           "comment": "" if f["Comment"] == "(null)" else f["Comment"],
+           "current_working_directory": f["WorkDir"],
+           "submit_time": int(datetime.fromisoformat(f["SubmitTime"]).timestamp()),
            "nodes": "h1", "restart_cnt": 0}
     other = {**job, "job_id": 5, "comment": f"slimeforge:{TOKEN}", "name": "sf-exp1"}
     return json.dumps({"meta": {}, "errors": [], "jobs": [other, job]})
@@ -201,7 +218,8 @@ def test_stop_cancels_only_the_recorded_job_by_id(tmp_path, answer):
     runner = Canned({**answer(run), ("scancel",): ""})
     said = []
     assert slurm.stop(run, runner, say=said.append) == 0
-    asked = [["squeue", "--json", "--states=all", "--jobs=77"]] + ([["scontrol", "show", "job", "-o", "--", "77"]] if answer.dialect == "line" else [])
+    asked = [["squeue", "--json", "--states=all", "--jobs=77"]] + ([["scontrol", "show", "job", "-o", "--",
+                                                                     "77"]] if answer.dialect == "line" else [])
     assert runner.history == [*asked, ["scancel", "--", "77"]]
     assert said == ["stopped: Slurm job 77: cancel sent (Ray and the job in the allocation stop with it)"]
     assert slurm.is_slurm_run(run)
@@ -210,7 +228,8 @@ def test_stop_cancels_only_the_recorded_job_by_id(tmp_path, answer):
 @pytest.mark.parametrize("field,value", [("JobName", "other"), ("UserId", "mallory(1001)"), ("Comment", "(null)"),
                                          ("Comment", "slimeforge:" + "f" * 32), ("WorkDir", "/tmp/elsewhere")])
 def test_stop_refuses_a_job_id_that_is_someone_elses_now(tmp_path, field, value, answer):
-    """A job id Slurm reused: any of user, name, comment token and working directory differs -> refused, never cancelled."""
+    """A job id Slurm reused: any of user, name, comment token and working directory differs -> refused, never
+    cancelled."""
     run = stop_dir(tmp_path)
     runner = Canned(answer(run, **{field: value}))
     said = []
@@ -236,7 +255,9 @@ def test_stop_of_an_ended_or_forgotten_job_cancels_nothing_and_exits_0(tmp_path,
     run = stop_dir(tmp_path)
     done = Canned(answer(run, JobState="COMPLETED"))
     assert slurm.stop(run, done, say=lambda s: None) == 0 and all(a[0] != "scancel" for a in done.history)
-    gone = Canned({("squeue",): OLD_SQUEUE, ("scontrol", "show", "job"): (1, "", "slurm_load_jobs error: Invalid job id specified\n")})
+    gone = Canned({("squeue",): OLD_SQUEUE, ("scontrol", "show", "job"): (1, "",
+                                                                          "slurm_load_jobs error: Invalid job id "
+                                                                          "specified\n")})
     said = []
     assert slurm.stop(run, gone, say=said.append) == 0 and all(a[0] != "scancel" for a in gone.history)
     assert "unknown to Slurm" in said[0]
@@ -263,25 +284,35 @@ def test_cluster_findings_from_scontrol_and_sinfo(tmp_path):
         ("scontrol", "show", "partition"): "PartitionName=gpu State=UP MaxTime=02:00:00 MaxNodes=2 TotalNodes=3\n",
         ("sinfo", "-h", "-N"): "n1|gpu:2|idle\nn2|gpu:h100:2(S:0)|mix\nn3|gpu:2|drain\n",
     })
-    found = [(f.check, f.level, f.message) for f in slurm_checks.cluster_findings(rec, slurm.Options(nodes=3, time="03:00:00"), runner)]
+    found = [(f.check, f.level, f.message) for f in slurm_checks.cluster_findings(rec, slurm.Options(nodes=3,
+                                                                                                     time="03:00:00"),
+                                                                                  runner)]
     assert found[0][:2] == ("slurm-partition", "ok")
     assert ("slurm-nodes", "error", "3 node(s) asked, partition gpu allows 2 per job") in found
     assert ("slurm-time", "error", "--time 03:00:00 is over partition gpu's MaxTime 02:00:00") in found
-    assert ["scontrol", "show", "partition", "-o", "--", "gpu"] in runner.history and ["srun", "--help"] not in runner.history
+    assert ["scontrol", "show", "partition", "-o", "--", "gpu"] in runner.history and ["srun",
+                                                                                       "--help"] not in runner.history
     # Drained nodes do not count: 2 nodes fit, 3 asked.
-    runner.answers[("scontrol", "show", "partition")] = "PartitionName=gpu State=UP MaxTime=UNLIMITED MaxNodes=UNLIMITED\n"
+    runner.answers[("scontrol", "show",
+                    "partition")] = "PartitionName=gpu State=UP MaxTime=UNLIMITED MaxNodes=UNLIMITED\n"
     msgs = [f.message for f in slurm_checks.cluster_findings(rec, slurm.Options(nodes=3), runner) if f.level == "error"]
-    assert msgs == ["3 node(s) with 2 GPU(s) each asked; partition gpu has 2 such node(s) in service (of 3: n1 gpu:2, n2 gpu:2, n3 gpu:2)"]
+    assert msgs == ["3 node(s) with 2 GPU(s) each asked; partition gpu has 2 such node(s) in service (of 3: n1 gpu:2, "
+                    "n2 gpu:2, n3 gpu:2)"]
 
 
 def test_container_mode_asks_srun_for_pyxis(tmp_path):
     rec, _ = recipe(tmp_path, mode="container", image=DIGEST)
-    answers = {("sinfo", "-h", "-o", "%P"): "gpu*\n", ("scontrol", "show", "partition"): "PartitionName=gpu State=UP MaxTime=UNLIMITED\n",
+    answers = {("sinfo", "-h", "-o", "%P"): "gpu*\n", ("scontrol", "show",
+                                                       "partition"): "PartitionName=gpu State=UP MaxTime=UNLIMITED\n",
                ("sinfo", "-h", "-N"): "n1|gpu:2|idle\n"}
     with_pyxis = Canned({**answers, ("srun", "--help"): "      --container-image=[USER@][REGISTRY#]IMAGE[:TAG]|PATH\n"})
-    assert ("slurm-container", "ok") in [(f.check, f.level) for f in slurm_checks.cluster_findings(rec, slurm.Options(), with_pyxis)]
+    assert ("slurm-container", "ok") in [(f.check, f.level) for f in slurm_checks.cluster_findings(rec,
+                                                                                                   slurm.Options(),
+                                                                                                       with_pyxis)]
     without = Canned({**answers, ("srun", "--help"): "      --container=PATH   OCI bundle\n"})
-    assert ("slurm-container", "error") in [(f.check, f.level) for f in slurm_checks.cluster_findings(rec, slurm.Options(), without)]
+    assert ("slurm-container", "error") in [(f.check, f.level) for f in slurm_checks.cluster_findings(rec,
+                                                                                                      slurm.Options(),
+                                                                                                          without)]
 
 
 def test_exit_codes_from_scontrol():
@@ -316,13 +347,15 @@ def test_only_a_submitted_slurm_render_is_a_slurm_run(tmp_path):
 HEX = "0123456789abcdef" * 4
 
 
-@pytest.mark.parametrize("text,version", [("3.4.1\n", (3, 4, 1)), ("4.0.0", (4, 0, 0)), ("3.5", (3, 5, 0)), ("3.4.1-1ubuntu1", (3, 4, 1)),
+@pytest.mark.parametrize("text,version", [("3.4.1\n", (3, 4, 1)), ("4.0.0", (4, 0, 0)), ("3.5", (3, 5, 0)),
+                                          ("3.4.1-1ubuntu1", (3, 4, 1)),
                                           ("4.1.2+dev.3\n", (4, 1, 2))])
 def test_enroot_version_parsing(text, version):
     assert enroot.parse_version(text) == version
 
 
-@pytest.mark.parametrize("text", ["", "enroot 3.4.1", "3", "v3.4.1", "3.4.1 4.0.0", "３.4.1", "3.4.1\x1b[0m", "1234.0.0", "3.4.1" + "x" * 100])
+@pytest.mark.parametrize("text", ["", "enroot 3.4.1", "3", "v3.4.1", "3.4.1 4.0.0", "３.4.1", "3.4.1\x1b[0m",
+                                  "1234.0.0", "3.4.1" + "x" * 100])
 def test_enroot_version_refuses_what_is_not_one(text):
     assert enroot.parse_version(text) is None
 
@@ -334,7 +367,8 @@ def test_enroot_version_refuses_what_is_not_one(text):
     ("reg.example/sf:v1", (4, 0, 0), "reg.example/sf:v1"),
     # enroot 3.1+: REGISTRY#IMAGE, the digest in the tag's place (its tag may hold ':')
     (f"reg.example:5000/team/sf@sha256:{HEX}", (3, 4, 1), f"reg.example:5000#team/sf:sha256:{HEX}"),
-    (f"123456789012.dkr.ecr.us-east-1.amazonaws.com/sf@sha256:{HEX}", (3, 1, 0), f"123456789012.dkr.ecr.us-east-1.amazonaws.com#sf:sha256:{HEX}"),
+    (f"123456789012.dkr.ecr.us-east-1.amazonaws.com/sf@sha256:{HEX}", (3, 1, 0),
+     f"123456789012.dkr.ecr.us-east-1.amazonaws.com#sf:sha256:{HEX}"),
     ("reg.example/sf:v1", (3, 0, 2), "reg.example#sf:v1"),
     ("localhost:5000/sf:latest", (3, 5, 0), "localhost:5000#sf:latest"),
     # Docker Hub: enroot 3's default registry (it would ask docker.io itself, which serves no registry API)
@@ -347,11 +381,13 @@ def test_enroot_reference_per_version(image, version, want):
     assert enroot.reference(image, version) == want
 
 
-ENROOT3 = re.compile(r"(?:[^#]+#)?[a-z0-9/._-]+(?::[A-Za-z0-9._:-]+)?")  # enroot 3.1-3.5's docker:// grammar (src/docker.sh)
+# enroot 3.1-3.5's docker:// grammar (src/docker.sh)
+ENROOT3 = re.compile(r"(?:[^#]+#)?[a-z0-9/._-]+(?::[A-Za-z0-9._:-]+)?")
 ENROOT4_DOCKER = re.compile(r"[^/#]*[.:][^/#]*/[a-z0-9/._-]+(?::[A-Za-z0-9._:-]+)?(?:@sha256:[A-Za-z0-9]+)?")
 
 
-@pytest.mark.parametrize("image", [f"reg.example:5000/team/sf@sha256:{HEX}", "reg.example/a/b/c:1.0", f"10.0.0.1:5000/sf:v1@sha256:{HEX}"])
+@pytest.mark.parametrize("image", [f"reg.example:5000/team/sf@sha256:{HEX}", "reg.example/a/b/c:1.0",
+                                   f"10.0.0.1:5000/sf:v1@sha256:{HEX}"])
 def test_each_form_is_in_its_enroot_grammar_and_names_the_same_image(image):
     three, four = enroot.reference(image, (3, 4, 1)), enroot.reference(image, (4, 0, 0))
     assert ENROOT3.fullmatch(three) and ENROOT4_DOCKER.fullmatch(four) and "#" not in four
@@ -378,16 +414,20 @@ def test_the_login_nodes_enroot_decides_the_rendered_form(tmp_path):
         assert f"--container-image={want}" in rundir.files["slurm.sbatch"]
         assert rundir.plan["slurm"]["enroot"] == said.strip() and rundir.plan["slurm"]["reference"] == want
     # No enroot here: the plan shows enroot 4's form, and the preflight refuses it with the fix.
-    plan = slurm.SlurmTarget(slurm.Options(nodes=2), probe=Canned({("enroot",): (127, "", "enroot: not found")})).plan(run)
-    assert plan.notes == ("enroot's version could not be read here (enroot: not found): the image is named in enroot 4's form; "
+    plan = slurm.SlurmTarget(slurm.Options(nodes=2), probe=Canned({("enroot",): (127, "",
+                                                                                 "enroot: not found")})).plan(run)
+    assert plan.notes == ("enroot's version could not be read here (enroot: not found): the image is named in enroot "
+                          "4's form; "
                           "a launch reads it first, and refuses without it",)
     found = slurm_checks.enroot_findings(plan.run.recipe, plan.rundir.plan["slurm"], None)
-    assert [f.level for f in found] == ["error"] and "cannot read enroot's version" in found[0].message and "enroot version" in found[0].fix
+    assert [f.level for f in found] == ["error"] and ("cannot read enroot's "
+                                                     "version") in found[0].message and "enroot version" in found[0].fix
 
 
 # A squashfs 4 superblock (magic, version 4.0, bytes_used = the file's size) and a body: what the
 # import's checks read (enroot.superblock_problem).
-FAKE_SQSH = (b"hsqs" + bytes(24) + (4).to_bytes(2, "little") + bytes(10) + (4096).to_bytes(8, "little")).ljust(4096, b"\0")
+FAKE_SQSH = (b"hsqs" + bytes(24) + (4).to_bytes(2, "little") + bytes(10) + (4096).to_bytes(8, "little")).ljust(4096,
+                                                                                                               b"\0")
 
 
 def test_squashfs_dir_imports_once_and_points_pyxis_at_the_file(tmp_path):
@@ -396,7 +436,8 @@ def test_squashfs_dir_imports_once_and_points_pyxis_at_the_file(tmp_path):
     image = f"reg.example/team/sf@sha256:{HEX}"
     rec, stack = recipe(tmp_path, mode="container", image=image)
     run = ResolvedRun(rec, stack, (tmp_path / "run").resolve(), "(api)", {})
-    target = slurm.SlurmTarget(slurm.Options(nodes=2, squashfs_dir=str(shared)), probe=Canned({("enroot", "version"): "3.4.1\n"}))
+    target = slurm.SlurmTarget(slurm.Options(nodes=2, squashfs_dir=str(shared)), probe=Canned({("enroot",
+                                                                                                "version"): "3.4.1\n"}))
     plan = target.plan(run)
     sqsh = shared / f"team+sf+sha256-{HEX}.sqsh"
     assert f"--container-image={sqsh}" in plan.rundir.files["slurm.sbatch"]
@@ -405,7 +446,8 @@ def test_squashfs_dir_imports_once_and_points_pyxis_at_the_file(tmp_path):
     assert list(imp.argv) == ["enroot", "import", "--output", str(partial), "--", f"docker://reg.example#team/sf:sha256:{HEX}"]
     assert sb.argv[0] == "sbatch"
     check = json.loads(assigned(plan.rundir.files["slurm.sbatch"], ["CHECK_PARAMS"])[0])
-    assert {"what": "squashfs image", "path": str(sqsh), "kind": "file"} in check["paths"]  # every node must see the file
+    assert {"what": "squashfs image", "path": str(sqsh),
+            "kind": "file"} in check["paths"]  # every node must see the file
 
     # The import writes a partial file; only a complete one is renamed into place.
     class Importer(Canned):
@@ -444,13 +486,17 @@ def test_squashfs_needs_an_image_pinned_by_digest(tmp_path):
     rec, stack = recipe(tmp_path, mode="container", image="reg.example/sf:v1")
     run = ResolvedRun(rec, stack, (tmp_path / "run").resolve(), "(api)", {})
     with pytest.raises(ConfigError, match="pinned by digest"):
-        slurm.SlurmTarget(slurm.Options(squashfs_dir=str(tmp_path)), probe=Canned({("enroot", "version"): "4.0.0\n"})).plan(run)
+        slurm.SlurmTarget(slurm.Options(squashfs_dir=str(tmp_path)), probe=Canned({("enroot",
+                                                                                    "version"): "4.0.0\n"})).plan(run)
 
 
 def test_what_enroot_says_is_read_as_data():
     version, said = enroot.read_version(Canned({("enroot", "version"): "3.4.1\x1b[31m\n"}))
     assert version is None and said == "3.4.1?[31m"
-    assert enroot.read_version(Canned({("enroot", "version"): (1, "", "enroot: permission denied")})) == (None, "enroot: permission denied")
+    assert enroot.read_version(Canned({("enroot", "version"): (1, "", "enroot: permission denied")})) == (None,
+                                                                                                          "enroot: "
+                                                                                                          "permission "
+                                                                                                          "denied")
 
 
 def test_a_nodes_view_of_the_runs_files(tmp_path):
@@ -463,7 +509,8 @@ def test_a_nodes_view_of_the_runs_files(tmp_path):
     model.mkdir()
     (model / "config.json").write_text("{}")
     token = "a" * 32
-    p = {"visible": {"path": str(run / "visible.token"), "token": token}, "checkpoint": {"dir": str(ck), "token": token},
+    p = {"visible": {"path": str(run / "visible.token"), "token": token}, "checkpoint": {"dir": str(ck),
+                                                                                         "token": token},
          "paths": [{"what": "model_dir", "path": str(model), "kind": "model"},
                    {"what": "data_path", "path": str(tmp_path / "train.jsonl"), "kind": "file", "head_only": True}]}
     problems = node_agent.slurm_paths(p, is_head=True)
@@ -474,12 +521,15 @@ def test_a_nodes_view_of_the_runs_files(tmp_path):
 
     (run / "visible.token").write_text(token + "\n")
     (tmp_path / "train.jsonl").write_text("{}\n")
-    assert node_agent.cmd_runcheck({"checkpoint": {"dir": str(ck), "token": token, "write": True}})["problems"] == []  # slurm-mark
+    assert node_agent.cmd_runcheck({"checkpoint": {"dir": str(ck), "token": token,
+                                                   "write": True}})["problems"] == []  # slurm-mark
     assert node_agent.slurm_paths(p, is_head=True) == []
     with open(model / "model.safetensors", "wb") as f:  # sparse: 1 TiB of weights, 7 TiB for a checkpoint
         f.truncate(1 << 40)
     assert node_agent.slurm_paths(p, is_head=True) == [
-        f"checkpoint_dir {ck}: {node_agent.cmd_runcheck({'checkpoint': {'dir': str(ck), 'token': token}})['free_bytes'] / 2**30:.1f} GiB free, "
+        f"checkpoint_dir {ck}: "
+        f"{node_agent.cmd_runcheck({'checkpoint': {'dir': str(ck), 'token': token}})['free_bytes'] / 2**30:.1f} GiB "
+        "free, "
         "a checkpoint needs about 7168.0 GiB (7 x the weights' 1024.00 GiB)"]
     os.mkfifo(tmp_path / "fifo")  # a marker that is a FIFO is read as no marker, never waited on
     assert pathcheck.read_marker(str(tmp_path / "fifo")) == ""

@@ -19,7 +19,8 @@ RECIPE_ONLY = {"pydantic", "pydantic_core", "jinja2"}
 def modules_after(code: str, cwd: Path) -> set[str]:
     """The top-level packages loaded once `code` ran (a SystemExit from invoke's Program included)."""
     probe = ("import atexit, json, sys\n"
-             "atexit.register(lambda: sys.__stderr__.write('MODULES ' + json.dumps(sorted({m.split('.')[0] for m in sys.modules})) + '\\n'))\n"
+             "atexit.register(lambda: sys.__stderr__.write('MODULES ' + json.dumps(sorted({m.split('.')[0] for m in "
+             "sys.modules})) + '\\n'))\n"
              + code)
     res = subprocess.run([sys.executable, "-c", probe], cwd=cwd, capture_output=True, text=True, timeout=120)
     line = next(x for x in res.stderr.splitlines() if x.startswith("MODULES "))

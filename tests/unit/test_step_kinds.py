@@ -33,7 +33,8 @@ PLAN_KEYS = {
     WheelUrlStep: [*HEAD, "requirements"],
     SourceStep: [*HEAD, "requirements", "source", "git", "commit", "dir", "editable"],
 }
-COMMAND_KEYS = ["name", "kind", "argv", "env", "compiles", "patch_files", "post", "source", "compiled_key", "store", "editable", "lock_file"]
+COMMAND_KEYS = ["name", "kind", "argv", "env", "compiles", "patch_files", "post", "source", "compiled_key", "store",
+                "editable", "lock_file"]
 
 
 @pytest.mark.parametrize("flavor", ["cu13", "cu129", str(bs.TEST_STACK)])
@@ -56,7 +57,8 @@ def test_every_step_command_renders_one_shape_and_a_compiled_one_its_run(flavor)
         commands = step_commands(stack, layout, store={n.name: ("use", "/w") for n in stack.plan if n.compiles})
         assert all(list(c.to_json()) == COMMAND_KEYS for c in commands)
         kinds = {type(c) for c in commands}
-        assert kinds == {VenvCommand, PipCommand, SourceCommand, PatchesCommand} | ({SystemCommand} if flavor == "cu13" else set())
+        assert kinds == {VenvCommand, PipCommand, SourceCommand,
+                         PatchesCommand} | ({SystemCommand} if flavor == "cu13" else set())
         for c in commands:
             run, doc = compiled_run(c), c.to_json()
             assert doc["compiles"] == (run is not None) and doc["compiled_key"] == (run.key if run else None)
@@ -75,9 +77,11 @@ def test_every_step_command_renders_one_shape_and_a_compiled_one_its_run(flavor)
 
 def test_a_dry_run_build_returns_the_command_it_would_run(tmp_path):
     repos = bs.make_repos(tmp_path / "repos")
-    result = build(BuildOptions(stack=str(bs.TEST_STACK), sources=[f"slime={repos['slime']}", f"libdemo={repos['libdemo']}"],
+    result = build(BuildOptions(stack=str(bs.TEST_STACK), sources=[f"slime={repos['slime']}",
+                                                                   f"libdemo={repos['libdemo']}"],
                                 dry_run=True, build_root=tmp_path / "b", echo=lambda _: None))
     assert isinstance(result, BuildDryRun)
-    assert result.command[-1] == f"{result.dir}/context" and "-f" in result.command and result.env == {"DOCKER_BUILDKIT": "1"}
+    assert (result.command[-1] == f"{result.dir}/context" and "-f" in result.command
+            and result.env == {"DOCKER_BUILDKIT": "1"})
     assert Path(result.dir, "Dockerfile").is_file() and result.tag.endswith(f":{result.build_hash[:16]}")
     assert not Path(result.dir, "report.json").exists()  # nothing built, nothing reported

@@ -33,7 +33,8 @@ def gpu_host(tmp_path, monkeypatch):
 
 def with_evals(tmp: Path, **over) -> dict:
     """A container recipe with two eval sets, one beside the training data and one elsewhere."""
-    evals = {"gsm8k_test": str(write_data(tmp / "evals" / "gsm8k_test.jsonl")), "same_dir": str(write_data(tmp / "data" / "more.jsonl"))}
+    evals = {"gsm8k_test": str(write_data(tmp / "evals" / "gsm8k_test.jsonl")),
+             "same_dir": str(write_data(tmp / "data" / "more.jsonl"))}
     return make_recipe(tmp, mode="container", image=IMAGE, num_gpus=2, eval_data=evals, **over)
 
 
@@ -63,7 +64,8 @@ def test_every_container_target_mounts_the_same_paths(tmp_path):
     # Read-only and writable alike everywhere: data read-only, checkpoints and the run directory writable.
     ro = {m.path for m in container_mounts(recipe, run.out) if not m.writable}
     assert {a.split(":")[0] for a in container.commands[0].argv if a.endswith(":ro")} == ro
-    assert {m.split(":")[0] for m in re.findall(r"--container-mounts=([^'\s]+)", on_slurm.rundir.files["slurm.sbatch"])[0].split(",")
+    assert {m.split(":")[0] for m in re.findall(r"--container-mounts=([^'\s]+)",
+                                                on_slurm.rundir.files["slurm.sbatch"])[0].split(",")
             if m.endswith(":ro")} == ro
     # A host run mounts nothing: every path is read where it is.
     assert local.HostTarget().mounts(run) == ()
@@ -79,10 +81,12 @@ def test_dry_run_prints_the_plan_the_launch_executes(gpu_host, monkeypatch, mode
     recipe_file.write_text(yaml.safe_dump(recipe_data))
     recipe, stack = parse_recipe(recipe_data, "test")
     catalog = write_catalog(gpu_host / "flags.json", recipe, stack)
-    monkeypatch.setattr(local.secrets, "token_hex", lambda n: "abcdef")  # the container's name: fixed for the comparison
+    monkeypatch.setattr(local.secrets, "token_hex",
+                        lambda n: "abcdef")  # the container's name: fixed for the comparison
     # The image is nowhere: the preflight's docker check, which pulls it once for every check that
     # needs it, would refuse the launch (its one error); skipped here, where only the plan is compared.
-    req = launcher.LaunchRequest(recipe=str(recipe_file), out=str(gpu_host / "run"), catalog=str(catalog), network_checks=False,
+    req = launcher.LaunchRequest(recipe=str(recipe_file), out=str(gpu_host / "run"), catalog=str(catalog),
+                                 network_checks=False,
                                  skip_checks=("docker",) if mode == "container" else ())
 
     printed = io.StringIO()
@@ -106,8 +110,10 @@ def test_dry_run_prints_the_plan_the_launch_executes(gpu_host, monkeypatch, mode
         # The image's layout: a dry run probes only an image on this host; a launch pulls it first,
         # as `docker run` would. This one is nowhere: both say so, each in its own words.
         dry, launched = [[line for line in lines if line.startswith("layout: ")] for lines in (shown, describe(plan))]
-        assert dry == [f"layout: the image's layout is not known ({IMAGE} is not on this host (a dry run pulls nothing)): rendered for slimeforge's layout"]
-        assert len(launched) == 1 and launched[0].startswith(f"layout: the image's layout is not known (docker pull {IMAGE}: ")
+        assert dry == [f"layout: the image's layout is not known ({IMAGE} is not on this host (a dry run pulls "
+                       "nothing)): rendered for slimeforge's layout"]
+        assert len(launched) == 1 and launched[0].startswith("layout: the image's layout is not known (docker pull "
+                                                             f"{IMAGE}: ")
         shown = [line for line in shown if line not in dry]
     assert [line for line in describe(plan) if not line.startswith("layout: ")] == shown  # the same plan, line for line
     assert executed["argv"] == [list(c.argv) for c in plan.commands]  # and that is what ran
@@ -115,7 +121,8 @@ def test_dry_run_prints_the_plan_the_launch_executes(gpu_host, monkeypatch, mode
     commands = [line for line in would_run if not line.startswith(("note:", "  (train.py and "))]
     assert "\n".join(commands) == "\n".join(f"  {line}" for c in plan.commands for line in c.shell().splitlines())
     # The same words once the shell joins the ` \` continuations.
-    assert [shlex.split(c.shell().replace("\\\n", "")) for c in plan.commands] == [shlex.split(c.text()) for c in plan.commands]
+    assert [shlex.split(c.shell().replace("\\\n",
+                                          "")) for c in plan.commands] == [shlex.split(c.text()) for c in plan.commands]
     assert shlex.split(plan.commands[-1].text())[-1].endswith("launch.sh")
     if mode == "container":
         assert executed["argv"][0][:2] == ["docker", "run"] and IMAGE in executed["argv"][0]
@@ -127,7 +134,9 @@ def test_a_run_directory_is_read_back_by_the_target_that_launched_it(tmp_path):
 
     recipe, stack = parse_recipe(with_evals(tmp_path), "test")
     address = "http://10.0.0.1:8265"
-    cases = [(local.ContainerTarget(), local.ContainerTarget), (jobsubmit.ClusterTarget(jobsubmit.Cluster(address, address)), jobsubmit.ClusterTarget),
+    cases = [(local.ContainerTarget(), local.ContainerTarget), (jobsubmit.ClusterTarget(jobsubmit.Cluster(address,
+                                                                                                          address)),
+                                                                jobsubmit.ClusterTarget),
              (slurm.SlurmTarget(slurm.Options(nodes=1)), slurm.SlurmTarget)]
     for i, (target, kind) in enumerate(cases):
         out = (tmp_path / f"run{i}").resolve()

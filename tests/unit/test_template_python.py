@@ -37,7 +37,8 @@ def python_snippets(text: str) -> list[tuple[int, int]]:
                 body.append(lines[j])
                 j += 1
             code = [b for b in body if b.strip()]
-            if _PYTHON_CMD.search(line[:heredoc.start()]) or delim.upper().startswith("PY") or (code and _PY_START.match(code[0])):
+            if _PYTHON_CMD.search(line[:heredoc.start()]) or delim.upper().startswith("PY") or (code
+                and _PY_START.match(code[0])):
                 found.append((i + 1, len(code)))
             i = j + 1
             continue

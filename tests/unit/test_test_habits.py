@@ -35,7 +35,8 @@ def ambiguous_asserts(source: str) -> list[int]:
 
 
 def test_no_assertion_mixes_and_with_or_unparenthesized():
-    bad = [f"{p.relative_to(TESTS)}:{line}" for p in sorted(TESTS.rglob("*.py")) for line in ambiguous_asserts(p.read_text())]
+    bad = ([f"{p.relative_to(TESTS)}:{line}" for p in sorted(TESTS.rglob("*.py")) for line
+            in ambiguous_asserts(p.read_text())])
     assert bad == []
 
 
@@ -62,7 +63,8 @@ def test_a_module_that_leaves_the_environment_changed_fails(tmp_path):
         shutil.copy(TESTS / name, tests / name)
     (tests / "test_clean.py").write_text("def test_restores(monkeypatch):\n    monkeypatch.setenv('SF_SCOPED', '1')\n")
     (tests / "test_leaky.py").write_text("import os\n\n\ndef test_leaks():\n    os.environ['SF_LEAKED'] = '1'\n")
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", str(tests)],
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+                          str(tests)],
                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert res.returncode == 1, res.stdout[-3000:]
     assert "test_leaky.py left os.environ changed after its tests: SF_LEAKED" in res.stdout

@@ -28,15 +28,19 @@ def test_a_library_in_the_toolkit_and_in_a_wheel_is_found_twice_and_the_waste_su
     doc = venv_sizes.sizes(venv, str(cuda))
     assert doc["duplicates_bytes"] == 5 * MIB
     assert [(d["name"], d["copies"]) for d in doc["duplicates"]] == [("libcublas.so.13", 2), ("libc10.so", 2)]
-    assert doc["duplicates"][0]["paths"] == sorted([str(cuda / "lib64/libcublas.so.13"), str(site / "nvidia/cu13/lib/libcublas.so.13")])
+    assert doc["duplicates"][0]["paths"] == sorted([str(cuda / "lib64/libcublas.so.13"),
+                                                    str(site / "nvidia/cu13/lib/libcublas.so.13")])
     assert doc["bytes"] == 7 * MIB + 200  # the toolkit is not the venv's size
     sizes = VenvSizes.parse(json.dumps(doc).encode(), "venv-sizes.json")
     assert sizes.duplicates_bytes == 5 * MIB and sizes.duplicates[0][:3] == ("libcublas.so.13", 3 * MIB, 2)
-    report = BuildReport(tag="r:t", human_tags=[], image_id="sha256:" + "1" * 64, build_hash="h", stack="s", flavor="cu13", base={},
-                         skipped=False, steps=[], dir="/b", dockerfile="", lock="", log="", command=[], venv_sizes=sizes)
+    report = BuildReport(tag="r:t", human_tags=[], image_id="sha256:" + "1" * 64, build_hash="h", stack="s",
+                         flavor="cu13", base={},
+                         skipped=False, steps=[], dir="/b", dockerfile="", lock="", log="", command=[],
+                         venv_sizes=sizes)
     again = BuildReport.from_dict(json.loads(json.dumps(report.to_json())))
     assert again.venv_sizes == sizes
-    assert "0.01 GB beyond the first copies" in report.summary_table() and "libcublas.so.13 x2" in report.summary_table()
+    assert ("0.01 GB beyond the first "
+           "copies") in report.summary_table() and "libcublas.so.13 x2" in report.summary_table()
 
 
 def test_a_record_without_duplicates_reads_as_before():

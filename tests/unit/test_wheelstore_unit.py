@@ -28,7 +28,8 @@ def made(tmp_path: Path, files: dict[str, bytes]) -> Path:
     d.mkdir(parents=True)
     for name, data in files.items():
         (d / name).write_bytes(data)
-    (d / "SHA256SUMS").write_text("".join(f"{hashlib.sha256(data).hexdigest()}  {name}\n" for name, data in files.items()))
+    (d / "SHA256SUMS").write_text("".join(f"{hashlib.sha256(data).hexdigest()}  {name}\n"
+                                          for name, data in files.items()))
     return d
 
 
@@ -36,7 +37,8 @@ def test_put_then_lookup_round_trips_with_a_record(tmp_path):
     src = made(tmp_path, {"apex-0.1-cp312-cp312-linux_x86_64.whl": b"wheel bytes"})
     entry = wheelstore.put(KEY, src, {"flavor": "cu13", "step": "apex"}, tmp_path / "store")
     again = wheelstore.lookup(KEY, tmp_path / "store")
-    assert again is not None and again.wheels == entry.wheels == {"apex-0.1-cp312-cp312-linux_x86_64.whl": hashlib.sha256(b"wheel bytes").hexdigest()}
+    wheel_sha = hashlib.sha256(b"wheel bytes").hexdigest()
+    assert again is not None and again.wheels == entry.wheels == {"apex-0.1-cp312-cp312-linux_x86_64.whl": wheel_sha}
     assert json.loads((tmp_path / "store" / KEY / "record.json").read_text())["step"] == "apex"
     assert wheelstore.lookup("cu13-apex-ffffffffffffffff", tmp_path / "store") is None  # a miss
     assert wheelstore.keys_in(tmp_path / "store") == [KEY]  # nothing half-written left beside it
@@ -59,7 +61,8 @@ def test_a_damaged_entry_is_refused_never_a_silent_miss(tmp_path, damage):
         wheelstore.lookup(KEY, tmp_path / "store")
 
 
-@pytest.mark.parametrize("line", ["deadbeef  a.whl", f"{'0' * 64}  ../a.whl", f"{'0' * 64}  a.tar.gz", f"{'0' * 64}  a.whl\x1b"])
+@pytest.mark.parametrize("line", ["deadbeef  a.whl", f"{'0' * 64}  ../a.whl", f"{'0' * 64}  a.tar.gz",
+                                  f"{'0' * 64}  a.whl\x1b"])
 def test_sha256sums_is_read_by_its_grammar(tmp_path, line):
     (tmp_path / "SHA256SUMS").write_text(line + "\n")
     with pytest.raises(wheelstore.WheelStoreError, match="SHA256SUMS line 1"):
@@ -95,7 +98,8 @@ def test_unused_lists_only_keys_no_stack_uses(tmp_path):
     stack = load_stack("cu13")
     used = wheelstore.needed(stack)["apex"].key
     for key in (used, "cu13-apex-00000000deadbeef"):
-        wheelstore.put(key, made(tmp_path / key, {"apex-0.1-cp312-cp312-linux_x86_64.whl": b"w"}), {}, tmp_path / "store")
+        wheelstore.put(key, made(tmp_path / key, {"apex-0.1-cp312-cp312-linux_x86_64.whl": b"w"}), {},
+                       tmp_path / "store")
     assert wheelstore.unused([stack], tmp_path / "store") == ["cu13-apex-00000000deadbeef"]
 
 
@@ -110,7 +114,8 @@ def test_a_hit_mounts_the_wheels_and_a_miss_compiles_into_the_store_dir():
     # Up to the compiled step, then a scratch stage with the wheels: no later step, no finalize.
     assert "sf torch-memory-saver" not in only and "finalize" not in only
     # The wheels come straight from the miss's own compile stage.
-    assert only.rstrip().endswith(f"FROM scratch AS sf-compiled\nCOPY --from=sf-compile-apex /opt/sf-compiled/{key} /{key}")
+    assert only.rstrip().endswith(f"FROM scratch AS sf-compiled\n"
+                                  f"COPY --from=sf-compile-apex /opt/sf-compiled/{key} /{key}")
     # Without the store each compiled step compiles in its stage and nothing comes from the context.
     plain = render_dockerfile(stack)
     assert "source=compiled/" not in plain and "FROM scratch" not in plain and "FROM sf-s0 AS sf-compile-apex" in plain
@@ -126,11 +131,13 @@ def test_the_step_library_refuses_a_changed_wheel(tmp_path):
     d = made(tmp_path, {"apex-0.1-cp312-cp312-linux_x86_64.whl": b"wheel bytes"})
     (d / "apex-0.1-cp312-cp312-linux_x86_64.whl").write_bytes(b"other bytes")
     res = subprocess.run(["bash", "-c", f"source {ROOT / 'templates' / 'steps.sh'}; SF_STATE={tmp_path}; "
-                                        f"SF_COMPILED_WHEELS={d} _sf_store_install /nonexistent apex 1"], capture_output=True, text=True)
+                                        f"SF_COMPILED_WHEELS={d} _sf_store_install /nonexistent apex 1"],
+                         capture_output=True, text=True)
     assert res.returncode == 1 and "apex: a wheel in" in res.stderr and "refused" in res.stderr
     d2 = made(tmp_path / "two", {"a-1-py3-none-any.whl": b"a"})
     res = subprocess.run(["bash", "-c", f"source {ROOT / 'templates' / 'steps.sh'}; SF_STATE={tmp_path}; "
-                                        f"SF_COMPILED_WHEELS={d2} _sf_store_install /nonexistent apex 2"], capture_output=True, text=True)
+                                        f"SF_COMPILED_WHEELS={d2} _sf_store_install /nonexistent apex 2"],
+                         capture_output=True, text=True)
     assert res.returncode == 1 and "holds 1 wheel(s), the step builds 2" in res.stderr
 
 
@@ -142,7 +149,8 @@ def test_the_store_dockerfiles_pass_hadolint(tmp_path, wheels_only):
     path = tmp_path / "Dockerfile"
     path.write_text(render_dockerfile(stack, base_id="sha256:" + "a" * 64, store=store, wheels_only=wheels_only))
     hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
-    res = subprocess.run([hadolint, "--config", str(ROOT / ".hadolint.yaml"), str(path)], capture_output=True, text=True)
+    res = subprocess.run([hadolint, "--config", str(ROOT / ".hadolint.yaml"), str(path)], capture_output=True,
+                         text=True)
     assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -151,9 +159,11 @@ def test_a_torch_change_misses_and_a_slime_commit_change_hits(tmp_path):
 
     base = "sha256:" + "a" * 64
     stored = wheelstore.stack_keys(load_stack("cu13"), base, {})["apex"].key
-    wheelstore.put(stored, made(tmp_path / "w", {"apex-0.1-cp312-cp312-linux_x86_64.whl": b"w"}), {}, tmp_path / "store")
+    wheelstore.put(stored, made(tmp_path / "w", {"apex-0.1-cp312-cp312-linux_x86_64.whl": b"w"}), {},
+                   tmp_path / "store")
     newer_torch = wheelstore.stack_keys(derived(tmp_path, "torch", versions="{torch: '2.11.1'}"), base, {})["apex"].key
-    newer_slime = wheelstore.stack_keys(derived(tmp_path, "slime", sources="{slime: {commit: '" + "d" * 40 + "'}}"), base, {})["apex"].key
+    newer_slime = wheelstore.stack_keys(derived(tmp_path, "slime", sources="{slime: {commit: '" + "d" * 40 + "'}}"),
+                                        base, {})["apex"].key
     assert wheelstore.lookup(newer_torch, tmp_path / "store") is None
     assert wheelstore.lookup(newer_slime, tmp_path / "store").key == stored
 
@@ -165,7 +175,8 @@ def test_an_ecr_store_logs_in_with_a_token_and_creates_an_immutable_repository(m
     import boto3
     from moto.server import ThreadedMotoServer
 
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
     with socket.socket() as sock:
@@ -187,7 +198,8 @@ def test_an_ecr_store_logs_in_with_a_token_and_creates_an_immutable_repository(m
 
 
 SUMS_LINES = [f"{'ab' * 32}  torch_memory_saver-0.0.9-cp312-cp312-linux_x86_64.whl", f"{'0' * 64}  a.whl",
-              f"{'0' * 64} *a.whl", f"{'0' * 64} a.whl", f" {'0' * 64}  a.whl", f"{'0' * 64}  a.whl ", f"{'0' * 64}  a b.whl",
+              f"{'0' * 64} *a.whl", f"{'0' * 64} a.whl", f" {'0' * 64}  a.whl", f"{'0' * 64}  a.whl ",
+              f"{'0' * 64}  a b.whl",
               f"{'0' * 64}  {'x' * 200}.whl", f"{'0' * 64}  {'x' * 201}.whl", f"{'A' * 64}  a.whl", "deadbeef  a.whl",
               f"{'0' * 64}  ../a.whl", f"{'0' * 64}  a.tar.gz", f"{'0' * 64}  a.whl\x1b", f"{'0' * 64}  -rf.whl", ""]
 
@@ -195,12 +207,16 @@ SUMS_LINES = [f"{'ab' * 32}  torch_memory_saver-0.0.9-cp312-cp312-linux_x86_64.w
 def test_sha256sums_has_one_grammar_in_python_and_in_the_step_library():
     """steps.sh reads SHA256SUMS in bash (_sf_sums_line); a pair test holds it to SUMS_LINE_RE."""
     lib = Path(__file__).resolve().parents[2] / "templates" / "steps.sh"
-    script = 'source "$1"; shift; for l in "$@"; do if _sf_sums_line "$l"; then echo "ok $SF_SUM_SHA $SF_SUM_FILE"; else echo no; fi; done'
-    res = subprocess.run(["bash", "-c", script, "sf", str(lib), *SUMS_LINES], capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    script = ('source "$1"; shift; for l in "$@"; do '
+              'if _sf_sums_line "$l"; then echo "ok $SF_SUM_SHA $SF_SUM_FILE"; else echo no; fi; done')
+    res = subprocess.run(["bash", "-c", script, "sf", str(lib), *SUMS_LINES], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin"})
     assert res.returncode == 0, res.stderr
-    python = [f"ok {m.group(1)} {m.group(2)}" if (m := wheelstore.SUMS_LINE_RE.fullmatch(line)) else "no" for line in SUMS_LINES]
+    python = [f"ok {m.group(1)} {m.group(2)}" if (m := wheelstore.SUMS_LINE_RE.fullmatch(line)) else "no"
+              for line in SUMS_LINES]
     assert res.stdout.splitlines() == python
-    assert python.count("no") == len(SUMS_LINES) - 4  # not vacuous: four lines pass (-rf.whl too: it is only ever $dir/-rf.whl)
+    # not vacuous: four lines pass (-rf.whl too: it is only ever $dir/-rf.whl)
+    assert python.count("no") == len(SUMS_LINES) - 4
 
 
 def test_without_hashing_the_record_is_still_checked_and_the_bytes_left_to_the_installer(tmp_path):

@@ -174,7 +174,8 @@ def parse_build_args(values: list[str]) -> tuple[dict[str, str], list[Problem]]:
     for text in values:
         key, sep, value = text.partition("=")
         if not sep or not ENV_NAME_RE.fullmatch(key) or text_problem(value):
-            problems.append(Problem("--build-arg", "must be KEY=VALUE with KEY a variable name and VALUE printable text", text))
+            problems.append(Problem("--build-arg",
+                                    "must be KEY=VALUE with KEY a variable name and VALUE printable text", text))
         else:
             out[key] = value
     return out, problems
@@ -219,7 +220,8 @@ def prepare(opts: BuildOptions) -> Prepared:
     dockerfile = render_dockerfile(stack, base.from_ref, from_sources, base.id, store, patch_sha, opts.wheels_only)
     pins = _pins(stack, base)
     lock_text = input_lock(stack, pylock, patches, set(local), pins=pins, base=base.to_json(), build_args=build_args,
-                           wheel_dirs={n: s.commit for n, s in local.items() if s.kind == "wheels"})  # step -> sha256 of its wheels
+                           # step -> sha256 of its wheels
+                           wheel_dirs={n: s.commit for n, s in local.items() if s.kind == "wheels"})
     # A store hit's wheels go into the context (bind-mounted into their step). Its SHA256SUMS is in
     # the hash, and the wheels were just checked against it: their bytes are in the hash through it.
     hits = {c.key: c.entry for c in compiled.values() if c.mode == "use" and c.entry is not None}
@@ -275,8 +277,8 @@ def _pins(stack: Stack, base: ResolvedBase) -> dict[str, str]:
     return pins
 
 
-def _context(stack: Stack, pylock: LockFile, patches: list[PatchContent], lock_text: str, from_sources: dict[str, LocalSource],
-             hits: dict[str, Entry]) -> dict[str, str | bytes]:
+def _context(stack: Stack, pylock: LockFile, patches: list[PatchContent], lock_text: str,
+             from_sources: dict[str, LocalSource], hits: dict[str, Entry]) -> dict[str, str | bytes]:
     """The build context's files by name (sources and wheels are added to the directory after)."""
     context: dict[str, str | bytes] = {
         "steps.sh": paths.STEP_LIBRARY.read_bytes(),
@@ -285,8 +287,10 @@ def _context(stack: Stack, pylock: LockFile, patches: list[PatchContent], lock_t
         **{name: path.read_bytes() for name, path in (TARGET_SCRIPTS | LIBRARY_SCRIPTS | IMAGE_SCRIPTS).items()},
     }
     context.update({f"patches/{p.file}": p.data for p in patches if not p.missing})
-    context.update({f"lock/{name}": text for name, text in lock_files(stack, pylock, image_layout(stack, from_sources)).items()})
-    context.update({f"compiled/{key}/SHA256SUMS": (entry.dir / "SHA256SUMS").read_bytes() for key, entry in hits.items()})
+    context.update({f"lock/{name}": text
+                    for name, text in lock_files(stack, pylock, image_layout(stack, from_sources)).items()})
+    context.update({f"compiled/{key}/SHA256SUMS": (entry.dir / "SHA256SUMS").read_bytes()
+                    for key, entry in hits.items()})
     return context
 
 
@@ -305,7 +309,8 @@ def _write_build_dir(out: Path, dockerfile: str, context: dict[str, str | bytes]
     # `COPY patches/` takes the whole folder: a reused --out must not carry another stack's patches.
     for sub in ("patches", "lock", "compiled"):
         shutil.rmtree(out / "context" / sub, ignore_errors=True)
-    write_tree(out, {"Dockerfile": dockerfile, **{f"context/{k}": v for k, v in context.items()}}, {"context/sf": 0o755})
+    write_tree(out, {"Dockerfile": dockerfile, **{f"context/{k}": v for k, v in context.items()}},
+               {"context/sf": 0o755})
     for key, entry in hits.items():
         link_files(entry.dir, list(entry.wheels), out / "context" / "compiled" / key)
     for name, src in from_sources.items():
@@ -319,8 +324,8 @@ def _write_build_dir(out: Path, dockerfile: str, context: dict[str, str | bytes]
             shutil.copytree(source_repo(stack, name, local, cache), target, symlinks=True)
 
 
-def _labels(stack: Stack, base: ResolvedBase, build_hash: str, lock_hash: str, pins: dict[str, str], patches: list[PatchContent],
-            epoch: int) -> dict[str, str]:
+def _labels(stack: Stack, base: ResolvedBase, build_hash: str, lock_hash: str, pins: dict[str, str],
+            patches: list[PatchContent], epoch: int) -> dict[str, str]:
     slime = slime_source(stack)
     return {
         "org.opencontainers.image.title": f"slimeforge {stack.name}",
@@ -340,7 +345,8 @@ def _labels(stack: Stack, base: ResolvedBase, build_hash: str, lock_hash: str, p
     }
 
 
-def _argv(opts: BuildOptions, out: Path, build_args: dict[str, str], labels: dict[str, str], epoch: int, pieces: int = 1) -> list[str]:
+def _argv(opts: BuildOptions, out: Path, build_args: dict[str, str], labels: dict[str, str], epoch: int,
+          pieces: int = 1) -> list[str]:
     """The docker build command: parallelism sized to this host (the host's share for each of the
     `pieces` compile stages that BuildKit runs at once), the user's build args, the labels."""
     _, jobs, threads = compile_share(pieces)
@@ -348,7 +354,8 @@ def _argv(opts: BuildOptions, out: Path, build_args: dict[str, str], labels: dic
                 **build_args, "SOURCE_DATE_EPOCH": str(epoch)}
     argv = [docker_cli(), "build", "--progress=plain", "-f", str(out / "Dockerfile")]
     # The wheels-only build exports its last stage (the compiled wheels) to a directory, no image.
-    argv += ["--output", f"type=local,dest={out / 'compiled-out'}"] if opts.wheels_only else ["--iidfile", str(out / "image.id")]
+    argv += (["--output", f"type=local,dest={out / 'compiled-out'}"] if opts.wheels_only
+             else ["--iidfile", str(out / "image.id")])
     for k, v in cli_args.items():
         argv += ["--build-arg", f"{k}={v}"]
     for k, v in labels.items():
@@ -404,7 +411,8 @@ def build_wheels(opts: BuildOptions) -> dict[str, WheelsOutcome]:
     pulled = set()
     if opts.wheel_registry:
         for name, c in p.compiled.items():
-            if c.mode == "make" and wheelstore.pull(c.key, opts.wheel_registry, opts.wheel_credentials, opts.store_root, opts.echo):
+            if c.mode == "make" and wheelstore.pull(c.key, opts.wheel_registry, opts.wheel_credentials,
+                                                    opts.store_root, opts.echo):
                 opts.echo(f"compiled step {name}: {c.key} pulled from {opts.wheel_registry}")
                 pulled.add(name)
         if pulled:
@@ -423,9 +431,11 @@ def build_wheels(opts: BuildOptions) -> dict[str, WheelsOutcome]:
     rc, lines = stream_build(opts.runner, p.argv, p.env, p.dir / "wheels.log", opts.echo, verbose=opts.verbose,
                              estimates=past_times(opts.build_root, p.stack.name, p.dir))
     if rc != 0:
-        raise BuildError(f"compiling the wheels of {p.stack.id} failed (log: {p.dir / 'wheels.log'}):\n{failure_text(lines)}")
+        raise BuildError(f"compiling the wheels of {p.stack.id} failed (log: "
+                         f"{p.dir / 'wheels.log'}):\n{failure_text(lines)}")
     for name, c in make.items():
-        wheelstore.put(c.key, export / c.key, {"flavor": p.stack.name, "step": name, "stack": p.stack.id, "base": p.base.id},
+        wheelstore.put(c.key, export / c.key, {"flavor": p.stack.name, "step": name, "stack": p.stack.id,
+                                               "base": p.base.id},
                        opts.store_root)
         result[name].source, result[name].log = "compiled", str(p.dir / "wheels.log")
         opts.echo(f"compiled step {name}: {c.key} compiled and stored")
@@ -443,12 +453,15 @@ def build(opts: BuildOptions) -> BuildReport | BuildDryRun:
     p = prepare(opts)
     echo(f"stack {p.stack.id}: build {p.hash[:12]} in {p.dir}")
     for name, c in p.compiled.items():
-        echo(f"  compiled step {name}: " + ("from the store" if c.mode == "use" else "compiled for the store first" if
-                                            opts.dry_run and c.storable and opts.use_store else "compiled in place") + f" ({c.key})")
+        echo(f"  compiled step {name}: "
+             + ("from the store" if c.mode == "use"
+                else "compiled for the store first" if opts.dry_run and c.storable and opts.use_store
+                else "compiled in place")
+             + f" ({c.key})")
     if opts.dry_run:
         if p.provisional:
-            echo("the plan is provisional: what the warnings above name is missing, so this build hash and the compiled keys "
-                 "are not yet the real build's; a real `invoke build` fills what it can reach first")
+            echo("the plan is provisional: what the warnings above name is missing, so this build hash and the "
+                 "compiled keys are not yet the real build's; a real `invoke build` fills what it can reach first")
         # The command itself is the dry run's result: the caller prints it (tasks.build: as multi-line shell).
         return BuildDryRun(p.provisional, p.hash, str(p.dir), p.tag, p.human_tags, p.argv, p.env)
 
@@ -461,8 +474,10 @@ def build(opts: BuildOptions) -> BuildReport | BuildDryRun:
     previous = _previous_report(p.dir / REPORT)
     if existing:
         image_id = existing
-        echo(f"image {p.tag} ({image_id[:19]}) is up to date: nothing to build (--force or --no-cache rebuilds, --verify smoke-tests it again)")
-        steps, duration, skipped = previous.steps if previous else [], previous.build_duration_s if previous else None, True
+        echo(f"image {p.tag} ({image_id[:19]}) is up to date: nothing to build (--force or --no-cache rebuilds, "
+             "--verify smoke-tests it again)")
+        steps, duration = (previous.steps, previous.build_duration_s) if previous else ([], None)
+        skipped = True
         if opts.verify:
             echo("smoke test (--verify) ...")
             for line in smoke_test(client, image_id, p.stack).splitlines():
@@ -473,14 +488,16 @@ def build(opts: BuildOptions) -> BuildReport | BuildDryRun:
                                  estimates=past_times(opts.build_root, p.stack.name, p.dir))
         if rc != 0:
             raise BuildError(f"docker build of {p.stack.id} failed (log: {p.dir / LOG}):\n{failure_text(lines)}")
-        image_id = readback.read_text(p.dir / "image.id", "image.id", IMAGE_ID_RE, "sha256:<64 hex digits> (docker build --iidfile)") or ""
+        image_id = readback.read_text(p.dir / "image.id", "image.id", IMAGE_ID_RE,
+                                      "sha256:<64 hex digits> (docker build --iidfile)") or ""
         if not image_id:
             raise BuildError(f"docker build of {p.stack.id} wrote no image id ({p.dir / 'image.id'})")
-        steps, duration, skipped = [StepTiming.from_dict(s) for s in parse_progress(lines)], round(time.monotonic() - started, 2), False
+        steps = [StepTiming.from_dict(s) for s in parse_progress(lines)]
+        duration, skipped = round(time.monotonic() - started, 2), False
         # The last step runs the smoke test and fails when it fails: the build succeeded, so it passed.
         if any(s.name == "finalize" and s.cached for s in steps):
-            echo("smoke test: passed in the image's last step when BuildKit built it (that step is cached: the same layers; "
-                 "--verify runs it again)")
+            echo("smoke test: passed in the image's last step when BuildKit built it (that step is cached: the same "
+                 "layers; --verify runs it again)")
         else:
             echo("smoke test: run in the image's last step, beside finalize:")
             for line in smoke_lines(lines):
@@ -494,13 +511,16 @@ def build(opts: BuildOptions) -> BuildReport | BuildDryRun:
     lock = json.loads(files[in_lock])
     lock.update({"build_hash": p.hash, "image_id": image_id, "tag": p.tag, "digest": digest, "published": published})
     report = BuildReport(
-        tag=p.tag, human_tags=p.human_tags + _extra_tags(p, opts.tags), image_id=image_id, digest=digest, published=published,
+        tag=p.tag, human_tags=p.human_tags + _extra_tags(p, opts.tags), image_id=image_id, digest=digest,
+        published=published,
         size=image.attrs.get("Size"), build_hash=p.hash, stack=p.stack.id, flavor=p.stack.name, base=p.base.to_json(),
         skipped=skipped, build_duration_s=duration, duration_s=round(time.monotonic() - started, 2), steps=steps,
-        compiled={n: CompiledWheels(c.key, stored.source if (stored := store_result.get(n)) else c.source, c.mode == "use",
-                                    stored.log if stored else None) for n, c in p.compiled.items()},
-        patches={x.file: x.sha256 for x in p.patches}, dir=str(p.dir), dockerfile=str(p.dir / "Dockerfile"), lock=str(p.dir / LOCK),
-        flags=str(p.dir / FLAGS) if slime_source(p.stack) else None, log=str(p.dir / LOG), command=p.argv, venv_sizes=venv_sizes,
+        compiled={n: CompiledWheels(c.key, stored.source if (stored := store_result.get(n)) else c.source,
+                                    c.mode == "use", stored.log if stored else None) for n, c in p.compiled.items()},
+        patches={x.file: x.sha256 for x in p.patches}, dir=str(p.dir), dockerfile=str(p.dir / "Dockerfile"),
+        lock=str(p.dir / LOCK),
+        flags=str(p.dir / FLAGS) if slime_source(p.stack) else None, log=str(p.dir / LOG), command=p.argv,
+        venv_sizes=venv_sizes,
     )
     out_files: dict[str, str | bytes] = {LOCK: json.dumps(lock, indent=2, sort_keys=True) + "\n"}
     if slime_source(p.stack):
@@ -524,12 +544,14 @@ def _venv_sizes(client, image_id: str, echo: Callable[[str], None]) -> VenvSizes
         return VenvSizes.parse(next(iter(data.values())), where)
     except ReportError as exc:
         # A measurement, not the image: an odd record never fails the build that made the image.
-        echo(f"note: {printable(str(exc))} (the image's last RUN writes it with scripts/venv_sizes.py): no sizes in the report")
+        echo(f"note: {printable(str(exc))} (the image's last RUN writes it with scripts/venv_sizes.py): no sizes in "
+             "the report")
         return None
 
 
 def _previous_report(path: Path) -> BuildReport | None:
-    """An earlier build's report (publish's digest and references are kept): a bad one is built over, so it reads as none."""
+    """An earlier build's report (publish's digest and references are kept): a bad one is built over, so it
+    reads as none."""
     try:
         doc = readback.read_json(path, path.name, "a build record")
         return BuildReport.from_dict(doc) if isinstance(doc, dict) else None

@@ -50,7 +50,8 @@ def write_tree(root: Path, files: dict[str, str | bytes], modes: dict[str, int])
         by_dir.setdefault(parent, {})[base] = content
     for parent, group in sorted(by_dir.items()):
         prefix = f"{parent}/" if parent else ""
-        write_dir(root / parent if parent else root, group, modes={b: modes[prefix + b] for b in group if prefix + b in modes})
+        write_dir(root / parent if parent else root, group,
+                  modes={b: modes[prefix + b] for b in group if prefix + b in modes})
 
 
 # --- the progress of a build ------------------------------------------------------------------
@@ -81,7 +82,8 @@ def parse_progress(lines: list[str]) -> list[ProgressStep]:
         if m:
             vid, idx, total, text = m.groups()
             step = STEP_RE.search(text)
-            steps.setdefault(vid, {"index": int(idx), "of": int(total), "name": step.group(1).strip("'") if step else text.split(" ", 1)[0].lower(),
+            steps.setdefault(vid, {"index": int(idx), "of": int(total),
+                                   "name": step.group(1).strip("'") if step else text.split(" ", 1)[0].lower(),
                                    "instruction": text[:160], "cached": False, "duration_s": None})
             continue
         m = STATUS_RE.match(line)

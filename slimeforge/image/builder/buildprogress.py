@@ -59,7 +59,8 @@ def _times_problem(doc: Any) -> str | None:
         return "`steps` is not an object"
     for name, seconds in steps.items():
         if len(name) > MAX_STEP_NAME or printable(name) != name:
-            return f"step name {name[:40]!r} is not text without control characters, of at most {MAX_STEP_NAME} characters"
+            return (f"step name {name[:40]!r} is not text without control characters, of at most {MAX_STEP_NAME} "
+                   "characters")
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < 1e7:
             return f"step {name!r}: seconds {seconds!r} is not a number from 0 to 1e7"
     return None

@@ -69,10 +69,12 @@ class StepTiming:
     def from_dict(cls, d: Mapping[str, Any]) -> StepTiming:
         duration = _get_number(d, "duration_s")
         return cls(_get_required(d, str, "name"), _get_required(d, int, "index"), _get_required(d, int, "of"),
-                   _get(d, str, "instruction") or "", bool(_get(d, bool, "cached")), duration, bool(_get(d, bool, "error")))
+                   _get(d, str, "instruction") or "", bool(_get(d, bool, "cached")), duration,
+                   bool(_get(d, bool, "error")))
 
     def to_json(self) -> dict[str, object]:
-        out: dict[str, object] = {"index": self.index, "of": self.of, "name": self.name, "instruction": self.instruction,
+        out: dict[str, object] = {"index": self.index, "of": self.of, "name": self.name,
+                                  "instruction": self.instruction,
                                "cached": self.cached, "duration_s": self.duration_s}
         if self.error:
             out["error"] = True
@@ -90,7 +92,8 @@ class CompiledWheels:
     log: str | None = None
 
     def to_json(self) -> dict[str, object]:
-        return {"key": self.key, "source": self.source, "from_store": self.from_store, **({"log": self.log} if self.log else {})}
+        return {"key": self.key, "source": self.source, "from_store": self.from_store,
+                **({"log": self.log} if self.log else {})}
 
 
 VENV_SIZES_MAX_BYTES = 64 << 10
@@ -139,7 +142,8 @@ class VenvSizes:
             raise ReportError(f"{where}: is a {type(doc).__name__}, expected an object")
         venv = _path_of(doc.get("venv"), absolute=True)
         if venv is None:
-            raise ReportError(f"{where}: `venv` is {printable(repr(doc.get('venv'))[:80])}, expected an absolute path (printable, at most {_SHOWN_MAX} characters)")
+            raise ReportError(f"{where}: `venv` is {printable(repr(doc.get('venv'))[:80])}, expected an absolute path "
+                              f"(printable, at most {_SHOWN_MAX} characters)")
         largest = doc.get("largest")
         if not isinstance(largest, list) or len(largest) > VENV_SIZES_TOP:
             raise ReportError(f"{where}: `largest` is not a list of at most {VENV_SIZES_TOP} directories")
@@ -148,7 +152,8 @@ class VenvSizes:
             raw = item.get("path") if isinstance(item, dict) else None
             path = _path_of(raw, absolute=False)
             if path is None:
-                raise ReportError(f"{where}: `largest[{i}].path` is {printable(repr(raw)[:80])}, expected a path inside the venv "
+                raise ReportError(f"{where}: `largest[{i}].path` is {printable(repr(raw)[:80])}, expected a path "
+                                  "inside the venv "
                                   f"(printable, at most {_SHOWN_MAX} characters)")
             rows.append((path, _size(item.get("bytes"), f"{where}: `largest[{i}].bytes`")))
         if [b for _, b in rows] != sorted((b for _, b in rows), reverse=True):
@@ -163,14 +168,17 @@ class VenvSizes:
             d = d if isinstance(d, dict) else {}
             name, copies, paths = _path_of(d.get("name"), absolute=False), d.get("copies"), d.get("paths")
             if name is None or "/" in name:
-                raise ReportError(f"{where}: `duplicates[{i}].name` is {printable(repr(d.get('name'))[:80])}, expected a file name (printable, "
-                                  f"at most {_SHOWN_MAX} characters)")
+                raise ReportError(f"{where}: `duplicates[{i}].name` is {printable(repr(d.get('name'))[:80])}, "
+                                  f"expected a file name (printable, at most {_SHOWN_MAX} characters)")
             if isinstance(copies, bool) or not isinstance(copies, int) or not 2 <= copies <= 1 << 20:
-                raise ReportError(f"{where}: `duplicates[{i}].copies` is {copies!r:.80}, expected a whole number from 2")
-            if not isinstance(paths, list) or not 0 < len(paths) <= 4 or any(_path_of(p, absolute=True) is None for p in paths):
-                raise ReportError(f"{where}: `duplicates[{i}].paths` is not a list of 1 to 4 absolute paths (printable, at most "
-                                  f"{_SHOWN_MAX} characters)")
-            found.append((name, _size(d.get("bytes"), f"{where}: `duplicates[{i}].bytes`"), copies, [str(p) for p in paths]))
+                raise ReportError(f"{where}: `duplicates[{i}].copies` is {copies!r:.80}, "
+                                  "expected a whole number from 2")
+            if (not isinstance(paths, list) or not 0 < len(paths) <= 4
+                    or any(_path_of(p, absolute=True) is None for p in paths)):
+                raise ReportError(f"{where}: `duplicates[{i}].paths` is not a list of 1 to 4 absolute paths "
+                                  f"(printable, at most {_SHOWN_MAX} characters)")
+            found.append((name, _size(d.get("bytes"), f"{where}: `duplicates[{i}].bytes`"), copies,
+                          [str(p) for p in paths]))
         return cls(venv, _size(doc.get("bytes"), f"{where}: `bytes`"), rows, found,
                    _size(doc.get("duplicates_bytes"), f"{where}: `duplicates_bytes`"))
 
@@ -188,7 +196,8 @@ class VenvSizes:
         return cls.from_dict(doc, where)
 
     def to_json(self) -> dict[str, object]:
-        doc: dict[str, object] = {"venv": self.venv, "bytes": self.total, "largest": [{"path": p, "bytes": b} for p, b in self.largest]}
+        doc: dict[str, object] = {"venv": self.venv, "bytes": self.total,
+                                  "largest": [{"path": p, "bytes": b} for p, b in self.largest]}
         if self.duplicates_bytes is not None:
             doc["duplicates_bytes"] = self.duplicates_bytes
             doc["duplicates"] = [{"name": n, "bytes": b, "copies": c, "paths": ps} for n, b, c, ps in self.duplicates]
@@ -198,9 +207,10 @@ class VenvSizes:
         rows = [f"venv {printable(self.venv)}: {self.total / 1e9:.2f} GB; largest directories:"]
         rows += [f"  {b / 1e9:>7.2f} GB  {printable(p)}" for p, b in self.largest]
         if self.duplicates_bytes is not None:
-            rows.append(f"files there twice (venv and the base's CUDA toolkit; same name and size): {self.duplicates_bytes / 1e9:.2f} GB "
-                        "beyond the first copies; largest:")
-            rows += [f"  {b * (c - 1) / 1e9:>7.2f} GB  {printable(n)} x{c}: {printable(' '.join(ps))[:160]}" for n, b, c, ps in self.duplicates[:5]]
+            rows.append("files there twice (venv and the base's CUDA toolkit; same name and size): "
+                        f"{self.duplicates_bytes / 1e9:.2f} GB beyond the first copies; largest:")
+            rows += [f"  {b * (c - 1) / 1e9:>7.2f} GB  {printable(n)} x{c}: {printable(' '.join(ps))[:160]}"
+                     for n, b, c, ps in self.duplicates[:5]]
         return rows
 
 
@@ -237,18 +247,24 @@ class BuildReport:
             if not isinstance(c, dict):
                 raise ReportError(f"{REPORT}: `compiled` holds a {type(c).__name__}, expected objects")
         return cls(
-            tag=_get_required(d, str, "tag"), human_tags=_get_list(d, str, "human_tags"), image_id=_get_required(d, str, "image_id"),
-            build_hash=_get_required(d, str, "build_hash"), stack=_get_required(d, str, "stack"), flavor=_get_required(d, str, "flavor"),
+            tag=_get_required(d, str, "tag"), human_tags=_get_list(d, str, "human_tags"),
+            image_id=_get_required(d, str, "image_id"),
+            build_hash=_get_required(d, str, "build_hash"), stack=_get_required(d, str, "stack"),
+            flavor=_get_required(d, str, "flavor"),
             base=_get(d, dict, "base") or {}, skipped=bool(_get(d, bool, "skipped")),
             steps=[StepTiming.from_dict(s) for s in _get_list(d, dict, "steps")],
-            dir=_get_required(d, str, "dir"), dockerfile=_get(d, str, "dockerfile") or "", lock=_get(d, str, "lock") or "",
+            dir=_get_required(d, str, "dir"), dockerfile=_get(d, str, "dockerfile") or "",
+            lock=_get(d, str, "lock") or "",
             log=_get(d, str, "log") or "", command=_get_list(d, str, "command"), size=_get(d, int, "size"),
-            build_duration_s=_get_number(d, "build_duration_s"), duration_s=_get_number(d, "duration_s"), flags=_get(d, str, "flags"),
+            build_duration_s=_get_number(d, "build_duration_s"), duration_s=_get_number(d, "duration_s"),
+            flags=_get(d, str, "flags"),
             digest=_get(d, str, "digest"), published=_get_list(d, str, "published"),
-            compiled={n: CompiledWheels(_get_required(c, str, "key"), _get_required(c, str, "source"), bool(_get(c, bool, "from_store")),
-                                        _get(c, str, "log")) for n, c in compiled.items()},
+            compiled={n: CompiledWheels(_get_required(c, str, "key"), _get_required(c, str, "source"),
+                                        bool(_get(c, bool, "from_store")), _get(c, str, "log"))
+                      for n, c in compiled.items()},
             patches=_get(d, dict, "patches") or {},
-            venv_sizes=VenvSizes.from_dict(d["venv_sizes"], f"{REPORT}: venv_sizes") if d.get("venv_sizes") is not None else None,
+            venv_sizes=(VenvSizes.from_dict(d["venv_sizes"], f"{REPORT}: venv_sizes")
+                        if d.get("venv_sizes") is not None else None),
         )
 
     def to_json(self) -> dict[str, object]:
@@ -256,11 +272,13 @@ class BuildReport:
         return {
             "tag": self.tag, "human_tags": self.human_tags, "image_id": self.image_id, "digest": self.digest,
             "published": self.published, "size": self.size, "build_hash": self.build_hash, "stack": self.stack,
-            "flavor": self.flavor, "base": self.base, "skipped": self.skipped, "build_duration_s": self.build_duration_s,
+            "flavor": self.flavor, "base": self.base, "skipped": self.skipped,
+            "build_duration_s": self.build_duration_s,
             "duration_s": self.duration_s, "steps": [s.to_json() for s in self.steps],
             "cache": {"hits": sum(1 for s in self.steps if s.cached), "steps": len(self.steps)},
             "compiled": {n: c.to_json() for n, c in self.compiled.items()}, "patches": self.patches, "dir": self.dir,
-            "dockerfile": self.dockerfile, "lock": self.lock, "flags": self.flags, "log": self.log, "command": self.command,
+            "dockerfile": self.dockerfile, "lock": self.lock, "flags": self.flags, "log": self.log,
+            "command": self.command,
             "venv_sizes": self.venv_sizes.to_json() if self.venv_sizes else None,
         }
 
@@ -271,13 +289,15 @@ class BuildReport:
         for s in self.steps:
             dur = "" if s.duration_s is None else f"{s.duration_s:.1f}"
             c = self.compiled.get(s.name)
-            note = "" if not c else (f"{how.get(c.source, c.source)} ({c.key})" if c.from_store else f"compiled in place ({c.key})")
+            note = "" if not c else (f"{how.get(c.source, c.source)} ({c.key})" if c.from_store
+                                     else f"compiled in place ({c.key})")
             rows.append(f"{s.name[:24]:<24} {'yes' if s.cached else 'no':<7} {dur:>8}  {note}".rstrip())
         hits = sum(1 for s in self.steps if s.cached)
         rows.append(f"image {self.tag}  id {self.image_id[:19]}  size {(self.size or 0) / 1e6:.1f} MB  "
                     f"cache {hits}/{len(self.steps)}" + ("  (skipped: up to date)" if self.skipped else ""))
         if self.duration_s is not None and not self.skipped:
-            rows.append(f"took {took(self.duration_s)}" + ("" if self.build_duration_s is None else f" (BuildKit {took(self.build_duration_s)})"))
+            rows.append(f"took {took(self.duration_s)}"
+                        + ("" if self.build_duration_s is None else f" (BuildKit {took(self.build_duration_s)})"))
         if self.venv_sizes:
             rows += self.venv_sizes.lines()
         rows.append(f"report {self.dir}/{REPORT}  flags {self.flags}")

@@ -51,11 +51,11 @@ def apex_jobs(jobs: int) -> tuple[int, int]:
 
 
 def compile_share(pieces: int, mem_bytes: int | None = None, cores: int | None = None) -> tuple[int, int, int]:
-    """(AT_ONCE, MAX_JOBS, NVCC_THREADS) for `pieces` compiled steps that may compile side by side:
-    at most as many at once as the host has jobs (compile_jobs), and each of those running gets the
-    per-piece rule applied to its share of the memory and the cores. On a 2-core host two pieces run
-    at once with one job each, which keeps both cores busy as one piece with two jobs did; on 16
-    cores and 125 GiB three pieces get 6 jobs each (apex: 3 extensions x 4). templates/steps.sh `sf_compile_share` is the same rule."""
+    """(AT_ONCE, MAX_JOBS, NVCC_THREADS) for `pieces` compiled steps that may compile side by side: at most as many at
+    once as the host has jobs (compile_jobs), and each of those running gets the per-piece rule applied to its share of
+    the memory and the cores. On a 2-core host two pieces run at once with one job each, which keeps both cores busy as
+    one piece with two jobs did; on 16 cores and 125 GiB three pieces get 6 jobs each (apex: 3 extensions x 4).
+    templates/steps.sh `sf_compile_share` is the same rule."""
     cores = cores or os.cpu_count() or 1
     if mem_bytes is None:
         mem_bytes = host_memory()

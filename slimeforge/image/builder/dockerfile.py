@@ -32,8 +32,9 @@ from ..steps import (
 STORE_MOUNT, STORE_OUT = "/tmp/sf-compiled", "/opt/sf-compiled"
 
 
-def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources: dict | None = None, base_id: str | None = None,
-                      store: dict[str, str] | None = None, patch_sha: dict[str, str] | None = None, wheels_only: bool = False) -> str:
+def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources: dict | None = None,
+                      base_id: str | None = None, store: dict[str, str] | None = None,
+                      patch_sha: dict[str, str] | None = None, wheels_only: bool = False) -> str:
     """The Dockerfile of a stack (pure: no Docker, no network). `base_id`: the base as resolved
     (digest or local image id), part of the compiled-wheel keys. Each installing step bind-mounts its
     slice of the lock (context/lock/<step>.txt, see steps.lock_files). `store`: compiled step ->
@@ -50,11 +51,13 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
     plain = step_commands(stack, layout, base_id, modes, patch_sha)
     groups = together_groups(plain)
     grouped = {plain[i].name for g in groups for i in g}
-    compile_steps = {s.name: s for s in step_commands(stack, layout, base_id, {**modes, **{n: ("make", f"{STORE_OUT}/{keys[n]}") for n in grouped}},
-                                                        patch_sha)}
-    steps = step_commands(stack, layout, base_id, {**modes, **{n: ("use", f"{STORE_MOUNT}/{keys[n]}") for n in grouped}}, patch_sha)
+    making = {**modes, **{n: ("make", f"{STORE_OUT}/{keys[n]}") for n in grouped}}
+    compile_steps = {s.name: s for s in step_commands(stack, layout, base_id, making, patch_sha)}
+    using = {**modes, **{n: ("use", f"{STORE_MOUNT}/{keys[n]}") for n in grouped}}
+    steps = step_commands(stack, layout, base_id, using, patch_sha)
     if wheels_only:
-        last = max((i for i, s in enumerate(steps) if compiled_run(s) and (store or {}).get(s.name) == "make"), default=-1)
+        last = max((i for i, s in enumerate(steps) if compiled_run(s) and (store or {}).get(s.name) == "make"),
+                   default=-1)
         steps = steps[:last + 1]
     rendered = [{**s.to_json(), "group": None, "compile_stage": None} for s in steps]
     for number, group in enumerate(g for g in groups if g[0] < len(rendered)):
@@ -69,7 +72,8 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
         rendered[group[0]].update(group=pieces, stage_from=stage_from, stage_next=stage_next)
     # Parallelism for a step that compiles in place (an editable checkout): the ARGs before it.
     first_compile = next((i for i, (s, r) in enumerate(zip(steps, rendered, strict=True))
-                          if (c := compiled_run(s)) and not c.nothing and c.store != "use" and not r["compile_stage"]), -1)
+                          if (c := compiled_run(s)) and not c.nothing and c.store != "use" and not r["compile_stage"]),
+                         -1)
     return _render_dockerfile({
         "stack_id": stack.id,
         "base_ref": base_from or (f"{stack.base.image}@{stack.base.digest}" if stack.base.digest else stack.base.image),
@@ -78,7 +82,8 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
         "patches_dir": layout.patches_dir,
         "steps": rendered,
         "first_compile": first_compile,
-        "compiled_out": [{"stage": r["compile_stage"], "key": s.to_json()["compiled_key"]} for s, r in zip(steps, rendered, strict=True)
+        "compiled_out": [{"stage": r["compile_stage"], "key": s.to_json()["compiled_key"]}
+                         for s, r in zip(steps, rendered, strict=True)
                          if r["compile_stage"] and (store or {}).get(s.name) == "make"],
         "local_sources": sorted(n for n, s in (local_sources or {}).items() if getattr(s, "kind", "git") == "git"),
         "wheel_steps": sorted(layout.wheel_dirs),

@@ -34,7 +34,8 @@ def smoke_test(client, image_id: str, stack: Stack) -> str:
                                     stdout=True, stderr=True, network_disabled=True)
     except docker.errors.ContainerError as exc:
         text = (exc.stderr or b"").decode(errors="replace")
-        raise BuildError(f"smoke test of image {image_id[:19]} failed (an existing image, checked again by --verify: rebuild it "
+        raise BuildError(f"smoke test of image {image_id[:19]} failed (an existing image, checked again by --verify: "
+                         "rebuild it "
                          f"with --force):\n{failure_text(text.splitlines())}") from None
     return out.decode(errors="replace")
 

@@ -3,8 +3,8 @@ Dockerfile (`steps.step_commands`), with the same step library (templates/steps.
 
     render_install_script(stack, prefix, ...) -> str   the script (cluster bootstrap renders it too)
     store_plan(...)                                     each compiled step: from the store, or compiled then stored
-    install(opts) -> Path                               validate, plan the store, render to --out, run (not on a dry run),
-                                                        then store what it compiled
+    install(opts) -> Path                               validate, plan the store, render to --out, run (not on a
+                                                        dry run), then store what it compiled
 
 The script is a deliverable on its own: it carries the patch files (base64, checked by sha256), the
 input lock, each step's slice of the flavor's lock and the target scripts, so it can be copied to a
@@ -88,7 +88,8 @@ def toolkit_headers(stack: Stack, lock: LockFile) -> list[str]:
     return sorted(h for h, pkg in stack.compile_headers.items() if normalize(pkg) not in lock.packages)
 
 
-def render_install_script(stack: Stack, prefix: str, venv: str | None = None, sources: dict[str, LocalSource] | None = None,
+def render_install_script(stack: Stack, prefix: str, venv: str | None = None,
+                          sources: dict[str, LocalSource] | None = None,
                           cache: Path | None = None, patches: list[PatchContent] | None = None,
                           lock: LockFile | None = None, store: dict[str, tuple[str, str]] | None = None,
                           base_id: str | None = None, python: str | None = None) -> str:
@@ -114,21 +115,26 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
     lock_text = input_lock(stack, pylock, patches, set(sources or {}), install={"prefix": prefix, "venv": layout.venv})
     steps: list[ScriptStep] = []  # as the template reads them, each with its hash in the chain
     # A changed library (steps.sh and its own scripts) re-does every step.
-    chain = hashlib.sha256(b"".join(p.read_bytes() for p in [paths.STEP_LIBRARY, *LIBRARY_SCRIPTS.values()])).hexdigest()
+    chain = hashlib.sha256(b"".join(p.read_bytes()
+                                    for p in [paths.STEP_LIBRARY, *LIBRARY_SCRIPTS.values()])).hexdigest()
     commands = step_commands(stack, layout, base_id, store, patch_sha)
     for cmd in commands:
         steps.append({"name": cmd.name, "env": cmd.env, "commands": cmd.commands, "slice": cmd.lock_file})
-    steps.append({"name": FINALIZE_STEP, "env": {}, "commands": [finalize_argv(stack, layout, f"{layout.state}/stack.input.json",
-                                                                             paths.Prefix.at(prefix).lock, paths.Prefix.at(prefix).flags)]})
+    steps.append({"name": FINALIZE_STEP, "env": {},
+                  "commands": [finalize_argv(stack, layout, f"{layout.state}/stack.input.json",
+                                             paths.Prefix.at(prefix).lock, paths.Prefix.at(prefix).flags)]})
     for step in steps:
-        inputs: dict[str, object] = {"step": {**step, "commands": [_without_store_dir(c) for c in step["commands"]]}, "patches": {f: patch_sha[f] for f in sorted(patch_sha) if any(f in " ".join(c) for c in step["commands"])}}
+        inputs: dict[str, object] = {"step": {**step, "commands": [_without_store_dir(c) for c in step["commands"]]},
+                                     "patches": {f: patch_sha[f] for f in sorted(patch_sha)
+                                                 if any(f in " ".join(c) for c in step["commands"])}}
         # A changed slice of the lock re-does its step (and, through the chain, every later one).
         own = LOCK_ALL if step["name"] == FINALIZE_STEP else step.get("slice")
         if own in slices:
             inputs["lock"] = hashlib.sha256(slices[own].encode()).hexdigest()
         if step["name"] == FINALIZE_STEP:
             inputs["input"] = hashlib.sha256(lock_text.encode()).hexdigest()
-            inputs["scripts"] = {n: hashlib.sha256(p.read_bytes()).hexdigest() for n, p in sorted(TARGET_SCRIPTS.items())}
+            inputs["scripts"] = {n: hashlib.sha256(p.read_bytes()).hexdigest()
+                                 for n, p in sorted(TARGET_SCRIPTS.items())}
         chain = hashlib.sha256((chain + json.dumps(inputs, sort_keys=True)).encode()).hexdigest()
         step["hash"] = chain
         step["fn"] = step["name"].replace("-", "_")
@@ -143,7 +149,8 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
         step["after_all"] = step["name"] in (PATCHES_STEP, FINALIZE_STEP)
     for step, cmd in zip(steps, commands, strict=False):  # steps has finalize besides
         compiled = compiled_run(cmd)
-        step["what"] = "store hit" if compiled and compiled.store == "use" else "compiled" if compiled and not compiled.nothing else "installed"
+        step["what"] = ("store hit" if compiled and compiled.store == "use"
+                        else "compiled" if compiled and not compiled.nothing else "installed")
     for group in together_groups(commands):
         for i in group:
             steps[i]["together"] = True
@@ -167,12 +174,14 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None, so
         "compiles": any(s.compiles and (store or {}).get(s.name, ("",))[0] != "use" for s in stack.steps),
         "disk_gib": disk_need(stack, pylock)[1],
         "toolkit_headers": toolkit_headers(stack, pylock),
-        "patches": [{"file": p.file, "sha256": p.sha256, "b64": base64.encodebytes(p.data).decode().rstrip("\n")} for p in patches],
+        "patches": [{"file": p.file, "sha256": p.sha256,
+                     "b64": base64.encodebytes(p.data).decode().rstrip("\n")} for p in patches],
         "lock_b64": base64.encodebytes(lock_text.encode()).decode().rstrip("\n"),
         "target_scripts": [{"name": n, "b64": base64.encodebytes(p.read_bytes()).decode().rstrip("\n")}
                            for n, p in sorted((TARGET_SCRIPTS | LIBRARY_SCRIPTS).items())],
         "lock_dir": layout.lock_dir,
-        "slices": [{"file": name, "b64": base64.encodebytes(text.encode()).decode().rstrip("\n")} for name, text in slices.items()],
+        "slices": [{"file": name, "b64": base64.encodebytes(text.encode()).decode().rstrip("\n")}
+                   for name, text in slices.items()],
         "steps": steps,
         "smoke": smoke,
         "smoke_hash": smoke_hash,
@@ -300,7 +309,8 @@ def install(opts: InstallOptions) -> Path:
             problems.append(Problem(option, why, value, "a directory path"))
     if opts.python is not None and (why := python_problem(opts.python)):
         problems.append(Problem("--python", why, opts.python, "e.g. /opt/conda/bin/python3.12 or python3.12"))
-    if opts.min_free_gb is not None and (bad := whole_problem(opts.min_free_gb, "--min-free-gb", 0, MAX_FREE_GIB, "GiB")):
+    if (opts.min_free_gb is not None
+            and (bad := whole_problem(opts.min_free_gb, "--min-free-gb", 0, MAX_FREE_GIB, "GiB"))):
         problems.append(bad)
     if opts.out is not None and (why := output_dir_problem(Path(opts.out))):
         problems.append(Problem("--out", why, str(opts.out), "a new or empty directory, or one `invoke install` wrote"))
@@ -334,7 +344,8 @@ def install(opts: InstallOptions) -> Path:
         write_file(script, text, 0o755)
     except OSError as exc:
         option = "--out" if opts.out is not None else "--prefix"  # the option the user gave
-        raise ConfigError("invoke install", [Problem(option, f"cannot be written: {exc.strerror}", str(out), "a directory you may write to")]) from None
+        raise ConfigError("invoke install", [Problem(option, f"cannot be written: {exc.strerror}", str(out),
+                                                     "a directory you may write to")]) from None
     if opts.dry_run:
         opts.echo(str(script))
         return script
@@ -347,13 +358,14 @@ def install(opts: InstallOptions) -> Path:
         opts.runner.run(["bash", str(script)], step="install", capture=False, env=env or None)
     except CommandError as exc:
         if exc.returncode == PREREQUISITES_REFUSED:
-            raise PrerequisitesRefused("install refused: a prerequisite is not met (each is named above); nothing was installed") from None
+            raise PrerequisitesRefused("install refused: a prerequisite is not met (each is named above); nothing was "
+                                       "installed") from None
         raise InstallFailed(f"install failed (exit {exc.returncode}); see the step log named above") from None
     from ..wheels import wheelstore
 
     for name, (mode, directory) in store.items():
         if mode == "make":
-            wheelstore.put(keys[name], Path(directory), {"flavor": stack.name, "step": name, "stack": stack.id, "base": base_id,
-                                                         "compiled_on": "install"}, opts.store_root)
+            wheelstore.put(keys[name], Path(directory), {"flavor": stack.name, "step": name, "stack": stack.id,
+                                                         "base": base_id, "compiled_on": "install"}, opts.store_root)
             opts.echo(f"compiled step {name}: {keys[name]} stored")
     return script

@@ -20,7 +20,18 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from ..stack import Stack, load_stack
-from .lockfile import SHA256_RE, LockError, LockFile, load_lock, lock_command, lock_path, lock_ref, normalize, read_lock, stack_ref
+from .lockfile import (
+    SHA256_RE,
+    LockError,
+    LockFile,
+    load_lock,
+    lock_command,
+    lock_path,
+    lock_ref,
+    normalize,
+    read_lock,
+    stack_ref,
+)
 from .lockinputs import inputs, req_name
 from .remedies import remedy
 
@@ -28,7 +39,8 @@ from .remedies import remedy
 def check_patch_hashes(lock: LockFile, patches: dict[str, str]) -> None:
     """The patch files a build or install read must be those the lock recorded (when it did)."""
     recorded = lock.patch_sha256
-    wrong = [f"{f}: sha256 {sha}, the lock says {recorded[f]}" for f, sha in sorted(patches.items()) if f in recorded and recorded[f] != sha]
+    wrong = [f"{f}: sha256 {sha}, the lock says {recorded[f]}"
+             for f, sha in sorted(patches.items()) if f in recorded and recorded[f] != sha]
     if wrong:
         raise LockError(f"{lock.path}: patch files differ from the lock:\n" + "\n".join(f"  - {w}" for w in wrong))
 
@@ -40,7 +52,8 @@ def checked_lock(stack: Stack) -> LockFile:
     lock = read_lock(lock_path(stack), stack, ref)
     problems = check_lock(stack, lock, ref)
     if problems:
-        raise LockError(f"{lock.path} cannot be installed from ({len(problems)} problem(s)); fix them, e.g. `{lock_command(ref)}`:\n"
+        raise LockError(f"{lock.path} cannot be installed from ({len(problems)} problem(s)); fix them, e.g. "
+                        f"`{lock_command(ref)}`:\n"
                         + "\n".join(f"  - {p}" for p in problems))
     return lock
 
@@ -80,7 +93,8 @@ def check_lock(stack: Stack, lock: LockFile, ref: str | Path | None = None) -> l
     if tool.get("inputs") != inp.hash:
         problems.append(f"stale: the stack's pins, steps or indexes changed since the lock was made (run `{relock}`)")
     if tool.get("uv") != stack.versions.get("uv"):
-        problems.append(f"uv: locked with uv {tool.get('uv')}, the stack pins {stack.versions.get('uv')} (run `{relock}`)")
+        problems.append(f"uv: locked with uv {tool.get('uv')}, the stack pins {stack.versions.get('uv')} (run "
+                        f"`{relock}`)")
     if tool.get("python") != stack.python or tool.get("platform") != stack.uv_platform:
         problems.append(f"target: locked for CPython {tool.get('python')} {tool.get('platform')}, the stack is "
                         f"CPython {stack.python} {stack.uv_platform}")
@@ -115,7 +129,8 @@ def check_lock(stack: Stack, lock: LockFile, ref: str | Path | None = None) -> l
         for p in lock.packages.values():
             major = cuda_major_of(p.name, p.version)
             if major and major != stack.cuda_major:
-                problems.append(f"CUDA mix: {p.name} {p.version} is built for CUDA {major}, the flavor is CUDA {stack.cuda}")
+                problems.append(f"CUDA mix: {p.name} {p.version} is built for CUDA {major}, the flavor is CUDA "
+                                f"{stack.cuda}")
     sources = tool.get("sources") or {}
     for n, s in stack.sources.items():
         if sources.get(n) != s.commit:
@@ -164,8 +179,8 @@ def missing_facts(stack: Stack | None, lock: LockFile) -> list[Missing]:
                            "a real build or install fills it by itself where the wheel can be downloaded", True))
     if not (stack and stack.base.digest) and not (lock.tool.get("base") or {}).get("digest"):
         out.append(Missing("base_digest", "the base image's digest", "tool.slimeforge.base.digest", ref,
-                           "until then the base is taken by its tag as found here, and the compiled-wheel keys are provisional",
-                           False))
+                           "until then the base is taken by its tag as found here, and the compiled-wheel keys are "
+                           "provisional", False))
     return out
 
 
@@ -178,7 +193,8 @@ def check(ref: str, echo: Callable[[str], None] = print) -> LockSummary:
         raise LockError(f"{lock.path}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
     summary = summarize(lock, stack)
     echo(f"{lock.path}: ok ({summary['packages']} distributions, {summary['bytes'] / 1e9:.2f} GB, "
-         f"{len(lock.steps)} steps, base {'@' + summary['base_digest'] if summary['base_digest'] else 'NOT pinned by digest'})")
+         f"{len(lock.steps)} steps, base "
+         f"{'@' + summary['base_digest'] if summary['base_digest'] else 'NOT pinned by digest'})")
     for warn in summary["warnings"]:
         echo(f"  warning: {warn}")
     return summary

@@ -4,11 +4,10 @@
     url_sha256(url)            the router wheel's sha256: the wheel downloaded once (size-bounded)
     patch_hashes(stack, ...)   the sha256 of each patch file, read from the pinned slime commit
 
-A lock made where GitHub or the base image's registry cannot be reached lacks some of them. Each
-is then a `Missing` fact (lockcheck.py; its one remedy: remedies.py): a dry run renders the plan anyway and names it (and what fills it);
-`invoke lock --complete` fills only those, without resolving again; a real build or install fills
-them itself where it can (`lock_for_run`), writes them into the lock file and says so, and refuses
-only for what it cannot fill.
+A lock made where GitHub or the base image's registry cannot be reached lacks some of them. Each is then a `Missing`
+fact (lockcheck.py; its one remedy: remedies.py): a dry run renders the plan anyway and names it (and what fills it);
+`invoke lock --complete` fills only those, without resolving again; a real build or install fills them itself where it
+can (`lock_for_run`), writes them into the lock file and says so, and refuses only for what it cannot fill.
 """
 
 from __future__ import annotations
@@ -28,7 +27,17 @@ from ...errors import ConfigError, Problem, SlimeforgeError
 from ...schema import WHOLE_RE
 from ..stack import Stack, load_stack
 from .lockcheck import Missing, check_lock, checked_lock, missing_facts
-from .lockfile import DIGEST_RE, SHA256_RE, LockError, LockFile, load_lock, lock_command, lock_ref, read_lock, write_lock
+from .lockfile import (
+    DIGEST_RE,
+    SHA256_RE,
+    LockError,
+    LockFile,
+    load_lock,
+    lock_command,
+    lock_ref,
+    read_lock,
+    write_lock,
+)
 
 ROUTER_LIMIT = 256 << 20  # the router wheel is tens of MB; anything this large is not it
 
@@ -95,7 +104,8 @@ def fill(stack: Stack, lock: LockFile, echo: Callable[[str], None], given: dict[
     try:
         write_lock(lock.path, with_facts(lock, found))
     except OSError as exc:
-        raise LockError(f"{lock.path}: cannot be written ({exc.strerror}), so the facts found ({', '.join(sorted(found))}) "
+        raise LockError(f"{lock.path}: cannot be written ({exc.strerror}), so the facts found "
+                        f"({', '.join(sorted(found))}) "
                         "cannot be recorded; make it writable, or complete the lock where it is") from None
     names = {"base_digest": "the base image's digest", "router_sha256": "the router wheel's sha256"}
     for key, value in found.items():
@@ -123,7 +133,8 @@ def lock_for_run(stack: Stack, dry_run: bool, echo: Callable[[str], None]) -> Lo
             echo(f"warning: {fact.warning(lock.path)}")
     needed = [f for f in left if f.required]
     if needed:
-        raise LockError(f"{lock.path}: cannot build or install without {', '.join(f.what for f in needed)}, and it could not be "
+        raise LockError(f"{lock.path}: cannot build or install without {', '.join(f.what for f in needed)}, and it "
+                        "could not be "
                         "filled from here:\n" + "\n".join(f"  - {f.warning(lock.path)}" for f in needed))
     return lock
 
@@ -143,11 +154,14 @@ def complete(ref: str, echo: Callable[[str], None] = print, base_digest: str | N
     lock = load_lock(ref, stack)
     changed = check_lock(stack, lock, ref)
     if changed:
-        raise LockError(f"{lock.path} cannot be completed: it no longer matches the stack, and --complete resolves nothing; "
+        raise LockError(f"{lock.path} cannot be completed: it no longer matches the stack, and --complete resolves "
+                        "nothing; "
                         f"re-lock with `{lock_command(ref)}`:\n" + "\n".join(f"  - {p}" for p in changed))
     given = {k: v for k, v in (("base_digest", base_digest), ("router_sha256", router_sha256)) if v}
-    recorded = {"base_digest": (lock.tool.get("base") or {}).get("digest"), "router_sha256": (lock.tool.get("router") or {}).get("sha256")}
-    clash = [f"{k}: the lock records {recorded[k]}, given {v}" for k, v in given.items() if recorded[k] and recorded[k] != v]
+    recorded = {"base_digest": (lock.tool.get("base") or {}).get("digest"),
+                "router_sha256": (lock.tool.get("router") or {}).get("sha256")}
+    clash = [f"{k}: the lock records {recorded[k]}, given {v}" for k,
+             v in given.items() if recorded[k] and recorded[k] != v]
     if clash:
         raise LockError(f"{lock.path}: --complete fills only what is missing, and changes nothing recorded:\n"
                         + "\n".join(f"  - {c}" for c in clash))
@@ -181,7 +195,8 @@ def base_image_digest(image: str, echo: Callable[[str], None]) -> str | None:
         api = RegistryAPI(ref.registry, credentials, retry=Retry(attempts=2), echo=echo, timeout=20)
         manifest = api.manifest(ref.repository, ref.tag or "latest")
     except (SlimeforgeError, OSError) as exc:
-        echo(f"  base image {image}: its registry cannot be reached ({str(exc).splitlines()[0]}); the lock records no digest")
+        echo(f"  base image {image}: its registry cannot be reached ({str(exc).splitlines()[0]}); the lock records no "
+             "digest")
         return None
     if manifest is None:
         raise LockError(f"base image {image}: its registry has no such tag")
@@ -213,7 +228,8 @@ def url_sha256(url: str, echo: Callable[[str], None], limit: int = ROUTER_LIMIT)
         with urllib.request.urlopen(url, timeout=60) as resp:  # noqa: S310 - the URL is a pinned https file
             declared = resp.headers.get("Content-Length", "")
             if WHOLE_RE.fullmatch(declared) and int(declared) > limit:
-                raise LockError(f"{url}: {int(declared) >> 20} MiB, larger than {limit >> 20} MiB: not a wheel the lock takes")
+                raise LockError(f"{url}: {int(declared) >> 20} MiB, larger than {limit >> 20} MiB: not a wheel the "
+                                "lock takes")
             while chunk := resp.read(1 << 20):
                 size += len(chunk)
                 if size > limit:

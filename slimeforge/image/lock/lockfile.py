@@ -163,11 +163,14 @@ class LockFile:
 
 LOCK_ACCEPTED = "a lock as `invoke lock` writes it (PEP 751 TOML with [tool.slimeforge])"
 # The type of every field of a lock the code reads (a lock is input: it may have been edited).
-_TOP_TYPES: dict[str, type | tuple[type, ...]] = {"lock-version": str, "created-by": str, "requires-python": str, "packages": list, "tool": dict}
-_PACKAGE_TYPES: dict[str, type | tuple[type, ...]] = {"name": str, "version": str, "index": str, "sdist": dict, "wheels": list}
+_TOP_TYPES: dict[str, type | tuple[type, ...]] = {"lock-version": str, "created-by": str, "requires-python": str,
+                                                  "packages": list, "tool": dict}
+_PACKAGE_TYPES: dict[str, type | tuple[type, ...]] = {"name": str, "version": str, "index": str, "sdist": dict,
+                                                      "wheels": list}
 _FILE_TYPES: dict[str, type | tuple[type, ...]] = {"name": str, "url": str, "size": int, "hashes": dict}
 _TOOL_TYPES: dict[str, type | tuple[type, ...]] = {
-    "schema": int, "flavor": str, "inputs": str, "python": str, "platform": str, "uv": str, "command": str, "indexes": list,
+    "schema": int, "flavor": str, "inputs": str, "python": str, "platform": str, "uv": str, "command": str,
+                                                   "indexes": list,
     "prereleases": list, "base": dict,  # exclude-newer: by its grammar in read_lock
     "router": dict, "sources": dict, "patches": dict, "steps": dict}
 _TOOL_TABLES_OF_TEXT = ("base", "router", "sources", "patches")
@@ -179,7 +182,8 @@ def _typed(doc: dict[str, Any], types: dict[str, type | tuple[type, ...]], at: s
     for key, want in types.items():
         if key in doc and (isinstance(doc[key], bool) or not isinstance(doc[key], want)):
             names = " or ".join(t.__name__ for t in (want if isinstance(want, tuple) else (want,)))
-            out.append(Problem(f"{at}{key}", f"is {type(doc[key]).__name__}, not {names}", doc[key], f"a {names}, as `invoke lock` writes it"))
+            out.append(Problem(f"{at}{key}", f"is {type(doc[key]).__name__}, not {names}", doc[key],
+                               f"a {names}, as `invoke lock` writes it"))
     return out
 
 
@@ -193,28 +197,35 @@ def shape_problems(data: dict[str, Any]) -> list[Problem]:
             problems.append(Problem(f"packages[{i}]", "is not a table", pkg, "[[packages]] tables"))
             continue
         problems += _typed(pkg, _PACKAGE_TYPES, f"packages[{i}].")
-        files = ([pkg["sdist"]] if isinstance(pkg.get("sdist"), dict) else []) + (pkg["wheels"] if isinstance(pkg.get("wheels"), list) else [])
+        files = ([pkg["sdist"]] if isinstance(pkg.get("sdist"),
+                                              dict) else []) + (pkg["wheels"] if isinstance(pkg.get("wheels"),
+                                                                                            list) else [])
         for f in files:
             if not isinstance(f, dict):
-                problems.append(Problem(f"packages[{i}].wheels", "holds something that is not a table", f, "{ name, url, size, hashes }"))
+                problems.append(Problem(f"packages[{i}].wheels", "holds something that is not a table", f,
+                                        "{ name, url, size, hashes }"))
                 continue
             problems += _typed(f, _FILE_TYPES, f"packages[{i}].file.")
             size = f.get("size")
             if isinstance(size, int) and not isinstance(size, bool) and not 0 <= size <= MAX_FILE_SIZE:
-                problems.append(Problem(f"packages[{i}].file.size", "is out of range", size, f"0..{MAX_FILE_SIZE} bytes"))
+                problems.append(Problem(f"packages[{i}].file.size", "is out of range", size,
+                                        f"0..{MAX_FILE_SIZE} bytes"))
             hashes = f.get("hashes")
             if isinstance(hashes, dict) and "sha256" in hashes and not isinstance(hashes["sha256"], str):
-                problems.append(Problem(f"packages[{i}].file.hashes.sha256", "is not text", hashes["sha256"], "64 hex digits"))
+                problems.append(Problem(f"packages[{i}].file.hashes.sha256", "is not text", hashes["sha256"],
+                                        "64 hex digits"))
     tool = data.get("tool", {}).get("slimeforge") if isinstance(data.get("tool"), dict) else None
     if isinstance(tool, dict):
         problems += _typed(tool, _TOOL_TYPES, "tool.slimeforge.")
         for key in _TOOL_TABLES_OF_TEXT:
             table = tool.get(key)
             if isinstance(table, dict):
-                problems += [Problem(f"tool.slimeforge.{key}.{k}", "is not text", v, "text") for k, v in table.items() if not isinstance(v, str)]
+                problems += [Problem(f"tool.slimeforge.{key}.{k}", "is not text", v, "text") for k,
+                             v in table.items() if not isinstance(v, str)]
         for key in ("indexes", "prereleases"):
             if isinstance(tool.get(key), list):
-                problems += [Problem(f"tool.slimeforge.{key}", "holds something that is not text", v, "a list of text") for v in tool[key] if not isinstance(v, str)]
+                problems += [Problem(f"tool.slimeforge.{key}", "holds something that is not text", v,
+                                     "a list of text") for v in tool[key] if not isinstance(v, str)]
         steps = tool.get("steps")
         if isinstance(steps, dict):
             problems += [Problem(f"tool.slimeforge.steps.{k}", "is not a list of package names", v, "a list of names")
@@ -251,7 +262,8 @@ def read_lock(path: Path, stack: Stack | None = None, ref: str | Path | None = N
         files = [("sdist", pkg["sdist"])] if "sdist" in pkg else []
         files += [("wheel", w) for w in pkg.get("wheels", [])]
         if len(files) != 1:
-            problems.append(Problem(f"{at} ({name})", "must hold exactly one file (the one the target installs)", len(files)))
+            problems.append(Problem(f"{at} ({name})", "must hold exactly one file (the one the target installs)",
+                                    len(files)))
             continue
         kind, f = files[0]
         url, sha = str(f.get("url", "")), str((f.get("hashes") or {}).get("sha256", ""))
@@ -273,16 +285,19 @@ def read_lock(path: Path, stack: Stack | None = None, ref: str | Path | None = N
                 problems.append(Problem(f"tool.slimeforge.steps.{step}", "names a package the lock does not hold", n))
     flavor = tool.get("flavor", "")
     if flavor and not FLAVOR_RE.fullmatch(flavor):  # it goes into hints (`invoke lock --cuda FLAVOR`): only a name
-        problems.append(Problem("tool.slimeforge.flavor", "is not a flavor name", flavor, "letters, digits, '.', '_' and '-', such as cu13"))
+        problems.append(Problem("tool.slimeforge.flavor", "is not a flavor name", flavor,
+                                "letters, digits, '.', '_' and '-', such as cu13"))
     digest = (tool.get("base") or {}).get("digest", "")
     if digest and not DIGEST_RE.fullmatch(digest):
         problems.append(Problem("tool.slimeforge.base.digest", "is not a digest", digest, "sha256:<64 hex> or empty"))
     cutoff = tool.get("exclude-newer", "")
     if cutoff and not (isinstance(cutoff, str) and CUTOFF_RE.fullmatch(cutoff)):
-        problems.append(Problem("tool.slimeforge.exclude-newer", "is not a cutoff", cutoff, "YYYY-MM-DDTHH:MM:SSZ (UTC) or empty"))
+        problems.append(Problem("tool.slimeforge.exclude-newer", "is not a cutoff", cutoff,
+                                "YYYY-MM-DDTHH:MM:SSZ (UTC) or empty"))
     router = tool.get("router") or {}
     if router.get("url") and not URL_RE.fullmatch(router["url"]):
-        problems.append(Problem("tool.slimeforge.router.url", "is not an http(s)/file URL without spaces or quotes", router["url"]))
+        problems.append(Problem("tool.slimeforge.router.url", "is not an http(s)/file URL without spaces or quotes",
+                                router["url"]))
     if router.get("sha256") and not SHA256_RE.fullmatch(router["sha256"]):
         problems.append(Problem("tool.slimeforge.router.sha256", "is not a sha256", router["sha256"]))
     if problems:

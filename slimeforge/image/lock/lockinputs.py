@@ -62,7 +62,8 @@ def inputs(stack: Stack) -> Inputs:
             try:
                 Requirement(r)
             except InvalidRequirement as exc:
-                bad.append(Problem(f"steps ({step.name})", f"is not a requirement: {exc}", r, "name[extras]<specifier>"))
+                bad.append(Problem(f"steps ({step.name})", f"is not a requirement: {exc}", r,
+                                   "name[extras]<specifier>"))
         if bad:
             raise ConfigError(f"stack {stack.name}", bad)
         reqs += [r for r in names if r not in reqs]
@@ -77,5 +78,6 @@ def inputs(stack: Stack) -> Inputs:
         src = stack.patches.from_source
         patches = [f"{src}@{stack.sources[src].commit}:{stack.patches.dir}/{p.file}" for p in stack.used_patches()]
     return Inputs(reqs, overrides, indexes, stack.python, stack.uv_platform, by_step, sorted(set(from_source)),
-                  stack.router.wheel if stack.router else None, {n: s.commit for n, s in stack.sources.items()}, stack.base.image,
+                  stack.router.wheel if stack.router else None, {n: s.commit for n, s in stack.sources.items()},
+                  stack.base.image,
                   patches)

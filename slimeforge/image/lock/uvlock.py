@@ -51,9 +51,11 @@ from .lockfile import (
 from .lockinputs import Inputs, inputs
 
 PYPI = "https://pypi.org/simple"
-PINNED_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}==[0-9A-Za-z.+!_-]{1,64}")  # an allowed pre-release, name==version
+# an allowed pre-release, name==version
+PINNED_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}==[0-9A-Za-z.+!_-]{1,64}")
 # uv's hint when a dependency pins an exact pre-release that the resolver was not told about.
-PRERELEASE_HINT_RE = re.compile(r"`([A-Za-z0-9._-]+)` was requested with a pre-release marker \(e\.g\., ([A-Za-z0-9._-]+)==([A-Za-z0-9.+!_-]+)\)")
+PRERELEASE_HINT_RE = re.compile(r"`([A-Za-z0-9._-]+)` was requested with a pre-release marker \(e\.g\., "
+                                r"([A-Za-z0-9._-]+)==([A-Za-z0-9.+!_-]+)\)")
 
 
 # --- the target and its files -----------------------------------------------------------------
@@ -66,8 +68,10 @@ def target_tags(stack: Stack) -> list[Tag]:
     glibc_minor = int(stack.base.glibc.split(".")[1])
     platforms = [f"manylinux_2_{m}_x86_64" for m in range(glibc_minor, 4, -1)]
     legacy = {17: "manylinux2014_x86_64", 12: "manylinux2010_x86_64", 5: "manylinux1_x86_64"}
-    platforms = [p for m, p0 in zip(range(glibc_minor, 4, -1), platforms, strict=True) for p in (p0, legacy.get(m)) if p]
-    return [*cpython_tags((major, minor), platforms=platforms), *compatible_tags((major, minor), f"cp{major}{minor}", platforms)]
+    platforms = [p for m, p0 in zip(range(glibc_minor, 4, -1), platforms, strict=True) for p in (p0,
+                                                                                                 legacy.get(m)) if p]
+    return [*cpython_tags((major, minor), platforms=platforms), *compatible_tags((major, minor), f"cp{major}{minor}",
+                                                                                 platforms)]
 
 
 def pick_file(pkg: dict[str, Any], tags: list[Tag], from_source: bool) -> dict[str, Any] | None:
@@ -96,7 +100,8 @@ def pick_file(pkg: dict[str, Any], tags: list[Tag], from_source: bool) -> dict[s
 def _file(entry: dict[str, Any]) -> dict[str, Any]:
     url = entry.get("url") or ""
     name = entry.get("name") or urllib.parse.unquote(url.rsplit("/", 1)[-1].split("#")[0])
-    return {"name": name, "url": url, "size": entry.get("size"), "sha256": (entry.get("hashes") or {}).get("sha256", "")}
+    return {"name": name, "url": url, "size": entry.get("size"), "sha256": (entry.get("hashes") or {}).get("sha256",
+                                                                                                           "")}
 
 
 # --- resolving --------------------------------------------------------------------------------
@@ -199,7 +204,8 @@ def resolve(opts: LockOptions) -> LockWritten:
             (work / "resolved.txt").write_text("".join(f"{n}=={p.version}\n" for n, p in previous.packages.items()))
         # The exact pre-releases the previous lock allowed, where its versions are preferred: they are
         # among them, and uv would no longer name them in a hint.
-        prereleases: list[str] = [p for p in previous.tool.get("prereleases") or [] if isinstance(p, str) and PINNED_RE.fullmatch(p)] \
+        prereleases: list[str] = [p for p in previous.tool.get("prereleases") or [] if isinstance(p, str)
+                                  and PINNED_RE.fullmatch(p)] \
             if previous and reused else []
         run = _Resolution(stack, inp, uv, work, opts, reused)
         versions, graph, prereleases, cutoff = run.versions(prereleases, cutoff)
@@ -207,9 +213,12 @@ def resolve(opts: LockOptions) -> LockWritten:
         pylock = run.hashes(versions, cutoff)
     echo("[3/3] base image digest, router wheel, steps ...")
     base_digest, router, patches = _outside_facts(stack, inp, opts, previous, local)
-    write_lock(out, render_lock(build_lock(stack, inp, pylock, graph, prereleases, base_digest, router, patches, cutoff)))
-    summary: LockWritten = {**summarize(read_lock(out, stack), stack), "path": str(out), "seconds": round(time.monotonic() - started, 1)}
-    echo(f"wrote {out}: {summary['packages']} distributions ({summary['packages'] - summary['named_by_stack']} of them named by no pin "
+    write_lock(out, render_lock(build_lock(stack, inp, pylock, graph, prereleases, base_digest, router, patches,
+                                           cutoff)))
+    summary: LockWritten = {**summarize(read_lock(out, stack), stack), "path": str(out),
+                            "seconds": round(time.monotonic() - started, 1)}
+    echo(f"wrote {out}: {summary['packages']} distributions ({summary['packages'] - summary['named_by_stack']} of "
+         "them named by no pin "
          f"of the stack), each fixed at one file by URL and sha256; {summary['bytes'] / 1e9:.2f} GB to download")
     for warn in summary["warnings"]:
         echo(f"  warning: {warn}")
@@ -257,7 +266,9 @@ class _Resolution:
             (work / "prereleases.txt").write_text("".join(f"{p}\n" for p in prereleases))
             echo(f"[1/3] resolving (round {attempt}) ...")
             argv = [self.uv, "pip", "compile", "-v", *self.common(cutoff), "--annotation-style", "line",
-                    "--override", str(work / "overrides.txt"), *(["--constraint", str(work / "prereleases.txt")] if prereleases else []),
+                    "--override", str(work / "overrides.txt"), *(["--constraint",
+                                                                  str(work / "prereleases.txt")] if prereleases
+                                                                 else []),
                     str(work / "in.txt"), "-o", str(work / "resolved.txt")]
             rc, text = _stream_uv(self.opts.runner, argv, echo)
             if rc == 0:
@@ -266,7 +277,8 @@ class _Resolution:
             unreachable = re.search(r"Failed to fetch: `(https?://[^/`]+)[^`]*`", text)
             if unreachable and re.search(r"dns error|client error \(Connect\)|timed out", text):
                 raise LockError(f"lock {name}: the index {unreachable.group(1)} cannot be reached from here; run "
-                                f"`{lock_command(stack_ref(self.stack))}` where it can be, and commit {lock_path(self.stack)}")
+                                f"`{lock_command(stack_ref(self.stack))}` where it can be, and commit "
+                                f"{lock_path(self.stack)}")
             # An exact pre-release pinned by a dependency (sglang: flash-attn-4==4.0.0b15) is allowed,
             # that one version only.
             hints = [f"{m.group(2)}=={m.group(3)}" for m in PRERELEASE_HINT_RE.finditer(text.replace("\n      ", " "))
@@ -290,7 +302,8 @@ class _Resolution:
         self.opts.echo("[2/3] file hashes ...")
         pins = self.work / "pins.txt"
         pins.write_text("".join(f"{n}=={v}\n" for n, v in sorted(versions.items())))
-        argv = [self.uv, "pip", "compile", "--quiet", *self.common(cutoff), "--no-deps", "--format", "pylock.toml", "--generate-hashes",
+        argv = [self.uv, "pip", "compile", "--quiet", *self.common(cutoff), "--no-deps", "--format", "pylock.toml",
+                "--generate-hashes",
                 str(pins), "-o", str(self.work / "pylock.all.toml")]
         rc, text = _stream_uv(self.opts.runner, argv, self.opts.echo)
         if rc != 0:
@@ -312,7 +325,9 @@ def _outside_facts(stack: Stack, inp: Inputs, opts: LockOptions, previous: LockF
         router = {"url": inp.router, "sha256": opts.router_sha256 or (kept.get("router") or {}).get("sha256")
                   or url_sha256(inp.router, echo)}
     patches = patch_hashes(stack, local, echo)
-    recorded = {f: sha for f, sha in (kept.get("patches") or {}).items() if isinstance(sha, str) and SHA256_RE.fullmatch(sha)}
+    recorded = {f: sha for f, sha in (kept.get("patches") or {}).items() if isinstance(sha,
+                                                                                       str)
+                and SHA256_RE.fullmatch(sha)}
     if patches is None and recorded:
         echo("  patches: the previous lock's sha256 kept (the same patch files at the same commit)")
         patches = recorded
@@ -321,7 +336,8 @@ def _outside_facts(stack: Stack, inp: Inputs, opts: LockOptions, previous: LockF
 
 def _missing_dates(text: str, n: int = 3) -> str:
     lines = [line for line in text.splitlines() if "is missing an upload date" in line]
-    return "\n".join(f"    {line}" for line in lines[:n]) + (f"\n    ... ({len(lines) - n} more)" if len(lines) > n else "")
+    return "\n".join(f"    {line}" for line in lines[:n]) + (f"\n    ... ({len(lines) - n} "
+                                                             "more)" if len(lines) > n else "")
 
 
 def _tail(text: str, n: int = 25) -> str:
@@ -383,11 +399,13 @@ def build_lock(stack: Stack, inp: Inputs, pylock: dict[str, Any], graph: dict[st
         if pkg.get("index"):
             entry["index"] = pkg["index"]
         key = "sdist" if chosen["kind"] == "sdist" else "wheels"
-        f = {"name": chosen["name"], "url": chosen["url"], "size": chosen["size"], "hashes": {"sha256": chosen["sha256"]}}
+        f = {"name": chosen["name"], "url": chosen["url"], "size": chosen["size"],
+             "hashes": {"sha256": chosen["sha256"]}}
         entry[key] = f if key == "sdist" else [f]
         packages.append(entry)
     if missing:
-        raise LockError(f"lock {stack.name}: no file for {inp.platform} / CPython {inp.python} with a sha256: {missing}")
+        raise LockError(f"lock {stack.name}: no file for {inp.platform} / CPython {inp.python} with a sha256: "
+                        f"{missing}")
     steps = step_slices(inp.by_step, graph, {p["name"] for p in packages})
     tool = {
         "schema": SCHEMA,

@@ -67,7 +67,8 @@ class LayerFigures:
 
     def to_json(self) -> dict[str, object]:
         return {"diff_id": self.diff_id, "digest": self.digest, "size": self.size, "uncompressed": self.uncompressed,
-                "compress_s": round(self.compress_s, 3), "upload_s": None if self.upload_s is None else round(self.upload_s, 3)}
+                "compress_s": round(self.compress_s, 3),
+                "upload_s": None if self.upload_s is None else round(self.upload_s, 3)}
 
 
 @dataclass
@@ -184,10 +185,10 @@ def _read_save(chunks: Iterable[bytes], workdir: Path, level: int) -> tuple[dict
 
 
 def read_image(docker, image_id: str, workdir: Path, level: int) -> tuple[bytes, list[_Blob]]:
-    """`docker save` of `image_id`: its config and its layers, each checked against the config and
-    compressed (`_read_save`, `_image_parts`). A stream that is not a tar, is cut short, or fails midway (the Engine, the
-    connection to it, the disk the compressed layers go to) is a LayerPushError naming the image and
-    the step, before anything is uploaded: the whole archive is read and checked first."""
+    """`docker save` of `image_id`: its config and its layers, each checked against the config and compressed
+    (`_read_save`, `_image_parts`). A stream that is not a tar, is cut short, or fails midway (the Engine, the
+    connection to it, the disk the compressed layers go to) is a LayerPushError naming the image and the step, before
+    anything is uploaded: the whole archive is read and checked first."""
     import requests
     import urllib3
     import zstandard
@@ -203,15 +204,19 @@ def read_image(docker, image_id: str, workdir: Path, level: int) -> tuple[bytes,
     except LayerPushError as exc:
         raise LayerPushError(f"{step}: {str(exc).removeprefix('docker save: ')}; nothing was pushed") from None
     except (tarfile.TarError, EOFError) as exc:
-        raise LayerPushError(f"{step}: the Docker Engine's stream is not a whole tar archive ({printable(str(exc))[:200]}); "
+        raise LayerPushError(f"{step}: the Docker Engine's stream is not a whole tar archive "
+                             f"({printable(str(exc))[:200]}); "
                              "nothing was pushed: check `docker save` of it works here, then publish again") from None
     except (DockerException, requests.RequestException, urllib3.exceptions.HTTPError, ConnectionError) as exc:
-        raise LayerPushError(f"{step}: the Docker Engine failed midway ({type(exc).__name__}: {printable(str(exc))[:300]}); "
+        raise LayerPushError(f"{step}: the Docker Engine failed midway ({type(exc).__name__}: "
+                             f"{printable(str(exc))[:300]}); "
                              "nothing was pushed: publish again once `docker info` answers") from None
     except zstandard.ZstdError as exc:
-        raise LayerPushError(f"{step}: compressing a layer failed ({printable(str(exc))[:200]}); nothing was pushed") from None
+        raise LayerPushError(f"{step}: compressing a layer failed ({printable(str(exc))[:200]}); nothing was "
+                             "pushed") from None
     except OSError as exc:
-        raise LayerPushError(f"{step}: cannot write the compressed layers to {workdir} ({exc.strerror or exc}); nothing was pushed: "
+        raise LayerPushError(f"{step}: cannot write the compressed layers to {workdir} ({exc.strerror or exc}); "
+                             "nothing was pushed: "
                              "free space there (or set TMPDIR), then publish again") from None
 
 
@@ -246,7 +251,8 @@ def _image_parts(blobs: dict[str, _Blob], links: dict[str, str], image_id: str) 
         raise LayerPushError("docker save: manifest.json does not describe exactly one image")
     entry = entries[0]
     config_name, layer_names = entry.get("Config"), entry.get("Layers")
-    if not isinstance(config_name, str) or not isinstance(layer_names, list) or not all(isinstance(n, str) for n in layer_names):
+    if not isinstance(config_name, str) or not isinstance(layer_names, list) or not all(isinstance(n, str) for n
+                                                                                        in layer_names):
         raise LayerPushError("docker save: manifest.json lacks Config or Layers")
     config_blob = _resolve(config_name, blobs, links)
     if config_blob.data is None:
@@ -256,14 +262,16 @@ def _image_parts(blobs: dict[str, _Blob], links: dict[str, str], image_id: str) 
     try:
         diff_ids = json.loads(config_blob.data)["rootfs"]["diff_ids"]
     except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        raise LayerPushError(f"docker save: the image config has no rootfs.diff_ids ({printable(str(exc))[:200]})") from None
+        raise LayerPushError("docker save: the image config has no rootfs.diff_ids "
+                             f"({printable(str(exc))[:200]})") from None
     if not isinstance(diff_ids, list) or len(diff_ids) != len(layer_names):
         raise LayerPushError(f"docker save: {len(layer_names)} layers, but the config lists {diff_ids!r:.200}")
     layers = []
     for i, (name, diff_id) in enumerate(zip(layer_names, diff_ids, strict=True)):
         blob = _resolve(name, blobs, links)
         if not (isinstance(diff_id, str) and _DIGEST_RE.fullmatch(diff_id)) or blob.sha256 != diff_id:
-            raise LayerPushError(f"docker save: layer {i + 1} ({name}) has sha256 {blob.sha256}, but the config says {diff_id!r}")
+            raise LayerPushError(f"docker save: layer {i + 1} ({name}) has sha256 {blob.sha256}, but the config says "
+                                 f"{diff_id!r}")
         layers.append(blob)
     return config_blob.data, layers
 
@@ -289,7 +297,8 @@ def push(docker, image_id: str, api: RegistryAPI, repository: str, tags: list[st
                              "(gzip is the Docker Engine's own push)")
     result = PushResult()
     with tempfile.TemporaryDirectory(prefix="sf-layerpush-", dir=workdir) as tmp:
-        echo(f"reading image {image_id[:19]} from the Docker Engine and compressing its layers ({compression} level {level})")
+        echo(f"reading image {image_id[:19]} from the Docker Engine and compressing its layers ({compression} level "
+             f"{level})")
         config, layers = read_image(docker, image_id, Path(tmp), level)
         descriptors = []
         for i, blob in enumerate(layers, 1):
@@ -305,7 +314,8 @@ def push(docker, image_id: str, api: RegistryAPI, repository: str, tags: list[st
                      f"({_mb(blob.size)} uncompressed)")
             result.layers.append(LayerFigures(blob.sha256, blob.compressed_sha256, blob.compressed_size, blob.size,
                                               blob.compress_s, upload_s))
-            descriptors.append({"mediaType": LAYER_TYPES[compression], "digest": blob.compressed_sha256, "size": blob.compressed_size})
+            descriptors.append({"mediaType": LAYER_TYPES[compression], "digest": blob.compressed_sha256,
+                                "size": blob.compressed_size})
         if not api.has_blob(repository, image_id, len(config)):
             with tempfile.NamedTemporaryFile(dir=tmp, delete=False) as fh:
                 fh.write(config)

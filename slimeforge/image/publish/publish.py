@@ -116,20 +116,24 @@ def plan(opts: PublishOptions, environ: Mapping[str, str] = os.environ, build_ro
         problems.append(Problem("--record", "only applies with --image; a build's record goes into its build directory "
                                 "(publish.json)", opts.record))
     if opts.record and (why := output_problem(opts.record)):
-        problems.append(Problem("--record", why, opts.record, "a new file in an existing directory, or a regular file to replace"))
+        problems.append(Problem("--record", why, opts.record,
+                                "a new file in an existing directory, or a regular file to replace"))
     if opts.cuda and opts.tags:
         problems.append(Problem("--tag", "only applies with --image; a build is pushed with its content-addressed "
                                 "and human tags", opts.tags))
     if not (isinstance(opts.compression, str) and COMPRESSION_RE.fullmatch(opts.compression)):
         problems.append(Problem("--compression", "is not a layer compression slimeforge pushes", opts.compression,
-                                " or ".join(COMPRESSIONS) + " (gzip: every runtime reads it; zstd: docs/publish.md says which do)"))
+                                " or ".join(COMPRESSIONS) + " (gzip: every runtime reads it; zstd: docs/publish.md "
+                                                            "says which do)"))
     for tag in opts.tags:
         if not TAG_RE.fullmatch(tag):
-            problems.append(Problem("--tag", "is not a valid tag", tag, "letters, digits, _ . -, at most 128 characters"))
+            problems.append(Problem("--tag", "is not a valid tag", tag,
+                                    "letters, digits, _ . -, at most 128 characters"))
 
     registry, repository = None, None
     if not opts.registry:
-        problems.append(Problem("--registry", "is required", None, "REGISTRY[/REPOSITORY], e.g. registry.example.com:5000/team/slime "
+        problems.append(Problem("--registry", "is required", None,
+                                "REGISTRY[/REPOSITORY], e.g. registry.example.com:5000/team/slime "
                                 "or 123456789012.dkr.ecr.us-east-1.amazonaws.com/slime"))
     else:
         registry, repository = _destination(opts.registry, problems)
@@ -137,13 +141,15 @@ def plan(opts: PublishOptions, environ: Mapping[str, str] = os.environ, build_ro
 
     password_from = None
     if opts.password_stdin and opts.password_env:
-        problems.append(Problem("--password-stdin/--password-env", "give one password source, not both", None, show_value=False))
+        problems.append(Problem("--password-stdin/--password-env", "give one password source, not both", None,
+                                show_value=False))
     elif opts.password_stdin:
         password_from = "stdin"
     elif opts.password_env:
         password_from = f"env:{opts.password_env}"
         if not environ.get(opts.password_env):
-            problems.append(Problem("--password-env", "names an environment variable that is not set or empty", opts.password_env))
+            problems.append(Problem("--password-env", "names an environment variable that is not set or empty",
+                                    opts.password_env))
     if opts.username and not password_from:
         problems.append(Problem("--username", "needs a password: --password-stdin (piped in) or --password-env NAME "
                                 "(never on the command line)", opts.username))
@@ -170,13 +176,15 @@ def plan(opts: PublishOptions, environ: Mapping[str, str] = os.environ, build_ro
 
 def _destination(text: str, problems: list[Problem]) -> tuple[str | None, str | None]:
     """`REGISTRY` or `REGISTRY/REPOSITORY`; a bare registry takes the source's repository name."""
-    where, accepted = "--registry", "REGISTRY[/REPOSITORY] without a tag or digest, e.g. registry.example.com:5000/team/slime"
+    where, accepted = "--registry", ("REGISTRY[/REPOSITORY] without a tag or digest, e.g. "
+                                    "registry.example.com:5000/team/slime")
     if "://" in text:
         problems.append(Problem(where, "give a host, not a URL", text, accepted))
         return None, None
     if "/" not in text:
         if not (("." in text or ":" in text or text == "localhost") and DOMAIN_RE.fullmatch(text)):
-            problems.append(Problem(where, "is not a registry host (a host has a dot or a port, or is localhost)", text, accepted))
+            problems.append(Problem(where, "is not a registry host (a host has a dot or a port, or is localhost)",
+                                    text, accepted))
             return None, None
         return text, None
     host, _ = split_registry(text)
@@ -187,7 +195,8 @@ def _destination(text: str, problems: list[Problem]) -> tuple[str | None, str | 
         return None, None
     ref = parse_image_ref(name, where)
     if ref.tag or ref.digest:
-        problems.append(Problem(where, "names a tag or digest; tags come from the build (or --tag with --image)", text, accepted))
+        problems.append(Problem(where, "names a tag or digest; tags come from the build (or --tag with --image)", text,
+                                accepted))
         return None, None
     return ref.registry, ref.repository
 
@@ -197,7 +206,9 @@ def _ecr_target(opts: PublishOptions, registry: str | None, problems: list[Probl
     if not ecr_registry:
         for name, value in (("--ecr-endpoint", opts.ecr_endpoint), ("--ecr-push-host", opts.ecr_push_host)):
             if value:
-                problems.append(Problem(name, "only applies to an ECR registry (<account>.dkr.ecr.<region>.amazonaws.com)", value))
+                problems.append(Problem(name,
+                                        "only applies to an ECR registry "
+                                        "(<account>.dkr.ecr.<region>.amazonaws.com)", value))
         return None
     if opts.ecr_endpoint and not re.fullmatch(r"https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?/?", opts.ecr_endpoint):
         problems.append(Problem("--ecr-endpoint", "is not an http(s) URL", opts.ecr_endpoint, "e.g. http://127.0.0.1:5000"))
@@ -236,11 +247,13 @@ def _build_source(flavor: str, build_dir: Path | None, build_root: Path, problem
         return None
     bad = [k for k, kind in REPORT_KEYS.items() if not isinstance(report.get(k), kind)]
     if bad:
-        problems.append(Problem(str(report_path), f"lacks {', '.join(bad)} (a build report has tag, human_tags, image_id)",
+        problems.append(Problem(str(report_path),
+                                f"lacks {', '.join(bad)} (a build report has tag, human_tags, image_id)",
                                 {k: report.get(k) for k in bad}))
         return None
     if not (found / LOCK).is_file():
-        problems.append(Problem(str(found / LOCK), f"is missing: a complete build writes it beside {REPORT}", None, show_value=False))
+        problems.append(Problem(str(found / LOCK), f"is missing: a complete build writes it beside {REPORT}", None,
+                                show_value=False))
     tags = []
     for key, ref_text in [("tag", report["tag"])] + [("human_tags", h) for h in report["human_tags"]]:
         found_problems = image_ref_problems(ref_text, f"{report_path}: {key}")
@@ -253,13 +266,15 @@ def _build_source(flavor: str, build_dir: Path | None, build_root: Path, problem
                 tags.append(ref.tag)
     if problems:
         return None
-    return LocalImage(report["tag"], _local_repository(parse_image_ref(report["tag"])), tags, report["image_id"], found, flavor)
+    return LocalImage(report["tag"], _local_repository(parse_image_ref(report["tag"])), tags, report["image_id"],
+                      found, flavor)
 
 
 def _image_source(text: str, extra_tags: list[str], problems: list[Problem]) -> LocalImage | None:
     if _IMAGE_ID_RE.fullmatch(text):  # an image ID names no repository and no tag
         if not extra_tags:
-            problems.append(Problem("--tag", "is required when --image is an image ID (give at least one tag to push)", text))
+            problems.append(Problem("--tag", "is required when --image is an image ID (give at least one tag to push)",
+                                    text))
         return LocalImage(text, "", list(extra_tags))
     found = image_ref_problems(text, "--image")
     if found:
@@ -288,13 +303,15 @@ def describe(p: Plan) -> list[str]:
         endpoint = p.ecr.endpoint or os.environ.get("AWS_ENDPOINT_URL_ECR") or "the AWS default"
         mut = "immutable" if p.ecr.settings.tag_immutability else "mutable"
         lines += [f"  ECR account {p.ecr.registry.account}, region {p.ecr.registry.region}, API {endpoint}",
-                  f"  create the repository if missing: tags {mut}, scan on push {'on' if p.ecr.settings.scan_on_push else 'off'}",
+                  f"  create the repository if missing: tags {mut}, scan on push "
+                  f"{'on' if p.ecr.settings.scan_on_push else 'off'}",
                   f"  credentials: an ECR authorization token; push to {p.ecr.push_host or 'its proxy endpoint'}"]
     elif p.username:
         lines.append(f"  credentials: user {p.username!r}, password from {p.password_from}")
     else:
         lines.append(f"  credentials: the docker config (and its credential helpers) for {p.registry}")
-    lines.append(f"  layers compressed with {p.compression}" + (" by slimeforge (docker save, then an OCI manifest)" if p.compression != "gzip"
+    lines.append(f"  layers compressed with {p.compression}" + (" by slimeforge (docker save, then an OCI "
+                                                                "manifest)" if p.compression != "gzip"
                                                                    else " by the Docker Engine's push"))
     lines.append(f"  skip tags that already point at this image ({p.compression} layers); push the others; "
                  "verify each tag's digest at the registry")
@@ -317,7 +334,8 @@ def read_credentials(p: Plan, stdin: IO[str], environ: Mapping[str, str] = os.en
         else:
             password = stdin.read().rstrip("\r\n")
         if not password:
-            raise ConfigError("invoke publish", [Problem("--password-stdin", "read an empty password from stdin", None, show_value=False)])
+            raise ConfigError("invoke publish", [Problem("--password-stdin", "read an empty password from stdin", None,
+                                                         show_value=False)])
         return Credentials(p.username, password, "--password-stdin")
     name = p.password_from.removeprefix("env:")
     return Credentials(p.username, environ[name], f"--password-env {name}")
@@ -346,11 +364,13 @@ def publish(
     to_push = [t for t in p.source.tags if t not in current]
     pushed: dict[str, str] = {}
     if not to_push:
-        echo(f"{p.registry}/{p.repository}: tags {', '.join(p.source.tags)} already hold image {image_id}; nothing to push")
+        echo(f"{p.registry}/{p.repository}: tags {', '.join(p.source.tags)} already hold image {image_id}; nothing to "
+             "push")
     elif p.compression != "gzip":
         from . import layerpush
 
-        pushed = layerpush.push(docker, image_id, dest.api, p.repository, to_push, compression=p.compression, echo=echo).manifests
+        pushed = layerpush.push(docker, image_id, dest.api, p.repository, to_push, compression=p.compression,
+                                echo=echo).manifests
     for tag in to_push if p.compression == "gzip" else []:
         target = ImageRef(dest.push_host, p.repository, tag)
         docker.api.tag(image_id, target.name, tag)
@@ -404,7 +424,8 @@ def _connect(p: Plan, credentials: Credentials | None, docker, echo: Callable[[s
         push_host = p.registry
         credentials = credentials or docker_config_credentials(p.registry)
     # Plain HTTP only where the daemon that pushes would use it (loopback, its insecure-registries).
-    api = RegistryAPI(push_host, credentials, certs_dir=certs_dir, retry=retry, echo=echo, insecure=daemon_insecure_registries(docker))
+    api = RegistryAPI(push_host, credentials, certs_dir=certs_dir, retry=retry, echo=echo,
+                      insecure=daemon_insecure_registries(docker))
     return _Destination(push_host, credentials, api, ecr_client, repo_info)
 
 
@@ -417,7 +438,8 @@ def _current_tags(p: Plan, dest: _Destination, image_id: str, echo: Callable[[st
         remote = {t: m for t in p.source.tags if (m := dest.api.manifest(p.repository, t))}
     # A tag holds this image as asked when its config is this image and its layers do not have
     # another known compression (a gzip manifest of the same image is pushed over by a zstd publish, and back).
-    current = {t: m for t, m in remote.items() if m.config_digest == image_id and m.layer_compression in (None, p.compression)}
+    current = {t: m for t, m in remote.items() if m.config_digest == image_id and m.layer_compression in (None,
+                                                                                                          p.compression)}
     moving = {t: m for t, m in remote.items() if t not in current}
     if dest.repo_info is not None:
         refused = [t for t in moving if ecr_api.tag_is_immutable(dest.repo_info, t)]
@@ -436,7 +458,8 @@ def _verified(p: Plan, dest: _Destination, pushed: dict[str, str], image_id: str
         seen = dest.api.manifest(p.repository, tag)
         if seen is None or seen.digest != digest or seen.config_digest != image_id:
             reported = f"{seen.digest} (image {seen.config_digest})" if seen else "no manifest"
-            raise PushFailed(f"{dest.push_host}/{p.repository}:{tag}: pushed {digest} (image {image_id}) but the registry "
+            raise PushFailed(f"{dest.push_host}/{p.repository}:{tag}: pushed {digest} (image {image_id}) but the "
+                             "registry "
                              f"reports {reported}; nothing was recorded")
         if dest.ecr_client and p.ecr and dest.push_host == p.ecr.registry.host:  # a test's split setup pushes elsewhere
             ecr_api.confirm_digest(dest.ecr_client, p.ecr.registry, p.repository, tag, digest)
@@ -460,12 +483,15 @@ def _local_image_id(docker, source: LocalImage) -> str:
         hint = f"run invoke build --cuda {source.flavor} first" if source.flavor else "see `docker images`"
         raise PublishError(f"{source.image}: no such local image; {hint}") from None
     except (DockerException, RequestException) as exc:
-        raise dockerapi.EngineUnavailable(f"docker engine: inspecting {source.image} failed: {printable(str(exc))[:300]}") from None
+        raise dockerapi.EngineUnavailable(f"docker engine: inspecting {source.image} failed: "
+                                          f"{printable(str(exc))[:300]}") from None
     if not (isinstance(image_id, str) and _DIGEST_RE.fullmatch(image_id)):
-        raise PushFailed(f"{source.image}: the Docker Engine names its image {printable(repr(image_id))[:100]}, not sha256:<64 hex>")
+        raise PushFailed(f"{source.image}: the Docker Engine names its image {printable(repr(image_id))[:100]}, not "
+                         "sha256:<64 hex>")
     if source.image_id and image_id != source.image_id:
         raise PublishError(f"{source.image} is now image {image_id}, but {source.build_dir}/{REPORT} says "
-                           f"{source.image_id}: the tag moved after that build; rebuild (invoke build --cuda {source.flavor}) "
+                           f"{source.image_id}: the tag moved after that build; rebuild (invoke build --cuda "
+                           f"{source.flavor}) "
                            "or publish the image you mean with --image")
     return image_id
 
@@ -473,7 +499,8 @@ def _local_image_id(docker, source: LocalImage) -> str:
 def _immutable_message(p: Plan, refused: list[str], moving: dict[str, RemoteManifest], image_id: str) -> str:
     where = f"ECR repository {p.ecr.registry.host if p.ecr else p.registry}/{p.repository}"
     lines = [f"{where}: refusing to move immutable tag(s); nothing was pushed:"]
-    lines += [f"  - {t} already points at {moving[t].digest} (image {moving[t].config_digest}), not at this image {image_id}"
+    lines += [f"  - {t} already points at {moving[t].digest} (image {moving[t].config_digest}), not at this image "
+              f"{image_id}"
               for t in refused]
     lines.append("  publish under a new tag (a changed build gets a new content-addressed tag; --tag with --image), "
                  "or, if moving it is intended, make the repository's tags mutable: "
@@ -509,7 +536,9 @@ def _record(p: Plan, record: dict, echo: Callable[[str], None]) -> None:
     if files or {k: old.get(k) for k in same} != same:
         files = {RECORD: json.dumps(record, indent=2) + "\n", **files}
         write_dir(src.build_dir, files, last=REPORT if REPORT in files else None)
-        echo(f"recorded {src.build_dir / RECORD}" + (f" (and {', '.join(n for n in files if n != RECORD)})" if len(files) > 1 else ""))
+        echo(f"recorded {src.build_dir / RECORD}" + (" (and "
+                                                     f"{', '.join(n for n in files if n != RECORD)})"
+                                                     if len(files) > 1 else ""))
 
 
 def _read_json(path: Path) -> dict:

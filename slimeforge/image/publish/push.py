@@ -29,7 +29,8 @@ class PushFailed(PublishError, OperationFailed):
     """The push itself failed, or the registry does not hold what was pushed (exit 1)."""
 
 
-def push_tag(docker, target: ImageRef, credentials: Credentials | None, echo: Callable[[str], None], retry: Retry) -> str:
+def push_tag(docker, target: ImageRef, credentials: Credentials | None, echo: Callable[[str], None],
+             retry: Retry) -> str:
     """Push one tag through the Docker Engine, streaming per-layer progress; return its digest."""
     from docker.errors import APIError
     from requests.exceptions import ConnectionError as DaemonConnectionError
@@ -43,9 +44,11 @@ def push_tag(docker, target: ImageRef, credentials: Credentials | None, echo: Ca
         progress, digest = LayerProgress(echo), None
         try:
             for event in docker.api.push(target.name, tag=target.tag, stream=True, decode=True, auth_config=auth):
-                # The Engine's progress stream, read as input: an object per event, its fields of the types it documents.
+                # The Engine's progress stream, read as input: an object per event, its fields of the types it
+                # documents.
                 if not isinstance(event, dict):
-                    raise PushFailed(f"push {target}: the Docker Engine sent {printable(repr(event))[:200]}, not a progress event")
+                    raise PushFailed(f"push {target}: the Docker Engine sent {printable(repr(event))[:200]}, not a "
+                                     "progress event")
                 if "error" in event or "errorDetail" in event:
                     detail = event.get("errorDetail")
                     message = detail.get("message") if isinstance(detail, dict) else None
@@ -55,7 +58,8 @@ def push_tag(docker, target: ImageRef, credentials: Credentials | None, echo: Ca
                 said = aux.get("Digest") if isinstance(aux, dict) else None
                 if said is not None:
                     if not (isinstance(said, str) and _DIGEST_RE.fullmatch(said)):
-                        raise PushFailed(f"push {target}: the Docker Engine reported the digest {printable(repr(said))[:100]}, "
+                        raise PushFailed(f"push {target}: the Docker Engine reported the digest "
+                                         f"{printable(repr(said))[:100]}, "
                                          "not sha256:<64 hex>; nothing was recorded")
                     digest = said
                 progress.update(event)
@@ -63,10 +67,12 @@ def push_tag(docker, target: ImageRef, credentials: Credentials | None, echo: Ca
             raise push_failure(target, printable(str(exc.explanation or exc))[:1000], credentials) from None
         except (DaemonConnectionError, RequestException, ValueError) as exc:
             # ValueError: a line of the stream that is not JSON (the SDK's decode).
-            raise PushFailed(f"push {target}: lost the connection to the Docker Engine, or it sent what is not a progress event: "
+            raise PushFailed(f"push {target}: lost the connection to the Docker Engine, or it sent what is not a "
+                             "progress event: "
                              f"{printable(str(exc))[:300]}") from None
         if not digest:
-            raise PushFailed(f"push {target}: the Docker Engine finished without reporting a digest; nothing was recorded")
+            raise PushFailed(f"push {target}: the Docker Engine finished without reporting a digest; nothing was "
+                             "recorded")
         return digest
 
     return retry.call(f"push {target}", once, echo)
@@ -85,7 +91,8 @@ def push_failure(target: ImageRef, message: str, credentials: Credentials | None
     """The Engine reports registry failures as text; sort them into auth, retryable, and final."""
     low = message.lower()
     if any(w in low for w in _AUTH_WORDS):
-        return RegistryAuthError(auth_advice(target.registry, target.repository, credentials, f"push: {message.strip()}"))
+        return RegistryAuthError(auth_advice(target.registry, target.repository, credentials,
+                                             f"push: {message.strip()}"))
     if any(w in low for w in _TRANSIENT_WORDS):
         return TransientError(message.strip())
     return PushFailed(f"push {target}: {message.strip()}")

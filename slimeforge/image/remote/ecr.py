@@ -21,7 +21,8 @@ from .registry import MANIFEST_TYPES, Credentials, RegistryAuthError, RegistryEr
 
 _DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 
-ECR_HOST_RE = re.compile(r"^(?P<account>\d{12})\.dkr\.ecr(?:-fips)?\.(?P<region>[a-z]{2}(?:-[a-z]+)+-\d)\.amazonaws\.com(?:\.cn)?$")
+ECR_HOST_RE = re.compile(r"^(?P<account>\d{12})\.dkr\.ecr(?:-fips)?\."
+                         r"(?P<region>[a-z]{2}(?:-[a-z]+)+-\d)\.amazonaws\.com(?:\.cn)?$")
 _AUTH_CODES = {"AccessDeniedException", "UnrecognizedClientException", "InvalidSignatureException",
                "ExpiredTokenException", "InvalidClientTokenId", "SignatureDoesNotMatch"}
 
@@ -54,7 +55,8 @@ def client(region: str, endpoint_url: str | None = None):
     from botocore.config import Config
 
     return boto3.client("ecr", region_name=region, endpoint_url=endpoint_url or None,
-                        config=Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=10, read_timeout=60))
+                        config=Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=10,
+                                      read_timeout=60))
 
 
 def decode_token(token: str) -> Credentials:
@@ -123,10 +125,12 @@ def manifests(ecr, registry: EcrRegistry, name: str, tags: list[str]) -> dict[st
         digest = ident.get("imageDigest") if isinstance(ident, dict) else None
         body = image.get("imageManifest") if isinstance(image, dict) else None
         kind = image.get("imageManifestMediaType", "") if isinstance(image, dict) else ""
-        if tag not in tags or tag in found or not isinstance(body, str) or not (isinstance(digest, str) and _DIGEST_RE.fullmatch(digest)):
-            raise RegistryError(f"{where}: answered an entry that is not one of the tags asked for, once, with a manifest "
-                                f"and its digest: {printable(repr(image))[:300]}")
-        found[tag] = RemoteManifest.parse(body.encode(), digest, f"ECR {name}:{tag}", kind if isinstance(kind, str) else "")
+        if (tag not in tags or tag in found or not isinstance(body, str)
+                or not (isinstance(digest, str) and _DIGEST_RE.fullmatch(digest))):
+            raise RegistryError(f"{where}: answered an entry that is not one of the tags asked for, once, with a "
+                                f"manifest and its digest: {printable(repr(image))[:300]}")
+        found[tag] = RemoteManifest.parse(body.encode(), digest, f"ECR {name}:{tag}",
+                                          kind if isinstance(kind, str) else "")
     for failure in failures:
         code = failure.get("failureCode") if isinstance(failure, dict) else None
         if code not in ("ImageNotFound", "ImageTagDoesNotMatchDigest"):
@@ -140,9 +144,11 @@ def confirm_digest(ecr, registry: EcrRegistry, name: str, tag: str, digest: str)
     reply = _call(ecr, "describe_images", registry, registryId=registry.account, repositoryName=name,
                   imageIds=[{"imageTag": tag}])
     details = reply.get("imageDetails", [])
-    seen = [d.get("imageDigest") if isinstance(d, dict) else d for d in details] if isinstance(details, list) else [details]
+    seen = ([d.get("imageDigest") if isinstance(d, dict) else d for d in details] if isinstance(details, list)
+            else [details])
     if seen != [digest]:
-        raise RegistryFailed(f"ECR {registry.host}/{name}:{tag}: describe_images reports {printable(repr(seen or 'no image'))[:300]}, "
+        raise RegistryFailed(f"ECR {registry.host}/{name}:{tag}: describe_images reports "
+                             f"{printable(repr(seen or 'no image'))[:300]}, "
                              f"but {digest} was pushed; nothing was recorded")
 
 

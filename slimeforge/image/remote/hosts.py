@@ -93,7 +93,8 @@ def daemon_insecure_registries(docker) -> list[str]:
     except Exception:  # noqa: BLE001 - any failure means: only the built-in loopback rule applies
         return []
     cidrs = [str(c) for c in config.get("InsecureRegistryCIDRs") or []]
-    hosts = [str(h) for h, c in (config.get("IndexConfigs") or {}).items() if isinstance(c, dict) and c.get("Secure") is False]
+    hosts = ([str(h) for h, c in (config.get("IndexConfigs") or {}).items() if isinstance(c, dict)
+              and c.get("Secure") is False])
     return cidrs + hosts
 
 

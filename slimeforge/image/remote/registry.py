@@ -29,7 +29,15 @@ from typing import Any, TypeVar
 
 from ...errors import OperationFailed, SlimeforgeError
 from ...schema import printable
-from .hosts import DOCKER_CERTS_DIR, KeepAuthOnSameOrigin, api_host, is_loopback, plain_http_allowed, same_site, tls_context
+from .hosts import (
+    DOCKER_CERTS_DIR,
+    KeepAuthOnSameOrigin,
+    api_host,
+    is_loopback,
+    plain_http_allowed,
+    same_site,
+    tls_context,
+)
 
 # --- credentials and errors ------------------------------------------------------------------
 
@@ -220,7 +228,8 @@ class RemoteManifest:
             layers = json.loads(self.raw).get("layers") or []
         except (ValueError, AttributeError):
             return None
-        kinds = {str(layer.get("mediaType", "")).rsplit("+", 1)[-1].rsplit(".", 1)[-1] for layer in layers if isinstance(layer, dict)}
+        kinds = {str(layer.get("mediaType", "")).rsplit("+", 1)[-1].rsplit(".", 1)[-1]
+                 for layer in layers if isinstance(layer, dict)}
         return kinds.pop() if len(kinds) == 1 and kinds <= {"gzip", "zstd"} else None
 
 
@@ -261,7 +270,8 @@ class RegistryAPI:
 
     def _manifest_once(self, repository: str, reference: str) -> RemoteManifest | None:
         path = f"/v2/{repository}/manifests/{urllib.parse.quote(reference, safe=':')}"
-        status, headers, body = self._request("GET", path, repository, {"Accept": ", ".join(MANIFEST_TYPES)}, max_bytes=MANIFEST_MAX_BYTES)
+        status, headers, body = self._request("GET", path, repository, {"Accept": ", ".join(MANIFEST_TYPES)},
+                                              max_bytes=MANIFEST_MAX_BYTES)
         if status == 404:
             return None
         if status != 200:
@@ -270,10 +280,11 @@ class RegistryAPI:
         claimed = headers.get("Docker-Content-Digest")
         # A registry that answers with content other than what it names is not to be trusted.
         if claimed and claimed.startswith("sha256:") and claimed != digest:
-            raise RegistryError(f"{self.registry}: {repository}:{reference}: Docker-Content-Digest {printable(claimed)[:100]!r} "
-                                f"does not match the manifest's sha256 {digest}")
+            raise RegistryError(f"{self.registry}: {repository}:{reference}: Docker-Content-Digest "
+                                f"{printable(claimed)[:100]!r} does not match the manifest's sha256 {digest}")
         if reference.startswith("sha256:") and reference != digest:
-            raise RegistryFailed(f"{self.registry}: {repository}@{reference}: the registry answered with a manifest whose sha256 is {digest}")
+            raise RegistryFailed(f"{self.registry}: {repository}@{reference}: the registry answered with a manifest "
+                                 f"whose sha256 is {digest}")
         return RemoteManifest.parse(body, digest, f"{self.registry}: {repository}:{reference}",
                                     headers.get("Content-Type", "").split(";")[0])
 
@@ -284,11 +295,13 @@ class RegistryAPI:
         (Docker-Content-Digest) and this size (Content-Length); a 200 that names another, or none,
         is not "has it" (a registry that says it holds a blob it never received)."""
         def once() -> tuple[bool, str]:
-            status, headers, body = self._request("HEAD", f"/v2/{repository}/blobs/{digest}", repository, {}, actions="pull,push")
+            status, headers, body = self._request("HEAD", f"/v2/{repository}/blobs/{digest}", repository, {},
+                                                  actions="pull,push")
             if status == 404:
                 return False, "HTTP 404"
             if status != 200:
-                raise RegistryFailed(f"{self.registry}: HEAD blob {digest} of {repository} answered HTTP {status}: {_short(body)}")
+                raise RegistryFailed(f"{self.registry}: HEAD blob {digest} of {repository} answered HTTP {status}: "
+                                     f"{_short(body)}")
             claimed, length = headers.get("Docker-Content-Digest"), headers.get("Content-Length")
             said = f"HTTP 200, Docker-Content-Digest {_header(claimed)}, Content-Length {_header(length)}"
             if claimed != digest or size is not None and length != str(size):
@@ -301,7 +314,8 @@ class RegistryAPI:
         and size (then it is not uploaded again)."""
         held, said = self.blob_answer(repository, digest, size)
         if not held and said != "HTTP 404":
-            self.echo(f"  {self.registry}: blob {digest[7:19]}: the registry says it has it, but answered {said}; uploading it again")
+            self.echo(f"  {self.registry}: blob {digest[7:19]}: the registry says it has it, but answered {said}; "
+                      "uploading it again")
         return held
 
     def upload_blob(self, repository: str, digest: str, size: int, path: Path) -> None:
@@ -313,23 +327,27 @@ class RegistryAPI:
                                                   {"Content-Length": "0"}, data=b"", actions="pull,push")
             location = headers.get("Location") if status == 202 else None
             if not location:
-                raise RegistryError(f"{self.registry}: starting an upload to {repository} answered HTTP {status}: {_short(body)}")
+                raise RegistryError(f"{self.registry}: starting an upload to {repository} answered HTTP {status}: "
+                                    f"{_short(body)}")
             if not _LOCATION_RE.fullmatch(location):
-                raise RegistryFailed(f"{self.registry}: starting an upload to {repository} answered with the location {_header(location)}, "
-                                     "which is not a URL path")
+                raise RegistryFailed(f"{self.registry}: starting an upload to {repository} answered with the location "
+                                     f"{_header(location)}, which is not a URL path")
             url = self._same_origin(urllib.parse.urljoin(self._base + "/", location))
             url += ("&" if "?" in url else "?") + urllib.parse.urlencode({"digest": digest})
             with path.open("rb") as fh:
-                status, headers, body = self._request("PUT", url, repository, {"Content-Type": "application/octet-stream",
-                                                      "Content-Length": str(size)}, data=fh, actions="pull,push",
+                status, headers, body = self._request("PUT", url, repository,
+                                                      {"Content-Type": "application/octet-stream",
+                                                       "Content-Length": str(size)}, data=fh, actions="pull,push",
                                                       deadline=self.deadline + size / MIN_UPLOAD_RATE)
             if status != 201:
-                raise RegistryError(f"{self.registry}: uploading blob {digest} to {repository} answered HTTP {status}: {_short(body)}")
+                raise RegistryError(f"{self.registry}: uploading blob {digest} to {repository} answered HTTP "
+                                    f"{status}: {_short(body)}")
         self.retry.call(f"{self.registry}: upload {digest}", once, self.echo)
         held, said = self.blob_answer(repository, digest, size)
         if not held:
-            raise RegistryFailed(f"{self.registry}: blob {digest} ({size} bytes) of {repository}: uploaded, but the registry then "
-                                 f"answered {said}; it does not hold what it was sent, so no manifest is pushed over it")
+            raise RegistryFailed(f"{self.registry}: blob {digest} ({size} bytes) of {repository}: uploaded, but the "
+                                 f"registry then answered {said}; it does not hold what it was sent, so no manifest "
+                                 "is pushed over it")
 
     def put_manifest(self, repository: str, tag: str, body: bytes, media_type: str) -> str:
         """Put `body` under `tag`; its digest, which the registry must confirm, and then give back
@@ -337,22 +355,24 @@ class RegistryAPI:
         digest = "sha256:" + hashlib.sha256(body).hexdigest()
 
         def once() -> str:
-            status, headers, answer = self._request("PUT", f"/v2/{repository}/manifests/{urllib.parse.quote(tag, safe='')}", repository,
-                                                    {"Content-Type": media_type, "Content-Length": str(len(body))}, data=body,
-                                                    actions="pull,push")
+            path = f"/v2/{repository}/manifests/{urllib.parse.quote(tag, safe='')}"
+            status, headers, answer = self._request("PUT", path, repository,
+                                                    {"Content-Type": media_type, "Content-Length": str(len(body))},
+                                                    data=body, actions="pull,push")
             if status != 201:
-                raise RegistryError(f"{self.registry}: PUT manifest {repository}:{tag} answered HTTP {status}: {_short(answer)}")
+                raise RegistryError(f"{self.registry}: PUT manifest {repository}:{tag} answered HTTP {status}: "
+                                    f"{_short(answer)}")
             claimed = headers.get("Docker-Content-Digest")
             if claimed and claimed != digest:
-                raise RegistryFailed(f"{self.registry}: {repository}:{tag}: the registry says it stored {_header(claimed)}, "
-                                     f"but the manifest sent is {digest}")
+                raise RegistryFailed(f"{self.registry}: {repository}:{tag}: the registry says it stored "
+                                     f"{_header(claimed)}, but the manifest sent is {digest}")
             return digest
         self.retry.call(f"{self.registry}: manifest {repository}:{tag}", once, self.echo)
         seen = self.manifest(repository, digest)
         if seen is None or seen.raw != body:
             got = "no manifest (HTTP 404)" if seen is None else f"other bytes (sha256 {seen.digest})"
-            raise RegistryFailed(f"{self.registry}: {repository}:{tag}: pushed manifest {digest}, but asked for it by digest the "
-                                 f"registry answered {got}; nothing was recorded")
+            raise RegistryFailed(f"{self.registry}: {repository}:{tag}: pushed manifest {digest}, but asked for it by "
+                                 f"digest the registry answered {got}; nothing was recorded")
         return digest
 
     def _same_origin(self, url: str) -> str:
@@ -360,40 +380,44 @@ class RegistryAPI:
         origin (scheme, host and port as reached): our credentials would go with the bytes."""
         parts, base = urllib.parse.urlsplit(url), urllib.parse.urlsplit(self._base)
         if (parts.scheme, parts.netloc.lower()) != (base.scheme, base.netloc.lower()):
-            raise RegistryError(f"{self.registry}: the registry sent the upload to {parts.scheme}://{parts.netloc}, which is not "
-                                "its own host; slimeforge uploads only to the registry itself")
+            raise RegistryError(f"{self.registry}: the registry sent the upload to {parts.scheme}://{parts.netloc}, "
+                                "which is not its own host; slimeforge uploads only to the registry itself")
         return url
 
     # -- plumbing --
 
     def _request(self, method: str, path: str, repository: str, headers: dict[str, str], *, data: Any = None,
-                 actions: str = "pull", max_bytes: int = ANSWER_MAX_BYTES, deadline: float | None = None) -> tuple[int, Message, bytes]:
+                 actions: str = "pull", max_bytes: int = ANSWER_MAX_BYTES,
+                 deadline: float | None = None) -> tuple[int, Message, bytes]:
         """`path` below the registry's /v2 root, or a whole URL on it (an upload location)."""
         scope = f"repository:{repository}:{actions}"
         bounds = {"max_bytes": max_bytes, "deadline": deadline}
-        status, resp_headers, body = self._send_registry(method, path, {**headers, **self._auth_header(scope)}, data, **bounds)
+        status, resp_headers, body = self._send_registry(method, path, {**headers, **self._auth_header(scope)}, data,
+                                                         **bounds)
         if status == 401 and scope not in self._authorization:
             challenge = resp_headers.get("WWW-Authenticate", "")
             self._authorization[scope] = self._answer(challenge, scope)
             if hasattr(data, "seek"):
                 data.seek(0)
-            status, resp_headers, body = self._send_registry(method, path, {**headers, **self._auth_header(scope)}, data, **bounds)
+            status, resp_headers, body = self._send_registry(method, path, {**headers, **self._auth_header(scope)},
+                                                             data, **bounds)
         if status in (401, 403):
             raise self._auth_error(status, repository)
         if status == 429 or status >= 500:
             raise TransientError(f"HTTP {status} from {self.registry}")
         return status, resp_headers, body
 
-    def _send_registry(self, method: str, path: str, headers: dict[str, str], data: Any = None, **bounds: Any) -> tuple[int, Message, bytes]:
+    def _send_registry(self, method: str, path: str, headers: dict[str, str], data: Any = None,
+                       **bounds: Any) -> tuple[int, Message, bytes]:
         if path.startswith(("http://", "https://")):
             return self._send(method, path, headers, data, **bounds)
         try:
             return self._send(method, self._base + path, headers, data, **bounds)
         except _NotTLS:
             if not (self.plain_http and self._base.startswith("https://")):
-                raise RegistryError(f"{self.registry}: the registry does not speak TLS (a plain-HTTP registry?). slimeforge, like "
-                                    "Docker, speaks plain HTTP only to a loopback registry or one in the Docker daemon's "
-                                    "insecure-registries (/etc/docker/daemon.json)") from None
+                raise RegistryError(f"{self.registry}: the registry does not speak TLS (a plain-HTTP registry?). "
+                                    "slimeforge, like Docker, speaks plain HTTP only to a loopback registry or one in "
+                                    "the Docker daemon's insecure-registries (/etc/docker/daemon.json)") from None
             self._base = f"http://{api_host(self.registry)}"  # as Docker falls back for an insecure registry
             if hasattr(data, "seek"):
                 data.seek(0)
@@ -416,8 +440,8 @@ class RegistryAPI:
             if not self.credentials:
                 raise self._auth_error(401, scope.split(":")[1])
             if not self._password_may_go_to(self._base):
-                raise RegistryAuthError(f"{self.registry}: asks for the password over plain HTTP; slimeforge sends it over plain "
-                                        "HTTP only to a loopback registry (serve this one over TLS)")
+                raise RegistryAuthError(f"{self.registry}: asks for the password over plain HTTP; slimeforge sends it "
+                                        "over plain HTTP only to a loopback registry (serve this one over TLS)")
             return "Basic " + _basic(self.credentials)
         if scheme.lower() == "bearer" and params.get("realm"):
             realm = params["realm"]
@@ -434,9 +458,9 @@ class RegistryAPI:
                 raise RegistryError(f"{self.registry}: the token service {shown} does not speak TLS") from None
             if status in (401, 403):
                 if self.credentials and not trusted:
-                    raise RegistryAuthError(f"{self.registry}: its token service {shown} is not on the registry's host (or not "
-                                            "https), so slimeforge did not send it the password, and it refused an anonymous "
-                                            "token (docs/publish.md: where a credential may go)")
+                    raise RegistryAuthError(f"{self.registry}: its token service {shown} is not on the registry's "
+                                            "host (or not https), so slimeforge did not send it the password, and it "
+                                            "refused an anonymous token (docs/publish.md: where a credential may go)")
                 raise self._auth_error(status, scope.split(":")[1])
             if status == 429 or status >= 500:
                 raise TransientError(f"HTTP {status} from the token service {shown}")
@@ -445,20 +469,22 @@ class RegistryAPI:
             try:
                 token = json.loads(body)
             except (ValueError, RecursionError):
-                raise RegistryError(f"{self.registry}: token service {shown} answered with something other than JSON") from None
+                raise RegistryError(f"{self.registry}: token service {shown} answered with something other than "
+                                    "JSON") from None
             value = (token.get("token") or token.get("access_token")) if isinstance(token, dict) else None
             # It goes into a header line: only visible ASCII, bounded (never a CR/LF of the service's choosing).
             if not (isinstance(value, str) and _TOKEN_RE.fullmatch(value)):
                 raise RegistryError(f"{self.registry}: token service {shown} answered without a usable token "
                                     "(a JSON object with token or access_token, visible ASCII)")
             return "Bearer " + value
-        raise RegistryError(f"{self.registry}: unsupported auth challenge {challenge[:200]!r} (Basic and Bearer are supported)")
+        raise RegistryError(f"{self.registry}: unsupported auth challenge {challenge[:200]!r} (Basic and Bearer are "
+                            "supported)")
 
     def _auth_error(self, status: int, repository: str) -> RegistryAuthError:
         return RegistryAuthError(auth_advice(self.registry, repository, self.credentials, f"HTTP {status}"))
 
-    def _send(self, method: str, url: str, headers: dict[str, str], data: Any = None, *, max_bytes: int = ANSWER_MAX_BYTES,
-              deadline: float | None = None) -> tuple[int, Message, bytes]:
+    def _send(self, method: str, url: str, headers: dict[str, str], data: Any = None, *,
+              max_bytes: int = ANSWER_MAX_BYTES, deadline: float | None = None) -> tuple[int, Message, bytes]:
         """One request under its three bounds (connect, each read, the whole answer); the answer's
         body read up to `max_bytes` (a longer 2xx body is refused; an error page is cut there)."""
         seconds = deadline or self.deadline
@@ -505,9 +531,10 @@ class RegistryAPI:
         return b"".join(chunks)[:max_bytes]
 
     def _deadline_error(self, what: str, seconds: float) -> RegistryFailed:
-        return RegistryFailed(f"{self.registry}: {what}: no complete answer within {seconds:g} s (the deadline of one request; "
-                              f"connecting and each read: {self.timeout:g} s); the registry accepted the connection but answers "
-                              "too slowly or not at all: check it (or a proxy in between), then publish again")
+        return RegistryFailed(f"{self.registry}: {what}: no complete answer within {seconds:g} s (the deadline of one "
+                              f"request; connecting and each read: {self.timeout:g} s); the registry accepted the "
+                              "connection but answers too slowly or not at all: check it (or a proxy in between), "
+                              "then publish again")
 
 
 class _Expired(Exception):
@@ -542,7 +569,8 @@ def _connection_error(registry: str, reason: object) -> Exception:
         return _NotTLS(str(reason))
     if isinstance(reason, ssl.SSLError):
         # A protocol failure, not a flaky network: retrying gives the same answer.
-        return RegistryError(f"{registry}: TLS failed ({reason}); check that this host:port is the registry and serves TLS")
+        return RegistryError(f"{registry}: TLS failed ({reason}); check that this host:port is the registry and "
+                             "serves TLS")
     if isinstance(reason, socket.gaierror):
         return RegistryError(f"{registry}: host name does not resolve ({reason}); check the registry host")
     # Refused, reset, timed out, TLS handshake cut: the registry may be restarting or a proxy flaky.

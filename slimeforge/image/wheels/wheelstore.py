@@ -63,7 +63,8 @@ def store_root() -> Path:
 def check_key(key: str) -> str:
     if not isinstance(key, str) or not KEY_RE.fullmatch(key):
         raise ConfigError("compiled-wheel store", [Problem("key", "is not a compiled-wheel key", key,
-                                                           "<flavor>-<step>-<16 hex> as `invoke wheels.ls` lists them")])
+                                                           "<flavor>-<step>-<16 hex> as `invoke wheels.ls` lists "
+                                                           "them")])
     return key
 
 
@@ -125,16 +126,19 @@ def verify(directory: Path, key: str, hash_wheels: bool = True) -> Entry:
     sums = read_sums(directory / SUMS, where)
     present = sorted(p.name for p in directory.glob("*.whl"))
     if present != sorted(sums):
-        raise WheelStoreError(f"{where}: its wheels {present} are not the ones its {SUMS} lists {sorted(sums)}; refused")
+        raise WheelStoreError(f"{where}: its wheels {present} are not the ones its {SUMS} lists {sorted(sums)}; "
+                              "refused")
     record: dict[str, object] = {}
     if (directory / RECORD).exists():
         try:
             record = readback.read_json(directory / RECORD, RECORD, "the record of a store entry",
-                                       lambda d: None if isinstance(d, dict) else "is not a JSON object", max_bytes=1 << 20) or {}
+                                       lambda d: None if isinstance(d, dict) else "is not a JSON object",
+                                        max_bytes=1 << 20) or {}
         except readback.RecordError as exc:
             raise WheelStoreError(f"{where}: {RECORD} {exc.problems[0].message}") from None
         if record.get("key") != key or record.get("wheels") != sums:
-            raise WheelStoreError(f"{where}: {RECORD} does not match the entry (its key or wheels differ from {SUMS}); refused")
+            raise WheelStoreError(f"{where}: {RECORD} does not match the entry (its key or wheels differ from "
+                                  f"{SUMS}); refused")
     for name, want in sums.items() if hash_wheels else ():
         have = sha256_file(directory / name)
         if have != want:
@@ -185,7 +189,8 @@ def put(key: str, source: Path, meta: Mapping[str, object], root: Path | None = 
 
 def keys_in(root: Path | None = None) -> list[str]:
     root = root or store_root()
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and KEY_RE.fullmatch(p.name) and not p.name.startswith(".")) \
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and KEY_RE.fullmatch(p.name)
+                  and not p.name.startswith(".")) \
         if root.is_dir() else []
 
 
@@ -257,7 +262,8 @@ def remote_ref(registry: str, key: str) -> ImageRef:
     host = registry.split("/", 1)[0] if isinstance(registry, str) else ""
     problem = Problem("--registry", "is not a registry host[:port][/path]", registry,
                       "e.g. 127.0.0.1:5000, registry.example.com/team, <account>.dkr.ecr.<region>.amazonaws.com")
-    if not host or len(registry) > 200 or any(ord(c) < 33 or ord(c) == 127 for c in registry) or not DOMAIN_RE.fullmatch(host):
+    if not host or len(registry) > 200 or any(ord(c) < 33 or ord(c) == 127 for c
+                                              in registry) or not DOMAIN_RE.fullmatch(host):
         raise ConfigError("compiled-wheel store", [problem])
     try:
         ref = parse_image_ref(f"{registry.rstrip('/')}/{REMOTE_REPOSITORY}:{key}", "--registry")
@@ -280,7 +286,8 @@ def ecr_credentials(ref: ImageRef, create: bool, echo: Callable[[str], None] = p
     client = ecr.client(registry.region, os.environ.get("AWS_ENDPOINT_URL_ECR"))
     credentials, _ = ecr.login(client, registry)
     if create:
-        ecr.ensure_repository(client, registry, ref.repository, ecr.RepositorySettings(tag_immutability=True, scan_on_push=False), echo)
+        ecr.ensure_repository(client, registry, ref.repository, ecr.RepositorySettings(tag_immutability=True,
+                                                                                       scan_on_push=False), echo)
     return credentials
 
 
@@ -305,7 +312,8 @@ def push(key: str, registry: str, credentials: Credentials | None = None, root: 
     credentials = credentials or ecr_credentials(ref, create=True, echo=echo)
     # A key names one content: a registry that has the tag already has these wheels (and an ECR
     # repository's immutable tag could not be pushed again).
-    there = RegistryAPI(ref.registry, credentials or docker_config_credentials(ref.registry), echo=echo).manifest(ref.repository, key)
+    there = RegistryAPI(ref.registry, credentials or docker_config_credentials(ref.registry),
+                        echo=echo).manifest(ref.repository, key)
     if there is not None:
         echo(f"{ref} is already in the registry ({there.digest}): nothing to push")
         return there.digest
@@ -322,7 +330,8 @@ def push(key: str, registry: str, credentials: Credentials | None = None, root: 
         from docker.errors import BuildError, DockerException
 
         try:
-            client.images.build(path=str(ctx), tag=f"{ref.name}:{key}", rm=True, labels={"ai.slimeforge.compiled-key": key})
+            client.images.build(path=str(ctx), tag=f"{ref.name}:{key}", rm=True,
+                                labels={"ai.slimeforge.compiled-key": key})
         except (BuildError, DockerException) as exc:
             raise WheelStoreError(f"compiled-wheel store: making the image of {key} failed: {exc}") from None
     return push_tag(client, ref, credentials, echo, retry or Retry())
@@ -351,7 +360,8 @@ def pull(key: str, registry: str, credentials: Credentials | None = None, root: 
     except NotFound:
         return None
     except APIError as exc:
-        if "not found" in str(exc.explanation or exc).lower() or "manifest unknown" in str(exc.explanation or exc).lower():
+        if "not found" in str(exc.explanation or exc).lower() or ("manifest "
+                                                                 "unknown") in str(exc.explanation or exc).lower():
             return None
         raise push_failure(ref, str(exc.explanation or exc), credentials) from None
     container = client.containers.create(f"{ref.name}:{key}", command=["true"])
@@ -404,7 +414,8 @@ def needed(stack) -> dict[str, CompiledStep]:
     return stack_keys(stack, base.id, patch_sha, pylock)
 
 
-def listing(stack, root: Path | None = None, registry: str | None = None, credentials: Credentials | None = None) -> list[StoreRow]:
+def listing(stack, root: Path | None = None, registry: str | None = None,
+            credentials: Credentials | None = None) -> list[StoreRow]:
     """Per compiled step of `stack`: key, hit or miss here, where (the local entry, and the remote
     tag when `registry` has it), size."""
     from ..remote.registry import RegistryAPI
@@ -412,7 +423,8 @@ def listing(stack, root: Path | None = None, registry: str | None = None, creden
     api = None
     if registry:
         ref = remote_ref(registry, "k")
-        api = RegistryAPI(ref.registry, credentials or ecr_credentials(ref, create=False, echo=lambda s: None), echo=lambda s: None)
+        api = RegistryAPI(ref.registry, credentials or ecr_credentials(ref, create=False, echo=lambda s: None),
+                          echo=lambda s: None)
     rows: list[StoreRow] = []
     for step, info in needed(stack).items():
         entry = lookup(info.key, root) if info.storable else None
@@ -421,7 +433,8 @@ def listing(stack, root: Path | None = None, registry: str | None = None, creden
             ref = remote_ref(registry, info.key)
             if api.manifest(ref.repository, info.key) is not None:
                 where.append(str(ref))
-        rows.append({"step": step, "key": info.key, "status": "hit" if entry else ("miss" if info.storable else "not stored"),
+        rows.append({"step": step, "key": info.key,
+                     "status": "hit" if entry else ("miss" if info.storable else "not stored"),
                      "where": where, "size": entry.size if entry else 0})
     return rows
 

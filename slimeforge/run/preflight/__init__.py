@@ -43,9 +43,12 @@ __all__ = ["CHECKS", "ERROR", "OK", "WARNING", "Finding", "PreflightError", "Rep
 # --- running them ---------------------------------------------------------------------------------
 
 
-def run_checks(recipe: Recipe | None = None, stack: Stack | None = None, *, args: Sequence[str] | None = None, mode: str | None = None,
-               address: str | None = None, catalog: str | None = None, image: str | None = None, install_prefix: str | None = None,
-               skip: Iterable[str] = (), only: Iterable[str] | None = None, network: bool = True, run: Run | None = None, runner: Runner | None = None,
+def run_checks(recipe: Recipe | None = None, stack: Stack | None = None, *, args: Sequence[str] | None = None,
+               mode: str | None = None,
+               address: str | None = None, catalog: str | None = None, image: str | None = None,
+               install_prefix: str | None = None,
+               skip: Iterable[str] = (), only: Iterable[str] | None = None, network: bool = True,
+               run: Run | None = None, runner: Runner | None = None,
                state_dir: Path | None = None, environ: dict[str, str] | None = None, build_root: Path | None = None,
                gpu_checks: bool = False, python: str | None = None) -> Report:
     """Run every check that applies (without a recipe: the host checks), return all findings.
@@ -60,14 +63,16 @@ def run_checks(recipe: Recipe | None = None, stack: Stack | None = None, *, args
     skip, only = set(skip), (set(only) if only is not None else None)
     unknown = sorted((skip | (only or set())) - set(CHECKS))
     if unknown:
-        raise ConfigError("doctor", [Problem("--skip-check", "is not a check", name, ", ".join(CHECKS)) for name in unknown])
+        raise ConfigError("doctor", [Problem("--skip-check", "is not a check", name,
+                                             ", ".join(CHECKS)) for name in unknown])
     if stack is None:
         stack = load_stack(recipe.stack if recipe else "cu13")
     if recipe is not None and args is None:
         args = render_flags(recipe, stack, config_path="agentcore.yaml", env_json=env_json({}), wandb=False)
     ctx = Context(stack=stack, recipe=recipe, args=list(args or []), mode=mode or (recipe.mode if recipe else "host"),
                   address=address, catalog=catalog, image=image or (recipe.image if recipe else None),
-                  install_prefix=install_prefix or (recipe.install_prefix if recipe else None), run=run, runner=runner or Runner(),
+                  install_prefix=install_prefix or (recipe.install_prefix if recipe else None), run=run,
+                  runner=runner or Runner(),
                   environ=dict(os.environ if environ is None else environ), state_dir=state_dir,
                   build_root=paths.BUILDS if build_root is None else Path(build_root), python=python)
     start = time.monotonic()
@@ -84,7 +89,8 @@ def run_checks(recipe: Recipe | None = None, stack: Stack | None = None, *, args
         try:
             got = chk.fn(ctx)
         except Exception as exc:  # noqa: BLE001 - a broken check must not hide the others
-            got = [error(chk.name, f"the check itself failed: {type(exc).__name__}: {exc}", f"--skip-check {chk.name} to go on, and report this")]
+            got = [error(chk.name, f"the check itself failed: {type(exc).__name__}: {exc}",
+                         f"--skip-check {chk.name} to go on, and report this")]
         if chk.name in skip:
             got = [Finding(f.check, WARNING, f"(skipped) {f.message}", f.fix) if f.level == ERROR else f for f in got]
         findings += got
@@ -95,7 +101,8 @@ def list_checks() -> list[str]:
     return [f"  {chk.name:<16} {chk.scope:<8} {chk.doc}" for chk in CHECKS.values()]
 
 
-def doctor(recipe_path: str | None, overrides: Sequence[str] = (), *, cuda: str | None = None, address: str | None = None,
+def doctor(recipe_path: str | None, overrides: Sequence[str] = (), *, cuda: str | None = None,
+           address: str | None = None,
            mode: str | None = None, image: str | None = None, prefix: str | None = None, catalog: str | None = None,
            skip: Iterable[str] = (), network: bool = True, gpu_checks: bool = False) -> Report:
     """`invoke doctor`: a recipe's checks as its launch would run them (its mode, image and prefix
@@ -116,5 +123,6 @@ def doctor(recipe_path: str | None, overrides: Sequence[str] = (), *, cuda: str 
     command_line_problems(mode, prefix, image)  # as resolve_mode does with a recipe
     if mode is None and image and not prefix:
         mode = "container"  # `invoke doctor --kernels --image IMAGE`: the image's kernels
-    return run_checks(None, load_stack(cuda or "cu13"), mode=mode, address=address, catalog=catalog, skip=skip, network=network,
+    return run_checks(None, load_stack(cuda or "cu13"), mode=mode, address=address, catalog=catalog, skip=skip,
+                      network=network,
                       image=image, install_prefix=prefix, gpu_checks=gpu_checks)

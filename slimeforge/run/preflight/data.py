@@ -20,7 +20,8 @@ def data_findings(path: str, where: str, rows: int = DATA_ROWS) -> list[Finding]
     p = Path(path)
     fix_rows = 'one JSON object per line: {"prompt": "...", "metadata": {...}} (metadata is the agent\'s payload)'
     if not p.is_file():
-        return [error("data", f"{where} {path} does not exist (or is not a file)", f"set {where} to a JSONL file present on every host")]
+        return [error("data", f"{where} {path} does not exist (or is not a file)",
+                      f"set {where} to a JSONL file present on every host")]
     bad: list[str] = []
     seen = 0
     try:
@@ -41,7 +42,8 @@ def data_findings(path: str, where: str, rows: int = DATA_ROWS) -> list[Finding]
                     continue
                 missing = [k for k in ("prompt", "metadata") if k not in row]
                 if missing:
-                    bad.append(f"line {lineno}: no {' and no '.join(repr(k) for k in missing)} key (keys: {', '.join(sorted(row)) or 'none'})")
+                    bad.append(f"line {lineno}: no {' and no '.join(repr(k) for k in missing)} key (keys: "
+                               f"{', '.join(sorted(row)) or 'none'})")
     except UnicodeDecodeError as exc:
         return [error("data", f"{where} {path} is not UTF-8 text: {exc}", fix_rows)]
     if seen == 0:
@@ -90,17 +92,22 @@ def check_checkpoint(ctx: Context) -> list[Finding]:
     # A Megatron checkpoint holds the weights in fp32 plus two Adam moments: ~6x bf16 weights.
     need = 6 * weights
     if weights and free < need:
-        out.append(warning("checkpoint", f"{free / 2**30:.1f} GiB free at {existing}; a checkpoint of this model takes about {need / 2**30:.0f} GiB",
+        out.append(warning("checkpoint",
+                           f"{free / 2**30:.1f} GiB free at {existing}; a checkpoint of this model takes about "
+                           f"{need / 2**30:.0f} GiB",
                            "free space, raise save_interval, or point checkpoint_dir elsewhere"))
     marker = ckpt / "latest_checkpointed_iteration.txt"
     resume = ""
     if marker.is_file():
         try:  # Megatron's marker: one number; through the one reader (a FIFO never blocks, a huge file is not read)
-            iteration = readback.read_text(marker, marker.name, re.compile(r"[0-9]{1,12}|release"), "an iteration number", follow_symlinks=True)
+            iteration = readback.read_text(marker, marker.name, re.compile(r"[0-9]{1,12}|release"),
+                                           "an iteration number", follow_symlinks=True)
         except readback.RecordError as exc:
-            out.append(warning("checkpoint", str(exc.problems[0]), "remove the marker, or point checkpoint_dir elsewhere"))
+            out.append(warning("checkpoint", str(exc.problems[0]),
+                               "remove the marker, or point checkpoint_dir elsewhere"))
             iteration = None
-        resume = f"; resumes from iteration {iteration}" if r.resume else "; resume is off: existing checkpoints are kept, not loaded"
+        resume = f"; resumes from iteration {iteration}" if r.resume else ("; resume is off: existing checkpoints are "
+                                                                          "kept, not loaded")
     return out or [ok("checkpoint", f"{ckpt} writable, {free / 2**30:.0f} GiB free{resume}")]
 
 
@@ -117,7 +124,8 @@ def check_runtime_env(ctx: Context) -> list[Finding]:
     for key, value in r.env.items():
         m = RAY_EXPANDS.search(value)
         if m:
-            out.append(error("runtime-env", f"env.{key} holds {m.group(0)!r}, which Ray replaces with the value of that variable "
+            out.append(error("runtime-env",
+                             f"env.{key} holds {m.group(0)!r}, which Ray replaces with the value of that variable "
                              "on the cluster (or with nothing); it has no escape for '$'",
                              f"write the value of env.{key} without '$NAME' / '${{NAME}}' (e.g. spell out the path)"))
     return out or [ok("runtime-env", f"{len(r.env)} recipe env value(s) reach the job unchanged")]
@@ -131,5 +139,6 @@ def check_wandb(ctx: Context) -> list[Finding]:
     assert r is not None
     said = wandb_off_warning(r, ctx.environ)
     if said:
-        return [warning("wandb", said, "export WANDB_API_KEY=... (wandb.ai/authorize), or remove wandb_project from the recipe")]
+        return [warning("wandb", said,
+                        "export WANDB_API_KEY=... (wandb.ai/authorize), or remove wandb_project from the recipe")]
     return [ok("wandb", f"logs to wandb project {r.wandb_project}" if r.wandb_project else "off (no wandb_project)")]

@@ -63,7 +63,8 @@ class PreflightError(ConfigError):
 
     def __init__(self, source: str, report: Report):
         self.report = report
-        super().__init__(source, [Problem(f.check, f"{f.message}; fix: {f.fix}", show_value=False) for f in report.errors])
+        super().__init__(source, [Problem(f.check, f"{f.message}; fix: {f.fix}",
+                                          show_value=False) for f in report.errors])
 
     def headline(self) -> str:
         # Every launch prints the report's table (each error with its fix) before raising this:
@@ -98,7 +99,8 @@ class Report:
 
     def __repr__(self) -> str:
         ok_count = len(self.findings) - len(self.errors) - len(self.warnings)
-        return f"Report(errors={len(self.errors)}, warnings={len(self.warnings)}, ok={ok_count}, seconds={self.seconds:.2f})"
+        return (f"Report(errors={len(self.errors)}, warnings={len(self.warnings)}, ok={ok_count}, "
+               f"seconds={self.seconds:.2f})")
 
     @property
     def errors(self) -> list[Finding]:
@@ -111,7 +113,8 @@ class Report:
     def to_json(self) -> ReportDoc:
         """The report as `invoke doctor --json` prints it (slimeforge.doctor/1, docs/json.md)."""
         return {"errors": len(self.errors), "warnings": len(self.warnings), "seconds": round(self.seconds, 3),
-                "findings": [{"check": f.check, "level": f.level, "message": f.message, "fix": f.fix} for f in self.findings]}
+                "findings": [{"check": f.check, "level": f.level, "message": f.message,
+                              "fix": f.fix} for f in self.findings]}
 
     def table(self) -> str:
         width = max([len(f.check) for f in self.findings] + [5])
@@ -125,7 +128,8 @@ class Report:
             if f.fix:
                 lines.append(f"{'':<{width}}  {'':<7}  fix: {printable(f.fix)}")
         held = sum(1 for f in self.findings if f.needs)
-        lines.append(f"{len(self.errors)} error(s), {len(self.warnings)} warning(s)" + (f" ({held} not checked: each names what it needs)" if held else "")
+        lines.append(f"{len(self.errors)} error(s), {len(self.warnings)} "
+                     "warning(s)" + (f" ({held} not checked: each names what it needs)" if held else "")
                      + f" in {self.seconds:.2f} s")
         return "\n".join(lines)
 
@@ -176,8 +180,10 @@ class Context:
         from ..recipe import RUNNER_FIELDS
 
         r = self.recipe
-        slime, megatron = (r.slime_dir, r.megatron_dir) if r else (str(RUNNER_FIELDS["slime_dir"]), str(RUNNER_FIELDS["megatron_dir"]))
-        return self.once("image-facts", lambda: image_facts(str(self.image), slime, megatron, docker=self.docker, runner=self.runner))
+        slime, megatron = (r.slime_dir, r.megatron_dir) if r else (str(RUNNER_FIELDS["slime_dir"]),
+                                                                   str(RUNNER_FIELDS["megatron_dir"]))
+        return self.once("image-facts", lambda: image_facts(str(self.image), slime, megatron, docker=self.docker,
+                                                            runner=self.runner))
 
     def image_blocker(self, check: str) -> Finding | None:
         """None when the image can be had here (pulled if need be; a probe that ran in it and failed is
@@ -188,11 +194,15 @@ class Context:
         facts = self.image_facts()
         if not isinstance(facts, Exception) or isinstance(facts, ProbeError):
             return None
-        first = str(self.cache.setdefault("image-blocked-by", check))  # the name of the first check that needed the image
+        first = str(self.cache.setdefault("image-blocked-by",
+                                          check))  # the name of the first check that needed the image
         if first != check:
-            return skipped(check, first, f"needs image {self.image}, which cannot be had here (the {first} error above says why)")
+            return skipped(check, first,
+                           f"needs image {self.image}, which cannot be had here (the {first} error above says why)")
         return error(check, f"image {self.image} cannot be had here: {tool_message(facts)}",
-                     known_fix(facts, f"check the image's name (`docker pull {self.image}` must work on this host), or give another with --image"))
+                     known_fix(facts,
+                               f"check the image's name (`docker pull {self.image}` must work on this host), or give "
+                               "another with --image"))
 
     def once(self, key: str, fn: Callable[[], Any]) -> Any:
         if key not in self.cache:

@@ -35,19 +35,23 @@ class Gpu:
 
 def query_gpus(run: Run) -> list[Gpu]:
     """The GPUs the host `run` reaches, through the node agent's query and parser (one of each)."""
-    return [Gpu(g["index"], g["name"], g["uuid"], g["driver"], g["memory_mib"], g["compute_cap"]) for g in parse_gpus(run(QUERY_GPU))]
+    return [Gpu(g["index"], g["name"], g["uuid"], g["driver"], g["memory_mib"],
+                g["compute_cap"]) for g in parse_gpus(run(QUERY_GPU))]
 
 
 def gpu_findings(gpus: list[Gpu] | Exception, need: int, where: str = "") -> list[Finding]:
     at = f" on {where}" if where else ""
     if isinstance(gpus, Exception):
         if isinstance(gpus, CommandError) and gpus.returncode == 127:
-            return [error("gpus", f"nvidia-smi not found{at}: no NVIDIA driver", "install the NVIDIA driver (it provides nvidia-smi), or run on a GPU host")]
+            return [error("gpus", f"nvidia-smi not found{at}: no NVIDIA driver",
+                          "install the NVIDIA driver (it provides nvidia-smi), or run on a GPU host")]
         return [error("gpus", f"cannot list GPUs{at}: {describe_failure(gpus)}",
-                      known_fix(gpus, "what nvidia-smi said above is the cause (`nvidia-smi` on the host shows it again)"))]
+                      known_fix(gpus,
+                                "what nvidia-smi said above is the cause (`nvidia-smi` on the host shows it again)"))]
     if len(gpus) < need:
         return [error("gpus", f"{len(gpus)} GPU(s){at}, the recipe needs {need} per host",
-                      f"run on a host with {need} GPUs, or set num_gpus: {len(gpus)} in the recipe (tp_size and rollout_gpus_per_engine must divide it)")]
+                      f"run on a host with {need} GPUs, or set num_gpus: {len(gpus)} in the recipe (tp_size and "
+                      "rollout_gpus_per_engine must divide it)")]
     names = sorted({g.name for g in gpus})
     return [ok("gpus", f"{len(gpus)} x {', '.join(names)}{at} (need {need})")]
 
@@ -61,7 +65,9 @@ def driver_findings(gpus: list[Gpu] | Exception, stack: Stack, where: str = "") 
     need = stack.driver_min
     bad = sorted({g.driver for g in gpus if _driver_major(g.driver) < need})
     if bad:
-        return [error("driver", f"driver {', '.join(bad)}{at} is too old for CUDA {stack.cuda} (stack {stack.name} needs R{stack.driver_min} or newer)",
+        return [error("driver",
+                      f"driver {', '.join(bad)}{at} is too old for CUDA {stack.cuda} (stack {stack.name} needs "
+                      f"R{stack.driver_min} or newer)",
                       f"install an R{stack.driver_min}+ NVIDIA driver{_older_stacks(stack)}")]
     return [ok("driver", f"{gpus[0].driver}{at} >= R{stack.driver_min} (CUDA {stack.cuda})")]
 
@@ -69,8 +75,10 @@ def driver_findings(gpus: list[Gpu] | Exception, stack: Stack, where: str = "") 
 def _older_stacks(stack: Stack) -> str:
     """The flavors an older driver can run, each with its minimum as its stack says (never a copy here)."""
     need = stack.driver_min or 0
-    older = sorted((s.driver_min, s.name) for s in map(load_stack, available_flavors()) if s.driver_min and s.driver_min < need)
-    return ", or use a stack built for an older CUDA (" + "; ".join(f"--set stack={n} needs R{d}+" for d, n in older) + ")" if older else ""
+    older = sorted((s.driver_min, s.name) for s in map(load_stack,
+                                                       available_flavors()) if s.driver_min and s.driver_min < need)
+    return ", or use a stack built for an older CUDA (" + "; ".join(f"--set stack={n} needs R{d}+" for d,
+                                                                    n in older) + ")" if older else ""
 
 
 def _driver_major(version: str) -> int:
@@ -85,9 +93,13 @@ def arch_findings(gpus: list[Gpu] | Exception, stack: Stack, where: str = "") ->
     bad = sorted({(g.compute_cap, g.name) for g in gpus if g.compute_cap not in stack.arch_list})
     if bad:
         seen = ", ".join(f"{name} (compute capability {cap})" for cap, name in bad)
-        return [error("gpu-arch", f"{seen}{at} is not among the architectures the {stack.name} image is compiled for ({', '.join(stack.arch_list)})",
-                      f"add {', '.join(sorted({c for c, _ in bad}))!r} to arch_list in images/common.yaml and rebuild, or run on GPUs of a listed architecture")]
-    return [ok("gpu-arch", f"compute capability {', '.join(sorted({g.compute_cap for g in gpus}))}{at} is in arch_list")]
+        return [error("gpu-arch",
+                      f"{seen}{at} is not among the architectures the {stack.name} image is compiled for "
+                      f"({', '.join(stack.arch_list)})",
+                      f"add {', '.join(sorted({c for c, _ in bad}))!r} to arch_list in images/common.yaml and "
+                      "rebuild, or run on GPUs of a listed architecture")]
+    return [ok("gpu-arch",
+               f"compute capability {', '.join(sorted({g.compute_cap for g in gpus}))}{at} is in arch_list")]
 
 
 # --- host resources -------------------------------------------------------------------------------
@@ -99,13 +111,19 @@ def shm_findings(run: Run, where: str = "") -> list[Finding]:
         lines = run(["df", "-Pk", "/dev/shm"]).strip().splitlines()
         kib = int(lines[-1].split()[1])
     except Exception as exc:  # noqa: BLE001
-        return [error("shm", f"cannot read the size of /dev/shm{at}: {describe_failure(exc)}", "mount a tmpfs at /dev/shm (NCCL and Ray's object store need it)")]
+        return [error("shm", f"cannot read the size of /dev/shm{at}: {describe_failure(exc)}",
+                      "mount a tmpfs at /dev/shm (NCCL and Ray's object store need it)")]
     gib = kib / 2**20
-    fix = "mount -o remount,size=64G /dev/shm (host mode); container mode runs with --ipc=host, which uses the host's /dev/shm"
+    fix = ("mount -o remount,size=64G /dev/shm (host mode); container mode runs with --ipc=host, which uses the host's "
+          "/dev/shm")
     if gib < SHM_MIN_GIB:
-        return [error("shm", f"/dev/shm{at} is {gib:.2f} GiB; NCCL and Ray's object store need at least {SHM_MIN_GIB} GiB", fix)]
+        return [error("shm",
+                      f"/dev/shm{at} is {gib:.2f} GiB; NCCL and Ray's object store need at least {SHM_MIN_GIB} "
+                      "GiB", fix)]
     if gib < SHM_GOOD_GIB:
-        return [warning("shm", f"/dev/shm{at} is {gib:.1f} GiB; {SHM_GOOD_GIB} GiB or more is recommended for SGLang and NCCL", fix)]
+        return [warning("shm",
+                        f"/dev/shm{at} is {gib:.1f} GiB; {SHM_GOOD_GIB} GiB or more is recommended for SGLang and "
+                        "NCCL", fix)]
     return [ok("shm", f"/dev/shm{at} is {gib:.0f} GiB")]
 
 
@@ -120,14 +138,16 @@ def limits_findings(run: Run, mode: str = "host", where: str = "") -> list[Findi
         if mode == "container":
             out.append(ok("limits", f"memlock {memlock} KiB{at}; the container runs with --ulimit memlock=-1"))
         else:
-            out.append(warning("limits", f"max locked memory{at} is {memlock} KiB; NCCL over InfiniBand/EFA needs it unlimited",
+            out.append(warning("limits",
+                               f"max locked memory{at} is {memlock} KiB; NCCL over InfiniBand/EFA needs it unlimited",
                                "`ulimit -l unlimited` (root), or `* - memlock unlimited` in /etc/security/limits.conf"))
     if nofile != "unlimited" and int(nofile) < NOFILE_GOOD:
         if mode == "container":
             out.append(ok("limits", f"open files {nofile}{at}; the container gets dockerd's limit for containers"))
         else:
             out.append(warning("limits", f"open files limit{at} is {nofile}; Ray wants {NOFILE_GOOD} or more",
-                               "`ulimit -n 1048576` before launching, or `* - nofile 1048576` in /etc/security/limits.conf"))
+                               "`ulimit -n 1048576` before launching, or `* - nofile 1048576` in "
+                               "/etc/security/limits.conf"))
     return out or [ok("limits", f"memlock {memlock}, open files {nofile}{at}")]
 
 
@@ -152,7 +172,8 @@ def busy_ports(run: Run, ports: Iterable[int], python: str = "python3") -> set[i
     return {int(x) for x in run([python, "-c", _PORT_PROBE, *wanted]).split()}
 
 
-def port_findings(run: Run, ports: dict[str, int], python: str = "python3", where: str = "", ours: dict[int, str] | None = None) -> list[Finding]:
+def port_findings(run: Run, ports: dict[str, int], python: str = "python3", where: str = "",
+                  ours: dict[int, str] | None = None) -> list[Finding]:
     """`ports` maps a name (e.g. "ray_port") to a port; `ours` lists ports held by something this
     launch stops first (the Ray head that an earlier launch recorded)."""
     at = f" on {where}" if where else ""
@@ -165,7 +186,8 @@ def port_findings(run: Run, ports: dict[str, int], python: str = "python3", wher
     for name, port in ports.items():
         if port in busy and port not in ours:
             out.append(error("ports", f"{name} {port}{at} is in use by another process",
-                             f"free the port (`ss -ltnp 'sport = :{port}'` shows who holds it) or set {name} to a free port in the recipe (--set {name}=...)"))
+                             f"free the port (`ss -ltnp 'sport = :{port}'` shows who holds it) or set {name} to a "
+                             f"free port in the recipe (--set {name}=...)"))
     notes = [f"{port} is held by {who}, which this launch stops first" for port, who in ours.items() if port in busy]
     shown = ", ".join(f"{n} {p}" for n, p in ports.items() if p)
     return out or [ok("ports", f"free{at}: {shown}" + (f" ({'; '.join(notes)})" if notes else ""))]
@@ -225,7 +247,8 @@ def check_ports(ctx: Context) -> list[Finding]:
     ours = {}
     pid = recorded_head(ctx.state_dir)
     if pid and r is not None and not ctx.address:
-        ours = {r.ray_port: f"the Ray head of an earlier launch (pid {pid})", r.ray_dashboard_port: f"the Ray head of an earlier launch (pid {pid})"}
+        ours = {r.ray_port: f"the Ray head of an earlier launch (pid {pid})",
+                r.ray_dashboard_port: f"the Ray head of an earlier launch (pid {pid})"}
     return port_findings(ctx.read, ports, ours=ours)
 
 

@@ -46,7 +46,8 @@ def image_python(ctx: Context) -> str:
     (no /opt/slimeforge, as its probe found: run/imageprobe.py) its own python3, the one launch.sh
     runs there. An image that could not be probed is taken for slimeforge's, as before."""
     facts = ctx.image_facts()
-    return "python3" if not isinstance(facts, Exception) and not facts.slimeforge_image else f"{ctx.stack.venv}/bin/python"
+    return "python3" if not isinstance(facts,
+                                       Exception) and not facts.slimeforge_image else f"{ctx.stack.venv}/bin/python"
 
 
 class KernelPiece(TypedDict):
@@ -74,14 +75,16 @@ def parse_report(text: str) -> KernelReport:
     try:
         doc = readback.json_loads(lines[-1])
     except ValueError as exc:
-        raise ValueError(f"its last line is not JSON ({getattr(exc, 'msg', exc)}): {printable(lines[-1][:200])}") from None
+        raise ValueError(f"its last line is not JSON ({getattr(exc, 'msg', exc)}): "
+                         f"{printable(lines[-1][:200])}") from None
     pieces = doc.get("pieces") if isinstance(doc, dict) else None
     if not isinstance(pieces, list) or not pieces:
         raise ValueError("its report has no list of pieces")
     for p in pieces:
         if not (isinstance(p, dict) and isinstance(p.get("name"), str) and p.get("status") in STATUSES
                 and isinstance(p.get("detail"), str) and isinstance(p.get("seconds"), int | float)):
-            raise ValueError(f"a piece of its report is not {{name, status ({'/'.join(STATUSES)}), detail, seconds}}: {str(p)[:200]}")
+            raise ValueError(f"a piece of its report is not {{name, status ({'/'.join(STATUSES)}), detail, seconds}}: "
+                             f"{str(p)[:200]}")
         if any(not c.isprintable() for c in p["name"] + p["detail"]):
             raise ValueError(f"piece {p['name']!r}: control characters in its report")
     if not (doc.get("gpu") is None or isinstance(doc.get("gpu"), str)):
@@ -92,7 +95,8 @@ def parse_report(text: str) -> KernelReport:
 
 
 # A piece of the kernel check -> the smoke import that makes it part of a stack (Stack.smoke).
-PIECE_IMPORTS = {"apex": "amp_C", "transformer_engine": "transformer_engine.pytorch", "torch_memory_saver": "torch_memory_saver",
+PIECE_IMPORTS = {"apex": "amp_C", "transformer_engine": "transformer_engine.pytorch",
+                 "torch_memory_saver": "torch_memory_saver",
                  "flash_attn.cute": "flash_attn.cute", "flash_attn_2": "flash_attn_2_cuda"}
 
 
@@ -102,7 +106,8 @@ def kernel_findings(doc: KernelReport, where: str, fix: str, stack_imports: list
     gpu = doc.get("gpu") or "no GPU"
     if doc.get("gpu") is None:  # one line for the whole check: nothing could run
         names = ", ".join(p["name"] for p in doc["pieces"])
-        return [warning(CHECK, f"no GPU here: the kernels of {where} were not checked ({names})", "run it on a host with a GPU")]
+        return [warning(CHECK, f"no GPU here: the kernels of {where} were not checked ({names})",
+                        "run it on a host with a GPU")]
     out: list[Finding] = []
     for p in doc["pieces"]:
         name, status, detail = p["name"], p["status"], p["detail"]
@@ -132,13 +137,17 @@ def check_kernels(ctx: Context) -> list[Finding]:
     # The fix is built from validated values (--image by its grammar, --prefix absolute), quoted as
     # a shell reads them; it runs the image's own copy of the script and mounts nothing from the host.
     if ctx.mode != "container":
-        fix = f"install again (`invoke install`); `{shlex.join([argv[0], f'{ctx.install_prefix}/.slimeforge/kernel_check.py'])}` shows the whole error"
-    elif (python := argv[argv.index("--entrypoint") + 1]) == "python3":  # not slimeforge's image: no copy of the script in it
-        fix = (f"a piece that fails is one of {ctx.image}'s own (its python3 ran slimeforge's kernel check, given as text, nothing mounted): "
+        fix = ("install again (`invoke install`); "
+              f"`{shlex.join([argv[0], f'{ctx.install_prefix}/.slimeforge/kernel_check.py'])}` shows the whole error")
+    # not slimeforge's image: no copy of the script in it
+    elif (python := argv[argv.index("--entrypoint") + 1]) == "python3":
+        fix = (f"a piece that fails is one of {ctx.image}'s own (its python3 ran slimeforge's kernel check, given as "
+               "text, nothing mounted): "
                "rebuild that image, or build one with `invoke build`")
     else:
-        fix = (f"rebuild the image (`invoke build`) and read its smoke test; `{shlex.join([argv[0], 'run', '--rm', '--gpus', 'all', '--entrypoint', python, '--', str(ctx.image), '/opt/slimeforge/kernel_check.py'])}` "
-               "shows the whole error")
+        rerun = shlex.join([argv[0], 'run', '--rm', '--gpus', 'all', '--entrypoint', python, '--', str(ctx.image),
+                            '/opt/slimeforge/kernel_check.py'])
+        fix = f"rebuild the image (`invoke build`) and read its smoke test; `{rerun}` shows the whole error"
     # The script exits 1 when a piece failed, and still prints its report: read it either way.
     try:
         res = ctx.runner.run(argv, step="kernel check", check=False, timeout=TIMEOUT_S)

@@ -90,7 +90,8 @@ def compare_model(flags: dict[str, str | None], config: dict, script: str, confi
     out = []
 
     def mismatch(what: str, flag_says: str, config_says: str, fix: str):
-        out.append(error("model-config", f"{what}: the model script says {flag_says}, {config_path} says {config_says}", fix))
+        out.append(error("model-config",
+                         f"{what}: the model script says {flag_says}, {config_path} says {config_says}", fix))
 
     for flag, keys in MODEL_FLAG_KEYS.items():
         want = _config_value(config, keys)
@@ -103,21 +104,27 @@ def compare_model(flags: dict[str, str | None], config: dict, script: str, confi
         if not _same(have, want):
             key = next(k for k in keys if _config_value(config, (k,)) is not None)
             mismatch(flag, f"{flag} {have}{source}", f"{key}: {want}",
-                     f"add [\"{flag}\", \"{want}\"] to extra_flags in the recipe (they come after MODEL_ARGS, so they win), or fix {script}")
+                     f"add [\"{flag}\", \"{want}\"] to extra_flags in the recipe (they come after MODEL_ARGS, so they "
+                     f"win), or fix {script}")
     heads = _config_value(config, ("num_attention_heads",))
     kv = _config_value(config, ("num_key_value_heads",))
     if kv is not None and heads is not None and kv != heads:
         if "--group-query-attention" not in flags:
-            mismatch("grouped-query attention", "no --group-query-attention", f"num_key_value_heads: {kv} (of {heads} heads)",
-                     f"add [\"--group-query-attention\", \"--num-query-groups\", \"{kv}\"] to extra_flags, or fix {script}")
+            mismatch("grouped-query attention", "no --group-query-attention",
+                     f"num_key_value_heads: {kv} (of {heads} heads)",
+                     f"add [\"--group-query-attention\", \"--num-query-groups\", \"{kv}\"] to extra_flags, or fix "
+                     f"{script}")
         elif flags.get("--num-query-groups") is None or not _same(flags["--num-query-groups"] or "", kv):
-            mismatch("--num-query-groups", f"--num-query-groups {flags.get('--num-query-groups')}", f"num_key_value_heads: {kv}",
+            mismatch("--num-query-groups", f"--num-query-groups {flags.get('--num-query-groups')}",
+                     f"num_key_value_heads: {kv}",
                      f"add [\"--num-query-groups\", \"{kv}\"] to extra_flags, or fix {script}")
     tied = config.get("tie_word_embeddings", True)  # transformers' default
     untied = "--untie-embeddings-and-output-weights" in flags
     if bool(tied) == untied:
-        says = "--untie-embeddings-and-output-weights" if untied else "tied embeddings (no --untie-embeddings-and-output-weights)"
-        fix = (f"the model script must not pass --untie-embeddings-and-output-weights for this checkpoint: fix {script} or pick the model_type of this model"
+        says = "--untie-embeddings-and-output-weights" if untied else ("tied embeddings (no "
+                                                                      "--untie-embeddings-and-output-weights)")
+        fix = ("the model script must not pass --untie-embeddings-and-output-weights for this checkpoint: fix "
+               f"{script} or pick the model_type of this model"
                if untied else f"add \"--untie-embeddings-and-output-weights\" to extra_flags, or fix {script}")
         mismatch("embeddings", says, f"tie_word_embeddings: {str(bool(tied)).lower()}", fix)
     return out
@@ -132,20 +139,27 @@ def check_model_config(ctx: Context) -> list[Finding]:
     out = []
     try:
         # The one reader: a FIFO here would block the doctor forever; a model's config.json is small.
-        config = readback.read_json(config_path, "config.json", "a Hugging Face config.json", max_bytes=1 << 20, follow_symlinks=True)
+        config = readback.read_json(config_path, "config.json", "a Hugging Face config.json", max_bytes=1 << 20,
+                                    follow_symlinks=True)
         if config is None:
-            out.append(error("model-config", f"{config_path} does not exist", "set model_dir to a Hugging Face checkpoint directory (holding config.json and the weights), on every host"))
+            out.append(error("model-config", f"{config_path} does not exist",
+                             "set model_dir to a Hugging Face checkpoint directory (holding config.json and the "
+                             "weights), on every host"))
     except readback.RecordError as exc:
-        out.append(error("model-config", f"{config_path} is not readable JSON: {'; '.join(p.message for p in exc.problems)}", "re-download the checkpoint"))
+        out.append(error("model-config",
+                         f"{config_path} is not readable JSON: "
+                         f"{'; '.join(p.message for p in exc.problems)}", "re-download the checkpoint"))
         config = None
     if config is not None and not isinstance(config, dict):
         out.append(error("model-config", f"{config_path} holds a JSON {type(config).__name__}, not an object",
                          "model_dir must be a Hugging Face checkpoint directory, whose config.json is a JSON object"))
         config = None
     script = model_script(r)
-    if ctx.mode == "container" and not script.is_file():  # read in the image: one that is missing is said once, by its name
+    # read in the image: one that is missing is said once, by its name
+    if ctx.mode == "container" and not script.is_file():
         if not ctx.image:
-            out.append(skipped("model-config", "--image", f"the model script {script} is read in the image, and no image is given",
+            out.append(skipped("model-config", "--image",
+                               f"the model script {script} is read in the image, and no image is given",
                                "give --image IMAGE (or image: in the recipe)"))
             return out
         if blocker := ctx.image_blocker("model-config"):
@@ -153,7 +167,9 @@ def check_model_config(ctx: Context) -> list[Finding]:
     margs = model_args(ctx)
     if isinstance(margs, Exception):
         out.append(error("model-config", f"cannot read MODEL_ARGS of {model_script(r)}: {describe_failure(margs)}",
-                         known_fix(margs, "check slime_dir and model_type in the recipe (model_type names scripts/models/<model_type>.sh)")))
+                         known_fix(margs,
+                                   "check slime_dir and model_type in the recipe (model_type names "
+                                   "scripts/models/<model_type>.sh)")))
         return out
     if config is None:
         return out

@@ -27,10 +27,12 @@ KNOWN: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p, re.I), fix
     (r"permission denied while trying to connect to the Docker daemon",
      "add this user to the docker group (`sudo usermod -aG docker $USER`, then log in again), or run as root"),
     (r"could not select device driver .* with capabilities: \[\[gpu\]\]",
-     "install the NVIDIA Container Toolkit and register it with Docker (`sudo nvidia-ctk runtime configure --runtime=docker`, "
+     "install the NVIDIA Container Toolkit and register it with Docker (`sudo nvidia-ctk runtime configure "
+     "--runtime=docker`, "
      "then restart Docker)"),
     (r"nvidia-container-cli: (initialization error|.*driver)",
-     "the NVIDIA Container Toolkit cannot reach the driver: check `nvidia-smi` on the host (driver loaded, same version as "
+     "the NVIDIA Container Toolkit cannot reach the driver: check `nvidia-smi` on the host (driver loaded, same "
+     "version as "
      "its libraries)"),
     (r"lookup \S+.*no such host|Temporary failure in name resolution|server misbehaving",
      "the image's registry host does not resolve from here: check the image name, or DNS and the proxy settings"),
@@ -40,12 +42,14 @@ KNOWN: tuple[tuple[re.Pattern[str], str], ...] = tuple((re.compile(p, re.I), fix
     (r"manifest unknown|manifest for \S+ not found|No such image",
      "the image is not there: build it (`invoke build`), pull it, or check its name and tag"),
     # nvidia-smi
-    (r"Driver/library version mismatch", "the loaded NVIDIA driver and its libraries differ: reboot, or reload the driver"),
+    (r"Driver/library version mismatch",
+     "the loaded NVIDIA driver and its libraries differ: reboot, or reload the driver"),
     (r"couldn't communicate with the NVIDIA driver|NVIDIA-SMI has failed",
      "the NVIDIA driver is not loaded: load it (`sudo modprobe nvidia`) or reinstall it"),
     (r"No devices were found", "the driver sees no GPU: check that this host has one (a VM: its GPU passthrough)"),
     # ssh
-    (r"Permission denied \(publickey", "the host refuses this key: add it to the host's authorized_keys, or name the right one "
+    (r"Permission denied \(publickey",
+     "the host refuses this key: add it to the host's authorized_keys, or name the right one "
      "in the inventory (ssh.identity_file)"),
     (r"Host key verification failed|REMOTE HOST IDENTIFICATION HAS CHANGED",
      "the host's key is not the one known_hosts holds: check it (`ssh-keygen -F HOST`), then update known_hosts"),

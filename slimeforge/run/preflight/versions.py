@@ -23,10 +23,12 @@ def version_findings(theirs: tuple[str, str] | Exception, mine: tuple[str, str],
                       known_fix(theirs, "install the same image (or install prefix) on every host"))]
     out = []
     if theirs[0] != mine[0]:
-        out.append(error("versions", f"Ray {theirs[0]} on {where}, {mine[0]} here", f"use Ray {mine[0]} everywhere (the same image or install on every host)"))
+        out.append(error("versions", f"Ray {theirs[0]} on {where}, {mine[0]} here",
+                         f"use Ray {mine[0]} everywhere (the same image or install on every host)"))
     # Ray pickles functions between processes: the minor version must match, patch may differ.
     if theirs[1].split(".")[:2] != mine[1].split(".")[:2]:
-        out.append(error("versions", f"Python {theirs[1]} on {where}, {mine[1]} here", f"use Python {'.'.join(mine[1].split('.')[:2])} everywhere"))
+        out.append(error("versions", f"Python {theirs[1]} on {where}, {mine[1]} here",
+                         f"use Python {'.'.join(mine[1].split('.')[:2])} everywhere"))
     return out or [ok("versions", f"Ray {theirs[0]}, Python {theirs[1]} on {where} match this client")]
 
 
@@ -57,15 +59,19 @@ def environment_versions(ctx: Context) -> list[Finding]:
     """In place: the environment the job runs in (its interpreter, read with env_probe.py) has Ray."""
     python = ctx.python or "python3"
     try:
-        out = ctx.runner.run([python, str(paths.SCRIPTS / "env_probe.py")], step="versions (this environment)", timeout=60).stdout
+        out = ctx.runner.run([python, str(paths.SCRIPTS / "env_probe.py")], step="versions (this environment)",
+                             timeout=60).stdout
         found = json.loads(out.strip().splitlines()[-1])
     except Exception as exc:  # noqa: BLE001 - reported as the finding
         return [error("versions", f"cannot read the versions of {python}: {describe_failure(exc)}",
-                      "run in the environment where slime is installed (slime's container, or the bare-metal install's)")]
+                      "run in the environment where slime is installed (slime's container, or the bare-metal "
+                      "install's)")]
     if not isinstance(found, dict) or not found.get("ray"):
         return [error("versions", f"Ray is not installed in {python}, which would start the head and run the job",
                       "pip install 'ray[default]' into this environment, as slime's container has it")]
-    return [ok("versions", f"Ray {found['ray']}, Python {found.get('python')} in this environment ({python}): the head starts with them")]
+    return [ok("versions",
+               f"Ray {found['ray']}, Python {found.get('python')} in this environment ({python}): the head starts "
+               "with them")]
 
 
 def image_versions(ctx: Context) -> list[Finding]:
@@ -77,9 +83,14 @@ def image_versions(ctx: Context) -> list[Finding]:
         return [warning("versions", f"the Ray and Python of {ctx.image} cannot be learned: {describe_failure(facts)}",
                         "an image whose python3 is the one that runs slime (launch.sh runs python3 and ray there)")]
     if not facts.ray:
-        return [error("versions", f"Ray is not installed beside python3 ({facts.executable}) in {ctx.image}, which would start the head and run the job",
-                      "an image with Ray (pip install 'ray[default]' into the environment of its python3), as slime's image has")]
-    return [ok("versions", f"Ray {facts.ray}, Python {facts.python} in {ctx.image} (image {facts.short_id}): the head starts with them")]
+        return [error("versions",
+                      f"Ray is not installed beside python3 ({facts.executable}) in {ctx.image}, which would start "
+                      "the head and run the job",
+                      "an image with Ray (pip install 'ray[default]' into the environment of its python3), as slime's "
+                      "image has")]
+    return [ok("versions",
+               f"Ray {facts.ray}, Python {facts.python} in {ctx.image} (image {facts.short_id}): the head starts with "
+               "them")]
 
 
 @check("versions", "network")
@@ -103,7 +114,8 @@ def check_versions(ctx: Context) -> list[Finding]:
         # (the environment phase of `invoke cluster.up`).
         if theirs[0] != mine[0]:
             return version_findings((theirs[0], mine[1]), mine, where)
-        return [ok("versions", f"Ray {theirs[0]} on {where} matches this client (its Python is not reported by the dashboard)")]
+        return [ok("versions",
+                   f"Ray {theirs[0]} on {where} matches this client (its Python is not reported by the dashboard)")]
     return version_findings(theirs, mine, where)
 
 

@@ -124,7 +124,8 @@ def describe(plan: LaunchPlan) -> list[str]:
     warned = len(dry_run_warnings(rec, plan.run.environ))
     # "valid" only where nothing is in doubt: a path missing here is a warning (stderr), not a refusal.
     verdict = f"valid as a recipe, {warned} warning(s) (stderr)" if warned else "valid"
-    lines = [f"recipe {plan.run.recipe_path}: {verdict} ({rec.exp_id}, stack {plan.run.stack.id}); target {plan.target}",
+    lines = [f"recipe {plan.run.recipe_path}: {verdict} ({rec.exp_id}, stack {plan.run.stack.id}); target "
+             f"{plan.target}",
              f"run directory {plan.rundir.path}:", *(f"  {name}" for name in plan.rundir.files)]
     if plan.mounts:
         lines.append("mounts (same path inside):")

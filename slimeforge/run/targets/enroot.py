@@ -75,12 +75,17 @@ def reference(image: str, version: Version) -> str:
     same image; ConfigError when this enroot cannot name it (3.0 and a digest; older than 3.0)."""
     ref = parse_image_ref(image, "image")
     if version < OLDEST:
-        raise ConfigError("image", [Problem("enroot", "is too old for pyxis image references", show(version), "enroot 3.0 or newer, or --mode host")])
+        raise ConfigError("image", [Problem("enroot", "is too old for pyxis image references", show(version),
+                                            "enroot 3.0 or newer, or --mode host")])
     if version >= DOCKER_FORM and (ref.digest is None or ref.digest.startswith("sha256:")):
-        return str(ImageRef(ref.registry, ref.repository, None if ref.digest else ref.tag, ref.digest))  # enroot 4 reads only sha256 here
+        return str(ImageRef(ref.registry, ref.repository, None if ref.digest else ref.tag,
+                            ref.digest))  # enroot 4 reads only sha256 here
     if ref.digest is not None and version < DIGEST_AS_TAG:
-        raise ConfigError("image", [Problem("image", f"is pinned by digest, which enroot {show(version)} cannot pull (3.0 takes no ':' in a tag)", image,
-                                            "enroot 3.1 or newer on the cluster, or --squashfs-dir DIR (imported where a newer enroot runs)")])
+        raise ConfigError("image", [Problem("image",
+                                            f"is pinned by digest, which enroot {show(version)} cannot pull (3.0 "
+                                            "takes no ':' in a tag)", image,
+                                            "enroot 3.1 or newer on the cluster, or --squashfs-dir DIR (imported "
+                                            "where a newer enroot runs)")])
     # enroot 3 asks the registry named before '#' as it is (4 maps docker.io to registry-1.docker.io):
     # Docker Hub is its default when none is named.
     where = "" if ref.registry == DOCKER_HUB else f"{ref.registry}#"
@@ -88,9 +93,11 @@ def reference(image: str, version: Version) -> str:
 
 
 def squashfs_problems(directory: object) -> list[Problem]:
-    if not isinstance(directory, str) or not SQUASHFS_DIR_RE.fullmatch(directory) or "/../" in directory + "/" or "//" in directory:
+    if (not isinstance(directory, str) or not SQUASHFS_DIR_RE.fullmatch(directory)
+            or "/../" in directory + "/" or "//" in directory):
         return [Problem("--squashfs-dir", "is not an absolute directory pyxis can read", directory,
-                        "an absolute path on a filesystem every node mounts, of letters, digits and _ . / + - (no ',', ':', '..' or spaces)")]
+                        "an absolute path on a filesystem every node mounts, of letters, digits and _ . / + - (no "
+                        "',', ':', '..' or spaces)")]
     return []
 
 
@@ -137,12 +144,14 @@ def record_path(sqsh: Path) -> Path:
 
 
 def fingerprint(st: os.stat_result) -> dict[str, int]:
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "ino": st.st_ino, "dev": st.st_dev}
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "ino": st.st_ino,
+            "dev": st.st_dev}
 
 
 def _refused(sqsh: Path, why: str, fix: str | None = None) -> ConfigError:
     return ConfigError("--squashfs-dir", [Problem(str(sqsh), why, None, fix or (
-        f"remove it (and {record_path(sqsh).name} beside it, if any): the next launch imports the image there again"), show_value=False)])
+        f"remove it (and {record_path(sqsh).name} beside it, if any): the next launch imports the image there again"),
+                                                  show_value=False)])
 
 
 def superblock_problem(fd: int, size: int) -> str | None:
@@ -193,8 +202,10 @@ def _open_regular(sqsh: Path) -> tuple[int, os.stat_result] | None:
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+    for test, name in ((stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO,
+                                                                                    "a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK,
+                                                                                           "a block device")):
         if test(mode):
             return name
     return "not a regular file"
@@ -203,10 +214,13 @@ def _kind(mode: int) -> str:
 def _record_problem(doc: Any) -> str | None:
     if not isinstance(doc, dict):
         return "is not a JSON object"
-    if not isinstance(doc.get("image"), str) or not (isinstance(doc.get("sha256"), str) and _SHA256_RE.fullmatch(doc["sha256"])):
+    if not isinstance(doc.get("image"), str) or not (isinstance(doc.get("sha256"),
+                                                                str) and _SHA256_RE.fullmatch(doc["sha256"])):
         return "lacks the image or its sha256"
     st = doc.get("stat")
-    if not (isinstance(st, dict) and all(isinstance(st.get(k), int) and not isinstance(st.get(k), bool) and st[k] >= 0 for k in _STAT_KEYS)):
+    if not (isinstance(st, dict) and all(isinstance(st.get(k), int) and not isinstance(st.get(k),
+                                                                                       bool) and st[k] >= 0 for k
+                                         in _STAT_KEYS)):
         return f"lacks the file's stat fingerprint ({', '.join(_STAT_KEYS)})"
     return None
 
@@ -222,10 +236,13 @@ class ImportRecord(TypedDict):
 def read_record(sqsh: Path) -> ImportRecord | None:
     """The import record beside `sqsh` (None when there is none); ConfigError when it is not one."""
     try:
-        return readback.read_json(record_path(sqsh), record_path(sqsh).name, "the record slimeforge writes when it imports a squashfs",
+        return readback.read_json(record_path(sqsh), record_path(sqsh).name,
+                                  "the record slimeforge writes when it imports a squashfs",
                                  _record_problem, max_bytes=RECORD_MAX_BYTES)
     except readback.RecordError as exc:
-        raise _refused(sqsh, f"has a record beside it that is not slimeforge's: {'; '.join(p.message for p in exc.problems)}") from None
+        raise _refused(sqsh,
+                       "has a record beside it that is not slimeforge's: "
+                       f"{'; '.join(p.message for p in exc.problems)}") from None
 
 
 def squashfs_ready(sqsh: Path, image: str, *, rehash: bool = False) -> bool:
@@ -245,11 +262,14 @@ def squashfs_ready(sqsh: Path, image: str, *, rehash: bool = False) -> bool:
         if why := superblock_problem(fd, st.st_size):
             raise _refused(sqsh, why)
         if st.st_size != rec["stat"]["size"]:
-            raise _refused(sqsh, f"is {st.st_size} bytes, but slimeforge imported {rec['stat']['size']} bytes there: it changed since")
+            raise _refused(sqsh,
+                           f"is {st.st_size} bytes, but slimeforge imported {rec['stat']['size']} bytes there: it "
+                           "changed since")
         if rehash or fingerprint(st) != rec["stat"]:
             seen = file_sha256(fd)
             if seen != rec["sha256"]:
-                raise _refused(sqsh, f"has sha256 {seen}, not the {rec['sha256']} slimeforge imported: it changed since")
+                raise _refused(sqsh,
+                               f"has sha256 {seen}, not the {rec['sha256']} slimeforge imported: it changed since")
     finally:
         os.close(fd)
     return True
@@ -280,5 +300,6 @@ def record_import(partial: Path, sqsh: Path, image: str) -> None:
         placed = os.lstat(sqsh)
         if placed.st_ino != st.st_ino:
             raise _refused(sqsh, "is not the file just imported (replaced while being linked)", "run again")
-        record = {"image": image, "sha256": sha, "stat": fingerprint(placed), "imported_by": f"slimeforge {__version__}"}
+        record = {"image": image, "sha256": sha, "stat": fingerprint(placed),
+                  "imported_by": f"slimeforge {__version__}"}
         write_file(record_path(sqsh), json.dumps(record, indent=2) + "\n")

@@ -28,7 +28,17 @@ from ...readback import RecordError
 from ...schema import printable
 from .. import ownership
 from ..headstate import HEAD_RECORD, state_dir
-from ..runrecord import SUBMISSION_ID_RE, RunRecord, Unreachable, container_check, head_check, head_gone, ray_job, ray_job_check, read_run
+from ..runrecord import (
+    SUBMISSION_ID_RE,
+    RunRecord,
+    Unreachable,
+    container_check,
+    head_check,
+    head_gone,
+    ray_job,
+    ray_job_check,
+    read_run,
+)
 from .base import RunStatus, Say, Target
 from .jobsapi import TERMINAL, JobDoc, JobInfo, JobsApi, NoAnswer, TooLarge
 
@@ -43,7 +53,8 @@ def lost_seconds(environ: dict[str, str] | None = None) -> float:
     if value is None:
         return LOST_S
     if not re.fullmatch(r"[0-9]{1,5}", value) or not 1 <= int(value) <= 86400:
-        raise ConfigError("environment", [Problem(LOST_S_ENV, "is not a number of seconds", value, "whole seconds, 1..86400")])
+        raise ConfigError("environment", [Problem(LOST_S_ENV, "is not a number of seconds", value,
+                                                  "whole seconds, 1..86400")])
     return float(value)
 
 
@@ -58,7 +69,8 @@ class JobVanished(OperationFailed):
     """The head no longer knows a job it ran a moment ago: it was restarted or replaced (exit 1)."""
 
 
-def follow(api: JobsApi, sid: str, log_path: Path | None, stream: IO[str], say: Say = print, *, poll_s: float | None = None,
+def follow(api: JobsApi, sid: str, log_path: Path | None, stream: IO[str], say: Say = print, *,
+           poll_s: float | None = None,
            lost_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> JobInfo:
     """Print the job's log as it grows (and append it to `log_path`) until the job has ended; its
     final info. The log is read again whenever the job still runs: a stream that ends early is never
@@ -71,7 +83,8 @@ def follow(api: JobsApi, sid: str, log_path: Path | None, stream: IO[str], say: 
         try:
             info = api.job(sid)
             if info is None:
-                raise JobVanished(f"job {sid} is no longer known to the Ray head at {api.address}: the head was restarted or replaced, "
+                raise JobVanished(f"job {sid} is no longer known to the Ray head at {api.address}: the head was "
+                                  "restarted or replaced, "
                                   "and the job with it")
             if logs_ok:
                 try:
@@ -151,7 +164,8 @@ def recorded(run_dir: str | os.PathLike[str]) -> RunRecord:
 
 def _launched(rec: RunRecord) -> str:
     if not rec.submission_id:
-        raise ConfigError(str(rec.run_dir), [Problem("submission_id", "this run directory was never launched (no job recorded)", None,
+        raise ConfigError(str(rec.run_dir), [Problem("submission_id",
+                                                     "this run directory was never launched (no job recorded)", None,
                                                      "`invoke run RECIPE` first", show_value=False)])
     return rec.submission_id
 
@@ -209,11 +223,15 @@ def status_data(run_dir: str | os.PathLike[str]) -> JobStatusDoc:
             head = h.pid if h is not None and hv.ours else None
         except RecordError:
             head = None
-    doc: JobStatusDoc = {"run_dir": str(rec.run_dir), "exp_id": rec.exp_id, "submission_id": rec.submission_id, "address": rec.address,
-                          "container_id": rec.container_id, "ray_port": rec.ray_port, "run_token": rec.run_token, "attached": rec.attached,
-                          "status": "GONE", "message": verdict.reason, "start_time": None, "end_time": None, "head_pid": head}
+    doc: JobStatusDoc = {"run_dir": str(rec.run_dir), "exp_id": rec.exp_id, "submission_id": rec.submission_id,
+                         "address": rec.address,
+                          "container_id": rec.container_id, "ray_port": rec.ray_port, "run_token": rec.run_token,
+                         "attached": rec.attached,
+                          "status": "GONE", "message": verdict.reason, "start_time": None, "end_time": None,
+                         "head_pid": head}
     if job is not None:
-        doc["status"], doc["message"], doc["start_time"], doc["end_time"] = job["status"], job["message"] or "", job["start_time"], job["end_time"]
+        doc["status"], doc["message"] = job["status"], job["message"] or ""
+        doc["start_time"], doc["end_time"] = job["start_time"], job["end_time"]
     return doc
 
 
@@ -221,16 +239,19 @@ def status(run_dir: str | os.PathLike[str]) -> RunStatus:
     st = status_data(run_dir)
     head = ("a cluster slimeforge did not start (no head of ours)" if st["attached"]
             else f"Ray head pid {st['head_pid']} (started by slimeforge for this run)" if st["head_pid"]
-            else "in container " + st["container_id"][:12] if st["container_id"] else "no live Ray head of this run here")
+            else "in container " + st["container_id"][:12] if st["container_id"] else "no live Ray head of this run "
+                                                                                      "here")
     said = printable(st["message"].strip())[:2000]
     lines = [f"{st['submission_id']}: {st['status']}" + (f' (Ray says: "{said}")' if said else ""),
              f"  cluster {st['address']}; {head}", f"  run directory {st['run_dir']} (job.log)"]
     if st["attached"] and st["run_token"] and st["status"] != "GONE":  # --max-restarts: every attempt of this run
         attempts = attempts_of(JobsApi(st["address"]), st["exp_id"], st["run_token"])
-        st["attempts"] = [{"submission_id": a.submission_id, "attempt": a.metadata.get(META_ATTEMPT, "1"), "status": a.status} for a in attempts]
+        st["attempts"] = [{"submission_id": a.submission_id, "attempt": a.metadata.get(META_ATTEMPT, "1"),
+                           "status": a.status} for a in attempts]
         if len(attempts) > 1:
             lines.append(f"  attempts ({len(attempts)}, --max-restarts): "
-                         + "; ".join(f"{a.metadata.get(META_ATTEMPT, '?')}. {a.submission_id} {a.status}" for a in attempts))
+                         + "; ".join(f"{a.metadata.get(META_ATTEMPT, '?')}. {a.submission_id} "
+                                     f"{a.status}" for a in attempts))
     return RunStatus(tuple(lines), st)
 
 
@@ -259,7 +280,8 @@ def _wait_ended(rec: RunRecord, timeout: float = 120) -> str:
     return status
 
 
-def stop(run_dir: str | os.PathLike[str], head: bool = False, say=print, runner: Runner | None = None, docker: str = "docker") -> int:
+def stop(run_dir: str | os.PathLike[str], head: bool = False, say=print, runner: Runner | None = None,
+         docker: str = "docker") -> int:
     """Stop the recorded job; with `head`, also the Ray head slimeforge started for this run and the
     container it started for it. Each is first proved to be this run's (ownership.py); anything
     else is refused with what was found. Returns the exit code (StopReport.code)."""
@@ -274,7 +296,8 @@ def stop(run_dir: str | os.PathLike[str], head: bool = False, say=print, runner:
     if head:
         if rec.attached:
             report.add("none", f"the job went to {rec.ray_address}, a Ray cluster slimeforge did not start here: "
-                       "there is no head of ours to stop (stop that cluster where it was started, e.g. `invoke cluster.down`)", say)
+                       "there is no head of ours to stop (stop that cluster where it was started, e.g. `invoke "
+                       "cluster.down`)", say)
         elif rec.container_id is not None:
             _stop_container(rec, report, say, runner, docker)
         else:
@@ -350,7 +373,8 @@ def _stop_container(rec: RunRecord, report: StopReport, say, runner: Runner, doc
     r = runner.run([docker, "stop", "--time", "60", "--", cid], step="docker stop", check=False, timeout=120)
     said = (r.stdout + r.stderr).strip()[-300:]
     if r.returncode == 0:
-        report.add("stopped", f"container {cid[:12]} (the Ray head inside it with it); docker said: {said or '(nothing)'}", say)
+        report.add("stopped",
+                   f"container {cid[:12]} (the Ray head inside it with it); docker said: {said or '(nothing)'}", say)
     else:
         report.add("failed", f"docker stop {cid[:12]} exited with {r.returncode}: {said}", say)
 
@@ -382,7 +406,8 @@ META_ATTEMPT = "slimeforge_attempt"  # 1, 2, ...: which submission of the run (-
 
 def _ref_problem(ref: str) -> ConfigError:
     return ConfigError("command line", [Problem("RUN", "is neither an exp_id nor a submission id", ref,
-                                                "the recipe's exp_id, e.g. gsm8k-3b, or a submission id <exp_id>-YYYYmmdd-HHMMSS-<6 hex>")])
+                                                "the recipe's exp_id, e.g. gsm8k-3b, or a submission id "
+                                                "<exp_id>-YYYYmmdd-HHMMSS-<6 hex>")])
 
 
 def attempts_of(api: JobsApi, exp_id: str, run_token: str | None = None) -> list[JobInfo]:
@@ -401,13 +426,18 @@ def find_job(api: JobsApi, ref: str) -> tuple[JobInfo, ownership.Verdict]:
         info = api.job(ref)
         exp_id = ref[: -len("-YYYYmmdd-HHMMSS-abcdef")]
         if info is None:
-            raise ConfigError(api.address, [Problem("RUN", "is a job the Ray head does not know (it was never submitted there, or the head "
-                                                    "was restarted since)", ref, "an exp_id or submission id shown by `invoke run.status`")])
+            raise ConfigError(api.address, [Problem("RUN",
+                                                    "is a job the Ray head does not know (it was never submitted "
+                                                    "there, or the head "
+                                                    "was restarted since)", ref,
+                                                    "an exp_id or submission id shown by `invoke run.status`")])
     else:
         exp_id = ref
         jobs = attempts_of(api, ref)
         if not jobs:
-            raise ConfigError(api.address, [Problem("RUN", "names no job slimeforge submitted to this cluster (no job's metadata carries "
+            raise ConfigError(api.address, [Problem("RUN",
+                                                    "names no job slimeforge submitted to this cluster (no job's "
+                                                    "metadata carries "
                                                     "this exp_id)", ref, "the exp_id of a run launched there")])
         info = jobs[-1]
     token = info.metadata.get(ownership.META_RUN_TOKEN)
@@ -415,7 +445,9 @@ def find_job(api: JobsApi, ref: str) -> tuple[JobInfo, ownership.Verdict]:
     verdict = ownership.ray_job_verdict(info.submission_id, info.metadata, info.status, exp_id, token)
     if verdict.state == ownership.FOREIGN or token is None:
         raise SlimeforgeError(f"job {info.submission_id} at {api.address}: refused: " +
-                              (verdict.reason if verdict.state == ownership.FOREIGN else "it carries no slimeforge run token: slimeforge did not submit it"))
+                              (verdict.reason if verdict.state == ownership.FOREIGN else "it carries no slimeforge "
+                                                                                         "run token: slimeforge did "
+                                                                                         "not submit it"))
     return info, verdict
 
 
@@ -425,17 +457,23 @@ def remote_status(address: str, ref: str) -> RunStatus:
     exp_id = info.metadata[ownership.META_EXP_ID]
     attempts = attempts_of(api, exp_id, info.metadata[ownership.META_RUN_TOKEN])
     # The keys of a run directory's status (docs/json.md), those only a run directory knows null.
-    data: JobStatusDoc = {"run_dir": info.metadata.get("slimeforge_run_dir"), "exp_id": exp_id, "submission_id": info.submission_id, "address": api.address,
-            "container_id": None, "ray_port": None, "run_token": info.metadata[ownership.META_RUN_TOKEN], "attached": True,
-            "status": info.status, "message": info.message, "start_time": info.start_time, "end_time": info.end_time, "head_pid": None,
+    data: JobStatusDoc = {"run_dir": info.metadata.get("slimeforge_run_dir"), "exp_id": exp_id,
+                          "submission_id": info.submission_id, "address": api.address,
+            "container_id": None, "ray_port": None, "run_token": info.metadata[ownership.META_RUN_TOKEN],
+                          "attached": True,
+            "status": info.status, "message": info.message, "start_time": info.start_time, "end_time": info.end_time,
+                          "head_pid": None,
             "driver_exit_code": info.driver_exit_code,
-            "attempts": [{"submission_id": a.submission_id, "attempt": a.metadata.get(META_ATTEMPT, "1"), "status": a.status,
+            "attempts": [{"submission_id": a.submission_id, "attempt": a.metadata.get(META_ATTEMPT, "1"),
+                          "status": a.status,
                           "message": a.message, "start_time": a.start_time, "end_time": a.end_time} for a in attempts]}
     lines = [f"{info.submission_id}: {info.status}" + (f" ({info.shown_message})" if info.shown_message else ""),
-             f"  experiment {exp_id} on the cluster at {api.address} (found by the job's metadata; no run directory needed)"]
+             f"  experiment {exp_id} on the cluster at {api.address} (found by the job's metadata; no run directory "
+             "needed)"]
     if len(attempts) > 1:
         lines.append(f"  attempts ({len(attempts)}, --max-restarts):")
-        lines += [f"    {a.metadata.get(META_ATTEMPT, '?')}. {a.submission_id}: {a.status}" + (f" ({a.shown_message})" if a.shown_message else "")
+        lines += [f"    {a.metadata.get(META_ATTEMPT, '?')}. {a.submission_id}: "
+                  f"{a.status}" + (f" ({a.shown_message})" if a.shown_message else "")
                   for a in attempts]
     return RunStatus(tuple(lines), data)
 
@@ -447,7 +485,8 @@ def remote_logs(address: str, ref: str, follow_logs: bool, stream: IO[str], say:
         stream.write(terminal_text(api.logs(info.submission_id)))
         return None
     final = follow(api, info.submission_id, None, stream, say)
-    say(f"[slimeforge] job {final.submission_id}: {final.status}" + (f" ({final.shown_message})" if final.shown_message else ""))
+    say(f"[slimeforge] job {final.submission_id}: "
+        f"{final.status}" + (f" ({final.shown_message})" if final.shown_message else ""))
     return None
 
 

@@ -115,7 +115,8 @@ class JobInfo:
         return f'Ray says: "{text[:2000]}"' + (" (cut)" if len(text) > 2000 else "") if text else ""
 
     def as_dict(self) -> JobDoc:
-        return {"submission_id": self.submission_id, "status": self.status, "message": self.message, "metadata": dict(self.metadata),
+        return {"submission_id": self.submission_id, "status": self.status, "message": self.message,
+                "metadata": dict(self.metadata),
                 "start_time": self.start_time, "end_time": self.end_time, "driver_exit_code": self.driver_exit_code}
 
     @classmethod
@@ -124,7 +125,8 @@ class JobInfo:
 
         def bad(field: str, why: str, value: Any) -> NoAnswer:
             return NoAnswer(f"{where}: field {field!r} {why} (got {printable(repr(value))[:200]}); "
-                            "this is not an answer Ray's Jobs API gives: is the address a Ray dashboard of this Ray version?")
+                            "this is not an answer Ray's Jobs API gives: is the address a Ray dashboard of this Ray "
+                            "version?")
 
         if not isinstance(doc, dict):
             raise bad("(the answer)", "is not a JSON object", type(doc).__name__)
@@ -138,12 +140,16 @@ class JobInfo:
         if message is None:
             message = ""
         if not isinstance(message, str) or len(message) > MAX_MESSAGE:
-            raise bad("message", f"is not text of at most {MAX_MESSAGE} characters", message if not isinstance(message, str) else f"{len(message)} characters")
+            raise bad("message", f"is not text of at most {MAX_MESSAGE} characters", message if not isinstance(message,
+                                                                                                               str)
+                      else f"{len(message)} "
+                                                                                                                         "characters")
         meta = doc.get("metadata")
         if meta is None:
             meta = {}
         if not (isinstance(meta, dict) and len(meta) <= MAX_META_ITEMS
-                and all(isinstance(k, str) and isinstance(v, str) and len(k) <= MAX_META_KEY and len(v) <= MAX_META_VALUE for k, v in meta.items())):
+                and all(isinstance(k, str) and isinstance(v, str) and len(k) <= MAX_META_KEY
+                        and len(v) <= MAX_META_VALUE for k, v in meta.items())):
             raise bad("metadata", f"is not a map of at most {MAX_META_ITEMS} short strings", meta)
         times: dict[str, int | None] = {}
         for key in ("start_time", "end_time"):
@@ -232,7 +238,8 @@ class JobsApi:
             raise
         except (OSError, http.client.HTTPException, ValueError) as exc:
             if fired.is_set() or time.monotonic() - start >= total:
-                raise NoAnswer(f"{what} gave no complete answer within {total:g} s ({self._deadlines(total)})") from None
+                raise NoAnswer(f"{what} gave no complete answer within {total:g} s "
+                               f"({self._deadlines(total)})") from None
             if isinstance(exc, (socket.timeout, TimeoutError)):
                 limit = self.connect_s if stage == "connecting" else self.read_s
                 raise NoAnswer(f"{what}: no answer while {stage} for {limit:g} s ({self._deadlines(total)})") from None
@@ -278,14 +285,16 @@ class JobsApi:
             return None
         info = JobInfo.parse(doc, f"the Ray Jobs API at {self.address} (GET {path})")
         if info.submission_id != sid:
-            raise NoAnswer(f"the Ray Jobs API at {self.address} answered for job {info.submission_id!r} when asked for {sid!r}")
+            raise NoAnswer(f"the Ray Jobs API at {self.address} answered for job {info.submission_id!r} when asked "
+                           f"for {sid!r}")
         return info
 
     def jobs(self) -> list[JobInfo]:
         """Every submitted job the head remembers (drivers started without the Jobs API are left out)."""
         doc = self.json("GET", "/api/jobs/", total_s=max(self.total_s, 120), max_bytes=MAX_JOBS_ANSWER)
         if not isinstance(doc, list) or len(doc) > 100_000:
-            raise NoAnswer(f"the Ray Jobs API at {self.address} (GET /api/jobs/) answered {type(doc).__name__}, not a list of jobs")
+            raise NoAnswer(f"the Ray Jobs API at {self.address} (GET /api/jobs/) answered {type(doc).__name__}, not a "
+                           "list of jobs")
         where = f"the Ray Jobs API at {self.address} (GET /api/jobs/)"
         return [JobInfo.parse(d, where) for d in doc if isinstance(d, dict) and d.get("submission_id") is not None]
 
@@ -294,7 +303,9 @@ class JobsApi:
         (GET /api/v0/nodes); a restarted host has a DEAD entry beside its new ALIVE one."""
         path = "/api/v0/nodes?limit=10000&detail=false"
         doc = self.json("GET", path, max_bytes=MAX_JOBS_ANSWER)
-        rows = doc.get("data", {}).get("result", {}).get("result") if isinstance(doc, dict) and isinstance(doc.get("data"), dict) \
+        rows = doc.get("data", {}).get("result", {}).get("result") if isinstance(doc,
+                                                                                 dict) and isinstance(doc.get("data"),
+                                                                                                      dict) \
             and isinstance(doc["data"].get("result"), dict) else None
         if not isinstance(rows, list):
             raise NoAnswer(f"the Ray dashboard at {self.address} (GET {path}) answered no list of nodes")
@@ -321,7 +332,8 @@ class JobsApi:
         """Submit; a head that answers 5xx (Ray: "No available agent to submit job, please try again
         later" while its agent starts) is asked again for up to `retry_s`. The submission id makes a
         repeat safe: a job that did arrive is found under it, never submitted twice."""
-        body = {"entrypoint": entrypoint, "submission_id": submission_id, "metadata": metadata, "runtime_env": runtime_env}
+        body = {"entrypoint": entrypoint, "submission_id": submission_id, "metadata": metadata,
+                "runtime_env": runtime_env}
         deadline = time.monotonic() + retry_s
         while True:
             try:
@@ -354,12 +366,14 @@ class JobsApi:
         import tempfile
         from pathlib import Path
 
-        from ray._private.runtime_env.packaging import create_package, get_uri_for_directory  # ray's zip format, not its HTTP
+        # ray's zip format, not its HTTP
+        from ray._private.runtime_env.packaging import create_package, get_uri_for_directory
 
         uri = get_uri_for_directory(directory, include_gitignore=False)
         m = PACKAGE_URI_RE.fullmatch(uri)
         if m is None:
-            raise SlimeforgeError(f"Ray's packaging named the working_dir package {uri!r}, not gcs://_ray_pkg_<hash>.zip: a Ray this client does not know")
+            raise SlimeforgeError(f"Ray's packaging named the working_dir package {uri!r}, not "
+                                  "gcs://_ray_pkg_<hash>.zip: a Ray this client does not know")
         path = f"/api/packages/gcs/{m[1]}"
         status, _ = self.request("GET", path)
         if status == 200:
@@ -369,7 +383,8 @@ class JobsApi:
         with tempfile.TemporaryDirectory(prefix="sf-pkg-") as tmp:
             package = Path(tmp) / m[1]
             create_package(directory, package, include_gitignore=False)
-            status, raw = self.request("PUT", path, package.read_bytes(), content_type="application/octet-stream", total_s=UPLOAD_TOTAL_S)
+            status, raw = self.request("PUT", path, package.read_bytes(), content_type="application/octet-stream",
+                                       total_s=UPLOAD_TOTAL_S)
         if status != 200:
             raise NoAnswer(f"the Ray Jobs API at {self.address} (PUT {path}) answered HTTP {status}: "
                            f"{printable(raw[:200].decode('utf-8', 'replace'))!r}")
@@ -391,9 +406,12 @@ def check_versions(api: JobsApi, where: str) -> str:
     there = api.version()
     if here is None:
         raise ConfigError(where, [Problem("ray", "is not installed on this machine, which submits the job", None,
-                                          f"pip install 'ray[default]=={there}' (the cluster's Ray)", show_value=False)])
+                                          f"pip install 'ray[default]=={there}' (the cluster's Ray)",
+                                          show_value=False)])
     if here != there:
-        raise ConfigError(where, [Problem("ray version", f"this machine has Ray {here}, the cluster at {api.address} runs Ray {there}",
-                                          f"{here} / {there}", f"the same Ray on both: pip install 'ray[default]=={there}' here "
+        raise ConfigError(where, [Problem("ray version",
+                                          f"this machine has Ray {here}, the cluster at {api.address} runs Ray {there}",
+                                          f"{here} / {there}",
+                                          f"the same Ray on both: pip install 'ray[default]=={there}' here "
                                           "(or bring the cluster up with this machine's Ray)")])
     return there

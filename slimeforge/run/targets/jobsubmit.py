@@ -65,7 +65,8 @@ class ClusterChecks(Protocol):
     this layer never imports that one). Each raises naming the hosts and the fix when it refuses."""
 
     def adopt(self, recipe: Recipe, mode_given: bool) -> Recipe:
-        """The recipe with the cluster's mode/image/prefix where it names none (`mode_given`: the recipe or the command line chose)."""
+        """The recipe with the cluster's mode/image/prefix where it names none (`mode_given`: the recipe or the command
+        line chose)."""
         ...
 
     def check(self, recipe: Recipe) -> list[Problem]:
@@ -73,7 +74,8 @@ class ClusterChecks(Protocol):
         ...
 
     def preflight(self, recipe: Recipe, say: Say) -> None:
-        """Live, on every host: Ray's ALIVE nodes cover the recipe (the gate), then its paths; again before a restart."""
+        """Live, on every host: Ray's ALIVE nodes cover the recipe (the gate), then its paths; again before a
+        restart."""
         ...
 
     def credentials(self, recipe: Recipe, say: Say, network: bool) -> None:
@@ -90,7 +92,8 @@ class Cluster:
     """The cluster a job goes to, as the caller found it (tasks.py: cluster/runcheck.cluster_env)."""
 
     name: str  # the inventory, or the address given
-    address: str  # its Jobs API, http://HEAD:PORT (or an ssh tunnel's http://127.0.0.1:PORT, alive while the launch runs)
+    # its Jobs API, http://HEAD:PORT (or an ssh tunnel's http://127.0.0.1:PORT, alive while the launch runs)
+    address: str
     via: str | None = None  # how the Jobs API is reached when not directly (cluster/tunnel.py), for the plan's notes
     mode: str | None = None  # None: not known (--address)
     image: str | None = None
@@ -102,10 +105,12 @@ class Cluster:
     checks: ClusterChecks | None = None
 
 
-def find_cluster_of(address: str | None, cluster: str | None, find: Callable[[str, bool], Cluster] | None, dry_run: bool) -> Cluster:
+def find_cluster_of(address: str | None, cluster: str | None, find: Callable[[str, bool], Cluster] | None,
+                    dry_run: bool) -> Cluster:
     """--address (no inventory: nothing to compare), or the cluster of an inventory, found by the caller's `find`."""
     if address and cluster:
-        raise ConfigError("command line", [Problem("--address/--cluster", "both name a cluster", f"{address} / {cluster}", "one of them")])
+        raise ConfigError("command line", [Problem("--address/--cluster", "both name a cluster",
+                                                   f"{address} / {cluster}", "one of them")])
     if address:
         return Cluster(address, check_address(address))
     assert cluster is not None
@@ -114,7 +119,8 @@ def find_cluster_of(address: str | None, cluster: str | None, find: Callable[[st
     return find(cluster, dry_run)
 
 
-def on_cluster(recipe: Recipe, cluster: Cluster, *, mode: str | None, prefix: str | None, image: str | None, dry_run: bool,
+def on_cluster(recipe: Recipe, cluster: Cluster, *, mode: str | None, prefix: str | None, image: str | None,
+               dry_run: bool,
                stack: Stack | None) -> Recipe:
     """The recipe as it runs on `cluster`: the command line's options, then the cluster's
     environment where neither names one; refused (ConfigError naming both values) where they
@@ -122,7 +128,8 @@ def on_cluster(recipe: Recipe, cluster: Cluster, *, mode: str | None, prefix: st
     r = resolve_mode(recipe, mode, prefix, image, require_image=False, stack=stack)
     if cluster.checks is not None:
         r = cluster.checks.adopt(r, mode is not None or "mode" in recipe.model_fields_set)
-    r = resolve_mode(r, require_image=not dry_run and cluster.mode is not None, stack=stack)  # slime_dir from an adopted prefix
+    r = resolve_mode(r, require_image=not dry_run and cluster.mode is not None,
+                     stack=stack)  # slime_dir from an adopted prefix
     problems = cluster.checks.check(r) if cluster.checks is not None else []
     if problems:
         raise ConfigError(f"recipe against cluster {cluster.name}", problems)
@@ -141,7 +148,9 @@ def ship(args: list[str], run_dir: Path) -> tuple[list[str], list[Problem]]:
             if name in JOB_FILES:
                 out.append(flag + eq + name)
                 continue
-            problems.append(Problem("extra_flags", f"names a file of the run directory that does not travel with the job ({', '.join(JOB_FILES)} do)",
+            problems.append(Problem("extra_flags",
+                                    "names a file of the run directory that does not travel with the job "
+                                    f"({', '.join(JOB_FILES)} do)",
                                     arg, "a path on the cluster's hosts"))
         out.append(arg)
     return out, problems
@@ -167,9 +176,12 @@ class ClusterTarget(jobs.JobsApiTarget):
         r = run.recipe
         python = "python3"  # container mode: the image's
         if r.mode == "host":  # the cluster's environment: the inventory's python, else the recipe's prefix's
-            python = self.cluster.python or (paths.Prefix.at(r.install_prefix).python if r.install_prefix else "python3")
-        job = render("job.sh.j2", {"version": __version__, "stack_id": run.stack.id, "exp_id": r.exp_id, "slime_dir": r.slime_dir,
-                                   "model_type": r.model_type, "python": python, "model_args_bash": MODEL_ARGS_BASH, "args": args})
+            python = (self.cluster.python or (paths.Prefix.at(r.install_prefix).python if r.install_prefix
+                                              else "python3"))
+        job = render("job.sh.j2", {"version": __version__, "stack_id": run.stack.id, "exp_id": r.exp_id,
+                                   "slime_dir": r.slime_dir,
+                                   "model_type": r.model_type, "python": python, "model_args_bash": MODEL_ARGS_BASH,
+                                   "args": args})
         return args, {"job.sh": job, "slime.args": "".join(shlex.quote(a) + "\n" for a in args)}
 
     def plan(self, run: ResolvedRun) -> LaunchPlan:
@@ -178,20 +190,25 @@ class ClusterTarget(jobs.JobsApiTarget):
         rundir = RunDir(rundir.path, args, rundir.env, rundir.files, rundir.plan)
         content = {**rundir.files, **files}
         working = {name: hashlib.sha256(content[name].encode()).hexdigest() for name in JOB_FILES}
-        argv = ("ray", "job", "submit", "--address", self.cluster.address, "--working-dir", f"<{', '.join(JOB_FILES)} of {run.out}>",
+        argv = ("ray", "job", "submit", "--address", self.cluster.address, "--working-dir",
+                f"<{', '.join(JOB_FILES)} of {run.out}>",
                 "--runtime-env", str(run.out / "runtime_env.json"), "--no-wait", "--", *shlex.split(ENTRYPOINT))
         cmd = Command(argv, "Jobs API submit")
         notes = [f"the job goes to the running Ray cluster {self.cluster.name} through its Jobs API, from this machine "
                  "(no container, GPU or image here); the entrypoint runs on its head in the cluster's environment",
                  f"working_dir: {', '.join(JOB_FILES)} travel with the submission; secrets: "
-                 + (f"{', '.join(run.recipe.secret_env)} (names only), delivered to every host's Ray by cluster.up (the inventory's secret_env)"
-                    if run.recipe.secret_env else "none named; AWS credentials are the hosts' own (instance role, ~/.aws or the inventory's secret_env)")]
-        env = f"image {run.recipe.image}" if run.recipe.mode == "container" else f"prefix {run.recipe.install_prefix or '(none)'}"
+                 + (f"{', '.join(run.recipe.secret_env)} (names only), delivered to every host's Ray by cluster.up "
+                    "(the inventory's secret_env)"
+                    if run.recipe.secret_env else "none named; AWS credentials are the hosts' own (instance role, "
+                                                  "~/.aws or the inventory's secret_env)")]
+        env = (f"image {run.recipe.image}" if run.recipe.mode == "container"
+               else f"prefix {run.recipe.install_prefix or '(none)'}")
         notes.append(f"{run.recipe.mode} mode, {env}" + (" (the cluster's)" if self.cluster.mode else ""))
         if self.cluster.via:
             notes.append(self.cluster.via)
         if self.cluster.mode is None:
-            notes.append(f"{self.cluster.name} names no inventory: the recipe's mode, image, prefix and paths are not checked against the cluster")
+            notes.append(f"{self.cluster.name} names no inventory: the recipe's mode, image, prefix and paths are not "
+                         "checked against the cluster")
         rundir = amend_plan(rundir, files=files, target=self.name, commands=[list(argv)], cluster=self.cluster.name,
                             entrypoint=shlex.split(ENTRYPOINT), working_dir={"files": working})
         return LaunchPlan(self.name, run, rundir, (cmd,), (), tuple(notes), None, run_token=new_run_token())
@@ -217,11 +234,13 @@ class ClusterTarget(jobs.JobsApiTarget):
     def apply(self, plan: LaunchPlan, runner: Runner, say: Say, stream: IO[str]) -> int:
         from .local import write_launch_records
 
-        if not runner.dry_run:  # first: a cluster of another Ray, or one that does not answer, is the first thing to fix
+        # first: a cluster of another Ray, or one that does not answer, is the first thing to fix
+        if not runner.dry_run:
             try:
                 check_versions(JobsApi(self.cluster.address), f"cluster {self.cluster.name}")
             except NoAnswer as exc:
-                raise SlimeforgeError(f"{exc}; nothing was submitted: is the cluster up (`invoke cluster.status`)?") from None
+                raise SlimeforgeError(f"{exc}; nothing was submitted: is the cluster up (`invoke "
+                                      "cluster.status`)?") from None
         self.preflight(plan, runner, say)
         write_launch_records(plan, runner)
         if runner.dry_run:
@@ -234,14 +253,16 @@ def follow_hints(exp_id: str, sid: str, out: Path, cluster: Cluster) -> list[str
     """How to follow, inspect and stop the job from here (the run directory) or any machine that
     has the inventory (or reaches the address): the job's metadata carries what those need."""
     where = f"--cluster {shlex.quote(cluster.name)}" if cluster.mode is not None else f"--address {cluster.address}"
-    return [f"[slimeforge] job {sid} goes on running on the cluster; from any machine with {'the inventory' if cluster.mode else 'its address'}:",
+    return [f"[slimeforge] job {sid} goes on running on the cluster; from any machine with "
+            f"{'the inventory' if cluster.mode else 'its address'}:",
             f"  follow:  invoke run.logs {exp_id} {where} --follow",
             f"  inspect: invoke run.status {exp_id} {where}",
             f"  stop:    invoke run.stop {exp_id} {where}",
             f"  (on this machine the run directory names it too: invoke run.status {shlex.quote(str(out))})"]
 
 
-def submit(plan: LaunchPlan, cluster: Cluster, say: Say, stream: IO[str], *, detach: bool = False, max_restarts: int = 0) -> int:
+def submit(plan: LaunchPlan, cluster: Cluster, say: Say, stream: IO[str], *, detach: bool = False,
+           max_restarts: int = 0) -> int:
     """Submit with the working_dir, record the submission, follow its log until it ends (or return
     once it runs, with `detach`); its exit code. Ctrl-C detaches, never stops the job. With
     `max_restarts`, a job that ended by a lost node or head is submitted again once the cluster healed."""
@@ -260,7 +281,8 @@ def submit(plan: LaunchPlan, cluster: Cluster, say: Say, stream: IO[str], *, det
                 if detach:
                     info = jobs.wait_running(api, sid, timeout=PENDING_WAIT_S)
                     if not info.ended:
-                        say(f"[slimeforge] job {sid} is {info.status}; detached (--detach): this command returns, the job does not stop")
+                        say(f"[slimeforge] job {sid} is {info.status}; detached (--detach): this command returns, the "
+                            "job does not stop")
                         for line in follow_hints(rec.exp_id, sid, out, cluster):
                             say(line)
                         return 0
@@ -274,20 +296,26 @@ def submit(plan: LaunchPlan, cluster: Cluster, say: Say, stream: IO[str], *, det
             if cause is None or attempt > max_restarts:
                 if lost is not None:
                     note = "" if cause is None or max_restarts == 0 else f"; {max_restarts} restart(s) spent"
-                    raise type(lost)(f"{lost}{note}. The job's state cannot be learned from the cluster now: if its head was lost, the job "
-                                     f"went with it. `invoke run.status {rec.exp_id} ...` tells once the cluster answers"
-                                     + (" (--max-restarts N restarts a run whose node or head was lost)" if max_restarts == 0 else "")) from None
+                    raise type(lost)(f"{lost}{note}. The job's state cannot be learned from the cluster now: if its "
+                                     "head was lost, the job "
+                                     f"went with it. `invoke run.status {rec.exp_id} ...` tells once the cluster "
+                                     "answers"
+                                     + (" (--max-restarts N restarts a run whose node or head was "
+                                        "lost)" if max_restarts == 0 else "")) from None
                 if cause is not None:
                     say(f"[slimeforge] {cause}: all {max_restarts} restart(s) spent")
                 break
-            say(f"[slimeforge] {cause}; restart {attempt} of {max_restarts}: waiting for the cluster to heal, then the gate, then "
+            say(f"[slimeforge] {cause}; restart {attempt} of {max_restarts}: waiting for the cluster to heal, then "
+                "the gate, then "
                 "the same run again (it resumes from the newest checkpoint in checkpoint_dir)")
             restart_gate(api, cluster, rec, say, len(alive))
             attempt += 1
     except KeyboardInterrupt:
         if sid is None:  # between submissions, or while one was on its way: say how to find out
-            say(f"\n[slimeforge] interrupted before a job was confirmed submitted; whether one runs: invoke run.status {rec.exp_id} "
-                + (f"--cluster {shlex.quote(cluster.name)}" if cluster.mode is not None else f"--address {cluster.address}"))
+            say("\n[slimeforge] interrupted before a job was confirmed submitted; whether one runs: invoke "
+                f"run.status {rec.exp_id} "
+                + ("--cluster "
+                   f"{shlex.quote(cluster.name)}" if cluster.mode is not None else f"--address {cluster.address}"))
             return 130
         say(f"\n[slimeforge] interrupted: detached from job {sid} (Ctrl-C never stops it; `run.stop` does)")
         for line in follow_hints(rec.exp_id, sid, out, cluster):
@@ -295,7 +323,8 @@ def submit(plan: LaunchPlan, cluster: Cluster, say: Say, stream: IO[str], *, det
         return 130
     assert info is not None
     code = jobs.exit_code(info)
-    say(f"[slimeforge] job {sid}: {info.status}" + (f" ({info.shown_message})" if code and info.shown_message else "") + f"; exit code {code}")
+    say(f"[slimeforge] job {sid}: "
+        f"{info.status}" + (f" ({info.shown_message})" if code and info.shown_message else "") + f"; exit code {code}")
     say(f"[slimeforge] the cluster at {cluster.address} is left running, as it was")
     return code
 
@@ -305,14 +334,16 @@ def submit_once(api: JobsApi, plan: LaunchPlan, say: Say, attempt: int) -> str:
     run, out = plan.run, plan.rundir.path
     rec = run.recipe
     sid = f"{rec.exp_id}-{datetime.now().strftime(paths.SUBMISSION_TIME)}-{new_run_token()[:6]}"
-    metadata = {ownership.META_EXP_ID: rec.exp_id, "slimeforge_run_dir": str(out), ownership.META_RUN_TOKEN: plan.run_token or "",
+    metadata = {ownership.META_EXP_ID: rec.exp_id, "slimeforge_run_dir": str(out),
+                ownership.META_RUN_TOKEN: plan.run_token or "",
                 jobs.META_ATTEMPT: str(attempt)}
     # Recorded first, as launch.sh does: a launch that dies right after the submission still leaves
     # run.status/run.stop what they need (a submission that never arrived reads as GONE).
     write_file(out / "submission_id", sid + "\n")
     write_file(out / "ray_address", api.address + "\n")
     with (out / "job.log").open("a", encoding="utf-8") as log:
-        log.write(f"--- slimeforge: submission {sid} (attempt {attempt}) at {time.strftime('%Y-%m-%d %H:%M:%S')} to {api.address} ---\n")
+        log.write(f"--- slimeforge: submission {sid} (attempt {attempt}) at {time.strftime('%Y-%m-%d %H:%M:%S')} to "
+                  f"{api.address} ---\n")
     with tempfile.TemporaryDirectory(prefix="sf-job-") as staged:
         for name in JOB_FILES:  # exactly these files: Ray zips the whole directory it is given
             shutil.copyfile(out / name, Path(staged) / name)
@@ -364,8 +395,10 @@ def restart_gate(api: JobsApi, cluster: Cluster, recipe: Recipe, say: Say, nodes
         if now >= nodes:
             break
         if time.monotonic() > deadline:
-            raise OperationFailed(f"cluster {cluster.name} did not heal within {HEAL_WAIT_S:g} s: {max(now, 0)} Ray node(s) alive, the job "
-                                  f"started with {nodes}; bring the hosts back (`invoke cluster.up`) and run the recipe again: it resumes "
+            raise OperationFailed(f"cluster {cluster.name} did not heal within {HEAL_WAIT_S:g} s: {max(now, 0)} Ray "
+                                  "node(s) alive, the job "
+                                  f"started with {nodes}; bring the hosts back (`invoke cluster.up`) and run the "
+                                  "recipe again: it resumes "
                                   "from checkpoint_dir")
         time.sleep(2)
     say(f"[slimeforge] cluster {cluster.name}: {now} Ray node(s) alive again")

@@ -35,7 +35,8 @@ from .mounts import container_mounts, docker_volume_args
 
 # Secrets and credentials reach the container by name only (`-e NAME`): their values never appear
 # in an argv, a log or the run directory.
-PASS_THROUGH_ENV = ("WANDB_API_KEY", "WANDB_ENTITY", "HF_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+PASS_THROUGH_ENV = ("WANDB_API_KEY", "WANDB_ENTITY", "HF_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                    "AWS_SESSION_TOKEN",
                     "AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
 
 
@@ -62,7 +63,8 @@ class LocalTarget(jobs.JobsApiTarget):
 
         run = plan.run
         report = run_checks(run.recipe, run.stack, args=plan.rundir.args, address=self.address, catalog=run.catalog,
-                            skip=run.skip_checks, network=run.network_checks, state_dir=state_dir(run.recipe.ray_port, run.environ),
+                            skip=run.skip_checks, network=run.network_checks, state_dir=state_dir(run.recipe.ray_port,
+                                                                                                  run.environ),
                             environ=run.environ, python=run.python)
         if (layout := layout_line(run)) is not None:
             say(layout)
@@ -76,9 +78,11 @@ class HostTarget(LocalTarget):
 
     name = "host"
 
-    def __init__(self, address: str | None = None, *, head_args: list[str] | None = None, head_timeout: float = HEAD_TIMEOUT_S):
+    def __init__(self, address: str | None = None, *, head_args: list[str] | None = None,
+                 head_timeout: float = HEAD_TIMEOUT_S):
         if head_args is not None:
-            problems = [Problem("head_args", "must be single words without whitespace or control characters", a, "e.g. --temp-dir /tmp/ray-x")
+            problems = [Problem("head_args", "must be single words without whitespace or control characters", a,
+                                "e.g. --temp-dir /tmp/ray-x")
                         for a in head_args if not a or re.search(r"[\s\x00-\x1f\x7f]", a)]
             if problems:
                 raise ConfigError("launch", problems)
@@ -91,17 +95,21 @@ class HostTarget(LocalTarget):
         rundir = self.render(run)
         py, ray = host_tools(run.recipe, run.python)
         set_env, unset = launch_env(run.environ, state_dir(run.recipe.ray_port, run.environ),
-                                    run.python or run.environ.get("SLIMEFORGE_PYTHON") or py, ray, self.address, self.head_args, self.head_timeout)
-        token = secrets.token_hex(16)  # this launch's identity: launch.sh puts it in the head record and the job's metadata
+                                    run.python or run.environ.get("SLIMEFORGE_PYTHON") or py, ray, self.address,
+                                    self.head_args, self.head_timeout)
+        # this launch's identity: launch.sh puts it in the head record and the job's metadata
+        token = secrets.token_hex(16)
         set_env["SLIMEFORGE_RUN_TOKEN"] = token
         cmd = Command(("bash", str(rundir.path / "launch.sh")), "launch.sh", tuple(set_env.items()), unset)
-        return LaunchPlan(self.name, run, amend_plan(rundir, target=self.name, commands=[list(cmd.argv)]), (cmd,), run_token=token)
+        return LaunchPlan(self.name, run, amend_plan(rundir, target=self.name, commands=[list(cmd.argv)]), (cmd,),
+                          run_token=token)
 
     def apply(self, plan: LaunchPlan, runner: Runner, say: Say, stream: IO[str]) -> int:
         self.preflight(plan, runner, say)
         write_launch_records(plan, runner)
         (cmd,) = plan.commands
-        return runner.stream(list(cmd.argv), say, step=cmd.step, env=cmd.environment(plan.run.environ), forward_signals=True)
+        return runner.stream(list(cmd.argv), say, step=cmd.step, env=cmd.environment(plan.run.environ),
+                             forward_signals=True)
 
 
 def write_launch_records(plan: LaunchPlan, runner: Runner) -> None:
@@ -115,7 +123,8 @@ def write_launch_records(plan: LaunchPlan, runner: Runner) -> None:
         write_run_token(plan.rundir.path, plan.run_token)
 
 
-def launch_env(environ: dict[str, str], sdir: Path, python: str, ray: str, address: str | None, head_args: list[str] | None,
+def launch_env(environ: dict[str, str], sdir: Path, python: str, ray: str, address: str | None,
+               head_args: list[str] | None,
                head_timeout: float) -> tuple[dict[str, str], tuple[str, ...]]:
     """What a host launch sets in launch.sh's environment (and removes from it)."""
     env: dict[str, str] = {}
@@ -148,11 +157,14 @@ class ContainerTarget(LocalTarget):
     def plan(self, run: ResolvedRun) -> LaunchPlan:
         rundir = self.render(run)
         name = f"slimeforge-{run.recipe.exp_id}-{secrets.token_hex(3)}"
-        token = secrets.token_hex(16)  # this launch's identity: the container's label, launch.sh's head record and job metadata
+        # this launch's identity: the container's label, launch.sh's head record and job metadata
+        token = secrets.token_hex(16)
         argv = self.docker_argv(run, name=name, cidfile=rundir.path / "container.id", run_token=token)
-        notes = () if run.recipe.image else (f"no image given: {self.IMAGE_PLACEHOLDER} stands for --image, or `image:` in the recipe",)
+        notes = () if run.recipe.image else (f"no image given: {self.IMAGE_PLACEHOLDER} stands for --image, or "
+                                             "`image:` in the recipe",)
         cmd = Command(tuple(argv), "docker run")
-        return LaunchPlan(self.name, run, amend_plan(rundir, target=self.name, commands=[argv]), (cmd,), self.mounts(run), notes, name,
+        return LaunchPlan(self.name, run, amend_plan(rundir, target=self.name, commands=[argv]), (cmd,),
+                          self.mounts(run), notes, name,
                           run_token=token)
 
     def docker_argv(self, run: ResolvedRun, *, name: str, cidfile: Path, run_token: str | None = None) -> list[str]:
@@ -182,19 +194,23 @@ class ContainerTarget(LocalTarget):
         if self.address:
             argv += ["-e", f"RAY_ADDRESS={self.address}"]
         # By name only (`-e NAME`): docker copies the value from its own environment, so no value is in the argv.
-        argv += [x for k in dict.fromkeys((*PASS_THROUGH_ENV, *recipe.secret_env)) if k in run.environ for x in ("-e", k)]
-        argv += ["-w", str(run_dir), "--entrypoint", "bash", recipe.image or self.IMAGE_PLACEHOLDER, str(run_dir / "launch.sh")]
+        argv += [x for k in dict.fromkeys((*PASS_THROUGH_ENV, *recipe.secret_env)) if k in run.environ for x in ("-e",
+                                                                                                                 k)]
+        argv += ["-w", str(run_dir), "--entrypoint", "bash", recipe.image or self.IMAGE_PLACEHOLDER,
+                 str(run_dir / "launch.sh")]
         return argv
 
     def apply(self, plan: LaunchPlan, runner: Runner, say: Say, stream: IO[str]) -> int:
         if not plan.run.recipe.image:
-            raise ConfigError("launch", [Problem("image", "container mode needs an image", None, "image: REG/repo@sha256:... in the recipe, or --image",
+            raise ConfigError("launch", [Problem("image", "container mode needs an image", None,
+                                                 "image: REG/repo@sha256:... in the recipe, or --image",
                                                  show_value=False)])
         self.preflight(plan, runner, say)
         write_launch_records(plan, runner)
         cidfile, name = plan.rundir.path / "container.id", plan.container or ""
         cidfile.unlink(missing_ok=True)  # docker refuses to overwrite an old one
-        Path(plan.run.recipe.resolved_checkpoint_dir).mkdir(parents=True, exist_ok=True)  # else docker creates it as root
+        Path(plan.run.recipe.resolved_checkpoint_dir).mkdir(parents=True,
+                                                            exist_ok=True)  # else docker creates it as root
         (cmd,) = plan.commands
         proc = runner.start(list(cmd.argv), step=cmd.step)
         if proc is None:

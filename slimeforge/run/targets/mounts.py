@@ -20,13 +20,16 @@ def container_mounts(recipe: Recipe, run_dir: Path) -> tuple[Mount, ...]:
     wanted = [
         Mount(recipe.model_dir, False, "model_dir"),
         Mount(str(Path(recipe.data_path).parent), False, "data_path (its directory)"),
-        *(Mount(str(Path(p).parent), False, f"eval_data.{name} (its directory)") for name, p in recipe.eval_data.items()),
+        *(Mount(str(Path(p).parent), False, f"eval_data.{name} (its directory)") for name,
+          p in recipe.eval_data.items()),
         Mount(recipe.resolved_checkpoint_dir, True, "checkpoint_dir"),
         Mount(str(run_dir), True, "run directory"),
     ]
     # The recipe's paths were checked by field already; the run directory (--out) is checked here,
     # and every path again: `docker -v` and pyxis split their value at ':' and ','.
-    bad = [Problem(m.what, f"holds {', '.join(repr(c) for c in MOUNT_SEPARATORS if c in m.path)}, which splits a container mount",
+    bad = [Problem(m.what,
+                   f"holds {', '.join(repr(c) for c in MOUNT_SEPARATORS if c in m.path)}, which splits a container "
+                   "mount",
                    m.path, "a path without ':' or ','") for m in wanted if any(c in m.path for c in MOUNT_SEPARATORS)]
     if bad:
         raise ConfigError("container mounts", bad)

@@ -36,7 +36,17 @@ from ...templating import render
 from .. import ownership
 from ..recipe import Recipe
 from ..rundir import amend_plan, build_run_dir, read_plan, write_run_dir
-from ..runrecord import JOB_ID_RE, RunRecord, Unreachable, guard_render, job_info, new_run_token, read_run, slurm_check, write_run_token
+from ..runrecord import (
+    JOB_ID_RE,
+    RunRecord,
+    Unreachable,
+    guard_render,
+    job_info,
+    new_run_token,
+    read_run,
+    slurm_check,
+    write_run_token,
+)
 from . import enroot
 from .base import Command, LaunchPlan, Mount, ResolvedRun, RunStatus, Say, Target, layout_line
 from .local import ContainerTarget, host_tools
@@ -50,7 +60,8 @@ IMAGE_PLACEHOLDER = ContainerTarget.IMAGE_PLACEHOLDER  # a dry run without an im
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 TIME_RE = re.compile(r"(?:([0-9]{1,3})-)?([0-9]{1,2}):([0-5][0-9]):([0-5][0-9])")
 MAX_NODES = 4096
-RAY_AGENT_PORT = rayports.DEFAULTS["dashboard_agent_listen_port"]  # every port fixed as cluster.up does (rayports.py), so the checks can test them
+# every port fixed as cluster.up does (rayports.py), so the checks can test them
+RAY_AGENT_PORT = rayports.DEFAULTS["dashboard_agent_listen_port"]
 START_TIMEOUT_S = 300
 VISIBLE = "visible.token"  # in the run directory: each node reads it back (the run directory is shared)
 # Bounded waits: sbatch retries a controller that does not answer for a while (MessageTimeout,
@@ -75,7 +86,8 @@ class Options:
     squashfs_dir: str | None = None  # container mode: import the image once to a squashfs here (shared by every node)
 
 
-def options(partition: str | None = None, account: str | None = None, time: str | None = None, nodes: int | str | None = None,
+def options(partition: str | None = None, account: str | None = None, time: str | None = None,
+            nodes: int | str | None = None,
             squashfs_dir: str | None = None) -> Options:
     """Options from the command line (strings), checked; ConfigError lists every problem."""
     if isinstance(nodes, str):
@@ -92,16 +104,21 @@ def check_options(opts: Options) -> list[Problem]:
     for name in ("partition", "account"):
         value = getattr(opts, name)
         if value is not None and not NAME_RE.fullmatch(value):
-            problems.append(Problem(f"--{name}", "is not a Slurm name", value, "letters, digits, '_', '.', '-' (up to 64), starting with a letter or digit"))
+            problems.append(Problem(f"--{name}", "is not a Slurm name", value,
+                                    "letters, digits, '_', '.', '-' (up to 64), starting with a letter or digit"))
     if opts.time is not None and not ((m := TIME_RE.fullmatch(opts.time)) and any(int(g or 0) for g in m.groups())):
         # All zeros is no limit at all to Slurm (--time=0 means infinite), never a timeout.
-        problems.append(Problem("--time", "is not a time limit", opts.time, "[D-]HH:MM:SS, more than zero, e.g. 04:00:00 or 2-00:00:00"))
-    if opts.nodes is not None and not (isinstance(opts.nodes, int) and not isinstance(opts.nodes, bool) and 1 <= opts.nodes <= MAX_NODES):
+        problems.append(Problem("--time", "is not a time limit", opts.time,
+                                "[D-]HH:MM:SS, more than zero, e.g. 04:00:00 or 2-00:00:00"))
+    if opts.nodes is not None and not (isinstance(opts.nodes, int) and not isinstance(opts.nodes, bool)
+                                       and 1 <= opts.nodes <= MAX_NODES):
         problems.append(Problem("--nodes", "is not a node count", opts.nodes, f"an integer from 1 to {MAX_NODES}"))
     if not (isinstance(opts.start_timeout, int) and 1 <= opts.start_timeout <= 86400):
-        problems.append(Problem("start_timeout", "is not a number of seconds", opts.start_timeout, "an integer from 1 to 86400"))
+        problems.append(Problem("start_timeout", "is not a number of seconds", opts.start_timeout,
+                                "an integer from 1 to 86400"))
     if not re.fullmatch(r"[A-Za-z0-9_./+-]{1,4096}", opts.system_python):
-        problems.append(Problem("system_python", "is not a program name or path", opts.system_python, "a path without spaces or shell syntax"))
+        problems.append(Problem("system_python", "is not a program name or path", opts.system_python,
+                                "a path without spaces or shell syntax"))
     if opts.squashfs_dir is not None:
         problems += enroot.squashfs_problems(opts.squashfs_dir)
     return problems
@@ -168,7 +185,8 @@ def node_paths(recipe: Recipe, image_file: str | None) -> list[NodePath]:
     node may load it: colocated training and rollout), the data on the head, a squashfs image on every node."""
     paths: list[NodePath] = [{"what": "model_dir", "path": recipe.model_dir, "kind": "model"},
                                    {"what": "data_path", "path": recipe.data_path, "kind": "file", "head_only": True}]
-    paths += [{"what": f"eval_data.{name}", "path": p, "kind": "file", "head_only": True} for name, p in recipe.eval_data.items()]
+    paths += [{"what": f"eval_data.{name}", "path": p, "kind": "file", "head_only": True}
+              for name, p in recipe.eval_data.items()]
     if recipe.mode == "host":  # in container mode slime is in the image
         paths.append({"what": "slime_dir", "path": recipe.slime_dir, "kind": "dir", "head_only": True})
     if image_file:
@@ -182,7 +200,8 @@ def sbatch_vars(recipe: Recipe, run_dir: Path, opts: Options, mounts: tuple[Moun
     `marker`: the random token of this render, in <run dir>/visible.token and checkpoint_dir's marker."""
     nodes = opts.nodes or recipe.num_nodes
     container = recipe.mode == "container"
-    container_args = [f"--container-image={container_image or recipe.image or IMAGE_PLACEHOLDER}", f"--container-mounts={pyxis_mounts_arg(mounts)}",
+    container_args = [f"--container-image={container_image or recipe.image or IMAGE_PLACEHOLDER}",
+                      f"--container-mounts={pyxis_mounts_arg(mounts)}",
                       f"--container-workdir={run_dir}"] if container else []
     checkpoint = {"dir": recipe.resolved_checkpoint_dir, "token": marker}
     image_file = container_image if container and container_image and container_image.startswith("/") else None
@@ -215,14 +234,16 @@ def sbatch_vars(recipe: Recipe, run_dir: Path, opts: Options, mounts: tuple[Moun
         "head_params": json.dumps({"argv": ray_argv(recipe, ray_cmd, head=True)}),
         "worker_params": json.dumps({"argv": ray_argv(recipe, ray_cmd, head=False)}),
         "gate_head": json.dumps({"gcs_port": recipe.ray_port, "timeout": opts.start_timeout}),
-        "gate_all": json.dumps({"gpus": recipe.num_gpus, "dashboard_port": recipe.ray_dashboard_port, "timeout": opts.start_timeout}),
+        "gate_all": json.dumps({"gpus": recipe.num_gpus, "dashboard_port": recipe.ray_dashboard_port,
+                                "timeout": opts.start_timeout}),
     }
 
 
 def agent_files() -> dict[str, str]:
     """The node agent and the allocation's own steps, each one program with its helper modules
     inside (node_agent.py also goes to every node on srun's stdin)."""
-    return {"node_agent.py": scripts.node_agent_program(), "slurm_agent.py": scripts.program("slurm_agent", "hostrecord", "node_agent")}
+    return {"node_agent.py": scripts.node_agent_program(),
+            "slurm_agent.py": scripts.program("slurm_agent", "hostrecord", "node_agent")}
 
 
 def sbatch_argv(run_dir: Path, run_token: str | None = None) -> list[str]:
@@ -239,7 +260,8 @@ class SlurmTarget(Target):
     name = "slurm"
 
     def __init__(self, opts: Options, *, follow_log: bool = True, probe: Runner | None = None):
-        """probe: runs `enroot version` on this (login) node (default: a real Runner, also in dry runs: it only reads)."""
+        """probe: runs `enroot version` on this (login) node (default: a real Runner, also in dry runs: it only
+        reads)."""
         problems = check_options(opts)
         if problems:
             raise ConfigError("--slurm options", problems)
@@ -251,7 +273,8 @@ class SlurmTarget(Target):
         if recipe.mode != "container" or recipe.image is None:
             return None, None
         version, said = enroot.read_version(self.probe)
-        ref = enroot.reference(recipe.image, version or enroot.DOCKER_FORM)  # unknown: enroot 4's form; preflight refuses
+        ref = enroot.reference(recipe.image,
+                               version or enroot.DOCKER_FORM)  # unknown: enroot 4's form; preflight refuses
         info: EnrootImage = {"enroot": enroot.show(version) if version else None, "enroot_said": said, "reference": ref}
         if self.opts.squashfs_dir is None:
             return ref, info
@@ -269,10 +292,12 @@ class SlurmTarget(Target):
         recipe, opts = run.recipe, self.opts
         mounts = self.mounts(run)
         # pyxis reads --container-mounts as SRC:DST[:FLAGS][,...]: no way to escape these two.
-        problems = [Problem(m.what, "cannot be mounted with pyxis (--container-mounts splits at ',' and ':')", m.path, "a path without ',' and ':'")
+        problems = [Problem(m.what, "cannot be mounted with pyxis (--container-mounts splits at ',' and ':')", m.path,
+                            "a path without ',' and ':'")
                     for m in mounts if "," in m.path or ":" in m.path]
         if opts.squashfs_dir is not None and recipe.mode != "container":
-            problems.append(Problem("--squashfs-dir", "goes with container mode (it holds the image pyxis runs)", opts.squashfs_dir,
+            problems.append(Problem("--squashfs-dir", "goes with container mode (it holds the image pyxis runs)",
+                                    opts.squashfs_dir,
                                     "--mode container, or leave it out"))
         if problems:
             raise ConfigError("--slurm options", problems)
@@ -282,22 +307,28 @@ class SlurmTarget(Target):
         env_bin = str(Path(ray).parent) if os.sep in ray else None
         image, image_info = self.container_image(recipe)
         marker = new_run_token()  # random: a node that reads it back sees this render of the run directory
-        files = {"slurm.sbatch": render("slurm.sbatch.j2", sbatch_vars(recipe, rundir.path, opts, mounts, python=python, ray=ray, env_bin=env_bin,
+        files = {"slurm.sbatch": render("slurm.sbatch.j2", sbatch_vars(recipe, rundir.path, opts, mounts,
+                                                                       python=python, ray=ray, env_bin=env_bin,
                                                                        container_image=image, marker=marker)),
                  **agent_files(), VISIBLE: marker + "\n"}
-        token = new_run_token()  # this submission's identity: the job's comment, launch.sh's head record and job metadata
+        # this submission's identity: the job's comment, launch.sh's head record and job metadata
+        token = new_run_token()
         argv = sbatch_argv(rundir.path, token)
         commands = []
         sqsh = image_info.get("squashfs") if image_info else None
-        if image_info and sqsh and not image_info.get("squashfs_ready"):  # one pull, here, for every node (and every later run, while the record holds)
-            commands.append(Command(tuple(enroot.import_argv(image_info["reference"], enroot.partial(Path(sqsh), token))), "enroot import"))
+        # one pull, here, for every node (and every later run, while the record holds)
+        if image_info and sqsh and not image_info.get("squashfs_ready"):
+            partial = enroot.partial(Path(sqsh), token)
+            commands.append(Command(tuple(enroot.import_argv(image_info["reference"], partial)), "enroot import"))
         # sbatch hands its environment to the job (--export=ALL, Slurm's default): launch.sh reads the token there.
         commands.append(Command(tuple(argv), "sbatch", (("SLIMEFORGE_RUN_TOKEN", token),)))
         rundir = amend_plan(rundir, files, target=self.name, commands=[list(c.argv) for c in commands],
-                            slurm={"partition": opts.partition, "account": opts.account, "time": opts.time, "nodes": opts.nodes or recipe.num_nodes,
+                            slurm={"partition": opts.partition, "account": opts.account, "time": opts.time,
+                                   "nodes": opts.nodes or recipe.num_nodes,
                                    **(image_info or {})})
         notes: tuple[str, ...] = () if image_info is None or image_info["enroot"] else (
-            f"enroot's version could not be read here ({image_info['enroot_said']}): the image is named in enroot 4's form; "
+            f"enroot's version could not be read here ({image_info['enroot_said']}): the image is named in enroot 4's "
+            "form; "
             "a launch reads it first, and refuses without it",)
         if recipe.mode == "container" and not recipe.image:  # a dry run only: resolve refuses a launch without one
             notes += (f"no image given: {IMAGE_PLACEHOLDER} stands for --image, or `image:` in the recipe",)
@@ -310,7 +341,8 @@ class SlurmTarget(Target):
         # This machine is a login node: the host checks (GPUs, ports) run on each node in the allocation,
         # and the kernel check (scope gpu) only where it is asked for (invoke doctor --kernels).
         only = [name for name, chk in doctor.CHECKS.items() if chk.scope not in ("host", "gpu") and name != "versions"]
-        report = doctor.run_checks(run.recipe, run.stack, args=plan.rundir.args, catalog=run.catalog, skip=run.skip_checks, only=only,
+        report = doctor.run_checks(run.recipe, run.stack, args=plan.rundir.args, catalog=run.catalog,
+                                   skip=run.skip_checks, only=only,
                                    network=run.network_checks, environ=run.environ)
         report.findings += cluster_findings(run.recipe, self.opts, runner)
         report.findings += enroot_findings(run.recipe, plan.rundir.plan["slurm"], self.opts.squashfs_dir)
@@ -324,7 +356,9 @@ class SlurmTarget(Target):
         """Preflight, sbatch, follow; the job's exit code (0 when not following)."""
         self.preflight(plan, runner, say)
         if not runner.dry_run:
-            guard_render(plan.rundir.path, runner, plan.run.recipe.exp_id)  # a live run's directory is never rewritten; an ended one's record goes to history/<n>/
+            guard_render(plan.rundir.path, runner,
+                         # a live run's directory is never rewritten; an ended one's record goes to history/<n>/
+                         plan.run.recipe.exp_id)
         write_run_dir(plan.rundir)
         Path(plan.run.recipe.resolved_checkpoint_dir).mkdir(parents=True, exist_ok=True)
         run_dir = plan.rundir.path
@@ -333,12 +367,14 @@ class SlurmTarget(Target):
         for cmd in plan.commands[:-1]:  # enroot import: once, before a node is allocated
             import_squashfs(cmd, Path(sqsh), runner, say, str(plan.run.recipe.image))
         if sqsh and not runner.dry_run and not enroot.squashfs_ready(Path(sqsh), str(plan.run.recipe.image)):
-            raise ConfigError("--squashfs-dir", [Problem(sqsh, "was there when the launch was planned, and is gone now", None,
+            raise ConfigError("--squashfs-dir", [Problem(sqsh,
+                                                         "was there when the launch was planned, and is gone now", None,
                                                          "run again: the launch imports it", show_value=False)])
         job_id = submit(run_dir, plan.commands[-1], runner, plan.run_token)
         if runner.dry_run:
             return 0
-        say(f"[slimeforge] submitted Slurm job {job_id} ({job_name(plan.run.recipe)}); output {run_dir / f'slurm-{job_id}.out'}")
+        say(f"[slimeforge] submitted Slurm job {job_id} ({job_name(plan.run.recipe)}); output "
+            f"{run_dir / f'slurm-{job_id}.out'}")
         if not self.follow_log:
             return 0
         try:
@@ -349,9 +385,11 @@ class SlurmTarget(Target):
 
     def status(self, rundir: Path) -> RunStatus:
         st = status(rundir)
-        lines = (f"Slurm job {st['slurm_job_id']}: {st['state']}" + (f" ({st['reason']})" if st["reason"] not in (None, "None") else "")
+        reason = f" ({st['reason']})" if st["reason"] not in (None, "None") else ""
+        lines = (f"Slurm job {st['slurm_job_id']}: {st['state']}" + reason
                  + (f", exit code {st['exit_code']}" if st["exit_code"] else ""),
-                 f"  nodes {st['nodes']}; restarts {st['restarts']}; Ray submission {st['submission_id'] or '(not yet)'}",
+                 f"  nodes {st['nodes']}; restarts {st['restarts']}; Ray submission "
+                 f"{st['submission_id'] or '(not yet)'}",
                  f"  output {st['output']}")
         return RunStatus(lines, st)
 
@@ -387,13 +425,17 @@ def submit(run_dir: Path, sbatch: Command, runner: Runner, run_token: str) -> st
     if runner.dry_run:
         return "DRYRUN"
     lines = [line.strip() for line in result.stdout[:1 << 16].splitlines() if line.strip()]
-    m = re.fullmatch(r"([0-9]{1,12})(?:;[A-Za-z0-9_.-]{1,64})?", lines[0]) if len(lines) == 1 else None  # --parsable: "ID" or "ID;CLUSTER"
+    m = re.fullmatch(r"([0-9]{1,12})(?:;[A-Za-z0-9_.-]{1,64})?",
+                     lines[0]) if len(lines) == 1 else None  # --parsable: "ID" or "ID;CLUSTER"
     job_id = m.group(1) if m else ""
     if not JOB_ID_RE.fullmatch(job_id):
         # sbatch exited 0: a job may be queued that this run cannot name. Say so, never guess its id.
-        raise OperationFailed(f"sbatch: expected a job id (--parsable: ID or ID;CLUSTER), got {printable(result.stdout[:300])!r}; "
-                              f"a job may have been queued all the same: `squeue --me -o '%i %j %k'` lists your jobs with their comments "
-                              f"(this run's is {ownership.SLURM_COMMENT_PREFIX}{run_token}); `scancel ID` it if it is there")
+        raise OperationFailed("sbatch: expected a job id (--parsable: ID or ID;CLUSTER), got "
+                              f"{printable(result.stdout[:300])!r}; "
+                              "a job may have been queued all the same: `squeue --me -o '%i %j %k'` lists your jobs "
+                              "with their comments "
+                              f"(this run's is {ownership.SLURM_COMMENT_PREFIX}{run_token}); `scancel ID` it if it is "
+                              "there")
     write_file(run_dir / "slurm_job_id", job_id + "\n")
     write_file(run_dir / "slurm_submitted_at", f"{submitted_at:.3f}\n")
     return job_id
@@ -438,13 +480,17 @@ def follow(run_dir: Path, job_id: str, stream: IO[str], runner: Runner | None = 
                 silent_since = time.monotonic()
                 stream.write(f"[slimeforge] job {job_id}: {exc}; asking again\n")
             if time.monotonic() - silent_since >= UNANSWERED_S:
-                raise SlimeforgeError(f"Slurm has not answered clearly about job {job_id} for {UNANSWERED_S:.0f}s: {exc}; "
+                raise SlimeforgeError(f"Slurm has not answered clearly about job {job_id} for {UNANSWERED_S:.0f}s: "
+                                      f"{exc}; "
                                       f"`invoke run.status {run_dir}` asks again") from None
             time.sleep(poll)
             continue
         state = info.get("JobState", "")
         if state != last_state:
-            stream.write(f"[slimeforge] job {job_id}: {state or 'unknown to Slurm'}" + (f" ({info['Reason']})" if info.get("Reason", "None") != "None" else "") + "\n")
+            stream.write(f"[slimeforge] job {job_id}: "
+                         f"{state or 'unknown to Slurm'}" + (f" ({info['Reason']})" if info.get("Reason",
+                                                                                                "None") != "None"
+                                                             else "") + "\n")
             last_state = state
         if stat.S_ISREG(os.lstat(out_file).st_mode) if os.path.lexists(out_file) else False:  # never a FIFO or a link
             with out_file.open(errors="replace") as f:
@@ -457,8 +503,10 @@ def follow(run_dir: Path, job_id: str, stream: IO[str], runner: Runner | None = 
         if not info or state in ENDED:
             if info and not os.path.lexists(out_file) and info.get("NodeList"):
                 # The batch host writes it in the run directory: not here means it sees another one.
-                stream.write(f"[slimeforge] job {job_id} ended ({state}) and its output {out_file} is not here: the batch host "
-                             f"(first of {info['NodeList']}) could not write it there; put --out on a filesystem every node mounts\n")
+                stream.write(f"[slimeforge] job {job_id} ended ({state}) and its output {out_file} is not here: the "
+                             "batch host "
+                             f"(first of {info['NodeList']}) could not write it there; put --out on a filesystem "
+                             "every node mounts\n")
             return exit_code(info) if info else 1
         time.sleep(poll)
 
@@ -466,7 +514,8 @@ def follow(run_dir: Path, job_id: str, stream: IO[str], runner: Runner | None = 
 def _proved(run_dir: str | os.PathLike, runner: Runner | None) -> tuple[RunRecord, dict[str, str], ownership.Verdict]:
     rec = read_run(run_dir)
     if rec.slurm_job_id is None:
-        raise ConfigError(str(run_dir), [Problem("slurm_job_id", "this run directory was never submitted to Slurm", None,
+        raise ConfigError(str(run_dir), [Problem("slurm_job_id", "this run directory was never submitted to Slurm",
+                                                 None,
                                                  "`invoke run RECIPE --slurm` first", show_value=False)])
     try:
         info, verdict = slurm_check(rec, runner)
@@ -494,13 +543,16 @@ class SlurmStatusDoc(TypedDict):
 
 def status(run_dir: str | os.PathLike, runner: Runner | None = None) -> SlurmStatusDoc:
     rec, info, verdict = _proved(run_dir, runner)
-    return {"run_dir": str(rec.run_dir), "slurm_job_id": rec.slurm_job_id, "state": info.get("JobState", "unknown to Slurm (ended a while ago?)"),
+    return {"run_dir": str(rec.run_dir), "slurm_job_id": rec.slurm_job_id, "state": info.get("JobState",
+                                                                                             "unknown to Slurm (ended "
+                                                                                             "a while ago?)"),
             "reason": info.get("Reason"), "nodes": info.get("NodeList"), "exit_code": info.get("ExitCode"),
             "restarts": info.get("Restarts"), "submission_id": rec.submission_id, "verdict": verdict.reason,
             "output": str(rec.run_dir / f"slurm-{rec.slurm_job_id}.out")}
 
 
-def logs(run_dir: str | os.PathLike, follow_logs: bool = False, stream: IO[str] | None = None, runner: Runner | None = None) -> int | None:
+def logs(run_dir: str | os.PathLike, follow_logs: bool = False, stream: IO[str] | None = None,
+         runner: Runner | None = None) -> int | None:
     stream = stream or sys.stdout
     rec, _, _ = _proved(run_dir, runner)
     job_id = rec.slurm_job_id
@@ -539,7 +591,8 @@ def stop(run_dir: str | os.PathLike, runner: Runner | None = None, say=print) ->
         return 1
     r = runner.run(["scancel", "--", job_id], step="scancel", check=False, timeout=60)
     if r.returncode != 0:
-        say(f"failed: scancel {job_id} exited with {r.returncode}: {printable((r.stderr or r.stdout).strip()[-300:])!r}")
+        say(f"failed: scancel {job_id} exited with {r.returncode}: "
+            f"{printable((r.stderr or r.stdout).strip()[-300:])!r}")
         return 1
     say(f"stopped: Slurm job {job_id}: cancel sent (Ray and the job in the allocation stop with it)")
     return 0

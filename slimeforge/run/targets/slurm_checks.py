@@ -103,7 +103,8 @@ def cluster_findings(recipe: Recipe, opts: SlurmAsk, runner: Runner) -> list[doc
         return _cluster_findings(recipe, opts, runner)
     except SlurmAnswerError as exc:
         return [doctor.Finding("slurm", doctor.ERROR, f"Slurm's answer cannot be read: {exc}",
-                               "check `sinfo` and `scontrol show partition` on this login node (SLURM_CONF, a wrapper script printing extra lines?)")]
+                               "check `sinfo` and `scontrol show partition` on this login node (SLURM_CONF, a wrapper "
+                               "script printing extra lines?)")]
 
 
 def _cluster_findings(recipe: Recipe, opts: SlurmAsk, runner: Runner) -> list[doctor.Finding]:
@@ -115,19 +116,23 @@ def _cluster_findings(recipe: Recipe, opts: SlurmAsk, runner: Runner) -> list[do
         return [F("slurm", doctor.ERROR, f"cannot reach Slurm: {printable(exc.output.strip()[-300:]) or exc}",
                   "run on a Slurm login node (sinfo must work; SLURM_CONF if needed)")]
     if partition is None:
-        return [F("slurm-partition", doctor.ERROR, "no --partition given and the cluster has no default partition", "--partition NAME (see `sinfo -s`)")]
+        return [F("slurm-partition", doctor.ERROR, "no --partition given and the cluster has no default partition",
+                  "--partition NAME (see `sinfo -s`)")]
     code, out, _ = _stdout(runner, ["scontrol", "show", "partition", "-o", "--", partition], "scontrol show partition")
     lines = [line for line in out.splitlines() if line.strip()]
     if code != 0 or not lines:
         _, known_out, _ = _stdout(runner, ["sinfo", "-h", "-o", "%R"], "sinfo")
         known = sorted({n for n in known_out.split() if PARTITION_RE.fullmatch(n)})
-        return [F("slurm-partition", doctor.ERROR, f"partition {partition!r} does not exist", f"one of: {', '.join(known[:50]) or '(none)'}")]
+        return [F("slurm-partition", doctor.ERROR, f"partition {partition!r} does not exist",
+                  f"one of: {', '.join(known[:50]) or '(none)'}")]
     if len(lines) > 1:
         raise SlurmAnswerError(f"`scontrol show partition -o {partition}` answered {len(lines)} lines, not one")
     part = fields(lines[0])
     if part.get("PartitionName") != partition:
-        raise SlurmAnswerError(f"asked about partition {partition}, scontrol answered about {said(part.get('PartitionName', '(none)'))}")
-    state, max_time, max_nodes = part.get("State", ""), part.get("MaxTime", "UNLIMITED"), part.get("MaxNodes", "UNLIMITED")
+        raise SlurmAnswerError(f"asked about partition {partition}, scontrol answered about "
+                               f"{said(part.get('PartitionName', '(none)'))}")
+    state, max_time, max_nodes = part.get("State", ""), part.get("MaxTime", "UNLIMITED"), part.get("MaxNodes",
+                                                                                                   "UNLIMITED")
     if not STATE_RE.fullmatch(state):
         raise SlurmAnswerError(f"partition {partition}'s State is {said(state)}")
     if not (WHOLE_RE.fullmatch(max_nodes) and len(max_nodes) <= 9 or max_nodes == "UNLIMITED"):
@@ -135,9 +140,12 @@ def _cluster_findings(recipe: Recipe, opts: SlurmAsk, runner: Runner) -> list[do
     limit = seconds(max_time)  # unreadable: SlurmAnswerError
     found = [F("slurm-partition", doctor.OK, f"{partition}: State={state}, MaxTime={max_time}, MaxNodes={max_nodes}")]
     if state != "UP":
-        found[0] = F("slurm-partition", doctor.ERROR, f"partition {partition} is {state}", "another partition, or ask the admins")
+        found[0] = F("slurm-partition", doctor.ERROR, f"partition {partition} is {state}",
+                     "another partition, or ask the admins")
     if max_nodes != "UNLIMITED" and nodes > int(max_nodes):
-        found.append(F("slurm-nodes", doctor.ERROR, f"{nodes} node(s) asked, partition {partition} allows {max_nodes} per job", "--nodes, or another partition"))
+        found.append(F("slurm-nodes", doctor.ERROR,
+                       f"{nodes} node(s) asked, partition {partition} allows {max_nodes} per "
+                       "job", "--nodes, or another partition"))
     _, rows_out, _ = _stdout(runner, ["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%G|%t"], "sinfo")
     per_node: dict[str, int] = {}
     unusable: set[str] = set()
@@ -146,38 +154,50 @@ def _cluster_findings(recipe: Recipe, opts: SlurmAsk, runner: Runner) -> list[do
         if not row.strip():
             continue
         cols = row.split("|")
-        if len(cols) != 3 or not NODE_RE.fullmatch(cols[0]) or not STATE_RE.fullmatch(cols[2]) or len(cols[1]) > GRES_MAX_CHARS:
+        if (len(cols) != 3 or not NODE_RE.fullmatch(cols[0]) or not STATE_RE.fullmatch(cols[2])
+                or len(cols[1]) > GRES_MAX_CHARS):
             unreadable.append(row)
             continue
         name, gres, node_state = cols
         gpus = gres_gpus(gres)
         # A node listed twice (sinfo prints a node once per partition and state): the fewest GPUs, the worst state.
         per_node[name] = min(per_node.get(name, gpus), gpus)
-        if any(bad in node_state.lower() for bad in ("down", "drain", "fail", "inval", "maint", "unk", "futr", "npc", "pow", "boot")):
+        if any(bad in node_state.lower() for bad in ("down", "drain", "fail", "inval", "maint", "unk", "futr", "npc",
+                                                     "pow", "boot")):
             unusable.add(name)
     if unreadable:
-        raise SlurmAnswerError(f"`sinfo -N -p {partition}` printed {len(unreadable)} line(s) that are not NODE|GRES|STATE, "
+        raise SlurmAnswerError(f"`sinfo -N -p {partition}` printed {len(unreadable)} line(s) that are not "
+                               "NODE|GRES|STATE, "
                                f"e.g. {said(unreadable[0])}")
     fit = [n for n, g in per_node.items() if n not in unusable and g >= recipe.num_gpus]
     if len(fit) < nodes:
         listed = sorted(per_node.items())
         found.append(F("slurm-nodes", doctor.ERROR,
-                       f"{nodes} node(s) with {recipe.num_gpus} GPU(s) each asked; partition {partition} has {len(fit)} such node(s) in service "
-                       f"(of {len(per_node)}: " + ", ".join(f"{n} gpu:{g}" for n, g in listed[:20]) + (", ..." if len(listed) > 20 else "") + ")",
+                       f"{nodes} node(s) with {recipe.num_gpus} GPU(s) each asked; partition {partition} has "
+                       f"{len(fit)} such node(s) in service "
+                       f"(of {len(per_node)}: " + ", ".join(f"{n} gpu:{g}" for n,
+                                                            g in listed[:20]) + (", "
+                                                                                 "..." if len(listed) > 20 else "")
+                       + ")",
                        "--nodes / num_gpus that fit, or another partition"))
     else:
-        found.append(F("slurm-nodes", doctor.OK, f"{nodes} node(s) x {recipe.num_gpus} GPU(s): {len(fit)} node(s) of {partition} fit"))
+        found.append(F("slurm-nodes", doctor.OK,
+                       f"{nodes} node(s) x {recipe.num_gpus} GPU(s): {len(fit)} node(s) of {partition} fit"))
     if recipe.mode == "container":
         # pyxis adds --container-image to srun (a SPANK plugin): without it the steps would fail in the allocation.
         _, help_out, help_err = _stdout(runner, ["srun", "--help"], "srun --help")
         if re.search(r"(?m)^\s*--container-image[=\s]", help_out + "\n" + help_err):
             found.append(F("slurm-container", doctor.OK, "srun has pyxis's --container-image"))
         else:
-            found.append(F("slurm-container", doctor.ERROR, "container mode needs the pyxis plugin, but `srun --help` has no --container-image",
-                           "--mode host with an install prefix on the shared filesystem, or ask the admins for pyxis/enroot"))
+            found.append(F("slurm-container", doctor.ERROR,
+                           "container mode needs the pyxis plugin, but `srun --help` has no --container-image",
+                           "--mode host with an install prefix on the shared filesystem, or ask the admins for "
+                           "pyxis/enroot"))
     asked = seconds(opts.time) if opts.time is not None else None
     if opts.time is not None and limit is not None and asked is not None and asked > limit:
-        found.append(F("slurm-time", doctor.ERROR, f"--time {opts.time} is over partition {partition}'s MaxTime {max_time}", f"--time {max_time} or less"))
+        found.append(F("slurm-time", doctor.ERROR,
+                       f"--time {opts.time} is over partition {partition}'s MaxTime "
+                       f"{max_time}", f"--time {max_time} or less"))
     elif opts.time is not None:
         found.append(F("slurm-time", doctor.OK, f"--time {opts.time} within MaxTime {max_time}"))
     return found
@@ -186,7 +206,8 @@ def _cluster_findings(recipe: Recipe, opts: SlurmAsk, runner: Runner) -> list[do
 def default_partition(runner: Runner) -> str | None:
     """The partition sinfo marks as the default ('*'); None when none is (or more than one is)."""
     r = runner.run(["sinfo", "-h", "-o", "%P"], step="sinfo", timeout=TIMEOUT_S)
-    marked = {name[:-1] for name in r.stdout[:ANSWER_MAX_CHARS].split() if name.endswith("*") and PARTITION_RE.fullmatch(name[:-1])}
+    marked = ({name[:-1] for name in r.stdout[:ANSWER_MAX_CHARS].split() if name.endswith("*")
+               and PARTITION_RE.fullmatch(name[:-1])})
     return marked.pop() if len(marked) == 1 else None
 
 
@@ -198,14 +219,19 @@ def enroot_findings(recipe: Recipe, planned: dict, squashfs_dir: str | None) -> 
         return []
     found = []
     sqsh = planned.get("squashfs")
-    have_file = isinstance(sqsh, str) and planned.get("squashfs_ready") is True  # judged by content at plan time (enroot.squashfs_ready)
+    # judged by content at plan time (enroot.squashfs_ready)
+    have_file = isinstance(sqsh, str) and planned.get("squashfs_ready") is True
     if planned.get("enroot"):
-        form = f"squashfs {sqsh}" + (" (there: nothing to pull)" if have_file else " (imported once, before sbatch)") if sqsh else planned["reference"]
-        found.append(F("slurm-enroot", doctor.OK, f"enroot {planned['enroot']} on this login node: the image as {form}"))
+        there = " (there: nothing to pull)" if have_file else " (imported once, before sbatch)"
+        form = f"squashfs {sqsh}" + there if sqsh else planned["reference"]
+        found.append(F("slurm-enroot", doctor.OK,
+                       f"enroot {planned['enroot']} on this login node: the image as {form}"))
     elif not have_file:
-        found.append(F("slurm-enroot", doctor.ERROR, f"cannot read enroot's version on this login node ({planned.get('enroot_said')}): "
+        found.append(F("slurm-enroot", doctor.ERROR,
+                       f"cannot read enroot's version on this login node ({planned.get('enroot_said')}): "
                        "it decides how the image is named to pyxis (enroot 3: REG#repo, 4: REG/repo)",
-                       "run from a login node with enroot (`enroot version`), or --squashfs-dir DIR holding the imported image"))
+                       "run from a login node with enroot (`enroot version`), or --squashfs-dir DIR holding the "
+                       "imported image"))
     if sqsh and not have_file:
         parent = os.path.dirname(sqsh)
         if not (os.path.isdir(parent) and os.access(parent, os.W_OK | os.X_OK)):

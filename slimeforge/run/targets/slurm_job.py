@@ -6,14 +6,13 @@ render guard act on (their ownership proof is run/ownership.slurm_verdict).
         CannotTell  no answer, an empty or unparsable one, one about another job, or an ambiguous
                     one: never read as "ended", never a reason to act or to move records
 
-`squeue --json` first (Slurm >= 21.08; scontrol learned --json only in 23.02): its fields are
-typed and nothing in a name or a comment can pose as another field (when it fails for another reason
-than an unknown job id: no --json before 21.08, no JSON plugin in the build, scontrol is asked). Slurm 22.05 ignores --jobs
-under --json and lists every job it knows, so the job is picked by its job_id, and exactly one
-must match. Where squeue has no --json, `scontrol show job -o` is read with the knowledge of its
-free-text fields (JobName, Comment, Command, WorkDir, StdOut, Reason, ...): their values may hold
-" Key=" themselves, so a key seen twice, or a Comment where scontrol does not print it (between
-WorkDir and StdErr), makes the answer ambiguous, and an ambiguous answer is CannotTell.
+`squeue --json` first (Slurm >= 21.08; scontrol learned --json only in 23.02): its fields are typed and nothing in a
+name or a comment can pose as another field (when it fails for another reason than an unknown job id: no --json before
+21.08, no JSON plugin in the build, scontrol is asked). Slurm 22.05 ignores --jobs under --json and lists every job it
+knows, so the job is picked by its job_id, and exactly one must match. Where squeue has no --json, `scontrol show job
+-o` is read with the knowledge of its free-text fields (JobName, Comment, Command, WorkDir, StdOut, Reason, ...): their
+values may hold " Key=" themselves, so a key seen twice, or a Comment where scontrol does not print it (between WorkDir
+and StdErr), makes the answer ambiguous, and an ambiguous answer is CannotTell.
 
 The keys returned are scontrol's (JobState, ExitCode "N:S", SubmitTime as local
 YYYY-mm-ddTHH:MM:SS, ...), whichever way Slurm was asked; control characters become '?'.
@@ -34,7 +33,8 @@ from ...schema import printable
 MAX_ANSWER_CHARS = 64 << 20  # Slurm 22.05 lists every job it knows: tens of thousands fit
 TIMEOUT_S = 30
 # The keys the callers read, and where they come from in squeue's JSON.
-JSON_KEYS = {"JobName": "name", "UserId": "user_name", "JobState": "job_state", "Reason": "state_reason", "Comment": "comment",
+JSON_KEYS = {"JobName": "name", "UserId": "user_name", "JobState": "job_state", "Reason": "state_reason",
+             "Comment": "comment",
              "WorkDir": "current_working_directory", "NodeList": "nodes"}
 REQUIRED = ("JobId", "JobName", "UserId", "JobState")
 _KEY_AT = re.compile(r"(?:^| )([A-Za-z][A-Za-z0-9_:/]*)=")
@@ -46,10 +46,12 @@ class CannotTell(SlimeforgeError):
 
 def job_answer(job_id: str, runner: Runner | None = None) -> dict[str, str]:
     runner = runner or Runner()
-    r = runner.run(["squeue", "--json", "--states=all", f"--jobs={job_id}"], step="squeue --json", check=False, timeout=TIMEOUT_S)
+    r = runner.run(["squeue", "--json", "--states=all", f"--jobs={job_id}"], step="squeue --json", check=False,
+                   timeout=TIMEOUT_S)
     if r.returncode != 0 and "Invalid job id" not in r.stdout + r.stderr:
         # No --json in this squeue (before 21.08), or no JSON plugin in this build: scontrol's line then.
-        r = runner.run(["scontrol", "show", "job", "-o", "--", job_id], step="scontrol show job", check=False, timeout=TIMEOUT_S)
+        r = runner.run(["scontrol", "show", "job", "-o", "--", job_id], step="scontrol show job", check=False,
+                       timeout=TIMEOUT_S)
         return _answered(job_id, r.returncode, r.stdout, r.stderr, from_line)
     return _answered(job_id, r.returncode, r.stdout, r.stderr, from_json)
 
@@ -58,7 +60,8 @@ def _answered(job_id: str, code: int, out: str, err: str, parse) -> dict[str, st
     if code != 0:
         if "Invalid job id" in out + err:
             return {}
-        raise CannotTell(f"Slurm does not answer about job {job_id}: {_clean((err or out).strip()[-300:]) or f'exit {code}, no output'}")
+        raise CannotTell(f"Slurm does not answer about job {job_id}: "
+                         f"{_clean((err or out).strip()[-300:]) or f'exit {code}, no output'}")
     return parse(job_id, out)
 
 
@@ -155,13 +158,15 @@ def from_line(job_id: str, text: str) -> dict[str, str]:
     if twice:
         raise CannotTell(f"Slurm's answer about job {job_id} is ambiguous: {', '.join(twice)} appear(s) more than once "
                          "(a free-text field such as JobName or Command holds 'Key=')")
-    info = {m.group(1): _clean(line[m.end():nxt.start() if nxt else len(line)].rstrip(' ')) for m, nxt in zip(marks, [*marks[1:], None], strict=True)}
+    info = {m.group(1): _clean(line[m.end():nxt.start() if nxt else len(line)].rstrip(' '))
+            for m, nxt in zip(marks, [*marks[1:], None], strict=True)}
     if order[0] != "JobId" or info["JobId"] != job_id:
         raise CannotTell(f"Slurm's answer is about job {info.get(order[0])!r}, not {job_id}")
     if "Comment" in info:
         at = order.index("Comment")
         if "WorkDir" in order and at < order.index("WorkDir") or "StdErr" in order and at > order.index("StdErr"):
-            raise CannotTell(f"Slurm's answer about job {job_id} has a Comment where scontrol does not print one (inside another field)")
+            raise CannotTell(f"Slurm's answer about job {job_id} has a Comment where scontrol does not print one "
+                             "(inside another field)")
         if info["Comment"] == "(null)":
             del info["Comment"]
     missing = [k for k in REQUIRED if k not in info]

@@ -23,7 +23,8 @@ def write_lock(prefix: Path, content: dict[str, Any]) -> Path:
     return prefix
 
 
-def inventory_data(lab: NetLab, name: str, *, gpus: int = 2, overrides: dict[str, dict[str, Any]] | None = None, extra_hosts: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def inventory_data(lab: NetLab, name: str, *, gpus: int = 2, overrides: dict[str, dict[str, Any]] | None = None,
+                   extra_hosts: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Host mode on the lab: h1 is the head, h2 is reached through an ssh config alias."""
     overrides = overrides or {}
     w = lab.workdir

@@ -63,7 +63,8 @@ def lab_ray_image(base: str, ray: str | None = None) -> str:
         shutil.copytree(STANDIN_SLIME, context / "slime", ignore=shutil.ignore_patterns("__pycache__"))
         (context / "Dockerfile").write_text(DOCKERFILE.format(base=base, ray=ray))
         # Debian's docker client runs BuildKit without buildx (DESIGN.md); nothing is pulled.
-        r = subprocess.run(["/usr/bin/docker", "build", "--quiet", "--secret", f"id=ca-bundle,src={CA_BUNDLE}", "--tag", image, str(context)],
+        r = subprocess.run(["/usr/bin/docker", "build", "--quiet", "--secret", f"id=ca-bundle,src={CA_BUNDLE}",
+                            "--tag", image, str(context)],
                            capture_output=True, text=True, timeout=1800, env={**os.environ, "DOCKER_BUILDKIT": "1"})
         if r.returncode != 0:
             raise RuntimeError(f"docker build of {image} failed:\n{(r.stdout + r.stderr)[-3000:]}")

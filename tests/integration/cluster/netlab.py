@@ -136,9 +136,11 @@ class NetLab:
     def docker_socket(self, host: LabHost) -> str:
         return str(self.workdir / "dk" / f"{host.name}.sock")
 
-    def docker_cli(self, host: LabHost, *args: str, check: bool = True, timeout: float = 600, input: bytes | None = None) -> subprocess.CompletedProcess:
+    def docker_cli(self, host: LabHost, *args: str, check: bool = True, timeout: float = 600,
+                   input: bytes | None = None) -> subprocess.CompletedProcess:
         """`docker ARGS` against the host's own daemon, from this machine (the socket is on the shared /tmp)."""
-        return subprocess.run(["docker", "-H", f"unix://{self.docker_socket(host)}", *args], check=check, capture_output=True, timeout=timeout, input=input)
+        return subprocess.run(["docker", "-H", f"unix://{self.docker_socket(host)}", *args], check=check,
+                              capture_output=True, timeout=timeout, input=input)
 
     def unused_ip(self) -> str:
         """An address in the lab's subnet that no host holds: ssh to it fails."""
@@ -187,7 +189,8 @@ class NetLab:
             host = LabHost(name=f"h{i}", netns=f"{self.tag}-h{i}", ip=f"{self.subnet}.{i}")
             self._netns_add(host.netns)
             # Created directly in the two namespaces: nothing new appears in the root namespace.
-            sh("ip", "-n", self.switch, "link", "add", f"h{i}", "type", "veth", "peer", "name", "eth0", "netns", host.netns)
+            sh("ip", "-n", self.switch, "link", "add", f"h{i}", "type", "veth", "peer", "name", "eth0", "netns",
+               host.netns)
             sh("ip", "-n", self.switch, "link", "set", f"h{i}", "master", "br0", "up")
             sh("ip", "-n", host.netns, "addr", "add", f"{host.ip}/24", "dev", "eth0")
             sh("ip", "-n", host.netns, "link", "set", "eth0", "up")
@@ -218,7 +221,8 @@ class NetLab:
                     break
                 except OSError:
                     if time.monotonic() > deadline:
-                        raise RuntimeError(f"sshd in {host.netns} did not listen on {host.ip}:22; log: {(self.workdir / f'sshd-{host.name}.log').read_text()}") from None
+                        raise RuntimeError(f"sshd in {host.netns} did not listen on {host.ip}:22; log: "
+                                           f"{(self.workdir / f'sshd-{host.name}.log').read_text()}") from None
                     time.sleep(0.1)
 
     def _netns_add(self, name: str) -> None:
@@ -241,7 +245,8 @@ class NetLab:
             "#!/bin/sh\n"
             "# Outputs captured on a real 2 x H200 host (tests/fixtures/gpu/h200-x2).\n"
             'case "$*" in\n'
-            f"  *--query-gpu=index,name,uuid,driver_version,memory.total,compute_cap,pci.bus_id*--format=csv*) exec cat {data / 'query-gpu.csv'} ;;\n"
+            "  *--query-gpu=index,name,uuid,driver_version,memory.total,compute_cap,pci.bus_id*--format=csv*) exec "
+            f"cat {data / 'query-gpu.csv'} ;;\n"
             f"  *-L*) exec cat {data / 'list.txt'} ;;\n"
             f"  '') exec cat {data / 'nvidia-smi.txt'} ;;\n"
             '  *) echo "fake nvidia-smi: no captured output for: $*" >&2; exit 2 ;;\n'
@@ -252,7 +257,8 @@ class NetLab:
             # dockerd registers `--gpus` (the nvidia device driver) when this is on its PATH, and
             # runs it as each such container's prestart hook: here it reads the state and passes.
             hook = bindir / "nvidia-container-runtime-hook"
-            hook.write_text("#!/bin/sh\n# Stand-in for the NVIDIA Container Toolkit's hook (no GPU here).\ncat >/dev/null\nexit 0\n")
+            hook.write_text("#!/bin/sh\n# Stand-in for the NVIDIA Container Toolkit's hook (no GPU here).\ncat "
+                            ">/dev/null\nexit 0\n")
             hook.chmod(0o755)
 
     def _client_config(self) -> None:
@@ -289,7 +295,9 @@ class NetLab:
                     "KbdInteractiveAuthentication no",
                     "MaxStartups 100",
                     "MaxSessions 100",
-                    f"SetEnv PATH={w / 'bin'}:/usr/local/bin:/usr/bin:/bin" + (f" DOCKER_HOST=unix://{self.docker_socket(host)}" if self.docker else ""),
+                    "SetEnv "
+                    f"PATH={w / 'bin'}:/usr/local/bin:/usr/bin:/bin"
+                 + (f" DOCKER_HOST=unix://{self.docker_socket(host)}" if self.docker else ""),
                 ]
             )
             + "\n"
@@ -300,8 +308,10 @@ class NetLab:
         if self.private_paths:
             # A mount namespace of its own (private propagation: nothing mounted here reaches the
             # root namespace or another host), a tmpfs over each private path, then sshd in it.
-            mounts = " && ".join(f'mount -t tmpfs -o mode=0755,size=256m sf-{host.name} "${i + 1}"' for i in range(len(self.private_paths)))
-            argv += ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", f'{mounts} && shift {len(self.private_paths)} && exec "$@"',
+            mounts = " && ".join(f'mount -t tmpfs -o mode=0755,size=256m sf-{host.name} '
+                                 f'"${i + 1}"' for i in range(len(self.private_paths)))
+            argv += ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                     f'{mounts} && shift {len(self.private_paths)} && exec "$@"',
                      "sh", *self.private_paths]
         argv += [SSHD, "-D", "-e", "-f", str(config)]
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -326,7 +336,8 @@ class NetLab:
             f"http: {{addr: '{addr}'}}\n"
         )
         log = open(w / f"{name}.log", "w")
-        proc = subprocess.Popen([REGISTRY, "serve", str(w / f"{name}.yml")], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen([REGISTRY, "serve", str(w / f"{name}.yml")], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
         log.close()
         return proc, addr
 
@@ -338,7 +349,9 @@ class NetLab:
                 return
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    logs = "".join(f"\n--- {p.name}: {p.read_text()[-1500:]}" for p in sorted((self.workdir / "registry").glob("*.log")))
+                    logs = "".join(f"\n--- {p.name}: "
+                                   f"{p.read_text()[-1500:]}" for p
+                                   in sorted((self.workdir / "registry").glob("*.log")))
                     raise RuntimeError(f"registry on {addr} did not answer{logs}") from None
                 time.sleep(0.1)
 
@@ -354,7 +367,8 @@ class NetLab:
         config.write_text("{}\n")  # not /etc/docker/daemon.json: this machine's engine's
         # `ip netns exec` gave the host's namespace a sysfs of its own, without this machine's
         # cgroup hierarchies under /sys/fs/cgroup: mount the same ones there (dockerd needs them).
-        mounts = [f"mkdir -p {target} && mount -t {fstype} -o {options} {fstype} {target}" for target, fstype, options in cgroup_mounts()]
+        mounts = [f"mkdir -p {target} && mount -t {fstype} -o {options} {fstype} {target}" for target, fstype,
+                  options in cgroup_mounts()]
         argv = ["nsenter", "--target", str(host.sshd_pid), "--mount", "--net", "--",
                 "sh", "-c", " && ".join([*mounts, 'exec "$@"']), "sh",
                 "dockerd", "--config-file", str(config), "--host", f"unix://{self.docker_socket(host)}",
@@ -377,9 +391,11 @@ class NetLab:
     def _wait_for_dockerd(self) -> None:
         deadline = time.monotonic() + 90
         for host in self.hosts:
-            while self.docker_cli(host, "version", "--format", "{{.Server.Version}}", check=False, timeout=30).returncode != 0:
+            while self.docker_cli(host, "version", "--format", "{{.Server.Version}}", check=False,
+                                  timeout=30).returncode != 0:
                 if time.monotonic() > deadline or any(p.poll() is not None for p in self._daemons):
-                    logs = "".join(f"\n--- {p.name}: {p.read_text()[-1500:]}" for p in sorted(self.workdir.glob("dockerd-*.log")))
+                    logs = "".join(f"\n--- {p.name}: "
+                                   f"{p.read_text()[-1500:]}" for p in sorted(self.workdir.glob("dockerd-*.log")))
                     raise RuntimeError(f"dockerd in {host.netns} did not answer on {self.docker_socket(host)}{logs}")
                 time.sleep(0.2)
 
@@ -430,7 +446,8 @@ class NetLab:
     def run_in(self, host: LabHost, argv: list[str], input: str | None = None) -> subprocess.CompletedProcess:
         """Run argv in the host's mount namespace (its sshd's): what that host sees of the files."""
         assert host.sshd_pid is not None
-        return subprocess.run(["nsenter", "--target", str(host.sshd_pid), "--mount", "--", *argv], input=input, capture_output=True, text=True, check=True)
+        return subprocess.run(["nsenter", "--target", str(host.sshd_pid), "--mount", "--", *argv], input=input,
+                              capture_output=True, text=True, check=True)
 
     # --- inspection ------------------------------------------------------------------------------
 
@@ -439,7 +456,8 @@ class NetLab:
         out = {}
         for pid in sh("ip", "netns", "pids", host.netns, check=False).stdout.split():
             try:
-                out[int(pid)] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                out[int(pid)] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0",
+                                                                                  b" ").decode(errors="replace").strip()
             except OSError:
                 pass
         return out

@@ -38,7 +38,8 @@ def test_down_refuses_a_recorded_sleep_and_an_unlabelled_container(lab, tmp_path
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         # h1: the sleep's own pid, start time and boot id, recorded as if it were our `ray start`.
-        h1 = {"pid": sleeper.pid, "starttime": _start_time(sleeper.pid), "boot_id": boot, "argv": ["/opt/sf/bin/ray", "start", "--block"],
+        h1 = {"pid": sleeper.pid, "starttime": _start_time(sleeper.pid), "boot_id": boot, "argv": ["/opt/sf/bin/ray",
+                                                                                                   "start", "--block"],
               "token": TOKEN, "cluster": name, "started_at": 1.0}
         # h2: the container's full id, recorded as if cluster.up had started it.
         h2 = {"container": cid, "argv": ["docker", "run"], "token": TOKEN, "cluster": name, "started_at": 1.0}
@@ -51,7 +52,8 @@ def test_down_refuses_a_recorded_sleep_and_an_unlabelled_container(lab, tmp_path
 
         table = err.value.table.text()
         row = {line.split()[0]: line for line in table.splitlines()[1:]}
-        assert "FAILED" in row["h1"] and f"refused: pid {sleeper.pid} is not the `ray start` slimeforge recorded" in row["h1"]
+        assert "FAILED" in row["h1"] and (f"refused: pid {sleeper.pid} is not the `ray start` slimeforge "
+                                         "recorded") in row["h1"]
         assert "FAILED" in row["h2"] and f"refused: container {cid[:12]} (/{container}) carries labels" in row["h2"]
         assert "ok" in row["h3"] and "nothing recorded" in row["h3"]
         assert "refused on 2 host(s)" in str(err.value) and "left alone" in str(err.value)

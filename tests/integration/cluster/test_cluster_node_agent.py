@@ -19,7 +19,8 @@ TOKEN, OTHER_TOKEN = "5f" * 16, "a0" * 16
 
 
 def agent(command: str, params: dict) -> dict:
-    r = subprocess.run([sys.executable, "-", command, json.dumps(params)], input=agent_source(), capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-", command, json.dumps(params)], input=agent_source(), capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
@@ -60,7 +61,8 @@ def test_facts_ports_and_reachability(tmp_path):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             closed = s.getsockname()[1]
-        facts = agent("facts", {"state_dir": str(tmp_path / "state"), "head_ip": "127.0.0.1", "ports": [busy, closed], "reach": [["127.0.0.1", busy], ["127.0.0.1", closed]]})
+        facts = agent("facts", {"state_dir": str(tmp_path / "state"), "head_ip": "127.0.0.1", "ports": [busy, closed],
+                                "reach": [["127.0.0.1", busy], ["127.0.0.1", closed]]})
     assert facts["hostname"] == socket.gethostname()
     assert facts["addresses"]["lo"] == "127.0.0.1"
     assert facts["route"] == {"dev": "lo", "src": "127.0.0.1"}
@@ -73,7 +75,8 @@ def test_facts_ports_and_reachability(tmp_path):
 
 def test_start_waits_for_the_marker_and_stop_ends_the_whole_tree(tmp_path):
     state = tmp_path / "state"
-    params = {"state_dir": str(state), "argv": fake_ray(tmp_path, TREE), "env": {"SF_TEST": "1"}, "marker": "READY", "timeout": 120,
+    params = {"state_dir": str(state), "argv": fake_ray(tmp_path, TREE), "env": {"SF_TEST": "1"}, "marker": "READY",
+              "timeout": 120,
               "token": TOKEN, "cluster": "lab"}
     started = agent("start", params)
     assert started["ok"] and not started.get("already")
@@ -108,7 +111,8 @@ def test_start_waits_for_the_marker_and_stop_ends_the_whole_tree(tmp_path):
 
 def test_start_reports_an_early_exit_with_the_log(tmp_path):
     argv = fake_ray(tmp_path, "print('bad flag --foo'); raise SystemExit(3)")
-    result = agent("start", {"state_dir": str(tmp_path), "argv": argv, "marker": "READY", "timeout": 60, "token": TOKEN, "cluster": "lab"})
+    result = agent("start", {"state_dir": str(tmp_path), "argv": argv, "marker": "READY", "timeout": 60,
+                             "token": TOKEN, "cluster": "lab"})
     assert not result["ok"] and result["error"] == "exited before it was ready"
     assert "bad flag --foo" in result["log_tail"]
 
@@ -118,7 +122,8 @@ def test_start_refuses_when_the_head_is_unreachable(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     argv = fake_ray(tmp_path, "")
-    result = agent("start", {"state_dir": str(tmp_path), "argv": argv, "reach_first": ["127.0.0.1", port], "timeout": 10, "token": TOKEN, "cluster": "lab"})
+    result = agent("start", {"state_dir": str(tmp_path), "argv": argv, "reach_first": ["127.0.0.1", port],
+                             "timeout": 10, "token": TOKEN, "cluster": "lab"})
     assert not result["ok"] and f"127.0.0.1:{port}" in result["error"] and "refused" in result["error"]
     assert not (tmp_path / "ray.json").exists()
 
@@ -127,7 +132,8 @@ def forged(pid: int, **fields) -> dict:
     """A record as the agent writes it, naming `pid` with its real start time and boot id."""
     st = Path(f"/proc/{pid}/stat").read_text()
     start = int(st[st.rindex(")") + 2 :].split()[19])
-    return {"pid": pid, "starttime": start, "boot_id": hostrecord.boot_id(), "argv": ["/opt/sf/venv/bin/ray", "start", "--block"],
+    return {"pid": pid, "starttime": start, "boot_id": hostrecord.boot_id(), "argv": ["/opt/sf/venv/bin/ray", "start",
+                                                                                      "--block"],
             "token": TOKEN, "cluster": "lab", "started_at": 1.0, **fields}
 
 
@@ -155,11 +161,13 @@ def test_stop_never_signals_a_reused_pid(tmp_path, sleeper):
 def test_stop_refuses_a_recorded_sleep_that_is_not_our_ray(tmp_path, sleeper, case):
     # pid, start time and boot id all match; the argv is not what runs there, or not a record at all.
     record = forged(sleeper.pid)
-    record.update({"argv": {}, "not-ray": {"argv": ["sleep", "300"]}, "string-pid": {"pid": str(sleeper.pid)}, "pid-true": {"pid": True}}[case])
+    record.update({"argv": {}, "not-ray": {"argv": ["sleep", "300"]}, "string-pid": {"pid": str(sleeper.pid)},
+                   "pid-true": {"pid": True}}[case])
     (tmp_path / "ray.json").write_text(json.dumps(record))
     result = agent("stop", {"state_dir": str(tmp_path), "timeout": 1})
     assert result["ok"] is False and not result["stopped"] and "left alone" in result["refused"]
-    assert (str(tmp_path / "ray.json") in result["refused"]) if case != "argv" else (f"pid {sleeper.pid} is not the `ray start`" in result["refused"])
+    assert (str(tmp_path / "ray.json") in result["refused"]) if case != "argv" else (f"pid {sleeper.pid} is not the "
+                                                                                     "`ray start`" in result["refused"])
     assert sleeper.poll() is None  # still alive
     assert (tmp_path / "ray.json").exists()  # the evidence is kept
 
@@ -195,14 +203,17 @@ def test_nodes_reports_an_unreachable_dashboard_as_an_error():
 @pytest.mark.docker
 def test_container_start_and_stop_by_recorded_id(tmp_path, base_image):
     name = f"sfc-agent-{os.getpid()}"
-    argv = ["docker", "run", "--detach", "--name", name, "--label", "slimeforge.cluster=lab", "--label", f"slimeforge.cluster_token={TOKEN}",
+    argv = ["docker", "run", "--detach", "--name", name, "--label", "slimeforge.cluster=lab", "--label",
+            f"slimeforge.cluster_token={TOKEN}",
             base_image, "sh", "-c", "echo READY; exec sleep 600"]
     try:
-        started = agent("start", {"state_dir": str(tmp_path), "argv": argv, "container": True, "marker": "READY", "timeout": 120, "token": TOKEN, "cluster": "lab"})
+        started = agent("start", {"state_dir": str(tmp_path), "argv": argv, "container": True, "marker": "READY",
+                                  "timeout": 120, "token": TOKEN, "cluster": "lab"})
         assert started["ok"], started
         cid = started["record"]["container"]
         assert len(cid) == 64
-        running = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}} {{.Name}}", cid], capture_output=True, text=True)
+        running = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}} {{.Name}}", cid], capture_output=True,
+                                 text=True)
         assert running.stdout.split() == ["true", f"/{name}"]
         assert "READY" in (tmp_path / "ray.log").read_text()
 
@@ -217,7 +228,8 @@ def test_container_start_and_stop_by_recorded_id(tmp_path, base_image):
 def unlabelled(base_image):
     """A throwaway container slimeforge did not start, named like the registry people run beside it."""
     name = f"registry-sf-{os.getpid()}"
-    cid = subprocess.run(["docker", "run", "--detach", "--name", name, "--label", "slimeforge.cluster=lab", base_image, "sleep", "600"],
+    cid = subprocess.run(["docker", "run", "--detach", "--name", name, "--label", "slimeforge.cluster=lab", base_image,
+                          "sleep", "600"],
                          capture_output=True, text=True, check=True).stdout.strip()
     try:
         yield cid
@@ -232,20 +244,26 @@ def test_container_stop_refuses_a_container_without_our_labels(tmp_path, unlabel
     record = {"container": unlabelled, "argv": ["docker", "run"], "token": TOKEN, "cluster": "lab", "started_at": 1.0}
     (tmp_path / "ray.json").write_text(json.dumps(record))
     for command in ("stop", "start"):
-        result = agent(command, {"state_dir": str(tmp_path), "timeout": 1, "token": TOKEN, "cluster": "lab", "container": True,
-                                 "argv": ["docker", "run", "--label", "slimeforge.cluster=lab", "--label", f"slimeforge.cluster_token={TOKEN}", "x"]})
+        result = agent(command, {"state_dir": str(tmp_path), "timeout": 1, "token": TOKEN, "cluster": "lab",
+                                 "container": True,
+                                 "argv": ["docker", "run", "--label", "slimeforge.cluster=lab", "--label",
+                                          f"slimeforge.cluster_token={TOKEN}", "x"]})
         assert result["ok"] is False
         assert "carries labels" in (result.get("refused") or result.get("error"))
-    state = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", unlabelled], capture_output=True, text=True)
+    state = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", unlabelled], capture_output=True,
+                           text=True)
     assert state.stdout.strip() == "true"
 
 
 @pytest.mark.docker
 def test_container_record_by_name_or_option_is_refused_before_docker(tmp_path, unlabelled):
-    name = subprocess.run(["docker", "inspect", "-f", "{{.Name}}", unlabelled], capture_output=True, text=True).stdout.strip().lstrip("/")
+    name = subprocess.run(["docker", "inspect", "-f", "{{.Name}}", unlabelled], capture_output=True,
+                          text=True).stdout.strip().lstrip("/")
     for cid in (name, "--all", unlabelled[:12]):
-        (tmp_path / "ray.json").write_text(json.dumps({"container": cid, "argv": ["docker", "run"], "token": TOKEN, "cluster": "lab", "started_at": 1.0}))
+        (tmp_path / "ray.json").write_text(json.dumps({"container": cid, "argv": ["docker", "run"], "token": TOKEN,
+                                                       "cluster": "lab", "started_at": 1.0}))
         result = agent("stop", {"state_dir": str(tmp_path), "timeout": 1})
         assert "container (a full id: 64 hex digits)" in result["refused"]
-    state = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", unlabelled], capture_output=True, text=True)
+    state = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", unlabelled], capture_output=True,
+                           text=True)
     assert state.stdout.strip() == "true"

@@ -49,9 +49,11 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 ray.init()
 @ray.remote(num_cpus=0)
 def seen():
-    return ray.get_runtime_context().get_node_id(), hashlib.sha256(os.environ.get("HF_TOKEN", "").encode()).hexdigest()
+    token = os.environ.get("HF_TOKEN", "")
+    return ray.get_runtime_context().get_node_id(), hashlib.sha256(token.encode()).hexdigest()
 nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
-print("SEEN " + json.dumps(ray.get([seen.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote() for n in nodes])))
+pinned = [seen.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote() for n in nodes]
+print("SEEN " + json.dumps(ray.get(pinned)))
 """
 
 
@@ -79,13 +81,15 @@ def moto(lab):
     server = ThreadedMotoServer(ip_address=lab.gateway, port=port, verbose=False)
     server.start()
     url = f"http://{lab.gateway}:{port}"
-    keys = {"region_name": REGION, "endpoint_url": url, "aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+    keys = {"region_name": REGION, "endpoint_url": url, "aws_access_key_id": "testing",
+            "aws_secret_access_key": "testing"}
     boto3.client("s3", **keys).create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
     client = boto3.client("bedrock-agentcore-control", **keys)
     for _ in range(40):  # moto's ids are random hex; AWS's start with a letter
         rid = client.create_agent_runtime(
             agentRuntimeName="sf_secrets_agent", roleArn="arn:aws:iam::123456789012:role/sf",
-            agentRuntimeArtifact={"containerConfiguration": {"containerUri": "123456789012.dkr.ecr.us-west-2.amazonaws.com/agent:1"}},
+            agentRuntimeArtifact={"containerConfiguration": {
+                "containerUri": "123456789012.dkr.ecr.us-west-2.amazonaws.com/agent:1"}},
             networkConfiguration={"networkMode": "PUBLIC"})["agentRuntimeId"]
         arn = f"arn:aws:bedrock-agentcore:{REGION}:123456789012:runtime/{rid}"
         if ARN_RE.fullmatch(arn):
@@ -110,13 +114,15 @@ def up(lab, moto, tmp_path_factory):
     mp.setenv("SLIMEFORGE_STATE_HOME", str(home))
     mp.setenv("HF_TOKEN", VALUE)
     # This machine's AWS credentials: a host without its own must fail all the same.
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION}.items():
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_DEFAULT_REGION": REGION}.items():
         mp.setenv(k, v)
     table = io.StringIO()
     try:
         plan = "\n".join(cluster.plan(inv))
         address = cluster.up(inv, control_dir=lab.control_dir, stream=table)
-        yield {"inventory": inv, "address": address, "plan": plan, "table": table.getvalue(), "home": home, "data": data, "arn": moto["arn"]}
+        yield {"inventory": inv, "address": address, "plan": plan, "table": table.getvalue(), "home": home,
+               "data": data, "arn": moto["arn"]}
     finally:
         try:
             cluster.down(inv, control_dir=lab.control_dir, stream=io.StringIO())
@@ -188,7 +194,8 @@ def test_aws_is_proved_on_each_host_with_its_own_credentials(lab, up):
     from slimeforge.cluster.inventory import load_inventory
 
     inv = load_inventory(up["inventory"])
-    table, failures = credentials.check_hosts(recipe(lab, up["arn"], secret_env=["HF_TOKEN"]), inv, control_dir=lab.control_dir,
+    table, failures = credentials.check_hosts(recipe(lab, up["arn"], secret_env=["HF_TOKEN"]), inv,
+                                              control_dir=lab.control_dir,
                                               stream=io.StringIO(), live_table=False)
     text = table.text()
     assert list(failures) == ["h2"], text
@@ -219,8 +226,10 @@ def test_invoke_run_refuses_a_host_without_credentials_and_submits_nothing(lab, 
 
     from ray.job_submission import JobSubmissionClient
 
-    monkeypatch.setenv("SLIMEFORGE_STATE_HOME", str(up["home"]))  # where cluster.up recorded the head (conftest gives each test its own)
-    data = make_recipe(lab.workdir / "recipe-run", exp_id="sf-secrets-run", agent_runtime_arn=up["arn"], s3_bucket=BUCKET, num_gpus=2, num_nodes=2,
+    monkeypatch.setenv("SLIMEFORGE_STATE_HOME",
+                       str(up["home"]))  # where cluster.up recorded the head (conftest gives each test its own)
+    data = make_recipe(lab.workdir / "recipe-run", exp_id="sf-secrets-run", agent_runtime_arn=up["arn"],
+                       s3_bucket=BUCKET, num_gpus=2, num_nodes=2,
                        rollout_batch_size=16, checkpoint_dir=str(lab.workdir / "ckpt"), secret_env=["HF_TOKEN"])
     data = {k: v for k, v in data.items() if k not in ("ray_port", "ray_dashboard_port", "gateway_port")}
     parsed, stack = parse_recipe({**data, "install_prefix": up["data"]["prefix"]}, "test")
@@ -228,7 +237,8 @@ def test_invoke_run_refuses_a_host_without_credentials_and_submits_nothing(lab, 
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(data))
     before = [j.submission_id for j in JobSubmissionClient(up["address"].dashboard).list_jobs()]
-    r = subprocess.run([sys.executable, "-m", "invoke", "run", str(path), "--cluster", str(up["inventory"]), "--out", str(tmp_path / "run"),
+    r = subprocess.run([sys.executable, "-m", "invoke", "run", str(path), "--cluster", str(up["inventory"]), "--out",
+                        str(tmp_path / "run"),
                         "--catalog", str(catalog)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     text = r.stdout + r.stderr
     assert r.returncode == 2, text
@@ -250,25 +260,31 @@ def test_container_mode_hands_the_file_to_docker_and_probes_inside_the_container
     state.mkdir()
     token = _secrets.token_hex(16)
     env_file = secret_file(str(state), token)
-    subprocess.run(["sh", "-c", PUT_SCRIPT, "sh", env_file], input=env_file_text({"HF_TOKEN": VALUE}), text=True, check=True)
+    subprocess.run(["sh", "-c", PUT_SCRIPT, "sh", env_file], input=env_file_text({"HF_TOKEN": VALUE}), text=True,
+                   check=True)
     # cluster.up's `docker run` (nodestart.start_argv) with a stand-in for `ray start` (the test base has no Ray).
-    argv = ["docker", "run", "--detach", "--name", f"sf-secrets-{token[:12]}", "--label", f"{hostrecord.LABEL_CLUSTER}=lab",
+    argv = ["docker", "run", "--detach", "--name", f"sf-secrets-{token[:12]}", "--label",
+            f"{hostrecord.LABEL_CLUSTER}=lab",
             "--label", f"{hostrecord.LABEL_TOKEN}={token}", "--init", "--env-file", env_file, base_image,
             "sh", "-c", "echo 'Ray runtime started.'; exec sleep 300"]
-    result = node_agent.cmd_start({"state_dir": str(state), "argv": argv, "token": token, "cluster": "lab", "container": True,
+    result = node_agent.cmd_start({"state_dir": str(state), "argv": argv, "token": token, "cluster": "lab",
+                                   "container": True,
                                    "env_file": env_file, "marker": "Ray runtime started.", "timeout": 60})
     try:
         assert result["ok"], result
         assert not os.path.exists(env_file)
         cid = result["record"]["container"]
-        seen = subprocess.run(["docker", "exec", cid, "sh", "-c", 'printf %s "$HF_TOKEN"'], capture_output=True, text=True, check=True).stdout
+        seen = subprocess.run(["docker", "exec", cid, "sh", "-c", 'printf %s "$HF_TOKEN"'], capture_output=True,
+                              text=True, check=True).stdout
         assert seen == VALUE
-        shown = subprocess.run(["docker", "inspect", "--format", "{{json .Path}} {{json .Args}} {{json .Config.Labels}}", cid],
+        shown = subprocess.run(["docker", "inspect", "--format",
+                                "{{json .Path}} {{json .Args}} {{json .Config.Labels}}", cid],
                                capture_output=True, text=True, check=True).stdout
         assert VALUE not in shown
         record = (state / hostrecord.RECORD).read_text()
         assert json.loads(record)["secret_env"] == ["HF_TOKEN"] and VALUE not in record
-        answer = node_agent.cmd_awscheck({"state_dir": str(state), "args": {"aws": True, "bucket": BUCKET, "runtime_id": "r"}})
+        answer = node_agent.cmd_awscheck({"state_dir": str(state), "args": {"aws": True, "bucket": BUCKET,
+                                                                            "runtime_id": "r"}})
         assert answer["secret_env"] == ["HF_TOKEN"] and answer["probe"]["secret_env_set"] == ["HF_TOKEN"], answer
         assert "boto3 is not installed in the job's environment here" in answer["probe"]["error"]
         r, _ = parse_recipe(make_recipe(tmp_path, agent_runtime_arn=ARN_EXAMPLE, s3_bucket=BUCKET), "test")

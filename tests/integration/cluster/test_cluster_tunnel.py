@@ -63,9 +63,12 @@ def walled(tmp_path_factory):
         inv = write_inventory(w / "walled.yaml", data)
         tmp = tmp_path_factory.mktemp("recipes")
         recipe = {
-            "exp_id": "sf-tunnel-run", "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/gsm8k_agent-a1B2c3D4e5",
-            "s3_bucket": "sf-cluster-test", "model_dir": str(w / "models" / MODEL), "data_path": str(w / "data" / "train.jsonl"),
-            "model_type": "qwen2.5-3B", "num_gpus": 2, "num_nodes": 1, "tp_size": 1, "rollout_batch_size": 8, "rollout_gpus_per_engine": 1,
+            "exp_id": "sf-tunnel-run",
+            "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/gsm8k_agent-a1B2c3D4e5",
+            "s3_bucket": "sf-cluster-test", "model_dir": str(w / "models" / MODEL),
+            "data_path": str(w / "data" / "train.jsonl"),
+            "model_type": "qwen2.5-3B", "num_gpus": 2, "num_nodes": 1, "tp_size": 1, "rollout_batch_size": 8,
+            "rollout_gpus_per_engine": 1,
             "slime_dir": str(w / "slime"), "megatron_dir": str(w / "Megatron-LM"), "mode": "host",
             "checkpoint_dir": str(w / "ckpt" / "sf-tunnel-run"), "env": {"STANDIN_CHECK_FLAGS": "1"},
         }
@@ -73,7 +76,8 @@ def walled(tmp_path_factory):
         catalog = write_catalog(tmp / "flags.json", parsed, stack)
         (tmp / "tunnel.yaml").write_text(yaml.safe_dump(recipe))
         address = cluster.up(inv, control_dir=lab.control_dir, stream=io.StringIO())
-        yield {"lab": lab, "home": home, "inventory": inv, "recipe": tmp / "tunnel.yaml", "catalog": catalog, "tmp": tmp, "address": address}
+        yield {"lab": lab, "home": home, "inventory": inv, "recipe": tmp / "tunnel.yaml", "catalog": catalog,
+               "tmp": tmp, "address": address}
     finally:
         try:
             if inv is not None:
@@ -104,7 +108,8 @@ def listening(netns: str) -> dict[int, tuple[str, str]]:
         program = m.group(1) if m else "?"
         if m:
             try:
-                program += " " + Path(f"/proc/{m.group(2)}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:300]
+                cmdline = Path(f"/proc/{m.group(2)}/cmdline").read_bytes()
+                program += " " + cmdline.replace(b"\0", b" ").decode(errors="replace")[:300]
             except OSError:
                 pass
         found[int(port)] = (address.strip("[]"), program)
@@ -116,7 +121,8 @@ def test_ray_listens_on_the_pinned_ports_and_no_others(walled, which):
     host = walled["lab"].hosts[which]
     is_head = which == 0
     ports = listening(host.netns)
-    outside = {p: v for p, v in ports.items() if not v[0].startswith("127.") and v[0] != "::1" and not v[1].startswith("sshd")}
+    outside = {p: v for p,
+               v in ports.items() if not v[0].startswith("127.") and v[0] != "::1" and not v[1].startswith("sshd")}
     fixed = set(rayports.fixed_ports(rayports.DEFAULTS, head=is_head))
     workers = range(rayports.DEFAULTS["min_worker_port"], rayports.DEFAULTS["max_worker_port"] + 1)
     # Every port Ray listens on beyond loopback is one the inventory pinned (or a worker's, in the range).
@@ -127,7 +133,8 @@ def test_ray_listens_on_the_pinned_ports_and_no_others(walled, which):
     keys = [p.key for p in rayports.PORTS if is_head or p.hosts == rayports.ALL]
     assert len(keys) == (11 if is_head else 6)
     for key in keys:
-        assert rayports.DEFAULTS[key] in ports, f"{key} {rayports.DEFAULTS[key]} is not listening on {host.name}: {ports}"
+        assert rayports.DEFAULTS[key] in ports, (f"{key} {rayports.DEFAULTS[key]} is not listening on {host.name}: "
+                                                f"{ports}")
 
 
 def test_run_goes_through_an_ssh_tunnel_over_the_bastion(walled):
@@ -136,16 +143,20 @@ def test_run_goes_through_an_ssh_tunnel_over_the_bastion(walled):
     with pytest.raises(OSError):  # the wall: the dashboard does not answer from here
         socket.create_connection((host, int(port)), timeout=2).close()
     out = walled["tmp"] / "run-tunnel"
-    r = subprocess.run([sys.executable, "-m", "invoke", "run", str(walled["recipe"]), "--cluster", str(walled["inventory"]), "--out", str(out),
-                        "--catalog", str(walled["catalog"]), "--no-network"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, "-m", "invoke", "run", str(walled["recipe"]), "--cluster",
+                        str(walled["inventory"]), "--out", str(out),
+                        "--catalog", str(walled["catalog"]), "--no-network"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600)
     text = r.stdout + r.stderr
     assert r.returncode == 0, text
-    said = re.search(rf"the Jobs API through an ssh tunnel to h1 \({re.escape(host)}:{port} does not answer from here within 3s\): "
+    said = re.search(rf"the Jobs API through an ssh tunnel to h1 \({re.escape(host)}:{port} does not answer from here "
+                     r"within 3s\): "
                      rf"(http://127\.0\.0\.1:\d+) -> {re.escape(host)}:{port} \(ssh pid (\d+)\)", text)
     assert said, text
     local, pid = said.group(1), int(said.group(2))
     assert "submitting sf-tunnel-run-" in text and f"to {local}" in text
     assert "standin: 2 node(s) read every path and wrote a shard" in text and "exit code 0" in text  # a task on h3 too
-    assert "standin: 2 node(s) read every path" in (out / "job.log").read_text()  # the logs came back through the tunnel
+    # the logs came back through the tunnel
+    assert "standin: 2 node(s) read every path" in (out / "job.log").read_text()
     assert not pid_alive(pid)  # the launch stopped its tunnel
     assert (out / "submission_id").is_file()

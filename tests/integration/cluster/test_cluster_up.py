@@ -119,16 +119,19 @@ def test_failed_checks_stop_before_ray_and_name_the_host(idle_lab, tmp_path):
 
     # h2 has another install (a different stack lock): the environment phase names it.
     other = write_lock(lab.workdir / "prefix-other", {"stack": "cu129", "note": "not the head's"})
-    inv = write_inventory(tmp_path / "lock.yaml", inventory_data(lab, name, overrides={"h2": {"prefix": str(other), "python": environment_python()}}))
+    overrides = {"h2": {"prefix": str(other), "python": environment_python()}}
+    inv = write_inventory(tmp_path / "lock.yaml", inventory_data(lab, name, overrides=overrides))
     with pytest.raises(bringup.ClusterError) as err:
         cluster.up(inv, control_dir=lab.control_dir, stream=io.StringIO())
     assert list(err.value.failures) == ["h2"]
-    assert "install lock (sha256 of stack.lock.json)" in err.value.failures["h2"] and "differs from the head's" in err.value.failures["h2"]
+    assert ("install lock (sha256 of stack.lock.json)" in err.value.failures["h2"]
+            and "differs from the head's" in err.value.failures["h2"])
 
     # h1's install is missing its lock: named with what to do.
     missing = lab.workdir / "prefix-empty"
     missing.mkdir(exist_ok=True)
-    inv = write_inventory(tmp_path / "nolock.yaml", inventory_data(lab, name, overrides={"h1": {"prefix": str(missing), "python": environment_python()}}))
+    overrides = {"h1": {"prefix": str(missing), "python": environment_python()}}
+    inv = write_inventory(tmp_path / "nolock.yaml", inventory_data(lab, name, overrides=overrides))
     with pytest.raises(bringup.ClusterError) as err:
         cluster.up(inv, control_dir=lab.control_dir, stream=io.StringIO())
     assert f"no install lock at {missing}/stack.lock.json" in err.value.failures["h1"]
@@ -138,12 +141,14 @@ def test_failed_checks_stop_before_ray_and_name_the_host(idle_lab, tmp_path):
         def checks(self, host, remote):
             df = remote.run(["df", "-P", "/dev/shm"], step="df /dev/shm", timeout=60)
             kib = int(df.stdout.splitlines()[1].split()[1])
-            return [Problem("/dev/shm", "is smaller than the check requires", f"{kib} KiB", ">= 1 PiB")] if host.name == "h2" else []
+            return [Problem("/dev/shm", "is smaller than the check requires", f"{kib} KiB",
+                            ">= 1 PiB")] if host.name == "h2" else []
 
     inv = write_inventory(tmp_path / "ok.yaml", inventory_data(lab, name))
     with pytest.raises(bringup.ClusterError) as err:
         cluster.up(inv, control_dir=lab.control_dir, stream=io.StringIO(), setup=ShmCheck())
-    assert list(err.value.failures) == ["h2"] and err.value.failures["h2"].startswith("/dev/shm: is smaller than the check requires (got '")
+    assert (list(err.value.failures) == ["h2"]
+            and err.value.failures["h2"].startswith("/dev/shm: is smaller than the check requires (got '"))
 
     # --nccl-check copies nccl_check.py to every host and runs it with the environment's python;
     # this environment has no torch (and there is no GPU here), which every host must report.
@@ -152,8 +157,10 @@ def test_failed_checks_stop_before_ray_and_name_the_host(idle_lab, tmp_path):
             cluster.up(inv, control_dir=lab.control_dir, stream=io.StringIO(), nccl_check=True)
         assert "stopped at environment" in str(err.value)
         assert set(err.value.failures) == {"h1", "h2", "h3"}
-        assert all(why.startswith("NCCL all-reduce failed: nccl_check: torch is not installed") for why in err.value.failures.values())
-        assert (lab.workdir / "state" / name / "h1" / "nccl_check.py").read_text() == (agent.SCRIPTS / "nccl_check.py").read_text()
+        assert all(why.startswith("NCCL all-reduce failed: nccl_check: torch is not installed")
+                   for why in err.value.failures.values())
+        copied = lab.workdir / "state" / name / "h1" / "nccl_check.py"
+        assert copied.read_text() == (agent.SCRIPTS / "nccl_check.py").read_text()
 
     assert records(lab, name) == {}
     assert lab.ray_processes() == {}
@@ -163,7 +170,8 @@ def test_job_runs_a_task_on_every_node(lab, running):
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     ips = sorted(h.ip for h in lab.hosts)
-    assert running["address"] == clusterrecord.ClusterAddress(f"{lab.hosts[0].ip}:6379", f"http://{lab.hosts[0].ip}:8265")
+    assert running["address"] == clusterrecord.ClusterAddress(f"{lab.hosts[0].ip}:6379",
+                                                              f"http://{lab.hosts[0].ip}:8265")
     # What `invoke run --cluster INVENTORY` passes on: resolved from the inventory and the state.
     assert clusterrecord.address(running["inventory"]) == running["address"]
 
@@ -176,7 +184,8 @@ def test_job_runs_a_task_on_every_node(lab, running):
             "def where():",
             "    return ray.util.get_node_ip_address()",
             "nodes = [n for n in ray.nodes() if n['Alive']]",
-            "refs = [where.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n['NodeID'], soft=False)).remote() for n in nodes]",
+            "refs = [where.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n['NodeID'], "
+            "soft=False)).remote() for n in nodes]",
             "print('NODE_IPS=' + json.dumps(sorted(ray.get(refs))))",
             "print('GPUS=' + json.dumps(ray.cluster_resources().get('GPU')))",
         ]

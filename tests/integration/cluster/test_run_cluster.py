@@ -57,13 +57,15 @@ def put(lab: NetLab, host, path: Path, text: str) -> None:
 
 
 def put_model(lab: NetLab, host, model: Path) -> None:
-    """The host's own copy of the model: config.json and the weights (the same on every host: the run gate compares them)."""
+    """The host's own copy of the model: config.json and the weights (the same on every host: the run gate compares
+    them)."""
     put(lab, host, model / "config.json", (FIXTURES / "models" / MODEL / "config.json").read_text())
     put(lab, host, model / "model.safetensors", "w" * 4096)
 
 
 def sees(lab: NetLab, host, path: Path) -> bool:
-    return subprocess.run(["nsenter", "--target", str(host.sshd_pid), "--mount", "--", "test", "-e", str(path)]).returncode == 0
+    return subprocess.run(["nsenter", "--target", str(host.sshd_pid), "--mount", "--", "test", "-e",
+                           str(path)]).returncode == 0
 
 
 @pytest.fixture(scope="module")
@@ -73,11 +75,13 @@ def up(isolated, tmp_path_factory):
     w = lab.workdir
     local, shared = w / "local", w / "shared"
     shutil.copytree(FIXTURES / "slime", shared / "slime")
-    for h in lab.hosts:  # each host its own copy of the model, at the same path (the weights: what a checkpoint's size follows)
+    # each host its own copy of the model, at the same path (the weights: what a checkpoint's size follows)
+    for h in lab.hosts:
         put_model(lab, h, local / "models" / MODEL)
     head = lab.hosts[0]
     put(lab, head, local / "data" / "train.jsonl", json.dumps({"prompt": "1 + 1?", "metadata": {"answer": "2"}}) + "\n")
-    assert not sees(lab, lab.hosts[1], local / "data" / "train.jsonl") and sees(lab, head, local / "data" / "train.jsonl")
+    assert not sees(lab, lab.hosts[1], local / "data" / "train.jsonl") and sees(lab, head,
+                                                                                local / "data" / "train.jsonl")
 
     home = tmp_path_factory.mktemp("state-home")
     old = os.environ.get("SLIMEFORGE_STATE_HOME")
@@ -85,9 +89,12 @@ def up(isolated, tmp_path_factory):
     inv = write_inventory(w / "lab.yaml", inventory_data(lab, f"{lab.tag}-jr", gpus=2))
     tmp = tmp_path_factory.mktemp("recipes")
     recipe = {
-        "exp_id": "sf-cluster-run", "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/gsm8k_agent-a1B2c3D4e5",
-        "s3_bucket": "sf-cluster-test", "model_dir": str(local / "models" / MODEL), "data_path": str(local / "data" / "train.jsonl"),
-        "model_type": "qwen2.5-3B", "num_gpus": 2, "num_nodes": 3, "tp_size": 1, "rollout_batch_size": 24, "rollout_gpus_per_engine": 1,
+        "exp_id": "sf-cluster-run",
+              "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/gsm8k_agent-a1B2c3D4e5",
+        "s3_bucket": "sf-cluster-test", "model_dir": str(local / "models" / MODEL),
+              "data_path": str(local / "data" / "train.jsonl"),
+        "model_type": "qwen2.5-3B", "num_gpus": 2, "num_nodes": 3, "tp_size": 1, "rollout_batch_size": 24,
+              "rollout_gpus_per_engine": 1,
         "slime_dir": str(shared / "slime"), "megatron_dir": str(shared / "Megatron-LM"), "mode": "host",
         "checkpoint_dir": str(shared / "ckpt" / "sf-cluster-run"), "env": {"STANDIN_CHECK_FLAGS": "1"},
     }
@@ -95,7 +102,8 @@ def up(isolated, tmp_path_factory):
     catalog = write_catalog(tmp / "flags.json", parsed, stack)
     try:
         address = cluster.up(inv, control_dir=lab.control_dir, stream=io.StringIO())
-        yield {"home": home, "lab": lab, "inventory": inv, "recipe": recipe, "tmp": tmp, "catalog": catalog, "address": address, "local": local, "shared": shared}
+        yield {"home": home, "lab": lab, "inventory": inv, "recipe": recipe, "tmp": tmp, "catalog": catalog,
+               "address": address, "local": local, "shared": shared}
     finally:
         try:
             cluster.down(inv, control_dir=lab.control_dir, stream=io.StringIO())
@@ -122,11 +130,13 @@ def recipe_file(up, name: str, **over) -> Path:
 
 
 def invoke(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def run_cmd(up, recipe: Path, out: Path, *more: str) -> list[str]:
-    return ["run", str(recipe), "--cluster", str(up["inventory"]), "--out", str(out), "--catalog", str(up["catalog"]), "--no-network", *more]
+    return ["run", str(recipe), "--cluster", str(up["inventory"]), "--out", str(out), "--catalog", str(up["catalog"]),
+            "--no-network", *more]
 
 
 def jobs_on(up) -> list[str]:
@@ -140,7 +150,8 @@ def test_run_on_the_cluster_reads_everything_on_the_hosts(up):
     r = invoke(*run_cmd(up, recipe_file(up, "ok"), out))
     text = r.stdout + r.stderr
     assert r.returncode == 0, text
-    assert "every host holds the recipe's paths; checkpoint_dir is one filesystem with room for a checkpoint (0.0 GiB: 7 x the weights'" in text
+    assert ("every host holds the recipe's paths; checkpoint_dir is one filesystem with room for a checkpoint (0.0 "
+           "GiB: 7 x the weights'") in text
     assert "standin: 3 node(s) read every path and wrote a shard" in text
     # The run directory exists only here; the job read its files from the working_dir Ray shipped.
     assert not any(sees(lab, h, out) for h in lab.hosts)
@@ -165,7 +176,9 @@ def test_exit_code_comes_back(up):
 
 def test_stop_stops_the_job_on_the_cluster(up):
     out = up["tmp"] / "run-stop"
-    proc = subprocess.Popen([sys.executable, "-m", "invoke", *run_cmd(up, recipe_file(up, "stop", env={"STANDIN_SLEEP": "600"}), out)],
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", *run_cmd(up, recipe_file(up, "stop",
+                                                                                      env={"STANDIN_SLEEP": "600"}),
+                                                                      out)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 300
@@ -209,7 +222,8 @@ def test_refusals_name_the_host_before_anything_is_submitted(up):
         assert "is not the head's filesystem" in line and "one filesystem that every host mounts" in line
     assert jobs_on(up) == before  # nothing was submitted
 
-    # A model whose checkpoint (7 x its weights: a sparse 1 TiB file) fits nowhere: refused with the size and how it was found.
+    # A model whose checkpoint (7 x its weights: a sparse 1 TiB file) fits nowhere: refused with the size and how it was
+    # found.
     big = local / "models" / "big"
     for h in lab.hosts:
         put(lab, h, big / "config.json", (FIXTURES / "models" / MODEL / "config.json").read_text())
@@ -219,7 +233,8 @@ def test_refusals_name_the_host_before_anything_is_submitted(up):
     assert r.returncode == 2, text
     for name in ("h1 ", "h2 ", "h3 "):
         line = next(x for x in text.splitlines() if x.startswith(name))
-        assert "a checkpoint needs 7168.0 GiB (7 x the weights' 1024.00 GiB)" in line and "fix: free space there" in line
+        assert ("a checkpoint needs 7168.0 GiB (7 x the weights' 1024.00 "
+               "GiB)") in line and "fix: free space there" in line
     assert jobs_on(up) == before
 
     # Container mode: a path outside every volume is refused from the inventory alone (a dry run too).
@@ -246,9 +261,11 @@ def test_container_paths_are_checked_where_their_volumes_put_them_on_each_host(u
         data.pop(key)
     image = "127.0.0.1:5000/slimeforge@sha256:" + "ab" * 32
     data.update(mode="container", image=image,
-                container={"volumes": [f"{local}/models:/models:ro", f"{local}/data:/data:ro", f"{shared}/ckpt:/checkpoints"]})
+                container={"volumes": [f"{local}/models:/models:ro", f"{local}/data:/data:ro",
+                                       f"{shared}/ckpt:/checkpoints"]})
     inv = load_inventory(write_inventory(up["tmp"] / "volumes.yaml", data))
-    recipe, _ = parse_recipe({**up["recipe"], "mode": "container", "image": image, "model_dir": f"/models/{MODEL}", "data_path": "/data/train.jsonl",
+    recipe, _ = parse_recipe({**up["recipe"], "mode": "container", "image": image, "model_dir": f"/models/{MODEL}",
+                              "data_path": "/data/train.jsonl",
                               "checkpoint_dir": "/checkpoints/in-image"}, "test")
     assert runcheck.static(recipe, inv) == []
     check = runcheck.live(recipe, inv, stream=io.StringIO(), live_table=False)
@@ -260,4 +277,5 @@ def test_container_paths_are_checked_where_their_volumes_put_them_on_each_host(u
     finally:
         put_model(lab, h2, local / "models" / MODEL)
     assert list(check.failures) == ["h2"]
-    assert check.failures["h2"].startswith(f"model_dir /models/{MODEL}: no such directory here")  # the recipe's path, as the container sees it
+    # the recipe's path, as the container sees it
+    assert check.failures["h2"].startswith(f"model_dir /models/{MODEL}: no such directory here")

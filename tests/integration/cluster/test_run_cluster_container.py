@@ -47,7 +47,8 @@ def clab(tmp_path_factory, request):
         pytest.skip(f"cannot run a Docker daemon per lab host here: {why}")
     image = request.getfixturevalue("ray_image_for_lab")  # after the checks: a machine without the lab builds nothing
     hidden = str(tmp_path_factory.getbasetemp())  # this machine's run directories: no host sees them
-    lab = NetLab(3, docker=True, registry_store=REGISTRY_STORE, private=("{workdir}/local", "{workdir}/ray", "{workdir}/state", hidden)).start()
+    lab = NetLab(3, docker=True, registry_store=REGISTRY_STORE, private=("{workdir}/local", "{workdir}/ray",
+                                                                         "{workdir}/state", hidden)).start()
     try:
         yield lab, lab.publish(image)
     finally:
@@ -55,7 +56,8 @@ def clab(tmp_path_factory, request):
 
 
 def ssh(lab: NetLab, host, command: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(["ssh", "-F", str(lab.ssh_config), host.ip, command], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(["ssh", "-F", str(lab.ssh_config), host.ip, command], capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def put(lab: NetLab, host, path: Path, text: str) -> None:
@@ -63,7 +65,8 @@ def put(lab: NetLab, host, path: Path, text: str) -> None:
 
 
 def sees(lab: NetLab, host, path: Path) -> bool:
-    return subprocess.run(["nsenter", "--target", str(host.sshd_pid), "--mount", "--", "test", "-e", str(path)]).returncode == 0
+    return subprocess.run(["nsenter", "--target", str(host.sshd_pid), "--mount", "--", "test", "-e",
+                           str(path)]).returncode == 0
 
 
 def test_a_container_on_a_lab_host_is_on_that_hosts_network_and_files(clab):
@@ -71,12 +74,14 @@ def test_a_container_on_a_lab_host_is_on_that_hosts_network_and_files(clab):
     is the host's address; a volume is the host's own file; `--gpus all` is accepted."""
     lab, image = clab
     # The source address toward the gateway: the address of the network namespace the container is in.
-    ask = f"import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect(('{lab.gateway}', 9)); print(s.getsockname()[0])"
+    ask = (f"import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect(('{lab.gateway}', 9)); "
+          "print(s.getsockname()[0])")
     mark = lab.workdir / "local" / "whoami"
     for h in lab.hosts:
         put(lab, h, mark, h.name)
     for h in lab.hosts:
-        r = ssh(lab, h, f"docker pull -q {image} >/dev/null && docker run --rm --network host --gpus all -v {mark}:/whoami:ro "
+        r = ssh(lab, h,
+                f"docker pull -q {image} >/dev/null && docker run --rm --network host --gpus all -v {mark}:/whoami:ro "
                         f"--entrypoint python3 {image} -c \"{ask}; print(open('/whoami').read())\"")
         assert r.returncode == 0, r.stderr
         assert r.stdout.split() == [h.ip, h.name]
@@ -85,7 +90,8 @@ def test_a_container_on_a_lab_host_is_on_that_hosts_network_and_files(clab):
 
 
 def _invoke(*args: str, timeout: float = 900, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout,
                           env={**os.environ, **(env or {})})
 
 
@@ -103,7 +109,8 @@ def up(clab, tmp_path_factory):
     put(lab, head, local / "data" / "train.jsonl", json.dumps({"prompt": "1 + 1?", "metadata": {"answer": "2"}}) + "\n")
     (shared / "ckpt").mkdir(parents=True)
     name = f"{lab.tag}-ct"
-    hosts = [{"name": h.name, "address": h.ip, "role": "head" if i == 0 else "worker", "gpus": 2, "temp_dir": f"{w}/ray/{h.name}"}
+    hosts = [{"name": h.name, "address": h.ip, "role": "head" if i == 0 else "worker", "gpus": 2,
+              "temp_dir": f"{w}/ray/{h.name}"}
              for i, h in enumerate(lab.hosts)]
     data = {
         "name": name, "mode": "container", "image": image,
@@ -111,7 +118,8 @@ def up(clab, tmp_path_factory):
         "system_python": "/usr/bin/python3",  # the hosts' own python runs the node agent; Ray is the image's
         "ssh": {"config": str(lab.ssh_config), "connect_timeout": 5},
         "ray": {"num_cpus": 1, "object_store_memory": 100 * 1024 * 1024, "start_timeout": 300},
-        "container": {"volumes": [f"{local}/models:/models:ro", f"{local}/data:/data:ro", f"{shared}/ckpt:/checkpoints"], "shm_size": "1g"},
+        "container": {"volumes": [f"{local}/models:/models:ro", f"{local}/data:/data:ro",
+                                  f"{shared}/ckpt:/checkpoints"], "shm_size": "1g"},
         "hosts": hosts,
     }
     home = tmp_path_factory.mktemp("state-home")
@@ -119,13 +127,16 @@ def up(clab, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("recipes")
     inv = write_inventory(tmp / "lab.yaml", data)
     recipe = {
-        "exp_id": "sf-container-run", "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/gsm8k_agent-a1B2c3D4e5",
+        "exp_id": "sf-container-run",
+              "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/gsm8k_agent-a1B2c3D4e5",
         "s3_bucket": "sf-cluster-test", "model_dir": f"/models/{MODEL}", "data_path": "/data/train.jsonl",
-        "model_type": "qwen2.5-3B", "num_gpus": 2, "num_nodes": 3, "tp_size": 1, "rollout_batch_size": 24, "rollout_gpus_per_engine": 1,
+        "model_type": "qwen2.5-3B", "num_gpus": 2, "num_nodes": 3, "tp_size": 1, "rollout_batch_size": 24,
+              "rollout_gpus_per_engine": 1,
         "mode": "container", "checkpoint_dir": "/checkpoints/sf-container-run", "env": {"STANDIN_CHECK_FLAGS": "1"},
     }
     # The flag catalog a build of the image would hold: the stand-in's model script, read here.
-    parsed, stack = parse_recipe({**recipe, "mode": "host", "slime_dir": str(FIXTURES / "slime"), "install_prefix": str(w / "prefix")}, "test")
+    parsed, stack = parse_recipe({**recipe, "mode": "host", "slime_dir": str(FIXTURES / "slime"),
+                                  "install_prefix": str(w / "prefix")}, "test")
     catalog = write_catalog(tmp / "flags.json", parsed, stack)
     started = time.monotonic()
     r = _invoke("cluster.up", str(inv), env=env)
@@ -133,7 +144,8 @@ def up(clab, tmp_path_factory):
     dashboard = re.search(r"dashboard and Jobs API (http://[0-9.]+:[0-9]+)", r.stdout)
     try:
         assert r.returncode == 0 and dashboard, r.stdout + r.stderr
-        yield {"lab": lab, "image": image, "inventory": inv, "recipe": recipe, "tmp": tmp, "catalog": catalog, "env": env, "local": local,
+        yield {"lab": lab, "image": image, "inventory": inv, "recipe": recipe, "tmp": tmp, "catalog": catalog,
+               "env": env, "local": local,
                "shared": shared, "dashboard": dashboard.group(1)}
     finally:
         # `invoke cluster.down` removes every host's Ray container (checked here, after the module's tests).
@@ -154,7 +166,8 @@ def recipe_file(up, name: str, **over) -> Path:
 
 
 def run_cmd(up, recipe: Path, out: Path, *more: str) -> list[str]:
-    return ["run", str(recipe), "--cluster", str(up["inventory"]), "--out", str(out), "--catalog", str(up["catalog"]), "--no-network", *more]
+    return ["run", str(recipe), "--cluster", str(up["inventory"]), "--out", str(out), "--catalog", str(up["catalog"]),
+            "--no-network", *more]
 
 
 def containers(lab: NetLab, host) -> list[dict]:
@@ -224,7 +237,8 @@ def test_a_path_outside_every_volume_is_refused_before_anything_is_submitted(up)
     lab = up["lab"]
     client = JobSubmissionClient(up["dashboard"])
     before = [j.submission_id for j in client.list_jobs()]
-    r = _invoke(*run_cmd(up, recipe_file(up, "outside", data_path="/root/data/train.jsonl"), up["tmp"] / "run-outside"), env=up["env"])
+    r = _invoke(*run_cmd(up, recipe_file(up, "outside", data_path="/root/data/train.jsonl"),
+                         up["tmp"] / "run-outside"), env=up["env"])
     assert r.returncode == 2, r.stdout + r.stderr
     assert "data_path: lies outside every container volume" in r.stderr, r.stdout + r.stderr
     # A path inside a volume that one host lacks: refused naming that host, as the container sees the path.

@@ -47,7 +47,8 @@ def timed_gate(up, runs: int = 5) -> list[float]:
 def ray_states(up) -> dict[str, str]:
     inv = load_inventory(up["inventory"])
     head = next(n for n in make_nodes(inv, control_dir=up["lab"].control_dir) if n.host.is_head)
-    answer = agent(head.ssh, head.host, "nodes", {"url": up["address"].dashboard + runcheck.NODES_PATH, "timeout": 10}, timeout=60)
+    answer = agent(head.ssh, head.host, "nodes", {"url": up["address"].dashboard + runcheck.NODES_PATH, "timeout": 10},
+                   timeout=60)
     nodes, error = read_nodes(answer, head.name)
     assert error is None, error
     states: dict[str, str] = {}

@@ -53,7 +53,8 @@ def test_a_lost_worker_heals_and_the_run_resumes_from_its_saved_step(up):
                          env={"STANDIN_STEPS": str(STEPS), "STANDIN_STEP_S": "3", "STANDIN_WATCH_NODES": "1"})
     said = up["tmp"] / "run-restart.out"  # a file, not a pipe: nobody reads it while the run goes on
     with said.open("w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "invoke", *run_cmd(up, recipe, out, "--max-restarts", "1")], cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, "-m", "invoke", *run_cmd(up, recipe, out, "--max-restarts", "1")],
+                                cwd=ROOT,
                                 stdout=sink, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 400
@@ -67,11 +68,15 @@ def test_a_lost_worker_heals_and_the_run_resumes_from_its_saved_step(up):
         stopped = agent(h3.ssh, h3.host, "stop", {"state_dir": h3.host.state_dir, "cluster": inv.name}, timeout=120)
         assert stopped["stopped"] and stopped["ok"], stopped
         at_stop = saved_step(ckpt)
-        marks: dict[str, float] = {}  # when each phase first shows in job.log (followed from here: within about a second)
+        marks: dict[str,
+                    float] = {}  # when each phase first shows in job.log (followed from here: within about a second)
         deadline = time.monotonic() + 900
         while proc.poll() is None:
             now, seen = time.monotonic(), log_text(out)
-            for key, line in (("failed", "standin: a node was lost"), ("submitted", "(attempt 2)"), ("resumed", "(resumed from the checkpoint)")):
+            for key, line in (("failed", "standin: a node was lost"), ("submitted", "(attempt 2)"), ("resumed",
+                                                                                                     "(resumed from "
+                                                                                                     "the "
+                                                                                                     "checkpoint)")):
                 if key not in marks and line in seen:
                     marks[key] = now
             assert time.monotonic() < deadline, log_text(out)
@@ -99,20 +104,24 @@ def test_a_lost_worker_heals_and_the_run_resumes_from_its_saved_step(up):
     attempts = json.loads(st.stdout)["attempts"]
     assert [(a["attempt"], a["status"]) for a in attempts] == [("1", "FAILED"), ("2", "SUCCEEDED")], attempts
     shown = invoke("run.status", str(out))
-    assert re.search(r"attempts \(2, --max-restarts\): 1\. sf-restart-\S+ FAILED; 2\. sf-restart-\S+ SUCCEEDED", shown.stdout), shown.stdout
+    assert re.search(r"attempts \(2, --max-restarts\): 1\. sf-restart-\S+ FAILED; 2\. sf-restart-\S+ SUCCEEDED",
+                     shown.stdout), shown.stdout
     # The healed worker is ALIVE again (cluster.up's repair brought it back).
     assert ray_states(up).get(lab.hosts[2].ip) == "ALIVE"
-    print("\n" + "\n".join(x for x in text.splitlines() if re.search(r"lost|heal|alive again|ALIVE node|submitting|SUCCEEDED", x)))
+    print("\n" + "\n".join(x for x in text.splitlines() if re.search(r"lost|heal|alive again|ALIVE "
+                                                                     r"node|submitting|SUCCEEDED", x)))
     since = {key: t - t_stop for key, t in marks.items()}
     print(f"\n[figure] --max-restarts on 3 lab hosts (host mode): worker h3's Ray stopped at step {at_stop}; "
-          f"resumed job RUNNING from step {resumed_at} after {since['resumed']:.1f} s (the job failed on the lost node at "
+          f"resumed job RUNNING from step {resumed_at} after {since['resumed']:.1f} s (the job failed on the lost "
+          "node at "
           f"{since['failed']:.1f} s; healed, gated and resubmitted at {since['submitted']:.1f} s); "
           f"run ended after {t_end - t_stop:.1f} s ({STEPS - resumed_at} steps of 3 s left)")
 
 
 def test_a_job_failing_by_its_own_error_is_not_restarted(up):
     out = up["tmp"] / "run-own-error"
-    r = invoke(*run_cmd(up, recipe_file(up, "own-error", exp_id="sf-own-error", checkpoint_dir=str(up["shared"] / "ckpt" / "sf-own-error"),
+    r = invoke(*run_cmd(up, recipe_file(up, "own-error", exp_id="sf-own-error",
+                                        checkpoint_dir=str(up["shared"] / "ckpt" / "sf-own-error"),
                                         env={"STANDIN_EXIT": "7"}), out, "--max-restarts", "1"))
     text = r.stdout + r.stderr
     assert r.returncode == 7, text

@@ -35,9 +35,11 @@ def host_with(tmp_path: Path, ccache_body: str) -> Path:
 def compile_with(tmp_path: Path, host: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     src = tmp_path / "ext.c"
     src.write_text("int ext(void) { return 42; }\n")
-    return subprocess.run(["bash", "-c", 'source "$1"; shift; "$@"', "sf", str(LIB), "_sf_with_ccache", *COMPILE, str(src)],
+    return subprocess.run(["bash", "-c", 'source "$1"; shift; "$@"', "sf", str(LIB), "_sf_with_ccache", *COMPILE,
+                           str(src)],
                           capture_output=True, text=True, timeout=120,
-                          env={"PATH": f"{host / 'bin'}:/usr/bin:/bin", "SF_STATE": str(tmp_path), "HOME": str(tmp_path), **(env or {})})
+                          env={"PATH": f"{host / 'bin'}:/usr/bin:/bin", "SF_STATE": str(tmp_path),
+                               "HOME": str(tmp_path), **(env or {})})
 
 
 # Each stand-in fails every compile as ccache does in that case (its message, exit 1).
@@ -74,16 +76,19 @@ REAL = shutil.which("ccache")
 @pytest.mark.skipif(REAL is None, reason="ccache is not installed here")
 @pytest.mark.parametrize("case", ["cache dir missing", "bad config"])
 def test_the_real_ccache_with_a_bad_cache_or_config_steps_aside(tmp_path, case):
-    links = next((d for d in (Path(REAL).parent.parent / "lib" / "ccache", Path(REAL).parent.parent / "lib64" / "ccache")
+    links = next((d for d in (Path(REAL).parent.parent / "lib" / "ccache",
+                              Path(REAL).parent.parent / "lib64" / "ccache")
                   if (d / "gcc").exists()), None)
     if links is None:
         pytest.skip("ccache's compiler links are not installed")
     bad_conf = tmp_path / "ccache.conf"
     bad_conf.write_text("max_size = banana\n")
-    env = {"CCACHE_DIR": "/proc/sf-no-such-dir"} if case == "cache dir missing" else {"CCACHE_CONFIGPATH": str(bad_conf)}
+    env = ({"CCACHE_DIR": "/proc/sf-no-such-dir"} if case == "cache dir missing"
+           else {"CCACHE_CONFIGPATH": str(bad_conf)})
     src = tmp_path / "ext.c"
     src.write_text("int ext(void) { return 42; }\n")
-    res = subprocess.run(["bash", "-c", 'source "$1"; shift; "$@"', "sf", str(LIB), "_sf_with_ccache", *COMPILE, str(src)],
+    res = subprocess.run(["bash", "-c", 'source "$1"; shift; "$@"', "sf", str(LIB), "_sf_with_ccache", *COMPILE,
+                          str(src)],
                          capture_output=True, text=True, timeout=120,
                          env={"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": os.environ.get("LD_LIBRARY_PATH", ""),
                               "SF_STATE": str(tmp_path), "HOME": str(tmp_path), **env})

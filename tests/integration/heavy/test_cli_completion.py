@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
 
 
 def completions(words: str) -> list[str]:

@@ -43,7 +43,8 @@ sf_step_fin() { printf 'lock\n' >"$T/lock.json"; printf 'fin\n' >>"$T/events"; }
 @pytest.fixture(scope="module")
 def head() -> str:
     """The rendered install script up to its prerequisites: settings, the step library, the runner."""
-    text = render_install_script(load_stack(bs.TEST_STACK), "/PREFIX", patches=[], lock=bs.render_lock(load_stack(bs.TEST_STACK)))
+    text = render_install_script(load_stack(bs.TEST_STACK), "/PREFIX", patches=[],
+                                 lock=bs.render_lock(load_stack(bs.TEST_STACK)))
     return text[:text.index("# --- prerequisites")]
 
 
@@ -52,13 +53,15 @@ def run(tmp_path: Path, head: str, verify: bool = False) -> subprocess.Completed
     state = prefix / ".slimeforge"
     (state / "lock-in").mkdir(parents=True, exist_ok=True)
     shutil.copy(ROOT / "slimeforge" / "scripts" / "venvlock.py", state / "venvlock.py")
-    (state / "lock-in" / "pkg.txt").write_text(f"demo @ https://example.invalid/demo-1.0-py3-none-any.whl --hash=sha256:{'a' * 64}  # ==1.0\n")
+    (state / "lock-in" / "pkg.txt").write_text("demo @ https://example.invalid/demo-1.0-py3-none-any.whl "
+                                               f"--hash=sha256:{'a' * 64}  # ==1.0\n")
     body = head.replace("/PREFIX", str(prefix)) + STANDINS + "SF_STEPS_TOTAL=4\n" + "\n".join([
         "sf_run_step venv h-venv --in-venv -- sf_step_venv",
         f"sf_run_step pkg h-pkg --in-venv --slice {state}/lock-in/pkg.txt -- sf_step_pkg",
         f"sf_run_step co h-co --in-venv --output {tmp_path}/co -- sf_step_co",
         f"sf_run_step fin h-fin --in-venv --after-all --output {tmp_path}/lock.json -- sf_step_fin",
-        f"if ((!{int(verify)})) && sf_smoke_recorded {SMOKE}; then sf_log 'smoke test: passed with these inputs before'",
+        f"if ((!{int(verify)})) && sf_smoke_recorded {SMOKE}; then sf_log 'smoke test: passed with these inputs "
+        "before'",
         f"else printf 'smoke\\n' >>\"$T/events\"; sf_smoke_record {SMOKE}; fi", ""])
     (tmp_path / "run.sh").write_text(body)
     (tmp_path / "events").write_text("")
@@ -129,7 +132,8 @@ def test_a_deleted_output_runs_its_step_again(installed, head):
 
 def test_a_smoke_record_from_the_future_hides_no_step_that_ran_since(installed, head):
     far = 4_000_000_000 * 10**9
-    for p in [installed / "prefix" / ".slimeforge" / "smoke.passed", *(installed / "prefix" / ".slimeforge" / "steps").iterdir()]:
+    for p in [installed / "prefix" / ".slimeforge" / "smoke.passed",
+              *(installed / "prefix" / ".slimeforge" / "steps").iterdir()]:
         os.utime(p, ns=(far, far))
     assert run(installed, head).returncode == 0 and events(installed) == []  # mtimes alone change nothing
     (installed / "prefix" / ".slimeforge" / "steps" / "co.done").unlink()  # co runs again, at an old clock
@@ -166,12 +170,14 @@ def test_a_venv_whose_python_no_longer_runs_is_made_again(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     env = {"PATH": os.environ["PATH"], "SF_STATE": str(tmp_path), "HOME": str(tmp_path)}
     subprocess.run(["bash", "-c", 'source "$1"; _sf_venv_new_id "$2"', "sf", str(lib), str(venv)], check=True, env=env)
-    ident = subprocess.run(["bash", "-c", 'source "$1"; _sf_venv_id "$2"', "sf", str(lib), str(venv)], capture_output=True, text=True,
+    ident = subprocess.run(["bash", "-c", 'source "$1"; _sf_venv_id "$2"', "sf", str(lib), str(venv)],
+                           capture_output=True, text=True,
                            env=env).stdout.strip()
     assert len(ident) == 32
     (venv / "bin" / "python").unlink()
     (venv / "bin" / "python").symlink_to(tmp_path / "gone")
-    assert subprocess.run(["bash", "-c", 'source "$1"; _sf_venv_id "$2"', "sf", str(lib), str(venv)], capture_output=True, text=True,
+    assert subprocess.run(["bash", "-c", 'source "$1"; _sf_venv_id "$2"', "sf", str(lib), str(venv)],
+                          capture_output=True, text=True,
                           env=env).stdout == ""  # no identity while its python does not run
 
 
@@ -183,13 +189,15 @@ def test_sf_venv_remakes_a_venv_whose_python_does_not_run_but_never_empties_anot
     (other / "bin" / "python").symlink_to(tmp_path / "gone")
     (other / "theirs.txt").write_text("keep\n")
     # uv's version check never comes: the broken directory is refused first.
-    res = subprocess.run(["bash", "-c", 'source "$1"; sf_venv "$2" 0.0.0 python3', "sf", str(lib), str(other)], capture_output=True,
+    res = subprocess.run(["bash", "-c", 'source "$1"; sf_venv "$2" 0.0.0 python3', "sf", str(lib), str(other)],
+                         capture_output=True,
                          text=True, env=env, timeout=120)
     assert res.returncode == 1 and "has no pyvenv.cfg (not a venv)" in res.stderr
     assert (other / "theirs.txt").read_text() == "keep\n"
 
 
-@pytest.mark.parametrize("line", ["slimeforge: ERROR: build failed \x1b]0;owned\x07 \x1b[2J", "cc1: \x1b[31merror\u202e: x\r"])
+@pytest.mark.parametrize("line", ["slimeforge: ERROR: build failed \x1b]0;owned\x07 \x1b[2J",
+                                  "cc1: \x1b[31merror\u202e: x\r"])
 def test_a_failed_steps_log_reaches_the_terminal_printable(tmp_path, head, line):
     """What a compiler or a package's build wrote is the log's; _sf_failed shows it without escapes."""
     (tmp_path / "said").write_text(line + "\n")
@@ -199,7 +207,8 @@ def test_a_failed_steps_log_reaches_the_terminal_printable(tmp_path, head, line)
     res = subprocess.run(["bash", str(tmp_path / "run.sh")], capture_output=True, text=True, timeout=60,
                          env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)})
     assert res.returncode == 1 and "step bad failed" in res.stderr
-    assert "\x1b" not in res.stderr and "\x07" not in res.stderr and "\u202e" not in res.stderr and "\r" not in res.stderr
+    assert ("\x1b" not in res.stderr and "\x07" not in res.stderr and "\u202e" not in res.stderr
+            and "\r" not in res.stderr)
     assert ("build failed" in res.stderr) or ("error" in res.stderr)
 
 
@@ -239,4 +248,5 @@ def test_a_step_before_the_venv_done_on_another_host_runs_here(tmp_path, head):
     assert once(False).returncode == 0 and events(tmp_path) == ["sys"]
     assert once(False).returncode == 0 and events(tmp_path) == []  # this host: done
     res = once(True)
-    assert res.returncode == 0 and events(tmp_path) == ["sys"] and "sys.done: what the step left is not there as it was" in res.stderr
+    assert res.returncode == 0 and events(tmp_path) == ["sys"] and ("sys.done: what the step left is not there as it "
+                                                                   "was") in res.stderr

@@ -46,7 +46,8 @@ def test_every_command_on_the_page_runs_as_far_as_this_machine_allows(tmp_path, 
             continue
         if task == "run":
             argv += ["--out", str(run_dir)]
-        r = subprocess.run([sys.executable, "-m", "invoke", *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        r = subprocess.run([sys.executable, "-m", "invoke", *argv], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
         ran.append(task)
         out = r.stdout + r.stderr
         if task == "build":
@@ -54,12 +55,15 @@ def test_every_command_on_the_page_runs_as_far_as_this_machine_allows(tmp_path, 
         elif task == "publish":  # nothing was built here: the dry run says so, naming the step to run first
             assert r.returncode == 2 and "run invoke build --cuda cu13 first" in out, out
         elif task == "cluster.up":
-            assert r.returncode == 0 and "gpu-a (head, 10.0.0.11, 8 GPU(s))" in out and "gpu-b (worker, gpu-b, 8 GPU(s))" in out, out
+            assert r.returncode == 0 and ("gpu-a (head, 10.0.0.11, 8 "
+                                         "GPU(s))") in out and "gpu-b (worker, gpu-b, 8 GPU(s))" in out, out
         elif task == "run" and "--dry-run" in argv:
             assert r.returncode == 0, out
             joined = re.sub(r" \\\n\s+", " ", out)  # the command as the shell reads it: continuations joined
-            assert "target ray-cluster" in out and "bash job.sh" in joined and "container mode, image 123456789012.dkr.ecr" in out, out
-            assert (run_dir / "job.sh").exists() and "--custom-config-path\nagentcore.yaml" in (run_dir / "slime.args").read_text()
+            assert ("target ray-cluster" in out and "bash job.sh" in joined
+                    and "container mode, image 123456789012.dkr.ecr" in out), out
+            assert ((run_dir / "job.sh").exists()
+                    and "--custom-config-path\nagentcore.yaml" in (run_dir / "slime.args").read_text())
         elif task == "run":  # no cluster was brought up from here
             assert r.returncode == 2 and "run `invoke cluster.up recipes/clusters/example.yaml` first" in out, out
         else:  # run.status / run.logs / run.stop of the rendered, never launched run
@@ -69,9 +73,11 @@ def test_every_command_on_the_page_runs_as_far_as_this_machine_allows(tmp_path, 
 
 def test_the_seed_recipe_is_refused_on_the_example_cluster_as_the_page_says(tmp_path, monkeypatch):
     monkeypatch.setenv("SLIMEFORGE_STATE_HOME", str(tmp_path / "state"))
-    r = subprocess.run([sys.executable, "-m", "invoke", "run", "recipes/gsm8k.yaml", "--cluster", "recipes/clusters/example.yaml", "--dry-run",
+    r = subprocess.run([sys.executable, "-m", "invoke", "run", "recipes/gsm8k.yaml", "--cluster",
+                        "recipes/clusters/example.yaml", "--dry-run",
                         "--out", str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2 and "model_dir: lies outside every container volume" in r.stderr and "/root/models/" in r.stderr
+    assert r.returncode == 2 and ("model_dir: lies outside every container "
+                                 "volume") in r.stderr and "/root/models/" in r.stderr
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
@@ -92,26 +98,33 @@ def fenced(kind: str) -> list[str]:
 PLAIN_NOT_HERE = {
     "invoke run recipes/gsm8k.yaml --slurm --nodes 2 --partition gpu --time 04:00:00 --out /shared/runs/gsm8k":
         "submits to Slurm: no sbatch, no partition and no /shared here (its dry run is run)",
-    "invoke run recipes/gsm8k.yaml --slurm --nodes 2 --mode container --image REG/repo@sha256:... --squashfs-dir /shared/images --out /shared/runs/gsm8k":
+    "invoke run recipes/gsm8k.yaml --slurm --nodes 2 --mode container --image REG/repo@sha256:... --squashfs-dir "
+    "/shared/images --out /shared/runs/gsm8k":
         "submits to Slurm with a placeholder image (REG/repo@sha256:...) and enroot on a shared /shared/images",
-    "invoke run.status /shared/runs/gsm8k": "the run directory of a submitted Slurm job, on the cluster's shared file system",
-    "invoke run.logs /shared/runs/gsm8k --follow": "the run directory of a submitted Slurm job, on the cluster's shared file system",
-    "invoke run.stop /shared/runs/gsm8k": "the run directory of a submitted Slurm job, on the cluster's shared file system",
+    "invoke run.status /shared/runs/gsm8k": "the run directory of a submitted Slurm job, on the cluster's shared file "
+                                            "system",
+    "invoke run.logs /shared/runs/gsm8k --follow": "the run directory of a submitted Slurm job, on the cluster's "
+                                                   "shared file system",
+    "invoke run.stop /shared/runs/gsm8k": "the run directory of a submitted Slurm job, on the cluster's shared file "
+                                          "system",
 }
 
 
 def test_every_command_in_a_plain_fence_runs_or_is_named_with_its_reason(tmp_path, monkeypatch):
     monkeypatch.setenv("SLIMEFORGE_STATE_HOME", str(tmp_path / "state"))
     cmds = fenced("")
-    assert set(PLAIN_NOT_HERE) <= set(cmds), sorted(set(PLAIN_NOT_HERE) - set(cmds))  # the list names only what the page shows
+    # the list names only what the page shows
+    assert set(PLAIN_NOT_HERE) <= set(cmds), sorted(set(PLAIN_NOT_HERE) - set(cmds))
     ran = []
     for cmd in cmds:
         if cmd in PLAIN_NOT_HERE:
             continue
         argv = shlex.split(cmd)[1:]
-        assert argv[0] == "run" and "--slurm" in argv and "--dry-run" in argv, f"{cmd!r}: neither run here nor named with a reason"
+        assert argv[0] == "run" and "--slurm" in argv and "--dry-run" in argv, (f"{cmd!r}: neither run here nor named "
+                                                                               "with a reason")
         run_dir = tmp_path / f"run{len(ran)}"
-        r = subprocess.run([sys.executable, "-m", "invoke", *argv, "--out", str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        r = subprocess.run([sys.executable, "-m", "invoke", *argv, "--out", str(run_dir)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
         out = r.stdout + r.stderr
         assert r.returncode == 0 and "no image given: <IMAGE> stands for --image" in out and "Traceback" not in out, out
         assert "--container-image=<IMAGE>" in (run_dir / "slurm.sbatch").read_text()

@@ -20,20 +20,26 @@ FIXTURES = ROOT / "tests" / "fixtures"
 PARQUET = "/root/data/gsm8k/main/train-00000-of-00001.parquet"
 NETWORK, AWS = "downloads (the network)", "reaches AWS (credentials, ECR, AgentCore)"
 NOT_HERE = {
-    "python3 -m venv .venv && . .venv/bin/activate && pip install -e .": "installs from PyPI (the network); this test runs in that environment",
+    "python3 -m venv .venv && . .venv/bin/activate && pip install -e .":
+        "installs from PyPI (the network); this test runs in that environment",
     "hf download Qwen/Qwen2.5-3B-Instruct --local-dir /root/models/Qwen2.5-3B-Instruct": NETWORK,
     "hf download openai/gsm8k --repo-type dataset --include 'main/*' --local-dir /root/data/gsm8k": NETWORK,
     "pip install pyarrow": NETWORK,
-    "aws bedrock-agentcore-control list-agent-runtimes --region us-west-2 --query 'agentRuntimes[].[agentRuntimeName,status,agentRuntimeArn]' --output table": AWS,
+    "aws bedrock-agentcore-control list-agent-runtimes --region us-west-2 --query "
+    "'agentRuntimes[].[agentRuntimeName,status,agentRuntimeArn]' --output table": AWS,
     "aws s3 mb s3://my-slime-rollouts --region us-west-2": AWS,
     "invoke build --cuda cu13": "a real build: Docker, the base image and an hour of compiling",
     "docker pull slimerl/slime:latest": NETWORK,
-    "invoke doctor my-gsm8k.yaml --image slimerl/slime:latest": "needs slime's image (pulled from Docker Hub); an image of that layout built "
-                                                                         "locally is probed in tests/integration/test_any_image.py",
+    "invoke doctor my-gsm8k.yaml --image slimerl/slime:latest":
+        "needs slime's image (pulled from Docker Hub); an image of that layout built locally is probed in "
+        "tests/integration/test_any_image.py",
     "invoke publish --cuda cu13 --registry 123456789012.dkr.ecr.us-west-2.amazonaws.com/slime": AWS,
-    "invoke publish --image slimerl/slime:latest --registry 123456789012.dkr.ecr.us-west-2.amazonaws.com/slime --record slime-image.json": AWS,
-    "aws ecr get-login-password --region us-west-2 | docker login --username AWS --password-stdin 123456789012.dkr.ecr.us-west-2.amazonaws.com": AWS,
-    "docker pull 123456789012.dkr.ecr.us-west-2.amazonaws.com/slime@sha256:aa2e2af04886292e6f1388c9f6f92687c26843188754d8a448e195d6d3593c75": AWS,
+    "invoke publish --image slimerl/slime:latest --registry 123456789012.dkr.ecr.us-west-2.amazonaws.com/slime "
+    "--record slime-image.json": AWS,
+    "aws ecr get-login-password --region us-west-2 | docker login --username AWS --password-stdin "
+    "123456789012.dkr.ecr.us-west-2.amazonaws.com": AWS,
+    "docker pull 123456789012.dkr.ecr.us-west-2.amazonaws.com/slime"
+    "@sha256:aa2e2af04886292e6f1388c9f6f92687c26843188754d8a448e195d6d3593c75": AWS,
 }
 
 
@@ -76,7 +82,8 @@ def test_the_page_from_zero_to_a_refused_launch(tmp_path):
         argv = [a.replace("/root/", f"{root}/") for a in shlex.split(cmd)[1:]]
         if parquet is None:
             argv = [str(sample) if a == str(Path(PARQUET.replace("/root/", f"{root}/"))) else a for a in argv]
-        return subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), *argv, *extra], cwd=here, capture_output=True, text=True, timeout=300)
+        return subprocess.run([sys.executable, "-m", "invoke", "-r", str(ROOT), *argv, *extra], cwd=here,
+                              capture_output=True, text=True, timeout=300)
 
     ran = []
     for cmd in commands():
@@ -98,7 +105,8 @@ def test_the_page_from_zero_to_a_refused_launch(tmp_path):
             assert (here / "runs" / "gsm8k-3b-smoke" / "slime.args").is_file()
         elif task == "doctor":
             assert r.returncode == 2, out  # no GPU here
-            assert re.search(r"data +ok +data_path \S+/data/gsm8k_tiny\.jsonl: first 3 rows have prompt and metadata", out), out
+            assert re.search(r"data +ok +data_path \S+/data/gsm8k_tiny\.jsonl: first 3 rows have prompt and metadata",
+                             out), out
             assert "gpus          ERROR" in out
         elif task == "lock":
             assert r.returncode == 0 and "pylock.cu13.toml: ok (" in out, out
@@ -113,7 +121,8 @@ def test_the_page_from_zero_to_a_refused_launch(tmp_path):
             assert r.returncode in (1, 2) and "never launched" in out, out
         else:
             pytest.fail(f"{cmd}: no expectation for this command")
-    assert ran == ["--list", "data.gsm8k", "data.gsm8k", "run", "doctor", "lock", "build", "publish", "run", "run.status", "run.logs", "run.stop"]
+    assert ran == ["--list", "data.gsm8k", "data.gsm8k", "run", "doctor", "lock", "build", "publish", "run",
+                   "run.status", "run.logs", "run.stop"]
     assert len((root / "data" / "gsm8k_tiny.jsonl").read_text().splitlines()) == 3
 
 

@@ -25,8 +25,10 @@ def invoke(tmp_path: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
     for name in ("tasks", "recipes"):
         if not (tmp_path / name).exists():
             (tmp_path / name).symlink_to(ROOT / name)
-    env = {**os.environ, "SLIMEFORGE_STATE_DIR": str(tmp_path / "state"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    return subprocess.run([sys.executable, "-m", *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "SLIMEFORGE_STATE_DIR": str(tmp_path / "state"),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    return subprocess.run([sys.executable, "-m", *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
 
 
 def test_the_slurm_launch_without_an_image_is_still_refused(tmp_path):

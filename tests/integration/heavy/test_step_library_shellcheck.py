@@ -11,5 +11,6 @@ LIB = Path(__file__).resolve().parents[3] / "templates" / "steps.sh"
 
 def test_shell_files_pass_shellcheck():
     root = LIB.parent
-    res = subprocess.run(["shellcheck", "-x", "-P", "SCRIPTDIR", "steps.sh", "sf"], cwd=root, capture_output=True, text=True)
+    res = subprocess.run(["shellcheck", "-x", "-P", "SCRIPTDIR", "steps.sh", "sf"], cwd=root, capture_output=True,
+                         text=True)
     assert res.returncode == 0, res.stdout

@@ -111,14 +111,16 @@ class SlurmLab:
         key.chmod(0o400)
         self.munge_socket = d / "run" / "munge.socket"
         # --force: munged refuses to run as root, and this lab runs everything as root.
-        self._spawn("munged", ["/usr/sbin/munged", "--foreground", "--force", f"--socket={self.munge_socket}", f"--key-file={key}",
+        self._spawn("munged", ["/usr/sbin/munged", "--foreground", "--force", f"--socket={self.munge_socket}",
+                               f"--key-file={key}",
                                f"--pid-file={d / 'run' / 'munged.pid'}", f"--seed-file={d / 'run' / 'munged.seed'}",
                                f"--log-file={d / 'log' / 'munged.log'}"])
         self._wait(lambda: self.munge_socket.exists(), "munged's socket", "munged")
         self.ctld_port, self.slurmd_port = free_port(), free_port()
         self._write_config()
         self._spawn("slurmctld", ["/usr/sbin/slurmctld", "-D", "-i", "-f", str(self.conf)])
-        self._wait(lambda: client(self.env, "scontrol", "ping").stdout.count("is UP") >= 1, "slurmctld to answer", "slurmctld")
+        self._wait(lambda: client(self.env, "scontrol", "ping").stdout.count("is UP") >= 1, "slurmctld to answer",
+                   "slurmctld")
         for host in self.net.hosts:
             slurmd = ["/usr/sbin/slurmd", "-D", "-N", host.name, "-f", str(self.conf)]
             hidden = self.private.get(host.name)
@@ -126,9 +128,11 @@ class SlurmLab:
                 hidden.mkdir(parents=True, exist_ok=True)
                 # A mount namespace of its own (private propagation: nothing leaks back), an empty
                 # tmpfs over the directory, then slurmd in its place.
-                cover = ("import os, subprocess, sys; subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=1m', 'sf-private', sys.argv[1]], check=True); "
+                cover = ("import os, subprocess, sys; subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=1m', "
+                         "'sf-private', sys.argv[1]], check=True); "
                          "os.execv(sys.argv[2], sys.argv[2:])")
-                slurmd = ["unshare", "--mount", "--propagation", "private", "--", sys.executable, "-c", cover, str(hidden), *slurmd]
+                slurmd = ["unshare", "--mount", "--propagation", "private", "--", sys.executable, "-c", cover,
+                          str(hidden), *slurmd]
             self._spawn(f"slurmd-{host.name}", ["ip", "netns", "exec", host.netns, *slurmd])
         self._wait(self._all_idle, "every node to be idle", "slurmd-h1")
 
@@ -173,7 +177,8 @@ class SlurmLab:
             "MinJobAge=600",
         ]
         for host in net.hosts:
-            lines.append(f"NodeName={host.name} NodeAddr={host.ip} CPUs=2 RealMemory=1000 Gres=gpu:{self.gpus} State=UNKNOWN")
+            lines.append(f"NodeName={host.name} NodeAddr={host.ip} CPUs=2 RealMemory=1000 Gres=gpu:{self.gpus} "
+                         "State=UNKNOWN")
         lines.append(f"PartitionName=gpu Nodes={','.join(self.nodes)} Default=YES MaxTime=02:00:00 State=UP")
         lines.append(f"PartitionName=small Nodes={self.nodes[0]} MaxTime=00:10:00 State=UP")
         self.conf.write_text("\n".join(lines) + "\n")
@@ -192,7 +197,8 @@ class SlurmLab:
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = open(self.dir / "log" / f"{name}.out", "w")  # noqa: SIM115 - the child owns it
-        self._procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, **self.env})
+        self._procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             env={**os.environ, **self.env})
         log.close()
 
     def _wait(self, ready, what: str, proc: str, timeout: float = 60) -> None:

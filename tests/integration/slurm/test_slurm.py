@@ -49,7 +49,8 @@ def with_weights(data: dict) -> dict:
 
 
 def recipe_for(tmp: Path, **env):
-    data = with_weights(make_recipe(tmp, num_gpus=2, env={"STANDIN_RECORD": str(tmp / "record.json"), "STANDIN_EXIT": "0", **env}))
+    data = with_weights(make_recipe(tmp, num_gpus=2, env={"STANDIN_RECORD": str(tmp / "record.json"),
+                                                          "STANDIN_EXIT": "0", **env}))
     recipe, stack = parse_recipe(data, "test")
     return recipe, stack, str(write_catalog(tmp / "flags.json", recipe, stack))
 
@@ -57,7 +58,8 @@ def recipe_for(tmp: Path, **env):
 def submit(tmp: Path, opts: slurm.Options, follow: bool = True, recipe=None, **env):
     recipe, stack, catalog = recipe or recipe_for(tmp, **env)
     out = io.StringIO()
-    code = launch(recipe, stack, slurm_options=opts, out=tmp / "run", catalog=catalog, network_checks=False, stream=out, follow_log=follow)
+    code = launch(recipe, stack, slurm_options=opts, out=tmp / "run", catalog=catalog, network_checks=False,
+                  stream=out, follow_log=follow)
     return code, out.getvalue(), tmp / "run"
 
 
@@ -103,7 +105,8 @@ def test_a_failing_node_is_named_and_nothing_starts(env, slurm_lab):
     h2 = slurm_lab.net.hosts[1]
     # Something else holds the Ray agent's port on h2 (only there).
     holder = subprocess.Popen(["ip", "netns", "exec", h2.netns, sys.executable, "-c",
-                               f"import socket,time; s=socket.socket(); s.bind(('0.0.0.0', {slurm.RAY_AGENT_PORT})); s.listen(); time.sleep(600)"])
+                               f"import socket,time; s=socket.socket(); s.bind(('0.0.0.0', {slurm.RAY_AGENT_PORT})); "
+                               "s.listen(); time.sleep(600)"])
     try:
         wait_for(lambda: _listening(h2.netns, slurm.RAY_AGENT_PORT), 30, "the port holder")
         code, out, run = submit(env, slurm.Options(nodes=3))
@@ -141,7 +144,8 @@ def test_a_node_that_cannot_join_ray_is_named_and_ray_is_stopped(env, slurm_lab)
 
 def _listening(netns: str, port: int) -> bool:
     r = subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c",
-                        f"import socket; s=socket.socket(); print(s.connect_ex(('127.0.0.1', {port})))"], capture_output=True, text=True)
+                        f"import socket; s=socket.socket(); print(s.connect_ex(('127.0.0.1', {port})))"],
+                       capture_output=True, text=True)
     return r.stdout.strip() == "0"
 
 
@@ -177,8 +181,10 @@ def test_run_stop_cancels_only_our_job(env, slurm_lab):
         # The live run's directory is not rendered over: a dry run is refused, naming the job and the way to stop it.
         (env / "recipe.yaml").write_text(yaml.safe_dump(make_recipe(env, num_gpus=2)))  # the same experiment (exp_id)
         plan_before = (run / "plan.json").read_bytes()
-        r = subprocess.run([*INVOKE, "run", str(env / "recipe.yaml"), "--slurm", "--dry-run", "--out", str(run)], capture_output=True, text=True, timeout=120)
-        assert r.returncode == 2 and f"Slurm job {job_id}" in r.stderr and f"invoke run.stop {run}" in r.stderr, r.stdout + r.stderr
+        r = subprocess.run([*INVOKE, "run", str(env / "recipe.yaml"), "--slurm", "--dry-run", "--out", str(run)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and f"Slurm job {job_id}" in r.stderr and ("invoke run.stop "
+                                                                           f"{run}") in r.stderr, r.stdout + r.stderr
         assert (run / "plan.json").read_bytes() == plan_before and (run / "slurm_job_id").read_text().strip() == job_id
 
         r = subprocess.run([*INVOKE, "run.stop", str(run)], capture_output=True, text=True, timeout=60)
@@ -187,12 +193,16 @@ def test_run_stop_cancels_only_our_job(env, slurm_lab):
         assert state(other_id) == "RUNNING"  # not ours: untouched
         wait_for(lambda: no_ray_left(slurm_lab), 60, "Ray to end with our job")
         said: list[str] = []
-        assert slurm.stop(run, say=said.append) == 0 and said[0].startswith(f"ended: Slurm job {job_id} has ended")  # nothing sent
+        assert slurm.stop(run,
+                          # nothing sent
+                          say=said.append) == 0 and said[0].startswith(f"ended: Slurm job {job_id} has ended")
 
         # Ended: a render is allowed, and the old record is kept.
-        r = subprocess.run([*INVOKE, "run", str(env / "recipe.yaml"), "--slurm", "--dry-run", "--out", str(run)], capture_output=True, text=True, timeout=120)
+        r = subprocess.run([*INVOKE, "run", str(env / "recipe.yaml"), "--slurm", "--dry-run", "--out", str(run)],
+                           capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stdout + r.stderr
-        assert (run / "history" / "1" / "slurm_job_id").read_text().strip() == job_id and not (run / "slurm_job_id").exists()
+        assert ((run / "history" / "1" / "slurm_job_id").read_text().strip() == job_id
+                and not (run / "slurm_job_id").exists())
         assert (run / "history" / "1" / "plan.json").read_bytes() == plan_before
     finally:
         client(slurm_lab.env, "scancel", "--", other_id)  # ours to clean up: this test started it
@@ -222,10 +232,12 @@ def test_a_requeued_job_resumes_from_its_checkpoint(env, slurm_lab):
 def test_preflight_against_the_cluster(env, slurm_lab):
     recipe, stack, catalog = recipe_for(env)
     with pytest.raises(doctor.PreflightError) as exc:
-        launch(recipe, stack, slurm_options=slurm.Options(partition="nope"), out=env / "run", catalog=catalog, network_checks=False, stream=io.StringIO())
+        launch(recipe, stack, slurm_options=slurm.Options(partition="nope"), out=env / "run", catalog=catalog,
+               network_checks=False, stream=io.StringIO())
     assert "partition 'nope' does not exist" in str(exc.value) and "gpu" in str(exc.value) and "small" in str(exc.value)
     with pytest.raises(doctor.PreflightError) as exc:
-        launch(recipe, stack, slurm_options=slurm.Options(partition="small", nodes=2, time="01:00:00"), out=env / "run", catalog=catalog,
+        launch(recipe, stack, slurm_options=slurm.Options(partition="small", nodes=2, time="01:00:00"),
+               out=env / "run", catalog=catalog,
                      network_checks=False, stream=io.StringIO())
     text = str(exc.value)
     assert "2 node(s) with 2 GPU(s) each asked; partition small has 1" in text
@@ -239,7 +251,8 @@ def test_container_mode_needs_pyxis(env, slurm_lab):
     recipe, stack, catalog = recipe_for(env)
     digest = "reg.example/slimeforge@sha256:" + "0123456789abcdef" * 4
     with pytest.raises(doctor.PreflightError) as exc:
-        launch(recipe, stack, slurm_options=slurm.Options(nodes=1), out=env / "run", mode="container", image=digest, catalog=catalog,
+        launch(recipe, stack, slurm_options=slurm.Options(nodes=1), out=env / "run", mode="container", image=digest,
+               catalog=catalog,
                      network_checks=False, stream=io.StringIO())
     assert "container mode needs the pyxis plugin, but `srun --help` has no --container-image" in str(exc.value)
     # Nor has this login node enroot: the form of the image reference cannot be chosen, and the fix says how.
@@ -254,18 +267,23 @@ def test_cli_dry_run_and_bad_options(env, slurm_lab):
     path = env / "r.yaml"
     path.write_text(yaml.safe_dump(data))
     inv = INVOKE
-    r = subprocess.run([*inv, "run", str(path), "--slurm", "--dry-run", "--nodes", "2", "--out", str(env / "dry")], capture_output=True, text=True)
+    r = subprocess.run([*inv, "run", str(path), "--slurm", "--dry-run", "--nodes", "2", "--out", str(env / "dry")],
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     one_line = re.sub(r" \\\n +", " ", r.stdout)  # the command is printed as multi-line shell, one option a line
     assert re.search(f"sbatch --parsable --chdir={re.escape(str(env / 'dry'))} --comment=slimeforge:[0-9a-f]{{32}} -- "
                      + re.escape(str(env / "dry" / "slurm.sbatch")), one_line), r.stdout
     assert "#SBATCH --nodes=2" in (env / "dry" / "slurm.sbatch").read_text()
-    r = subprocess.run([*inv, "run", str(path), "--slurm", "--time", "90", "--out", str(env / "bad")], capture_output=True, text=True)
+    r = subprocess.run([*inv, "run", str(path), "--slurm", "--time", "90", "--out", str(env / "bad")],
+                       capture_output=True, text=True)
     assert r.returncode == 2 and "--time: is not a time limit (got '90')" in r.stderr and "Traceback" not in r.stderr
     assert not (env / "bad").exists()
-    r = subprocess.run([*inv, "run", str(path), "--slurm", "--squashfs-dir", "images,x", "--out", str(env / "bad")], capture_output=True, text=True)
-    assert r.returncode == 2 and "--squashfs-dir: is not an absolute directory pyxis can read (got 'images,x')" in r.stderr, r.stderr
-    r = subprocess.run([*inv, "run", str(path), "--squashfs-dir", "/shared/images", "--out", str(env / "bad")], capture_output=True, text=True)
+    r = subprocess.run([*inv, "run", str(path), "--slurm", "--squashfs-dir", "images,x", "--out", str(env / "bad")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and ("--squashfs-dir: is not an absolute directory pyxis can read (got "
+                                 "'images,x')") in r.stderr, r.stderr
+    r = subprocess.run([*inv, "run", str(path), "--squashfs-dir", "/shared/images", "--out", str(env / "bad")],
+                       capture_output=True, text=True)
     assert r.returncode == 2 and "--squashfs-dir: goes with --slurm" in r.stderr, r.stderr
     assert not (env / "bad").exists()
 
@@ -296,7 +314,8 @@ def test_a_run_directory_one_node_cannot_see_is_refused_naming_it(env, slurm_lab
     r = subprocess.run([*argv, "--out", str(hidden)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 3, r.stdout + r.stderr
     h3 = _node_line(r.stdout, "h3")
-    assert "FAILED" in h3 and f"cannot see the run directory {hidden}" in h3 and "filesystem every node mounts" in h3, h3
+    assert "FAILED" in h3 and ("cannot see the run directory "
+                              f"{hidden}") in h3 and "filesystem every node mounts" in h3, h3
     assert _node_line(r.stdout, "h1").split()[1] == "ok" and _node_line(r.stdout, "h2").split()[1] == "ok"
     assert "Ray was not started on any node" in r.stdout and not (hidden / "submission_id").exists()
     assert no_ray_left(slurm_lab)
@@ -324,5 +343,6 @@ def test_the_model_and_checkpoints_are_checked_on_every_node(env, slurm_lab):
     assert f"model_dir {model}: no such directory here" in h3, h3
     assert f"checkpoint_dir {private / 'checkpoints'}: is not the head's filesystem" in h3, h3
     assert _node_line(out, "h1").split()[1] == "ok" and _node_line(out, "h2").split()[1] == "ok"
-    assert not list((private / "checkpoints").glob(".slimeforge-fs-*"))  # the batch host's marker is removed after the checks
+    # the batch host's marker is removed after the checks
+    assert not list((private / "checkpoints").glob(".slimeforge-fs-*"))
     assert no_ray_left(slurm_lab)

@@ -16,7 +16,8 @@ from slimeforge.image.builder.buildprogress import Progress  # noqa: E402
 from slimeforge.image.builder.install import render_install_script  # noqa: E402
 from slimeforge.image.stack import load_stack  # noqa: E402
 
-PLAIN = (Path(__file__).resolve().parents[2] / "fixtures" / "ninja" / "pip-wheel-v-setuptools-no-ninja.log").read_text().splitlines()
+NINJA_FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "ninja"
+PLAIN = (NINJA_FIXTURES / "pip-wheel-v-setuptools-no-ninja.log").read_text().splitlines()
 HOSTILE = [
     "  [3/8] \x1b]0;owned\x07 c++ \x1b[2J\r\x9b31m",
     "  [99999999/99999999] \x1b[2J",  # over 7 digits: not a count
@@ -27,16 +28,20 @@ HOSTILE = [
 
 
 def test_install_heartbeat_prints_only_the_digits(tmp_path):
-    text = render_install_script(load_stack(bs.TEST_STACK), str(tmp_path / "prefix"), patches=[], lock=bs.render_lock(load_stack(bs.TEST_STACK)))
+    text = render_install_script(load_stack(bs.TEST_STACK), str(tmp_path / "prefix"), patches=[],
+                                 lock=bs.render_lock(load_stack(bs.TEST_STACK)))
     step = "sf_step_evil() { printf '%s\\n' \"${EVIL[@]}\"; sleep 2.5; }\n"
-    body = text[: text.index("# --- prerequisites")] + "SF_STEPS_TOTAL=1\nmapfile -t EVIL <\"$EVIL_FILE\"\n" + step + "sf_run_step evil h -- sf_step_evil\n"
+    head = text[: text.index("# --- prerequisites")]
+    body = head + "SF_STEPS_TOTAL=1\nmapfile -t EVIL <\"$EVIL_FILE\"\n" + step + "sf_run_step evil h -- sf_step_evil\n"
     (tmp_path / "run.sh").write_text(body)
     (tmp_path / "evil.txt").write_bytes("".join(f"{line}\n" for line in HOSTILE).encode())
     res = subprocess.run(["bash", str(tmp_path / "run.sh")], capture_output=True, timeout=60,
-                         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SF_HEARTBEAT_S": "1", "EVIL_FILE": str(tmp_path / "evil.txt")})
+                         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "SF_HEARTBEAT_S": "1",
+                              "EVIL_FILE": str(tmp_path / "evil.txt")})
     err = res.stderr.decode("utf-8", "replace")
     assert res.returncode == 0, err
-    assert re.search(r"^slimeforge: step 1/1 evil: compiling 3/8 \(37 %\), [0-9]+s so far, about [0-9]+s left at this rate \(log: .*\)$", err, re.M), err
+    assert re.search(r"^slimeforge: step 1/1 evil: compiling 3/8 \(37 %\), [0-9]+s so far, about [0-9]+s left at this "
+                     r"rate \(log: .*\)$", err, re.M), err
     assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", err), repr(err)
 
 
@@ -50,7 +55,8 @@ def test_build_heartbeat_never_shows_the_output_text():
         p.output("8", line)
     now[0] = 61.0
     p.beat()
-    assert said[-1] == "[ 1m 01s] step 4/4 apex: compiling 3/8 (37 %), 1m 01s so far, about 1m 41s left at this rate (log: /tmp/build.log)"
+    assert said[-1] == ("[ 1m 01s] step 4/4 apex: compiling 3/8 (37 %), 1m 01s so far, about 1m 41s left at this rate "
+                       "(log: /tmp/build.log)")
     # A build without ninja: the heartbeat as before.
     p.vertex("9", "4", "4", "plain")
     for line in PLAIN:

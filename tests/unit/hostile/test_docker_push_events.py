@@ -39,7 +39,8 @@ def broken():
 HOSTILE = {
     "a list, not an event": lambda: iter([["status", "Pushed"]]),
     "a string, not an event": lambda: iter(["Pushed"]),
-    "errorDetail a string": lambda: iter([{"errorDetail": "boom", "error": "denied: requested access to the resource is denied"}]),
+    "errorDetail a string": lambda: iter([{"errorDetail": "boom",
+                                           "error": "denied: requested access to the resource is denied"}]),
     "errorDetail a list": lambda: iter([{"errorDetail": ["x"]}]),
     "digest with a newline": lambda: iter([{"aux": {"Digest": DIGEST + "\nforged"}}]),
     "digest a number": lambda: iter([{"aux": {"Digest": 5}}]),
@@ -76,6 +77,8 @@ def test_progress_of_the_wrong_types_is_skipped_and_statuses_are_printable():
 
 
 def test_a_plain_stream_gives_its_digest():
-    digest, said = push(lambda: iter([{"status": "Pushing", "id": "abc", "progressDetail": {"current": 30, "total": 100}},
-                                      {"status": "Pushed", "id": "abc"}, {"aux": {"Tag": "t1", "Digest": DIGEST, "Size": 5}}]))
+    digest, said = push(lambda: iter([{"status": "Pushing", "id": "abc", "progressDetail": {"current": 30,
+                                                                                            "total": 100}},
+                                      {"status": "Pushed", "id": "abc"}, {"aux": {"Tag": "t1", "Digest": DIGEST,
+                                                                                  "Size": 5}}]))
     assert digest == DIGEST and "  abc  pushed" in said

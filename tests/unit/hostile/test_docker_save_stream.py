@@ -78,15 +78,19 @@ CASES = {
     "not a tar": (lambda: iter([b"<html>502 Bad Gateway</html>" * 40]), None, "not a whole tar archive"),
     "empty stream": (lambda: iter([]), None, "not a whole tar archive"),
     "random bytes": (lambda: iter([os.urandom(10240)]), None, "not a whole tar archive"),
-    "connection lost midway (urllib3)": (failing_midway(GOOD, urllib3.exceptions.ProtocolError("Connection broken")), None, "failed midway"),
-    "connection lost midway (requests)": (failing_midway(GOOD, requests.exceptions.ChunkedEncodingError("eof")), None, "failed midway"),
+    "connection lost midway (urllib3)": (failing_midway(GOOD, urllib3.exceptions.ProtocolError("Connection broken")),
+                                         None, "failed midway"),
+    "connection lost midway (requests)": (failing_midway(GOOD, requests.exceptions.ChunkedEncodingError("eof")), None,
+                                          "failed midway"),
     "connection reset midway": (failing_midway(GOOD, ConnectionResetError(104, "reset")), None, "failed midway"),
     "the engine refuses": (None, APIError("500 Server Error: Internal Server Error"), "failed midway"),
     "no such image": (None, NotFound("No such image"), "failed midway"),
     "a member twice": (lambda: iter([archive([("manifest.json", b"[]")])[0]]), None, "appears twice"),
-    "a member outside the grammar": (lambda: iter([archive([("../../etc/passwd", b"x")])[0]]), None, "unexpected member"),
+    "a member outside the grammar": (lambda: iter([archive([("../../etc/passwd", b"x")])[0]]), None,
+                                     "unexpected member"),
     "manifest.json nests deep": (lambda: iter([tar_of([("manifest.json", b"[" * 100000)])]), None, "not JSON"),
-    "escape sequences in a member name": (lambda: iter([archive([("\x1b]0;x\x07", b"x")])[0]]), None, "unexpected member"),
+    "escape sequences in a member name": (lambda: iter([archive([("\x1b]0;x\x07", b"x")])[0]]), None,
+                                          "unexpected member"),
 }
 
 
@@ -105,7 +109,8 @@ def test_too_many_members(tmp_path, monkeypatch):
     monkeypatch.setattr(layerpush, "MAX_MEMBERS", 5)
     data = archive([(f"x{i}", b"") for i in range(10)])[0]
     with pytest.raises(layerpush.LayerPushError, match="more than 5 members"):
-        layerpush.push(Engine(lambda: iter([data])), IMAGE, Registry(), "sf/x", ["t1"], echo=lambda s: None, workdir=tmp_path)  # type: ignore[arg-type]
+        layerpush.push(Engine(lambda: iter([data])), IMAGE, Registry(), "sf/x", ["t1"], echo=lambda s: None,
+                       workdir=tmp_path)  # type: ignore[arg-type]
 
 
 def test_a_full_disk_for_the_compressed_layers_is_said(tmp_path, monkeypatch):
@@ -115,7 +120,8 @@ def test_a_full_disk_for_the_compressed_layers_is_said(tmp_path, monkeypatch):
     monkeypatch.setattr(layerpush, "_compress_stream", full)
     monkeypatch.setattr(layerpush, "SMALL_BYTES", 1000)
     with pytest.raises(layerpush.LayerPushError, match="No space left on device"):
-        layerpush.push(Engine(lambda: iter([GOOD])), IMAGE, Registry(), "sf/x", ["t1"], echo=lambda s: None, workdir=tmp_path)  # type: ignore[arg-type]
+        layerpush.push(Engine(lambda: iter([GOOD])), IMAGE, Registry(), "sf/x", ["t1"], echo=lambda s: None,
+                       workdir=tmp_path)  # type: ignore[arg-type]
 
 
 # --- read_from_image: the Engine's get_archive answer ---------------------------------------------
@@ -157,7 +163,8 @@ READS = {
     "empty tar": lambda: iter([tar_of([])]),
     "cut short": lambda: iter([tar_of([("stack.lock.json", b"x" * 5000)])[:2000]]),
     "a symlink": lambda: iter([_symlink_tar()]),
-    "failing midway": failing_midway(tar_of([("stack.lock.json", b"x" * 5000)]), urllib3.exceptions.ProtocolError("broken")),
+    "failing midway": failing_midway(tar_of([("stack.lock.json", b"x" * 5000)]),
+                                     urllib3.exceptions.ProtocolError("broken")),
     "too large": lambda: iter([b"\0" * (2 << 20)] * 40),
 }
 
@@ -167,7 +174,8 @@ def test_a_file_read_out_of_an_image_is_checked(case, monkeypatch):
     monkeypatch.setattr(dockerapi, "READ_MAX_BYTES", 1 << 20) if case == "too large" else None
     client = Client(READS[case])
     with pytest.raises(OperationFailed) as exc:
-        dockerapi.read_from_image(client, "sha256:" + "c" * 64, ["/x/stack.lock.json"], max_bytes=dockerapi.READ_MAX_BYTES)
+        dockerapi.read_from_image(client, "sha256:" + "c" * 64, ["/x/stack.lock.json"],
+                                  max_bytes=dockerapi.READ_MAX_BYTES)
     assert "image sha256:cccccccccccc" in str(exc.value) and exc.value.exit_code == 1
     assert client.container.removed
 
@@ -181,4 +189,5 @@ def test_a_file_that_is_not_in_the_image_stays_not_found():
 
 def test_a_whole_file_is_read():
     client = Client(lambda: iter([tar_of([("stack.lock.json", b'{"a": 1}')])]))
-    assert dockerapi.read_from_image(client, "sha256:" + "c" * 64, ["/x/stack.lock.json"]) == {"/x/stack.lock.json": b'{"a": 1}'}
+    assert dockerapi.read_from_image(client, "sha256:" + "c" * 64,
+                                     ["/x/stack.lock.json"]) == {"/x/stack.lock.json": b'{"a": 1}'}

@@ -51,7 +51,8 @@ def test_a_hostile_batch_get_image_answer_is_a_clear_error(reply):
 
 
 def test_a_plain_answer_is_read():
-    found = ecr.manifests(Client(batch={"images": [entry()], "failures": [{"failureCode": "ImageNotFound"}]}), REG, "slime", ["t1", "t2"])
+    found = ecr.manifests(Client(batch={"images": [entry()], "failures": [{"failureCode": "ImageNotFound"}]}), REG,
+                          "slime", ["t1", "t2"])
     assert list(found) == ["t1"] and found["t1"].config_digest == "sha256:" + "c" * 64
 
 

@@ -55,7 +55,8 @@ def test_out_on_a_foreign_directory_is_refused_and_untouched(tmp_path):
 
 def test_out_dot_is_refused_on_the_command_line(tmp_path):
     (tmp_path / "README").write_text("x")
-    out = invoke("--search-root", str(ROOT), "run", str(ROOT / "recipes" / "gsm8k.yaml"), "--dry-run", "--out", ".", cwd=tmp_path)
+    out = invoke("--search-root", str(ROOT), "run", str(ROOT / "recipes" / "gsm8k.yaml"), "--dry-run", "--out", ".",
+                 cwd=tmp_path)
     assert out.returncode == 2 and "is not a slimeforge run directory" in out.stderr and "Traceback" not in out.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["README"]
 
@@ -130,7 +131,8 @@ def test_lock_is_held_by_one_writer(tmp_path):
 # --- files read back ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("content", ["[1, 2]", "{not json", '{"exp_id": "x"}', '{"slimeforge_version": "1", "exp_id": "x", "recipe": {"ray_port": 1e9}}',
+@pytest.mark.parametrize("content", ["[1, 2]", "{not json", '{"exp_id": "x"}',
+                                     '{"slimeforge_version": "1", "exp_id": "x", "recipe": {"ray_port": 1e9}}',
                                      "\udcff", "[" * 100000])
 def test_run_status_on_a_malformed_or_foreign_plan_is_refused(tmp_path, content):
     (tmp_path / "plan.json").write_text(content, errors="surrogateescape")
@@ -149,7 +151,8 @@ def test_config_json_that_is_a_list_is_an_error_not_a_traceback(tmp_path):
 
 
 def test_dry_run_honours_mode_prefix_and_image(tmp_path):
-    out = invoke("run", "recipes/gsm8k.yaml", "--dry-run", "--out", str(tmp_path / "h"), "--mode", "host", "--prefix", "/opt/sf")
+    out = invoke("run", "recipes/gsm8k.yaml", "--dry-run", "--out", str(tmp_path / "h"), "--mode", "host", "--prefix",
+                 "/opt/sf")
     assert out.returncode == 0, out.stderr
     rec = json.loads((tmp_path / "h" / "plan.json").read_text())["recipe"]
     assert (rec["mode"], rec["install_prefix"], rec["slime_dir"]) == ("host", "/opt/sf", "/opt/sf/slime")
@@ -173,7 +176,8 @@ def test_set_problem_blames_the_command_line(tmp_path):
 
 
 def test_build_with_a_missing_ca_bundle_writes_nothing(tmp_path):
-    out = invoke("build", "--stack", "tests/stacks/test.yaml", "--dry-run", "--out", str(tmp_path / "b"), "--ca-bundle", "/nonexistent")
+    out = invoke("build", "--stack", "tests/stacks/test.yaml", "--dry-run", "--out", str(tmp_path / "b"),
+                 "--ca-bundle", "/nonexistent")
     assert out.returncode == 2 and "--ca-bundle" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "b").exists()
 
@@ -209,7 +213,8 @@ def test_secret_env_passes_names_never_values(tmp_path):
     from slimeforge.run.targets.base import ResolvedRun
     from slimeforge.run.targets.local import ContainerTarget
 
-    recipe, stack = parse_recipe({**SEED_RECIPE, "image": "reg.example.com/x@sha256:" + "a" * 64, "secret_env": ["OPENAI_API_KEY"]}, "t")
+    recipe, stack = parse_recipe({**SEED_RECIPE, "image": "reg.example.com/x@sha256:" + "a" * 64,
+                                  "secret_env": ["OPENAI_API_KEY"]}, "t")
     run = build_run_dir(recipe, stack, tmp_path / "run", environ={"OPENAI_API_KEY": "sk-live-value"})
     write_run_dir(run)
     resolved = ResolvedRun(recipe, stack, run.path, "t", {"OPENAI_API_KEY": "sk-live-value"})
@@ -238,12 +243,14 @@ def test_out_of_someones_files_is_refused_with_exit_2_and_left_as_it_was(tmp_pat
     """Issue 33: `build --dry-run --out DIR` replaced DIR's Dockerfile and deleted its context/lock/."""
     mine = tmp_path / "mine"
     (mine / "context" / "lock").mkdir(parents=True)
-    for name, text in (("Dockerfile", "FROM my-own\n"), ("install.sh", "echo mine\n"), ("context/lock/notes.txt", "mine\n")):
+    for name, text in (("Dockerfile", "FROM my-own\n"), ("install.sh", "echo mine\n"), ("context/lock/notes.txt",
+                                                                                        "mine\n")):
         (mine / name).write_text(text)
     before = {str(p.relative_to(mine)): p.read_bytes() for p in mine.rglob("*") if p.is_file()}
     extra = ["--prefix", str(tmp_path / "prefix")] if task == "install" else []
     out = invoke(task, "--stack", "tests/stacks/test.yaml", "--dry-run", "--out", str(mine), *extra)
-    assert out.returncode == 2 and "--out: is a directory slimeforge did not write" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2 and ("--out: is a directory slimeforge did not "
+                                   "write") in out.stderr and "Traceback" not in out.stderr
     assert {str(p.relative_to(mine)): p.read_bytes() for p in mine.rglob("*") if p.is_file()} == before
     # An empty directory is taken and marked; the next run into it is accepted (it is ours now).
     empty = tmp_path / "empty"
@@ -272,4 +279,5 @@ def test_doctor_finds_the_catalog_of_a_local_build_of_this_stack(tmp_path):
     found = doctor.run_checks(recipe, stack, only=["flags"], build_root=tmp_path / "build")
     assert found.errors == [] and "flags are in the catalog" in found.table()
     (build / paths.BUILD_REPORT).unlink()  # an incomplete build is no catalog; the other stack's is not this one's
-    assert "no flag catalog found" in doctor.run_checks(recipe, stack, only=["flags"], build_root=tmp_path / "build").errors[0].message
+    assert "no flag catalog found" in doctor.run_checks(recipe, stack, only=["flags"],
+                                                        build_root=tmp_path / "build").errors[0].message

@@ -41,7 +41,8 @@ ROOT = Path(__file__).resolve().parents[3]
 TEST_STACK = yaml.safe_load((ROOT / "tests" / "stacks" / "test.yaml").read_text())
 # CI: 120 examples per test, the same ones every run. SLIMEFORGE_FUZZ_EXAMPLES=N explores N random ones.
 _EXPLORE = int(os.environ.get("SLIMEFORGE_FUZZ_EXAMPLES", "0"))
-FUZZ = settings(max_examples=_EXPLORE or 120, deadline=10_000, suppress_health_check=[HealthCheck.too_slow], derandomize=not _EXPLORE,
+FUZZ = settings(max_examples=_EXPLORE or 120, deadline=10_000, suppress_health_check=[HealthCheck.too_slow],
+                derandomize=not _EXPLORE,
                 database=None)
 
 # --- values ------------------------------------------------------------------------------------------
@@ -60,7 +61,8 @@ numbers = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
 )
 scalars = st.one_of(text, numbers, st.booleans(), st.none())
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(text, inner, max_size=4)),
+values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(text, inner,
+                                                                                                    max_size=4)),
                       max_leaves=12)
 
 
@@ -90,8 +92,11 @@ def recipe_inputs(draw):
         data[key] = draw(st.one_of(values, st.just(deep(draw(st.integers(1, 60))))))
     extra = draw(st.dictionaries(st.sampled_from(["num_gpu", "lrr", "Exp_id", "\u202eexp"]), scalars, max_size=1))
     data.update(extra)
-    sets = draw(st.lists(st.builds(lambda k, v: f"{k}={v}", st.sampled_from(RECIPE_KEYS + ["env.X", "env.OPENAI_API_KEY", "a..b", ""]),
-                                   st.one_of(text, st.sampled_from(["no", "true", "[1, 2]", "{a: 1}", "1e9", ".inf", "&a [*a]"]))),
+    sets = draw(st.lists(st.builds(lambda k, v: f"{k}={v}", st.sampled_from(RECIPE_KEYS + ["env.X",
+                                                                                           "env.OPENAI_API_KEY",
+                                                                                               "a..b", ""]),
+                                   st.one_of(text, st.sampled_from(["no", "true", "[1, 2]", "{a: 1}", "1e9", ".inf",
+                                                                    "&a [*a]"]))),
                          max_size=2))
     duplicate = draw(st.sampled_from([None, *RECIPE_KEYS[:5]]))
     return data, sets, duplicate, set(extra)
@@ -131,16 +136,19 @@ def test_recipes_are_refused_by_field_or_rendered_completely(case):
 # --- stacks ------------------------------------------------------------------------------------------
 
 STACK_PATHS = [("name",), ("version",), ("python",), ("venv",), ("image_root",), ("base", "image"), ("base", "digest"),
-               ("base", "glibc"), ("sources", "libdemo", "git"), ("sources", "libdemo", "dir"), ("sources", "libdemo", "commit"),
+               ("base", "glibc"), ("sources", "libdemo", "git"), ("sources", "libdemo", "dir"), ("sources", "libdemo",
+                                                                                                 "commit"),
                ("versions", "six"), ("versions",), ("steps", 0, "name"), ("steps", 0, "pip"), ("steps", 1, "env"),
-               ("steps", 2, "patches"), ("patches", "dir"), ("patches", "files", 0, "file"), ("smoke", "imports"), ("steps",)]
+               ("steps", 2, "patches"), ("patches", "dir"), ("patches", "files", 0, "file"), ("smoke", "imports"),
+               ("steps",)]
 
 
 @st.composite
 def stack_inputs(draw):
     data = copy.deepcopy(TEST_STACK)
     # Longest paths first: a later, shorter one may replace their parent, never the reverse.
-    for path in sorted(draw(st.lists(st.sampled_from(STACK_PATHS), min_size=1, max_size=3, unique=True)), key=len, reverse=True):
+    for path in sorted(draw(st.lists(st.sampled_from(STACK_PATHS), min_size=1, max_size=3, unique=True)), key=len,
+                       reverse=True):
         node = data
         for part in path[:-1]:
             node = node[part]
@@ -160,7 +168,8 @@ def test_stacks_are_refused_by_field_or_render_one_clean_dockerfile(data):
         try:
             dockerfile = render_dockerfile(load_stack(path))
         except ConfigError as exc:
-            assert exc.problems and all(head(p.where) in set(Stack.model_fields) | {"schema", "line", "file", "step_overrides", "Dockerfile"}
+            assert exc.problems and all(head(p.where) in set(Stack.model_fields) | {"schema", "line", "file",
+                                                                                    "step_overrides", "Dockerfile"}
                                         for p in exc.problems), str(exc)
             return
         lines = dockerfile.split("\n")
@@ -170,15 +179,18 @@ def test_stacks_are_refused_by_field_or_render_one_clean_dockerfile(data):
 
 # --- inventories -------------------------------------------------------------------------------------
 
-INVENTORY_PATHS = [("name",), ("mode",), ("image",), ("ssh", "port"), ("ssh", "user"), ("ray", "port"), ("ray", "dashboard_port"),
-                   ("ray", "env"), ("ray", "temp_dir"), ("ray", "start_timeout"), ("hosts", 0, "address"), ("hosts", 1, "address"),
+INVENTORY_PATHS = [("name",), ("mode",), ("image",), ("ssh", "port"), ("ssh", "user"), ("ray", "port"), ("ray",
+                                                                                                         "dashboard_port"),
+                   ("ray", "env"), ("ray", "temp_dir"), ("ray", "start_timeout"), ("hosts", 0, "address"), ("hosts", 1,
+                                                                                                            "address"),
                    ("hosts", 0, "gpus"), ("hosts", 1, "name"), ("hosts", 1, "port"), ("hosts", 0, "env"), ("hosts",)]
 
 
 @st.composite
 def inventory_inputs(draw):
     data = copy.deepcopy(BASE_INVENTORY)
-    for path in sorted(draw(st.lists(st.sampled_from(INVENTORY_PATHS), min_size=1, max_size=3, unique=True)), key=len, reverse=True):
+    for path in sorted(draw(st.lists(st.sampled_from(INVENTORY_PATHS), min_size=1, max_size=3, unique=True)), key=len,
+                       reverse=True):
         node = data
         for part in path[:-1]:
             node = node.setdefault(part, {}) if isinstance(part, str) else node[part]
@@ -198,7 +210,9 @@ def test_inventories_are_refused_by_field_or_loaded_within_bounds(data):
         try:
             inv = load_inventory(path)
         except ConfigError as exc:
-            assert exc.problems and all(head(p.where) in set(InventoryFile.model_fields) | {"line", "file"} for p in exc.problems), str(exc)
+            assert exc.problems and all(head(p.where) in set(InventoryFile.model_fields) | {"line",
+                                                                                            "file"} for p
+                                        in exc.problems), str(exc)
             return
         assert 1 <= inv.ray.port <= 65535 and len({h.name for h in inv.hosts}) == len(inv.hosts)
         assert all(0 <= h.gpus <= 64 and h.temp_dir.startswith("/") for h in inv.hosts)
@@ -206,11 +220,13 @@ def test_inventories_are_refused_by_field_or_loaded_within_bounds(data):
 
 # --- raw YAML ----------------------------------------------------------------------------------------
 
-YAML_ALPHABET = st.sampled_from(list("ab:- \n\t[]{},&*!|>'\"#%@`?\\") + ["&a ", "*a", "<<: ", "\x00", "\ufeff", "\udcff", "\u202e"])
+YAML_ALPHABET = st.sampled_from(list("ab:- \n\t[]{},&*!|>'\"#%@`?\\") + ["&a ", "*a", "<<: ", "\x00", "\ufeff",
+                                                                         "\udcff", "\u202e"])
 
 
 @FUZZ
-@given(st.one_of(st.binary(max_size=200), st.lists(YAML_ALPHABET, max_size=80).map("".join).map(lambda s: s.encode(errors="surrogatepass"))))
+@given(st.one_of(st.binary(max_size=200),
+                 st.lists(YAML_ALPHABET, max_size=80).map("".join).map(lambda s: s.encode(errors="surrogatepass"))))
 def test_raw_yaml_is_read_or_refused_never_a_traceback(raw):
     with tempfile.TemporaryDirectory(prefix="sf-fuzz-") as tmp:
         path = Path(tmp) / "x.yaml"
@@ -256,7 +272,9 @@ def _read(fmt: str, path: Path):
         return readback.read_json(path, "record", "a JSON record")
     if fmt == "toml":
         raw = readback.read_bytes(path, "lock", "a TOML file", max_bytes=readback.MAX_TOML_RECORD, follow_symlinks=True)
-        return None if raw is None else readback.parse_toml(path, "lock", "a TOML file", readback.decode(path, "lock", "a TOML file", raw))
+        return None if raw is None else readback.parse_toml(path, "lock", "a TOML file", readback.decode(path, "lock",
+                                                                                                         "a TOML "
+                                                                                                         "file", raw))
     return readback.read_text(path, "id", re.compile(r"[0-9a-f]{1,64}"), "hex digits")
 
 
@@ -275,7 +293,8 @@ def test_the_one_reader_refuses_what_is_not_a_regular_bounded_file(shape, fmt, r
         except ConfigError as exc:
             assert exc.problems and (str(path) in str(exc) or "/dev/" in str(exc))  # the file (a symlink: its target)
             if shape in ("fifo", "dir", "dev-null", "dev-zero", "symlink-to-fifo"):
-                assert any(w in str(exc) for w in ("FIFO", "directory", "device", "symlink", "cannot be read")), str(exc)
+                assert any(w in str(exc) for w in ("FIFO", "directory", "device", "symlink",
+                                                   "cannot be read")), str(exc)
             return
         assert shape == "bytes", (shape, fmt)
         assert readback.depth_of(doc) <= readback.MAX_DEPTH
@@ -285,7 +304,8 @@ _ODD_DIGITS = "0123456789\u00b2\u00b3\u00b9\u0663\u06f3\u0967\uff13\U0001d7d9_ +
 
 
 @FUZZ
-@given(st.one_of(st.text(alphabet=st.sampled_from(_ODD_DIGITS), max_size=25), st.booleans(), st.integers(), st.floats(), st.none()))
+@given(st.one_of(st.text(alphabet=st.sampled_from(_ODD_DIGITS), max_size=25), st.booleans(), st.integers(),
+                 st.floats(), st.none()))
 def test_numbers_are_ascii_digits_within_bounds_or_refused(value):
     """The one number parser: an int in bounds exactly when the value is ASCII digits (or an int
     that is not a bool) in bounds; otherwise a Problem naming the option; never int()'s traceback."""

@@ -33,7 +33,8 @@ def rows(tmp_path_factory):
 
 
 def test_every_case_is_answered_right(rows):
-    wrong = [f"{kind} {case} ({klass}): {outcome}: {detail}" for kind, klass, case, outcome, detail in rows if outcome not in hh.GOOD]
+    wrong = [f"{kind} {case} ({klass}): {outcome}: {detail}" for kind, klass, case, outcome,
+             detail in rows if outcome not in hh.GOOD]
     assert not wrong, "\n".join(wrong)
 
 
@@ -46,12 +47,14 @@ def test_bad_input_is_refused_and_good_input_accepted(rows):
 def test_a_refused_record_is_named_with_what_was_found(rows):
     for kind, _, case, outcome, detail in rows:
         if kind == "agent":
-            assert outcome == "refused" and (f"{case}/ray.json" in detail or "is not the `ray start`" in detail), (case, detail)
+            assert outcome == "refused" and (f"{case}/ray.json" in detail or "is not the `ray "
+                                                                             "start`" in detail), (case, detail)
 
 
 def test_every_class_has_cases(rows):
     classes = collections.Counter(klass for _, klass, *_ in rows)
-    assert set(classes) == {"acts on another's process", "acts on another's container", "hang", "traceback", "runs commands",
+    assert set(classes) == {"acts on another's process", "acts on another's container", "hang", "traceback",
+                            "runs commands",
                             "image or option shift", "false refusal", "silent"}
     assert min(classes.values()) >= 2
 
@@ -59,14 +62,18 @@ def test_every_class_has_cases(rows):
 # --- property tests: the node agent's record reader (scripts/hostrecord.py) ----------------------
 
 _EXPLORE = int(os.environ.get("SLIMEFORGE_FUZZ_EXAMPLES", "0"))
-FUZZ = settings(max_examples=_EXPLORE or 120, deadline=10_000, suppress_health_check=[HealthCheck.too_slow], derandomize=not _EXPLORE,
+FUZZ = settings(max_examples=_EXPLORE or 120, deadline=10_000, suppress_health_check=[HealthCheck.too_slow],
+                derandomize=not _EXPLORE,
                 database=None)
-GOOD_RECORD = {"pid": 4242, "starttime": 7, "boot_id": "0f0e0d0c-0b0a-4908-8706-050403020100", "argv": ["/v/bin/ray", "start", "--block"],
+GOOD_RECORD = {"pid": 4242, "starttime": 7, "boot_id": "0f0e0d0c-0b0a-4908-8706-050403020100", "argv": ["/v/bin/ray",
+                                                                                                        "start",
+                                                                                                            "--block"],
                "token": "ab" * 16, "cluster": "lab", "started_at": 1.5}
 # Odd digits (Unicode digits int() takes: ² ٣ ５), deep nesting, every JSON type in every field.
 ODD = st.sampled_from(["²", "٣", "５", "4242\n", " 4242", "4_242", "0x10", "1e3", "NaN", "Infinity", "-0", "true"])
 JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8) | ODD,
-                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=20)
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                                       max_size=3), max_leaves=20)
 
 
 def _read(data: bytes):
@@ -89,7 +96,9 @@ def test_a_record_with_any_value_in_any_field_is_typed_or_refused(key, value):
 
 
 @FUZZ
-@given(st.binary(max_size=256) | st.integers(1, 5000).map(lambda n: b"[" * n + b"]" * n) | st.integers(1, 5000).map(lambda n: b'{"a":' * n))
+@given(st.binary(max_size=256)
+       | st.integers(1, 5000).map(lambda n: b"[" * n + b"]" * n)
+       | st.integers(1, 5000).map(lambda n: b'{"a":' * n))
 def test_any_bytes_are_a_record_or_an_error_naming_the_file(data):
     doc = _read(data)
     assert doc is None or hostrecord.record_problem(doc) is None

@@ -54,7 +54,8 @@ def test_a_recipe_symlink_loop_is_named(tmp_path, shape):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("num_gpus", HUGE), ("num_rollout", -HUGE), ("lr", HUGE), ("extra_flags", [HUGE]), ("eval_data", {HUGE: "/data/x.jsonl"}),
+    ("num_gpus", HUGE), ("num_rollout", -HUGE), ("lr", HUGE), ("extra_flags", [HUGE]), ("eval_data",
+                                                                                        {HUGE: "/data/x.jsonl"}),
     ("env", {"A": HUGE}), ("num_gpus", 2**64), ("num_nodes", 10**4400),
 ], ids=["gpus", "negative", "float-field", "in-a-list", "a-key", "env-value", "2**64", "4401-digits"])
 def test_a_number_too_long_to_print_through_the_api_is_refused_naming_the_field(field, value):
@@ -64,8 +65,9 @@ def test_a_number_too_long_to_print_through_the_api_is_refused_naming_the_field(
     assert field in text and "bits" in text
 
 
-@pytest.mark.parametrize("field, value", [("exp_id", "run-\udcff"), ("wandb_project", "\udce9t\udce9"), ("env", {"A": "b\udcff"}),
-                                          ("extra_flags", ["--x", "\udcff"]), ("env", {"\udcff": "x"})])
+@pytest.mark.parametrize("field, value", [("exp_id", "run-\udcff"), ("wandb_project", "\udce9t\udce9"),
+                                          ("env", {"A": "b\udcff"}), ("extra_flags", ["--x", "\udcff"]),
+                                          ("env", {"\udcff": "x"})])
 def test_a_value_that_is_not_utf8_through_the_api_is_refused_naming_the_field(field, value):
     with pytest.raises(ConfigError) as err:
         SlimeRunner(**{**SEED_RECIPE, field: value})
@@ -96,17 +98,21 @@ def test_a_recipe_file_with_a_number_too_long_to_read_is_refused(tmp_path):
 
 
 def test_text_that_is_not_utf8_is_shown_printable():
-    assert printable("a\udcffb") == "a?b" and text_problem("a\udcffb") == "holds a byte that is not UTF-8 text (0xff) at position 1"
+    assert printable("a\udcffb") == "a?b"
+    assert text_problem("a\udcffb") == "holds a byte that is not UTF-8 text (0xff) at position 1"
     printable("a\udcffb").encode("utf-8")  # reaches a UTF-8 terminal
 
 
 def test_doctor_list_checks_json_is_one_document_of_its_shape():
-    res = subprocess.run([sys.executable, "-m", "invoke", "doctor", "--list-checks", "--json"], cwd=ROOT, capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "invoke", "doctor", "--list-checks", "--json"], cwd=ROOT,
+                         capture_output=True, text=True,
                          timeout=120, env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     json_shapes.check(doc, "slimeforge.doctor-checks/1")
     names = [c["name"] for c in doc["checks"]]
-    assert len(names) == len(set(names)) > 5 and {c["scope"] for c in doc["checks"]} <= {"host", "recipe", "network", "gpu"}
-    table = subprocess.run([sys.executable, "-m", "invoke", "doctor", "--list-checks"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert len(names) == len(set(names)) > 5 and {c["scope"] for c in doc["checks"]} <= {"host", "recipe", "network",
+                                                                                         "gpu"}
+    table = subprocess.run([sys.executable, "-m", "invoke", "doctor", "--list-checks"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
     assert all(n in table.stdout for n in names)  # the table lists the same checks

@@ -51,7 +51,9 @@ class Dashboard:
                 method, path = data.split(b" ", 2)[:2]
                 key = f"{method.decode()} {path.decode()}"
                 head, _, body = data.partition(b"\r\n\r\n")
-                length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0)
+                length = next((int(line.split(b":",
+                                              1)[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
                 while len(body) < length:
                     chunk = self.request.recv(65536)
                     if not chunk:
@@ -199,7 +201,8 @@ def test_another_ray_version_is_refused_naming_both(dash):
     dash.routes["GET /api/version"] = {"version": "4", "ray_version": "0.0.1", "ray_commit": "x"}
     with pytest.raises(ConfigError) as e:
         check_versions(fast(dash), "cluster lab")
-    assert e.value.exit_code == 2 and "runs Ray 0.0.1" in str(e.value) and "pip install 'ray[default]==0.0.1'" in str(e.value)
+    assert e.value.exit_code == 2 and "runs Ray 0.0.1" in str(e.value) and ("pip install "
+                                                                           "'ray[default]==0.0.1'") in str(e.value)
     dash.routes["GET /api/version"] = {"ray_version": "2.60.0\x1b[2J"}
     with pytest.raises(NoAnswer, match="gave no Ray version"):
         check_versions(fast(dash), "cluster lab")
@@ -281,7 +284,8 @@ class Cluster:
             status = "RUNNING" if self.polls[sid] < 3 else self.outcomes[n - 1]
             if status != "RUNNING" and n in self.dead_after:
                 self.nodes["b" * 32][0] = "DEAD"
-            send(sock, 200, json.dumps({"submission_id": sid, "status": status, "metadata": self.submitted[n - 1]["metadata"],
+            send(sock, 200, json.dumps({"submission_id": sid, "status": status,
+                                        "metadata": self.submitted[n - 1]["metadata"],
                                         "driver_exit_code": 1 if status == "FAILED" else 0}).encode())
         else:
             send(sock, 404, b"{}")
@@ -296,7 +300,9 @@ def cluster_plan(tmp_path):
     from slimeforge.run.targets.base import ResolvedRun
 
     r, stack = parse_recipe(make_recipe(tmp_path, mode="host", install_prefix="/opt/sf"), "test")
-    plan = jobsubmit.ClusterTarget(jobsubmit.Cluster("x", "http://x:1")).plan(ResolvedRun(r, stack, (tmp_path / "run").resolve(), "test", {}))
+    plan = jobsubmit.ClusterTarget(jobsubmit.Cluster("x", "http://x:1")).plan(ResolvedRun(r, stack,
+                                                                                          (tmp_path / "run").resolve(),
+                                                                                              "test", {}))
     write_run_dir(plan.rundir)
     return plan
 
@@ -307,7 +313,8 @@ def cluster_plan(tmp_path):
     (["FAILED", "SUCCEEDED"], set(), 2, 1, 1, 0),  # its own error, every node alive: never restarted
     (["FAILED", "SUCCEEDED"], {1}, 0, 1, 1, 0),  # restarts not asked for
 ])
-def test_a_job_is_restarted_only_when_a_node_was_lost(tmp_path, monkeypatch, outcomes, dead_after, restarts, submissions, code, healed):
+def test_a_job_is_restarted_only_when_a_node_was_lost(tmp_path, monkeypatch, outcomes, dead_after, restarts,
+                                                      submissions, code, healed):
     from launch_support import StandInChecks
 
     from slimeforge.run.targets import jobsubmit

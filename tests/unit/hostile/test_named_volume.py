@@ -8,12 +8,14 @@ import pytest
 from slimeforge.cluster.dockerargs import container_problems, volume_problem
 
 
-@pytest.mark.parametrize("value", ["models:/models", "models:/models:ro", "hf_cache.v2:/root/.cache/huggingface:rw", "m-1:/m"])
+@pytest.mark.parametrize("value", ["models:/models", "models:/models:ro", "hf_cache.v2:/root/.cache/huggingface:rw",
+                                   "m-1:/m"])
 def test_a_named_volume_says_why_a_cluster_cannot_use_it(value):
     problem = volume_problem(0, value)
     assert problem is not None and problem.where == "container.volumes.0"
     text = str(problem)
-    assert "names a Docker volume" in text and "inside one host's Docker" in text and "not the same data on every host" in text
+    assert "names a Docker volume" in text and "inside one host's Docker" in text and ("not the same data on every "
+                                                                                      "host") in text
     assert "a host path on a filesystem every host shares" in text and value.split(":")[0] in text
 
 

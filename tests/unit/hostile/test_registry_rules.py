@@ -100,7 +100,9 @@ def test_redirect_to_another_host_drops_the_authorization(servers):
 def test_bearer_realm_on_another_host_gets_no_password(servers):
     ip = own_address()
     token = servers(lambda req: (401, {}, b'{"errors": "anonymous refused"}'), bind="0.0.0.0")
-    reg = servers(lambda req: (401, {"WWW-Authenticate": f'Bearer realm="http://{ip}:{token.port}/token",service="reg"'}, b""))
+    reg = servers(lambda req: (401,
+                               {"WWW-Authenticate": 'Bearer '
+                                                    f'realm="http://{ip}:{token.port}/token",service="reg"'}, b""))
     with pytest.raises(RegistryAuthError, match="did not send it the password"):
         RegistryAPI(f"127.0.0.1:{reg.port}", CREDS, retry=Retry(attempts=1)).manifest("sf/x", "t1")
     assert len(token.seen) == 1 and "authorization" not in token.seen[0]
@@ -146,7 +148,8 @@ def test_plain_http_registry_off_loopback_is_a_final_error_not_retried(servers):
 
 @pytest.mark.parametrize(("registry", "insecure", "expected"), [
     ("127.0.0.1:5000", [], True), ("localhost:5000", [], True), ("[::1]:5000", [], True),
-    ("10.1.2.3:5000", [], False), ("10.1.2.3:5000", ["10.0.0.0/8"], True), ("reg.example.com:5000", ["reg.example.com:5000"], True),
+    ("10.1.2.3:5000", [], False), ("10.1.2.3:5000", ["10.0.0.0/8"], True), ("reg.example.com:5000",
+                                                                            ["reg.example.com:5000"], True),
     ("reg.example.com", ["other.example.com"], False), ("ghcr.io", ["127.0.0.0/8"], False),
 ])
 def test_plain_http_follows_dockers_rule(registry, insecure, expected):
@@ -154,9 +157,12 @@ def test_plain_http_follows_dockers_rule(registry, insecure, expected):
 
 
 @pytest.mark.parametrize(("registry", "realm", "expected"), [
-    ("ghcr.io", "ghcr.io", True), ("registry-1.docker.io", "auth.docker.io", True), ("registry.gitlab.com", "gitlab.com", True),
-    ("registry.gitlab.com", "evil.com", False), ("quay.io", "auth.quay.io.evil.com", False), ("example.com", "auth.com", False),
-    ("127.0.0.1:5000", "127.0.0.2", False), ("a.b.co.uk", "b.co.uk", True), ("reg.example.com", "example.com.evil", False),
+    ("ghcr.io", "ghcr.io", True), ("registry-1.docker.io", "auth.docker.io", True), ("registry.gitlab.com",
+                                                                                     "gitlab.com", True),
+    ("registry.gitlab.com", "evil.com", False), ("quay.io", "auth.quay.io.evil.com", False), ("example.com",
+                                                                                              "auth.com", False),
+    ("127.0.0.1:5000", "127.0.0.2", False), ("a.b.co.uk", "b.co.uk", True), ("reg.example.com", "example.com.evil",
+                                                                             False),
 ])
 def test_token_service_host_rule(registry, realm, expected):
     assert same_site(registry, realm) is expected

@@ -49,8 +49,10 @@ def inventory(tmp_path: Path):
 
 
 def recipe(tmp_path: Path, **over):
-    data = make_recipe(tmp_path, **{"mode": "container", "image": IMAGE, "model_dir": "/models/Qwen2.5-3B-Instruct", "data_path": DATA,
-                                    "checkpoint_dir": "/root/checkpoints/x", "num_gpus": 8, "num_nodes": 3, "rollout_batch_size": 24, **over})
+    data = make_recipe(tmp_path, **{"mode": "container", "image": IMAGE, "model_dir": "/models/Qwen2.5-3B-Instruct",
+                                    "data_path": DATA,
+                                    "checkpoint_dir": "/root/checkpoints/x", "num_gpus": 8, "num_nodes": 3,
+                                    "rollout_batch_size": 24, **over})
     return parse_recipe(data, "test")[0]
 
 
@@ -105,8 +107,10 @@ ODD_FIRST = {
     "config with an unknown key": setter(config={"evil": 1}),
     "problems not a list": setter(problems="none"),
     "a problem without why": setter(problems=[{"what": "model_dir", "path": MODEL}]),
-    "a problem about another path": setter(problems=[{"what": "model_dir", "path": "/etc", "why": "no such directory here"}]),
-    "a problem about another field": setter(problems=[{"what": "ssh_key", "path": MODEL, "why": "no such directory here"}]),
+    "a problem about another path": setter(problems=[{"what": "model_dir", "path": "/etc",
+                                                      "why": "no such directory here"}]),
+    "a problem about another field": setter(problems=[{"what": "ssh_key", "path": MODEL,
+                                                       "why": "no such directory here"}]),
     "too many problems": setter(problems=[{"what": "model_dir", "path": MODEL, "why": "x"}] * 5000),
     "the agent's own error": {"ok": False, "error": "node agent runcheck failed on this host: KeyError: 'x'"},
     "an error that is not text": {"error": {"a": 1}},
@@ -147,7 +151,8 @@ def test_too_little_space_is_refused(tmp_path, monkeypatch):
     "config.json is not JSON: \u202eevil",
 ])
 def test_remote_text_is_quoted_as_the_hosts_never_as_our_fix(tmp_path, monkeypatch, why):
-    check, out = live_with(tmp_path, monkeypatch, first={"b": setter(problems=[{"what": "model_dir", "path": MODEL, "why": why}])})
+    check, out = live_with(tmp_path, monkeypatch, first={"b": setter(problems=[{"what": "model_dir", "path": MODEL,
+                                                                                "why": why}])})
     line = check.failures["b"]
     assert text_problem(line) is None and "\x1b" not in out and "\u202e" not in out
     ours = line.split("; fix: ")[-1]
@@ -157,8 +162,10 @@ def test_remote_text_is_quoted_as_the_hosts_never_as_our_fix(tmp_path, monkeypat
 
 
 def test_the_agents_own_words_stay_unquoted(tmp_path, monkeypatch):
-    check, _ = live_with(tmp_path, monkeypatch, first={"c": setter(problems=[{"what": "model_dir", "path": MODEL, "why": "no such directory here"}])})
-    assert check.failures["c"] == f"model_dir /models/Qwen2.5-3B-Instruct: no such directory here; fix: {runcheck.SHARED_FIX}"
+    check, _ = live_with(tmp_path, monkeypatch, first={"c": setter(problems=[{"what": "model_dir", "path": MODEL,
+                                                                              "why": "no such directory here"}])})
+    assert check.failures["c"] == ("model_dir /models/Qwen2.5-3B-Instruct: no such directory here; fix: "
+                                  f"{runcheck.SHARED_FIX}")
 
 
 @pytest.mark.parametrize("weights, said", [
@@ -167,7 +174,8 @@ def test_the_agents_own_words_stay_unquoted(tmp_path, monkeypatch):
     ({"model.safetensors": 4096, "extra.bin": 1}, "not on the head: extra.bin"),
 ])
 def test_a_workers_weights_are_the_heads(tmp_path, monkeypatch, weights, said):
-    check, _ = live_with(tmp_path, monkeypatch, first={"c": setter(weights=weights, weights_bytes=sum(weights.values()))})
+    check, _ = live_with(tmp_path, monkeypatch, first={"c": setter(weights=weights,
+                                                                   weights_bytes=sum(weights.values()))})
     assert set(check.failures) == {"c"}
     assert said in check.failures["c"] and "its weight files are not the head's" in check.failures["c"]
 
@@ -180,7 +188,8 @@ def test_a_head_that_fails_leaves_the_workers_uncompared_not_hung(tmp_path, monk
 # --- last_json and the nodes answer ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("text", ["", "banner\n", "[1, 2]\n", '"x"\n', "{" * 50 + "\n", '{"a": NaN}\n', '{"a": Infinity}\n',
+@pytest.mark.parametrize("text", ["", "banner\n", "[1, 2]\n", '"x"\n', "{" * 50 + "\n", '{"a": NaN}\n',
+                                  '{"a": Infinity}\n',
                                   "[" * 100_000 + "\n", '{"a": ' + "[" * 100_000 + "\n", "x" * (20 << 20)])
 def test_last_json_refuses_what_is_not_one_object(text):
     with pytest.raises(SlimeforgeError) as e:
@@ -206,7 +215,8 @@ def test_an_odd_answer_through_ssh_names_the_host(monkeypatch):
 
     with pytest.raises(OddAnswer) as e:
         agent_mod.agent(FakeSSH(), H(), "nodes", {}, timeout=5)  # type: ignore[arg-type]
-    assert e.value.exit_code == 2 and str(e.value).startswith("host gpu-7: the node agent's nodes answer is not one JSON object line")
+    assert e.value.exit_code == 2 and str(e.value).startswith("host gpu-7: the node agent's nodes answer is not one "
+                                                              "JSON object line")
     assert "\x1b" not in str(e.value)
 
 
@@ -233,7 +243,8 @@ def test_the_dashboards_error_is_printable():
 
 
 def node(ip, state="ALIVE", gpus=8):
-    return {"node_id": "x", "node_ip": ip, "is_head_node": ip.endswith(".1"), "state": state, "resources_total": {"GPU": gpus}}
+    return {"node_id": "x", "node_ip": ip, "is_head_node": ip.endswith(".1"), "state": state,
+            "resources_total": {"GPU": gpus}}
 
 
 IPS = {"a": "10.0.0.1", "b": "10.0.0.2", "c": "10.0.0.3"}
@@ -244,8 +255,10 @@ def test_the_gate_names_a_dead_host_and_the_repair(tmp_path):
     with pytest.raises(runcheck.GateRefused) as e:
         runcheck.judge(r, inv, IPS, [node("10.0.0.1"), node("10.0.0.2"), node("10.0.0.3", "DEAD")])
     text = str(e.value)
-    assert e.value.exit_code == 2 and "do not cover num_nodes x num_gpus (3 x 8)" in text and "nothing was submitted" in text
-    assert "  c (10.0.0.3): no ALIVE node with IP 10.0.0.3 (Ray lists it DEAD)" in text and "a (" not in text and "b (" not in text
+    assert e.value.exit_code == 2 and ("do not cover num_nodes x num_gpus (3 x "
+                                      "8)") in text and "nothing was submitted" in text
+    assert ("  c (10.0.0.3): no ALIVE node with IP 10.0.0.3 (Ray lists it "
+           "DEAD)") in text and "a (" not in text and "b (" not in text
     assert f"fix: `invoke cluster.up {inv.path}`" in text
 
 
@@ -254,12 +267,14 @@ def test_the_gate_names_a_missing_host_and_one_without_its_gpus(tmp_path):
     with pytest.raises(runcheck.GateRefused) as e:
         runcheck.judge(r, inv, IPS, [node("10.0.0.1"), node("10.0.0.3", gpus=4)])
     text = str(e.value)
-    assert "b (10.0.0.2): no ALIVE node with IP 10.0.0.2\n" in text and "c (10.0.0.3): registered from 10.0.0.3 with 4 GPU(s), expected 8" in text
+    assert "b (10.0.0.2): no ALIVE node with IP 10.0.0.2\n" in text and ("c (10.0.0.3): registered from 10.0.0.3 with "
+                                                                        "4 GPU(s), expected 8") in text
 
 
 def test_the_gate_passes_when_the_alive_nodes_cover_the_recipe(tmp_path):
     inv = inventory(tmp_path)
-    line = runcheck.judge(recipe(tmp_path, num_nodes=2), inv, IPS, [node("10.0.0.1"), node("10.0.0.2"), node("10.0.0.3", "DEAD")])
+    line = runcheck.judge(recipe(tmp_path, num_nodes=2), inv, IPS, [node("10.0.0.1"), node("10.0.0.2"),
+                                                                    node("10.0.0.3", "DEAD")])
     assert "covers num_nodes x num_gpus (2 x 8)" in line and "not ALIVE, not needed: c (" in line
     line = runcheck.judge(recipe(tmp_path), inv, IPS, [node("10.0.0.1"), node("10.0.0.2"), node("10.0.0.3")])
     assert line.endswith("Ray has 3 ALIVE node(s) with 24 GPU(s): covers num_nodes x num_gpus (3 x 8)")
@@ -272,8 +287,10 @@ def test_the_gate_counts_what_ray_has_not_what_the_inventory_says(tmp_path):
     assert "0 node(s) with 8 GPU(s) or more, 12 GPU(s) in all" in str(e.value)
 
 
-@pytest.mark.parametrize("weights, config", [("4096", None), (float("inf"), None), ([1], None), (-5, None), (True, None),
-                                             (0, "hidden"), (0, {"hidden_size": "64", "num_hidden_layers": 2, "vocab_size": 10}),
+@pytest.mark.parametrize("weights, config", [("4096", None), (float("inf"), None), ([1], None), (-5, None), (True,
+                                                                                                             None),
+                                             (0, "hidden"), (0, {"hidden_size": "64", "num_hidden_layers": 2,
+                                                                 "vocab_size": 10}),
                                              (0, {"hidden_size": 1e400, "num_hidden_layers": 2, "vocab_size": 10}),
                                              (0, {"hidden_size": -64, "num_hidden_layers": 2, "vocab_size": 10})])
 def test_checkpoint_bytes_never_trusts_a_value(weights, config):
@@ -286,5 +303,6 @@ def test_the_answers_are_json_the_agent_can_send():
 
 def test_the_gate_shows_the_entries_it_could_not_read_quoted(tmp_path):
     with pytest.raises(runcheck.GateRefused) as e:
-        runcheck.judge(recipe(tmp_path), inventory(tmp_path), IPS, [node("10.0.0.1"), node("10.0.0.2")], ["entry 2 node_ip is not an IP address: None"])
+        runcheck.judge(recipe(tmp_path), inventory(tmp_path), IPS, [node("10.0.0.1"), node("10.0.0.2")],
+                       ["entry 2 node_ip is not an IP address: None"])
     assert "(the dashboard's list, an entry left out: 'entry 2 node_ip is not an IP address: None')" in str(e.value)

@@ -42,7 +42,8 @@ def test_too_many_secret_names_are_refused_at_once(tmp_path):
     assert [p.where for p in e.value.problems] == ["secret_env"]
 
 
-@pytest.mark.parametrize("value", [VALUE + "\nEVIL=1", VALUE + "\r", VALUE + "\x1b[2J", VALUE + "\u202e", "x" * 20000, VALUE + "\udcff"])
+@pytest.mark.parametrize("value", [VALUE + "\nEVIL=1", VALUE + "\r", VALUE + "\x1b[2J", VALUE + "\u202e", "x" * 20000,
+                                   VALUE + "\udcff"])
 def test_a_value_that_cannot_be_one_env_file_line_is_refused_unseen(tmp_path, value):
     inv = load_inventory(inventory(tmp_path))
     with pytest.raises(ConfigError) as e:
@@ -50,7 +51,8 @@ def test_a_value_that_cannot_be_one_env_file_line_is_refused_unseen(tmp_path, va
     assert "secret_env.0" in str(e.value) and VALUE not in str(e.value) and "x" * 100 not in str(e.value)
 
 
-@pytest.mark.parametrize("key,value", [("GITHUB_PAT", VALUE), ("DB_PASSWD", VALUE), ("OPENAI_API_KEY", VALUE), ("HARMLESS", "ghp_" + "a" * 36),
+@pytest.mark.parametrize("key,value", [("GITHUB_PAT", VALUE), ("DB_PASSWD", VALUE), ("OPENAI_API_KEY", VALUE),
+                                       ("HARMLESS", "ghp_" + "a" * 36),
                                        ("HARMLESS", "-----BEGIN RSA PRIVATE KEY-----")])
 def test_host_env_refuses_secrets_by_name_and_by_shape(tmp_path, key, value):
     hosts = [{"name": "a", "address": "10.0.0.1", "role": "head", "gpus": 0, "env": {key: value}}]
@@ -63,11 +65,13 @@ def test_host_env_refuses_secrets_by_name_and_by_shape(tmp_path, key, value):
 
 
 def start(state: Path, env_file: str) -> dict:
-    return node_agent.cmd_start({"state_dir": str(state), "argv": ["/nonexistent/ray", "start", "--block"], "token": TOKEN, "cluster": "lab",
+    return node_agent.cmd_start({"state_dir": str(state), "argv": ["/nonexistent/ray", "start", "--block"],
+                                 "token": TOKEN, "cluster": "lab",
                                  "env_file": env_file})
 
 
-@pytest.mark.parametrize("where", ["../secrets-{t}.env", "/etc/passwd", "{s}/sub/secrets-{t}.env", "{s}/secrets-{t}.env.bak", "{s}/ray.json",
+@pytest.mark.parametrize("where", ["../secrets-{t}.env", "/etc/passwd", "{s}/sub/secrets-{t}.env",
+                                   "{s}/secrets-{t}.env.bak", "{s}/ray.json",
                                    "secrets-{t}.env"])
 def test_an_env_file_outside_the_state_dir_or_misnamed_is_refused_and_left(tmp_path, where):
     state = tmp_path / "state"
@@ -88,7 +92,8 @@ def test_a_symlink_a_fifo_and_a_bad_line_start_nothing_and_are_removed(tmp_path)
     target.write_text(f"HF_TOKEN={VALUE}\n")
     target.chmod(0o600)
     for make, why in ((lambda: path.symlink_to(target), "symlink"), (lambda: os.mkfifo(path, 0o600), "FIFO"),
-                      (lambda: (path.write_text(f"HF_TOKEN {VALUE}\n"), path.chmod(0o600)), "line 1 is not NAME=value")):
+                      (lambda: (path.write_text(f"HF_TOKEN {VALUE}\n"), path.chmod(0o600)),
+                       "line 1 is not NAME=value")):
         make()
         result = start(state, str(path))
         assert not result["ok"] and why in result["error"] and VALUE not in json.dumps(result), result
@@ -101,5 +106,6 @@ def test_a_symlink_a_fifo_and_a_bad_line_start_nothing_and_are_removed(tmp_path)
 
 @pytest.mark.parametrize("names", ["HF_TOKEN", [1], ["A=B"], [f"S{i}" for i in range(65)], [VALUE + "\n"], None])
 def test_a_record_whose_secret_names_are_not_names_is_refused(names):
-    rec = {"container": "c" * 64, "argv": ["docker", "run"], "token": TOKEN, "cluster": "lab", "started_at": 1.0, "secret_env": names}
+    rec = {"container": "c" * 64, "argv": ["docker", "run"], "token": TOKEN, "cluster": "lab", "started_at": 1.0,
+           "secret_env": names}
     assert "secret_env" in (hostrecord.record_problem(rec) or "")

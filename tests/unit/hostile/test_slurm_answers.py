@@ -34,7 +34,8 @@ NO_JSON = (1, "", "squeue: unrecognized option '--json'\n")
 
 
 def run_dir(tmp: Path) -> Path:
-    plan = {"slimeforge_version": "0.1.0", "exp_id": "exp1", "recipe": {"ray_port": 6379, "ray_dashboard_port": 8265}, "slurm": {}}
+    plan = {"slimeforge_version": "0.1.0", "exp_id": "exp1", "recipe": {"ray_port": 6379, "ray_dashboard_port": 8265},
+            "slurm": {}}
     (tmp / "plan.json").write_text(json.dumps(plan))
     (tmp / "slurm_job_id").write_text("77\n")
     (tmp / "run_token").write_text(TOKEN + "\n")
@@ -45,14 +46,18 @@ def line(run: Path, *, job_id: str = "77", name: str = "sf-exp1", command: str =
          stdout: str | None = None) -> str:
     """`scontrol show job -o` in scontrol's order (Comment, when set, between WorkDir and StdErr)."""
     out = f"{run}/slurm-77.out"
-    return (f"JobId={job_id} JobName={name} UserId={USER}(0) GroupId={USER}(0) JobState=RUNNING Reason=None ExitCode=0:0 "
+    return (f"JobId={job_id} JobName={name} UserId={USER}(0) GroupId={USER}(0) JobState=RUNNING Reason=None "
+            "ExitCode=0:0 "
             f"SubmitTime=2026-11-25T08:00:00 Command={command} WorkDir={run.resolve()}"
-            + (f" Comment={comment}" if comment is not None else "") + f" StdErr={out} StdIn=/dev/null StdOut={stdout or out} Power=\n")
+            + (f" Comment={comment}" if comment is not None else "") + f" StdErr={out} StdIn=/dev/null "
+                                                                       f"StdOut={stdout or out} Power=\n")
 
 
 def job_json(run: Path, **over) -> dict:
-    return {"job_id": 77, "name": "sf-exp1", "user_name": USER, "job_state": "RUNNING", "state_reason": "None", "exit_code": 0,
-            "comment": f"slimeforge:{TOKEN}", "current_working_directory": str(run.resolve()), "submit_time": 1795600000, **over}
+    return {"job_id": 77, "name": "sf-exp1", "user_name": USER, "job_state": "RUNNING", "state_reason": "None",
+            "exit_code": 0,
+            "comment": f"slimeforge:{TOKEN}", "current_working_directory": str(run.resolve()),
+            "submit_time": 1795600000, **over}
 
 
 POSED = f"slimeforge:{TOKEN}"
@@ -72,9 +77,15 @@ def scontrol_cases(run: Path) -> dict[str, dict]:
         "empty answer": sc(""),
         "blank answer": sc("  \n\n"),
         "not Key=Value": sc("garbage here\n"),
-        "no answer at all": {("squeue",): (1, "", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n"),
-                             ("scontrol",): (1, "", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n")},
-        "no JSON plugin, scontrol empty": {("squeue",): (1, "", "squeue: error: No serializer found for application/json\n"), ("scontrol",): ""},
+        "no answer at all": {("squeue",): (1, "",
+                                           "slurm_load_jobs error: Unable to contact slurm controller (connect "
+                                           "failure)\n"),
+                             ("scontrol",): (1, "",
+                                             "slurm_load_jobs error: Unable to contact slurm controller (connect "
+                                             "failure)\n")},
+        "no JSON plugin, scontrol empty": {("squeue",): (1, "",
+                                                         "squeue: error: No serializer found for "
+                                                         "application/json\n"), ("scontrol",): ""},
         "squeue empty, no json": {("squeue",): (0, "", "")},
     }
 
@@ -130,7 +141,8 @@ def test_status_says_it_cannot_tell(tmp_path, case):
 def test_the_log_follower_keeps_asking_when_it_cannot_tell(tmp_path):
     """An empty answer, then the job's end: following goes on through the first (never 'ended')."""
     run = run_dir(tmp_path)
-    answers = iter([(0, "", ""), (0, json.dumps({"errors": [], "jobs": [job_json(run, job_state="COMPLETED", exit_code=7 << 8)]}), "")])
+    answers = iter([(0, "", ""), (0, json.dumps({"errors": [], "jobs": [job_json(run, job_state="COMPLETED",
+                                                                                 exit_code=7 << 8)]}), "")])
 
     class Sequence(Runner):
         def run(self, argv, **kwargs):
@@ -145,14 +157,16 @@ def test_ours_in_both_dialects_for_contrast(tmp_path):
     """The same job, answered plainly: ours (so the cases above fail for their hostile part alone)."""
     run = run_dir(tmp_path)
     for answers in ({("squeue",): NO_JSON, ("scontrol", "show", "job"): line(run, comment=POSED), ("scancel",): ""},
-                    {("squeue",): json.dumps({"errors": [], "jobs": [job_json(run, job_id=5), job_json(run)]}), ("scancel",): ""}):
+                    {("squeue",): json.dumps({"errors": [], "jobs": [job_json(run, job_id=5), job_json(run)]}),
+                     ("scancel",): ""}):
         runner = Canned(answers)
         assert slurm.stop(run, runner, say=lambda s: None) == 0 and runner.history[-1] == ["scancel", "--", "77"]
 
 
 def test_control_characters_never_reach_the_terminal(tmp_path):
     run = run_dir(tmp_path)
-    info = from_json("77", json.dumps({"errors": [], "jobs": [job_json(run, state_reason="x\x1b]0;pwned\x07y", nodes="h\r1")]}))
+    info = from_json("77", json.dumps({"errors": [], "jobs": [job_json(run, state_reason="x\x1b]0;pwned\x07y",
+                                                                       nodes="h\r1")]}))
     assert info["Reason"] == "x?]0;pwned?y" and info["NodeList"] == "h?1"
     assert from_line("77", line(run, name="a\x1bb"))["JobName"] == "a?b"
 
@@ -160,17 +174,22 @@ def test_control_characters_never_reach_the_terminal(tmp_path):
 def test_a_forgotten_job_is_ended_only_when_slurm_says_so(tmp_path):
     """Slurm's own word that it does not know the id (or a job list without it) is an answer: ended."""
     run = run_dir(tmp_path)
-    for answers in ({("squeue",): NO_JSON, ("scontrol", "show", "job"): (1, "", "slurm_load_jobs error: Invalid job id specified\n")},
+    for answers in ({("squeue",): NO_JSON, ("scontrol", "show", "job"): (1, "",
+                                                                         "slurm_load_jobs error: Invalid job id "
+                                                                         "specified\n")},
                     {("squeue",): json.dumps({"errors": [], "jobs": [job_json(run, job_id=5)]})}):
         said: list[str] = []
         assert slurm.stop(run, Canned(answers), say=said.append) == 0 and said[0].startswith("ended: ")
 
 
 def test_the_exit_code_from_json_is_scontrols():
-    assert from_json("77", json.dumps({"errors": [], "jobs": [job_json(Path("/r"), exit_code=7 << 8)]}))["ExitCode"] == "7:0"
+    assert from_json("77", json.dumps({"errors": [], "jobs": [job_json(Path("/r"),
+                                                                       exit_code=7 << 8)]}))["ExitCode"] == "7:0"
     assert from_json("77", json.dumps({"errors": [], "jobs": [job_json(Path("/r"), exit_code=9)]}))["ExitCode"] == "0:9"
-    newer = {"status": ["EXITED"], "return_code": {"set": True, "number": 3}, "signal": {"id": {"set": False, "number": 0}}}
-    doc = {"errors": [], "jobs": [job_json(Path("/r"), exit_code=newer, job_state=["RUNNING"], submit_time={"set": True, "number": 1795600000})]}
+    newer = {"status": ["EXITED"], "return_code": {"set": True, "number": 3}, "signal": {"id": {"set": False,
+                                                                                                "number": 0}}}
+    doc = {"errors": [], "jobs": [job_json(Path("/r"), exit_code=newer, job_state=["RUNNING"],
+                                           submit_time={"set": True, "number": 1795600000})]}
     info = from_json("77", json.dumps(doc))
     assert info["ExitCode"] == "3:0" and info["JobState"] == "RUNNING" and info["SubmitTime"]
     with pytest.raises(CannotTell):
@@ -183,7 +202,8 @@ def test_an_output_file_that_never_came_back_is_explained(tmp_path):
     doc = {"errors": [], "jobs": [job_json(run, job_state="FAILED", exit_code=3 << 8, nodes="h[1-3]")]}
     out = io.StringIO()
     assert slurm.follow(run, "77", out, Canned({("squeue",): json.dumps(doc)}), poll=0) == 3
-    assert f"its output {run / 'slurm-77.out'} is not here: the batch host (first of h[1-3]) could not write it there" in out.getvalue()
+    assert (f"its output {run / 'slurm-77.out'} is not here: the batch host (first of h[1-3]) could not write it "
+           "there") in out.getvalue()
 
 
 # What Debian's Slurm 22.05 printed here for `sbatch --job-name="x y" --comment=slimeforge:abc --wrap "sleep 30"`

@@ -67,7 +67,8 @@ def test_no_single_readable_default_partition_is_none(tmp_path, default):
     assert [f.check for f in found] == ["slurm-partition"] and found[0].level == "error"
 
 
-@pytest.mark.parametrize("answer", ["", "\n\n", "Submitted batch job 77\n", "77\n78\n", "77;clu ster\n", "0\n", "77\x1b[2J\n",
+@pytest.mark.parametrize("answer", ["", "\n\n", "Submitted batch job 77\n", "77\n78\n", "77;clu ster\n", "0\n",
+                                    "77\x1b[2J\n",
                                     "9" * 5000 + "\n", "-77\n"])
 def test_an_unreadable_sbatch_answer_fails_saying_a_job_may_be_queued(tmp_path, answer):
     cmd = Command(("sbatch", "--parsable", "--", str(tmp_path / "slurm.sbatch")), "sbatch")

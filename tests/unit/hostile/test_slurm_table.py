@@ -52,7 +52,8 @@ HOSTILE = {
     "node name with a newline": ([ok("n3\nn4", "10.0.0.3")], ["n3"]),
     "same node twice": ([ok("n3", "10.0.0.3"), ok("n3", "10.0.0.4")], ["n3"]),
     "same node twice, second failing": ([ok("n3", "10.0.0.3"), ok("n3", "10.0.0.3", problems=["no GPU"])], ["n3"]),
-    "a key twice": (['{"node": "n3", "node": "n2", "ip": "10.0.0.3", "dev": "eth0", "gpus_seen": 8, "problems": []}'], ["n3"]),
+    "a key twice": (['{"node": "n3", "node": "n2", "ip": "10.0.0.3", "dev": "eth0", "gpus_seen": 8, "problems": []}'],
+                    ["n3"]),
     "problems not a list": ([ok("n3", "10.0.0.3", problems="none")], ["n3"]),
     "problems of numbers": ([ok("n3", "10.0.0.3", problems=[1])], ["n3"]),
     "no ip": ([ok("n3", None)], ["n3"]),  # type: ignore[arg-type]
@@ -63,7 +64,8 @@ HOSTILE = {
     "gpus_seen negative": ([ok("n3", "10.0.0.3", gpus_seen=-1)], ["n3"]),
     "gpus_seen too few": ([ok("n3", "10.0.0.3", gpus_seen=2)], ["n3"]),
     "gpus_seen NaN": (['{"node": "n3", "ip": "10.0.0.3", "dev": "eth0", "gpus_seen": NaN, "problems": []}'], ["n3"]),
-    "gpus_seen huge": (['{"node": "n3", "ip": "10.0.0.3", "dev": "eth0", "gpus_seen": 1' + "0" * 5000 + ', "problems": []}'], ["n3"]),
+    "gpus_seen huge": (['{"node": "n3", "ip": "10.0.0.3", "dev": "eth0", "gpus_seen": '
+                        '1' + "0" * 5000 + ', "problems": []}'], ["n3"]),
     "same IP as another node": ([ok("n3", "10.0.0.2")], ["n2", "n3"]),
     "deep JSON": (["[" * 100000 + "]" * 100000], ["n3"]),
     "missing": ([], ["n3"]),
@@ -75,7 +77,8 @@ def test_a_hostile_answer_fails_the_table(tmp_path, monkeypatch, capsys, case):
     extra, failed = HOSTILE[case]
     result = table(tmp_path, monkeypatch, GOOD[:2] + extra)
     assert result["ok"] is False
-    assert set(result["failed"]) | {"n3"} >= set(failed) and (result["failed"] or "no node's" in capsys.readouterr().err)
+    assert set(result["failed"]) | {"n3"} >= set(failed) and (result["failed"] or "no "
+                                                                                  "node's" in capsys.readouterr().err)
     assert json.loads((tmp_path / "nodes.json").read_text()) == {} and (tmp_path / "head_ip").read_text() == "\n"
 
 

@@ -37,7 +37,8 @@ def setup(tmp_path: Path):
     shared.mkdir()
     rec, stack = parse_recipe(make_recipe(tmp_path, num_gpus=2, mode="container", image=IMAGE), "test")
     run = ResolvedRun(rec, stack, (tmp_path / "run").resolve(), "(api)", {})
-    target = slurm.SlurmTarget(slurm.Options(nodes=2, squashfs_dir=str(shared)), probe=Canned({("enroot", "version"): "3.4.1\n"}))
+    target = slurm.SlurmTarget(slurm.Options(nodes=2, squashfs_dir=str(shared)), probe=Canned({("enroot",
+                                                                                                "version"): "3.4.1\n"}))
     return shared, run, target, enroot.squashfs_file(str(shared), IMAGE)
 
 
@@ -230,7 +231,8 @@ def test_a_real_squashfs_is_read_and_a_cut_one_refused(tmp_path):
     (tree / "etc").mkdir(parents=True)
     (tree / "etc" / "os-release").write_bytes(os.urandom(200_000))
     partial = shared / ".x.partial"
-    subprocess.run(["mksquashfs", str(tree), str(partial), "-noappend", "-quiet", "-no-progress"], check=True, capture_output=True)
+    subprocess.run(["mksquashfs", str(tree), str(partial), "-noappend", "-quiet", "-no-progress"], check=True,
+                   capture_output=True)
     enroot.record_import(partial, sqsh, IMAGE)
     assert enroot.squashfs_ready(sqsh, IMAGE, rehash=True)
     data = sqsh.read_bytes()

@@ -48,8 +48,10 @@ def test_any_directory_name_is_measured_and_read_back_printable(tmp_path, chunk)
     for line in sizes.lines():
         assert text_problem(line) is None
     # Into the build report and back (report.json is read by publish and later builds).
-    report = BuildReport(tag="t", human_tags=[], image_id="sha256:" + "0" * 64, build_hash="h", stack="s", flavor="f", base={},
-                         skipped=False, steps=[], dir="/d", dockerfile="", lock="", log="", command=[], venv_sizes=sizes)
+    report = BuildReport(tag="t", human_tags=[], image_id="sha256:" + "0" * 64, build_hash="h", stack="s", flavor="f",
+                         base={},
+                         skipped=False, steps=[], dir="/d", dockerfile="", lock="", log="", command=[],
+                         venv_sizes=sizes)
     again = BuildReport.from_dict(json.loads(json.dumps(report.to_json())))
     assert again.venv_sizes == sizes
     assert all(text_problem(line) is None for line in again.summary_table().splitlines())
@@ -78,7 +80,8 @@ def test_any_venv_path_a_host_may_have_is_accepted(venv):
     assert VenvSizes.parse(json.dumps(doc).encode(), "venv-sizes.json").venv == venv
 
 
-@pytest.mark.parametrize("data", [b"\xff\xfe", b"{}", json.dumps({"schema": 1, "venv": "rel", "bytes": 1, "largest": []}).encode()])
+@pytest.mark.parametrize("data", [b"\xff\xfe", b"{}", json.dumps({"schema": 1, "venv": "rel", "bytes": 1,
+                                                                  "largest": []}).encode()])
 def test_a_record_that_cannot_be_read_is_a_note_never_a_failed_build(monkeypatch, data):
     """The image is built; its venv measurement is a report's line: an odd one is said and left out."""
     from slimeforge.image.builder import build
@@ -99,6 +102,7 @@ def test_a_directory_that_cannot_be_listed_is_left_out_and_the_script_never_fail
         out = tmp_path / "venv-sizes.json"
         assert venv_sizes.main([str(venv), str(out)]) == 0
         assert VenvSizes.parse(out.read_bytes(), str(out)).largest[0][0].endswith("/ok") or os.geteuid() == 0
-        assert venv_sizes.main([str(venv), str(tmp_path / "no-such-dir" / "out.json")]) == 0  # not written: said, not failed
+        assert venv_sizes.main([str(venv),
+                                str(tmp_path / "no-such-dir" / "out.json")]) == 0  # not written: said, not failed
     finally:
         locked.chmod(0o755)
