@@ -3,8 +3,8 @@ host, with per-step times, sizes and the checks a user would make afterwards.
 
     python benchmarks/real_stack.py prepare   # the test copy of the stack, its lock, the base image
     python benchmarks/real_stack.py install   # invoke install, then pip check, patches, a no-op re-run
-    python benchmarks/real_stack.py build     # invoke build of the same stack, compiled steps from the store
-    python benchmarks/real_stack.py build --force  # again, though up to date (after pruning BuildKit's layer cache)
+    python benchmarks/real_stack.py build     # invoke build of the same stack (see below: the store)
+    python benchmarks/real_stack.py build --no-cache  # again, every layer, cache mounts warm: the store-hit build
     python benchmarks/real_stack.py all
 
 What this workplace forces, and nothing else, is changed, in a test copy of the stack under
@@ -20,6 +20,11 @@ What this workplace forces, and nothing else, is changed, in a test copy of the 
     for the prerequisite and lists no GPU, so the smoke test skips its GPU imports by name.
 The lock of the test copy is the committed cu13 lock with only those inputs re-stamped: the same
 283 distributions, by the same URLs and sha256.
+
+The image build takes its compiled steps from the store only once an image build filled it: on the
+locally made base (no registry digest) an image build keys its compiled steps by the base image's id,
+the install by the base's name (docs/install.md, "The compiled steps' keys"), so the first build
+after a cold install compiles Transformer Engine, apex and torch_memory_saver again, for the store.
 
 Sources come from local checkouts (GitHub is out of reach): SLIMEFORGE_REAL_SOURCES, a comma list
 of NAME=PATH for slime, megatron, apex and torch_memory_saver (bare repositories are fine).
@@ -238,8 +243,8 @@ def install(work: Path, results: dict) -> None:
 # --- build -----------------------------------------------------------------------------------
 
 
-def build(work: Path, results: dict, force: bool = False) -> None:
-    args = ["build", "--stack", str(work / "stack" / "cu13.yaml"), *(["--force"] if force else [])]
+def build(work: Path, results: dict, no_cache: bool = False) -> None:
+    args = ["build", "--stack", str(work / "stack" / "cu13.yaml"), *(["--no-cache"] if no_cache else [])]
     for s in sources():
         args += ["--source", s]
     before = machine()
@@ -271,9 +276,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("phase", choices=["prepare", "install", "build", "all"])
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/slimeforge-real"))
-    ap.add_argument("--force", action="store_true",
-                    help="build: even when the image is up to date (the store-hit figure: after `docker builder prune "
-                         "--filter type=regular`)")
+    ap.add_argument("--no-cache", action="store_true",
+                    help="build: every layer again, BuildKit's cache mounts (uv, ccache) kept: the store-hit figure, "
+                         "touching no one else's layer cache (as `docker builder prune --filter type=regular` would "
+                         "on a shared engine)")
     a = ap.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
     res_file = a.work / "results.json"
@@ -285,7 +291,7 @@ def main() -> None:
         if a.phase in ("install", "all"):
             install(a.work, results)
         if a.phase in ("build", "all"):
-            build(a.work, results, a.force)
+            build(a.work, results, a.no_cache)
     finally:
         write_file(res_file, json.dumps(results, indent=2) + "\n")
         print(json.dumps(results, indent=2))
