@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import build_support as bs  # noqa: E402
 
 from slimeforge.image.builder.compilejobs import jobserver_plan, ninja_takes_jobserver  # noqa: E402
 from slimeforge.image.builder.install import render_install_script  # noqa: E402
 from slimeforge.image.stack import load_stack  # noqa: E402
 
-LIB = Path(__file__).resolve().parents[2] / "templates" / "steps.sh"
+LIB = Path(__file__).resolve().parents[3] / "templates" / "steps.sh"
 
 
 def sf(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import build_support as bs  # noqa: E402
 
 from slimeforge.image.builder.buildkit import stream_build  # noqa: E402
@@ -27,7 +27,7 @@ from slimeforge.image.builder.install import render_install_script  # noqa: E402
 from slimeforge.image.stack import load_stack  # noqa: E402
 from slimeforge.proc import Runner  # noqa: E402
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ninja"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "ninja"
 TORCH = (FIXTURES / "pip-wheel-v-torch-cpp-extension.log").read_text().splitlines()
 PLAIN = (FIXTURES / "pip-wheel-v-setuptools-no-ninja.log").read_text().splitlines()
 BUILDKIT = (FIXTURES / "buildkit-plain-apex.log").read_text().splitlines()
@@ -268,7 +268,7 @@ def test_build_heartbeat_shows_the_count_from_buildkit_output(tmp_path):
 def test_the_status_lines_the_step_library_streams_give_the_same_count(lib, tmp_path):
     """_sf_store_make streams only ninja's status lines, cut short (the whole output goes to its
     compile log): its own filter, taken from steps.sh, on the real capture, read by both parsers."""
-    steps = (Path(__file__).resolve().parents[2] / "templates" / "steps.sh").read_text()
+    steps = (Path(__file__).resolve().parents[3] / "templates" / "steps.sh").read_text()
     grep = re.search(r"\{ (LC_ALL=C grep --line-buffered -oE '[^']+') \|\| true; \}", steps)
     assert grep, "the status-line filter of _sf_store_make"
     for case in ("first-object", "second-extension-started", "whole-capture"):
