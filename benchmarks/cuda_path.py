@@ -60,6 +60,37 @@ def rank(module: str, contracts: list[tuple[str, list[list[str]]]]) -> tuple[int
     return tuple(found)
 
 
+def project(filename: str) -> str | None:
+    """A file of slimeforge's own (relative to the checkout), or None."""
+    try:
+        rel = Path(filename).resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return None
+    return rel if rel.startswith(("slimeforge/", "tasks/")) else None
+
+
+def call_tracer(carries, calls: list[tuple[str, str | None, bool]], done: list[bool]):
+    """A sys.setprofile function recording each call into a project file: (file, calling project file,
+    whether an argument carries the value), until done[0]; calls made while a project module is
+    imported are not the path."""
+
+    def profile(frame, event, arg):
+        if (done[0] or event != "call" or (rel := project(frame.f_code.co_filename)) is None
+                or frame.f_code.co_name == "<module>"):
+            return
+        up, caller = frame.f_back, None
+        while up is not None:
+            if up.f_code.co_name == "<module>" and project(up.f_code.co_filename):
+                return
+            caller = caller or (project(up.f_code.co_filename) if up.f_code.co_name != "<module>" else None)
+            up = up.f_back
+        code = frame.f_code
+        values = [frame.f_locals.get(n) for n in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]]
+        calls.append((rel, caller, any(carries(v) for v in values)))
+
+    return profile
+
+
 def higher(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
     """Whether b is in a higher layer than a (compared down to the depth both have)."""
     n = min(len(a), len(b))
@@ -78,27 +109,10 @@ def main() -> None:
     calls: list[tuple[str, str | None, bool]] = []  # file, caller file, called with the value
     done = [False]
 
-    def project(filename: str) -> str | None:
-        try:
-            rel = Path(filename).resolve().relative_to(ROOT).as_posix()
-        except ValueError:
-            return None
-        return rel if rel.startswith(("slimeforge/", "tasks/")) else None
+    def carries(v: object) -> bool:
+        return v == args.cuda if isinstance(v, str) else type(v).__name__ in VALUE_TYPES
 
-    def profile(frame, event, arg):
-        if (done[0] or event != "call" or (rel := project(frame.f_code.co_filename)) is None
-                or frame.f_code.co_name == "<module>"):
-            return
-        up, caller = frame.f_back, None
-        while up is not None:
-            if up.f_code.co_name == "<module>" and project(up.f_code.co_filename):
-                return  # run while a project module is imported: not the path
-            caller = caller or (project(up.f_code.co_filename) if up.f_code.co_name != "<module>" else None)
-            up = up.f_back
-        code = frame.f_code
-        values = [frame.f_locals.get(n) for n in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]]
-        carries = any(v == args.cuda if isinstance(v, str) else type(v).__name__ in VALUE_TYPES for v in values)
-        calls.append((rel, caller, carries))
+    profile = call_tracer(carries, calls, done)
 
     render = templating.render
 

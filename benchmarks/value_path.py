@@ -41,7 +41,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
-from cuda_path import higher, layer_ranks, rank  # noqa: E402  (the same layers, read the same way)
+from cuda_path import call_tracer, higher, layer_ranks, project, rank  # noqa: E402  (the same layers, read the same way)
 
 FLAG = "--actor-num-nodes"
 CARRIERS = {"Recipe", "ResolvedRun", "RunDir", "LaunchPlan"}
@@ -86,26 +86,7 @@ def main() -> None:
     reads: list[str] = []
     done = [False]
 
-    def project(filename: str) -> str | None:
-        try:
-            rel = Path(filename).resolve().relative_to(ROOT).as_posix()
-        except ValueError:
-            return None
-        return rel if rel.startswith(("slimeforge/", "tasks/")) else None
-
-    def profile(frame, event, arg):
-        if (done[0] or event != "call" or (rel := project(frame.f_code.co_filename)) is None
-                or frame.f_code.co_name == "<module>"):
-            return
-        up, caller = frame.f_back, None
-        while up is not None:
-            if up.f_code.co_name == "<module>" and project(up.f_code.co_filename):
-                return  # run while a project module is imported: not the path
-            caller = caller or (project(up.f_code.co_filename) if up.f_code.co_name != "<module>" else None)
-            up = up.f_back
-        code = frame.f_code
-        values = [frame.f_locals.get(n) for n in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]]
-        calls.append((rel, caller, any(carries(v) for v in values)))
+    profile = call_tracer(carries, calls, done)
 
     own_getattribute = Recipe.__getattribute__
 
