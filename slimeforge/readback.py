@@ -30,6 +30,7 @@ from typing import Any
 
 from .errors import ConfigError, Problem
 from .schema import text_problem
+from .scripts.procproof import file_kind  # the one wording of what a non-regular file is
 
 MAX_LINE_RECORD = 4096  # a one-line record: an id, a pid, an address, a token
 MAX_JSON_RECORD = 4 << 20  # a plan.json, a build report, a cluster state
@@ -53,14 +54,6 @@ class RecordError(ConfigError):
         super().__init__(str(path), [Problem(what, message, value, accepted, show_value=value is not None)])
 
 
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR,
-                                                                                               "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symlink")):
-        if test(mode):
-            return name
-    return "not a regular file"
-
 
 def read_bytes(path: str | os.PathLike[str], what: str, accepted: str, *, max_bytes: int,
                follow_symlinks: bool = False) -> bytes | None:
@@ -74,7 +67,7 @@ def read_bytes(path: str | os.PathLike[str], what: str, accepted: str, *, max_by
         raise RecordError(path, what, f"cannot be read: {exc.strerror}", accepted) from None
     if not stat.S_ISREG(st.st_mode):
         # Judged before open(): opening a device can itself have effects (a tape rewinds).
-        raise RecordError(path, what, f"is {_kind(st.st_mode)}, not a regular file", accepted)
+        raise RecordError(path, what, f"is {file_kind(st.st_mode)}, not a regular file", accepted)
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
@@ -85,7 +78,7 @@ def read_bytes(path: str | os.PathLike[str], what: str, accepted: str, *, max_by
     try:
         fst = os.fstat(fd)
         if not stat.S_ISREG(fst.st_mode) or (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
-            raise RecordError(path, what, f"was replaced while being read (now {_kind(fst.st_mode)})", accepted)
+            raise RecordError(path, what, f"was replaced while being read (now {file_kind(fst.st_mode)})", accepted)
         if fst.st_size > max_bytes:
             raise RecordError(path, what,
                               f"is {fst.st_size} bytes, larger than a file of this kind holds ({max_bytes})", accepted)

@@ -37,10 +37,12 @@ class BadRecord(Exception):
 # --- reading files that may be anything ----------------------------------------------------------
 
 
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR,
-                                                                                               "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symlink")):
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words (readback.py reads it from here)."""
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISLNK, "a symlink"))
+    for test, name in kinds:
         if test(mode):
             return name
     return "not a regular file"
@@ -67,7 +69,7 @@ def read_regular(path: str, cap: int, last: bool = False) -> bytes | None:
         # Judged before open(): opening a device can itself have effects (a tape rewinds).
         first = os.lstat(path)
         if not stat.S_ISREG(first.st_mode):
-            raise BadRecord(f"{path}: is {_kind(first.st_mode)}, not a regular file slimeforge wrote")
+            raise BadRecord(f"{path}: is {file_kind(first.st_mode)}, not a regular file slimeforge wrote")
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         return None
@@ -77,7 +79,7 @@ def read_regular(path: str, cap: int, last: bool = False) -> bytes | None:
     try:
         st = os.fstat(fd)  # what was opened, not the name: it may have been replaced since the lstat
         if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (first.st_dev, first.st_ino):
-            raise BadRecord(f"{path}: is {_kind(st.st_mode)}, not a regular file slimeforge wrote")
+            raise BadRecord(f"{path}: is {file_kind(st.st_mode)}, not a regular file slimeforge wrote")
         if st.st_size > cap:
             if not last:
                 raise BadRecord(f"{path}: is {st.st_size} bytes, more than a record holds ({cap})")
