@@ -212,17 +212,20 @@ def du(path: Path) -> int:
                               text=True).stdout.split()[0]) if path.exists() else 0
 
 
-def install(work: Path, results: dict) -> None:
+def install(work: Path, results: dict, at_once: int | None = None) -> None:
     stack = work / "stack" / "cu13.yaml"
     prefix = work / "prefix"
     args = ["install", "--stack", str(stack), "--prefix", str(prefix), "--python", find_python()]
     for s in sources():
         args += ["--source", s]
     env = run_env(work)
+    if at_once is not None:  # the compiled pieces at most this many at once (1: one after another)
+        env["SF_COMPILE_AT_ONCE"] = str(at_once)
     before = machine()
     rc, secs, out = invoke(args, env, work / "install.log")
     steps = {m.group(1): int(m.group(2)) for m in STEP_DONE.finditer(out)}
-    results["install"] = {"rc": rc, "seconds": round(secs), "steps": steps, "stamp": stamp(), "before": before,
+    results["install"] = {"rc": rc, "seconds": round(secs), "at_once": at_once, "steps": steps, "stamp": stamp(),
+                          "before": before,
                           "after": machine(),
                           "compiled": {m.group(1): int(m.group(2)) for m in COMPILED.finditer(out)}}
     if rc != 0:
@@ -280,6 +283,9 @@ def main() -> None:
                     help="build: every layer again, BuildKit's cache mounts (uv, ccache) kept: the store-hit figure, "
                          "touching no one else's layer cache (as `docker builder prune --filter type=regular` would "
                          "on a shared engine)")
+    ap.add_argument("--at-once", type=int, choices=range(1, 10), metavar="N",
+                    help="install: the compiled pieces at most N at once (1: one after another, each with the whole "
+                         "host's jobs); default: the host's rule")
     a = ap.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
     res_file = a.work / "results.json"
@@ -289,7 +295,7 @@ def main() -> None:
         base_image(a.work, find_python())
     try:
         if a.phase in ("install", "all"):
-            install(a.work, results)
+            install(a.work, results, a.at_once)
         if a.phase in ("build", "all"):
             build(a.work, results, a.no_cache)
     finally:

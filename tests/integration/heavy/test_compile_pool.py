@@ -126,6 +126,8 @@ sf_piece() {
       printf '%s|%s|%s|%s|%s\n' "$me" "${SF_JOBSERVER:-none}" "${MAKEFLAGS:-none}" "$(command -v ninja || echo none)" \
         "${APEX_PARALLEL_BUILD:-}" >>"$T/seen"
       : >"$T/here.$me"
+      # one piece at a time asked for (SF_COMPILE_AT_ONCE=1): no barrier, the order and jobs recorded
+      if [[ -n ${SF_COMPILE_AT_ONCE:-} ]]; then printf '%s %s\n' "$me" "$MAX_JOBS" >>"$T/order"; return; fi
       local other waited=0
       for other in "$@"; do
         until [[ -f $T/here.$other ]]; do
@@ -142,7 +144,8 @@ sf_step_c() { sf_piece c a b; }
 '''
 
 
-def run_install(tmp_path: Path, pool: str, ninja_version: str = "1.13.0") -> subprocess.CompletedProcess:
+def run_install(tmp_path: Path, pool: str, ninja_version: str = "1.13.0",
+                extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     text = render_install_script(load_stack(bs.TEST_STACK), str(tmp_path / "prefix"), patches=[],
                                  lock=bs.render_lock(load_stack(bs.TEST_STACK)))
     venv = re.search(r"^VENV=(.*)$", text, re.M)
@@ -160,7 +163,7 @@ def run_install(tmp_path: Path, pool: str, ninja_version: str = "1.13.0") -> sub
     return subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120,
                           env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "T": str(tmp_path),
                                "OMP_NUM_THREADS": "1",
-                               "SF_COMPILE_POOL": pool, "SF_HEARTBEAT_S": "1"})
+                               "SF_COMPILE_POOL": pool, "SF_HEARTBEAT_S": "1", **(extra or {})})
 
 
 def test_install_runs_every_piece_at_once_under_one_pool(tmp_path):
@@ -189,6 +192,21 @@ def test_install_refuses_a_bad_pool_setting(tmp_path):
     res = run_install(tmp_path, "yes\x1b[31m")
     assert res.returncode != 0
     assert "SF_COMPILE_POOL: 'yes?[31m' must be 0" in res.stderr and "\x1b" not in res.stderr
+
+
+def test_install_compiles_one_piece_at_a_time_when_asked(tmp_path):
+    # SF_COMPILE_AT_ONCE=1: the series install (docs/install.md's cold figures), each piece with the
+    # whole host's jobs; a value outside 1-9 is refused, shown printable.
+    res = run_install(tmp_path, "0", extra={"SF_COMPILE_AT_ONCE": "1", "MAX_JOBS": "7"})
+    assert res.returncode == 0, res.stderr
+    assert "(at most 1 at once; each MAX_JOBS=7" in res.stderr
+    assert [line.split() for line in (tmp_path / "order").read_text().splitlines()] == [["a", "7"], ["b", "7"],
+                                                                                           ["c", "7"]]
+    for i, bad in enumerate(("0", "10", "x", "1\x1b[2J")):
+        (tmp_path / str(i)).mkdir()
+        res = run_install(tmp_path / str(i), "0", extra={"SF_COMPILE_AT_ONCE": bad})
+        assert res.returncode != 0 and "SF_COMPILE_AT_ONCE: '" in res.stderr and "\x1b" not in res.stderr
+        assert "must be a number of pieces from 1 to 9" in res.stderr
 
 
 def test_compiled_step_finds_the_venvs_ninja_first(tmp_path):
