@@ -397,8 +397,10 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--run", action="append", default=[], help="NAME:PIECE:LIMIT_S:KEY=VAL,...")
     ap.add_argument("--set", action="append", default=[],
-                    help="series|parallel|jobserver:LIMIT_S[:APEX_PARALLEL] (limit per piece): the whole compiled set")
-    ap.add_argument("--apex-nvcc", default="", help="more nvcc flags for apex in every set (e.g. --split-compile=2)")
+                    help="series|parallel:LIMIT_S, jobserver:LIMIT_S[:APEX_PARALLEL[:SLOTS[:NICE]]] or "
+                         "first:LIMIT_S[:NICE[:SLOTS]] (limit per piece): the whole compiled set")
+    ap.add_argument("--apex-nvcc", default="",
+                    help="more nvcc flags for apex in the jobserver and first sets (e.g. --split-compile=2)")
     ap.add_argument("--ninja", default="ninja", help="the ninja (1.13 or later) the jobserver set's shim runs")
     args = ap.parse_args()
     runs = [parse_run(r) for r in args.run]
@@ -406,8 +408,8 @@ def main() -> int:
     for text in args.set:
         m = SET_RE.fullmatch(text)
         if not m:
-            raise SystemExit(f"--set {text!r}: expected series:LIMIT_S, parallel:LIMIT_S or "
-                             "jobserver:LIMIT_S[:APEX_PARALLEL]")
+            raise SystemExit(f"--set {text!r}: expected series:LIMIT_S, parallel:LIMIT_S, "
+                             "jobserver:LIMIT_S[:APEX_PARALLEL[:SLOTS[:NICE]]] or first:LIMIT_S[:NICE[:SLOTS]]")
         sets.append((m.group(1), int(m.group(2)), int(m.group(3)) if m.group(3) else None,
                      int(m.group(4)) if m.group(4) else None, int(m.group(5)) if m.group(5) else None))
     if not runs and not sets:
@@ -438,6 +440,8 @@ def main() -> int:
         print(f"{name:14} {'ok' if r['ok'] else 'FAILED':6} wall {wall:>10}  cpu {r['cpu_s']:>7} s  "
               f"cores' limit {r['cpu_s'] / cores:6.1f} s  peak RSS {r['peak_rss_mib']} MiB  "
               f"{' '.join(f'{k}={v}' for k, v in settings.items())}", flush=True)
+        if last_chain(r):
+            print(f"               {last_chain(r)}", flush=True)
         if r["log_tail"]:
             print(r["log_tail"], flush=True)
     return 0 if all(r["ok"] or r.get("timed_out") for r in results) else 1
