@@ -4,6 +4,7 @@ each finished job hands its core on at the next step)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from compile_model import parse_scheme, shares, simulate  # noqa: E402
+from compile_model import calibrate, parse_scheme, shares, simulate  # noqa: E402
 
 # apex with two extensions (in setup.py's order amp_C, then syncbn) and TE with one file.
 SHAPES = {"apex": {"ext": {"amp_C": ["a.o"], "syncbn": ["s.o"]}, "cu": {"a.o"}},
@@ -50,3 +51,13 @@ def test_scheme_grammar() -> None:
     for bad in ("fixed:8:4:0:0", "pool:32:20", "pool:32", "alone:0:4", "longest:20\n", "x:1"):
         with pytest.raises(SystemExit, match="--scheme"):
             parse_scheme(bad)
+
+
+def test_the_model_gives_back_the_measured_set() -> None:
+    # Host A's `first` set (docs/build.md "Where apex's time goes"): 164.3 s measured, apex alone 150.4 s.
+    result = json.loads((ROOT / "benchmarks" / "data" / "compile-h200-a.json").read_text())
+    cost, shapes = calibrate(result, "first")
+    assert simulate(cost, shapes, ("apexpool", 24, 16, 10), 16)["wall"] == pytest.approx(164.3, abs=2)
+    assert simulate(cost, shapes, ("alone", 16, 4), 16)["apex"] == pytest.approx(150.4, abs=5)
+    with pytest.raises(SystemExit, match="no such set"):
+        calibrate(result, "parallel")
