@@ -23,7 +23,19 @@ time against the cores' limit (its CPU-seconds / cores):
 `jobserver`: every piece at once under one pool of job slots (compilejobs.jobserver_plan; the pool and
 the ninja shim are templates/steps.sh's `sf_jobserver_open`, sourced from this checkout), as the
 install compiles them with SF_COMPILE_POOL=1; `jobserver:900:8:32` gives apex 8 extensions at once and
-the pool 32 slots instead of the rule's. --ninja (default: the ninja on PATH) must be 1.13 or later.
+the pool 32 slots instead of the rule's, `jobserver:900:16:32:10` also runs the pieces other than apex
+at nice 10. `first:900[:NICE[:SLOTS]]`: apex in a pool of its own (SLOTS, default the rule's slots
+less the host's jobs), all its extensions at once; the other pieces beside it with the host's jobs
+each at nice NICE (default 10). --ninja (default: the ninja on PATH) must be 1.13 or later;
+--apex-nvcc adds nvcc flags to apex in the jobserver and first sets (`--apex-nvcc=--split-compile=2`).
+
+Where the time goes: every build's JSON record has `ninja`, each ninja build under its source tree
+(one per apex extension, one for TE's) on the build's clock (s from its start): when that ninja
+started and ended, each file's start and end (.ninja_log), and when each .so was linked; the printout
+names each piece's last extension and its longest file. CB_NVCC_TIME=1 in the environment adds nvcc's
+`--time` CSV (per file and phase: preprocessing, cudafe++, cicc, ptxas) under `nvcc_time`. Each set
+also samples the compilers running and the memory in use (MemTotal - MemAvailable). A run stopped at
+its limit counts only the CPU of the processes already reaped, so its set gets no ratio.
 
 SOURCES holds apex.tar.gz, tms.tar.gz (git archives with a top directory) and
 transformer_engine_torch-*.tar.gz (the sdist). In a setting, "_" stands for a space.
@@ -66,7 +78,8 @@ PIECES = {
            {"NVTE_PYTORCH_FORCE_BUILD": "TRUE", "NVTE_CUDA_ARCHS": ARCH.replace(".", ""),
             "TORCH_CUDA_ARCH_LIST": ARCH}),
 }
-SET_RE = re.compile(r"(series|parallel|jobserver):([0-9]{1,4})(?::([0-9]{1,3}))?(?::([0-9]{1,3}))?")
+SET_RE = re.compile(r"(series|parallel|jobserver|first):([0-9]{1,4})(?::([0-9]{1,3}))?(?::([0-9]{1,3}))?"
+                    r"(?::([0-9]{1,2}))?")
 RUN_RE = re.compile(r"([a-z0-9][a-z0-9_.-]*):(apex|tms|te):([0-9]{1,4}):"
                     r"((?:[A-Z_][A-Z0-9_]*=[^,]*)(?:,[A-Z_][A-Z0-9_]*=[^,]*)*)?")
 
@@ -90,20 +103,78 @@ def unpack(archive: Path, dest: Path) -> Path:
     return top
 
 
+def ninja_logs(src: Path, t0: float) -> list[dict]:
+    """Every ninja build under SRC (torch's extension builder writes one build.ninja per extension that
+    apex builds, one for TE's), placed on the build's clock: build.ninja is written just before its
+    ninja starts, and .ninja_log's start/end (ms) count from that start. Each: the extension, when its
+    ninja started and ended (s from the build's start), and its files' (start, end, name)."""
+    out = []
+    for log in sorted(src.rglob(".ninja_log")):
+        base = log.parent / "build.ninja"
+        began = (base.stat().st_mtime if base.exists() else log.stat().st_mtime) - t0
+        files = []
+        for line in log.read_text(errors="replace").splitlines():
+            parts = line.split("\t")
+            if line.startswith("#") or len(parts) < 4 or not parts[0].isdigit() or not parts[1].isdigit():
+                continue
+            files.append((round(began + int(parts[0]) / 1000, 1), round(began + int(parts[1]) / 1000, 1),
+                          Path(parts[3]).name))
+        files.sort()
+        out.append({"dir": str(log.parent.relative_to(src)), "ninja_start_s": round(began, 1),
+                    "ninja_end_s": round(max((f[1] for f in files), default=began), 1), "files": files})
+    libs = [(round(so.stat().st_mtime - t0, 1), so.name) for so in src.glob("build/lib*/**/*.so")]
+    out.append({"dir": "linked", "files": sorted(libs)})
+    return out
+
+
+def nvcc_times(path: Path) -> list[dict]:
+    """nvcc --time's CSV (one row per compilation phase of each file), summed per file and phase (ms)."""
+    if not path.exists():
+        return []
+    per: dict[str, dict[str, float]] = {}
+    header: list[str] = []
+    for line in path.read_text(errors="replace").splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if cells and cells[0].lower().startswith("source"):
+            header = [c.lower() for c in cells]
+            continue
+        if not header or len(cells) < len(header):
+            continue
+        row = dict(zip(header, cells[:len(header)], strict=True))
+        src = Path(row.get("source file name", "")).name
+        phase = row.get("phase name", "?")
+        if not src:  # nvcc's own (driver) row names no source
+            continue
+        try:
+            ms = float(row.get("metric") or 0)
+        except ValueError:
+            continue
+        per.setdefault(src, {}).setdefault(phase, 0.0)
+        per[src][phase] += ms
+    return [{"file": f, **{k: round(v) for k, v in ph.items()}} for f, ph in sorted(per.items())]
+
+
 def build(name: str, piece: str, limit: int, settings: dict[str, str], sources: Path, work: Path,
-          extra_env: dict[str, str] | None = None) -> dict:
+          extra_env: dict[str, str] | None = None, nice: int = 0, nvcc_extra: str = "") -> dict:
     pattern, env_piece = PIECES[piece]
     (archive,) = sorted(sources.glob(pattern))
     src = unpack(archive, work / "src" / name)
     wheels = work / "wheels" / name
     shutil.rmtree(wheels, ignore_errors=True)
     env = {**os.environ, **env_piece, **settings, **(extra_env or {})}
+    timing = work / f"{name}.nvcc-time.csv"
+    timing.unlink(missing_ok=True)
+    if nvcc_extra:
+        env["NVCC_APPEND_FLAGS"] = f"{env.get('NVCC_APPEND_FLAGS', '')} {nvcc_extra}".strip()
+    if os.environ.get("CB_NVCC_TIME") == "1":
+        env["NVCC_APPEND_FLAGS"] = f"{env.get('NVCC_APPEND_FLAGS', '')} --time {timing}".strip()
     if piece == "te":
         env["CPATH"] = ":".join(nvidia_include_dirs() + [p for p in [os.environ.get("CPATH")] if p])
     log = work / f"{name}.log"
-    cmd = [sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--no-build-isolation", "--no-deps",
-           "--no-index", "--wheel-dir", str(wheels), str(src)]
-    start = time.monotonic()
+    cmd = (["nice", "-n", str(nice)] if nice else []) + [
+        sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--no-build-isolation", "--no-deps",
+        "--no-index", "--wheel-dir", str(wheels), str(src)]
+    start, t0 = time.monotonic(), time.time()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         status, usage, timed_out = None, None, False
@@ -125,7 +196,9 @@ def build(name: str, piece: str, limit: int, settings: dict[str, str], sources: 
     return {"name": name, "piece": piece, "settings": settings, "limit_s": limit, "timed_out": timed_out,
             "ok": code == 0 and not timed_out and bool(built), "exit": code, "wall_s": round(wall, 1),
             "cpu_s": round(usage.ru_utime + usage.ru_stime, 1), "peak_rss_mib": round(usage.ru_maxrss / 1024),
-            "wheels": built, "log_tail": log.read_text(errors="replace")[-1500:] if code else ""}
+            "wheels": built, "log_tail": log.read_text(errors="replace")[-1500:] if code else "",
+            "nice": nice, "nvcc_extra": nvcc_extra, "ninja": ninja_logs(src, t0), "nvcc_time": nvcc_times(timing),
+            "nvcc_time_raw": timing.read_text(errors="replace")[:400_000] if timing.exists() else ""}
 
 
 def parse_run(text: str) -> tuple[str, str, int, dict[str, str]]:
@@ -155,9 +228,15 @@ class JobSampler(threading.Thread):
         super().__init__(daemon=True)
         self.stop = threading.Event()
         self.samples: list[int] = []
+        self.used: list[int] = []
 
     def run(self) -> None:
         while not self.stop.wait(0.5):
+            try:
+                info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+                self.used.append(int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0]))
+            except (OSError, KeyError, ValueError):
+                pass
             n = 0
             for comm in glob.glob("/proc/[0-9]*/comm"):
                 try:
@@ -170,7 +249,8 @@ class JobSampler(threading.Thread):
         self.stop.set()
         self.join()
         s = self.samples or [0]
-        return {"peak_jobs": max(s), "mean_jobs": round(sum(s) / len(s), 1)}
+        return {"peak_jobs": max(s), "mean_jobs": round(sum(s) / len(s), 1),
+                "peak_used_gib": round(max(self.used or [0]) / (1 << 20), 1)}
 
 
 def open_pool(work: Path, slots: int, ninja: str) -> tuple[int, dict[str, str]]:
@@ -201,7 +281,7 @@ def open_pool(work: Path, slots: int, ninja: str) -> tuple[int, dict[str, str]]:
 
 
 def build_set(mode: str, limit: int, sources: Path, work: Path, ninja: str = "ninja", apex_parallel: int | None = None,
-              slots_given: int | None = None) -> dict:
+              slots_given: int | None = None, apex_nvcc: str = "", others_nice: int | None = None) -> dict:
     """The whole set cold: `series` each piece alone with the host's whole budget (compile_jobs), one
     after another; `parallel` every piece at once, each with its share (compile_share); `jobserver`
     every piece at once under one pool of the host's jobs (jobserver_plan). The cores' limit is the
@@ -214,6 +294,7 @@ def build_set(mode: str, limit: int, sources: Path, work: Path, ninja: str = "ni
     if mode == "jobserver":
         slots, apex_par, threads = jobserver_plan()
         apex_par, slots = apex_parallel or apex_par, slots_given or slots
+        nice = others_nice or 0
         fd, pool_env = open_pool(work, slots, shutil.which(ninja) or ninja)
         start = time.monotonic()
         runs = [{} for _ in pieces]
@@ -222,7 +303,8 @@ def build_set(mode: str, limit: int, sources: Path, work: Path, ninja: str = "ni
             settings = piece_settings(p, slots, threads)
             if p == "apex":
                 settings["APEX_PARALLEL_BUILD"] = str(apex_par)
-            runs[i] = build(f"{mode}-{p}", p, limit, settings, sources, work, pool_env)
+            runs[i] = build(f"{mode}-{p}", p, limit, settings, sources, work, pool_env,
+                            nvcc_extra=apex_nvcc if p == "apex" else "", nice=0 if p == "apex" else nice)
 
         workers = [threading.Thread(target=pooled, args=(i, p)) for i, p in enumerate(pieces)]
         for t in workers:
@@ -231,7 +313,36 @@ def build_set(mode: str, limit: int, sources: Path, work: Path, ninja: str = "ni
             t.join()
         os.close(fd)
         at_once, jobs = len(pieces), slots
-        threads_note = f"pool of {slots} slots, apex {apex_par} extensions at once"
+        threads_note = f"pool of {slots} slots, apex {apex_par} extensions at once, the others nice {nice}"
+    elif mode == "first":
+        # apex (the long pole) first: its own pool of job slots, all its extensions at once; the
+        # other pieces beside it with the host's jobs each at a lower CPU priority (nice), so they
+        # take the cores apex leaves idle and slow it little.
+        host_jobs, threads = compile_jobs()
+        slots_all, apex_par, _ = jobserver_plan()
+        slots = slots_given or max(1, slots_all - host_jobs)
+        nice = apex_parallel if apex_parallel is not None else 10
+        fd, pool_env = open_pool(work, slots, shutil.which(ninja) or ninja)
+        start = time.monotonic()
+        runs = [{} for _ in pieces]
+
+        def firsts(i: int, p: str) -> None:
+            if p == "apex":
+                settings = piece_settings(p, slots, threads)
+                settings["APEX_PARALLEL_BUILD"] = str(apex_par)
+                runs[i] = build(f"{mode}-{p}", p, limit, settings, sources, work, pool_env, nvcc_extra=apex_nvcc)
+            else:
+                runs[i] = build(f"{mode}-{p}", p, limit, piece_settings(p, host_jobs, threads), sources, work,
+                                nice=nice)
+
+        workers = [threading.Thread(target=firsts, args=(i, p)) for i, p in enumerate(pieces)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        os.close(fd)
+        at_once, jobs = len(pieces), host_jobs
+        threads_note = f"apex: pool of {slots} slots, {apex_par} extensions at once; the others nice {nice}"
     elif mode == "series":
         jobs, threads = compile_jobs()
         runs = [build(f"{mode}-{p}", p, limit, piece_settings(p, jobs, threads), sources, work) for p in pieces]
@@ -251,15 +362,32 @@ def build_set(mode: str, limit: int, sources: Path, work: Path, ninja: str = "ni
             t.start()
         for t in threads_:
             t.join()
-    if mode != "jobserver":
+    if mode not in ("jobserver", "first"):
         threads_note = ""
     wall = time.monotonic() - start
     cpu = sum(r["cpu_s"] for r in runs)
-    threads_note += " compilers at once: peak {peak_jobs}, mean {mean_jobs}".format(**sampler.summary())
+    whole = not any(r["timed_out"] for r in runs)
+    threads_note += (" compilers at once: peak {peak_jobs}, mean {mean_jobs}; memory in use at most {peak_used_gib} GiB"
+                     .format(**sampler.summary()))
     return {"set": mode, "note": threads_note, "at_once": at_once, "jobs": jobs, "threads": threads,
             "wall_s": round(wall, 1),
             "cpu_s": round(cpu, 1), "cores": cores, "cores_limit_s": round(cpu / cores, 1),
-            "ratio": round(wall / (cpu / cores), 2) if cpu else None, "ok": all(r["ok"] for r in runs), "pieces": runs}
+            "ratio": round(wall / (cpu / cores), 2) if cpu and whole else None, "ok": all(r["ok"] for r in runs),
+            "pieces": runs}
+
+
+def last_chain(run: dict) -> str:
+    """The extension that ended the piece (its .so linked last), with its longest file: the piece's
+    critical path as the ninja logs show it."""
+    builds = [n for n in run.get("ninja", []) if n["dir"] != "linked"]
+    linked = next((n["files"] for n in run.get("ninja", []) if n["dir"] == "linked"), [])
+    if not builds:
+        return ""
+    last = max(builds, key=lambda n: n["ninja_end_s"])
+    start, end, name = max(last["files"], key=lambda f: f[1] - f[0]) if last["files"] else (0, 0, "-")
+    return (f"last: {Path(last['dir']).name} (ninja {last['ninja_start_s']}-{last['ninja_end_s']} s, "
+            f"{len(last['files'])} files, longest {name} {start}-{end} s); last link at "
+            f"{max((f[0] for f in linked), default=0)} s")
 
 
 def main() -> int:
@@ -269,7 +397,10 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--run", action="append", default=[], help="NAME:PIECE:LIMIT_S:KEY=VAL,...")
     ap.add_argument("--set", action="append", default=[],
-                    help="series|parallel|jobserver:LIMIT_S[:APEX_PARALLEL] (limit per piece): the whole compiled set")
+                    help="series|parallel:LIMIT_S, jobserver:LIMIT_S[:APEX_PARALLEL[:SLOTS[:NICE]]] or "
+                         "first:LIMIT_S[:NICE[:SLOTS]] (limit per piece): the whole compiled set")
+    ap.add_argument("--apex-nvcc", default="",
+                    help="more nvcc flags for apex in the jobserver and first sets (e.g. --split-compile=2)")
     ap.add_argument("--ninja", default="ninja", help="the ninja (1.13 or later) the jobserver set's shim runs")
     args = ap.parse_args()
     runs = [parse_run(r) for r in args.run]
@@ -277,16 +408,16 @@ def main() -> int:
     for text in args.set:
         m = SET_RE.fullmatch(text)
         if not m:
-            raise SystemExit(f"--set {text!r}: expected series:LIMIT_S, parallel:LIMIT_S or "
-                             "jobserver:LIMIT_S[:APEX_PARALLEL]")
+            raise SystemExit(f"--set {text!r}: expected series:LIMIT_S, parallel:LIMIT_S, "
+                             "jobserver:LIMIT_S[:APEX_PARALLEL[:SLOTS[:NICE]]] or first:LIMIT_S[:NICE[:SLOTS]]")
         sets.append((m.group(1), int(m.group(2)), int(m.group(3)) if m.group(3) else None,
-                     int(m.group(4)) if m.group(4) else None))
+                     int(m.group(4)) if m.group(4) else None, int(m.group(5)) if m.group(5) else None))
     if not runs and not sets:
         raise SystemExit("nothing to do: give --run or --set")
     cores = os.cpu_count() or 1
     results: list[dict] = []
-    for mode, limit, apex_parallel, slots in sets:
-        r = build_set(mode, limit, args.sources, args.work, args.ninja, apex_parallel, slots)
+    for mode, limit, apex_parallel, slots, nice in sets:
+        r = build_set(mode, limit, args.sources, args.work, args.ninja, apex_parallel, slots, args.apex_nvcc, nice)
         results.append(r)
         args.out.write_text(json.dumps({"cores": cores, "results": results}, indent=2) + "\n")
         print(f"set {mode:9} {'ok' if r['ok'] else 'FAILED':6} wall {r['wall_s']:>7} s  cpu {r['cpu_s']:>7} s  "
@@ -297,6 +428,8 @@ def main() -> int:
                   "s  "
                   f"peak RSS {p['peak_rss_mib']} MiB  {' '.join(f'{k}={v}' for k, v in p['settings'].items())}",
                   flush=True)
+            if last_chain(p):
+                print(f"          {last_chain(p)}", flush=True)
             if p["log_tail"]:
                 print(p["log_tail"], flush=True)
     for name, piece, limit, settings in runs:
@@ -307,6 +440,8 @@ def main() -> int:
         print(f"{name:14} {'ok' if r['ok'] else 'FAILED':6} wall {wall:>10}  cpu {r['cpu_s']:>7} s  "
               f"cores' limit {r['cpu_s'] / cores:6.1f} s  peak RSS {r['peak_rss_mib']} MiB  "
               f"{' '.join(f'{k}={v}' for k, v in settings.items())}", flush=True)
+        if last_chain(r):
+            print(f"               {last_chain(r)}", flush=True)
         if r["log_tail"]:
             print(r["log_tail"], flush=True)
     return 0 if all(r["ok"] or r.get("timed_out") for r in results) else 1

@@ -462,9 +462,11 @@ sf_compile_share() {
 # extension and flash-attn) takes a slot for each job it runs and gives it back when the job ends, so
 # cores that one piece leaves idle (it is done, or waits on its one long file) go to the others.
 # Not the default: on the 16-core GPU host its best (40 slots) tied the fixed shares of sf_compile_share
-# (196.0 s against 198.1 s), and a pool of the host's jobs alone was slower (245 s). install.sh uses it
-# with SF_COMPILE_POOL=1; benchmarks/compile_bench.py --set jobserver measures it. Figures in
-# docs/build.md "Compile parallelism".
+# (196.0 s against 198.1 s), and a pool of the host's jobs alone was slower (245 s). ninja takes a slot
+# only when it is about to start a job, so a ninja that finds the pool empty runs one job at a time:
+# the pool serves whoever asks first (apex's ninjas), not the longest files (TE, 1 file of 28 in 200 s).
+# install.sh uses it with SF_COMPILE_POOL=1; benchmarks/compile_bench.py --set jobserver measures it.
+# Figures in docs/build.md "Compile parallelism".
 
 # sf_jobserver_plan CORES MEM_KIB: "SLOTS APEX_PARALLEL_BUILD NVCC_THREADS", the rule of
 # slimeforge.image.builder.compilejobs.jobserver_plan: two and a half slots per host job

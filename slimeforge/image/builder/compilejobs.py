@@ -102,7 +102,10 @@ def jobserver_plan(mem_bytes: int | None = None, cores: int | None = None) -> tu
     "Compile parallelism"): a pool of the host's jobs (16) left cores idle (245 s; an nvcc job keeps
     less than one core busy); 32 slots 208.6 s with apex 16 extensions at once (228.1 s with 8); 40
     slots and 16 extensions 196.0 s, against 198.1 s for the fixed shares (compile_share) on the same
-    machine: a tie, so the pool is not the default. SLOTS: two and a half jobs per host job, at most
+    machine: a tie, so the pool is not the default. ninja takes a slot only when it is about to start a
+    job, so a ninja that finds the pool empty runs one job at a time: with TE at nice 10 in a pool of 32,
+    apex's ninjas held every slot and TE finished 1 file of 28 in 200 s (docs/build.md, "Where apex's
+    time goes"). SLOTS: two and a half jobs per host job, at most
     one per 3 GiB (apex and TE jobs; flash-attn's 6 GiB jobs would not fit); apex: as many
     extensions at once as the host has jobs. Outside the pool stay a piece built without ninja
     (torch_memory_saver: one g++ at a time) and the links setuptools runs after each ninja.
