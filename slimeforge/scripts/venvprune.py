@@ -207,7 +207,12 @@ def _gb(n: int) -> str:
 
 
 def prune(state: Path, step: str, slice_file: Path) -> int:
-    keep, names, problems = read_keep(slice_file.read_text())
+    try:
+        text = slice_file.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        _say(f"ERROR: step {step}: its slice of the lock {slice_file} cannot be read ({exc.__class__.__name__})")
+        return 1
+    keep, names, problems = read_keep(text)
     for p in problems:
         _say(f"ERROR: step {step}: {slice_file.name}: {p}")
     if problems:
@@ -237,7 +242,8 @@ def prune(state: Path, step: str, slice_file: Path) -> int:
             if not gone or sm is None:
                 left += 1
                 continue
-            n = file.stat().st_size
+            # The RECORD's size where it has one: the figure `check` adds up again from the same rows.
+            n = row.size if row.size is not None else file.stat().st_size
             file.unlink()
             count, size = count + 1, size + n
             by_sm[sm] = by_sm.get(sm, 0) + n
