@@ -57,8 +57,9 @@ RULES: tuple[Rule, ...] = (
     # flashinfer-cubin 0.6.12: trtllm-gen fmha, gemm, batched gemm and DeepGEMM cubins under
     # cubins/<40-hex artifact commit>/<kernel family>/...; 1.80 of its 1.86 GB are sm100/sm103.
     Rule("cubin-arch", "flashinfer-cubin",
-         re.compile(r"flashinfer_cubin/cubins/[0-9a-f]{40}/(?:[A-Za-z0-9_.+-]{1,200}/){1,6}[A-Za-z0-9_.+-]{1,250}"
-                    r"\.cubin"), "cubin"),
+         # (each name begins with no dot: never `..`, never a hidden file)
+         re.compile(r"flashinfer_cubin/cubins/[0-9a-f]{40}/(?:[A-Za-z0-9_+-][A-Za-z0-9_.+-]{0,199}/){1,6}"
+                    r"[A-Za-z0-9_+-][A-Za-z0-9_.+-]{0,249}\.cubin"), "cubin"),
 )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -67,7 +68,8 @@ def test_the_keep_line_goes_only_into_a_slice_installing_a_rules_distribution():
 
 def test_the_cu13_slices_only_sglangs_gets_the_keep_line_from_arch_list():
     stack = load_stack("cu13")
-    lock = read_lock(ROOT / "images" / "locks" / "pylock.cu13.toml")
+    # As a dry run reads it: the committed lock lacks the router wheel's sha256 (an outside fact).
+    lock = replace(read_lock(ROOT / "images" / "locks" / "pylock.cu13.toml"), provisional=True)
     slices = lock_files(stack, lock, host_layout(stack, "/opt/slime"))
     marked = {name for name, text in slices.items() if "# prune:" in text}
     assert marked == {"sglang.txt"}
