@@ -128,12 +128,16 @@ def name_sm(basename: str) -> int | None:
     return found.pop() if len(found) == 1 else None
 
 
+# Rule.arch -> how that kind of file says its SM.
+ARCH_READERS = {"cubin": cubin_sm}
+
+
 def removable(rule: Rule, rel: str, head: bytes, keep: set[int]) -> tuple[bool, int | None]:
     """(whether the rule removes this file, the SM it read) for a kept-major set `keep`. A file whose
     arch cannot be read, or whose name says another major than its header, is kept."""
     if not rule.path.fullmatch(rel):
         return False, None
-    sm = cubin_sm(head)
+    sm = ARCH_READERS[rule.arch](head)
     if sm is None:
         return False, None
     said = name_sm(rel.rsplit("/", 1)[-1])
@@ -292,7 +296,8 @@ def read_state(path: Path) -> tuple[Pruned | None, str | None]:
         (isinstance(doc["step"], str) and bool(STEP.fullmatch(doc["step"])), "step is not a step name"),
         (isinstance(doc["rule"], str) and any(r.name == doc["rule"] and r.dist == doc["dist"] for r in RULES),
          "rule is not a rule of this distribution"),
-        (isinstance(keep, list) and 1 <= len(keep) <= 16 and all(isinstance(a, str) and ARCH.fullmatch(a) for a in keep),
+        (isinstance(keep, list) and 1 <= len(keep) <= 16
+         and all(isinstance(a, str) and ARCH.fullmatch(a) for a in keep),
          "keep must list compute capabilities such as 9.0"),
         (all(type(doc[k]) is int and 0 <= doc[k] < 1 << 50 for k in ("removed", "bytes")),
          "removed and bytes must be whole numbers"),
@@ -327,7 +332,8 @@ def check(state: Path, lock_dir: Path) -> list[str]:
     for path in records:
         doc, why = read_state(path)
         if doc is None:
-            errors.append(f"prune record {path}: {why}: remove it and run the step that installs the distribution again")
+            errors.append(f"prune record {path}: {why}: remove it and run the step that installs the distribution "
+                          "again")
             continue
         dist_name, keep, rule = doc.dist, doc.keep, doc.rule
         seen.add(dist_name)

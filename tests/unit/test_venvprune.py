@@ -105,8 +105,8 @@ def site(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(site))
     state = tmp_path / "state"
     (state / "lock").mkdir(parents=True)
-    (state / "lock" / "sglang.txt").write_text(f"# step sglang\n{ps.DIST}==0.6.12 --hash=sha256:{'0' * 64}  # ==0.6.12\n"
-                                               "# prune: keep-arch 9.0\n")
+    (state / "lock" / "sglang.txt").write_text(f"# step sglang\n{ps.DIST}==0.6.12 --hash=sha256:{'0' * 64}  "
+                                               "# ==0.6.12\n# prune: keep-arch 9.0\n")
     return site, state
 
 
@@ -199,3 +199,9 @@ def test_the_command_line(site, capsys):
     assert vp.main(["check", str(state)]) == 0
     assert vp.main(["prune", str(state), "--all", str(state / "lock" / "sglang.txt")]) == 2
     assert vp.main(["check"]) == 2
+
+
+def test_every_rule_is_whole_data_a_reader_knows():
+    for rule in vp.RULES:
+        assert rule.arch in vp.ARCH_READERS and vp.NAME.fullmatch(rule.dist), rule
+        assert rule.path.pattern.startswith(rule.dist.replace("-", "_") + "/"), rule  # its own package's files only

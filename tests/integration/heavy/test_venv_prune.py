@@ -32,8 +32,8 @@ def test_the_pip_step_prunes_in_place_and_its_verify_holds_on_the_pruned_venv(tm
     wheel = ps.make_wheel(tmp_path / "wheels")
     sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
     slice_ = tmp_path / "sglang.txt"
-    slice_.write_text(f"# step sglang: 1 distribution(s)\n{ps.DIST}=={ps.VERSION} --hash=sha256:{sha}  # =={ps.VERSION}\n"
-                      "# prune: keep-arch 9.0\n")
+    slice_.write_text(f"# step sglang: 1 distribution(s)\n{ps.DIST}=={ps.VERSION} --hash=sha256:{sha}  "
+                      f"# =={ps.VERSION}\n# prune: keep-arch 9.0\n")
     state = tmp_path / "state"
     # What the venv came with (pip; setuptools below 3.12) is the rest of this test's lock.
     have = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format=freeze"], capture_output=True,
@@ -65,5 +65,5 @@ def test_the_pip_step_prunes_in_place_and_its_verify_holds_on_the_pruned_venv(tm
                           "later-step"], capture_output=True, text=True,
                          env={"PATH": f"{venv}/bin:/usr/bin:/bin", "SF_STATE": str(state), "HOME": str(state)})
     assert res.returncode == 1
-    assert ("step later-step: flashinfer-cubin 0.6.12 (pruned by step sglang): flashinfer_cubin/__init__.py is missing, "
-            "and no prune rule removes it") in res.stderr
+    assert ("step later-step: flashinfer-cubin 0.6.12 (pruned by step sglang): flashinfer_cubin/__init__.py is "
+            "missing, and no prune rule removes it") in res.stderr
