@@ -423,7 +423,14 @@ sf_pip_step() {
   done
   [[ -n $venv && -n $step && -n $lock ]] || sf_die "sf_pip_step: --venv, --step and --lock are required"
   sf_lock_install "$venv" "$step" "$lock" "${args[@]}"
-  if [[ ${SF_COMPILED_ONLY:-} != 1 ]]; then sf_lock_verify "$venv" "$step"; fi
+  if [[ ${SF_COMPILED_ONLY:-} != 1 ]]; then
+    # In the step that installs them: a later RUN cannot shrink this layer (venvprune.py says what and why).
+    if grep -q '^# prune: ' "$lock"; then
+      sf_phase "$step" prune
+      "$venv/bin/python" -I "$(_sf_script venvprune.py)" prune "$SF_STATE" "$step" "$lock" || sf_die "step $step: the prune failed (above)"
+    fi
+    sf_lock_verify "$venv" "$step"
+  fi
 }
 
 # --- compiled steps -------------------------------------------------------------------------

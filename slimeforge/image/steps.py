@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .. import paths
+from ..scripts import venvprune
 from .lock.lockfile import LockFile, expected_versions, router_requirement, step_requirements
 from .sources import LocalSource
 from .stack import AptStep, PatchFile, PipStep, Stack, WheelUrlStep
@@ -29,7 +30,8 @@ IMAGE_SCRIPTS = {name: paths.SCRIPTS / name for name in ("venv_sizes.py",)}
 VENV_SIZES_RECORD = "venv-sizes.json"
 # The step library's own Python (the venv against the lock: every step runs it), copied with the
 # library before the first step: a change to it re-does every step, as a change to steps.sh does.
-LIBRARY_SCRIPTS = {name: paths.SCRIPTS / name for name in ("venvlock.py",)}
+# venvprune.py: a pip step's prune of GPU code for archs outside arch_list, and verify's check of it.
+LIBRARY_SCRIPTS = {name: paths.SCRIPTS / name for name in ("venvlock.py", "venvprune.py")}
 # Steps that are not in the stack's list but that both paths run: the venv with the pinned uv
 # comes right after the system packages; finalize (lock + flag catalog) comes last.
 VENV_STEP, FINALIZE_STEP = "venv", "finalize"
@@ -154,6 +156,10 @@ def lock_files(stack: Stack, lock: LockFile, layout: StepLayout) -> dict[str, st
             out[lock_file(name)] = router_requirement(lock, step.requirements[0])
         elif step.kind in ("pip", "source"):
             out[lock_file(name)] = step_requirements(lock, name, by_name=name in layout.wheel_dirs)
+            if step.kind == "pip":
+                # Only the slice of a step installing what a prune rule names: an arch_list change
+                # re-does that step alone (its slice changes), and the step prunes in its own layer.
+                out[lock_file(name)] += venvprune.keep_line(stack.arch_list, lock.steps.get(name, []))
     out[LOCK_ALL] = "".join(f"{n}=={v}\n" for n, v in sorted(expected_versions(lock).items()))
     return out
 

@@ -1,7 +1,8 @@
 """The venv against the lock: the step library's Python, standard library only, run by path with
 the TARGET venv's interpreter ($SF_STATE/venvlock.py; slimeforge/scripts/venvlock.py in a checkout).
 
-    python venvlock.py verify LOCK_DIR STEP [--exact]      after each step, and at finalize (--exact)
+    python venvlock.py verify LOCK_DIR STEP [--exact]      after each step, and at finalize (--exact);
+                                                           with venvprune.py's check (LOCK_DIR/../pruned)
     python venvlock.py fetch STEP FILE DIR [LINK_DIR...]   a compiled step's locked sources, by sha256
     python venvlock.py record LOCK_IN LOCK_OUT APPLIED [NAME=COMMIT...]   finalize's stack.lock.json
     python venvlock.py pins LOCK_JSON                      the smoke test: each pin of the stack installed
@@ -22,6 +23,7 @@ import os
 import re
 import shutil
 import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,6 +172,18 @@ def _error(text: str) -> None:
     print(f"slimeforge: ERROR: {_printable(text)}", file=sys.stderr)
 
 
+def _sibling(name: str) -> types.ModuleType:
+    """A script beside this one, by path: run as `python -I venvlock.py`, its directory is not on sys.path."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_sf_{name}", Path(__file__).with_name(f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 # --- commands ----------------------------------------------------------------------------------
 
 
@@ -186,6 +200,12 @@ def verify(lock_dir: Path, step: str, exact: bool) -> int:
                 whole[item.name] = item.version
     installed = installed_versions()
     errors = bad + slice_problems(want, whole, installed, _checkouts(), exact)
+    # What a step pruned (venvprune.py): exactly the files its rule removes are missing, no others.
+    if Path(__file__).with_name("venvprune.py").is_file():
+        errors += _sibling("venvprune").check(lock_dir.parent, lock_dir)
+    else:
+        errors.append(f"venvprune.py is missing beside {Path(__file__).name} (the image and install.sh put both in "
+                      "the state directory): the pruned files cannot be checked")
     for e in errors:
         _error(f"step {step}: {e}")
     if errors:
