@@ -251,25 +251,3 @@ def test_finalize_makes_the_catalog_in_the_pass_and_fails_when_it_cannot(tmp_pat
     assert bad.returncode != 0 and "could not read slime's parsers" in bad.stderr
     assert "needs a module this Python lacks" in bad.stderr and not flags.exists()
 
-
-def test_the_version_checks_run_side_by_side_and_are_reported_in_order(tmp_path):
-    """The router's and torch's checks run beside the pins; each is still judged and named."""
-    venv = venv_of(tmp_path, str(mods(tmp_path / "mods")))
-    # A venv whose python answers the two checks (each after a second) and runs anything else as itself.
-    (venv / "bin" / "python").write_text(f'''#!/bin/bash
-case "$*" in
-  *sglang_router*) sleep 1; echo "0.3.2+slime"; exit 0 ;;
-  *torch.version.cuda*) sleep 1; echo "$TORCH_SAYS"; exit 0 ;;
-esac
-exec {sys.executable} "$@"
-''')
-    for torch_says, ok in (("13.0", True), ("12.9", False)):
-        res = subprocess.run(["bash", "-c", 'source "$1"; shift; "$@"', "sf", str(LIB), "sf_smoke", "--venv", str(venv),
-                              "--router-marker", "slime", "--torch-cuda", "13.0"], capture_output=True, text=True,
-                             env={"PATH": "/usr/bin:/bin", "SF_STATE": str(tmp_path), "HOME": str(tmp_path),
-                                  "TORCH_SAYS": torch_says})
-        assert (res.returncode == 0) == ok, res.stderr
-        said = [line for line in res.stderr.splitlines() if "sglang_router" in line or "torch" in line]
-        assert said[0].endswith("smoke: sglang_router 0.3.2+slime is the fork")
-        assert said[1].endswith("smoke: torch built for CUDA 13.0") if ok else (
-            "smoke: torch CUDA 12.9 does not match the flavor 13.0" in said[1])
