@@ -12,7 +12,8 @@ Columns, per step: total (the step's `done in`, whole seconds, where known), dow
 Prepared), install (the rest of the install phase: resolve, uninstall, link), verify (the venv
 compared with the lock; a store entry's sha256 check), other phases by name (a source's fetch and
 patch; finalize's prune, record, flags; the smoke test's imports, versions, patches, flags,
-kernels). Times are wall-clock seconds.
+kernels). Times are wall-clock seconds. `install` also samples the host's 1-minute load average every
+5 s (start, end, max, mean): what ran beside the install.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -96,6 +98,36 @@ def install_lines(prefix: Path, log: Path | None) -> list[str]:
     return lines
 
 
+class LoadSampler:
+    """The host's 1-minute load average while a run goes on (every 5 s): what ran beside it."""
+
+    def __init__(self, every: float = 5.0) -> None:
+        self.every, self.samples = every, [self.now()]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def now() -> float:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.samples.append(self.now())
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(self.now())
+
+    def summary(self) -> dict[str, float]:
+        return {"start": self.samples[0], "end": self.samples[-1], "max": max(self.samples),
+                "mean": round(sum(self.samples) / len(self.samples), 2)}
+
+
 def table(split: dict[str, dict[str, float]], done: dict[str, int]) -> str:
     cols = ["download", "install", "verify"]
     extra = sorted({k for row in split.values() for k in row} - set(cols))
@@ -125,10 +157,10 @@ def main() -> None:
             raise SystemExit("--prefix is required")
         log = a.log or Path(f"{a.prefix}.install.log")
         t0 = time.monotonic()
-        with log.open("w") as fh:
+        with log.open("w") as fh, LoadSampler() as load:
             rc = subprocess.run([str(ROOT / ".venv" / "bin" / "invoke"), "install", "--prefix", str(a.prefix), *rest],
                                 cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT).returncode
-        result.update(rc=rc, seconds=round(time.monotonic() - t0, 1), log=str(log))
+        result.update(rc=rc, seconds=round(time.monotonic() - t0, 1), log=str(log), load=load.summary())
         a.log = log
     if a.build_log is not None:
         lines = a.build_log.read_text(errors="replace").splitlines()
@@ -140,7 +172,8 @@ def main() -> None:
     result.update(steps=split, done_in=done)
     print(table(split, done))
     if "seconds" in result:
-        print(f"install: exit {result['rc']} in {result['seconds']} s (log {result['log']})")
+        print(f"install: exit {result['rc']} in {result['seconds']} s (log {result['log']}); 1-minute load average "
+              f"beside: {result['load']}")
     if a.json:
         a.json.write_text(json.dumps(result, indent=2) + "\n")
     if result.get("rc", 0):

@@ -1021,9 +1021,30 @@ sf_source_step() {
     printf '%s==%s\n' "$(cut -d- -f1 <<<"$whl")" "$(cut -d- -f2 <<<"$whl")" >"$SF_STATE/lock/$step.checkout.txt"
   else
     if ((editable)); then args+=(--editable "$dest"); else args+=("$dest"); fi
-    _sf_with_ccache sf_uv "$venv" "${args[@]}"
+    # A fresh prefix builds its checkout at other paths than the last prefix did (the checkout, the
+    # venv's pybind11 headers), and Python's CFLAGS hold -g, so ccache hashed the working directory
+    # too: every fresh install missed (Megatron's helpers, about 12 s on 2 cores). Paths under the
+    # directory holding both are hashed relative to the checkout (CCACHE_BASEDIR) and the working
+    # directory is left out (CCACHE_NOHASHDIR): the same source, flags and headers hit. Only the
+    # object's debug information may then name the first prefix's directory, never its code.
+    local base
+    base=$(_sf_common_dir "$venv" "$dest")
+    if [[ $base != / && -z ${CCACHE_BASEDIR:-} ]]; then
+      CCACHE_BASEDIR=$base CCACHE_NOHASHDIR=1 _sf_with_ccache sf_uv "$venv" "${args[@]}"
+    else
+      _sf_with_ccache sf_uv "$venv" "${args[@]}"
+    fi
   fi
   sf_lock_verify "$venv" "$step"
+}
+
+# _sf_common_dir A B: the deepest directory holding both paths (their real paths), / at least.
+_sf_common_dir() {
+  local a b
+  a=$(realpath -m -- "$1")/ b=$(realpath -m -- "$2")/
+  while [[ ${b#"$a"} == "$b" ]]; do a=${a%/*/}/; done
+  a=${a%/}
+  printf '%s\n' "${a:-/}"
 }
 
 # _sf_with_ccache CMD...: CMD with its C and C++ compiles through ccache where it is installed (the
@@ -1072,22 +1093,31 @@ _sf_ccache_probe() {
 # --- read back and verify -------------------------------------------------------------------
 
 # sf_finalize VENV LOCK_IN LOCK_OUT FLAGS_OUT [--lock ALL] [--checkout NAME=DIR]... [--slime DIR [--megatron DIR]]
+#             [--imports-to DIR [--import M]... [--needs-gpu M]... [--preload M]...]
 # Compares what is installed with the whole lock (any difference fails the build), then writes the
 # stack lock with what is really installed (importlib.metadata) and the commit of every checkout,
-# and the flag catalog of slime's own argument parsers.
+# and the flag catalog of slime's own argument parsers. --imports-to (install.sh): the catalog is
+# made in the smoke test's import pass (sf_import_pass, the smoke test's own --import, --needs-gpu
+# and --preload), whose results go to DIR for the smoke test right after (sf_smoke --imports-from):
+# slime, SGLang and Megatron are imported once for both (on cu13, 2 cores: the catalog's 35 s and
+# the imports' 32 s were one after the other). An import that fails there fails the smoke test, not
+# finalize; a catalog that cannot be made whole fails finalize, as without --imports-to.
 sf_finalize() {
   local venv=$1 lock_in=$2 lock_out=$3 flags_out=$4
   shift 4
-  local checkouts=() slime="" megatron=""
+  local checkouts=() slime="" megatron="" imports_to="" pass=()
   while (($#)); do
     case $1 in
       --lock) mkdir -p "$SF_STATE/lock" && cp -- "$2" "$SF_STATE/lock/_all.txt"; shift 2 ;;
       --checkout) checkouts+=("$2"); shift 2 ;;
       --slime) slime=$2; shift 2 ;;
       --megatron) megatron=$2; shift 2 ;;
+      --imports-to) imports_to=$2; shift 2 ;;
+      --import | --needs-gpu | --preload) pass+=("$1" "$2"); shift 2 ;;
       *) sf_die "sf_finalize: unknown option $1" ;;
     esac
   done
+  [[ -n $imports_to || -z ${pass[*]-} ]] || sf_die "sf_finalize: --import, --needs-gpu and --preload go with --imports-to"
   sf_lock_verify "$venv" finalize --exact
   # A step re-run on a venv that holds its wheels installs them with --reinstall-package, which uv
   # takes to mean --refresh-package: it fetches them again and leaves the old unpacked copies
@@ -1101,8 +1131,121 @@ sf_finalize() {
   done
   "$venv/bin/python" -I "$(_sf_script venvlock.py)" record "$lock_in" "$lock_out" "$SF_STATE/patches.applied" "${commits[@]}" ||
     sf_die "finalize: recording what is installed in $lock_out failed (see above)"
-  if [[ -n $slime ]]; then sf_phase finalize flags; sf_flag_catalog "$venv" "$slime" "$megatron" "$flags_out"; fi
+  if [[ -n $imports_to ]]; then
+    sf_phase finalize imports
+    local cat=()
+    if [[ -n $slime ]]; then cat=(--catalog-out "$flags_out" --slime "$slime" --megatron "$megatron"); fi
+    sf_import_pass --venv "$venv" --results "$imports_to" ${pass[@]+"${pass[@]}"} ${cat[@]+"${cat[@]}"}
+    if [[ -n $slime ]] && ! _sf_rc_ok "$imports_to/catalog.rc"; then
+      _sf_tail "$imports_to/catalog.out" 20 >&2
+      sf_die "flag catalog: $venv/bin/python could not read slime's parsers in $slime (see above)"
+    fi
+  elif [[ -n $slime ]]; then sf_phase finalize flags; sf_flag_catalog "$venv" "$slime" "$megatron" "$flags_out"; fi
   sf_phase finalize end
+}
+
+# _sf_rc_ok FILE: FILE (an exit status the import pass wrote) says 0.
+_sf_rc_ok() { [[ -f $1 && ! -L $1 && $(head -c 8 -- "$1") == 0 ]]; }
+
+# _sf_tail FILE N: the last N lines of what a Python printed, as they may reach a terminal.
+_sf_tail() { { tail -n "$2" -- "$1" 2>/dev/null || true; } | _sf_printable; }
+
+# sf_import_pass --venv V --results DIR [--import M]... [--needs-gpu M]... [--preload M]...
+#                [--catalog-out FILE --slime DIR [--megatron DIR]]
+# The smoke test's imports in one pass ($SF_STATE/smoke_imports.py, slimeforge/scripts/): the
+# --preload modules imported once, then each module in a child forked from that interpreter (the
+# state a fresh `python -c "import torch; import M"` reaches before `import M`), one per core, at most
+# 4 (each holds torch, about 1.5 GB); an import the stack marks --needs-gpu is skipped where no GPU
+# is present. --catalog-out: the flag catalog is made in the same pass (its import of slime's
+# argument module is that module's smoke import, when it is the same import). DIR is made empty;
+# then DIR/plan (`import M` or `skip M`, one line per --import, in order), each import's result
+# (N.rc, N.out), the catalog's (catalog.rc, catalog.out) and, last, DIR/done. Nothing is reported
+# here: _sf_import_report reads DIR.
+sf_import_pass() {
+  local venv="" dir="" out="" slime="" megatron="" m g need gpu=0 par
+  local imports=() needs_gpu=() args=()
+  while (($#)); do
+    case $1 in
+      --venv) venv=$2; shift 2 ;;
+      --results) dir=$2; shift 2 ;;
+      --import) imports+=("$2"); shift 2 ;;
+      --needs-gpu) needs_gpu+=("$2"); shift 2 ;;
+      --preload) args+=(--preload "$2"); shift 2 ;;
+      --catalog-out) out=$2; shift 2 ;;
+      --slime) slime=$2; shift 2 ;;
+      --megatron) megatron=$2; shift 2 ;;
+      *) sf_die "sf_import_pass: unknown option $1" ;;
+    esac
+  done
+  [[ -n $venv && -n $dir ]] || sf_die "sf_import_pass: --venv and --results are required"
+  [[ -f $SF_STATE/smoke_imports.py ]] || sf_die "smoke imports: $SF_STATE/smoke_imports.py is missing"
+  rm -rf -- "$dir"
+  mkdir -p -- "$dir"
+  if sf_gpu_present "$venv"; then gpu=1; fi
+  : >"$dir/plan"
+  for m in ${imports[@]+"${imports[@]}"}; do
+    need=0
+    for g in ${needs_gpu[@]+"${needs_gpu[@]}"}; do if [[ $g == "$m" ]]; then need=1; fi; done
+    if ((need && !gpu)); then printf 'skip %s\n' "$m" >>"$dir/plan"; else
+      printf 'import %s\n' "$m" >>"$dir/plan"
+      args+=(--import "$m")
+    fi
+  done
+  if [[ -n $out ]]; then
+    [[ -f $SF_STATE/flag_catalog.py ]] || sf_die "flag catalog: $SF_STATE/flag_catalog.py is missing"
+    local commit
+    commit=$(sf_git -C "$slime" rev-parse HEAD 2>/dev/null) ||
+      sf_die "flag catalog: slime at '$slime' is not a git checkout (the catalog records its commit)"
+    args+=(--catalog-out "$out" --slime "$slime" --slime-commit "$commit")
+    if [[ -n $megatron ]]; then
+      commit=$(sf_git -C "$megatron" rev-parse HEAD 2>/dev/null) ||
+        sf_die "flag catalog: Megatron at '$megatron' is not a git checkout (the catalog records its commit)"
+      args+=(--megatron "$megatron" --megatron-commit "$commit")
+    fi
+  fi
+  par=$(nproc 2>/dev/null || echo 1)
+  ((par <= 4)) || par=4
+  ((par >= 1)) || par=1
+  # The venv alone decides what is imported (not the caller's PYTHONPATH). Bytecode is written (the
+  # image sets PYTHONDONTWRITEBYTECODE for its steps; uv installs none): compiled once here, by
+  # whichever child imports a module first, and read by every process of a run after.
+  PYTHONDONTWRITEBYTECODE="" PYTHONPATH="" "$venv/bin/python" "$SF_STATE/smoke_imports.py" --results "$dir" --jobs "$par" \
+    ${args[@]+"${args[@]}"} || sf_die "smoke imports: $SF_STATE/smoke_imports.py failed to run (see above)"
+  if [[ -f $dir/seconds ]]; then sf_log "import pass, seconds: $(head -c 2000 -- "$dir/seconds" | _sf_printable)"; fi
+  : >"$dir/done"
+}
+
+# _sf_pass_of DIR M...: DIR holds a whole pass (sf_import_pass) of exactly the modules M..., in order.
+_sf_pass_of() {
+  local dir=$1 kind m i=0
+  shift
+  [[ -d $dir && ! -L $dir && -f $dir/done && -f $dir/plan ]] || return 1
+  while read -r kind m; do
+    [[ $kind == import || $kind == skip ]] && ((i < $#)) || return 1
+    i=$((i + 1))
+    [[ $m == "${!i}" ]] || return 1
+  done <"$dir/plan"
+  ((i == $#))
+}
+
+# _sf_import_report DIR: each import of DIR/plan (sf_import_pass), in order: skipped (by name),
+# ok, or failed with its last lines; fails when one failed. SF_SKIPPED: the skipped ones.
+_sf_import_report() {
+  local dir=$1 kind m i=0 failed=0
+  SF_SKIPPED=()
+  while read -r kind m; do
+    if [[ $kind == skip ]]; then
+      sf_log "smoke: SKIPPED import $m: it needs a GPU and none is present"
+      SF_SKIPPED+=("$m")
+      continue
+    fi
+    if _sf_rc_ok "$dir/$i.rc"; then sf_log "smoke: import $m ok"; else
+      printf 'slimeforge: ERROR: smoke: import %s failed: %s\n' "$m" "$(_sf_tail "$dir/$i.out" 3)" >&2
+      failed=1
+    fi
+    i=$((i + 1))
+  done <"$dir/plan"
+  ((failed == 0))
 }
 
 # sf_finalize_smoked FINALIZE_ARGS... -- SMOKE_ARGS...: the image's last step. finalize and the smoke
@@ -1156,16 +1299,21 @@ sf_gpu_present() {
 
 # sf_smoke --venv V [--import M]... [--needs-gpu M]... [--versions LOCK] [--router-marker S]
 #          [--torch-cuda X.Y] [--patch NAME:METHOD:STRIP:FILE:DIR]... [--flags FILE --slime DIR [--megatron DIR]]
-#          [--flags-made-now]
+#          [--flags-made-now] [--imports-from DIR]
 # Every check runs; all failures are listed, and any failure fails the smoke test. An import the
 # stack marks --needs-gpu is skipped where no GPU is present, by name (printed, and counted in the
 # last line), never silently. --versions: each pinned distribution at the lock's version
 # (venvlock.py pins). --flags-made-now: finalize made the flag catalog from slime's parsers in this
 # same run (install.sh knows), so making it again to compare (half a minute on cu13: slime, SGLang
 # and Megatron imported) would compare the same code's output with itself: only its presence is checked.
+# --imports-from DIR: finalize's import pass in this same run (sf_finalize --imports-to DIR, with
+# this test's --import, --needs-gpu and --preload) imported every module after the last step; its
+# results are reported, not made again (a pass that did not finish, or of other modules, is not taken:
+# the imports run here). Otherwise the imports run here, in one pass with the flag catalog made
+# again to compare (sf_import_pass).
 sf_smoke() {
   local venv="" marker="" torch_cuda="" flags="" slime="" megatron="" versions="" failed=0 flags_now=0
-  local imports=() patches=() needs_gpu=() skipped=() preload=() kernels=0
+  local imports=() patches=() needs_gpu=() preload=() kernels=0 from=""
   while (($#)); do
     case $1 in
       --venv) venv=$2; shift 2 ;;
@@ -1181,44 +1329,38 @@ sf_smoke() {
       --slime) slime=$2; shift 2 ;;
       --megatron) megatron=$2; shift 2 ;;
       --flags-made-now) flags_now=1; shift ;;
+      --imports-from) from=$2; shift 2 ;;
       *) sf_die "sf_smoke: unknown option $1" ;;
     esac
   done
-  local m out gpu=0 g need
+  local m out gpu=0 pass=() scratch="" fresh="" catalog=0
   sf_phase smoke imports
   if sf_gpu_present "$venv"; then gpu=1; fi
-  # Each import in a fresh interpreter, after the --preload modules, as its users import it (torch
-  # first: its C++ extensions need libc10 loaded); a module is never its own preload. They are
-  # independent, so several run at once (one per core, at most 4: each holds torch, about 1.5 GB),
-  # and are reported in their order.
-  local scratch i=0 par todo=() pids=()
-  par=$(nproc 2>/dev/null || echo 1)
-  ((par <= 4)) || par=4
-  ((par >= 1)) || par=1
-  scratch=$(mktemp -d)
-  for m in "${imports[@]}"; do
-    need=0
-    for g in "${needs_gpu[@]}"; do if [[ $g == "$m" ]]; then need=1; fi; done
-    if ((need && !gpu)); then
-      sf_log "smoke: SKIPPED import $m: it needs a GPU and none is present"
-      skipped+=("$m")
-      continue
+  for m in ${imports[@]+"${imports[@]}"}; do pass+=(--import "$m"); done
+  for m in ${needs_gpu[@]+"${needs_gpu[@]}"}; do pass+=(--needs-gpu "$m"); done
+  for m in ${preload[@]+"${preload[@]}"}; do pass+=(--preload "$m"); done
+  # A pass without the catalog cannot stand for a test that must compare it.
+  if [[ -n $from && -n $flags ]] && ((!flags_now)); then from=""; fi
+  if [[ -n $from ]] && ! _sf_pass_of "$from" ${imports[@]+"${imports[@]}"}; then
+    sf_log "smoke: finalize's import pass ($from) did not finish or imported other modules: importing here"
+    from=""
+  fi
+  if [[ -n $from ]]; then
+    sf_log "smoke: imports from finalize's pass in this run (each module in its own process after the last step)"
+    scratch=$from
+  else
+    scratch=$(mktemp -d)
+    # The flag catalog is made again in the same pass, to compare (slime, SGLang and Megatron imported once).
+    if [[ -n $flags && -n $slime ]] && ((!flags_now)); then
+      fresh=$(mktemp) catalog=1
+      pass+=(--catalog-out "$fresh" --slime "$slime" --megatron "$megatron")
     fi
-    local pre="" p
-    for p in "${preload[@]}"; do if [[ $p != "$m" ]]; then pre+="import $p; "; fi; done
-    while (($(jobs -rp | wc -l) >= par)); do wait -n || true; done
-    # In an `if`, so that a failing import is recorded (its status) rather than ending the subshell.
-    (if "$venv/bin/python" -c "${pre}import $m" >"$scratch/$i.out" 2>&1; then echo 0; else echo 1; fi >"$scratch/$i.rc") &
-    pids+=("$!")
-    todo+=("$m")
-    i=$((i + 1))
-  done
-  if ((${#pids[@]})); then wait "${pids[@]}"; fi
-  for i in "${!todo[@]}"; do
-    m=${todo[i]}
-    if [[ $(<"$scratch/$i.rc") == 0 ]]; then sf_log "smoke: import $m ok"; else
-      printf 'slimeforge: ERROR: smoke: import %s failed: %s\n' "$m" "$(tail -n 3 "$scratch/$i.out")" >&2; failed=1; fi
-  done
+    sf_import_pass --venv "$venv" --results "$scratch" "${pass[@]}"
+  fi
+  local skipped=()
+  _sf_import_report "$scratch" || failed=1
+  skipped=(${SF_SKIPPED[@]+"${SF_SKIPPED[@]}"})
+  if ((catalog)) && ! _sf_rc_ok "$scratch/catalog.rc"; then _sf_tail "$scratch/catalog.out" 20 >&2; fi
   rm -rf -- "$scratch"
   sf_phase smoke versions
   if [[ -n $versions ]]; then
@@ -1243,13 +1385,11 @@ sf_smoke() {
     if [[ -s $flags ]]; then sf_log "smoke: flag catalog $flags made from slime's parsers by finalize in this run: not made again"
     else printf 'slimeforge: ERROR: smoke: flag catalog %s is missing\n' "$flags" >&2; failed=1; fi
   elif [[ -n $flags ]]; then
-    local fresh
-    fresh=$(mktemp)
-    if (sf_flag_catalog "$venv" "$slime" "$megatron" "$fresh") && [[ -s $flags ]] && cmp -s "$fresh" "$flags"; then
+    if ((catalog)) && [[ -s $fresh && -s $flags ]] && cmp -s "$fresh" "$flags"; then
       sf_log "smoke: flag catalog $flags matches slime's parsers"
     else printf 'slimeforge: ERROR: smoke: flag catalog %s is missing or differs from slime'"'"'s parsers\n' "$flags" >&2; failed=1; fi
-    rm -f "$fresh"
   fi
+  if [[ -n $fresh ]]; then rm -f -- "$fresh"; fi
   # On a GPU host, each compiled piece runs one small operation against torch (sf_kernel_check).
   sf_phase smoke kernels
   if ((kernels && gpu)); then

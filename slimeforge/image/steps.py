@@ -24,7 +24,7 @@ STEP_RUNNER = paths.TEMPLATES / "sf"
 # Scripts the step library runs with the target's Python (standard library only; kernel_check.py also
 # torch, which the venv has); the image gets them in /opt/slimeforge, the install script writes them
 # to SF_STATE.
-TARGET_SCRIPTS = {name: paths.SCRIPTS / name for name in ("flag_catalog.py", "kernel_check.py")}
+TARGET_SCRIPTS = {name: paths.SCRIPTS / name for name in ("flag_catalog.py", "kernel_check.py", "smoke_imports.py")}
 # Run only in images, by the last RUN (after finalize): the venv's largest directories, for the build report.
 IMAGE_SCRIPTS = {name: paths.SCRIPTS / name for name in ("venv_sizes.py",)}
 VENV_SIZES_RECORD = "venv-sizes.json"
@@ -453,16 +453,22 @@ def finalize_argv(stack: Stack, layout: StepLayout, lock_in: str, lock_out: str 
     return argv + catalog_args(stack, layout)
 
 
-def smoke_argv(stack: Stack, layout: StepLayout, flags: str | None = None, catalog: bool = True) -> list[str]:
-    """The smoke test's arguments. catalog=False: no --flags (the image's last step, where finalize
-    beside it makes the catalog and fails when it cannot)."""
-    argv = ["smoke", "--venv", layout.venv]
+def smoke_import_args(stack: Stack) -> list[str]:
+    """The smoke test's imports as sf_smoke and sf_import_pass (finalize's --imports-to) take them."""
+    argv: list[str] = []
     for m in stack.smoke.all_imports:
         argv += ["--import", m]
     for m in stack.smoke.needs_gpu:
         argv += ["--needs-gpu", m]
     for m in stack.smoke.preload:
         argv += ["--preload", m]
+    return argv
+
+
+def smoke_argv(stack: Stack, layout: StepLayout, flags: str | None = None, catalog: bool = True) -> list[str]:
+    """The smoke test's arguments. catalog=False: no --flags (the image's last step, where finalize
+    beside it makes the catalog and fails when it cannot)."""
+    argv = ["smoke", "--venv", layout.venv, *smoke_import_args(stack)]
     if any(s.compiles for s in stack.plan):
         argv.append("--kernel-check")  # on a GPU host: one operation of each compiled piece (kernel_check.py)
     # Every pin of the stack at its version (the input lock; the built lock is read back from it).

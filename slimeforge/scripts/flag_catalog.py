@@ -42,7 +42,10 @@ def _built_by() -> str:
     return f"{frame.f_globals.get('__name__', '?')}.{frame.f_code.co_name}"
 
 
-def catalog(entry: str) -> dict:
+def catalog(entry: str, trace: dict | None = None) -> dict:
+    """`trace`, when given, learns `imported` (the entry's module imported) and
+    `parsed_while_importing` (parsers that parsed during that import: smoke_imports.py takes the
+    import for the module's smoke import only when none did)."""
     parsers: list[dict] = []
     seen: list[argparse.ArgumentParser] = []  # kept alive: a freed parser's id() can be reused
 
@@ -65,7 +68,10 @@ def catalog(entry: str) -> dict:
     original = argparse.ArgumentParser.parse_known_args
     argparse.ArgumentParser.parse_known_args = parse_known_args  # type: ignore[method-assign]
     try:
-        getattr(importlib.import_module(module_name), func_name)()
+        module = importlib.import_module(module_name)
+        if trace is not None:
+            trace.update(imported=True, parsed_while_importing=len(parsers))
+        getattr(module, func_name)()
     except ImportError as exc:
         raise SystemExit(f"slimeforge: ERROR: flag catalog: {entry} needs a module this Python lacks: {exc}") from None
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - any stop is judged below
@@ -84,7 +90,8 @@ def catalog(entry: str) -> dict:
             "parsers": parsers, "stopped_by": stopped_by, "flags": flags}
 
 
-def catalog_of(slime: str, megatron: str | None, entry: str = "slime.utils.arguments:parse_args") -> dict:
+def catalog_of(slime: str, megatron: str | None, entry: str = "slime.utils.arguments:parse_args",
+               trace: dict | None = None) -> dict:
     """The catalog of the slime checkout at `slime` (Megatron's from `megatron`, else from wherever
     this Python finds it). Raises SystemExit with one line when it cannot be made whole."""
     # Checkouts first on the path, as slime's launch does (PYTHONPATH=<Megatron-LM>); argv is only
@@ -92,7 +99,7 @@ def catalog_of(slime: str, megatron: str | None, entry: str = "slime.utils.argum
     sys.path[:0] = [d for d in (slime, megatron) if d]
     sys.argv = [os.path.join(slime, "train.py")]
     with contextlib.redirect_stdout(sys.stderr):
-        return catalog(entry)
+        return catalog(entry, trace)
 
 
 def main(argv: list[str] | None = None) -> int:

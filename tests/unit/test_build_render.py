@@ -277,7 +277,7 @@ def test_smoke_imports_every_compiled_piece_and_names_the_gpu_ones(flavor, fa):
     assert (argv[argv.index("--megatron") + 1] == "/root/Megatron-LM" and argv[argv.index("--slime")
                                                                                + 1] == "/root/slime")
     text = render_dockerfile(stack)
-    assert "COPY flag_catalog.py kernel_check.py venv_sizes.py /opt/slimeforge/" in text
+    assert "COPY flag_catalog.py kernel_check.py smoke_imports.py venv_sizes.py /opt/slimeforge/" in text
     assert "COPY steps.sh sf venvlock.py venvprune.py /opt/slimeforge/" in text  # the library's, before any step
     # The last step: finalize (which makes the flag catalog) and the smoke test side by side, the smoke
     # test without --flags (finalize fails when the catalog cannot be made); then the venv's sizes.

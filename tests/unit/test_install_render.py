@@ -129,7 +129,12 @@ def test_install_script_carries_interpreter_arch_variables_and_compiled_keys(fla
     # The scripts the venv's Python runs are written next to the records, as in every image.
     assert "base64 -d >\"$SF_STATE/\"flag_catalog.py <<'SF_SCRIPT_1'" in text
     assert "base64 -d >\"$SF_STATE/\"kernel_check.py <<'SF_SCRIPT_2'" in text
-    assert "base64 -d >\"$SF_STATE/\"venvlock.py <<'SF_SCRIPT_3'" in text
+    assert "base64 -d >\"$SF_STATE/\"smoke_imports.py <<'SF_SCRIPT_3'" in text
+    assert "base64 -d >\"$SF_STATE/\"venvlock.py <<'SF_SCRIPT_4'" in text
+    # finalize makes the flag catalog in the smoke test's import pass, which the smoke test reports.
+    fin = next(x for x in text.splitlines() if x.startswith("  sf_finalize "))
+    assert " --imports-to /opt/slime/.slimeforge/smoke-imports --import torch " in fin and " --preload torch" in fin
+    assert "flags_now+=(--imports-from /opt/slime/.slimeforge/smoke-imports)" in text
 
 
 # --- the hosts people have: their interpreter, their toolkit, the disk the lock needs ----------------

@@ -220,6 +220,7 @@ def test_smoke_skips_gpu_imports_by_name_and_checks_versions(tmp_path):
     (venv / "bin" / "python").symlink_to(sys.executable)
     (tmp_path / "venvlock.py").write_bytes(LIBRARY_SCRIPTS["venvlock.py"].read_bytes())
     (tmp_path / "kernel_check.py").write_bytes(TARGET_SCRIPTS["kernel_check.py"].read_bytes())  # the GPU probe
+    (tmp_path / "smoke_imports.py").write_bytes(TARGET_SCRIPTS["smoke_imports.py"].read_bytes())  # the import pass
     # The version of pip as the stand-in venv's Python sees it.
     pip_version = subprocess.run([str(venv / "bin" / "python"), "-c",
                                   "import importlib.metadata as m; print(m.version('pip'))"],
@@ -350,7 +351,8 @@ def test_a_flag_catalog_made_in_this_run_is_checked_for_presence_only(tmp_path):
     (venv / "bin" / "python").symlink_to(sys.executable)
     from slimeforge.image.steps import TARGET_SCRIPTS
 
-    (tmp_path / "kernel_check.py").write_bytes(TARGET_SCRIPTS["kernel_check.py"].read_bytes())
+    for name in ("kernel_check.py", "smoke_imports.py", "flag_catalog.py"):
+        (tmp_path / name).write_bytes(TARGET_SCRIPTS[name].read_bytes())
     flags = tmp_path / "flags.json"
     # --slime names no checkout: a catalog made again would fail; with --flags-made-now none is made.
     missing = sf("sf_smoke", "--venv", str(venv), "--flags", str(flags), "--slime", str(tmp_path / "nowhere"),
@@ -372,7 +374,8 @@ def test_smoke_imports_run_side_by_side_and_are_reported_in_order(tmp_path):
     (venv / "bin" / "python").symlink_to(sys.executable)
     from slimeforge.image.steps import TARGET_SCRIPTS
 
-    (tmp_path / "kernel_check.py").write_bytes(TARGET_SCRIPTS["kernel_check.py"].read_bytes())
+    for name in ("kernel_check.py", "smoke_imports.py"):
+        (tmp_path / name).write_bytes(TARGET_SCRIPTS[name].read_bytes())
     mods = ["json", "no_such_mod_a", "csv", "no_such_mod_b", "zlib", "shlex"]
     res = sf("sf_smoke", "--venv", str(venv), *[a for m in mods for a in ("--import", m)], state=tmp_path)
     assert res.returncode != 0 and "smoke test failed" in res.stderr

@@ -48,11 +48,13 @@ from ..steps import (
     input_lock,
     lock_files,
     smoke_argv,
+    smoke_import_args,
     step_commands,
     together_groups,
 )
 
 SCRIPT = "install.sh"
+SMOKE_IMPORTS_DIR = "smoke-imports"  # under the state directory: finalize's import pass, for the smoke test
 MAX_FREE_GIB = 999_999  # install.sh reads SLIMEFORGE_MIN_FREE_GIB as 1 to 6 ASCII digits, base 10
 
 
@@ -120,9 +122,13 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None,
     commands = step_commands(stack, layout, base_id, store, patch_sha)
     for cmd in commands:
         steps.append({"name": cmd.name, "env": cmd.env, "commands": cmd.commands, "slice": cmd.lock_file})
+    # finalize makes the flag catalog in the smoke test's import pass, whose results the smoke test
+    # right after reports (sf_finalize --imports-to, sf_smoke --imports-from): one set of imports for both.
+    imports_dir = f"{layout.state}/{SMOKE_IMPORTS_DIR}"
     steps.append({"name": FINALIZE_STEP, "env": {},
                   "commands": [finalize_argv(stack, layout, f"{layout.state}/stack.input.json",
-                                             paths.Prefix.at(prefix).lock, paths.Prefix.at(prefix).flags)]})
+                                             paths.Prefix.at(prefix).lock, paths.Prefix.at(prefix).flags)
+                               + ["--imports-to", imports_dir, *smoke_import_args(stack)]]})
     for step in steps:
         inputs: dict[str, object] = {"step": {**step, "commands": [_without_store_dir(c) for c in step["commands"]]},
                                      "patches": {f: patch_sha[f] for f in sorted(patch_sha)
@@ -187,6 +193,7 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None,
         "smoke_hash": smoke_hash,
         "smoke_flags": "--flags" in smoke,
         "finalize": FINALIZE_STEP,
+        "imports_dir": imports_dir,
     })
 
 
