@@ -50,15 +50,6 @@ REGISTRY = "/usr/bin/docker-registry"  # Debian's docker-registry: the CNCF dist
 DOCKER_DATA = "{workdir}/dr"  # the hosts' Docker data roots (<workdir>/dr/<host>): a tmpfs per host
 
 
-def _mark(tag: str, what: str, t0: float) -> float:  # TEMPORARY (r10 measurement): phase timings
-    path = os.environ.get("SLIMEFORGE_LAB_TIMINGS")
-    now = time.monotonic()
-    if path:
-        with open(path, "a") as fh:
-            fh.write(f"{time.strftime('%H:%M:%S')} {tag} {what} {now - t0:.1f}\n")
-    return now
-
-
 def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(list(argv), check=check, capture_output=True, text=True)
 
@@ -179,7 +170,6 @@ class NetLab:
         return self
 
     def _start(self) -> None:
-        t = time.monotonic()
         self.workdir.mkdir(mode=0o700)
         (self.workdir / "cm").mkdir(mode=0o700)
         self._netns_add(self.switch)
@@ -218,17 +208,14 @@ class NetLab:
             if not Path(path).exists():
                 Path(path).mkdir(parents=True)  # the mount points
                 self._made.append(Path(path))
-        t = _mark(self.tag, f"start:namespaces(size={self.size},docker={self.docker})", t)
         for host in self.hosts:
             self._sshd(host)
         self._wait_for_sshd()
-        t = _mark(self.tag, "start:sshd", t)
         if self.docker:
             self._registry()
             for host in self.hosts:
                 self._dockerd(host)
             self._wait_for_dockerd()
-            t = _mark(self.tag, "start:dockerd", t)
 
     def _wait_for_sshd(self) -> None:
         deadline = time.monotonic() + 60
@@ -492,7 +479,6 @@ class NetLab:
     # --- teardown --------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        t = time.monotonic()
         # The daemons first, each by its pid: dockerd stops its containers and unmounts their
         # layers, then its containerd; the registry holds nothing to save.
         for proc in self._daemons:
@@ -505,7 +491,6 @@ class NetLab:
                 proc.kill()
                 proc.wait()
         self._daemons.clear()
-        t = _mark(self.tag, "stop:daemons", t)
         # ssh master connections we opened (ControlPersist) would outlive us for a minute.
         cm = self.workdir / "cm"
         if cm.is_dir():
@@ -529,7 +514,6 @@ class NetLab:
                         os.kill(pid, signal.SIGKILL)
                     except ProcessLookupError:
                         pass
-        t = _mark(self.tag, "stop:netns-processes", t)
         for proc in self._procs:
             try:
                 proc.wait(timeout=10)
@@ -542,9 +526,7 @@ class NetLab:
         if self._root_link:
             sh("ip", "link", "del", self._root_link, check=False)  # gone with its peer already, normally
             self._root_link = None
-        t = _mark(self.tag, "stop:procs+netns", t)
         shutil.rmtree(self.workdir, ignore_errors=True)
-        t = _mark(self.tag, "stop:rmtree", t)
         for path in reversed(self._made):
             try:
                 path.rmdir()  # only while empty: anything put there since is not ours to remove
