@@ -38,10 +38,12 @@ WORKER_GROUPS = {
 # Measured in CI's lab tier (sums of a module's setup, calls and teardown).
 LONGEST_FIRST = (
     "container-lab",
-    "tests/integration/slurm/test_slurm_lifecycle.py",
-    "tests/integration/cluster/test_run_restart.py",
-    "tests/integration/slurm/test_slurm.py",
     "tests/integration/test_launch.py",
+    "tests/integration/slurm/test_slurm.py",
+    "tests/integration/slurm/test_slurm_lifecycle.py",
+    "tests/integration/test_jobs_detach.py",
+    "tests/integration/cluster/test_run_restart.py",
+    "tests/integration/cluster/test_run_cluster.py",
 )
 
 
