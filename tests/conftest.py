@@ -33,18 +33,6 @@ WORKER_GROUPS = {
     "tests/integration/cluster/test_run_cluster_container.py": "container-lab",
     "tests/integration/cluster/test_run_cluster_container_mismatch.py": "container-lab",
 }
-# The longest scopes go out first (longest processing time first): a long one started last keeps the
-# run going while the other workers are idle. The rest follow in xdist's order (most tests first).
-# Measured in CI's lab tier (sums of a module's setup, calls and teardown).
-LONGEST_FIRST = (
-    "container-lab",
-    "tests/integration/test_launch.py",
-    "tests/integration/slurm/test_slurm.py",
-    "tests/integration/slurm/test_slurm_lifecycle.py",
-    "tests/integration/test_jobs_detach.py",
-    "tests/integration/cluster/test_run_restart.py",
-    "tests/integration/cluster/test_run_cluster.py",
-)
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without it
@@ -57,20 +45,6 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             path = super()._split_scope(nodeid)
             return WORKER_GROUPS.get(path, path)
-
-        def _assign_work_unit(self, node) -> None:
-            first = next((scope for scope in LONGEST_FIRST if scope in self.workqueue), None)
-            if first is not None:
-                self.workqueue.move_to_end(first, last=False)  # xdist takes the queue's first
-            super()._assign_work_unit(node)
-
-        def _reschedule(self, node) -> None:
-            # xdist gives a worker its next scope once two of its tests are left; a lab module's last
-            # two can take minutes, and the scope is then bound to this worker though another may be
-            # free sooner. One left is enough: a worker runs a test once the one after it is known.
-            if self.workqueue and not node.shutting_down and self._pending_of(self.assigned_work[node]) > 1:
-                return
-            super()._reschedule(node)
 
     return GroupedFiles(config, log)
 
