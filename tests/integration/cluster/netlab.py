@@ -47,6 +47,7 @@ from pathlib import Path
 GPU_CAPTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gpu"  # real nvidia-smi outputs
 SSHD = "/usr/sbin/sshd"
 REGISTRY = "/usr/bin/docker-registry"  # Debian's docker-registry: the CNCF distribution registry
+DOCKER_DATA = "{workdir}/dr"  # the hosts' Docker data roots (<workdir>/dr/<host>): a tmpfs per host
 
 
 def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -106,7 +107,11 @@ class NetLab:
     def __post_init__(self) -> None:
         if self.docker:
             # Each daemon's containerd shims put their sockets under /run/containerd/s: the host's own.
-            self.private = (*self.private, "/run/containerd")
+            # Each daemon's data root is a tmpfs of the host's own as well: the images it pulls (about
+            # 1 GB a host for the lab's Ray image) are written to memory, not the disk, and are gone
+            # with the host's mount namespace at stop, where removing them from the disk took most of
+            # a container lab's teardown.
+            self.private = (*self.private, "/run/containerd", DOCKER_DATA)
 
     @property
     def workdir(self) -> Path:
@@ -308,8 +313,8 @@ class NetLab:
         if self.private_paths:
             # A mount namespace of its own (private propagation: nothing mounted here reaches the
             # root namespace or another host), a tmpfs over each private path, then sshd in it.
-            mounts = " && ".join(f'mount -t tmpfs -o mode=0755,size=256m sf-{host.name} '
-                                 f'"${i + 1}"' for i in range(len(self.private_paths)))
+            mounts = " && ".join(f'mount -t tmpfs -o mode=0755,size={"16g" if raw == DOCKER_DATA else "256m"} '
+                                 f'sf-{host.name} "${i + 1}"' for i, raw in enumerate(self.private))
             argv += ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
                      f'{mounts} && shift {len(self.private_paths)} && exec "$@"',
                      "sh", *self.private_paths]

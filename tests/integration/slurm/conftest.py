@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from launch_support import VENV_BIN
 from slurmlab import SlurmLab, can_run_slurm
 
 
@@ -24,3 +25,18 @@ def slurm_lab():
         yield lab
     finally:
         lab.stop()
+
+
+@pytest.fixture
+def env(slurm_lab: SlurmLab, tmp_path, monkeypatch):
+    """This test's Slurm client environment: the lab's slurm.conf, the fake nvidia-smi (2 x H200)
+    and this venv first on PATH (sbatch passes the environment on to the job)."""
+    for key, value in slurm_lab.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("PATH", f"{slurm_lab.net.workdir / 'bin'}:{VENV_BIN}:/usr/bin:/bin:/usr/sbin:/sbin")
+    monkeypatch.setenv("SLIMEFORGE_PYTHON", str(VENV_BIN / "python"))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    # Run directories on the "shared filesystem" (the lab's), short for Ray's socket paths.
+    work = slurm_lab.net.workdir / tmp_path.name[-20:]
+    work.mkdir()
+    return work
