@@ -30,6 +30,7 @@ Used by tests/integration/cluster/conftest.py and benchmarks/cluster_bench.py.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import random
 import re
@@ -93,7 +94,7 @@ class NetLab:
     private: tuple[str, ...] = ()  # paths each host sees as its own (a tmpfs per host); "{workdir}" is the lab's
     docker: bool = False  # a Docker daemon per host, in its namespaces, and a registry on the gateway
     registry_store: Path | None = None  # the registry's storage, kept between runs (default: in the workdir)
-    tag: str = field(default_factory=lambda: f"sfc{os.getpid() % 10000:04d}{random.randrange(16**2):02x}")
+    tag: str = field(default_factory=lambda: _fresh_tag())
     hosts: list[LabHost] = field(default_factory=list)
     subnet: str = ""
     _namespaces: list[str] = field(default_factory=list)
@@ -533,6 +534,21 @@ class NetLab:
             except OSError:
                 pass
         self._made.clear()
+
+
+_TAG_COUNTER = itertools.count(random.randrange(256))
+
+
+def _fresh_tag() -> str:
+    """sfc + this process's pid + a byte: short (interface and namespace names, Unix socket paths
+    under the workdir), unique among this process's labs (a counter, not a random draw that two labs
+    of one worker can share), and never the tag of a workdir still on the disk (a lab that could not
+    remove its own); _start's mkdir claims it."""
+    for _ in range(256):
+        tag = f"sfc{os.getpid() % 10000:04d}{next(_TAG_COUNTER) % 256:02x}"
+        if not (Path("/tmp") / tag).exists():
+            return tag
+    raise RuntimeError("no free lab tag: 256 workdirs /tmp/sfc<pid><byte> of this pid are on the disk")
 
 
 _direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the lab's addresses: never through a proxy
