@@ -102,6 +102,19 @@ def catalog_of(slime: str, megatron: str | None, entry: str = "slime.utils.argum
         return catalog(entry, trace)
 
 
+def write_catalog(out: str, slime: str, megatron: str | None, entry: str, slime_commit: str | None,
+                  megatron_commit: str | None, trace: dict | None = None) -> None:
+    """The catalog with its commits, written whole or not at all (a temp file beside `out`, renamed);
+    SystemExit with one line, as catalog_of, when it cannot be made."""
+    doc = catalog_of(slime, megatron, entry, trace=trace)
+    doc["slime_commit"] = slime_commit
+    doc["megatron_commit"] = megatron_commit
+    tmp = f"{out}.tmp{os.getpid()}"
+    with open(tmp, "w") as fh:
+        fh.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--slime", required=True, help="slime checkout (holds the slime package)")
@@ -111,13 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--entry", default="slime.utils.arguments:parse_args")
     ap.add_argument("--out", required=True, help="the catalog file to write")
     opts = ap.parse_args(argv)
-    doc = catalog_of(opts.slime, opts.megatron, opts.entry)
-    doc["slime_commit"] = opts.slime_commit
-    doc["megatron_commit"] = opts.megatron_commit
-    tmp = f"{opts.out}.tmp{os.getpid()}"
-    with open(tmp, "w") as fh:
-        fh.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, opts.out)
+    write_catalog(opts.out, opts.slime, opts.megatron, opts.entry, opts.slime_commit, opts.megatron_commit)
     return 0
 
 

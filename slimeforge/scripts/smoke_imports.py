@@ -158,7 +158,6 @@ def catalog_child(opts: argparse.Namespace, results: str) -> None:
     """The flag catalog (flag_catalog.catalog_of, as `flag_catalog.py` makes it), and whether its
     import of the entry's module is the smoke import of that module (catalog.same: "1")."""
     _to_file(os.path.join(results, "catalog.out"))
-    import json
 
     import flag_catalog  # beside this script; imported before sys.path lost this script's directory
 
@@ -169,13 +168,8 @@ def catalog_child(opts: argparse.Namespace, results: str) -> None:
     trace: dict = {}
     code = 1
     try:
-        doc = flag_catalog.catalog_of(opts.slime, opts.megatron, ENTRY, trace=trace)
-        doc["slime_commit"] = opts.slime_commit
-        doc["megatron_commit"] = opts.megatron_commit
-        tmp = f"{opts.catalog_out}.tmp{os.getpid()}"
-        with open(tmp, "w") as fh:
-            fh.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, opts.catalog_out)
+        flag_catalog.write_catalog(opts.catalog_out, opts.slime, opts.megatron, ENTRY, opts.slime_commit,
+                                   opts.megatron_commit, trace=trace)
         code = 0
     except SystemExit as exc:  # the catalog's own one-line error
         print(exc, file=sys.stderr)
