@@ -112,14 +112,22 @@ def test_detach_then_reattach_from_another_directory_by_exp_id(env, ray_head, tm
 
 def test_ctrl_c_while_following_detaches_and_the_job_keeps_running(env, ray_head):
     exp = "sf-detach-sigint"
+    # PYTHONFAULTHANDLER: a run that does not end after the SIGINT is sent SIGABRT, and Python prints
+    # every thread's stack first (where it waits is the failure's message).
     proc = subprocess.Popen([sys.executable, "-m", "invoke", *launch_args(env, ray_head.address, exp_id=exp)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1"})
     try:
         wait_for(lambda: (env / "run" / "job.log").exists() and "standin: "
                                                                 "waiting" in (env / "run" / "job.log").read_text(),
                  180, "the job to run")
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            out, _ = proc.communicate(timeout=30)
+            pytest.fail(f"`invoke run` still ran 60 s after its SIGINT; its output and stacks:\n{out}")
     finally:
         if proc.poll() is None:
             proc.kill()
