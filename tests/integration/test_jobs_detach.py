@@ -110,6 +110,21 @@ def test_detach_then_reattach_from_another_directory_by_exp_id(env, ray_head, tm
                                        "submitted") in unknown.stderr and "Traceback" not in unknown.stderr
 
 
+def signal_masks(pid: int) -> str:
+    """Each thread's ignored, blocked and caught signals (/proc), for a failure's message."""
+    lines = []
+    for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
+        try:
+            status = (task / "status").read_text()
+            comm = (task / "comm").read_text().strip()
+        except OSError:
+            continue
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if line.startswith("Sig"))
+        lines.append(f"{task.name} {comm}: " + " ".join(f"{k}={v}" for k, v in fields.items()
+                                                         if k in ("SigBlk", "SigIgn", "SigCgt")))
+    return "\n".join(lines)
+
+
 def test_ctrl_c_while_following_detaches_and_the_job_keeps_running(env, ray_head):
     exp = "sf-detach-sigint"
     # PYTHONFAULTHANDLER: a run that does not end after the SIGINT is sent SIGABRT, and Python prints
@@ -121,13 +136,15 @@ def test_ctrl_c_while_following_detaches_and_the_job_keeps_running(env, ray_head
         wait_for(lambda: (env / "run" / "job.log").exists() and "standin: "
                                                                 "waiting" in (env / "run" / "job.log").read_text(),
                  180, "the job to run")
+        masks = signal_masks(proc.pid)
         proc.send_signal(signal.SIGINT)
         try:
             out, _ = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGABRT)
             out, _ = proc.communicate(timeout=30)
-            pytest.fail(f"`invoke run` still ran 60 s after its SIGINT; its output and stacks:\n{out}")
+            pytest.fail(f"`invoke run` still ran 60 s after its SIGINT; its signal masks then:\n{masks}\n"
+                        f"its output and stacks:\n{out}")
     finally:
         if proc.poll() is None:
             proc.kill()
