@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -36,6 +37,11 @@ def node_alive(address: str) -> bool:
         return False
 
 
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def steady_head(tries: int = 3) -> RayHead:
     """A head whose node has registered and that stays up: on a loaded machine `ray start --block`
     can give up on its own subprocesses in its first minute (ray_client_server: "Timed out waiting
@@ -44,7 +50,13 @@ def steady_head(tries: int = 3) -> RayHead:
         head = RayHead(num_gpus=1).start()
         try:
             wait_for(lambda address=head.address: node_alive(address), 180, "the head's node")
-            time.sleep(20)  # past the subprocesses' own start-up deadlines
+            # The client server listens only once it has the node's info (ray's proxier asks the GCS
+            # for 30 s at most, then exits, and `ray start --block` stops everything): listening, it
+            # is past that deadline. A short wait after shows a head that went down all the same.
+            port = int(head.argv[head.argv.index("--ray-client-server-port") + 1])
+            wait_for(lambda port=port, proc=head.proc: listening(port) or proc.poll() is not None, 120,
+                     "the head's Ray client server")
+            time.sleep(2)
             JobsApi(head.address).version()
             if head.proc is not None and head.proc.poll() is None:
                 return head
