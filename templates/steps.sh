@@ -867,6 +867,14 @@ sf_apply_patch() {
       ;;
     *) sf_die "patch $name: unknown method $method (git or patch)" ;;
   esac
+  # The bytecode of each file it changed goes (install.sh compiles bytecode ahead of the import
+  # pass, before this step): a .pyc is checked against its source's mtime and size alone, and a
+  # patched file of the same size written within the same second would pass that check.
+  local rel
+  while IFS= read -r rel; do
+    if [[ $rel == *.py && $rel != */* ]]; then rm -f -- "$dir/__pycache__/${rel%.py}".*.pyc
+    elif [[ $rel == *.py ]]; then rm -f -- "$dir/${rel%/*}/__pycache__/$(basename -- "${rel%.py}")".*.pyc; fi
+  done < <(_sf_patch_paths "$strip" "$file")
   sf_log "patch $name: applied to $dir"
   _sf_record_patch "$name" "$file" "$dir" applied
 }
