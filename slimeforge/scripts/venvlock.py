@@ -75,7 +75,12 @@ def read_slice(path: Path) -> tuple[list[SliceLine], list[str]]:
 def installed_versions() -> dict[str, str]:
     import importlib.metadata as md  # here, not at the top: `present` runs on every step of a re-run, mostly without it
 
-    return {canonical(d.metadata["Name"]): d.version for d in md.distributions() if d.metadata["Name"]}
+    out = {}
+    for d in md.distributions():
+        meta = d.metadata  # parsed once: each `d.metadata` and `d.version` parses METADATA again
+        if meta["Name"]:
+            out[canonical(meta["Name"])] = meta["Version"]
+    return out
 
 
 def _checkouts() -> set[str]:
@@ -85,10 +90,11 @@ def _checkouts() -> set[str]:
     out = set()
     for d in md.distributions():
         direct = d.read_text("direct_url.json")
-        if d.metadata["Name"] and direct:
-            info = json.loads(direct)
-            if info.get("url", "").startswith("file://") and "dir_info" in info:
-                out.add(canonical(d.metadata["Name"]))
+        if not direct:  # most distributions: their METADATA is not parsed
+            continue
+        info = json.loads(direct)
+        if info.get("url", "").startswith("file://") and "dir_info" in info and (name := d.metadata["Name"]):
+            out.add(canonical(name))
     return out
 
 

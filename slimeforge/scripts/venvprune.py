@@ -29,7 +29,9 @@ import io
 import json
 import os
 import re
+import stat
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -177,15 +179,27 @@ def _record_of(dist: md.Distribution) -> tuple[list[Row], list[str]]:
     return read_record(text)
 
 
-def _head(path: Path) -> bytes | None:
+def _head(path: Path | str) -> bytes | None:
     """The first 64 bytes of a regular file (not a link: a link's target is not the wheel's file)."""
     try:
-        if not path.is_file() or path.is_symlink():
+        if not stat.S_ISREG(os.lstat(path).st_mode):
             return None
         with open(path, "rb") as fh:
             return fh.read(64)
     except OSError:
         return None
+
+
+# Threads that read headers and unlink at once: the prune's time was the disk's, one small read per
+# file after another (flashinfer-cubin: 15,558 files, 6.0 s of a store-hit install on 2 cores, 1.4 s
+# of it CPU); the reads and unlinks release the GIL, so the disk gets many requests at a time.
+IO_THREADS = 16
+
+
+def _heads(paths: list[str]) -> list[bytes | None]:
+    """_head of each path, in order, read side by side."""
+    with ThreadPoolExecutor(IO_THREADS) as pool:
+        return list(pool.map(_head, paths, chunksize=64))
 
 
 def _write_json(path: Path, doc: dict[str, object]) -> None:
@@ -238,20 +252,23 @@ def prune(state: Path, step: str, slice_file: Path) -> int:
             return 1
         count = size = left = 0
         by_sm: dict[int, int] = {}
-        for row in rows:
-            if not rule.path.fullmatch(row.path):
-                continue
-            file = Path(str(dist.locate_file(row.path)))
-            head = _head(file)
+        base = str(dist.locate_file(""))
+        mine = [row for row in rows if rule.path.fullmatch(row.path)]
+        files = [os.path.join(base, row.path) for row in mine]
+        doomed: list[str] = []
+        for row, file, head in zip(mine, files, _heads(files), strict=True):
             gone, sm = removable(rule, row.path, head or b"", kept)
             if not gone or sm is None:
                 left += 1
                 continue
             # The RECORD's size where it has one: the figure `check` adds up again from the same rows.
-            n = row.size if row.size is not None else file.stat().st_size
-            file.unlink()
+            n = row.size if row.size is not None else os.stat(file).st_size
+            doomed.append(file)
             count, size = count + 1, size + n
             by_sm[sm] = by_sm.get(sm, 0) + n
+        with ThreadPoolExecutor(IO_THREADS) as pool:
+            for _ in pool.map(os.unlink, doomed, chunksize=64):
+                pass
         _write_json(state / RECORD_DIR / f"{rule.dist}.json", {
             "schema": 1, "dist": rule.dist, "version": dist.version, "step": step, "rule": rule.name,
             "keep": keep, "removed": count, "bytes": size})
@@ -354,8 +371,9 @@ def check(state: Path, lock_dir: Path) -> list[str]:
         errors += [f"{where}: {p}" for p in bad]
         count = size = 0
         kept = majors(keep)
+        base = str(dist.locate_file(""))
         for row in rows:
-            file = Path(str(dist.locate_file(row.path)))
+            file = os.path.join(base, row.path)
             if os.path.lexists(file):
                 if rule.path.fullmatch(row.path) and removable(rule, row.path, _head(file) or b"", kept)[0]:
                     errors.append(f"{where}: {row.path} is GPU code for an arch outside {' '.join(keep)}, "

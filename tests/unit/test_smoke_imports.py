@@ -251,3 +251,39 @@ def test_finalize_makes_the_catalog_in_the_pass_and_fails_when_it_cannot(tmp_pat
     assert bad.returncode != 0 and "could not read slime's parsers" in bad.stderr
     assert "needs a module this Python lacks" in bad.stderr and not flags.exists()
 
+
+
+def test_warm_compiles_what_the_pass_imports_and_runs_nothing(tmp_path):
+    """--warm: each module reached from the roots at module level (the entry module's functions
+    too, nothing under `if TYPE_CHECKING:`) gets the .pyc an import would write, from the checkouts
+    (--slime) or the venv; nothing is executed."""
+    import importlib.util
+
+    slime = tmp_path / "slime"
+    pkg = slime / "slime" / "utils"
+    pkg.mkdir(parents=True)
+    marker = tmp_path / "ran"
+    run = f"open({str(marker)!r}, 'a').write(__name__ + '\\n')\n"
+    (slime / "slime" / "__init__.py").write_text(run)
+    (pkg / "__init__.py").write_text(run)
+    (pkg / "arguments.py").write_text(run + "from typing import TYPE_CHECKING\nimport near\n"
+                                      "if TYPE_CHECKING:\n    import typed_only\n"
+                                      "def parse_args():\n    import called\n")
+    for name, body in {"near": "from ns.sub import deep\ndef later():\n    import lazy\n", "called": "",
+                       "typed_only": "", "lazy": "", "root": "import near\n"}.items():
+        (slime / f"{name}.py").write_text(run + body)
+    (slime / "ns" / "sub").mkdir(parents=True)  # a namespace package (no __init__.py)
+    (slime / "ns" / "sub" / "deep.py").write_text(run)
+    res = subprocess.run([sys.executable, "-I", str(SCRIPT), "--warm", "--import", "root", "--slime", str(slime)],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "bytecode warm-up: " in res.stderr
+    compiled = {p.relative_to(slime).as_posix() for p in slime.rglob("*.py")
+                if Path(importlib.util.cache_from_source(str(p))).is_file()}
+    assert compiled == {"slime/__init__.py", "slime/utils/__init__.py", "slime/utils/arguments.py", "near.py",
+                        "called.py", "root.py", "ns/sub/deep.py"}
+    assert not marker.exists()
+    # The bytecode is the import's own: an import after it finds it valid and runs the module.
+    ok = subprocess.run([sys.executable, "-c", "import root"], cwd=slime, capture_output=True, text=True,
+                        env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"})
+    assert ok.returncode == 0 and marker.read_text() == "root\nnear\nns.sub.deep\n"

@@ -438,3 +438,21 @@ def test_smoke_lines_are_read_from_buildkits_progress():
              "#29 1.0 slimeforge: smoked: no", "#30 exporting layers", "#29 2.0 other: smoke: import y ok"]
     assert smoke_lines(lines) == ["smoke: import torch ok", "smoke test passed, with 7 GPU import(s) skipped",
                                   "smoke: import x ok"]
+
+
+def test_a_patch_removes_the_bytecode_of_the_files_it_changes_and_no_other(tmp_path):
+    """install.sh compiles bytecode ahead of the import pass, before the patches step: a .pyc is
+    checked against its source's mtime and size alone, so the bytecode of a patched file goes."""
+    site = tmp_path / "site"
+    (site / "__pycache__").mkdir(parents=True)
+    (site / "six.py").write_text("# Copyright (c) 2010-2024 Benjamin Peterson\n#\n"
+                                 "# Permission is hereby granted, free of charge, to any person obtaining a copy\n")
+    stale = site / "__pycache__" / "six.cpython-312.pyc"
+    other = site / "__pycache__" / "sixteen.cpython-312.pyc"
+    stale.write_bytes(b"old")
+    other.write_bytes(b"kept")
+    patch = tmp_path / "six.patch"
+    patch.write_text(bs.SIX_PATCH)
+    res = sf("sf_apply_patch", "six.patch", "patch", "2", str(patch), str(site), state=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert not stale.exists() and other.read_bytes() == b"kept"
