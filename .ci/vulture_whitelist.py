@@ -85,3 +85,6 @@ _.named_by_stack  # image/lock/lockcheck.py LockSummary
 # benchmarks/compile_bench.py builds its `jobserver` set with it on a GPU host; tests hold the two together.
 _.jobserver_plan
 _.ninja_takes_jobserver
+
+# Python's import machinery reads it: scripts/smoke_imports.py --warm writes the .pyc of what it compiles.
+_.dont_write_bytecode
