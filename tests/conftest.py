@@ -35,49 +35,21 @@ WORKER_GROUPS = {
 }
 
 
-# The slow modules of the two `--dist loadfile` runs, by their seconds on two workers (measured
-# 2026-11-28; a group counts as one). They go to the workers longest first, the rest after them in
-# the collection's order: a worker given a 2-minute module last ends 2 minutes after the others (xdist
-# by itself orders modules by their count of tests). Only the order: a figure out of date costs time.
-MODULE_SECONDS = {
-    "tests/integration/slurm/test_slurm_lifecycle.py": 125, "tests/integration/slurm/test_slurm.py": 115,
-    "tests/integration/test_launch.py": 100, "tests/integration/cluster/test_run_restart.py": 95,
-    "container-lab": 88, "tests/integration/test_jobs_detach.py": 70,
-    "tests/integration/cluster/test_run_cluster.py": 62, "tests/integration/cluster/test_cluster_up.py": 61,
-    "tests/integration/test_api.py": 37, "tests/integration/cluster/test_cluster_tunnel.py": 37,
-    "tests/integration/cluster/test_run_gate.py": 32, "tests/integration/cluster/test_cluster_secrets.py": 24,
-    "tests/integration/test_wheelstore.py": 68, "tests/integration/test_publish.py": 66,
-    "tests/integration/test_lock_online.py": 31, "tests/integration/test_install.py": 27,
-    "tests/integration/test_build.py": 18, "tests/integration/test_compiled_cache.py": 14,
-    "tests/integration/test_run_in_image.py": 12, "tests/integration/test_console_script.py": 10,
-}
-
-
-def scope_of(nodeid: str) -> str:
-    """A test's unit of work under `--dist loadfile`: its module, or the group WORKER_GROUPS puts it in."""
-    path = nodeid.split("::", 1)[0]
-    return WORKER_GROUPS.get(path, path)
-
-
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without it
 def pytest_xdist_make_scheduler(config, log):
     if config.getoption("dist") != "loadfile":
         return None  # xdist's own scheduler for the other modes
     from xdist.scheduler import LoadFileScheduling
 
-    # The collection's order (MODULE_SECONDS first, pytest_collection_modifyitems), not xdist's.
-    config.option.loadscopereorder = False
-
     class GroupedFiles(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return scope_of(super()._split_scope(nodeid))
+            path = super()._split_scope(nodeid)
+            return WORKER_GROUPS.get(path, path)
 
     return GroupedFiles(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
-    # Stable: modules keep their own tests' order, and those MODULE_SECONDS does not name their places.
-    items.sort(key=lambda item: -MODULE_SECONDS.get(scope_of(item.nodeid), 0))
     untiered = []
     for item in items:
         rel = Path(str(item.fspath)).relative_to(ROOT / "tests").as_posix()
