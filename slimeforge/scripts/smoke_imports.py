@@ -265,7 +265,10 @@ def _imports_in(code, functions: bool) -> list[tuple[str, int, tuple | None]]:
                             prev.argval if isinstance(prev.argval, tuple) else None))
             prev2, prev = prev, ins
         if "TYPE_CHECKING" not in c.co_names:
-            out += list(dis._find_imports(c))  # type: ignore[attr-defined]  # modulefinder's reader
+            # Most code objects: modulefinder's reader, over raw opcodes. The walk above builds an
+            # Instruction per opcode; used for every code object it made the warm-up 37.6 s where
+            # this takes 27-31 s on cu13 (and the store-hit install 66.6 s against 54.5 s).
+            out += list(dis._find_imports(c))  # type: ignore[attr-defined]
         todo += [k for k in c.co_consts if isinstance(k, _CODE) and (functions or not k.co_flags & _FUNCTION)]
     return out
 
