@@ -27,11 +27,15 @@ DIRECTORY_TIERS = {"integration/slurm": "slurm", "integration/cluster/test_clust
 # one module run on one worker, in order: its module-scoped lab, cluster or image is made once. Modules
 # named here share a scope as well, so they run on one worker one after the other: the two container
 # labs pull the same image through one registry store (lab_image.REGISTRY_STORE) and each runs a
-# Docker daemon per host, too much for this machine's two cores at once. (Not xdist_group marks:
+# Docker daemon per host, too much for this machine's two cores at once; the three run-cluster modules
+# share one lab and cluster (test_run_cluster.SHARED_BY). (Not xdist_group marks:
 # pytest-xdist 3.8's --dist loadgroup renames node ids, which pytest 9 no longer reads back.)
 WORKER_GROUPS = {
     "tests/integration/cluster/test_run_cluster_container.py": "container-lab",
     "tests/integration/cluster/test_run_cluster_container_mismatch.py": "container-lab",
+    "tests/integration/cluster/test_run_cluster.py": "run-cluster-lab",
+    "tests/integration/cluster/test_run_gate.py": "run-cluster-lab",
+    "tests/integration/cluster/test_run_restart.py": "run-cluster-lab",
 }
 
 

@@ -47,7 +47,11 @@ SUBMITTED_AT_RE = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,6})?")
 # The records of one launch; kept under history/<n>/ when the directory is rendered again.
 LAUNCH_RECORDS = ("run_token", "submission_id", "ray_address", "container.id", "slurm_job_id", "slurm_submitted_at")
 HISTORY = "history"
-API_TIMEOUT_S = 5.0
+# run.status/stop/logs ask the head about the recorded job: a head that is not there is told within
+# API_CONNECT_S; one that took the connection gets API_TOTAL_S to answer, because a dashboard beside a
+# busy job (or on a loaded host) can take more than 5 s to answer one job's info.
+API_CONNECT_S = 5.0
+API_TOTAL_S = 20.0
 
 _LINE_RECORDS: dict[str, tuple[re.Pattern[str], str]] = {
     "run_token": (ownership.RUN_TOKEN_RE, "32 lowercase hex digits (written at launch)"),
@@ -147,7 +151,7 @@ def head_check(rec: RunRecord, state_dir: Path) -> tuple[HeadRecord | None, Verd
 def ray_job(rec: RunRecord) -> JobDoc | None:
     """The job's info, validated (JobInfo.parse), as a dict; None when the head does not know it."""
     assert rec.submission_id is not None
-    info = JobsApi(rec.address, total_s=API_TIMEOUT_S).job(rec.submission_id)
+    info = JobsApi(rec.address, connect_s=API_CONNECT_S, total_s=API_TOTAL_S).job(rec.submission_id)
     return None if info is None else info.as_dict()
 
 

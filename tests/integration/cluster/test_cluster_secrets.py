@@ -232,6 +232,9 @@ def test_invoke_run_refuses_a_host_without_credentials_and_submits_nothing(lab, 
                        s3_bucket=BUCKET, num_gpus=2, num_nodes=2,
                        rollout_batch_size=16, checkpoint_dir=str(lab.workdir / "ckpt"), secret_env=["HF_TOKEN"])
     data = {k: v for k, v in data.items() if k not in ("ray_port", "ray_dashboard_port", "gateway_port")}
+    # Weights of a few KiB: the checkpoint room asked of the hosts follows them (7 x 4 KiB), not
+    # config.json's 3.35B parameters (43.7 GiB, more than a CI machine's /tmp may have free).
+    (Path(data["model_dir"]) / "model.safetensors").write_bytes(b"w" * 4096)
     parsed, stack = parse_recipe({**data, "install_prefix": up["data"]["prefix"]}, "test")
     catalog = write_catalog(tmp_path / "flags.json", parsed, stack)
     path = tmp_path / "r.yaml"

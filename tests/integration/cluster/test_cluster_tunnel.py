@@ -55,6 +55,9 @@ def walled(tmp_path_factory):
         shutil.copytree(FIXTURES / "slime", w / "slime")
         (w / "models" / MODEL).mkdir(parents=True)
         shutil.copy(FIXTURES / "models" / MODEL / "config.json", w / "models" / MODEL / "config.json")
+        # Weights of a few KiB: the checkpoint room asked of the hosts follows them (7 x 4 KiB), not
+        # config.json's 3.35B parameters (43.7 GiB, more than a CI machine's /tmp may have free).
+        (w / "models" / MODEL / "model.safetensors").write_bytes(b"w" * 4096)
         (w / "data").mkdir()
         (w / "data" / "train.jsonl").write_text('{"prompt": "1 + 1?", "metadata": {"answer": "2"}}\n')
         data = inventory_data(lab, f"{lab.tag}-tn", gpus=2)

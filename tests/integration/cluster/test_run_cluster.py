@@ -14,6 +14,7 @@ outside the container volumes) stop before anything is submitted, naming the hos
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -21,7 +22,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -37,8 +40,8 @@ ROOT = Path(__file__).resolve().parents[3]
 MODEL = "Qwen2.5-3B-Instruct"
 
 
-@pytest.fixture(scope="module")
-def isolated(tmp_path_factory):
+@contextlib.contextmanager
+def isolated_lab(tmp_path_factory) -> Iterator[NetLab]:
     why = can_create_namespaces()
     if why:
         if os.environ.get("CI"):
@@ -68,50 +71,106 @@ def sees(lab: NetLab, host, path: Path) -> bool:
                            str(path)]).returncode == 0
 
 
-@pytest.fixture(scope="module")
-def up(isolated, tmp_path_factory):
-    """The lab's files (per host and shared), a cluster brought up on it, and a recipe for it."""
-    lab = isolated
-    w = lab.workdir
-    local, shared = w / "local", w / "shared"
-    shutil.copytree(FIXTURES / "slime", shared / "slime")
-    # each host its own copy of the model, at the same path (the weights: what a checkpoint's size follows)
-    for h in lab.hosts:
-        put_model(lab, h, local / "models" / MODEL)
-    head = lab.hosts[0]
-    put(lab, head, local / "data" / "train.jsonl", json.dumps({"prompt": "1 + 1?", "metadata": {"answer": "2"}}) + "\n")
-    assert not sees(lab, lab.hosts[1], local / "data" / "train.jsonl") and sees(lab, head,
-                                                                                local / "data" / "train.jsonl")
-
-    home = tmp_path_factory.mktemp("state-home")
+@contextlib.contextmanager
+def state_home(home: Path) -> Iterator[None]:
+    """SLIMEFORGE_STATE_HOME for one call (cluster.up records the head's address there), then as before."""
     old = os.environ.get("SLIMEFORGE_STATE_HOME")
     os.environ["SLIMEFORGE_STATE_HOME"] = str(home)
-    inv = write_inventory(w / "lab.yaml", inventory_data(lab, f"{lab.tag}-jr", gpus=2))
-    tmp = tmp_path_factory.mktemp("recipes")
-    recipe = {
-        "exp_id": "sf-cluster-run",
-              "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/gsm8k_agent-a1B2c3D4e5",
-        "s3_bucket": "sf-cluster-test", "model_dir": str(local / "models" / MODEL),
-              "data_path": str(local / "data" / "train.jsonl"),
-        "model_type": "qwen2.5-3B", "num_gpus": 2, "num_nodes": 3, "tp_size": 1, "rollout_batch_size": 24,
-              "rollout_gpus_per_engine": 1,
-        "slime_dir": str(shared / "slime"), "megatron_dir": str(shared / "Megatron-LM"), "mode": "host",
-        "checkpoint_dir": str(shared / "ckpt" / "sf-cluster-run"), "env": {"STANDIN_CHECK_FLAGS": "1"},
-    }
-    parsed, stack = parse_recipe({**recipe, "install_prefix": str(w / "prefix")}, "test")
-    catalog = write_catalog(tmp / "flags.json", parsed, stack)
     try:
-        address = cluster.up(inv, control_dir=lab.control_dir, stream=io.StringIO())
-        yield {"home": home, "lab": lab, "inventory": inv, "recipe": recipe, "tmp": tmp, "catalog": catalog,
-               "address": address, "local": local, "shared": shared}
+        yield
     finally:
+        if old is None:
+            os.environ.pop("SLIMEFORGE_STATE_HOME", None)
+        else:
+            os.environ["SLIMEFORGE_STATE_HOME"] = old
+
+
+@contextlib.contextmanager
+def lab_and_cluster(tmp_path_factory) -> Iterator[dict[str, Any]]:
+    """The lab's files (per host and shared), a cluster brought up on it, and a recipe for it."""
+    with isolated_lab(tmp_path_factory) as lab:
+        w = lab.workdir
+        local, shared = w / "local", w / "shared"
+        shutil.copytree(FIXTURES / "slime", shared / "slime")
+        # each host its own copy of the model, at the same path (the weights: what a checkpoint's size follows)
+        for h in lab.hosts:
+            put_model(lab, h, local / "models" / MODEL)
+        head = lab.hosts[0]
+        data = local / "data" / "train.jsonl"
+        put(lab, head, data, json.dumps({"prompt": "1 + 1?", "metadata": {"answer": "2"}}) + "\n")
+        assert not sees(lab, lab.hosts[1], data) and sees(lab, head, data)
+
+        home = tmp_path_factory.mktemp("state-home")
+        inv = write_inventory(w / "lab.yaml", inventory_data(lab, f"{lab.tag}-jr", gpus=2))
+        tmp = tmp_path_factory.mktemp("recipes")
+        recipe = {
+            "exp_id": "sf-cluster-run",
+            "agent_runtime_arn": "arn:aws:bedrock-agentcore:us-west-2:123456789012:runtime/gsm8k_agent-a1B2c3D4e5",
+            "s3_bucket": "sf-cluster-test", "model_dir": str(local / "models" / MODEL), "data_path": str(data),
+            "model_type": "qwen2.5-3B", "num_gpus": 2, "num_nodes": 3, "tp_size": 1, "rollout_batch_size": 24,
+            "rollout_gpus_per_engine": 1,
+            "slime_dir": str(shared / "slime"), "megatron_dir": str(shared / "Megatron-LM"), "mode": "host",
+            "checkpoint_dir": str(shared / "ckpt" / "sf-cluster-run"), "env": {"STANDIN_CHECK_FLAGS": "1"},
+        }
+        parsed, stack = parse_recipe({**recipe, "install_prefix": str(w / "prefix")}, "test")
+        catalog = write_catalog(tmp / "flags.json", parsed, stack)
         try:
-            cluster.down(inv, control_dir=lab.control_dir, stream=io.StringIO())
+            with state_home(home):
+                address = cluster.up(inv, control_dir=lab.control_dir, stream=io.StringIO())
+            yield {"home": home, "lab": lab, "inventory": inv, "recipe": recipe, "tmp": tmp, "catalog": catalog,
+                   "address": address, "local": local, "shared": shared}
         finally:
-            if old is None:
-                os.environ.pop("SLIMEFORGE_STATE_HOME", None)
-            else:
-                os.environ["SLIMEFORGE_STATE_HOME"] = old
+            with state_home(home):
+                cluster.down(inv, control_dir=lab.control_dir, stream=io.StringIO())
+
+
+# test_run_cluster, test_run_gate and test_run_restart share one lab and one cluster: the first of them
+# to run makes it, the last one's teardown stops it (the lab and cluster.up took 15-26 s of each
+# module's setup, cluster.down and the lab's stop 5-9 s of its teardown). tests/conftest.py's
+# WORKER_GROUPS sends the three to one worker, one after the other. Each test leaves the cluster as it
+# found it: a test that stops a node brings it back with cluster.up's repair, as a user would.
+SHARED_BY = frozenset({"test_run_cluster.py", "test_run_gate.py", "test_run_restart.py"})
+
+
+class SharedCluster:
+    def __init__(self) -> None:
+        self.value: dict[str, Any] | None = None
+        self.users: set[str] = set()  # the modules still to run that use it
+        self._open: contextlib.ExitStack | None = None
+
+    def get(self, request: pytest.FixtureRequest) -> dict[str, Any]:
+        if self.value is None:
+            self.users = {Path(str(item.fspath)).name for item in request.session.items} & SHARED_BY
+            self._open = contextlib.ExitStack()
+            self.value = self._open.enter_context(lab_and_cluster(request.getfixturevalue("tmp_path_factory")))
+        return self.value
+
+    def release(self, module: str) -> None:
+        self.users.discard(module)
+        if not self.users:
+            self.close()
+
+    def close(self) -> None:
+        if self._open is not None:
+            opened, self._open, self.value = self._open, None, None
+            opened.close()
+
+
+SHARED = SharedCluster()
+
+
+@pytest.fixture(scope="session")
+def _shared_cluster_closer():
+    yield
+    SHARED.close()  # when the modules using it did not all run here (a -k, or xdist without WORKER_GROUPS)
+
+
+@pytest.fixture(scope="module")
+def up(request, _shared_cluster_closer):
+    try:
+        yield SHARED.get(request)
+    finally:
+        SHARED.release(request.path.name)
 
 
 @pytest.fixture(autouse=True)

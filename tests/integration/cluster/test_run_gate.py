@@ -28,8 +28,8 @@ from slimeforge.cluster.inventory import load_inventory
 from slimeforge.run.recipecheck import parse_recipe
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
-# test_run_cluster's module-scoped fixtures: a lab and a cluster of this module's own.
-isolated, up, _cluster_state_home = base.isolated, base.up, base._cluster_state_home
+# test_run_cluster's lab and cluster, shared with it (SHARED_BY there).
+up, _shared_cluster_closer, _cluster_state_home = base.up, base._shared_cluster_closer, base._cluster_state_home
 
 
 def timed_gate(up, runs: int = 5) -> list[float]:

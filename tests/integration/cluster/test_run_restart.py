@@ -29,8 +29,8 @@ from slimeforge.cluster.bringup import make_nodes
 from slimeforge.cluster.inventory import load_inventory
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
-# test_run_cluster's module-scoped fixtures: a lab and a cluster of this module's own.
-isolated, up, _cluster_state_home = base.isolated, base.up, base._cluster_state_home
+# test_run_cluster's lab and cluster, shared with it (SHARED_BY there).
+up, _shared_cluster_closer, _cluster_state_home = base.up, base._shared_cluster_closer, base._cluster_state_home
 # The job fails 2-3 s after the stop (docs/multinode.md): 10 steps of 3 s leave it that time, and keep
 # the resumed half short (it runs the steps left after the lost one).
 STEPS = 10
