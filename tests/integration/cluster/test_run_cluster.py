@@ -72,20 +72,6 @@ def sees(lab: NetLab, host, path: Path) -> bool:
 
 
 @contextlib.contextmanager
-def state_home(home: Path) -> Iterator[None]:
-    """SLIMEFORGE_STATE_HOME for one call (cluster.up records the head's address there), then as before."""
-    old = os.environ.get("SLIMEFORGE_STATE_HOME")
-    os.environ["SLIMEFORGE_STATE_HOME"] = str(home)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("SLIMEFORGE_STATE_HOME", None)
-        else:
-            os.environ["SLIMEFORGE_STATE_HOME"] = old
-
-
-@contextlib.contextmanager
 def lab_and_cluster(tmp_path_factory) -> Iterator[dict[str, Any]]:
     """The lab's files (per host and shared), a cluster brought up on it, and a recipe for it."""
     with isolated_lab(tmp_path_factory) as lab:
@@ -115,12 +101,15 @@ def lab_and_cluster(tmp_path_factory) -> Iterator[dict[str, Any]]:
         parsed, stack = parse_recipe({**recipe, "install_prefix": str(w / "prefix")}, "test")
         catalog = write_catalog(tmp / "flags.json", parsed, stack)
         try:
-            with state_home(home):
+            # cluster.up records the head's address in the state home: the variable is set for the call only
+            with pytest.MonkeyPatch.context() as env:
+                env.setenv("SLIMEFORGE_STATE_HOME", str(home))
                 address = cluster.up(inv, control_dir=lab.control_dir, stream=io.StringIO())
             yield {"home": home, "lab": lab, "inventory": inv, "recipe": recipe, "tmp": tmp, "catalog": catalog,
                    "address": address, "local": local, "shared": shared}
         finally:
-            with state_home(home):
+            with pytest.MonkeyPatch.context() as env:
+                env.setenv("SLIMEFORGE_STATE_HOME", str(home))
                 cluster.down(inv, control_dir=lab.control_dir, stream=io.StringIO())
 
 
