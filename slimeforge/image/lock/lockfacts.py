@@ -90,7 +90,7 @@ def with_facts(lock: LockFile, facts: dict[str, dict[str, str]]) -> str:
 def _set_field(text: str, table: str, name: str, value: str, path: Path) -> str:
     lines = text.split("\n")
     if f"[{table}]" not in lines:
-        node = tomllib.loads(text)
+        node: object = tomllib.loads(text)
         for part in table.split("."):
             node = node.get(part) if isinstance(node, dict) else None
         if node is not None:  # there, but not as `invoke lock` writes its header
