@@ -142,14 +142,17 @@ sf_system() {
 
 # --- the venv -------------------------------------------------------------------------------
 
-# sf_venv VENV UV_VERSION PYTHON: creates the venv with the stack's interpreter, called by its
+# sf_venv VENV UV_VERSION PYTHON SLICE: creates the venv with the stack's interpreter, called by its
 # version (python3.12): a CUDA base has no python3, and on a host python3 may be another version.
+# SLICE: the venv step's slice of the lock, `uv @ URL --hash=sha256:H`: the pinned uv is that one
+# wheel, hash-checked (pip --require-hashes), never a file an index picks by version.
 # The venv gets an identity when it is made ($VENV/slimeforge-venv.id, 32 random hex digits): a
 # step's done record names it (sf_step_proof), so a venv removed or made again is never taken for
 # the one the steps installed into. A venv whose python no longer runs (its interpreter removed or
 # upgraded under it) is made again, with a new identity.
 sf_venv() {
-  local venv=$1 uv_version=$2 python=${3:-python3}
+  local venv=$1 uv_version=$2 python=${3:-python3} slice=${4:-}
+  [[ -n $slice && -f $slice ]] || sf_die "venv: its slice of the lock (${slice:-none given}) is missing"
   if [[ -e $venv/bin/python || -L $venv/bin/python ]] && ! "$venv/bin/python" -I -c '' >/dev/null 2>&1; then
     # --clear empties the directory: only one that is a venv (its pyvenv.cfg), never another's.
     [[ -f $venv/pyvenv.cfg ]] || sf_die "venv: $venv/bin/python does not run and $venv has no pyvenv.cfg (not a venv): move it away, or name another --venv"
@@ -167,9 +170,11 @@ sf_venv() {
   local have=""
   if [[ -x $venv/bin/uv ]]; then have=$("$venv/bin/uv" --version | awk '{print $2}'); fi
   if [[ $have != "$uv_version" ]]; then
-    "$venv/bin/python" -m pip install --disable-pip-version-check -q "uv==$uv_version"
+    "$venv/bin/python" -m pip install --disable-pip-version-check -q --no-deps --require-hashes -r "$slice" ||
+      sf_die "venv: the pinned uv $uv_version could not be installed from its slice of the lock ($slice: $(grep -m1 '^[^#]' "$slice" | _sf_printable | cut -c1-200))"
   fi
-  mkdir -p "$SF_STATE/constraints"
+  mkdir -p "$SF_STATE/constraints" "$SF_STATE/lock"
+  cp -- "$slice" "$SF_STATE/lock/venv.txt"
 }
 
 _sf_venv_new_id() {

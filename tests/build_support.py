@@ -161,13 +161,17 @@ def placeholder_patches(stack):
 
 def render_lock(stack):
     """The committed lock where there is one, else (cu129: its index is unreachable here) one with
-    an empty slice per step; the router wheel's sha256, which cannot be fetched here, is set."""
+    an empty slice per step; the router wheel's sha256, which cannot be fetched here, is set (and, for
+    that made-up lock, the uv wheel's)."""
     try:
         lock = lockfile.load_lock(stack.name if stack.file.parent.name == "images" else str(stack.file), stack)
     except lockfile.LockError:
         lock = lockfile.LockFile(Path("pylock.none.toml"), {},
                                  {"steps": {n: [] for n in lockinputs.inputs(stack).by_step}}, "")
     lock.tool.setdefault("router", {})["sha256"] = "0" * 64
+    lock.tool.setdefault("uv", stack.versions["uv"])
+    lock.tool.setdefault("uv-wheel", {"url": f"https://files.example/uv-{stack.versions['uv']}-py3-none-any.whl",
+                                      "sha256": "0" * 64})
     lock.tool["patches"] = {}  # the placeholder patches below are not the locked ones
     return lock
 

@@ -211,6 +211,10 @@ INVENTORY_CASES: list[tuple[str, str, dict[str, Any], str | None]] = [
     ("volume-relative", "image or option shift", {"container": {"volumes": ["data:/data"]}}, "container.volumes.0"),
     ("volume-option", "image or option shift", {"container": {"volumes": ["--privileged"]}}, "container.volumes.0"),
     ("volume-mode", "image or option shift", {"container": {"volumes": ["/a:/b:z"]}}, "container.volumes.0"),
+    ("ulimit-option", "image or option shift", {"container": {"ulimits": ["--privileged"]}}, "container.ulimits.0"),
+    ("ulimit-image", "image or option shift", {"container": {"ulimits": ["memlock=-1 busybox"]}},
+     "container.ulimits.0"),
+    ("ulimit-twice", "silent", {"container": {"ulimits": ["memlock=-1", "memlock=1024"]}}, "container.ulimits.1"),
     # addresses: IPv6 accepted (validated by ipaddress), junk refused
     ("ipv6-host", "false refusal", _addr("fd00::11", "fd00::12"), None),
     ("ipv6-bracketed", "false refusal", _addr("[fd00::11]", "[2001:db8::12]"), None),
@@ -229,6 +233,8 @@ INVENTORY_CASES: list[tuple[str, str, dict[str, Any], str | None]] = [
     ("allowed-docker-args", "false refusal", _args("--cap-add", "SYS_PTRACE", "--ulimit=memlock=-1:-1",
                                                    "--privileged"), None),
     ("allowed-volume", "false refusal", {"container": {"volumes": ["/data/models:/models:ro"]}}, None),
+    ("allowed-ulimits", "false refusal", {"container": {"ulimits": ["memlock=-1", "stack=67108864"]}}, None),
+    ("no-ulimits", "false refusal", {"container": {"ulimits": []}}, None),
 ]
 
 

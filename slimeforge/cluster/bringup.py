@@ -471,6 +471,7 @@ def run_nccl_check(inv: Inventory, node: Node) -> str:
     else:
         env_flags = [x for k, v in env.items() for x in ("--env", f"{k}={v}")]
         argv = ["docker", "run", "--rm", "--gpus", "all", "--ipc", "host", "--network", "host", *env_flags]
+        argv += [x for limit in inv.container.ulimits for x in ("--ulimit", limit)]  # as the node's container
         argv += ["--volume", f"{state_dir}:{state_dir}", "--entrypoint", "python3", h.image or "", script, *args]
         result = node.ssh.run(argv, step="nccl check", check=False, timeout=600)
     try:

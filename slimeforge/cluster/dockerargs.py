@@ -20,6 +20,8 @@ from ..schema import text_problem
 INT = re.compile(r"-?[0-9]{1,12}")
 SIZE = re.compile(r"[1-9][0-9]{0,12}[bkmgBKMG]?")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# `docker run --ulimit NAME=SOFT[:HARD]` (-1: unlimited): container.ulimits, and docker_args' --ulimit.
+ULIMIT_RE = re.compile(r"(?P<name>[a-z]{2,12})=-?[0-9]{1,20}(?::-?[0-9]{1,20})?")
 # option -> the grammar of its value (None: a switch without one). Anything else is refused: the
 # network, IPC, GPUs, name, labels, init and shm size are cluster.up's; mounts are `volumes`.
 DOCKER_RUN_OPTIONS: dict[str, re.Pattern[str] | None] = {
@@ -27,7 +29,7 @@ DOCKER_RUN_OPTIONS: dict[str, re.Pattern[str] | None] = {
     "--cap-drop": re.compile(r"[A-Za-z_]{1,40}"),
     "--device": re.compile(r"/dev/[A-Za-z0-9_./-]{1,250}(?::/dev/[A-Za-z0-9_./-]{1,250})?(?::[rwm]{1,3})?"),
     "--device-cgroup-rule": re.compile(r"[abc] (?:[0-9]{1,10}|\*):(?:[0-9]{1,10}|\*) [rwm]{1,3}"),
-    "--ulimit": re.compile(r"[a-z]{2,12}=-?[0-9]{1,20}(?::-?[0-9]{1,20})?"),
+    "--ulimit": ULIMIT_RE,
     "--security-opt": re.compile(r"[a-z-]{1,32}(?:[=:][A-Za-z0-9_.,/=-]{1,256})?"),
     "--privileged": None,
     "--pids-limit": INT,
@@ -139,6 +141,17 @@ def container_problems(container: Mapping[str, object]) -> list[Problem]:
     for i, vol in enumerate(volumes if isinstance(volumes, list) else []):
         if (problem := volume_problem(i, vol)) is not None:
             p.append(problem)
+    ulimits = container.get("ulimits")
+    seen: set[str] = set()
+    for i, limit in enumerate(ulimits if isinstance(ulimits, list) else []):
+        m = ULIMIT_RE.fullmatch(limit) if isinstance(limit, str) and not text_problem(limit) else None
+        if m is None:
+            p.append(Problem(f"container.ulimits.{i}", "is not a `docker run --ulimit` value", limit,
+                             "NAME=SOFT[:HARD], -1 for unlimited, e.g. memlock=-1 or nofile=1048576:1048576"))
+        elif m.group("name") in seen:
+            p.append(Problem(f"container.ulimits.{i}", "sets a limit an earlier entry sets", limit, "each limit once"))
+        else:
+            seen.add(m.group("name"))
     shm = container.get("shm_size")
     if shm is not None and not (isinstance(shm, str) and SHM_RE.fullmatch(shm)):
         p.append(Problem("container.shm_size", "is not a size", shm, "e.g. 16g, 512m"))

@@ -79,6 +79,10 @@ class ContainerSettings(Model):
     # `-v SRC:DST[:ro|rw]` for model, data and checkpoint paths (dockerargs.py)
     volumes: list[str] = Field(default_factory=list)
     shm_size: str = "16g"
+    # `docker run --ulimit` of every node's container: locked memory unlimited, which NCCL over
+    # InfiniBand/EFA needs (it pins its buffers). A Docker that may not raise rlimits (Docker inside
+    # a container) refuses to start a container with it: `ulimits: []` there.
+    ulimits: list[str] = Field(default_factory=lambda: ["memlock=-1"])
     # `docker run` options of dockerargs.DOCKER_RUN_OPTIONS, each with its value
     docker_args: list[str] = Field(default_factory=list)
     # extra environment of the container (no secrets: secret_env carries those)

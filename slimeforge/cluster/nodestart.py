@@ -80,6 +80,8 @@ def start_argv(inv: Inventory, host: Host, node_ip: str, head_ip: str, env: dict
             "--label", f"{LABEL_CLUSTER}={inv.name}", "--label", f"{LABEL_TOKEN}={token}"]
     # Host networking: Ray and NCCL use the host's addresses and interfaces, as on bare metal.
     argv += ["--network", "host", "--ipc", "host", "--shm-size", c.shm_size]
+    for limit in c.ulimits:  # before docker_args: a --ulimit there of the same name wins
+        argv += ["--ulimit", limit]
     # An init process as PID 1: it passes `docker stop`'s SIGTERM on to `ray start --block` and
     # reaps the processes Ray's workers leave behind.
     argv += ["--init"]

@@ -33,6 +33,10 @@ COMMIT_RE = re.compile(r"[0-9a-f]{40}")
 # Names that become file names, Dockerfile mount paths and environment variables: kept to a safe
 # alphabet so that no template has to quote them in a context where quoting is not possible.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# Steps both paths run beside the stack's (steps.py), a source's `<step>-requirements` and the lock's
+# all.txt: a stack step of such a name would share their records, slices and layers.
+VENV_STEP, PATCHES_STEP, FINALIZE_STEP, REQUIREMENTS_SUFFIX = "venv", "patches", "finalize", "-requirements"
+RESERVED_STEP_NAMES = (VENV_STEP, PATCHES_STEP, FINALIZE_STEP, "all")
 _WORD = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
 # PEP 508 distribution name with optional extras: transformer_engine[pytorch,core-cu13]
 PACKAGE_RE = re.compile(rf"{_WORD}(?:\[{_WORD}(?:,{_WORD})*\])?")
@@ -512,23 +516,22 @@ class Stack(Model):
     # --- cross-field checks ------------------------------------------------------------------
 
     def reference_problems(self) -> list[Problem]:
-        """The rules between fields (names that must exist elsewhere in the stack), each problem
-        naming its own field."""
+        """The rules between fields (names that must exist elsewhere in the stack), each naming its field."""
         out: list[Problem] = []
         names = [s.name for s in self.steps]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
+        if dupes := sorted({n for n in names if names.count(n) > 1}):
             out.append(Problem("steps", f"names must be unique, repeated: {', '.join(dupes)}", show_value=False))
+        if taken := sorted({n for n in names if n in RESERVED_STEP_NAMES or n.endswith(REQUIREMENTS_SUFFIX)}):
+            out.append(Problem("steps", "names a step as slimeforge names its own steps and files", taken,
+                               f"any name but {', '.join(RESERVED_STEP_NAMES)} and <name>{REQUIREMENTS_SUFFIX}"))
         patch_names = {p.file for p in (self.patches.files if self.patches else [])}
         for i, step in enumerate(self.steps):
             where = f"steps.{i} ({step.name})"
             if step.source and step.source not in self.sources:
                 out.append(Problem(f"{where}.source", "is not in sources", step.source,
                                    ", ".join(sorted(self.sources))))
-            for pkg in step.pip or []:
-                if pkg not in self.versions:
-                    out.append(Problem(f"{where}.pip", f"{pkg!r} has no pin in versions (every package "
-                                       "must be pinned)", show_value=False))
+            out += [Problem(f"{where}.pip", f"{pkg!r} has no pin in versions (every package must be pinned)",
+                            show_value=False) for pkg in step.pip or [] if pkg not in self.versions]
             for attr, key in (("index", step.index), ("wheel_url", step.wheel_url),
                               ("requirements", step.requirements)):
                 if key:
@@ -537,14 +540,11 @@ class Stack(Model):
                     except (KeyError, TypeError, IndexError):
                         out.append(Problem(f"{where}.{attr}", "names no value of this stack", key,
                                            "a dotted key such as router.wheel"))
-            for pkg in step.without_apt:
-                if pkg not in (step.apt or []):
-                    out.append(Problem(f"{where}.without_apt", "names a package the step does not install", pkg,
-                                       ", ".join(step.apt or []) or "(none)"))
-            for p in step.patches:
-                if p not in patch_names:
-                    out.append(Problem(f"{where}.patches", "is not in patches.files", p,
-                                       ", ".join(sorted(patch_names)) or "(none)"))
+            out += [Problem(f"{where}.without_apt", "names a package the step does not install", pkg,
+                            ", ".join(step.apt or []) or "(none)")
+                    for pkg in step.without_apt if pkg not in (step.apt or [])]
+            out += [Problem(f"{where}.patches", "is not in patches.files", p,
+                            ", ".join(sorted(patch_names)) or "(none)") for p in step.patches if p not in patch_names]
         if self.patches:
             if self.patches.from_source not in self.sources:
                 out.append(Problem("patches.from_source", "is not in sources", self.patches.from_source,

@@ -16,9 +16,18 @@ from typing import Any, Literal
 
 from .. import paths
 from ..scripts import venvprune
-from .lock.lockfile import LockFile, expected_versions, router_requirement, step_requirements
+from .lock.lockfile import LockFile, expected_versions, router_requirement, step_requirements, uv_requirement
 from .sources import LocalSource
-from .stack import AptStep, PatchFile, PipStep, Stack, WheelUrlStep
+from .stack import (
+    PATCHES_STEP,
+    REQUIREMENTS_SUFFIX,
+    VENV_STEP,
+    AptStep,
+    PatchFile,
+    PipStep,
+    Stack,
+    WheelUrlStep,
+)
 
 STEP_RUNNER = paths.TEMPLATES / "sf"
 # Scripts the step library runs with the target's Python (standard library only; kernel_check.py also
@@ -32,9 +41,8 @@ VENV_SIZES_RECORD = "venv-sizes.json"
 # library before the first step: a change to it re-does every step, as a change to steps.sh does.
 # venvprune.py: a pip step's prune of GPU code for archs outside arch_list, and verify's check of it.
 LIBRARY_SCRIPTS = {name: paths.SCRIPTS / name for name in ("venvlock.py", "venvprune.py")}
-# Steps that are not in the stack's list but that both paths run: the venv with the pinned uv
-# comes right after the system packages; finalize (lock + flag catalog) comes last.
-VENV_STEP, FINALIZE_STEP = "venv", "finalize"
+# Steps that are not in the stack's list but that both paths run (stack.py reserves their names): the
+# venv with the pinned uv comes right after the system packages; finalize (lock + flag catalog) last.
 
 
 @dataclass
@@ -148,7 +156,8 @@ def lock_files(stack: Stack, lock: LockFile, layout: StepLayout) -> dict[str, st
     """The lock as the steps read it: one requirements file per installing step (its slice, by URL
     and sha256; by name for a step given a wheel directory) and all.txt, every locked version, that
     finalize compares the installed set with."""
-    out = {}
+    # The venv step's slice: the pinned uv's wheel (pip installs it --require-hashes).
+    out = {lock_file(VENV_STEP): uv_requirement(lock)}
     for step in stack.plan:
         name = step.name
         if step.kind == "wheel_url":
@@ -187,7 +196,8 @@ def step_commands(stack: Stack, layout: StepLayout, base: str | None = None, sto
     python = layout.python or stack.interpreter
     for step in stack.plan:
         if not isinstance(step, AptStep) and not venv_done:
-            out.append(VenvCommand(name=VENV_STEP, argv=["venv", layout.venv, versions["uv"], python]))
+            out.append(VenvCommand(name=VENV_STEP, argv=["venv", layout.venv, versions["uv"], python,
+                                                         f"{layout.lock_dir}/{lock_file(VENV_STEP)}"]))
             venv_done = True
         name = step.name
         patch_files = [p.file for p in step.patches]
@@ -271,7 +281,6 @@ def step_commands(stack: Stack, layout: StepLayout, base: str | None = None, sto
 # layer on every node. In order: the patches of installed packages and of editable checkouts (one
 # small layer of the files they change), then the checkout of the most often bumped source (slime),
 # whose requirements stay at its place in the stack's list, as `<step>-requirements`.
-PATCHES_STEP, REQUIREMENTS_SUFFIX = "patches", "-requirements"
 
 
 def latest_source(stack: Stack) -> str | None:
@@ -326,6 +335,10 @@ class VenvCommand(_Command):
     """The venv with the pinned uv, right before the first step that is not apt."""
 
     kind: Literal["venv"] = field(default="venv", init=False)
+
+    @property
+    def lock_file(self) -> str | None:
+        return lock_file(VENV_STEP)
 
     def to_json(self) -> dict[str, object]:
         return self._json(self.kind)

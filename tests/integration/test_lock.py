@@ -5,6 +5,7 @@ file, a replaced file, a package outside the lock, a pin a later step tries to m
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
@@ -44,6 +45,7 @@ def indexes(tmp_path_factory):
     main.add("sf-kern", "1.0", ["sf-kern-cu13==1.0"])
     main.add("sf-app", "1.0", ["sf-base>=1.0", "sf-dep==2.0b1", "sf-extra", "sf-kern"])
     main.add("sf-rogue", "1.0")
+    main.add("uv", "0.9.7")  # the stack's pinned uv: the lock records its wheel (the venv step's slice)
     cu12 = Index(root / "cu12")
     cu12.add("sf-kern-cu12", "1.0")
     cu12.add("sf-kern", "1.0+cu129", ["sf-kern-cu12==1.0"])
@@ -116,6 +118,10 @@ def test_lock_resolves_for_the_target_with_exactly_the_pinned_prerelease(indexes
     assert (all(p.url.startswith(indexes["main"].url.removesuffix("/simple")) and len(p.sha256) == 64 for p
                 in lock.packages.values()))
     assert lock.tool["base"]["digest"] == DIGEST and lock.tool["platform"] == "x86_64-manylinux_2_36"
+    # The venv step's one input, the stack's uv, as the index serves it: by URL and sha256.
+    uv_file = indexes["main"].root / "files" / "uv-0.9.7-py3-none-any.whl"
+    assert lock.tool["uv-wheel"] == {"url": f"{indexes['main'].url.removesuffix('/simple')}/files/{uv_file.name}",
+                                     "sha256": hashlib.sha256(uv_file.read_bytes()).hexdigest()}
     assert lockcheck.check_lock(load_stack(str(tmp_path / "sflock.yaml")), lock) == []
     # The file is a PEP 751 lock uv itself reads; locking again changes nothing (same tag).
     text = lock.path.read_text()
@@ -418,7 +424,6 @@ def test_complete_fills_only_the_missing_outside_facts_and_build_does_it_by_itse
     the dry runs render with both marked; `lock --complete` (loopback TLS registry, loopback wheel
     URL) fills exactly those two fields, byte for byte otherwise; a real build does the same itself."""
     import base64
-    import hashlib
     import json
     import shutil
 

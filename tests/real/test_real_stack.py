@@ -25,8 +25,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from real_stack import current, stamp  # noqa: E402
 
-from slimeforge.image.stack import load_stack  # noqa: E402
-from slimeforge.image.steps import FINALIZE_STEP, VENV_STEP  # noqa: E402
+from slimeforge.image.stack import (  # noqa: E402
+    FINALIZE_STEP,
+    VENV_STEP,
+    load_stack,  # noqa: E402
+)
 
 WORK = Path(os.environ.get("SLIMEFORGE_REAL_WORK", "/var/tmp/slimeforge-real"))
 

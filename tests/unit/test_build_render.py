@@ -89,7 +89,9 @@ def test_base_gets_the_interpreter_by_version_and_the_venv_uses_it(flavor):
     assert stack.python == "3.12"
     assert ("sf system system --python python3.12 --python-package python3.12 --python-package python3.12-venv "
             "--python-package python3.12-dev --need git:git::git ") in run_block(text, "system")
-    assert "/opt/slimeforge/sf venv venv /opt/venv 0.9.7 python3.12\n" in text
+    # The pinned uv comes from the venv step's slice of the lock: its wheel by URL and sha256.
+    assert "/opt/slimeforge/sf venv venv /opt/venv 0.9.7 python3.12 /tmp/sf-lock/venv.txt\n" in text
+    assert "--mount=type=bind,source=lock/venv.txt,target=/tmp/sf-lock/venv.txt" in run_block(text, "venv")
     # The library calls the interpreter it is given, never a bare python3.
     lib = (ROOT / "templates" / "steps.sh").read_text()
     venv_fn = lib[lib.index("sf_venv() {"):lib.index("\n}\n", lib.index("sf_venv() {"))]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import subprocess
 import sys
@@ -75,9 +76,13 @@ def test_container_start_argv_runs_ray_in_the_pinned_image():
     # The labels the node agent proves before it stops or removes the container.
     assert argv[5:9] == ["--label", "slimeforge.cluster=example", "--label", "slimeforge.cluster_token=" + "0f" * 16]
     for pair in (["--network", "host"], ["--ipc", "host"], ["--gpus", "all"], ["--env", "NCCL_SOCKET_IFNAME=eth0"],
-                 ["--env", "NCCL_IB_HCA=mlx5"]):
+                 ["--env", "NCCL_IB_HCA=mlx5"], ["--ulimit", "memlock=-1"]):  # NCCL over IB/EFA pins its buffers
         assert any(argv[i : i + 2] == pair for i in range(len(argv))), pair
     image_at = argv.index(inv.image)
+    # container.ulimits replaces the default ([] where Docker may not raise rlimits); docker_args
+    # come after it, so a --ulimit there of the same name wins in docker's own parsing.
+    bare = dataclasses.replace(inv, container=inv.container.model_copy(update={"ulimits": []}))
+    assert "--ulimit" not in nodestart.start_argv(bare, head, "10.0.0.11", "10.0.0.11", env, "0f" * 16)
     assert argv[image_at + 1 : image_at + 4] == ["ray", "start", "--block"]
     assert "PATH" not in " ".join(argv)  # the image's own PATH
 

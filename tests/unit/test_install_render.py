@@ -116,7 +116,7 @@ def test_install_script_carries_interpreter_arch_variables_and_compiled_keys(fla
     text = render_install_script(stack, "/opt/slime", patches=placeholder_patches(stack), lock=render_lock(stack))
     assert ("  sf_system --python python3.12 --python-package python3.12 --python-package python3.12-venv "
             "--python-package python3.12-dev --need git:git::git ") in text
-    assert "  sf_venv /opt/slime/venv 0.9.7 python3.12\n" in text
+    assert "  sf_venv /opt/slime/venv 0.9.7 python3.12 /opt/slime/.slimeforge/lock-in/venv.txt\n" in text
     assert "want_python=3.12" in text and "PYTHON=python3.12\n" in text and '"$PYTHON" -c' in text
     for name in ("flash-attn", "transformer-engine", "apex", "torch-memory-saver"):
         line = next(x for x in text.splitlines() if x.startswith(f"sf_run_step {name} "))

@@ -228,7 +228,7 @@ def test_completing_changes_only_the_filled_fields(tmp_path):
     assert [f.key for f in lockfacts.missing_facts(stack, lock)] == ["router_sha256", "base_digest"]
     lock = replace(lock, path=tmp_path / lock.path.name)
     digest, sha = "sha256:" + "d" * 64, "e" * 64
-    text = lockfacts.with_facts(lock, {"base_digest": digest, "router_sha256": sha})
+    text = lockfacts.with_facts(lock, {"base_digest": {"digest": digest}, "router_sha256": {"sha256": sha}})
     before, after = lock.text.splitlines(), text.splitlines()
     changed = [line for line in after if line not in before]
     assert changed == [f'"digest" = "{digest}"', f'"sha256" = "{sha}"'] and len(after) == len(before) + 1
@@ -241,7 +241,7 @@ def test_completing_changes_only_the_filled_fields(tmp_path):
     # A lock whose tables are not as `invoke lock` writes them is refused, not patched blindly.
     odd = replace(lock, text=lock.text.replace("[tool.slimeforge.router]\n", "[tool.slimeforge.router]  # by hand\n"))
     with pytest.raises(lockfile.LockError, match=r"has no \[tool.slimeforge.router\] table to complete; re-lock"):
-        lockfacts.with_facts(odd, {"router_sha256": sha})
+        lockfacts.with_facts(odd, {"router_sha256": {"sha256": sha}})
 
 
 def test_a_dry_runs_router_slice_is_marked_and_fails_if_run():
@@ -280,3 +280,54 @@ def test_every_slice_line_the_lock_writes_is_read_back_by_the_step_librarys_one_
     assert (parse_slice_line(router) or pytest.fail(router)).version is None  # pinned by its sha256 alone
     assert parse_slice_line("-e git+https://x") is None and parse_slice_line("sf-base==1.0 --hash=sha256:abc") is None
     assert canonical("Transformer_Engine[pytorch]") == "transformer-engine" == lockfile.normalize("transformer.engine")
+
+
+UV_URL = "https://files.example/uv-0.9.7-py3-none-manylinux_2_17_x86_64.whl"
+
+
+@pytest.mark.parametrize(("wheel", "why"), [
+    ({"url": UV_URL, "sha256": SHA}, None),
+    ({"url": UV_URL.replace("0.9.7", "0.9.8"), "sha256": SHA}, "is not a wheel of uv 0.9.7"),
+    ({"url": UV_URL.replace("/uv-", "/ruff-"), "sha256": SHA}, "is not a wheel of uv 0.9.7"),
+    ({"url": "https://files.example/uv-0.9.7.tar.gz", "sha256": SHA}, "does not end in a wheel's file name"),
+    ({"url": UV_URL + " --index-url x", "sha256": SHA}, "is not an http(s)/file URL"),
+    ({"url": UV_URL, "sha256": "A" * 64}, "is not a sha256"),
+    ({"url": UV_URL, "sha256": SHA, "size": "1"}, "holds fields `invoke lock` does not write"),
+])
+def test_the_uv_wheel_is_held_to_its_grammar(wheel, why):
+    problems = lockfile.uv_wheel_problems(wheel, "0.9.7")
+    assert [why in p.message for p in problems] == ([True] if why else [])
+
+
+def test_the_venv_steps_slice_is_the_uv_wheel_by_sha256_and_a_lock_without_it_is_completed(tmp_path):
+    from dataclasses import replace
+
+    from slimeforge.image.lock import lockfacts
+    from slimeforge.image.steps import host_layout, lock_files
+    from slimeforge.scripts.venvlock import parse_slice_line
+
+    stack = load_stack("cu13")
+    lock = lockfile.load_lock("cu13", stack)
+    wheel = lock.tool["uv-wheel"]
+    venv_slice = lock_files(stack, replace(lock, tool={**lock.tool, "router": {**lock.tool["router"],
+                                                                                "sha256": SHA}}),
+                            host_layout(stack, "/opt/s"))["venv.txt"]
+    line = next(x for x in venv_slice.splitlines() if not x.startswith("#"))
+    parsed = parse_slice_line(line)  # the step library reads it as it reads every slice
+    assert parsed is not None and (parsed.name, parsed.version, parsed.url, parsed.sha256) == (
+        "uv", "0.9.7", wheel["url"], wheel["sha256"])
+    # A lock made before the table existed: a dry run marks the slice (pip refuses its unhashed
+    # line), a real run is refused naming the remedy, and --complete appends the table as
+    # `invoke lock` renders it.
+    text = lock.text.split("\n[tool.slimeforge.uv-wheel]")[0] + "\n"
+    lockfile.write_lock(tmp_path / lock.path.name, text)
+    old = lockfile.read_lock(tmp_path / lock.path.name)
+    assert [f.key for f in lockcheck.missing_facts(stack, old)] == ["router_sha256", "uv_wheel", "base_digest"]
+    with pytest.raises(lockfile.LockError, match=r"tool.slimeforge.uv-wheel.*--complete"):
+        lockfile.uv_requirement(old)
+    marked = lockfile.uv_requirement(replace(old, provisional=True))
+    assert marked.startswith("# MISSING: the wheel of uv 0.9.7") and "--hash" not in marked
+    filled = lockfacts.with_facts(old, {"uv_wheel": dict(wheel)})
+    assert filled == lock.text
+    data = tomllib.loads(filled)
+    assert lockfile.render_lock({**data, "tool": {"slimeforge": data["tool"]["slimeforge"]}}) == filled

@@ -1,4 +1,5 @@
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +139,19 @@ def test_patch_check_downloads_for_the_target_into_the_user_cache(monkeypatch, t
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert user_cache() == tmp_path / "home" / ".cache" / "slimeforge"
+
+
+@pytest.mark.parametrize("name", ["venv", "finalize", "patches", "all", "slime-requirements"])
+def test_a_step_named_as_slimeforges_own_steps_is_refused(tmp_path, name):
+    # venv.txt, finalize's record, the patches layer, the lock's all.txt: a stack step of that name
+    # would share them with slimeforge's own step.
+    import yaml
+
+    data = yaml.safe_load((Path(__file__).resolve().parents[1] / "stacks" / "test.yaml").read_text())
+    data["steps"][1]["name"] = name
+    p = tmp_path / "x.yaml"
+    p.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as e:
+        load_stack(p)
+    msg = str(e.value)
+    assert "steps: names a step as slimeforge names its own steps and files" in msg and name in msg

@@ -34,9 +34,8 @@ from ..lock.lockfacts import lock_for_run
 from ..lock.lockfile import LockFile, normalize
 from ..patches import PatchContent, patches_for_run, read_patches
 from ..sources import LocalSource, checked_options
-from ..stack import Stack, load_stack
+from ..stack import FINALIZE_STEP, Stack, load_stack
 from ..steps import (
-    FINALIZE_STEP,
     LIBRARY_SCRIPTS,
     LOCK_ALL,
     PATCHES_STEP,

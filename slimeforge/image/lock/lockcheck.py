@@ -154,7 +154,7 @@ def check_lock(stack: Stack, lock: LockFile, ref: str | Path | None = None) -> l
 class Missing:
     """An outside fact the lock lacks: what it is, where it goes, what fills it, and what holds until then."""
 
-    key: str  # base_digest | router_sha256
+    key: str  # base_digest | router_sha256 | uv_wheel
     what: str
     field: str  # where in the lock it goes
     ref: str  # the stack, as `invoke lock` takes it
@@ -177,6 +177,10 @@ def missing_facts(stack: Stack | None, lock: LockFile) -> list[Missing]:
     if (stack.router if stack else router.get("url")) and not router.get("sha256"):
         out.append(Missing("router_sha256", "the router wheel's sha256", "tool.slimeforge.router.sha256", ref,
                            "a real build or install fills it by itself where the wheel can be downloaded", True))
+    wheel = lock.tool.get("uv-wheel") or {}
+    if (stack.versions.get("uv") if stack else lock.tool.get("uv")) and not (wheel.get("url") and wheel.get("sha256")):
+        out.append(Missing("uv_wheel", "the wheel of the stack's uv (its URL and sha256)", "tool.slimeforge.uv-wheel",
+                           ref, "a real build or install fills it by itself where the index can be reached", True))
     if not (stack and stack.base.digest) and not (lock.tool.get("base") or {}).get("digest"):
         out.append(Missing("base_digest", "the base image's digest", "tool.slimeforge.base.digest", ref,
                            "until then the base is taken by its tag as found here, and the compiled-wheel keys are "

@@ -2,6 +2,7 @@
 
     base_image_digest(image)   the digest the base image's tag points at, asked of its registry
     url_sha256(url)            the router wheel's sha256: the wheel downloaded once (size-bounded)
+    target.uv_wheel(stack)     the pinned uv's wheel for the lock's platform: its URL and sha256, from the index
     patch_hashes(stack, ...)   the sha256 of each patch file, read from the pinned slime commit
 
 A lock made where GitHub or the base image's registry cannot be reached lacks some of them. Each is then a `Missing`
@@ -38,36 +39,48 @@ from .lockfile import (
     read_lock,
     write_lock,
 )
+from .target import uv_wheel
 
 ROUTER_LIMIT = 256 << 20  # the router wheel is tens of MB; anything this large is not it
 
 
-def ask(fact: Missing, stack: Stack, echo: Callable[[str], None]) -> str | None:
-    """One missing fact asked of where it lives; None, with a warning, where it cannot be reached."""
+# Where each fact goes: its table, and the field a single value (given by hand) fills.
+WHERE = {"base_digest": ("tool.slimeforge.base", "digest"), "router_sha256": ("tool.slimeforge.router", "sha256"),
+         "uv_wheel": ("tool.slimeforge.uv-wheel", "")}
+
+
+def ask(fact: Missing, stack: Stack, lock: LockFile, echo: Callable[[str], None]) -> dict[str, str] | None:
+    """One missing fact asked of where it lives, as the fields it fills; None, with a warning, where it
+    cannot be reached."""
     if fact.key == "router_sha256":
         assert stack.router is not None
         echo(f"  downloading the router wheel once to hash it: {stack.router.wheel}")
-        return url_sha256(stack.router.wheel, echo, ROUTER_LIMIT)
+        sha = url_sha256(stack.router.wheel, echo, ROUTER_LIMIT)
+        return {"sha256": sha} if sha else None
+    if fact.key == "uv_wheel":
+        echo(f"  asking the index for the wheel of uv {stack.versions.get('uv')} ({stack.uv_platform})")
+        return uv_wheel(stack, lock.tool.get("exclude-newer") or "", None, echo)
     try:
-        return base_image_digest(stack.base.image, echo)
+        digest = base_image_digest(stack.base.image, echo)
     except LockError as exc:  # the registry answers, but has no such tag (a locally imported base)
         echo(f"  {exc}")
         return None
+    return {"digest": digest} if digest else None
 
 
-def with_facts(lock: LockFile, facts: dict[str, str]) -> str:
-    """The lock's text with only these facts filled in; every other byte as it was (checked by
+def with_facts(lock: LockFile, facts: dict[str, dict[str, str]]) -> str:
+    """The lock's text with only these facts' fields filled in; every other byte as it was (checked by
     parsing both: nothing but these fields may differ)."""
     text = lock.text
-    where = {"base_digest": ("tool.slimeforge.base", "digest"), "router_sha256": ("tool.slimeforge.router", "sha256")}
     expected = copy.deepcopy(tomllib.loads(text))
-    for key, value in facts.items():
-        table, name = where[key]
-        text = _set_field(text, table, name, value, lock.path)
-        node = expected
-        for part in table.split("."):
-            node = node.setdefault(part, {})
-        node[name] = value
+    for key, fields in facts.items():
+        table = WHERE[key][0]
+        for name, value in fields.items():
+            text = _set_field(text, table, name, value, lock.path)
+            node = expected
+            for part in table.split("."):
+                node = node.setdefault(part, {})
+            node[name] = value
     if tomllib.loads(text) != expected:
         raise LockError(f"{lock.path}: its [tool.slimeforge] tables are not as `invoke lock` writes them; re-lock "
                         f"(`{lock_command(lock_ref(lock))}`)")
@@ -76,10 +89,18 @@ def with_facts(lock: LockFile, facts: dict[str, str]) -> str:
 
 def _set_field(text: str, table: str, name: str, value: str, path: Path) -> str:
     lines = text.split("\n")
-    try:
-        start = lines.index(f"[{table}]")
-    except ValueError:
-        raise LockError(f"{path}: has no [{table}] table to complete; re-lock") from None
+    if f"[{table}]" not in lines:
+        node: object = tomllib.loads(text)
+        for part in table.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:  # there, but not as `invoke lock` writes its header
+            raise LockError(f"{path}: has no [{table}] table to complete; re-lock")
+        # A table that a lock of an earlier version did not have (uv-wheel): appended after the last
+        # one (every table of [tool.slimeforge] comes after the packages).
+        while lines and not lines[-1].strip():
+            lines.pop()
+        return "\n".join([*lines, "", f"[{table}]", f"{json.dumps(name)} = {json.dumps(value)}", ""])
+    start = lines.index(f"[{table}]")
     end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("[")), len(lines))
     line = f"{json.dumps(name)} = {json.dumps(value)}"
     for i in range(start + 1, end):
@@ -94,9 +115,10 @@ def _set_field(text: str, table: str, name: str, value: str, path: Path) -> str:
 def fill(stack: Stack, lock: LockFile, echo: Callable[[str], None], given: dict[str, str] | None = None) -> LockFile:
     """Ask for each missing fact (or take it as given), write what was found into the lock file
     (atomically, nothing else changed) and say so. Returns the lock as it now is."""
-    found: dict[str, str] = {}
+    found: dict[str, dict[str, str]] = {}
     for fact in missing_facts(stack, lock):
-        value = (given or {}).get(fact.key) or ask(fact, stack, echo)
+        by_hand = (given or {}).get(fact.key)
+        value = {WHERE[fact.key][1]: by_hand} if by_hand else ask(fact, stack, lock, echo)
         if value:
             found[fact.key] = value
     if not found:
@@ -107,9 +129,10 @@ def fill(stack: Stack, lock: LockFile, echo: Callable[[str], None], given: dict[
         raise LockError(f"{lock.path}: cannot be written ({exc.strerror}), so the facts found "
                         f"({', '.join(sorted(found))}) "
                         "cannot be recorded; make it writable, or complete the lock where it is") from None
-    names = {"base_digest": "the base image's digest", "router_sha256": "the router wheel's sha256"}
+    names = {"base_digest": "the base image's digest", "router_sha256": "the router wheel's sha256",
+             "uv_wheel": "the wheel of the stack's uv"}
     for key, value in found.items():
-        echo(f"{lock.path}: {names[key]} filled in: {value}")
+        echo(f"{lock.path}: {names[key]} filled in: {' '.join(value.values())}")
     echo(f"  the lock file changed: commit it ({lock.path}), so that every build and install takes the same")
     return read_lock(lock.path)
 

@@ -6,11 +6,13 @@
     step_requirements(lock, step)                  a step's slice: `name @ url --hash=sha256:...` lines
                                                    that `uv pip install --no-deps --require-hashes` installs
     router_requirement(lock, url)                  the router wheel's slice, by its recorded sha256
+    uv_requirement(lock)                           the venv step's slice: the pinned uv's wheel, by its sha256
 
 The lock is uv's own `pylock.toml` output cut down to the one file per package that the target
 installs, plus `[tool.slimeforge]`: what PEP 751 cannot hold (the base image digest, the router
 wheel, the git commits, the allowed pre-releases, the resolution's cutoff, the hash of the stack
-inputs it was resolved from) and `steps`, which package each step installs.
+inputs it was resolved from, the wheel of the pinned uv that the venv step installs) and `steps`,
+which package each step installs.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from ... import paths, readback
@@ -172,8 +175,8 @@ _TOOL_TYPES: dict[str, type | tuple[type, ...]] = {
     "schema": int, "flavor": str, "inputs": str, "python": str, "platform": str, "uv": str, "command": str,
                                                    "indexes": list,
     "prereleases": list, "base": dict,  # exclude-newer: by its grammar in read_lock
-    "router": dict, "sources": dict, "patches": dict, "steps": dict}
-_TOOL_TABLES_OF_TEXT = ("base", "router", "sources", "patches")
+    "router": dict, "sources": dict, "patches": dict, "steps": dict, "uv-wheel": dict}
+_TOOL_TABLES_OF_TEXT = ("base", "router", "sources", "patches", "uv-wheel")
 MAX_FILE_SIZE = 1 << 40  # a distribution's recorded size in bytes: 1 TiB is a typo already
 
 
@@ -300,6 +303,7 @@ def read_lock(path: Path, stack: Stack | None = None, ref: str | Path | None = N
                                 router["url"]))
     if router.get("sha256") and not SHA256_RE.fullmatch(router["sha256"]):
         problems.append(Problem("tool.slimeforge.router.sha256", "is not a sha256", router["sha256"]))
+    problems += uv_wheel_problems(tool.get("uv-wheel") or {}, str(tool.get("uv", "")))
     if problems:
         raise ConfigError(where, problems)
     return LockFile(path, packages, tool, text, ref=stack_ref(stack) if stack else str(tool.get("flavor") or ""))
@@ -353,6 +357,48 @@ def router_requirement(lock: LockFile, url: str) -> str:
     if not sha:
         raise LockError(f"{lock.path}: the router wheel {url} has no sha256: {remedy('router_sha256', lock_ref(lock))}")
     return f"# the router wheel, by sha256\n{normalize(name)} @ {url} --hash=sha256:{sha}\n"
+
+
+def uv_wheel_problems(wheel: dict[str, str], version: str) -> list[Problem]:
+    """[tool.slimeforge.uv-wheel] by its grammar: the URL of a wheel of uv at the lock's `uv` version, its sha256."""
+    out = []
+    url, sha = wheel.get("url", ""), wheel.get("sha256", "")
+    if url:
+        if not URL_RE.fullmatch(url):
+            out.append(Problem("tool.slimeforge.uv-wheel.url", "is not an http(s)/file URL without spaces or quotes",
+                               url))
+        else:
+            try:
+                name, found, _, _ = parse_wheel_filename(urllib.parse.unquote(url.rsplit("/", 1)[-1]))
+            except (InvalidWheelFilename, InvalidVersion):
+                out.append(Problem("tool.slimeforge.uv-wheel.url", "does not end in a wheel's file name", url,
+                                   "uv-<version>-<tags>.whl"))
+            else:
+                if name != "uv" or str(found) != version:
+                    out.append(Problem("tool.slimeforge.uv-wheel.url", f"is not a wheel of uv {version} "
+                                       "(tool.slimeforge.uv, the stack's pin)", url))
+    if sha and not SHA256_RE.fullmatch(sha):
+        out.append(Problem("tool.slimeforge.uv-wheel.sha256", "is not a sha256", sha))
+    extra = sorted(set(wheel) - {"url", "sha256"})
+    if extra:
+        out.append(Problem("tool.slimeforge.uv-wheel", "holds fields `invoke lock` does not write", extra,
+                           "url and sha256"))
+    return out
+
+
+def uv_requirement(lock: LockFile) -> str:
+    """The venv step's slice: the wheel of the stack's uv, fetched by URL and checked against its
+    sha256 (pip --require-hashes), like every other file the install takes."""
+    wheel = lock.tool.get("uv-wheel") or {}
+    url, sha = wheel.get("url", ""), wheel.get("sha256", "")
+    if not (url and sha) and lock.provisional:
+        return (f"# MISSING: the wheel of uv {lock.tool.get('uv', '?')} is not in {lock.path.name} "
+                f"(tool.slimeforge.uv-wheel): {remedy('uv_wheel', lock_ref(lock))}. Until then this step fails.\n"
+                f"uv=={lock.tool.get('uv', '?')}\n")
+    if not (url and sha):
+        raise LockError(f"{lock.path}: the wheel of uv {lock.tool.get('uv', '?')} is not recorded "
+                        f"(tool.slimeforge.uv-wheel): {remedy('uv_wheel', lock_ref(lock))}")
+    return f"# the venv's uv, by sha256\nuv @ {url} --hash=sha256:{sha}  # =={lock.tool.get('uv')}\n"
 
 
 def expected_versions(lock: LockFile) -> dict[str, str]:

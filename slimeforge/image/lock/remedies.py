@@ -20,6 +20,8 @@ REMEDIES = {
                       "downloaded, give the sha256: `{lock} --complete --router-sha256 <sha256>`"),
     "base_digest": ("`{lock} --complete` asks the base image's registry for its digest; where the registry cannot be "
                     "reached, give the digest: `{lock} --complete --base-digest sha256:...`"),
+    "uv_wheel": ("`{lock} --complete` finds the wheel of the stack's uv for the lock's platform on the index and "
+                 "records its URL and sha256"),
     "patch_sha256": ("re-lock where the patch files can be read, or from a checkout of {source} at its pinned commit: "
                      "`{lock} --source {source}=PATH`"),
     "lock": "`{lock}` makes it where the flavor's indexes are reachable; commit it",

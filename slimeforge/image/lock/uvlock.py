@@ -13,20 +13,14 @@ changed inputs, move it to now.
 from __future__ import annotations
 
 import re
-import shutil
-import sys
 import tempfile
 import time
 import tomllib
-import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-
-from packaging.tags import Tag, compatible_tags, cpython_tags
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from ...errors import Problem, SlimeforgeError
 from ...proc import Runner
@@ -49,8 +43,8 @@ from .lockfile import (
     write_lock,
 )
 from .lockinputs import Inputs, inputs
+from .target import PYPI, pick_file, target_tags, uv_binary, uv_wheel
 
-PYPI = "https://pypi.org/simple"
 # an allowed pre-release, name==version
 PINNED_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}==[0-9A-Za-z.+!_-]{1,64}")
 # uv's hint when a dependency pins an exact pre-release that the resolver was not told about.
@@ -59,49 +53,6 @@ PRERELEASE_HINT_RE = re.compile(r"`([A-Za-z0-9._-]+)` was requested with a pre-r
 
 
 # --- the target and its files -----------------------------------------------------------------
-
-
-def target_tags(stack: Stack) -> list[Tag]:
-    """The wheel tags the target installs, best first: CPython <python>, manylinux x86_64 up to
-    the base image's glibc (and the legacy aliases of those)."""
-    major, minor = (int(x) for x in stack.python.split("."))
-    glibc_minor = int(stack.base.glibc.split(".")[1])
-    platforms = [f"manylinux_2_{m}_x86_64" for m in range(glibc_minor, 4, -1)]
-    legacy = {17: "manylinux2014_x86_64", 12: "manylinux2010_x86_64", 5: "manylinux1_x86_64"}
-    platforms = [p for m, p0 in zip(range(glibc_minor, 4, -1), platforms, strict=True) for p in (p0,
-                                                                                                 legacy.get(m)) if p]
-    return [*cpython_tags((major, minor), platforms=platforms), *compatible_tags((major, minor), f"cp{major}{minor}",
-                                                                                 platforms)]
-
-
-def pick_file(pkg: dict[str, Any], tags: list[Tag], from_source: bool) -> dict[str, Any] | None:
-    """The one file of a pylock package the target installs: the sdist for a step that builds from
-    source, else the wheel with the best tag, else the sdist (built without isolation)."""
-    sdist = pkg.get("sdist")
-    if from_source and sdist:
-        return {"kind": "sdist", **_file(sdist)}
-    rank = {t: i for i, t in enumerate(tags)}
-    best: tuple[int, str] | None = None
-    chosen = None
-    for wheel in pkg.get("wheels", []):
-        name = wheel.get("name") or urllib.parse.unquote(wheel["url"].rsplit("/", 1)[-1].split("#")[0])
-        try:
-            wheel_tags = parse_wheel_filename(name)[3]
-        except InvalidWheelFilename:
-            continue
-        score = min((rank[t] for t in wheel_tags if t in rank), default=None)
-        if score is not None and (best is None or (score, name) < best):
-            best, chosen = (score, name), wheel
-    if chosen is not None:
-        return {"kind": "wheel", **_file(chosen)}
-    return {"kind": "sdist", **_file(sdist)} if sdist else None
-
-
-def _file(entry: dict[str, Any]) -> dict[str, Any]:
-    url = entry.get("url") or ""
-    name = entry.get("name") or urllib.parse.unquote(url.rsplit("/", 1)[-1].split("#")[0])
-    return {"name": name, "url": url, "size": entry.get("size"), "sha256": (entry.get("hashes") or {}).get("sha256",
-                                                                                                           "")}
 
 
 # --- resolving --------------------------------------------------------------------------------
@@ -145,20 +96,6 @@ def choose_cutoff(previous: LockFile | None, inp: Inputs, upgrade: bool, now: da
     if tool.get("inputs") != inp.hash:
         return fresh, f"now (the stack's inputs changed since the lock with cutoff {recorded})", False
     return recorded, "the previous lock's (inputs unchanged; --upgrade moves it)", True
-
-
-def uv_binary(stack: Stack, given: str | None = None) -> str:
-    """The pinned uv: the one beside this Python (pyproject pins it), else on PATH."""
-    candidates = [given] if given else [str(Path(sys.executable).parent / "uv"), shutil.which("uv") or ""]
-    want = stack.versions.get("uv", "")
-    for cand in candidates:
-        if cand and Path(cand).is_file():
-            res = Runner().run([cand, "--version"], check=False)
-            have = res.stdout.split()[1] if res.ok and len(res.stdout.split()) > 1 else "?"
-            if have == want:
-                return cand
-            raise LockError(f"uv at {cand} is {have}, the stack pins {want}: pip install uv=={want}")
-    raise LockError(f"uv {want} not found: pip install uv=={want} (into the venv that runs invoke)")
 
 
 def _index_args(inp: Inputs, index_url: str | None) -> list[str]:
@@ -211,10 +148,14 @@ def resolve(opts: LockOptions) -> LockWritten:
         versions, graph, prereleases, cutoff = run.versions(prereleases, cutoff)
         echo(f"  {len(versions)} distributions resolved in {time.monotonic() - started:.0f}s")
         pylock = run.hashes(versions, cutoff)
-    echo("[3/3] base image digest, router wheel, steps ...")
+    echo("[3/3] base image digest, router wheel, uv's wheel, steps ...")
     base_digest, router, patches = _outside_facts(stack, inp, opts, previous, local)
+    kept_wheel = (previous.tool.get("uv-wheel") or {}) if previous and previous.tool.get("uv") == \
+        stack.versions.get("uv") and not opts.upgrade else {}
+    wheel = (kept_wheel if kept_wheel.get("url") and kept_wheel.get("sha256")
+             else uv_wheel(stack, cutoff, opts.index_url, echo, opts.runner, uv))
     write_lock(out, render_lock(build_lock(stack, inp, pylock, graph, prereleases, base_digest, router, patches,
-                                           cutoff)))
+                                           cutoff, wheel)))
     summary: LockWritten = {**summarize(read_lock(out, stack), stack), "path": str(out),
                             "seconds": round(time.monotonic() - started, 1)}
     echo(f"wrote {out}: {summary['packages']} distributions ({summary['packages'] - summary['named_by_stack']} of "
@@ -385,7 +326,7 @@ def parse_annotated(text: str) -> tuple[dict[str, str], dict[str, set[str]]]:
 
 def build_lock(stack: Stack, inp: Inputs, pylock: dict[str, Any], graph: dict[str, set[str]], prereleases: list[str],
                base_digest: str | None, router: dict[str, Any] | None, patches: dict[str, str] | None = None,
-               cutoff: str = "") -> dict[str, Any]:
+               cutoff: str = "", uv_wheel: dict[str, str] | None = None) -> dict[str, Any]:
     tags = target_tags(stack)
     packages = []
     missing = []
@@ -426,6 +367,8 @@ def build_lock(stack: Stack, inp: Inputs, pylock: dict[str, Any], graph: dict[st
         "sources": inp.sources,
         "patches": patches or {},
         "steps": steps,
+        # The venv step's one input (the pinned uv), by URL and sha256 like every package above.
+        "uv-wheel": uv_wheel or {},
     }
     return {"lock-version": "1.0", "created-by": "slimeforge", "requires-python": f"=={inp.python}.*",
             "packages": packages, "tool": {"slimeforge": tool}}

@@ -123,8 +123,10 @@ def up(clab, tmp_path_factory):
         "system_python": "/usr/bin/python3",  # the hosts' own python runs the node agent; Ray is the image's
         "ssh": {"config": str(lab.ssh_config), "connect_timeout": 5},
         "ray": {"num_cpus": 1, "object_store_memory": 100 * 1024 * 1024, "start_timeout": 300},
+        # ulimits []: this machine's Docker may not raise the locked-memory limit (memlock=-1, the
+        # default, fails the container's start here: "error setting rlimit type 8").
         "container": {"volumes": [f"{local}/models:/models:ro", f"{local}/data:/data:ro",
-                                  f"{shared}/ckpt:/checkpoints"], "shm_size": "1g"},
+                                  f"{shared}/ckpt:/checkpoints"], "shm_size": "1g", "ulimits": []},
         "hosts": hosts,
     }
     home = tmp_path_factory.mktemp("state-home")

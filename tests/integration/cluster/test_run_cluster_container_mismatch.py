@@ -64,8 +64,9 @@ def test_a_cluster_of_another_ray_is_refused_before_anything_is_submitted(base_i
                                                             "system_python": "/usr/bin/python3",
             "ssh": {"config": str(lab.ssh_config), "connect_timeout": 5},
             "ray": {"num_cpus": 1, "object_store_memory": 100 * 1024 * 1024, "start_timeout": 300},
+            # ulimits []: memlock=-1 fails a container's start here (test_run_cluster_container says why).
             "container": {"volumes": [f"{w}/local/models:/models:ro", f"{w}/local/data:/data:ro",
-                                      f"{w}/shared/ckpt:/checkpoints"]},
+                                      f"{w}/shared/ckpt:/checkpoints"], "ulimits": []},
             "hosts": [{"name": h.name, "address": h.ip, "role": "head", "gpus": 2, "temp_dir": f"{w}/ray/{h.name}"}],
         })
         r = _invoke("cluster.up", str(inv), env=env)
