@@ -152,7 +152,6 @@ sf_system() {
 # upgraded under it) is made again, with a new identity.
 sf_venv() {
   local venv=$1 uv_version=$2 python=${3:-python3} slice=${4:-}
-  [[ -n $slice && -f $slice ]] || sf_die "venv: its slice of the lock (${slice:-none given}) is missing"
   if [[ -e $venv/bin/python || -L $venv/bin/python ]] && ! "$venv/bin/python" -I -c '' >/dev/null 2>&1; then
     # --clear empties the directory: only one that is a venv (its pyvenv.cfg), never another's.
     [[ -f $venv/pyvenv.cfg ]] || sf_die "venv: $venv/bin/python does not run and $venv has no pyvenv.cfg (not a venv): move it away, or name another --venv"
@@ -167,6 +166,7 @@ sf_venv() {
   elif [[ -z $(_sf_venv_id "$venv") ]]; then
     _sf_venv_new_id "$venv"  # a venv made before venvs had an identity: from now on it has one
   fi
+  [[ -n $slice && -f $slice ]] || sf_die "venv: its slice of the lock (${slice:-none given}) is missing"
   local have=""
   if [[ -x $venv/bin/uv ]]; then have=$("$venv/bin/uv" --version | awk '{print $2}'); fi
   if [[ $have != "$uv_version" ]]; then

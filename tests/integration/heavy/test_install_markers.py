@@ -250,3 +250,50 @@ def test_a_step_before_the_venv_done_on_another_host_runs_here(tmp_path, head):
     res = once(True)
     assert res.returncode == 0 and events(tmp_path) == ["sys"] and ("sys.done: what the step left is not there as it "
                                                                    "was") in res.stderr
+
+
+def test_sf_venv_installs_the_pinned_uv_only_as_its_slice_names_it_by_sha256(tmp_path):
+    """The venv step's uv is the lock's one file (its slice: `uv @ URL --hash=sha256:H`), installed
+    with pip --require-hashes: a file of other bytes at that URL is refused, naming the step's slice,
+    and nothing of it is installed; the right bytes give the venv that uv. A real venv and pip, a
+    stand-in uv wheel served from a file URL (no network)."""
+    import hashlib
+    import zipfile
+
+    lib = ROOT / "templates" / "steps.sh"
+    env = {"PATH": os.environ["PATH"], "SF_STATE": str(tmp_path / "state"), "HOME": str(tmp_path),
+           "PIP_NO_INDEX": "1"}
+    wheel = tmp_path / "wheels" / "uv-0.0.1-py3-none-any.whl"
+    wheel.parent.mkdir()
+    script = "#!/bin/sh\necho 'uv 0.0.1'\n"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        exe = zipfile.ZipInfo("uv-0.0.1.data/scripts/uv")
+        exe.external_attr = 0o100755 << 16  # an executable, as uv's own wheel has it
+        zf.writestr(exe, script)
+        zf.writestr("uv-0.0.1.dist-info/METADATA", "Metadata-Version: 2.1\nName: uv\nVersion: 0.0.1\n")
+        zf.writestr("uv-0.0.1.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\n"
+                                                "Tag: py3-none-any\n")
+        zf.writestr("uv-0.0.1.dist-info/RECORD", "")
+    good = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    venv = tmp_path / "venv"
+
+    def sf_venv(*slice_arg: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", 'source "$1"; shift; sf_venv "$@"', "sf", str(lib), str(venv), "0.0.1",
+                               sys.executable, *slice_arg], capture_output=True, text=True, env=env, timeout=300)
+
+    res = sf_venv()
+    assert res.returncode == 1 and "venv: its slice of the lock (none given) is missing" in res.stderr
+    bad = tmp_path / "bad.txt"
+    bad.write_text(f"uv @ {wheel.as_uri()} --hash=sha256:{'0' * 64}  # ==0.0.1\n")
+    res = sf_venv(str(bad))
+    assert res.returncode == 1 and f"venv: the pinned uv 0.0.1 could not be installed from its slice of the lock " \
+                                   f"({bad}: uv @ {wheel.as_uri()}" in res.stderr, res.stderr
+    assert "DO NOT MATCH THE HASHES" in res.stderr and not (venv / "bin" / "uv").exists()
+    right = tmp_path / "venv.txt"
+    right.write_text(f"# the venv's uv, by sha256\nuv @ {wheel.as_uri()} --hash=sha256:{good}  # ==0.0.1\n")
+    res = sf_venv(str(right))
+    assert res.returncode == 0, res.stderr
+    assert subprocess.run([str(venv / "bin" / "uv"), "--version"], capture_output=True, text=True).stdout == \
+        "uv 0.0.1\n"
+    # Kept where every later verify reads the slices so far: the venv's uv is held at that version.
+    assert (tmp_path / "state" / "lock" / "venv.txt").read_text() == right.read_text()
