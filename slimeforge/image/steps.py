@@ -126,6 +126,9 @@ def patch_spec(p: PatchFile, layout: StepLayout) -> str:
 
 
 LOCK_ALL = "all.txt"
+# Under the state directory: finalize's import pass (its results), which the smoke test right after
+# reports instead of importing everything a second time (install.sh and the image's last step).
+SMOKE_IMPORTS_DIR = "smoke-imports"
 
 
 def lock_file(step: str) -> str:
