@@ -61,8 +61,13 @@ _sf_apt_get() {
   if [[ -f /etc/apt/apt.conf.d/docker-clean ]]; then rm -f /etc/apt/apt.conf.d/docker-clean; fi
   echo 'Binary::apt::APT::Keep-Downloaded-Packages "true";' >/etc/apt/apt.conf.d/99slimeforge-keep
   apt-get update -qq
+  # SF_DPKG_UNSAFE_IO=1 (the image's apt steps only): dpkg without an fsync per file. A build that
+  # stops discards its layer, so the syncs buy nothing there (Docker's own Debian and Ubuntu images
+  # set the same); a host keeps them.
+  local dpkg=()
+  if [[ ${SF_DPKG_UNSAFE_IO:-0} == 1 ]]; then dpkg=(-o Dpkg::Options::=--force-unsafe-io); fi
   # `--`: a package name is never read as an option (the stack's grammar refuses a leading '-' too).
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends -- "$@"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ${dpkg[@]+"${dpkg[@]}"} -- "$@"
 }
 
 # _sf_python_ok PY: PY runs, has venv/ensurepip, and the headers extensions compile against.
