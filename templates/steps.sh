@@ -61,8 +61,13 @@ _sf_apt_get() {
   if [[ -f /etc/apt/apt.conf.d/docker-clean ]]; then rm -f /etc/apt/apt.conf.d/docker-clean; fi
   echo 'Binary::apt::APT::Keep-Downloaded-Packages "true";' >/etc/apt/apt.conf.d/99slimeforge-keep
   apt-get update -qq
+  # SF_DPKG_UNSAFE_IO=1 (the image's apt steps only): dpkg without an fsync per file. A build that
+  # stops discards its layer, so the syncs buy nothing there (Docker's own Debian and Ubuntu images
+  # set the same); a host keeps them.
+  local dpkg=()
+  if [[ ${SF_DPKG_UNSAFE_IO:-0} == 1 ]]; then dpkg=(-o Dpkg::Options::=--force-unsafe-io); fi
   # `--`: a package name is never read as an option (the stack's grammar refuses a leading '-' too).
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends -- "$@"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ${dpkg[@]+"${dpkg[@]}"} -- "$@"
 }
 
 # _sf_python_ok PY: PY runs, has venv/ensurepip, and the headers extensions compile against.
@@ -1267,26 +1272,28 @@ _sf_import_report() {
   ((failed == 0))
 }
 
-# sf_finalize_smoked FINALIZE_ARGS... -- SMOKE_ARGS...: the image's last step. finalize and the smoke
-# test run side by side: the flag catalog is one Python on one core while the smoke test's imports
-# take the others, and both write bytecode, so a module is compiled once, by whichever imports it
-# first, and read by the other (and by every process of a run). Both are waited for, each failure is
-# named, and either fails the step: an image whose smoke test failed is never made. The smoke test's
-# arguments hold no --flags: finalize fails when the catalog cannot be made whole.
+# sf_finalize_smoked FINALIZE_ARGS... -- SMOKE_ARGS...: the image's last step, as install.sh runs
+# finalize and the smoke test: finalize's import pass (--imports-to) makes the flag catalog and
+# imports the smoke test's modules, writing their bytecode (read by every process of a run); then the
+# smoke test (--imports-from) reports that pass and runs its other checks. One set of imports for
+# both: side by side, each imported slime, SGLang and Megatron (35-49 s on 2 cores). The smoke test
+# runs whatever finalize did, so that every failure is named (a pass that did not finish is not
+# taken: the smoke test then imports itself); either failure fails the step, and an image whose smoke
+# test failed is never made. The smoke test's arguments hold no --flags: finalize fails when the
+# catalog cannot be made whole.
 # A BuildKit RUN cannot drop its network on Docker 20.10's builder (no `RUN --network=none`, no
-# `unshare --net`), so the smoke test's HTTP is sent to a closed local port through every proxy
-# variable (Python's HTTP clients, libcurl and gRPC read them): an import that fetches fails as it
-# would offline. `invoke build --verify` runs it again in a container without a network.
+# `unshare --net`), so both send their HTTP to a closed local port through every proxy variable
+# (Python's HTTP clients, libcurl and gRPC read them): an import that fetches fails as it would
+# offline. `invoke build --verify` runs the smoke test again in a container without a network.
 sf_finalize_smoked() {
-  local fin=() fin_pid fin_rc=0 smoke_rc=0 closed=http://127.0.0.1:9
+  local fin=() fin_rc=0 smoke_rc=0 closed=http://127.0.0.1:9
   while (($#)) && [[ $1 != -- ]]; do fin+=("$1"); shift; done
   (($#)) || sf_die "sf_finalize_smoked: '--' and the smoke test's arguments are required"
   shift
-  (PYTHONDONTWRITEBYTECODE="" sf_finalize "${fin[@]}") &
-  fin_pid=$!
-  (PYTHONDONTWRITEBYTECODE="" http_proxy=$closed https_proxy=$closed HTTP_PROXY=$closed HTTPS_PROXY=$closed \
-    all_proxy=$closed ALL_PROXY=$closed grpc_proxy=$closed no_proxy="" NO_PROXY="" sf_smoke "$@") || smoke_rc=$?
-  wait "$fin_pid" || fin_rc=$?
+  local env=(PYTHONDONTWRITEBYTECODE="" "http_proxy=$closed" "https_proxy=$closed" "HTTP_PROXY=$closed"
+    "HTTPS_PROXY=$closed" "all_proxy=$closed" "ALL_PROXY=$closed" "grpc_proxy=$closed" no_proxy="" NO_PROXY="")
+  (export "${env[@]}"; sf_finalize "${fin[@]}") || fin_rc=$?
+  (export "${env[@]}"; sf_smoke "$@") || smoke_rc=$?
   ((fin_rc == 0)) || printf 'slimeforge: ERROR: finalize failed (exit %s; its error is above)\n' "$fin_rc" >&2
   ((smoke_rc == 0)) || printf 'slimeforge: ERROR: the smoke test failed (exit %s; its errors are above)\n' "$smoke_rc" >&2
   ((fin_rc == 0 && smoke_rc == 0))

@@ -126,6 +126,9 @@ def patch_spec(p: PatchFile, layout: StepLayout) -> str:
 
 
 LOCK_ALL = "all.txt"
+# Under the state directory: finalize's import pass (its results), which the smoke test right after
+# reports instead of importing everything a second time (install.sh and the image's last step).
+SMOKE_IMPORTS_DIR = "smoke-imports"
 
 
 def lock_file(step: str) -> str:
@@ -480,7 +483,7 @@ def smoke_import_args(stack: Stack) -> list[str]:
 
 def smoke_argv(stack: Stack, layout: StepLayout, flags: str | None = None, catalog: bool = True) -> list[str]:
     """The smoke test's arguments. catalog=False: no --flags (the image's last step, where finalize
-    beside it makes the catalog and fails when it cannot)."""
+    before it makes the catalog and fails when it cannot)."""
     argv = ["smoke", "--venv", layout.venv, *smoke_import_args(stack)]
     if any(s.compiles for s in stack.plan):
         argv.append("--kernel-check")  # on a GPU host: one operation of each compiled piece (kernel_check.py)

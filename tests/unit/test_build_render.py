@@ -281,15 +281,19 @@ def test_smoke_imports_every_compiled_piece_and_names_the_gpu_ones(flavor, fa):
     text = render_dockerfile(stack)
     assert "COPY flag_catalog.py kernel_check.py smoke_imports.py venv_sizes.py /opt/slimeforge/" in text
     assert "COPY steps.sh sf venvlock.py venvprune.py /opt/slimeforge/" in text  # the library's, before any step
-    # The last step: finalize (which makes the flag catalog) and the smoke test side by side, the smoke
-    # test without --flags (finalize fails when the catalog cannot be made); then the venv's sizes.
+    # The last step: finalize (its import pass makes the flag catalog and imports the smoke test's
+    # modules), then the smoke test on that pass, without --flags (finalize fails when the catalog
+    # cannot be made); then the venv's sizes.
     last = text[text.index("ARG SOURCE_DATE_EPOCH"):]
     fin, smoke = last.split("\n    -- ", 1)
-    assert ("/opt/slimeforge/sf finalize finalize_smoked "
-           "/opt/venv ") in fin and fin.endswith("--slime /root/slime --megatron /root/Megatron-LM \\")
-    assert smoke.startswith("--venv /opt/venv --import "
-                            "torch ") and "--flags" not in smoke and "--patch megatron.patch:git:1:" in smoke
-    assert smoke_argv(stack, image_layout(stack), catalog=False) == ["smoke", *smoke.split(" \\\n")[0].split(" ")]
+    imports = " ".join(a for i in imports for a in ("--import", i))
+    assert ("/opt/slimeforge/sf finalize finalize_smoked /opt/venv ") in fin and (
+        "--slime /root/slime --megatron /root/Megatron-LM --imports-to /opt/slimeforge/smoke-imports "
+        f"{imports} ") in fin
+    assert smoke.startswith(f"--venv /opt/venv {imports} ") and "--flags" not in smoke
+    assert "--patch megatron.patch:git:1:" in smoke and "--imports-from /opt/slimeforge/smoke-imports \\" in smoke
+    assert smoke_argv(stack, image_layout(stack), catalog=False) + ["--imports-from", "/opt/slimeforge/smoke-imports"] \
+        == ["smoke", *smoke.split(" \\\n")[0].split(" ")]
     assert text.rstrip().endswith(" \\\n    && /opt/venv/bin/python -I /opt/slimeforge/venv_sizes.py /opt/venv "
                                   "/opt/slimeforge/venv-sizes.json")
 

@@ -39,6 +39,7 @@ from ..steps import (
     LIBRARY_SCRIPTS,
     LOCK_ALL,
     PATCHES_STEP,
+    SMOKE_IMPORTS_DIR,
     TARGET_SCRIPTS,
     VENV_STEP,
     compiled_run,
@@ -53,7 +54,6 @@ from ..steps import (
 )
 
 SCRIPT = "install.sh"
-SMOKE_IMPORTS_DIR = "smoke-imports"  # under the state directory: finalize's import pass, for the smoke test
 MAX_FREE_GIB = 999_999  # install.sh reads SLIMEFORGE_MIN_FREE_GIB as 1 to 6 ASCII digits, base 10
 
 
