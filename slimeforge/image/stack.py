@@ -33,8 +33,8 @@ COMMIT_RE = re.compile(r"[0-9a-f]{40}")
 # Names that become file names, Dockerfile mount paths and environment variables: kept to a safe
 # alphabet so that no template has to quote them in a context where quoting is not possible.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-# Steps both paths run beside the stack's (steps.py), a source's `<step>-requirements` and the lock's
-# all.txt: a stack step of such a name would share their records, slices and layers.
+# slimeforge's own steps (the venv with the pinned uv, after the system packages; patches; finalize, last),
+# a source's `<step>-requirements`, the lock's all.txt: a stack step so named would share their records.
 VENV_STEP, PATCHES_STEP, FINALIZE_STEP, REQUIREMENTS_SUFFIX = "venv", "patches", "finalize", "-requirements"
 RESERVED_STEP_NAMES = (VENV_STEP, PATCHES_STEP, FINALIZE_STEP, "all")
 _WORD = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"

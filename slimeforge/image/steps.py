@@ -41,9 +41,6 @@ VENV_SIZES_RECORD = "venv-sizes.json"
 # library before the first step: a change to it re-does every step, as a change to steps.sh does.
 # venvprune.py: a pip step's prune of GPU code for archs outside arch_list, and verify's check of it.
 LIBRARY_SCRIPTS = {name: paths.SCRIPTS / name for name in ("venvlock.py", "venvprune.py")}
-# Steps that are not in the stack's list but that both paths run (stack.py reserves their names): the
-# venv with the pinned uv comes right after the system packages; finalize (lock + flag catalog) last.
-
 
 @dataclass
 class StepLayout:
@@ -283,9 +280,8 @@ def step_commands(stack: Stack, layout: StepLayout, base: str | None = None, sto
 # which come from slime's tree) re-does only these layers, and every earlier layer stays the same
 # layer on every node. In order: the patches of installed packages and of editable checkouts (one
 # small layer of the files they change), then the checkout of the most often bumped source (slime),
-# whose requirements stay at its place in the stack's list, as `<step>-requirements`.
-
-
+# whose requirements stay at its place in the stack's list, as `<step>-requirements` (the names:
+# stack.PATCHES_STEP, stack.REQUIREMENTS_SUFFIX).
 def latest_source(stack: Stack) -> str | None:
     """The source bumped most often: slime (the patches come from its tree too)."""
     return slime_source(stack)

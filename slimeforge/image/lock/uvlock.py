@@ -52,9 +52,6 @@ PRERELEASE_HINT_RE = re.compile(r"`([A-Za-z0-9._-]+)` was requested with a pre-r
                                 r"([A-Za-z0-9._-]+)==([A-Za-z0-9.+!_-]+)\)")
 
 
-# --- the target and its files -----------------------------------------------------------------
-
-
 # --- resolving --------------------------------------------------------------------------------
 
 
@@ -326,7 +323,7 @@ def parse_annotated(text: str) -> tuple[dict[str, str], dict[str, set[str]]]:
 
 def build_lock(stack: Stack, inp: Inputs, pylock: dict[str, Any], graph: dict[str, set[str]], prereleases: list[str],
                base_digest: str | None, router: dict[str, Any] | None, patches: dict[str, str] | None = None,
-               cutoff: str = "", uv_wheel: dict[str, str] | None = None) -> dict[str, Any]:
+               cutoff: str = "", uv_file: dict[str, str] | None = None) -> dict[str, Any]:
     tags = target_tags(stack)
     packages = []
     missing = []
@@ -368,7 +365,7 @@ def build_lock(stack: Stack, inp: Inputs, pylock: dict[str, Any], graph: dict[st
         "patches": patches or {},
         "steps": steps,
         # The venv step's one input (the pinned uv), by URL and sha256 like every package above.
-        "uv-wheel": uv_wheel or {},
+        "uv-wheel": uv_file or {},
     }
     return {"lock-version": "1.0", "created-by": "slimeforge", "requires-python": f"=={inp.python}.*",
             "packages": packages, "tool": {"slimeforge": tool}}
