@@ -84,6 +84,9 @@ _.named_by_stack  # image/lock/lockcheck.py LockSummary
 # The compile pool's rule in Python (templates/steps.sh sf_jobserver_plan is the one the install runs):
 # benchmarks/compile_bench.py builds its `jobserver` set with it on a GPU host; tests hold the two together.
 _.jobserver_plan
+# The compile queue's rule in Python (templates/steps.sh sf_queue_plan is the one the install runs):
+# benchmarks/compile_bench.py's queue set and the tests that hold the two rules to each other call it.
+_.queue_plan
 _.ninja_takes_jobserver
 
 # Python's import machinery reads it: scripts/smoke_imports.py --warm writes the .pyc of what it compiles.

@@ -28,6 +28,10 @@ at nice 10. `first:900[:NICE[:SLOTS]]`: apex in a pool of its own (SLOTS, defaul
 less the host's jobs), all its extensions at once; the other pieces beside it with the host's jobs
 each at nice NICE (default 10). --ninja (default: the ninja on PATH) must be 1.13 or later;
 --apex-nvcc adds nvcc flags to apex in the jobserver and first sets (`--apex-nvcc=--split-compile=2`).
+`queue:900[:SLOTS]`: every piece at once behind slimeforge/scripts/compile_queue.py (default slots: the
+install's rule, compilejobs.queue_plan), every ninja with all its files at once,
+the costliest waiting file first by --costs (default slimeforge/scripts/compile_costs.json), as the
+install compiles them on a host of 16 or more compile jobs; its JSON keeps the queue's log.
 
 Where the time goes: every build's JSON record has `ninja`, each ninja build under its source tree
 (one per apex extension, one for TE's) on the build's clock (s from its start): when that ninja
@@ -65,9 +69,12 @@ from slimeforge.image.builder.compilejobs import (  # noqa: E402  (standard libr
     compile_share,
     jobserver_plan,
     ninja_takes_jobserver,
+    queue_plan,
 )
 
 STEPS_SH = Path(__file__).resolve().parent.parent / "templates" / "steps.sh"
+QUEUE_PY = Path(__file__).resolve().parent.parent / "slimeforge" / "scripts" / "compile_queue.py"
+COSTS = QUEUE_PY.with_name("compile_costs.json")
 
 ARCH = "9.0"
 # What each piece needs besides parallelism (the stack's step env and arch variables).
@@ -78,7 +85,7 @@ PIECES = {
            {"NVTE_PYTORCH_FORCE_BUILD": "TRUE", "NVTE_CUDA_ARCHS": ARCH.replace(".", ""),
             "TORCH_CUDA_ARCH_LIST": ARCH}),
 }
-SET_RE = re.compile(r"(series|parallel|jobserver|first):([0-9]{1,4})(?::([0-9]{1,3}))?(?::([0-9]{1,3}))?"
+SET_RE = re.compile(r"(series|parallel|jobserver|first|queue):([0-9]{1,4})(?::([0-9]{1,3}))?(?::([0-9]{1,3}))?"
                     r"(?::([0-9]{1,2}))?")
 RUN_RE = re.compile(r"([a-z0-9][a-z0-9_.-]*):(apex|tms|te):([0-9]{1,4}):"
                     r"((?:[A-Z_][A-Z0-9_]*=[^,]*)(?:,[A-Z_][A-Z0-9_]*=[^,]*)*)?")
@@ -155,7 +162,8 @@ def nvcc_times(path: Path) -> list[dict]:
 
 
 def build(name: str, piece: str, limit: int, settings: dict[str, str], sources: Path, work: Path,
-          extra_env: dict[str, str] | None = None, nice: int = 0, nvcc_extra: str = "") -> dict:
+          extra_env: dict[str, str] | None = None, nice: int = 0, nvcc_extra: str = "",
+          stored: bool = False) -> dict:
     pattern, env_piece = PIECES[piece]
     (archive,) = sorted(sources.glob(pattern))
     src = unpack(archive, work / "src" / name)
@@ -174,6 +182,8 @@ def build(name: str, piece: str, limit: int, settings: dict[str, str], sources: 
     cmd = (["nice", "-n", str(nice)] if nice else []) + [
         sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--no-build-isolation", "--no-deps",
         "--no-index", "--wheel-dir", str(wheels), str(src)]
+    if stored:  # the wheel's files stored, not deflated: its zip is the piece's last serial seconds
+        cmd[-1:-1] = ["-C--build-option=--compression=stored"]
     start, t0 = time.monotonic(), time.time()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -197,7 +207,8 @@ def build(name: str, piece: str, limit: int, settings: dict[str, str], sources: 
             "ok": code == 0 and not timed_out and bool(built), "exit": code, "wall_s": round(wall, 1),
             "cpu_s": round(usage.ru_utime + usage.ru_stime, 1), "peak_rss_mib": round(usage.ru_maxrss / 1024),
             "wheels": built, "log_tail": log.read_text(errors="replace")[-1500:] if code else "",
-            "nice": nice, "nvcc_extra": nvcc_extra, "ninja": ninja_logs(src, t0), "nvcc_time": nvcc_times(timing),
+            "nice": nice, "nvcc_extra": nvcc_extra, "stored": stored, "ninja": ninja_logs(src, t0),
+            "nvcc_time": nvcc_times(timing),
             "nvcc_time_raw": timing.read_text(errors="replace")[:400_000] if timing.exists() else ""}
 
 
@@ -280,14 +291,34 @@ def open_pool(work: Path, slots: int, ninja: str) -> tuple[int, dict[str, str]]:
     return fd, env
 
 
+def open_queue(work: Path, slots: int, costs: Path) -> tuple[subprocess.Popen, dict[str, str], Path]:
+    """slimeforge/scripts/compile_queue.py serving SLOTS slots in front of every compiler, by the cost
+    table; its start and end of each file go to work/queue.log."""
+    top = work / "queue"
+    work.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(top, ignore_errors=True)
+    log = work / "queue.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, str(QUEUE_PY), "serve", str(top), str(slots), str(costs)],
+                                stdout=subprocess.PIPE, stderr=err)
+    assert proc.stdout is not None
+    out = proc.stdout.readline()
+    if not out.endswith(b"\0ready\n"):
+        raise SystemExit(f"--set queue: compile_queue.py serve failed (exit {proc.wait()}; {log})")
+    env = dict(kv.split("=", 1) for kv in out.decode().split("\0")[:-1])
+    return proc, env, log
+
+
 def build_set(mode: str, limit: int, sources: Path, work: Path, ninja: str = "ninja", apex_parallel: int | None = None,
-              slots_given: int | None = None, apex_nvcc: str = "", others_nice: int | None = None) -> dict:
+              slots_given: int | None = None, apex_nvcc: str = "", others_nice: int | None = None,
+              apex_stored: bool = False, costs: Path = COSTS) -> dict:
     """The whole set cold: `series` each piece alone with the host's whole budget (compile_jobs), one
     after another; `parallel` every piece at once, each with its share (compile_share); `jobserver`
     every piece at once under one pool of the host's jobs (jobserver_plan). The cores' limit is the
     set's CPU-seconds / cores."""
     pieces = list(PIECES)
     cores = os.cpu_count() or 1
+    queue_text = ""
     sampler = JobSampler()
     sampler.start()
     start = time.monotonic()
@@ -343,6 +374,36 @@ def build_set(mode: str, limit: int, sources: Path, work: Path, ninja: str = "ni
         os.close(fd)
         at_once, jobs = len(pieces), host_jobs
         threads_note = f"apex: pool of {slots} slots, {apex_par} extensions at once; the others nice {nice}"
+    elif mode == "queue":
+        # Every piece at once, every ninja with all its files at once (-j 64, apex's extensions all at
+        # once), each compile behind compile_queue.py: at most SLOTS at a time, the costliest first.
+        jobs, threads = compile_jobs()
+        slots = slots_given or queue_plan()[0]
+        proc, queue_env, queue_log = open_queue(work, slots, costs)
+        start = time.monotonic()
+        runs = [{} for _ in pieces]
+
+        def queued(i: int, p: str) -> None:
+            settings = piece_settings(p, jobs, threads)
+            if p != "tms":  # tms builds without ninja (setuptools, one g++ at a time)
+                settings["MAX_JOBS"] = "64"
+            if p == "apex":
+                settings["APEX_PARALLEL_BUILD"] = "16"
+            runs[i] = build(f"{mode}-{p}", p, limit, settings, sources, work, queue_env,
+                            nvcc_extra=apex_nvcc if p == "apex" else "", stored=apex_stored and p == "apex")
+
+        workers = [threading.Thread(target=queued, args=(i, p)) for i, p in enumerate(pieces)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        proc.terminate()
+        proc.wait()
+        at_once = len(pieces)
+        queue_text = queue_log.read_text(errors="replace")
+        order = [line.split()[3] for line in queue_text.splitlines() if len(line.split()) > 3 and " go " in line]
+        threads_note = (f"queue of {slots} slots by {costs.name}{', apex wheel stored' if apex_stored else ''}; "
+                        f"first started: {', '.join(order[:6])}")
     elif mode == "series":
         jobs, threads = compile_jobs()
         runs = [build(f"{mode}-{p}", p, limit, piece_settings(p, jobs, threads), sources, work) for p in pieces]
@@ -362,14 +423,15 @@ def build_set(mode: str, limit: int, sources: Path, work: Path, ninja: str = "ni
             t.start()
         for t in threads_:
             t.join()
-    if mode not in ("jobserver", "first"):
+    if mode not in ("jobserver", "first", "queue"):
         threads_note = ""
     wall = time.monotonic() - start
     cpu = sum(r["cpu_s"] for r in runs)
     whole = not any(r["timed_out"] for r in runs)
     threads_note += (" compilers at once: peak {peak_jobs}, mean {mean_jobs}; memory in use at most {peak_used_gib} GiB"
                      .format(**sampler.summary()))
-    return {"set": mode, "note": threads_note, "at_once": at_once, "jobs": jobs, "threads": threads,
+    return {"set": mode, "note": threads_note, "queue_log": queue_text[:100_000],
+            "at_once": at_once, "jobs": jobs, "threads": threads,
             "wall_s": round(wall, 1),
             "cpu_s": round(cpu, 1), "cores": cores, "cores_limit_s": round(cpu / cores, 1),
             "ratio": round(wall / (cpu / cores), 2) if cpu and whole else None, "ok": all(r["ok"] for r in runs),
@@ -397,11 +459,16 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--run", action="append", default=[], help="NAME:PIECE:LIMIT_S:KEY=VAL,...")
     ap.add_argument("--set", action="append", default=[],
-                    help="series|parallel:LIMIT_S, jobserver:LIMIT_S[:APEX_PARALLEL[:SLOTS[:NICE]]] or "
-                         "first:LIMIT_S[:NICE[:SLOTS]] (limit per piece): the whole compiled set")
+                    help="series|parallel:LIMIT_S, jobserver:LIMIT_S[:APEX_PARALLEL[:SLOTS[:NICE]]], "
+                         "first:LIMIT_S[:NICE[:SLOTS]] or queue:LIMIT_S[:SLOTS] (limit per piece): the whole "
+                         "compiled set")
     ap.add_argument("--apex-nvcc", default="",
                     help="more nvcc flags for apex in the jobserver and first sets (e.g. --split-compile=2)")
     ap.add_argument("--ninja", default="ninja", help="the ninja (1.13 or later) the jobserver set's shim runs")
+    ap.add_argument("--apex-stored", action="store_true",
+                    help="the queue set builds apex's wheel stored, not deflated (its last serial seconds)")
+    ap.add_argument("--costs", type=Path, default=COSTS,
+                    help="the queue set's cost table (compile_model.py --write-costs)")
     args = ap.parse_args()
     runs = [parse_run(r) for r in args.run]
     sets = []
@@ -409,7 +476,8 @@ def main() -> int:
         m = SET_RE.fullmatch(text)
         if not m:
             raise SystemExit(f"--set {text!r}: expected series:LIMIT_S, parallel:LIMIT_S, "
-                             "jobserver:LIMIT_S[:APEX_PARALLEL[:SLOTS[:NICE]]] or first:LIMIT_S[:NICE[:SLOTS]]")
+                             "jobserver:LIMIT_S[:APEX_PARALLEL[:SLOTS[:NICE]]], first:LIMIT_S[:NICE[:SLOTS]] or "
+                             "queue:LIMIT_S[:SLOTS]")
         sets.append((m.group(1), int(m.group(2)), int(m.group(3)) if m.group(3) else None,
                      int(m.group(4)) if m.group(4) else None, int(m.group(5)) if m.group(5) else None))
     if not runs and not sets:
@@ -417,7 +485,10 @@ def main() -> int:
     cores = os.cpu_count() or 1
     results: list[dict] = []
     for mode, limit, apex_parallel, slots, nice in sets:
-        r = build_set(mode, limit, args.sources, args.work, args.ninja, apex_parallel, slots, args.apex_nvcc, nice)
+        if mode == "queue":  # queue:LIMIT_S[:SLOTS]
+            apex_parallel, slots = None, apex_parallel
+        r = build_set(mode, limit, args.sources, args.work, args.ninja, apex_parallel, slots, args.apex_nvcc, nice,
+                      args.apex_stored, args.costs)
         results.append(r)
         args.out.write_text(json.dumps({"cores": cores, "results": results}, indent=2) + "\n")
         print(f"set {mode:9} {'ok' if r['ok'] else 'FAILED':6} wall {r['wall_s']:>7} s  cpu {r['cpu_s']:>7} s  "

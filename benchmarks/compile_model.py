@@ -222,6 +222,8 @@ def main() -> int:
     ap.add_argument("results", type=Path, help="compile_bench.py's --out JSON")
     ap.add_argument("--calibrate", required=True, help="the measured set to calibrate on (first, jobserver, ...)")
     ap.add_argument("--scheme", action="append", default=[], help="a scheme to run (see the module's doc)")
+    ap.add_argument("--write-costs", type=Path,
+                    help="write the calibrated CPU-seconds per object file (slimeforge/scripts/compile_costs.json)")
     args = ap.parse_args()
     result = json.loads(args.results.read_text())
     cost, shapes = calibrate(result, args.calibrate)
@@ -231,6 +233,10 @@ def main() -> int:
     for name, c in cost.items():
         per_piece[name.split("/", 1)[0]] = per_piece.get(name.split("/", 1)[0], 0.0) + c
     print("calibrated CPU-s: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(per_piece.items())))
+    if args.write_costs:
+        files = {name.rsplit("/", 1)[1]: round(c, 1) for name, c in sorted(cost.items()) if name.endswith(".o")}
+        args.write_costs.write_text(json.dumps({"schema": 1, "calibrated_on": f"{args.results.name} {args.calibrate}",
+                                                "costs": files}, indent=1) + "\n")
     for text in args.scheme:
         scheme = parse_scheme(text)
         ends = simulate(cost, shapes, scheme, result["cores"])

@@ -559,6 +559,67 @@ sf_jobserver_close() {
   SF_JOBSERVER_FD="" SF_JOBSERVER_ENV=()
 }
 
+# --- one queue in front of every compiler of the pieces that compile side by side -------------
+# slimeforge/scripts/compile_queue.py, run with the venv's Python: every piece at once, every ninja
+# with all its files at once (MAX_JOBS=64, apex's extensions all at once), each compile waiting in
+# the queue, at most SLOTS at a time, a freed slot going to the costliest file waiting (the measured
+# table compile_costs.json, else nvcc's files before the host compiler's). torch's extension builder
+# runs the queue's wrappers as its compilers (CXX, PYTORCH_NVCC). The default on hosts of 16 or more
+# compile jobs: measured there 1.11-1.15 x the cores' limit against 1.20-1.21 for the fixed shares
+# and the pools (docs/build.md "A queue in front of every compiler"); smaller hosts keep the shares.
+
+# sf_queue_plan CORES MEM_KIB: "SLOTS NVCC_THREADS", the rule of
+# slimeforge.image.builder.compilejobs.queue_plan: the host's jobs (sf_compile_jobs) and three eighths
+# more, at most one per 3 GiB.
+sf_queue_plan() {
+  local host jobs slots
+  host=$(sf_compile_jobs "$1" "$2")
+  jobs=${host% *}
+  slots=$((jobs + 3 * jobs / 8))
+  ((slots <= $2 / (3 * 1024 * 1024))) || slots=$(($2 / (3 * 1024 * 1024)))
+  ((slots >= 1)) || slots=1
+  printf '%s %s\n' "$slots" "${host#* }"
+}
+
+# sf_queue_open DIR SLOTS PYTHON: the queue served from DIR (made new by the queue, removed first when
+# a former run left it: DIR is this run's own) by PYTHON, its pid in SF_QUEUE_PID and what hands it
+# to a piece in SF_QUEUE_ENV (CXX and PYTORCH_NVCC: the wrappers; SF_COMPILE_QUEUE=1). The queue stands
+# for the compilers a piece would find (CXX or c++; PYTORCH_NVCC, CUDA_HOME, nvcc on PATH or
+# /usr/local/cuda), so it starts with a piece's PATH (the venv's tools first). Fails, leaving nothing
+# running, when the queue does not answer in 30 s; its messages are in DIR.log.
+# shellcheck disable=SC2034  # SF_QUEUE_ENV: read by install.sh's sf_run_together
+SF_QUEUE_PID="" SF_QUEUE_DIR="" SF_QUEUE_ENV=()
+sf_queue_open() {
+  local dir=$1 slots=$2 python=$3 i parts=()
+  if ! [[ $slots =~ ^[0-9]{1,4}$ ]] || ((10#$slots < 1)); then sf_die "compile queue: its slots (MAX_JOBS when given) must be a whole number from 1 to 9999, got '$(printf '%s' "${slots:0:40}" | _sf_printable)'"; fi
+  rm -rf -- "$dir"
+  PATH="$(dirname "$python"):$PATH" "$python" "$(_sf_script compile_queue.py)" serve "$dir" "$((10#$slots))" \
+    "$(_sf_script compile_costs.json)" >"$dir.ready" 2>"$dir.log" &
+  SF_QUEUE_PID=$! SF_QUEUE_DIR=$dir
+  for ((i = 0; i < 300; i++)); do
+    if [[ $(tail -c 6 "$dir.ready" 2>/dev/null) == ready ]]; then break; fi
+    kill -0 "$SF_QUEUE_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  mapfile -d '' -t parts <"$dir.ready" 2>/dev/null || parts=()
+  if [[ $(tail -c 6 "$dir.ready" 2>/dev/null) != ready || ${parts[0]:-} != CXX=* || ${parts[1]:-} != PYTORCH_NVCC=* ]]; then
+    sf_queue_close
+    return 1
+  fi
+  SF_QUEUE_ENV=("${parts[0]}" "${parts[1]}" SF_COMPILE_QUEUE=1)
+}
+
+# sf_queue_close: the queue stopped (by its pid) and its directory removed; its log stays.
+sf_queue_close() {
+  if [[ -n $SF_QUEUE_PID ]]; then
+    kill "$SF_QUEUE_PID" 2>/dev/null || true
+    wait "$SF_QUEUE_PID" 2>/dev/null || true
+  fi
+  if [[ -n $SF_QUEUE_DIR ]]; then rm -rf -- "$SF_QUEUE_DIR" "$SF_QUEUE_DIR.ready"; fi
+  # shellcheck disable=SC2034  # read by install.sh's sf_run_together
+  SF_QUEUE_PID="" SF_QUEUE_DIR="" SF_QUEUE_ENV=()
+}
+
 # --- the compiled-wheel store (slimeforge/image/wheels/wheelstore.py) -------------------------------------
 # A store entry is a directory of wheels and SHA256SUMS (`sha256sum` format, one line per wheel).
 # The store's own record: the compiled wheels do not exist when the lock is made, so their sha256
@@ -694,7 +755,9 @@ sf_compiled() {
     fi
     printf -v "$n" '%d' "$((10#${!n}))"
   done
-  if [[ -n ${APEX_CPP_EXT:-}${APEX_CUDA_EXT:-} ]]; then
+  # Behind the compile queue (SF_COMPILE_QUEUE=1) every extension's ninja starts all its files and
+  # the queue bounds them: apex keeps the given MAX_JOBS and APEX_PARALLEL_BUILD.
+  if [[ -n ${APEX_CPP_EXT:-}${APEX_CUDA_EXT:-} && ${SF_COMPILE_QUEUE:-} != 1 ]]; then
     local apex
     apex=$(sf_apex_jobs "$MAX_JOBS")
     APEX_PARALLEL_BUILD=${APEX_PARALLEL_BUILD:-${apex% *}} MAX_JOBS=${apex#* }
@@ -703,7 +766,7 @@ sf_compiled() {
   export MAX_JOBS NVCC_THREADS NVTE_BUILD_THREADS_PER_JOB=$NVCC_THREADS
   export NVCC_APPEND_FLAGS="${NVCC_APPEND_FLAGS:+$NVCC_APPEND_FLAGS }--threads $NVCC_THREADS"
   export UV_CACHE_DIR="${UV_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/uv}/compiled/$key"
-  sf_log "compiled step: MAX_JOBS=$MAX_JOBS NVCC_THREADS=$NVCC_THREADS${APEX_PARALLEL_BUILD:+ APEX_PARALLEL_BUILD=$APEX_PARALLEL_BUILD}${SF_JOBSERVER:+ (every ninja job from the pool $SF_JOBSERVER)} archs=${TORCH_CUDA_ARCH_LIST:-none} uv cache $UV_CACHE_DIR"
+  sf_log "compiled step: MAX_JOBS=$MAX_JOBS NVCC_THREADS=$NVCC_THREADS${APEX_PARALLEL_BUILD:+ APEX_PARALLEL_BUILD=$APEX_PARALLEL_BUILD}${SF_JOBSERVER:+ (every ninja job from the pool $SF_JOBSERVER)}${SF_COMPILE_QUEUE:+ (every compile behind the queue ${CXX%/bin/*})} archs=${TORCH_CUDA_ARCH_LIST:-none} uv cache $UV_CACHE_DIR"
   if [[ -n $venv ]]; then
     _sf_compile_env "$venv"
     # The venv's tools first, as the image's PATH has them: torch's extension builder runs `ninja` from

@@ -41,6 +41,9 @@ VENV_SIZES_RECORD = "venv-sizes.json"
 # library before the first step: a change to it re-does every step, as a change to steps.sh does.
 # venvprune.py: a pip step's prune of GPU code for archs outside arch_list, and verify's check of it.
 LIBRARY_SCRIPTS = {name: paths.SCRIPTS / name for name in ("venvlock.py", "venvprune.py")}
+# Only install.sh compiles pieces side by side behind one queue (each image stage is a container of its
+# own): the queue and its table of measured compile costs, run with the venv's Python.
+INSTALL_SCRIPTS = {name: paths.SCRIPTS / name for name in ("compile_queue.py", "compile_costs.json")}
 
 @dataclass
 class StepLayout:

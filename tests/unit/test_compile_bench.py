@@ -60,3 +60,8 @@ def test_set_grammar() -> None:
     assert SET_RE.fullmatch("series:900")
     for bad in ("first:300:10:24:5:1", "jobserver:200:16:32:100", "pool:900", "series:-1", "series:900\n"):
         assert not SET_RE.fullmatch(bad), bad
+
+
+def test_queue_set_grammar() -> None:
+    assert SET_RE.fullmatch("queue:300:22") and SET_RE.fullmatch("queue:300")
+    assert not SET_RE.fullmatch("queue:300:2222") and not SET_RE.fullmatch("queue:")

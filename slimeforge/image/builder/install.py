@@ -36,6 +36,7 @@ from ..patches import PatchContent, patches_for_run, read_patches
 from ..sources import LocalSource, checked_options
 from ..stack import FINALIZE_STEP, Stack, load_stack
 from ..steps import (
+    INSTALL_SCRIPTS,
     LIBRARY_SCRIPTS,
     LOCK_ALL,
     PATCHES_STEP,
@@ -52,6 +53,7 @@ from ..steps import (
     step_commands,
     together_groups,
 )
+from .compilejobs import QUEUE_APEX_AT_ONCE, QUEUE_FILES_PER_NINJA
 
 SCRIPT = "install.sh"
 MAX_FREE_GIB = 999_999  # install.sh reads SLIMEFORGE_MIN_FREE_GIB as 1 to 6 ASCII digits, base 10
@@ -183,7 +185,9 @@ def render_install_script(stack: Stack, prefix: str, venv: str | None = None,
                      "b64": base64.encodebytes(p.data).decode().rstrip("\n")} for p in patches],
         "lock_b64": base64.encodebytes(lock_text.encode()).decode().rstrip("\n"),
         "target_scripts": [{"name": n, "b64": base64.encodebytes(p.read_bytes()).decode().rstrip("\n")}
-                           for n, p in sorted((TARGET_SCRIPTS | LIBRARY_SCRIPTS).items())],
+                           for n, p in sorted((TARGET_SCRIPTS | LIBRARY_SCRIPTS | INSTALL_SCRIPTS).items())],
+        "queue_files_per_ninja": QUEUE_FILES_PER_NINJA,
+        "queue_apex_at_once": QUEUE_APEX_AT_ONCE,
         "lock_dir": layout.lock_dir,
         "slices": [{"file": name, "b64": base64.encodebytes(text.encode()).decode().rstrip("\n")}
                    for name, text in slices.items()],

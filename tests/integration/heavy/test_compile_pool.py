@@ -17,11 +17,18 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import build_support as bs  # noqa: E402
 
-from slimeforge.image.builder.compilejobs import jobserver_plan, ninja_takes_jobserver  # noqa: E402
+from slimeforge.image.builder.compilejobs import (  # noqa: E402
+    QUEUE_APEX_AT_ONCE,
+    QUEUE_FILES_PER_NINJA,
+    jobserver_plan,
+    ninja_takes_jobserver,
+    queue_plan,
+)
 from slimeforge.image.builder.install import render_install_script  # noqa: E402
 from slimeforge.image.stack import load_stack  # noqa: E402
 
 LIB = Path(__file__).resolve().parents[3] / "templates" / "steps.sh"
+SCRIPTS = Path(__file__).resolve().parents[3] / "slimeforge" / "scripts"
 
 
 def sf(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -35,6 +42,19 @@ def test_host_pool_follows_the_python_rule(cores, gib):
     res = sf('sf_jobserver_plan "$@"', str(cores), str(gib * 1024 * 1024))
     assert res.returncode == 0, res.stderr
     assert tuple(int(x) for x in res.stdout.split()) == jobserver_plan(mem_bytes=gib << 30, cores=cores)
+
+
+@pytest.mark.parametrize("cores,gib", [(2, 24), (16, 125), (16, 128), (1, 1), (1, 4), (64, 512), (8, 30), (3, 7), (128,
+                                                                                                                   64)])
+def test_host_queue_follows_the_python_rule(cores, gib):
+    res = sf('sf_queue_plan "$@"', str(cores), str(gib * 1024 * 1024))
+    assert res.returncode == 0, res.stderr
+    assert tuple(int(x) for x in res.stdout.split()) == queue_plan(mem_bytes=gib << 30, cores=cores)
+
+
+def test_the_measured_host_gets_the_measured_queue():
+    # 16 cores, 125 GiB: 22 slots (169.5-180.3 s, 1.11-1.14 x the cores' limit, docs/build.md).
+    assert queue_plan(mem_bytes=125 << 30, cores=16) == (22, 1)
 
 
 def test_the_measured_host_gets_the_measured_pool():
@@ -123,8 +143,14 @@ sf_piece() {
   local me=$1; shift
   case ${SF_COMPILED_PHASE:-} in
     compile)
-      printf '%s|%s|%s|%s|%s\n' "$me" "${SF_JOBSERVER:-none}" "${MAKEFLAGS:-none}" "$(command -v ninja || echo none)" \
-        "${APEX_PARALLEL_BUILD:-}" >>"$T/seen"
+      printf '%s|%s|%s|%s|%s|%s|%s|%s\n' "$me" "${SF_JOBSERVER:-none}" "${MAKEFLAGS:-none}" \
+        "$(command -v ninja || echo none)" "${APEX_PARALLEL_BUILD:-}" "${CXX:-none}" "${PYTORCH_NVCC:-none}" \
+        "$MAX_JOBS" >>"$T/seen"
+      # Behind the queue: one real compile through its wrapper (the host's c++).
+      if [[ ${SF_COMPILE_QUEUE:-} == 1 ]]; then
+        printf 'int %s(void) { return 1; }\n' "$me" >"$T/$me.c"
+        "$CXX" -x c -c "$T/$me.c" -o "$T/$me.o" || exit 6
+      fi
       : >"$T/here.$me"
       # one piece at a time asked for (SF_COMPILE_AT_ONCE=1): no barrier, the order and jobs recorded
       if [[ -n ${SF_COMPILE_AT_ONCE:-} ]]; then printf '%s %s\n' "$me" "$MAX_JOBS" >>"$T/order"; return; fi
@@ -154,6 +180,14 @@ def run_install(tmp_path: Path, pool: str, ninja_version: str = "1.13.0",
     (venv_dir / "bin").mkdir(parents=True, exist_ok=True)
     (venv_dir / "bin" / "ninja").write_text(f"#!/bin/bash\necho {ninja_version}\n")
     (venv_dir / "bin" / "ninja").chmod(0o755)
+    if not (venv_dir / "bin" / "python").exists():
+        (venv_dir / "bin" / "python").symlink_to(sys.executable)
+    # install.sh writes the target scripts to SF_STATE before its steps; this runner starts at the steps.
+    state = Path(subprocess.run(["bash", "-c", f"printf %s {re.search(r'^export SF_STATE=(.*)$', text, re.M)[1]}"],
+                                capture_output=True, text=True).stdout)
+    state.mkdir(parents=True, exist_ok=True)
+    for name in ("compile_queue.py", "compile_costs.json"):
+        (state / name).write_bytes((SCRIPTS / name).read_bytes())
     body = text[:text.index("# --- prerequisites")] + STANDINS + "SF_STEPS_TOTAL=3\n" + "".join(
         f"sf_run_step {n} hash-{n} --what compiled --together -- sf_step_{n}\n" for n in "abc") + "sf_run_together\n"
     script = tmp_path / "run.sh"
@@ -173,7 +207,7 @@ def test_install_runs_every_piece_at_once_under_one_pool(tmp_path):
     assert "one pool of" in res.stderr
     seen = [line.split("|") for line in (tmp_path / "seen").read_text().splitlines()]
     assert sorted(s[0] for s in seen) == ["a", "b", "c"]
-    for _, fifo, makeflags, ninja, _apex in seen:
+    for _, fifo, makeflags, ninja, _apex, *_ in seen:
         assert fifo.endswith("/jobs/slots") and f"--jobserver-auth=fifo:{fifo}" in makeflags
         assert ninja == fifo.replace("/slots", "/bin/ninja")
     assert not os.path.exists(seen[0][1]) or Path(seen[0][1]).is_fifo()
@@ -194,7 +228,7 @@ def test_install_keeps_the_shares_by_default_and_with_an_old_ninja(tmp_path):
 def test_install_refuses_a_bad_pool_setting(tmp_path):
     res = run_install(tmp_path, "yes\x1b[31m")
     assert res.returncode != 0
-    assert "SF_COMPILE_POOL: 'yes?[31m' must be 0" in res.stderr and "\x1b" not in res.stderr
+    assert "SF_COMPILE_POOL: 'yes?[31m' must be queue" in res.stderr and "\x1b" not in res.stderr
 
 
 def test_install_compiles_one_piece_at_a_time_when_asked(tmp_path):
@@ -228,3 +262,46 @@ def test_compiled_step_finds_the_venvs_ninja_first(tmp_path):
     res = sf(script, str(venv), env={**env, "SF_JOBSERVER": f"{pool}/slots", "PATH": f"{pool}/bin:/usr/bin:/bin"})
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == f"{pool}/bin:{venv}/bin:/usr/bin:/bin"
+
+
+def test_install_runs_every_piece_at_once_behind_one_queue(tmp_path):
+    # SF_COMPILE_POOL=queue: every piece at once (one core: the shares would run them one at a time,
+    # so the barrier passes only this way), each with the queue's wrappers as its compilers, every
+    # ninja's files at once (MAX_JOBS), apex's extensions all at once; a real compile goes through.
+    res = run_install(tmp_path, "queue")
+    assert res.returncode == 0, res.stderr
+    assert "behind one queue of 1 slots" in res.stderr
+    seen = [line.split("|") for line in (tmp_path / "seen").read_text().splitlines()]
+    assert sorted(s[0] for s in seen) == ["a", "b", "c"]
+    for _me, fifo, _mk, _ninja, apex, cxx, nvcc, jobs in seen:
+        assert fifo == "none" and cxx.endswith("/queue/bin/g++") and nvcc.endswith("/queue/bin/nvcc")
+        assert (apex, jobs) == (str(QUEUE_APEX_AT_ONCE), str(QUEUE_FILES_PER_NINJA))
+        assert (tmp_path / f"{_me}.o").stat().st_size > 0
+    queue_dir = Path(seen[0][5]).parent.parent
+    log = queue_dir.with_name("queue.log").read_text()
+    assert log.count(" go cxx ") == 3 and log.count(" end cxx ") == 3, log
+    assert not queue_dir.exists(), "the queue's directory outlived the compile"
+    pid_alive = subprocess.run(["pgrep", "-f", str(queue_dir)], capture_output=True).returncode == 0
+    assert not pid_alive, "the queue outlived the compile"
+
+
+def test_install_queue_is_not_the_default_on_a_small_host(tmp_path):
+    # Unset (here: empty): the queue only where the host has 16 or more compile jobs; this one has fewer.
+    res = run_install(tmp_path, "", extra={"BARRIER_TRIES": "1"})
+    assert "behind one queue" not in res.stderr and "at most" in res.stderr
+    assert all(line.split("|")[5] == "none" for line in (tmp_path / "seen").read_text().splitlines())
+
+
+
+def test_a_queue_that_does_not_start_leaves_nothing_and_bad_slots_are_refused(tmp_path):
+    for name in ("compile_queue.py", "compile_costs.json"):
+        (tmp_path / name).write_bytes((SCRIPTS / name).read_bytes())
+    script = ('if sf_queue_open "$1" 4 /bin/false; then echo opened; else echo refused; fi; '
+              'echo "env=${#SF_QUEUE_ENV[@]} pid=$SF_QUEUE_PID"; ls -A "$SF_STATE"')
+    res = sf(script, str(tmp_path / "queue"), env={"SF_STATE": str(tmp_path)})
+    assert res.returncode == 0, res.stderr
+    assert "refused" in res.stdout and "env=0 pid=\n" in res.stdout
+    assert sorted(res.stdout.split("\n", 2)[2].split()) == ["compile_costs.json", "compile_queue.py", "queue.log"]
+    for bad, shown in (("0", "0"), ("x", "x"), ("12345", "12345"), ("4\x1b[2J", "4?[2J")):
+        res = sf('sf_queue_open "$1" "$2" /bin/false', str(tmp_path / "queue"), bad, env={"SF_STATE": str(tmp_path)})
+        assert res.returncode == 1 and f"got '{shown}'" in res.stderr and "\x1b" not in res.stderr, res.stderr
