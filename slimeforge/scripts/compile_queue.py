@@ -18,9 +18,11 @@ by kind (an nvcc file before a host compiler's).
         replaces this process and inherits the connection, so the slot is held exactly as long as
         the compiler (and every process it starts) lives. Anything else (`-v`, a link) runs at once.
 
-A wrapper that cannot reach the queue runs its compiler at once, with one line on stderr: a lost
-queue costs order, never a build. Standard library only (the venv's Python runs it, on a host that
-has nothing else of slimeforge's).
+A wrapper that cannot reach the queue runs its compiler at once, with one line on stderr: a missing
+queue costs the order, never a build. A wrapper whose queue ends while it waits (its owner stopped
+the compile: install.sh on a failure or Ctrl-C, a benchmark past its limit) exits 75 without
+compiling, so no compile outlives the build that asked for it. Standard library only (the venv's
+Python runs it, on a host that has nothing else of slimeforge's).
 """
 
 from __future__ import annotations
@@ -201,6 +203,10 @@ class Queue:
                 else:
                     self.readable(ev.fileobj)  # type: ignore[arg-type]
             self.admit()
+        # Stopped: what already ended is still logged (an end that came before the stop).
+        for ev, _ in self.sel.select(timeout=0):
+            if ev.fileobj is not listener:
+                self.readable(ev.fileobj)  # type: ignore[arg-type]
 
 
 def serve(directory: str, slots_text: str, costs_path: str | None) -> int:
@@ -254,13 +260,22 @@ def run(sock: str, kind: str, real: str, args: list[str]) -> int:
         try:
             conn.connect(sock)
             conn.sendall(f"{kind} {key}\n".encode())
-            if conn.recv(3) != b"go\n":
-                raise OSError("the queue closed")
-            os.set_inheritable(conn.fileno(), True)  # held by the compiler until it ends
-            os.environ["SF_COMPILE_QUEUE_HELD"] = "1"
-        except OSError as e:
+        except OSError as e:  # no queue to wait in: compile at once
             conn.close()
-            print(f"compile_queue: {sock}: {e}; compiling {key} without the queue", file=sys.stderr)
+            print(f"compile_queue: {sock}: {e.strerror or e}; compiling {key} without the queue", file=sys.stderr)
+            os.execv(real, [real, *args])
+        reply = b""
+        try:
+            while len(reply) < 3 and (chunk := conn.recv(3 - len(reply))):
+                reply += chunk
+        except OSError:
+            pass
+        if reply != b"go\n":
+            # The queue ended while this file waited: whoever ran it stopped the compile (or it died).
+            print(f"compile_queue: {sock}: the queue ended before {key}'s turn; not compiled", file=sys.stderr)
+            return 75
+        os.set_inheritable(conn.fileno(), True)  # held by the compiler until it ends
+        os.environ["SF_COMPILE_QUEUE_HELD"] = "1"
     os.execv(real, [real, *args])
     return 127  # not reached
 

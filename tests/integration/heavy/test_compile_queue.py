@@ -62,6 +62,14 @@ class Served:
         rows = [line.split() for line in self.log.read_text().splitlines()] if self.log.exists() else []
         return sorted(((r[0], r[1], float(r[2])) for r in rows), key=lambda r: r[2])
 
+    def queue_log(self, needle: str, count: int) -> str:
+        """The queue's log once it holds `count` of `needle`: a compiler's end reaches the queue as its
+        connection closes, a moment after the compiler's parent saw it end."""
+        deadline = time.monotonic() + 10
+        while self.err.read_text().count(needle) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.err.read_text()
+
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(timeout=10)
@@ -101,7 +109,7 @@ def test_a_freed_slot_goes_to_the_costliest_waiting_file(served):
     assert started == ["first.o", "big_cuda.o", "mid.o", "unknown_cuda.o", "unknown.o", "small.o"]
     assert most_at_once(q.events()) == 1
     assert all((q.top.parent / o).exists() for o in started)
-    log = q.err.read_text()
+    log = q.queue_log(" end ", 6)
     assert "go nvcc big_cuda.o cost=90" in log and log.count(" go ") == 6 and log.count(" end ") == 6
 
 
@@ -176,7 +184,7 @@ def test_real_ninja_and_cxx_through_the_queue(served, tmp_path):
     res = subprocess.run(["ninja", "-j", "16"], cwd=build, env=q.env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     assert all((build / f"{n}.o").stat().st_size > 0 for n in names)
-    log = q.err.read_text()
+    log = q.queue_log(" end cxx unit", 6)
     assert log.count(" go cxx unit") == 6 and log.count(" end cxx unit") == 6
     assert max(int(line.rsplit("running=", 1)[1]) for line in log.splitlines() if " go " in line) <= 2
 
@@ -210,3 +218,17 @@ def test_serve_never_takes_over_a_directory(tmp_path):
                                           "PYTORCH_NVCC": shutil.which("true") or "/bin/true"})
     assert res.returncode != 0 and "File exists" in res.stderr
     assert sorted(p.name for p in mine.iterdir()) == ["keep"]
+
+
+def test_a_file_waiting_when_the_queue_ends_is_not_compiled(served):
+    q = served(1)
+    blocker = q.compile("cxx", "blocker.o", FAKE_SLEEP="2")
+    time.sleep(1.3)
+    waiting = q.compile("nvcc", "waiting.o")
+    time.sleep(0.5)
+    q.stop()  # its owner stopped the compile
+    assert waiting.wait(timeout=30) == 75
+    assert "the queue ended before waiting.o's turn; not compiled" in (waiting.stderr.read() if waiting.stderr else "")
+    assert blocker.wait(timeout=30) == 0  # what had its turn finishes
+    assert [n for w, n, _ in q.events() if w == "start"] == ["blocker.o"]
+
