@@ -166,6 +166,16 @@ def test_the_estimate_from_the_last_run_else_the_rate_and_none_before_5_percent(
         assert tail == ", longer than the last run (1h52m)"
 
 
+def test_behind_the_queue_no_rate_only_the_last_run(lib):
+    # The queue runs the costliest files of every piece first: a piece's rate says nothing of its rest.
+    for last, want in ((None, "compiling 143/412 (34 %), 4021s so far"),
+                       (6720, "compiling 143/412 (34 %), 4021s so far, about 44m59s left (last run 1h52m)")):
+        setup = "rm -f $SF_STATE/steps/apex.seconds;" if last is None else f"echo {last} >$SF_STATE/steps/apex.seconds;"
+        res = bash(lib, f'mkdir -p "$SF_STATE/steps"; {setup} printf "  [143/412] c++\\n" >"$SF_STATE/x.log"; '
+                        '_sf_progress "$SF_STATE/x.log" 4021 apex 1')
+        assert res.returncode == 0 and res.stdout == want, res.stdout + res.stderr
+
+
 def bs_dur(s: int) -> str:
     return f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
 
