@@ -27,7 +27,7 @@ the pool 32 slots instead of the rule's, `jobserver:900:16:32:10` also runs the 
 at nice 10. `first:900[:NICE[:SLOTS]]`: apex in a pool of its own (SLOTS, default the rule's slots
 less the host's jobs), all its extensions at once; the other pieces beside it with the host's jobs
 each at nice NICE (default 10). --ninja (default: the ninja on PATH) must be 1.13 or later;
---apex-nvcc adds nvcc flags to apex in the jobserver and first sets (`--apex-nvcc=--split-compile=2`).
+--apex-nvcc adds nvcc flags to apex in the jobserver, first and queue sets (`--apex-nvcc=--split-compile=2`).
 `queue:900[:SLOTS]`: every piece at once behind slimeforge/scripts/compile_queue.py (default slots: the
 install's rule, compilejobs.queue_plan), every ninja with all its files at once,
 the costliest waiting file first by --costs (default slimeforge/scripts/compile_costs.json), as the
@@ -63,6 +63,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from slimeforge.image.builder.compilejobs import (  # noqa: E402  (standard library only)
+    QUEUE_APEX_AT_ONCE,
+    QUEUE_FILES_PER_NINJA,
     apex_jobs,
     apex_shared,
     compile_jobs,
@@ -162,8 +164,7 @@ def nvcc_times(path: Path) -> list[dict]:
 
 
 def build(name: str, piece: str, limit: int, settings: dict[str, str], sources: Path, work: Path,
-          extra_env: dict[str, str] | None = None, nice: int = 0, nvcc_extra: str = "",
-          stored: bool = False) -> dict:
+          extra_env: dict[str, str] | None = None, nice: int = 0, nvcc_extra: str = "") -> dict:
     pattern, env_piece = PIECES[piece]
     (archive,) = sorted(sources.glob(pattern))
     src = unpack(archive, work / "src" / name)
@@ -182,8 +183,6 @@ def build(name: str, piece: str, limit: int, settings: dict[str, str], sources: 
     cmd = (["nice", "-n", str(nice)] if nice else []) + [
         sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--no-build-isolation", "--no-deps",
         "--no-index", "--wheel-dir", str(wheels), str(src)]
-    if stored:  # the wheel's files stored, not deflated: its zip is the piece's last serial seconds
-        cmd[-1:-1] = ["-C--build-option=--compression=stored"]
     start, t0 = time.monotonic(), time.time()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -207,7 +206,7 @@ def build(name: str, piece: str, limit: int, settings: dict[str, str], sources: 
             "ok": code == 0 and not timed_out and bool(built), "exit": code, "wall_s": round(wall, 1),
             "cpu_s": round(usage.ru_utime + usage.ru_stime, 1), "peak_rss_mib": round(usage.ru_maxrss / 1024),
             "wheels": built, "log_tail": log.read_text(errors="replace")[-1500:] if code else "",
-            "nice": nice, "nvcc_extra": nvcc_extra, "stored": stored, "ninja": ninja_logs(src, t0),
+            "nice": nice, "nvcc_extra": nvcc_extra, "ninja": ninja_logs(src, t0),
             "nvcc_time": nvcc_times(timing),
             "nvcc_time_raw": timing.read_text(errors="replace")[:400_000] if timing.exists() else ""}
 
@@ -311,7 +310,7 @@ def open_queue(work: Path, slots: int, costs: Path) -> tuple[subprocess.Popen, d
 
 def build_set(mode: str, limit: int, sources: Path, work: Path, ninja: str = "ninja", apex_parallel: int | None = None,
               slots_given: int | None = None, apex_nvcc: str = "", others_nice: int | None = None,
-              apex_stored: bool = False, costs: Path = COSTS) -> dict:
+              costs: Path = COSTS) -> dict:
     """The whole set cold: `series` each piece alone with the host's whole budget (compile_jobs), one
     after another; `parallel` every piece at once, each with its share (compile_share); `jobserver`
     every piece at once under one pool of the host's jobs (jobserver_plan). The cores' limit is the
@@ -386,11 +385,11 @@ def build_set(mode: str, limit: int, sources: Path, work: Path, ninja: str = "ni
         def queued(i: int, p: str) -> None:
             settings = piece_settings(p, jobs, threads)
             if p != "tms":  # tms builds without ninja (setuptools, one g++ at a time)
-                settings["MAX_JOBS"] = "64"
+                settings["MAX_JOBS"] = str(QUEUE_FILES_PER_NINJA)
             if p == "apex":
-                settings["APEX_PARALLEL_BUILD"] = "16"
+                settings["APEX_PARALLEL_BUILD"] = str(QUEUE_APEX_AT_ONCE)
             runs[i] = build(f"{mode}-{p}", p, limit, settings, sources, work, queue_env,
-                            nvcc_extra=apex_nvcc if p == "apex" else "", stored=apex_stored and p == "apex")
+                            nvcc_extra=apex_nvcc if p == "apex" else "")
 
         workers = [threading.Thread(target=queued, args=(i, p)) for i, p in enumerate(pieces)]
         for t in workers:
@@ -402,7 +401,7 @@ def build_set(mode: str, limit: int, sources: Path, work: Path, ninja: str = "ni
         at_once = len(pieces)
         queue_text = queue_log.read_text(errors="replace")
         order = [line.split()[3] for line in queue_text.splitlines() if len(line.split()) > 3 and " go " in line]
-        threads_note = (f"queue of {slots} slots by {costs.name}{', apex wheel stored' if apex_stored else ''}; "
+        threads_note = (f"queue of {slots} slots by {costs.name}; "
                         f"first started: {', '.join(order[:6])}")
     elif mode == "series":
         jobs, threads = compile_jobs()
@@ -463,10 +462,8 @@ def main() -> int:
                          "first:LIMIT_S[:NICE[:SLOTS]] or queue:LIMIT_S[:SLOTS] (limit per piece): the whole "
                          "compiled set")
     ap.add_argument("--apex-nvcc", default="",
-                    help="more nvcc flags for apex in the jobserver and first sets (e.g. --split-compile=2)")
+                    help="more nvcc flags for apex in the jobserver, first and queue sets (e.g. --split-compile=2)")
     ap.add_argument("--ninja", default="ninja", help="the ninja (1.13 or later) the jobserver set's shim runs")
-    ap.add_argument("--apex-stored", action="store_true",
-                    help="the queue set builds apex's wheel stored, not deflated (its last serial seconds)")
     ap.add_argument("--costs", type=Path, default=COSTS,
                     help="the queue set's cost table (compile_model.py --write-costs)")
     args = ap.parse_args()
@@ -488,7 +485,7 @@ def main() -> int:
         if mode == "queue":  # queue:LIMIT_S[:SLOTS]
             apex_parallel, slots = None, apex_parallel
         r = build_set(mode, limit, args.sources, args.work, args.ninja, apex_parallel, slots, args.apex_nvcc, nice,
-                      args.apex_stored, args.costs)
+                      args.costs)
         results.append(r)
         args.out.write_text(json.dumps({"cores": cores, "results": results}, indent=2) + "\n")
         print(f"set {mode:9} {'ok' if r['ok'] else 'FAILED':6} wall {r['wall_s']:>7} s  cpu {r['cpu_s']:>7} s  "

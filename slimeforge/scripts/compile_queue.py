@@ -107,7 +107,6 @@ class Queue:
         self.waiting: list[tuple[float, int, socket.socket, str]] = []
         self.running: dict[socket.socket, str] = {}
         self.pending: dict[socket.socket, bytes] = {}
-        self.gone: set[socket.socket] = set()
         self.seq = 0
         self.t0 = time.monotonic()
         self.last_arrival = 0.0
@@ -128,8 +127,7 @@ class Queue:
             self.first_arrival = None
         while len(self.running) < self.slots and self.waiting:
             _, _, conn, label = heapq.heappop(self.waiting)
-            if conn in self.gone:
-                self.gone.discard(conn)
+            if conn.fileno() < 0:  # closed while it waited: its wrapper was killed
                 continue
             try:
                 conn.sendall(b"go\n")
@@ -157,8 +155,7 @@ class Queue:
             return
         if conn not in self.pending:  # waiting: only its end can come (the wrapper was killed)
             if not data:
-                self.gone.add(conn)
-                self.close(conn)
+                self.close(conn)  # admit() skips it
             return
         buf = self.pending[conn] + data
         if b"\n" not in buf:
@@ -226,13 +223,13 @@ def serve(directory: str, slots_text: str, costs_path: str | None) -> int:
     listener.bind(sock)
     listener.listen(1024)
     script = str(Path(__file__).resolve())
+    env = []
     # g++, not c++: torch's compiler check accepts a path naming g++ without running it.
-    names = {"cxx": "g++", "nvcc": "nvcc"}
-    for kind, name in names.items():
+    for var, kind, name in (("CXX", "cxx", "g++"), ("PYTORCH_NVCC", "nvcc", "nvcc")):
         path = top / "bin" / name
         path.write_text(wrapper(sys.executable, script, sock, kind, compilers[kind]))
         path.chmod(0o700)
-    env = [f"CXX={top / 'bin' / 'g++'}", f"PYTORCH_NVCC={top / 'bin' / 'nvcc'}"]
+        env.append(f"{var}={path}")
     sys.stdout.write("\0".join(env) + "\0ready\n")
     sys.stdout.flush()
     Queue(int(slots_text), costs).serve(listener)

@@ -58,6 +58,15 @@ class Served:
         return subprocess.Popen([tool, "-O2", "-c", f"{obj}.src", "-o", str(self.top.parent / obj)],
                                 env={**self.env, **env}, stderr=subprocess.PIPE, text=True)
 
+    def hold(self, obj: str, seconds: str) -> subprocess.Popen:
+        """A compile that takes the one free slot and keeps it SECONDS: returned once it compiles
+        (the queue gathers a burst for up to 1 s first)."""
+        proc = self.compile("cxx", obj, FAKE_SLEEP=seconds)
+        deadline = time.monotonic() + 10
+        while ("start", obj) not in [(w, n) for w, n, _ in self.events()] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return proc
+
     def events(self) -> list[tuple[str, str, float]]:
         rows = [line.split() for line in self.log.read_text().splitlines()] if self.log.exists() else []
         return sorted(((r[0], r[1], float(r[2])) for r in rows), key=lambda r: r[2])
@@ -98,8 +107,7 @@ def most_at_once(events: list[tuple[str, str, float]]) -> int:
 
 def test_a_freed_slot_goes_to_the_costliest_waiting_file(served):
     q = served(1, {"big_cuda.o": 90, "mid.o": 50, "small.o": 10})
-    first = q.compile("cxx", "first.o", FAKE_SLEEP="1.5")
-    time.sleep(1.4)  # first holds the one slot (after the queue's 1 s gather); the others queue behind it
+    first = q.hold("first.o", "1.5")  # the others queue behind it, in the opposite order
     rest = [q.compile(k, o) for k, o in (("cxx", "small.o"), ("cxx", "mid.o"), ("nvcc", "big_cuda.o"),
                                           ("nvcc", "unknown_cuda.o"), ("cxx", "unknown.o"))]
     for p in [first, *rest]:
@@ -134,8 +142,7 @@ def test_never_more_compilers_than_slots(served):
 
 def test_what_is_not_a_compile_runs_at_once_and_held_compiles_do_not_queue_again(served):
     q = served(1)
-    blocker = q.compile("cxx", "blocker.o", FAKE_SLEEP="3")
-    time.sleep(1.4)
+    blocker = q.hold("blocker.o", "3")
     t0 = time.monotonic()
     # -v (torch's compiler check), a link (no -c) and nvcc's own host compiles (inside a held slot)
     for args, env in ((["-v"], {}), (["a.o", "-o", str(q.top.parent / "lib.so")], {}),
@@ -148,8 +155,7 @@ def test_what_is_not_a_compile_runs_at_once_and_held_compiles_do_not_queue_again
 
 def test_a_wrapper_killed_while_waiting_leaks_no_slot(served):
     q = served(1)
-    blocker = q.compile("cxx", "blocker.o", FAKE_SLEEP="1.5")
-    time.sleep(1.3)
+    blocker = q.hold("blocker.o", "1.5")
     doomed = q.compile("nvcc", "doomed.o")
     time.sleep(0.4)
     doomed.kill()
@@ -222,8 +228,7 @@ def test_serve_never_takes_over_a_directory(tmp_path):
 
 def test_a_file_waiting_when_the_queue_ends_is_not_compiled(served):
     q = served(1)
-    blocker = q.compile("cxx", "blocker.o", FAKE_SLEEP="2")
-    time.sleep(1.3)
+    blocker = q.hold("blocker.o", "2")
     waiting = q.compile("nvcc", "waiting.o")
     time.sleep(0.5)
     q.stop()  # its owner stopped the compile
