@@ -625,30 +625,41 @@ sf_queue_close() {
 # The store's own record: the compiled wheels do not exist when the lock is made, so their sha256
 # is not in the lock; it is checked here before anything is installed from the directory.
 
-# _sf_store_make VENV STEP PIP-ARGS... (local inputs: sdist files or a checkout): compile into
-# $SF_COMPILED_WHEELS (pip wheel, no build isolation: against the torch already installed) with the
-# network cut off where this host allows (_sf_offline), and write its SHA256SUMS.
+# _sf_store_make VENV STEP [--config-settings KEY=VALUE]... INPUT... (local inputs: sdist files or a
+# checkout): compile each into $SF_COMPILED_WHEELS with build_wheel.py (the backend's build_wheel
+# called once, no build isolation: against the torch already installed; pip wheel would run the
+# piece's setup.py twice, metadata first) with the network cut off where this host allows
+# (_sf_offline), and write its SHA256SUMS.
 _sf_store_make() {
-  local venv=$1 step=$2 dir=$SF_COMPILED_WHEELS clog first
+  local venv=$1 step=$2 dir=$SF_COMPILED_WHEELS clog first input settings=() inputs=()
   shift 2
+  while (($#)); do
+    case $1 in
+      --config-settings) settings+=(--config-settings "$2"); shift 2 ;;
+      *) inputs+=("$1"); shift ;;
+    esac
+  done
+  ((${#inputs[@]})) || sf_die "step $step: nothing to compile"
   mkdir -p -- "$dir" "$SF_STATE/logs"
   clog="$SF_STATE/logs/compile-$step.log"
+  : >"$clog"
   sf_log "step $step: compiling into $dir (store key ${SF_COMPILED_KEY:-?}; compiler output: $clog)"
-  # --no-cache-dir: pip would otherwise cache the wheel by the input's path, which is the same for
-  # every torch, CUDA and arch list (the per-key store is the only cache of compiled wheels).
-  # -v: the build backend's output, ninja's "[N/M] command" status lines among it, into $clog as it
+  # No cache of built wheels here: the per-key store is the only one (a cache by the input's path
+  # would be the same for every torch, CUDA and arch list).
+  # The backend's output, ninja's "[N/M] command" status lines among it, goes into $clog as it
   # comes; those lines, cut short, stream to the step's output as well, where the install's
   # heartbeat and `invoke build` read the compile's progress. Not the whole output while it runs:
   # BuildKit keeps 2 MiB of a step's output, and the step's ERROR line must come within it.
-  if ! _sf_offline "$venv/bin/python" -m pip wheel -v --disable-pip-version-check --no-cache-dir --no-deps --no-build-isolation \
-    --no-index --wheel-dir "$dir" "$@" 2>&1 | tee -- "$clog" |
-    { LC_ALL=C grep --line-buffered -oE '^[[:space:]]*\[[0-9]{1,7}/[0-9]{1,7}\] .{0,100}' || true; } >&2; then
-    tail -n 40 "$clog" >&2
-    first=$(_sf_first_error <"$clog")
-    local a what=()
-    for a in "$@"; do if [[ $a != -* ]]; then what+=("${a##*/}"); fi; done
-    sf_die "step $step: ${what[*]} failed to compile${first:+: $first} (full output: $clog)"
-  fi
+  for input in "${inputs[@]}"; do
+    if ! _sf_offline "$venv/bin/python" "$(_sf_script build_wheel.py)" --wheel-dir "$dir" \
+      --work "$SF_STATE/compiled-src/$step" "${settings[@]}" -- "$input" 2>&1 | tee -a -- "$clog" |
+      { LC_ALL=C grep --line-buffered -oE '^[[:space:]]*\[[0-9]{1,7}/[0-9]{1,7}\] .{0,100}' || true; } >&2; then
+      tail -n 40 "$clog" >&2
+      first=$(_sf_first_error <"$clog")
+      sf_die "step $step: ${input##*/} failed to compile${first:+: $first} (full output: $clog)"
+    fi
+  done
+  rm -rf -- "$SF_STATE/compiled-src/$step"
   # Its output, as far as it stays well within BuildKit's 2 MiB (-v makes it long).
   if (($(wc -c <"$clog") > 262144)); then sf_log "step $step: the last 256 KiB of its compiler output (all of it: $clog):"; fi
   tail -c 262144 -- "$clog" >&2

@@ -40,7 +40,8 @@ VENV_SIZES_RECORD = "venv-sizes.json"
 # The step library's own Python (the venv against the lock: every step runs it), copied with the
 # library before the first step: a change to it re-does every step, as a change to steps.sh does.
 # venvprune.py: a pip step's prune of GPU code for archs outside arch_list, and verify's check of it.
-LIBRARY_SCRIPTS = {name: paths.SCRIPTS / name for name in ("venvlock.py", "venvprune.py")}
+# build_wheel.py: a compiled step's wheel, its backend called once (templates/steps.sh `_sf_store_make`).
+LIBRARY_SCRIPTS = {name: paths.SCRIPTS / name for name in ("venvlock.py", "venvprune.py", "build_wheel.py")}
 # Only install.sh compiles pieces side by side behind one queue (each image stage is a container of its
 # own): the queue and its table of measured compile costs, run with the venv's Python.
 INSTALL_SCRIPTS = {name: paths.SCRIPTS / name for name in ("compile_queue.py", "compile_costs.json")}
