@@ -609,6 +609,23 @@ sf_queue_open() {
   SF_QUEUE_ENV=("${parts[0]}" "${parts[1]}" SF_COMPILE_QUEUE=1)
 }
 
+# _sf_queue_wrappers VENV KEY: a compile stage of an image whose build serves one queue for all its stages
+# (invoke build's wheels-only build: `docker build --ssh sf-queue=...`, the stage's RUN mounting that
+# socket at $SF_COMPILE_QUEUE_SOCK): the wrappers for this container's compilers, made here, exported
+# as the piece's CXX and PYTORCH_NVCC with SF_COMPILE_QUEUE=1. Every compile then waits in the build
+# host's queue, beside the other stages' (each stage is a container of its own).
+_sf_queue_wrappers() {
+  local venv=$1 key=$2 dir parts=()
+  [[ -S $SF_COMPILE_QUEUE_SOCK ]] || sf_die "compiled step: SF_COMPILE_QUEUE_SOCK=$SF_COMPILE_QUEUE_SOCK is no socket (the build forwards the queue with --ssh sf-queue=SOCKET)"
+  dir="$SF_STATE/queue-wrappers/$key"
+  rm -rf -- "$dir"
+  mkdir -p -- "${dir%/*}"
+  mapfile -d '' -t parts < <("$venv/bin/python" "$(_sf_script compile_queue.py)" wrappers "$dir" "$SF_COMPILE_QUEUE_SOCK")
+  [[ ${parts[0]:-} == CXX=* && ${parts[1]:-} == PYTORCH_NVCC=* && ${parts[2]:-} == ready* ]] ||
+    sf_die "compiled step: the compile queue's wrappers could not be made in $dir (see above)"
+  export "${parts[0]}" "${parts[1]}" SF_COMPILE_QUEUE=1
+}
+
 # sf_queue_close: the queue stopped (by its pid) and its directory removed; its log stays.
 sf_queue_close() {
   if [[ -n $SF_QUEUE_PID ]]; then
@@ -766,6 +783,9 @@ sf_compiled() {
     fi
     printf -v "$n" '%d' "$((10#${!n}))"
   done
+  if [[ -n ${SF_COMPILE_QUEUE_SOCK:-} && ${SF_COMPILE_QUEUE:-} != 1 && ${SF_COMPILED_PHASE:-} == compile && -n $venv ]]; then
+    _sf_queue_wrappers "$venv" "$key"
+  fi
   # Behind the compile queue (SF_COMPILE_QUEUE=1) every extension's ninja starts all its files and
   # the queue bounds them: apex keeps the given MAX_JOBS and APEX_PARALLEL_BUILD.
   if [[ -n ${APEX_CPP_EXT:-}${APEX_CUDA_EXT:-} && ${SF_COMPILE_QUEUE:-} != 1 ]]; then

@@ -35,7 +35,7 @@ if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().p
 LEGACY_BACKEND = "setuptools.build_meta:__legacy__"  # PEP 517's rule for a tree without [build-system]
 _DOTTED = r"[A-Za-z_][A-Za-z0-9_]{0,99}(\.[A-Za-z_][A-Za-z0-9_]{0,99}){0,20}"
 BACKEND_RE = re.compile(f"{_DOTTED}(:{_DOTTED})?")
-SETTING_RE = re.compile(r"([A-Za-z0-9_.-][A-Za-z0-9_.=-]{0,99})=([^\x00-\x1f\x7f]{0,1000})")
+SETTING_RE = re.compile(r"([A-Za-z0-9_.-]{1,100})=([^\x00-\x1f\x7f]{0,1000})")
 SDIST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,200}\.tar\.gz")
 PYPROJECT_MAX = 1 << 20
 
