@@ -22,6 +22,7 @@ import argparse
 import importlib
 import os
 import re
+import shutil
 import sys
 import tarfile
 import tempfile
@@ -82,12 +83,26 @@ def unpack_sdist(sdist: Path, work: Path) -> Path:
     dest = Path(tempfile.mkdtemp(prefix="sdist-", dir=work))
     try:
         with tarfile.open(sdist, "r:gz") as tar:
-            tar.extractall(dest, filter="data")
-    except (tarfile.TarError, OSError) as e:
+            members = tar.getmembers()
+            # Checked here, whatever this Python's tarfile offers (its data filter came in 3.11.4 and
+            # 3.12): files and directories only, each a relative path that stays inside.
+            for m in members:
+                parts = Path(m.name).parts
+                if not (m.isfile() or m.isdir()) or m.name.startswith("/") or ".." in parts or not parts:
+                    raise BadInput(f"{sdist}: member {m.name[:200]!r} is not a file or directory inside the sdist")
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(dest, members, filter="data")
+            else:
+                tar.extractall(dest, members)
+        tops = list(dest.iterdir())
+        if len(tops) != 1 or not tops[0].is_dir():
+            raise BadInput(f"{sdist}: an sdist holds exactly one top directory, this one "
+                           f"{sorted(p.name for p in tops)[:10]}")
+    except (tarfile.TarError, OSError, BadInput) as e:
+        shutil.rmtree(dest, ignore_errors=True)  # all or nothing: no half-unpacked tree stays
+        if isinstance(e, BadInput):
+            raise
         raise BadInput(f"{sdist}: not an sdist that unpacks safely ({e})") from None
-    tops = [p for p in dest.iterdir()]
-    if len(tops) != 1 or not tops[0].is_dir():
-        raise BadInput(f"{sdist}: an sdist holds exactly one top directory, this one {sorted(p.name for p in tops)}")
     return tops[0]
 
 

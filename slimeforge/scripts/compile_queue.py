@@ -131,8 +131,10 @@ def wrapper(python: str, script: str, sock: str, kind: str, real: str, verb: str
             f"{shlex.quote(real)} \"$@\"\n")
 
 
-def real_compilers() -> dict[str, str]:
-    """The compilers the wrappers stand for: what torch's extension builder would run without them."""
+def real_compilers(need_nvcc: bool = True) -> dict[str, str]:
+    """The compilers the wrappers stand for: what torch's extension builder would run without them.
+    need_nvcc=False (an image's compile stage, which may build a piece with no CUDA): nvcc only where
+    there is one."""
     cxx = shutil.which(os.environ.get("CXX") or "c++")
     # torch's order: PYTORCH_NVCC, CUDA_HOME (or CUDA_PATH), nvcc on PATH, /usr/local/cuda.
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
@@ -140,9 +142,9 @@ def real_compilers() -> dict[str, str]:
         shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
     missing = [n for n, p in (("c++ (CXX)", cxx), ("nvcc (PYTORCH_NVCC, CUDA_HOME)", nvcc))
                if not p or not os.access(p, os.X_OK)]
-    if missing or cxx is None:
+    if cxx is None or (missing and (need_nvcc or missing[0].startswith("c++"))):
         raise SystemExit(f"compile_queue: no {', '.join(missing)} to stand for")
-    return {"cxx": cxx, "nvcc": nvcc}
+    return {"cxx": cxx, **({} if missing else {"nvcc": nvcc})}
 
 
 class Queue:
@@ -292,12 +294,14 @@ def new_directory(directory: str) -> Path:
 
 def make_wrappers(top: Path, sock: str, verb: str = "run") -> list[str]:
     """DIR/bin/g++ and DIR/bin/nvcc for this machine's compilers, and the environment that hands them over."""
-    compilers = real_compilers()
+    compilers = real_compilers(need_nvcc=verb == "run")
     (top / "bin").mkdir(mode=0o700)
     script = str(Path(__file__).resolve())
     env = []
     # g++, not c++: torch's compiler check accepts a path naming g++ without running it.
     for var, kind, name in (("CXX", "cxx", "g++"), ("PYTORCH_NVCC", "nvcc", "nvcc")):
+        if kind not in compilers:
+            continue
         path = top / "bin" / name
         path.write_text(wrapper(sys.executable, script, sock, kind, compilers[kind], verb))
         path.chmod(0o700)
@@ -326,7 +330,7 @@ def serve(directory: str, slots_text: str, costs_path: str | None, wrappers: boo
 
 
 def wrappers_only(directory: str, sock: str) -> int:
-    real_compilers()
+    real_compilers(need_nvcc=False)
     env = make_wrappers(new_directory(directory), sock, "run-forwarded")
     sys.stdout.write("".join(f"{e}\0" for e in env) + "ready\n")
     return 0

@@ -65,7 +65,7 @@ def world(base_image, tmp_path_factory):
 
 def opts(world, store: Path, **kw) -> BuildOptions:
     return BuildOptions(stack=str(world["stack"]), build_root=world["root"] / "out", repository=REPO, force=True,
-                        store_root=store, echo=lambda s: None, **kw)
+                        store_root=store, **{"echo": lambda s: None, **kw})
 
 
 def step_log(build_log: str, step: str) -> str:
@@ -283,12 +283,20 @@ def test_the_compile_stage_waits_in_the_build_hosts_queue(world, monkeypatch):
     # SF_COMPILE_POOL=queue: invoke build serves one compile queue on this host and hands it to the
     # wheels-only build (`docker build --ssh sf-queue=...`); the compile stage mounts it, makes its own
     # wrappers and sfcext's compile waits its turn there (--no-cache: the stage compiles every run).
+    from dataclasses import replace
+
     from slimeforge.image.builder.build import build_wheels
 
     monkeypatch.setenv("SF_COMPILE_POOL", "queue")
+    # This test image has gcc alone (no c++): the step names it as its CXX, the compiler the wrappers
+    # stand for (and sfcext's setup.py, as torch's extension builder, compiles with $CXX).
+    stack = world["root"] / "sfcext-queue.yaml"
+    stack.write_text(world["stack"].read_text().replace("    compiles: true\n",
+                                                        "    compiles: true\n    env: {CXX: gcc}\n"))
+    resolve(LockOptions(stack=str(stack), echo=lambda s: None))
     store = world["root"] / "store-queue"
     said: list[str] = []
-    result = build_wheels(opts(world, store, no_cache=True, echo=said.append))
+    result = build_wheels(replace(opts(world, store, no_cache=True, echo=said.append), stack=str(stack)))
     assert result["sfcext"].source == "compiled" and wheelstore.lookup(result["sfcext"].key, store) is not None
     build_dir = Path(result["sfcext"].log).parent
     queue_log = (build_dir / "queue.log").read_text()
