@@ -280,7 +280,8 @@ def test_smoke_imports_every_compiled_piece_and_names_the_gpu_ones(flavor, fa):
                                                                                + 1] == "/root/slime")
     text = render_dockerfile(stack)
     assert "COPY flag_catalog.py kernel_check.py smoke_imports.py venv_sizes.py /opt/slimeforge/" in text
-    assert "COPY steps.sh sf venvlock.py venvprune.py /opt/slimeforge/" in text  # the library's, before any step
+    # the library's, before any step
+    assert "COPY steps.sh sf build_wheel.py compile_queue.py venvlock.py venvprune.py /opt/slimeforge/" in text
     # The last step: finalize (its import pass makes the flag catalog and imports the smoke test's
     # modules), then the smoke test on that pass, without --flags (finalize fails when the catalog
     # cannot be made); then the venv's sizes.
