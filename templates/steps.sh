@@ -675,7 +675,7 @@ _sf_store_make() {
   # BuildKit keeps 2 MiB of a step's output, and the step's ERROR line must come within it.
   for input in "${inputs[@]}"; do
     if ! _sf_offline "$venv/bin/python" "$(_sf_script build_wheel.py)" --wheel-dir "$dir" \
-      --work "$SF_STATE/compiled-src/$step" "${settings[@]}" -- "$input" 2>&1 | tee -a -- "$clog" |
+      --work "$SF_STATE/compiled-src/$step" ${settings[@]+"${settings[@]}"} -- "$input" 2>&1 | tee -a -- "$clog" |
       { LC_ALL=C grep --line-buffered -oE '^[[:space:]]*\[[0-9]{1,7}/[0-9]{1,7}\] .{0,100}' || true; } >&2; then
       tail -n 40 "$clog" >&2
       first=$(_sf_first_error <"$clog")
@@ -683,7 +683,7 @@ _sf_store_make() {
     fi
   done
   rm -rf -- "$SF_STATE/compiled-src/$step"
-  # Its output, as far as it stays well within BuildKit's 2 MiB (-v makes it long).
+  # Its output, as far as it stays well within BuildKit's 2 MiB (a compile's is long).
   if (($(wc -c <"$clog") > 262144)); then sf_log "step $step: the last 256 KiB of its compiler output (all of it: $clog):"; fi
   tail -c 262144 -- "$clog" >&2
   (cd -- "$dir" && sha256sum -- *.whl >SHA256SUMS) || sf_die "step $step: no wheel was built in $dir"
