@@ -33,6 +33,7 @@ that frees the slot. A refusal (an agent failure) compiles at once.
         replaces this process and inherits the connection, so the slot is held exactly as long as
         the compiler (and every process it starts) lives. Anything else (`-v`, a link) runs at once.
 
+The queue ends on SIGTERM or SIGINT, or when the process that started it ends.
 A wrapper that cannot reach the queue runs its compiler at once, with one line on stderr: a missing
 queue costs the order, never a build. A wrapper whose queue ends while it waits (its owner stopped
 the compile: install.sh on a failure or Ctrl-C, a benchmark past its limit) exits 75 without
@@ -259,7 +260,10 @@ class Queue:
         stop = []
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.append(1))
-        while not stop:
+        # Its owner (install.sh, invoke build) stops it by its pid; an owner killed outright cannot,
+        # so the queue also ends when its parent does (within a second): it never outlives the build.
+        parent = os.getppid()
+        while not stop and os.getppid() == parent:
             try:
                 events = self.sel.select(timeout=0.1 if self.waiting else 1.0)
             except InterruptedError:

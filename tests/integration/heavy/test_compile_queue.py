@@ -304,3 +304,25 @@ def test_invoke_builds_queue_starts_and_stops_with_its_build(tmp_path):
         assert runner.history[-1][1:4] == [str(QUEUE), "listen", str(tmp_path / "queue")]
     assert not pid_alive(queue_pid) and not (tmp_path / "queue").exists()
     assert "ready" in (tmp_path / "queue.log").read_text()
+
+
+def test_the_queue_ends_with_the_process_that_started_it(tmp_path):
+    # An owner killed outright (SIGKILL, a CI job's timeout) cannot stop its queue by its pid: the queue
+    # notices its parent is gone and ends, its directory's socket with it.
+    owner = subprocess.Popen(["bash", "-c", f'"{sys.executable}" "{QUEUE}" listen "{tmp_path}/q" 1 '
+                                            f'>"{tmp_path}/out" 2>/dev/null & echo $!; wait'],
+                             stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
+    queue_pid = int(owner.stdout.readline())
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "q" / "sock").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "q" / "sock").exists()
+    owner.kill()
+    owner.wait(timeout=10)
+    from slimeforge.proc import pid_alive
+
+    deadline = time.monotonic() + 10
+    while pid_alive(queue_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not pid_alive(queue_pid) and not (tmp_path / "q" / "sock").exists()
