@@ -2,10 +2,11 @@
 
 Each run unpacks its source archive afresh (no build directory, no object left from a former run)
 and builds it the way slimeforge's compiled step does (templates/steps.sh `_sf_store_make`):
-`python -m pip wheel --no-build-isolation --no-deps --no-index` against the torch already
-installed. It prints per run: the settings, wall time, CPU time of the whole build (user + system of
-every process it waited for) and the peak RSS of its largest process; and how close the build came
-to the cores' limit (CPU-seconds / cores = the wall time a perfectly parallel build would take).
+`python slimeforge/scripts/build_wheel.py` (the backend's build_wheel, once, no isolation) against the
+torch already installed; `--front-end pip` as before (pip wheel: setup.py twice, metadata first).
+It prints per run: the settings, wall time, CPU time of the whole build (user + system of every process
+it waited for) and the peak RSS of its largest process; and how close the build came to the cores'
+limit (CPU-seconds / cores = the wall time a perfectly parallel build would take).
 A run that passes its limit is stopped and reported as "over LIMIT s".
 
     python benchmarks/compile_bench.py --sources DIR --work /tmp/cb --out RESULTS.json \
@@ -77,6 +78,8 @@ from slimeforge.image.builder.compilejobs import (  # noqa: E402  (standard libr
 STEPS_SH = Path(__file__).resolve().parent.parent / "templates" / "steps.sh"
 QUEUE_PY = Path(__file__).resolve().parent.parent / "slimeforge" / "scripts" / "compile_queue.py"
 COSTS = QUEUE_PY.with_name("compile_costs.json")
+BUILD_WHEEL = QUEUE_PY.with_name("build_wheel.py")
+FRONT_END = "build_wheel"  # --front-end: how each piece's wheel is asked for
 
 ARCH = "9.0"
 # What each piece needs besides parallelism (the stack's step env and arch variables).
@@ -180,9 +183,10 @@ def build(name: str, piece: str, limit: int, settings: dict[str, str], sources: 
     if piece == "te":
         env["CPATH"] = ":".join(nvidia_include_dirs() + [p for p in [os.environ.get("CPATH")] if p])
     log = work / f"{name}.log"
-    cmd = (["nice", "-n", str(nice)] if nice else []) + [
-        sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--no-build-isolation", "--no-deps",
-        "--no-index", "--wheel-dir", str(wheels), str(src)]
+    front = ([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--no-build-isolation", "--no-deps",
+              "--no-index", "--wheel-dir", str(wheels), str(src)] if FRONT_END == "pip" else
+             [sys.executable, str(BUILD_WHEEL), "--wheel-dir", str(wheels), "--", str(src)])
+    cmd = (["nice", "-n", str(nice)] if nice else []) + front
     start, t0 = time.monotonic(), time.time()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -451,6 +455,33 @@ def last_chain(run: dict) -> str:
             f"{max((f[0] for f in linked), default=0)} s")
 
 
+def warm_files(sources: Path) -> dict:
+    """Read what every build reads (torch, the nvidia wheels, setuptools, the CUDA toolkit, the sources)
+    once, so that the sets after it start on a warm page cache: on a fresh machine the first set would
+    otherwise pay the disk reads that every later set skips."""
+    import setuptools
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    roots = [Path(torch.__file__).parent, Path(setuptools.__file__).parent, sources]
+    roots += [Path(d) for d in glob.glob(str(Path(torch.__file__).parent.parent / "nvidia"))]
+    if CUDA_HOME:
+        roots.append(Path(CUDA_HOME).resolve())
+    start, files, size = time.monotonic(), 0, 0
+    for root in roots:
+        for dirpath, _, names in os.walk(root):
+            for name in names:
+                path = os.path.join(dirpath, name)
+                if not os.path.isfile(path) or os.path.islink(path):
+                    continue
+                with open(path, "rb") as f:
+                    while chunk := f.read(1 << 20):
+                        size += len(chunk)
+                files += 1
+    return {"roots": [str(r) for r in roots], "files": files, "bytes": size,
+            "seconds": round(time.monotonic() - start, 1)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sources", type=Path, required=True)
@@ -464,9 +495,17 @@ def main() -> int:
     ap.add_argument("--apex-nvcc", default="",
                     help="more nvcc flags for apex in the jobserver, first and queue sets (e.g. --split-compile=2)")
     ap.add_argument("--ninja", default="ninja", help="the ninja (1.13 or later) the jobserver set's shim runs")
+    ap.add_argument("--front-end", choices=("build_wheel", "pip"), default="build_wheel",
+                    help="build_wheel: slimeforge/scripts/build_wheel.py, as the compiled step runs it (the "
+                         "backend once); pip: pip wheel, as it ran until the fifteenth landing (metadata first)")
+    ap.add_argument("--warm", action="store_true",
+                    help="read torch, the nvidia wheels, setuptools, the CUDA toolkit and the sources once first "
+                         "(a warm page cache for every set, the first one too)")
     ap.add_argument("--costs", type=Path, default=COSTS,
                     help="the queue set's cost table (compile_model.py --write-costs)")
     args = ap.parse_args()
+    global FRONT_END
+    FRONT_END = args.front_end
     runs = [parse_run(r) for r in args.run]
     sets = []
     for text in args.set:
@@ -481,13 +520,16 @@ def main() -> int:
         raise SystemExit("nothing to do: give --run or --set")
     cores = os.cpu_count() or 1
     results: list[dict] = []
+    warm = warm_files(args.sources) if args.warm else None
+    if warm:
+        print(f"warm: read {warm['files']} files, {warm['bytes'] / 1e9:.2f} GB in {warm['seconds']} s", flush=True)
     for mode, limit, apex_parallel, slots, nice in sets:
         if mode == "queue":  # queue:LIMIT_S[:SLOTS]
             apex_parallel, slots = None, apex_parallel
         r = build_set(mode, limit, args.sources, args.work, args.ninja, apex_parallel, slots, args.apex_nvcc, nice,
                       args.costs)
         results.append(r)
-        args.out.write_text(json.dumps({"cores": cores, "results": results}, indent=2) + "\n")
+        args.out.write_text(json.dumps({"cores": cores, "warm": warm, "results": results}, indent=2) + "\n")
         print(f"set {mode:9} {'ok' if r['ok'] else 'FAILED':6} wall {r['wall_s']:>7} s  cpu {r['cpu_s']:>7} s  "
               f"cores' limit {r['cores_limit_s']:6.1f} s  ratio {r['ratio']}  at once {r['at_once']}, "
               f"MAX_JOBS={r['jobs']} NVCC_THREADS={r['threads']} {r['note']}", flush=True)
@@ -503,7 +545,7 @@ def main() -> int:
     for name, piece, limit, settings in runs:
         r = build(name, piece, limit, settings, args.sources, args.work)
         results.append(r)
-        args.out.write_text(json.dumps({"cores": cores, "results": results}, indent=2) + "\n")
+        args.out.write_text(json.dumps({"cores": cores, "warm": warm, "results": results}, indent=2) + "\n")
         wall = f"over {limit} s" if r["timed_out"] else f"{r['wall_s']} s"
         print(f"{name:14} {'ok' if r['ok'] else 'FAILED':6} wall {wall:>10}  cpu {r['cpu_s']:>7} s  "
               f"cores' limit {r['cpu_s'] / cores:6.1f} s  peak RSS {r['peak_rss_mib']} MiB  "

@@ -609,6 +609,29 @@ sf_queue_open() {
   SF_QUEUE_ENV=("${parts[0]}" "${parts[1]}" SF_COMPILE_QUEUE=1)
 }
 
+# _sf_queue_wrappers VENV KEY: a compile stage of an image whose build serves one queue for all its stages
+# (invoke build's wheels-only build: `docker build --ssh sf-queue=...`, the stage's RUN mounting that
+# socket at $SF_COMPILE_QUEUE_SOCK): the wrappers for this container's compilers, made here, exported
+# as the piece's CXX and PYTORCH_NVCC with SF_COMPILE_QUEUE=1. Every compile then waits in the build
+# host's queue, beside the other stages' (each stage is a container of its own).
+_sf_queue_wrappers() {
+  local venv=$1 key=$2 dir parts=()
+  [[ -S $SF_COMPILE_QUEUE_SOCK ]] || sf_die "compiled step: SF_COMPILE_QUEUE_SOCK=$SF_COMPILE_QUEUE_SOCK is no socket (the build forwards the queue with --ssh sf-queue=SOCKET)"
+  dir="$SF_STATE/queue-wrappers/$key"
+  rm -rf -- "$dir"
+  mkdir -p -- "${dir%/*}"
+  mapfile -d '' -t parts < <("$venv/bin/python" "$(_sf_script compile_queue.py)" wrappers "$dir" "$SF_COMPILE_QUEUE_SOCK")
+  # CXX, then PYTORCH_NVCC where this container has an nvcc, then "ready".
+  local n=${#parts[@]}
+  if ((n < 2 || n > 3)) || [[ ${parts[0]} != CXX=* || ${parts[n - 1]} != ready* ]] ||
+    { ((n == 3)) && [[ ${parts[1]} != PYTORCH_NVCC=* ]]; }; then
+    # A missing queue costs the order, never the build (as a wrapper that cannot reach it).
+    sf_log "compiled step: the compile queue's wrappers could not be made in $dir (see above): compiling without the queue"
+    return 0
+  fi
+  export "${parts[@]:0:${#parts[@]}-1}" SF_COMPILE_QUEUE=1
+}
+
 # sf_queue_close: the queue stopped (by its pid) and its directory removed; its log stays.
 sf_queue_close() {
   if [[ -n $SF_QUEUE_PID ]]; then
@@ -625,31 +648,42 @@ sf_queue_close() {
 # The store's own record: the compiled wheels do not exist when the lock is made, so their sha256
 # is not in the lock; it is checked here before anything is installed from the directory.
 
-# _sf_store_make VENV STEP PIP-ARGS... (local inputs: sdist files or a checkout): compile into
-# $SF_COMPILED_WHEELS (pip wheel, no build isolation: against the torch already installed) with the
-# network cut off where this host allows (_sf_offline), and write its SHA256SUMS.
+# _sf_store_make VENV STEP [--config-settings KEY=VALUE]... INPUT... (local inputs: sdist files or a
+# checkout): compile each into $SF_COMPILED_WHEELS with build_wheel.py (the backend's build_wheel
+# called once, no build isolation: against the torch already installed; pip wheel would run the
+# piece's setup.py twice, metadata first) with the network cut off where this host allows
+# (_sf_offline), and write its SHA256SUMS.
 _sf_store_make() {
-  local venv=$1 step=$2 dir=$SF_COMPILED_WHEELS clog first
+  local venv=$1 step=$2 dir=$SF_COMPILED_WHEELS clog first input settings=() inputs=()
   shift 2
+  while (($#)); do
+    case $1 in
+      --config-settings) settings+=(--config-settings "$2"); shift 2 ;;
+      *) inputs+=("$1"); shift ;;
+    esac
+  done
+  ((${#inputs[@]})) || sf_die "step $step: nothing to compile"
   mkdir -p -- "$dir" "$SF_STATE/logs"
   clog="$SF_STATE/logs/compile-$step.log"
+  : >"$clog"
   sf_log "step $step: compiling into $dir (store key ${SF_COMPILED_KEY:-?}; compiler output: $clog)"
-  # --no-cache-dir: pip would otherwise cache the wheel by the input's path, which is the same for
-  # every torch, CUDA and arch list (the per-key store is the only cache of compiled wheels).
-  # -v: the build backend's output, ninja's "[N/M] command" status lines among it, into $clog as it
+  # No cache of built wheels here: the per-key store is the only one (a cache by the input's path
+  # would be the same for every torch, CUDA and arch list).
+  # The backend's output, ninja's "[N/M] command" status lines among it, goes into $clog as it
   # comes; those lines, cut short, stream to the step's output as well, where the install's
   # heartbeat and `invoke build` read the compile's progress. Not the whole output while it runs:
   # BuildKit keeps 2 MiB of a step's output, and the step's ERROR line must come within it.
-  if ! _sf_offline "$venv/bin/python" -m pip wheel -v --disable-pip-version-check --no-cache-dir --no-deps --no-build-isolation \
-    --no-index --wheel-dir "$dir" "$@" 2>&1 | tee -- "$clog" |
-    { LC_ALL=C grep --line-buffered -oE '^[[:space:]]*\[[0-9]{1,7}/[0-9]{1,7}\] .{0,100}' || true; } >&2; then
-    tail -n 40 "$clog" >&2
-    first=$(_sf_first_error <"$clog")
-    local a what=()
-    for a in "$@"; do if [[ $a != -* ]]; then what+=("${a##*/}"); fi; done
-    sf_die "step $step: ${what[*]} failed to compile${first:+: $first} (full output: $clog)"
-  fi
-  # Its output, as far as it stays well within BuildKit's 2 MiB (-v makes it long).
+  for input in "${inputs[@]}"; do
+    if ! _sf_offline "$venv/bin/python" "$(_sf_script build_wheel.py)" --wheel-dir "$dir" \
+      --work "$SF_STATE/compiled-src/$step" ${settings[@]+"${settings[@]}"} -- "$input" 2>&1 | tee -a -- "$clog" |
+      { LC_ALL=C grep --line-buffered -oE '^[[:space:]]*\[[0-9]{1,7}/[0-9]{1,7}\] .{0,100}' || true; } >&2; then
+      tail -n 40 "$clog" >&2
+      first=$(_sf_first_error <"$clog")
+      sf_die "step $step: ${input##*/} failed to compile${first:+: $first} (full output: $clog)"
+    fi
+  done
+  rm -rf -- "$SF_STATE/compiled-src/$step"
+  # Its output, as far as it stays well within BuildKit's 2 MiB (a compile's is long).
   if (($(wc -c <"$clog") > 262144)); then sf_log "step $step: the last 256 KiB of its compiler output (all of it: $clog):"; fi
   tail -c 262144 -- "$clog" >&2
   (cd -- "$dir" && sha256sum -- *.whl >SHA256SUMS) || sf_die "step $step: no wheel was built in $dir"
@@ -755,6 +789,9 @@ sf_compiled() {
     fi
     printf -v "$n" '%d' "$((10#${!n}))"
   done
+  if [[ -n ${SF_COMPILE_QUEUE_SOCK:-} && ${SF_COMPILE_QUEUE:-} != 1 && ${SF_COMPILED_PHASE:-} == compile && -n $venv ]]; then
+    _sf_queue_wrappers "$venv" "$key"
+  fi
   # Behind the compile queue (SF_COMPILE_QUEUE=1) every extension's ninja starts all its files and
   # the queue bounds them: apex keeps the given MAX_JOBS and APEX_PARALLEL_BUILD.
   if [[ -n ${APEX_CPP_EXT:-}${APEX_CUDA_EXT:-} && ${SF_COMPILE_QUEUE:-} != 1 ]]; then

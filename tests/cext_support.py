@@ -17,10 +17,21 @@ from pathlib import Path
 
 SETUP_PY = '''import os
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class CompilerFromCXX(build_ext):
+    """As torch's BuildExtension: $CXX, when set, compiles (a compile queue's wrapper, in the tests)."""
+
+    def build_extensions(self):
+        if os.environ.get("CXX"):
+            self.compiler.set_executable("compiler_so", [os.environ["CXX"], *self.compiler.compiler_so[1:]])
+        super().build_extensions()
+
 
 # The arch list this build saw, compiled into the module: what a CUDA extension's kernels are built for.
 archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "none")
-setup(name="sfcext", version="0.1.0",
+setup(name="sfcext", version="0.1.0", cmdclass={"build_ext": CompilerFromCXX},
       ext_modules=[Extension("sfcext", ["sfcext.c"], define_macros=[("SF_ARCHS", '"%s"' % archs)])])
 '''
 

@@ -40,10 +40,14 @@ VENV_SIZES_RECORD = "venv-sizes.json"
 # The step library's own Python (the venv against the lock: every step runs it), copied with the
 # library before the first step: a change to it re-does every step, as a change to steps.sh does.
 # venvprune.py: a pip step's prune of GPU code for archs outside arch_list, and verify's check of it.
-LIBRARY_SCRIPTS = {name: paths.SCRIPTS / name for name in ("venvlock.py", "venvprune.py")}
-# Only install.sh compiles pieces side by side behind one queue (each image stage is a container of its
-# own): the queue and its table of measured compile costs, run with the venv's Python.
-INSTALL_SCRIPTS = {name: paths.SCRIPTS / name for name in ("compile_queue.py", "compile_costs.json")}
+# build_wheel.py: a compiled step's wheel, its backend called once (templates/steps.sh `_sf_store_make`).
+# compile_queue.py: the compile queue's wrappers (an image's compile stage makes its own, for the queue
+# invoke build serves; install.sh serves the queue itself).
+LIBRARY_SCRIPTS = {name: paths.SCRIPTS / name
+                   for name in ("venvlock.py", "venvprune.py", "build_wheel.py", "compile_queue.py")}
+# The queue's table of measured compile costs: read where the queue is served (install.sh; invoke build
+# reads it from the package).
+INSTALL_SCRIPTS = {name: paths.SCRIPTS / name for name in ("compile_costs.json",)}
 
 @dataclass
 class StepLayout:

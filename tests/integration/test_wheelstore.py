@@ -65,7 +65,7 @@ def world(base_image, tmp_path_factory):
 
 def opts(world, store: Path, **kw) -> BuildOptions:
     return BuildOptions(stack=str(world["stack"]), build_root=world["root"] / "out", repository=REPO, force=True,
-                        store_root=store, echo=lambda s: None, **kw)
+                        store_root=store, **{"echo": lambda s: None, **kw})
 
 
 def step_log(build_log: str, step: str) -> str:
@@ -116,10 +116,10 @@ def test_a_miss_compiles_once_then_stores(world, cold):
     assert entry.record["flavor"] == "sfcext" and entry.record["step"] == "sfcext"
     # The compile happened in the wheels-only build (its log shows gcc on sfcext.c) ...
     compile_log = step_log(Path(report["compiled"]["sfcext"]["log"]).read_text(), "sfcext")
-    assert "compiling into /opt/sf-compiled/" + key in compile_log and "Created wheel for sfcext" in compile_log
+    assert "compiling into /opt/sf-compiled/" + key in compile_log and "built: sfcext-0.1.0-cp311-" in compile_log
     # ... and the image's step installed the stored wheel.
     log = step_log((Path(report["dir"]) / "build.log").read_text(), "sfcext")
-    assert "from the store (/tmp/sf-compiled/" + key in log and "wheel for sfcext" not in log
+    assert "from the store (/tmp/sf-compiled/" + key in log and "built: sfcext" not in log
 
 
 def test_a_fresh_builder_pulls_and_compiles_nothing(world, cold, fresh):
@@ -141,7 +141,7 @@ def test_a_fresh_builder_pulls_and_compiles_nothing(world, cold, fresh):
     # the pulled wheel: no compiler ran, no sdist was built.
     assert "CACHED" not in log
     assert "installing 1 compiled wheel(s) from the store" in log and "sha256 verified" in log
-    assert "wheel for sfcext" not in log and "Building" not in log and "Built sfcext" not in log
+    assert "built: sfcext" not in log and "Building" not in log and "Built sfcext" not in log
     # The compiled file is the same bytes in both images.
     assert run_in(report["tag"], "/opt/venv/bin/python", "-c", SO) == run_in(cold["report"]["tag"],
                                                                              "/opt/venv/bin/python", "-c", SO)
@@ -170,7 +170,7 @@ def test_the_bare_metal_install_uses_the_same_wheel(world, cold, fresh):
                           f"\"{SO}\""],
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "installing 1 compiled wheel(s) from the store" in res.stdout and "wheel for sfcext" not in res.stdout
+    assert "installing 1 compiled wheel(s) from the store" in res.stdout and "built: sfcext" not in res.stdout
     assert res.stdout.strip().splitlines()[-1] == run_in(cold["report"]["tag"], "/opt/venv/bin/python", "-c", SO)
 
 
@@ -196,7 +196,7 @@ def test_the_bare_metal_install_compiles_in_its_two_phases(world, cold):
     assert re.search(r"step [0-9]+/[0-9]+ sfcext: compiled in [0-9]+s", res.stderr)
     assert re.search(r"^slimeforge: sfcext +[0-9]+s  compiled$", res.stderr, re.M)  # the summary's row
     # The compile phase built the wheel; the install phase installed it with --no-build.
-    assert "Created wheel for sfcext" in res.stdout and "installing 1 compiled wheel(s) from the store" in res.stdout
+    assert "built: sfcext-0.1.0-cp311-" in res.stdout and "installing 1 compiled wheel(s) from the store" in res.stdout
     assert re.fullmatch(r"[0-9a-f]{64}", res.stdout.strip().splitlines()[-1])  # the extension imports
 
 
@@ -267,13 +267,47 @@ def test_a_compiled_source_checkout_is_stored_and_reused(world):
     cold = run()
     key = cold["compiled"]["sfcext"]["key"]
     assert cold["compiled"]["sfcext"]["source"] == "compiled"
-    assert "Created wheel for sfcext" in step_log(Path(cold["compiled"]["sfcext"]["log"]).read_text(), "sfcext")
+    assert "built: sfcext-0.1.0-cp311-" in step_log(Path(cold["compiled"]["sfcext"]["log"]).read_text(), "sfcext")
     again = run(no_cache=True)
     assert again["compiled"]["sfcext"] == {"key": key, "source": "store", "from_store": True}
     log = step_log((Path(again["dir"]) / "build.log").read_text(), "sfcext")
     assert "CACHED" not in log and ("installing 1 compiled wheel(s) from the "
-                                   "store") in log and "wheel for sfcext" not in log
+                                   "store") in log and "built: sfcext" not in log
     # The checkout is still there at its commit (finalize records it); the module is the stored wheel's.
     assert json.loads((Path(again["dir"]) / "stack.lock.json").read_text())["checkouts"]["sfcext"] == commit
     assert run_in(again["tag"], "/opt/venv/bin/python", "-c", SO) == run_in(cold["tag"], "/opt/venv/bin/python", "-c",
                                                                             SO)
+
+
+def test_the_compile_stage_waits_in_the_build_hosts_queue(world, monkeypatch):
+    # SF_COMPILE_POOL=queue: invoke build serves one compile queue on this host and hands it to the
+    # wheels-only build (`docker build --ssh sf-queue=...`); the compile stage mounts it, makes its own
+    # wrappers and sfcext's compile waits its turn there (--no-cache: the stage compiles every run).
+    from dataclasses import replace
+
+    from slimeforge.image.builder.build import build_wheels
+
+    monkeypatch.setenv("SF_COMPILE_POOL", "queue")
+    # This test image has gcc alone (no c++): the step names it as its CXX, the compiler the wrappers
+    # stand for (and sfcext's setup.py, as torch's extension builder, compiles with $CXX).
+    stack = world["root"] / "sfcext-queue.yaml"
+    stack.write_text(world["stack"].read_text().replace("    compiles: true\n",
+                                                        "    compiles: true\n    env: {CXX: gcc}\n"))
+    resolve(LockOptions(stack=str(stack), echo=lambda s: None))
+    store = world["root"] / "store-queue"
+    said: list[str] = []
+    result = build_wheels(replace(opts(world, store, no_cache=True, echo=said.append), stack=str(stack)))
+    assert result["sfcext"].source == "compiled" and wheelstore.lookup(result["sfcext"].key, store) is not None
+    build_dir = Path(result["sfcext"].log).parent
+    queue_log = (build_dir / "queue.log").read_text()
+    # One file, by the wrapper of the container's compiler (CXX), at the table's default cost; it ended.
+    assert re.search(r"^t=[0-9.]+ go cxx sfcext\.o cost=28 running=1$", queue_log, re.M), queue_log
+    assert re.search(r"^t=[0-9.]+ end cxx sfcext\.o cost=28 running=0$", queue_log, re.M), queue_log
+    assert any("compiling behind one queue of" in s for s in said)
+    stage = step_log(Path(result["sfcext"].log).read_text(), "sfcext")
+    assert f"/queue-wrappers/{result['sfcext'].key})" in stage.split("(every compile behind the queue ", 1)[-1]
+    assert "MAX_JOBS=64" in stage and "built: sfcext-0.1.0-cp311-" in stage
+    # The queue stopped with the build, and its directory (the socket) went with it.
+    assert not (build_dir / "queue").exists()
+    assert subprocess.run(["pgrep", "-f", f"compile_queue.py listen {build_dir}/queue "],
+                          capture_output=True).returncode != 0

@@ -280,7 +280,8 @@ def test_smoke_imports_every_compiled_piece_and_names_the_gpu_ones(flavor, fa):
                                                                                + 1] == "/root/slime")
     text = render_dockerfile(stack)
     assert "COPY flag_catalog.py kernel_check.py smoke_imports.py venv_sizes.py /opt/slimeforge/" in text
-    assert "COPY steps.sh sf venvlock.py venvprune.py /opt/slimeforge/" in text  # the library's, before any step
+    # the library's, before any step
+    assert "COPY steps.sh sf build_wheel.py compile_queue.py venvlock.py venvprune.py /opt/slimeforge/" in text
     # The last step: finalize (its import pass makes the flag catalog and imports the smoke test's
     # modules), then the smoke test on that pass, without --flags (finalize fails when the catalog
     # cannot be made); then the venv's sizes.
@@ -373,3 +374,40 @@ def test_compile_stages_depend_on_the_steps_before_them_only(flavor):
     main = blocks[[i for i, b in enumerate(blocks) if b.startswith("sf-s0 AS sf-s1")][0]]
     order = re.findall(r"--mount=type=bind,from=(sf-compile-\S+?),", main)
     assert order == [name for _, name in compile_stages]  # installed in step order
+
+
+def test_the_image_compiles_behind_one_queue_where_the_install_would():
+    from slimeforge.image.builder.compilequeue import queue_slots, stage_build_args
+
+    three = ["transformer-engine", "apex", "torch-memory-saver"]
+    host, small = {"mem_bytes": 125 << 30, "cores": 16}, {"mem_bytes": 24 << 30, "cores": 2}
+    # The install's rule: 16 or more compile jobs and at least two pieces: the queue's slots (22 there).
+    assert queue_slots(three, {}, {}, **host) == 22 and queue_slots(three[:1], {}, {}, **host) is None
+    assert queue_slots(three, {}, {}, **small) is None
+    # Asked for (any host, one piece too), refused, or not with flash-attn (its jobs need 6 GiB).
+    assert queue_slots(three, {}, {"SF_COMPILE_POOL": "queue"}, **small) == 2
+    assert queue_slots(three[:1], {}, {"SF_COMPILE_POOL": "queue"}, **small) == 2
+    assert queue_slots(three, {}, {"SF_COMPILE_POOL": "0"}, **host) is None
+    assert queue_slots([*three, "flash-attn"], {}, {"SF_COMPILE_POOL": "queue"}, **host) is None
+    # A build sized by hand (any of the three parallelism build args) gets no queue.
+    assert queue_slots(three, {"MAX_JOBS": "8"}, {"SF_COMPILE_POOL": "queue"}, **host) is None
+    assert queue_slots([], {}, {"SF_COMPILE_POOL": "queue"}, **host) is None
+    with pytest.raises(ConfigError, match=r"SF_COMPILE_POOL: is not a compile scheme \(got 'yes'\)"):
+        queue_slots(three, {}, {"SF_COMPILE_POOL": "yes"}, **host)
+    assert stage_build_args() == {"MAX_JOBS": "64", "NVCC_THREADS": "1", "APEX_PARALLEL_BUILD": "16"}
+
+
+def test_compile_stages_mount_the_builds_queue_only_when_it_serves_one():
+    stack = load_stack("cu13")
+    store = dict.fromkeys(COMPILED, "make")
+    plain, queued = (render_dockerfile(stack, store=store, wheels_only=True, compile_queue=q) for q in (False, True))
+    assert "type=ssh" not in plain and "SF_COMPILE_QUEUE_SOCK" not in plain
+    blocks = [b for b in queued.split("\nFROM ") if b.split(" AS ", 1)[-1].startswith("sf-compile-")]
+    assert len(blocks) == 3
+    for block in blocks:
+        assert "--mount=type=ssh,id=sf-queue,target=/run/sf-queue.sock \\\n" in block
+        assert "SF_COMPILED_PHASE=compile SF_COMPILE_QUEUE_SOCK=/run/sf-queue.sock " in block
+    # Nothing else differs: the stages before and the export are the same lines.
+    unqueued = [ln.replace("SF_COMPILE_QUEUE_SOCK=/run/sf-queue.sock ", "") for ln in queued.splitlines()
+                if "type=ssh" not in ln and not ln.startswith("#")]
+    assert unqueued == [ln for ln in plain.splitlines() if not ln.startswith("#")]

@@ -29,3 +29,16 @@ def test_the_committed_table_reads_back():
     assert len(costs) == 65 and all(KEY_RE.fullmatch(k) and k.endswith(".o") for k in costs)
     # the measured long poles: apex's softmax kernels first
     assert max(costs, key=costs.__getitem__) == "scaled_upper_triang_masked_softmax_cuda.o"
+
+
+def test_a_forwarded_request_is_an_agent_sign_request_and_read_back_by_its_fields():
+    # BuildKit's docker client reads what a container sends as SSH agent requests: the queue's request
+    # line rides as a sign request's data, with a well-formed key the client parses.
+    from compile_queue import NO_KEY, SIGN_REQUEST, frame, sign_request_line
+
+    msg = frame(SIGN_REQUEST, NO_KEY, b"nvcc softmax_cuda.o", tail=bytes(4))
+    assert int.from_bytes(msg[:4], "big") == len(msg) - 4 and msg[4] == SIGN_REQUEST
+    assert sign_request_line(msg[4:]) == "nvcc softmax_cuda.o"
+    assert sign_request_line(msg[4:-10]) is None  # a field runs past the message
+    assert sign_request_line(frame(11)[4:]) is None  # another request (a key list)
+    assert sign_request_line(b"") is None

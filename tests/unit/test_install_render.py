@@ -127,9 +127,10 @@ def test_install_script_carries_interpreter_arch_variables_and_compiled_keys(fla
     flash = next(x for x in text.splitlines() if x.startswith("sf_run_step flash-attn "))
     assert "--env FLASH_ATTENTION_FORCE_BUILD=TRUE " in flash
     # The scripts the venv's Python runs are written next to the records, as in every image.
-    # And the compile queue with its cost table, which only the install runs (sf_queue_open).
-    for i, name in enumerate(("compile_costs.json", "compile_queue.py", "flag_catalog.py", "kernel_check.py",
-                              "smoke_imports.py", "venvlock.py"), 1):
+    # And the compile queue with its cost table (the install serves the queue: sf_queue_open), and the
+    # compiled steps' front end (build_wheel.py).
+    for i, name in enumerate(("build_wheel.py", "compile_costs.json", "compile_queue.py", "flag_catalog.py",
+                              "kernel_check.py", "smoke_imports.py", "venvlock.py", "venvprune.py"), 1):
         assert f"base64 -d >\"$SF_STATE/\"{name} <<'SF_SCRIPT_{i}'" in text
     # finalize makes the flag catalog in the smoke test's import pass, which the smoke test reports.
     fin = next(x for x in text.splitlines() if x.startswith("  sf_finalize "))

@@ -18,6 +18,7 @@ The Dockerfile itself is rendered by dockerfile.py; the base pull and the smoke 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -58,6 +59,7 @@ from .buildkit import copy_wheels, failure_text, link_files, parse_progress, str
 from .buildprogress import past_times
 from .buildreport import BuildReport, CompiledWheels, ReportError, StepTiming, VenvSizes
 from .compilejobs import apex_shared, compile_share
+from .compilequeue import SSH_ID, queue_slots, served, stage_build_args
 from .dockerfile import compile_pieces, render_dockerfile
 from .engine import BuildError, pull_base, smoke_lines, smoke_test
 
@@ -115,6 +117,7 @@ class Prepared:
     labels: dict[str, str]
     compiled: dict[str, CompiledPlan] = field(default_factory=dict)
     provisional: bool = False  # a dry run's plan with an outside fact missing (named in its warnings)
+    queue_slots: int | None = None  # the wheels-only build's compile stages behind one queue of this many slots
 
     @property
     def tag(self) -> str:
@@ -217,7 +220,11 @@ def prepare(opts: BuildOptions) -> Prepared:
     compiled = compiled_plan(stack, base.id, patch_sha, pylock, use_store=opts.use_store, wheels_only=opts.wheels_only,
                              store_root=opts.store_root)
     store = {n: c.mode for n, c in compiled.items() if c.mode}
-    dockerfile = render_dockerfile(stack, base.from_ref, from_sources, base.id, store, patch_sha, opts.wheels_only)
+    # The wheels-only build's compile stages, side by side behind one queue where the rule says so.
+    making = [n for n, c in compiled.items() if c.mode == "make"]
+    slots = queue_slots(making, build_args) if opts.wheels_only else None
+    dockerfile = render_dockerfile(stack, base.from_ref, from_sources, base.id, store, patch_sha, opts.wheels_only,
+                                   compile_queue=slots is not None)
     pins = _pins(stack, base)
     lock_text = input_lock(stack, pylock, patches, set(local), pins=pins, base=base.to_json(), build_args=build_args,
                            # step -> sha256 of its wheels
@@ -231,10 +238,10 @@ def prepare(opts: BuildOptions) -> Prepared:
     _write_build_dir(out, dockerfile, context, hits, stack, local, from_sources, cache)
     epoch = _source_date_epoch(stack, cache, opts.runner)
     labels = _labels(stack, base, build_hash, pylock.hash, pins, patches, epoch)
-    argv = _argv(opts, out, build_args, labels, epoch, compile_pieces(stack, store))
+    argv = _argv(opts, out, build_args, labels, epoch, compile_pieces(stack, store), slots is not None)
     return Prepared(stack, local, base, patches, dockerfile, json.loads(lock_text), build_args, build_hash, out,
                     opts.repository or f"slimeforge/{stack.name}", argv, {"DOCKER_BUILDKIT": "1"}, labels, compiled,
-                    provisional=pylock.provisional or any(p.missing for p in patches))
+                    provisional=pylock.provisional or any(p.missing for p in patches), queue_slots=slots)
 
 
 def _checked_options(stack: Stack, opts: BuildOptions) -> tuple[dict[str, str], dict[str, LocalSource]]:
@@ -346,13 +353,17 @@ def _labels(stack: Stack, base: ResolvedBase, build_hash: str, lock_hash: str, p
 
 
 def _argv(opts: BuildOptions, out: Path, build_args: dict[str, str], labels: dict[str, str], epoch: int,
-          pieces: int = 1) -> list[str]:
+          pieces: int = 1, queue: bool = False) -> list[str]:
     """The docker build command: parallelism sized to this host (the host's share for each of the
-    `pieces` compile stages that BuildKit runs at once), the user's build args, the labels."""
+    `pieces` compile stages that BuildKit runs at once; behind the compile queue, every file at once
+    and the queue's slots bound them), the user's build args, the labels."""
     _, jobs, threads = compile_share(pieces)
-    cli_args = {"MAX_JOBS": str(jobs), "NVCC_THREADS": str(threads), "APEX_PARALLEL_BUILD": str(apex_shared(jobs)[0]),
-                **build_args, "SOURCE_DATE_EPOCH": str(epoch)}
+    sized = (stage_build_args() if queue else
+             {"MAX_JOBS": str(jobs), "NVCC_THREADS": str(threads), "APEX_PARALLEL_BUILD": str(apex_shared(jobs)[0])})
+    cli_args = {**sized, **build_args, "SOURCE_DATE_EPOCH": str(epoch)}
     argv = [docker_cli(), "build", "--progress=plain", "-f", str(out / "Dockerfile")]
+    if queue:  # compilequeue.served makes it before the build starts
+        argv += ["--ssh", f"{SSH_ID}={out / 'queue' / 'sock'}"]
     # The wheels-only build exports its last stage (the compiled wheels) to a directory, no image.
     argv += (["--output", f"type=local,dest={out / 'compiled-out'}"] if opts.wheels_only
              else ["--iidfile", str(out / "image.id")])
@@ -428,8 +439,11 @@ def build_wheels(opts: BuildOptions) -> dict[str, WheelsOutcome]:
     opts.echo(f"compiling {', '.join(make)} for the store ({p.dir}; log {p.dir / 'wheels.log'})")
     export = p.dir / "compiled-out"
     shutil.rmtree(export, ignore_errors=True)
-    rc, lines = stream_build(opts.runner, p.argv, p.env, p.dir / "wheels.log", opts.echo, verbose=opts.verbose,
-                             estimates=past_times(opts.build_root, p.stack.name, p.dir))
+    queue = (served(opts.runner, p.dir / "queue", p.queue_slots, opts.echo) if p.queue_slots
+             else contextlib.nullcontext())
+    with queue:
+        rc, lines = stream_build(opts.runner, p.argv, p.env, p.dir / "wheels.log", opts.echo, verbose=opts.verbose,
+                                 estimates=past_times(opts.build_root, p.stack.name, p.dir))
     if rc != 0:
         raise BuildError(f"compiling the wheels of {p.stack.id} failed (log: "
                          f"{p.dir / 'wheels.log'}):\n{failure_text(lines)}")

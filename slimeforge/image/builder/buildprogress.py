@@ -8,7 +8,7 @@ build that ran it (step-times.json in that build's directory, this module's one 
 at all, never a guess. `--verbose` also shows every raw line.
 
 A step that compiles with ninja (torch's extension builder) says "[N/M] command" as each edge
-finishes (the step library runs `pip wheel -v` and copies those lines, cut short, to the step's
+finishes (the step library runs build_wheel.py and copies those lines, cut short, to the step's
 output): the heartbeat of such a step shows the compile's progress, "compiling N/M (P %)", with an
 estimate (ninja_progress; the install's heartbeat reads its log the same way,
 templates/install.sh.j2 _sf_ninja_progress).

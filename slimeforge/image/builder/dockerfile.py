@@ -30,19 +30,22 @@ from ..steps import (
     together_groups,
     venv_sizes_argv,
 )
+from .compilequeue import SSH_ID, STAGE_SOCKET
 
 STORE_MOUNT, STORE_OUT = "/tmp/sf-compiled", "/opt/sf-compiled"
 
 
 def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources: dict | None = None,
                       base_id: str | None = None, store: dict[str, str] | None = None,
-                      patch_sha: dict[str, str] | None = None, wheels_only: bool = False) -> str:
+                      patch_sha: dict[str, str] | None = None, wheels_only: bool = False,
+                      compile_queue: bool = False) -> str:
     """The Dockerfile of a stack (pure: no Docker, no network). `base_id`: the base as resolved
     (digest or local image id), part of the compiled-wheel keys. Each installing step bind-mounts its
     slice of the lock (context/lock/<step>.txt, see steps.lock_files). `store`: compiled step ->
     "use" (its wheels bind-mounted from context/compiled/<key>, nothing compiles) or "make" (compiled
     into /opt/sf-compiled/<key>). `wheels_only`: the steps up to the last compiled one, then a
-    scratch stage holding /opt/sf-compiled, exported with `--output type=local`."""
+    scratch stage holding /opt/sf-compiled, exported with `--output type=local`. `compile_queue`: each
+    compile stage mounts the build's compile queue (compilequeue.py) and compiles behind it."""
     layout = image_layout(stack, local_sources)
     keys = {s.name: compiled_key(stack, s.name, base_id, patch_sha) for s in stack.plan if s.compiles}
     modes = {n: (m, f"{STORE_MOUNT if m == 'use' else STORE_OUT}/{keys[n]}") for n, m in (store or {}).items()}
@@ -106,6 +109,7 @@ def render_dockerfile(stack: Stack, base_from: str | None = None, local_sources:
         "store_mount": STORE_MOUNT,
         "store_out": STORE_OUT,
         "wheels_only": wheels_only,
+        "compile_queue": {"id": SSH_ID, "socket": STAGE_SOCKET} if compile_queue else None,
     })
 
 

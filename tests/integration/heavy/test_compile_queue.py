@@ -237,3 +237,92 @@ def test_a_file_waiting_when_the_queue_ends_is_not_compiled(served):
     assert blocker.wait(timeout=30) == 0  # what had its turn finishes
     assert [n for w, n, _ in q.events() if w == "start"] == ["blocker.o"]
 
+
+
+def test_a_queue_without_wrappers_serves_wrappers_made_elsewhere(tmp_path):
+    # An image's compile stages: invoke build serves the queue alone (`listen`: no compiler needed on
+    # the build host); each stage makes its own wrappers for its own compilers (`wrappers`).
+    fake = tmp_path / "fakecc"
+    fake.write_text(FAKE_CC)
+    fake.chmod(0o755)
+    log, err = tmp_path / "fake.log", tmp_path / "listen.err"
+    env = {"PATH": os.environ["PATH"], "FAKE_LOG": str(log), "CXX": str(fake), "PYTORCH_NVCC": str(fake)}
+    with open(err, "w") as e:
+        proc = subprocess.Popen([sys.executable, str(QUEUE), "listen", str(tmp_path / "q"), "1"],
+                                stdout=subprocess.PIPE, stderr=e, env={"PATH": os.environ["PATH"]})
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n", err.read_text()
+        assert sorted(p.name for p in (tmp_path / "q").iterdir()) == ["sock"], "listen makes no wrappers"
+        made = subprocess.run([sys.executable, str(QUEUE), "wrappers", str(tmp_path / "w"), str(tmp_path / "q/sock")],
+                              capture_output=True, env=env, check=True).stdout
+        handed = dict(kv.split("=", 1) for kv in made.decode().split("\0")[:-1])
+        assert made.endswith(b"\0ready\n") and handed["CXX"] == str(tmp_path / "w/bin/g++")
+        procs = [subprocess.Popen([handed["CXX"] if i % 2 else handed["PYTORCH_NVCC"], "-c", f"s{i}.cpp", "-o",
+                                   str(tmp_path / f"o{i}.o")], env={**env, "FAKE_SLEEP": "0.3"}) for i in range(4)]
+        assert [p.wait(timeout=30) for p in procs] == [0] * 4
+        starts_ends = sorted(((r[0], r[1], float(r[2])) for r in map(str.split, log.read_text().splitlines())),
+                             key=lambda r: r[2])
+        assert most_at_once(starts_ends) == 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    queue_log = err.read_text()
+    assert queue_log.count(" go ") == 4 and "go nvcc o0.o" in queue_log
+    # A forwarded compile runs its compiler as a child and frees its slot with `done`, whatever its end.
+    failing = tmp_path / "failcc"
+    failing.write_text("#!/bin/sh\nexit 3\n")
+    failing.chmod(0o755)
+    with open(tmp_path / "listen2.err", "w") as e:
+        proc = subprocess.Popen([sys.executable, str(QUEUE), "listen", str(tmp_path / "q2"), "1"],
+                                stdout=subprocess.PIPE, stderr=e, env={"PATH": os.environ["PATH"]})
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        runs = [subprocess.run([sys.executable, str(QUEUE), "run-forwarded", str(tmp_path / "q2/sock"), "cxx",
+                                str(failing), "-c", "x.cpp", "-o", f"x{i}.o"], timeout=30).returncode for i in range(2)]
+        assert runs == [3, 3]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert (tmp_path / "listen2.err").read_text().count(" end cxx x") == 2
+    # `wrappers` makes a new directory of its own, never over another's
+    again = subprocess.run([sys.executable, str(QUEUE), "wrappers", str(tmp_path / "w"), str(tmp_path / "q/sock")],
+                           capture_output=True, text=True, env=env)
+    assert again.returncode != 0 and "makes a new directory of its own" in again.stderr
+
+
+def test_invoke_builds_queue_starts_and_stops_with_its_build(tmp_path):
+    from slimeforge.image.builder.compilequeue import served as image_queue
+    from slimeforge.proc import Runner, pid_alive
+
+    said: list[str] = []
+    runner = Runner()
+    with image_queue(runner, tmp_path / "queue", 3, said.append) as sock:
+        assert sock.is_socket() and "one queue of 3 slots" in said[0]
+        queue_pid = int(subprocess.run(["pgrep", "-f", f"compile_queue.py listen {tmp_path}/queue "],
+                                       capture_output=True, text=True).stdout.split()[0])
+        assert pid_alive(queue_pid)
+        assert runner.history[-1][1:4] == [str(QUEUE), "listen", str(tmp_path / "queue")]
+    assert not pid_alive(queue_pid) and not (tmp_path / "queue").exists()
+    assert "ready" in (tmp_path / "queue.log").read_text()
+
+
+def test_the_queue_ends_with_the_process_that_started_it(tmp_path):
+    # An owner killed outright (SIGKILL, a CI job's timeout) cannot stop its queue by its pid: the queue
+    # notices its parent is gone and ends, its directory's socket with it.
+    owner = subprocess.Popen(["bash", "-c", f'"{sys.executable}" "{QUEUE}" listen "{tmp_path}/q" 1 '
+                                            f'>"{tmp_path}/out" 2>/dev/null & echo $!; wait'],
+                             stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
+    queue_pid = int(owner.stdout.readline())
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "q" / "sock").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "q" / "sock").exists()
+    owner.kill()
+    owner.wait(timeout=10)
+    from slimeforge.proc import pid_alive
+
+    deadline = time.monotonic() + 10
+    while pid_alive(queue_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not pid_alive(queue_pid) and not (tmp_path / "q" / "sock").exists()
