@@ -76,10 +76,17 @@ LINE_MAX = 256
 # uint32 length, then its type and fields; a string is uint32 length, then its bytes.
 FRAME_MAX = 1024
 AGENT_FAILURE, SIGN_REQUEST, SIGN_RESPONSE = 5, 13, 14
+
+
+def strings(*fields: bytes) -> bytes:
+    """Each field as the agent protocol's string: uint32 length, then its bytes."""
+    return b"".join(len(f).to_bytes(4, "big") + f for f in fields)
+
+
 # A well-formed ed25519 public key that signs nothing: the client parses the key of a sign request.
-NO_KEY = b"".join(len(x).to_bytes(4, "big") + x for x in (b"ssh-ed25519", bytes(32)))
+NO_KEY = strings(b"ssh-ed25519", bytes(32))
 DONE = "done"  # a forwarded compile's second request: its compiler ended (the connection outlives it there)
-TURN = b"".join(len(x).to_bytes(4, "big") + x for x in (b"sf-queue", b"go"))  # the "signature": your turn
+TURN = strings(b"sf-queue", b"go")  # the "signature": your turn
 COSTS_BYTES_MAX = 1 << 20
 
 
@@ -106,7 +113,7 @@ def load_costs(path: str | None) -> dict[str, float]:
 
 def frame(kind: int, *fields: bytes, tail: bytes = b"") -> bytes:
     """An agent message: its type, each field a string, then TAIL as it is (a sign request's flags)."""
-    body = bytes([kind]) + b"".join(len(f).to_bytes(4, "big") + f for f in fields) + tail
+    body = bytes([kind]) + strings(*fields) + tail
     return len(body).to_bytes(4, "big") + body
 
 

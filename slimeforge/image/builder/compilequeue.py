@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from ... import paths
-from ...errors import ConfigError, Problem
+from ...errors import ConfigError, OperationFailed, Problem
 from ...proc import Runner
 from .compilejobs import QUEUE_APEX_AT_ONCE, QUEUE_FILES_PER_NINJA, compile_jobs, host_memory, queue_plan
 
@@ -56,10 +56,10 @@ def queue_slots(pieces: list[str], build_args: Mapping[str, str], env: Mapping[s
     return None
 
 
-def stage_build_args(threads: int = 1) -> dict[str, str]:
+def stage_build_args() -> dict[str, str]:
     """What each compile stage gets behind the queue: every ninja starts all its files (the queue bounds
-    them), apex all its extensions at once."""
-    return {"MAX_JOBS": str(QUEUE_FILES_PER_NINJA), "NVCC_THREADS": str(threads),
+    them), apex all its extensions at once, one nvcc thread a file (queue_plan's)."""
+    return {"MAX_JOBS": str(QUEUE_FILES_PER_NINJA), "NVCC_THREADS": str(queue_plan()[1]),
             "APEX_PARALLEL_BUILD": str(QUEUE_APEX_AT_ONCE)}
 
 
@@ -79,8 +79,7 @@ def served(runner: Runner, top: Path, slots: int, echo: Callable[[str], None]) -
         deadline = time.monotonic() + READY_S
         while not _ready(log):
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise ConfigError("compile queue", [Problem("compile queue", "did not start", str(log),
-                                                            "the queue's log says why")])
+                raise OperationFailed(f"compile queue: did not start within {READY_S:g} s (its log: {log})")
             time.sleep(0.05)
         echo(f"compiling behind one queue of {slots} slots, the costliest file first (log {log})")
         yield top / "sock"
